@@ -1,0 +1,29 @@
+# make test: set up .venv (CPU torch under a constraint) and run the suite with coverage.
+# make demo: same set-up, then train the quickstart.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+WHEELS := $(wildcard /opt/wheels)
+
+.PHONY: test demo bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	$(PIP) install -q $(if $(WHEELS),--find-links $(WHEELS)) -c constraints.txt "torch==2.13.0"
+	$(PIP) install -q $(if $(WHEELS),--find-links $(WHEELS)) -c constraints.txt -e ".[test,examples]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest --cov=fitforge --cov-report=term-missing tests
+
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .coverage build src/*.egg-info

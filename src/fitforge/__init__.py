@@ -1,0 +1,15 @@
+"""fitforge: the Fit API for PyTorch.
+
+Example:
+    >>> from fitforge import Estimator
+    >>> est = Estimator(net, torch.nn.CrossEntropyLoss(), optimizer="adam")   # doctest: +SKIP
+    >>> history = est.fit(train_loader, val_data=val_loader, epochs=5)        # doctest: +SKIP
+"""
+
+from .batch_processor import BatchProcessor
+from .estimator import Estimator
+from .history import History
+from .state import BatchOutput, TrainState
+
+__version__ = "0.1.0"
+__all__ = ["Estimator", "BatchProcessor", "TrainState", "BatchOutput", "History", "__version__"]

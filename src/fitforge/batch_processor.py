@@ -1,0 +1,74 @@
+"""BatchProcessor: one batch in, one :class:`~fitforge.BatchOutput` out.
+
+``fit_batch`` does forward, loss and backward — not the optimizer step, which belongs to
+:class:`~fitforge.handlers.GradientUpdateHandler` so handlers can act between backward and step.
+Subclass it for models whose step is not ``net(*data)`` then ``loss(pred, label)``: seq2seq with
+teacher forcing, detection with anchor matching, GANs, several optimizers.
+
+Example:
+    >>> class TeacherForcing(BatchProcessor):
+    ...     def forward(self, net, inputs, label):
+    ...         return net(*inputs, label)        # the decoder sees the shifted target
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .data import batch_size_of, to_device, unpack_inputs, unpack_pair
+from .exceptions import LossInputError
+from .state import BatchOutput, TrainState
+
+
+class BatchProcessor:
+    """The default per-batch step; override any method to customise it."""
+
+    def unpack(self, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """Split a batch into ``(inputs tuple, label)``. Override to accept dict batches."""
+        return unpack_pair(batch)
+
+    def forward(self, net: torch.nn.Module, inputs: tuple[torch.Tensor, ...], label: Any) -> Any:
+        """Run the net; ``label`` is passed for processors that need it (teacher forcing)."""
+        return net(*inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss``, with a clear error when it cannot carry a gradient."""
+        if loss.dim() != 0:
+            raise LossInputError(
+                f"the loss must be a scalar tensor, got shape {tuple(loss.shape)}; use reduction='mean'"
+            )
+        if not loss.requires_grad:
+            raise LossInputError(
+                "the loss does not require grad, so nothing can be trained: was it computed under "
+                "torch.no_grad(), from detached outputs, or for a net with all parameters frozen?"
+            )
+        loss.backward()
+
+    def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput:
+        """Forward, loss and backward on one training batch."""
+        estimator = state.estimator
+        inputs, label = self.unpack(batch)
+        inputs = to_device(inputs, estimator.device)
+        label = to_device(label, estimator.device)
+        pred = self.forward(estimator.net, inputs, label)
+        loss, losses = estimator.compute_loss(pred, label)
+        self.backward(loss)
+        return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
+
+    def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
+        """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""
+        estimator = state.estimator
+        inputs, label = self.unpack(batch)
+        inputs = to_device(inputs, estimator.device)
+        label = to_device(label, estimator.device)
+        pred = self.forward(estimator.val_net, inputs, label)
+        loss, losses = estimator.compute_val_loss(pred, label)
+        return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
+
+    def predict_batch(self, state: TrainState, batch: Any) -> Any:
+        """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""
+        estimator = state.estimator
+        inputs = to_device(unpack_inputs(batch), estimator.device)
+        return self.forward(estimator.val_net, inputs, None)

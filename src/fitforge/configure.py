@@ -1,0 +1,104 @@
+"""Resolution and checking of the Estimator's and fit's arguments, with errors that teach."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from .exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
+    "adam": (torch.optim.Adam, 1e-3),
+    "adamw": (torch.optim.AdamW, 1e-3),
+    "sgd": (torch.optim.SGD, 1e-2),
+    "rmsprop": (torch.optim.RMSprop, 1e-2),
+    "adagrad": (torch.optim.Adagrad, 1e-2),
+}
+
+
+def resolve_device(device: Any) -> torch.device:
+    """None picks CUDA when available, else CPU; an invalid or absent device is a clear error."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise FitforgeTypeError(
+            f"device must be None, a string such as 'cpu' or 'cuda:0', an int GPU index or a torch.device, "
+            f"got {describe(device)}"
+        )
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise FitforgeValueError(
+            f"device {device!r} is not a device name; expected 'cpu', 'cuda', 'cuda:<index>' or 'mps'"
+        ) from err
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise FitforgeValueError(
+                f"device {device!r} was requested but CUDA is not available on this machine; "
+                "pass device='cpu', or device=None to pick the best available device"
+            )
+        if resolved.index is not None and resolved.index >= count:
+            raise FitforgeValueError(f"device {device!r} does not exist: this machine has {count} CUDA device(s)")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise FitforgeValueError(f"device {device!r} was requested but MPS is not available; pass device='cpu'")
+    return resolved
+
+
+def _trainable(net: nn.Module) -> list[nn.Parameter]:
+    params = [p for p in net.parameters() if p.requires_grad]
+    if not params:
+        raise FitforgeValueError(
+            "net has no trainable parameters (none with requires_grad=True), so no optimizer can train it"
+        )
+    return params
+
+
+def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optimizer]:
+    """An optimizer, a list of them, a name ('adam', 'sgd', ...) or None (Adam, lr 1e-3, with a warning)."""
+    if optimizer is None:
+        warnings.warn("no optimizer given: using Adam(lr=1e-3)", UserWarning, stacklevel=3)
+        return [torch.optim.Adam(_trainable(net), lr=1e-3)]
+    if isinstance(optimizer, str):
+        if optimizer.lower() not in OPTIMIZERS:
+            raise FitforgeValueError(
+                f"optimizer {optimizer!r} is not a known name; known: {', '.join(OPTIMIZERS)}, "
+                "or pass a torch.optim.Optimizer instance"
+            )
+        cls, lr = OPTIMIZERS[optimizer.lower()]
+        return [cls(_trainable(net), lr=lr)]
+    items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if not items:
+        raise FitforgeValueError("optimizer is an empty list; give at least one torch.optim.Optimizer")
+    for item in items:
+        if not isinstance(item, torch.optim.Optimizer):
+            hint = f"; pass an instance: {item.__name__}(net.parameters(), lr=...)" if isinstance(item, type) else ""
+            raise FitforgeTypeError(
+                f"optimizer must be a torch.optim.Optimizer, a list of them, a name such as 'adam', or None, "
+                f"got {describe(item)}{hint}"
+            )
+    return items
+
+
+def check_net(net: Any, argument: str = "net") -> nn.Module:
+    if isinstance(net, type):
+        raise FitforgeTypeError(f"{argument} got {describe(net)}; pass an instance: {net.__name__}()")
+    if not isinstance(net, nn.Module):
+        raise FitforgeTypeError(f"{argument} must be a torch.nn.Module, got {describe(net)}")
+    return net
+
+
+def check_duration(epochs: Any, batches: Any) -> None:
+    """Exactly one of ``epochs``/``batches``, a positive int."""
+    if (epochs is None) == (batches is None):
+        raise FitforgeValueError(
+            f"give exactly one of epochs or batches, got epochs={epochs!r} and batches={batches!r}"
+        )
+    name, value = ("epochs", epochs) if epochs is not None else ("batches", batches)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FitforgeTypeError(f"{name} must be a positive int, got {describe(value)}")
+    if value < 1:
+        raise FitforgeValueError(f"{name} must be a positive int, got {value}")

@@ -1,0 +1,101 @@
+"""Batch unpacking, device transfer, batch-size inference and checks on the data given to fit.
+
+A training batch is a pair ``(data, label)``: ``data`` a tensor or a tuple of tensors (passed to
+the net as positional arguments), ``label`` a tensor or a tuple of tensors (one per loss). Dict
+batches are not understood by the default processor: return a pair from your Dataset, or subclass
+:class:`~fitforge.BatchProcessor` and override ``unpack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from .exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, describe
+
+_PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
+
+
+def _tensors(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value)
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of {len(value)} [" + ", ".join(_shape(v) for v in value) + "]"
+    return describe(value)
+
+
+def unpack_pair(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """Split a training batch into ``(inputs as a tuple, label)``; raise a clear error otherwise."""
+    if isinstance(batch, Mapping):
+        raise BatchFormatError(
+            f"got a dict batch with keys {list(batch)}; fitforge expects a (data, label) pair: {_PAIR_HELP}"
+        )
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {_shape(batch)}: {_PAIR_HELP}")
+    data, label = batch
+    if not _tensors(data) or not _tensors(label):
+        raise BatchFormatError(
+            f"a batch must be a (data, label) pair of tensors or tuples of tensors, got data: "
+            f"{_shape(data)}, label: {_shape(label)}: {_PAIR_HELP}"
+        )
+    inputs = (data,) if isinstance(data, torch.Tensor) else tuple(data)
+    return inputs, (label if isinstance(label, torch.Tensor) else tuple(label))
+
+
+def unpack_inputs(batch: Any) -> tuple[torch.Tensor, ...]:
+    """The inputs of a predict batch: a bare tensor, ``(data,)`` or a ``(data, label)`` pair."""
+    if isinstance(batch, torch.Tensor):
+        return (batch,)
+    if isinstance(batch, (tuple, list)) and len(batch) == 1 and _tensors(batch[0]):
+        data = batch[0]
+        return (data,) if isinstance(data, torch.Tensor) else tuple(data)
+    return unpack_pair(batch)[0]
+
+
+def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Move a tensor or a (nested) tuple/list of tensors to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, (tuple, list)):
+        return tuple(to_device(v, device, non_blocking) for v in value)
+    return value
+
+
+def batch_size_of(inputs: tuple[torch.Tensor, ...]) -> int:
+    """Samples in a batch: the first dimension of the first input (0-d inputs count as 1)."""
+    first = inputs[0]
+    return int(first.shape[0]) if first.dim() > 0 else 1
+
+
+def check_data(data: object, argument: str, passes: int | None) -> int | None:
+    """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many).
+
+    Returns ``len(data)`` when it has one, else None. Raises before training starts for a
+    non-iterable, an empty sized loader, or a one-shot iterator that would be read more than once.
+    """
+    if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or not isinstance(data, Iterable):
+        raise FitforgeTypeError(
+            f"{argument} must be an iterable of (data, label) batches such as a DataLoader or a list, "
+            f"got {describe(data)}"
+        )
+    if isinstance(data, Iterator) and passes != 1:
+        raise FitforgeValueError(
+            f"{argument} is a one-shot iterator ({type(data).__name__}), which is exhausted after one "
+            f"pass, but it would be read {'more than once' if passes is None else f'{passes} times'}; "
+            "pass a re-iterable such as a DataLoader or a list"
+        )
+    try:
+        size = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if size == 0:
+        raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
+    return size

@@ -1,0 +1,167 @@
+"""Estimator: holds the net, loss(es), metrics, optimizer(s) and device; ``fit``/``evaluate``/``predict``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .batch_processor import BatchProcessor
+from .configure import check_duration, check_net, resolve_device, resolve_optimizers
+from .data import check_data, to_device
+from .dispatch import Dispatcher
+from .events import EventHandler
+from .exceptions import FitforgeTypeError, describe
+from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, user_handlers
+from .history import History
+from .loop import run_epoch, run_fit
+from .loss import LossSet
+from .metrics.resolve import copy_slots, resolve_metrics
+from .state import BatchOutput, TrainState
+
+
+class Estimator:
+    """Train, evaluate and predict with a PyTorch model without writing the loop.
+
+    Args:
+        net: the model.
+        loss: a loss module or callable ``(pred, label) -> scalar``, or a list (one per output).
+        train_metrics: a name (``"accuracy"``), a metric object (built-in or torchmetrics), a list or
+            dict of them, or ``{output_index: metrics}``; None infers one from the loss.
+        val_metrics: as ``train_metrics``; None copies the training metrics.
+        optimizer: an optimizer, a list of them, a name (``"adam"``, ``"sgd"``) or None (Adam, lr 1e-3).
+        device: None (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, a torch.device...
+        val_net / val_loss: used by evaluate and predict instead of ``net``/``loss`` when given.
+        batch_processor: a :class:`BatchProcessor` (subclass) instance for custom steps.
+        loss_weights: one weight per loss for the total of several losses.
+
+    Example:
+        >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        >>> est = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters()))
+        >>> history = est.fit(train_loader, val_data=val_loader, epochs=5)   # doctest: +SKIP
+    """
+
+    def __init__(self, net: nn.Module, loss: Any, train_metrics: Any = None, val_metrics: Any = None,
+                 optimizer: Any = None, device: Any = None, val_net: nn.Module | None = None,
+                 val_loss: Any = None, batch_processor: BatchProcessor | None = None,
+                 loss_weights: Sequence[float] | None = None) -> None:
+        self.device = resolve_device(device)
+        self.net = check_net(net).to(self.device)
+        self.val_net = self.net if val_net is None else check_net(val_net, "val_net").to(self.device)
+        self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
+        self._loss = LossSet(loss, loss_weights).to(self.device)
+        self._val_loss = self._loss if val_loss is None else LossSet(val_loss, loss_weights, "val_loss").to(self.device)
+        self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
+        self.val_metrics = (copy_slots(self.train_metrics) if val_metrics is None
+                            else resolve_metrics(val_metrics, self.val_loss, "val_metrics"))
+        self.optimizers = resolve_optimizers(optimizer, self.net)
+        self.batch_processor = BatchProcessor() if batch_processor is None else batch_processor
+        if isinstance(self.batch_processor, type) or not all(
+                callable(getattr(self.batch_processor, m, None)) for m in ("fit_batch", "evaluate_batch", "predict_batch")):
+            hint = f"; pass an instance: {self.batch_processor.__name__}()" if isinstance(self.batch_processor, type) else ""
+            raise FitforgeTypeError(f"batch_processor must be a BatchProcessor instance, got "
+                                    f"{describe(self.batch_processor)}{hint}")
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The first (usually only) optimizer."""
+        return self.optimizers[0]
+
+    @property
+    def loss_count(self) -> int:
+        return len(self._loss.fns)
+
+    # -- used by batch processors -------------------------------------------------------------------
+    def compute_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(weighted total, each loss)`` of the training loss(es); counts are checked."""
+        return self._loss(pred, label)
+
+    def compute_val_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """As :meth:`compute_loss` with ``val_loss``."""
+        return self._val_loss(pred, label)
+
+    def check_first_batch(self, output: BatchOutput) -> None:
+        """The one-batch sanity check run inside the first training batch, before its optimizer step."""
+        self._loss.check_first_batch(output.pred, output.label, output.loss)
+
+    def history_keys(self, validation: bool = False) -> list[str]:
+        """The history keys a fit with the configured losses and metrics produces."""
+        parts = [f"loss_{i}" for i in range(self.loss_count)] if self.loss_count > 1 else []
+        keys = [f"train_{n}" for n in ["loss", *parts, *(s.name for s in self.train_metrics)]]
+        if validation:
+            keys += [f"val_{n}" for n in ["loss", *parts, *(s.name for s in self.val_metrics)]]
+        keys += ["lr" if i == 0 else f"lr_{i}" for i in range(len(self.optimizers))]
+        return keys + ["epoch_time"]
+
+    # -- entry points -------------------------------------------------------------------------------
+    def fit(self, train_data: Iterable, val_data: Iterable | None = None, epochs: int | None = None,
+            batches: int | None = None, event_handlers: Sequence[EventHandler] | None = None) -> History:
+        """Train for ``epochs`` epochs or ``batches`` batches (exactly one) and return the History.
+
+        Raises:
+            TypeError/ValueError: bad arguments or data, before training starts; bad batches,
+                shapes or dtypes at the first batch, before any optimizer step.
+        """
+        check_duration(epochs, batches)
+        passes = 1 if epochs == 1 else None
+        num_batches = check_data(train_data, "train_data", passes)
+        if val_data is not None:
+            check_data(val_data, "val_data", passes)
+        handlers = fit_handlers(event_handlers, val_data)
+        check_monitors(handlers, self)
+        dispatcher = Dispatcher(handlers)
+        state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches)
+        self.net.train()
+        run_fit(state, dispatcher, train_data)
+        return state.history
+
+    def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
+        """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
+        num_batches = check_data(val_data, "val_data", passes=1)
+        dispatcher = Dispatcher(evaluate_handlers(event_handlers))
+        state = TrainState(self, "validate", num_batches=num_batches)
+        with _eval_mode(self.val_net), torch.no_grad():
+            run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch)
+        return dict(state.metrics)
+
+    def predict(self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> Any:
+        """``val_net`` outputs for every batch, concatenated on the CPU (a tuple for multi-output nets).
+
+        Batches may be ``(data, label)`` pairs (the label is ignored), ``(data,)`` or bare tensors.
+        """
+        num_batches = check_data(data, "data", passes=1)
+        outputs: list = []
+        predict_batch = self.batch_processor.predict_batch
+
+        def step(state: TrainState, batch: Any) -> BatchOutput:
+            pred = predict_batch(state, batch)
+            outputs.append(to_device(pred, torch.device("cpu")))
+            return BatchOutput((), None, pred, None)
+
+        dispatcher = Dispatcher(user_handlers(event_handlers))
+        state = TrainState(self, "predict", num_batches=num_batches)
+        with _eval_mode(self.val_net), torch.no_grad():
+            run_epoch(state, dispatcher, data, step)
+        if isinstance(outputs[0], tuple):
+            return tuple(torch.cat(parts) for parts in zip(*outputs))
+        return torch.cat(outputs)
+
+    def describe_loop(self, event_handlers: Sequence[EventHandler] | None = None) -> str:
+        """The handlers each event of ``fit(event_handlers=...)`` calls, in order, as text."""
+        return Dispatcher(fit_handlers(event_handlers, None)).describe()
+
+
+class _eval_mode:
+    """Put a net in eval mode for a block and restore its previous mode after."""
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+
+    def __enter__(self) -> None:
+        self.was_training = self.net.training
+        self.net.eval()
+
+    def __exit__(self, *exc: object) -> None:
+        self.net.train(self.was_training)

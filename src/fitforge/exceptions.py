@@ -1,0 +1,53 @@
+"""Control-flow signals handlers may raise, and the errors fitforge raises for user mistakes.
+
+The three ``Cancel*`` signals are caught by the loop and never escape ``fit``/``evaluate``/``predict``.
+Configuration errors subclass ``TypeError`` or ``ValueError`` so ordinary ``except`` clauses work;
+their messages name the argument, what was received and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class CancelBatch(Exception):
+    """Skip the rest of the current batch: no optimizer step if raised before it, and the batch
+    does not count towards ``batches=N``. Gradients it produced are cleared."""
+
+
+class CancelEpoch(Exception):
+    """End the current epoch now; its ``epoch_end`` handlers still run."""
+
+
+class CancelFit(Exception):
+    """End training now; ``train_end`` handlers still run (``epoch_end`` does not)."""
+
+
+class FitforgeTypeError(TypeError):
+    """An argument has the wrong type (the message names it, what was given and what was expected)."""
+
+
+class FitforgeValueError(ValueError):
+    """An argument or a batch has a wrong value, shape or count."""
+
+
+class BatchFormatError(FitforgeValueError):
+    """A batch is not a ``(data, label)`` pair of tensors or tuples of tensors."""
+
+
+class LossInputError(FitforgeValueError):
+    """Predictions and labels do not fit the configured loss(es): counts, shapes or dtypes."""
+
+
+class HandlerOrderError(FitforgeValueError):
+    """The ``priority``/``run_after`` declarations of the handlers contain a cycle."""
+
+
+class MonitorKeyError(FitforgeValueError):
+    """A handler monitors a history key that nothing will produce."""
+
+
+def describe(value: object) -> str:
+    """A short description of a received value for error messages: its type and, if small, its repr."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}" if not isinstance(value, type) else f"the class {value.__name__}"

@@ -1,0 +1,75 @@
+"""Which handlers a run gets: the user's, plus each default whose class the user did not supply."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..dispatch import check_handler
+from ..events import EventHandler
+from ..exceptions import FitforgeTypeError, MonitorKeyError, describe
+from .gradient_update import GradientUpdateHandler
+from .logging import LoggingHandler
+from .metric import MetricHandler
+from .progress_bar import ProgressBarHandler, interactive
+from .stopping import StoppingHandler
+from .validation import ValidationHandler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..estimator import Estimator
+
+
+def user_handlers(event_handlers: Any, argument: str = "event_handlers") -> list[EventHandler]:
+    """A new list of the caller's handlers (never mutated), each checked."""
+    if event_handlers is None:
+        return []
+    if isinstance(event_handlers, EventHandler) or not isinstance(event_handlers, (list, tuple)):
+        raise FitforgeTypeError(f"{argument} must be a list of handlers, got {describe(event_handlers)}")
+    for handler in event_handlers:
+        check_handler(handler, argument)
+    return list(event_handlers)
+
+
+def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -> list[EventHandler]:
+    """Defaults first, then the user's; a default is dropped when the user gave one of its class."""
+    kept = [d for d in defaults if not any(isinstance(h, type(d)) for h in given)]
+    return kept + given
+
+
+def fit_handlers(event_handlers: Any, val_data: Any) -> list[EventHandler]:
+    defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler(), MetricHandler()]
+    if val_data is not None:
+        defaults.append(ValidationHandler(val_data))
+    defaults.append(LoggingHandler())
+    if interactive():
+        defaults.append(ProgressBarHandler())
+    return with_defaults(user_handlers(event_handlers), defaults)
+
+
+def evaluate_handlers(event_handlers: Any) -> list[EventHandler]:
+    return with_defaults(user_handlers(event_handlers), [MetricHandler()])
+
+
+def check_monitors(handlers: Sequence[EventHandler], estimator: Estimator) -> None:
+    """Every ``monitor`` attribute must name a key the run will produce.
+
+    Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
+    (see :func:`monitored_value`)."""
+    validators = [h for h in handlers if isinstance(h, ValidationHandler)]
+    custom_eval = any(v.eval_fn is not None for v in validators)
+    keys = estimator.history_keys(validation=bool(validators))
+    for handler in handlers:
+        key = getattr(handler, "monitor", None)
+        if key is None or key in keys or (custom_eval and key.startswith("val_")):
+            continue
+        raise MonitorKeyError(f"{handler!r} monitors {key!r}, which this run will not produce; available keys: "
+                              f"{', '.join(keys)}")
+
+
+def monitored_value(state, key: str, who: object) -> float:
+    """The current value of a monitored key, or a MonitorKeyError listing the available keys."""
+    try:
+        return state.metrics[key]
+    except KeyError:
+        raise MonitorKeyError(f"{who!r} monitors {key!r}, which is not among the values produced: "
+                              f"{', '.join(state.metrics)}") from None

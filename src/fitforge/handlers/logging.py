@@ -1,0 +1,87 @@
+"""LoggingHandler: training progress through python ``logging`` under the ``fitforge`` logger."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from tqdm import tqdm
+
+from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from ..exceptions import FitforgeValueError
+from ..state import TrainState
+
+log = logging.getLogger("fitforge")
+
+
+class _TqdmStream(logging.Handler):
+    """Writes through ``tqdm.write`` so log lines do not tear a progress bar apart."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record))
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+
+def ensure_console_output() -> None:
+    """Show fitforge's INFO lines on stderr when the application configured no logging at all.
+
+    A configured application (any handler on the ``fitforge`` logger or its ancestors) is left alone.
+    """
+    if log.hasHandlers():
+        return
+    handler = _TqdmStream()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+
+
+def format_values(values: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in values.items() if not math.isnan(v))
+
+
+class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
+    """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
+
+    Args:
+        log_interval: "epoch", or log running values every n batches (a host read each time).
+        level: the logging level of the lines.
+    """
+
+    priority = 1000
+
+    def __init__(self, log_interval: int | str = "epoch", level: int = logging.INFO) -> None:
+        if log_interval != "epoch" and (isinstance(log_interval, bool) or not isinstance(log_interval, int)
+                                        or log_interval < 1):
+            raise FitforgeValueError(f"log_interval must be 'epoch' or a positive int, got {log_interval!r}")
+        self.log_interval = None if log_interval == "epoch" else log_interval
+        self.level = level
+
+    def train_begin(self, state: TrainState) -> None:
+        ensure_console_output()
+        self._started = time.perf_counter()
+        limit = f"{state.max_epochs} epochs" if state.max_epochs else f"{state.max_batches} batches"
+        per_epoch = f", {state.num_batches} batches per epoch" if state.num_batches else ""
+        log.log(self.level, "Training for %s%s on %s", limit, per_epoch, state.estimator.device)
+
+    def batch_end(self, state: TrainState) -> None:
+        if self.log_interval and (state.batch_idx + 1) % self.log_interval == 0:
+            values = state.refresh_metrics()
+            log.log(self.level, "[Epoch %d Batch %d] %s", state.epoch + 1, state.batch_idx + 1, format_values(values))
+
+    def epoch_end(self, state: TrainState) -> None:
+        row = state.history.rows()[-1]
+        total = f"/{state.max_epochs}" if state.max_epochs else ""
+        seconds = row.pop("epoch_time", math.nan)
+        row = {k: v for k, v in row.items() if not k.startswith("lr")}
+        log.log(self.level, "[Epoch %d%s] %s (%.1fs)", state.epoch + 1, total, format_values(row), seconds)
+
+    def train_end(self, state: TrainState) -> None:
+        history = state.history
+        final = {k: history.last(k) for k in history if k.startswith(("train_", "val_"))}
+        log.log(self.level, "Finished: %d epoch(s), %d batches in %.1fs (%s). Final: %s", history.epochs,
+                state.global_step, time.perf_counter() - self._started, state.stop_reason or "completed",
+                format_values(final))

@@ -1,0 +1,51 @@
+"""StoppingHandler: ends training after a number of epochs, batches or seconds."""
+
+from __future__ import annotations
+
+import time
+
+from ..events import BatchEnd, EpochEnd, TrainBegin
+from ..exceptions import FitforgeValueError
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise FitforgeValueError(f"{name} must be a positive number or None, got {value!r}")
+
+
+class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
+    """Request a stop when a limit is reached; limits left as None come from ``fit(epochs=, batches=)``.
+
+    Args:
+        max_epochs: stop at the end of this many epochs.
+        max_batches: stop after this many completed training batches (``state.global_step``).
+        max_time: stop at the first batch or epoch end after this many seconds of training.
+    """
+
+    priority = 2000
+
+    def __init__(self, max_epochs: int | None = None, max_batches: int | None = None,
+                 max_time: float | None = None) -> None:
+        for name, value in (("max_epochs", max_epochs), ("max_batches", max_batches), ("max_time", max_time)):
+            _positive(name, value)
+        self.max_epochs, self.max_batches, self.max_time = max_epochs, max_batches, max_time
+
+    def train_begin(self, state) -> None:
+        self._epochs = self.max_epochs if self.max_epochs is not None else state.max_epochs
+        self._batches = self.max_batches if self.max_batches is not None else state.max_batches
+        self._deadline = None if self.max_time is None else time.monotonic() + self.max_time
+
+    def _out_of_time(self, state) -> None:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            state.request_stop(f"reached max_time={self.max_time}s")
+
+    def batch_end(self, state) -> None:
+        # global_step counts batches completed before this one, so this batch is number global_step+1.
+        if self._batches is not None and state.global_step + 1 >= self._batches:
+            state.request_stop(f"reached batches={self._batches}")
+        self._out_of_time(state)
+
+    def epoch_end(self, state) -> None:
+        if self._epochs is not None and state.epoch + 1 >= self._epochs:
+            state.request_stop(f"reached epochs={self._epochs}")
+        self._out_of_time(state)

@@ -1,0 +1,61 @@
+"""ValidationHandler: evaluates on held-out data every n epochs or n batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ..events import BatchEnd, EpochEnd, EventHandler, TrainBegin
+from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..state import TrainState
+
+
+def _period(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise FitforgeValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
+    """Run ``eval_fn(val_data, event_handlers=...)`` and merge its dict into the epoch's history row.
+
+    Args:
+        val_data: re-iterable validation batches.
+        eval_fn: returns ``{"val_loss": ..., ...}``; default ``estimator.evaluate``.
+        epoch_period: validate at the end of every n-th epoch (None: never at epoch end).
+        batch_period: also validate after every n-th training batch (None: never mid-epoch).
+        event_handlers: handlers for the evaluation run (never fit's).
+    """
+
+    priority = -1000
+
+    def __init__(self, val_data: Iterable, eval_fn: Callable[..., dict] | None = None, epoch_period: int | None = 1,
+                 batch_period: int | None = None, event_handlers: Sequence[EventHandler] | None = None) -> None:
+        _period("epoch_period", epoch_period)
+        _period("batch_period", batch_period)
+        if eval_fn is not None and not callable(eval_fn):
+            raise FitforgeTypeError(f"eval_fn must be callable (val_data, event_handlers=...) -> dict, "
+                                    f"got {describe(eval_fn)}")
+        self.val_data, self.eval_fn = val_data, eval_fn
+        self.epoch_period, self.batch_period = epoch_period, batch_period
+        self.event_handlers = list(event_handlers or [])
+
+    def train_begin(self, state: TrainState) -> None:
+        self._evaluate = self.eval_fn or state.estimator.evaluate
+
+    def batch_end(self, state: TrainState) -> None:
+        if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
+            self.validate(state)
+
+    def epoch_end(self, state: TrainState) -> None:
+        if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0:
+            self.validate(state)
+
+    def validate(self, state: TrainState) -> dict[str, float]:
+        """Evaluate now and merge the result into ``state.metrics`` and the current history row."""
+        result = self._evaluate(self.val_data, event_handlers=self.event_handlers)
+        if not isinstance(result, dict):
+            raise FitforgeTypeError(f"eval_fn must return a dict of floats, got {describe(result)}")
+        for key, value in result.items():
+            state.metrics[key] = float(value)
+            state.history.record(key, value)
+        return result

@@ -1,0 +1,136 @@
+"""History: one row per epoch, returned by ``fit``.
+
+A read-only mapping from keys (``train_loss``, ``val_accuracy``, ``lr``, ``epoch_time``...) to
+per-epoch lists of floats. Every list has one entry per epoch begun; an epoch without a value for a
+key (say, validation every second epoch) holds ``nan`` there.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+
+class History(Mapping):
+    """Per-epoch records.
+
+    Example:
+        >>> history = estimator.fit(train, val_data=val, epochs=3)  # doctest: +SKIP
+        >>> history["val_accuracy"][-1]                              # doctest: +SKIP
+        0.97
+    """
+
+    def __init__(self) -> None:
+        self._columns: dict[str, list[float]] = {}
+        self._epochs = 0
+        self.stop_reason: str | None = None
+
+    # -- writing (used by the loop and handlers) --------------------------------------------------
+    def new_epoch(self) -> None:
+        """Open a row for a new epoch; every key gets ``nan`` until recorded."""
+        self._epochs += 1
+        for column in self._columns.values():
+            column.append(math.nan)
+
+    def record(self, key: str, value: float) -> None:
+        """Set ``key`` for the current (last) epoch; later records in the same epoch overwrite."""
+        if self._epochs == 0:
+            raise RuntimeError("History.record() before the first epoch: call new_epoch() first")
+        column = self._columns.get(key)
+        if column is None:
+            column = self._columns[key] = [math.nan] * self._epochs
+        column[-1] = float(value)
+
+    # -- reading ------------------------------------------------------------------------------------
+    def __getitem__(self, key: str) -> list[float]:
+        try:
+            return list(self._columns[key])
+        except KeyError:
+            raise KeyError(f"history has no key {key!r}; available: {sorted(self._columns)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    @property
+    def epochs(self) -> int:
+        """Number of epoch rows (including a partial last epoch)."""
+        return self._epochs
+
+    def last(self, key: str, default: float = math.nan) -> float:
+        """The latest non-nan value of ``key``, or ``default``."""
+        for value in reversed(self._columns.get(key, ())):
+            if not math.isnan(value):
+                return value
+        return default
+
+    def rows(self) -> list[dict[str, float]]:
+        """The records as one dict per epoch."""
+        return [{key: col[i] for key, col in self._columns.items()} for i in range(self._epochs)]
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write one row per epoch (with an ``epoch`` column, 1-based) to ``path``."""
+        path = Path(path)
+        keys = list(self._columns)
+        with path.open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["epoch", *keys])
+            for i, row in enumerate(self.rows(), start=1):
+                writer.writerow([i, *(row[k] for k in keys)])
+        return path
+
+    def plot(self, path: str | Path | None = None, keys: list[str] | None = None):
+        """Plot the loss and each metric (train and validation on one panel) with matplotlib.
+
+        Args:
+            path: where to save a PNG; None only returns the figure.
+            keys: metric names without prefix (default: every ``train_``/``val_`` name).
+
+        Returns:
+            the matplotlib Figure.
+
+        Raises:
+            ImportError: matplotlib is not installed (``pip install fitforge[plot]``).
+        """
+        try:
+            import matplotlib
+
+            if path is not None:
+                matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+        except ImportError as err:  # pragma: no cover - depends on the environment
+            raise ImportError("History.plot() needs matplotlib: pip install 'fitforge[plot]'") from err
+        names = keys or _metric_names(self._columns)
+        if not names:
+            raise ValueError(f"nothing to plot: history has no train_/val_ keys (keys: {list(self)})")
+        fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5), squeeze=False)
+        epochs = range(1, self._epochs + 1)
+        for ax, name in zip(axes[0], names):
+            for prefix in ("train_", "val_"):
+                if prefix + name in self._columns:
+                    ax.plot(epochs, self._columns[prefix + name], marker="o", label=prefix.rstrip("_"))
+            ax.set_title(name)
+            ax.set_xlabel("epoch")
+            ax.legend()
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+        return fig
+
+    def __repr__(self) -> str:
+        last = ", ".join(f"{k}={self.last(k):.4g}" for k in self._columns)
+        return f"History(epochs={self._epochs}, {last})"
+
+
+def _metric_names(columns: Mapping[str, list[float]]) -> list[str]:
+    names: list[str] = []
+    for key in columns:
+        for prefix in ("train_", "val_"):
+            if key.startswith(prefix) and key[len(prefix):] not in names:
+                names.append(key[len(prefix):])
+    return names

@@ -1,0 +1,118 @@
+"""The epoch/batch loop: runs the processor, dispatches events, honours stops and cancels.
+
+It reads like the pseudocode it implements; everything optional lives in handlers. The loop never
+reads a device value: handlers decide when values reach the host.
+
+A cancel raised outside its own scope acts on the nearest enclosing one: ``CancelBatch`` in
+``epoch_begin`` ends the epoch, any cancel in ``train_begin`` ends training. None escapes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .dispatch import Dispatcher
+from .events import Event
+from .exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
+from .state import TrainState
+
+log = logging.getLogger("fitforge")
+_CANCELS = (CancelBatch, CancelEpoch, CancelFit)
+
+
+def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
+    """Train until a stop is requested; ``train_end`` runs however training ends."""
+    step = state.estimator.batch_processor.fit_batch
+    try:
+        dispatcher.fire(Event.TRAIN_BEGIN, state)
+        while not state.stop_requested:
+            run_epoch(state, dispatcher, data, step, check_first=state.global_step == 0)
+            if not state.stop_requested:
+                state.epoch += 1
+    except _CANCELS:
+        pass
+    except BaseException:
+        _fire_quietly(Event.TRAIN_END, state, dispatcher)
+        raise
+    _fire_quietly(Event.TRAIN_END, state, dispatcher, failing=False)
+
+
+def _fire_quietly(event: Event, state: TrainState, dispatcher: Dispatcher, failing: bool = True) -> None:
+    """Fire ``event`` ignoring cancels; while an exception is ending the run, a failure here is
+    logged instead of raised so the original exception propagates unchanged."""
+    try:
+        dispatcher.fire(event, state)
+    except _CANCELS:
+        pass
+    except Exception:
+        if not failing:
+            raise
+        log.exception("a %s handler failed while training was ending with an exception", event.value)
+
+
+def run_epoch(
+    state: TrainState,
+    dispatcher: Dispatcher,
+    data: Iterable,
+    step: Callable[[TrainState, Any], Any],
+    check_first: bool = False,
+) -> None:
+    """One pass over ``data``: ``epoch_begin``, then per batch ``batch_begin``, ``step``,
+    ``batch_end``, then ``epoch_end`` (also for a partial epoch)."""
+    batch_begin = dispatcher.hooks[Event.BATCH_BEGIN]
+    batch_end = dispatcher.hooks[Event.BATCH_END]
+    training = state.phase == "train"
+    if training:
+        state.history.new_epoch()
+    started = time.perf_counter()
+    seen = 0
+    cancelled = False
+    try:
+        dispatcher.fire(Event.EPOCH_BEGIN, state)
+        for state.batch_idx, state.batch in enumerate(() if state.stop_requested else data):
+            seen += 1
+            try:
+                for hook in batch_begin:
+                    hook(state)
+                state.output = step(state, state.batch)
+                if check_first:
+                    state.estimator.check_first_batch(state.output)
+                    check_first = False
+                for hook in batch_end:
+                    if hook(state):
+                        state.request_stop(f"{hook.__self__!r}.batch_end returned True")
+            except CancelBatch:
+                if training:
+                    _clear_gradients(state)
+                continue
+            if training:
+                state.global_step += 1
+            if state.stop_requested:
+                break
+    except (CancelEpoch, CancelBatch):
+        cancelled = True
+    if seen == 0 and not (cancelled or state.stop_requested):
+        raise FitforgeValueError(
+            f"the data yielded no batch in epoch {state.epoch} ({state.phase}); a one-shot iterator is "
+            "exhausted after its first pass: pass a re-iterable such as a DataLoader or a list"
+        )
+    if training:
+        state.history.record("epoch_time", time.perf_counter() - started)
+        _record_lr(state)
+    try:
+        dispatcher.fire(Event.EPOCH_END, state)
+    except (CancelEpoch, CancelBatch):
+        pass
+
+
+def _clear_gradients(state: TrainState) -> None:
+    for optimizer in state.estimator.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _record_lr(state: TrainState) -> None:
+    for i, optimizer in enumerate(state.estimator.optimizers):
+        state.history.record("lr" if i == 0 else f"lr_{i}", float(optimizer.param_groups[0]["lr"]))

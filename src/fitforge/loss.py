@@ -1,0 +1,118 @@
+"""One or several losses matched by position to the net's outputs and the labels.
+
+``LossSet(loss, weights)`` computes the weighted total and each part. Counts must agree: one output,
+one label and one loss each, or tuples of equal length. A loss that fails on its inputs is re-raised
+as a :class:`~fitforge.exceptions.LossInputError` naming shapes, dtypes and a likely fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
+
+_ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)
+
+
+def _spec(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"shape {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    return describe(value)
+
+
+def _hint(fn: Callable, pred: Any, label: Any) -> str:
+    if not (isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor)):
+        return ""
+    if isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and label.is_floating_point() and label.shape != pred.shape:
+        return f"; class-index labels must be int64 of shape {(pred.shape[0], *pred.shape[2:])}: use label.long()"
+    if isinstance(fn, _ELEMENTWISE) and not label.is_floating_point():
+        return "; this loss needs a floating-point label: use label.float()"
+    return ""
+
+
+def _name(fn: Callable) -> str:
+    return type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", type(fn).__name__)
+
+
+class LossSet:
+    """The configured loss(es) with their weights."""
+
+    def __init__(self, loss: Any, weights: Sequence[float] | None = None, argument: str = "loss") -> None:
+        fns = list(loss) if isinstance(loss, (list, tuple)) else [loss]
+        if not fns:
+            raise FitforgeValueError(f"{argument} is an empty list; give at least one loss")
+        for fn in fns:
+            if isinstance(fn, type):
+                raise FitforgeTypeError(f"{argument} got {describe(fn)}; pass an instance: {fn.__name__}()")
+            if not callable(fn):
+                raise FitforgeTypeError(
+                    f"{argument} must be a loss module or a callable (pred, label) -> scalar tensor, "
+                    f"or a list of them, got {describe(fn)}"
+                )
+        if weights is None:
+            weights = [1.0] * len(fns)
+        elif len(weights) != len(fns) or not all(isinstance(w, (int, float)) for w in weights):
+            raise FitforgeValueError(
+                f"loss_weights must be {len(fns)} numbers (one per loss), got {weights!r}"
+            )
+        self.fns = fns
+        self.weights = [float(w) for w in weights]
+        self.multi = isinstance(loss, (list, tuple))
+        self.names = [_name(fn) for fn in fns]
+
+    def to(self, device: torch.device) -> LossSet:
+        for fn in self.fns:
+            if isinstance(fn, nn.Module):
+                fn.to(device)
+        return self
+
+    def _pair(self, pred: Any, label: Any) -> tuple[Sequence, Sequence]:
+        preds = pred if isinstance(pred, (tuple, list)) else (pred,)
+        labels = label if isinstance(label, (tuple, list)) else (label,)
+        n = len(self.fns)
+        if len(preds) != n or len(labels) != n:
+            raise LossInputError(
+                f"outputs, losses and labels are matched by position but their counts differ: the net "
+                f"returned {len(preds)} output(s), {n} loss(es) are configured and the batch has "
+                f"{len(labels)} label(s); make the three counts equal (loss=[...] for several outputs, "
+                "label a tuple with one tensor per loss)"
+            )
+        return preds, labels
+
+    def __call__(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Return ``(weighted total, each loss)``."""
+        preds, labels = self._pair(pred, label)
+        parts = []
+        for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
+            try:
+                value = fn(p, y)
+            except (RuntimeError, ValueError, TypeError, IndexError) as err:
+                raise LossInputError(
+                    f"loss {i} ({self.names[i]}) failed on pred {_spec(p)} and label {_spec(y)}"
+                    f"{_hint(fn, p, y)}. Original error: {err}"
+                ) from err
+            parts.append(value)
+        if len(parts) == 1 and self.weights[0] == 1.0:
+            return parts[0], (parts[0],)
+        total = sum(w * v for w, v in zip(self.weights, parts))
+        return total, tuple(parts)
+
+    def check_first_batch(self, pred: Any, label: Any, total: Any) -> None:
+        """Checks worth running once: shapes elementwise losses would silently broadcast, scalar total."""
+        preds, labels = self._pair(pred, label)
+        for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
+            if isinstance(fn, _ELEMENTWISE) and isinstance(p, torch.Tensor) and p.shape != y.shape:
+                raise LossInputError(
+                    f"loss {i} ({self.names[i]}) compares pred and label elementwise, but pred has shape "
+                    f"{tuple(p.shape)} and label {tuple(y.shape)}, which would broadcast silently; make "
+                    f"them equal (e.g. label.view({', '.join(str(d) for d in p.shape)}) or squeeze the output)"
+                )
+        if not isinstance(total, torch.Tensor) or total.dim() != 0:
+            raise LossInputError(
+                f"the loss must be a scalar tensor, got {_spec(total)}; use reduction='mean' or "
+                "reduce the loss to a scalar"
+            )

@@ -1,0 +1,19 @@
+"""Metrics: the protocol, built-in on-device metrics and name resolution."""
+
+from .base import Metric, SumCountMetric
+from .builtin import (
+    Accuracy,
+    BinaryAccuracy,
+    Mean,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    RootMeanSquaredError,
+    TopKAccuracy,
+)
+from .resolve import MetricSlot, default_metrics, metric_from_name, metric_name, resolve_metrics
+
+__all__ = [
+    "Metric", "SumCountMetric", "Mean", "Accuracy", "TopKAccuracy", "BinaryAccuracy",
+    "MeanSquaredError", "RootMeanSquaredError", "MeanAbsoluteError",
+    "MetricSlot", "default_metrics", "metric_from_name", "metric_name", "resolve_metrics",
+]

@@ -1,0 +1,73 @@
+"""The metric protocol and the on-device accumulator base of the built-in metrics.
+
+Any object with ``update(pred, label)``, ``compute()``, ``reset()`` and ``to(device)`` is a metric,
+so torchmetrics metrics work unchanged. Built-ins keep their sums as device tensors and python-int
+counts, so ``update`` never reads a value to the host; only ``compute`` (at epoch end) does that
+when its result is converted to a float.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """What fitforge needs of a metric (the torchmetrics protocol)."""
+
+    def update(self, pred: torch.Tensor, label: torch.Tensor) -> None: ...
+
+    def compute(self) -> torch.Tensor | float: ...
+
+    def reset(self) -> None: ...
+
+    def to(self, device: torch.device | str): ...
+
+
+class SumCountMetric:
+    """A mean of per-sample values: ``sum`` accumulates on the device, ``count`` on the host.
+
+    Subclasses implement :meth:`batch_stats` returning ``(sum tensor, count int)`` for one batch and
+    may override :meth:`finish` to transform the mean (e.g. a square root for RMSE).
+    """
+
+    name = "metric"
+    higher_is_better: bool | None = None
+
+    def __init__(self) -> None:
+        self._sum: torch.Tensor | None = None
+        self._count = 0
+
+    def batch_stats(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, int]:
+        raise NotImplementedError
+
+    def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
+        total, count = self.batch_stats(pred.detach(), label.detach())
+        # In-place add avoids allocating a new accumulator per batch; the first batch sets the device.
+        if self._sum is None:
+            self._sum = total.to(torch.float64 if total.device.type == "cpu" else torch.float32).clone()
+        else:
+            self._sum += total
+        self._count += count
+
+    def compute(self) -> torch.Tensor:
+        if self._count == 0:
+            return torch.tensor(float("nan"))
+        return self.finish(self._sum / self._count)
+
+    def finish(self, mean: torch.Tensor) -> torch.Tensor:
+        return mean
+
+    def reset(self) -> None:
+        self._sum = None
+        self._count = 0
+
+    def to(self, device: torch.device | str) -> SumCountMetric:
+        if self._sum is not None:
+            self._sum = self._sum.to(device)
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

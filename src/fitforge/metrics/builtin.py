@@ -1,0 +1,138 @@
+"""Built-in on-device metrics: loss mean, accuracy, top-k, binary accuracy, MSE/RMSE/MAE."""
+
+from __future__ import annotations
+
+import torch
+
+from ..exceptions import FitforgeValueError
+from .base import SumCountMetric
+
+
+class Mean(SumCountMetric):
+    """Sample-weighted running mean of a per-batch scalar (used for the loss).
+
+    ``update(value, weight)`` adds ``value * weight``: pass a batch-mean loss and the batch size to
+    get the mean over samples, as a hand-written loop over the whole dataset would.
+    """
+
+    name = "mean"
+    higher_is_better = False
+
+    def update(self, value: torch.Tensor, weight: int = 1) -> None:  # type: ignore[override]
+        value = value.detach() * weight
+        if self._sum is None:
+            self._sum = value.to(torch.float64 if value.device.type == "cpu" else torch.float32).clone()
+        else:
+            self._sum += value
+        self._count += weight
+
+
+class Accuracy(SumCountMetric):
+    """Fraction of correct class predictions.
+
+    ``pred`` is scores of shape (N, C, ...) compared by argmax over dim 1 with integer labels of
+    shape (N, ...); or class indices of the label's shape. Elementwise over extra dims (e.g. pixels).
+    """
+
+    name = "accuracy"
+    higher_is_better = True
+
+    def batch_stats(self, pred, label):
+        if pred.shape != label.shape:
+            pred = pred.argmax(dim=1)
+        if pred.shape != label.shape:
+            raise FitforgeValueError(
+                f"{self.name}: pred of shape {tuple(pred.shape)} (after argmax over dim 1) does not match "
+                f"label of shape {tuple(label.shape)}; pass scores (N, C, ...) and class labels (N, ...)"
+            )
+        return (pred == label).sum(), label.numel()
+
+
+class TopKAccuracy(SumCountMetric):
+    """Fraction of samples whose label is among the ``k`` highest scores (pred (N, C), label (N,))."""
+
+    higher_is_better = True
+
+    def __init__(self, k: int = 5) -> None:
+        super().__init__()
+        if not isinstance(k, int) or k < 1:
+            raise FitforgeValueError(f"k must be a positive int, got {k!r}")
+        self.k = k
+        self.name = f"top{k}_accuracy"
+
+    def batch_stats(self, pred, label):
+        if pred.dim() < 2 or pred.shape[1] < self.k:
+            raise FitforgeValueError(
+                f"{self.name}: needs scores of shape (N, C) with C >= {self.k}, got {tuple(pred.shape)}"
+            )
+        topk = pred.topk(self.k, dim=1).indices
+        return (topk == label.unsqueeze(1)).any(dim=1).sum(), label.numel()
+
+    def __repr__(self) -> str:
+        return f"TopKAccuracy(k={self.k})"
+
+
+class BinaryAccuracy(SumCountMetric):
+    """Fraction of correct binary predictions: ``pred > threshold`` against labels in {0, 1}.
+
+    With ``logits=True`` the threshold applies after a sigmoid (for ``BCEWithLogitsLoss`` outputs).
+    """
+
+    name = "binary_accuracy"
+    higher_is_better = True
+
+    def __init__(self, threshold: float = 0.5, logits: bool = False) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.logits = logits
+
+    def batch_stats(self, pred, label):
+        if pred.shape != label.shape:
+            raise FitforgeValueError(
+                f"{self.name}: pred shape {tuple(pred.shape)} must equal label shape {tuple(label.shape)}"
+            )
+        prob = pred.sigmoid() if self.logits else pred
+        return ((prob > self.threshold) == (label > 0.5)).sum(), label.numel()
+
+    def __repr__(self) -> str:
+        return f"BinaryAccuracy(threshold={self.threshold}, logits={self.logits})"
+
+
+class _Elementwise(SumCountMetric):
+    higher_is_better = False
+
+    def batch_stats(self, pred, label):
+        if pred.shape != label.shape:
+            raise FitforgeValueError(
+                f"{self.name}: pred shape {tuple(pred.shape)} must equal label shape {tuple(label.shape)}"
+            )
+        return self.error(pred.float() - label.float()).sum(), label.numel()
+
+
+class MeanSquaredError(_Elementwise):
+    """Mean of squared differences over all elements."""
+
+    name = "mse"
+
+    @staticmethod
+    def error(diff):
+        return diff.square()
+
+
+class RootMeanSquaredError(MeanSquaredError):
+    """Square root of the mean squared error over the epoch (not a mean of batch RMSEs)."""
+
+    name = "rmse"
+
+    def finish(self, mean):
+        return mean.sqrt()
+
+
+class MeanAbsoluteError(_Elementwise):
+    """Mean of absolute differences over all elements."""
+
+    name = "mae"
+
+    @staticmethod
+    def error(diff):
+        return diff.abs()

@@ -1,0 +1,109 @@
+"""What handlers see: :class:`TrainState` and the per-batch :class:`BatchOutput`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from .history import History
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .estimator import Estimator
+
+
+@dataclass(slots=True)
+class BatchOutput:
+    """The result of one batch, produced by the :class:`~fitforge.BatchProcessor`.
+
+    Attributes:
+        data: the model inputs, a tuple of tensors on the device (passed to the net positionally).
+        label: the label on the device: a tensor, or a tuple with one tensor per loss.
+        pred: the net's output: a tensor, or a tuple for multi-output nets.
+        loss: the total (weighted) loss, a scalar tensor still on the device; None in predict.
+        losses: each loss's unweighted value, in loss order.
+        batch_size: number of samples, used to weight loss and metric means.
+    """
+
+    data: tuple
+    label: Any
+    pred: Any
+    loss: torch.Tensor | None
+    losses: tuple = ()
+    batch_size: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class TrainState:
+    """The one object every hook receives.
+
+    Counting is 0-based: ``epoch`` is the index of the current epoch, ``batch_idx`` the position of
+    the current batch in the epoch's data, and ``global_step`` the number of training batches that
+    completed (reached ``batch_end`` without being cancelled) *before* the current one — so during a
+    batch it is that batch's index over the whole run, and at ``epoch_end``/``train_end`` it is the
+    count of completed batches. ``batches=N`` stops when ``global_step`` reaches N.
+
+    Which fields are valid at which event (``phase`` is "train" in fit, "validate" in evaluate,
+    "predict" in predict; evaluate and predict fire only the four epoch/batch events):
+
+    ==================  ===========  ===========  ===========  =========  =========  =========
+    field               train_begin  epoch_begin  batch_begin  batch_end  epoch_end  train_end
+    ==================  ===========  ===========  ===========  =========  =========  =========
+    estimator, phase    yes          yes          yes          yes        yes        yes
+    max_epochs/batches  yes          yes          yes          yes        yes        yes
+    epoch               0            yes          yes          yes        yes        last one
+    batch_idx           --           --           yes          yes        last one   last one
+    global_step         0            yes          yes          yes        yes        yes
+    num_batches         --           yes          yes          yes        yes        yes
+    batch               --           --           yes          yes        last one   last one
+    output              --           --           --           yes        last one   last one
+    metrics             {}           last epoch   last epoch   last epoch  this epoch this epoch
+    history             yes          row added    yes          yes        yes        yes
+    shared              yes          yes          yes          yes        yes        yes
+    ==================  ===========  ===========  ===========  =========  =========  =========
+
+    ``metrics`` holds plain floats computed at epoch end (``train_loss``, ``val_accuracy``...);
+    handlers that want running values mid-epoch call :meth:`refresh_metrics`, which reads device
+    values to the host (a device sync): do it at a throttled interval, never every batch.
+    ``num_batches`` is ``len(data)`` when the data has a length, else None.
+
+    Attributes:
+        max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
+        max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
+        shared: a free dict for handlers to pass values to each other.
+        stop_requested / stop_reason: set by :meth:`request_stop`.
+    """
+
+    estimator: Estimator
+    phase: str = "train"
+    epoch: int = 0
+    batch_idx: int = -1
+    global_step: int = 0
+    max_epochs: int | None = None
+    max_batches: int | None = None
+    num_batches: int | None = None
+    batch: Any = None
+    output: BatchOutput | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: History = field(default_factory=History)
+    shared: dict[str, Any] = field(default_factory=dict)
+    stop_requested: bool = False
+    stop_reason: str | None = None
+    metric_sources: list[Callable[[TrainState], None]] = field(default_factory=list)
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
+        ``train_end``. The first reason given is kept (and stored in ``history.stop_reason``)."""
+        if not self.stop_requested:
+            self.stop_requested = True
+            self.stop_reason = reason
+            self.history.stop_reason = reason
+
+    def refresh_metrics(self) -> dict[str, float]:
+        """Compute the running (epoch-so-far) metric values into :attr:`metrics` and return them.
+
+        This reads device values to the host; call it at epoch end or at a throttled interval."""
+        for publish in self.metric_sources:
+            publish(self)
+        return self.metrics
