@@ -28,6 +28,10 @@ def resolve_device(device: Any) -> torch.device:
             f"device must be None, a string such as 'cpu' or 'cuda:0', an int GPU index or a torch.device, "
             f"got {describe(device)}"
         )
+    if isinstance(device, int):
+        if device < 0:
+            raise FitforgeValueError(f"device index must be a non-negative int, got {device}")
+        device = f"cuda:{device}"
     try:
         resolved = torch.device(device)
     except (RuntimeError, ValueError) as err:

@@ -82,6 +82,19 @@ class Dispatcher:
             if hook(state):
                 state.request_stop(f"{hook.__self__!r}.{event.value} returned True")
 
+    def fire_each(self, event: Event, state: TrainState,
+                  ignore: tuple[type[BaseException], ...]) -> BaseException | None:
+        """As :meth:`fire`, but an ``ignore``-d exception ends only the hook that raised it; the
+        first one caught is returned."""
+        caught = None
+        for hook in self.hooks[event]:
+            try:
+                if hook(state):
+                    state.request_stop(f"{hook.__self__!r}.{event.value} returned True")
+            except ignore as signal:
+                caught = caught or signal
+        return caught
+
     def describe(self) -> str:
         """The handlers of each event in call order, one event per line."""
         lines = []

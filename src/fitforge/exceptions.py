@@ -47,7 +47,7 @@ class MonitorKeyError(FitforgeValueError):
 
 def describe(value: object) -> str:
     """A short description of a received value for error messages: its type and, if small, its repr."""
-    text = repr(value)
+    text = " ".join(repr(value).split())  # one line, even for a tensor's repr
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}" if not isinstance(value, type) else f"the class {value.__name__}"

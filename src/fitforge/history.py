@@ -104,9 +104,13 @@ class History(Mapping):
             import matplotlib.pyplot as plt
         except ImportError as err:  # pragma: no cover - depends on the environment
             raise ImportError("History.plot() needs matplotlib: pip install 'fitforge[plot]'") from err
-        names = keys or _metric_names(self._columns)
+        available = _metric_names(self._columns)
+        names = keys or available
         if not names:
             raise ValueError(f"nothing to plot: history has no train_/val_ keys (keys: {list(self)})")
+        unknown = [name for name in names if name not in available]
+        if unknown:
+            raise ValueError(f"History.plot(keys=...) got unknown names {unknown}; available: {available}")
         fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5), squeeze=False)
         epochs = range(1, self._epochs + 1)
         for ax, name in zip(axes[0], names):
@@ -123,8 +127,8 @@ class History(Mapping):
         return fig
 
     def __repr__(self) -> str:
-        last = ", ".join(f"{k}={self.last(k):.4g}" for k in self._columns)
-        return f"History(epochs={self._epochs}, {last})"
+        parts = [f"epochs={self._epochs}", *(f"{k}={self.last(k):.4g}" for k in self._columns)]
+        return f"History({', '.join(parts)})"
 
 
 def _metric_names(columns: Mapping[str, list[float]]) -> list[str]:

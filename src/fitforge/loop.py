@@ -4,7 +4,11 @@ It reads like the pseudocode it implements; everything optional lives in handler
 reads a device value: handlers decide when values reach the host.
 
 A cancel raised outside its own scope acts on the nearest enclosing one: ``CancelBatch`` in
-``epoch_begin`` ends the epoch, any cancel in ``train_begin`` ends training. None escapes.
+``epoch_begin`` ends the epoch, any cancel in ``train_begin`` ends training. In ``epoch_end`` a
+``CancelEpoch``/``CancelBatch`` ends only the hook that raised it (the epoch is ending anyway, and
+the other handlers, stopping included, must still see it); in ``train_end`` every cancel does. In
+``train_begin`` any cancel ends training, but only after every ``train_begin`` hook ran, so every
+handler that gets ``train_end`` was initialised. None escapes.
 """
 
 from __future__ import annotations
@@ -27,9 +31,15 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
     """Train until a stop is requested; ``train_end`` runs however training ends."""
     step = state.estimator.batch_processor.fit_batch
     try:
-        dispatcher.fire(Event.TRAIN_BEGIN, state)
+        if dispatcher.fire_each(Event.TRAIN_BEGIN, state, _CANCELS):
+            state.request_stop("cancelled in train_begin")
         while not state.stop_requested:
-            run_epoch(state, dispatcher, data, step, check_first=state.global_step == 0)
+            completed = state.global_step
+            run_epoch(state, dispatcher, data, step, check_first=completed == 0)
+            if state.global_step == completed and state.max_batches is not None:
+                # batches=N counts completed batches only: without this, cancelling every batch never ends.
+                log.warning("every batch of epoch %d was cancelled; stopping", state.epoch)
+                state.request_stop(f"every batch of epoch {state.epoch} was cancelled")
             if not state.stop_requested:
                 state.epoch += 1
     except _CANCELS:
@@ -44,9 +54,7 @@ def _fire_quietly(event: Event, state: TrainState, dispatcher: Dispatcher, faili
     """Fire ``event`` ignoring cancels; while an exception is ending the run, a failure here is
     logged instead of raised so the original exception propagates unchanged."""
     try:
-        dispatcher.fire(event, state)
-    except _CANCELS:
-        pass
+        dispatcher.fire_each(event, state, _CANCELS)
     except Exception:
         if not failing:
             raise
@@ -102,10 +110,7 @@ def run_epoch(
     if training:
         state.history.record("epoch_time", time.perf_counter() - started)
         _record_lr(state)
-    try:
-        dispatcher.fire(Event.EPOCH_END, state)
-    except (CancelEpoch, CancelBatch):
-        pass
+    dispatcher.fire_each(Event.EPOCH_END, state, (CancelEpoch, CancelBatch))
 
 
 def _clear_gradients(state: TrainState) -> None:

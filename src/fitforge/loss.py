@@ -88,9 +88,14 @@ class LossSet:
         preds, labels = self._pair(pred, label)
         parts = []
         for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
+            if not isinstance(p, torch.Tensor):
+                raise LossInputError(
+                    f"output {i} of the net is {describe(p)}, not a tensor; the net must return a tensor, "
+                    "or a tuple of tensors for several losses (did forward() forget a return?)"
+                )
             try:
                 value = fn(p, y)
-            except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:
                 raise LossInputError(
                     f"loss {i} ({self.names[i]}) failed on pred {_spec(p)} and label {_spec(y)}"
                     f"{_hint(fn, p, y)}. Original error: {err}"

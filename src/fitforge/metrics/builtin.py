@@ -55,7 +55,7 @@ class TopKAccuracy(SumCountMetric):
 
     def __init__(self, k: int = 5) -> None:
         super().__init__()
-        if not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise FitforgeValueError(f"k must be a positive int, got {k!r}")
         self.k = k
         self.name = f"top{k}_accuracy"
@@ -64,6 +64,12 @@ class TopKAccuracy(SumCountMetric):
         if pred.dim() < 2 or pred.shape[1] < self.k:
             raise FitforgeValueError(
                 f"{self.name}: needs scores of shape (N, C) with C >= {self.k}, got {tuple(pred.shape)}"
+            )
+        expected = (pred.shape[0], *pred.shape[2:])
+        if tuple(label.shape) != expected:
+            raise FitforgeValueError(
+                f"{self.name}: label shape {tuple(label.shape)} does not fit scores of shape "
+                f"{tuple(pred.shape)}; expected class labels of shape {expected}"
             )
         topk = pred.topk(self.k, dim=1).indices
         return (topk == label.unsqueeze(1)).any(dim=1).sum(), label.numel()

@@ -72,7 +72,7 @@ def default_metrics(loss: Any) -> list[Any]:
 
 
 def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", name).lower()
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def metric_name(metric: Any) -> str:

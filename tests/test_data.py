@@ -1,0 +1,215 @@
+"""Batch unpacking, device transfer, batch-size inference and the checks on data given to fit."""
+
+import re
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fitforge.data import batch_size_of, check_data, to_device, unpack_inputs, unpack_pair
+from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
+
+PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
+X = torch.randn(4, 3)
+Y = torch.tensor([0, 1, 2, 1])
+
+
+# -- unpack_pair -------------------------------------------------------------------------------------
+class TestUnpackPair:
+    def test_tensor_pair(self):
+        inputs, label = unpack_pair((X, Y))
+        assert isinstance(inputs, tuple) and len(inputs) == 1
+        assert inputs[0] is X and label is Y
+
+    def test_list_pair(self):  # the default collate_fn gives lists
+        inputs, label = unpack_pair([X, Y])
+        assert inputs == (X,) and label is Y
+
+    def test_tuple_data_and_labels(self):
+        x2 = torch.randn(4, 2)
+        y2 = torch.randn(4)
+        inputs, label = unpack_pair(((X, x2), [Y, y2]))
+        assert isinstance(inputs, tuple) and inputs[0] is X and inputs[1] is x2
+        assert isinstance(label, tuple) and label[0] is Y and label[1] is y2
+
+    def test_list_data(self):
+        inputs, label = unpack_pair(([X], Y))
+        assert inputs == (X,) and label is Y
+
+    def test_dict_batch(self):
+        msg = f"got a dict batch with keys ['x', 'y']; fitforge expects a (data, label) pair: {PAIR_HELP}"
+        with pytest.raises(BatchFormatError, match=re.escape(msg)):
+            unpack_pair({"x": X, "y": Y})
+
+    def test_dict_batch_is_a_value_error(self):
+        with pytest.raises(ValueError, match="dict batch"):
+            unpack_pair({"x": X})
+        assert issubclass(BatchFormatError, FitforgeValueError)
+
+    @pytest.mark.parametrize("batch,shown", [
+        ((X,), "tuple of 1 [tensor of shape (4, 3)]"),
+        ((X, Y, Y), "tuple of 3 [tensor of shape (4, 3), tensor of shape (4,), tensor of shape (4,)]"),
+        ([], "list of 0 []"),
+        (X, "tensor of shape (4, 3)"),
+        (3, "int 3"),
+    ])
+    def test_wrong_length_or_type(self, batch, shown):
+        msg = f"a batch must be a (data, label) pair, got a {shown}: {PAIR_HELP}"
+        with pytest.raises(BatchFormatError, match=re.escape(msg)):
+            unpack_pair(batch)
+
+    @pytest.mark.parametrize("batch,shown", [
+        (([1.0, 2.0], Y), "data: list of 2 [float 1.0, float 2.0], label: tensor of shape (4,)"),
+        ((X, 3), "data: tensor of shape (4, 3), label: int 3"),
+        (((), Y), "data: tuple of 0 [], label: tensor of shape (4,)"),
+        (((X, "a"), Y), "data: tuple of 2 [tensor of shape (4, 3), str 'a'], label: tensor of shape (4,)"),
+        ((X, None), "data: tensor of shape (4, 3), label: NoneType None"),
+    ])
+    def test_non_tensor_entries(self, batch, shown):
+        msg = f"a batch must be a (data, label) pair of tensors or tuples of tensors, got {shown}: {PAIR_HELP}"
+        with pytest.raises(BatchFormatError, match=re.escape(msg)):
+            unpack_pair(batch)
+
+
+# -- unpack_inputs -----------------------------------------------------------------------------------
+class TestUnpackInputs:
+    def test_bare_tensor(self):
+        assert unpack_inputs(X) == (X,)
+
+    def test_one_element_tuple(self):
+        inputs = unpack_inputs((X,))
+        assert len(inputs) == 1 and inputs[0] is X
+        assert unpack_inputs([X])[0] is X
+
+    def test_one_element_tuple_of_several_inputs(self):
+        x2 = torch.randn(4, 2)
+        inputs = unpack_inputs(((X, x2),))
+        assert len(inputs) == 2 and inputs[0] is X and inputs[1] is x2
+
+    def test_pair_ignores_label(self):
+        inputs = unpack_inputs((X, Y))
+        assert len(inputs) == 1 and inputs[0] is X
+
+    def test_pair_with_several_inputs(self):
+        x2 = torch.randn(4, 2)
+        inputs = unpack_inputs(((X, x2), Y))
+        assert len(inputs) == 2 and inputs[0] is X and inputs[1] is x2
+
+    def test_bad_batch(self):
+        with pytest.raises(BatchFormatError, match="dict batch"):
+            unpack_inputs({"x": X})
+        with pytest.raises(BatchFormatError, match=re.escape("a batch must be a (data, label) pair")):
+            unpack_inputs((X, Y, Y))
+
+
+# -- to_device / batch_size_of -------------------------------------------------------------------------
+def test_to_device_tensor():
+    moved = to_device(X, torch.device("cpu"))
+    assert moved.device.type == "cpu" and torch.equal(moved, X)
+
+
+def test_to_device_nested():
+    a, b, c = torch.randn(2), torch.randn(3), torch.randn(1)
+    out = to_device([a, (b, [c]), "meta-data", 3], torch.device("meta"))
+    assert isinstance(out, tuple) and isinstance(out[1], tuple) and isinstance(out[1][1], tuple)
+    assert out[0].device.type == "meta" and out[0].shape == (2,)
+    assert out[1][0].device.type == "meta" and out[1][0].shape == (3,)
+    assert out[1][1][0].device.type == "meta"
+    assert out[2] == "meta-data" and out[3] == 3  # non-tensors pass through
+    assert a.device.type == "cpu"  # the originals are untouched
+
+
+def test_to_device_non_tensor():
+    assert to_device(None, torch.device("cpu")) is None
+    assert to_device({"a": 1}, torch.device("cpu")) == {"a": 1}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_to_device_cuda_non_blocking():  # pragma: no cover - depends on the machine
+    out = to_device((X.pin_memory(), [Y]), torch.device("cuda"), non_blocking=True)
+    assert out[0].is_cuda and out[1][0].is_cuda
+    assert torch.equal(out[0].cpu(), X)
+
+
+def test_batch_size_of():
+    assert batch_size_of((X,)) == 4
+    assert batch_size_of((torch.zeros(7, 2, 2), torch.zeros(3))) == 7  # the first input decides
+    assert batch_size_of((torch.zeros(0, 3),)) == 0
+    assert batch_size_of((torch.tensor(2.5),)) == 1  # 0-d counts as one sample
+    assert isinstance(batch_size_of((X,)), int)
+
+
+# -- check_data --------------------------------------------------------------------------------------
+class NoLenIterable:
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class NeverIterate(DataLoader):
+    """A DataLoader that fails if anything iterates it (check_data must not)."""
+
+    def __iter__(self):
+        raise AssertionError("check_data must not call iter() on a DataLoader")
+
+
+class TestCheckData:
+    @pytest.mark.parametrize("data,shown", [
+        (3, "int 3"),
+        (None, "NoneType None"),
+        (torch.zeros(2, 2), "Tensor tensor([[0., 0.],"),
+        ("abc", "str 'abc'"),
+        ({"x": X}, "dict {'x': tensor("),
+    ])
+    def test_not_an_iterable_of_batches(self, data, shown):
+        msg = ("train_data must be an iterable of (data, label) batches such as a DataLoader or a list, "
+               f"got {shown}")
+        with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
+            check_data(data, "train_data", passes=None)
+
+    def test_type_error_names_the_argument(self):
+        with pytest.raises(TypeError, match=re.escape("val_data must be an iterable")):
+            check_data(3.5, "val_data", passes=1)
+
+    @pytest.mark.parametrize("passes,times", [(None, "more than once"), (2, "2 times")])
+    def test_one_shot_iterator_read_several_times(self, passes, times):
+        gen = ((X, Y) for _ in range(3))
+        msg = (f"train_data is a one-shot iterator (generator), which is exhausted after one pass, but it would "
+               f"be read {times}; pass a re-iterable such as a DataLoader or a list")
+        with pytest.raises(FitforgeValueError, match=re.escape(msg)):
+            check_data(gen, "train_data", passes=passes)
+        assert next(gen)[0] is X  # the check did not consume it
+
+    def test_list_iterator_is_one_shot_too(self):
+        with pytest.raises(FitforgeValueError, match=re.escape("val_data is a one-shot iterator (list_iterator)")):
+            check_data(iter([(X, Y)]), "val_data", passes=None)
+
+    def test_one_shot_iterator_allowed_for_one_pass(self):
+        gen = ((X, Y) for _ in range(3))
+        assert check_data(gen, "train_data", passes=1) is None
+        assert len(list(gen)) == 3  # not consumed by the check
+
+    def test_empty_list(self):
+        msg = "train_data is empty (len 0): it must yield at least one batch"
+        with pytest.raises(FitforgeValueError, match=re.escape(msg)):
+            check_data([], "train_data", passes=None)
+
+    def test_empty_dataloader(self):
+        loader = DataLoader(TensorDataset(torch.zeros(0, 3), torch.zeros(0)), batch_size=2)
+        with pytest.raises(FitforgeValueError, match=re.escape("val_data is empty (len 0)")):
+            check_data(loader, "val_data", passes=3)
+
+    def test_list_returns_len(self):
+        assert check_data([(X, Y)] * 3, "train_data", passes=None) == 3
+        assert check_data(((X, Y),), "train_data", passes=5) == 1
+
+    def test_iterable_without_len(self):
+        assert check_data(NoLenIterable([(X, Y)]), "train_data", passes=None) is None
+
+    def test_dataloader_is_not_iterated(self):
+        loader = NeverIterate(TensorDataset(torch.randn(10, 3), torch.zeros(10)), batch_size=4)
+        assert check_data(loader, "train_data", passes=None) == 3
+        with pytest.raises(AssertionError):
+            iter(loader)  # the trap works

@@ -1,0 +1,140 @@
+"""Dispatch: handlers called iff they inherit the mixin, priority/run_after order, cycles, describe_loop."""
+
+import pytest
+
+from fitforge.dispatch import Dispatcher, check_handler, order_handlers
+from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, Event, EventHandler, TrainBegin, TrainEnd, events_of
+from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
+from fitforge.handlers import GradientUpdateHandler, LoggingHandler, MetricHandler, StoppingHandler, ValidationHandler
+from fitforge.testing import RecordingHandler
+
+from helpers import make_estimator, regression_batches
+
+
+class Named(BatchEnd):
+    def __init__(self, name, priority=0, run_after=()):
+        self.name, self.priority, self.run_after = name, priority, run_after
+
+    def __repr__(self):
+        return self.name
+
+
+class A(Named):
+    pass
+
+
+class B(Named):
+    pass
+
+
+class C(Named):
+    pass
+
+
+def test_events_of_follows_mixins():
+    class TwoEvents(TrainBegin, EpochEnd):
+        pass
+
+    assert events_of(TwoEvents()) == [Event.TRAIN_BEGIN, Event.EPOCH_END]
+    assert len(events_of(RecordingHandler())) == 6
+
+
+def test_handler_is_called_only_for_its_mixins():
+    class OnlyEpochEnd(EpochEnd):
+        calls = 0
+
+        def epoch_end(self, state):
+            OnlyEpochEnd.calls += 1
+
+        # Defined but not inherited through a mixin: must never be called.
+        def batch_end(self, state):  # pragma: no cover - the assertion is that it is not called
+            raise AssertionError("batch_end called without the BatchEnd mixin")
+
+    handler = OnlyEpochEnd()
+    dispatcher = Dispatcher([handler])
+    assert [len(dispatcher.hooks[e]) for e in Event] == [0, 0, 0, 0, 1, 0]
+    make_estimator().fit(regression_batches(), epochs=2, event_handlers=[handler])
+    assert OnlyEpochEnd.calls == 2
+
+
+def test_priority_orders_lower_first_and_ties_keep_given_order():
+    handlers = [Named("late", 5), Named("first", -5), Named("tie1"), Named("tie2")]
+    assert [h.name for h in order_handlers(handlers)] == ["first", "tie1", "tie2", "late"]
+
+
+def test_run_after_overrides_priority():
+    a, b = A("a", priority=-10, run_after=(B,)), B("b", priority=10)
+    assert order_handlers([a, b]) == [b, a]
+
+
+def test_run_after_with_absent_class_is_ignored():
+    a = A("a", run_after=(C,))
+    assert order_handlers([a]) == [a]
+
+
+def test_cycle_is_an_error_naming_the_handlers():
+    a, b = A("a", run_after=(B,)), B("b", run_after=(A,))
+    c = C("c")
+    with pytest.raises(HandlerOrderError, match=r"cycle through run_after: a -> b"):
+        order_handlers([c, a, b])
+
+
+def test_cycle_is_raised_by_fit_before_training():
+    a, b = A("a", run_after=(B,)), B("b", run_after=(A,))
+    est = make_estimator()
+    weight = est.net.weight.detach().clone()
+    with pytest.raises(HandlerOrderError, match="cycle"):
+        est.fit(regression_batches(), epochs=1, event_handlers=[a, b])
+    assert est.net.weight.detach().equal(weight)
+
+
+def test_check_handler_errors():
+    with pytest.raises(FitforgeTypeError, match=r"write RecordingHandler\(\) to create one"):
+        check_handler(RecordingHandler)
+    with pytest.raises(FitforgeTypeError, match="handles no event; a handler must inherit at least one of TrainBegin"):
+        check_handler(EventHandler())
+    with pytest.raises(FitforgeTypeError, match="handles no event"):
+        check_handler(object())
+
+
+def test_event_handlers_must_be_a_list():
+    with pytest.raises(FitforgeTypeError, match="event_handlers must be a list of handlers, got RecordingHandler"):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=RecordingHandler())
+
+
+def test_describe_loop_lists_each_event_in_call_order():
+    est = make_estimator()
+    user = RecordingHandler(priority=10)
+    text = est.describe_loop([user])
+    lines = dict(line.split(None, 1) for line in text.splitlines())
+    assert list(lines) == [e.value for e in Event]
+    assert lines["batch_end"] == (
+        "GradientUpdateHandler(-2000) -> MetricHandler(-1000) -> RecordingHandler(10) -> "
+        "LoggingHandler(1000) -> StoppingHandler(2000)"
+    )
+    assert lines["batch_begin"] == "RecordingHandler(10)"
+    assert "ValidationHandler" in est.describe_loop([ValidationHandler(regression_batches())])
+
+
+def test_default_is_replaced_by_user_handler_of_same_class():
+    est = make_estimator()
+    mine = LoggingHandler(log_interval=2)
+    text = est.describe_loop([mine, StoppingHandler(max_time=5)])
+    assert text.count("LoggingHandler") == text.count("LoggingHandler(1000)")
+    assert text.splitlines()[3].count("LoggingHandler") == 1
+    assert text.splitlines()[3].count("StoppingHandler") == 1
+
+
+def test_callers_handler_list_is_not_mutated():
+    given = [RecordingHandler()]
+    make_estimator().fit(regression_batches(), epochs=1, event_handlers=given)
+    assert len(given) == 1
+
+
+def test_all_six_mixins_have_noop_hooks():
+    for mixin, hook in [(TrainBegin, "train_begin"), (TrainEnd, "train_end"), (EpochBegin, "epoch_begin"),
+                        (EpochEnd, "epoch_end"), (BatchBegin, "batch_begin"), (BatchEnd, "batch_end")]:
+        assert getattr(mixin(), hook)(None) is None
+    handler = EventHandler()
+    assert handler.state_dict() == {} and handler.load_state_dict({}) is None
+    assert repr(GradientUpdateHandler()) == "GradientUpdateHandler" and MetricHandler().priority == -1000

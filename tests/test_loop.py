@@ -1,0 +1,300 @@
+"""The event-order contract of fit / evaluate / predict, stopping, cancelling and counting."""
+
+import logging
+
+import pytest
+import torch
+
+from fitforge import BatchProcessor
+from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, TrainBegin
+from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
+from fitforge.handlers import ValidationHandler
+from fitforge.testing import RecordingHandler
+
+from helpers import make_estimator, regression_batches
+
+
+def batch_events(n, phase="train"):
+    return ["batch_begin", "batch_end"] * n
+
+
+def test_fit_with_validation_event_order():
+    rec, val_rec = RecordingHandler(), RecordingHandler()
+    val_rec.calls = rec.calls  # one timeline for fit and the validation it triggers
+    est = make_estimator()
+    est.fit(regression_batches(2), epochs=2,
+            event_handlers=[rec, ValidationHandler(regression_batches(1), event_handlers=[val_rec])])
+    validation = [("epoch_begin", "validate"), ("batch_begin", "validate"), ("batch_end", "validate"),
+                  ("epoch_end", "validate")]
+    epoch = ([("epoch_begin", "train")] + [(e, "train") for e in batch_events(2)] + validation
+             + [("epoch_end", "train")])
+    expected = [("train_begin", "train")] + epoch * 2 + [("train_end", "train")]
+    assert [(c[0], c[1]) for c in rec.calls] == expected
+
+
+def test_fit_counters_at_each_event():
+    rec = RecordingHandler()
+    make_estimator().fit(regression_batches(2), epochs=2, event_handlers=[rec])
+    # (event, phase, epoch, batch_idx, global_step)
+    assert rec.calls[0] == ("train_begin", "train", 0, -1, 0)
+    assert rec.calls[1:7] == [
+        ("epoch_begin", "train", 0, -1, 0),
+        ("batch_begin", "train", 0, 0, 0), ("batch_end", "train", 0, 0, 0),
+        ("batch_begin", "train", 0, 1, 1), ("batch_end", "train", 0, 1, 1),
+        ("epoch_end", "train", 0, 1, 2),
+    ]
+    assert rec.calls[7][:3] == ("epoch_begin", "train", 1)
+    assert rec.calls[-1] == ("train_end", "train", 1, 1, 4)
+
+
+def test_evaluate_event_order():
+    rec = RecordingHandler()
+    result = make_estimator().evaluate(regression_batches(2), event_handlers=[rec])
+    assert rec.events == ["epoch_begin", *batch_events(2), "epoch_end"]
+    assert {c[1] for c in rec.calls} == {"validate"}
+    assert set(result) == {"val_loss", "val_mae"}
+
+
+def test_predict_event_order():
+    rec = RecordingHandler()
+    out = make_estimator().predict(regression_batches(3), event_handlers=[rec])
+    assert rec.events == ["epoch_begin", *batch_events(3), "epoch_end"]
+    assert {c[1] for c in rec.calls} == {"predict"}
+    assert out.shape == (12, 1)
+
+
+def test_stop_by_returning_true_finishes_the_batch_then_epoch_end_and_train_end():
+    stopper = RecordingHandler(stop_on=("batch_end", 5))
+    later = RecordingHandler(priority=500)
+    est = make_estimator()
+    history = est.fit(regression_batches(4), epochs=5, event_handlers=[stopper, later])
+    # global_step 5 is epoch 1, batch 1: the later handler still sees that batch_end.
+    assert later.calls[-3:] == [("batch_end", "train", 1, 1, 5), ("epoch_end", "train", 1, 1, 6),
+                                ("train_end", "train", 1, 1, 6)]
+    assert history.epochs == 2
+    assert "RecordingHandler.batch_end returned True" in history.stop_reason
+
+
+def test_stop_by_returning_true_from_epoch_end():
+    rec = RecordingHandler(stop_on=("epoch_end", 2))
+    history = make_estimator().fit(regression_batches(2), epochs=5, event_handlers=[rec])
+    assert rec.events[-2:] == ["epoch_end", "train_end"] and history.epochs == 1
+
+
+class StopAt(BatchBegin):
+    def __init__(self, step):
+        self.step = step
+
+    def batch_begin(self, state):
+        if state.global_step == self.step:
+            state.request_stop("enough")
+
+
+def test_request_stop_at_batch_begin_still_completes_that_batch():
+    rec = RecordingHandler()
+    history = make_estimator().fit(regression_batches(4), epochs=5, event_handlers=[StopAt(5), rec])
+    assert rec.calls[-4:] == [("batch_begin", "train", 1, 1, 5), ("batch_end", "train", 1, 1, 5),
+                              ("epoch_end", "train", 1, 1, 6), ("train_end", "train", 1, 1, 6)]
+    assert history.stop_reason == "enough"
+
+
+def test_request_stop_in_train_begin_or_epoch_begin_runs_no_batch():
+    class StopIn(TrainBegin, EpochBegin):
+        def __init__(self, where):
+            self.where = where
+
+        def train_begin(self, state):
+            if self.where == "train_begin":
+                state.request_stop("no")
+
+        def epoch_begin(self, state):
+            if self.where == "epoch_begin":
+                state.request_stop("no")
+
+    rec = RecordingHandler()
+    make_estimator().fit(regression_batches(2), epochs=3, event_handlers=[StopIn("train_begin"), rec])
+    assert rec.events == ["train_begin", "train_end"]
+    rec = RecordingHandler()
+    make_estimator().fit(regression_batches(2), epochs=3, event_handlers=[StopIn("epoch_begin"), rec])
+    assert rec.events == ["train_begin", "epoch_begin", "epoch_end", "train_end"]
+
+
+class Raise(BatchBegin, BatchEnd):
+    """Raises ``exc`` at ``event`` of the batch at position ``at`` = (epoch, batch_idx)."""
+
+    def __init__(self, exc, at, event="batch_begin", priority=0):
+        self.exc, self.at, self.event, self.priority = exc, at, event, priority
+
+    def _maybe(self, state, event):
+        if event == self.event and (state.epoch, state.batch_idx) == self.at:
+            raise self.exc
+
+    def batch_begin(self, state):
+        self._maybe(state, "batch_begin")
+
+    def batch_end(self, state):
+        self._maybe(state, "batch_end")
+
+
+def test_cancel_batch_skips_rest_of_batch_without_step_and_does_not_count():
+    rec = RecordingHandler()
+    est = make_estimator()
+    history = est.fit(regression_batches(3), batches=3, event_handlers=[Raise(CancelBatch(), (0, 1), priority=1), rec])
+    # The cancelled batch (epoch 0, batch 1) has a batch_begin but no batch_end; batches=3 needs a 2nd epoch.
+    assert rec.calls[1:8] == [
+        ("epoch_begin", "train", 0, -1, 0),
+        ("batch_begin", "train", 0, 0, 0), ("batch_end", "train", 0, 0, 0),
+        ("batch_begin", "train", 0, 1, 1),
+        ("batch_begin", "train", 0, 2, 1), ("batch_end", "train", 0, 2, 1),
+        ("epoch_end", "train", 0, 2, 2),
+    ]
+    assert rec.calls[-1] == ("train_end", "train", 1, 0, 3) and history.epochs == 2
+
+
+def test_cancel_batch_before_step_leaves_weights_unchanged():
+    class CancelAll(BatchEnd):
+        priority = -3000  # before GradientUpdateHandler, after backward
+
+        def batch_end(self, state):
+            assert state.estimator.net.weight.grad is not None
+            raise CancelBatch
+
+    est = make_estimator()
+    before = [p.detach().clone() for p in est.net.parameters()]
+    est.fit(regression_batches(3), epochs=1, event_handlers=[CancelAll()])
+    assert all(p.equal(b) for p, b in zip(est.net.parameters(), before))
+    assert all(p.grad is None for p in est.net.parameters())  # gradients it made are cleared
+
+
+def test_cancel_batch_from_batch_processor_after_backward_clears_gradients():
+    class Skip(BatchProcessor):
+        def fit_batch(self, state, batch):
+            out = super().fit_batch(state, batch)
+            raise CancelBatch
+
+    est = make_estimator(batch_processor=Skip())
+    before = est.net.weight.detach().clone()
+    est.fit(regression_batches(2), epochs=1)
+    assert est.net.weight.grad is None and est.net.weight.detach().equal(before)
+
+
+def test_cancel_epoch_ends_epoch_and_runs_its_epoch_end():
+    rec = RecordingHandler()
+    history = make_estimator().fit(regression_batches(3), epochs=2, event_handlers=[Raise(CancelEpoch(), (0, 1), priority=1), rec])
+    assert rec.events == ["train_begin", "epoch_begin", "batch_begin", "batch_end", "batch_begin", "epoch_end",
+                          "epoch_begin", *batch_events(3), "epoch_end", "train_end"]
+    assert history.epochs == 2
+
+
+def test_cancel_fit_ends_training_with_train_end_but_no_epoch_end():
+    rec = RecordingHandler()
+    history = make_estimator().fit(regression_batches(3), epochs=3,
+                                   event_handlers=[Raise(CancelFit(), (1, 1), event="batch_end", priority=5), rec])
+    assert rec.events[-3:] == ["batch_begin", "batch_end", "train_end"]
+    assert history.epochs == 2
+
+
+@pytest.mark.parametrize("hook", ["train_begin", "epoch_begin", "epoch_end", "train_end"])
+@pytest.mark.parametrize("signal", [CancelBatch, CancelEpoch, CancelFit])
+def test_no_cancel_escapes_fit_whatever_the_event(hook, signal):
+    handler, witness = RecordingHandler(), RecordingHandler(priority=100)
+    setattr(handler, hook, lambda state: (_ for _ in ()).throw(signal()))
+    make_estimator().fit(regression_batches(2), epochs=2, event_handlers=[handler, witness])
+    assert witness.events[0] == "train_begin" and witness.events[-1] == "train_end"
+    if hook == "train_begin":  # every train_begin ran, then training ended
+        assert witness.events == ["train_begin", "train_end"]
+
+
+def test_exception_mid_epoch_runs_train_end_and_propagates_unchanged():
+    error = ValueError("boom")
+    rec = RecordingHandler(priority=-5000)
+    with pytest.raises(ValueError) as caught:
+        make_estimator().fit(regression_batches(3), epochs=2, event_handlers=[Raise(error, (0, 1)), rec])
+    assert caught.value is error
+    assert rec.events[-2:] == ["batch_begin", "train_end"]
+
+
+def test_failing_train_end_during_an_exception_is_logged_and_original_propagates(caplog):
+    class BadEnd(RecordingHandler):
+        def train_end(self, state):
+            raise RuntimeError("train_end broke")
+
+    with caplog.at_level(logging.ERROR, logger="fitforge"), pytest.raises(ValueError, match="boom"):
+        make_estimator().fit(regression_batches(2), epochs=1, event_handlers=[Raise(ValueError("boom"), (0, 0)), BadEnd()])
+    assert "train_end handler failed" in caplog.text
+
+
+def test_failing_train_end_after_normal_training_raises():
+    class BadEnd(RecordingHandler):
+        def train_end(self, state):
+            raise RuntimeError("train_end broke")
+
+    with pytest.raises(RuntimeError, match="train_end broke"):
+        make_estimator().fit(regression_batches(2), epochs=1, event_handlers=[BadEnd()])
+
+
+def test_batches_counts_across_epochs_with_partial_last_epoch():
+    rec = RecordingHandler()
+    history = make_estimator().fit(regression_batches(2), batches=5, event_handlers=[rec])
+    assert rec.events.count("batch_end") == 5
+    assert history.epochs == 3 and rec.calls[-1] == ("train_end", "train", 2, 0, 5)
+    assert history.stop_reason == "reached batches=5"
+
+
+def test_cancelling_every_batch_with_batches_n_stops_instead_of_looping(caplog):
+    class CancelAll(BatchBegin):
+        def batch_begin(self, state):
+            raise CancelBatch
+
+    history = make_estimator().fit(regression_batches(2), batches=3, event_handlers=[CancelAll()])
+    assert history.stop_reason == "every batch of epoch 0 was cancelled"
+    assert "every batch of epoch 0 was cancelled" in caplog.text
+
+
+def test_one_shot_iterator_with_batches_is_refused_before_training():
+    with pytest.raises(FitforgeValueError, match=r"one-shot iterator \(list_iterator\).*read more than once"):
+        make_estimator().fit(iter(regression_batches(2)), batches=5)
+
+
+def test_iterable_yielding_no_batch_is_a_clear_error():
+    class Empty:
+        def __iter__(self):
+            return iter(())
+
+    with pytest.raises(FitforgeValueError, match=r"the data yielded no batch in epoch 0 \(train\)"):
+        make_estimator().fit(Empty(), epochs=2)
+
+
+def test_one_shot_iterator_is_fine_for_one_epoch():
+    history = make_estimator().fit((b for b in regression_batches(3)), epochs=1)
+    assert history.epochs == 1
+
+
+def test_epoch_time_and_lr_recorded_every_epoch():
+    history = make_estimator().fit(regression_batches(2), epochs=3)
+    assert len(history["epoch_time"]) == 3 and all(t >= 0 for t in history["epoch_time"])
+    assert history["lr"] == [0.1, 0.1, 0.1]
+
+
+def test_metrics_reach_the_host_only_at_epoch_end():
+    """Built-in handlers make no host read per batch: count .item()/float()/bool() on tensors."""
+    reads = []
+    original = torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.tolist
+
+    def counting(fn):
+        def wrapper(self, *args):
+            reads.append(fn.__name__)
+            return fn(self, *args)
+        return wrapper
+
+    est = make_estimator()
+    for n_batches in (4, 16):
+        reads.clear()
+        torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.tolist = map(counting, original)
+        try:
+            est.fit(regression_batches(n_batches), val_data=regression_batches(n_batches), epochs=2)
+        finally:
+            torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.tolist = original
+        if n_batches == 4:
+            few = len(reads)
+    assert len(reads) == few > 0  # independent of the number of batches
