@@ -1,0 +1,340 @@
+"""Estimator: training results, evaluate/predict, multi-output, custom processors, errors before training."""
+
+import math
+import re
+
+import pytest
+import torch
+import torchmetrics
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fitforge import BatchProcessor, Estimator
+from fitforge.events import EpochEnd
+from fitforge.exceptions import (BatchFormatError, FitforgeTypeError, FitforgeValueError, LossInputError,
+                                 MonitorKeyError)
+from fitforge.handlers import ValidationHandler
+from fitforge.testing import linear_problem
+
+from helpers import make_estimator, regression_batches
+
+
+def classification_batches(n_batches=4, batch_size=8, classes=3, features=5, seed=0):
+    centers = torch.randn(classes, features, generator=torch.Generator().manual_seed(42)) * 3
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n_batches):
+        y = torch.randint(0, classes, (batch_size,), generator=g)
+        batches.append((centers[y] + torch.randn(batch_size, features, generator=g), y))
+    return batches
+
+
+def test_linear_problem_converges_to_2x_plus_3():
+    est, train, val = linear_problem()
+    history = est.fit(train, val_data=val, epochs=25)
+    assert est.net.weight.item() == pytest.approx(2.0, abs=0.02)
+    assert est.net.bias.item() == pytest.approx(3.0, abs=0.02)
+    assert history["val_loss"][-1] < 1e-3 < history["val_loss"][0]
+
+
+def test_classifier_learns_and_history_has_default_accuracy():
+    net = nn.Linear(5, 3)
+    est = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.05), device="cpu")
+    history = est.fit(classification_batches(), val_data=classification_batches(seed=1), epochs=15)
+    assert set(history) == {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "epoch_time"}
+    assert history["val_accuracy"][-1] > 0.9 and history["train_loss"][-1] < history["train_loss"][0]
+
+
+def test_means_are_sample_weighted_over_uneven_batches():
+    x = torch.linspace(0, 1, 5).unsqueeze(1)
+    batches = [(x[:4], 2 * x[:4]), (x[4:], 2 * x[4:] + 1)]  # batch sizes 4 and 1
+    est = make_estimator()
+    result = est.evaluate(batches)
+    with torch.no_grad():
+        pred = est.net(x)
+    label = torch.cat([2 * x[:4], 2 * x[4:] + 1])
+    assert result["val_loss"] == pytest.approx(((pred - label) ** 2).mean().item(), rel=1e-6)
+    assert result["val_mae"] == pytest.approx((pred - label).abs().mean().item(), rel=1e-6)
+
+
+def test_train_loss_is_the_sample_mean_when_weights_do_not_move():
+    net = nn.Linear(1, 1)
+    est = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.0), device="cpu")
+    x = torch.linspace(0, 1, 7).unsqueeze(1)
+    history = est.fit([(x[:5], 3 * x[:5]), (x[5:], 3 * x[5:])], epochs=1)
+    with torch.no_grad():
+        expected = ((net(x) - 3 * x) ** 2).mean().item()
+    assert history["train_loss"][0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_validation_every_second_epoch_aligns_with_nan():
+    est = make_estimator()
+    history = est.fit(regression_batches(), epochs=4,
+                      event_handlers=[ValidationHandler(regression_batches(1), epoch_period=2)])
+    val = history["val_loss"]
+    assert math.isnan(val[0]) and math.isnan(val[2]) and not math.isnan(val[1]) and not math.isnan(val[3])
+
+
+def test_validation_every_n_batches():
+    calls = []
+    handler = ValidationHandler(regression_batches(1), epoch_period=None, batch_period=2,
+                                eval_fn=lambda data, event_handlers: calls.append(1) or {"val_score": 1.0})
+    history = make_estimator().fit(regression_batches(3), epochs=2, event_handlers=[handler])
+    assert len(calls) == 3 and history["val_score"] == [1.0, 1.0]
+
+
+def test_evaluate_and_predict_restore_train_mode_and_need_no_grad():
+    est = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Dropout(0.5), nn.Linear(4, 1)))
+    est.net.train()
+    pred = est.predict([x for x, _ in regression_batches(2)])
+    assert est.net.training and not pred.requires_grad and pred.device.type == "cpu"
+    again = est.predict(regression_batches(2))  # (data, label) pairs: the label is ignored; eval mode: deterministic
+    assert torch.equal(pred, again)
+    assert est.predict([(x,) for x, _ in regression_batches(2)]).shape == (8, 1)
+    est.evaluate(regression_batches(1))
+    assert est.net.training
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(5, 8)
+        self.cls, self.reg = nn.Linear(8, 3), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return self.cls(h), self.reg(h)
+
+
+def two_head_batches():
+    return [(x, (y, x[:, :1].clone())) for x, y in classification_batches()]
+
+
+def test_two_output_two_loss_model_with_weights_and_per_output_metrics():
+    net = TwoHeads()
+    est = Estimator(net, [nn.CrossEntropyLoss(), nn.MSELoss()], loss_weights=[1.0, 0.5],
+                    train_metrics={0: "accuracy", 1: ["mae"]}, optimizer=torch.optim.Adam(net.parameters(), 0.02),
+                    device="cpu")
+    history = est.fit(two_head_batches(), val_data=two_head_batches(), epochs=3)
+    assert {"train_loss", "train_loss_0", "train_loss_1", "train_accuracy_0", "train_mae_1",
+            "val_loss", "val_loss_0", "val_loss_1", "val_accuracy_0", "val_mae_1"} <= set(history)
+    # the total is the weighted sum of the parts (sample means are linear)
+    assert history["val_loss"][-1] == pytest.approx(history["val_loss_0"][-1] + 0.5 * history["val_loss_1"][-1],
+                                                    rel=1e-5)
+    pred = est.predict(two_head_batches())
+    assert isinstance(pred, tuple) and pred[0].shape == (32, 3) and pred[1].shape == (32, 1)
+
+
+def test_flat_metric_list_applies_to_output_zero():
+    net = TwoHeads()
+    est = Estimator(net, [nn.CrossEntropyLoss(), nn.MSELoss()], train_metrics=["accuracy"], optimizer="sgd",
+                    device="cpu")
+    assert "train_accuracy" in est.fit(two_head_batches(), epochs=1)
+
+
+def test_output_loss_label_count_mismatch_names_the_three_counts():
+    est = Estimator(TwoHeads(), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    with pytest.raises(LossInputError, match=re.escape("the net returned 2 output(s), 1 loss(es) are configured "
+                                                       "and the batch has 1 label(s)")):
+        est.fit(classification_batches(), epochs=1)
+
+
+def test_torchmetrics_metric_is_accepted_unchanged():
+    metric = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+    net = nn.Linear(5, 3)
+    est = Estimator(net, nn.CrossEntropyLoss(), train_metrics=[metric, "accuracy"], optimizer="adam", device="cpu")
+    history = est.fit(classification_batches(), val_data=classification_batches(seed=1), epochs=2)
+    assert history["train_multiclass_accuracy"] == pytest.approx(history["train_accuracy"], rel=1e-6)
+    assert history["val_multiclass_accuracy"] == pytest.approx(history["val_accuracy"], rel=1e-6)
+    assert not hasattr(metric, "name")  # never renamed
+    assert est.val_metrics[0].metric is not metric  # validation uses an independent copy
+
+
+def test_custom_batch_processor_for_dict_batches_and_label_aware_forward():
+    seen = []
+
+    class DictBatches(BatchProcessor):
+        def unpack(self, batch):
+            return (batch["x"],), batch["y"]
+
+        def forward(self, net, inputs, label):
+            seen.append(label is not None)
+            return net(*inputs)
+
+    batches = [{"x": x, "y": y} for x, y in regression_batches()]
+    with pytest.raises(BatchFormatError, match="got a dict batch with keys \\['x', 'y'\\].*override BatchProcessor.unpack"):
+        make_estimator().fit(batches, epochs=1)
+    est = make_estimator(batch_processor=DictBatches())
+    est.fit(batches, val_data=batches, epochs=2)
+    assert seen and all(seen[:6])
+
+
+def test_fit_batch_called_once_per_batch_including_the_sanity_checked_first():
+    calls = []
+
+    class Counting(BatchProcessor):
+        def fit_batch(self, state, batch):
+            calls.append(state.global_step)
+            return super().fit_batch(state, batch)
+
+    net = nn.Sequential(nn.Linear(1, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    est = make_estimator(net=net, batch_processor=Counting())
+    est.fit(regression_batches(3), epochs=1)
+    assert calls == [0, 1, 2] and net[1].num_batches_tracked.item() == 3
+
+
+def test_several_optimizers_all_step():
+    net = nn.Sequential(nn.Linear(1, 4), nn.Linear(4, 1))
+    opt_a, opt_b = torch.optim.SGD(net[0].parameters(), lr=0.1), torch.optim.SGD(net[1].parameters(), lr=0.01)
+    est = make_estimator(net=net, optimizer=[opt_a, opt_b])
+    before = [p.detach().clone() for p in net.parameters()]
+    history = est.fit(regression_batches(), epochs=1)
+    assert all(not p.detach().equal(b) for p, b in zip(net.parameters(), before))
+    assert history["lr"] == [0.1] and history["lr_1"] == [0.01] and est.optimizer is opt_a
+
+
+def test_default_optimizer_is_adam_with_a_warning():
+    with pytest.warns(UserWarning, match=r"no optimizer given: using Adam\(lr=1e-3\)"):
+        est = Estimator(nn.Linear(1, 1), nn.MSELoss(), device="cpu")
+    assert isinstance(est.optimizer, torch.optim.Adam)
+
+
+def unchanged_after(est, call):
+    before = [p.detach().clone() for p in est.net.parameters()]
+    call()
+    return all(p.detach().equal(b) for p, b in zip(est.net.parameters(), before))
+
+
+@pytest.mark.parametrize("batch, message", [
+    ((torch.zeros(4, 1),), r"a batch must be a \(data, label\) pair, got a tuple of 1"),
+    (torch.zeros(4, 1), r"a batch must be a \(data, label\) pair, got a tensor of shape \(4, 1\)"),
+    ((torch.zeros(4, 1), [1, 2]), r"pair of tensors or tuples of tensors, got data: tensor of shape \(4, 1\), label: list"),
+])
+def test_bad_batch_is_a_clear_error_before_any_step(batch, message):
+    est = make_estimator()
+    with pytest.raises(BatchFormatError, match=message):
+        assert unchanged_after(est, lambda: est.fit([batch], epochs=1))
+
+
+def test_label_shape_an_elementwise_loss_would_broadcast_fails_before_the_first_step():
+    est = make_estimator()
+    batches = [(x, y.squeeze(1)) for x, y in regression_batches()]
+    with pytest.raises(LossInputError, match=re.escape("pred has shape (4, 1) and label (4,), which would broadcast")):
+        with pytest.warns(UserWarning):
+            est.fit(batches, epochs=1)
+    assert est.net.weight.grad is not None  # the check ran inside the first batch, after backward...
+    assert unchanged_after(est, lambda: None)
+
+
+def test_label_dtype_the_loss_cannot_take_names_shapes_and_fix():
+    net = nn.Linear(5, 3)
+    est = Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    batches = [(x, y.float()) for x, y in classification_batches()]
+    with pytest.raises(LossInputError, match=re.escape("loss 0 (CrossEntropyLoss) failed on pred shape (8, 3) float32 "
+                                                       "and label shape (8,) float32; class-index labels must be int64 "
+                                                       "of shape (8,): use label.long()")):
+        est.fit(batches, epochs=1)
+
+
+def test_loss_that_needs_no_grad_is_a_clear_error():
+    est = make_estimator(loss=lambda pred, label: (pred.detach() - label).abs().mean())
+    with pytest.raises(LossInputError, match="the loss does not require grad"):
+        est.fit(regression_batches(), epochs=1)
+
+
+def test_non_scalar_loss_is_a_clear_error():
+    est = make_estimator(loss=nn.MSELoss(reduction="none"))
+    with pytest.raises(LossInputError, match=re.escape("the loss must be a scalar tensor, got shape (4, 1)")):
+        est.fit(regression_batches(), epochs=1)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(epochs=1, batches=2), FitforgeValueError, "give exactly one of epochs or batches, got epochs=1 and batches=2"),
+    (dict(), FitforgeValueError, "give exactly one of epochs or batches, got epochs=None and batches=None"),
+    (dict(epochs=0), FitforgeValueError, "epochs must be a positive int, got 0"),
+    (dict(batches=1.5), FitforgeTypeError, "batches must be a positive int, got float 1.5"),
+])
+def test_fit_duration_errors(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        make_estimator().fit(regression_batches(), **kwargs)
+
+
+def test_data_errors_before_training():
+    est = make_estimator()
+    with pytest.raises(FitforgeValueError, match=r"train_data is a one-shot iterator \(generator\)"):
+        est.fit((b for b in regression_batches()), epochs=2)
+    with pytest.raises(FitforgeValueError, match=r"train_data is empty \(len 0\)"):
+        est.fit(DataLoader(TensorDataset(torch.zeros(0, 1), torch.zeros(0, 1))), epochs=1)
+    with pytest.raises(FitforgeTypeError, match="train_data must be an iterable of \\(data, label\\) batches"):
+        est.fit(torch.zeros(4, 1), epochs=1)
+    with pytest.raises(FitforgeValueError, match=r"val_data is a one-shot iterator"):
+        est.fit(regression_batches(), val_data=iter(regression_batches()), epochs=2)
+    with pytest.raises(FitforgeValueError, match=r"val_data is empty"):
+        est.evaluate([])
+    with pytest.raises(FitforgeValueError, match=r"data is empty"):
+        est.predict([])
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(loss="mse"), FitforgeTypeError, "loss must be a loss module or a callable (pred, label) -> scalar tensor"),
+    (dict(loss=nn.MSELoss), FitforgeTypeError, "pass an instance: MSELoss()"),
+    (dict(train_metrics="f1"), FitforgeValueError, "unknown metric name 'f1'; known names: acc, accuracy"),
+    (dict(val_metrics=[object()]), FitforgeTypeError, "val_metrics got object"),
+    (dict(optimizer="adamx"), FitforgeValueError, "optimizer 'adamx' is not a known name; known: adam, adamw, sgd"),
+    (dict(optimizer=torch.optim.SGD), FitforgeTypeError, "pass an instance: SGD(net.parameters(), lr=...)"),
+    (dict(device="gpu"), FitforgeValueError, "device 'gpu' is not a device name"),
+    (dict(device=1.5), FitforgeTypeError, "device must be None, a string such as 'cpu'"),
+    (dict(batch_processor=BatchProcessor), FitforgeTypeError, "pass an instance: BatchProcessor()"),
+    (dict(batch_processor=object()), FitforgeTypeError, "batch_processor must be a BatchProcessor instance, got object"),
+    (dict(net=nn.Linear), FitforgeTypeError, "net got the class Linear; pass an instance: Linear()"),
+    (dict(net="resnet"), FitforgeTypeError, "net must be a torch.nn.Module, got str 'resnet'"),
+    (dict(val_net=3), FitforgeTypeError, "val_net must be a torch.nn.Module, got int 3"),
+])
+def test_estimator_argument_errors(kwargs, error, message):
+    args = dict(net=nn.Linear(1, 1), loss=nn.MSELoss(), optimizer="sgd", device="cpu")
+    args.update(kwargs)
+    with pytest.raises(error, match=re.escape(message)):
+        Estimator(**args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_absent_device_is_a_clear_error():
+    with pytest.raises(FitforgeValueError, match=re.escape("device 'cuda' was requested but CUDA is not available")):
+        Estimator(nn.Linear(1, 1), nn.MSELoss(), optimizer="sgd", device="cuda")
+
+
+class Monitors(EpochEnd):
+    def __init__(self, monitor):
+        self.monitor = monitor
+
+
+def test_monitor_naming_an_unknown_key_lists_the_available_keys():
+    est = make_estimator()
+    with pytest.raises(MonitorKeyError, match=re.escape("Monitors monitors 'val_acc', which this run will not "
+                                                        "produce; available keys: train_loss, train_mae, val_loss, "
+                                                        "val_mae, lr, epoch_time")):
+        est.fit(regression_batches(), val_data=regression_batches(), epochs=1, event_handlers=[Monitors("val_acc")])
+    with pytest.raises(MonitorKeyError, match="available keys: train_loss, train_mae, lr, epoch_time"):
+        est.fit(regression_batches(), epochs=1, event_handlers=[Monitors("val_loss")])
+    est.fit(regression_batches(), val_data=regression_batches(), epochs=1, event_handlers=[Monitors("val_mae")])
+
+
+def test_monitor_of_a_key_only_a_custom_eval_fn_produces_is_checked_at_first_use():
+    from fitforge.handlers.defaults import monitored_value
+
+    class Reads(Monitors):
+        def epoch_end(self, state):
+            monitored_value(state, self.monitor, self)
+
+    custom = ValidationHandler(regression_batches(), eval_fn=lambda data, event_handlers: {"val_custom": 1.0})
+    make_estimator().fit(regression_batches(), epochs=1, event_handlers=[custom, Reads("val_custom")])
+    with pytest.raises(MonitorKeyError, match=re.escape("Reads monitors 'val_other', which is not among the values "
+                                                        "produced: train_loss, train_mae, val_custom")):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=[custom, Reads("val_other")])
+
+
+def test_history_keys_reflect_losses_metrics_and_optimizers():
+    est = Estimator(TwoHeads(), [nn.CrossEntropyLoss(), nn.MSELoss()], optimizer="sgd", device="cpu")
+    assert est.history_keys(validation=True) == [
+        "train_loss", "train_loss_0", "train_loss_1", "train_accuracy", "val_loss", "val_loss_0", "val_loss_1",
+        "val_accuracy", "lr", "epoch_time"]

@@ -1,0 +1,180 @@
+"""The default handlers, each on its own."""
+
+import logging
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import (GradientUpdateHandler, LoggingHandler, MetricHandler, ProgressBarHandler,
+                               StoppingHandler, ValidationHandler)
+from fitforge.handlers import logging as logging_module
+from fitforge.handlers import progress_bar, stopping
+from fitforge.testing import RecordingHandler
+
+from helpers import make_estimator, regression_batches
+
+
+class FakeClock:
+    def __init__(self, step):
+        self.now, self.step = 0.0, step
+
+    def monotonic(self):
+        self.now += self.step
+        return self.now
+
+
+def test_stopping_max_time_with_a_fake_clock(monkeypatch):
+    clock = FakeClock(step=1.0)  # every clock read advances one second
+    monkeypatch.setattr(stopping.time, "monotonic", clock.monotonic)
+    history = make_estimator().fit(regression_batches(10), epochs=100, event_handlers=[StoppingHandler(max_time=3.5)])
+    assert history.stop_reason == "reached max_time=3.5s" and history.epochs == 1
+
+
+def test_stopping_own_limits_override_fit_arguments():
+    rec = RecordingHandler()
+    history = make_estimator().fit(regression_batches(2), epochs=10, event_handlers=[StoppingHandler(max_epochs=2), rec])
+    assert history.epochs == 2 and history.stop_reason == "reached epochs=2"
+    history = make_estimator().fit(regression_batches(2), epochs=10, event_handlers=[StoppingHandler(max_batches=3)])
+    assert history.epochs == 2 and history.stop_reason == "reached batches=3"
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_epochs=0), dict(max_batches=-1), dict(max_time="1"), dict(max_epochs=True)])
+def test_stopping_rejects_bad_limits(kwargs):
+    name = next(iter(kwargs))
+    with pytest.raises(FitforgeValueError, match=f"{name} must be a positive number or None"):
+        StoppingHandler(**kwargs)
+
+
+def test_gradient_update_steps_every_optimizer_and_clears_grads():
+    net = nn.Sequential(nn.Linear(1, 2), nn.Linear(2, 1))
+    opts = [torch.optim.SGD(net[0].parameters(), lr=0.1), torch.optim.SGD(net[1].parameters(), lr=0.1)]
+    est = make_estimator(net=net, optimizer=opts)
+    steps = []
+    for opt in opts:
+        opt.register_step_post_hook(lambda o, args, kwargs: steps.append(o))
+    est.fit(regression_batches(3), epochs=1, event_handlers=[GradientUpdateHandler()])
+    assert steps == [opts[0], opts[1]] * 3
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_metric_handler_with_its_own_metrics():
+    history = make_estimator().fit(regression_batches(), epochs=1, event_handlers=[MetricHandler(["mse", "rmse"])])
+    assert history["train_rmse"][0] == pytest.approx(history["train_mse"][0] ** 0.5, rel=1e-6)
+    assert "train_mae" not in history
+
+
+def test_metric_failure_names_metric_shapes_and_batch():
+    net = nn.Linear(5, 3)
+    est = make_estimator(net=net, loss=nn.CrossEntropyLoss(), train_metrics="top5_accuracy")
+    batches = [(torch.randn(4, 5), torch.randint(0, 3, (4,)))]
+    with pytest.raises(FitforgeValueError, match=re.escape("metric 'top5_accuracy' (TopKAccuracy) failed on pred of "
+                                                           "shape (4, 3) and label of shape (4,) in batch 0")):
+        est.fit(batches, epochs=1)
+
+
+def test_refresh_metrics_gives_running_values_mid_epoch():
+    seen = []
+
+    class Peek(RecordingHandler):
+        def batch_end(self, state):
+            seen.append(dict(state.refresh_metrics()))
+
+    history = make_estimator().fit(regression_batches(3), epochs=1, event_handlers=[Peek(priority=-500)])
+    assert [set(s) for s in seen] == [{"train_loss", "train_mae"}] * 3
+    assert seen[-1]["train_loss"] == pytest.approx(history["train_loss"][0])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(epoch_period=0), "epoch_period must be a positive int or None, got 0"),
+    (dict(batch_period=1.5), "batch_period must be a positive int or None, got 1.5"),
+])
+def test_validation_handler_argument_errors(kwargs, message):
+    with pytest.raises(FitforgeValueError, match=re.escape(message)):
+        ValidationHandler([], **kwargs)
+
+
+def test_validation_handler_eval_fn_errors():
+    with pytest.raises(FitforgeTypeError, match="eval_fn must be callable"):
+        ValidationHandler([], eval_fn=3)
+    handler = ValidationHandler(regression_batches(), eval_fn=lambda data, event_handlers: 0.5)
+    with pytest.raises(FitforgeTypeError, match="eval_fn must return a dict of floats, got float 0.5"):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=[handler])
+
+
+def test_validation_runs_its_own_handlers_never_fits():
+    fit_rec, val_rec = RecordingHandler(), RecordingHandler()
+    make_estimator().fit(regression_batches(2), epochs=1,
+                         event_handlers=[fit_rec, ValidationHandler(regression_batches(1), event_handlers=[val_rec])])
+    assert {c[1] for c in fit_rec.calls} == {"train"} and {c[1] for c in val_rec.calls} == {"validate"}
+
+
+def test_logging_handler_epoch_lines_and_summary(caplog):
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        make_estimator().fit(regression_batches(2), val_data=regression_batches(1), epochs=2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "Training for 2 epochs, 2 batches per epoch on cpu"
+    assert re.fullmatch(r"\[Epoch 1/2\] train_loss=\d+\.\d{4} train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)",
+                        lines[1])
+    assert lines[-1].startswith("Finished: 2 epoch(s), 4 batches in ") and "(reached epochs=2)" in lines[-1]
+
+
+def test_logging_handler_every_n_batches(caplog):
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        make_estimator().fit(regression_batches(4), batches=4, event_handlers=[LoggingHandler(log_interval=2)])
+    batch_lines = [r.getMessage() for r in caplog.records if "Batch" in r.getMessage()]
+    assert [line.split("]")[0] for line in batch_lines] == ["[Epoch 1 Batch 2", "[Epoch 1 Batch 4"]
+    assert caplog.records[0].getMessage() == "Training for 4 batches, 4 batches per epoch on cpu"
+
+
+@pytest.mark.parametrize("interval", [0, "batch", True])
+def test_logging_handler_rejects_bad_interval(interval):
+    with pytest.raises(FitforgeValueError, match="log_interval must be 'epoch' or a positive int"):
+        LoggingHandler(log_interval=interval)
+
+
+def test_console_output_is_added_only_when_logging_is_unconfigured(monkeypatch, capsys):
+    logger = logging.getLogger("fitforge")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", False)  # nothing configured anywhere
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    logging_module.ensure_console_output()
+    assert len(logger.handlers) == 1 and logger.level == logging.INFO
+    logger.info("hello from fitforge")
+    assert "hello from fitforge" in capsys.readouterr().out + capsys.readouterr().err
+    logging_module.ensure_console_output()
+    assert len(logger.handlers) == 1
+
+
+def test_progress_bar_shows_epochs_and_values(capsys, monkeypatch):
+    monkeypatch.setattr(progress_bar.time, "monotonic", FakeClock(step=1.0).monotonic)  # every batch refreshes
+    make_estimator().fit(regression_batches(3), val_data=regression_batches(1), epochs=2,
+                         event_handlers=[ProgressBarHandler(refresh_seconds=0.5)])
+    err = capsys.readouterr().err
+    assert "Epoch 1/2" in err and "Epoch 2/2" in err and "3/3" in err
+    assert re.search(r"train_loss=\d+\.\d{4}", err) and "val_loss=" in err
+
+
+def test_progress_bar_is_default_only_when_interactive(monkeypatch):
+    est = make_estimator()
+    monkeypatch.setattr(progress_bar.sys.stderr, "isatty", lambda: False, raising=False)
+    assert not progress_bar.interactive()
+    assert "ProgressBarHandler" not in est.describe_loop()
+    monkeypatch.setattr(progress_bar.sys.stderr, "isatty", lambda: True, raising=False)
+    assert progress_bar.interactive()
+    assert "ProgressBarHandler(1000)" in est.describe_loop()
+
+
+def test_progress_bar_detects_a_notebook(monkeypatch):
+    class ZMQInteractiveShell:
+        pass
+
+    class FakeIPython:
+        @staticmethod
+        def get_ipython():
+            return ZMQInteractiveShell()
+
+    monkeypatch.setitem(progress_bar.sys.modules, "IPython", FakeIPython)
+    assert progress_bar.interactive()
