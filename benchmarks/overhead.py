@@ -5,7 +5,9 @@ cross-entropy; accuracy):
   A  MLP 32->64->10, 32,768 train / 4,096 val samples, batch 64, 2 epochs (tiny steps: worst case)
   B  small CNN on 1x28x28, 4,096 train / 1,024 val samples, batch 128, 1 epoch
 
-Each workload is timed four ways, in one process, interleaved (the order rotates every repeat):
+Each workload is timed four ways in one process, interleaved: every repeat runs the two pairs
+(fit default, hand + val) and (fit lean, hand) back to back, alternating which pair goes first and
+which member of a pair goes first, so paired runs see the same machine conditions:
   fit default   ``fit(train, val_data=val, epochs=E)`` with the default handlers (stopping, gradient
                 update, metrics, validation, logging; logging silenced; no progress bar)
   hand + val    a hand-written loop with the same training, on-device loss/accuracy sums read at
@@ -14,28 +16,26 @@ Each workload is timed four ways, in one process, interleaved (the order rotates
   hand          the hand-written loop without validation
 Every run gets a fresh net and optimizer built from the same seed, outside the timed region, so all
 variants do identical arithmetic (the printed parity line checks the final training loss). Only the
-``fit(...)`` call / the loop itself is timed, with ``time.perf_counter``.
+``fit(...)`` call / the loop itself is timed: wall time (``time.perf_counter``, the headline) and
+process CPU time (``time.process_time``; less sensitive to other processes on a shared machine).
 
-Reading the output: ``median`` is the median wall time per variant; ``paired ratio`` is the median
-over repeats of fit/hand measured in the same repeat (robust to machine-wide slow phases);
-``overhead/step`` is (min fit - min hand) / training steps, in microseconds, from the fastest runs.
+Reading the output: ``median s`` is the median wall time per variant (``us/step``: the same divided
+by the training steps, validation included); ``paired ratio`` is the median over repeats of fit/hand
+from the same repeat (robust to slow phases of the machine); ``overhead`` is (min fit - min hand) /
+training steps in microseconds, from the fastest runs. The CPU-time line repeats both in CPU time.
 Nothing is asserted: this is a measurement, not a test.
-
-Usage: python benchmarks/overhead.py [--workload A|B|both] [--repeats N] [--quick] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import logging
 import statistics
 import sys
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 from unittest import mock
 
 import torch
@@ -46,15 +46,15 @@ from torch.utils.data import DataLoader, TensorDataset
 import fitforge.estimator
 import fitforge.handlers.defaults
 from fitforge import Estimator
-from fitforge.handlers import GradientUpdateHandler, MetricHandler, StoppingHandler
+from fitforge.dispatch import Dispatcher
+from fitforge.handlers import GradientUpdateHandler, MetricHandler, ProgressBarHandler, StoppingHandler
 
 SEED = 0
 VARIANTS = ("fit default", "hand + val", "fit lean", "hand")
 PAIRS = (("fit default", "hand + val"), ("fit lean", "hand"))
 
 
-@dataclass(frozen=True)
-class Workload:
+class Workload(NamedTuple):
     title: str
     make_net: Callable[[], nn.Module]
     input_shape: tuple[int, ...]
@@ -69,11 +69,9 @@ def mlp() -> nn.Module:
 
 
 def cnn() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
-    )
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
 
 
 WORKLOADS = {
@@ -100,17 +98,9 @@ def fresh_model(w: Workload) -> tuple[nn.Module, torch.optim.Optimizer]:
     return net, torch.optim.SGD(net.parameters(), lr=0.01)
 
 
-def only_given_handlers():
-    """WORKAROUND (design gap): fit() adds every default handler whose class the caller did not
-    supply, and there is no public way to *drop* one (LoggingHandler always runs; a subclass or a
-    quiet instance still gets called every batch). For the lean run we patch the estimator's
-    ``fit_handlers`` so fit uses exactly the handlers passed in ``event_handlers``."""
-    return mock.patch.object(fitforge.estimator, "fit_handlers",
-                             lambda given, val_data: fitforge.handlers.defaults.user_handlers(given))
-
-
 def lean_handlers() -> list:
-    return [StoppingHandler(), GradientUpdateHandler(), MetricHandler()]
+    """With ``default_handlers=False`` fit adds only Stopping and GradientUpdate; metrics are asked for."""
+    return [MetricHandler()]
 
 
 def hand_loop(net: nn.Module, opt: torch.optim.Optimizer, train: DataLoader, val: DataLoader | None,
@@ -144,7 +134,7 @@ def hand_loop(net: nn.Module, opt: torch.optim.Optimizer, train: DataLoader, val
 
 def run_variant(variant: str, w: Workload, train: DataLoader, val: DataLoader) -> tuple[float, float, float]:
     """(wall s, process CPU s, final train loss) of one run; only the loop / the fit call is timed."""
-    net, opt = fresh_model(w)
+    net, opt = fresh_model(w)  # same seed every run: identical initial weights for every variant
     if variant.startswith("hand"):
         run = lambda: hand_loop(net, opt, train, val if variant == "hand + val" else None, w.epochs)
     else:
@@ -153,28 +143,31 @@ def run_variant(variant: str, w: Workload, train: DataLoader, val: DataLoader) -
             run = lambda: est.fit(train, val_data=val, epochs=w.epochs)["train_loss"][-1]
         else:
             handlers = lean_handlers()
-            run = lambda: est.fit(train, epochs=w.epochs, event_handlers=handlers)["train_loss"][-1]
+            run = lambda: est.fit(train, epochs=w.epochs, event_handlers=handlers,
+                                  default_handlers=False)["train_loss"][-1]
     gc.collect()
-    with only_given_handlers() if variant == "fit lean" else contextlib.nullcontext():
-        wall, cpu = time.perf_counter(), time.process_time()
-        loss = run()
-        return time.perf_counter() - wall, time.process_time() - cpu, loss
+    wall, cpu = time.perf_counter(), time.process_time()
+    loss = run()
+    return time.perf_counter() - wall, time.process_time() - cpu, loss
 
 
 def handler_chains(val: DataLoader) -> dict[str, str]:
     """The batch_end chain of each fit variant; exits if a progress bar slipped into the defaults."""
-    chain = lambda hs: Dispatcher(hs).describe().splitlines()[Event.BATCH_END.value == "batch_end" and 3].split(None, 1)[1]
+    def chain(handlers: list) -> str:
+        line = next(l for l in Dispatcher(handlers).describe().splitlines() if l.startswith("batch_end"))
+        return line.split(None, 1)[1]
+
     default = fitforge.handlers.defaults.fit_handlers(None, val)  # what fit(val_data=val) runs
     if any(isinstance(h, ProgressBarHandler) for h in default):
         sys.exit("a ProgressBarHandler is among the default handlers; the benchmark would time a bar")
-    return {"fit default": chain(default), "fit lean": chain(lean_handlers())}
+    lean = fitforge.handlers.defaults.fit_handlers(lean_handlers(), None, default_handlers=False)
+    return {"fit default": chain(default), "fit lean": chain(lean)}
 
 
 def bench(key: str, repeats: int, fraction: float) -> dict:
     w = WORKLOADS[key]
     train, val = make_loaders(w, fraction)
-    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    wall, cpu = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}  # seconds per repeat
     losses = {v: run_variant(v, w, train, val)[2] for v in VARIANTS}  # warm-up, also a parity check
     for r in range(repeats):
         # Paired runs stay adjacent; which pair goes first, and fit/hand order in a pair, alternate.
@@ -194,16 +187,14 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
                 "overhead_us_per_step": (min(wall[fit]) - min(wall[hand])) / steps * 1e6,
                 "cpu_overhead_us_per_step": (min(cpu[fit]) - min(cpu[hand])) / steps * 1e6}
 
-    return {
-        "workload": key, "title": w.title, "steps": steps, "epochs": w.epochs,
-        "train_batches_per_epoch": len(train), "val_batches_per_epoch": len(val),
-        "batch_size": w.batch_size, "repeats": repeats, "handlers": check_handler_sets(w),
-        "median_s": {v: statistics.median(t) for v, t in wall.items()},
-        "min_s": {v: min(t) for v, t in wall.items()},
-        "median_cpu_s": {v: statistics.median(t) for v, t in cpu.items()},
-        "final_train_loss": losses, "wall_s": wall, "cpu_s": cpu,
-        "default": compare("fit default", "hand + val"), "lean": compare("fit lean", "hand"),
-    }
+    return {"workload": key, "title": w.title, "steps": steps, "epochs": w.epochs,
+            "train_batches_per_epoch": len(train), "val_batches_per_epoch": len(val),
+            "batch_size": w.batch_size, "repeats": repeats, "handlers": handler_chains(val),
+            "median_s": {v: statistics.median(t) for v, t in wall.items()},
+            "min_s": {v: min(t) for v, t in wall.items()},
+            "median_cpu_s": {v: statistics.median(t) for v, t in cpu.items()},
+            "final_train_loss": losses, "wall_s": wall, "cpu_s": cpu,
+            "default": compare("fit default", "hand + val"), "lean": compare("fit lean", "hand")}
 
 
 def print_report(res: dict) -> None:
@@ -237,6 +228,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 repeats, 1/8 of the data")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     repeats, fraction = (3, 1 / 8) if args.quick else (args.repeats, 1.0)
 
     torch.set_num_threads(1)

@@ -309,8 +309,6 @@ class TestLossSet:
         msg = "the net returned 2 output(s), 2 loss(es) are configured and the batch has 1 label(s)"
         with pytest.raises(LossInputError, match=re.escape(msg)):
             loss((torch.zeros(2), torch.zeros(2)), torch.zeros(2))
-        with pytest.raises(LossInputError, match=re.escape("make the three counts equal")):
-            loss.check_first_batch(torch.zeros(2), (torch.zeros(2), torch.zeros(2)), torch.tensor(0.0))
 
     def test_cross_entropy_float_label_hint(self):
         loss = LossSet(nn.CrossEntropyLoss())
@@ -332,14 +330,20 @@ class TestLossSet:
         total, _ = LossSet(nn.CrossEntropyLoss())(torch.randn(4, 3), probs)
         assert total.dim() == 0
 
-    def test_mse_int_label_hint(self):
-        # MSELoss promotes an int label of the right shape (see below); when it does fail on an int
-        # label the error says the loss wants a floating-point label.
+    def test_mse_shape_mismatch_is_refused_before_torch_broadcasts(self, recwarn):
         loss = LossSet(nn.MSELoss())
-        with pytest.warns(UserWarning, match="target size"):
-            with pytest.raises(LossInputError, match=re.escape("this loss needs a floating-point label: use label.float()")) as info:
-                loss(torch.randn(4, 3), torch.zeros(4, 2, dtype=torch.long))
-        assert "label shape (4, 2) int64" in str(info.value)
+        with pytest.raises(LossInputError, match=re.escape("pred has shape (4, 3) and label (4, 2)")):
+            loss(torch.randn(4, 3), torch.zeros(4, 2, dtype=torch.long))
+        assert not recwarn.list  # torch's own broadcast warning never fires
+
+    def test_shapes_are_checked_on_the_first_call_only_until_rearmed(self):
+        loss = LossSet(nn.MSELoss())
+        loss(torch.zeros(4, 1), torch.zeros(4, 1))
+        with pytest.warns(UserWarning, match="target size"):  # not checked again: torch only warns
+            loss(torch.zeros(4, 1), torch.zeros(4))
+        loss.arm_checks()
+        with pytest.raises(LossInputError, match="would broadcast silently"):
+            loss(torch.zeros(4, 1), torch.zeros(4))
 
     def test_mse_int_label_of_right_shape_is_promoted(self):
         total, _ = LossSet(nn.MSELoss())(torch.tensor([0.5, 2.0]), torch.tensor([1, 2]))
@@ -376,44 +380,30 @@ class TestLossSet:
         with pytest.raises(LossInputError, match=re.escape("loss 1 (CrossEntropyLoss) failed")):
             loss((torch.zeros(2), torch.randn(2, 3)), (torch.zeros(2), torch.zeros(2)))
 
-    def test_check_first_batch_shape_mismatch(self):
-        loss = LossSet(nn.MSELoss())
-        pred, label = torch.randn(4, 1), torch.randn(4)
-        with pytest.warns(UserWarning):  # torch itself only warns about the broadcast
-            total, _ = loss(pred, label)
+    def test_shape_mismatch_message(self):
         msg = ("loss 0 (MSELoss) compares pred and label elementwise, but pred has shape (4, 1) and label (4,), "
                "which would broadcast silently; make them equal (e.g. label.view(4, 1) or squeeze the output)")
         with pytest.raises(LossInputError, match=re.escape(msg)):
-            loss.check_first_batch(pred, label, total)
+            LossSet(nn.MSELoss())(torch.randn(4, 1), torch.randn(4))
 
-    def test_check_first_batch_shape_mismatch_second_loss(self):
+    def test_shape_mismatch_second_loss(self):
         loss = LossSet([nn.CrossEntropyLoss(), nn.L1Loss()])
         preds = (torch.randn(4, 3), torch.randn(4, 2))
         labels = (torch.tensor([0, 1, 2, 0]), torch.randn(4, 1))
         with pytest.raises(LossInputError, match=re.escape("loss 1 (L1Loss) compares pred and label elementwise, "
                                                            "but pred has shape (4, 2) and label (4, 1)")):
-            loss.check_first_batch(preds, labels, torch.tensor(1.0))
+            loss(preds, labels)
 
     def test_check_first_batch_ok(self):
         loss = LossSet([nn.CrossEntropyLoss(), nn.MSELoss()])
-        preds = (torch.randn(4, 3), torch.randn(4, 2))
-        labels = (torch.tensor([0, 1, 2, 0]), torch.randn(4, 2))
-        total, _ = loss(preds, labels)
-        assert loss.check_first_batch(preds, labels, total) is None
+        total, _ = loss((torch.randn(4, 3), torch.randn(4, 2)), (torch.tensor([0, 1, 2, 0]), torch.randn(4, 2)))
+        assert loss.check_first_batch(total) is None
 
     @pytest.mark.parametrize("total,shown", [(torch.zeros(4), "shape (4,) float32"), (1.5, "float 1.5")])
     def test_check_first_batch_non_scalar_total(self, total, shown):
-        loss = LossSet(nn.MSELoss(reduction="none"))
         msg = f"the loss must be a scalar tensor, got {shown}; use reduction='mean' or reduce the loss to a scalar"
         with pytest.raises(LossInputError, match=re.escape(msg)):
-            loss.check_first_batch(torch.zeros(4), torch.zeros(4), total)
-
-    def test_check_first_batch_non_scalar_from_reduction_none(self):
-        loss = LossSet(nn.MSELoss(reduction="none"))
-        pred, label = torch.randn(4), torch.randn(4)
-        total, _ = loss(pred, label)
-        with pytest.raises(LossInputError, match=re.escape("the loss must be a scalar tensor, got shape (4,) float32")):
-            loss.check_first_batch(pred, label, total)
+            LossSet(nn.MSELoss(reduction="none")).check_first_batch(total)
 
     def test_errors_are_value_errors(self):
         assert issubclass(LossInputError, FitforgeValueError) and issubclass(FitforgeValueError, ValueError)

@@ -219,11 +219,14 @@ def test_bad_batch_is_a_clear_error_before_any_step(batch, message):
 def test_label_shape_an_elementwise_loss_would_broadcast_fails_before_the_first_step():
     est = make_estimator()
     batches = [(x, y.squeeze(1)) for x, y in regression_batches()]
+    before = est.net.weight.detach().clone()
     with pytest.raises(LossInputError, match=re.escape("pred has shape (4, 1) and label (4,), which would broadcast")):
-        with pytest.warns(UserWarning):
-            est.fit(batches, epochs=1)
-    assert est.net.weight.grad is not None  # the check ran inside the first batch, after backward...
-    assert unchanged_after(est, lambda: None)
+        est.fit(batches, epochs=1)
+    assert est.net.weight.detach().equal(before) and est.net.weight.grad is None
+    with pytest.raises(LossInputError, match="would broadcast"):  # checked again by the next fit and by evaluate
+        est.fit(batches, epochs=1)
+    with pytest.raises(LossInputError, match="would broadcast"):
+        est.evaluate(batches)
 
 
 def test_label_dtype_the_loss_cannot_take_names_shapes_and_fix():
@@ -338,3 +341,49 @@ def test_history_keys_reflect_losses_metrics_and_optimizers():
     assert est.history_keys(validation=True) == [
         "train_loss", "train_loss_0", "train_loss_1", "train_accuracy", "val_loss", "val_loss_0", "val_loss_1",
         "val_accuracy", "lr", "epoch_time"]
+
+
+def test_default_handlers_false_adds_only_stopping_and_gradient_update():
+    est = make_estimator()
+    text = est.describe_loop(val_data=regression_batches(), default_handlers=False)
+    assert "MetricHandler" not in text and "LoggingHandler" not in text and "ValidationHandler" not in text
+    assert "GradientUpdateHandler(-2000) -> StoppingHandler(2000)" in text
+    assert "ValidationHandler(-1000)" in est.describe_loop(val_data=regression_batches())
+    history = est.fit(regression_batches(), val_data=regression_batches(), epochs=2, default_handlers=False)
+    assert set(history) == {"epoch_time", "lr"} and est.net.weight.grad is None
+    with pytest.raises(FitforgeTypeError, match="default_handlers must be True or False, got str 'no'"):
+        est.fit(regression_batches(), epochs=1, default_handlers="no")
+
+
+def test_predict_uses_a_custom_unpack_for_pairs():
+    class DictBatches(BatchProcessor):
+        def unpack(self, batch):
+            return (batch["x"],), batch["y"]
+
+    est = make_estimator(batch_processor=DictBatches())
+    batches = [{"x": x, "y": y} for x, y in regression_batches(2)]
+    assert est.predict(batches).shape == (8, 1)
+
+
+def test_stop_reason_records_cancel_fit_and_failures():
+    from fitforge.events import BatchEnd
+    from fitforge.exceptions import CancelFit
+
+    class Cancel(BatchEnd):
+        def batch_end(self, state):
+            raise CancelFit("diverged")
+
+    assert make_estimator().fit(regression_batches(), epochs=2, event_handlers=[Cancel()]).stop_reason == \
+        "CancelFit raised: diverged"
+    recorder = []
+
+    class Fail(BatchEnd, __import__("fitforge.events", fromlist=["TrainEnd"]).TrainEnd):
+        def batch_end(self, state):
+            raise KeyError("x")
+
+        def train_end(self, state):
+            recorder.append(state.stop_reason)
+
+    with pytest.raises(KeyError):
+        make_estimator().fit(regression_batches(), epochs=2, event_handlers=[Fail()])
+    assert recorder == ["failed: KeyError"]

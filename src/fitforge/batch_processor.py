@@ -58,7 +58,7 @@ class BatchProcessor:
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
-        """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""
+        """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.no_grad``)."""
         estimator = state.estimator
         inputs, label = self.unpack(batch)
         inputs = to_device(inputs, estimator.device)
@@ -70,5 +70,6 @@ class BatchProcessor:
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
         """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""
         estimator = state.estimator
-        inputs = to_device(unpack_inputs(batch), estimator.device)
+        bare = isinstance(batch, torch.Tensor) or (isinstance(batch, (tuple, list)) and len(batch) == 1)
+        inputs = to_device(unpack_inputs(batch) if bare else self.unpack(batch)[0], estimator.device)
         return self.forward(estimator.val_net, inputs, None)

@@ -63,7 +63,7 @@ def unpack_inputs(batch: Any) -> tuple[torch.Tensor, ...]:
 def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move a tensor or a (nested) tuple/list of tensors to ``device``."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=non_blocking)
+        return value if value.device == device else value.to(device, non_blocking=non_blocking)
     if isinstance(value, (tuple, list)):
         return tuple(to_device(v, device, non_blocking) for v in value)
     return value

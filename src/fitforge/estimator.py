@@ -84,7 +84,7 @@ class Estimator:
 
     def check_first_batch(self, output: BatchOutput) -> None:
         """The one-batch sanity check run inside the first training batch, before its optimizer step."""
-        self._loss.check_first_batch(output.pred, output.label, output.loss)
+        self._loss.check_first_batch(output.loss)
 
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the configured losses and metrics produces."""
@@ -97,8 +97,13 @@ class Estimator:
 
     # -- entry points -------------------------------------------------------------------------------
     def fit(self, train_data: Iterable, val_data: Iterable | None = None, epochs: int | None = None,
-            batches: int | None = None, event_handlers: Sequence[EventHandler] | None = None) -> History:
+            batches: int | None = None, event_handlers: Sequence[EventHandler] | None = None,
+            default_handlers: bool = True) -> History:
         """Train for ``epochs`` epochs or ``batches`` batches (exactly one) and return the History.
+
+        Default handlers (Stopping, GradientUpdate, Metric, Validation if ``val_data``, Logging, and
+        ProgressBar on a terminal or notebook) are added unless ``event_handlers`` holds one of the
+        same class. ``default_handlers=False`` adds only Stopping and GradientUpdate: a lean loop.
 
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
@@ -109,9 +114,10 @@ class Estimator:
         num_batches = check_data(train_data, "train_data", passes)
         if val_data is not None:
             check_data(val_data, "val_data", passes)
-        handlers = fit_handlers(event_handlers, val_data)
+        handlers = fit_handlers(event_handlers, val_data, default_handlers)
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers)
+        self._loss.arm_checks()
         state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches)
         self.net.train()
         run_fit(state, dispatcher, train_data)
@@ -121,6 +127,7 @@ class Estimator:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
         num_batches = check_data(val_data, "val_data", passes=1)
         dispatcher = Dispatcher(evaluate_handlers(event_handlers))
+        self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
         with _eval_mode(self.val_net), torch.no_grad():
             run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch)
@@ -148,9 +155,10 @@ class Estimator:
             return tuple(torch.cat(parts) for parts in zip(*outputs))
         return torch.cat(outputs)
 
-    def describe_loop(self, event_handlers: Sequence[EventHandler] | None = None) -> str:
-        """The handlers each event of ``fit(event_handlers=...)`` calls, in order, as text."""
-        return Dispatcher(fit_handlers(event_handlers, None)).describe()
+    def describe_loop(self, event_handlers: Sequence[EventHandler] | None = None, val_data: Iterable | None = None,
+                      default_handlers: bool = True) -> str:
+        """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
+        return Dispatcher(fit_handlers(event_handlers, val_data, default_handlers)).describe()
 
 
 class _eval_mode:

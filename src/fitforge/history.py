@@ -119,6 +119,7 @@ class History(Mapping):
                     ax.plot(epochs, self._columns[prefix + name], marker="o", label=prefix.rstrip("_"))
             ax.set_title(name)
             ax.set_xlabel("epoch")
+            ax.xaxis.get_major_locator().set_params(integer=True)
             ax.legend()
         fig.tight_layout()
         if path is not None:

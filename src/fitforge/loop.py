@@ -42,9 +42,10 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
                 state.request_stop(f"every batch of epoch {state.epoch} was cancelled")
             if not state.stop_requested:
                 state.epoch += 1
-    except _CANCELS:
-        pass
-    except BaseException:
+    except _CANCELS as signal:
+        state.request_stop(f"{type(signal).__name__} raised" + (f": {signal}" if str(signal) else ""))
+    except BaseException as error:
+        state.request_stop(f"failed: {type(error).__name__}")
         _fire_quietly(Event.TRAIN_END, state, dispatcher)
         raise
     _fire_quietly(Event.TRAIN_END, state, dispatcher, failing=False)

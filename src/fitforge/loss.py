@@ -62,7 +62,9 @@ class LossSet:
         self.fns = fns
         self.weights = [float(w) for w in weights]
         self.multi = isinstance(loss, (list, tuple))
+        self._plain = not self.multi and self.weights == [1.0]  # one unweighted loss: the fast path
         self.names = [_name(fn) for fn in fns]
+        self._shapes_checked = False
 
     def to(self, device: torch.device) -> LossSet:
         for fn in self.fns:
@@ -85,37 +87,54 @@ class LossSet:
 
     def __call__(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Return ``(weighted total, each loss)``."""
+        if not self._shapes_checked:
+            self.check_shapes(pred, label)
+            self._shapes_checked = True
+        if self._plain and isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor):
+            value = self._call(0, pred, label)  # the common case, kept short: it runs every batch
+            return value, (value,)
         preds, labels = self._pair(pred, label)
         parts = []
-        for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
+        for i, p in enumerate(preds):
             if not isinstance(p, torch.Tensor):
                 raise LossInputError(
                     f"output {i} of the net is {describe(p)}, not a tensor; the net must return a tensor, "
                     "or a tuple of tensors for several losses (did forward() forget a return?)"
                 )
-            try:
-                value = fn(p, y)
-            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:
-                raise LossInputError(
-                    f"loss {i} ({self.names[i]}) failed on pred {_spec(p)} and label {_spec(y)}"
-                    f"{_hint(fn, p, y)}. Original error: {err}"
-                ) from err
-            parts.append(value)
+        parts = [self._call(i, p, y) for i, (p, y) in enumerate(zip(preds, labels))]
         if len(parts) == 1 and self.weights[0] == 1.0:
             return parts[0], (parts[0],)
         total = sum(w * v for w, v in zip(self.weights, parts))
         return total, tuple(parts)
 
-    def check_first_batch(self, pred: Any, label: Any, total: Any) -> None:
-        """Checks worth running once: shapes elementwise losses would silently broadcast, scalar total."""
+    def _call(self, i: int, pred: Any, label: Any) -> torch.Tensor:
+        fn = self.fns[i]
+        try:
+            return fn(pred, label)
+        except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:
+            raise LossInputError(
+                f"loss {i} ({self.names[i]}) failed on pred {_spec(pred)} and label {_spec(label)}"
+                f"{_hint(fn, pred, label)}. Original error: {err}"
+            ) from err
+
+    def arm_checks(self) -> None:
+        """Check shapes again at the next call (each fit/evaluate checks its first batch)."""
+        self._shapes_checked = False
+
+    def check_shapes(self, pred: Any, label: Any) -> None:
+        """Refuse shapes an elementwise loss would silently broadcast (run on the first call only)."""
         preds, labels = self._pair(pred, label)
         for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
-            if isinstance(fn, _ELEMENTWISE) and isinstance(p, torch.Tensor) and p.shape != y.shape:
+            tensors = isinstance(p, torch.Tensor) and isinstance(y, torch.Tensor)
+            if isinstance(fn, _ELEMENTWISE) and tensors and p.shape != y.shape:
                 raise LossInputError(
                     f"loss {i} ({self.names[i]}) compares pred and label elementwise, but pred has shape "
                     f"{tuple(p.shape)} and label {tuple(y.shape)}, which would broadcast silently; make "
                     f"them equal (e.g. label.view({', '.join(str(d) for d in p.shape)}) or squeeze the output)"
                 )
+
+    def check_first_batch(self, total: Any) -> None:
+        """The total of the first batch must be a scalar tensor."""
         if not isinstance(total, torch.Tensor) or total.dim() != 0:
             raise LossInputError(
                 f"the loss must be a scalar tensor, got {_spec(total)}; use reduction='mean' or "

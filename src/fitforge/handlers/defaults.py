@@ -36,13 +36,20 @@ def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -
     return kept + given
 
 
-def fit_handlers(event_handlers: Any, val_data: Any) -> list[EventHandler]:
-    defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler(), MetricHandler()]
-    if val_data is not None:
-        defaults.append(ValidationHandler(val_data))
-    defaults.append(LoggingHandler())
-    if interactive():
-        defaults.append(ProgressBarHandler())
+def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = True) -> list[EventHandler]:
+    """The handlers of a fit. With ``default_handlers=False`` only the two a loop cannot run without
+    (StoppingHandler, GradientUpdateHandler) are added; metrics, validation, logging and the progress
+    bar then run only if the user passes them."""
+    if not isinstance(default_handlers, bool):
+        raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
+    defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler()]
+    if default_handlers:
+        defaults.append(MetricHandler())
+        if val_data is not None:
+            defaults.append(ValidationHandler(val_data))
+        defaults.append(LoggingHandler())
+        if interactive():
+            defaults.append(ProgressBarHandler())
     return with_defaults(user_handlers(event_handlers), defaults)
 
 

@@ -39,6 +39,10 @@ def ensure_console_output() -> None:
         log.setLevel(logging.INFO)
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {'batches' if noun == 'batch' else noun + 's'}"
+
+
 def format_values(values: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in values.items() if not math.isnan(v))
 
@@ -63,8 +67,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def train_begin(self, state: TrainState) -> None:
         ensure_console_output()
         self._started = time.perf_counter()
-        limit = f"{state.max_epochs} epochs" if state.max_epochs else f"{state.max_batches} batches"
-        per_epoch = f", {state.num_batches} batches per epoch" if state.num_batches else ""
+        limit = _plural(state.max_epochs, "epoch") if state.max_epochs else _plural(state.max_batches, "batch")
+        per_epoch = f", {_plural(state.num_batches, 'batch')} per epoch" if state.num_batches else ""
         log.log(self.level, "Training for %s%s on %s", limit, per_epoch, state.estimator.device)
 
     def batch_end(self, state: TrainState) -> None:
@@ -82,6 +86,6 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def train_end(self, state: TrainState) -> None:
         history = state.history
         final = {k: history.last(k) for k in history if k.startswith(("train_", "val_"))}
-        log.log(self.level, "Finished: %d epoch(s), %d batches in %.1fs (%s). Final: %s", history.epochs,
-                state.global_step, time.perf_counter() - self._started, state.stop_reason or "completed",
-                format_values(final))
+        log.log(self.level, "Finished: %s, %s in %.1fs (%s).%s", _plural(history.epochs, "epoch"),
+                _plural(state.global_step, "batch"), time.perf_counter() - self._started,
+                state.stop_reason or "completed", f" Final: {format_values(final)}" if final else "")

@@ -28,7 +28,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         refresh_seconds: the throttle interval.
     """
 
-    priority = 1000
+    priority = 990  # just before LoggingHandler, so an epoch's bar closes before its log line
 
     def __init__(self, refresh_seconds: float = 0.5) -> None:
         self.refresh_seconds = refresh_seconds

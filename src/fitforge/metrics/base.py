@@ -44,18 +44,24 @@ class SumCountMetric:
         raise NotImplementedError
 
     def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
-        total, count = self.batch_stats(pred.detach(), label.detach())
-        # In-place add avoids allocating a new accumulator per batch; the first batch sets the device.
+        total, count = self.batch_stats(pred.detach() if pred.requires_grad else pred, label)
+        self._accumulate(total, count)
+
+    def _accumulate(self, total: torch.Tensor, count: int, weight: int = 1) -> None:
+        # The first batch sets device and dtype: integer counts stay exact int64; float sums use
+        # float64 on CPU (cheap there) and float32 on accelerators. Later batches add in place.
         if self._sum is None:
-            self._sum = total.to(torch.float64 if total.device.type == "cpu" else torch.float32).clone()
-        else:
-            self._sum += total
+            dtype = (torch.int64 if not total.is_floating_point()
+                     else torch.float64 if total.device.type == "cpu" else torch.float32)
+            self._sum = torch.zeros((), dtype=dtype, device=total.device)
+        self._sum.add_(total, alpha=weight)
         self._count += count
 
     def compute(self) -> torch.Tensor:
         if self._count == 0:
             return torch.tensor(float("nan"))
-        return self.finish(self._sum / self._count)
+        return self.finish(self._sum.double() / self._count if self._sum.device.type == "cpu"
+                           else self._sum.float() / self._count)
 
     def finish(self, mean: torch.Tensor) -> torch.Tensor:
         return mean

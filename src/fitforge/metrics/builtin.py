@@ -19,12 +19,7 @@ class Mean(SumCountMetric):
     higher_is_better = False
 
     def update(self, value: torch.Tensor, weight: int = 1) -> None:  # type: ignore[override]
-        value = value.detach() * weight
-        if self._sum is None:
-            self._sum = value.to(torch.float64 if value.device.type == "cpu" else torch.float32).clone()
-        else:
-            self._sum += value
-        self._count += weight
+        self._accumulate(value.detach() if value.requires_grad else value, weight, weight)
 
 
 class Accuracy(SumCountMetric):
