@@ -298,3 +298,20 @@ def test_metrics_reach_the_host_only_at_epoch_end():
         if n_batches == 4:
             few = len(reads)
     assert len(reads) == few > 0  # independent of the number of batches
+
+
+def test_host_reads_do_not_grow_with_batches_by_the_profiler_count():
+    """The same invariant counted where every host read ends: aten::_local_scalar_dense (item, float, bool),
+    with default handlers, validation and a progress bar."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fitforge.handlers import ProgressBarHandler
+
+    counts = []
+    for n_batches in (4, 24):
+        est = make_estimator()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            est.fit(regression_batches(n_batches), val_data=regression_batches(n_batches), epochs=2,
+                    event_handlers=[ProgressBarHandler(refresh_seconds=3600)])
+        counts.append(sum(event.name == "aten::_local_scalar_dense" for event in prof.events()))
+    assert counts[0] == counts[1] > 0

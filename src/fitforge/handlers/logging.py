@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 
 from tqdm import tqdm
@@ -20,7 +21,7 @@ class _TqdmStream(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            tqdm.write(self.format(record))
+            tqdm.write(self.format(record), file=sys.stderr)
         except Exception:  # pragma: no cover - logging must never raise
             self.handleError(record)
 
