@@ -29,6 +29,12 @@ class BatchProcessor:
         """Split a batch into ``(inputs tuple, label)``. Override to accept dict batches."""
         return unpack_pair(batch)
 
+    def to_device(self, state: TrainState, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """``unpack`` the batch and move inputs and label to the estimator's device."""
+        inputs, label = self.unpack(batch)
+        device = state.estimator.device
+        return to_device(inputs, device), to_device(label, device)
+
     def forward(self, net: torch.nn.Module, inputs: tuple[torch.Tensor, ...], label: Any) -> Any:
         """Run the net; ``label`` is passed for processors that need it (teacher forcing)."""
         return net(*inputs)
@@ -48,23 +54,17 @@ class BatchProcessor:
 
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward, loss and backward on one training batch."""
-        estimator = state.estimator
-        inputs, label = self.unpack(batch)
-        inputs = to_device(inputs, estimator.device)
-        label = to_device(label, estimator.device)
-        pred = self.forward(estimator.net, inputs, label)
-        loss, losses = estimator.compute_loss(pred, label)
+        inputs, label = self.to_device(state, batch)
+        pred = self.forward(state.estimator.net, inputs, label)
+        loss, losses = state.estimator.compute_loss(pred, label)
         self.backward(loss)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.no_grad``)."""
-        estimator = state.estimator
-        inputs, label = self.unpack(batch)
-        inputs = to_device(inputs, estimator.device)
-        label = to_device(label, estimator.device)
-        pred = self.forward(estimator.val_net, inputs, label)
-        loss, losses = estimator.compute_val_loss(pred, label)
+        inputs, label = self.to_device(state, batch)
+        pred = self.forward(state.estimator.val_net, inputs, label)
+        loss, losses = state.estimator.compute_val_loss(pred, label)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
