@@ -35,7 +35,8 @@ import logging
 import statistics
 import sys
 import time
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -47,7 +48,7 @@ import fitforge.estimator
 import fitforge.handlers.defaults
 from fitforge import Estimator
 from fitforge.dispatch import Dispatcher
-from fitforge.handlers import GradientUpdateHandler, MetricHandler, ProgressBarHandler, StoppingHandler
+from fitforge.handlers import MetricHandler, ProgressBarHandler
 
 SEED = 0
 VARIANTS = ("fit default", "hand + val", "fit lean", "hand")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fitforge import BatchProcessor
-from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, TrainBegin
+from fitforge.events import BatchBegin, BatchEnd, EpochBegin, TrainBegin
 from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
 from fitforge.handlers import ValidationHandler
 from fitforge.testing import RecordingHandler
@@ -169,7 +169,7 @@ def test_cancel_batch_before_step_leaves_weights_unchanged():
 def test_cancel_batch_from_batch_processor_after_backward_clears_gradients():
     class Skip(BatchProcessor):
         def fit_batch(self, state, batch):
-            out = super().fit_batch(state, batch)
+            super().fit_batch(state, batch)
             raise CancelBatch
 
     est = make_estimator(batch_processor=Skip())

@@ -81,12 +81,13 @@ def run_epoch(
     cancelled = False
     try:
         dispatcher.fire(Event.EPOCH_BEGIN, state)
-        for state.batch_idx, state.batch in enumerate(() if state.stop_requested else data):
+        for batch_idx, batch in enumerate(() if state.stop_requested else data):
+            state.batch_idx, state.batch = batch_idx, batch
             seen += 1
             try:
                 for hook in batch_begin:
                     hook(state)
-                state.output = step(state, state.batch)
+                state.output = step(state, batch)
                 if check_first:
                     state.estimator.check_first_batch(state.output)
                     check_first = False

@@ -8,7 +8,8 @@ as a :class:`~fitforge.exceptions.LossInputError` naming shapes, dtypes and a li
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
