@@ -1,5 +1,7 @@
 """Dispatch: handlers called iff they inherit the mixin, priority/run_after order, cycles, describe_loop."""
 
+import re
+
 import pytest
 
 from fitforge.dispatch import Dispatcher, check_handler, order_handlers
@@ -72,11 +74,46 @@ def test_run_after_with_absent_class_is_ignored():
     assert order_handlers([a]) == [a]
 
 
-def test_cycle_is_an_error_naming_the_handlers():
+def test_cycle_is_an_error_naming_only_the_handlers_in_it():
     a, b = A("a", run_after=(B,)), B("b", run_after=(A,))
-    c = C("c")
-    with pytest.raises(HandlerOrderError, match=r"cycle through run_after: a -> b"):
-        order_handlers([c, a, b])
+    blocked = C("blocked", run_after=(A,))  # waits on the cycle but is not part of it
+    with pytest.raises(HandlerOrderError, match=r"cycle through run_after: a runs after b runs after a; remove"):
+        order_handlers([blocked, C("free"), a, b])
+
+
+@pytest.mark.parametrize("attr, value, message", [
+    ("priority", "high", "priority must be an int, got str 'high'"),
+    ("priority", None, "priority must be an int, got NoneType None"),
+    ("run_after", "LoggingHandler", "run_after must be a tuple of handler classes, e.g. (LoggingHandler,), got str"),
+    ("run_after", (LoggingHandler(),), "run_after must be a tuple of handler classes"),
+])
+def test_bad_priority_or_run_after_is_a_clear_error(attr, value, message):
+    handler = RecordingHandler()
+    setattr(handler, attr, value)
+    with pytest.raises(FitforgeTypeError, match=re.escape(message)):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=[handler])
+
+
+def test_truthy_returns_stop_only_from_batch_end_and_epoch_end():
+    class Chatty(TrainBegin, EpochBegin, BatchBegin):
+        def train_begin(self, state):
+            return 1
+
+        def epoch_begin(self, state):
+            return True
+
+        def batch_begin(self, state):
+            return True
+
+    history = make_estimator().fit(regression_batches(), epochs=3, event_handlers=[Chatty()])
+    assert history.epochs == 3 and history.stop_reason == "reached epochs=3"
+
+
+def test_hooks_that_are_not_bound_methods_work():
+    handler = RecordingHandler()
+    handler.batch_end = lambda state: state.global_step == 1  # an instance attribute, not a method
+    history = make_estimator().fit(regression_batches(4), epochs=2, event_handlers=[handler])
+    assert history.stop_reason == "RecordingHandler.batch_end returned True" and history.epochs == 1
 
 
 def test_cycle_is_raised_by_fit_before_training():
@@ -116,12 +153,13 @@ def test_describe_loop_lists_each_event_in_call_order():
     assert "ValidationHandler" in est.describe_loop([ValidationHandler(regression_batches())])
 
 
-def test_default_is_replaced_by_user_handler_of_same_class():
+def test_default_is_replaced_by_user_handler_of_same_class_or_subclass():
+    class MyLogging(LoggingHandler):
+        pass
+
     est = make_estimator()
-    mine = LoggingHandler(log_interval=2)
-    text = est.describe_loop([mine, StoppingHandler(max_time=5)])
-    assert text.count("LoggingHandler") == text.count("LoggingHandler(1000)")
-    assert text.splitlines()[3].count("LoggingHandler") == 1
+    text = est.describe_loop([MyLogging(log_interval=2), StoppingHandler(max_time=5)])
+    assert "MyLogging(1000)" in text and "LoggingHandler" not in text
     assert text.splitlines()[3].count("StoppingHandler") == 1
 
 

@@ -75,16 +75,20 @@ def test_metric_failure_names_metric_shapes_and_batch():
         est.fit(batches, epochs=1)
 
 
-def test_refresh_metrics_gives_running_values_mid_epoch():
-    seen = []
+def test_running_metrics_gives_epoch_so_far_values_and_leaves_state_metrics_alone():
+    seen, metrics = [], []
 
     class Peek(RecordingHandler):
         def batch_end(self, state):
-            seen.append(dict(state.refresh_metrics()))
+            seen.append(state.running_metrics())
+            metrics.append(dict(state.metrics))
 
-    history = make_estimator().fit(regression_batches(3), epochs=1, event_handlers=[Peek(priority=-500)])
-    assert [set(s) for s in seen] == [{"train_loss", "train_mae"}] * 3
-    assert seen[-1]["train_loss"] == pytest.approx(history["train_loss"][0])
+    history = make_estimator().fit(regression_batches(3), epochs=2, event_handlers=[Peek(priority=-500)])
+    assert [set(s) for s in seen] == [{"train_loss", "train_mae"}] * 6
+    assert seen[2]["train_loss"] == pytest.approx(history["train_loss"][0])
+    assert seen[0] != seen[1]  # running values move during the epoch...
+    assert metrics[:3] == [{}] * 3 and metrics[3] == metrics[5] == {  # ...state.metrics holds last epoch's
+        "train_loss": history["train_loss"][0], "train_mae": history["train_mae"][0]}
 
 
 @pytest.mark.parametrize("kwargs, message", [

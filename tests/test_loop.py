@@ -219,9 +219,12 @@ def test_failing_train_end_during_an_exception_is_logged_and_original_propagates
         def train_end(self, state):
             raise RuntimeError("train_end broke")
 
+    later = RecordingHandler(priority=100)
     with caplog.at_level(logging.ERROR, logger="fitforge"), pytest.raises(ValueError, match="boom"):
-        make_estimator().fit(regression_batches(2), epochs=1, event_handlers=[Raise(ValueError("boom"), (0, 0)), BadEnd()])
-    assert "train_end handler failed" in caplog.text
+        make_estimator().fit(regression_batches(2), epochs=1,
+                             event_handlers=[Raise(ValueError("boom"), (0, 0)), BadEnd(), later])
+    assert "BadEnd.train_end failed while training was ending with an exception" in caplog.text
+    assert later.events[-1] == "train_end"  # the hooks after the failing one still ran
 
 
 def test_failing_train_end_after_normal_training_raises():
@@ -261,8 +264,10 @@ def test_iterable_yielding_no_batch_is_a_clear_error():
         def __iter__(self):
             return iter(())
 
-    with pytest.raises(FitforgeValueError, match=r"the data yielded no batch in epoch 0 \(train\)"):
+    with pytest.raises(FitforgeValueError, match=r"^train_data yielded no batch \(train, epoch 0\): it is empty"):
         make_estimator().fit(Empty(), epochs=2)
+    with pytest.raises(FitforgeValueError, match=r"^val_data yielded no batch \(validate, epoch 0\)"):
+        make_estimator().evaluate(Empty())
 
 
 def test_one_shot_iterator_is_fine_for_one_epoch():

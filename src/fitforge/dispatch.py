@@ -8,7 +8,8 @@ says otherwise, and a cycle is an error naming the handlers in it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .events import MIXINS, Event, EventHandler, events_of
@@ -17,9 +18,13 @@ from .exceptions import FitforgeTypeError, HandlerOrderError, describe
 if TYPE_CHECKING:  # pragma: no cover
     from .state import TrainState
 
+log = logging.getLogger("fitforge")
+STOPPING_EVENTS = (Event.BATCH_END, Event.EPOCH_END)  # the events whose truthy return requests a stop
+
 
 def check_handler(handler: object, argument: str = "event_handlers") -> None:
-    """Raise a clear error unless ``handler`` is an instance inheriting at least one event mixin."""
+    """Raise a clear error unless ``handler`` is an instance inheriting at least one event mixin,
+    with an int ``priority`` and a tuple of classes as ``run_after``."""
     if isinstance(handler, type):
         raise FitforgeTypeError(
             f"{argument} must hold handler instances, got {describe(handler)}; "
@@ -31,11 +36,29 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
             f"{argument} got {describe(handler)}, which handles no event; "
             f"a handler must inherit at least one of {mixins} (from fitforge.events)"
         )
+    priority = getattr(handler, "priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise FitforgeTypeError(f"{handler!r}.priority must be an int, got {describe(priority)}")
+    run_after = getattr(handler, "run_after", ())
+    if not isinstance(run_after, (tuple, list)) or not all(isinstance(c, type) for c in run_after):
+        raise FitforgeTypeError(
+            f"{handler!r}.run_after must be a tuple of handler classes, e.g. (LoggingHandler,), "
+            f"got {describe(run_after)}"
+        )
+
+
+def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
+    """One cycle among handlers left unordered: follow 'must run after' edges until one repeats."""
+    path, node = [], stuck[0]
+    while node not in path:
+        path.append(node)
+        node = next(j for j in sorted(after[node]) if j in stuck)
+    return path[path.index(node):] + [node]
 
 
 def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     """Sort by ``priority`` (stable), then move handlers after those named in their ``run_after``."""
-    after: dict[int, set[int]] = {i: set() for i in range(len(handlers))}  # i -> must run before i
+    after: dict[int, set[int]] = {i: set() for i in range(len(handlers))}  # i -> must run after these
     for i, handler in enumerate(handlers):
         classes = tuple(getattr(handler, "run_after", ()) or ())
         for j, other in enumerate(handlers):
@@ -57,48 +80,67 @@ def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
             if waiting[k] == 0:
                 heapq.heappush(ready, (getattr(handlers[k], "priority", 0), k))
     if len(ordered) < len(handlers):
-        stuck = [handlers[i] for i in after if i not in ordered]
+        cycle = _cycle([i for i in after if i not in ordered], after)
         raise HandlerOrderError(
             "handler ordering has a cycle through run_after: "
-            + " -> ".join(repr(h) for h in stuck)
+            + " runs after ".join(repr(handlers[i]) for i in cycle)
             + "; remove one of their run_after entries"
         )
     return [handlers[i] for i in ordered]
 
 
 class Dispatcher:
-    """Per-event lists of bound hooks, built once; calling an event is a plain loop over one list."""
+    """Per-event lists of hooks, built once; calling an event is a plain loop over one list."""
 
     def __init__(self, handlers: Sequence[EventHandler]) -> None:
         self.handlers = order_handlers(handlers)
-        self.hooks: dict[Event, list] = {
-            event: [getattr(h, event.value) for h in self.handlers if isinstance(h, MIXINS[event])]
-            for event in Event
+        owners = {event: [h for h in self.handlers if isinstance(h, MIXINS[event])] for event in Event}
+        self.owners: dict[Event, list[EventHandler]] = owners
+        self.hooks: dict[Event, list[Callable]] = {
+            event: [getattr(h, event.value) for h in owners[event]] for event in Event
         }
 
+    def stop_reason(self, event: Event, hook: Callable) -> str:
+        """The reason recorded when ``hook`` returned a truthy value (rare path: a linear search)."""
+        owner = next(h for h, k in zip(self.owners[event], self.hooks[event]) if k is hook)
+        return f"{owner!r}.{event.value} returned True"
+
     def fire(self, event: Event, state: TrainState) -> None:
-        """Call every hook of ``event``; a truthy return from a hook requests a stop."""
+        """Call every hook of ``event``; a truthy return from batch_end/epoch_end requests a stop."""
+        stops = event in STOPPING_EVENTS
         for hook in self.hooks[event]:
-            if hook(state):
-                state.request_stop(f"{hook.__self__!r}.{event.value} returned True")
+            if hook(state) and stops:
+                state.request_stop(self.stop_reason(event, hook))
 
     def fire_each(self, event: Event, state: TrainState,
                   ignore: tuple[type[BaseException], ...]) -> BaseException | None:
         """As :meth:`fire`, but an ``ignore``-d exception ends only the hook that raised it; the
         first one caught is returned."""
         caught = None
+        stops = event in STOPPING_EVENTS
         for hook in self.hooks[event]:
             try:
-                if hook(state):
-                    state.request_stop(f"{hook.__self__!r}.{event.value} returned True")
+                if hook(state) and stops:
+                    state.request_stop(self.stop_reason(event, hook))
             except ignore as signal:
                 caught = caught or signal
         return caught
+
+    def fire_teardown(self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...]) -> None:
+        """Call every hook of ``event`` while an exception is ending the run: each hook's own failure
+        is logged and the next hook still runs, so the original exception propagates unchanged."""
+        for owner, hook in zip(self.owners[event], self.hooks[event]):
+            try:
+                hook(state)
+            except ignore:
+                pass
+            except Exception:
+                log.exception("%r.%s failed while training was ending with an exception", owner, event.value)
 
     def describe(self) -> str:
         """The handlers of each event in call order, one event per line."""
         lines = []
         for event in Event:
-            names = [f"{h.__self__!r}({getattr(h.__self__, 'priority', 0)})" for h in self.hooks[event]]
+            names = [f"{h!r}({getattr(h, 'priority', 0)})" for h in self.owners[event]]
             lines.append(f"{event.value:<12} " + (" -> ".join(names) if names else "(none)"))
         return "\n".join(lines)

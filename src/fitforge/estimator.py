@@ -13,8 +13,9 @@ from .configure import check_duration, check_net, resolve_device, resolve_optimi
 from .data import check_data, to_device
 from .dispatch import Dispatcher
 from .events import EventHandler
-from .exceptions import FitforgeTypeError, describe
+from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, user_handlers
+from .handlers.validation import ValidationHandler
 from .history import History
 from .loop import run_epoch, run_fit
 from .loss import LossSet
@@ -115,6 +116,10 @@ class Estimator:
         if val_data is not None:
             check_data(val_data, "val_data", passes)
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
+        for handler in handlers:
+            if isinstance(handler, ValidationHandler) and handler.val_data is not val_data:
+                check_data(handler.val_data, "ValidationHandler val_data",
+                           1 if epochs == 1 and not handler.batch_period else None)
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers)
         self._loss.arm_checks()
@@ -130,27 +135,34 @@ class Estimator:
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
         with _eval_mode(self.val_net), torch.no_grad():
-            run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch)
+            run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch, "val_data")
         return dict(state.metrics)
 
     def predict(self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> Any:
         """``val_net`` outputs for every batch, concatenated on the CPU (a tuple for multi-output nets).
 
         Batches may be ``(data, label)`` pairs (the label is ignored), ``(data,)`` or bare tensors.
+        Outputs move to the host batch by batch (asynchronously on CUDA, one sync at the end), so a
+        large prediction never fills the device.
         """
         num_batches = check_data(data, "data", passes=1)
         outputs: list = []
         predict_batch = self.batch_processor.predict_batch
+        cpu, asynchronous = torch.device("cpu"), self.device.type == "cuda"
 
         def step(state: TrainState, batch: Any) -> BatchOutput:
-            pred = predict_batch(state, batch)
-            outputs.append(to_device(pred, torch.device("cpu")))
+            pred = check_outputs(predict_batch(state, batch), state.batch_idx)
+            outputs.append(to_device(pred, cpu, non_blocking=asynchronous))
             return BatchOutput((), None, pred, None)
 
         dispatcher = Dispatcher(user_handlers(event_handlers))
         state = TrainState(self, "predict", num_batches=num_batches)
         with _eval_mode(self.val_net), torch.no_grad():
-            run_epoch(state, dispatcher, data, step)
+            run_epoch(state, dispatcher, data, step, "data")
+        if asynchronous:
+            torch.cuda.synchronize(self.device)
+        if not outputs:
+            raise FitforgeValueError("predict produced no output: every batch was cancelled")
         if isinstance(outputs[0], tuple):
             return tuple(torch.cat(parts) for parts in zip(*outputs))
         return torch.cat(outputs)
@@ -159,6 +171,16 @@ class Estimator:
                       default_handlers: bool = True) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
         return Dispatcher(fit_handlers(event_handlers, val_data, default_handlers)).describe()
+
+
+def check_outputs(pred: Any, batch_idx: int) -> Any:
+    """A net's output must be a tensor or a tuple/list of tensors (returned as a tuple)."""
+    if isinstance(pred, torch.Tensor):
+        return pred
+    if isinstance(pred, (tuple, list)) and pred and all(isinstance(p, torch.Tensor) for p in pred):
+        return tuple(pred)
+    raise FitforgeTypeError(f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor "
+                            "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)")
 
 
 class _eval_mode:

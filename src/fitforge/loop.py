@@ -4,11 +4,13 @@ It reads like the pseudocode it implements; everything optional lives in handler
 reads a device value: handlers decide when values reach the host.
 
 A cancel raised outside its own scope acts on the nearest enclosing one: ``CancelBatch`` in
-``epoch_begin`` ends the epoch, any cancel in ``train_begin`` ends training. In ``epoch_end`` a
-``CancelEpoch``/``CancelBatch`` ends only the hook that raised it (the epoch is ending anyway, and
-the other handlers, stopping included, must still see it); in ``train_end`` every cancel does. In
-``train_begin`` any cancel ends training, but only after every ``train_begin`` hook ran, so every
-handler that gets ``train_end`` was initialised. None escapes.
+``epoch_begin`` ends the epoch, any cancel in ``train_begin`` ends training — but only after every
+``train_begin`` hook ran, so every handler that gets ``train_end`` was initialised. In
+``epoch_end`` a ``CancelEpoch``/``CancelBatch`` ends only the hook that raised it (the epoch is
+ending anyway, and the other handlers, stopping included, must still see it); in ``train_end``
+every cancel does. In ``evaluate``/``predict``, which are one pass, ``CancelFit`` ends the pass like
+``CancelEpoch``. None escapes. A cancel that ends a batch, an epoch or training before the
+optimizer step clears the gradients that batch made.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
             state.request_stop("cancelled in train_begin")
         while not state.stop_requested:
             completed = state.global_step
-            run_epoch(state, dispatcher, data, step, check_first=completed == 0)
+            run_epoch(state, dispatcher, data, step, "train_data", check_first=completed == 0)
             if state.global_step == completed and state.max_batches is not None:
                 # batches=N counts completed batches only: without this, cancelling every batch never ends.
                 log.warning("every batch of epoch %d was cancelled; stopping", state.epoch)
@@ -43,23 +45,13 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
             if not state.stop_requested:
                 state.epoch += 1
     except _CANCELS as signal:
+        _clear_gradients(state)
         state.request_stop(f"{type(signal).__name__} raised" + (f": {signal}" if str(signal) else ""))
     except BaseException as error:
         state.request_stop(f"failed: {type(error).__name__}")
-        _fire_quietly(Event.TRAIN_END, state, dispatcher)
+        dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS)
         raise
-    _fire_quietly(Event.TRAIN_END, state, dispatcher, failing=False)
-
-
-def _fire_quietly(event: Event, state: TrainState, dispatcher: Dispatcher, failing: bool = True) -> None:
-    """Fire ``event`` ignoring cancels; while an exception is ending the run, a failure here is
-    logged instead of raised so the original exception propagates unchanged."""
-    try:
-        dispatcher.fire_each(event, state, _CANCELS)
-    except Exception:
-        if not failing:
-            raise
-        log.exception("a %s handler failed while training was ending with an exception", event.value)
+    dispatcher.fire_each(Event.TRAIN_END, state, _CANCELS)
 
 
 def run_epoch(
@@ -67,13 +59,15 @@ def run_epoch(
     dispatcher: Dispatcher,
     data: Iterable,
     step: Callable[[TrainState, Any], Any],
+    name: str,
     check_first: bool = False,
 ) -> None:
-    """One pass over ``data``: ``epoch_begin``, then per batch ``batch_begin``, ``step``,
-    ``batch_end``, then ``epoch_end`` (also for a partial epoch)."""
+    """One pass over ``data`` (called ``name`` in errors): ``epoch_begin``, then per batch
+    ``batch_begin``, ``step``, ``batch_end``, then ``epoch_end`` (also for a partial epoch)."""
     batch_begin = dispatcher.hooks[Event.BATCH_BEGIN]
     batch_end = dispatcher.hooks[Event.BATCH_END]
     training = state.phase == "train"
+    ends_pass = (CancelEpoch, CancelBatch) if training else _CANCELS
     if training:
         state.history.new_epoch()
     started = time.perf_counter()
@@ -93,26 +87,30 @@ def run_epoch(
                     check_first = False
                 for hook in batch_end:
                     if hook(state):
-                        state.request_stop(f"{hook.__self__!r}.batch_end returned True")
+                        state.request_stop(dispatcher.stop_reason(Event.BATCH_END, hook))
             except CancelBatch:
                 if training:
                     _clear_gradients(state)
+                if state.stop_requested:
+                    break
                 continue
             if training:
                 state.global_step += 1
             if state.stop_requested:
                 break
-    except (CancelEpoch, CancelBatch):
+    except ends_pass:
         cancelled = True
+        if training:
+            _clear_gradients(state)
     if seen == 0 and not (cancelled or state.stop_requested):
         raise FitforgeValueError(
-            f"the data yielded no batch in epoch {state.epoch} ({state.phase}); a one-shot iterator is "
-            "exhausted after its first pass: pass a re-iterable such as a DataLoader or a list"
+            f"{name} yielded no batch ({state.phase}, epoch {state.epoch}): it is empty, or a one-shot "
+            "iterator that was already consumed; pass a non-empty re-iterable such as a DataLoader or a list"
         )
     if training:
         state.history.record("epoch_time", time.perf_counter() - started)
         _record_lr(state)
-    dispatcher.fire_each(Event.EPOCH_END, state, (CancelEpoch, CancelBatch))
+    dispatcher.fire_each(Event.EPOCH_END, state, ends_pass)
 
 
 def _clear_gradients(state: TrainState) -> None:

@@ -65,8 +65,9 @@ class TrainState:
     ==================  ===========  ===========  ===========  =========  =========  =========
 
     ``metrics`` holds plain floats computed at epoch end (``train_loss``, ``val_accuracy``...);
-    handlers that want running values mid-epoch call :meth:`refresh_metrics`, which reads device
-    values to the host (a device sync): do it at a throttled interval, never every batch.
+    handlers that want running (epoch-so-far) values mid-epoch call :meth:`running_metrics`, which
+    reads device values to the host (a device sync): do it at a throttled interval, never every
+    batch. It returns a new dict and leaves ``metrics`` as the table says.
     ``num_batches`` is ``len(data)`` when the data has a length, else None.
 
     Attributes:
@@ -91,7 +92,7 @@ class TrainState:
     shared: dict[str, Any] = field(default_factory=dict)
     stop_requested: bool = False
     stop_reason: str | None = None
-    metric_sources: list[Callable[[TrainState], None]] = field(default_factory=list)
+    metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
@@ -101,10 +102,11 @@ class TrainState:
             self.stop_reason = reason
             self.history.stop_reason = reason
 
-    def refresh_metrics(self) -> dict[str, float]:
-        """Compute the running (epoch-so-far) metric values into :attr:`metrics` and return them.
+    def running_metrics(self) -> dict[str, float]:
+        """The epoch-so-far values of the loss and metrics, as a new dict of floats.
 
         This reads device values to the host; call it at epoch end or at a throttled interval."""
-        for publish in self.metric_sources:
-            publish(self)
-        return self.metrics
+        values: dict[str, float] = {}
+        for compute in self.metric_sources:
+            values.update(compute())
+        return values

@@ -64,6 +64,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             raise FitforgeValueError(f"log_interval must be 'epoch' or a positive int, got {log_interval!r}")
         self.log_interval = None if log_interval == "epoch" else log_interval
         self.level = level
+        self._started = time.perf_counter()
 
     def train_begin(self, state: TrainState) -> None:
         ensure_console_output()
@@ -74,10 +75,13 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def batch_end(self, state: TrainState) -> None:
         if self.log_interval and (state.batch_idx + 1) % self.log_interval == 0:
-            values = state.refresh_metrics()
+            values = state.running_metrics()
             log.log(self.level, "[Epoch %d Batch %d] %s", state.epoch + 1, state.batch_idx + 1, format_values(values))
 
     def epoch_end(self, state: TrainState) -> None:
+        if state.phase != "train":  # inside evaluate: its values, no history row
+            log.log(self.level, "[%s] %s", state.phase.capitalize(), format_values(state.metrics))
+            return
         row = state.history.rows()[-1]
         total = f"/{state.max_epochs}" if state.max_epochs else ""
         seconds = row.pop("epoch_time", math.nan)

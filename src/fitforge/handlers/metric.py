@@ -17,7 +17,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     (``<prefix>loss_<i>``), and ``<prefix><metric name>`` for every metric.
 
     Updates stay on the device; values reach the host at epoch end (or when a handler calls
-    ``state.refresh_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate.
+    ``state.running_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate.
 
     Args:
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's
@@ -52,8 +52,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             mean.reset()
         for slot in self.slots:
             slot.metric.reset()
-        if self.publish not in state.metric_sources:
-            state.metric_sources.append(self.publish)
+        if self.compute not in state.metric_sources:
+            state.metric_sources.append(self.compute)
 
     def batch_end(self, state: TrainState) -> None:
         out = state.output
@@ -73,21 +73,18 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
                     f"{err}"
                 ) from err
 
-    def publish(self, state: TrainState) -> None:
-        """Compute the epoch-so-far values into ``state.metrics`` (reads device values to the host)."""
+    def compute(self) -> dict[str, float]:
+        """The epoch-so-far values, keyed as in history (reads device values to the host)."""
         values = {self.prefix + "loss": float(self._loss.compute())}
         for i, mean in enumerate(self._parts):
             values[f"{self.prefix}loss_{i}"] = float(mean.compute())
         for slot in self.slots:
             values[self.prefix + slot.name] = float(slot.metric.compute())
-        state.metrics.update(values)
+        return values
 
     def epoch_end(self, state: TrainState) -> None:
-        self.publish(state)
+        values = self.compute()
+        state.metrics.update(values)
         if state.phase == "train":
-            for key in self._keys():
-                state.history.record(key, state.metrics[key])
-
-    def _keys(self) -> list[str]:
-        parts = [f"{self.prefix}loss_{i}" for i in range(len(self._parts))]
-        return [self.prefix + "loss", *parts, *(self.prefix + s.name for s in self.slots)]
+            for key, value in values.items():
+                state.history.record(key, value)

@@ -50,7 +50,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         now = time.monotonic()
         if now >= self._next:
             self._next = now + self.refresh_seconds
-            self._flush(state.refresh_metrics())
+            self._flush(state.running_metrics())
 
     def _flush(self, values: dict[str, float]) -> None:
         self._bar.update(self._pending)
