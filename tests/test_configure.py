@@ -271,10 +271,17 @@ class TestLossSet:
         assert loss.to(torch.device("meta")) is loss
         assert weighted.weight.device.type == "meta"
 
-    @pytest.mark.parametrize("weights", [[1.0], [1.0, 2.0, 3.0], [1.0, "2"], [1.0, None]])
-    def test_bad_weights(self, weights):
-        msg = f"loss_weights must be 2 numbers (one per loss), got {weights!r}"
+    @pytest.mark.parametrize("weights", [[1.0], [1.0, 2.0, 3.0]])
+    def test_wrong_number_of_weights(self, weights):
+        msg = f"loss_weights has {len(weights)} weight(s) but 2 loss(es) are configured; give one per loss"
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
+            LossSet([nn.MSELoss(), nn.L1Loss()], weights=weights)
+
+    @pytest.mark.parametrize("weights, shown", [([1.0, "2"], "list [1.0, '2']"), ([1.0, None], "list [1.0, None]"),
+                                                ("a", "str 'a'"), ([True, 1.0], "list [True, 1.0]")])
+    def test_weights_of_wrong_type(self, weights, shown):
+        msg = f"loss_weights must be a list of numbers, one per loss, got {shown}"
+        with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
             LossSet([nn.MSELoss(), nn.L1Loss()], weights=weights)
 
     @pytest.mark.parametrize("loss,shown", [(3, "int 3"), ([nn.MSELoss(), "mse"], "str 'mse'")])

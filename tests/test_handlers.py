@@ -41,11 +41,22 @@ def test_stopping_own_limits_override_fit_arguments():
     assert history.epochs == 2 and history.stop_reason == "reached batches=3"
 
 
-@pytest.mark.parametrize("kwargs", [dict(max_epochs=0), dict(max_batches=-1), dict(max_time="1"), dict(max_epochs=True)])
-def test_stopping_rejects_bad_limits(kwargs):
-    name = next(iter(kwargs))
-    with pytest.raises(FitforgeValueError, match=f"{name} must be a positive number or None"):
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_epochs=0), "max_epochs must be a positive int or None, got 0"),
+    (dict(max_epochs=1.5), "max_epochs must be a positive int or None, got 1.5"),
+    (dict(max_batches=-1), "max_batches must be a positive int or None, got -1"),
+    (dict(max_time="1"), "max_time must be a positive number or None, got '1'"),
+    (dict(max_epochs=True), "max_epochs must be a positive int or None, got True"),
+])
+def test_stopping_rejects_bad_limits(kwargs, message):
+    with pytest.raises(FitforgeValueError, match=re.escape(message)):
         StoppingHandler(**kwargs)
+
+
+@pytest.mark.parametrize("value", ["x", -1, True])
+def test_progress_bar_rejects_bad_refresh(value):
+    with pytest.raises(FitforgeValueError, match="refresh_seconds must be a non-negative number"):
+        ProgressBarHandler(refresh_seconds=value)
 
 
 def test_gradient_update_steps_every_optimizer_and_clears_grads():
@@ -70,8 +81,8 @@ def test_metric_failure_names_metric_shapes_and_batch():
     net = nn.Linear(5, 3)
     est = make_estimator(net=net, loss=nn.CrossEntropyLoss(), train_metrics="top5_accuracy")
     batches = [(torch.randn(4, 5), torch.randint(0, 3, (4,)))]
-    with pytest.raises(FitforgeValueError, match=re.escape("metric 'top5_accuracy' (TopKAccuracy) failed on pred of "
-                                                           "shape (4, 3) and label of shape (4,) in batch 0")):
+    with pytest.raises(FitforgeValueError, match=re.escape("metric 'top5_accuracy' (TopKAccuracy) failed on pred: tensor "
+                                                           "of shape (4, 3) and label: tensor of shape (4,) in batch 0")):
         est.fit(batches, epochs=1)
 
 

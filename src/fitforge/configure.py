@@ -84,6 +84,14 @@ def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optim
                 f"optimizer must be a torch.optim.Optimizer, a list of them, a name such as 'adam', or None, "
                 f"got {describe(item)}{hint}"
             )
+    # Several optimizers may train modules outside the net (a GAN's discriminator), but if none holds
+    # a parameter of the net, the net never trains: usually an optimizer built for another model.
+    own = {id(p) for p in net.parameters()}
+    if not any(id(p) in own for item in items for group in item.param_groups for p in group["params"]):
+        raise FitforgeValueError(
+            "optimizer holds none of net's parameters, so net would never train; build it from this net: "
+            "torch.optim.Adam(net.parameters(), ...)"
+        )
     return items
 
 

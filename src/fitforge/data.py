@@ -24,11 +24,12 @@ def _tensors(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value)
 
 
-def _shape(value: Any) -> str:
+def shape_of(value: Any) -> str:
+    """A description of a batch part for error messages: "tensor of shape (4, 3)", "tuple of 2 [...]"."""
     if isinstance(value, torch.Tensor):
         return f"tensor of shape {tuple(value.shape)}"
     if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__} of {len(value)} [" + ", ".join(_shape(v) for v in value) + "]"
+        return f"{type(value).__name__} of {len(value)} [" + ", ".join(shape_of(v) for v in value) + "]"
     return describe(value)
 
 
@@ -39,12 +40,12 @@ def unpack_pair(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
             f"got a dict batch with keys {list(batch)}; fitforge expects a (data, label) pair: {_PAIR_HELP}"
         )
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {_shape(batch)}: {_PAIR_HELP}")
+        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_PAIR_HELP}")
     data, label = batch
     if not _tensors(data) or not _tensors(label):
         raise BatchFormatError(
             f"a batch must be a (data, label) pair of tensors or tuples of tensors, got data: "
-            f"{_shape(data)}, label: {_shape(label)}: {_PAIR_HELP}"
+            f"{shape_of(data)}, label: {shape_of(label)}: {_PAIR_HELP}"
         )
     inputs = (data,) if isinstance(data, torch.Tensor) else tuple(data)
     return inputs, (label if isinstance(label, torch.Tensor) else tuple(label))

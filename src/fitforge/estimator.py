@@ -15,11 +15,12 @@ from .dispatch import Dispatcher
 from .events import EventHandler
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, user_handlers
+from .handlers.metric import MetricHandler
 from .handlers.validation import ValidationHandler
 from .history import History
 from .loop import run_epoch, run_fit
 from .loss import LossSet
-from .metrics.resolve import copy_slots, resolve_metrics
+from .metrics.resolve import check_output_indices, copy_slots, resolve_metrics
 from .state import BatchOutput, TrainState
 
 
@@ -57,6 +58,8 @@ class Estimator:
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
         self.val_metrics = (copy_slots(self.train_metrics) if val_metrics is None
                             else resolve_metrics(val_metrics, self.val_loss, "val_metrics"))
+        check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
+        check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
         self.batch_processor = BatchProcessor() if batch_processor is None else batch_processor
         if isinstance(self.batch_processor, type) or not all(
@@ -88,13 +91,15 @@ class Estimator:
         self._loss.check_first_batch(output.loss)
 
     def history_keys(self, validation: bool = False) -> list[str]:
-        """The history keys a fit with the configured losses and metrics produces."""
-        parts = [f"loss_{i}" for i in range(self.loss_count)] if self.loss_count > 1 else []
-        keys = [f"train_{n}" for n in ["loss", *parts, *(s.name for s in self.train_metrics)]]
+        """The history keys a fit with the default handlers and the configured metrics produces."""
+        keys = MetricHandler().history_keys(self, "train")
         if validation:
-            keys += [f"val_{n}" for n in ["loss", *parts, *(s.name for s in self.val_metrics)]]
-        keys += ["lr" if i == 0 else f"lr_{i}" for i in range(len(self.optimizers))]
-        return keys + ["epoch_time"]
+            keys += MetricHandler().history_keys(self, "validate")
+        return keys + self.bookkeeping_keys()
+
+    def bookkeeping_keys(self) -> list[str]:
+        """The keys the loop itself records every epoch: learning rates and ``epoch_time``."""
+        return ["lr" if i == 0 else f"lr_{i}" for i in range(len(self.optimizers))] + ["epoch_time"]
 
     # -- entry points -------------------------------------------------------------------------------
     def fit(self, train_data: Iterable, val_data: Iterable | None = None, epochs: int | None = None,

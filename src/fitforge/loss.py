@@ -28,8 +28,11 @@ def _spec(value: Any) -> str:
 def _hint(fn: Callable, pred: Any, label: Any) -> str:
     if not (isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor)):
         return ""
+    classes = (pred.shape[0], *pred.shape[2:])
     if isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and label.is_floating_point() and label.shape != pred.shape:
-        return f"; class-index labels must be int64 of shape {(pred.shape[0], *pred.shape[2:])}: use label.long()"
+        return f"; class-index labels must be int64 of shape {classes}: use label.long()"
+    if isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and label.dim() == pred.dim() and label.shape[1:2] == (1,):
+        return f"; class-index labels must have shape {classes}, without the class axis: use label.squeeze(1)"
     if isinstance(fn, _ELEMENTWISE) and not label.is_floating_point():
         return "; this loss needs a floating-point label: use label.float()"
     return ""
@@ -56,9 +59,12 @@ class LossSet:
                 )
         if weights is None:
             weights = [1.0] * len(fns)
-        elif len(weights) != len(fns) or not all(isinstance(w, (int, float)) for w in weights):
+        elif not isinstance(weights, (list, tuple)) or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
+            raise FitforgeTypeError(f"loss_weights must be a list of numbers, one per loss, got {describe(weights)}")
+        elif len(weights) != len(fns):
             raise FitforgeValueError(
-                f"loss_weights must be {len(fns)} numbers (one per loss), got {weights!r}"
+                f"loss_weights has {len(weights)} weight(s) but {len(fns)} loss(es) are configured; give one per loss"
             )
         self.fns = fns
         self.weights = [float(w) for w in weights]

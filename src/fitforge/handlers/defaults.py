@@ -62,12 +62,20 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: Estimator) -> No
 
     Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
     (see :func:`monitored_value`)."""
+    keys: list[str] = []
+    for handler in handlers:
+        if isinstance(handler, MetricHandler):
+            keys += handler.history_keys(estimator, "train")
     validators = [h for h in handlers if isinstance(h, ValidationHandler)]
     custom_eval = any(v.eval_fn is not None for v in validators)
-    keys = estimator.history_keys(validation=bool(validators))
+    for validator in validators:
+        if validator.eval_fn is None:  # estimator.evaluate: its own MetricHandler, or the default one
+            inner = [h for h in validator.event_handlers if isinstance(h, MetricHandler)] or [MetricHandler()]
+            keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
+    keys += estimator.bookkeeping_keys()
     for handler in handlers:
         key = getattr(handler, "monitor", None)
-        if key is None or key in keys or (custom_eval and key.startswith("val_")):
+        if not isinstance(key, str) or key in keys or (custom_eval and key.startswith("val_")):
             continue
         raise MonitorKeyError(f"{handler!r} monitors {key!r}, which this run will not produce; available keys: "
                               f"{', '.join(keys)}")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..data import shape_of
 from ..events import BatchEnd, EpochBegin, EpochEnd
 from ..exceptions import FitforgeValueError
-from ..metrics import Mean, resolve_metrics
+from ..metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
 from ..state import TrainState
 
 _PREFIX = {"train": "train_", "validate": "val_"}
@@ -28,14 +29,26 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
 
     def __init__(self, metrics: Any = None) -> None:
         self.metrics = metrics
+        self._resolved: list[MetricSlot] | None = None
         self._configured_for: tuple | None = None
+
+    def _slots(self, estimator, phase: str) -> list[MetricSlot]:
+        if self.metrics is None:
+            return estimator.val_metrics if phase == "validate" else estimator.train_metrics
+        if self._resolved is None:  # resolved once: the same metric objects in every fit
+            self._resolved = resolve_metrics(self.metrics, estimator.loss, argument="MetricHandler(metrics=...)")
+            check_output_indices(self._resolved, estimator.loss_count, "MetricHandler(metrics=...)")
+        return self._resolved
+
+    def history_keys(self, estimator, phase: str) -> list[str]:
+        """The keys this handler produces for ``estimator`` in ``phase`` ("train" or "validate")."""
+        prefix = _PREFIX.get(phase, phase + "_")
+        parts = [f"loss_{i}" for i in range(estimator.loss_count)] if estimator.loss_count > 1 else []
+        return [prefix + name for name in ["loss", *parts, *(s.name for s in self._slots(estimator, phase))]]
 
     def _configure(self, state: TrainState) -> None:
         estimator = state.estimator
-        if self.metrics is not None:
-            slots = resolve_metrics(self.metrics, estimator.loss, argument="MetricHandler(metrics=...)")
-        else:
-            slots = estimator.val_metrics if state.phase == "validate" else estimator.train_metrics
+        slots = self._slots(estimator, state.phase)
         self.prefix = _PREFIX.get(state.phase, state.phase + "_")
         self.slots = slots
         for slot in slots:
@@ -60,17 +73,16 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         self._loss.update(out.loss, out.batch_size)
         for mean, part in zip(self._parts, out.losses):
             mean.update(part, out.batch_size)
-        multi = isinstance(out.pred, tuple)
+        several = isinstance(out.pred, (tuple, list))
         for slot in self.slots:
-            pred = out.pred[slot.output_index] if multi else out.pred
-            label = out.label[slot.output_index] if isinstance(out.label, tuple) else out.label
+            pred = out.pred[slot.output_index] if several else out.pred
+            label = out.label[slot.output_index] if isinstance(out.label, (tuple, list)) else out.label
             try:
                 slot.metric.update(pred, label)
-            except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:
                 raise FitforgeValueError(
-                    f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred of shape "
-                    f"{tuple(pred.shape)} and label of shape {tuple(label.shape)} in batch {state.batch_idx}: "
-                    f"{err}"
+                    f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
+                    f"and label: {shape_of(label)} in batch {state.batch_idx}: {err}"
                 ) from err
 
     def compute(self) -> dict[str, float]:

@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..events import BatchEnd, EpochBegin, EpochEnd, TrainEnd
+from ..exceptions import FitforgeValueError
 from ..state import TrainState
 from .logging import format_values
 
@@ -31,6 +32,8 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     priority = 990  # just before LoggingHandler, so an epoch's bar closes before its log line
 
     def __init__(self, refresh_seconds: float = 0.5) -> None:
+        if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, (int, float)) or refresh_seconds < 0:
+            raise FitforgeValueError(f"refresh_seconds must be a non-negative number, got {refresh_seconds!r}")
         self.refresh_seconds = refresh_seconds
         self._bar = None
 

@@ -8,9 +8,10 @@ from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..exceptions import FitforgeValueError
 
 
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-        raise FitforgeValueError(f"{name} must be a positive number or None, got {value!r}")
+def _positive(name: str, value: float | None, kinds: tuple[type, ...]) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds) or value <= 0):
+        what = "int" if kinds == (int,) else "number"
+        raise FitforgeValueError(f"{name} must be a positive {what} or None, got {value!r}")
 
 
 class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
@@ -26,8 +27,9 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def __init__(self, max_epochs: int | None = None, max_batches: int | None = None,
                  max_time: float | None = None) -> None:
-        for name, value in (("max_epochs", max_epochs), ("max_batches", max_batches), ("max_time", max_time)):
-            _positive(name, value)
+        _positive("max_epochs", max_epochs, (int,))
+        _positive("max_batches", max_batches, (int,))
+        _positive("max_time", max_time, (int, float))
         self.max_epochs, self.max_batches, self.max_time = max_epochs, max_batches, max_time
 
     def train_begin(self, state) -> None:

@@ -41,13 +41,16 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def train_begin(self, state: TrainState) -> None:
         self._evaluate = self.eval_fn or state.estimator.evaluate
+        self._validated_at: int | None = None
 
     def batch_end(self, state: TrainState) -> None:
         if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
             self.validate(state)
+            self._validated_at = state.global_step + 1  # completed batches once this one counts
 
     def epoch_end(self, state: TrainState) -> None:
-        if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0:
+        # An epoch ending right after a batch-period validation has the same weights: skip the repeat.
+        if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0 and self._validated_at != state.global_step:
             self.validate(state)
 
     def validate(self, state: TrainState) -> dict[str, float]:

@@ -10,10 +10,10 @@ from .builtin import (
     RootMeanSquaredError,
     TopKAccuracy,
 )
-from .resolve import MetricSlot, default_metrics, metric_from_name, metric_name, resolve_metrics
+from .resolve import MetricSlot, check_output_indices, default_metrics, metric_from_name, metric_name, resolve_metrics
 
 __all__ = [
     "Metric", "SumCountMetric", "Mean", "Accuracy", "TopKAccuracy", "BinaryAccuracy",
     "MeanSquaredError", "RootMeanSquaredError", "MeanAbsoluteError",
-    "MetricSlot", "default_metrics", "metric_from_name", "metric_name", "resolve_metrics",
+    "MetricSlot", "check_output_indices", "default_metrics", "metric_from_name", "metric_name", "resolve_metrics",
 ]

@@ -26,14 +26,23 @@ class Accuracy(SumCountMetric):
     """Fraction of correct class predictions.
 
     ``pred`` is scores of shape (N, C, ...) compared by argmax over dim 1 with integer labels of
-    shape (N, ...); or class indices of the label's shape. Elementwise over extra dims (e.g. pixels).
+    shape (N, ...), or with one-hot/probability labels of the scores' shape (argmax of both); or
+    class indices of the label's shape. Elementwise over extra dims (e.g. pixels). A single score
+    per sample (C == 1) is a binary problem: use ``BinaryAccuracy``.
     """
 
     name = "accuracy"
     higher_is_better = True
 
     def batch_stats(self, pred, label):
-        if pred.shape != label.shape:
+        if pred.dim() >= 2 and (pred.shape != label.shape or label.is_floating_point()):
+            if pred.shape[1] == 1:
+                raise FitforgeValueError(
+                    f"{self.name}: pred of shape {tuple(pred.shape)} has one score per sample, so argmax "
+                    "always picks class 0; for a binary output use the 'binary_accuracy' metric"
+                )
+            if pred.shape == label.shape:  # one-hot or probability labels
+                label = label.argmax(dim=1)
             pred = pred.argmax(dim=1)
         if pred.shape != label.shape:
             raise FitforgeValueError(

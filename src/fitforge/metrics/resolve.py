@@ -130,6 +130,16 @@ def resolve_metrics(spec: Any, loss: Any, argument: str = "train_metrics") -> li
     return slots
 
 
+def check_output_indices(slots: list[MetricSlot], outputs: int, argument: str) -> None:
+    """Every slot must read an output the net has (one per loss)."""
+    for slot in slots:
+        if slot.output_index >= outputs:
+            raise FitforgeValueError(
+                f"{argument}: metric {slot.name!r} reads output {slot.output_index}, but the model has "
+                f"{outputs} output(s) (one per loss); use output indices 0 to {outputs - 1}"
+            )
+
+
 def copy_slots(slots: list[MetricSlot]) -> list[MetricSlot]:
     """Independent copies (fresh objects) of ``slots``, e.g. validation metrics from training ones."""
     return [MetricSlot(s.name, copy.deepcopy(s.metric), s.output_index) for s in slots]
