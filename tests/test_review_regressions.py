@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fitforge import BatchProcessor, Estimator
-from fitforge.events import BatchBegin, BatchEnd, EpochEnd
+from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd
 from fitforge.exceptions import (CancelBatch, CancelEpoch, CancelFit, FitforgeTypeError, FitforgeValueError,
                                  LossInputError, MonitorKeyError)
 from fitforge.handlers import LoggingHandler, MetricHandler, ValidationHandler
@@ -206,3 +206,159 @@ def test_custom_processor_raising_cancel_epoch_after_backward_clears_gradients()
     est = make_estimator(batch_processor=Once())
     est.fit(regression_batches(1), epochs=1)
     assert est.net.weight.grad is None
+
+
+# -- second review -----------------------------------------------------------------------------------
+
+def test_accuracy_with_integer_one_hot_labels_and_one_dimensional_scores():
+    import torch.nn.functional as F
+
+    metric = Accuracy()
+    metric.update(torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]]), F.one_hot(torch.tensor([0, 1]), 3))
+    assert metric.compute().item() == 1.0
+    with pytest.raises(FitforgeValueError, match="no class axis.*'binary_accuracy'"):
+        Accuracy().update(torch.tensor([2.3, -1.0, 0.7]), torch.tensor([1, 0, 1]))
+    exact = Accuracy()  # integer class predictions are compared as they are
+    exact.update(torch.tensor([1, 0, 2]), torch.tensor([1, 1, 2]))
+    assert exact.compute().item() == pytest.approx(2 / 3)
+
+
+def test_a_validation_mistake_fails_before_the_first_training_step():
+    net = nn.Linear(5, 3)
+    est = Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    train = [(torch.randn(4, 5), torch.randint(0, 3, (4,))) for _ in range(3)]
+    val = [(x, y.float()) for x, y in train]
+    before = net.weight.detach().clone()
+    with pytest.raises(LossInputError, match=r"^the first batch of val_data cannot be evaluated: loss 0 "
+                                             r"\(CrossEntropyLoss\) failed on .* use label\.long\(\)"):
+        est.fit(train, val_data=val, epochs=2)
+    assert net.weight.detach().equal(before)
+
+
+def test_the_first_validation_batch_check_leaves_the_rng_untouched():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    est = make_estimator()
+    loader = DataLoader(TensorDataset(torch.rand(8, 1), torch.rand(8, 1)), batch_size=4, shuffle=True)
+    state = torch.get_rng_state()
+    est.check_first_val_batch(loader, "val_data")
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_metric_handler_epoch_end_without_its_epoch_begin_records_nothing_stale():
+    class CancelSecondEpochEarly(EpochBegin):
+        priority = -5000
+
+        def epoch_begin(self, state):
+            if state.epoch in (0, 1):
+                raise CancelEpoch
+
+    history = make_estimator().fit(regression_batches(), epochs=3, event_handlers=[CancelSecondEpochEarly()])
+    loss = history["train_loss"]
+    assert loss[0] != loss[0] and loss[1] != loss[1] and loss[2] == loss[2]  # nan, nan, a value
+
+
+def test_one_metric_object_cannot_count_training_and_validation():
+    shared = Accuracy()
+    with pytest.raises(FitforgeValueError, match=r"val_metrics and train_metrics share the metric object\(s\) "
+                                                 r"\['accuracy'\]"):
+        Estimator(nn.Linear(5, 3), nn.CrossEntropyLoss(), train_metrics=shared, val_metrics=[shared],
+                  optimizer="sgd", device="cpu")
+
+
+def test_stopping_handler_limits_and_fit_limits_whichever_comes_first(caplog):
+    from fitforge.handlers import StoppingHandler
+
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        history = make_estimator().fit(regression_batches(), epochs=10, event_handlers=[StoppingHandler(max_epochs=2)])
+    assert history.epochs == 2 and caplog.records[0].getMessage().startswith("Training for 2 epochs")
+    assert "[Epoch 2/2]" in caplog.text
+    history = make_estimator().fit(regression_batches(), epochs=2, event_handlers=[StoppingHandler(max_epochs=5)])
+    assert history.epochs == 2
+
+
+def test_one_shot_validation_data_with_batch_period_is_refused_before_training():
+    handler = ValidationHandler(iter(regression_batches()), batch_period=2)
+    with pytest.raises(FitforgeValueError, match="ValidationHandler val_data is a one-shot iterator"):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=[handler])
+
+
+def test_log_lines_do_not_print_twice_once_the_application_configures_logging(monkeypatch, capsys):
+    from fitforge.handlers import logging as logging_module
+
+    logger = logging.getLogger("fitforge")
+    root = logging.getLogger()
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(root, "handlers", [])
+    logging_module.ensure_console_output()  # nothing configured: fitforge's stand-in prints
+    logger.info("first")
+    assert capsys.readouterr().err.count("first") == 1
+    app = logging.StreamHandler()  # then the application configures logging
+    monkeypatch.setattr(root, "handlers", [app])
+    assert logging_module._configured_above()
+    logger.handlers[0].emit(logging.LogRecord("fitforge", logging.INFO, "", 0, "second", None, None))
+    assert "second" not in capsys.readouterr().err  # the stand-in stays quiet; the app's handler prints
+
+
+def test_predict_handlers_see_the_batch_size():
+    sizes = []
+
+    class Sizes(BatchEnd):
+        def batch_end(self, state):
+            sizes.append(state.output.batch_size)
+
+    make_estimator().predict([torch.zeros(3, 1), torch.zeros(2, 1)], event_handlers=[Sizes()])
+    assert sizes == [3, 2]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda est: est.fit(regression_batches(), 5), "val_data must be an iterable .* got int 5; did you mean epochs=5?"),
+    (lambda est: est.fit(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1),
+     r"wrap the dataset: DataLoader\(dataset, batch_size=...\)"),
+    (lambda est: est.predict(torch.zeros(4, 1)), r"wrap it: \[x\] for one batch"),
+])
+def test_beginner_data_mistakes_get_a_hint(call, message):
+    with pytest.raises(FitforgeTypeError, match=message):
+        call(make_estimator())
+
+
+def test_cross_entropy_label_hints_for_int32_and_out_of_range_classes():
+    est = Estimator(nn.Linear(5, 2), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    with pytest.raises(LossInputError, match=re.escape("class-index labels must be int64, got int32: use label.long()")):
+        est.fit([(torch.randn(4, 5), torch.tensor([0, 1, 1, 0], dtype=torch.int32))], epochs=1)
+    with pytest.raises(LossInputError, match=re.escape("labels go up to 2 but the net outputs 2 class scores, so labels "
+                                                       "must lie in 0..1: give the last layer 3 outputs")):
+        est.fit([(torch.randn(4, 5), torch.tensor([0, 1, 2, 0]))], epochs=1)
+
+
+def test_a_list_of_single_samples_is_recognised():
+    samples = [(torch.rand(1), torch.tensor(2.0)) for _ in range(4)]  # (x, y) pairs, not batches
+    with pytest.raises(FitforgeValueError, match="looks like a single sample, not a batch"):
+        make_estimator(loss=lambda p, y: ((p.squeeze() - y) ** 2).mean(), train_metrics=[]).fit(samples, epochs=1)
+
+
+def test_first_validation_batch_check_skips_one_shot_and_empty_data():
+    est = make_estimator()
+    batches = regression_batches(2)
+    one_shot = iter(batches)
+    est.check_first_val_batch(one_shot, "val_data")
+    assert len(list(one_shot)) == 2  # nothing consumed
+    est.check_first_val_batch([], "val_data")
+
+
+def test_dispatcher_fire_requests_a_stop_for_a_truthy_batch_end():
+    from fitforge.dispatch import Dispatcher
+    from fitforge.events import Event
+    from fitforge.state import TrainState
+
+    state = TrainState(make_estimator())
+    Dispatcher([RecordingHandler(stop_on=("batch_end", 0))]).fire(Event.BATCH_END, state)
+    assert state.stop_reason == "RecordingHandler.batch_end returned True"
+
+
+def test_a_list_of_one_loss_behaves_like_the_loss():
+    from fitforge.loss import LossSet
+
+    total, parts = LossSet([nn.MSELoss()])(torch.ones(2), torch.zeros(2))
+    assert total.item() == 1.0 and parts[0] is total

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.utils.data
 
 from .exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, describe
 
@@ -76,6 +77,16 @@ def batch_size_of(inputs: tuple[torch.Tensor, ...]) -> int:
     return int(first.shape[0]) if first.dim() > 0 else 1
 
 
+def _data_hint(data: object, argument: str) -> str:
+    if isinstance(data, int) and argument == "val_data":
+        return f"; did you mean epochs={data}? fit's second positional argument is val_data"
+    if isinstance(data, torch.utils.data.Dataset):
+        return "; wrap the dataset: DataLoader(dataset, batch_size=...)"
+    if isinstance(data, torch.Tensor):
+        return "; wrap it: [x] for one batch, or DataLoader(TensorDataset(x, y), batch_size=...)"
+    return ""
+
+
 def check_data(data: object, argument: str, passes: int | None) -> int | None:
     """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many).
 
@@ -85,7 +96,7 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
     if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or not isinstance(data, Iterable):
         raise FitforgeTypeError(
             f"{argument} must be an iterable of (data, label) batches such as a DataLoader or a list, "
-            f"got {describe(data)}"
+            f"got {describe(data)}{_data_hint(data, argument)}"
         )
     if isinstance(data, Iterator) and passes != 1:
         raise FitforgeValueError(

@@ -126,16 +126,25 @@ class Dispatcher:
                 caught = caught or signal
         return caught
 
-    def fire_teardown(self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...]) -> None:
-        """Call every hook of ``event`` while an exception is ending the run: each hook's own failure
-        is logged and the next hook still runs, so the original exception propagates unchanged."""
+    def fire_teardown(self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...],
+                      failing: bool = True) -> Exception | None:
+        """Call every hook of ``event`` even when some fail, so every handler can clean up.
+
+        While an exception is ending the run (``failing``), each hook's failure is logged and the
+        original exception propagates unchanged; otherwise the first failure is returned for the
+        caller to raise once every hook ran (later ones are logged)."""
+        first = None
         for owner, hook in zip(self.owners[event], self.hooks[event]):
             try:
                 hook(state)
             except ignore:
                 pass
-            except Exception:
-                log.exception("%r.%s failed while training was ending with an exception", owner, event.value)
+            except Exception as error:
+                if failing or first is not None:
+                    log.exception("%r.%s failed while training was ending", owner, event.value)
+                else:
+                    first = error
+        return first
 
     def describe(self) -> str:
         """The handlers of each event in call order, one event per line."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -10,12 +10,13 @@ from torch import nn
 
 from .batch_processor import BatchProcessor
 from .configure import check_duration, check_net, resolve_device, resolve_optimizers
-from .data import check_data, to_device
+from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
 from .events import EventHandler
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, user_handlers
 from .handlers.metric import MetricHandler
+from .handlers.stopping import StoppingHandler, first_limit
 from .handlers.validation import ValidationHandler
 from .history import History
 from .loop import run_epoch, run_fit
@@ -58,6 +59,12 @@ class Estimator:
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
         self.val_metrics = (copy_slots(self.train_metrics) if val_metrics is None
                             else resolve_metrics(val_metrics, self.val_loss, "val_metrics"))
+        shared = [s.name for s in self.val_metrics if any(s.metric is t.metric for t in self.train_metrics)]
+        if shared:
+            raise FitforgeValueError(
+                f"val_metrics and train_metrics share the metric object(s) {shared}; one object cannot count both: "
+                "pass separate instances, or leave val_metrics=None to get copies of the training metrics"
+            )
         check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
         check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
@@ -88,7 +95,29 @@ class Estimator:
 
     def check_first_batch(self, output: BatchOutput) -> None:
         """The one-batch sanity check run inside the first training batch, before its optimizer step."""
+        label = output.label if isinstance(output.label, tuple) else (output.label,)
+        if any(isinstance(y, torch.Tensor) and y.dim() == 0 for y in label):
+            raise FitforgeValueError(
+                "the label of the first batch is a 0-d tensor: this looks like a single sample, not a batch; "
+                "batch your samples with DataLoader(dataset, batch_size=...)"
+            )
         self._loss.check_first_batch(output.loss)
+
+    def check_first_val_batch(self, val_data: Iterable, name: str) -> None:
+        """Evaluate the first validation batch once before training (eval mode, no grad, RNG state
+        restored), so a mistake in the validation data fails in a second, not after an epoch."""
+        if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
+            return
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), _eval_mode(self.val_net), torch.no_grad():
+            batch = next(iter(val_data), None)
+            if batch is None:
+                return  # empty: reported by check_data or at the first validation
+            self._val_loss.arm_checks()
+            try:
+                self.batch_processor.evaluate_batch(TrainState(self, "validate"), batch)
+            except (FitforgeValueError, FitforgeTypeError) as error:
+                raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
 
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""
@@ -109,12 +138,15 @@ class Estimator:
 
         Default handlers (Stopping, GradientUpdate, Metric, Validation if ``val_data``, Logging, and
         ProgressBar on a terminal or notebook) are added unless ``event_handlers`` holds one of the
-        same class. ``default_handlers=False`` adds only Stopping and GradientUpdate: a lean loop.
+        same class. ``default_handlers=False`` adds only Stopping and GradientUpdate (and Validation
+        if ``val_data`` is given): a lean loop.
 
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
                 shapes or dtypes at the first batch, before any optimizer step.
         """
+        if isinstance(val_data, int):  # fit(data, 5): the 5 landed in val_data; say so before anything else
+            check_data(val_data, "val_data", None)
         check_duration(epochs, batches)
         passes = 1 if epochs == 1 else None
         num_batches = check_data(train_data, "train_data", passes)
@@ -122,9 +154,13 @@ class Estimator:
             check_data(val_data, "val_data", passes)
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
         for handler in handlers:
-            if isinstance(handler, ValidationHandler) and handler.val_data is not val_data:
-                check_data(handler.val_data, "ValidationHandler val_data",
-                           1 if epochs == 1 and not handler.batch_period else None)
+            if isinstance(handler, ValidationHandler):
+                name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
+                check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
+                if handler.eval_fn is None:
+                    self.check_first_val_batch(handler.val_data, name)
+            if isinstance(handler, StoppingHandler):  # the first limit reached ends training
+                epochs, batches = first_limit(epochs, handler.max_epochs), first_limit(batches, handler.max_batches)
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers)
         self._loss.arm_checks()
@@ -158,7 +194,7 @@ class Estimator:
         def step(state: TrainState, batch: Any) -> BatchOutput:
             pred = check_outputs(predict_batch(state, batch), state.batch_idx)
             outputs.append(to_device(pred, cpu, non_blocking=asynchronous))
-            return BatchOutput((), None, pred, None)
+            return BatchOutput((), None, pred, None, (), batch_size_of(pred if isinstance(pred, tuple) else (pred,)))
 
         dispatcher = Dispatcher(user_handlers(event_handlers))
         state = TrainState(self, "predict", num_batches=num_batches)

@@ -38,10 +38,11 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
         while not state.stop_requested:
             completed = state.global_step
             run_epoch(state, dispatcher, data, step, "train_data", check_first=completed == 0)
-            if state.global_step == completed and state.max_batches is not None:
-                # batches=N counts completed batches only: without this, cancelling every batch never ends.
-                log.warning("every batch of epoch %d was cancelled; stopping", state.epoch)
-                state.request_stop(f"every batch of epoch {state.epoch} was cancelled")
+            if state.global_step == completed and state.max_batches is not None and not state.stop_requested:
+                # batches=N counts completed batches only: an epoch that completes none would repeat forever.
+                log.warning("epoch %d completed no batch (every batch, or the epoch, was cancelled); "
+                            "stopping, since batches=%d could never be reached", state.epoch, state.max_batches)
+                state.request_stop(f"epoch {state.epoch} completed no batch")
             if not state.stop_requested:
                 state.epoch += 1
     except _CANCELS as signal:
@@ -51,7 +52,9 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
         state.request_stop(f"failed: {type(error).__name__}")
         dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS)
         raise
-    dispatcher.fire_each(Event.TRAIN_END, state, _CANCELS)
+    failure = dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS, failing=False)
+    if failure is not None:
+        raise failure
 
 
 def run_epoch(

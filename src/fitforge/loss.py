@@ -28,6 +28,13 @@ def _spec(value: Any) -> str:
 def _hint(fn: Callable, pred: Any, label: Any) -> str:
     if not (isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor)):
         return ""
+    classifier = isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss))
+    if classifier and not label.is_floating_point() and label.shape == (pred.shape[0], *pred.shape[2:]):
+        if label.dtype not in (torch.int64, torch.uint8):
+            return f"; class-index labels must be int64, got {str(label.dtype).replace('torch.', '')}: use label.long()"
+        if pred.dim() >= 2 and label.numel() and int(label.max()) >= pred.shape[1]:  # error path only: a read is fine
+            return (f"; labels go up to {int(label.max())} but the net outputs {pred.shape[1]} class scores, so "
+                    f"labels must lie in 0..{pred.shape[1] - 1}: give the last layer {int(label.max()) + 1} outputs")
     classes = (pred.shape[0], *pred.shape[2:])
     if isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and label.is_floating_point() and label.shape != pred.shape:
         return f"; class-index labels must be int64 of shape {classes}: use label.long()"

@@ -25,6 +25,8 @@ class BatchOutput:
         loss: the total (weighted) loss, a scalar tensor still on the device; None in predict.
         losses: each loss's unweighted value, in loss order.
         batch_size: number of samples, used to weight loss and metric means.
+
+    In ``predict`` only ``pred`` and ``batch_size`` are set (``data=()``, ``label=None``, no loss).
     """
 
     data: tuple

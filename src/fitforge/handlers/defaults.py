@@ -38,15 +38,16 @@ def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -
 
 def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = True) -> list[EventHandler]:
     """The handlers of a fit. With ``default_handlers=False`` only the two a loop cannot run without
-    (StoppingHandler, GradientUpdateHandler) are added; metrics, validation, logging and the progress
-    bar then run only if the user passes them."""
+    (StoppingHandler, GradientUpdateHandler) are added, plus a ValidationHandler when ``val_data`` is
+    given (an explicit request); metrics, logging and the progress bar run only if passed."""
     if not isinstance(default_handlers, bool):
         raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
     defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler()]
     if default_handlers:
         defaults.append(MetricHandler())
-        if val_data is not None:
-            defaults.append(ValidationHandler(val_data))
+    if val_data is not None:
+        defaults.append(ValidationHandler(val_data))
+    if default_handlers:
         defaults.append(LoggingHandler())
         if interactive():
             defaults.append(ProgressBarHandler())

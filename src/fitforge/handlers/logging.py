@@ -16,10 +16,23 @@ from ..state import TrainState
 log = logging.getLogger("fitforge")
 
 
+def _configured_above() -> bool:
+    """Whether a logger above ``fitforge`` that its records reach has handlers of its own."""
+    logger = log
+    while logger.propagate and logger.parent is not None:
+        logger = logger.parent
+        if logger.handlers:
+            return True
+    return False
+
+
 class _TqdmStream(logging.Handler):
-    """Writes through ``tqdm.write`` so log lines do not tear a progress bar apart."""
+    """Writes through ``tqdm.write`` so log lines do not tear a progress bar apart. It stands in
+    only while the application has configured no logging, so lines never print twice."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if _configured_above():
+            return
         try:
             tqdm.write(self.format(record), file=sys.stderr)
         except Exception:  # pragma: no cover - logging must never raise

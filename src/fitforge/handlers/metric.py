@@ -30,6 +30,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     def __init__(self, metrics: Any = None) -> None:
         self.metrics = metrics
         self._resolved: list[MetricSlot] | None = None
+        self._open = False  # between this handler's epoch_begin and epoch_end
         self._configured_for: tuple | None = None
 
     def _slots(self, estimator, phase: str) -> list[MetricSlot]:
@@ -67,6 +68,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             slot.metric.reset()
         if self.compute not in state.metric_sources:
             state.metric_sources.append(self.compute)
+        self._open = True
 
     def batch_end(self, state: TrainState) -> None:
         out = state.output
@@ -95,6 +97,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         return values
 
     def epoch_end(self, state: TrainState) -> None:
+        if not self._open:  # epoch_begin was cancelled before reaching this handler: nothing to report
+            return
+        self._open = False
         values = self.compute()
         state.metrics.update(values)
         if state.phase == "train":

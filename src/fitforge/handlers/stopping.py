@@ -14,8 +14,13 @@ def _positive(name: str, value: float | None, kinds: tuple[type, ...]) -> None:
         raise FitforgeValueError(f"{name} must be a positive {what} or None, got {value!r}")
 
 
+def first_limit(a: int | None, b: int | None) -> int | None:
+    """The smaller of two optional limits (None means no limit)."""
+    return b if a is None else a if b is None else min(a, b)
+
+
 class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
-    """Request a stop when a limit is reached; limits left as None come from ``fit(epochs=, batches=)``.
+    """Request a stop when a limit is reached: its own or ``fit(epochs=, batches=)``, whichever comes first.
 
     Args:
         max_epochs: stop at the end of this many epochs.
@@ -33,8 +38,8 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
         self.max_epochs, self.max_batches, self.max_time = max_epochs, max_batches, max_time
 
     def train_begin(self, state) -> None:
-        self._epochs = self.max_epochs if self.max_epochs is not None else state.max_epochs
-        self._batches = self.max_batches if self.max_batches is not None else state.max_batches
+        self._epochs = first_limit(self.max_epochs, state.max_epochs)
+        self._batches = first_limit(self.max_batches, state.max_batches)
         self._deadline = None if self.max_time is None else time.monotonic() + self.max_time
 
     def _out_of_time(self, state) -> None:

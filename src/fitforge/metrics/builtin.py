@@ -35,13 +35,13 @@ class Accuracy(SumCountMetric):
     higher_is_better = True
 
     def batch_stats(self, pred, label):
-        if pred.dim() >= 2 and (pred.shape != label.shape or label.is_floating_point()):
-            if pred.shape[1] == 1:
+        if pred.is_floating_point():  # scores: the class is their argmax over dim 1
+            if pred.dim() < 2 or pred.shape[1] == 1:
                 raise FitforgeValueError(
-                    f"{self.name}: pred of shape {tuple(pred.shape)} has one score per sample, so argmax "
-                    "always picks class 0; for a binary output use the 'binary_accuracy' metric"
+                    f"{self.name}: pred of shape {tuple(pred.shape)} has one score per sample, so there is no "
+                    "class axis to take the argmax of; for a binary output use the 'binary_accuracy' metric"
                 )
-            if pred.shape == label.shape:  # one-hot or probability labels
+            if pred.shape == label.shape:  # one-hot (any dtype) or probability labels
                 label = label.argmax(dim=1)
             pred = pred.argmax(dim=1)
         if pred.shape != label.shape:
