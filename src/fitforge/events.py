@@ -5,8 +5,9 @@ on events it does not use. Each hook takes the :class:`~fitforge.TrainState` and
 value from ``batch_end``/``epoch_end`` to request a stop.
 
 Ordering: lower ``priority`` runs first (built-ins: GradientUpdate -2000, Metric/Validation -1000,
-user handlers 0, Logging/ProgressBar +1000, Stopping +2000); ``run_after`` names handler classes
+user handlers 0, ProgressBar +990, Logging +1000, Stopping +2000); ``run_after`` names handler classes
 this handler must run after whatever their priorities. Ties keep the order handlers were given in.
+(ProgressBar is +990, just before Logging, so an epoch's bar closes before its log line.)
 
 Example:
     >>> class PrintLoss(EpochEnd):

@@ -58,7 +58,7 @@ class TrainState:
     epoch               0            yes          yes          yes        yes        last one
     batch_idx           --           --           yes          yes        last one   last one
     global_step         0            yes          yes          yes        yes        yes
-    num_batches         --           yes          yes          yes        yes        yes
+    num_batches         yes          yes          yes          yes        yes        yes
     batch               --           --           yes          yes        last one   last one
     output              --           --           --           yes        last one   last one
     metrics             {}           last epoch   last epoch   last epoch  this epoch this epoch
@@ -70,7 +70,13 @@ class TrainState:
     handlers that want running (epoch-so-far) values mid-epoch call :meth:`running_metrics`, which
     reads device values to the host (a device sync): do it at a throttled interval, never every
     batch. It returns a new dict and leaves ``metrics`` as the table says.
-    ``num_batches`` is ``len(data)`` when the data has a length, else None.
+    ``num_batches`` is ``len(data)`` when the data has a length, else None. "this epoch" for
+    ``metrics`` at ``epoch_end`` holds for handlers that run after MetricHandler and
+    ValidationHandler (priority above -1000); earlier ones still see the last epoch's values.
+
+    In ``evaluate`` (also when ValidationHandler runs it inside fit) the state is the pass's own:
+    ``epoch`` and ``global_step`` stay 0, ``history`` has no rows (do not record into it), and
+    ``metrics`` receives the ``val_*`` values at ``epoch_end``.
 
     Attributes:
         max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
