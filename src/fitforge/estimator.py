@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from .handlers.validation import ValidationHandler
 from .history import History
 from .loop import run_epoch, run_fit
 from .loss import LossSet
-from .metrics.resolve import check_output_indices, copy_slots, resolve_metrics
+from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from .state import BatchOutput, TrainState
 
 
@@ -59,21 +60,11 @@ class Estimator:
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
         self.val_metrics = (copy_slots(self.train_metrics) if val_metrics is None
                             else resolve_metrics(val_metrics, self.val_loss, "val_metrics"))
-        shared = [s.name for s in self.val_metrics if any(s.metric is t.metric for t in self.train_metrics)]
-        if shared:
-            raise FitforgeValueError(
-                f"val_metrics and train_metrics share the metric object(s) {shared}; one object cannot count both: "
-                "pass separate instances, or leave val_metrics=None to get copies of the training metrics"
-            )
+        check_independent(self.train_metrics, self.val_metrics)
         check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
         check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
-        self.batch_processor = BatchProcessor() if batch_processor is None else batch_processor
-        if isinstance(self.batch_processor, type) or not all(
-                callable(getattr(self.batch_processor, m, None)) for m in ("fit_batch", "evaluate_batch", "predict_batch")):
-            hint = f"; pass an instance: {self.batch_processor.__name__}()" if isinstance(self.batch_processor, type) else ""
-            raise FitforgeTypeError(f"batch_processor must be a BatchProcessor instance, got "
-                                    f"{describe(self.batch_processor)}{hint}")
+        self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -109,7 +100,7 @@ class Estimator:
         if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
             return
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), _eval_mode(self.val_net), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), _inference(self.val_net):
             batch = next(iter(val_data), None)
             if batch is None:
                 return  # empty: reported by check_data or at the first validation
@@ -153,14 +144,7 @@ class Estimator:
         if val_data is not None:
             check_data(val_data, "val_data", passes)
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
-        for handler in handlers:
-            if isinstance(handler, ValidationHandler):
-                name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
-                check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
-                if handler.eval_fn is None:
-                    self.check_first_val_batch(handler.val_data, name)
-            if isinstance(handler, StoppingHandler):  # the first limit reached ends training
-                epochs, batches = first_limit(epochs, handler.max_epochs), first_limit(batches, handler.max_batches)
+        epochs, batches = self._preflight(handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers)
         self._loss.arm_checks()
@@ -169,13 +153,27 @@ class Estimator:
         run_fit(state, dispatcher, train_data)
         return state.history
 
+    def _preflight(self, handlers: list[EventHandler], val_data: Any, epochs: int | None,
+                   batches: int | None) -> tuple[int | None, int | None]:
+        """Check every validation source before training, and fold StoppingHandler limits into the
+        run's (the first limit reached ends training); returns the effective ``(epochs, batches)``."""
+        for handler in handlers:
+            if isinstance(handler, ValidationHandler):
+                name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
+                check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
+                if handler.eval_fn is None:
+                    self.check_first_val_batch(handler.val_data, name)
+            if isinstance(handler, StoppingHandler):
+                epochs, batches = first_limit(epochs, handler.max_epochs), first_limit(batches, handler.max_batches)
+        return epochs, batches
+
     def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
         num_batches = check_data(val_data, "val_data", passes=1)
         dispatcher = Dispatcher(evaluate_handlers(event_handlers))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
-        with _eval_mode(self.val_net), torch.no_grad():
+        with _inference(self.val_net):
             run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch, "val_data")
         return dict(state.metrics)
 
@@ -198,7 +196,7 @@ class Estimator:
 
         dispatcher = Dispatcher(user_handlers(event_handlers))
         state = TrainState(self, "predict", num_batches=num_batches)
-        with _eval_mode(self.val_net), torch.no_grad():
+        with _inference(self.val_net):
             run_epoch(state, dispatcher, data, step, "data")
         if asynchronous:
             torch.cuda.synchronize(self.device)
@@ -224,15 +222,22 @@ def check_outputs(pred: Any, batch_idx: int) -> Any:
                             "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)")
 
 
-class _eval_mode:
-    """Put a net in eval mode for a block and restore its previous mode after."""
+def check_batch_processor(processor: Any) -> Any:
+    """A BatchProcessor instance, or anything with its three step methods."""
+    steps = ("fit_batch", "evaluate_batch", "predict_batch")
+    if isinstance(processor, type) or not all(callable(getattr(processor, m, None)) for m in steps):
+        hint = f"; pass an instance: {processor.__name__}()" if isinstance(processor, type) else ""
+        raise FitforgeTypeError(f"batch_processor must be a BatchProcessor instance, got {describe(processor)}{hint}")
+    return processor
 
-    def __init__(self, net: nn.Module) -> None:
-        self.net = net
 
-    def __enter__(self) -> None:
-        self.was_training = self.net.training
-        self.net.eval()
-
-    def __exit__(self, *exc: object) -> None:
-        self.net.train(self.was_training)
+@contextmanager
+def _inference(net: nn.Module) -> Iterator[None]:
+    """Eval mode without gradients for a block; the net's previous mode is restored after."""
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        net.train(was_training)

@@ -140,6 +140,16 @@ def check_output_indices(slots: list[MetricSlot], outputs: int, argument: str) -
             )
 
 
+def check_independent(train: list[MetricSlot], val: list[MetricSlot]) -> None:
+    """One metric object cannot accumulate both training and validation values."""
+    shared = [s.name for s in val if any(s.metric is t.metric for t in train)]
+    if shared:
+        raise FitforgeValueError(
+            f"val_metrics and train_metrics share the metric object(s) {shared}; one object cannot count both: "
+            "pass separate instances, or leave val_metrics=None to get copies of the training metrics"
+        )
+
+
 def copy_slots(slots: list[MetricSlot]) -> list[MetricSlot]:
     """Independent copies (fresh objects) of ``slots``, e.g. validation metrics from training ones."""
     return [MetricSlot(s.name, copy.deepcopy(s.metric), s.output_index) for s in slots]
