@@ -69,7 +69,5 @@ class BatchProcessor:
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
         """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""
-        estimator = state.estimator
-        bare = isinstance(batch, torch.Tensor) or (isinstance(batch, (tuple, list)) and len(batch) == 1)
-        inputs = to_device(unpack_inputs(batch) if bare else self.unpack(batch)[0], estimator.device)
-        return self.forward(estimator.val_net, inputs, None)
+        inputs = to_device(unpack_inputs(batch, self.unpack), state.estimator.device)
+        return self.forward(state.estimator.val_net, inputs, None)

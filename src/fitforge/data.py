@@ -8,7 +8,7 @@ batches are not understood by the default processor: return a pair from your Dat
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -52,14 +52,15 @@ def unpack_pair(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
     return inputs, (label if isinstance(label, torch.Tensor) else tuple(label))
 
 
-def unpack_inputs(batch: Any) -> tuple[torch.Tensor, ...]:
-    """The inputs of a predict batch: a bare tensor, ``(data,)`` or a ``(data, label)`` pair."""
+def unpack_inputs(batch: Any, unpack: Callable[[Any], tuple] = unpack_pair) -> tuple[torch.Tensor, ...]:
+    """The inputs of a predict batch: a bare tensor, ``(data,)``, or anything ``unpack`` splits
+    into ``(inputs, label)`` (a pair by default; a processor passes its own ``unpack``)."""
     if isinstance(batch, torch.Tensor):
         return (batch,)
     if isinstance(batch, (tuple, list)) and len(batch) == 1 and _tensors(batch[0]):
         data = batch[0]
         return (data,) if isinstance(data, torch.Tensor) else tuple(data)
-    return unpack_pair(batch)[0]
+    return unpack(batch)[0]
 
 
 def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> Any:

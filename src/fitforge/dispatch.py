@@ -105,17 +105,10 @@ class Dispatcher:
         owner = next(h for h, k in zip(self.owners[event], self.hooks[event]) if k is hook)
         return f"{owner!r}.{event.value} returned True"
 
-    def fire(self, event: Event, state: TrainState) -> None:
-        """Call every hook of ``event``; a truthy return from batch_end/epoch_end requests a stop."""
-        stops = event in STOPPING_EVENTS
-        for hook in self.hooks[event]:
-            if hook(state) and stops:
-                state.request_stop(self.stop_reason(event, hook))
-
-    def fire_each(self, event: Event, state: TrainState,
-                  ignore: tuple[type[BaseException], ...]) -> BaseException | None:
-        """As :meth:`fire`, but an ``ignore``-d exception ends only the hook that raised it; the
-        first one caught is returned."""
+    def fire(self, event: Event, state: TrainState,
+             ignore: tuple[type[BaseException], ...] = ()) -> BaseException | None:
+        """Call every hook of ``event``; a truthy return from batch_end/epoch_end requests a stop.
+        An ``ignore``-d exception ends only the hook that raised it; the first one caught is returned."""
         caught = None
         stops = event in STOPPING_EVENTS
         for hook in self.hooks[event]:

@@ -15,8 +15,7 @@ from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
 from .events import EventHandler
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
-from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, user_handlers
-from .handlers.metric import MetricHandler
+from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
 from .handlers.stopping import StoppingHandler, first_limit
 from .handlers.validation import ValidationHandler
 from .history import History
@@ -112,10 +111,7 @@ class Estimator:
 
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""
-        keys = MetricHandler().history_keys(self, "train")
-        if validation:
-            keys += MetricHandler().history_keys(self, "validate")
-        return keys + self.bookkeeping_keys()
+        return run_keys(fit_handlers(None, [] if validation else None), self)
 
     def bookkeeping_keys(self) -> list[str]:
         """The keys the loop itself records every epoch: learning rates and ``epoch_time``."""

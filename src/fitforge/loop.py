@@ -33,7 +33,7 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
     """Train until a stop is requested; ``train_end`` runs however training ends."""
     step = state.estimator.batch_processor.fit_batch
     try:
-        if dispatcher.fire_each(Event.TRAIN_BEGIN, state, _CANCELS):
+        if dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS):
             state.request_stop("cancelled in train_begin")
         while not state.stop_requested:
             completed = state.global_step
@@ -113,7 +113,7 @@ def run_epoch(
     if training:
         state.history.record("epoch_time", time.perf_counter() - started)
         _record_lr(state)
-    dispatcher.fire_each(Event.EPOCH_END, state, ends_pass)
+    dispatcher.fire(Event.EPOCH_END, state, ends_pass)
 
 
 def _clear_gradients(state: TrainState) -> None:

@@ -7,9 +7,8 @@ as a :class:`~fitforge.exceptions.LossInputError` naming shapes, dtypes and a li
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -36,9 +35,9 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
             return (f"; labels go up to {int(label.max())} but the net outputs {pred.shape[1]} class scores, so "
                     f"labels must lie in 0..{pred.shape[1] - 1}: give the last layer {int(label.max()) + 1} outputs")
     classes = (pred.shape[0], *pred.shape[2:])
-    if isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and label.is_floating_point() and label.shape != pred.shape:
+    if classifier and label.is_floating_point() and label.shape != pred.shape:
         return f"; class-index labels must be int64 of shape {classes}: use label.long()"
-    if isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and label.dim() == pred.dim() and label.shape[1:2] == (1,):
+    if classifier and label.dim() == pred.dim() and label.shape[1:2] == (1,):
         return f"; class-index labels must have shape {classes}, without the class axis: use label.squeeze(1)"
     if isinstance(fn, _ELEMENTWISE) and not label.is_floating_point():
         return "; this loss needs a floating-point label: use label.float()"
@@ -108,7 +107,6 @@ class LossSet:
             value = self._call(0, pred, label)  # the common case, kept short: it runs every batch
             return value, (value,)
         preds, labels = self._pair(pred, label)
-        parts = []
         for i, p in enumerate(preds):
             if not isinstance(p, torch.Tensor):
                 raise LossInputError(

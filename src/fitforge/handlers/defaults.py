@@ -58,22 +58,27 @@ def evaluate_handlers(event_handlers: Any) -> list[EventHandler]:
     return with_defaults(user_handlers(event_handlers), [MetricHandler()])
 
 
+def run_keys(handlers: Sequence[EventHandler], estimator: Estimator) -> list[str]:
+    """The history keys a fit with ``handlers`` produces, except those of a custom ``eval_fn``."""
+    keys: list[str] = []
+    for handler in handlers:
+        if isinstance(handler, MetricHandler):
+            keys += handler.history_keys(estimator, "train")
+    for validator in handlers:
+        if isinstance(validator, ValidationHandler) and validator.eval_fn is None:
+            # estimator.evaluate: the MetricHandler(s) given to the validation run, or its default one
+            inner = [h for h in validator.event_handlers if isinstance(h, MetricHandler)] or [MetricHandler()]
+            keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
+    return keys + estimator.bookkeeping_keys()
+
+
 def check_monitors(handlers: Sequence[EventHandler], estimator: Estimator) -> None:
     """Every ``monitor`` attribute must name a key the run will produce.
 
     Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
     (see :func:`monitored_value`)."""
-    keys: list[str] = []
-    for handler in handlers:
-        if isinstance(handler, MetricHandler):
-            keys += handler.history_keys(estimator, "train")
-    validators = [h for h in handlers if isinstance(h, ValidationHandler)]
-    custom_eval = any(v.eval_fn is not None for v in validators)
-    for validator in validators:
-        if validator.eval_fn is None:  # estimator.evaluate: its own MetricHandler, or the default one
-            inner = [h for h in validator.event_handlers if isinstance(h, MetricHandler)] or [MetricHandler()]
-            keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
-    keys += estimator.bookkeeping_keys()
+    keys = run_keys(handlers, estimator)
+    custom_eval = any(isinstance(h, ValidationHandler) and h.eval_fn is not None for h in handlers)
     for handler in handlers:
         key = getattr(handler, "monitor", None)
         if not isinstance(key, str) or key in keys or (custom_eval and key.startswith("val_")):
