@@ -25,12 +25,14 @@ class History(Mapping):
     def __init__(self) -> None:
         self._columns: dict[str, list[float]] = {}
         self._epochs = 0
+        self._recorded: set[str] = set()  # keys recorded in the current row (nan may be a recorded value)
         self.stop_reason: str | None = None
 
     # -- writing (used by the loop and handlers) --------------------------------------------------
     def new_epoch(self) -> None:
         """Open a row for a new epoch; every key gets ``nan`` until recorded."""
         self._epochs += 1
+        self._recorded.clear()
         for column in self._columns.values():
             column.append(math.nan)
 
@@ -42,6 +44,7 @@ class History(Mapping):
         if column is None:
             column = self._columns[key] = [math.nan] * self._epochs
         column[-1] = float(value)
+        self._recorded.add(key)
 
     # -- reading ------------------------------------------------------------------------------------
     def __getitem__(self, key: str) -> list[float]:
@@ -67,6 +70,26 @@ class History(Mapping):
             if not math.isnan(value):
                 return value
         return default
+
+    def current(self, key: str) -> float | None:
+        """The value recorded for ``key`` in the current (last) row, or None if none was recorded
+        there (a recorded nan is returned as nan: it is a value, e.g. of a diverged loss)."""
+        return self._columns[key][-1] if key in self._recorded else None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._columns
+
+    def state_dict(self) -> dict:
+        """The records as plain python values (for checkpoints)."""
+        return {"columns": {k: list(v) for k, v in self._columns.items()}, "epochs": self._epochs,
+                "stop_reason": self.stop_reason}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the records with those of :meth:`state_dict`."""
+        self._columns = {k: [float(x) for x in v] for k, v in state["columns"].items()}
+        self._epochs = int(state["epochs"])
+        self._recorded = set()
+        self.stop_reason = state.get("stop_reason")
 
     def rows(self) -> list[dict[str, float]]:
         """The records as one dict per epoch."""

@@ -1,5 +1,7 @@
 """Built-in event handlers, one per module."""
 
+from .checkpoint import CheckpointHandler
+from .early_stopping import EarlyStoppingHandler
 from .gradient_update import GradientUpdateHandler
 from .logging import LoggingHandler
 from .metric import MetricHandler
@@ -9,5 +11,5 @@ from .validation import ValidationHandler
 
 __all__ = [
     "StoppingHandler", "GradientUpdateHandler", "MetricHandler", "ValidationHandler",
-    "LoggingHandler", "ProgressBarHandler",
+    "LoggingHandler", "ProgressBarHandler", "CheckpointHandler", "EarlyStoppingHandler",
 ]

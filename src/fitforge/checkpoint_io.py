@@ -1,0 +1,122 @@
+"""Atomic, versioned save and safe load of training checkpoints.
+
+A save goes to a temporary file in the target folder, is fsynced, renamed over the target with
+``os.replace`` and the folder is fsynced: a crash at any instant leaves either the old file or the
+new one under the name, never a torn one. Loading uses ``torch.load(weights_only=True)``, so a
+checkpoint holds tensors and plain python values only and cannot run code when loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .exceptions import FitforgeValueError
+
+FORMAT_VERSION = 1
+TEMP_SUFFIX = ".tmp"
+
+
+class CheckpointError(FitforgeValueError):
+    """A checkpoint cannot be read, or does not fit the estimator it is loaded into."""
+
+
+def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically (see the module docstring); returns the path."""
+    path = Path(path)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            torch.save(obj, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Makes the rename itself durable; not possible on every platform (e.g. Windows), where it is skipped.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platform dependent
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - platform dependent
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
+    """Read a checkpoint written by :class:`~fitforge.handlers.CheckpointHandler`.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: the file is empty, truncated, corrupt, not a fitforge checkpoint, or of a
+            newer format version.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err})") from err
+    version = checkpoint.get("format_version") if isinstance(checkpoint, dict) else None
+    if not isinstance(version, int):
+        raise CheckpointError(f"{path} is not a fitforge checkpoint (no format_version)")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {version}; this fitforge reads up to "
+                              f"{FORMAT_VERSION}: upgrade fitforge")
+    return checkpoint
+
+
+def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimizers: bool = True) -> dict:
+    """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
+
+    A checkpoint of another architecture is a :class:`CheckpointError` listing the missing and
+    unexpected parameter names.
+    """
+    if not isinstance(checkpoint, dict):
+        checkpoint = load_checkpoint(checkpoint, map_location=estimator.device)
+    result = _load_net(estimator.net, checkpoint["model"])
+    if result:
+        raise CheckpointError(f"the checkpoint's weights do not fit this net: {result}")
+    if optimizers:
+        saved = checkpoint.get("optimizers", [])
+        if len(saved) != len(estimator.optimizers):
+            raise CheckpointError(f"the checkpoint holds {len(saved)} optimizer state(s) but the estimator has "
+                                  f"{len(estimator.optimizers)} optimizer(s); pass optimizers=False to load weights only")
+        for optimizer, state in zip(estimator.optimizers, saved):
+            try:
+                optimizer.load_state_dict(state)
+            except (ValueError, KeyError) as err:
+                raise CheckpointError(f"the checkpoint's optimizer state does not fit {type(optimizer).__name__}: "
+                                      f"{err}") from err
+    return checkpoint
+
+
+def _load_net(net: torch.nn.Module, weights: dict) -> str:
+    """Load ``weights``; return a description of the mismatch ('' when they fit)."""
+    own = net.state_dict()
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    shapes = [f"{k}: checkpoint {tuple(weights[k].shape)} vs net {tuple(own[k].shape)}"
+              for k in own if k in weights and weights[k].shape != own[k].shape]
+    parts = [f"missing keys {missing}" if missing else "", f"unexpected keys {unexpected}" if unexpected else "",
+             f"shape mismatches {shapes}" if shapes else ""]
+    problem = "; ".join(p for p in parts if p)
+    if not problem:
+        net.load_state_dict(weights)
+    return problem

@@ -1,0 +1,151 @@
+"""CheckpointHandler: periodic and best-so-far checkpoints, written atomically and rotated."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, save_atomic
+from ..events import BatchEnd, EpochEnd, TrainBegin
+from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..state import TrainState
+from .monitor import Monitor
+
+log = logging.getLogger("fitforge")
+EXTENSION = ".pt"
+
+
+def _positive(name: str, value: Any, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FitforgeValueError(f"CheckpointHandler: {name} must be a positive int{' or None' if allow_none else ''}, "
+                                 f"got {value!r}")
+
+
+class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
+    """Save the training state every ``epoch_period`` epochs and/or ``batch_period`` batches, and the
+    best one by ``monitor`` when ``save_best``.
+
+    Files are ``<model_prefix>-epoch<E>batch<B>.pt``, where E is the number of completed epochs and B
+    the number of completed training batches in the whole run (``epoch2batch40`` is the state after
+    two full epochs of 20 batches; ``epoch2batch45`` five batches into the third), and
+    ``<model_prefix>-best.pt``. Each holds the net's weights, the optimizers' states, the counters
+    and the history (see :func:`fitforge.checkpoint_io.load_checkpoint`). Writes are atomic; the
+    newest ``max_checkpoints`` regular files are kept and older ones are deleted by exact name, only
+    once the new file is on disk. Best is judged at every epoch end, whatever ``epoch_period``; a
+    nan value is never best.
+
+    Args:
+        model_dir: folder for the files (created if needed; must be writable, checked at fit start).
+        model_prefix: file name prefix.
+        monitor: the history key judging "best", e.g. ``"val_accuracy"`` (needed for ``save_best``).
+        save_best: also keep ``<prefix>-best.pt``.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (inferred from the key; see EarlyStoppingHandler).
+        epoch_period: save at the end of every n-th epoch (None: never at epoch end).
+        batch_period: save after every n-th training batch (None: never mid-epoch).
+        max_checkpoints: how many regular checkpoints to keep.
+
+    Example:
+        >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)
+        >>> estimator.fit(train, val_data=val, epochs=10, event_handlers=[saver])  # doctest: +SKIP
+        >>> saver.best_path                                                        # doctest: +SKIP
+        PosixPath('runs/digits/model-best.pt')
+    """
+
+    priority = 900  # after user handlers, so the state saved includes their updates of this epoch
+
+    def __init__(self, model_dir: str | os.PathLike, model_prefix: str = "model", monitor: str | None = None,
+                 save_best: bool = False, mode: str = "auto", epoch_period: int | None = 1,
+                 batch_period: int | None = None, max_checkpoints: int = 5) -> None:
+        if not isinstance(model_dir, (str, os.PathLike)):
+            raise FitforgeTypeError(f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)}")
+        if not isinstance(model_prefix, str) or not re.fullmatch(r"[\w.-]+", model_prefix):
+            raise FitforgeValueError(f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
+                                     f"(letters, digits, '_', '-', '.'), got {model_prefix!r}")
+        _positive("epoch_period", epoch_period, allow_none=True)
+        _positive("batch_period", batch_period, allow_none=True)
+        _positive("max_checkpoints", max_checkpoints, allow_none=False)
+        if save_best and monitor is None:
+            raise FitforgeValueError("CheckpointHandler: save_best=True needs a monitor, e.g. monitor='val_loss'")
+        self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
+        self.model_dir, self.model_prefix, self.monitor = Path(model_dir), model_prefix, monitor
+        self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
+        self.max_checkpoints = max_checkpoints
+        self.saved: list[Path] = []
+        self.best: float | None = None
+        self.best_path: Path | None = None
+
+    def train_begin(self, state: TrainState) -> None:
+        self._prepare_folder()
+        if self._monitor is not None:
+            self._monitor.resolve(state.estimator)
+        self.saved, self.best, self.best_path = [], None, None
+
+    def _prepare_folder(self) -> None:
+        try:
+            self.model_dir.mkdir(parents=True, exist_ok=True)
+            for leftover in self.model_dir.glob(f".{self.model_prefix}-*{TEMP_SUFFIX}"):
+                leftover.unlink()  # a temporary file of a save interrupted by a crash
+            probe = self.model_dir / f".{self.model_prefix}-probe{TEMP_SUFFIX}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise FitforgeValueError(f"CheckpointHandler: model_dir {str(self.model_dir)!r} is not a writable folder "
+                                     f"({err.strerror or err}); pass a folder you can write to") from err
+
+    def batch_end(self, state: TrainState) -> None:
+        if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
+            self._save_regular(state, state.epoch, state.global_step + 1)
+
+    def epoch_end(self, state: TrainState) -> None:
+        if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0:
+            self._save_regular(state, state.epoch + 1, state.global_step)
+        if self.save_best:
+            self._save_if_best(state)
+
+    def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
+        path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
+        save_atomic(self.checkpoint(state, epochs, batches), path)
+        if path in self.saved:
+            self.saved.remove(path)
+        self.saved.append(path)
+        while len(self.saved) > self.max_checkpoints:
+            self.saved.pop(0).unlink(missing_ok=True)  # by exact name, after the new file is durable
+
+    def _save_if_best(self, state: TrainState) -> None:
+        value = self._monitor.epoch_value(state, self)
+        if value is None or not self._monitor.improved(value, self.best):
+            return
+        previous, self.best = self.best, value
+        self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
+        checkpoint = self.checkpoint(state, state.epoch + 1, state.global_step)
+        checkpoint["best"] = {"monitor": self.monitor, "value": value, "epoch": state.epoch}
+        save_atomic(checkpoint, self.best_path)
+        log.info("%s improved from %s to %.4g: saved %s", self.monitor,
+                 "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
+
+    def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
+        """The dict written to a file: weights, optimizer states, counters and history."""
+        estimator = state.estimator
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": estimator.net.state_dict(),
+            "optimizers": [optimizer.state_dict() for optimizer in estimator.optimizers],
+            "epochs_completed": epochs,
+            "global_step": batches,
+            "history": state.history.state_dict(),
+        }
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "saved": [p.name for p in self.saved]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best = state["best"]
+        self.saved = [self.model_dir / name for name in state["saved"]]
+
+    def __repr__(self) -> str:
+        return f"CheckpointHandler({str(self.model_dir)!r}, monitor={self.monitor!r})"

@@ -1,0 +1,89 @@
+"""EarlyStoppingHandler: stop when a monitored value stops improving."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..events import EpochEnd, TrainBegin, TrainEnd
+from ..exceptions import FitforgeValueError
+from ..state import TrainState
+from .monitor import Monitor, _number
+
+log = logging.getLogger("fitforge")
+
+
+class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
+    """Stop training when ``monitor`` has not improved for ``patience`` epochs.
+
+    Semantics of Keras and Gluon: each epoch that does not beat the best by more than ``min_delta``
+    counts one; training stops when the count reaches ``patience`` (``patience=0`` or ``1`` stops at
+    the first epoch that does not improve). An epoch that produced no value for the key (validation
+    every second epoch) neither counts nor resets. A nan value never improves.
+
+    Args:
+        monitor: a history key, e.g. ``"val_loss"`` or ``"val_accuracy"``.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (loss/error-like keys minimise, accuracy-like keys
+            maximise; a metric object's ``higher_is_better`` wins).
+        patience: epochs without improvement before stopping.
+        min_delta: the smallest change that counts as an improvement.
+        baseline: a value the monitor must beat; until it does, epochs count as not improving.
+        restore_best_weights: when training ends, load the net's weights of the best epoch.
+
+    Example:
+        >>> stopper = EarlyStoppingHandler("val_loss", patience=3, restore_best_weights=True)
+        >>> history = estimator.fit(train, val_data=val, epochs=100, event_handlers=[stopper])  # doctest: +SKIP
+    """
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "auto", patience: int = 0, min_delta: float = 0.0,
+                 baseline: float | None = None, restore_best_weights: bool = False) -> None:
+        self._monitor = Monitor(monitor, mode, min_delta, owner="EarlyStoppingHandler")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise FitforgeValueError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
+        _number("EarlyStoppingHandler: baseline", baseline, allow_none=True)
+        self.monitor, self.patience, self.baseline = monitor, patience, baseline
+        self.restore_best_weights = bool(restore_best_weights)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.best: float | None = self.baseline
+        self.best_epoch: int | None = None
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+        self._best_weights: dict[str, Any] | None = None
+
+    def train_begin(self, state: TrainState) -> None:
+        self._monitor.resolve(state.estimator)
+        self._reset()
+
+    def epoch_end(self, state: TrainState) -> None:
+        value = self._monitor.epoch_value(state, self)
+        if value is None:
+            return
+        if self._monitor.improved(value, self.best):
+            self.best, self.best_epoch, self.wait = value, state.epoch, 0
+            if self.restore_best_weights:  # a device copy: no host transfer per improvement
+                self._best_weights = {k: v.detach().clone() for k, v in state.estimator.net.state_dict().items()}
+            return
+        self.wait += 1
+        if self.wait >= max(self.patience, 1):
+            self.stopped_epoch = state.epoch
+            best = "the baseline" if self.best_epoch is None else f"{self.best:.4g} at epoch {self.best_epoch + 1}"
+            state.request_stop(f"early stopping: {self.monitor} did not improve for {self.wait} epoch(s) "
+                               f"(best {best})")
+
+    def train_end(self, state: TrainState) -> None:
+        if self._best_weights is not None and self.best_epoch != state.epoch:
+            state.estimator.net.load_state_dict(self._best_weights)
+            log.info("restored the weights of epoch %d (%s=%.4g)", self.best_epoch + 1, self.monitor, self.best)
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,
+                "stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_epoch = state["best"], state["best_epoch"]
+        self.wait, self.stopped_epoch = state["wait"], state["stopped_epoch"]
+
+    def __repr__(self) -> str:
+        return f"EarlyStoppingHandler(monitor={self.monitor!r}, patience={self.patience})"

@@ -1,0 +1,178 @@
+"""CheckpointHandler and checkpoint_io: names, rotation, best, atomic writes, safe loading, errors."""
+
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from fitforge import TrainState
+from fitforge.checkpoint_io import CheckpointError, load_checkpoint, restore_weights, save_atomic
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import CheckpointHandler
+from fitforge.testing import RecordingHandler, linear_problem
+from helpers import make_estimator
+
+
+def names(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_epoch_and_batch_checkpoints_are_named_by_completed_epochs_and_batches(tmp_path):
+    estimator, train, val = linear_problem()  # 8 batches per epoch
+    saver = CheckpointHandler(tmp_path, epoch_period=1, batch_period=5, max_checkpoints=10)
+    estimator.fit(train, epochs=2, event_handlers=[saver])
+    assert names(tmp_path) == ["model-epoch0batch5.pt", "model-epoch1batch10.pt", "model-epoch1batch15.pt",
+                               "model-epoch1batch8.pt", "model-epoch2batch16.pt"]
+    last = load_checkpoint(tmp_path / "model-epoch2batch16.pt")
+    assert (last["epochs_completed"], last["global_step"], last["format_version"]) == (2, 16, 1)
+    assert last["history"]["epochs"] == 2 and len(last["history"]["columns"]["train_loss"]) == 2
+    for key, value in estimator.net.state_dict().items():
+        assert torch.equal(last["model"][key], value)
+
+
+def test_rotation_keeps_the_newest_and_deletes_by_exact_name(tmp_path):
+    estimator, train, _ = linear_problem()
+    foreign = tmp_path / "model-epoch0batch10.pt"  # shares the prefix of epoch0batch1: must survive
+    foreign.write_bytes(b"not ours")
+    saver = CheckpointHandler(tmp_path, epoch_period=None, batch_period=1, max_checkpoints=2)
+    estimator.fit(train, batches=4, event_handlers=[saver])
+    assert names(tmp_path) == ["model-epoch0batch10.pt", "model-epoch0batch3.pt", "model-epoch0batch4.pt"]
+    assert [p.name for p in saver.saved] == ["model-epoch0batch3.pt", "model-epoch0batch4.pt"]
+    assert foreign.read_bytes() == b"not ours"
+
+
+def test_save_best_keeps_the_best_value_and_its_weights(tmp_path):
+    estimator, train, val = linear_problem()
+    saver = CheckpointHandler(tmp_path, model_prefix="lin", monitor="val_loss", save_best=True, epoch_period=None)
+    history = estimator.fit(train, val_data=val, epochs=3, event_handlers=[saver])
+    assert names(tmp_path) == ["lin-best.pt"] and saver.best_path == tmp_path / "lin-best.pt"
+    best = load_checkpoint(saver.best_path)
+    assert best["best"] == {"monitor": "val_loss", "value": min(history["val_loss"]), "epoch": 2}
+
+
+def test_nan_is_never_best(tmp_path):
+    saver = CheckpointHandler(tmp_path, monitor="val_loss", save_best=True, epoch_period=None)
+    state = TrainState(make_estimator())
+    saver.train_begin(state)
+    for epoch, value in enumerate([math.nan, 2.0, math.nan, 3.0]):
+        state.epoch = epoch
+        state.history.new_epoch()
+        state.history.record("val_loss", value)
+        saver.epoch_end(state)
+    assert saver.best == 2.0 and load_checkpoint(saver.best_path)["best"]["epoch"] == 1
+
+
+def test_checkpoints_load_with_weights_only_and_restore(tmp_path):
+    estimator, train, _ = linear_problem()
+    estimator.optimizers = [torch.optim.Adam(estimator.net.parameters(), lr=0.01)]  # has per-parameter state
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    path = tmp_path / "model-epoch1batch8.pt"
+    torch.load(path, weights_only=True)  # no pickled code inside
+    fresh = make_estimator()
+    fresh.optimizers = [torch.optim.Adam(fresh.net.parameters(), lr=0.01)]
+    restore_weights(fresh, path)
+    assert torch.equal(fresh.net.weight, estimator.net.weight)
+    assert torch.equal(fresh.optimizer.state_dict()["state"][0]["exp_avg"],
+                       estimator.optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_restore_into_another_architecture_lists_the_keys(tmp_path):
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    other = make_estimator(net=nn.Sequential(nn.Linear(1, 1)))
+    with pytest.raises(CheckpointError, match=r"do not fit this net: missing keys \['0.bias', '0.weight'\]; "
+                                              r"unexpected keys \['bias', 'weight'\]"):
+        restore_weights(other, tmp_path / "model-epoch1batch8.pt")
+    wide = make_estimator(net=nn.Linear(2, 1))
+    with pytest.raises(CheckpointError, match=r"shape mismatches \['weight: checkpoint \(1, 1\) vs net \(1, 2\)'\]"):
+        restore_weights(wide, tmp_path / "model-epoch1batch8.pt")
+    two = make_estimator()
+    two.optimizers = [two.optimizer, torch.optim.SGD(two.net.parameters(), lr=0.1)]
+    with pytest.raises(CheckpointError, match="holds 1 optimizer state.* has 2 optimizer"):
+        restore_weights(two, tmp_path / "model-epoch1batch8.pt")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"\x00garbage" * 10, "cannot be read"),
+])
+def test_corrupt_files_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "model-epoch1batch1.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+def test_truncated_foreign_and_future_files_are_refused(tmp_path):
+    good = save_atomic({"format_version": 1, "model": {"w": torch.ones(1000)}}, tmp_path / "a.pt")
+    truncated = tmp_path / "b.pt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="b.pt cannot be read"):
+        load_checkpoint(truncated)
+    with pytest.raises(CheckpointError, match="not a fitforge checkpoint"):
+        load_checkpoint(save_atomic({"w": torch.ones(1)}, tmp_path / "c.pt"))
+    with pytest.raises(CheckpointError, match="format version 99; this fitforge reads up to 1"):
+        load_checkpoint(save_atomic({"format_version": 99}, tmp_path / "d.pt"))
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_a_failed_save_leaves_the_previous_file_and_no_temporary(tmp_path):
+    path = save_atomic({"format_version": 1, "v": 1}, tmp_path / "x.pt")
+    with pytest.raises(Exception):
+        save_atomic({"format_version": 1, "v": lambda: 2}, path)  # a lambda cannot be saved
+    assert load_checkpoint(path)["v"] == 1 and names(tmp_path) == ["x.pt"]
+
+
+def test_leftover_temporary_files_are_removed_at_fit_start(tmp_path):
+    (tmp_path / ".model-epoch1batch8.pt.abc.tmp").write_bytes(b"torn")
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    assert names(tmp_path) == ["model-epoch1batch8.pt"]
+
+
+def test_an_unwritable_model_dir_fails_before_the_first_step(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a folder")
+    estimator, train, _ = linear_problem()
+    recorder = RecordingHandler()
+    with pytest.raises(FitforgeValueError, match="model_dir '.*file/runs' is not a writable folder"):
+        estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(blocker / "runs"), recorder])
+    assert "batch_begin" not in recorder.events
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a non-root POSIX user")
+def test_a_read_only_model_dir_fails_before_the_first_step(tmp_path):
+    tmp_path.chmod(0o500)
+    try:
+        estimator, train, _ = linear_problem()
+        with pytest.raises(FitforgeValueError, match="is not a writable folder"):
+            estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    finally:
+        tmp_path.chmod(0o700)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"model_dir": 3}, FitforgeTypeError, "model_dir must be a folder path, got int 3"),
+    ({"model_prefix": "a/b"}, FitforgeValueError, "model_prefix must be a non-empty file-name prefix"),
+    ({"epoch_period": 0}, FitforgeValueError, "epoch_period must be a positive int or None, got 0"),
+    ({"batch_period": 2.5}, FitforgeValueError, "batch_period must be a positive int or None, got 2.5"),
+    ({"max_checkpoints": 0}, FitforgeValueError, "max_checkpoints must be a positive int, got 0"),
+    ({"save_best": True}, FitforgeValueError, "save_best=True needs a monitor"),
+    ({"monitor": "val_loss", "mode": "best"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max'"),
+])
+def test_argument_errors(tmp_path, kwargs, error, message):
+    kwargs.setdefault("model_dir", tmp_path)
+    with pytest.raises(error, match=message):
+        CheckpointHandler(**kwargs)
+
+
+def test_state_dict_round_trip(tmp_path):
+    saver = CheckpointHandler(tmp_path, monitor="val_loss", save_best=True)
+    estimator, train, val = linear_problem()
+    estimator.fit(train, val_data=val, epochs=2, event_handlers=[saver])
+    copy = CheckpointHandler(tmp_path, monitor="val_loss", save_best=True)
+    copy.load_state_dict(saver.state_dict())
+    assert copy.best == saver.best and copy.saved == saver.saved

@@ -1,0 +1,141 @@
+"""EarlyStoppingHandler and the shared Monitor: scripted values fed to the hooks, then real fits."""
+
+import math
+
+import pytest
+import torch
+
+from fitforge import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, MonitorKeyError
+from fitforge.handlers import EarlyStoppingHandler
+from fitforge.handlers.monitor import Monitor, infer_mode
+from fitforge.metrics import MeanSquaredError
+from fitforge.testing import linear_problem
+from helpers import make_estimator
+
+
+def feed(handler, values, key="val_loss", estimator=None):
+    """Run ``handler`` over epochs whose ``key`` takes ``values`` (None: not produced that epoch);
+    return the epoch index at which it requested a stop, or None."""
+    state = TrainState(estimator or make_estimator())
+    handler.train_begin(state)
+    for epoch, value in enumerate(values):
+        state.epoch = epoch
+        state.history.new_epoch()
+        state.history.record("train_loss", 1.0)
+        if value is not None:
+            state.history.record(key, value)
+        handler.epoch_end(state)
+        if state.stop_requested:
+            return epoch
+    return None
+
+
+@pytest.mark.parametrize("patience, values, stopped", [
+    (0, [1.0, 0.9, 0.95, 0.8], 2),          # patience 0: the first epoch without improvement stops
+    (1, [1.0, 0.9, 0.95, 0.8], 2),
+    (2, [1.0, 0.9, 0.95, 0.8, 0.85, 0.86], 5),  # the improvement at epoch 3 reset the count
+    (3, [1.0, 0.9, 0.8, 0.7], None),
+])
+def test_patience_counts_epochs_without_improvement(patience, values, stopped):
+    assert feed(EarlyStoppingHandler("val_loss", patience=patience), values) == stopped
+
+
+def test_min_delta_baseline_and_max_mode():
+    assert feed(EarlyStoppingHandler("val_loss", min_delta=0.05), [1.0, 0.97]) == 1  # 0.03 is not enough
+    assert feed(EarlyStoppingHandler("val_loss", patience=2, baseline=0.5), [0.9, 0.8, 0.4]) == 1
+    handler = EarlyStoppingHandler("val_accuracy", patience=1)
+    assert feed(handler, [0.5, 0.6, 0.55], key="val_accuracy") == 2
+    assert (handler.best, handler.best_epoch, handler.stopped_epoch) == (0.6, 1, 2)
+
+
+def test_epochs_without_a_value_are_skipped_and_nan_never_improves():
+    handler = EarlyStoppingHandler("val_loss", patience=1)
+    assert feed(handler, [1.0, None, None, 0.9, None]) is None and handler.best == 0.9
+    handler = EarlyStoppingHandler("val_loss", patience=2)
+    assert feed(handler, [float("nan"), 1.0, float("nan"), float("nan")]) == 3
+    assert handler.best == 1.0
+
+
+def test_stop_reason_and_state_dict_round_trip():
+    handler = EarlyStoppingHandler("val_loss", patience=1)
+    state = TrainState(make_estimator())
+    handler.train_begin(state)
+    for epoch, value in enumerate([1.0, 2.0]):
+        state.epoch = epoch
+        state.history.new_epoch()
+        state.history.record("val_loss", value)
+        handler.epoch_end(state)
+    assert state.stop_reason == "early stopping: val_loss did not improve for 1 epoch(s) (best 1 at epoch 1)"
+    copy = EarlyStoppingHandler("val_loss", patience=1)
+    copy.load_state_dict(handler.state_dict())
+    assert copy.state_dict() == {"best": 1.0, "best_epoch": 0, "wait": 1, "stopped_epoch": 1}
+
+
+def test_restore_best_weights_loads_the_best_epochs_weights():
+    estimator = make_estimator()
+    net = estimator.net
+    handler = EarlyStoppingHandler("val_loss", patience=5, restore_best_weights=True)
+    state = TrainState(estimator)
+    handler.train_begin(state)
+    for epoch, value in enumerate([1.0, 0.5, 0.7]):
+        with torch.no_grad():
+            net.weight.fill_(epoch)
+        state.epoch = epoch
+        state.history.new_epoch()
+        state.history.record("val_loss", value)
+        handler.epoch_end(state)
+    handler.train_end(state)
+    assert net.weight.item() == 1.0  # epoch 1 was best
+
+
+def test_fit_stops_early_and_records_why():
+    estimator, train, val = linear_problem()
+    torch.nn.init.constant_(estimator.net.weight, 0.0)
+    for group in estimator.optimizer.param_groups:
+        group["lr"] = 5.0  # diverges, so validation loss grows from the second epoch
+    handler = EarlyStoppingHandler("val_loss", patience=1)
+    history = estimator.fit(train, val_data=val, epochs=20, event_handlers=[handler])
+    assert history.epochs < 20 and history.stop_reason.startswith("early stopping: val_loss did not improve")
+
+
+def test_unknown_monitor_is_an_error_before_training():
+    estimator, train, val = linear_problem()
+    with pytest.raises(MonitorKeyError, match="monitors 'val_acc', which this run will not produce; "
+                                              "available keys: train_loss, train_mae, val_loss, val_mae"):
+        estimator.fit(train, val_data=val, epochs=1, event_handlers=[EarlyStoppingHandler("val_acc")])
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"patience": -1}, FitforgeValueError, "patience must be a non-negative int, got -1"),
+    ({"patience": 1.5}, FitforgeValueError, "patience must be a non-negative int, got 1.5"),
+    ({"mode": "up"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max', got 'up'"),
+    ({"min_delta": -0.1}, FitforgeValueError, "min_delta must be >= 0"),
+    ({"min_delta": "0"}, FitforgeTypeError, "min_delta must be a number, got str"),
+    ({"baseline": "low"}, FitforgeTypeError, "baseline must be a number or None, got str"),
+    ({"monitor": 3}, FitforgeTypeError, "monitor must be a history key such as 'val_loss', got int"),
+])
+def test_argument_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        EarlyStoppingHandler(**kwargs)
+
+
+def test_auto_mode_inference():
+    estimator = make_estimator(train_metrics={"closeness": MeanSquaredError()})
+    assert infer_mode("val_loss", estimator)[0] == "min"
+    assert infer_mode("val_loss_1", estimator)[0] == "min"
+    assert infer_mode("train_top5_accuracy", estimator)[0] == "max"
+    assert infer_mode("val_mean_iou", estimator)[0] == "max"
+    assert infer_mode("val_exact_match", estimator)[0] == "max"
+    assert infer_mode("val_box_l1", estimator)[0] == "min"
+    # The metric's own higher_is_better wins over a name that would suggest the opposite.
+    assert infer_mode("val_closeness", estimator) == ("min", "MeanSquaredError.higher_is_better=False")
+    with pytest.raises(FitforgeValueError, match="cannot tell whether a higher or a lower 'val_foo' is better; "
+                                                 "pass mode='min' or mode='max'"):
+        infer_mode("val_foo", estimator)
+
+
+def test_explicit_mode_skips_inference_and_nan_best_is_replaced():
+    monitor = Monitor("val_foo", mode="max")
+    assert monitor.resolve(make_estimator()) == "max"
+    assert monitor.improved(1.0, None) and monitor.improved(1.0, math.nan) and not monitor.improved(math.nan, 1.0)
