@@ -1,5 +1,9 @@
 """Shared helpers for the tests (importable as ``helpers``)."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -21,3 +25,17 @@ def make_estimator(**kwargs):
     kwargs.setdefault("optimizer", torch.optim.SGD(net.parameters(), lr=0.1))
     kwargs.setdefault("device", "cpu")
     return Estimator(net, kwargs.pop("loss", nn.MSELoss()), **kwargs)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str):
+    """Import ``examples/<name>.py`` as a module (the examples folder goes on sys.path, as when the
+    script runs, so it can import its neighbours ``data`` and ``common``)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
