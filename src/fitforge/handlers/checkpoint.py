@@ -117,8 +117,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
             self.saved.pop(0).unlink(missing_ok=True)  # by exact name, after the new file is durable
 
     def _save_if_best(self, state: TrainState) -> None:
-        value = self._monitor.epoch_value(state, self)
-        if value is None or not self._monitor.improved(value, self.best):
+        monitor = self._monitor
+        value = None if monitor is None else monitor.epoch_value(state, self)
+        if value is None or monitor is None or not monitor.improved(value, self.best):
             return
         previous, self.best = self.best, value
         self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"

@@ -73,9 +73,10 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
                                f"(best {best})")
 
     def train_end(self, state: TrainState) -> None:
-        if self._best_weights is not None and self.best_epoch != state.epoch:
+        best_epoch = self.best_epoch
+        if self._best_weights is not None and best_epoch is not None and best_epoch != state.epoch:
             state.estimator.net.load_state_dict(self._best_weights)
-            log.info("restored the weights of epoch %d (%s=%.4g)", self.best_epoch + 1, self.monitor, self.best)
+            log.info("restored the weights of epoch %d (%s=%.4g)", best_epoch + 1, self.monitor, self.best)
 
     def state_dict(self) -> dict:
         return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,

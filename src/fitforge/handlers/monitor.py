@@ -36,9 +36,9 @@ def infer_mode(key: str, estimator: Any) -> tuple[str, str]:
     words = set(name.lower().split("_"))
     lower, higher = words & _LOWER, words & _HIGHER
     if lower and not higher:
-        return "min", f"{sorted(lower)[0]!r} in the key"
+        return "min", f"{min(lower)!r} in the key"
     if higher and not lower:
-        return "max", f"{sorted(higher)[0]!r} in the key"
+        return "max", f"{min(higher)!r} in the key"
     raise FitforgeValueError(
         f"cannot tell whether a higher or a lower {key!r} is better; pass mode='min' or mode='max'"
     )
@@ -63,7 +63,7 @@ class Monitor:
         if min_delta < 0:
             raise FitforgeValueError(f"{owner}: min_delta must be >= 0 (the direction comes from mode), got {min_delta}")
         self.key, self.mode, self.min_delta, self.owner = key, mode, float(min_delta), owner
-        self.resolved_mode = None if mode == "auto" else mode
+        self.resolved_mode: str = "" if mode == "auto" else mode  # set by resolve() for "auto"
 
     def resolve(self, estimator: Any) -> str:
         """Fix the mode for a run (inferring it for ``"auto"``, which is logged); return it."""
