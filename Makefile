@@ -1,12 +1,16 @@
 # make test: set up .venv (CPU torch under a constraint) and run the suite with coverage.
 # make demo: same set-up, then train the quickstart.
+# make examples: same set-up, then train the eight canonical models in turn (about 2 minutes each).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 WHEELS := $(wildcard /opt/wheels)
 
-.PHONY: test demo bench clean
+EXAMPLES := alexnet resnet18 fcn_segmentation ssd_detection birnn_sentiment textcnn_sentiment \
+            translator logistic_regression
+
+.PHONY: test demo examples bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -21,6 +25,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
+
+examples: $(STAMP)
+	set -e; for name in $(EXAMPLES); do echo "== $$name"; $(PY) examples/$$name.py; done
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
