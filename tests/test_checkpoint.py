@@ -176,3 +176,20 @@ def test_state_dict_round_trip(tmp_path):
     copy = CheckpointHandler(tmp_path, monitor="val_loss", save_best=True)
     copy.load_state_dict(saver.state_dict())
     assert copy.best == saver.best and copy.saved == saver.saved
+
+
+def test_estimator_load_checkpoint_restores_weights_and_returns_the_counters(tmp_path):
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path)])
+    fresh = make_estimator()
+    checkpoint = fresh.load_checkpoint(tmp_path / "model-epoch1batch8.pt", optimizers=False)
+    assert (checkpoint["epochs_completed"], checkpoint["global_step"]) == (1, 8)
+    assert not torch.equal(fresh.net.weight, estimator.net.weight)  # epoch 1's weights, not the final ones
+    fresh.load_checkpoint(tmp_path / "model-epoch2batch16.pt")
+    assert torch.equal(fresh.net.weight, estimator.net.weight)
+
+
+def test_describe_loop_names_handlers_by_class(tmp_path):
+    estimator, _, _ = linear_problem()
+    text = estimator.describe_loop([CheckpointHandler(tmp_path, monitor="train_loss")])
+    assert "StoppingHandler(2000)" in text and "CheckpointHandler(900)" in text and "monitor=" not in text

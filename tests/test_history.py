@@ -70,7 +70,8 @@ class TestAlignment:
 
     def test_record_before_any_epoch_raises(self):
         h = History()
-        with pytest.raises(RuntimeError, match=re.escape("History.record() before the first epoch: call new_epoch() first")):
+        with pytest.raises(RuntimeError, match=re.escape("History.record() before the first epoch: history has rows only in fit, "
+                                                      "from epoch_begin on; in evaluate/predict")):
             h.record("train_loss", 1.0)
         assert len(h) == 0 and h.epochs == 0
 

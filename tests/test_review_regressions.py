@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from fitforge import BatchProcessor, Estimator
+from fitforge import BatchOutput, BatchProcessor, Estimator
 from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd
 from fitforge.exceptions import (CancelBatch, CancelEpoch, CancelFit, FitforgeTypeError, FitforgeValueError,
                                  LossInputError, MonitorKeyError)
 from fitforge.handlers import LoggingHandler, MetricHandler, ValidationHandler
 from fitforge.metrics import Accuracy
-from fitforge.testing import RecordingHandler
+from fitforge.testing import RecordingHandler, linear_problem
 
 from helpers import make_estimator, regression_batches
 
@@ -362,3 +362,25 @@ def test_a_list_of_one_loss_behaves_like_the_loss():
 
     total, parts = LossSet([nn.MSELoss()])(torch.ones(2), torch.zeros(2))
     assert total.item() == 1.0 and parts[0] is total
+
+
+class _NoBatchSize(BatchProcessor):
+    """A custom step that forgets BatchOutput.batch_size (reported by the docs review)."""
+
+    def fit_batch(self, state, batch):
+        out = super().fit_batch(state, batch)
+        return BatchOutput(out.data, out.label, out.pred, out.loss, out.losses)
+
+    def evaluate_batch(self, state, batch):
+        return "not an output"
+
+
+def test_a_batch_output_without_batch_size_is_an_error_at_the_first_batch():
+    estimator, train, val = linear_problem()
+    estimator.batch_processor = _NoBatchSize()
+    with pytest.raises(FitforgeValueError, match=r"fit_batch returned BatchOutput\(batch_size=0\); set it to the "
+                                                 "number of samples in the batch"):
+        estimator.fit(train, epochs=1)
+    with pytest.raises(FitforgeTypeError, match="first batch of val_data cannot be evaluated: BatchProcessor."
+                                                "evaluate_batch must return a fitforge.BatchOutput, got str"):
+        estimator.fit(train, val_data=val, epochs=1)

@@ -143,6 +143,6 @@ class Dispatcher:
         """The handlers of each event in call order, one event per line."""
         lines = []
         for event in Event:
-            names = [f"{h!r}({getattr(h, 'priority', 0)})" for h in self.owners[event]]
+            names = [f"{type(h).__name__}({getattr(h, 'priority', 0)})" for h in self.owners[event]]
             lines.append(f"{event.value:<12} " + (" -> ".join(names) if names else "(none)"))
         return "\n".join(lines)

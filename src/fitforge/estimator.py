@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from .batch_processor import BatchProcessor
+from .checkpoint_io import restore_weights
 from .configure import check_duration, check_net, resolve_device, resolve_optimizers
 from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
@@ -85,6 +87,7 @@ class Estimator:
 
     def check_first_batch(self, output: BatchOutput) -> None:
         """The one-batch sanity check run inside the first training batch, before its optimizer step."""
+        check_batch_output(output, "fit_batch")
         label = output.label if isinstance(output.label, tuple) else (output.label,)
         if any(isinstance(y, torch.Tensor) and y.dim() == 0 for y in label):
             raise FitforgeValueError(
@@ -105,7 +108,8 @@ class Estimator:
                 return  # empty: reported by check_data or at the first validation
             self._val_loss.arm_checks()
             try:
-                self.batch_processor.evaluate_batch(TrainState(self, "validate"), batch)
+                check_batch_output(self.batch_processor.evaluate_batch(TrainState(self, "validate"), batch),
+                                   "evaluate_batch")
             except (FitforgeValueError, FitforgeTypeError) as error:
                 raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
 
@@ -202,6 +206,18 @@ class Estimator:
             return tuple(torch.cat(parts) for parts in zip(*outputs))
         return torch.cat(outputs)
 
+    def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
+        """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file
+        written by :class:`~fitforge.handlers.CheckpointHandler`; return the checkpoint's dict
+        (``epochs_completed``, ``global_step``, ``history``...). Loads with ``weights_only=True``.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            fitforge.checkpoint_io.CheckpointError: an unreadable file, or one of another architecture
+                (the message lists the missing and unexpected keys) or optimizer setup.
+        """
+        return restore_weights(self, path, optimizers)
+
     def describe_loop(self, event_handlers: Sequence[EventHandler] | None = None, val_data: Iterable | None = None,
                       default_handlers: bool = True) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
@@ -216,6 +232,19 @@ def check_outputs(pred: Any, batch_idx: int) -> Any:
         return tuple(pred)
     raise FitforgeTypeError(f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor "
                             "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)")
+
+
+def check_batch_output(output: Any, method: str) -> None:
+    """A processor's ``fit_batch``/``evaluate_batch`` must return a BatchOutput with a batch size:
+    a missing one would silently turn the loss mean (weighted by batch size) into nan."""
+    if not isinstance(output, BatchOutput):
+        raise FitforgeTypeError(f"BatchProcessor.{method} must return a fitforge.BatchOutput, got {describe(output)}")
+    size = output.batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise FitforgeValueError(
+            f"BatchProcessor.{method} returned BatchOutput(batch_size={size!r}); set it to the number of samples "
+            "in the batch (fitforge.data.batch_size_of(inputs)): it weights the loss and metric means"
+        )
 
 
 def check_batch_processor(processor: Any) -> Any:

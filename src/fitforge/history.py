@@ -39,7 +39,9 @@ class History(Mapping):
     def record(self, key: str, value: float) -> None:
         """Set ``key`` for the current (last) epoch; later records in the same epoch overwrite."""
         if self._epochs == 0:
-            raise RuntimeError("History.record() before the first epoch: call new_epoch() first")
+            raise RuntimeError(
+                "History.record() before the first epoch: history has rows only in fit, from epoch_begin on; in "
+                "evaluate/predict (state.phase != 'train') put values in state.metrics or state.shared instead")
         column = self._columns.get(key)
         if column is None:
             column = self._columns[key] = [math.nan] * self._epochs
