@@ -391,3 +391,16 @@ def test_stop_reason_records_cancel_fit_and_failures():
     with pytest.raises(KeyError):
         make_estimator().fit(regression_batches(), epochs=2, event_handlers=[Fail()])
     assert recorder == ["failed: KeyError"]
+
+
+def test_a_custom_predict_batch_gets_its_inputs_from_any_batch_form():
+    class Doubled(BatchProcessor):
+        def predict_batch(self, state, batch):
+            (x,) = self.inputs_to_device(state, batch)  # bare tensor, (x,) or (x, y) alike
+            return state.estimator.val_net(x) * 2
+
+    estimator = make_estimator(batch_processor=Doubled())
+    x = torch.arange(4.0).view(4, 1)
+    expected = estimator.net(x).detach() * 2
+    for data in ([x], [(x,)], [(x, x)]):
+        assert torch.allclose(estimator.predict(data), expected)

@@ -554,3 +554,24 @@ def test_copy_slots_gives_independent_objects():
     slots[1].metric.update(scores([0, 1], 3), torch.tensor([2, 2]))
     assert float(slots[1].metric.compute()) == 0.0
     assert float(copies[1].metric.compute()) == 1.0
+
+
+def test_accuracy_ignore_index_counts_only_kept_labels_on_the_device():
+    metric = Accuracy(ignore_index=0)
+    scores = torch.tensor([[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]).transpose(1, 2)  # (1, C=3, T=3)
+    metric.update(scores, torch.tensor([[2, 0, 2]]))     # right, padding, wrong
+    metric.update(scores, torch.tensor([[2, 0, 0]]))     # right, padding, padding
+    assert isinstance(metric._count, torch.Tensor)       # never read to the host while updating
+    assert float(metric.compute()) == pytest.approx(2 / 3)
+    assert repr(metric) == "Accuracy(ignore_index=0)" and repr(Accuracy()) == "Accuracy()"
+    metric.reset()
+    metric.update(scores, torch.zeros(1, 3, dtype=torch.int64))  # all padding: no value
+    assert math.isnan(float(metric.compute()))
+    with pytest.raises(FitforgeValueError, match="ignore_index must be an int label value or None, got 0.5"):
+        Accuracy(ignore_index=0.5)
+
+
+def test_a_tensor_count_moves_with_the_metric():
+    metric = Accuracy(ignore_index=-1)
+    metric.update(torch.tensor([[0.1, 0.9]]), torch.tensor([1]))
+    assert metric.to("cpu")._count.device.type == "cpu" and float(metric.compute()) == 1.0

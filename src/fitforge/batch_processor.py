@@ -67,7 +67,11 @@ class BatchProcessor:
         loss, losses = state.estimator.compute_val_loss(pred, label)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
+    def inputs_to_device(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, ...]:
+        """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything
+        ``unpack`` splits into ``(inputs, label)`` (the label is dropped)."""
+        return to_device(unpack_inputs(batch, self.unpack), state.estimator.device)
+
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
         """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""
-        inputs = to_device(unpack_inputs(batch, self.unpack), state.estimator.device)
-        return self.forward(state.estimator.val_net, inputs, None)
+        return self.forward(state.estimator.val_net, self.inputs_to_device(state, batch), None)

@@ -27,10 +27,13 @@ class Metric(Protocol):
 
 
 class SumCountMetric:
-    """A mean of per-sample values: ``sum`` accumulates on the device, ``count`` on the host.
+    """A mean of per-sample values: ``sum`` accumulates on the device.
 
-    Subclasses implement :meth:`batch_stats` returning ``(sum tensor, count int)`` for one batch and
-    may override :meth:`finish` to transform the mean (e.g. a square root for RMSE).
+    Subclasses implement :meth:`batch_stats` returning ``(sum tensor, count)`` for one batch and
+    may override :meth:`finish` to transform the mean (e.g. a square root for RMSE). ``count`` is a
+    python int when the shapes give it (``label.numel()``), or a device tensor when it depends on
+    the values (non-padding tokens, positive anchors), so that counting never reads a value to the
+    host: a tensor count is accumulated on the device like the sum.
     """
 
     name = "metric"
@@ -38,16 +41,16 @@ class SumCountMetric:
 
     def __init__(self) -> None:
         self._sum: torch.Tensor | None = None
-        self._count = 0
+        self._count: int | torch.Tensor = 0
 
-    def batch_stats(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def batch_stats(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, int | torch.Tensor]:
         raise NotImplementedError
 
     def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
         total, count = self.batch_stats(pred.detach() if pred.requires_grad else pred, label)
         self._accumulate(total, count)
 
-    def _accumulate(self, total: torch.Tensor, count: int, weight: int = 1) -> None:
+    def _accumulate(self, total: torch.Tensor, count: int | torch.Tensor, weight: int = 1) -> None:
         # The first batch sets device and dtype: integer counts stay exact int64; float sums use
         # float64 on CPU (cheap there) and float32 on accelerators. Later batches add in place.
         if self._sum is None:
@@ -55,10 +58,10 @@ class SumCountMetric:
                      else torch.float64 if total.device.type == "cpu" else torch.float32)
             self._sum = torch.zeros((), dtype=dtype, device=total.device)
         self._sum.add_(total, alpha=weight)
-        self._count += count
+        self._count = self._count + count  # int + int stays on the host; a tensor count stays on the device
 
     def compute(self) -> torch.Tensor:
-        if self._count == 0:
+        if self._sum is None or not self._count:  # a tensor count is read here, at compute time only
             return torch.tensor(float("nan"))
         return self.finish(self._sum.double() / self._count if self._sum.device.type == "cpu"
                            else self._sum.float() / self._count)
@@ -73,6 +76,8 @@ class SumCountMetric:
     def to(self, device: torch.device | str) -> SumCountMetric:
         if self._sum is not None:
             self._sum = self._sum.to(device)
+        if isinstance(self._count, torch.Tensor):
+            self._count = self._count.to(device)
         return self
 
     def __repr__(self) -> str:

@@ -27,12 +27,22 @@ class Accuracy(SumCountMetric):
 
     ``pred`` is scores of shape (N, C, ...) compared by argmax over dim 1 with integer labels of
     shape (N, ...), or with one-hot/probability labels of the scores' shape (argmax of both); or
-    class indices of the label's shape. Elementwise over extra dims (e.g. pixels). A single score
-    per sample (C == 1) is a binary problem: use ``BinaryAccuracy``.
+    class indices of the label's shape. Elementwise over extra dims (e.g. pixels or tokens). A
+    single score per sample (C == 1) is a binary problem: use ``BinaryAccuracy``.
+
+    Args:
+        ignore_index: a label value left out of the count, e.g. the padding of sequences (the
+            ``ignore_index`` of ``CrossEntropyLoss``). The count of kept labels stays on the device.
     """
 
     name = "accuracy"
     higher_is_better = True
+
+    def __init__(self, ignore_index: int | None = None) -> None:
+        super().__init__()
+        if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
+            raise FitforgeValueError(f"ignore_index must be an int label value or None, got {ignore_index!r}")
+        self.ignore_index = ignore_index
 
     def batch_stats(self, pred, label):
         if pred.is_floating_point():  # scores: the class is their argmax over dim 1
@@ -49,7 +59,13 @@ class Accuracy(SumCountMetric):
                 f"{self.name}: pred of shape {tuple(pred.shape)} (after argmax over dim 1) does not match "
                 f"label of shape {tuple(label.shape)}; pass scores (N, C, ...) and class labels (N, ...)"
             )
-        return (pred == label).sum(), label.numel()
+        if self.ignore_index is None:
+            return (pred == label).sum(), label.numel()
+        kept = label != self.ignore_index
+        return ((pred == label) & kept).sum(), kept.sum()
+
+    def __repr__(self) -> str:
+        return "Accuracy()" if self.ignore_index is None else f"Accuracy(ignore_index={self.ignore_index})"
 
 
 class TopKAccuracy(SumCountMetric):
