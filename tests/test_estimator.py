@@ -404,3 +404,26 @@ def test_a_custom_predict_batch_gets_its_inputs_from_any_batch_form():
     expected = estimator.net(x).detach() * 2
     for data in ([x], [(x,)], [(x, x)]):
         assert torch.allclose(estimator.predict(data), expected)
+
+
+def test_host_inputs_stay_where_they_are():
+    seen = []
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(1, 1)
+
+        def forward(self, x, lengths):
+            seen.append(lengths)
+            return self.linear(x)
+
+    lengths = torch.tensor([1, 2, 3, 4])
+    x = torch.rand(4, 1)
+    estimator = make_estimator(net=Net(), batch_processor=BatchProcessor(host_inputs=(1,)))
+    estimator.fit([((x, lengths), 2 * x)], epochs=1)
+    estimator.predict([((x, lengths),)])  # a one-element batch holds the inputs only
+    assert all(t is lengths for t in seen)  # the very same tensor: never copied
+    with pytest.raises(FitforgeTypeError, match=r"host_inputs must be a tuple of input positions \(ints >= 0\), "
+                                                "got int 1"):
+        BatchProcessor(host_inputs=1)

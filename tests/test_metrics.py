@@ -575,3 +575,10 @@ def test_a_tensor_count_moves_with_the_metric():
     metric = Accuracy(ignore_index=-1)
     metric.update(torch.tensor([[0.1, 0.9]]), torch.tensor([1]))
     assert metric.to("cpu")._count.device.type == "cpu" and float(metric.compute()) == 1.0
+
+
+def test_the_default_accuracy_ignores_what_the_loss_ignores():
+    (padded,) = default_metrics(nn.CrossEntropyLoss(ignore_index=0))
+    assert padded.ignore_index == 0
+    (plain,) = default_metrics(nn.CrossEntropyLoss())
+    assert plain.ignore_index is None

@@ -18,22 +18,42 @@ from typing import Any
 import torch
 
 from .data import batch_size_of, to_device, unpack_inputs, unpack_pair
-from .exceptions import LossInputError
+from .exceptions import FitforgeTypeError, LossInputError, describe
 from .state import BatchOutput, TrainState
 
 
 class BatchProcessor:
-    """The default per-batch step; override any method to customise it."""
+    """The default per-batch step; override any method to customise it.
+
+    Args:
+        host_inputs: positions of inputs to leave on the host instead of moving them to the device,
+            e.g. ``(1,)`` for the lengths ``pack_padded_sequence`` reads on the CPU (moving them to a
+            GPU and back would wait for the device every batch).
+    """
+
+    host_inputs: tuple[int, ...] = ()
+
+    def __init__(self, host_inputs: tuple[int, ...] = ()) -> None:
+        if not isinstance(host_inputs, (tuple, list)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in host_inputs):
+            raise FitforgeTypeError(f"host_inputs must be a tuple of input positions (ints >= 0), got "
+                                    f"{describe(host_inputs)}")
+        self.host_inputs = tuple(host_inputs)
+
+    def _inputs_to(self, inputs: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+        if not self.host_inputs:
+            return to_device(inputs, device)
+        return tuple(x if i in self.host_inputs else to_device(x, device) for i, x in enumerate(inputs))
 
     def unpack(self, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
         """Split a batch into ``(inputs tuple, label)``. Override to accept dict batches."""
         return unpack_pair(batch)
 
     def to_device(self, state: TrainState, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
-        """``unpack`` the batch and move inputs and label to the estimator's device."""
+        """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's device."""
         inputs, label = self.unpack(batch)
         device = state.estimator.device
-        return to_device(inputs, device), to_device(label, device)
+        return self._inputs_to(inputs, device), to_device(label, device)
 
     def forward(self, net: torch.nn.Module, inputs: tuple[torch.Tensor, ...], label: Any) -> Any:
         """Run the net; ``label`` is passed for processors that need it (teacher forcing)."""
@@ -70,7 +90,7 @@ class BatchProcessor:
     def inputs_to_device(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, ...]:
         """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything
         ``unpack`` splits into ``(inputs, label)`` (the label is dropped)."""
-        return to_device(unpack_inputs(batch, self.unpack), state.estimator.device)
+        return self._inputs_to(unpack_inputs(batch, self.unpack), state.estimator.device)
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
         """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""
