@@ -204,3 +204,164 @@ def shape_detection(n_train: int = 2000, n_val: int = 400, size: int = 32, max_o
     classes = [kinds[i, :len(p)] for i, p in enumerate(placed)]
     return (BoxesDataset(images[:n_train], boxes[:n_train], classes[:n_train]),
             BoxesDataset(images[n_train:], boxes[n_train:], classes[n_train:]))
+
+
+# --- text: sentiment sentences that bag-of-words cannot classify (and the text helpers) ------------
+
+PAD, UNK = 0, 1  # the ids of "<pad>" and "<unk>" in every Vocab
+
+
+class Vocab:
+    """Token <-> id mapping: id 0 is ``<pad>``, id 1 ``<unk>`` (any token not in the list)."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = ["<pad>", "<unk>"] + [t for t in dict.fromkeys(tokens) if t not in ("<pad>", "<unk>")]
+        self.ids = {token: i for i, token in enumerate(self.tokens)}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, tokens: list[str]) -> list[int]:
+        return [self.ids.get(token, UNK) for token in tokens]
+
+    def decode(self, ids: list[int]) -> list[str]:
+        """The tokens of ``ids``, padding left out."""
+        return [self.tokens[i] for i in ids if i != PAD]
+
+
+class SequenceDataset(Dataset):
+    """Variable-length samples ``(token ids int64 (L,), label)``; a collate_fn pads them into batches.
+
+    ``texts`` keeps each sample's source string, for printing examples.
+    """
+
+    def __init__(self, sequences: list[list[int]], labels: list[torch.Tensor], texts: list[str]) -> None:
+        self.sequences = [torch.tensor(s, dtype=torch.int64) for s in sequences]
+        self.labels, self.texts = labels, texts
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sequences[i], self.labels[i]
+
+
+def _text_datasets(texts: list[str], labels: list[torch.Tensor], n_train: int, tokenize
+                   ) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
+    """Split generated samples into train/validation; the vocabulary is built from the training part."""
+    tokens = [tokenize(t) for t in texts]
+    vocab = Vocab(sorted({w for sentence in tokens[:n_train] for w in sentence}))
+    ids = [vocab.encode(t) for t in tokens]
+    return (SequenceDataset(ids[:n_train], labels[:n_train], texts[:n_train]),
+            SequenceDataset(ids[n_train:], labels[n_train:], texts[n_train:]), vocab)
+
+
+_POSITIVE = ["good", "great", "funny", "charming", "brilliant", "moving", "clever", "gripping", "lovely", "fresh"]
+_NEGATIVE = ["bad", "boring", "dull", "awful", "slow", "silly", "bland", "weak", "tedious", "messy"]
+_SUBJECTS = ["the film", "the movie", "this film", "the plot", "the story", "the acting", "the cast",
+             "the script", "the ending", "the music", "the dialogue", "the sequel"]
+_OPENERS = ["", "", "honestly ,", "i think", "in my opinion", "to be fair ,", "overall"]
+_INTENSIFIERS = ["", "", "very", "really", "quite", "so"]
+# Two opinions of opposite polarity; the connective makes Y the one that counts.
+_TEMPLATES = ["{subject} was {X} but {Y}", "although {subject} was {X} , it was {Y}",
+              "{subject} was {Y} , although {X}", "{subject} was {Y} despite being {X}",
+              "despite being {X} , {subject} was {Y}"]
+
+
+def _opinion(rng, polarity: int) -> str:
+    """A phrase such as "not very dull" that means ``polarity`` (+1 positive, -1 negative)."""
+    negated = rng.random() < 0.5
+    adjective = rng.choice(_POSITIVE if (polarity > 0) != negated else _NEGATIVE)  # "not dull" is positive
+    return " ".join(w for w in ("not" if negated else "", rng.choice(_INTENSIFIERS), adjective) if w)
+
+
+def sentiment(n_train: int = 4000, n_val: int = 1000, seed: int = 0
+              ) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
+    """Review sentences labelled 1 (positive) or 0 (negative), 6 to 17 tokens, and their Vocab.
+
+    Each sentence joins two opinions of opposite polarity, and the connective decides which one
+    counts: "the plot was not very funny but charming" is positive, "although the cast was great ,
+    it was tedious" negative, "the film was dull despite being clever" negative. "not" flips the
+    opinion it precedes. Labels are balanced; the samples are ``(ids (L,), int64 label)``.
+
+    Why bag-of-words fails: the two opinions are drawn independently (given their polarities), so
+    the sentence with them swapped is exactly as likely. The swap keeps the words and flips the
+    label: every bag of words is equally likely to carry either label, and any classifier of word
+    counts stays at chance (50%; tests/test_models_text.py checks it with a logistic regression). A model must read the order: which opinion follows the
+    connective, and which adjective "not" applies to.
+    """
+    import random
+
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for _ in range(n_train + n_val):
+        label = rng.randrange(2)
+        template, polarity = rng.choice(_TEMPLATES), 1 if label else -1
+        sentence = template.format(subject=rng.choice(_SUBJECTS), X=_opinion(rng, -polarity), Y=_opinion(rng, polarity))
+        texts.append(f"{rng.choice(_OPENERS)} {sentence}".strip())
+        labels.append(torch.tensor(label))
+    return _text_datasets(texts, labels, n_train, str.split)
+
+
+# --- text: dates written by people, to translate into ISO 8601 -------------------------------------
+
+_MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december"]
+_UNITS = ["", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth"]
+_TEENS = ["tenth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth",
+          "eighteenth", "nineteenth"]
+_DATE_FORMATS = ["{month} {d}, {y}", "{d} {mon} {y}", "the {nth} of {month} {y}", "{month} the {nth}, {y}",
+                 "{d}{suffix} {month} {y}", "{dd}/{mm}/{y}", "{weekday}, {month} {d}, {y}", "{weekday} {d} {mon} {y}"]
+_MONTH_FORMATS = ["{month} {y}", "{mon} {y}", "{mm}/{y}"]  # no day: the ISO form is "yyyy-mm"
+_WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+DATE_TARGET = Vocab(list("0123456789-") + ["<bos>", "<eos>"])  # the output characters (<pad> = 0)
+BOS, EOS = DATE_TARGET.ids["<bos>"], DATE_TARGET.ids["<eos>"]
+
+
+def _ordinal(day: int) -> str:
+    """21 -> "twenty-first"."""
+    if 10 <= day < 20:
+        return _TEENS[day - 10]
+    tens = ["", "", "twenty", "thirty"][day // 10]
+    if day % 10 == 0:
+        return tens[:-1] + "ieth"
+    return f"{tens}-{_UNITS[day % 10]}" if tens else _UNITS[day]
+
+
+def _suffix(day: int) -> str:
+    """1 -> "st", 22 -> "nd", 13 -> "th"."""
+    return "th" if 10 <= day < 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+
+
+def tokenize_date(text: str) -> list[str]:
+    """Words and punctuation are tokens; numbers are spelled digit by digit ("21st" -> 2 1 st)."""
+    import re
+
+    return re.findall(r"[a-z\-]+|\d|[^\sa-z\d]", text.lower())
+
+
+def dates(n_train: int = 10000, n_val: int = 1000, seed: int = 0, month_only: float = 0.2
+          ) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
+    """Dates written by people, to translate into ISO 8601, and the source Vocab.
+
+    Sources in 11 formats, e.g. "the twenty-first of march 2019", "march 21, 2019", "21 mar 2019",
+    "thursday, march 21, 2019", "21/03/2019"; a fraction ``month_only`` has no day ("march 2019",
+    target "2019-03"), so targets differ in length. Years 1900-2099. A sample is ``(source ids (S,),
+    target ids (T,))``: the target characters of ``DATE_TARGET`` then ``EOS``.
+    """
+    import datetime
+    import random
+
+    rng = random.Random(seed)
+    first, days = datetime.date(1900, 1, 1), (datetime.date(2099, 12, 31) - datetime.date(1900, 1, 1)).days
+    texts, targets = [], []
+    for _ in range(n_train + n_val):
+        date = first + datetime.timedelta(days=rng.randrange(days + 1))
+        day_less = rng.random() < month_only
+        month = _MONTHS[date.month - 1]
+        texts.append(rng.choice(_MONTH_FORMATS if day_less else _DATE_FORMATS).format(
+            month=month, mon=month[:3], y=date.year, mm=f"{date.month:02d}", d=date.day, dd=f"{date.day:02d}",
+            nth=_ordinal(date.day), suffix=_suffix(date.day), weekday=_WEEKDAYS[date.weekday()]))
+        iso = date.isoformat()[:7] if day_less else date.isoformat()
+        targets.append(torch.tensor(DATE_TARGET.encode(list(iso)) + [EOS]))
+    return _text_datasets(texts, targets, n_train, tokenize_date)
