@@ -25,6 +25,10 @@ from .state import BatchOutput, TrainState
 class BatchProcessor:
     """The default per-batch step; override any method to customise it.
 
+    ``to_device`` is the step ``fit_batch`` and ``evaluate_batch`` share after unpacking (``predict``
+    uses ``inputs_to_device``): override it to turn labels into training targets on the device, e.g.
+    to match boxes to anchors in a detector.
+
     Args:
         host_inputs: positions of inputs to leave on the host instead of moving them to the device,
             e.g. ``(1,)`` for the lengths ``pack_padded_sequence`` reads on the CPU (moving them to a
