@@ -158,7 +158,8 @@ def test_a_read_only_model_dir_fails_before_the_first_step(tmp_path):
     ({"model_dir": 3}, FitforgeTypeError, "model_dir must be a folder path, got int 3"),
     ({"model_prefix": "a/b"}, FitforgeValueError, "model_prefix must be a non-empty file-name prefix"),
     ({"epoch_period": 0}, FitforgeValueError, "epoch_period must be a positive int or None, got 0"),
-    ({"batch_period": 2.5}, FitforgeValueError, "batch_period must be a positive int or None, got 2.5"),
+    ({"batch_period": 2.5}, FitforgeTypeError, "batch_period must be a positive int or None, got 2.5"),
+    ({"epoch_period": None}, FitforgeValueError, "would never save: epoch_period and batch_period are None"),
     ({"max_checkpoints": 0}, FitforgeValueError, "max_checkpoints must be a positive int, got 0"),
     ({"save_best": True}, FitforgeValueError, "save_best=True needs a monitor"),
     ({"monitor": "val_loss", "mode": "best"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max'"),
@@ -193,3 +194,31 @@ def test_describe_loop_names_handlers_by_class(tmp_path):
     estimator, _, _ = linear_problem()
     text = estimator.describe_loop([CheckpointHandler(tmp_path, monitor="train_loss")])
     assert "StoppingHandler(2000)" in text and "CheckpointHandler(900)" in text and "monitor=" not in text
+
+
+def test_a_partial_last_epoch_is_named_by_the_epochs_it_completed(tmp_path):
+    estimator, train, _ = linear_problem()  # 8 batches per epoch
+    saver = CheckpointHandler(tmp_path)
+    estimator.fit(train, batches=12, event_handlers=[saver])
+    assert names(tmp_path) == ["model-epoch1batch12.pt", "model-epoch1batch8.pt"]
+    assert load_checkpoint(tmp_path / "model-epoch1batch12.pt")["epochs_completed"] == 1
+
+
+def test_a_batch_save_at_an_epochs_end_is_not_written_twice(tmp_path):
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path, batch_period=4, max_checkpoints=9)])
+    assert names(tmp_path) == ["model-epoch0batch4.pt", "model-epoch1batch12.pt", "model-epoch1batch8.pt",
+                               "model-epoch2batch16.pt"]
+
+
+def test_files_get_the_usual_permissions_and_other_prefixes_temporaries_survive(tmp_path):
+    other = tmp_path / ".model-small-epoch1batch8.pt.x.tmp"  # another run's save in flight
+    other.write_bytes(b"")
+    mine = tmp_path / ".model-epoch3batch9.pt.y.tmp"
+    mine.write_bytes(b"")
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    assert other.exists() and not mine.exists()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "model-epoch1batch8.pt").stat().st_mode & 0o777 == 0o666 & ~mask

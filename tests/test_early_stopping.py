@@ -108,7 +108,7 @@ def test_unknown_monitor_is_an_error_before_training():
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"patience": -1}, FitforgeValueError, "patience must be a non-negative int, got -1"),
-    ({"patience": 1.5}, FitforgeValueError, "patience must be a non-negative int, got 1.5"),
+    ({"patience": 1.5}, FitforgeTypeError, "patience must be a non-negative int, got 1.5"),
     ({"mode": "up"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max', got 'up'"),
     ({"min_delta": -0.1}, FitforgeValueError, "min_delta must be >= 0"),
     ({"min_delta": "0"}, FitforgeTypeError, "min_delta must be a number, got str"),
@@ -139,3 +139,53 @@ def test_explicit_mode_skips_inference_and_nan_best_is_replaced():
     monitor = Monitor("val_foo", mode="max")
     assert monitor.resolve(make_estimator()) == "max"
     assert monitor.improved(1.0, None) and monitor.improved(1.0, math.nan) and not monitor.improved(math.nan, 1.0)
+
+
+def test_validation_every_second_epoch_is_waited_for():
+    from fitforge.handlers import CheckpointHandler, ValidationHandler
+    import tempfile
+    estimator, train, val = linear_problem()
+    stopper = EarlyStoppingHandler("val_loss", patience=1)
+    with tempfile.TemporaryDirectory() as folder:
+        saver = CheckpointHandler(folder, monitor="val_loss", save_best=True, epoch_period=None)
+        history = estimator.fit(train, epochs=4, event_handlers=[ValidationHandler(val, epoch_period=2), stopper, saver])
+    assert history.epochs == 4 and math.isnan(history["val_loss"][0]) and stopper.best == history["val_loss"][3]
+
+
+def test_a_key_only_eval_fn_could_produce_is_an_error_once_validation_ran_without_it():
+    from fitforge.handlers import ValidationHandler
+    estimator, train, val = linear_problem()
+    validator = ValidationHandler(val, eval_fn=lambda data, event_handlers: {"val_loss": 1.0})
+    with pytest.raises(MonitorKeyError, match="monitors 'val_f1', which is not among the values produced"):
+        estimator.fit(train, epochs=2, event_handlers=[validator, EarlyStoppingHandler("val_f1", mode="max")])
+
+
+def test_a_failed_start_does_not_restore_the_previous_runs_weights():
+    from fitforge.events import TrainBegin
+    estimator, train, val = linear_problem()
+    stopper = EarlyStoppingHandler("val_loss", patience=5, restore_best_weights=True)
+    estimator.fit(train, val_data=val, epochs=2, event_handlers=[stopper])
+
+    class Broken(TrainBegin):
+        priority = -1
+
+        def train_begin(self, state):
+            raise RuntimeError("broken")
+
+    with torch.no_grad():
+        estimator.net.weight.fill_(42.0)
+    with pytest.raises(RuntimeError, match="broken"):
+        estimator.fit(train, val_data=val, epochs=2, event_handlers=[Broken(), stopper])
+    assert estimator.net.weight.item() == 42.0
+
+
+def test_the_stop_message_without_any_value_or_with_an_unbeaten_baseline():
+    handler = EarlyStoppingHandler("val_loss", patience=1)
+    state = TrainState(make_estimator())
+    handler.train_begin(state)
+    state.history.new_epoch()
+    state.history.record("val_loss", math.nan)
+    handler.epoch_end(state)
+    assert state.stop_reason.endswith("(best no value)")
+    handler = EarlyStoppingHandler("val_loss", patience=1, baseline=0.1)
+    assert feed(handler, [0.5]) == 0

@@ -424,6 +424,8 @@ def test_host_inputs_stay_where_they_are():
     estimator.fit([((x, lengths), 2 * x)], epochs=1)
     estimator.predict([((x, lengths),)])  # a one-element batch holds the inputs only
     assert all(t is lengths for t in seen)  # the very same tensor: never copied
-    with pytest.raises(FitforgeTypeError, match=r"host_inputs must be a tuple of input positions \(ints >= 0\), "
-                                                "got int 1"):
+    with pytest.raises(FitforgeTypeError, match=r"BatchProcessor: host_inputs must be a tuple of input positions "
+                                                r"\(ints >= 0\), got int 1"):
         BatchProcessor(host_inputs=1)
+    with pytest.raises(FitforgeValueError, match=r"host_inputs positions must be >= 0, got \(-1,\)"):
+        BatchProcessor(host_inputs=(-1,))

@@ -567,7 +567,7 @@ def test_accuracy_ignore_index_counts_only_kept_labels_on_the_device():
     metric.reset()
     metric.update(scores, torch.zeros(1, 3, dtype=torch.int64))  # all padding: no value
     assert math.isnan(float(metric.compute()))
-    with pytest.raises(FitforgeValueError, match="ignore_index must be an int label value or None, got 0.5"):
+    with pytest.raises(FitforgeTypeError, match="Accuracy: ignore_index must be an int label value or None, got 0.5"):
         Accuracy(ignore_index=0.5)
 
 
@@ -581,4 +581,13 @@ def test_the_default_accuracy_ignores_what_the_loss_ignores():
     (padded,) = default_metrics(nn.CrossEntropyLoss(ignore_index=0))
     assert padded.ignore_index == 0
     (plain,) = default_metrics(nn.CrossEntropyLoss())
-    assert plain.ignore_index is None
+    assert plain.ignore_index == -100  # torch's default: labels of -100 are padding for the loss too
+    scores = torch.tensor([[0.1, 0.9], [0.8, 0.2], [0.1, 0.9], [0.1, 0.9]])
+    plain.update(scores, torch.tensor([1, 0, -100, -100]))
+    assert float(plain.compute()) == 1.0
+
+
+def test_ignore_index_does_not_apply_to_one_hot_labels():
+    metric = Accuracy(ignore_index=0)
+    metric.update(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    assert float(metric.compute()) == 1.0  # both samples count, class 0 included

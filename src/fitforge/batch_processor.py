@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .data import batch_size_of, to_device, unpack_inputs, unpack_pair
-from .exceptions import FitforgeTypeError, LossInputError, describe
+from .exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 from .state import BatchOutput, TrainState
 
 
@@ -39,9 +39,11 @@ class BatchProcessor:
 
     def __init__(self, host_inputs: tuple[int, ...] = ()) -> None:
         if not isinstance(host_inputs, (tuple, list)) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in host_inputs):
-            raise FitforgeTypeError(f"host_inputs must be a tuple of input positions (ints >= 0), got "
-                                    f"{describe(host_inputs)}")
+                isinstance(i, int) and not isinstance(i, bool) for i in host_inputs):
+            raise FitforgeTypeError(f"BatchProcessor: host_inputs must be a tuple of input positions (ints >= 0), "
+                                    f"got {describe(host_inputs)}")
+        if any(i < 0 for i in host_inputs):
+            raise FitforgeValueError(f"BatchProcessor: host_inputs positions must be >= 0, got {tuple(host_inputs)}")
         self.host_inputs = tuple(host_inputs)
 
     def _inputs_to(self, inputs: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:

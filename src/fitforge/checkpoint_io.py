@@ -33,6 +33,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         with os.fdopen(fd, "wb") as file:
             torch.save(obj, file)
             file.flush()
+            os.fchmod(file.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a plain save would not
             os.fsync(file.fileno())
         os.replace(temp, path)
     except BaseException:
@@ -40,6 +41,12 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -89,7 +96,9 @@ def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimi
     unexpected parameter names.
     """
     if not isinstance(checkpoint, dict):
-        checkpoint = load_checkpoint(checkpoint, map_location=estimator.device)
+        # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
+        # optimizer state as each optimizer expects (a CUDA step counter would sync every step).
+        checkpoint = load_checkpoint(checkpoint, map_location="cpu")
     result = _load_net(estimator.net, checkpoint["model"])
     if result:
         raise CheckpointError(f"the checkpoint's weights do not fit this net: {result}")

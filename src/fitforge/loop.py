@@ -76,6 +76,7 @@ def run_epoch(
     started = time.perf_counter()
     seen = 0
     cancelled = False
+    state.epoch_complete = False
     try:
         dispatcher.fire(Event.EPOCH_BEGIN, state)
         for batch_idx, batch in enumerate(() if state.stop_requested else data):
@@ -101,6 +102,8 @@ def run_epoch(
                 state.global_step += 1
             if state.stop_requested:
                 break
+        else:
+            state.epoch_complete = seen > 0
     except ends_pass:
         cancelled = True
         if training:

@@ -82,6 +82,9 @@ class TrainState:
         max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
         max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
         shared: a free dict for handlers to pass values to each other.
+        epoch_complete: at ``epoch_end``, whether the epoch went through all its data (False when a
+            stop, a ``CancelEpoch`` or ``batches=N`` cut it short; a stop requested at the last batch
+            also cuts it short, as the data iterator is not asked for more).
         stop_requested / stop_reason: set by :meth:`request_stop`.
     """
 
@@ -98,6 +101,7 @@ class TrainState:
     metrics: dict[str, float] = field(default_factory=dict)
     history: History = field(default_factory=History)
     shared: dict[str, Any] = field(default_factory=dict)
+    epoch_complete: bool = False
     stop_requested: bool = False
     stop_reason: str | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)

@@ -22,8 +22,15 @@ def _positive(name: str, value: Any, allow_none: bool) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise FitforgeValueError(f"CheckpointHandler: {name} must be a positive int{' or None' if allow_none else ''}, "
-                                 f"got {value!r}")
+        error = FitforgeValueError if isinstance(value, int) and not isinstance(value, bool) else FitforgeTypeError
+        raise error(f"CheckpointHandler: {name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+
+
+def _completed_epochs(state: TrainState) -> int:
+    """Epochs completed at an epoch end: this one counts unless it was cut short (``batches=N``, a
+    stop or a CancelEpoch before its last batch)."""
+    complete = state.epoch_complete or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches)
+    return state.epoch + 1 if complete else state.epoch
 
 
 class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
@@ -32,7 +39,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
 
     Files are ``<model_prefix>-epoch<E>batch<B>.pt``, where E is the number of completed epochs and B
     the number of completed training batches in the whole run (``epoch2batch40`` is the state after
-    two full epochs of 20 batches; ``epoch2batch45`` five batches into the third), and
+    two full epochs of 20 batches; ``epoch2batch45`` five batches into the third, also when the
+    third epoch was cut short there by a stop), and
     ``<model_prefix>-best.pt``. Each holds the net's weights, the optimizers' states, the counters
     and the history (see :func:`fitforge.checkpoint_io.load_checkpoint`). Writes are atomic; the
     newest ``max_checkpoints`` regular files are kept and older ones are deleted by exact name, only
@@ -71,6 +79,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         _positive("max_checkpoints", max_checkpoints, allow_none=False)
         if save_best and monitor is None:
             raise FitforgeValueError("CheckpointHandler: save_best=True needs a monitor, e.g. monitor='val_loss'")
+        if epoch_period is None and batch_period is None and not save_best:
+            raise FitforgeValueError("CheckpointHandler would never save: epoch_period and batch_period are None and "
+                                     "save_best is False; set at least one of them")
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
         self.model_dir, self.model_prefix, self.monitor = Path(model_dir), model_prefix, monitor
         self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
@@ -88,8 +99,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
     def _prepare_folder(self) -> None:
         try:
             self.model_dir.mkdir(parents=True, exist_ok=True)
-            for leftover in self.model_dir.glob(f".{self.model_prefix}-*{TEMP_SUFFIX}"):
-                leftover.unlink()  # a temporary file of a save interrupted by a crash
+            for pattern in (f"{self.model_prefix}-epoch*", f"{self.model_prefix}-best{EXTENSION}"):
+                for leftover in self.model_dir.glob(f".{pattern}.*{TEMP_SUFFIX}"):
+                    leftover.unlink(missing_ok=True)  # a temporary file of a save interrupted by a crash
             probe = self.model_dir / f".{self.model_prefix}-probe{TEMP_SUFFIX}"
             probe.write_bytes(b"")
             probe.unlink()
@@ -97,13 +109,18 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
             raise FitforgeValueError(f"CheckpointHandler: model_dir {str(self.model_dir)!r} is not a writable folder "
                                      f"({err.strerror or err}); pass a folder you can write to") from err
 
+    def _saves_at_epoch_end(self, state: TrainState) -> bool:
+        return bool(self.epoch_period) and (state.epoch + 1) % self.epoch_period == 0
+
     def batch_end(self, state: TrainState) -> None:
         if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
+            if state.batch_idx + 1 == state.num_batches and self._saves_at_epoch_end(state):
+                return  # the epoch ends with this batch and saves the same state under its epoch name
             self._save_regular(state, state.epoch, state.global_step + 1)
 
     def epoch_end(self, state: TrainState) -> None:
-        if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0:
-            self._save_regular(state, state.epoch + 1, state.global_step)
+        if self._saves_at_epoch_end(state):
+            self._save_regular(state, _completed_epochs(state), state.global_step)
         if self.save_best:
             self._save_if_best(state)
 
@@ -123,7 +140,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
             return
         previous, self.best = self.best, value
         self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
-        checkpoint = self.checkpoint(state, state.epoch + 1, state.global_step)
+        checkpoint = self.checkpoint(state, _completed_epochs(state), state.global_step)
         checkpoint["best"] = {"monitor": self.monitor, "value": value, "epoch": state.epoch}
         save_atomic(checkpoint, self.best_path)
         log.info("%s improved from %s to %.4g: saved %s", self.monitor,

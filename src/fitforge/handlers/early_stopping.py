@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from ..events import EpochEnd, TrainBegin, TrainEnd
-from ..exceptions import FitforgeValueError
+from ..exceptions import FitforgeTypeError, FitforgeValueError
 from ..state import TrainState
 from .monitor import Monitor, _number
 
@@ -19,7 +19,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
     Semantics of Keras and Gluon: each epoch that does not beat the best by more than ``min_delta``
     counts one; training stops when the count reaches ``patience`` (``patience=0`` or ``1`` stops at
     the first epoch that does not improve). An epoch that produced no value for the key (validation
-    every second epoch) neither counts nor resets. A nan value never improves.
+    every second epoch) neither counts nor resets, so patience then counts validations. A nan value
+    never improves. With ``baseline``, epochs count as not improving until one beats it.
 
     Args:
         monitor: a history key, e.g. ``"val_loss"`` or ``"val_accuracy"``.
@@ -28,7 +29,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         patience: epochs without improvement before stopping.
         min_delta: the smallest change that counts as an improvement.
         baseline: a value the monitor must beat; until it does, epochs count as not improving.
-        restore_best_weights: when training ends, load the net's weights of the best epoch.
+        restore_best_weights: when training ends, load the net's weights of the best epoch (kept on
+            the host meanwhile); nothing is restored when no epoch beat ``baseline``.
 
     Example:
         >>> stopper = EarlyStoppingHandler("val_loss", patience=3, restore_best_weights=True)
@@ -38,7 +40,9 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
     def __init__(self, monitor: str = "val_loss", mode: str = "auto", patience: int = 0, min_delta: float = 0.0,
                  baseline: float | None = None, restore_best_weights: bool = False) -> None:
         self._monitor = Monitor(monitor, mode, min_delta, owner="EarlyStoppingHandler")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+        if isinstance(patience, bool) or not isinstance(patience, int):
+            raise FitforgeTypeError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
+        if patience < 0:
             raise FitforgeValueError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
         _number("EarlyStoppingHandler: baseline", baseline, allow_none=True)
         self.monitor, self.patience, self.baseline = monitor, patience, baseline
@@ -51,10 +55,12 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         self.wait = 0
         self.stopped_epoch: int | None = None
         self._best_weights: dict[str, Any] | None = None
+        self._active = False  # between this run's train_begin and train_end
 
     def train_begin(self, state: TrainState) -> None:
-        self._monitor.resolve(state.estimator)
         self._reset()
+        self._monitor.resolve(state.estimator)
+        self._active = True
 
     def epoch_end(self, state: TrainState) -> None:
         value = self._monitor.epoch_value(state, self)
@@ -62,21 +68,27 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             return
         if self._monitor.improved(value, self.best):
             self.best, self.best_epoch, self.wait = value, state.epoch, 0
-            if self.restore_best_weights:  # a device copy: no host transfer per improvement
-                self._best_weights = {k: v.detach().clone() for k, v in state.estimator.net.state_dict().items()}
+            if self.restore_best_weights:  # kept on the host: a second copy must not fill the device
+                self._best_weights = {k: v.detach().to("cpu", copy=True)
+                                      for k, v in state.estimator.net.state_dict().items()}
             return
         self.wait += 1
         if self.wait >= max(self.patience, 1):
             self.stopped_epoch = state.epoch
-            best = "the baseline" if self.best_epoch is None else f"{self.best:.4g} at epoch {self.best_epoch + 1}"
+            best = (f"{self.best:.4g} at epoch {self.best_epoch + 1}" if self.best_epoch is not None
+                    else f"none beat the baseline {self.baseline}" if self.baseline is not None else "no value")
             state.request_stop(f"early stopping: {self.monitor} did not improve for {self.wait} epoch(s) "
                                f"(best {best})")
 
     def train_end(self, state: TrainState) -> None:
+        if not self._active:  # train_begin never ran for this run (an earlier handler failed in it)
+            return
+        self._active = False
         best_epoch = self.best_epoch
         if self._best_weights is not None and best_epoch is not None and best_epoch != state.epoch:
             state.estimator.net.load_state_dict(self._best_weights)
             log.info("restored the weights of epoch %d (%s=%.4g)", best_epoch + 1, self.monitor, self.best)
+        self._best_weights = None  # do not hold a copy of the weights after the run
 
     def state_dict(self) -> dict:
         return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,

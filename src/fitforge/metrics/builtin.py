@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..exceptions import FitforgeValueError
+from ..exceptions import FitforgeTypeError, FitforgeValueError
 from .base import SumCountMetric
 
 
@@ -31,8 +31,10 @@ class Accuracy(SumCountMetric):
     single score per sample (C == 1) is a binary problem: use ``BinaryAccuracy``.
 
     Args:
-        ignore_index: a label value left out of the count, e.g. the padding of sequences (the
-            ``ignore_index`` of ``CrossEntropyLoss``). The count of kept labels stays on the device.
+        ignore_index: a class-index label value left out of the count, e.g. the padding of sequences
+            (the ``ignore_index`` of ``CrossEntropyLoss``; one-hot labels have none). The count of
+            kept labels stays on the device. The default metric of a ``CrossEntropyLoss``/``NLLLoss``
+            takes the loss's ``ignore_index``; ``"accuracy"`` by name does not.
     """
 
     name = "accuracy"
@@ -41,7 +43,7 @@ class Accuracy(SumCountMetric):
     def __init__(self, ignore_index: int | None = None) -> None:
         super().__init__()
         if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
-            raise FitforgeValueError(f"ignore_index must be an int label value or None, got {ignore_index!r}")
+            raise FitforgeTypeError(f"Accuracy: ignore_index must be an int label value or None, got {ignore_index!r}")
         self.ignore_index = ignore_index
 
     def batch_stats(self, pred, label):
@@ -51,8 +53,8 @@ class Accuracy(SumCountMetric):
                     f"{self.name}: pred of shape {tuple(pred.shape)} has one score per sample, so there is no "
                     "class axis to take the argmax of; for a binary output use the 'binary_accuracy' metric"
                 )
-            if pred.shape == label.shape:  # one-hot (any dtype) or probability labels
-                label = label.argmax(dim=1)
+            if pred.shape == label.shape:  # one-hot (any dtype) or probability labels: nothing to ignore
+                return (pred.argmax(dim=1) == label.argmax(dim=1)).sum(), label.numel() // label.shape[1]
             pred = pred.argmax(dim=1)
         if pred.shape != label.shape:
             raise FitforgeValueError(

@@ -61,10 +61,8 @@ def metric_from_name(name: str) -> Any:
 def default_metrics(loss: Any) -> list[Any]:
     """The metric a beginner expects for ``loss`` (the loss mean itself is always recorded)."""
     if isinstance(loss, (nn.CrossEntropyLoss, nn.NLLLoss)):
-        # Labels the loss ignores (padding) are left out of the accuracy too. torch's default -100
-        # is not passed on: it would cost a comparison per batch for labels that rarely use it.
-        ignore = loss.ignore_index
-        return [Accuracy() if ignore == -100 else Accuracy(ignore_index=ignore)]
+        # Labels the loss ignores (padding, torch's default -100) are left out of the accuracy too.
+        return [Accuracy(ignore_index=loss.ignore_index)]
     if isinstance(loss, nn.BCEWithLogitsLoss):
         return [BinaryAccuracy(logits=True)]
     if isinstance(loss, nn.BCELoss):
