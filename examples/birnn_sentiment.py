@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.data import DataLoader
 
 import common
@@ -25,13 +25,6 @@ from fitforge import BatchProcessor, Estimator, History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 
 TARGET = 0.95  # validation accuracy; chance (and any bag-of-words model) is 0.5
-
-
-def pad_batch(samples: list[tuple[torch.Tensor, torch.Tensor]]):
-    """collate_fn: ``(ids, label)`` samples -> ``((tokens (N, L), lengths (N,)), labels (N,))``."""
-    sequences, labels = zip(*samples)
-    lengths = torch.tensor([len(s) for s in sequences])
-    return (pad_sequence(list(sequences), batch_first=True, padding_value=data.PAD), lengths), torch.stack(labels)
 
 
 class BiRNNClassifier(nn.Module):
@@ -61,9 +54,9 @@ def main(argv: list[str] | None = None) -> History:
     torch.manual_seed(args.seed)
     train_set, val_set, vocab = data.sentiment(seed=args.seed)
     train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              collate_fn=pad_batch, generator=torch.Generator().manual_seed(args.seed))
+                              collate_fn=data.pad_sequences, generator=torch.Generator().manual_seed(args.seed))
     val_loader = DataLoader(data.limit(val_set, args.limit), batch_size=256,
-                            collate_fn=pad_batch)
+                            collate_fn=data.pad_sequences)
 
     net = BiRNNClassifier(len(vocab))
     # CrossEntropyLoss gets the accuracy metric by default: history keys train_accuracy / val_accuracy.

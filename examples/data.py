@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 
@@ -244,6 +245,18 @@ class SequenceDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.sequences[i], self.labels[i]
+
+
+def pad_sequences(samples: list[tuple[torch.Tensor, torch.Tensor]]
+                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """collate_fn for SequenceDataset: ``(ids, label)`` samples -> ``((ids (N, L), lengths (N,)),
+    labels)``, ids padded with PAD; class labels are stacked (N,), target sequences padded (N, T)."""
+    sequences, labels = zip(*samples)
+    lengths = torch.tensor([len(s) for s in sequences])
+    ids = pad_sequence(list(sequences), batch_first=True, padding_value=PAD)
+    if labels[0].dim() == 0:
+        return (ids, lengths), torch.stack(labels)
+    return (ids, lengths), pad_sequence(list(labels), batch_first=True, padding_value=PAD)
 
 
 def _text_datasets(texts: list[str], labels: list[torch.Tensor], n_train: int, tokenize

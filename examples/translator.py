@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torch.utils.data import DataLoader, Subset
 
 import common
@@ -45,14 +45,6 @@ from fitforge.metrics import Accuracy, SumCountMetric
 TARGET = 0.95  # validation exact match of greedy decodes; guessing a whole date right is ~0
 MAX_LEN = len("yyyy-mm-dd") + 1  # the longest target, end-of-sequence mark included
 DECODER_LR_RATIO = 3.0  # the decoder's learning rate relative to the encoder's
-
-
-def pad_batch(samples: list[tuple[torch.Tensor, torch.Tensor]]):
-    """collate_fn: ``(source ids, target ids)`` -> ``((sources (N, S), lengths (N,)), targets (N, T))``."""
-    sources, targets = zip(*samples)
-    lengths = torch.tensor([len(s) for s in sources])
-    return ((pad_sequence(list(sources), batch_first=True, padding_value=PAD), lengths),
-            pad_sequence(list(targets), batch_first=True, padding_value=PAD))
 
 
 class Encoder(nn.Module):
@@ -167,8 +159,8 @@ def main(argv: list[str] | None = None) -> History:
     torch.manual_seed(args.seed)
     train_set, val_set, source_vocab = data.dates(seed=args.seed)
     train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              collate_fn=pad_batch, generator=torch.Generator().manual_seed(args.seed))
-    val_loader = DataLoader(data.limit(val_set, args.limit), batch_size=256, collate_fn=pad_batch)
+                              collate_fn=data.pad_sequences, generator=torch.Generator().manual_seed(args.seed))
+    val_loader = DataLoader(data.limit(val_set, args.limit), batch_size=256, collate_fn=data.pad_sequences)
 
     net = Translator(len(source_vocab), len(DATE_TARGET))
     encoder_opt = torch.optim.Adam(net.encoder.parameters(), lr=args.lr)
@@ -189,7 +181,8 @@ def main(argv: list[str] | None = None) -> History:
     def iso(ids: list[int]) -> str:
         return "".join(DATE_TARGET.decode(ids)).removesuffix("<eos>")
 
-    translations = estimator.predict(DataLoader(Subset(val_set, range(5)), batch_size=5, collate_fn=pad_batch))
+    samples = DataLoader(Subset(val_set, range(5)), batch_size=5, collate_fn=data.pad_sequences)
+    translations = estimator.predict(samples)
     for i, ids in enumerate(translations.tolist()):
         print(f"{val_set.texts[i]:>32} -> {iso(ids)}  (expected {iso(val_set[i][1].tolist())})")
     print(f"validation exact match: {exact_match:.4f} (target >= {TARGET}) after {history.epochs} epochs")
