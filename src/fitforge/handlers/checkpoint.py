@@ -110,7 +110,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
                                      f"({err.strerror or err}); pass a folder you can write to") from err
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
-        return bool(self.epoch_period) and (state.epoch + 1) % self.epoch_period == 0
+        period = self.epoch_period
+        return period is not None and (state.epoch + 1) % period == 0
 
     def batch_end(self, state: TrainState) -> None:
         if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
