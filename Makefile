@@ -1,6 +1,6 @@
 # make test: set up .venv (CPU torch under a constraint) and run the suite with coverage.
 # make demo: same set-up, then train the quickstart.
-# make examples: same set-up, then train the eight canonical models in turn (about 2 minutes each).
+# make examples: same set-up, then train the eight canonical models in turn (about 3 minutes in all).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
