@@ -189,3 +189,13 @@ def test_the_stop_message_without_any_value_or_with_an_unbeaten_baseline():
     assert state.stop_reason.endswith("(best no value)")
     handler = EarlyStoppingHandler("val_loss", patience=1, baseline=0.1)
     assert feed(handler, [0.5]) == 0
+
+
+def test_a_best_checkpoint_and_restored_weights_judged_by_different_keys_warn(tmp_path):
+    from fitforge.handlers import CheckpointHandler
+    estimator, train, val = linear_problem()
+    handlers = [CheckpointHandler(tmp_path, monitor="val_mae", save_best=True),
+                EarlyStoppingHandler("val_loss", restore_best_weights=True)]
+    with pytest.warns(UserWarning, match="CheckpointHandler keeps the best weights by 'val_mae' but "
+                                         "EarlyStoppingHandler restores the best by 'val_loss'"):
+        estimator.fit(train, val_data=val, epochs=1, event_handlers=handlers)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +87,22 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: Estimator) -> No
             continue
         raise MonitorKeyError(f"{handler!r} monitors {key!r}, which this run will not produce; available keys: "
                               f"{', '.join(keys)}")
+    _check_best_agrees(handlers)
+
+
+def _check_best_agrees(handlers: Sequence[EventHandler]) -> None:
+    # A best checkpoint and restored best weights judged by different keys are two different models;
+    # duck-typed (save_best / restore_best_weights) to keep this module free of their imports.
+    savers = [h for h in handlers if getattr(h, "save_best", False)]
+    restorers = [h for h in handlers if getattr(h, "restore_best_weights", False)]
+    for saver in savers:
+        for restorer in restorers:
+            if saver.monitor != restorer.monitor:  # type: ignore[attr-defined]
+                warnings.warn(
+                    f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but "  # type: ignore[attr-defined]
+                    f"{type(restorer).__name__} restores the best by {restorer.monitor!r}; "  # type: ignore[attr-defined]
+                    "the best checkpoint and the final weights may be different models: monitor the same key",
+                    UserWarning, stacklevel=4)
 
 
 def monitored_value(state, key: str, who: object) -> float:

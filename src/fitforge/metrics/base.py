@@ -58,7 +58,10 @@ class SumCountMetric:
                      else torch.float64 if total.device.type == "cpu" else torch.float32)
             self._sum = torch.zeros((), dtype=dtype, device=total.device)
         self._sum.add_(total, alpha=weight)
-        self._count = self._count + count  # int + int stays on the host; a tensor count stays on the device
+        if isinstance(self._count, torch.Tensor):
+            self._count.add_(count)  # a tensor count stays on the device
+        else:
+            self._count = self._count + count  # the first tensor count makes a new tensor: no aliasing
 
     def compute(self) -> torch.Tensor:
         if self._sum is None or not self._count:  # a tensor count is read here, at compute time only

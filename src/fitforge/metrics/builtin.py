@@ -47,6 +47,7 @@ class Accuracy(SumCountMetric):
         self.ignore_index = ignore_index
 
     def batch_stats(self, pred, label):
+        classes = None
         if pred.is_floating_point():  # scores: the class is their argmax over dim 1
             if pred.dim() < 2 or pred.shape[1] == 1:
                 raise FitforgeValueError(
@@ -55,6 +56,7 @@ class Accuracy(SumCountMetric):
                 )
             if pred.shape == label.shape:  # one-hot (any dtype) or probability labels: nothing to ignore
                 return (pred.argmax(dim=1) == label.argmax(dim=1)).sum(), label.numel() // label.shape[1]
+            classes = pred.shape[1]
             pred = pred.argmax(dim=1)
         if pred.shape != label.shape:
             raise FitforgeValueError(
@@ -64,7 +66,10 @@ class Accuracy(SumCountMetric):
         if self.ignore_index is None:
             return (pred == label).sum(), label.numel()
         kept = label != self.ignore_index
-        return ((pred == label) & kept).sum(), kept.sum()
+        correct = pred == label
+        if classes is None or 0 <= self.ignore_index < classes:  # else no prediction can equal it
+            correct &= kept
+        return correct.sum(), kept.sum()
 
     def __repr__(self) -> str:
         return "Accuracy()" if self.ignore_index is None else f"Accuracy(ignore_index={self.ignore_index})"
