@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode  # the public way to observe aten calls
 from torch.utils.data import DataLoader, TensorDataset
 
 from .events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, TrainBegin, TrainEnd
@@ -82,3 +83,27 @@ class RecordingHandler(TrainBegin, EpochBegin, BatchBegin, BatchEnd, EpochEnd, T
 
     def train_end(self, state) -> None:
         self._record("train_end", state)
+
+
+class HostReadCounter(TorchDispatchMode):
+    """Count reads of tensor values to the host inside a ``with`` block: ``.item()``, ``float()``,
+    ``int()``, ``bool()`` and formatting of a tensor all dispatch ``aten._local_scalar_dense``, which
+    waits for the device on a GPU. (``.tolist()``/``.numpy()`` read CPU memory directly and are not
+    seen; on a GPU they need a ``.cpu()`` copy first.)
+
+    Example:
+        >>> est, train, val = linear_problem()
+        >>> with HostReadCounter() as reads:
+        ...     history = est.fit(train, epochs=1)          # doctest: +SKIP
+        >>> reads.count                                       # doctest: +SKIP
+        3
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
