@@ -122,6 +122,7 @@ def run_epoch(
 def _clear_gradients(state: TrainState) -> None:
     for optimizer in state.estimator.optimizers:
         optimizer.zero_grad(set_to_none=True)
+    state.accumulated_batches = 0  # an accumulated group's gradients are gone with them
 
 
 def _record_lr(state: TrainState) -> None:

@@ -82,6 +82,8 @@ class TrainState:
         max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
         max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
         shared: a free dict for handlers to pass values to each other.
+        optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
+        accumulated_batches: batches whose gradients wait for the next optimizer step.
         epoch_complete: at ``epoch_end``, whether the epoch went through all its data (False when a
             stop, a ``CancelEpoch`` or ``batches=N`` cut it short; a stop requested at the last batch
             also cuts it short, as the data iterator is not asked for more).
@@ -102,6 +104,8 @@ class TrainState:
     history: History = field(default_factory=History)
     shared: dict[str, Any] = field(default_factory=dict)
     epoch_complete: bool = False
+    optimizer_steps: int = 0
+    accumulated_batches: int = 0
     stop_requested: bool = False
     stop_reason: str | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)

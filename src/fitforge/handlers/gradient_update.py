@@ -1,25 +1,88 @@
-"""GradientUpdateHandler: the optimizer step, after the batch processor's backward."""
+"""GradientUpdateHandler: the optimizer step after the batch processor's backward, with optional
+gradient accumulation and clipping."""
 
 from __future__ import annotations
 
-from ..events import BatchEnd, TrainBegin
+from typing import Any
+
+import torch
+
+from ..events import BatchEnd, EpochEnd, TrainBegin
+from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
-class GradientUpdateHandler(TrainBegin, BatchEnd):
-    """Step every optimizer, then ``zero_grad(set_to_none=True)``, at each batch end.
+def _check(name: str, value: Any, kinds: tuple[type, ...], allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        what = "int" if kinds == (int,) else "number"
+        raise FitforgeTypeError(f"GradientUpdateHandler: {name} must be a positive {what}"
+                                f"{' or None' if allow_none else ''}, got {describe(value)}")
+    if value <= 0:
+        raise FitforgeValueError(f"GradientUpdateHandler: {name} must be positive, got {value!r}")
+
+
+class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
+    """Step every optimizer, then ``zero_grad(set_to_none=True)``.
 
     It runs first at ``batch_end`` (priority -2000), so later handlers see updated weights. A
     handler that must read gradients before the step takes a priority below -2000.
+
+    Args:
+        accumulate: step once every this many batches; the summed gradients are divided by the
+            number of batches in the group, so with a mean-reduced loss a group of N batches of B
+            samples steps like one batch of N*B. A trailing partial group (the end of an epoch, or a
+            stop) is stepped too, divided by its own size. ``state.optimizer_steps`` counts steps.
+        clip_norm: clip the total gradient norm of the optimizers' parameters to this value before
+            each step (``torch.nn.utils.clip_grad_norm_``).
+        clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
+
+    A ``CancelBatch`` clears the gradients of the whole group accumulated so far (the loop cannot
+    tell one batch's share from the others').
     """
 
     priority = -2000
 
+    def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None) -> None:
+        _check("accumulate", accumulate, (int,), allow_none=False)
+        _check("clip_norm", clip_norm, (int, float), allow_none=True)
+        _check("clip_value", clip_value, (int, float), allow_none=True)
+        self.accumulate, self.clip_norm, self.clip_value = accumulate, clip_norm, clip_value
+        self._plain = accumulate == 1 and clip_norm is None and clip_value is None
+
     def train_begin(self, state) -> None:
         self._optimizers = list(state.estimator.optimizers)
+        self._params = [p for o in self._optimizers for group in o.param_groups for p in group["params"]]
         for optimizer in self._optimizers:
             optimizer.zero_grad(set_to_none=True)
+        state.accumulated_batches = 0
 
     def batch_end(self, state) -> None:
+        if self._plain:  # the common case, kept short: it runs every batch
+            for optimizer in self._optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            state.optimizer_steps += 1
+            return
+        state.accumulated_batches += 1
+        if state.accumulated_batches >= self.accumulate:
+            self.step(state)
+
+    def epoch_end(self, state) -> None:
+        if state.phase == "train" and state.accumulated_batches:  # a trailing partial group
+            self.step(state)
+
+    def step(self, state) -> None:
+        """Average the accumulated gradients, clip them, step and zero them."""
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if state.accumulated_batches > 1 and grads:
+            torch._foreach_div_(grads, state.accumulated_batches)
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
+        if self.clip_value is not None:
+            torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
         for optimizer in self._optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        state.accumulated_batches = 0
+        state.optimizer_steps += 1
