@@ -429,3 +429,20 @@ def test_host_inputs_stay_where_they_are():
         BatchProcessor(host_inputs=1)
     with pytest.raises(FitforgeValueError, match=r"host_inputs positions must be >= 0, got \(-1,\)"):
         BatchProcessor(host_inputs=(-1,))
+
+
+def test_evaluate_and_predict_run_under_inference_mode_and_return_ordinary_tensors():
+    modes = []
+
+    class Net(nn.Linear):
+        def forward(self, x):
+            modes.append((torch.is_inference_mode_enabled(), self.training))
+            return super().forward(x)
+
+    estimator = make_estimator(net=Net(1, 1))
+    x = torch.rand(4, 1)
+    estimator.evaluate([(x, 2 * x)])
+    pred = estimator.predict([x])
+    assert modes == [(True, False), (True, False)] and estimator.net.training
+    pred += 1  # an ordinary tensor: in-place updates and autograd work on it outside inference mode
+    assert not pred.is_inference()

@@ -87,7 +87,7 @@ class BatchProcessor:
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
-        """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.no_grad``)."""
+        """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""
         inputs, label = self.to_device(state, batch)
         pred = self.forward(state.estimator.val_net, inputs, label)
         loss, losses = state.estimator.compute_val_loss(pred, label)
