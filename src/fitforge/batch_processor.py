@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -78,19 +79,27 @@ class BatchProcessor:
             )
         loss.backward()
 
+    def autocast(self, state: TrainState) -> AbstractContextManager:
+        """The mixed-precision context of the estimator's ``precision`` (a no-op in float32)."""
+        dtype = state.estimator.autocast_dtype
+        return nullcontext() if dtype is None else torch.autocast(state.estimator.device.type, dtype=dtype)
+
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput:
-        """Forward, loss and backward on one training batch."""
+        """Forward and loss (under the precision's autocast), then backward on one training batch."""
         inputs, label = self.to_device(state, batch)
-        pred = self.forward(state.estimator.net, inputs, label)
-        loss, losses = state.estimator.compute_loss(pred, label)
-        self.backward(loss)
+        with self.autocast(state):
+            pred = self.forward(state.estimator.net, inputs, label)
+            loss, losses = state.estimator.compute_loss(pred, label)
+        scaler = state.estimator.scaler
+        self.backward(loss if scaler is None else scaler.scale(loss))  # fp16: scaled against underflow
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""
         inputs, label = self.to_device(state, batch)
-        pred = self.forward(state.estimator.val_net, inputs, label)
-        loss, losses = state.estimator.compute_val_loss(pred, label)
+        with self.autocast(state):
+            pred = self.forward(state.estimator.val_net, inputs, label)
+            loss, losses = state.estimator.compute_val_loss(pred, label)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def inputs_to_device(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, ...]:
@@ -100,4 +109,6 @@ class BatchProcessor:
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
         """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""
-        return self.forward(state.estimator.val_net, self.inputs_to_device(state, batch), None)
+        inputs = self.inputs_to_device(state, batch)
+        with self.autocast(state):
+            return self.forward(state.estimator.val_net, inputs, None)

@@ -113,6 +113,8 @@ def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimi
             except (ValueError, KeyError) as err:
                 raise CheckpointError(f"the checkpoint's optimizer state does not fit {type(optimizer).__name__}: "
                                       f"{err}") from err
+        if "scaler" in checkpoint and getattr(estimator, "scaler", None) is not None:
+            estimator.scaler.load_state_dict(checkpoint["scaler"])
     return checkpoint
 
 

@@ -114,3 +114,23 @@ def check_duration(epochs: Any, batches: Any) -> None:
         raise FitforgeTypeError(f"{name} must be a positive int, got {describe(value)}")
     if value < 1:
         raise FitforgeValueError(f"{name} must be a positive int, got {value}")
+
+
+PRECISIONS = {None: None, "32": None, "32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def resolve_precision(precision: Any, device: torch.device) -> tuple[torch.dtype | None, Any]:
+    """``(autocast dtype or None, GradScaler or None)`` for a precision name.
+
+    ``"bf16-mixed"`` runs forward and loss under ``torch.autocast`` in bfloat16 (no scaler needed:
+    bfloat16 has float32's range); ``"16-mixed"`` in float16 with a ``GradScaler`` so that small
+    gradients do not underflow; ``None``/``"32"`` is full precision.
+    """
+    if isinstance(precision, str) or precision is None:
+        key = precision.lower() if isinstance(precision, str) else None
+        if key in PRECISIONS:
+            dtype = PRECISIONS[key]
+            scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
+            return dtype, scaler
+    names = ", ".join(repr(k) for k in PRECISIONS if k is not None)
+    raise FitforgeValueError(f"precision must be None or one of {names}, got {precision!r}")

@@ -12,7 +12,7 @@ from torch import nn
 
 from .batch_processor import BatchProcessor
 from .checkpoint_io import restore_weights
-from .configure import check_duration, check_net, resolve_device, resolve_optimizers
+from .configure import check_duration, check_net, resolve_device, resolve_optimizers, resolve_precision
 from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
 from .events import EventHandler
@@ -41,6 +41,8 @@ class Estimator:
         val_net / val_loss: used by evaluate and predict instead of ``net``/``loss`` when given.
         batch_processor: a :class:`BatchProcessor` (subclass) instance for custom steps.
         loss_weights: one weight per loss for the total of several losses.
+        precision: None (float32), ``"bf16-mixed"`` (forward and loss under bfloat16 autocast) or
+            ``"16-mixed"`` (float16 autocast with a GradScaler, whose state checkpoints keep).
 
     Example:
         >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
@@ -51,8 +53,10 @@ class Estimator:
     def __init__(self, net: nn.Module, loss: Any, train_metrics: Any = None, val_metrics: Any = None,
                  optimizer: Any = None, device: Any = None, val_net: nn.Module | None = None,
                  val_loss: Any = None, batch_processor: BatchProcessor | None = None,
-                 loss_weights: Sequence[float] | None = None) -> None:
+                 loss_weights: Sequence[float] | None = None, precision: str | None = None) -> None:
         self.device = resolve_device(device)
+        self.precision = precision
+        self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
         self.net = check_net(net).to(self.device)
         self.val_net = self.net if val_net is None else check_net(val_net, "val_net").to(self.device)
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss

@@ -148,7 +148,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
                  "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
 
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
-        """The dict written to a file: weights, optimizer states, counters and history."""
+        """The dict written to a file: weights, optimizer states, counters, history (and the fp16
+        GradScaler's state under ``precision="16-mixed"``)."""
         estimator = state.estimator
         return {
             "format_version": FORMAT_VERSION,
@@ -157,6 +158,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
             "epochs_completed": epochs,
             "global_step": batches,
             "history": state.history.state_dict(),
+            **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
         }
 
     def state_dict(self) -> dict:

@@ -48,9 +48,11 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         _check("clip_norm", clip_norm, (int, float), allow_none=True)
         _check("clip_value", clip_value, (int, float), allow_none=True)
         self.accumulate, self.clip_norm, self.clip_value = accumulate, clip_norm, clip_value
-        self._plain = accumulate == 1 and clip_norm is None and clip_value is None
 
     def train_begin(self, state) -> None:
+        self._scaler = state.estimator.scaler
+        self._plain = (self.accumulate == 1 and self.clip_norm is None and self.clip_value is None
+                       and self._scaler is None)
         self._optimizers = list(state.estimator.optimizers)
         self._params = [p for o in self._optimizers for group in o.param_groups for p in group["params"]]
         for optimizer in self._optimizers:
@@ -58,7 +60,7 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         state.accumulated_batches = 0
 
     def batch_end(self, state) -> None:
-        if self._plain:  # the common case, kept short: it runs every batch
+        if self._plain:  # the common case (no accumulation, clipping or fp16 scaler), kept short
             for optimizer in self._optimizers:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -73,7 +75,12 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
             self.step(state)
 
     def step(self, state) -> None:
-        """Average the accumulated gradients, clip them, step and zero them."""
+        """Average the accumulated gradients, clip them, step and zero them. Under fp16 the
+        GradScaler unscales before clipping and skips the step when a gradient is inf or nan."""
+        scaler, clipping = self._scaler, self.clip_norm is not None or self.clip_value is not None
+        if scaler is not None and clipping:
+            for optimizer in self._optimizers:
+                scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
         grads = [p.grad for p in self._params if p.grad is not None]
         if state.accumulated_batches > 1 and grads:
             torch._foreach_div_(grads, state.accumulated_batches)
@@ -82,7 +89,12 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         if self.clip_value is not None:
             torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
         for optimizer in self._optimizers:
-            optimizer.step()
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.update()
         state.accumulated_batches = 0
         state.optimizer_steps += 1
