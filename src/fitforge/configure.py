@@ -134,3 +134,33 @@ def resolve_precision(precision: Any, device: torch.device) -> tuple[torch.dtype
             return dtype, scaler
     names = ", ".join(repr(k) for k in PRECISIONS if k is not None)
     raise FitforgeValueError(f"precision must be None or one of {names}, got {precision!r}")
+
+
+def compile_net(net: nn.Module, options: Any) -> nn.Module:
+    """Compile ``net.forward`` with ``torch.compile(**options)`` (``options`` True or a dict of its
+    keyword arguments), falling back to eager with a warning where it cannot compile.
+
+    The compiled function replaces ``forward`` on the instance only, so the module, its parameters
+    and its ``state_dict`` keys (and so checkpoints) stay those of the eager net.
+    """
+    if options is False or options is None:
+        return net
+    if options is not True and not isinstance(options, dict):
+        raise FitforgeTypeError(f"compile must be True, False or a dict of torch.compile arguments, "
+                                f"got {describe(options)}")
+    kwargs = {} if options is True else dict(options)
+    eager = net.forward
+    compiled = torch.compile(eager, **kwargs)
+
+    def forward(*args: Any, **kw: Any) -> Any:
+        try:
+            return compiled(*args, **kw)
+        except torch._dynamo.exc.TorchDynamoException as err:  # compiling failed, not the model
+            warnings.warn(f"torch.compile could not compile {type(net).__name__} ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); running it eagerly", UserWarning,
+                          stacklevel=2)
+            del net.forward  # the class's own forward again, for every later call
+            return eager(*args, **kw)
+
+    net.forward = forward  # type: ignore[method-assign]
+    return net

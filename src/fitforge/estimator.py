@@ -12,7 +12,14 @@ from torch import nn
 
 from .batch_processor import BatchProcessor
 from .checkpoint_io import restore_weights
-from .configure import check_duration, check_net, resolve_device, resolve_optimizers, resolve_precision
+from .configure import (
+    check_duration,
+    check_net,
+    compile_net,
+    resolve_device,
+    resolve_optimizers,
+    resolve_precision,
+)
 from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
 from .events import EventHandler
@@ -43,6 +50,9 @@ class Estimator:
         loss_weights: one weight per loss for the total of several losses.
         precision: None (float32), ``"bf16-mixed"`` (forward and loss under bfloat16 autocast) or
             ``"16-mixed"`` (float16 autocast with a GradScaler, whose state checkpoints keep).
+        compile: True (or a dict of ``torch.compile`` arguments) compiles the net's forward,
+            falling back to eager with a warning where it cannot compile; ``state_dict`` keys
+            are unchanged. ``val_net``, when it is the same module, runs compiled too.
 
     Example:
         >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
@@ -53,11 +63,12 @@ class Estimator:
     def __init__(self, net: nn.Module, loss: Any, train_metrics: Any = None, val_metrics: Any = None,
                  optimizer: Any = None, device: Any = None, val_net: nn.Module | None = None,
                  val_loss: Any = None, batch_processor: BatchProcessor | None = None,
-                 loss_weights: Sequence[float] | None = None, precision: str | None = None) -> None:
+                 loss_weights: Sequence[float] | None = None, precision: str | None = None,
+                 compile: bool | dict = False) -> None:
         self.device = resolve_device(device)
         self.precision = precision
         self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
-        self.net = check_net(net).to(self.device)
+        self.net = compile_net(check_net(net).to(self.device), compile)
         self.val_net = self.net if val_net is None else check_net(val_net, "val_net").to(self.device)
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
         self._loss = LossSet(loss, loss_weights).to(self.device)
