@@ -3,7 +3,7 @@ gradient accumulation and clipping."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -18,7 +18,7 @@ def _check(name: str, value: Any, kinds: tuple[type, ...], allow_none: bool) -> 
         what = "int" if kinds == (int,) else "number"
         raise FitforgeTypeError(f"GradientUpdateHandler: {name} must be a positive {what}"
                                 f"{' or None' if allow_none else ''}, got {describe(value)}")
-    if float(value) <= 0:
+    if cast(float, value) <= 0:
         raise FitforgeValueError(f"GradientUpdateHandler: {name} must be positive, got {value!r}")
 
 
