@@ -49,6 +49,7 @@ import fitforge.handlers.defaults
 from fitforge import Estimator
 from fitforge.dispatch import Dispatcher
 from fitforge.handlers import MetricHandler, ProgressBarHandler
+from fitforge.testing import HostReadCounter
 
 SEED = 0
 VARIANTS = ("fit default", "hand + val", "fit lean", "hand")
@@ -152,6 +153,17 @@ def run_variant(variant: str, w: Workload, train: DataLoader, val: DataLoader) -
     return time.perf_counter() - wall, time.process_time() - cpu, loss
 
 
+def host_reads(w: Workload, train: DataLoader, val: DataLoader) -> dict[str, int]:
+    """Reads of device values to the host (``aten._local_scalar_dense``) in one run of each variant,
+    counted by a dispatch mode in a separate, untimed run (a sync each on a GPU)."""
+    counts = {}
+    for variant in VARIANTS:
+        with HostReadCounter() as reads:
+            run_variant(variant, w, train, val)
+        counts[variant] = reads.count
+    return counts
+
+
 def handler_chains(val: DataLoader) -> dict[str, str]:
     """The batch_end chain of each fit variant; exits if a progress bar slipped into the defaults."""
     def chain(handlers: list) -> str:
@@ -194,7 +206,7 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
             "median_s": {v: statistics.median(t) for v, t in wall.items()},
             "min_s": {v: min(t) for v, t in wall.items()},
             "median_cpu_s": {v: statistics.median(t) for v, t in cpu.items()},
-            "final_train_loss": losses, "wall_s": wall, "cpu_s": cpu,
+            "final_train_loss": losses, "wall_s": wall, "cpu_s": cpu, "host_reads": host_reads(w, train, val),
             "default": compare("fit default", "hand + val"), "lean": compare("fit lean", "hand")}
 
 
@@ -218,6 +230,9 @@ def print_report(res: dict) -> None:
               f"overhead {c['cpu_overhead_us_per_step']:+.1f} us/step")
     losses = res["final_train_loss"]
     same = all(abs(v - losses["hand"]) <= 1e-4 * abs(losses["hand"]) for v in losses.values())
+    reads = res["host_reads"]
+    print(f"  host reads in one run of {res['epochs']} epoch(s), {res['steps']} steps: "
+          + ", ".join(f"{v} {n}" for v, n in reads.items()) + " (none per batch: tests/test_host_reads.py)")
     print(f"  parity: final train loss {losses['hand']:.6f} by hand, "
           f"{'identical (rel 1e-4) in all variants' if same else 'DIFFERS: ' + str(losses)}")
 
