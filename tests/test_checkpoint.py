@@ -158,7 +158,7 @@ def test_a_read_only_model_dir_fails_before_the_first_step(tmp_path):
     ({"model_dir": 3}, FitforgeTypeError, "model_dir must be a folder path, got int 3"),
     ({"model_prefix": "a/b"}, FitforgeValueError, "model_prefix must be a non-empty file-name prefix"),
     ({"epoch_period": 0}, FitforgeValueError, "epoch_period must be a positive int or None, got 0"),
-    ({"batch_period": 2.5}, FitforgeTypeError, "batch_period must be a positive int or None, got 2.5"),
+    ({"batch_period": 2.5}, FitforgeTypeError, "batch_period must be a positive int or None, got float 2.5"),
     ({"epoch_period": None}, FitforgeValueError, "would never save: epoch_period and batch_period are None"),
     ({"max_checkpoints": 0}, FitforgeValueError, "max_checkpoints must be a positive int, got 0"),
     ({"save_best": True}, FitforgeValueError, "save_best=True needs a monitor"),

@@ -100,9 +100,9 @@ def test_clipping_bounds_the_update(kwargs, bound):
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"accumulate": 0}, FitforgeValueError, "accumulate must be positive, got 0"),
+    ({"accumulate": 0}, FitforgeValueError, "accumulate must be a positive int, got 0"),
     ({"accumulate": 2.0}, FitforgeTypeError, "accumulate must be a positive int, got float 2.0"),
-    ({"clip_norm": -1.0}, FitforgeValueError, "clip_norm must be positive, got -1.0"),
+    ({"clip_norm": -1.0}, FitforgeValueError, "clip_norm must be a positive number or None, got -1.0"),
     ({"clip_value": "1"}, FitforgeTypeError, "clip_value must be a positive number or None, got str"),
 ])
 def test_argument_errors(kwargs, error, message):

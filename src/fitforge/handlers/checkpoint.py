@@ -6,8 +6,8 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
 
+from ..checks import check_positive
 from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, save_atomic
 from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -16,14 +16,6 @@ from .monitor import Monitor
 
 log = logging.getLogger("fitforge")
 EXTENSION = ".pt"
-
-
-def _positive(name: str, value: Any, allow_none: bool) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        error = FitforgeValueError if isinstance(value, int) and not isinstance(value, bool) else FitforgeTypeError
-        raise error(f"CheckpointHandler: {name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
 
 
 def _completed_epochs(state: TrainState) -> int:
@@ -74,9 +66,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         if not isinstance(model_prefix, str) or not re.fullmatch(r"[\w.-]+", model_prefix):
             raise FitforgeValueError(f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
                                      f"(letters, digits, '_', '-', '.'), got {model_prefix!r}")
-        _positive("epoch_period", epoch_period, allow_none=True)
-        _positive("batch_period", batch_period, allow_none=True)
-        _positive("max_checkpoints", max_checkpoints, allow_none=False)
+        check_positive("CheckpointHandler", "epoch_period", epoch_period, allow_none=True)
+        check_positive("CheckpointHandler", "batch_period", batch_period, allow_none=True)
+        check_positive("CheckpointHandler", "max_checkpoints", max_checkpoints)
         if save_best and monitor is None:
             raise FitforgeValueError("CheckpointHandler: save_best=True needs a monitor, e.g. monitor='val_loss'")
         if epoch_period is None and batch_period is None and not save_best:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..checks import check_number
 from ..events import EpochEnd, TrainBegin, TrainEnd
 from ..exceptions import FitforgeTypeError, FitforgeValueError
 from ..state import TrainState
-from .monitor import Monitor, _number
+from .monitor import Monitor
 
 log = logging.getLogger("fitforge")
 
@@ -44,7 +45,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             raise FitforgeTypeError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
         if patience < 0:
             raise FitforgeValueError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
-        _number("EarlyStoppingHandler: baseline", baseline, allow_none=True)
+        check_number("EarlyStoppingHandler", "baseline", baseline, allow_none=True)
         self.monitor, self.patience, self.baseline = monitor, patience, baseline
         self.restore_best_weights = bool(restore_best_weights)
         self._reset()

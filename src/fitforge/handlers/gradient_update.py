@@ -3,23 +3,10 @@ gradient accumulation and clipping."""
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import torch
 
+from ..checks import check_positive
 from ..events import BatchEnd, EpochEnd, TrainBegin
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-
-
-def _check(name: str, value: Any, kinds: tuple[type, ...], allow_none: bool) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        what = "int" if kinds == (int,) else "number"
-        raise FitforgeTypeError(f"GradientUpdateHandler: {name} must be a positive {what}"
-                                f"{' or None' if allow_none else ''}, got {describe(value)}")
-    if cast(float, value) <= 0:
-        raise FitforgeValueError(f"GradientUpdateHandler: {name} must be positive, got {value!r}")
 
 
 class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
@@ -44,9 +31,9 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     priority = -2000
 
     def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None) -> None:
-        _check("accumulate", accumulate, (int,), allow_none=False)
-        _check("clip_norm", clip_norm, (int, float), allow_none=True)
-        _check("clip_value", clip_value, (int, float), allow_none=True)
+        check_positive("GradientUpdateHandler", "accumulate", accumulate)
+        check_positive("GradientUpdateHandler", "clip_norm", clip_norm, (int, float), allow_none=True)
+        check_positive("GradientUpdateHandler", "clip_value", clip_value, (int, float), allow_none=True)
         self.accumulate, self.clip_norm, self.clip_value = accumulate, clip_norm, clip_value
 
     def train_begin(self, state) -> None:

@@ -7,6 +7,7 @@ import logging
 import math
 from typing import Any
 
+from ..checks import check_number
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .defaults import monitored_value
 
@@ -17,13 +18,6 @@ log = logging.getLogger("fitforge")
 _LOWER = {"loss", "error", "err", "mse", "mae", "rmse", "l1", "l2", "perplexity", "distance", "time"}
 _HIGHER = {"accuracy", "acc", "iou", "miou", "match", "f1", "precision", "recall", "auc", "ap", "map",
            "dice", "r2", "score"}
-
-
-def _number(name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise FitforgeTypeError(f"{name} must be a number{' or None' if allow_none else ''}, got {describe(value)}")
 
 
 def infer_mode(key: str, estimator: Any) -> tuple[str, str]:
@@ -59,7 +53,7 @@ class Monitor:
             raise FitforgeTypeError(f"{owner}: monitor must be a history key such as 'val_loss', got {describe(key)}")
         if mode not in ("auto", "min", "max"):
             raise FitforgeValueError(f"{owner}: mode must be 'auto', 'min' or 'max', got {mode!r}")
-        _number(f"{owner}: min_delta", min_delta)
+        check_number(owner, "min_delta", min_delta)
         if min_delta < 0:
             raise FitforgeValueError(f"{owner}: min_delta must be >= 0 (the direction comes from mode), got {min_delta}")
         self.key, self.mode, self.min_delta, self.owner = key, mode, float(min_delta), owner
