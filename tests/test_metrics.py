@@ -591,3 +591,22 @@ def test_ignore_index_does_not_apply_to_one_hot_labels():
     metric = Accuracy(ignore_index=0)
     metric.update(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
     assert float(metric.compute()) == 1.0  # both samples count, class 0 included
+
+
+def test_accuracy_checks_shapes_on_the_first_batch_after_each_reset():
+    metric = Accuracy()
+    metric.update(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))
+    assert metric._kind == "scores"
+    metric.reset()
+    with pytest.raises(FitforgeValueError, match=re.escape("pred of shape (4,) (after argmax over dim 1) does not "
+                                                           "match label of shape (4, 1)")):
+        metric.update(torch.randn(4, 3), torch.tensor([[0], [1], [2], [0]]))
+
+
+def test_accuracy_update_does_not_detach_yet_records_no_graph():
+    pred = torch.randn(4, 3, requires_grad=True)
+    metric = Accuracy(ignore_index=-100)
+    metric.update(pred, torch.tensor([0, 1, -100, 0]))
+    assert not metric._sum.requires_grad and metric._sum.grad_fn is None
+    assert float(metric.compute()) == pytest.approx(
+        float((pred.argmax(1)[[0, 1, 3]] == torch.tensor([0, 1, 0])).float().mean()))

@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
-from .data import batch_size_of, to_device, unpack_inputs, unpack_pair
+from .data import batch_size_of, to_channels_last, to_device, unpack_inputs, unpack_pair
 from .exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 from .state import BatchOutput, TrainState
+
+_FULL_PRECISION = nullcontext()  # reusable: a float32 batch creates no context object
 
 
 class BatchProcessor:
@@ -47,20 +49,44 @@ class BatchProcessor:
             raise FitforgeValueError(f"BatchProcessor: host_inputs positions must be >= 0, got {tuple(host_inputs)}")
         self.host_inputs = tuple(host_inputs)
 
-    def _inputs_to(self, inputs: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._own_autocast = cls.autocast is not BatchProcessor.autocast
+
+    _own_autocast = False  # a subclass that overrides autocast() always has its context entered
+
+    def _inputs_to(self, inputs: tuple[torch.Tensor, ...], estimator: Any) -> tuple[torch.Tensor, ...]:
+        device = estimator.device
+        if not (self.host_inputs or estimator.channels_last) and type(inputs) is tuple:
+            for x in inputs:  # the common case first: every input already on the device (CPU training)
+                if type(x) is not torch.Tensor or x.device != device:
+                    break
+            else:
+                return inputs
+        non_blocking = estimator.non_blocking
         if not self.host_inputs:
-            return to_device(inputs, device)
-        return tuple(x if i in self.host_inputs else to_device(x, device) for i, x in enumerate(inputs))
+            moved = to_device(inputs, device, non_blocking)
+        else:
+            moved = tuple([x if i in self.host_inputs else to_device(x, device, non_blocking)
+                           for i, x in enumerate(inputs)])
+        if estimator.channels_last:
+            moved = tuple([to_channels_last(x) for x in moved])
+        return moved
 
     def unpack(self, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
         """Split a batch into ``(inputs tuple, label)``. Override to accept dict batches."""
         return unpack_pair(batch)
 
     def to_device(self, state: TrainState, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
-        """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's device."""
+        """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
+        device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
+        the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
         inputs, label = self.unpack(batch)
-        device = state.estimator.device
-        return self._inputs_to(inputs, device), to_device(label, device)
+        estimator = state.estimator
+        device = estimator.device
+        if type(label) is not torch.Tensor or label.device != device:
+            label = to_device(label, device, estimator.non_blocking)
+        return self._inputs_to(inputs, estimator), label
 
     def forward(self, net: torch.nn.Module, inputs: tuple[torch.Tensor, ...], label: Any) -> Any:
         """Run the net; ``label`` is passed for processors that need it (teacher forcing)."""
@@ -68,31 +94,40 @@ class BatchProcessor:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss``, with a clear error when it cannot carry a gradient."""
-        if loss.dim() != 0:
-            raise LossInputError(
-                f"the loss must be a scalar tensor, got shape {tuple(loss.shape)}; use reduction='mean'"
-            )
-        if not loss.requires_grad:
-            raise LossInputError(
-                "the loss does not require grad, so nothing can be trained: was it computed under "
-                "torch.no_grad(), from detached outputs, or for a net with all parameters frozen?"
-            )
-        loss.backward()
+        try:
+            loss.backward()
+        except RuntimeError as err:  # explained here, so the common path pays for no check
+            if loss.dim() != 0:
+                raise LossInputError(
+                    f"the loss must be a scalar tensor, got shape {tuple(loss.shape)}; use reduction='mean'"
+                ) from err
+            if not loss.requires_grad:
+                raise LossInputError(
+                    "the loss does not require grad, so nothing can be trained: was it computed under "
+                    "torch.no_grad(), from detached outputs, or for a net with all parameters frozen?"
+                ) from err
+            raise
 
     def autocast(self, state: TrainState) -> AbstractContextManager:
         """The mixed-precision context of the estimator's ``precision`` (a no-op in float32)."""
         dtype = state.estimator.autocast_dtype
-        return nullcontext() if dtype is None else torch.autocast(state.estimator.device.type, dtype=dtype)
+        return _FULL_PRECISION if dtype is None else torch.autocast(state.estimator.device.type, dtype=dtype)
 
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss (under the precision's autocast), then backward on one training batch."""
         inputs, label = self.to_device(state, batch)
-        with self.autocast(state):
-            pred = self.forward(state.estimator.net, inputs, label)
-            loss, losses = state.estimator.compute_loss(pred, label)
-        scaler = state.estimator.scaler
+        estimator = state.estimator
+        if estimator.autocast_dtype is None and not self._own_autocast:  # float32: no context to enter
+            pred = self.forward(estimator.net, inputs, label)
+            loss, losses = estimator.compute_loss(pred, label)
+        else:
+            with self.autocast(state):
+                pred = self.forward(estimator.net, inputs, label)
+                loss, losses = estimator.compute_loss(pred, label)
+        scaler = estimator.scaler
         self.backward(loss if scaler is None else scaler.scale(loss))  # fp16: scaled against underflow
-        return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
+        first = inputs[0]  # batch_size_of(inputs), inlined: this runs every batch
+        return BatchOutput(inputs, label, pred, loss, losses, first.shape[0] if first.dim() else 1)
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""
@@ -105,7 +140,7 @@ class BatchProcessor:
     def inputs_to_device(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, ...]:
         """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything
         ``unpack`` splits into ``(inputs, label)`` (the label is dropped)."""
-        return self._inputs_to(unpack_inputs(batch, self.unpack), state.estimator.device)
+        return self._inputs_to(unpack_inputs(batch, self.unpack), state.estimator)
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
         """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""

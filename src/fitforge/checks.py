@@ -27,3 +27,10 @@ def check_number(owner: str, name: str, value: Any, allow_none: bool = False) ->
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise FitforgeTypeError(f"{owner}: {name} must be a number{' or None' if allow_none else ''}, "
                                 f"got {describe(value)}")
+
+
+def check_flag(value: Any, name: str, owner: str = "Estimator") -> bool:
+    """``value`` must be a bool (not a truthy stand-in such as 1 or "yes"); returns it."""
+    if not isinstance(value, bool):
+        raise FitforgeTypeError(f"{owner}: {name} must be True or False, got {describe(value)}")
+    return value

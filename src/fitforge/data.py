@@ -16,6 +16,7 @@ import torch.utils.data
 
 from .exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, describe
 
+_SEQUENCES = (tuple, list)
 _PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
 
 
@@ -36,6 +37,10 @@ def shape_of(value: Any) -> str:
 
 def unpack_pair(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
     """Split a training batch into ``(inputs as a tuple, label)``; raise a clear error otherwise."""
+    if type(batch) in _SEQUENCES and len(batch) == 2:  # the common (tensor, tensor) batch, checked cheaply
+        data, label = batch
+        if type(data) is torch.Tensor and type(label) is torch.Tensor:
+            return (data,), label
     if isinstance(batch, Mapping):
         raise BatchFormatError(
             f"got a dict batch with keys {list(batch)}; fitforge expects a (data, label) pair: {_PAIR_HELP}"
@@ -68,14 +73,21 @@ def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> A
     if isinstance(value, torch.Tensor):
         return value if value.device == device else value.to(device, non_blocking=non_blocking)
     if isinstance(value, (tuple, list)):
-        return tuple(to_device(v, device, non_blocking) for v in value)
+        return tuple([to_device(v, device, non_blocking) for v in value])
+    return value
+
+
+def to_channels_last(value: Any) -> Any:
+    """A 4-D tensor (N, C, H, W) in channels-last memory order; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.dim() == 4:
+        return value.contiguous(memory_format=torch.channels_last)
     return value
 
 
 def batch_size_of(inputs: tuple[torch.Tensor, ...]) -> int:
     """Samples in a batch: the first dimension of the first input (0-d inputs count as 1)."""
     first = inputs[0]
-    return int(first.shape[0]) if first.dim() > 0 else 1
+    return first.shape[0] if first.dim() else 1
 
 
 def _data_hint(data: object, argument: str) -> str:

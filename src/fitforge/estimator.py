@@ -12,6 +12,7 @@ from torch import nn
 
 from .batch_processor import BatchProcessor
 from .checkpoint_io import restore_weights
+from .checks import check_flag
 from .configure import (
     check_duration,
     check_net,
@@ -53,6 +54,9 @@ class Estimator:
         compile: True (or a dict of ``torch.compile`` arguments) compiles the net's forward,
             falling back to eager with a warning where it cannot compile; ``state_dict`` keys
             are unchanged. ``val_net``, when it is the same module, runs compiled too.
+        channels_last: keep the net's 4-D weights and the 4-D inputs of every batch in
+            channels-last memory order (N, H, W, C strides): faster convolutions for CNNs on CUDA,
+            notably under mixed precision. Shapes, results and ``state_dict`` keys are unchanged.
 
     Example:
         >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
@@ -64,12 +68,18 @@ class Estimator:
                  optimizer: Any = None, device: Any = None, val_net: nn.Module | None = None,
                  val_loss: Any = None, batch_processor: BatchProcessor | None = None,
                  loss_weights: Sequence[float] | None = None, precision: str | None = None,
-                 compile: bool | dict = False) -> None:
+                 compile: bool | dict = False, channels_last: bool = False) -> None:
         self.device = resolve_device(device)
+        # Host-to-GPU copies need not block: from pinned memory they overlap compute, and from
+        # pageable memory CUDA stages them before returning, so the batch can never change under them.
+        self.non_blocking = self.device.type == "cuda"
         self.precision = precision
         self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
-        self.net = compile_net(check_net(net).to(self.device), compile)
-        self.val_net = self.net if val_net is None else check_net(val_net, "val_net").to(self.device)
+        self.channels_last = check_flag(channels_last, "channels_last")
+        layout = torch.channels_last if channels_last else torch.preserve_format
+        self.net = compile_net(check_net(net).to(self.device, memory_format=layout), compile)
+        self.val_net = (self.net if val_net is None
+                        else check_net(val_net, "val_net").to(self.device, memory_format=layout))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
         self._loss = LossSet(loss, loss_weights).to(self.device)
         self._val_loss = self._loss if val_loss is None else LossSet(val_loss, loss_weights, "val_loss").to(self.device)

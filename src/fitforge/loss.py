@@ -103,8 +103,11 @@ class LossSet:
         if not self._shapes_checked:
             self.check_shapes(pred, label)
             self._shapes_checked = True
-        if self._plain and isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor):
-            value = self._call(0, pred, label)  # the common case, kept short: it runs every batch
+        if self._plain and type(pred) is torch.Tensor and type(label) is torch.Tensor:
+            try:  # the common case, kept short: it runs every batch
+                value = self.fns[0](pred, label)
+            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:
+                raise self._failure(0, pred, label, err) from err
             return value, (value,)
         preds, labels = self._pair(pred, label)
         for i, p in enumerate(preds):
@@ -120,14 +123,14 @@ class LossSet:
         return total, tuple(parts)
 
     def _call(self, i: int, pred: Any, label: Any) -> torch.Tensor:
-        fn = self.fns[i]
         try:
-            return fn(pred, label)
+            return self.fns[i](pred, label)
         except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:
-            raise LossInputError(
-                f"loss {i} ({self.names[i]}) failed on pred {_spec(pred)} and label {_spec(label)}"
-                f"{_hint(fn, pred, label)}. Original error: {err}"
-            ) from err
+            raise self._failure(i, pred, label, err) from err
+
+    def _failure(self, i: int, pred: Any, label: Any, err: Exception) -> LossInputError:
+        return LossInputError(f"loss {i} ({self.names[i]}) failed on pred {_spec(pred)} and label {_spec(label)}"
+                              f"{_hint(self.fns[i], pred, label)}. Original error: {err}")
 
     def arm_checks(self) -> None:
         """Check shapes again at the next call (each fit/evaluate checks its first batch)."""

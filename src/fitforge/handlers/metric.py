@@ -73,8 +73,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     def batch_end(self, state: TrainState) -> None:
         out = state.output
         self._loss.update(out.loss, out.batch_size)
-        for mean, part in zip(self._parts, out.losses):
-            mean.update(part, out.batch_size)
+        if self._parts:
+            for mean, part in zip(self._parts, out.losses):
+                mean.update(part, out.batch_size)
         several = isinstance(out.pred, (tuple, list))
         for slot in self.slots:
             pred = out.pred[slot.output_index] if several else out.pred

@@ -57,8 +57,13 @@ class SumCountMetric:
             dtype = (torch.int64 if not total.is_floating_point()
                      else torch.float64 if total.device.type == "cpu" else torch.float32)
             self._sum = torch.zeros((), dtype=dtype, device=total.device)
-        self._sum.add_(total, alpha=weight)
-        if isinstance(self._count, torch.Tensor):
+        if weight == 1:
+            self._sum.add_(total)
+        else:
+            self._sum.add_(total, alpha=weight)
+        if type(count) is int and type(self._count) is int:
+            self._count += count
+        elif isinstance(self._count, torch.Tensor):
             self._count.add_(count)  # a tensor count stays on the device
         else:
             self._count = self._count + count  # the first tensor count makes a new tensor: no aliasing

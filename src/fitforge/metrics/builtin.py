@@ -35,6 +35,8 @@ class Accuracy(SumCountMetric):
             (the ``ignore_index`` of ``CrossEntropyLoss``; one-hot labels have none). The count of
             kept labels stays on the device. The default metric of a ``CrossEntropyLoss``/``NLLLoss``
             takes the loss's ``ignore_index``; ``"accuracy"`` by name does not.
+
+    The shapes are checked on the first batch after each ``reset`` (every epoch), not on every batch.
     """
 
     name = "accuracy"
@@ -45,31 +47,53 @@ class Accuracy(SumCountMetric):
         if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
             raise FitforgeTypeError(f"Accuracy: ignore_index must be an int label value or None, got {ignore_index!r}")
         self.ignore_index = ignore_index
+        self._kind = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._kind: str | None = None  # "scores", "one-hot" or "indices": checked on the first batch
+
+    def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
+        # No detach: argmax and comparisons record no autograd graph.
+        total, count = self.batch_stats(pred, label)
+        self._accumulate(total, count)
 
     def batch_stats(self, pred, label):
-        classes = None
+        kind = self._kind
+        if kind is None:  # the shapes are checked on the first batch after each reset, not every batch
+            kind = self._kind = self._check(pred, label)
+        if kind == "one-hot":  # one-hot (any dtype) or probability labels: nothing to ignore
+            return (pred.argmax(dim=1) == label.argmax(dim=1)).sum(), label.numel() // label.shape[1]
+        if kind == "scores":
+            pred = pred.argmax(dim=1)
+        if self.ignore_index is None:
+            return (pred == label).sum(), label.numel()
+        kept = label != self.ignore_index
+        correct = pred == label
+        if self._mask_correct:
+            correct &= kept
+        return correct.sum(), kept.sum()
+
+    def _check(self, pred: torch.Tensor, label: torch.Tensor) -> str:
+        kind, classes = "indices", None
         if pred.is_floating_point():  # scores: the class is their argmax over dim 1
             if pred.dim() < 2 or pred.shape[1] == 1:
                 raise FitforgeValueError(
                     f"{self.name}: pred of shape {tuple(pred.shape)} has one score per sample, so there is no "
                     "class axis to take the argmax of; for a binary output use the 'binary_accuracy' metric"
                 )
-            if pred.shape == label.shape:  # one-hot (any dtype) or probability labels: nothing to ignore
-                return (pred.argmax(dim=1) == label.argmax(dim=1)).sum(), label.numel() // label.shape[1]
-            classes = pred.shape[1]
-            pred = pred.argmax(dim=1)
-        if pred.shape != label.shape:
+            if pred.shape == label.shape:
+                return "one-hot"
+            kind, classes = "scores", pred.shape[1]
+        compared = pred.shape[:1] + pred.shape[2:] if kind == "scores" else pred.shape
+        if compared != label.shape:
             raise FitforgeValueError(
-                f"{self.name}: pred of shape {tuple(pred.shape)} (after argmax over dim 1) does not match "
+                f"{self.name}: pred of shape {tuple(compared)} (after argmax over dim 1) does not match "
                 f"label of shape {tuple(label.shape)}; pass scores (N, C, ...) and class labels (N, ...)"
             )
-        if self.ignore_index is None:
-            return (pred == label).sum(), label.numel()
-        kept = label != self.ignore_index
-        correct = pred == label
-        if classes is None or 0 <= self.ignore_index < classes:  # else no prediction can equal it
-            correct &= kept
-        return correct.sum(), kept.sum()
+        # An ignore_index no class can equal (such as -100) never matches a prediction: no mask needed.
+        self._mask_correct = classes is None or (self.ignore_index is not None and 0 <= self.ignore_index < classes)
+        return kind
 
     def __repr__(self) -> str:
         return "Accuracy()" if self.ignore_index is None else f"Accuracy(ignore_index={self.ignore_index})"
