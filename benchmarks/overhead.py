@@ -15,7 +15,9 @@ which member of a pair goes first, so paired runs see the same machine condition
   fit lean      ``fit`` running only StoppingHandler, GradientUpdateHandler and MetricHandler
   hand          the hand-written loop without validation
 Every run gets a fresh net and optimizer built from the same seed, outside the timed region, so all
-variants do identical arithmetic (the printed parity line checks the final training loss). Only the
+variants do identical arithmetic (the printed parity line checks the final training loss). Both
+loops call the same ``nn.CrossEntropyLoss`` module (a module call costs ~20k instructions more than
+``F.cross_entropy``, the same in both). Only the
 ``fit(...)`` call / the loop itself is timed: wall time (``time.perf_counter``, the headline) and
 process CPU time (``time.process_time``; less sensitive to other processes on a shared machine).
 
@@ -23,24 +25,31 @@ Reading the output: ``median s`` is the median wall time per variant (``us/step`
 by the training steps, validation included); ``paired ratio`` is the median over repeats of fit/hand
 from the same repeat (robust to slow phases of the machine); ``overhead`` is (min fit - min hand) /
 training steps in microseconds, from the fastest runs. The CPU-time line repeats both in CPU time.
+``peak memory`` runs each variant once more and compares how far the memory in use peaked above
+its level at the start (see ``measure_peak``). The dispatch line is ``benchmarks/dispatch.py``'s cost per
+no-op handler call with 0, 10 and 50 handlers. For counts that do not depend on the machine's
+noise, ``benchmarks/instructions.py`` counts executed instructions of the same variants.
 Nothing is asserted: this is a measurement, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
+import importlib.util
 import json
 import logging
 import statistics
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import NamedTuple
 from collections.abc import Callable
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -94,10 +103,10 @@ def make_loaders(w: Workload, fraction: float) -> tuple[DataLoader, DataLoader]:
     return loader(w.train_samples), loader(w.val_samples)
 
 
-def fresh_model(w: Workload) -> tuple[nn.Module, torch.optim.Optimizer]:
+def fresh_model(w: Workload) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
     torch.manual_seed(SEED)
     net = w.make_net()
-    return net, torch.optim.SGD(net.parameters(), lr=0.01)
+    return net, torch.optim.SGD(net.parameters(), lr=0.01), nn.CrossEntropyLoss()
 
 
 def lean_handlers() -> list:
@@ -105,15 +114,15 @@ def lean_handlers() -> list:
     return [MetricHandler()]
 
 
-def hand_loop(net: nn.Module, opt: torch.optim.Optimizer, train: DataLoader, val: DataLoader | None,
-              epochs: int) -> float:
+def hand_loop(net: nn.Module, opt: torch.optim.Optimizer, criterion: nn.Module, train: DataLoader,
+              val: DataLoader | None, epochs: int) -> float:
     """Plain PyTorch: sums stay on the device; the host reads them once per epoch."""
     for _ in range(epochs):
         net.train()
         loss_sum, correct, seen = torch.zeros(()), torch.zeros((), dtype=torch.long), 0
         for x, y in train:
             out = net(x)
-            loss = F.cross_entropy(out, y)
+            loss = criterion(out, y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -127,26 +136,29 @@ def hand_loop(net: nn.Module, opt: torch.optim.Optimizer, train: DataLoader, val
             with torch.no_grad():
                 for x, y in val:
                     out = net(x)
-                    val_sum += F.cross_entropy(out, y) * x.shape[0]
+                    val_sum += criterion(out, y) * x.shape[0]
                     val_correct += (out.argmax(1) == y).sum()
                     val_seen += x.shape[0]
             _val_loss, _val_acc = val_sum.item() / val_seen, val_correct.item() / val_seen
     return train_loss
 
 
+def prepare(variant: str, w: Workload, train: DataLoader, val: DataLoader, device: str = "cpu") -> Callable[[], float]:
+    """A fresh run of ``variant`` (same seed every time: identical initial weights for every variant),
+    as a call returning the final training loss; building it is not part of what is measured."""
+    net, opt, criterion = fresh_model(w)
+    if variant.startswith("hand"):
+        return lambda: hand_loop(net, opt, criterion, train, val if variant == "hand + val" else None, w.epochs)
+    est = Estimator(net, criterion, train_metrics="accuracy", optimizer=opt, device=device)
+    if variant == "fit default":
+        return lambda: est.fit(train, val_data=val, epochs=w.epochs)["train_loss"][-1]
+    handlers = lean_handlers()
+    return lambda: est.fit(train, epochs=w.epochs, event_handlers=handlers, default_handlers=False)["train_loss"][-1]
+
+
 def run_variant(variant: str, w: Workload, train: DataLoader, val: DataLoader) -> tuple[float, float, float]:
     """(wall s, process CPU s, final train loss) of one run; only the loop / the fit call is timed."""
-    net, opt = fresh_model(w)  # same seed every run: identical initial weights for every variant
-    if variant.startswith("hand"):
-        run = lambda: hand_loop(net, opt, train, val if variant == "hand + val" else None, w.epochs)
-    else:
-        est = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", optimizer=opt, device="cpu")
-        if variant == "fit default":
-            run = lambda: est.fit(train, val_data=val, epochs=w.epochs)["train_loss"][-1]
-        else:
-            handlers = lean_handlers()
-            run = lambda: est.fit(train, epochs=w.epochs, event_handlers=handlers,
-                                  default_handlers=False)["train_loss"][-1]
+    run = prepare(variant, w, train, val)
     gc.collect()
     wall, cpu = time.perf_counter(), time.process_time()
     loss = run()
@@ -162,6 +174,69 @@ def host_reads(w: Workload, train: DataLoader, val: DataLoader) -> dict[str, int
             run_variant(variant, w, train, val)
         counts[variant] = reads.count
     return counts
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _malloc_in_use() -> Callable[[], int] | None:
+    """Bytes the C allocator has handed out and not taken back (glibc ``mallinfo2``), or None."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return None
+
+    def in_use() -> int:
+        info = libc.mallinfo2()
+        return info.uordblks + info.hblkhd  # small blocks in use + large (mmapped) blocks
+
+    return in_use
+
+
+def measure_peak(variant: str, w: Workload, train: DataLoader, val: DataLoader, device: str = "cpu") -> int | None:
+    """Bytes by which the memory in use peaked above its level at the start of one run of ``variant``:
+    on CUDA ``torch.cuda.max_memory_allocated``; on CPU the C allocator's bytes in use (glibc
+    ``mallinfo2``), sampled every 0.2 ms by a thread that runs while torch's kernels release the GIL.
+    Bytes in use, unlike the resident set, do not depend on what the allocator caches. None where
+    neither is available."""
+    run = prepare(variant, w, train, val, device)
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        return torch.cuda.max_memory_allocated() - before
+    in_use = _malloc_in_use()
+    if in_use is None:
+        return None
+    before = in_use()
+    peak, running = [before], [True]
+
+    def sample() -> None:
+        while running[0]:
+            peak[0] = max(peak[0], in_use())
+            time.sleep(0.0002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        run()
+    finally:
+        running[0] = False
+        sampler.join()
+    return max(peak[0], in_use()) - before
+
+
+def dispatch_cost() -> dict:
+    """``benchmarks/dispatch.py``'s measurement: 0, 10 and 50 no-op handlers on one event."""
+    spec = importlib.util.spec_from_file_location("dispatch_benchmark", Path(__file__).with_name("dispatch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.measure([0, 10, 50], batches=20000, repeats=7)
 
 
 def handler_chains(val: DataLoader) -> dict[str, str]:
@@ -207,6 +282,7 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
             "min_s": {v: min(t) for v, t in wall.items()},
             "median_cpu_s": {v: statistics.median(t) for v, t in cpu.items()},
             "final_train_loss": losses, "wall_s": wall, "cpu_s": cpu, "host_reads": host_reads(w, train, val),
+            "peak_memory_bytes": {v: measure_peak(v, w, train, val) for v in VARIANTS},
             "default": compare("fit default", "hand + val"), "lean": compare("fit lean", "hand")}
 
 
@@ -233,6 +309,14 @@ def print_report(res: dict) -> None:
     reads = res["host_reads"]
     print(f"  host reads in one run of {res['epochs']} epoch(s), {res['steps']} steps: "
           + ", ".join(f"{v} {n}" for v, n in reads.items()) + " (none per batch: tests/test_host_reads.py)")
+    peaks = res["peak_memory_bytes"]
+    if all(peaks.values()):
+        print("  peak memory in use above the start of the run: "
+              + ", ".join(f"{v} {n / 2**20:.1f} MiB" for v, n in peaks.items())
+              + f"; fit default / hand + val {peaks['fit default'] / peaks['hand + val']:.3f}x, "
+              f"fit lean / hand {peaks['fit lean'] / peaks['hand']:.3f}x")
+    else:
+        print(f"  peak memory: not measurable here ({peaks})")
     print(f"  parity: final train loss {losses['hand']:.6f} by hand, "
           f"{'identical (rel 1e-4) in all variants' if same else 'DIFFERS: ' + str(losses)}")
 
@@ -256,14 +340,18 @@ def main() -> None:
     # force it off so a run from a TTY times the same handlers as one under CI or a pipe.
     with mock.patch.object(fitforge.handlers.defaults, "interactive", lambda: False):
         results = [bench(k, repeats, fraction) for k in keys]
+    dispatch = dispatch_cost()
     if args.json:
         print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
-                          "quick": args.quick, "results": results}, indent=2))
+                          "quick": args.quick, "results": results, "dispatch": dispatch}, indent=2))
         return
     print(f"fitforge fit() overhead, torch {torch.__version__}, {torch.get_num_threads()} thread, CPU"
           + (" [QUICK: 1/8 data]" if args.quick else ""))
     for res in results:
         print_report(res)
+    per_call = ", ".join(f"{n} handlers {ns:.0f} ns" for n, ns in dispatch["ns_per_handler_call"].items())
+    print(f"\nDispatch (benchmarks/dispatch.py): loop {dispatch['ns_per_batch_without_handlers']:.0f} ns per batch "
+          f"without handlers; per no-op handler call: {per_call}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+"""benchmarks/overhead.py's pieces run on a tiny workload: every variant reaches the same loss, the
+host reads are counted and peak memory is measured (no timing is asserted)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    spec = importlib.util.spec_from_file_location("overhead_benchmark", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def tiny(overhead):
+    workload = overhead.WORKLOADS["A"]._replace(train_samples=256, val_samples=128)
+    return workload, *overhead.make_loaders(workload, 1.0)
+
+
+def test_every_variant_does_the_same_arithmetic(overhead, tiny):
+    losses = {v: overhead.prepare(v, *tiny)() for v in overhead.VARIANTS}
+    assert len({round(loss, 6) for loss in losses.values()}) == 1
+
+
+def test_host_reads_are_counted_per_variant(overhead, tiny):
+    reads = overhead.host_reads(*tiny)
+    assert reads["fit lean"] == reads["hand"] > 0  # one read per value per epoch, in both
+
+
+def test_peak_memory_is_measured_for_each_variant(overhead, tiny):
+    if overhead._malloc_in_use() is None:
+        pytest.skip("glibc mallinfo2 is not available here")
+    peaks = {v: overhead.measure_peak(v, *tiny) for v in overhead.VARIANTS}
+    assert all(isinstance(p, int) and p > 0 for p in peaks.values()), peaks
