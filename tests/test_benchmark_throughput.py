@@ -1,0 +1,77 @@
+"""benchmarks/throughput.py trains the canonical models and reports samples/s (no timing is asserted)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+
+
+@pytest.fixture(scope="module")
+def throughput():
+    spec = importlib.util.spec_from_file_location("throughput_benchmark", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_throughput_reports_every_model_and_config(throughput):
+    # translator and ssd_detection have their own batch processors; textcnn takes (ids, lengths) inputs
+    models, configs = ["translator", "ssd_detection", "textcnn_sentiment"], ["eager-fp32", "eager-bf16"]
+    report = throughput.measure(models, configs, ["cpu"], batches=2, warmup=1, batch_size=4)
+    assert json.loads(json.dumps(report)) == report
+    assert report["batches"] == 2 and report["warmup"] == 1 and report["threads"] >= 1
+    cpu = report["devices"]["cpu"]
+    assert cpu["name"] and list(cpu["models"]) == models
+    for name, entry in cpu["models"].items():
+        assert entry["batch_size"] == 4 and all(shape[0] == 4 for shape in entry["input_shapes"])
+        assert list(entry["configs"]) == configs
+        for config, result in entry["configs"].items():
+            assert "error" not in result, (name, config, result)
+            assert result["samples_per_s"] > 0 and result["seconds"] > 0 and result["batches"] == 2
+        assert "speedup" not in entry["configs"]["eager-fp32"] and entry["configs"]["eager-bf16"]["speedup"] > 0
+
+
+def test_text_batches_have_one_shape_so_a_compiled_net_compiles_once(throughput):
+    w = throughput.workload("translator", 64)
+    batches = throughput.make_batches(w, 8, 6)
+    assert len({(tuple(b[0][0].shape), tuple(b[1].shape)) for b in batches}) == 1
+
+
+def test_example_classes_resolve_to_an_imported_module(throughput):
+    # torch.compile imports the module of each class it traces; an unregistered one makes it run eagerly
+    net = throughput.workload("resnet18", 64).make_net()
+    assert all(type(layer).__module__ in sys.modules for layer in net.modules())
+
+
+def test_unknown_model_is_a_clear_error(throughput):
+    with pytest.raises(ValueError, match=r"unknown model 'vgg'; known models: alexnet, resnet18, .*translator"):
+        throughput.measure(["vgg"], ["eager-fp32"], ["cpu"])
+    with pytest.raises(ValueError, match=r"unknown configuration 'eager-fp16'; known: eager-fp32"):
+        throughput.measure(["alexnet"], ["eager-fp16"], ["cpu"])
+
+
+def test_a_failing_config_is_recorded_not_raised(throughput, monkeypatch):
+    run = throughput.run_config
+
+    def bf16_breaks(w, config, *args):
+        if config == "eager-bf16":
+            raise RuntimeError("bfloat16 unsupported here\nmore detail")
+        return run(w, config, *args)
+
+    monkeypatch.setattr(throughput, "run_config", bf16_breaks)
+    report = throughput.measure(["logistic_regression"], ["eager-fp32", "eager-bf16"], ["cpu"], batches=1, warmup=0)
+    configs = report["devices"]["cpu"]["models"]["logistic_regression"]["configs"]
+    assert configs["eager-bf16"] == {"error": "RuntimeError: bfloat16 unsupported here"}
+    assert configs["eager-fp32"]["samples_per_s"] > 0
+    assert "error" in throughput.table(report, ["eager-fp32", "eager-bf16"])
+
+
+def test_command_line_rejects_an_unknown_model(throughput, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["throughput.py", "--models", "vgg"])
+    with pytest.raises(SystemExit):
+        throughput.main()
+    assert "invalid choice: 'vgg'" in capsys.readouterr().err
