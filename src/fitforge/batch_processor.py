@@ -117,13 +117,7 @@ class BatchProcessor:
         """Forward and loss (under the precision's autocast), then backward on one training batch."""
         inputs, label = self.to_device(state, batch)
         estimator = state.estimator
-        if estimator.autocast_dtype is None and not self._own_autocast:  # float32: no context to enter
-            pred = self.forward(estimator.net, inputs, label)
-            loss, losses = estimator.compute_loss(pred, label)
-        else:
-            with self.autocast(state):
-                pred = self.forward(estimator.net, inputs, label)
-                loss, losses = estimator.compute_loss(pred, label)
+        pred, loss, losses = self._forward_loss(state, estimator.net, estimator.compute_loss, inputs, label)
         scaler = estimator.scaler
         self.backward(loss if scaler is None else scaler.scale(loss))  # fp16: scaled against underflow
         first = inputs[0]  # batch_size_of(inputs), inlined: this runs every batch
@@ -132,10 +126,19 @@ class BatchProcessor:
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""
         inputs, label = self.to_device(state, batch)
-        with self.autocast(state):
-            pred = self.forward(state.estimator.val_net, inputs, label)
-            loss, losses = state.estimator.compute_val_loss(pred, label)
+        estimator = state.estimator
+        pred, loss, losses = self._forward_loss(state, estimator.val_net, estimator.compute_val_loss, inputs, label)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
+
+    def _forward_loss(self, state: TrainState, net: torch.nn.Module, compute_loss: Any, inputs: tuple, label: Any
+                      ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``forward`` and the loss, under ``autocast`` unless there is none to enter (float32)."""
+        if state.estimator.autocast_dtype is None and not self._own_autocast:
+            pred = self.forward(net, inputs, label)
+            return (pred, *compute_loss(pred, label))
+        with self.autocast(state):
+            pred = self.forward(net, inputs, label)
+            return (pred, *compute_loss(pred, label))
 
     def inputs_to_device(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, ...]:
         """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything
