@@ -52,8 +52,10 @@ class BatchProcessor:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._own_autocast = cls.autocast is not BatchProcessor.autocast
+        cls._own_unpack = cls.unpack is not BatchProcessor.unpack
 
     _own_autocast = False  # a subclass that overrides autocast() always has its context entered
+    _own_unpack = False  # without an override, to_device calls unpack_pair itself: one call less per batch
 
     def _inputs_to(self, inputs: tuple[torch.Tensor, ...], estimator: Any) -> tuple[torch.Tensor, ...]:
         device = estimator.device
@@ -81,7 +83,7 @@ class BatchProcessor:
         """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
         device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
         the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
-        inputs, label = self.unpack(batch)
+        inputs, label = self.unpack(batch) if self._own_unpack else unpack_pair(batch)
         estimator = state.estimator
         device = estimator.device
         if type(label) is not torch.Tensor or label.device != device:
@@ -117,11 +119,18 @@ class BatchProcessor:
         """Forward and loss (under the precision's autocast), then backward on one training batch."""
         inputs, label = self.to_device(state, batch)
         estimator = state.estimator
-        pred, loss, losses = self._forward_loss(state, estimator.net, estimator.compute_loss, inputs, label)
+        if estimator.autocast_dtype is None and not self._own_autocast:  # _forward_loss, inlined: every batch
+            pred = self.forward(estimator.net, inputs, label)
+            loss, losses = estimator.compute_loss(pred, label)
+        else:
+            pred, loss, losses = self._forward_loss(state, estimator.net, estimator.compute_loss, inputs, label)
         scaler = estimator.scaler
         self.backward(loss if scaler is None else scaler.scale(loss))  # fp16: scaled against underflow
-        first = inputs[0]  # batch_size_of(inputs), inlined: this runs every batch
-        return BatchOutput(inputs, label, pred, loss, losses, first.shape[0] if first.dim() else 1)
+        try:  # batch_size_of(inputs), inlined: this runs every batch
+            size = inputs[0].shape[0]
+        except IndexError:  # a 0-d input is one sample
+            size = 1
+        return BatchOutput(inputs, label, pred, loss, losses, size)
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""

@@ -50,7 +50,8 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
         # global_step counts batches completed before this one, so this batch is number global_step+1.
         if self._batches is not None and state.global_step + 1 >= self._batches:
             state.request_stop(f"reached batches={self._batches}")
-        self._out_of_time(state)
+        if self._deadline is not None:  # checked here first: without max_time a batch costs no call
+            self._out_of_time(state)
 
     def epoch_end(self, state) -> None:
         if self._epochs is not None and state.epoch + 1 >= self._epochs:
