@@ -1,7 +1,7 @@
 """Instructions executed per training step by ``fit()`` and by the hand-written loop (valgrind).
 
 Wall-clock ratios on a shared machine wobble by more than fitforge's overhead; counted instructions
-do not: two runs of this script agree to a few instructions per step. It runs the variants and
+do not move with the load: two runs of this script agree within about 0.3%. It runs the variants and
 workloads of ``benchmarks/overhead.py`` (fit default, hand + val, fit lean, hand), each in its own
 process under ``valgrind --tool=callgrind`` with counting off, and switches counting on around one
 whole run (``fit(...)`` or the loop; every epoch, validation and the fit's set-up included) after an
@@ -89,7 +89,7 @@ def count(variant: str, workload: str, fraction: float, library: Path, folder: P
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
                f"--callgrind-out-file={out}", sys.executable, __file__, "--child", variant,
                "--workload", workload, "--fraction", str(fraction), "--library", str(library)]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"})
     dump = Path(f"{out}.1")
     if done.returncode != 0 or not dump.exists():
         raise RuntimeError(f"{variant}: valgrind run failed:\n{done.stderr[-2000:]}")

@@ -312,7 +312,7 @@ def print_report(res: dict) -> None:
     peaks = res["peak_memory_bytes"]
     if all(peaks.values()):
         print("  peak memory in use above the start of the run: "
-              + ", ".join(f"{v} {n / 2**20:.1f} MiB" for v, n in peaks.items())
+              + ", ".join(f"{v} {n / 2**10:,.0f} KiB" for v, n in peaks.items())
               + f"; fit default / hand + val {peaks['fit default'] / peaks['hand + val']:.3f}x, "
               f"fit lean / hand {peaks['fit lean'] / peaks['hand']:.3f}x")
     else:
