@@ -1,20 +1,13 @@
 """benchmarks/overhead.py's pieces run on a tiny workload: every variant reaches the same loss, the
 host reads are counted and peak memory is measured (no timing is asserted)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def overhead():
-    spec = importlib.util.spec_from_file_location("overhead_benchmark", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("overhead")
 
 
 @pytest.fixture()

@@ -1,21 +1,15 @@
 """benchmarks/throughput.py trains the canonical models and reports samples/s (no timing is asserted)."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
-
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput.py"
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def throughput():
-    spec = importlib.util.spec_from_file_location("throughput_benchmark", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("throughput")
 
 
 def test_throughput_reports_every_model_and_config(throughput):

@@ -7,11 +7,11 @@ from unittest import mock
 
 import pytest
 import torch
+from helpers import make_estimator
 from torch import nn
 
 from fitforge import BatchProcessor
 from fitforge.exceptions import FitforgeTypeError
-from helpers import make_estimator
 
 
 def images(n=2, batch=4):
