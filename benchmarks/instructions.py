@@ -1,7 +1,7 @@
 """Instructions executed per training step by ``fit()`` and by the hand-written loop (valgrind).
 
 Wall-clock ratios on a shared machine wobble by more than fitforge's overhead; counted instructions
-do not move with the load: two runs of this script agree within about 0.3%. It runs the variants and
+do not move with the load: runs of this script agree within about 0.2% of a step. It runs the variants and
 workloads of ``benchmarks/overhead.py`` (fit default, hand + val, fit lean, hand), each in its own
 process under ``valgrind --tool=callgrind`` with counting off, and switches counting on around one
 whole run (``fit(...)`` or the loop; every epoch, validation and the fit's set-up included) after an
