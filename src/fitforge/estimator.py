@@ -76,10 +76,8 @@ class Estimator:
         self.precision = precision
         self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
         self.channels_last = check_flag(channels_last, "channels_last")
-        layout = torch.channels_last if channels_last else torch.preserve_format
-        self.net = compile_net(check_net(net).to(self.device, memory_format=layout), compile)
-        self.val_net = (self.net if val_net is None
-                        else check_net(val_net, "val_net").to(self.device, memory_format=layout))
+        self.net = compile_net(self._place(check_net(net)), compile)
+        self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
         self._loss = LossSet(loss, loss_weights).to(self.device)
         self._val_loss = self._loss if val_loss is None else LossSet(val_loss, loss_weights, "val_loss").to(self.device)
@@ -91,6 +89,12 @@ class Estimator:
         check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
+
+    def _place(self, net: nn.Module) -> nn.Module:
+        net = net.to(self.device)
+        if self.channels_last:  # torch accepts memory_format at run time; its type stubs lack it
+            net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        return net
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -47,11 +47,11 @@ class Accuracy(SumCountMetric):
         if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
             raise FitforgeTypeError(f"Accuracy: ignore_index must be an int label value or None, got {ignore_index!r}")
         self.ignore_index = ignore_index
-        self._kind = None
+        self._kind: str | None = None  # "scores", "one-hot" or "indices": checked on the first batch
 
     def reset(self) -> None:
         super().reset()
-        self._kind: str | None = None  # "scores", "one-hot" or "indices": checked on the first batch
+        self._kind = None
 
     def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
         # No detach: argmax and comparisons record no autograd graph.
