@@ -7,15 +7,17 @@ import os
 import re
 from pathlib import Path
 
-from ..checks import check_positive
-from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, save_atomic
+from ..checks import check_flag, check_positive
+from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, CheckpointError, restore_weights, save_atomic
 from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..rng import restore_rng_states, rng_states
 from ..state import TrainState
 from .monitor import Monitor
 
 log = logging.getLogger("fitforge")
 EXTENSION = ".pt"
+_REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
 
 
 def _completed_epochs(state: TrainState) -> int:
@@ -48,6 +50,15 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         epoch_period: save at the end of every n-th epoch (None: never at epoch end).
         batch_period: save after every n-th training batch (None: never mid-epoch).
         max_checkpoints: how many regular checkpoints to keep.
+        resume_from_checkpoint: at fit start, continue from the newest checkpoint in ``model_dir``
+            that loads (a corrupt or unfitting one is skipped with a warning naming the file and the
+            reason; if there are checkpoints and none loads, a ``CheckpointError``; if there are
+            none, training starts from scratch, logged). Weights, optimizer states, counters, history
+            and the random generators' states are restored, and training continues to the same
+            target: ``epochs=5`` means five in all, so a run that already reached it trains no
+            more. Resuming from an epoch-end checkpoint continues exactly as the uninterrupted run
+            would have (on the CPU, in deterministic mode); a mid-epoch checkpoint restarts that
+            epoch's data from its first batch (with a warning).
 
     Example:
         >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)
@@ -60,7 +71,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def __init__(self, model_dir: str | os.PathLike, model_prefix: str = "model", monitor: str | None = None,
                  save_best: bool = False, mode: str = "auto", epoch_period: int | None = 1,
-                 batch_period: int | None = None, max_checkpoints: int = 5) -> None:
+                 batch_period: int | None = None, max_checkpoints: int = 5,
+                 resume_from_checkpoint: bool = False) -> None:
         if not isinstance(model_dir, (str, os.PathLike)):
             raise FitforgeTypeError(f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)}")
         if not isinstance(model_prefix, str) or not re.fullmatch(r"[\w.-]+", model_prefix):
@@ -78,6 +90,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         self.model_dir, self.model_prefix, self.monitor = Path(model_dir), model_prefix, monitor
         self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
         self.max_checkpoints = max_checkpoints
+        self.resume_from_checkpoint = check_flag(resume_from_checkpoint, "resume_from_checkpoint", "CheckpointHandler")
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
@@ -87,6 +100,56 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
         self.saved, self.best, self.best_path = [], None, None
+        if self.resume_from_checkpoint:
+            self._resume(state)
+
+    def _regular_files(self) -> list[Path]:
+        """The regular checkpoints in ``model_dir``, oldest first (by completed epochs, then batches)."""
+        found = []
+        for path in self.model_dir.glob(f"{self.model_prefix}-epoch*batch*{EXTENSION}"):
+            match = _REGULAR.fullmatch(path.name[len(self.model_prefix):])
+            if match:
+                found.append(((int(match[1]), int(match[2])), path))
+        return [path for _, path in sorted(found)]
+
+    def _resume(self, state: TrainState) -> None:
+        files = self._regular_files()
+        if not files:
+            log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.model_dir)
+            return
+        reasons = []
+        for path in reversed(files):
+            try:
+                checkpoint = restore_weights(state.estimator, path)
+            except CheckpointError as err:
+                log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
+                reasons.append(f"{path.name}: {err}")
+                continue
+            self._restore(state, checkpoint, path, files)
+            return
+        raise CheckpointError(f"resume_from_checkpoint: none of the {len(files)} checkpoint(s) in {self.model_dir} "
+                              f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch")
+
+    def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
+        state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
+        state.history.load_state_dict(checkpoint["history"])
+        restore_rng_states(checkpoint.get("rng", {}))
+        own = checkpoint.get("handlers", {}).get("checkpoint")
+        if own is not None:
+            self.best = own["best"]
+            if self.best is not None and (self.model_dir / f"{self.model_prefix}-best{EXTENSION}").is_file():
+                self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
+        self.saved = files[: files.index(path) + 1]  # newer unreadable files leave the rotation's count
+        log.info("CheckpointHandler: resumed from %s (%d epoch(s), %d batch(es) completed)",
+                 path.name, state.epoch, state.global_step)
+        mid_epoch = state.num_batches is not None and state.global_step > state.epoch * state.num_batches
+        if mid_epoch and state.global_step < (state.epoch + 1) * state.num_batches:
+            log.warning("CheckpointHandler: %s was saved mid-epoch; epoch %d restarts from its first batch",
+                        path.name, state.epoch + 1)
+        if state.max_epochs is not None and state.epoch >= state.max_epochs:
+            state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
+        elif state.max_batches is not None and state.global_step >= state.max_batches:
+            state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")
 
     def _prepare_folder(self) -> None:
         try:
@@ -112,10 +175,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
             self._save_regular(state, state.epoch, state.global_step + 1)
 
     def epoch_end(self, state: TrainState) -> None:
+        if self.save_best:  # first, so the regular checkpoint of this epoch holds this epoch's best
+            self._save_if_best(state)
         if self._saves_at_epoch_end(state):
             self._save_regular(state, _completed_epochs(state), state.global_step)
-        if self.save_best:
-            self._save_if_best(state)
 
     def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
@@ -150,6 +213,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
             "epochs_completed": epochs,
             "global_step": batches,
             "history": state.history.state_dict(),
+            "rng": rng_states(),
+            "handlers": {"checkpoint": self.state_dict()},
             **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
         }
 

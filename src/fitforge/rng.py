@@ -1,0 +1,43 @@
+"""The random number generators' states as checkpoint-safe values (tensors and plain python only,
+so ``torch.load(weights_only=True)`` reads them back): python's ``random``, numpy's global generator
+when numpy is installed, torch's CPU generator and every CUDA device's."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+try:  # numpy is optional: torch works without it
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is installed wherever the tests run
+    np = None  # type: ignore[assignment]
+
+
+def rng_states() -> dict[str, Any]:
+    """The current states, to restore with :func:`restore_rng_states`."""
+    version, key, gauss = random.getstate()
+    states: dict[str, Any] = {"python": [version, list(key), gauss], "torch": torch.get_rng_state()}
+    if np is not None:
+        _, np_key, pos, has_gauss, cached = np.random.get_state()
+        states["numpy"] = {"key": torch.from_numpy(np_key.astype(np.int64)), "pos": int(pos),
+                           "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    """Put the generators back in the states :func:`rng_states` returned (those present)."""
+    if "python" in states:
+        version, key, gauss = states["python"]
+        random.setstate((version, tuple(key), gauss))
+    if "torch" in states:
+        torch.set_rng_state(states["torch"])
+    if "numpy" in states and np is not None:
+        saved = states["numpy"]
+        np.random.set_state(("MT19937", saved["key"].numpy().astype(np.uint32), saved["pos"],
+                             saved["has_gauss"], saved["cached_gaussian"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

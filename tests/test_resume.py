@@ -1,0 +1,87 @@
+"""CheckpointHandler(resume_from_checkpoint=True): continue from the newest checkpoint that loads,
+to the same target, exactly as the uninterrupted run at epoch boundaries; corrupt files skipped."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fitforge import Estimator
+from fitforge.checkpoint_io import CheckpointError
+from fitforge.exceptions import FitforgeTypeError
+from fitforge.handlers import CheckpointHandler
+
+g = torch.Generator().manual_seed(0)
+X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)
+
+
+def run(folder, epochs, seed=0, resume=False):
+    """A fresh net and Adam from ``seed``, shuffled data and dropout: every random draw matters."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+                          device="cpu")
+    data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
+    saver = CheckpointHandler(folder, resume_from_checkpoint=resume, max_checkpoints=10)
+    history = estimator.fit(data, epochs=epochs, event_handlers=[saver])
+    return net.state_dict(), history
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("whole"), epochs=4)
+
+
+def assert_same(weights, expected):
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+
+
+def test_resume_continues_exactly_to_the_same_target(tmp_path, uninterrupted):
+    run(tmp_path, epochs=2)
+    weights, history = run(tmp_path, epochs=4, seed=123, resume=True)  # another init: all of it is restored
+    assert_same(weights, uninterrupted[0])
+    assert history["train_loss"] == uninterrupted[1]["train_loss"] and len(history["train_loss"]) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"model-epoch{e}batch{6 * e}.pt" for e in (1, 2, 3, 4)]
+
+
+def test_a_run_that_reached_its_target_trains_no_more(tmp_path):
+    done, _ = run(tmp_path, epochs=2)
+    weights, history = run(tmp_path, epochs=2, seed=123, resume=True)
+    assert_same(weights, done)
+    assert len(history["train_loss"]) == 2 and history.stop_reason.startswith("already trained: 2 of epochs=2")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied", "foreign"])
+def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning(tmp_path, uninterrupted, caplog, damage):
+    run(tmp_path, epochs=2)
+    newest = tmp_path / "model-epoch2batch12.pt"
+    content = newest.read_bytes()
+    newest.write_bytes({"truncated": content[: len(content) // 2], "emptied": b"", "foreign": b"not a checkpoint"}[damage])
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        weights, history = run(tmp_path, epochs=4, seed=123, resume=True)
+    assert "skipping checkpoint model-epoch2batch12.pt" in caplog.text
+    assert_same(weights, uninterrupted[0])  # from epoch 1 on, the same run
+    assert history["train_loss"] == uninterrupted[1]["train_loss"]
+
+
+def test_checkpoints_none_of_which_loads_are_an_error_not_a_fresh_start(tmp_path):
+    run(tmp_path, epochs=2)
+    for path in tmp_path.glob("model-epoch*.pt"):
+        path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"resume_from_checkpoint: none of the 2 checkpoint\(s\) in .* can be "
+                                              r"loaded \(model-epoch2batch12.pt: checkpoint .* is empty; "):
+        run(tmp_path, epochs=4, resume=True)
+
+
+def test_no_checkpoint_means_training_from_scratch(tmp_path, uninterrupted, caplog):
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        weights, _ = run(tmp_path, epochs=4, resume=True)
+    assert "no checkpoint in" in caplog.text and "training from scratch" in caplog.text
+    assert_same(weights, uninterrupted[0])
+
+
+def test_resume_from_checkpoint_must_be_a_bool(tmp_path):
+    with pytest.raises(FitforgeTypeError, match="CheckpointHandler: resume_from_checkpoint must be True or False"):
+        CheckpointHandler(tmp_path, resume_from_checkpoint="yes")
