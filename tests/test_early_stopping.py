@@ -69,7 +69,7 @@ def test_stop_reason_and_state_dict_round_trip():
     assert state.stop_reason == "early stopping: val_loss did not improve for 1 epoch(s) (best 1 at epoch 1)"
     copy = EarlyStoppingHandler("val_loss", patience=1)
     copy.load_state_dict(handler.state_dict())
-    assert copy.state_dict() == {"best": 1.0, "best_epoch": 0, "wait": 1, "stopped_epoch": 1}
+    assert copy.state_dict() == {"best": 1.0, "best_epoch": 0, "wait": 1, "stopped_epoch": 1, "best_weights": None}
 
 
 def test_restore_best_weights_loads_the_best_epochs_weights():

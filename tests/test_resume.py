@@ -85,3 +85,68 @@ def test_no_checkpoint_means_training_from_scratch(tmp_path, uninterrupted, capl
 def test_resume_from_checkpoint_must_be_a_bool(tmp_path):
     with pytest.raises(FitforgeTypeError, match="CheckpointHandler: resume_from_checkpoint must be True or False"):
         CheckpointHandler(tmp_path, resume_from_checkpoint="yes")
+
+
+def run_with_early_stopping(folder, epochs, seed=0, resume=False):
+    from fitforge.handlers import EarlyStoppingHandler
+
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    # lr 0.3: the training loss is best at epoch 2 and worse at epoch 3, where patience 1 stops the run
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.3),
+                          device="cpu")
+    data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
+    stopper = EarlyStoppingHandler("train_loss", patience=1, restore_best_weights=True)
+    saver = CheckpointHandler(folder, resume_from_checkpoint=resume, max_checkpoints=10)
+    history = estimator.fit(data, epochs=epochs, event_handlers=[stopper, saver])
+    return net.state_dict(), stopper, history
+
+
+def test_early_stopping_state_and_best_weights_ride_in_checkpoints(tmp_path):
+    weights, stopper, history = run_with_early_stopping(tmp_path / "whole", epochs=5)
+    assert len(history["train_loss"]) == 3 and stopper.best_epoch == 1  # stopped early, best weights restored
+    run_with_early_stopping(tmp_path / "cut", epochs=2)
+    resumed_weights, resumed, resumed_history = run_with_early_stopping(tmp_path / "cut", epochs=5, seed=123,
+                                                                        resume=True)
+    assert (resumed.best, resumed.best_epoch, resumed.wait) == (stopper.best, stopper.best_epoch, stopper.wait)
+    assert resumed_history["train_loss"] == history["train_loss"] and resumed_history.stop_reason == history.stop_reason
+    assert_same(resumed_weights, weights)  # restore_best_weights at the end used the restored copy
+
+
+def test_stateful_handlers_of_one_class_get_numbered_keys():
+    from fitforge.handlers import EarlyStoppingHandler
+    from fitforge.handlers.checkpoint import _stateful
+
+    first, second = EarlyStoppingHandler("train_loss"), EarlyStoppingHandler("train_loss")
+    assert _stateful((first, object(), second)) == {"EarlyStoppingHandler": first, "EarlyStoppingHandler#2": second}
+
+
+def test_random_states_round_trip_through_a_weights_only_load(tmp_path):
+    import random
+
+    import numpy as np
+
+    from fitforge.checkpoint_io import save_atomic
+    from fitforge.rng import restore_rng_states, rng_states
+
+    np.random.randn()  # leaves a cached gaussian in numpy's state
+    save_atomic(rng_states(), tmp_path / "rng.pt")
+    expected = (random.random(), np.random.randn(), torch.rand(2))
+    restore_rng_states(torch.load(tmp_path / "rng.pt", weights_only=True))
+    again = (random.random(), np.random.randn(), torch.rand(2))
+    assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])
+
+
+def test_a_mid_epoch_checkpoint_warns_that_its_epoch_restarts(tmp_path, caplog):
+    torch.manual_seed(0)
+    net = nn.Linear(6, 3)
+    data = DataLoader(TensorDataset(X, Y), batch_size=8)
+    saver = CheckpointHandler(tmp_path, epoch_period=None, batch_period=4)
+    Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu").fit(data, batches=4, event_handlers=[saver])
+    assert [p.name for p in tmp_path.iterdir()] == ["model-epoch0batch4.pt"]
+    resumed = CheckpointHandler(tmp_path, epoch_period=None, batch_period=4, resume_from_checkpoint=True)
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        history = Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu").fit(
+            data, epochs=1, event_handlers=[resumed])
+    assert "model-epoch0batch4.pt was saved mid-epoch; epoch 1 restarts from its first batch" in caplog.text
+    assert len(history["train_loss"]) == 1

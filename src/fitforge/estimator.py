@@ -177,7 +177,8 @@ class Estimator:
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers)
         self._loss.arm_checks()
-        state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches)
+        state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches,
+                           handlers=tuple(dispatcher.handlers))
         self.net.train()
         run_fit(state, dispatcher, train_data)
         return state.history

@@ -20,9 +20,10 @@ def rng_states() -> dict[str, Any]:
     version, key, gauss = random.getstate()
     states: dict[str, Any] = {"python": [version, list(key), gauss], "torch": torch.get_rng_state()}
     if np is not None:
-        _, np_key, pos, has_gauss, cached = np.random.get_state()
-        states["numpy"] = {"key": torch.from_numpy(np_key.astype(np.int64)), "pos": int(pos),
-                           "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+        legacy: dict[str, Any] = np.random.get_state(legacy=False)  # type: ignore[assignment]
+        states["numpy"] = {"key": torch.from_numpy(legacy["state"]["key"].astype(np.int64)),
+                           "pos": int(legacy["state"]["pos"]), "has_gauss": int(legacy["has_gauss"]),
+                           "gauss": float(legacy["gauss"])}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -37,7 +38,7 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.set_rng_state(states["torch"])
     if "numpy" in states and np is not None:
         saved = states["numpy"]
-        np.random.set_state(("MT19937", saved["key"].numpy().astype(np.uint32), saved["pos"],
-                             saved["has_gauss"], saved["cached_gaussian"]))
+        np.random.set_state({"bit_generator": "MT19937", "has_gauss": saved["has_gauss"], "gauss": saved["gauss"],
+                             "state": {"key": saved["key"].numpy().astype(np.uint32), "pos": saved["pos"]}})
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

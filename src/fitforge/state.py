@@ -82,6 +82,8 @@ class TrainState:
         max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
         max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
         shared: a free dict for handlers to pass values to each other.
+        handlers: the run's handlers in dispatch order (fit only; empty in evaluate and predict),
+            e.g. for a checkpoint to save the state of every handler that has ``state_dict``.
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
         accumulated_batches: batches whose gradients wait for the next optimizer step.
         epoch_complete: at ``epoch_end``, whether the epoch went through all its data (False when a
@@ -103,6 +105,7 @@ class TrainState:
     metrics: dict[str, float] = field(default_factory=dict)
     history: History = field(default_factory=History)
     shared: dict[str, Any] = field(default_factory=dict)
+    handlers: tuple = ()
     epoch_complete: bool = False
     optimizer_steps: int = 0
     accumulated_batches: int = 0

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from ..checks import check_flag, check_positive
 from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, CheckpointError, restore_weights, save_atomic
@@ -25,6 +26,18 @@ def _completed_epochs(state: TrainState) -> int:
     stop or a CancelEpoch before its last batch)."""
     complete = state.epoch_complete or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches)
     return state.epoch + 1 if complete else state.epoch
+
+
+def _stateful(handlers: tuple) -> dict[str, Any]:
+    """The handlers with ``state_dict``/``load_state_dict``, keyed by class name (``#2``, ``#3``...
+    for the second and later of one class, in dispatch order)."""
+    keyed: dict[str, Any] = {}
+    for handler in handlers:
+        if callable(getattr(handler, "state_dict", None)) and callable(getattr(handler, "load_state_dict", None)):
+            name = type(handler).__name__
+            count = sum(1 for key in keyed if key == name or key.startswith(name + "#"))
+            keyed[name if count == 0 else f"{name}#{count + 1}"] = handler
+    return keyed
 
 
 class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
@@ -53,8 +66,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         resume_from_checkpoint: at fit start, continue from the newest checkpoint in ``model_dir``
             that loads (a corrupt or unfitting one is skipped with a warning naming the file and the
             reason; if there are checkpoints and none loads, a ``CheckpointError``; if there are
-            none, training starts from scratch, logged). Weights, optimizer states, counters, history
-            and the random generators' states are restored, and training continues to the same
+            none, training starts from scratch, logged). Weights, optimizer states, counters, history,
+            the random generators' states and the state of every handler with ``state_dict`` and
+            ``load_state_dict`` (early stopping's patience and best) are restored (after the
+            ``train_begin`` of handlers with a lower priority), and training continues to the same
             target: ``epochs=5`` means five in all, so a run that already reached it trains no
             more. Resuming from an epoch-end checkpoint continues exactly as the uninterrupted run
             would have (on the CPU, in deterministic mode); a mid-epoch checkpoint restarts that
@@ -132,18 +147,27 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
         state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
-        state.history.load_state_dict(checkpoint["history"])
+        history = checkpoint["history"]
+        if history["epochs"] > state.epoch:  # saved mid-epoch: that epoch's row is recorded again when it reruns
+            history = {**history, "epochs": state.epoch,
+                       "columns": {key: values[: state.epoch] for key, values in history["columns"].items()}}
+        state.history.load_state_dict(history)
         restore_rng_states(checkpoint.get("rng", {}))
-        own = checkpoint.get("handlers", {}).get("checkpoint")
-        if own is not None:
-            self.best = own["best"]
-            if self.best is not None and (self.model_dir / f"{self.model_prefix}-best{EXTENSION}").is_file():
-                self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
+        saved_states = checkpoint.get("handlers", {})
+        for key, handler in _stateful(state.handlers).items():
+            if key not in saved_states:
+                continue
+            if handler is not self:
+                handler.load_state_dict(saved_states[key])
+                continue
+            self.best = saved_states[key]["best"]  # its list of files comes from the folder, above
+            best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
+            self.best_path = best_path if self.best is not None and best_path.is_file() else None
         self.saved = files[: files.index(path) + 1]  # newer unreadable files leave the rotation's count
         log.info("CheckpointHandler: resumed from %s (%d epoch(s), %d batch(es) completed)",
                  path.name, state.epoch, state.global_step)
-        mid_epoch = state.num_batches is not None and state.global_step > state.epoch * state.num_batches
-        if mid_epoch and state.global_step < (state.epoch + 1) * state.num_batches:
+        per_epoch = state.num_batches
+        if per_epoch is not None and state.epoch * per_epoch < state.global_step < (state.epoch + 1) * per_epoch:
             log.warning("CheckpointHandler: %s was saved mid-epoch; epoch %d restarts from its first batch",
                         path.name, state.epoch + 1)
         if state.max_epochs is not None and state.epoch >= state.max_epochs:
@@ -214,7 +238,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
             "global_step": batches,
             "history": state.history.state_dict(),
             "rng": rng_states(),
-            "handlers": {"checkpoint": self.state_dict()},
+            "handlers": {key: handler.state_dict() for key, handler in _stateful(state.handlers).items()},
             **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
         }
 

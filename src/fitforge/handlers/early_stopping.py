@@ -92,12 +92,14 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         self._best_weights = None  # do not hold a copy of the weights after the run
 
     def state_dict(self) -> dict:
+        """The patience count and the best so far (with the best weights when they are kept)."""
         return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,
-                "stopped_epoch": self.stopped_epoch}
+                "stopped_epoch": self.stopped_epoch, "best_weights": self._best_weights}
 
     def load_state_dict(self, state: dict) -> None:
         self.best, self.best_epoch = state["best"], state["best_epoch"]
         self.wait, self.stopped_epoch = state["wait"], state["stopped_epoch"]
+        self._best_weights = state.get("best_weights")
 
     def __repr__(self) -> str:
         return f"EarlyStoppingHandler(monitor={self.monitor!r}, patience={self.patience})"
