@@ -17,15 +17,16 @@ g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)
 
 
-def run(folder, epochs, seed=0, resume=False):
-    """A fresh net and Adam from ``seed``, shuffled data and dropout: every random draw matters."""
+def run(folder, epochs, seed=0, resume=False, lr=0.01, handlers=()):
+    """A fresh net and Adam from ``seed``, shuffled data and dropout: every random draw matters.
+    Returns the final weights and the history."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=lr),
                           device="cpu")
     data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
     saver = CheckpointHandler(folder, resume_from_checkpoint=resume, max_checkpoints=10)
-    history = estimator.fit(data, epochs=epochs, event_handlers=[saver])
+    history = estimator.fit(data, epochs=epochs, event_handlers=[*handlers, saver])
     return net.state_dict(), history
 
 
@@ -90,16 +91,10 @@ def test_resume_from_checkpoint_must_be_a_bool(tmp_path):
 def run_with_early_stopping(folder, epochs, seed=0, resume=False):
     from fitforge.handlers import EarlyStoppingHandler
 
-    torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-    # lr 0.3: the training loss is best at epoch 2 and worse at epoch 3, where patience 1 stops the run
-    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.3),
-                          device="cpu")
-    data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
     stopper = EarlyStoppingHandler("train_loss", patience=1, restore_best_weights=True)
-    saver = CheckpointHandler(folder, resume_from_checkpoint=resume, max_checkpoints=10)
-    history = estimator.fit(data, epochs=epochs, event_handlers=[stopper, saver])
-    return net.state_dict(), stopper, history
+    # lr 0.3: the training loss is best at epoch 2 and worse at epoch 3, where patience 1 stops the run
+    weights, history = run(folder, epochs, seed, resume, lr=0.3, handlers=[stopper])
+    return weights, stopper, history
 
 
 def test_early_stopping_state_and_best_weights_ride_in_checkpoints(tmp_path):
