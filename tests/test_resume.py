@@ -54,15 +54,26 @@ def test_a_run_that_reached_its_target_trains_no_more(tmp_path):
     assert len(history["train_loss"]) == 2 and history.stop_reason.startswith("already trained: 2 of epochs=2")
 
 
-@pytest.mark.parametrize("damage", ["truncated", "emptied", "foreign"])
+def flip_a_weight_byte(content: bytes, path) -> bytes:
+    """``content`` with one byte flipped inside the first weight tensor's data (torch.load still reads it)."""
+    weights = torch.load(path, weights_only=True)["model"]["0.weight"]
+    at = content.find(weights.numpy().tobytes()) + 5
+    assert at > 5
+    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1:]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied", "foreign", "byte-flipped"])
 def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning(tmp_path, uninterrupted, caplog, damage):
     run(tmp_path, epochs=2)
     newest = tmp_path / "model-epoch2batch12.pt"
     content = newest.read_bytes()
-    newest.write_bytes({"truncated": content[: len(content) // 2], "emptied": b"", "foreign": b"not a checkpoint"}[damage])
+    newest.write_bytes({"truncated": content[: len(content) // 2], "emptied": b"", "foreign": b"not a checkpoint",
+                        "byte-flipped": flip_a_weight_byte(content, newest) if damage == "byte-flipped" else b""}[damage])
     with caplog.at_level(logging.WARNING, logger="fitforge"):
         weights, history = run(tmp_path, epochs=4, seed=123, resume=True)
     assert "skipping checkpoint model-epoch2batch12.pt" in caplog.text
+    if damage == "byte-flipped":  # torch.load reads it: only the checksum notices
+        assert "no longer match the checksum" in caplog.text
     assert_same(weights, uninterrupted[0])  # from epoch 1 on, the same run
     assert history["train_loss"] == uninterrupted[1]["train_loss"]
 
@@ -145,3 +156,19 @@ def test_a_mid_epoch_checkpoint_warns_that_its_epoch_restarts(tmp_path, caplog):
             data, epochs=1, event_handlers=[resumed])
     assert "model-epoch0batch4.pt was saved mid-epoch; epoch 1 restarts from its first batch" in caplog.text
     assert len(history["train_loss"]) == 1
+
+
+def test_a_checksum_catches_changed_tensor_bytes_and_old_files_without_one_still_load(tmp_path):
+    from fitforge.checkpoint_io import FORMAT_VERSION, load_checkpoint, save_atomic, save_checkpoint
+
+    content = {"format_version": FORMAT_VERSION, "w": torch.arange(64, dtype=torch.float32), "n": [1, 2.5, None]}
+    save_checkpoint(content, tmp_path / "a.pt")
+    loaded = load_checkpoint(tmp_path / "a.pt")
+    assert torch.equal(loaded["w"], content["w"]) and loaded["n"] == [1, 2.5, None] and "checksum" not in loaded
+    raw = (tmp_path / "a.pt").read_bytes()
+    at = raw.find(content["w"].numpy().tobytes()) + 9
+    (tmp_path / "a.pt").write_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:])
+    with pytest.raises(CheckpointError, match=r"a.pt is corrupt: its contents no longer match the checksum"):
+        load_checkpoint(tmp_path / "a.pt")
+    save_atomic(content, tmp_path / "old.pt")  # written before checksums existed
+    assert torch.equal(load_checkpoint(tmp_path / "old.pt")["w"], content["w"])

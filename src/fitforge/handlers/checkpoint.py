@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import check_flag, check_positive
-from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, CheckpointError, restore_weights, save_atomic
+from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, CheckpointError, restore_weights, save_checkpoint
 from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from ..rng import restore_rng_states, rng_states
@@ -49,7 +49,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
     two full epochs of 20 batches; ``epoch2batch45`` five batches into the third, also when the
     third epoch was cut short there by a stop), and
     ``<model_prefix>-best.pt``. Each holds the net's weights, the optimizers' states, the counters
-    and the history (see :func:`fitforge.checkpoint_io.load_checkpoint`). Writes are atomic; the
+    and the history (see :func:`fitforge.checkpoint_io.load_checkpoint`), with a checksum of its contents
+    that loading verifies (``torch.load`` alone misses bytes flipped inside tensor data). Writes are atomic; the
     newest ``max_checkpoints`` regular files are kept and older ones are deleted by exact name, only
     once the new file is on disk. Best is judged at every epoch end, whatever ``epoch_period``; a
     nan value is never best.
@@ -206,7 +207,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
-        save_atomic(self.checkpoint(state, epochs, batches), path)
+        save_checkpoint(self.checkpoint(state, epochs, batches), path)
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
@@ -222,7 +223,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
         checkpoint = self.checkpoint(state, _completed_epochs(state), state.global_step)
         checkpoint["best"] = {"monitor": self.monitor, "value": value, "epoch": state.epoch}
-        save_atomic(checkpoint, self.best_path)
+        save_checkpoint(checkpoint, self.best_path)
         log.info("%s improved from %s to %.4g: saved %s", self.monitor,
                  "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
 
