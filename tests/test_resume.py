@@ -172,3 +172,26 @@ def test_a_checksum_catches_changed_tensor_bytes_and_old_files_without_one_still
         load_checkpoint(tmp_path / "a.pt")
     save_atomic(content, tmp_path / "old.pt")  # written before checksums existed
     assert torch.equal(load_checkpoint(tmp_path / "old.pt")["w"], content["w"])
+
+
+def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_intact(tmp_path, monkeypatch):
+    import os
+
+    import fitforge.checkpoint_io as checkpoint_io
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full (a device that is always full) on this system")
+    run(tmp_path, epochs=1)
+    real_fdopen = os.fdopen
+
+    def full_disk(fd, mode="r", *args, **kwargs):  # the temporary file, on a device with no space left
+        os.close(fd)
+        return real_fdopen(os.open("/dev/full", os.O_WRONLY), mode, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_io.os, "fdopen", full_disk)
+    with pytest.raises(CheckpointError, match=r"cannot write .*model-epoch2batch12.pt: No space left on device; "
+                                              r"free space or save elsewhere \(the files already there are intact\)"):
+        run(tmp_path, epochs=2, resume=True)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["model-epoch1batch6.pt"]  # no temporary file left behind
+    checkpoint_io.load_checkpoint(tmp_path / "model-epoch1batch6.pt")

@@ -8,6 +8,7 @@ checkpoint holds tensors and plain python values only and cannot run code when l
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -37,11 +38,26 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
             os.fchmod(file.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a plain save would not
             os.fsync(file.fileno())
         os.replace(temp, path)
-    except BaseException:
+    except BaseException as err:
         Path(temp).unlink(missing_ok=True)
+        full = _disk_full(err)
+        if full is not None:
+            raise CheckpointError(f"cannot write {path}: {full.strerror or 'no space left on the device'}; free "
+                                  "space or save elsewhere (the files already there are intact)") from err
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _disk_full(error: BaseException) -> OSError | None:
+    """The out-of-space error behind ``error``: torch.save wraps the OSError of a failed write in a
+    RuntimeError that keeps it only as its context."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
