@@ -119,18 +119,10 @@ class BatchProcessor:
         """Forward and loss (under the precision's autocast), then backward on one training batch."""
         inputs, label = self.to_device(state, batch)
         estimator = state.estimator
-        if estimator.autocast_dtype is None and not self._own_autocast:  # _forward_loss, inlined: every batch
-            pred = self.forward(estimator.net, inputs, label)
-            loss, losses = estimator.compute_loss(pred, label)
-        else:
-            pred, loss, losses = self._forward_loss(state, estimator.net, estimator.compute_loss, inputs, label)
+        pred, loss, losses = self._forward_loss(state, estimator.net, estimator.compute_loss, inputs, label)
         scaler = estimator.scaler
         self.backward(loss if scaler is None else scaler.scale(loss))  # fp16: scaled against underflow
-        try:  # batch_size_of(inputs), inlined: this runs every batch
-            size = inputs[0].shape[0]
-        except IndexError:  # a 0-d input is one sample
-            size = 1
-        return BatchOutput(inputs, label, pred, loss, losses, size)
+        return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""
@@ -144,10 +136,12 @@ class BatchProcessor:
         """``forward`` and the loss, under ``autocast`` unless there is none to enter (float32)."""
         if state.estimator.autocast_dtype is None and not self._own_autocast:
             pred = self.forward(net, inputs, label)
-            return (pred, *compute_loss(pred, label))
+            loss, losses = compute_loss(pred, label)
+            return pred, loss, losses
         with self.autocast(state):
             pred = self.forward(net, inputs, label)
-            return (pred, *compute_loss(pred, label))
+            loss, losses = compute_loss(pred, label)
+            return pred, loss, losses
 
     def inputs_to_device(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, ...]:
         """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything

@@ -86,8 +86,10 @@ def to_channels_last(value: Any) -> Any:
 
 def batch_size_of(inputs: tuple[torch.Tensor, ...]) -> int:
     """Samples in a batch: the first dimension of the first input (0-d inputs count as 1)."""
-    first = inputs[0]
-    return first.shape[0] if first.dim() else 1
+    try:  # runs every batch: no dim() call on the common path
+        return inputs[0].shape[0]
+    except IndexError:  # a 0-d input
+        return 1
 
 
 def _data_hint(data: object, argument: str) -> str:

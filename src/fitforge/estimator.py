@@ -219,7 +219,7 @@ class Estimator:
         num_batches = check_data(data, "data", passes=1)
         outputs: list = []
         predict_batch = self.batch_processor.predict_batch
-        cpu, asynchronous = torch.device("cpu"), self.device.type == "cuda"
+        cpu, asynchronous = torch.device("cpu"), self.non_blocking
 
         def step(state: TrainState, batch: Any) -> BatchOutput:
             pred = check_outputs(predict_batch(state, batch), state.batch_idx)

@@ -5,11 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint_io import (
+    FORMAT_VERSION,
+    TEMP_SUFFIX,
+    CheckpointError,
+    restore_weights,
+    save_checkpoint,
+)
 from ..checks import check_flag, check_positive
-from ..checkpoint_io import FORMAT_VERSION, TEMP_SUFFIX, CheckpointError, restore_weights, save_checkpoint
 from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from ..rng import restore_rng_states, rng_states
@@ -32,11 +39,12 @@ def _stateful(handlers: tuple) -> dict[str, Any]:
     """The handlers with ``state_dict``/``load_state_dict``, keyed by class name (``#2``, ``#3``...
     for the second and later of one class, in dispatch order)."""
     keyed: dict[str, Any] = {}
+    seen: Counter[str] = Counter()
     for handler in handlers:
         if callable(getattr(handler, "state_dict", None)) and callable(getattr(handler, "load_state_dict", None)):
             name = type(handler).__name__
-            count = sum(1 for key in keyed if key == name or key.startswith(name + "#"))
-            keyed[name if count == 0 else f"{name}#{count + 1}"] = handler
+            seen[name] += 1
+            keyed[name if seen[name] == 1 else f"{name}#{seen[name]}"] = handler
     return keyed
 
 
