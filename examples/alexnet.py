@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> History:
             ProgressBarHandler(),
             # alexnet-epoch<E>batch<B>.pt every epoch (newest 5 kept), and alexnet-best.pt: lowest val_loss
             CheckpointHandler(folder, model_prefix="alexnet", monitor="val_loss", save_best=True),
-            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best_weights=True),
+            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
         ])
     # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
     accuracy = estimator.evaluate(val_loader)["val_accuracy"]

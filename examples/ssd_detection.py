@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> History:
         history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
             ProgressBarHandler(),
             CheckpointHandler(folder, model_prefix="ssd", monitor="val_loss", save_best=True),
-            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best_weights=True),
+            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
         ])
     # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
     precision, recall, f1 = detection_f1(estimator.predict(val_loader), val_set)

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> History:
         history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
             ProgressBarHandler(),
             CheckpointHandler(folder, model_prefix="translator", monitor="val_exact_match", save_best=True),
-            EarlyStoppingHandler(monitor="val_exact_match", patience=args.patience, restore_best_weights=True),
+            EarlyStoppingHandler(monitor="val_exact_match", patience=args.patience, restore_best=True),
         ])
         # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
         exact_match = estimator.evaluate(val_loader)["val_exact_match"]

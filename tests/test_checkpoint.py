@@ -175,8 +175,8 @@ def test_state_dict_round_trip(tmp_path):
     estimator, train, val = linear_problem()
     estimator.fit(train, val_data=val, epochs=2, event_handlers=[saver])
     copy = CheckpointHandler(tmp_path, monitor="val_loss", save_best=True)
-    copy.load_state_dict(saver.state_dict())
-    assert copy.best == saver.best and copy.saved == saver.saved
+    copy.load_state_dict(saver.state_dict())  # the files to rotate come from the folder, not the state
+    assert copy.best == saver.best and copy.best_path == saver.best_path == tmp_path / "model-best.pt"
 
 
 def test_estimator_load_checkpoint_restores_weights_and_returns_the_counters(tmp_path):

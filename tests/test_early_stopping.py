@@ -72,10 +72,10 @@ def test_stop_reason_and_state_dict_round_trip():
     assert copy.state_dict() == {"best": 1.0, "best_epoch": 0, "wait": 1, "stopped_epoch": 1, "best_weights": None}
 
 
-def test_restore_best_weights_loads_the_best_epochs_weights():
+def test_restore_best_loads_the_best_epochs_weights():
     estimator = make_estimator()
     net = estimator.net
-    handler = EarlyStoppingHandler("val_loss", patience=5, restore_best_weights=True)
+    handler = EarlyStoppingHandler("val_loss", patience=5, restore_best=True)
     state = TrainState(estimator)
     handler.train_begin(state)
     for epoch, value in enumerate([1.0, 0.5, 0.7]):
@@ -163,7 +163,7 @@ def test_a_key_only_eval_fn_could_produce_is_an_error_once_validation_ran_withou
 def test_a_failed_start_does_not_restore_the_previous_runs_weights():
     from fitforge.events import TrainBegin
     estimator, train, val = linear_problem()
-    stopper = EarlyStoppingHandler("val_loss", patience=5, restore_best_weights=True)
+    stopper = EarlyStoppingHandler("val_loss", patience=5, restore_best=True)
     estimator.fit(train, val_data=val, epochs=2, event_handlers=[stopper])
 
     class Broken(TrainBegin):
@@ -195,7 +195,7 @@ def test_a_best_checkpoint_and_restored_weights_judged_by_different_keys_warn(tm
     from fitforge.handlers import CheckpointHandler
     estimator, train, val = linear_problem()
     handlers = [CheckpointHandler(tmp_path, monitor="val_mae", save_best=True),
-                EarlyStoppingHandler("val_loss", restore_best_weights=True)]
+                EarlyStoppingHandler("val_loss", restore_best=True)]
     with pytest.warns(UserWarning, match="CheckpointHandler keeps the best weights by 'val_mae' but "
                                          "EarlyStoppingHandler restores the best by 'val_loss'"):
         estimator.fit(train, val_data=val, epochs=1, event_handlers=handlers)

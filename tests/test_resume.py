@@ -102,9 +102,9 @@ def test_resume_from_checkpoint_must_be_a_bool(tmp_path):
 def run_with_early_stopping(folder, epochs, seed=0, resume=False):
     from fitforge.handlers import EarlyStoppingHandler
 
-    stopper = EarlyStoppingHandler("train_loss", patience=1, restore_best_weights=True)
-    # lr 0.3: the training loss is best at epoch 2 and worse at epoch 3, where patience 1 stops the run
-    weights, history = run(folder, epochs, seed, resume, lr=0.3, handlers=[stopper])
+    stopper = EarlyStoppingHandler("train_loss", patience=1, restore_best=True)
+    # lr 0.2: the training loss is best at epoch 2 and worse at epoch 3, where patience 1 stops the run
+    weights, history = run(folder, epochs, seed, resume, lr=0.2, handlers=[stopper])
     return weights, stopper, history
 
 
@@ -116,12 +116,12 @@ def test_early_stopping_state_and_best_weights_ride_in_checkpoints(tmp_path):
                                                                         resume=True)
     assert (resumed.best, resumed.best_epoch, resumed.wait) == (stopper.best, stopper.best_epoch, stopper.wait)
     assert resumed_history["train_loss"] == history["train_loss"] and resumed_history.stop_reason == history.stop_reason
-    assert_same(resumed_weights, weights)  # restore_best_weights at the end used the restored copy
+    assert_same(resumed_weights, weights)  # restore_best at the end used the restored copy
 
 
 def test_stateful_handlers_of_one_class_get_numbered_keys():
     from fitforge.handlers import EarlyStoppingHandler
-    from fitforge.handlers.checkpoint import _stateful
+    from fitforge.resume import stateful_handlers as _stateful
 
     first, second = EarlyStoppingHandler("train_loss"), EarlyStoppingHandler("train_loss")
     assert _stateful((first, object(), second)) == {"EarlyStoppingHandler": first, "EarlyStoppingHandler#2": second}
@@ -141,21 +141,6 @@ def test_random_states_round_trip_through_a_weights_only_load(tmp_path):
     restore_rng_states(torch.load(tmp_path / "rng.pt", weights_only=True))
     again = (random.random(), np.random.randn(), torch.rand(2))
     assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])
-
-
-def test_a_mid_epoch_checkpoint_warns_that_its_epoch_restarts(tmp_path, caplog):
-    torch.manual_seed(0)
-    net = nn.Linear(6, 3)
-    data = DataLoader(TensorDataset(X, Y), batch_size=8)
-    saver = CheckpointHandler(tmp_path, epoch_period=None, batch_period=4)
-    Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu").fit(data, batches=4, event_handlers=[saver])
-    assert [p.name for p in tmp_path.iterdir()] == ["model-epoch0batch4.pt"]
-    resumed = CheckpointHandler(tmp_path, epoch_period=None, batch_period=4, resume_from_checkpoint=True)
-    with caplog.at_level(logging.WARNING, logger="fitforge"):
-        history = Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu").fit(
-            data, epochs=1, event_handlers=[resumed])
-    assert "model-epoch0batch4.pt was saved mid-epoch; epoch 1 restarts from its first batch" in caplog.text
-    assert len(history["train_loss"]) == 1
 
 
 def test_a_checksum_catches_changed_tensor_bytes_and_old_files_without_one_still_load(tmp_path):

@@ -31,6 +31,7 @@ from .handlers.validation import ValidationHandler
 from .history import History
 from .loop import run_epoch, run_fit
 from .loss import LossSet
+from .preemption import preemptible, raise_if_preempted
 from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from .state import BatchOutput, TrainState
 
@@ -161,6 +162,11 @@ class Estimator:
         same class. ``default_handlers=False`` adds only Stopping and GradientUpdate (and Validation
         if ``val_data`` is given): a lean loop.
 
+        SIGTERM or SIGINT during fit stops training after the current batch: a CheckpointHandler
+        saves the state (whatever its periods), ``train_end`` runs, then SIGTERM exits with status
+        143 (``SystemExit``) and SIGINT raises ``KeyboardInterrupt``; a second signal acts at once.
+        Resuming from that checkpoint loses no step.
+
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
                 shapes or dtypes at the first batch, before any optimizer step.
@@ -180,7 +186,9 @@ class Estimator:
         state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches,
                            handlers=tuple(dispatcher.handlers))
         self.net.train()
-        run_fit(state, dispatcher, train_data)
+        with preemptible(state):
+            run_fit(state, dispatcher, train_data)
+        raise_if_preempted(state)
         return state.history
 
     def _preflight(self, handlers: list[EventHandler], val_data: Any, epochs: int | None,

@@ -84,13 +84,13 @@ class History(Mapping):
     def state_dict(self) -> dict:
         """The records as plain python values (for checkpoints)."""
         return {"columns": {k: list(v) for k, v in self._columns.items()}, "epochs": self._epochs,
-                "stop_reason": self.stop_reason}
+                "recorded": sorted(self._recorded), "stop_reason": self.stop_reason}
 
     def load_state_dict(self, state: dict) -> None:
         """Replace the records with those of :meth:`state_dict`."""
         self._columns = {k: [float(x) for x in v] for k, v in state["columns"].items()}
         self._epochs = int(state["epochs"])
-        self._recorded = set()
+        self._recorded = set(state.get("recorded", ()))  # keys of the last row: a resumed epoch continues it
         self.stop_reason = state.get("stop_reason")
 
     def rows(self) -> list[dict[str, float]]:

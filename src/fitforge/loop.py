@@ -20,9 +20,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .data_order import DataOrder
 from .dispatch import Dispatcher
 from .events import Event
 from .exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
+from .resume import resume
 from .state import TrainState
 
 log = logging.getLogger("fitforge")
@@ -30,15 +32,23 @@ _CANCELS = (CancelBatch, CancelEpoch, CancelFit)
 
 
 def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
-    """Train until a stop is requested; ``train_end`` runs however training ends."""
+    """Train until a stop is requested; ``train_end`` runs however training ends. A checkpoint
+    that a handler put in ``state.restore`` during ``train_begin`` is resumed from after it."""
     step = state.estimator.batch_processor.fit_batch
+    order = state.data_order = DataOrder(data)
     try:
         if dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS):
             state.request_stop("cancelled in train_begin")
+        elif state.restore is not None:
+            checkpoint, state.restore = state.restore, None
+            resume(state, checkpoint)
         while not state.stop_requested:
-            completed = state.global_step
-            run_epoch(state, dispatcher, data, step, "train_data", check_first=completed == 0)
-            if state.global_step == completed and state.max_batches is not None and not state.stop_requested:
+            completed, start = state.global_step, state.start_batch
+            run_epoch(state, dispatcher, order.epoch(state.epoch, start), step, "train_data",
+                      check_first=completed == 0)
+            state.start_batch = 0
+            if (state.global_step == completed and not start and state.max_batches is not None
+                    and not state.stop_requested):
                 # batches=N counts completed batches only: an epoch that completes none would repeat forever.
                 log.warning("epoch %d completed no batch (every batch, or the epoch, was cancelled); "
                             "stopping, since batches=%d could never be reached", state.epoch, state.max_batches)
@@ -50,9 +60,12 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
         state.request_stop(f"{type(signal).__name__} raised" + (f": {signal}" if str(signal) else ""))
     except BaseException as error:
         state.request_stop(f"failed: {type(error).__name__}")
+        state.preempted = None  # a failure (a second signal included) is no clean stop to checkpoint
         dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS)
+        order.close()
         raise
     failure = dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS, failing=False)
+    order.close()
     if failure is not None:
         raise failure
 
@@ -66,20 +79,26 @@ def run_epoch(
     check_first: bool = False,
 ) -> None:
     """One pass over ``data`` (called ``name`` in errors): ``epoch_begin``, then per batch
-    ``batch_begin``, ``step``, ``batch_end``, then ``epoch_end`` (also for a partial epoch)."""
+    ``batch_begin``, ``step``, ``batch_end``, then ``epoch_end`` (also for a partial epoch).
+
+    In training, ``state.start_batch`` is the position ``data`` starts at (a resumed epoch's data
+    holds only the batches from there): batches are numbered from it, and the epoch's history row,
+    already open, is continued."""
     batch_begin = dispatcher.hooks[Event.BATCH_BEGIN]
     batch_end = dispatcher.hooks[Event.BATCH_END]
     training = state.phase == "train"
     ends_pass = (CancelEpoch, CancelBatch) if training else _CANCELS
-    if training:
+    start = state.start_batch if training else 0
+    if training and not start:
         state.history.new_epoch()
+    state.batch_idx = start - 1
     started = time.perf_counter()
     seen = 0
     cancelled = False
     state.epoch_complete = False
     try:
         dispatcher.fire(Event.EPOCH_BEGIN, state)
-        for batch_idx, batch in enumerate(() if state.stop_requested else data):
+        for batch_idx, batch in enumerate(() if state.stop_requested else data, start):
             state.batch_idx, state.batch = batch_idx, batch
             seen += 1
             try:
@@ -103,12 +122,12 @@ def run_epoch(
             if state.stop_requested:
                 break
         else:
-            state.epoch_complete = seen > 0
+            state.epoch_complete = seen > 0 or start > 0
     except ends_pass:
         cancelled = True
         if training:
             _clear_gradients(state)
-    if seen == 0 and not (cancelled or state.stop_requested):
+    if seen == 0 and not (start or cancelled or state.stop_requested):
         raise FitforgeValueError(
             f"{name} yielded no batch ({state.phase}, epoch {state.epoch}): it is empty, or a one-shot "
             "iterator that was already consumed; pass a non-empty re-iterable such as a DataLoader or a list"

@@ -11,6 +11,7 @@ from .history import History
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .data_order import DataOrder
     from .estimator import Estimator
 
 
@@ -90,6 +91,12 @@ class TrainState:
             stop, a ``CancelEpoch`` or ``batches=N`` cut it short; a stop requested at the last batch
             also cuts it short, as the data iterator is not asked for more).
         stop_requested / stop_reason: set by :meth:`request_stop`.
+        start_batch: the batch position the current epoch started at: 0, except in the epoch a
+            resume from a mid-epoch checkpoint continues.
+        preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None.
+        data_order: the training data's :class:`~fitforge.data_order.DataOrder` (fit only).
+        restore: a checkpoint a handler loaded in ``train_begin`` for fit to resume from, once every
+            ``train_begin`` ran (CheckpointHandler sets it; see :mod:`fitforge.resume`).
     """
 
     estimator: Estimator
@@ -111,6 +118,10 @@ class TrainState:
     accumulated_batches: int = 0
     stop_requested: bool = False
     stop_reason: str | None = None
+    start_batch: int = 0
+    preempted: int | None = None
+    data_order: DataOrder | None = None
+    restore: dict[str, Any] | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
 
     def request_stop(self, reason: str = "stop requested") -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint_io import (
     FORMAT_VERSION,
@@ -17,9 +15,9 @@ from ..checkpoint_io import (
     save_checkpoint,
 )
 from ..checks import check_flag, check_positive
-from ..events import BatchEnd, EpochEnd, TrainBegin
+from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from ..rng import restore_rng_states, rng_states
+from ..resume import epoch_done, training_state
 from ..state import TrainState
 from .monitor import Monitor
 
@@ -31,24 +29,10 @@ _REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
 def _completed_epochs(state: TrainState) -> int:
     """Epochs completed at an epoch end: this one counts unless it was cut short (``batches=N``, a
     stop or a CancelEpoch before its last batch)."""
-    complete = state.epoch_complete or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches)
-    return state.epoch + 1 if complete else state.epoch
+    return state.epoch + 1 if epoch_done(state) else state.epoch
 
 
-def _stateful(handlers: tuple) -> dict[str, Any]:
-    """The handlers with ``state_dict``/``load_state_dict``, keyed by class name (``#2``, ``#3``...
-    for the second and later of one class, in dispatch order)."""
-    keyed: dict[str, Any] = {}
-    seen: Counter[str] = Counter()
-    for handler in handlers:
-        if callable(getattr(handler, "state_dict", None)) and callable(getattr(handler, "load_state_dict", None)):
-            name = type(handler).__name__
-            seen[name] += 1
-            keyed[name if seen[name] == 1 else f"{name}#{seen[name]}"] = handler
-    return keyed
-
-
-class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
+class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Save the training state every ``epoch_period`` epochs and/or ``batch_period`` batches, and the
     best one by ``monitor`` when ``save_best``.
 
@@ -75,14 +59,13 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         resume_from_checkpoint: at fit start, continue from the newest checkpoint in ``model_dir``
             that loads (a corrupt or unfitting one is skipped with a warning naming the file and the
             reason; if there are checkpoints and none loads, a ``CheckpointError``; if there are
-            none, training starts from scratch, logged). Weights, optimizer states, counters, history,
-            the random generators' states and the state of every handler with ``state_dict`` and
-            ``load_state_dict`` (early stopping's patience and best) are restored (after the
-            ``train_begin`` of handlers with a lower priority), and training continues to the same
-            target: ``epochs=5`` means five in all, so a run that already reached it trains no
-            more. Resuming from an epoch-end checkpoint continues exactly as the uninterrupted run
-            would have (on the CPU, in deterministic mode); a mid-epoch checkpoint restarts that
-            epoch's data from its first batch (with a warning).
+            none, training starts from scratch, logged). Training continues to the same target:
+            ``epochs=5`` means five in all, so a run that already reached it trains no more. See
+            :mod:`fitforge.resume` for what is restored, and docs/checkpoints.md for when the
+            continuation is bitwise exact (a mid-epoch checkpoint continues at its batch).
+
+    A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
+    batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
 
     Example:
         >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)
@@ -118,12 +101,19 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
+        self._last: tuple[int, int] | None = None  # (epochs, batches) of the newest regular save
 
     def train_begin(self, state: TrainState) -> None:
         self._prepare_folder()
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
-        self.saved, self.best, self.best_path = [], None, None
+        self.saved, self.best, self.best_path, self._last = [], None, None, None
+        problem = None if state.data_order is None else state.data_order.problem
+        if problem is not None and (self.batch_period or self.resume_from_checkpoint):
+            log.warning("CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
+                        "train_data by index: %s. It reads and discards the batches before the checkpoint, and "
+                        "continues exactly only if train_data yields the same batches in the same order on every "
+                        "pass (see docs/checkpoints.md)", problem)
         if self.resume_from_checkpoint:
             self._resume(state)
 
@@ -155,34 +145,13 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
                               f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch")
 
     def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
-        state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
-        history = checkpoint["history"]
-        if history["epochs"] > state.epoch:  # saved mid-epoch: that epoch's row is recorded again when it reruns
-            history = {**history, "epochs": state.epoch,
-                       "columns": {key: values[: state.epoch] for key, values in history["columns"].items()}}
-        state.history.load_state_dict(history)
-        restore_rng_states(checkpoint.get("rng", {}))
-        saved_states = checkpoint.get("handlers", {})
-        for key, handler in _stateful(state.handlers).items():
-            if key not in saved_states:
-                continue
-            if handler is not self:
-                handler.load_state_dict(saved_states[key])
-                continue
-            self.best = saved_states[key]["best"]  # its list of files comes from the folder, above
-            best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
-            self.best_path = best_path if self.best is not None and best_path.is_file() else None
+        state.restore = checkpoint  # fit resumes from it once every handler's train_begin ran
         self.saved = files[: files.index(path) + 1]  # newer unreadable files leave the rotation's count
-        log.info("CheckpointHandler: resumed from %s (%d epoch(s), %d batch(es) completed)",
-                 path.name, state.epoch, state.global_step)
-        per_epoch = state.num_batches
-        if per_epoch is not None and state.epoch * per_epoch < state.global_step < (state.epoch + 1) * per_epoch:
-            log.warning("CheckpointHandler: %s was saved mid-epoch; epoch %d restarts from its first batch",
-                        path.name, state.epoch + 1)
-        if state.max_epochs is not None and state.epoch >= state.max_epochs:
-            state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
-        elif state.max_batches is not None and state.global_step >= state.max_batches:
-            state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")
+        self._last = (checkpoint["epochs_completed"], checkpoint["global_step"])
+        log.info("CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)", path.name,
+                 checkpoint["epochs_completed"], checkpoint["global_step"],
+                 f"; epoch {checkpoint['epochs_completed'] + 1} continues after its first {checkpoint['position']} "
+                 "batch(es)" if checkpoint.get("position") else "")
 
     def _prepare_folder(self) -> None:
         try:
@@ -210,10 +179,18 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
     def epoch_end(self, state: TrainState) -> None:
         if self.save_best:  # first, so the regular checkpoint of this epoch holds this epoch's best
             self._save_if_best(state)
-        if self._saves_at_epoch_end(state):
+        if self._saves_at_epoch_end(state) or state.preempted is not None:
+            self._save_regular(state, _completed_epochs(state), state.global_step)
+
+    def train_end(self, state: TrainState) -> None:
+        # A signal that came after this epoch's save (in a later epoch_end hook) still loses nothing.
+        if state.preempted is not None and state.phase == "train":
             self._save_regular(state, _completed_epochs(state), state.global_step)
 
     def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
+        if self._last == (epochs, batches):
+            return  # this state is saved already (a preempted epoch's end after its batch's save)
+        self._last = (epochs, batches)
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
         save_checkpoint(self.checkpoint(state, epochs, batches), path)
         if path in self.saved:
@@ -236,27 +213,25 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd):
                  "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
 
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
-        """The dict written to a file: weights, optimizer states, counters, history (and the fp16
-        GradScaler's state under ``precision="16-mixed"``)."""
+        """The dict written to a file: the weights, the optimizers' states (and the fp16 GradScaler's
+        under ``precision="16-mixed"``) and the :func:`~fitforge.resume.training_state`."""
         estimator = state.estimator
         return {
             "format_version": FORMAT_VERSION,
             "model": estimator.net.state_dict(),
             "optimizers": [optimizer.state_dict() for optimizer in estimator.optimizers],
-            "epochs_completed": epochs,
-            "global_step": batches,
-            "history": state.history.state_dict(),
-            "rng": rng_states(),
-            "handlers": {key: handler.state_dict() for key, handler in _stateful(state.handlers).items()},
             **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
+            **training_state(state, epochs, batches),
         }
 
     def state_dict(self) -> dict:
-        return {"best": self.best, "saved": [p.name for p in self.saved]}
+        """The best monitored value so far (the files to rotate are found in ``model_dir``)."""
+        return {"best": self.best}
 
     def load_state_dict(self, state: dict) -> None:
         self.best = state["best"]
-        self.saved = [self.model_dir / name for name in state["saved"]]
+        best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
+        self.best_path = best_path if self.best is not None and best_path.is_file() else None
 
     def __repr__(self) -> str:
         return f"CheckpointHandler({str(self.model_dir)!r}, monitor={self.monitor!r})"

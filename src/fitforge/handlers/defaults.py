@@ -92,9 +92,9 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: Estimator) -> No
 
 def _check_best_agrees(handlers: Sequence[EventHandler]) -> None:
     # A best checkpoint and restored best weights judged by different keys are two different models;
-    # duck-typed (save_best / restore_best_weights) to keep this module free of their imports.
+    # duck-typed (save_best / restore_best) to keep this module free of their imports.
     savers = [h for h in handlers if getattr(h, "save_best", False)]
-    restorers = [h for h in handlers if getattr(h, "restore_best_weights", False)]
+    restorers = [h for h in handlers if getattr(h, "restore_best", False)]
     for saver in savers:
         for restorer in restorers:
             if saver.monitor != restorer.monitor:  # type: ignore[attr-defined]

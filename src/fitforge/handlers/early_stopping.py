@@ -30,16 +30,20 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         patience: epochs without improvement before stopping.
         min_delta: the smallest change that counts as an improvement.
         baseline: a value the monitor must beat; until it does, epochs count as not improving.
-        restore_best_weights: when training ends, load the net's weights of the best epoch (kept on
-            the host meanwhile); nothing is restored when no epoch beat ``baseline``.
+        restore_best: when training ends, load the net's weights of the best epoch (kept on
+            the host meanwhile, and in checkpoints); nothing is restored when no epoch beat
+            ``baseline``, nor when SIGTERM/SIGINT stopped training (the run is not over: it resumes
+            from the checkpoint of its current weights).
+        restore_best_weights: Keras's name for ``restore_best``.
 
     Example:
-        >>> stopper = EarlyStoppingHandler("val_loss", patience=3, restore_best_weights=True)
+        >>> stopper = EarlyStoppingHandler("val_loss", patience=3, restore_best=True)
         >>> history = estimator.fit(train, val_data=val, epochs=100, event_handlers=[stopper])  # doctest: +SKIP
     """
 
     def __init__(self, monitor: str = "val_loss", mode: str = "auto", patience: int = 0, min_delta: float = 0.0,
-                 baseline: float | None = None, restore_best_weights: bool = False) -> None:
+                 baseline: float | None = None, restore_best: bool = False,
+                 restore_best_weights: bool | None = None) -> None:
         self._monitor = Monitor(monitor, mode, min_delta, owner="EarlyStoppingHandler")
         if isinstance(patience, bool) or not isinstance(patience, int):
             raise FitforgeTypeError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
@@ -47,7 +51,12 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             raise FitforgeValueError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
         check_number("EarlyStoppingHandler", "baseline", baseline, allow_none=True)
         self.monitor, self.patience, self.baseline = monitor, patience, baseline
-        self.restore_best_weights = bool(restore_best_weights)
+        if restore_best_weights is not None:  # the Keras name
+            if restore_best and not restore_best_weights:
+                raise FitforgeValueError("EarlyStoppingHandler: restore_best=True and restore_best_weights=False "
+                                         "disagree; pass only restore_best")
+            restore_best = restore_best_weights
+        self.restore_best = bool(restore_best)
         self._reset()
 
     def _reset(self) -> None:
@@ -69,7 +78,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             return
         if self._monitor.improved(value, self.best):
             self.best, self.best_epoch, self.wait = value, state.epoch, 0
-            if self.restore_best_weights:  # kept on the host: a second copy must not fill the device
+            if self.restore_best:  # kept on the host: a second copy must not fill the device
                 self._best_weights = {k: v.detach().to("cpu", copy=True)
                                       for k, v in state.estimator.net.state_dict().items()}
             return
@@ -86,7 +95,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             return
         self._active = False
         best_epoch = self.best_epoch
-        if self._best_weights is not None and best_epoch is not None and best_epoch != state.epoch:
+        if (self._best_weights is not None and best_epoch is not None and best_epoch != state.epoch
+                and state.preempted is None):
             state.estimator.net.load_state_dict(self._best_weights)
             log.info("restored the weights of epoch %d (%s=%.4g)", best_epoch + 1, self.monitor, self.best)
         self._best_weights = None  # do not hold a copy of the weights after the run

@@ -7,6 +7,7 @@ import torch
 
 from ..checks import check_positive
 from ..events import BatchEnd, EpochEnd, TrainBegin
+from ..resume import epoch_done
 
 
 class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
@@ -19,7 +20,8 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         accumulate: step once every this many batches; the summed gradients are divided by the
             number of batches in the group, so with a mean-reduced loss a group of N batches of B
             samples steps like one batch of N*B. A trailing partial group (the end of an epoch, or a
-            stop) is stepped too, divided by its own size. ``state.optimizer_steps`` counts steps.
+            stop) is stepped too, divided by its own size; not when SIGTERM/SIGINT stopped training
+            mid-epoch, as the group goes on when the run resumes. ``state.optimizer_steps`` counts steps.
         clip_norm: clip the total gradient norm of the optimizers' parameters to this value before
             each step (``torch.nn.utils.clip_grad_norm_``).
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
@@ -59,6 +61,8 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def epoch_end(self, state) -> None:
         if state.phase == "train" and state.accumulated_batches:  # a trailing partial group
+            if state.preempted is not None and not epoch_done(state):
+                return  # the group goes on when the run resumes: its checkpoint keeps the gradients
             self.step(state)
 
     def step(self, state) -> None:

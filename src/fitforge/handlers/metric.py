@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..data import shape_of
 from ..events import BatchEnd, EpochBegin, EpochEnd
 from ..exceptions import FitforgeValueError
 from ..metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
+from ..metrics.base import load_metric_state, metric_state
 from ..state import TrainState
+
+log = logging.getLogger("fitforge")
 
 _PREFIX = {"train": "train_", "validate": "val_"}
 
@@ -23,6 +27,10 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     Args:
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's
             ``train_metrics`` in fit and ``val_metrics`` in evaluate.
+
+    Its state (:meth:`state_dict`) is the epoch's running sums, so a checkpoint written mid-epoch
+    resumes them: the resumed epoch's values cover all its batches. That holds for the built-in
+    metrics and torchmetrics metrics; another metric restarts its sums at the resume (with a warning).
     """
 
     priority = -1000
@@ -32,6 +40,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         self._resolved: list[MetricSlot] | None = None
         self._open = False  # between this handler's epoch_begin and epoch_end
         self._configured_for: tuple | None = None
+        self._pending: dict | None = None  # running sums loaded from a checkpoint, for the resumed epoch
 
     def _slots(self, estimator, phase: str) -> list[MetricSlot]:
         if self.metrics is None:
@@ -66,6 +75,10 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             mean.reset()
         for slot in self.slots:
             slot.metric.reset()
+        if self._pending is not None:
+            if state.start_batch > 0:  # resumed mid-epoch: continue the epoch's sums
+                self._resume(self._pending, state.estimator.device)
+            self._pending = None
         if self.compute not in state.metric_sources:
             state.metric_sources.append(self.compute)
         self._open = True
@@ -87,6 +100,31 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
                     f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
                     f"and label: {shape_of(label)} in batch {state.batch_idx}: {err}"
                 ) from err
+
+    def state_dict(self) -> dict:
+        """The running sums of the current (or last) epoch: the loss mean(s) and every metric's."""
+        if self._configured_for is None:
+            return {}
+        return {"loss": self._loss.state_dict(), "parts": [mean.state_dict() for mean in self._parts],
+                "metrics": [metric_state(slot.metric) for slot in self.slots]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Keep the sums for the next ``epoch_begin``, which resumes them if it continues an epoch."""
+        self._pending = state or None
+
+    def _resume(self, saved: dict, device) -> None:
+        self._loss.load_state_dict(saved["loss"])
+        self._loss.to(device)
+        for mean, part in zip(self._parts, saved["parts"]):
+            mean.load_state_dict(part)
+            mean.to(device)
+        for slot, metric_saved in zip(self.slots, saved["metrics"]):
+            if metric_saved is None:
+                log.warning("metric %r (%s) has no state fitforge can save: its value for the resumed epoch "
+                            "covers only the batches after the resume", slot.name, type(slot.metric).__name__)
+                continue
+            load_metric_state(slot.metric, metric_saved)
+            slot.metric.to(device)
 
     def compute(self) -> dict[str, float]:
         """The epoch-so-far values, keyed as in history (reads device values to the host)."""

@@ -38,10 +38,11 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         self.val_data, self.eval_fn = val_data, eval_fn
         self.epoch_period, self.batch_period = epoch_period, batch_period
         self.event_handlers = list(event_handlers or [])
+        self._validated_at: int | None = None
 
     def train_begin(self, state: TrainState) -> None:
         self._evaluate = self.eval_fn or state.estimator.evaluate
-        self._validated_at: int | None = None
+        self._validated_at = None
 
     def batch_end(self, state: TrainState) -> None:
         if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
@@ -52,6 +53,13 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         # An epoch ending right after a batch-period validation has the same weights: skip the repeat.
         if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0 and self._validated_at != state.global_step:
             self.validate(state)
+
+    def state_dict(self) -> dict:
+        """When it last validated (so a resumed epoch does not validate the same weights twice)."""
+        return {"validated_at": self._validated_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._validated_at = state["validated_at"]
 
     def validate(self, state: TrainState) -> dict[str, float]:
         """Evaluate now and merge the result into ``state.metrics`` and the current history row."""

@@ -8,7 +8,7 @@ when its result is converted to a float.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -81,6 +81,15 @@ class SumCountMetric:
         self._sum = None
         self._count = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The running sum and count (copies), for a mid-epoch checkpoint."""
+        count = self._count.clone() if isinstance(self._count, torch.Tensor) else self._count
+        return {"sum": None if self._sum is None else self._sum.clone(), "count": count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (call ``to(device)`` after, as the tensors come on the CPU)."""
+        self._sum, self._count = state["sum"], state["count"]
+
     def to(self, device: torch.device | str) -> SumCountMetric:
         if self._sum is not None:
             self._sum = self._sum.to(device)
@@ -90,3 +99,26 @@ class SumCountMetric:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def metric_state(metric: Any) -> dict[str, Any] | None:
+    """A metric's running state as checkpoint-safe values: a built-in's ``state_dict``, a torchmetrics
+    metric's states and update count; None for a metric whose state fitforge cannot read."""
+    if isinstance(metric, SumCountMetric):
+        return metric.state_dict()
+    states = getattr(metric, "metric_state", None)
+    if isinstance(states, dict) and isinstance(getattr(metric, "_update_count", None), int):  # torchmetrics
+        copied = {k: [t.clone() for t in v] if isinstance(v, list) else v.clone() for k, v in states.items()}
+        return {"states": copied, "updates": metric._update_count}
+    return None
+
+
+def load_metric_state(metric: Any, state: dict[str, Any]) -> None:
+    """Put back what :func:`metric_state` returned (the metric then moves its states with ``to``)."""
+    if isinstance(metric, SumCountMetric):
+        metric.load_state_dict(state)
+        return
+    for name, value in state["states"].items():
+        setattr(metric, name, value)
+    metric._update_count = state["updates"]
+    metric._computed = None  # torchmetrics caches compute()'s result

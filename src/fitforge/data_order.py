@@ -1,0 +1,173 @@
+"""The training data of one fit, epoch by epoch, in an order a checkpoint can restore.
+
+For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``: a
+loader (or its sampler) without a generator of its own gets one for the fit, reseeded at every
+epoch from the fit's seed (drawn once from torch's global generator, so ``torch.manual_seed``
+fixes it) and the epoch. The worker seeds and the shuffle have separate generators, so the
+order does not depend on whether persistent workers redraw their seed. A user's own generator
+is left alone; its state at each epoch's start is recorded instead.
+
+A resumed epoch starts at its batch position by index arithmetic: the epoch's index batches are
+drawn again (indices only, no data is loaded) and a loader for the remaining ones takes the
+original's place for that epoch. A list or tuple of batches is sliced. Anything else has no
+positions: its first batches are read and discarded (with the random generators' states kept),
+and :attr:`DataOrder.problem` says why exactness then depends on the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    SequentialSampler,
+)
+
+from .rng import restore_rng_states, rng_states
+
+
+def epoch_seed(seed: int, epoch: int, role: str) -> int:
+    """A 63-bit seed for ``role``'s generator in ``epoch``, unrelated to its neighbours'."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{role}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _draw_seed() -> int:
+    """A seed from torch's global generator, so ``torch.manual_seed`` fixes it: a hash of its state,
+    which one draw then advances for the next fit (no scalar is read from a tensor)."""
+    digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).digest()
+    torch.empty((), dtype=torch.int64).random_()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _index_sampler(loader: DataLoader) -> Any:
+    """What the loader draws indices from: batches of them with automatic batching, else single ones."""
+    return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+
+
+class DataOrder:
+    """``train_data`` for one fit: :meth:`epoch` gives each epoch's iterable (from a start position).
+
+    Attributes:
+        problem: None when a position can be restored exactly by index, else why not (for a warning).
+        seed: the seed of the generators given to the loader (None when it needed none).
+    """
+
+    def __init__(self, data: Iterable) -> None:
+        self.data = data
+        self.seed: int | None = None
+        self._managed: dict[str, tuple[Any, torch.Generator]] = {}  # role -> (owner, generator given to it)
+        self._own: list[torch.Generator] = []  # the user's generators, restored by state
+        self._start: list[torch.Tensor] = []  # their states at the current epoch's start
+        self.problem = self._inspect(data)
+        if self._managed:
+            self.seed = _draw_seed()
+
+    def _give(self, role: str, owner: Any) -> None:
+        generator = torch.Generator()
+        owner.generator = generator
+        self._managed[role] = (owner, generator)
+
+    def _keep(self, generator: torch.Generator) -> None:
+        if all(generator is not g for g in self._own):
+            self._own.append(generator)
+
+    def _inspect(self, data: Iterable) -> str | None:
+        if isinstance(data, (list, tuple)):
+            return None
+        if not isinstance(data, DataLoader):
+            return f"it is a {type(data).__name__}, not a list or a DataLoader, so it has no batch positions"
+        loader = data
+        if loader.generator is None:
+            self._give("workers", loader)
+        else:
+            self._keep(loader.generator)
+        if isinstance(loader.dataset, IterableDataset):
+            return "its dataset is an IterableDataset, which has no indices"
+        if type(loader).__iter__ is not DataLoader.__iter__:
+            return f"{type(loader).__name__} overrides DataLoader.__iter__"
+        sampler = loader.sampler
+        if not isinstance(sampler, SequentialSampler):
+            if not hasattr(sampler, "generator"):  # RandomSampler, SubsetRandomSampler, WeightedRandomSampler have one
+                return f"its sampler {type(sampler).__name__} draws its order from a source fitforge cannot restore"
+            if sampler.generator is None:
+                self._give("sampler", sampler)
+            else:
+                self._keep(sampler.generator)
+        if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+            return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
+        if self._own and loader.persistent_workers and loader.num_workers > 0:
+            return "it has its own generator and persistent workers, whose seeds are drawn only once"
+        return None
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterable:
+        """The data of ``epoch``, from batch position ``start``."""
+        for role, (_, generator) in self._managed.items():
+            generator.manual_seed(epoch_seed(self.seed, epoch, role))  # type: ignore[arg-type]
+        self._start = [generator.get_state() for generator in self._own]
+        if start == 0:
+            return self.data
+        if isinstance(self.data, (list, tuple)):
+            return self.data[start:]
+        if self.problem is None:
+            return self._remainder(start)
+        return self._skip(start)
+
+    def _remainder(self, start: int) -> DataLoader:
+        """A loader for the epoch's batches from ``start`` on, drawn as the original loader draws
+        them: its worker seed first, then the sampler's order (which leaves every generator where
+        a whole epoch leaves it)."""
+        loader: DataLoader = self.data  # type: ignore[assignment]
+        assert loader.generator is not None  # given one in _inspect when the user did not
+        workers = torch.Generator()
+        workers.set_state(loader.generator.get_state())  # its first draw is the worker seed the original drew
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        rest = list(itertools.islice(iter(_index_sampler(loader)), start, None))
+        options: dict[str, Any] = {"num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
+                                   "pin_memory": loader.pin_memory, "timeout": loader.timeout,
+                                   "worker_init_fn": loader.worker_init_fn, "generator": workers}
+        if loader.num_workers > 0:
+            options.update(multiprocessing_context=loader.multiprocessing_context,
+                           prefetch_factor=loader.prefetch_factor)
+        for name in ("pin_memory_device", "in_order"):  # arguments of newer torch versions
+            if hasattr(loader, name):
+                options[name] = getattr(loader, name)
+        if loader.batch_sampler is not None:
+            return DataLoader(loader.dataset, batch_sampler=rest, **options)
+        return DataLoader(loader.dataset, batch_size=None, sampler=rest, **options)
+
+    def _skip(self, start: int) -> Iterable:
+        """The data's iterator after reading and discarding ``start`` batches, the random
+        generators left as they were (the checkpoint restored them to after those batches)."""
+        states = rng_states()
+        iterator = iter(self.data)
+        for _ in itertools.islice(iterator, start):
+            pass
+        restore_rng_states(states)
+        return iterator
+
+    def close(self) -> None:
+        """Take back the generators given to the user's loader and sampler."""
+        for owner, _ in self._managed.values():
+            owner.generator = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The seed, and the user's generators at the epoch's start and now (tensors and ints only)."""
+        return {"seed": self.seed, "start": list(self._start),
+                "now": [generator.get_state() for generator in self._own]}
+
+    def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:
+        """Restore :meth:`state_dict`: the user's generators as at the start of the epoch being
+        resumed (``mid_epoch``) or as they were when the checkpoint was written."""
+        if state.get("seed") is not None and self._managed:
+            self.seed = int(state["seed"])
+        saved: Sequence[torch.Tensor] = state.get("start" if mid_epoch else "now", [])
+        if len(saved) == len(self._own):
+            for generator, generator_state in zip(self._own, saved):
+                generator.set_state(generator_state)

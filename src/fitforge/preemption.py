@@ -1,0 +1,61 @@
+"""Preemption: SIGTERM or SIGINT during ``fit`` stops training cleanly at the next batch boundary.
+
+The signal only sets ``state.preempted`` and requests a stop, so the batch under way finishes
+(its optimizer step included). A CheckpointHandler then writes the state whatever its periods,
+``train_end`` runs, and :func:`raise_if_preempted` ends ``fit``: SIGTERM with ``SystemExit(143)``
+(128 + 15, the exit status schedulers such as SLURM and Kubernetes expect), SIGINT with
+``KeyboardInterrupt``. A second signal while stopping acts at once. Signals can be caught only in
+the main thread; ``fit`` in another thread leaves them alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .state import TrainState
+
+log = logging.getLogger("fitforge")
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _act_now(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def preemptible(state: TrainState) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT request a stop of ``state``'s training."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        if state.preempted is not None:
+            _act_now(signum)
+        state.preempted = signum
+        name = signal.Signals(signum).name
+        state.request_stop(f"preempted by {name}")
+        log.warning("received %s: training stops at the end of this batch (saved by a CheckpointHandler, if "
+                    "any); send it again to stop at once", name)
+
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    for signum in SIGNALS:
+        signal.signal(signum, handle)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def raise_if_preempted(state: TrainState) -> None:
+    """End ``fit`` as the signal asked, once training stopped cleanly."""
+    if state.preempted is not None:
+        _act_now(state.preempted)

@@ -1,0 +1,86 @@
+"""The training state a checkpoint holds besides weights, optimizers and scaler, and resuming from it.
+
+:func:`training_state` collects the counters (completed epochs, batch position in the epoch,
+global and optimizer steps), the gradients of an unfinished accumulation group, the history, the
+random generators, the data order and every stateful handler's state. :func:`resume` puts them
+back. It runs once every handler's ``train_begin`` has run and before the first ``epoch_begin``,
+so restored state wins over fresh state whatever the priorities.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from .rng import restore_rng_states, rng_states
+from .state import TrainState
+
+log = logging.getLogger("fitforge")
+
+
+def stateful_handlers(handlers: tuple) -> dict[str, Any]:
+    """The handlers with ``state_dict``/``load_state_dict``, keyed by class name (``#2``, ``#3``...
+    for the second and later of one class, in dispatch order)."""
+    keyed: dict[str, Any] = {}
+    seen: Counter[str] = Counter()
+    for handler in handlers:
+        if callable(getattr(handler, "state_dict", None)) and callable(getattr(handler, "load_state_dict", None)):
+            name = type(handler).__name__
+            seen[name] += 1
+            keyed[name if seen[name] == 1 else f"{name}#{seen[name]}"] = handler
+    return keyed
+
+
+def epoch_done(state: TrainState) -> bool:
+    """At an epoch end, whether the epoch went through all its data (not cut short by
+    ``batches=N``, a stop or a CancelEpoch before its last batch)."""
+    return state.epoch_complete or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches)
+
+
+def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
+    """Everything but weights, optimizers and scaler, after ``epochs`` completed epochs and
+    ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
+    number of its batches already read (cancelled ones included), where a resume continues."""
+    net = state.estimator.net
+    return {
+        "epochs_completed": epochs,
+        "global_step": batches,
+        "position": 0 if epochs > state.epoch else state.batch_idx + 1,
+        "optimizer_steps": state.optimizer_steps,
+        "accumulated_batches": state.accumulated_batches,
+        "grads": ({name: p.grad for name, p in net.named_parameters() if p.grad is not None}
+                  if state.accumulated_batches else {}),
+        "history": state.history.state_dict(),
+        "rng": rng_states(),
+        "data_order": {} if state.data_order is None else state.data_order.state_dict(),
+        "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(state.handlers).items()},
+    }
+
+
+def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
+    """Continue from ``checkpoint`` (whose weights and optimizer states are already loaded): the
+    counters, history, generators, data order and handler states; a stop when its target is reached."""
+    state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
+    state.start_batch = position = checkpoint.get("position", 0)
+    state.optimizer_steps = checkpoint.get("optimizer_steps", 0)
+    state.accumulated_batches = checkpoint.get("accumulated_batches", 0)
+    grads = checkpoint.get("grads", {})
+    for name, parameter in state.estimator.net.named_parameters():
+        parameter.grad = grads[name].to(parameter.device) if name in grads else None
+    history = checkpoint["history"]
+    if history["epochs"] > state.epoch and not position:  # a row of an epoch that reruns from its start
+        history = {**history, "epochs": state.epoch, "recorded": [],
+                   "columns": {key: values[: state.epoch] for key, values in history["columns"].items()}}
+    state.history.load_state_dict({**history, "stop_reason": None})
+    restore_rng_states(checkpoint.get("rng", {}))
+    if state.data_order is not None:
+        state.data_order.load_state_dict(checkpoint.get("data_order", {}), mid_epoch=position > 0)
+    saved = checkpoint.get("handlers", {})
+    for key, handler in stateful_handlers(state.handlers).items():
+        if key in saved:
+            handler.load_state_dict(saved[key])
+    if state.max_epochs is not None and state.epoch >= state.max_epochs:
+        state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
+    elif state.max_batches is not None and state.global_step >= state.max_batches:
+        state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")

@@ -1,0 +1,195 @@
+"""Exact resume from anywhere: a run that crashes right after any batch's checkpoint and resumes
+ends with the uninterrupted run's weights, per-batch losses and history (shuffled data, dropout,
+Adam, gradient accumulation, worker processes, metric sums)."""
+
+import logging
+
+import pytest
+import torch
+import torchmetrics
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from fitforge import Estimator
+from fitforge.data_order import DataOrder
+from fitforge.events import BatchEnd
+from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
+
+g = torch.Generator().manual_seed(0)
+X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)  # 6 batches of 8
+
+
+class Losses(BatchEnd):
+    """Every batch's loss, by global step (a host read per batch: fine in a test)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def batch_end(self, state):
+        self.seen[state.global_step] = state.output.loss.item()
+
+
+class Crash(BatchEnd):
+    """Fail right after the checkpoint of batch number ``at`` (1-based) was written."""
+
+    priority = 950
+
+    def __init__(self, at):
+        self.at = at
+
+    def batch_end(self, state):
+        if state.global_step + 1 == self.at:
+            raise RuntimeError("crash")
+
+
+class Batches:
+    """A re-iterable without positions (not a list, not a DataLoader)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def loader(kind="shuffled", workers=0):
+    dataset = TensorDataset(X, Y)
+    if kind == "own generator":
+        return DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(5))
+    batches = [(X[i:i + 8], Y[i:i + 8]) for i in range(0, 48, 8)]
+    if kind == "list":
+        return batches
+    if kind == "iterable":
+        return Batches(batches)
+    return DataLoader(dataset, batch_size=8, shuffle=True, num_workers=workers)
+
+
+def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, accumulate=1, epochs=3):
+    """Returns (weights, losses by step, history); history is None when the run crashed."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    metrics = {"accuracy": "accuracy", "tm_accuracy": torchmetrics.Accuracy("multiclass", num_classes=3)}
+    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics=metrics,
+                          optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device="cpu")
+    losses = Losses()
+    handlers = [losses, GradientUpdateHandler(accumulate=accumulate),
+                CheckpointHandler(folder, epoch_period=None, batch_period=1, max_checkpoints=2,
+                                  resume_from_checkpoint=resume)]
+    try:
+        history = estimator.fit(loader(kind, workers), epochs=epochs,
+                                event_handlers=handlers + ([Crash(crash)] if crash else []))
+    except RuntimeError as error:
+        assert str(error) == "crash"
+        history = None
+    return net.state_dict(), losses.seen, history
+
+
+_uninterrupted = {}
+
+
+def uninterrupted(tmp_path_factory, **kwargs):
+    key = repr(sorted(kwargs.items()))
+    if key not in _uninterrupted:
+        _uninterrupted[key] = train(tmp_path_factory.mktemp("whole"), **kwargs)
+    return _uninterrupted[key]
+
+
+def assert_continues_exactly(folder, whole, crash, **kwargs):
+    _, before, _ = train(folder, crash=crash, **kwargs)
+    weights, after, history = train(folder, seed=123, resume=True, **kwargs)  # another init: all of it restored
+    assert min(after) == crash  # no batch redone: the checkpoint of batch `crash` was written
+    assert {**before, **after} == whole[1]  # every batch's loss, those redone included
+    assert all(torch.equal(weights[k], whole[0][k]) for k in whole[0])
+    for key in ("train_loss", "train_accuracy", "train_tm_accuracy"):  # the sums of the resumed epoch
+        assert history[key] == whole[2][key], key
+
+
+# batch 1: the first of the run; 6: the last of epoch 1 (saved before its epoch end); 7: the first
+# of epoch 2; 9: the middle of an epoch and, with accumulate=4, of an accumulation group.
+@pytest.mark.parametrize("crash", [1, 6, 7, 9])
+@pytest.mark.parametrize("accumulate", [1, 4])
+def test_a_crash_after_any_batch_resumes_exactly(tmp_path, tmp_path_factory, crash, accumulate):
+    whole = uninterrupted(tmp_path_factory, accumulate=accumulate)
+    assert_continues_exactly(tmp_path, whole, crash, accumulate=accumulate)
+
+
+def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
+    whole = uninterrupted(tmp_path_factory, workers=2)
+    assert whole[1] == uninterrupted(tmp_path_factory)[1]  # workers change nothing in the order
+    assert_continues_exactly(tmp_path, whole, 9, workers=2)
+
+
+@pytest.mark.parametrize("kind", ["own generator", "list"])
+def test_a_user_generator_or_a_list_of_batches_resumes_exactly(tmp_path, tmp_path_factory, kind):
+    whole = uninterrupted(tmp_path_factory, kind=kind)
+    assert_continues_exactly(tmp_path, whole, 9, kind=kind)
+
+
+def test_data_without_positions_warns_and_is_read_up_to_the_checkpoint(tmp_path, tmp_path_factory, caplog):
+    whole = uninterrupted(tmp_path_factory, kind="iterable")
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        assert_continues_exactly(tmp_path, whole, 9, kind="iterable")
+    assert ("a resume in the middle of an epoch cannot restore the position in train_data by index: it is a Batches, "
+            "not a list or a DataLoader, so it has no batch positions. It reads and discards") in caplog.text
+
+
+def test_the_order_is_a_function_of_the_seed_and_the_epoch_and_the_loader_is_given_back():
+    data = loader()
+    order = DataOrder(data)
+    assert data.generator is not None and data.sampler.generator is not None and order.problem is None
+
+    def indices(epoch):
+        return torch.cat([x[:, 0] for x, _ in order.epoch(epoch)])
+
+    third = indices(2)
+    indices(0)
+    assert torch.equal(indices(2), third) and not torch.equal(indices(1), third)
+    order.close()
+    assert data.generator is None and data.sampler.generator is None
+
+
+def test_what_cannot_be_restored_by_index_is_named():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    assert "IterableDataset" in DataOrder(DataLoader(Stream(), batch_size=2)).problem
+    sampler = torch.utils.data.Sampler()
+    assert "its sampler Sampler draws its order from a source" in DataOrder(
+        DataLoader(TensorDataset(X, Y), sampler=sampler)).problem
+    own = DataLoader(TensorDataset(X, Y), shuffle=True, num_workers=1, persistent_workers=True,
+                     generator=torch.Generator())
+    assert "persistent workers" in DataOrder(own).problem
+
+
+def test_a_metric_without_a_saveable_state_restarts_its_sums_with_a_warning(tmp_path, caplog):
+    class Plain:
+        """A metric object fitforge cannot read the running state of."""
+
+        def update(self, pred, label):
+            self.n = getattr(self, "n", 0) + 1
+
+        def compute(self):
+            return float(getattr(self, "n", 0))
+
+        def reset(self):
+            self.n = 0
+
+        def to(self, device):
+            return self
+
+    def fit(resume, crash=None):
+        net = nn.Linear(6, 3)
+        estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics={"batches": Plain()}, optimizer="sgd",
+                              device="cpu")
+        saver = CheckpointHandler(tmp_path, epoch_period=None, batch_period=1, resume_from_checkpoint=resume)
+        try:
+            return estimator.fit(loader("list"), epochs=1, event_handlers=[saver] + ([Crash(crash)] if crash else []))
+        except RuntimeError:
+            return None
+
+    fit(False, crash=2)
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        history = fit(True)
+    assert "metric 'batches' (Plain) has no state fitforge can save" in caplog.text
+    assert history["train_batches"] == [4.0]  # the 4 batches after the resume, not all 6
