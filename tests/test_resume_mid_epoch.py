@@ -64,13 +64,13 @@ def loader(kind="shuffled", workers=0):
     return DataLoader(dataset, batch_size=8, shuffle=True, num_workers=workers)
 
 
-def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, accumulate=1, epochs=3):
+def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, accumulate=1, epochs=3, device="cpu"):
     """Returns (weights, losses by step, history); history is None when the run crashed."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     metrics = {"accuracy": "accuracy", "tm_accuracy": torchmetrics.Accuracy("multiclass", num_classes=3)}
     estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics=metrics,
-                          optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device="cpu")
+                          optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device=device)
     losses = Losses()
     handlers = [losses, GradientUpdateHandler(accumulate=accumulate),
                 CheckpointHandler(folder, epoch_period=None, batch_period=1, max_checkpoints=2,
@@ -81,7 +81,7 @@ def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, 
     except RuntimeError as error:
         assert str(error) == "crash"
         history = None
-    return net.state_dict(), losses.seen, history
+    return {k: v.cpu() for k, v in net.state_dict().items()}, losses.seen, history
 
 
 _uninterrupted = {}
@@ -111,6 +111,17 @@ def assert_continues_exactly(folder, whole, crash, **kwargs):
 def test_a_crash_after_any_batch_resumes_exactly(tmp_path, tmp_path_factory, crash, accumulate):
     whole = uninterrupted(tmp_path_factory, accumulate=accumulate)
     assert_continues_exactly(tmp_path, whole, crash, accumulate=accumulate)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_resume_on_cuda_is_exact_with_deterministic_algorithms(tmp_path, tmp_path_factory):
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # see docs/checkpoints.md (CUBLAS_WORKSPACE_CONFIG)
+    try:
+        whole = uninterrupted(tmp_path_factory, device="cuda", accumulate=4)
+        assert_continues_exactly(tmp_path, whole, 9, device="cuda", accumulate=4)
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 
 def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
