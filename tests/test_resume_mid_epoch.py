@@ -61,6 +61,8 @@ def loader(kind="shuffled", workers=0):
         return batches
     if kind == "iterable":
         return Batches(batches)
+    if kind == "batches by index":  # a dataset of whole batches, shuffled without automatic batching
+        return DataLoader(batches, batch_size=None, shuffle=True)
     return DataLoader(dataset, batch_size=8, shuffle=True, num_workers=workers)
 
 
@@ -130,8 +132,8 @@ def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
     assert_continues_exactly(tmp_path, whole, 9, workers=2)
 
 
-@pytest.mark.parametrize("kind", ["own generator", "list"])
-def test_a_user_generator_or_a_list_of_batches_resumes_exactly(tmp_path, tmp_path_factory, kind):
+@pytest.mark.parametrize("kind", ["own generator", "list", "batches by index"])
+def test_a_user_generator_a_list_or_a_loader_of_whole_batches_resumes_exactly(tmp_path, tmp_path_factory, kind):
     whole = uninterrupted(tmp_path_factory, kind=kind)
     assert_continues_exactly(tmp_path, whole, 9, kind=kind)
 
@@ -204,3 +206,20 @@ def test_a_metric_without_a_saveable_state_restarts_its_sums_with_a_warning(tmp_
         history = fit(True)
     assert "metric 'batches' (Plain) has no state fitforge can save" in caplog.text
     assert history["train_batches"] == [4.0]  # the 4 batches after the resume, not all 6
+
+
+def test_resuming_on_cuda_without_deterministic_algorithms_warns(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    saver = CheckpointHandler(tmp_path, resume_from_checkpoint=True)
+    state = SimpleNamespace(data_order=None, estimator=SimpleNamespace(device=torch.device("cuda")))
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        for deterministic in (False, True):
+            torch.use_deterministic_algorithms(deterministic)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="fitforge"):
+                saver._warn_if_inexact(state)
+            assert ("resuming on CUDA without torch.use_deterministic_algorithms(True)" in caplog.text) != deterministic
+    finally:
+        torch.use_deterministic_algorithms(was)

@@ -7,6 +7,8 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
 from ..checkpoint_io import (
     FORMAT_VERSION,
     TEMP_SUFFIX,
@@ -108,14 +110,22 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
         self.saved, self.best, self.best_path, self._last = [], None, None, None
+        self._warn_if_inexact(state)
+        if self.resume_from_checkpoint:
+            self._resume(state)
+
+    def _warn_if_inexact(self, state: TrainState) -> None:
+        """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
         problem = None if state.data_order is None else state.data_order.problem
         if problem is not None and (self.batch_period or self.resume_from_checkpoint):
             log.warning("CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
                         "train_data by index: %s. It reads and discards the batches before the checkpoint, and "
                         "continues exactly only if train_data yields the same batches in the same order on every "
                         "pass (see docs/checkpoints.md)", problem)
-        if self.resume_from_checkpoint:
-            self._resume(state)
+        if (self.resume_from_checkpoint and state.estimator.device.type == "cuda"
+                and not torch.are_deterministic_algorithms_enabled()):
+            log.warning("CheckpointHandler: resuming on CUDA without torch.use_deterministic_algorithms(True): the "
+                        "resumed run continues the same training, but not bit for bit (see docs/checkpoints.md)")
 
     def _regular_files(self) -> list[Path]:
         """The regular checkpoints in ``model_dir``, oldest first (by completed epochs, then batches)."""
