@@ -25,10 +25,10 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
 
     Args:
         monitor: a history key, e.g. ``"val_loss"`` or ``"val_accuracy"``.
+        min_delta: the smallest change that counts as an improvement.
+        patience: epochs without improvement before stopping.
         mode: ``"min"``, ``"max"`` or ``"auto"`` (loss/error-like keys minimise, accuracy-like keys
             maximise; a metric object's ``higher_is_better`` wins).
-        patience: epochs without improvement before stopping.
-        min_delta: the smallest change that counts as an improvement.
         baseline: a value the monitor must beat; until it does, epochs count as not improving.
         restore_best: when training ends, load the net's weights of the best epoch (kept on
             the host meanwhile, and in checkpoints); nothing is restored when no epoch beat
@@ -41,7 +41,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         >>> history = estimator.fit(train, val_data=val, epochs=100, event_handlers=[stopper])  # doctest: +SKIP
     """
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "auto", patience: int = 0, min_delta: float = 0.0,
+    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, mode: str = "auto",
                  baseline: float | None = None, restore_best: bool = False,
                  restore_best_weights: bool | None = None) -> None:
         self._monitor = Monitor(monitor, mode, min_delta, owner="EarlyStoppingHandler")
