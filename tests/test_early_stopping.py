@@ -199,3 +199,10 @@ def test_a_best_checkpoint_and_restored_weights_judged_by_different_keys_warn(tm
     with pytest.warns(UserWarning, match="CheckpointHandler keeps the best weights by 'val_mae' but "
                                          "EarlyStoppingHandler restores the best by 'val_loss'"):
         estimator.fit(train, val_data=val, epochs=1, event_handlers=handlers)
+
+
+def test_restore_best_weights_is_kerass_name_for_restore_best():
+    assert EarlyStoppingHandler("val_loss", restore_best_weights=True).restore_best
+    assert not EarlyStoppingHandler("val_loss", restore_best=False, restore_best_weights=False).restore_best
+    with pytest.raises(FitforgeValueError, match="restore_best=True and restore_best_weights=False disagree"):
+        EarlyStoppingHandler("val_loss", restore_best=True, restore_best_weights=False)
