@@ -50,7 +50,7 @@ class Signal(BatchBegin, EpochEnd, TrainEnd):
         self.ended = True
 
 
-def train(folder, seed=0, resume=False, extra=(), epochs=4, accumulate=1, checkpoint=True):
+def train(folder, seed=0, resume=False, extra=(), epochs=4, accumulate=1, checkpoint=True, validate=False):
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
@@ -59,7 +59,9 @@ def train(folder, seed=0, resume=False, extra=(), epochs=4, accumulate=1, checkp
     handlers = [GradientUpdateHandler(accumulate=accumulate), *extra]
     if checkpoint:
         handlers.append(CheckpointHandler(folder, epoch_period=2, resume_from_checkpoint=resume))
-    history = estimator.fit(data, epochs=epochs, event_handlers=handlers)
+    # A validation loader without a generator draws a worker seed from torch's global generator.
+    val = DataLoader(TensorDataset(X[:16], Y[:16]), batch_size=8) if validate else None
+    history = estimator.fit(data, val_data=val, epochs=epochs, event_handlers=handlers)
     return net.state_dict(), history
 
 
@@ -141,3 +143,29 @@ def test_fit_in_another_thread_leaves_signals_alone(tmp_path):
     worker.start()
     worker.join()
     assert probe.handler is before
+
+
+def test_a_dataloader_worker_keeps_its_own_reaction_to_sigterm(tmp_path):
+    import multiprocessing
+
+    class KillWorker(BatchBegin):  # a forked worker inherits fit's handler, which must act as before fit there
+        def batch_begin(self, state):
+            if state.global_step == 1:
+                for child in multiprocessing.active_children():
+                    os.kill(child.pid, signal.SIGTERM)
+                    child.join(10)
+
+    torch.manual_seed(0)
+    estimator = Estimator(nn.Linear(6, 3), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    data = DataLoader(TensorDataset(X, Y), batch_size=2, num_workers=1)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly|killed by signal"):
+        estimator.fit(data, epochs=1, event_handlers=[KillWorker()])
+
+
+def test_a_preempted_partial_epoch_is_saved_before_its_epoch_end_handlers_run(tmp_path, tmp_path_factory):
+    whole = train(tmp_path_factory.mktemp("whole"), validate=True)
+    with pytest.raises(SystemExit):
+        train(tmp_path, extra=[Signal(signal.SIGTERM, 8)], validate=True)
+    weights, history = train(tmp_path, seed=123, resume=True, validate=True)
+    assert all(torch.equal(weights[k], whole[0][k]) for k in whole[0])
+    assert history["val_loss"] == whole[1]["val_loss"]  # the partial epoch was not validated

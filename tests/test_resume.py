@@ -180,3 +180,11 @@ def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_in
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["model-epoch1batch6.pt"]  # no temporary file left behind
     checkpoint_io.load_checkpoint(tmp_path / "model-epoch1batch6.pt")
+
+
+def test_rerunning_a_run_that_stopped_early_trains_no_more(tmp_path):
+    weights, stopper, history = run_with_early_stopping(tmp_path, epochs=5)  # stops after epoch 3
+    again_weights, again, again_history = run_with_early_stopping(tmp_path, epochs=5, seed=123, resume=True)
+    assert again_history["train_loss"] == history["train_loss"] and len(again_history["train_loss"]) == 3
+    assert again_history.stop_reason == "already stopped: " + history.stop_reason
+    assert_same(again_weights, weights)  # restore_best still put the best epoch's weights back

@@ -8,11 +8,12 @@ import pytest
 import torch
 import torchmetrics
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset
 
 from fitforge import Estimator
 from fitforge.data_order import DataOrder
 from fitforge.events import BatchEnd
+from fitforge.exceptions import CancelBatch, CancelEpoch
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 
 g = torch.Generator().manual_seed(0)
@@ -61,12 +62,15 @@ def loader(kind="shuffled", workers=0):
         return batches
     if kind == "iterable":
         return Batches(batches)
+    if kind == "batch sampler":  # the sampler in use is the batch sampler's, not loader.sampler
+        return DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 8, drop_last=False))
     if kind == "batches by index":  # a dataset of whole batches, shuffled without automatic batching
         return DataLoader(batches, batch_size=None, shuffle=True)
     return DataLoader(dataset, batch_size=8, shuffle=True, num_workers=workers)
 
 
-def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, accumulate=1, epochs=3, device="cpu"):
+def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, accumulate=1, epochs=3, device="cpu",
+          extra=()):
     """Returns (weights, losses by step, history); history is None when the run crashed."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
@@ -79,7 +83,7 @@ def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, 
                                   resume_from_checkpoint=resume)]
     try:
         history = estimator.fit(loader(kind, workers), epochs=epochs,
-                                event_handlers=handlers + ([Crash(crash)] if crash else []))
+                                event_handlers=[*handlers, *extra] + ([Crash(crash)] if crash else []))
     except RuntimeError as error:
         assert str(error) == "crash"
         history = None
@@ -132,7 +136,7 @@ def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
     assert_continues_exactly(tmp_path, whole, 9, workers=2)
 
 
-@pytest.mark.parametrize("kind", ["own generator", "list", "batches by index"])
+@pytest.mark.parametrize("kind", ["own generator", "list", "batches by index", "batch sampler"])
 def test_a_user_generator_a_list_or_a_loader_of_whole_batches_resumes_exactly(tmp_path, tmp_path_factory, kind):
     whole = uninterrupted(tmp_path_factory, kind=kind)
     assert_continues_exactly(tmp_path, whole, 9, kind=kind)
@@ -170,6 +174,11 @@ def test_what_cannot_be_restored_by_index_is_named():
     sampler = torch.utils.data.Sampler()
     assert "its sampler Sampler draws its order from a source" in DataOrder(
         DataLoader(TensorDataset(X, Y), sampler=sampler)).problem
+
+    class MySampler(RandomSampler):  # may shuffle any way it likes, though it has a generator attribute
+        pass
+
+    assert "its sampler MySampler draws" in DataOrder(DataLoader(TensorDataset(X, Y), sampler=MySampler(X))).problem
     own = DataLoader(TensorDataset(X, Y), shuffle=True, num_workers=1, persistent_workers=True,
                      generator=torch.Generator())
     assert "persistent workers" in DataOrder(own).problem
@@ -223,3 +232,34 @@ def test_resuming_on_cuda_without_deterministic_algorithms_warns(tmp_path, caplo
             assert ("resuming on CUDA without torch.use_deterministic_algorithms(True)" in caplog.text) != deterministic
     finally:
         torch.use_deterministic_algorithms(was)
+
+
+class CancelAt(BatchEnd):
+    """Raise ``cancel`` once, at batch_end of step ``at``, with ``priority`` (950: after the step's
+    checkpoint). A cancelled batch does not count, so the next batch has the same step."""
+
+    def __init__(self, cancel, at, priority):
+        self.cancel, self.at, self.priority, self.fired = cancel, at, priority, False
+
+    def batch_end(self, state):
+        if state.global_step == self.at and not self.fired:
+            self.fired = True
+            raise self.cancel
+
+
+@pytest.mark.parametrize("cancel", [CancelEpoch, CancelBatch])
+def test_a_cancelled_batch_or_epoch_resumes_exactly(tmp_path, tmp_path_factory, cancel):
+    # CancelEpoch: the run goes on with the next epoch, so its checkpoint counts the epoch as done;
+    # CancelBatch after the batch's checkpoint: the next batch's checkpoint, same counters, replaces it.
+    whole = train(tmp_path_factory.mktemp("whole"), extra=(CancelAt(cancel, 8, 950),), accumulate=2)
+    _, before, _ = train(tmp_path, crash=10, extra=(CancelAt(cancel, 8, 950),), accumulate=2)
+    weights, after, history = train(tmp_path, seed=123, resume=True, extra=(CancelAt(cancel, 8, 950),), accumulate=2)
+    assert {**before, **after} == whole[1]
+    assert all(torch.equal(weights[k], whole[0][k]) for k in whole[0])
+
+
+def test_the_checkpoint_of_a_cancelled_epoch_counts_it_as_done(tmp_path):
+    estimator = Estimator(nn.Linear(6, 3), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    estimator.fit(loader("list"), epochs=1, event_handlers=[CheckpointHandler(tmp_path), CancelAt(CancelEpoch, 2, 950)])
+    saved = torch.load(tmp_path / "model-epoch1batch2.pt", weights_only=True)  # the run goes on with epoch 2
+    assert (saved["epochs_completed"], saved["position"]) == (1, 0)

@@ -26,10 +26,15 @@ from torch.utils.data import (
     BatchSampler,
     DataLoader,
     IterableDataset,
+    RandomSampler,
     SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
 )
 
 from .rng import restore_rng_states, rng_states
+
+_SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
 
 
 def epoch_seed(seed: int, epoch: int, role: str) -> int:
@@ -92,16 +97,17 @@ class DataOrder:
             return "its dataset is an IterableDataset, which has no indices"
         if type(loader).__iter__ is not DataLoader.__iter__:
             return f"{type(loader).__name__} overrides DataLoader.__iter__"
-        sampler = loader.sampler
-        if not isinstance(sampler, SequentialSampler):
-            if not hasattr(sampler, "generator"):  # RandomSampler, SubsetRandomSampler, WeightedRandomSampler have one
+        if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+            return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
+        # The sampler in use: a batch_sampler= of the user's holds its own (loader.sampler is then unused).
+        sampler: Any = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+        if type(sampler) is not SequentialSampler:
+            if type(sampler) not in _SEEDED_SAMPLERS:
                 return f"its sampler {type(sampler).__name__} draws its order from a source fitforge cannot restore"
             if sampler.generator is None:
                 self._give("sampler", sampler)
             else:
                 self._keep(sampler.generator)
-        if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
-            return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
         if self._own and loader.persistent_workers and loader.num_workers > 0:
             return "it has its own generator and persistent workers, whose seeds are drawn only once"
         return None

@@ -95,7 +95,7 @@ def run_epoch(
     started = time.perf_counter()
     seen = 0
     cancelled = False
-    state.epoch_complete = False
+    state.epoch_complete = state.epoch_cancelled = False
     try:
         dispatcher.fire(Event.EPOCH_BEGIN, state)
         for batch_idx, batch in enumerate(() if state.stop_requested else data, start):
@@ -124,7 +124,7 @@ def run_epoch(
         else:
             state.epoch_complete = seen > 0 or start > 0
     except ends_pass:
-        cancelled = True
+        cancelled = state.epoch_cancelled = True
         if training:
             _clear_gradients(state)
     if seen == 0 and not (start or cancelled or state.stop_requested):

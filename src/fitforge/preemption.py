@@ -11,6 +11,7 @@ the main thread; ``fit`` in another thread leaves them alone.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,14 @@ def _act_now(signum: int) -> None:
     raise SystemExit(128 + signum)
 
 
+def _pass_on(signum: int, handler: Any, frame: Any) -> None:
+    if callable(handler):
+        handler(signum, frame)
+    elif handler != signal.SIG_IGN:  # the default action (None: a handler not installed from Python)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
 @contextmanager
 def preemptible(state: TrainState) -> Iterator[None]:
     """Within the block, SIGTERM and SIGINT request a stop of ``state``'s training."""
@@ -36,7 +45,12 @@ def preemptible(state: TrainState) -> Iterator[None]:
         yield
         return
 
+    pid = os.getpid()
+
     def handle(signum: int, frame: Any) -> None:
+        if os.getpid() != pid:  # a forked DataLoader worker inherited this handler: act as before fit
+            _pass_on(signum, previous[signal.Signals(signum)], frame)
+            return
         if state.preempted is not None:
             _act_now(signum)
         state.preempted = signum

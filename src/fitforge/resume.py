@@ -33,9 +33,10 @@ def stateful_handlers(handlers: tuple) -> dict[str, Any]:
 
 
 def epoch_done(state: TrainState) -> bool:
-    """At an epoch end, whether the epoch went through all its data (not cut short by
-    ``batches=N``, a stop or a CancelEpoch before its last batch)."""
-    return state.epoch_complete or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches)
+    """At an epoch end, whether the run is through with the epoch: it went through all its data,
+    or a CancelEpoch ended it (the next epoch follows); not when a stop cut it short."""
+    return (state.epoch_complete or state.epoch_cancelled
+            or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches))
 
 
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
@@ -80,7 +81,11 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     for key, handler in stateful_handlers(state.handlers).items():
         if key in saved:
             handler.load_state_dict(saved[key])
-    if state.max_epochs is not None and state.epoch >= state.max_epochs:
+    finished = [handler for handler in stateful_handlers(state.handlers).values()
+                if getattr(handler, "stopped_epoch", None) is not None]  # e.g. EarlyStoppingHandler had stopped it
+    if finished:
+        state.request_stop(f"already stopped: {history.get('stop_reason') or type(finished[0]).__name__}")
+    elif state.max_epochs is not None and state.epoch >= state.max_epochs:
         state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
     elif state.max_batches is not None and state.global_step >= state.max_batches:
         state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")

@@ -90,6 +90,8 @@ class TrainState:
         epoch_complete: at ``epoch_end``, whether the epoch went through all its data (False when a
             stop, a ``CancelEpoch`` or ``batches=N`` cut it short; a stop requested at the last batch
             also cuts it short, as the data iterator is not asked for more).
+        epoch_cancelled: at ``epoch_end``, whether a CancelEpoch (or a CancelBatch outside a batch)
+            ended the epoch early; training goes on with the next epoch unless a stop was requested.
         stop_requested / stop_reason: set by :meth:`request_stop`.
         start_batch: the batch position the current epoch started at: 0, except in the epoch a
             resume from a mid-epoch checkpoint continues.
@@ -114,6 +116,7 @@ class TrainState:
     shared: dict[str, Any] = field(default_factory=dict)
     handlers: tuple = ()
     epoch_complete: bool = False
+    epoch_cancelled: bool = False
     optimizer_steps: int = 0
     accumulated_batches: int = 0
     stop_requested: bool = False

@@ -29,8 +29,8 @@ _REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
 
 
 def _completed_epochs(state: TrainState) -> int:
-    """Epochs completed at an epoch end: this one counts unless it was cut short (``batches=N``, a
-    stop or a CancelEpoch before its last batch)."""
+    """Epochs completed at an epoch end: this one counts unless a stop (``batches=N``, a signal...)
+    cut it short; a cancelled epoch counts, as the run goes on with the next one."""
     return state.epoch + 1 if epoch_done(state) else state.epoch
 
 
@@ -103,7 +103,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
-        self._last: tuple[int, int] | None = None  # (epochs, batches) of the newest regular save
+        self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) of the newest regular save
 
     def train_begin(self, state: TrainState) -> None:
         self._prepare_folder()
@@ -157,7 +157,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
         state.restore = checkpoint  # fit resumes from it once every handler's train_begin ran
         self.saved = files[: files.index(path) + 1]  # newer unreadable files leave the rotation's count
-        self._last = (checkpoint["epochs_completed"], checkpoint["global_step"])
+        self._last = (checkpoint["epochs_completed"], checkpoint["global_step"], checkpoint.get("position", 0))
         log.info("CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)", path.name,
                  checkpoint["epochs_completed"], checkpoint["global_step"],
                  f"; epoch {checkpoint['epochs_completed'] + 1} continues after its first {checkpoint['position']} "
@@ -181,6 +181,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         return period is not None and (state.epoch + 1) % period == 0
 
     def batch_end(self, state: TrainState) -> None:
+        if state.preempted is not None:  # now, before epoch_end handlers change the state (or use up the grace time)
+            self._save_regular(state, state.epoch, state.global_step + 1)
+            return
         if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
             if state.batch_idx + 1 == state.num_batches and self._saves_at_epoch_end(state):
                 return  # the epoch ends with this batch and saves the same state under its epoch name
@@ -198,9 +201,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             self._save_regular(state, _completed_epochs(state), state.global_step)
 
     def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
-        if self._last == (epochs, batches):
-            return  # this state is saved already (a preempted epoch's end after its batch's save)
-        self._last = (epochs, batches)
+        # The same state is not written twice (a preempted batch's save, then its epoch's end); a
+        # state with the same counters but another position (after a CancelBatch) is.
+        key = (epochs, batches, 0 if epochs > state.epoch else state.batch_idx + 1)
+        if self._last == key:
+            return
+        self._last = key
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
         save_checkpoint(self.checkpoint(state, epochs, batches), path)
         if path in self.saved:

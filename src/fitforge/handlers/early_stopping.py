@@ -8,6 +8,7 @@ from typing import Any
 from ..checks import check_number
 from ..events import EpochEnd, TrainBegin, TrainEnd
 from ..exceptions import FitforgeTypeError, FitforgeValueError
+from ..resume import epoch_done
 from ..state import TrainState
 from .monitor import Monitor
 
@@ -73,6 +74,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         self._active = True
 
     def epoch_end(self, state: TrainState) -> None:
+        if state.preempted is not None and not epoch_done(state):
+            return  # a partial epoch's value is no epoch's: the epoch ends when the run resumes
         value = self._monitor.epoch_value(state, self)
         if value is None:
             return

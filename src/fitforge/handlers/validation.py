@@ -7,6 +7,7 @@ from typing import Any
 
 from ..events import BatchEnd, EpochEnd, EventHandler, TrainBegin
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..resume import epoch_done
 from ..state import TrainState
 
 
@@ -50,6 +51,8 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
             self._validated_at = state.global_step + 1  # completed batches once this one counts
 
     def epoch_end(self, state: TrainState) -> None:
+        if state.preempted is not None and not epoch_done(state):
+            return  # the epoch is not over: it resumes later (and the grace time is short)
         # An epoch ending right after a batch-period validation has the same weights: skip the repeat.
         if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0 and self._validated_at != state.global_step:
             self.validate(state)

@@ -1,0 +1,156 @@
+"""A tiny deterministic training run for the fault-injection tests, run in its own process.
+
+    python trainer.py --dir DIR --log LOG [--out OUT] [--epochs 4] [--workers 0] [--fault SPEC]
+
+It always resumes from the newest loadable checkpoint in DIR, as a re-run of a crashed job would.
+LOG gets one JSON line per event, each written with a single unbuffered ``os.write`` so that a
+SIGKILL loses none: ``start`` (what train_begin found), ``step`` (each completed batch's loss as
+``float.hex``), ``fault`` (written right before the fault is injected) and ``end``. OUT gets the
+final weights (``torch.save(net.state_dict())``).
+
+Faults are scheduled by training progress, never by time. SPEC is one of:
+    kill@begin:S  kill@end:S      SIGKILL at batch_begin / batch_end of global step S (0-based)
+    term@begin:S  term@end:S      SIGTERM there (fit stops cleanly at the batch boundary, exit 143)
+    term@epoch_end:S              SIGTERM at the epoch end reached after S batches, after the
+                                  CheckpointHandler's epoch_end
+    tear:N                        the N-th checkpoint write stops half way (flushed, fsynced), SIGKILL
+    enospc:N                      the N-th checkpoint write fails half way with ENOSPC
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import io
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fitforge import Estimator
+from fitforge.events import BatchBegin, BatchEnd, EpochEnd, TrainBegin
+from fitforge.handlers import CheckpointHandler
+
+SAMPLES, BATCH_SIZE = 64, 8  # 8 batches an epoch
+BATCH_PERIOD, EPOCH_PERIOD, MAX_CHECKPOINTS = 3, 1, 3  # saves after 3, 6, [8], 9, 12, 15, [16], 18... batches
+real_save = torch.save  # the outputs are written with it even when a fault replaces torch.save
+
+
+class Journal:
+    """LOG, appended one whole line per write(2): a SIGKILL right after still leaves it on disk."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, **entry) -> None:
+        os.write(self.fd, (json.dumps(entry) + "\n").encode())
+
+
+def checkpoint_names(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir())
+
+
+class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
+    """Logs every completed batch's loss and injects a kill or a SIGTERM at its step.
+
+    Priority 950: after CheckpointHandler (900), so at batch_end and epoch_end the checkpoint of
+    this step, if any, is already on disk when the fault comes."""
+
+    priority = 950
+
+    def __init__(self, journal: Journal, folder: Path, fault: str) -> None:
+        self.journal, self.folder, self.fault = journal, folder, fault
+        self.signal = self.where = self.at = None
+        if fault.startswith(("kill@", "term@")):
+            action, place = fault.split("@")
+            self.signal = signal.SIGKILL if action == "kill" else signal.SIGTERM
+            self.where, at = place.split(":")
+            self.at = int(at)
+
+    def _inject(self, completed: int) -> None:
+        # The marker: proof that the fault fired, with the folder as it is at that instant.
+        self.journal.write(event="fault", spec=self.fault, completed=completed, files=checkpoint_names(self.folder))
+        os.kill(os.getpid(), self.signal)
+
+    def train_begin(self, state) -> None:
+        # After CheckpointHandler's train_begin: the leftovers are cleaned and the checkpoint chosen.
+        restore = state.restore
+        self.journal.write(event="start", files=checkpoint_names(self.folder),
+                           resume_step=None if restore is None else restore["global_step"])
+
+    def batch_begin(self, state) -> None:
+        if self.where == "begin" and state.global_step == self.at:
+            self._inject(state.global_step)  # a kill loses this batch; a SIGTERM lets it finish
+
+    def batch_end(self, state) -> None:
+        self.journal.write(step=state.global_step, loss=state.output.loss.item().hex())
+        if self.where == "end" and state.global_step == self.at:
+            self._inject(state.global_step + 1)
+
+    def epoch_end(self, state) -> None:
+        if self.where == "epoch_end" and state.global_step == self.at:
+            self._inject(state.global_step)
+
+
+def break_checkpoint_writes(spec: str, journal: Journal) -> None:
+    """Replace torch.save as fitforge.checkpoint_io calls it: the N-th call writes half of its
+    bytes to the temporary file, then the process is killed (tear) or the write fails (enospc)."""
+    kind, number = spec.split(":")
+    calls = {"n": 0}
+
+    def save(obj, file, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] < int(number):
+            return real_save(obj, file, *args, **kwargs)
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        file.write(data[: len(data) // 2])
+        file.flush()
+        os.fsync(file.fileno())
+        temp = os.readlink(f"/proc/self/fd/{file.fileno()}")
+        journal.write(event="fault", spec=spec, temp=temp, written=len(data) // 2, size=len(data))
+        if kind == "tear":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    torch.save = save  # fitforge.checkpoint_io.torch is this torch module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--fault", default="")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)  # fitforge's warnings (skipped checkpoints) reach stderr
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # every run, resumed or not, starts as a re-run of the same script would
+
+    generator = torch.Generator().manual_seed(1234)
+    x, y = torch.randn(SAMPLES, 10, generator=generator), torch.randint(0, 4, (SAMPLES,), generator=generator)
+    data = DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=True, num_workers=args.workers)
+    net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+                          device="cpu")
+    journal = Journal(args.log)
+    if args.fault.startswith(("tear:", "enospc:")):
+        break_checkpoint_writes(args.fault, journal)
+    saver = CheckpointHandler(args.dir, batch_period=BATCH_PERIOD, epoch_period=EPOCH_PERIOD,
+                              max_checkpoints=MAX_CHECKPOINTS, resume_from_checkpoint=True)
+    estimator.fit(data, epochs=args.epochs, event_handlers=[saver, Recorder(journal, args.dir, args.fault)])
+    if args.out:
+        real_save(net.state_dict(), args.out)
+    journal.write(event="end")
+
+
+if __name__ == "__main__":
+    main()
