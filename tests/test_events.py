@@ -142,9 +142,10 @@ def test_event_handlers_must_be_a_list():
 def test_describe_loop_lists_each_event_in_call_order():
     est = make_estimator()
     user = RecordingHandler(priority=10)
-    text = est.describe_loop([user])
+    text, access = est.describe_loop([user]).split("\nstate access:\n")
     lines = dict(line.split(None, 1) for line in text.splitlines())
     assert list(lines) == [e.value for e in Event]
+    assert "  RecordingHandler: full access (undeclared)" in access.splitlines()
     assert lines["batch_end"] == (
         "GradientUpdateHandler(-2000) -> MetricHandler(-1000) -> RecordingHandler(10) -> "
         "LoggingHandler(1000) -> StoppingHandler(2000)"

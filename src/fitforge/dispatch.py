@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from .access import access_edges, declared_access, describe_access, guard
 from .events import MIXINS, Event, EventHandler, events_of
 from .exceptions import FitforgeTypeError, HandlerOrderError, describe
 
@@ -57,8 +58,9 @@ def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
 
 
 def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
-    """Sort by ``priority`` (stable), then move handlers after those named in their ``run_after``."""
-    after: dict[int, set[int]] = {i: set() for i in range(len(handlers))}  # i -> must run after these
+    """Sort by ``priority`` (stable), then move handlers after those named in their ``run_after``
+    and declared readers of a field after its declared writers (see :mod:`fitforge.access`)."""
+    after = access_edges(handlers)  # i -> must run after these
     for i, handler in enumerate(handlers):
         classes = tuple(getattr(handler, "run_after", ()) or ())
         for j, other in enumerate(handlers):
@@ -92,13 +94,19 @@ def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
 class Dispatcher:
     """Per-event lists of hooks, built once; calling an event is a plain loop over one list."""
 
-    def __init__(self, handlers: Sequence[EventHandler]) -> None:
+    def __init__(self, handlers: Sequence[EventHandler], check_access: bool = False) -> None:
         self.handlers = order_handlers(handlers)
         owners = {event: [h for h in self.handlers if isinstance(h, MIXINS[event])] for event in Event}
         self.owners: dict[Event, list[EventHandler]] = owners
         self.hooks: dict[Event, list[Callable]] = {
-            event: [getattr(h, event.value) for h in owners[event]] for event in Event
+            event: [self._hook(h, event, check_access) for h in owners[event]] for event in Event
         }
+
+    @staticmethod
+    def _hook(handler: EventHandler, event: Event, check_access: bool) -> Callable:
+        method = getattr(handler, event.value)
+        access = declared_access(handler) if check_access else None
+        return method if access is None else guard(handler, method, access)
 
     def stop_reason(self, event: Event, hook: Callable) -> str:
         """The reason recorded when ``hook`` returned a truthy value (rare path: a linear search)."""
@@ -140,9 +148,12 @@ class Dispatcher:
         return first
 
     def describe(self) -> str:
-        """The handlers of each event in call order, one event per line."""
+        """The handlers of each event in call order, one event per line; then what each handler
+        declares it reads and writes of the state."""
         lines = []
         for event in Event:
             names = [f"{type(h).__name__}({getattr(h, 'priority', 0)})" for h in self.owners[event]]
             lines.append(f"{event.value:<12} " + (" -> ".join(names) if names else "(none)"))
+        lines.append("state access:")
+        lines += [f"  {type(h).__name__}: {describe_access(h)}" for h in self.handlers]
         return "\n".join(lines)

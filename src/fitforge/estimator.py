@@ -154,7 +154,7 @@ class Estimator:
     # -- entry points -------------------------------------------------------------------------------
     def fit(self, train_data: Iterable, val_data: Iterable | None = None, epochs: int | None = None,
             batches: int | None = None, event_handlers: Sequence[EventHandler] | None = None,
-            default_handlers: bool = True) -> History:
+            default_handlers: bool = True, check_access: bool = False) -> History:
         """Train for ``epochs`` epochs or ``batches`` batches (exactly one) and return the History.
 
         Default handlers (Stopping, GradientUpdate, Metric, Validation if ``val_data``, Logging, and
@@ -166,6 +166,10 @@ class Estimator:
         saves the state (whatever its periods), ``train_end`` runs, then SIGTERM exits with status
         143 (``SystemExit``) and SIGINT raises ``KeyboardInterrupt``; a second signal acts at once.
         Resuming from that checkpoint loses no step.
+
+        ``check_access=True`` (a debug mode: it costs a check per state access) makes every handler
+        that declares ``reads``/``writes`` see a state that raises ``StateAccessError`` on an
+        undeclared read or write (see :mod:`fitforge.access`).
 
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
@@ -181,7 +185,7 @@ class Estimator:
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
         epochs, batches = self._preflight(handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
-        dispatcher = Dispatcher(handlers)
+        dispatcher = Dispatcher(handlers, check_flag(check_access, "check_access", "fit"))
         self._loss.arm_checks()
         state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches,
                            handlers=tuple(dispatcher.handlers))

@@ -38,7 +38,13 @@ class LossInputError(FitforgeValueError):
 
 
 class HandlerOrderError(FitforgeValueError):
-    """The ``priority``/``run_after`` declarations of the handlers contain a cycle."""
+    """The ``priority``/``run_after`` declarations of the handlers contain a cycle, or two handlers
+    write one state field with no order between them."""
+
+
+class StateAccessError(FitforgeValueError):
+    """A handler read or wrote a TrainState field its ``reads``/``writes`` do not declare
+    (raised under ``fit(check_access=True)``)."""
 
 
 class MonitorKeyError(FitforgeValueError):

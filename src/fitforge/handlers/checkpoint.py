@@ -77,6 +77,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """
 
     priority = 900  # after user handlers, so the state saved includes their updates of this epoch
+    reads = ("estimator", "phase", "epoch", "global_step", "preempted", "data_order", "handlers", "history",
+             "metrics", "optimizer_steps", "accumulated_batches", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
 
     def __init__(self, model_dir: str | os.PathLike, model_prefix: str = "model", monitor: str | None = None,
                  save_best: bool = False, mode: str = "auto", epoch_period: int | None = 1,
@@ -100,6 +102,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
         self.max_checkpoints = max_checkpoints
         self.resume_from_checkpoint = check_flag(resume_from_checkpoint, "resume_from_checkpoint", "CheckpointHandler")
+        self.writes = ("restore",) if self.resume_from_checkpoint else ()  # only a resuming one hands fit a state
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None

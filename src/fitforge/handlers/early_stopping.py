@@ -42,6 +42,9 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         >>> history = estimator.fit(train, val_data=val, epochs=100, event_handlers=[stopper])  # doctest: +SKIP
     """
 
+    reads = ("estimator", "epoch", "preempted", "history", "metrics", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    writes = ("stop_requested",)
+
     def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, mode: str = "auto",
                  baseline: float | None = None, restore_best: bool = False,
                  restore_best_weights: bool | None = None) -> None:

@@ -31,6 +31,8 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     """
 
     priority = -2000
+    reads = ("estimator", "phase", "preempted", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    writes = ("accumulated_batches", "optimizer_steps")
 
     def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None) -> None:
         check_positive("GradientUpdateHandler", "accumulate", accumulate)

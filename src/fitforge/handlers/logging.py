@@ -70,6 +70,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """
 
     priority = 1000
+    reads = ("estimator", "phase", "epoch", "batch_idx", "global_step", "max_epochs", "max_batches", "num_batches",
+             "metrics", "history")
 
     def __init__(self, log_interval: int | str = "epoch", level: int = logging.INFO) -> None:
         if log_interval != "epoch" and (isinstance(log_interval, bool) or not isinstance(log_interval, int)
@@ -106,4 +108,4 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         final = {k: history.last(k) for k in history if k.startswith(("train_", "val_"))}
         log.log(self.level, "Finished: %s, %s in %.1fs (%s).%s", _plural(history.epochs, "epoch"),
                 _plural(state.global_step, "batch"), time.perf_counter() - self._started,
-                state.stop_reason or "completed", f" Final: {format_values(final)}" if final else "")
+                state.history.stop_reason or "completed", f" Final: {format_values(final)}" if final else "")

@@ -34,6 +34,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     """
 
     priority = -1000
+    reads = ("estimator", "phase", "output", "batch_idx", "start_batch")
+    writes = ("metrics", "history")
 
     def __init__(self, metrics: Any = None) -> None:
         self.metrics = metrics

@@ -30,6 +30,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """
 
     priority = 990  # just before LoggingHandler, so an epoch's bar closes before its log line
+    reads = ("phase", "epoch", "max_epochs", "num_batches", "metrics")
 
     def __init__(self, refresh_seconds: float = 0.5) -> None:
         if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, (int, float)) or refresh_seconds < 0:

@@ -29,6 +29,8 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
     """
 
     priority = 2000
+    reads = ("epoch", "global_step", "max_epochs", "max_batches")
+    writes = ("stop_requested",)
 
     def __init__(self, max_epochs: int | None = None, max_batches: int | None = None,
                  max_time: float | None = None) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from ..events import BatchEnd, EpochEnd, EventHandler, TrainBegin
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from ..resume import epoch_done
+from .metric import MetricHandler
 from ..state import TrainState
 
 
@@ -28,6 +29,9 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
     """
 
     priority = -1000
+    run_after = (MetricHandler,)  # both write metrics and history: this order, stated
+    reads = ("estimator", "epoch", "global_step", "preempted", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    writes = ("metrics", "history")
 
     def __init__(self, val_data: Iterable, eval_fn: Callable[..., dict] | None = None, epoch_period: int | None = 1,
                  batch_period: int | None = None, event_handlers: Sequence[EventHandler] | None = None) -> None:
