@@ -175,3 +175,24 @@ def test_every_built_in_handler_keeps_to_its_declaration_in_a_real_fit(tmp_path)
     described = estimator.describe_loop([resumed])
     assert "  CheckpointHandler: reads " in described and "; writes restore" in described
     assert all(": full access" not in line for line in described.splitlines())  # all built-ins declare
+
+
+def test_the_docs_example_orders_and_guards_as_described():
+    class ScaleLR(EpochEnd):
+        writes = ("shared.lr_factor",)
+
+        def epoch_end(self, state):
+            state.shared["lr_factor"] = 0.5 if state.epoch >= 2 else 1.0
+
+    class ApplyLR(EpochEnd):
+        priority = -5
+        reads = ("shared.lr_factor", "estimator")
+
+        def epoch_end(self, state):
+            state.shared.get("lr_factor", 1.0)
+
+    text = make_estimator().describe_loop([ApplyLR(), ScaleLR()], default_handlers=False)
+    assert "ScaleLR(0) -> ApplyLR(-5)" in text
+    with pytest.raises(StateAccessError, match="ScaleLR tried to read state.epoch, which its reads does not declare; "
+                                               "add 'epoch' to ScaleLR.reads"):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=[ScaleLR()], check_access=True)
