@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -32,8 +34,11 @@ from .history import History
 from .loop import run_epoch, run_fit
 from .loss import LossSet
 from .preemption import preemptible, raise_if_preempted
+from .profiler import HandlerProfile
 from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from .state import BatchOutput, TrainState
+
+log = logging.getLogger("fitforge")
 
 
 class Estimator:
@@ -154,7 +159,7 @@ class Estimator:
     # -- entry points -------------------------------------------------------------------------------
     def fit(self, train_data: Iterable, val_data: Iterable | None = None, epochs: int | None = None,
             batches: int | None = None, event_handlers: Sequence[EventHandler] | None = None,
-            default_handlers: bool = True, check_access: bool = False) -> History:
+            default_handlers: bool = True, check_access: bool = False, profile: bool = False) -> History:
         """Train for ``epochs`` epochs or ``batches`` batches (exactly one) and return the History.
 
         Default handlers (Stopping, GradientUpdate, Metric, Validation if ``val_data``, Logging, and
@@ -170,6 +175,9 @@ class Estimator:
         ``check_access=True`` (a debug mode: it costs a check per state access) makes every handler
         that declares ``reads``/``writes`` see a state that raises ``StateAccessError`` on an
         undeclared read or write (see :mod:`fitforge.access`).
+
+        ``profile=True`` times every handler's hooks and logs a table of the time each handler
+        spent in each event when fit ends (also as ``history.profile``; see :mod:`fitforge.profiler`).
 
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
@@ -189,9 +197,19 @@ class Estimator:
         self._loss.arm_checks()
         state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches,
                            handlers=tuple(dispatcher.handlers))
+        profiler = HandlerProfile() if check_flag(profile, "profile", "fit") else None
+        if profiler is not None:
+            profiler.instrument(dispatcher)
+            started = time.perf_counter()
         self.net.train()
-        with preemptible(state):
-            run_fit(state, dispatcher, train_data)
+        try:
+            with preemptible(state):
+                run_fit(state, dispatcher, train_data)
+        finally:
+            if profiler is not None:
+                profiler.total = time.perf_counter() - started
+                state.history.profile = profiler.report()
+                log.info("time per handler and event:\n%s", state.history.profile)
         raise_if_preempted(state)
         return state.history
 

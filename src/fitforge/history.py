@@ -27,6 +27,7 @@ class History(Mapping):
         self._epochs = 0
         self._recorded: set[str] = set()  # keys recorded in the current row (nan may be a recorded value)
         self.stop_reason: str | None = None
+        self.profile: str | None = None  # fit(profile=True)'s table of time per handler and event
 
     # -- writing (used by the loop and handlers) --------------------------------------------------
     def new_epoch(self) -> None:
