@@ -3,11 +3,11 @@
 import logging
 
 import pytest
+from helpers import make_estimator, regression_batches
 
-import fitforge.profiler as profiler
+from fitforge import profiler
 from fitforge.events import BatchEnd
 from fitforge.exceptions import FitforgeTypeError
-from helpers import make_estimator, regression_batches
 
 
 class FakeClock:

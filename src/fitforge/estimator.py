@@ -33,9 +33,9 @@ from .handlers.validation import ValidationHandler
 from .history import History
 from .loop import run_epoch, run_fit
 from .loss import LossSet
+from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from .preemption import preemptible, raise_if_preempted
 from .profiler import HandlerProfile
-from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from .state import BatchOutput, TrainState
 
 log = logging.getLogger("fitforge")
