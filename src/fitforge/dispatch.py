@@ -64,7 +64,8 @@ def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     for i, handler in enumerate(handlers):
         classes = tuple(getattr(handler, "run_after", ()) or ())
         for j, other in enumerate(handlers):
-            if i != j and classes and isinstance(other, classes):
+            # a wrapper (throttle) counts as the handler it wraps
+            if i != j and classes and (isinstance(other, classes) or isinstance(getattr(other, "handler", None), classes)):
                 after[i].add(j)
     waiting = {i: len(before) for i, before in after.items()}
     followers: dict[int, list[int]] = {i: [] for i in after}

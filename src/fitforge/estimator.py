@@ -33,6 +33,7 @@ from .handlers.validation import ValidationHandler
 from .history import History
 from .loop import run_epoch, run_fit
 from .loss import LossSet
+from .lr_finder import LRFindResult, lr_find
 from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from .preemption import preemptible, raise_if_preempted
 from .profiler import HandlerProfile
@@ -267,6 +268,26 @@ class Estimator:
         if isinstance(outputs[0], tuple):
             return tuple(torch.cat(parts) for parts in zip(*outputs))
         return torch.cat(outputs)
+
+    def lr_find(self, train_data: Iterable, start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
+                smoothing: float = 0.05, diverge_factor: float = 4.0) -> LRFindResult:
+        """Run the learning-rate range test on ``train_data`` and return its curve and a suggested rate.
+
+        The learning rate grows exponentially from ``start_lr`` to ``end_lr`` over ``num_steps``
+        training batches (the data is cycled if shorter); the sweep stops early once the smoothed
+        loss exceeds ``diverge_factor`` times its lowest value or a loss is not finite. The net's
+        weights, gradients and modes, the optimizers' states and learning rates, the fp16 scaler and
+        the random generators are restored exactly afterwards, also on failure.
+
+        Returns:
+            :class:`~fitforge.lr_finder.LRFindResult`: ``lrs``, ``losses`` (smoothed),
+            ``raw_losses``, ``suggestion`` (steepest descent of the smoothed loss; the lowest-loss
+            rate / 10 if it never falls), ``min_loss_lr``, ``diverged``, and ``plot(path=None)``.
+
+        Raises:
+            TypeError/ValueError: bad arguments or data, before any step.
+        """
+        return lr_find(self, train_data, start_lr, end_lr, num_steps, smoothing, diverge_factor)
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
         """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file

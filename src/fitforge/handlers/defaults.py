@@ -32,9 +32,16 @@ def user_handlers(event_handlers: Any, argument: str = "event_handlers") -> list
     return list(event_handlers)
 
 
+def unwrapped(handler: object) -> object:
+    """The handler a wrapper such as ``throttle(...)`` holds (``.handler``), else the handler itself."""
+    inner = getattr(handler, "handler", None)
+    return inner if isinstance(inner, EventHandler) else handler
+
+
 def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -> list[EventHandler]:
-    """Defaults first, then the user's; a default is dropped when the user gave one of its class."""
-    kept = [d for d in defaults if not any(isinstance(h, type(d)) for h in given)]
+    """Defaults first, then the user's; a default is dropped when the user gave one of its class
+    (also wrapped, e.g. ``throttle(LoggingHandler(), ...)``)."""
+    kept = [d for d in defaults if not any(isinstance(unwrapped(h), type(d)) for h in given)]
     return kept + given
 
 
@@ -63,10 +70,10 @@ def evaluate_handlers(event_handlers: Any) -> list[EventHandler]:
 def run_keys(handlers: Sequence[EventHandler], estimator: Estimator) -> list[str]:
     """The history keys a fit with ``handlers`` produces, except those of a custom ``eval_fn``."""
     keys: list[str] = []
-    for handler in handlers:
+    for handler in map(unwrapped, handlers):
         if isinstance(handler, MetricHandler):
             keys += handler.history_keys(estimator, "train")
-    for validator in handlers:
+    for validator in map(unwrapped, handlers):
         if isinstance(validator, ValidationHandler) and validator.eval_fn is None:
             # estimator.evaluate: the MetricHandler(s) given to the validation run, or its default one
             inner = [h for h in validator.event_handlers if isinstance(h, MetricHandler)] or [MetricHandler()]

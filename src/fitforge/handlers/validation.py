@@ -8,8 +8,8 @@ from typing import Any
 from ..events import BatchEnd, EpochEnd, EventHandler, TrainBegin
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from ..resume import epoch_done
-from .metric import MetricHandler
 from ..state import TrainState
+from .metric import MetricHandler
 
 
 def _period(name: str, value: Any) -> None:

@@ -1,0 +1,164 @@
+"""CSVLoggerHandler: one CSV row per training epoch, written and flushed at each epoch end."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+from pathlib import Path
+
+from ..checks import check_flag
+from ..events import EpochEnd, TrainBegin
+from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..history import History
+from ..resume import epoch_done
+from ..state import TrainState
+from .defaults import run_keys
+
+log = logging.getLogger("fitforge")
+
+
+class CSVLoggerHandler(TrainBegin, EpochEnd):
+    """Write the history row of every training epoch to a CSV file as the epoch ends.
+
+    Columns: ``epoch`` (counted from 1), then the history keys: those recorded by the first epoch,
+    followed by the keys the run's metric and validation handlers will produce later (so validation
+    every second epoch does not change the header; its other rows hold ``nan``). A key that
+    appears later anyway (a custom ``eval_fn``, a handler recording its own values) adds a column:
+    the file is rewritten once, atomically, with ``nan`` in the earlier rows. Each row is flushed
+    and fsynced when written, so a crash loses at most the epoch under way.
+
+    Resuming (``CheckpointHandler(resume_from_checkpoint=True)``) continues the file: the rows of
+    the epochs after the file's last one are appended (from the restored history, so rows the
+    interrupted run had no time to write are filled in), and an epoch the file already has is
+    never written twice (a row written before a crash, for an epoch the resumed run redoes, stays
+    as first written). A partial epoch ended by SIGTERM/SIGINT is written when the resumed run
+    ends it; one ended by a stop is written as it is. Only ``fit`` writes (not ``evaluate``).
+
+    Args:
+        path: the CSV file (its folder is created if needed).
+        append: in a fresh (not resumed) run, add this run's rows, epochs from 1, after those of an
+            existing file whose first column is ``epoch`` (Keras's ``append``); False (default)
+            overwrites the file at the run's first epoch end (never before: a run that resumes
+            continues it).
+
+    Raises:
+        FitforgeTypeError: ``path`` is not a path or ``append`` not a bool.
+        FitforgeValueError: ``path`` is a folder or its folder is not writable (at fit start), or
+            a file to continue is not such a log.
+
+    Example:
+        >>> from fitforge.handlers.csv_logger import CSVLoggerHandler
+        >>> history = estimator.fit(train, val_data=val, epochs=3,
+        ...                         event_handlers=[CSVLoggerHandler("runs/log.csv")])  # doctest: +SKIP
+        >>> print(open("runs/log.csv").readline())                              # doctest: +SKIP
+        epoch,epoch_time,lr,train_loss,train_mse,val_loss,val_mse
+    """
+
+    priority = 950  # after user handlers and CheckpointHandler (900): the row is complete
+    reads = ("phase", "epoch", "start_batch", "history", "handlers", "estimator", "preempted",
+             "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    writes = ()
+
+    def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise FitforgeTypeError(f"CSVLoggerHandler: path must be a file path, got {describe(path)}")
+        self.path = Path(path)
+        self.append = check_flag(append, "append", "CSVLoggerHandler")
+        self._header: list[str] = []  # empty until the run's first write
+
+    def train_begin(self, state: TrainState) -> None:
+        self._header = []  # decided at the first write, once a resume (after train_begin) is known
+        if self.path.is_dir():
+            raise FitforgeValueError(f"CSVLoggerHandler: path {self.path} is a folder; expected a file path")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.path.parent, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
+            raise FitforgeValueError(f"CSVLoggerHandler: cannot write {self.path}: permission denied")
+        self._expected = run_keys(state.handlers, state.estimator)
+
+    def epoch_end(self, state: TrainState) -> None:
+        if state.phase != "train" or (state.preempted is not None and not epoch_done(state)):
+            return
+        history = state.history
+        rows = self._start(state) if not self._header else [(history.epochs, _current_row(history))]
+        if rows:
+            self._write(rows)
+
+    def _start(self, state: TrainState) -> list[tuple[int, dict[str, float]]]:
+        """The first write of a run: choose the header and the rows to catch up on."""
+        history = state.history
+        resumed = state.epoch > 0 or state.start_batch > 0
+        header, last = self._read() if resumed or self.append else (None, 0)
+        if header is None:
+            keys = list(history) + [key for key in self._expected if key not in history]
+            self._header = ["epoch", *keys]
+            with self.path.open("w", newline="") as file:
+                csv.writer(file, lineterminator="\n").writerow(self._header)
+        else:
+            self._header = header
+        if not resumed:  # a fresh run (appending or not) numbers its epochs from 1
+            return [(history.epochs, _current_row(history))]
+        return [(epoch, row) for epoch, row in enumerate(history.rows(), start=1) if epoch > last]
+
+    def _read(self) -> tuple[list[str] | None, int]:
+        """The header and last epoch of the file to continue; a line torn by a crash is dropped."""
+        if not self.path.exists():
+            return None, 0
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            data = data[: data.rfind(b"\n") + 1]
+            os.truncate(self.path, len(data))
+            log.warning("CSVLoggerHandler: dropped an incomplete last line of %s (a write cut short)", self.path)
+        lines = [line for line in csv.reader(io.StringIO(data.decode())) if line]
+        if not lines:
+            return None, 0
+        try:
+            if lines[0][0] != "epoch":
+                raise ValueError
+            last = int(lines[-1][0]) if len(lines) > 1 else 0
+        except ValueError:
+            raise FitforgeValueError(f"CSVLoggerHandler: {self.path} is not a log this handler can continue (its "
+                                     f"first column should be 'epoch', got {lines[0][:3]}...); pass another path, "
+                                     "or move the file away") from None
+        return lines[0], last
+
+    def _write(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+        new = [key for _, row in rows for key in row if key not in self._header]
+        if new:
+            self._add_columns(list(dict.fromkeys(new)))
+        keys = self._header[1:]
+        with self.path.open("a", newline="") as file:
+            writer = csv.writer(file, lineterminator="\n")
+            for epoch, row in rows:
+                writer.writerow([epoch, *(row.get(key, math.nan) for key in keys)])
+            file.flush()
+            os.fsync(file.fileno())  # a crash loses at most the epoch under way
+
+    def _add_columns(self, keys: list[str]) -> None:
+        """Rewrite the file with ``keys`` as new columns (nan in the rows already written), atomically."""
+        with self.path.open(newline="") as file:
+            old = [line for line in csv.reader(file) if line][1:]
+        self._header = [*self._header, *keys]
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with temporary.open("w", newline="") as file:
+            writer = csv.writer(file, lineterminator="\n")
+            writer.writerow(self._header)
+            writer.writerows(line + ["nan"] * (len(self._header) - len(line)) for line in old)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path)
+        log.info("CSVLoggerHandler: new history key(s) %s: added as columns to %s", ", ".join(keys), self.path)
+
+    def __repr__(self) -> str:
+        return f"CSVLoggerHandler({str(self.path)!r})"
+
+
+def _current_row(history: History) -> dict[str, float]:
+    """The current epoch's row (nan for keys it has no value for), without copying the columns."""
+    row = {}
+    for key in history:
+        value = history.current(key)
+        row[key] = math.nan if value is None else value
+    return row

@@ -1,0 +1,129 @@
+"""LambdaHandler: plain functions ``fn(state)`` on the events you name, and nothing on the others."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..events import MIXINS, Event, EventHandler
+from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self  # typing.Self needs python 3.11
+
+
+_CLASSES: dict[tuple[type, tuple[type, ...], str], type] = {}
+
+
+def handler_class(base: type, mixins: tuple[type, ...], name: str) -> type:
+    """A subclass of ``base`` that also inherits exactly ``mixins``, named ``name`` (one class per
+    combination, so instances with the same events share it). The dispatcher calls a handler for
+    an event iff it inherits that event's mixin, so this is how one class offers only some events."""
+    key = (base, mixins, name)
+    if key not in _CLASSES:
+        _CLASSES[key] = type(name, (base, *mixins), {"__module__": base.__module__, "__qualname__": name,
+                                                     "_concrete": True})
+    return _CLASSES[key]
+
+
+def check_declared(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
+    """``reads``/``writes``: None (undeclared) or a tuple of TrainState field names / ``shared.<key>``."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+        raise FitforgeTypeError(f"{owner}: {name} must be None or a tuple of TrainState field names "
+                                f"(e.g. ('epoch', 'history', 'shared.lr')), got {describe(value)}")
+    return tuple(value)
+
+
+def _check_function(event: Event, fn: Any) -> None:
+    if not callable(fn):
+        raise FitforgeTypeError(f"LambdaHandler: {event.value} must be a function fn(state), got {describe(fn)}")
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        raise FitforgeTypeError(f"LambdaHandler: {event.value} must take one argument (the TrainState), "
+                                f"got {getattr(fn, '__qualname__', describe(fn))}{inspect.signature(fn)}") from None
+    except ValueError:  # no signature to inspect (some builtins): trust it
+        pass
+
+
+_KEYWORDS = {event.value for event in Event} | {"priority", "run_after", "reads", "writes"}
+
+
+class LambdaHandler(EventHandler):
+    """Call plain functions ``fn(state)`` on the events given, and only on those.
+
+    Each instance inherits just the mixins of its events, so events without a function cost
+    nothing. A truthy return from the ``batch_end``/``epoch_end`` function requests a stop, as
+    for any handler. ``isinstance(handler, LambdaHandler)`` holds.
+
+    Args:
+        train_begin, epoch_begin, batch_begin, batch_end, epoch_end, train_end: a function taking
+            the ``TrainState``, by keyword; at least one.
+        priority: the order among handlers (lower first; 0 is the user default).
+        run_after: handler classes this one must run after.
+        reads, writes: optional declarations of the TrainState fields (or ``"shared.<key>"``) the
+            functions read and write; None (the default) leaves them undeclared (full access).
+
+    Raises:
+        FitforgeTypeError: a function is not callable or does not take one argument, or a
+            function was passed positionally.
+        FitforgeValueError: no function was given.
+
+    Example:
+        >>> from fitforge.handlers.lambda_handler import LambdaHandler
+        >>> losses = []
+        >>> keep = LambdaHandler(epoch_end=lambda state: losses.append(state.metrics["train_loss"]))
+        >>> estimator.fit(train, epochs=3, event_handlers=[keep])  # doctest: +SKIP
+    """
+
+    _concrete = False
+    reads: tuple[str, ...] | None = None
+    writes: tuple[str, ...] | None = None
+
+    def __new__(cls, *args: Any, **functions: Any) -> Self:
+        if cls.__dict__.get("_concrete"):  # already a class with its mixins (copy.copy comes here)
+            return super().__new__(cls)
+        if args:
+            raise FitforgeTypeError(f"LambdaHandler takes its functions by event name, e.g. "
+                                    f"LambdaHandler(epoch_end=fn); got a positional argument {describe(args[0])}")
+        unknown = sorted(set(functions) - _KEYWORDS)
+        if unknown:
+            raise FitforgeTypeError(f"LambdaHandler got unknown argument(s) {', '.join(unknown)}; expected "
+                                    f"functions named after events ({', '.join(e.value for e in Event)}) and "
+                                    "priority, run_after, reads, writes")
+        events = [event for event in Event if functions.get(event.value) is not None]
+        mixins = tuple(MIXINS[event] for event in events)
+        return super().__new__(handler_class(cls, mixins, cls.__name__))
+
+    def __init__(self, *, train_begin: Callable | None = None, epoch_begin: Callable | None = None,
+                 batch_begin: Callable | None = None, batch_end: Callable | None = None,
+                 epoch_end: Callable | None = None, train_end: Callable | None = None, priority: int = 0,
+                 run_after: tuple[type, ...] = (), reads: tuple[str, ...] | None = None,
+                 writes: tuple[str, ...] | None = None) -> None:
+        given = {"train_begin": train_begin, "epoch_begin": epoch_begin, "batch_begin": batch_begin,
+                 "batch_end": batch_end, "epoch_end": epoch_end, "train_end": train_end}
+        functions = {Event(name): fn for name, fn in given.items() if fn is not None}
+        if not functions:
+            raise FitforgeValueError("LambdaHandler needs at least one function, e.g. "
+                                     "LambdaHandler(epoch_end=lambda state: ...); got none")
+        for event, fn in functions.items():
+            _check_function(event, fn)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise FitforgeTypeError(f"LambdaHandler: priority must be an int, got {describe(priority)}")
+        if not isinstance(run_after, (tuple, list)) or not all(isinstance(c, type) for c in run_after):
+            raise FitforgeTypeError(f"LambdaHandler: run_after must be a tuple of handler classes, "
+                                    f"got {describe(run_after)}")
+        self.priority, self.run_after = priority, tuple(run_after)
+        self.reads = check_declared("LambdaHandler", "reads", reads)
+        self.writes = check_declared("LambdaHandler", "writes", writes)
+        self.functions = functions
+        for event, fn in functions.items():
+            setattr(self, event.value, fn)  # the hook is the function itself: no wrapper call per event
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{event.value}={getattr(fn, '__qualname__', type(fn).__name__)}"
+                          for event, fn in self.functions.items())
+        return f"LambdaHandler({names})"

@@ -1,0 +1,254 @@
+"""LRSchedulerHandler: step any ``torch.optim.lr_scheduler`` scheduler per epoch or per optimizer step."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import warnings
+from typing import Any
+
+from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
+
+from ..events import BatchEnd, EpochBegin, EpochEnd, TrainBegin
+from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..resume import epoch_done
+from ..state import TrainState
+from .gradient_update import GradientUpdateHandler
+from .monitor import Monitor, infer_mode
+
+log = logging.getLogger("fitforge")
+_ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optimizer", "max_lr"})
+_LENGTH_ARGS = {"total_steps", "epochs", "steps_per_epoch"}
+
+
+class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
+    """Step a learning-rate scheduler at every epoch end or after every optimizer step.
+
+    ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by
+    a stop or by SIGTERM/SIGINT is not: a resumed run finishes it and steps then), after the
+    metrics and validation (priority 100) and before CheckpointHandler (900), so checkpoints hold the
+    stepped scheduler. ``interval="batch"`` steps once per optimizer step, after
+    GradientUpdateHandler's (with ``accumulate=N``, once per N batches). ``ReduceLROnPlateau``
+    steps with the value ``monitor`` has in this epoch's history row; an epoch without one
+    (validation every second epoch) does not step it.
+
+    History: the loop records ``lr`` (``lr_<i>`` for further optimizers: each one's first parameter
+    group) at every epoch end; when this handler steps at an epoch end it records them again, so
+    ``history["lr"][e]`` is always the learning rate *after* epoch ``e``'s steps, the one epoch
+    ``e + 1`` starts with. The scheduler's state rides in checkpoints, so a resume continues exactly.
+
+    Args:
+        scheduler: a ``torch.optim.lr_scheduler`` instance built on one of the estimator's optimizers.
+        interval: ``"epoch"`` or ``"batch"``.
+        monitor: the history key ``ReduceLROnPlateau`` steps with, e.g. ``"val_loss"`` (needed for
+            it, and only for it). Its ``mode`` must agree with which way the key improves.
+
+    Example:
+        >>> sched = torch.optim.lr_scheduler.StepLR(estimator.optimizer, step_size=10, gamma=0.5)
+        >>> estimator.fit(train, epochs=30, event_handlers=[LRSchedulerHandler(sched)])  # doctest: +SKIP
+        >>> plateau = ReduceLROnPlateau(estimator.optimizer, patience=2)
+        >>> handler = LRSchedulerHandler(plateau, monitor="val_loss")                    # doctest: +SKIP
+        >>> handler = LRSchedulerHandler.one_cycle(max_lr=0.1)     # OneCycleLR over the whole fit
+    """
+
+    priority = 100
+    reads = ("estimator", "metrics", "history", "optimizer_steps", "num_batches", "max_epochs", "max_batches",
+             "handlers", "batch_idx", "epoch_complete", "epoch_cancelled")
+    writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
+
+    def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str | None = None) -> None:
+        recipe = scheduler if isinstance(scheduler, _OneCycle) else None
+        if recipe is None and not isinstance(scheduler, (LRScheduler, ReduceLROnPlateau)):
+            hint = ("; wrap the optimizer in one, e.g. StepLR(optimizer, step_size=10)"
+                    if hasattr(scheduler, "param_groups") else "")
+            raise FitforgeTypeError(f"LRSchedulerHandler: scheduler must be a torch.optim.lr_scheduler scheduler "
+                                    f"instance, got {describe(scheduler)}{hint}")
+        if not isinstance(interval, str):
+            raise FitforgeTypeError(f"LRSchedulerHandler: interval must be 'epoch' or 'batch', got {describe(interval)}")
+        if interval not in ("epoch", "batch"):
+            raise FitforgeValueError(f"LRSchedulerHandler: interval must be 'epoch' or 'batch', got {interval!r}")
+        plateau = isinstance(scheduler, ReduceLROnPlateau)
+        if plateau and monitor is None:
+            raise FitforgeValueError("LRSchedulerHandler: ReduceLROnPlateau steps with a monitored value; pass "
+                                     "monitor='val_loss' (a history key), got monitor=None")
+        if plateau and interval == "batch":
+            raise FitforgeValueError("LRSchedulerHandler: ReduceLROnPlateau steps with an epoch's value of "
+                                     f"{monitor!r}; use interval='epoch', got interval='batch'")
+        if monitor is not None and not plateau:
+            raise FitforgeValueError(f"LRSchedulerHandler: monitor is only for ReduceLROnPlateau; "
+                                     f"{type(scheduler).__name__} steps without a value, so leave monitor=None, "
+                                     f"got monitor={monitor!r}")
+        self._monitor = None if monitor is None else Monitor(monitor, owner="LRSchedulerHandler")
+        self.scheduler: Any = None if recipe else scheduler
+        self.interval, self.monitor, self._recipe = interval, monitor, recipe
+        self._steps_seen: int | None = None  # optimizer steps the scheduler has followed
+        self._pending: dict | None = None  # a state loaded before a one-cycle scheduler was built
+
+    @classmethod
+    def one_cycle(cls, max_lr: float | list[float], optimizer: int = 0, **onecycle_kwargs: Any) -> LRSchedulerHandler:
+        """A ``OneCycleLR`` over the whole fit, stepped per optimizer step (the beginner's choice).
+
+        It is built at fit start for ``estimator.optimizers[optimizer]``, with ``total_steps``
+        the fit's optimizer steps (``epochs`` x batches per epoch, or ``batches``, divided by
+        GradientUpdateHandler's ``accumulate``) unless ``onecycle_kwargs`` gives the length.
+        ``cycle_momentum`` defaults to whether the optimizer has a momentum or betas setting (SGD
+        always has one, even at 0: as in torch, the momentum then cycles between 0.85 and 0.95; pass
+        ``cycle_momentum=False`` to keep plain SGD).
+
+        Raises:
+            FitforgeValueError: at fit start, when the length cannot be known (data without
+                ``len()`` and ``epochs=N``: pass ``batches=N`` to fit or ``total_steps`` here).
+        """
+        values = max_lr if isinstance(max_lr, (list, tuple)) else [max_lr]
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise FitforgeTypeError(f"LRSchedulerHandler.one_cycle: max_lr must be a positive number (or one per "
+                                    f"parameter group), got {describe(max_lr)}")
+        if not all(v > 0 and math.isfinite(v) for v in values):
+            raise FitforgeValueError(f"LRSchedulerHandler.one_cycle: max_lr must be positive and finite, got {max_lr!r}")
+        if isinstance(optimizer, bool) or not isinstance(optimizer, int) or optimizer < 0:
+            raise FitforgeTypeError(f"LRSchedulerHandler.one_cycle: optimizer must be an index into "
+                                    f"estimator.optimizers (an int >= 0), got {describe(optimizer)}")
+        unknown = sorted(set(onecycle_kwargs) - set(_ONE_CYCLE_ARGS))
+        if unknown:
+            raise FitforgeTypeError(f"LRSchedulerHandler.one_cycle got unknown argument(s) {unknown}; OneCycleLR "
+                                    f"takes {', '.join(_ONE_CYCLE_ARGS)}")
+        return cls(_OneCycle(max_lr, optimizer, onecycle_kwargs), interval="batch")
+
+    def train_begin(self, state: TrainState) -> None:
+        self._steps_seen = None  # set at the first epoch_begin, after a resume may have restored it
+        if self._recipe is not None:  # rebuilt per fit: before CheckpointHandler (900) loads the optimizer
+            self.scheduler = self._recipe.build(state)
+            if self._pending is not None:
+                self.load_state_dict(self._pending)
+        optimizers = state.estimator.optimizers
+        if not any(self.scheduler.optimizer is optimizer for optimizer in optimizers):
+            raise FitforgeValueError(
+                f"LRSchedulerHandler: the scheduler's optimizer ({describe(self.scheduler.optimizer)}) is not one of "
+                f"the estimator's {len(optimizers)} optimizer(s); build the scheduler on estimator.optimizer "
+                "(or estimator.optimizers[i])")
+        if self._monitor is not None:
+            self._check_mode(state)
+
+    def _check_mode(self, state: TrainState) -> None:
+        try:
+            better, why = infer_mode(self.monitor, state.estimator)  # type: ignore[arg-type]
+        except FitforgeValueError:
+            return  # a key whose direction cannot be told: the scheduler's mode is the user's word
+        if better != self.scheduler.mode:
+            raise FitforgeValueError(
+                f"LRSchedulerHandler: ReduceLROnPlateau(mode={self.scheduler.mode!r}) would cut the learning rate "
+                f"while {self.monitor!r} improves: a {'higher' if better == 'max' else 'lower'} value is better "
+                f"({why}); build it with mode={better!r}")
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if self._steps_seen is None:
+            self._steps_seen = state.optimizer_steps
+
+    def batch_end(self, state: TrainState) -> None:
+        # An int compare per batch; a CancelBatch after the optimizer step is caught up next time.
+        if self.interval == "batch" and state.optimizer_steps != self._steps_seen:
+            self._follow_steps(state)
+
+    def epoch_end(self, state: TrainState) -> None:
+        if self.interval == "batch":  # a trailing accumulation group is stepped at epoch end
+            stepped = state.optimizer_steps != self._steps_seen
+            if stepped:
+                self._follow_steps(state)
+        else:
+            stepped = epoch_done(state) and self._step_epoch(state)
+        if stepped:
+            for i, optimizer in enumerate(state.estimator.optimizers):  # the keys the loop records
+                state.history.record("lr" if i == 0 else f"lr_{i}", float(optimizer.param_groups[0]["lr"]))
+
+    def _follow_steps(self, state: TrainState) -> None:
+        scheduler, seen = self.scheduler, self._steps_seen or 0
+        for _ in range(state.optimizer_steps - seen):
+            if self._recipe is not None and scheduler.last_epoch >= scheduler.total_steps - 1:
+                break  # at the cycle's end (the fit's last step, or a cancelled batch's extra one)
+            self._step()
+        self._steps_seen = state.optimizer_steps
+
+    def _step_epoch(self, state: TrainState) -> bool:
+        if self._monitor is None:
+            self._step()
+            return True
+        value = self._monitor.epoch_value(state, self)
+        if value is None:
+            return False
+        before = [group["lr"] for group in self.scheduler.optimizer.param_groups]
+        self.scheduler.step(value)
+        after = [group["lr"] for group in self.scheduler.optimizer.param_groups]
+        if after != before:
+            log.info("LRSchedulerHandler: %s stopped improving (%.4g): lr %.4g -> %.4g", self.monitor, value,
+                     before[0], after[0])
+        return True
+
+    def _step(self) -> None:
+        if getattr(self.scheduler, "_step_count", 0) > 1:
+            self.scheduler.step()
+            return
+        # Its first step: torch warns unless this process stepped the optimizer already, which a run
+        # resumed at an epoch's end (or whose first epoch was all cancelled) has not. Steps follow
+        # optimizer steps here by construction, so the warning would only mislead.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+            self.scheduler.step()
+
+    def state_dict(self) -> dict:
+        """The scheduler's state, and how many optimizer steps it has followed."""
+        return {"scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "optimizer_steps": self._steps_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scheduler is None:  # a one-cycle scheduler is built at train_begin
+            self._pending = state
+            return
+        self._pending = None
+        if state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self._steps_seen = state.get("optimizer_steps")
+
+    def __repr__(self) -> str:
+        name = "OneCycleLR" if self._recipe is not None else type(self.scheduler).__name__
+        extra = f", monitor={self.monitor!r}" if self.monitor else ""
+        return f"LRSchedulerHandler({name}, interval={self.interval!r}{extra})"
+
+
+class _OneCycle:
+    """What :meth:`LRSchedulerHandler.one_cycle` builds at fit start, once the fit's length is known."""
+
+    def __init__(self, max_lr: Any, index: int, kwargs: dict[str, Any]) -> None:
+        self.max_lr, self.index, self.kwargs = max_lr, index, kwargs
+
+    def build(self, state: TrainState) -> OneCycleLR:
+        optimizers = state.estimator.optimizers
+        if self.index >= len(optimizers):
+            raise FitforgeValueError(f"LRSchedulerHandler.one_cycle: optimizer={self.index}, but the estimator has "
+                                     f"{len(optimizers)} optimizer(s)")
+        optimizer, kwargs = optimizers[self.index], dict(self.kwargs)
+        if not _LENGTH_ARGS & kwargs.keys():
+            kwargs["total_steps"] = fit_steps(state)
+        kwargs.setdefault("cycle_momentum", "momentum" in optimizer.defaults or "betas" in optimizer.defaults)
+        try:
+            return OneCycleLR(optimizer, self.max_lr, **kwargs)
+        except (ValueError, TypeError) as err:
+            raise FitforgeValueError(f"LRSchedulerHandler.one_cycle: OneCycleLR rejected max_lr={self.max_lr!r} "
+                                     f"with {kwargs}: {err}") from err
+
+
+def fit_steps(state: TrainState) -> int:
+    """The optimizer steps a fit takes (the first limit reached of ``epochs`` and ``batches``)."""
+    accumulate = next((h.accumulate for h in state.handlers if isinstance(h, GradientUpdateHandler)), 1)
+    per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
+    lengths = []
+    if state.max_epochs is not None and per_epoch is not None:
+        lengths.append(state.max_epochs * per_epoch)
+    if state.max_batches is not None:  # a trailing group at each epoch end is a step of its own
+        full, rest = divmod(state.max_batches, state.num_batches or state.max_batches + 1)
+        lengths.append(full * (per_epoch or 0) + math.ceil(rest / accumulate))
+    if not lengths:
+        raise FitforgeValueError(
+            f"LRSchedulerHandler.one_cycle cannot tell the fit's length: train_data has no len() and fit was given "
+            f"epochs={state.max_epochs}; pass batches=N to fit, or total_steps=N to one_cycle")
+    return max(min(lengths), 1)

@@ -1,0 +1,111 @@
+"""TensorBoardHandler: history values as TensorBoard scalars at every epoch end (optional extra)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..checks import check_flag, check_positive
+from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from ..exceptions import FitforgeTypeError, describe
+from ..resume import epoch_done
+from ..state import TrainState
+from .lambda_handler import handler_class
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self  # typing.Self needs python 3.11
+
+
+class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
+    """Write every history value of each training epoch as a TensorBoard scalar.
+
+    At each epoch end, each key recorded in the epoch's history row (``train_loss``, ``val_*``,
+    ``lr``/``lr_<i>``, ``epoch_time``, your own) becomes a scalar with the key as its tag and the
+    epoch number (from 1) as its step; an epoch without a value for a key (validation every second
+    epoch) writes none. The writer is flushed at every epoch end and closed at ``train_end``. Only
+    ``fit`` writes; a partial epoch ended by SIGTERM/SIGINT is written when the resumed run ends it.
+
+    Needs the optional extra: ``pip install 'fitforge[tensorboard]'``. Then ``tensorboard
+    --logdir <log_dir>``.
+
+    Args:
+        log_dir: the folder of the event files (created if needed).
+        histograms: also write a histogram of every parameter of the net at each epoch end
+            (``weights/<name>``; copies the weights to the host each epoch).
+        log_every_n_batches: also write the running epoch-so-far loss and metrics every n training
+            batches (tags ``batch/<key>``, step = completed batches). Each time is a host read
+            (``state.running_metrics()``); None (default) never does, and the handler is then not
+            called per batch at all.
+
+    Raises:
+        ImportError: tensorboard is not installed.
+        FitforgeTypeError / FitforgeValueError: a bad argument.
+
+    Example:
+        >>> from fitforge.handlers.tensorboard import TensorBoardHandler
+        >>> board = TensorBoardHandler("runs/tb", histograms=True, log_every_n_batches=50)
+        >>> history = estimator.fit(train, val_data=val, epochs=5, event_handlers=[board])  # doctest: +SKIP
+    """
+
+    priority = 950  # after user handlers, so the epoch's row is complete
+    reads = ("phase", "epoch", "global_step", "history", "estimator", "metrics", "preempted",
+             "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    writes = ()
+    _concrete = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        every = kwargs.get("log_every_n_batches", args[2] if len(args) > 2 else None)
+        if cls.__dict__.get("_concrete") or every is None:
+            return super().__new__(cls)
+        return super().__new__(handler_class(cls, (BatchEnd,), cls.__name__))  # called per batch only if asked
+
+    def __init__(self, log_dir: str | os.PathLike, histograms: bool = False,
+                 log_every_n_batches: int | None = None) -> None:
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise FitforgeTypeError(f"TensorBoardHandler: log_dir must be a folder path, got {describe(log_dir)}")
+        self.histograms = check_flag(histograms, "histograms", "TensorBoardHandler")
+        check_positive("TensorBoardHandler", "log_every_n_batches", log_every_n_batches, allow_none=True)
+        try:  # imported here, not at module import: tensorboard is an optional extra
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise ImportError("TensorBoardHandler needs the tensorboard package: "
+                              "pip install 'fitforge[tensorboard]'") from err
+        self._writer_class = SummaryWriter
+        self.log_dir, self.log_every_n_batches = Path(log_dir), log_every_n_batches
+        self._every = log_every_n_batches or 0
+        self.writer: Any = None
+
+    def train_begin(self, state: TrainState) -> None:
+        self._close()
+        self.writer = self._writer_class(log_dir=str(self.log_dir))
+
+    def batch_end(self, state: TrainState) -> None:  # inherited as a hook only with log_every_n_batches
+        step = state.global_step + 1
+        if state.phase == "train" and step % self._every == 0:
+            for key, value in state.running_metrics().items():  # a host read, at the asked interval
+                self.writer.add_scalar(f"batch/{key}", value, step)
+
+    def epoch_end(self, state: TrainState) -> None:
+        if state.phase != "train" or (state.preempted is not None and not epoch_done(state)):
+            return
+        history, step = state.history, state.history.epochs
+        for key in history:
+            value = history.current(key)
+            if value is not None:
+                self.writer.add_scalar(key, value, step)
+        if self.histograms:
+            for name, parameter in state.estimator.net.named_parameters():
+                self.writer.add_histogram(f"weights/{name}", parameter.detach().float().cpu(), step)
+        self.writer.flush()
+
+    def train_end(self, state: TrainState) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def __repr__(self) -> str:
+        return f"TensorBoardHandler({str(self.log_dir)!r})"

@@ -1,0 +1,189 @@
+"""throttle(): call a handler's batch hooks every n batches, its epoch hooks every n epochs, or
+either at most once per T seconds."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..checks import check_positive
+from ..dispatch import check_handler
+from ..events import MIXINS, Event, EventHandler, events_of
+from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..state import TrainState
+from .lambda_handler import handler_class
+
+_BATCH = (Event.BATCH_BEGIN, Event.BATCH_END)
+_EPOCH = (Event.EPOCH_BEGIN, Event.EPOCH_END)
+_OWN_READS = ("phase", "epoch", "batch_idx", "global_step")  # what the wrapper reads to decide
+
+
+class _Gate:
+    """Decides once per batch (or epoch) whether the wrapped hooks run: the first hook of the pair
+    decides, the second follows that decision, so a batch_begin is never without its batch_end."""
+
+    def __init__(self, every: int | None, seconds: float | None, clock: Callable[[], float]) -> None:
+        self.every, self.seconds, self.clock = every, seconds, clock
+        self.last = -math.inf  # clock time of the last call let through
+        self.pending: bool | None = None  # the decision of a pair's first hook, for its second
+
+    def open(self, position: int) -> bool:
+        if self.every is not None and (position + 1) % self.every:
+            return False
+        if self.seconds is not None:
+            now = self.clock()
+            if now - self.last < self.seconds:
+                return False
+            self.last = now
+        return True
+
+    def first(self, position: int) -> bool:
+        self.pending = self.open(position)
+        return self.pending
+
+    def second(self, position: int) -> bool:
+        """The first hook's decision, or (no first hook ran for this batch or epoch) a new one."""
+        due, self.pending = self.pending, None
+        return self.open(position) if due is None else due
+
+
+def _forwarded(name: str) -> property:
+    return property(lambda self: getattr(self.handler, name, None), doc=f"The wrapped handler's ``{name}``.")
+
+
+class Throttled(EventHandler):
+    """The handler :func:`throttle` returns; it inherits exactly the wrapped handler's mixins."""
+
+    # What fit and resume look for on handlers by name: the monitor checks, and a run a handler
+    # stopped (early stopping) counting as finished on a re-run. The wrapped handler's, read-only.
+    monitor = _forwarded("monitor")
+    save_best = _forwarded("save_best")
+    restore_best = _forwarded("restore_best")
+    stopped_epoch = _forwarded("stopped_epoch")
+
+    def __init__(self, handler: EventHandler, every_n_batches: int | None, every_n_epochs: int | None,
+                 seconds: float | None, clock: Callable[[], float]) -> None:
+        self.handler = handler
+        self.every_n_batches, self.every_n_epochs, self.seconds, self.clock = (
+            every_n_batches, every_n_epochs, seconds, clock)
+        self.priority = getattr(handler, "priority", 0)
+        self.run_after = tuple(getattr(handler, "run_after", ()) or ())
+        reads, writes = getattr(handler, "reads", None), getattr(handler, "writes", None)
+        self.reads = None if reads is None else tuple(reads) + tuple(r for r in _OWN_READS if r not in reads)
+        self.writes = None if writes is None else tuple(writes)
+        self._hooks = {event: getattr(handler, event.value) for event in events_of(handler)}
+        self._gates()
+
+    def _gates(self) -> None:
+        self._batch = _Gate(self.every_n_batches, self.seconds, self.clock)
+        self._epoch = _Gate(self.every_n_epochs, self.seconds, self.clock)
+
+    @staticmethod
+    def _batch_position(state: TrainState) -> int:
+        # global_step in training (a run-wide count that resumes with the run); in evaluate/predict,
+        # whose global_step stays 0, the batch's position in the pass
+        return state.global_step if state.phase == "train" else state.batch_idx
+
+    def train_begin(self, state: TrainState) -> None:
+        self._gates()
+        self._hooks[Event.TRAIN_BEGIN](state)
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if state.phase != "train" or self._epoch.first(state.epoch):
+            self._hooks[Event.EPOCH_BEGIN](state)
+
+    def batch_begin(self, state: TrainState) -> None:
+        if self._batch.first(self._batch_position(state)):
+            self._hooks[Event.BATCH_BEGIN](state)
+
+    def batch_end(self, state: TrainState) -> Any:
+        return self._hooks[Event.BATCH_END](state) if self._batch.second(self._batch_position(state)) else None
+
+    def epoch_end(self, state: TrainState) -> Any:
+        if state.phase != "train" or self._epoch.second(state.epoch):
+            return self._hooks[Event.EPOCH_END](state)
+        return None
+
+    def train_end(self, state: TrainState) -> None:
+        self._hooks[Event.TRAIN_END](state)
+
+    def state_dict(self) -> dict:
+        """The wrapped handler's state (the wrapper keeps none worth saving)."""
+        return self.handler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.handler.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        options = {"every_n_batches": self.every_n_batches, "every_n_epochs": self.every_n_epochs,
+                   "seconds": self.seconds}
+        given = ", ".join(f"{name}={value}" for name, value in options.items() if value is not None)
+        return f"throttle({self.handler!r}, {given})"
+
+
+def throttle(handler: EventHandler, every_n_batches: int | None = None, every_n_epochs: int | None = None,
+             seconds: float | None = None, clock: Callable[[], float] = time.monotonic) -> Throttled:
+    """Wrap ``handler`` so that its batch hooks run every ``every_n_batches`` batches, its epoch
+    hooks every ``every_n_epochs`` epochs, and/or each kind at most once per ``seconds``.
+
+    - Batches: in training, the hooks run for the batches with ``(state.global_step + 1) % n == 0``
+      (the n-th, 2n-th... batch of the run, counted as ``batches=N`` counts them, so the cadence
+      goes on across epochs and resumes); in evaluate/predict, by the batch's position in the pass.
+    - Epochs: the hooks run for training epochs with ``(state.epoch + 1) % n == 0``; the one epoch
+      of an evaluate/predict pass always passes through.
+    - ``seconds``: a batch's (or an epoch's) hooks run if at least ``seconds`` passed on ``clock``
+      since the last batch (epoch) let through; the first always is. With ``every_n_*`` too, both
+      must hold.
+    - ``batch_begin`` and ``batch_end`` of one batch (``epoch_begin``/``epoch_end`` of one epoch)
+      run together or not at all. ``train_begin``/``train_end`` always pass through. A skipped
+      ``batch_end``/``epoch_end`` returns None (no stop request).
+
+    The wrapper inherits exactly the wrapped handler's event mixins, keeps its ``priority``,
+    ``run_after`` and ``reads``/``writes`` (adding the fields it reads to decide: phase, epoch,
+    batch_idx, global_step), and forwards ``state_dict``/``load_state_dict`` (the wrapped state
+    rides in checkpoints under the key ``Throttled<ClassName>``) and the attributes fit's monitor
+    checks and resume read (``monitor``, ``save_best``, ``restore_best``, ``stopped_epoch``). The
+    wrapped handler is ``wrapper.handler``. It is not an instance of the
+    wrapped class: ``throttle(LoggingHandler(...))`` does not replace the default LoggingHandler
+    (pass ``default_handlers=False``, or throttle through the handler's own interval option).
+
+    Args:
+        handler: an event handler instance.
+        every_n_batches: run the batch hooks every n batches.
+        every_n_epochs: run the epoch hooks every n epochs.
+        seconds: run each kind of hook at most once per this many seconds.
+        clock: a function returning seconds (``time.monotonic``); inject a fake one in tests.
+
+    Raises:
+        FitforgeTypeError: ``handler`` is not a handler instance, an option has the wrong type, or
+            ``clock`` is not callable.
+        FitforgeValueError: no option was given, an option is not positive, or an option throttles
+            hooks the handler does not have.
+
+    Example:
+        >>> from fitforge.handlers import LoggingHandler
+        >>> from fitforge.handlers.throttle import throttle
+        >>> slow = throttle(LoggingHandler(log_interval=1), seconds=30)
+        >>> slow
+        throttle(LoggingHandler, seconds=30)
+    """
+    check_handler(handler, "throttle(handler)")
+    if every_n_batches is None and every_n_epochs is None and seconds is None:
+        raise FitforgeValueError(f"throttle({handler!r}) needs every_n_batches, every_n_epochs or seconds; got none")
+    check_positive("throttle", "every_n_batches", every_n_batches, allow_none=True)
+    check_positive("throttle", "every_n_epochs", every_n_epochs, allow_none=True)
+    check_positive("throttle", "seconds", seconds, (int, float), allow_none=True)
+    if not callable(clock):
+        raise FitforgeTypeError(f"throttle: clock must be a function returning seconds, got {describe(clock)}")
+    events = events_of(handler)
+    has_batch, has_epoch = any(e in events for e in _BATCH), any(e in events for e in _EPOCH)
+    for name, value, present, kind in (("every_n_batches", every_n_batches, has_batch, "batch"),
+                                       ("every_n_epochs", every_n_epochs, has_epoch, "epoch"),
+                                       ("seconds", seconds, has_batch or has_epoch, "batch or epoch")):
+        if value is not None and not present:
+            raise FitforgeValueError(f"throttle: {name}={value} has nothing to throttle: {handler!r} has no "
+                                     f"{kind} hooks (it handles {', '.join(e.value for e in events)})")
+    cls = handler_class(Throttled, tuple(MIXINS[e] for e in events), f"Throttled{type(handler).__name__}")
+    return cls(handler, every_n_batches, every_n_epochs, seconds, clock)

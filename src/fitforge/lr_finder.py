@@ -1,0 +1,269 @@
+"""The learning-rate range test (Leslie Smith, 2015; fastai's ``lr_find``).
+
+Train for ``num_steps`` batches while the learning rate grows exponentially from ``start_lr`` to
+``end_lr``, record the smoothed loss at each, and stop early once the loss diverges. The loss falls
+fastest somewhat below the rate at which training blows up; that is a good maximum learning rate
+(e.g. for :meth:`LRSchedulerHandler.one_cycle <fitforge.handlers.lr_scheduler.LRSchedulerHandler.one_cycle>`).
+
+The test changes nothing: the net's parameters, buffers and gradients, the optimizers' states and
+learning rates, the fp16 scaler, the train/eval mode of every module and the random generators are
+put back exactly afterwards, also when it fails midway.
+
+Example:
+    >>> result = lr_find(estimator, train_loader)          # doctest: +SKIP
+    >>> result.suggestion                                    # doctest: +SKIP
+    0.12
+    >>> result.plot("lr_find.png")                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .data import check_data
+from .exceptions import FitforgeTypeError, FitforgeValueError, describe
+from .rng import restore_rng_states, rng_states
+from .state import TrainState
+
+log = logging.getLogger("fitforge")
+
+
+@dataclass
+class LRFindResult:
+    """What :func:`lr_find` found.
+
+    Attributes:
+        lrs: the learning rate of each step taken.
+        losses: the smoothed (bias-corrected exponential moving average) loss at each step.
+        raw_losses: each step's batch loss.
+        suggestion: the learning rate where the smoothed loss falls fastest (its steepest negative
+            slope against log(lr), searched up to the lowest loss); ``min_loss_lr / 10`` when the
+            loss never falls. None when no step was recorded.
+        min_loss_lr: the learning rate of the lowest smoothed loss.
+        diverged: whether the sweep stopped early because the loss blew up.
+    """
+
+    lrs: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    raw_losses: list[float] = field(default_factory=list)
+    suggestion: float | None = None
+    min_loss_lr: float | None = None
+    diverged: bool = False
+
+    def plot(self, path: str | Path | None = None):
+        """The smoothed loss against the learning rate (log scale), the suggestion marked.
+
+        Args:
+            path: where to save a PNG; None only returns the figure.
+
+        Returns:
+            the matplotlib Figure.
+
+        Raises:
+            ImportError: matplotlib is not installed (``pip install 'fitforge[plot]'``).
+        """
+        try:
+            import matplotlib
+
+            if path is not None:
+                matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+        except ImportError as err:
+            raise ImportError("LRFindResult.plot() needs matplotlib: pip install 'fitforge[plot]'") from err
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        ax.plot(self.lrs, self.raw_losses, color="0.8", linewidth=0.8, label="batch loss")
+        ax.plot(self.lrs, self.losses, label="smoothed loss")
+        if self.suggestion is not None:
+            ax.axvline(self.suggestion, color="tab:red", linestyle="--", label=f"suggestion {self.suggestion:.2g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("loss")
+        ax.legend()
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+        return fig
+
+
+def lr_find(estimator: Any, train_data: Iterable, start_lr: float = 1e-7, end_lr: float = 10.0,
+            num_steps: int = 100, smoothing: float = 0.05, diverge_factor: float = 4.0) -> LRFindResult:
+    """Sweep the learning rate exponentially over ``num_steps`` training batches and report the loss.
+
+    Every parameter group of every optimizer gets the step's rate. Each step runs the estimator's
+    batch processor (``fit_batch``: forward, loss, backward), then steps the optimizers (through the
+    fp16 GradScaler when there is one) and clears the gradients; GradientUpdateHandler's clipping
+    and accumulation are not applied. ``train_data`` is cycled when it has fewer batches. The loss
+    is read to the host once per step (the test needs it); the sweep stops when the smoothed loss
+    exceeds ``diverge_factor`` times the lowest so far (while that is positive), or a loss is not
+    finite. Everything the sweep changed is restored afterwards (see the module docstring).
+
+    Args:
+        estimator: the :class:`~fitforge.Estimator` to test.
+        train_data: a re-iterable of training batches (a DataLoader, a list...).
+        start_lr, end_lr: the first and last learning rates (``0 < start_lr < end_lr``).
+        num_steps: the number of batches of the sweep (>= 2).
+        smoothing: the weight of each new loss in the moving average, in (0, 1] (1: no smoothing).
+        diverge_factor: the blow-up that stops the sweep (> 1; ``math.inf`` never stops).
+
+    Returns:
+        an :class:`LRFindResult` with ``lrs``, ``losses``, ``suggestion`` and ``plot()``.
+
+    Raises:
+        TypeError/ValueError: bad arguments or data, before any step.
+    """
+    _check_arguments(estimator, start_lr, end_lr, num_steps, smoothing, diverge_factor)
+    check_data(train_data, "train_data", None)
+    saved = _snapshot(estimator)
+    batches = _cycle(train_data)
+    try:
+        result = _sweep(estimator, batches, start_lr, end_lr, num_steps, smoothing, diverge_factor)
+    finally:
+        batches.close()  # ends a DataLoader's worker processes now
+        _restore(estimator, saved)
+    result.suggestion, result.min_loss_lr = _suggest(result.lrs, result.losses)
+    log.info("lr_find: %d step(s) from %.3g to %.3g%s; suggested learning rate %s", len(result.lrs), start_lr,
+             result.lrs[-1] if result.lrs else start_lr, " (the loss diverged)" if result.diverged else "",
+             "none" if result.suggestion is None else f"{result.suggestion:.3g}")
+    return result
+
+
+def _check_arguments(estimator: Any, start_lr: Any, end_lr: Any, num_steps: Any, smoothing: Any,
+                     diverge_factor: Any) -> None:
+    if not all(hasattr(estimator, name) for name in ("net", "optimizers", "batch_processor")):
+        raise FitforgeTypeError(f"lr_find: estimator must be a fitforge Estimator, got {describe(estimator)}")
+    for name, value in (("start_lr", start_lr), ("end_lr", end_lr), ("smoothing", smoothing),
+                        ("diverge_factor", diverge_factor)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise FitforgeTypeError(f"lr_find: {name} must be a number, got {describe(value)}")
+    if not 0 < start_lr < end_lr or math.isinf(end_lr):
+        raise FitforgeValueError(f"lr_find: the learning rates must satisfy 0 < start_lr < end_lr < inf, got "
+                                 f"start_lr={start_lr!r}, end_lr={end_lr!r}")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int):
+        raise FitforgeTypeError(f"lr_find: num_steps must be an int >= 2, got {describe(num_steps)}")
+    if num_steps < 2:
+        raise FitforgeValueError(f"lr_find: num_steps must be an int >= 2, got {num_steps!r}")
+    if not 0 < smoothing <= 1:
+        raise FitforgeValueError(f"lr_find: smoothing must be in (0, 1] (the weight of each new loss), "
+                                 f"got {smoothing!r}")
+    if not diverge_factor > 1:
+        raise FitforgeValueError(f"lr_find: diverge_factor must be > 1 (math.inf never stops), got {diverge_factor!r}")
+
+
+def _cycle(data: Iterable) -> Generator[Any, None, None]:
+    while True:
+        empty = True
+        for batch in data:
+            empty = False
+            yield batch
+        if empty:
+            raise FitforgeValueError("lr_find: train_data yielded no batch; pass a non-empty re-iterable such as a "
+                                     "DataLoader or a list")
+
+
+def _set_lr(optimizers: list, lr: float) -> None:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            if isinstance(group["lr"], torch.Tensor):  # a capturable/fused optimizer's tensor lr
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+
+def _sweep(estimator: Any, batches: Iterator[Any], start_lr: float, end_lr: float, num_steps: int,
+           smoothing: float, diverge_factor: float) -> LRFindResult:
+    result, optimizers, scaler = LRFindResult(), list(estimator.optimizers), getattr(estimator, "scaler", None)
+    fit_batch = estimator.batch_processor.fit_batch
+    state = TrainState(estimator, "train", max_batches=num_steps)
+    estimator.net.train()
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    average, best, decay = 0.0, math.inf, 1.0 - smoothing
+    for step in range(num_steps):
+        lr = start_lr * (end_lr / start_lr) ** (step / (num_steps - 1))
+        _set_lr(optimizers, lr)
+        state.batch_idx, state.global_step = step, step
+        state.batch = next(batches)
+        state.output = fit_batch(state, state.batch)
+        loss = float(state.output.loss.detach())  # type: ignore[union-attr]  # the one host read per step
+        if not math.isfinite(loss):
+            result.diverged = True
+            break
+        average = decay * average + smoothing * loss
+        smoothed = average / (1.0 - decay ** (step + 1))  # bias-corrected: early values are not pulled to 0
+        result.lrs.append(lr)
+        result.raw_losses.append(loss)
+        result.losses.append(smoothed)
+        if best > 0 and smoothed > diverge_factor * best:
+            result.diverged = True
+            break
+        best = min(best, smoothed)
+        for optimizer in optimizers:
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.update()
+    return result
+
+
+def _suggest(lrs: list[float], losses: list[float]) -> tuple[float | None, float | None]:
+    """``(steepest-descent lr, lowest-loss lr)``; the first is ``lowest / 10`` when the loss never falls."""
+    if not losses:
+        return None, None
+    lowest = min(range(len(losses)), key=losses.__getitem__)
+    x = [math.log(lr) for lr in lrs[: lowest + 1]]
+    y = losses[: lowest + 1]
+    if len(y) < 3:
+        return lrs[lowest] / 10, lrs[lowest]
+    # central differences inside, one-sided at the two ends (equal spacing in log(lr))
+    slopes = [(y[min(i + 1, len(y) - 1)] - y[max(i - 1, 0)]) / (x[min(i + 1, len(x) - 1)] - x[max(i - 1, 0)])
+              for i in range(len(y))]
+    steepest = min(range(len(slopes)), key=slopes.__getitem__)
+    return (lrs[steepest] if slopes[steepest] < 0 else lrs[lowest] / 10), lrs[lowest]
+
+
+def _snapshot(estimator: Any) -> dict[str, Any]:
+    net = estimator.net
+    params = _parameters(estimator)
+    return {
+        "weights": {k: v.detach().clone() for k, v in net.state_dict().items()},
+        "grads": [None if p.grad is None else p.grad.detach().clone() for p in params],
+        "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
+        "scaler": None if getattr(estimator, "scaler", None) is None else copy.deepcopy(estimator.scaler.state_dict()),
+        "modes": [(module, module.training) for module in net.modules()],
+        "rng": rng_states(),
+    }
+
+
+def _restore(estimator: Any, saved: dict[str, Any]) -> None:
+    estimator.net.load_state_dict(saved["weights"])
+    for parameter, grad in zip(_parameters(estimator), saved["grads"]):
+        parameter.grad = grad
+    for optimizer, state in zip(estimator.optimizers, saved["optimizers"]):
+        optimizer.load_state_dict(state)
+    if saved["scaler"] is not None:
+        estimator.scaler.load_state_dict(saved["scaler"])
+    for module, training in saved["modes"]:
+        module.training = training
+    restore_rng_states(saved["rng"])
+
+
+def _parameters(estimator: Any) -> list[torch.nn.Parameter]:
+    """The net's parameters and any other ones the optimizers step, each once."""
+    seen: dict[int, torch.nn.Parameter] = {id(p): p for p in estimator.net.parameters()}
+    for optimizer in estimator.optimizers:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                seen.setdefault(id(p), p)
+    return list(seen.values())

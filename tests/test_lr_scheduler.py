@@ -1,0 +1,389 @@
+"""LRSchedulerHandler: per-epoch and per-step stepping (with accumulation), plateau on a monitor,
+the lr history, one_cycle's length, exact resume with every kind of scheduler, and clear errors."""
+
+import inspect
+import math
+import os
+import signal
+
+import pytest
+import torch
+from torch import nn
+from torch.optim import lr_scheduler as S
+from torch.utils.data import DataLoader, TensorDataset
+
+from fitforge import Estimator, TrainState
+from fitforge.events import BatchBegin, BatchEnd
+from fitforge.exceptions import (
+    CancelBatch,
+    FitforgeTypeError,
+    FitforgeValueError,
+    MonitorKeyError,
+)
+from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
+from fitforge.handlers.lr_scheduler import LRSchedulerHandler
+from fitforge.testing import linear_problem
+
+# linear_problem: 256 samples in batches of 32 = 8 batches per epoch, SGD lr 0.1.
+
+
+class LRs(BatchBegin):
+    """The learning rate each batch trains with."""
+
+    def __init__(self):
+        self.seen = []
+
+    def batch_begin(self, state):
+        self.seen.append(state.estimator.optimizer.param_groups[0]["lr"])
+
+
+def fit(make_handler, epochs=2, batches=None, extra=(), data=None, **fit_kwargs):
+    estimator, train, _ = linear_problem()
+    handler = make_handler(estimator.optimizer)
+    recorder = LRs()
+    history = estimator.fit(data or train, epochs=None if batches else epochs, batches=batches,
+                            event_handlers=[handler, recorder, *extra], **fit_kwargs)
+    return handler, recorder.seen, history
+
+
+def test_an_epoch_scheduler_steps_at_each_epoch_end_and_history_holds_the_lr_after_it():
+    handler, seen, history = fit(lambda opt: LRSchedulerHandler(S.StepLR(opt, step_size=1, gamma=0.5)), epochs=3)
+    assert seen == [0.1] * 8 + [0.05] * 8 + [0.025] * 8
+    assert history["lr"] == [0.05, 0.025, 0.0125]  # after each epoch's step: what the next epoch starts with
+    assert handler.scheduler.last_epoch == 3
+
+
+def test_a_batch_scheduler_steps_after_every_optimizer_step():
+    _, seen, history = fit(lambda opt: LRSchedulerHandler(S.ExponentialLR(opt, 0.9), interval="batch"))
+    expected = [0.1]
+    for _ in range(16):
+        expected.append(expected[-1] * 0.9)  # as ExponentialLR computes it: chained products
+    assert seen == pytest.approx(expected[:16], rel=1e-12)
+    assert history["lr"] == pytest.approx([expected[8], expected[16]], rel=1e-12)
+
+
+def test_with_gradient_accumulation_it_steps_once_per_optimizer_step_trailing_group_included():
+    # accumulate=3 over 8 batches: steps after batches 3, 6 and the trailing group's at epoch end.
+    handler, seen, history = fit(lambda opt: LRSchedulerHandler(S.ExponentialLR(opt, 0.5), interval="batch"),
+                                 extra=[GradientUpdateHandler(accumulate=3)])
+    assert handler.scheduler.last_epoch == 6
+    assert seen[:8] == pytest.approx([0.1] * 3 + [0.05] * 3 + [0.025] * 2)
+    assert history["lr"] == pytest.approx([0.1 * 0.5 ** 3, 0.1 * 0.5 ** 6])  # recorded after the trailing step
+
+
+def feed(handler, values, estimator, key="val_loss", **epoch_state):
+    """Epoch ends whose ``key`` takes ``values`` (None: not produced); the lr after each."""
+    state = TrainState(estimator, num_batches=8)
+    handler.train_begin(state)
+    lrs = []
+    for epoch, value in enumerate(values):
+        state.epoch = epoch
+        state.history.new_epoch()
+        handler.epoch_begin(state)
+        state.batch_idx, state.epoch_complete = 7, True
+        for name, setting in epoch_state.items():
+            setattr(state, name, setting)
+        if value is not None:
+            state.history.record(key, value)
+        handler.epoch_end(state)
+        lrs.append(estimator.optimizer.param_groups[0]["lr"])
+    return lrs, state
+
+
+def test_plateau_steps_with_the_monitored_value_and_skips_epochs_without_one():
+    estimator, _, _ = linear_problem()
+    plateau = S.ReduceLROnPlateau(estimator.optimizer, factor=0.5, patience=0)
+    lrs, state = feed(LRSchedulerHandler(plateau, monitor="val_loss"), [1.0, 0.9, 0.95, None, 0.96], estimator)
+    assert lrs == [0.1, 0.1, 0.05, 0.05, 0.025]  # 0.95 and 0.96 do not beat 0.9; the epoch without one waits
+    assert state.history["lr"][2] == 0.05 and math.isnan(state.history["lr"][3])  # recorded where it stepped
+
+
+@pytest.mark.parametrize("epoch_state", [
+    {"preempted": signal.SIGTERM, "epoch_complete": False, "batch_idx": 2},  # SIGTERM three batches in
+    {"stop_requested": True, "epoch_complete": False, "batch_idx": 4},  # batches=N or a stop cut it short
+])
+def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler(epoch_state):
+    estimator, _, _ = linear_problem()
+    handler = LRSchedulerHandler(S.StepLR(estimator.optimizer, step_size=1, gamma=0.5))
+    lrs, _ = feed(handler, [None, None], estimator, **epoch_state)
+    assert lrs == [0.1, 0.1] and handler.scheduler.last_epoch == 0
+    lrs, _ = feed(handler, [None], estimator, epoch_cancelled=True, epoch_complete=False, batch_idx=2)
+    assert lrs == [0.05]  # a CancelEpoch: the run goes on with the next epoch, so this one is done
+
+
+def test_plateau_in_a_real_fit_with_validation():
+    estimator, train, val = linear_problem(lr=0.5)
+    plateau = S.ReduceLROnPlateau(estimator.optimizer, factor=0.1, patience=0, threshold=10, threshold_mode="abs")
+    history = estimator.fit(train, val_data=val, epochs=3,
+                            event_handlers=[LRSchedulerHandler(plateau, monitor="val_loss")])
+    assert history["lr"] == pytest.approx([0.5, 0.05, 0.005])  # nothing beats the first by 10: cut each epoch after
+
+
+def test_it_runs_after_metrics_and_validation_and_before_the_checkpoint(tmp_path):
+    estimator, _, val = linear_problem()
+    handler = LRSchedulerHandler(S.StepLR(estimator.optimizer, 1))
+    loop = estimator.describe_loop([handler, CheckpointHandler(tmp_path)], val_data=val)
+    epoch_end = next(line for line in loop.splitlines() if line.startswith("epoch_end"))
+    order = [name.split("(")[0] for name in epoch_end.split()[1:] if name != "->"]
+    assert order.index("MetricHandler") < order.index("ValidationHandler") < order.index("LRSchedulerHandler")
+    assert order.index("LRSchedulerHandler") < order.index("CheckpointHandler")
+
+
+@pytest.mark.skipif("check_access" not in inspect.signature(Estimator.fit).parameters,
+                    reason="fit has no check_access yet")
+@pytest.mark.parametrize("make", [
+    lambda opt: LRSchedulerHandler(S.ReduceLROnPlateau(opt, patience=0), monitor="val_loss"),
+    lambda opt: LRSchedulerHandler(S.ExponentialLR(opt, 0.9), interval="batch"),
+    lambda opt: LRSchedulerHandler.one_cycle(0.5),
+])
+def test_its_reads_and_writes_declarations_hold(make, tmp_path):
+    estimator, train, val = linear_problem()
+    estimator.fit(train, val_data=val, epochs=2, check_access=True,
+                  event_handlers=[make(estimator.optimizer), GradientUpdateHandler(accumulate=3)])
+
+
+# -- one_cycle -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("length, accumulate, total", [
+    ({"epochs": 2}, 1, 16), ({"batches": 10}, 1, 10), ({"epochs": 2}, 3, 6), ({"batches": 10}, 3, 3 + 1),
+])
+def test_one_cycle_spans_the_fit_and_ends_at_its_last_step(length, accumulate, total):
+    estimator, train, _ = linear_problem()
+    handler = LRSchedulerHandler.one_cycle(max_lr=1.0, anneal_strategy="linear")
+    estimator.fit(train, event_handlers=[handler, GradientUpdateHandler(accumulate=accumulate)], **length)
+    assert (handler.scheduler.total_steps, handler.scheduler.last_epoch) == (total, total - 1)
+    assert handler.interval == "batch"
+    group = estimator.optimizer.param_groups[0]  # the last step trained at the cycle's end, where it stays
+    assert group["lr"] == pytest.approx(1.0 / 25 / 1e4) and group["momentum"] == pytest.approx(0.95)
+
+
+def test_one_cycle_reaches_max_lr_and_sets_no_momentum_on_an_optimizer_without_one():
+    net = nn.Linear(1, 1)
+    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.Adagrad(net.parameters()), device="cpu")
+    _, train, _ = linear_problem()
+    recorder = LRs()
+    estimator.fit(train, epochs=2, event_handlers=[LRSchedulerHandler.one_cycle(0.2, pct_start=0.5), recorder])
+    assert max(recorder.seen) == pytest.approx(0.2) and recorder.seen[0] == pytest.approx(0.2 / 25)
+
+
+def test_one_cycle_never_steps_past_its_end_when_a_cancelled_batch_adds_a_step():
+    class CancelAfterStep(BatchEnd):  # after GradientUpdateHandler's step: a step that is no batch
+        def batch_end(self, state):
+            if state.global_step == 3 and not getattr(self, "done", False):
+                self.done = True
+                raise CancelBatch
+
+    handler, _, _ = fit(lambda opt: LRSchedulerHandler.one_cycle(0.5), batches=8, extra=[CancelAfterStep()])
+    assert handler.scheduler.total_steps == 8 and handler.scheduler.last_epoch == 7  # 9 optimizer steps
+
+
+def test_one_cycle_needs_the_fits_length():
+    estimator, train, _ = linear_problem()
+
+    class NoLen:
+        def __iter__(self):
+            return iter(train)
+
+    with pytest.raises(FitforgeValueError, match=r"cannot tell the fit's length: train_data has no len\(\) and fit "
+                                                 r"was given epochs=2; pass batches=N to fit, or total_steps=N"):
+        estimator.fit(NoLen(), epochs=2, event_handlers=[LRSchedulerHandler.one_cycle(0.5)])
+    handler = LRSchedulerHandler.one_cycle(0.5)
+    estimator.fit(NoLen(), batches=5, event_handlers=[handler])
+    assert handler.scheduler.total_steps == 5
+    handler = LRSchedulerHandler.one_cycle(0.5, total_steps=100)  # a length given wins
+    estimator.fit(NoLen(), epochs=1, event_handlers=[handler])
+    assert handler.scheduler.total_steps == 100
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: LRSchedulerHandler.one_cycle("fast"), FitforgeTypeError,
+     "one_cycle: max_lr must be a positive number .* got str 'fast'"),
+    (lambda: LRSchedulerHandler.one_cycle(-1.0), FitforgeValueError, "max_lr must be positive and finite, got -1.0"),
+    (lambda: LRSchedulerHandler.one_cycle(0.1, optimizer=-1), FitforgeTypeError, "optimizer must be an index"),
+    (lambda: LRSchedulerHandler.one_cycle(0.1, pct=0.3), FitforgeTypeError,
+     r"one_cycle got unknown argument\(s\) \['pct'\]; OneCycleLR takes .*pct_start"),
+])
+def test_one_cycle_argument_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_one_cycle_errors_at_fit_start_name_the_problem():
+    estimator, train, _ = linear_problem()
+    with pytest.raises(FitforgeValueError, match=r"optimizer=1, but the estimator has 1 optimizer\(s\)"):
+        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.one_cycle(0.1, optimizer=1)])
+    with pytest.raises(FitforgeValueError, match="OneCycleLR rejected max_lr=0.1 .*pct_start"):
+        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.one_cycle(0.1, pct_start=2.0)])
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+def test_argument_errors_name_the_argument_what_was_given_and_what_is_expected():
+    opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+    with pytest.raises(FitforgeTypeError, match=r"scheduler must be a torch.optim.lr_scheduler scheduler instance, "
+                                                r"got SGD .*; wrap the optimizer in one, e.g. StepLR"):
+        LRSchedulerHandler(opt)
+    with pytest.raises(FitforgeTypeError, match="got the class StepLR"):
+        LRSchedulerHandler(S.StepLR)
+    with pytest.raises(FitforgeValueError, match="interval must be 'epoch' or 'batch', got 'step'"):
+        LRSchedulerHandler(S.StepLR(opt, 1), interval="step")
+    with pytest.raises(FitforgeTypeError, match="interval must be 'epoch' or 'batch', got int 1"):
+        LRSchedulerHandler(S.StepLR(opt, 1), interval=1)
+    with pytest.raises(FitforgeValueError, match="ReduceLROnPlateau steps with a monitored value; pass "
+                                                 "monitor='val_loss'"):
+        LRSchedulerHandler(S.ReduceLROnPlateau(opt))
+    with pytest.raises(FitforgeValueError, match="use interval='epoch', got interval='batch'"):
+        LRSchedulerHandler(S.ReduceLROnPlateau(opt), interval="batch", monitor="val_loss")
+    with pytest.raises(FitforgeValueError, match="monitor is only for ReduceLROnPlateau; StepLR steps without"):
+        LRSchedulerHandler(S.StepLR(opt, 1), monitor="val_loss")
+    with pytest.raises(FitforgeTypeError, match="monitor must be a history key"):
+        LRSchedulerHandler(S.ReduceLROnPlateau(opt), monitor=3)
+
+
+def test_a_scheduler_of_another_optimizer_fails_before_training():
+    estimator, train, _ = linear_problem()
+    before = [p.detach().clone() for p in estimator.net.parameters()]
+    stranger = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+    with pytest.raises(FitforgeValueError, match=r"the scheduler's optimizer \(SGD .*\) is not one of the "
+                                                 r"estimator's 1 optimizer\(s\); build the scheduler on"):
+        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler(S.StepLR(stranger, 1))])
+    assert all(torch.equal(a, b) for a, b in zip(before, estimator.net.parameters()))
+
+
+def test_a_monitor_the_run_does_not_produce_or_a_mode_that_disagrees_is_an_error_at_fit_start():
+    estimator, train, val = linear_problem()
+    with pytest.raises(MonitorKeyError, match="monitors 'val_los', which this run will not produce"):
+        estimator.fit(train, val_data=val, epochs=1, event_handlers=[
+            LRSchedulerHandler(S.ReduceLROnPlateau(estimator.optimizer), monitor="val_los")])
+    with pytest.raises(FitforgeValueError, match=r"ReduceLROnPlateau\(mode='max'\) would cut the learning rate while "
+                                                 r"'val_loss' improves: a lower value is better .*mode='min'"):
+        estimator.fit(train, val_data=val, epochs=1, event_handlers=[
+            LRSchedulerHandler(S.ReduceLROnPlateau(estimator.optimizer, mode="max"), monitor="val_loss")])
+
+
+def test_state_dict_round_trip_and_a_one_cycle_state_loaded_before_fit():
+    handler, _, _ = fit(lambda opt: LRSchedulerHandler.one_cycle(0.5), epochs=1)
+    saved = handler.state_dict()
+    assert saved["optimizer_steps"] == 8 and saved["scheduler"]["last_epoch"] == 7
+    fresh = LRSchedulerHandler.one_cycle(0.5)
+    assert fresh.state_dict() == {"scheduler": None, "optimizer_steps": None}
+    fresh.load_state_dict(saved)  # kept until train_begin builds the scheduler
+    estimator, _, _ = linear_problem()
+    fresh.train_begin(TrainState(estimator, max_epochs=1, num_batches=8))
+    assert fresh.scheduler.last_epoch == 7 and fresh._steps_seen == 8
+    assert repr(fresh) == "LRSchedulerHandler(OneCycleLR, interval='batch')"
+
+
+# -- exact resume ------------------------------------------------------------------------------------
+
+g = torch.Generator().manual_seed(0)
+X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)  # 6 batches of 8
+
+SCHEDULERS = {
+    # Schedules that depend on the scheduler's own counters (not only the optimizer's current lr), so
+    # that a resume without the scheduler's state would go wrong.
+    "epoch StepLR": lambda opt: LRSchedulerHandler(S.StepLR(opt, step_size=2, gamma=0.5)),
+    "epoch plateau": lambda opt: LRSchedulerHandler(  # nothing beats the first by 10: cut after epoch 2
+        S.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10, threshold_mode="abs"), monitor="train_loss"),
+    "batch LambdaLR": lambda opt: LRSchedulerHandler(S.LambdaLR(opt, lambda step: 1 / (1 + 0.1 * step)),
+                                                     interval="batch"),
+    "batch one_cycle": lambda opt: LRSchedulerHandler.one_cycle(0.05),
+}
+
+
+class Losses(BatchEnd):
+    def __init__(self):
+        self.seen = {}
+
+    def batch_end(self, state):
+        self.seen[state.global_step] = state.output.loss.item()
+
+
+class Crash(BatchEnd):
+    priority = 950  # after the batch's checkpoint
+
+    def __init__(self, at):
+        self.at = at
+
+    def batch_end(self, state):
+        if state.global_step + 1 == self.at:
+            raise RuntimeError("crash")
+
+
+class Sigterm(BatchBegin):
+    priority = 950
+
+    def __init__(self, at):
+        self.at = at
+
+    def batch_begin(self, state):
+        if state.global_step == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+made = []  # the handlers train() made, newest last
+
+
+def train(folder, scheduler, seed=0, resume=False, extra=(), accumulate=1, batch_period=1, epoch_period=None):
+    """(weights, losses by step, history or None when it crashed)."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+                          device="cpu")
+    losses = Losses()
+    made.append(SCHEDULERS[scheduler](estimator.optimizer))
+    handlers = [made[-1], losses, GradientUpdateHandler(accumulate=accumulate),
+                CheckpointHandler(folder, epoch_period=epoch_period, batch_period=batch_period, max_checkpoints=2,
+                                  resume_from_checkpoint=resume), *extra]
+    data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
+    try:
+        history = estimator.fit(data, epochs=2, event_handlers=handlers)
+    except RuntimeError as error:
+        assert str(error) == "crash"
+        history = None
+    return {k: v.clone() for k, v in net.state_dict().items()}, losses.seen, history
+
+
+_whole = {}
+
+
+def uninterrupted(tmp_path_factory, scheduler, accumulate=1):
+    if (scheduler, accumulate) not in _whole:
+        _whole[scheduler, accumulate] = train(tmp_path_factory.mktemp("whole"), scheduler, accumulate=accumulate)
+    return _whole[scheduler, accumulate]
+
+
+def assert_same_run(resumed, whole):
+    weights, _, history = resumed
+    assert all(torch.equal(weights[k], whole[0][k]) for k in whole[0])
+    assert history["lr"] == whole[2]["lr"] and history["train_loss"] == whole[2]["train_loss"]
+
+
+# 6: the last batch of epoch 1 (saved before its epoch end, where an epoch scheduler steps);
+# 9: mid-epoch (and, with accumulate=4, mid-group).
+@pytest.mark.parametrize("crash", [6, 9])
+@pytest.mark.parametrize("scheduler", list(SCHEDULERS))
+def test_a_crash_after_a_mid_epoch_checkpoint_resumes_exactly(tmp_path, tmp_path_factory, scheduler, crash):
+    whole = uninterrupted(tmp_path_factory, scheduler)
+    assert whole[2]["lr"][-1] < 0.01  # the schedule moved
+    _, before, _ = train(tmp_path, scheduler, extra=[Crash(crash)])
+    resumed = train(tmp_path, scheduler, seed=123, resume=True)
+    assert {**before, **resumed[1]} == whole[1]  # every step's loss, so every step's lr
+    assert_same_run(resumed, whole)
+
+
+@pytest.mark.parametrize("scheduler", ["batch LambdaLR", "batch one_cycle"])
+def test_a_resume_inside_an_accumulation_group_is_exact(tmp_path, tmp_path_factory, scheduler):
+    whole = uninterrupted(tmp_path_factory, scheduler, accumulate=4)
+    train(tmp_path, scheduler, extra=[Crash(9)], accumulate=4)
+    assert_same_run(train(tmp_path, scheduler, seed=123, resume=True, accumulate=4), whole)
+
+
+def test_a_sigterm_mid_epoch_does_not_step_an_epoch_scheduler_and_resumes_exactly(tmp_path, tmp_path_factory):
+    whole = uninterrupted(tmp_path_factory, "epoch StepLR")
+    with pytest.raises(SystemExit):
+        train(tmp_path, "epoch StepLR", extra=[Sigterm(8)], batch_period=None, epoch_period=9)  # saves at the signal
+    assert made[-1].scheduler.last_epoch == 1  # the partial epoch 2 was not stepped at its epoch end
+    saved = torch.load(tmp_path / "model-epoch1batch9.pt", weights_only=True)
+    assert saved["handlers"]["LRSchedulerHandler"]["scheduler"]["last_epoch"] == 1
+    assert_same_run(train(tmp_path, "epoch StepLR", seed=123, resume=True, batch_period=None, epoch_period=9), whole)

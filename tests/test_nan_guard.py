@@ -1,0 +1,181 @@
+"""NaNGuardHandler: the three policies on a loss that turns nan/inf at a known batch, what each costs
+in host reads, its state across a checkpoint, and its argument errors."""
+
+import logging
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fitforge import BatchOutput, Estimator, TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import CheckpointHandler
+from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
+from fitforge.testing import HostReadCounter, RecordingHandler, linear_data
+
+
+class PoisonNet(nn.Module):
+    """Linear(1, 1) whose output (hence loss and gradients) is multiplied by ``poison`` at the given
+    training forward calls: call k is the k-th batch read in the run, counted from 0."""
+
+    def __init__(self, calls=(), poison=math.nan):
+        super().__init__()
+        self.linear = nn.Linear(1, 1)
+        self.calls, self.poison, self.count = set(calls), poison, 0
+
+    def forward(self, x):
+        y = self.linear(x)
+        if self.training:
+            if self.count in self.calls:
+                y = y * self.poison
+            self.count += 1
+        return y
+
+
+def batches(n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.rand(4, 1, generator=g) * 2 - 1 for _ in range(n)]
+    return [(x, 2 * x + 3) for x in xs]
+
+
+def fit(calls=(), handlers=(), data=None, poison=math.nan, **kwargs):
+    torch.manual_seed(0)
+    net = PoisonNet(calls, poison)
+    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    if "batches" not in kwargs:
+        kwargs.setdefault("epochs", 3)
+    history = estimator.fit(data or batches(), event_handlers=list(handlers), **kwargs)
+    return history, net
+
+
+def finite(net):
+    return all(torch.isfinite(p).all() for p in net.parameters())
+
+
+def test_stop_by_default_acts_at_epoch_end_naming_the_first_bad_batch():
+    guard = NaNGuardHandler()
+    history, _ = fit(calls={5, 6}, handlers=[guard])  # epoch 2, batches 2 and 3
+    assert history.epochs == 2  # epoch 2 ran to its end, then the stop
+    assert history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 2 (global step 5)"
+    assert guard.stopped_epoch == 1
+    assert math.isnan(history["train_loss"][1]) and not math.isnan(history["train_loss"][0])
+
+
+def test_stop_with_check_every_1_stops_before_the_bad_step():
+    history, net = fit(calls={5}, handlers=[NaNGuardHandler("stop", check_every=1)])
+    assert history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 2 (global step 5)"
+    assert finite(net)
+    _, clean = fit(batches=5)  # the same five good steps, no guard: the same weights, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), clean.parameters()))
+
+
+def test_check_every_n_names_the_first_bad_batch_read_at_the_next_check():
+    recorder = RecordingHandler()
+    history, _ = fit(calls={4}, handlers=[NaNGuardHandler(check_every=3), recorder])
+    # read after global steps 2 and 5: the bad batch 4 is found at 5, which is cancelled
+    assert history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 1 (global step 4)"
+    assert [c[4] for c in recorder.calls if c[0] == "batch_end"][-1] == 4  # batch 5 never reached the recorder
+    assert recorder.calls[-2][0] == "epoch_end" and recorder.calls[-2][4] == 5
+
+
+@pytest.mark.parametrize("poison, shown", [(math.nan, "nan"), (math.inf, "inf")])
+def test_raise_names_epoch_batch_step_and_value_and_train_end_still_runs(poison, shown):
+    recorder = RecordingHandler()
+    with pytest.raises(NonFiniteLossError, match=rf"loss {shown} at epoch 2, batch 3 \(global step 6\) is not finite"):
+        fit(calls={6}, handlers=[NaNGuardHandler("raise"), recorder], poison=poison)
+    assert recorder.events[-1] == "train_end"
+    assert issubclass(NonFiniteLossError, ValueError)
+
+
+def test_raise_with_check_every_1_fails_at_the_bad_batch():
+    recorder = RecordingHandler()
+    with pytest.raises(NonFiniteLossError, match=r"epoch 1, batch 2 \(global step 1\)"):
+        fit(calls={1}, handlers=[NaNGuardHandler("raise", check_every=1), recorder])
+    assert "epoch_end" not in recorder.events
+
+
+def test_skip_steps_over_bad_batches_as_if_they_were_not_there(caplog):
+    data = batches()
+    guard = NaNGuardHandler("skip")
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        history, net = fit(calls={1, 5}, handlers=[guard], data=data, epochs=2)
+    assert history.epochs == 2 and history.stop_reason == "reached epochs=2"
+    assert guard.skipped == 2 and finite(net)
+    assert "skipped 1 batch(es) of epoch 1" in caplog.text and "skipped 1 batch(es) of epoch 2" in caplog.text
+    good = [b for i, b in enumerate(data + data) if i not in {1, 5}]
+    _, clean = fit(data=good, epochs=1)  # the six good batches in the same order
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), clean.parameters()))
+    assert not math.isnan(history["train_loss"][0])  # a skipped batch is not in the epoch's metrics
+
+
+def reads_in_one_epoch(n_batches, guard):
+    torch.manual_seed(0)
+    net = nn.Linear(1, 1)
+    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    with HostReadCounter() as reads:
+        estimator.fit(linear_data(n=4 * n_batches, batch_size=4), epochs=1, event_handlers=[guard()])
+    return reads.count
+
+
+def test_the_default_adds_no_host_read_per_batch():
+    assert reads_in_one_epoch(8, NaNGuardHandler) == reads_in_one_epoch(64, NaNGuardHandler)
+    assert reads_in_one_epoch(8, NaNGuardHandler) > reads_in_one_epoch(8, lambda: RecordingHandler())  # it reads once
+
+
+@pytest.mark.parametrize("guard", [lambda: NaNGuardHandler(check_every=1), lambda: NaNGuardHandler("skip")],
+                         ids=["check_every=1", "skip"])
+def test_per_batch_checks_read_every_batch_as_documented(guard):
+    assert reads_in_one_epoch(64, guard) - reads_in_one_epoch(8, guard) == 56
+
+
+def test_the_record_rides_in_the_state_dict():
+    net = nn.Linear(1, 1)
+    state = TrainState(Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                                 device="cpu"))
+    state.history.new_epoch()
+    guard = NaNGuardHandler()
+    guard.train_begin(state)
+    state.global_step, state.batch_idx = 9, 2
+    state.output = BatchOutput((), None, None, torch.tensor(math.inf))
+    guard.batch_end(state)
+    saved = guard.state_dict()
+    restored = NaNGuardHandler()
+    restored.train_begin(state)
+    restored.load_state_dict(saved)
+    state.epoch_complete = True
+    restored.epoch_end(state)
+    assert state.stop_reason == "NaNGuardHandler: loss inf at epoch 1, batch 3 (global step 9)"
+    assert restored.state_dict()["stopped_epoch"] == 0
+
+
+def test_a_run_it_stopped_trains_no_more_on_resume(tmp_path):
+    saver = lambda: CheckpointHandler(tmp_path, resume_from_checkpoint=True)
+    history, _ = fit(calls={5}, handlers=[NaNGuardHandler(), saver()], epochs=4)
+    assert history.epochs == 2
+    history, _ = fit(handlers=[NaNGuardHandler(), saver()], epochs=4)  # the same script, run again
+    assert history.epochs == 2 and history.stop_reason.startswith("already stopped")
+
+
+def test_its_declared_state_access_holds():
+    history, _ = fit(calls={5}, handlers=[NaNGuardHandler()], check_access=True)
+    assert history.stop_reason.startswith("NaNGuardHandler")
+
+
+def test_it_runs_before_the_optimizer_step():
+    net = nn.Linear(1, 1)
+    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    batch_end = estimator.describe_loop([NaNGuardHandler("skip")]).splitlines()[3]
+    assert batch_end.split()[1:4] == ["NaNGuardHandler(-2100)", "->", "GradientUpdateHandler(-2000)"]
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"policy": "halt"}, FitforgeValueError, r"policy must be one of \('stop', 'skip', 'raise'\), got 'halt'"),
+    ({"policy": 1}, FitforgeTypeError, r"policy must be one of .*got int 1"),
+    ({"check_every": 0}, FitforgeValueError, r"check_every must be a positive int or None, got 0"),
+    ({"check_every": 2.5}, FitforgeTypeError, r"check_every must be a positive int or None, got float 2.5"),
+    ({"policy": "skip", "check_every": 5}, FitforgeValueError, r"policy='skip' decides every batch"),
+])
+def test_bad_arguments_are_clear_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        NaNGuardHandler(**kwargs)
