@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .data import check_data
+from .handlers.gradient_update import step_optimizers
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .rng import restore_rng_states, rng_states
 from .state import TrainState
@@ -206,14 +207,7 @@ def _sweep(estimator: Any, batches: Iterator[Any], start_lr: float, end_lr: floa
             result.diverged = True
             break
         best = min(best, smoothed)
-        for optimizer in optimizers:
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.update()
+        step_optimizers(optimizers, scaler)
     return result
 
 

@@ -10,6 +10,19 @@ from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..resume import epoch_done
 
 
+def step_optimizers(optimizers: list, scaler: torch.amp.GradScaler | None) -> None:
+    """Step every optimizer (through the fp16 scaler, which skips a step on inf/nan gradients),
+    zero its gradients, then update the scaler."""
+    for optimizer in optimizers:
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.update()
+
+
 class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     """Step every optimizer, then ``zero_grad(set_to_none=True)``.
 
@@ -81,13 +94,6 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
             torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
         if self.clip_value is not None:
             torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
-        for optimizer in self._optimizers:
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.update()
+        step_optimizers(self._optimizers, scaler)
         state.accumulated_batches = 0
         state.optimizer_steps += 1
