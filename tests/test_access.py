@@ -43,7 +43,8 @@ def fit_with(*handlers, check_access=True):
     (lambda s: s.epoch, "Probe tried to read state.epoch, which its reads does not declare; add 'epoch' to Probe.reads"),
     (lambda s: setattr(s, "global_step", 3), "Probe tried to write state.global_step, which its writes does not declare"),
     (lambda s: s.history.record("x", 1.0), "Probe tried to write state.history"),
-    (lambda s: s.metrics.update(x=1.0), "'mappingproxy' object has no attribute 'update'"),
+    (lambda s: s.metrics.update(x=1.0), "Probe tried to write state.metrics"),
+    (lambda s: setattr(s.history, "stop_reason", "x"), "Probe tried to write state.history"),
     (lambda s: s.request_stop("why"), "Probe tried to write state.stop_requested"),
     (lambda s: s.shared.get("other"), "Probe tried to read state.shared.other"),
     (lambda s: s.shared.__setitem__("mine", 2), "Probe tried to write state.shared.mine"),
@@ -76,7 +77,6 @@ def test_without_check_access_the_declarations_only_order_the_handlers():
 
 
 class Writer(TrainBegin, BatchEnd):
-    priority = 5
     writes = ("shared.lr",)
 
     def __init__(self, log):
@@ -91,8 +91,7 @@ class Writer(TrainBegin, BatchEnd):
 
 
 class Reader(BatchEnd):
-    priority = -5  # would run first by priority: reading a value not yet written
-    reads = ("shared.lr",)
+    reads = ("shared.lr",)  # listed first below, so it would run first: reading a value not yet written
 
     def __init__(self, log):
         self.log = log
@@ -101,12 +100,12 @@ class Reader(BatchEnd):
         self.log.append(("reader", state.shared.get("lr")))
 
 
-def test_a_writer_runs_before_the_readers_of_its_field_whatever_the_priorities():
+def test_a_writer_runs_before_the_readers_of_its_field_at_one_priority():
     log = []
     fit_with(Reader(log), Writer(log), StopAfterOne())
     assert log == ["writer", ("reader", 0.1)]
     text = make_estimator().describe_loop([Reader(log), Writer(log)], default_handlers=False)
-    assert "Writer(5) -> Reader(-5)" in text
+    assert "Writer(0) -> Reader(0)" in text
     assert "  Writer: reads -; writes shared.lr" in text and "  Reader: reads shared.lr; writes -" in text
 
 
@@ -122,7 +121,7 @@ def test_two_writers_of_a_field_without_an_order_are_an_error_naming_both_and_th
     with pytest.raises(HandlerOrderError) as error:
         fit_with(Writer([]), Other([]))
     assert str(error.value) == (
-        "Writer and Other both write 'shared.lr' at the same priority (5) with no order between them, so which value "
+        "Writer and Other both write 'shared.lr' at the same priority (0) with no order between them, so which value "
         "wins is left to the order you listed them in; give one a different priority, or set run_after=(Writer,) on "
         "Other")
     Other.run_after = (Writer,)
@@ -185,14 +184,52 @@ def test_the_docs_example_orders_and_guards_as_described():
             state.shared["lr_factor"] = 0.5 if state.epoch >= 2 else 1.0
 
     class ApplyLR(EpochEnd):
-        priority = -5
         reads = ("shared.lr_factor", "estimator")
 
         def epoch_end(self, state):
             state.shared.get("lr_factor", 1.0)
 
     text = make_estimator().describe_loop([ApplyLR(), ScaleLR()], default_handlers=False)
-    assert "ScaleLR(0) -> ApplyLR(-5)" in text
+    assert "ScaleLR(0) -> ApplyLR(0)" in text
     with pytest.raises(StateAccessError, match="ScaleLR tried to read state.epoch, which its reads does not declare; "
                                                "add 'epoch' to ScaleLR.reads"):
         make_estimator().fit(regression_batches(), epochs=1, event_handlers=[ScaleLR()], check_access=True)
+
+
+def test_a_priority_you_set_is_kept_and_commuting_or_same_class_writers_need_no_order():
+    import torch
+
+    from fitforge.handlers import EarlyStoppingHandler, LRSchedulerHandler, MetricHandler, throttle
+
+    class ClipFirst(BatchEnd, EpochEnd):  # must run before the optimizer step; reads history at epoch end
+        priority = -3000
+        reads = ("estimator", "history")
+
+        def batch_end(self, state):
+            pass
+
+        def epoch_end(self, state):
+            pass
+
+    class MyStop(EpochEnd):  # writes stop_requested at EarlyStopping's priority: the first reason wins
+        writes = ("stop_requested",)
+
+        def epoch_end(self, state):
+            pass
+
+    estimator = make_estimator()
+    steps = [LRSchedulerHandler(torch.optim.lr_scheduler.StepLR(estimator.optimizer, 2)),
+             LRSchedulerHandler(torch.optim.lr_scheduler.ExponentialLR(estimator.optimizer, 0.9))]
+    text = estimator.describe_loop([ClipFirst(), MyStop(), EarlyStoppingHandler("train_loss"), *steps,
+                                    throttle(MetricHandler(), every_n_epochs=1)], val_data=regression_batches())
+    assert text.splitlines()[3].startswith("batch_end    ClipFirst(-3000) -> GradientUpdateHandler(-2000)")
+
+
+def test_the_guard_shows_a_handler_only_the_shared_keys_it_declares():
+    seen = {}
+
+    def look(state):
+        seen["keys"], seen["len"] = sorted(state.shared), len(state.shared)
+
+    fit_with(Probe(lambda s: s.shared.update(mine=1, other=2)), Probe(look, reads=("shared.mine",), priority=5))
+    assert seen == {"keys": ["mine"], "len": 1}

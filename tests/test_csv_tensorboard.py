@@ -221,3 +221,23 @@ def test_tensorboard_reads_nothing_per_batch_unless_asked(tmp_path):
 
     assert reads(8) == reads(64)
     assert reads(64, log_every_n_batches=8) > reads(8, log_every_n_batches=8)  # a read every 8 batches
+
+
+def test_a_throttled_logger_and_a_rerun_over_an_old_file_are_fresh_runs(tmp_path):
+    from fitforge.handlers import throttle
+
+    fit([throttle(CSVLoggerHandler(tmp_path / "log.csv"), every_n_epochs=2)], epochs=4)
+    assert [line[0] for line in read_csv(tmp_path / "log.csv")] == ["epoch", "2", "4"]  # no made-up catch-up row
+    fit([CSVLoggerHandler(tmp_path / "log.csv")], epochs=2)  # append=False: a fresh run starts the file again
+    assert [line[0] for line in read_csv(tmp_path / "log.csv")] == ["epoch", "1", "2"]
+
+
+def test_an_epoch_cut_short_is_written_once_a_resumed_run_completes_it(tmp_path):
+    saver = CheckpointHandler(tmp_path / "ckpt", epoch_period=None, batch_period=1, resume_from_checkpoint=True)
+    fit([saver, CSVLoggerHandler(tmp_path / "log.csv")], epochs=None, batches=12)  # 8 batches an epoch
+    assert [line[0] for line in read_csv(tmp_path / "log.csv")] == ["epoch", "1"]
+    saver = CheckpointHandler(tmp_path / "ckpt", epoch_period=None, batch_period=1, resume_from_checkpoint=True)
+    history = fit([saver, CSVLoggerHandler(tmp_path / "log.csv")], epochs=3)
+    lines = read_csv(tmp_path / "log.csv")
+    assert [line[0] for line in lines] == ["epoch", "1", "2", "3"]
+    assert float(lines[2][lines[0].index("train_loss")]) == history["train_loss"][1]  # the whole epoch's value

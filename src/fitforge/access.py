@@ -7,9 +7,11 @@ assigning it or changing the object in it (``history.record(...)`` writes ``hist
 ``state.request_stop()`` writes ``stop_requested`` (with the stop's reason). A handler that declares
 neither keeps full access.
 
-At fit start, once: at every event two declared handlers share, a writer of a field runs before its
-readers, and two writers of one field must be ordered by priority or ``run_after`` (else a
-:class:`~fitforge.exceptions.HandlerOrderError` names both, the field and the fix). With
+At fit start, once: among declared handlers of one priority that share an event, a writer of a
+field runs before its readers (a priority you set is kept: it says when a handler must run, e.g.
+before the optimizer step), and two writers of one field must be ordered by priority or
+``run_after`` (else a :class:`~fitforge.exceptions.HandlerOrderError` names both, the field and the
+fix; handlers of one class, and ``stop_requested``, whose first reason wins, are exempt). With
 ``fit(check_access=True)`` every declared handler gets a :class:`GuardedState` that raises a
 :class:`~fitforge.exceptions.StateAccessError` on any undeclared read or write. The guard costs a
 wrapper call per hook and a check per field access, so it is a debug mode; the ordering is free.
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 from .events import EventHandler, events_of
@@ -69,9 +70,13 @@ def _common(a: frozenset[str], b: frozenset[str]) -> set[str]:
     return {n for n in a if _covered(n, b)} | {n for n in b if _covered(n, a)}
 
 
+_COMMUTING = frozenset({"stop_requested"})  # writers need no order: the first stop's reason is kept
+
+
 def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
     """``{i: handlers i must run after}``: readers after the writers of their fields, for handlers
-    that share an event. Two writers of a field must already be ordered, else HandlerOrderError."""
+    of one priority that share an event. Two writers of a field must already be ordered, else
+    HandlerOrderError."""
     access = [declared_access(h) for h in handlers]
     events = [set(events_of(h)) for h in handlers]
     after: dict[int, set[int]] = {i: set() for i in range(len(handlers))}
@@ -81,20 +86,26 @@ def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
         for j, other in enumerate(access):
             if j == i or other is None or not events[i] & events[j]:
                 continue
-            both_write = _common(writer.writes, other.writes)
+            both_write = _common(writer.writes, other.writes) - _COMMUTING
             if both_write:
-                if j > i:
+                if j > i and type(handlers[i]) is not type(handlers[j]):
                     _check_ordered(handlers[i], handlers[j], min(both_write))
                 continue
-            if _common(writer.writes, other.reads):
+            same_priority = getattr(handlers[i], "priority", 0) == getattr(handlers[j], "priority", 0)
+            if same_priority and _common(writer.writes, other.reads):
                 after[j].add(i)
     return after
+
+
+def _is(handler: object, classes: tuple) -> bool:
+    """isinstance, also for the handler a wrapper such as ``throttle(...)`` holds."""
+    return isinstance(handler, classes) or isinstance(getattr(handler, "handler", None), classes)
 
 
 def _check_ordered(a: EventHandler, b: EventHandler, field: str) -> None:
     if getattr(a, "priority", 0) != getattr(b, "priority", 0):
         return
-    if isinstance(b, tuple(getattr(a, "run_after", ()))) or isinstance(a, tuple(getattr(b, "run_after", ()))):
+    if _is(b, tuple(getattr(a, "run_after", ()))) or _is(a, tuple(getattr(b, "run_after", ()))):
         return
     raise HandlerOrderError(
         f"{a!r} and {b!r} both write {field!r} at the same priority ({getattr(a, 'priority', 0)}) with no "
@@ -145,7 +156,7 @@ class GuardedState:
         value = getattr(state, name)
         writable = access.allows(name, write=True)
         if name == "metrics" and not writable:
-            return MappingProxyType(value)
+            return ReadOnlyMetrics(value, self)
         if name == "history" and not writable:
             return ReadOnlyHistory(value, self)
         return value
@@ -178,11 +189,29 @@ class GuardedShared(MutableMapping):
         self._check(key, True)
         del self._shared[key]
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._shared)
+    def _declared(self) -> list[str]:
+        access = self._guard._access
+        return [key for key in self._shared if access.allows(f"shared.{key}")]
+
+    def __iter__(self) -> Iterator[str]:  # only the declared keys are visible
+        return iter(self._declared())
 
     def __len__(self) -> int:
-        return len(self._shared)
+        return len(self._declared())
+
+
+class ReadOnlyMetrics(dict):
+    """``state.metrics`` for a handler that reads it but does not declare writing it: a copy that
+    refuses changes with the access error (a plain dict otherwise, e.g. for ``json.dumps``)."""
+
+    def __init__(self, metrics: dict, guard: GuardedState) -> None:
+        super().__init__(metrics)
+        self._guard = guard
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise self._guard._deny("metrics", True)
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
 
 
 class ReadOnlyHistory(Mapping):
@@ -204,6 +233,12 @@ class ReadOnlyHistory(Mapping):
         if name in ("record", "new_epoch", "load_state_dict"):
             raise self._guard._deny("history", True)
         return getattr(self._history, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("_history", "_guard"):
+            object.__setattr__(self, name, value)
+            return
+        raise self._guard._deny("history", True)
 
 
 def guard(handler: object, method: Any, access: Access) -> Any:

@@ -58,7 +58,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     """
 
     priority = 950  # after user handlers and CheckpointHandler (900): the row is complete
-    reads = ("phase", "epoch", "start_batch", "history", "handlers", "estimator", "preempted",
+    reads = ("phase", "epoch", "start_batch", "history", "handlers", "estimator", "preempted", "restore",
              "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
     writes = ()
 
@@ -70,6 +70,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self._header: list[str] = []  # empty until the run's first write
 
     def train_begin(self, state: TrainState) -> None:
+        self._resumed = state.restore is not None  # CheckpointHandler (900) has chosen what to resume
         self._header = []  # decided at the first write, once a resume (after train_begin) is known
         if self.path.is_dir():
             raise FitforgeValueError(f"CSVLoggerHandler: path {self.path} is a folder; expected a file path")
@@ -79,8 +80,8 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self._expected = run_keys(state.handlers, state.estimator)
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or (state.preempted is not None and not epoch_done(state)):
-            return
+        if state.phase != "train" or not epoch_done(state):
+            return  # a row per completed epoch: one cut short is written when a resumed run completes it
         history = state.history
         rows = self._start(state) if not self._header else [(history.epochs, _current_row(history))]
         if rows:
@@ -89,7 +90,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     def _start(self, state: TrainState) -> list[tuple[int, dict[str, float]]]:
         """The first write of a run: choose the header and the rows to catch up on."""
         history = state.history
-        resumed = state.epoch > 0 or state.start_batch > 0
+        resumed = self._resumed
         header, last = self._read() if resumed or self.append else (None, 0)
         if header is None:
             keys = list(history) + [key for key in self._expected if key not in history]

@@ -15,6 +15,7 @@ from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from ..resume import epoch_done
 from ..state import TrainState
 from .gradient_update import GradientUpdateHandler
+from .lambda_handler import handler_class
 from .monitor import Monitor, infer_mode
 
 log = logging.getLogger("fitforge")
@@ -22,7 +23,7 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 _LENGTH_ARGS = {"total_steps", "epochs", "steps_per_epoch"}
 
 
-class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
+class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
     ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by
@@ -56,6 +57,12 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
     reads = ("estimator", "metrics", "history", "optimizer_steps", "num_batches", "max_epochs", "max_batches",
              "handlers", "batch_idx", "epoch_complete", "epoch_cancelled")
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LRSchedulerHandler:
+        interval = kwargs.get("interval", args[1] if len(args) > 1 else "epoch")
+        if cls.__dict__.get("_concrete") or interval != "batch":
+            return super().__new__(cls)
+        return super().__new__(handler_class(cls, (BatchEnd,), cls.__name__))  # called per batch only then
 
     def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str | None = None) -> None:
         recipe = scheduler if isinstance(scheduler, _OneCycle) else None
@@ -146,8 +153,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
             self._steps_seen = state.optimizer_steps
 
     def batch_end(self, state: TrainState) -> None:
-        # An int compare per batch; a CancelBatch after the optimizer step is caught up next time.
-        if self.interval == "batch" and state.optimizer_steps != self._steps_seen:
+        # Only with interval="batch" (see __new__): an int compare per batch; a CancelBatch after
+        # the optimizer step is caught up next time.
+        if state.optimizer_steps != self._steps_seen:
             self._follow_steps(state)
 
     def epoch_end(self, state: TrainState) -> None:

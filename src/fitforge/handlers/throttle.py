@@ -145,9 +145,9 @@ def throttle(handler: EventHandler, every_n_batches: int | None = None, every_n_
     batch_idx, global_step), and forwards ``state_dict``/``load_state_dict`` (the wrapped state
     rides in checkpoints under the key ``Throttled<ClassName>``) and the attributes fit's monitor
     checks and resume read (``monitor``, ``save_best``, ``restore_best``, ``stopped_epoch``). The
-    wrapped handler is ``wrapper.handler``. It is not an instance of the
-    wrapped class: ``throttle(LoggingHandler(...))`` does not replace the default LoggingHandler
-    (pass ``default_handlers=False``, or throttle through the handler's own interval option).
+    wrapped handler is ``wrapper.handler``. It is not an instance of the wrapped class, but fit
+    treats it as one where it matters: ``throttle(LoggingHandler(...))`` replaces the default
+    LoggingHandler, and ``run_after=(LoggingHandler,)`` orders a handler after the wrapper.
 
     Args:
         handler: an event handler instance.
