@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
+from fitforge.events import BatchEnd
 
 
 def regression_batches(n_batches=3, batch_size=4, seed=0):
@@ -50,3 +51,26 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Losses(BatchEnd):
+    """Every batch's loss, by global step (a host read per batch: fine in a test)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def batch_end(self, state):
+        self.seen[state.global_step] = state.output.loss.item()
+
+
+class Crash(BatchEnd):
+    """Fail right after the checkpoint of batch number ``at`` (1-based) was written."""
+
+    priority = 950  # after CheckpointHandler (900)
+
+    def __init__(self, at):
+        self.at = at
+
+    def batch_end(self, state):
+        if state.global_step + 1 == self.at:
+            raise RuntimeError("crash")

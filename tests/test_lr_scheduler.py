@@ -23,6 +23,7 @@ from fitforge.exceptions import (
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 from fitforge.handlers.lr_scheduler import LRSchedulerHandler
 from fitforge.testing import linear_problem
+from helpers import Crash, Losses
 
 # linear_problem: 256 samples in batches of 32 = 8 batches per epoch, SGD lr 0.1.
 
@@ -289,25 +290,6 @@ SCHEDULERS = {
                                                      interval="batch"),
     "batch one_cycle": lambda opt: LRSchedulerHandler.one_cycle(0.05),
 }
-
-
-class Losses(BatchEnd):
-    def __init__(self):
-        self.seen = {}
-
-    def batch_end(self, state):
-        self.seen[state.global_step] = state.output.loss.item()
-
-
-class Crash(BatchEnd):
-    priority = 950  # after the batch's checkpoint
-
-    def __init__(self, at):
-        self.at = at
-
-    def batch_end(self, state):
-        if state.global_step + 1 == self.at:
-            raise RuntimeError("crash")
 
 
 class Sigterm(BatchBegin):

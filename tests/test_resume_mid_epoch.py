@@ -15,32 +15,10 @@ from fitforge.data_order import DataOrder
 from fitforge.events import BatchEnd
 from fitforge.exceptions import CancelBatch, CancelEpoch
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
+from helpers import Crash, Losses
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)  # 6 batches of 8
-
-
-class Losses(BatchEnd):
-    """Every batch's loss, by global step (a host read per batch: fine in a test)."""
-
-    def __init__(self):
-        self.seen = {}
-
-    def batch_end(self, state):
-        self.seen[state.global_step] = state.output.loss.item()
-
-
-class Crash(BatchEnd):
-    """Fail right after the checkpoint of batch number ``at`` (1-based) was written."""
-
-    priority = 950
-
-    def __init__(self, at):
-        self.at = at
-
-    def batch_end(self, state):
-        if state.global_step + 1 == self.at:
-            raise RuntimeError("crash")
 
 
 class Batches:

@@ -147,15 +147,23 @@ class History(Mapping):
             ax.set_xlabel("epoch")
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.legend()
-        fig.tight_layout()
-        if path is not None:
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-        return fig
+        return finish_figure(fig, path)
 
     def __repr__(self) -> str:
         parts = [f"epochs={self._epochs}", *(f"{k}={self.last(k):.4g}" for k in self._columns)]
         return f"History({', '.join(parts)})"
+
+
+def finish_figure(fig, path: str | Path | None):
+    """Lay out ``fig``; when ``path`` is given, save it there as a PNG and close it (a figure left
+    open keeps its memory in pyplot). Returns the figure."""
+    fig.tight_layout()
+    if path is not None:
+        import matplotlib.pyplot as plt
+
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return fig
 
 
 def _metric_names(columns: Mapping[str, list[float]]) -> list[str]:

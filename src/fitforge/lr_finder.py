@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from .data import check_data
-from .handlers.gradient_update import step_optimizers
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
+from .handlers.gradient_update import step_optimizers
+from .history import finish_figure
 from .rng import restore_rng_states, rng_states
 from .state import TrainState
 
@@ -88,11 +89,7 @@ class LRFindResult:
         ax.set_xlabel("learning rate")
         ax.set_ylabel("loss")
         ax.legend()
-        fig.tight_layout()
-        if path is not None:
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-        return fig
+        return finish_figure(fig, path)
 
 
 def lr_find(estimator: Any, train_data: Iterable, start_lr: float = 1e-7, end_lr: float = 10.0,
