@@ -6,10 +6,11 @@ import logging
 from typing import Any
 
 from ..data import shape_of
+from ..distributed import reduce_sums
 from ..events import BatchEnd, EpochBegin, EpochEnd
 from ..exceptions import FitforgeValueError
 from ..metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
-from ..metrics.base import load_metric_state, metric_state
+from ..metrics.base import SumCountMetric, load_metric_state, metric_state
 from ..state import TrainState
 
 log = logging.getLogger("fitforge")
@@ -27,6 +28,10 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     Args:
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's
             ``train_metrics`` in fit and ``val_metrics`` in evaluate.
+
+    Under torch.distributed (a process group initialised, e.g. by ``torchrun``) the sums are
+    reduced across ranks at epoch end, so every rank records the values of the whole data
+    (torchmetrics metrics sync themselves in ``compute``); running values stay per rank.
 
     Its state (:meth:`state_dict`) is the epoch's running sums, so a checkpoint written mid-epoch
     resumes them: the resumed epoch's values cover all its batches. That holds for the built-in
@@ -141,6 +146,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         if not self._open:  # epoch_begin was cancelled before reaching this handler: nothing to report
             return
         self._open = False
+        # Under torch.distributed every rank holds its share of the sums: totals over all ranks first.
+        reduce_sums([self._loss, *self._parts, *(s.metric for s in self.slots if isinstance(s.metric, SumCountMetric))])
         values = self.compute()
         state.metrics.update(values)
         if state.phase == "train":
