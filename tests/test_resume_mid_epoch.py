@@ -8,7 +8,14 @@ import pytest
 import torch
 import torchmetrics
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    TensorDataset,
+)
 
 from fitforge import Estimator
 from fitforge.data_order import DataOrder
@@ -42,6 +49,8 @@ def loader(kind="shuffled", workers=0):
         return Batches(batches)
     if kind == "batch sampler":  # the sampler in use is the batch sampler's, not loader.sampler
         return DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 8, drop_last=False))
+    if kind == "distributed sampler":  # rank 0 of 2, no process group needed: fit calls set_epoch
+        return DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, num_replicas=2, rank=0))
     if kind == "batches by index":  # a dataset of whole batches, shuffled without automatic batching
         return DataLoader(batches, batch_size=None, shuffle=True)
     return DataLoader(dataset, batch_size=8, shuffle=True, num_workers=workers)
@@ -114,7 +123,7 @@ def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
     assert_continues_exactly(tmp_path, whole, 9, workers=2)
 
 
-@pytest.mark.parametrize("kind", ["own generator", "list", "batches by index", "batch sampler"])
+@pytest.mark.parametrize("kind", ["own generator", "list", "batches by index", "batch sampler", "distributed sampler"])
 def test_a_user_generator_a_list_or_a_loader_of_whole_batches_resumes_exactly(tmp_path, tmp_path_factory, kind):
     whole = uninterrupted(tmp_path_factory, kind=kind)
     assert_continues_exactly(tmp_path, whole, 9, kind=kind)
@@ -241,3 +250,15 @@ def test_the_checkpoint_of_a_cancelled_epoch_counts_it_as_done(tmp_path):
     estimator.fit(loader("list"), epochs=1, event_handlers=[CheckpointHandler(tmp_path), CancelAt(CancelEpoch, 2, 950)])
     saved = torch.load(tmp_path / "model-epoch1batch2.pt", weights_only=True)  # the run goes on with epoch 2
     assert (saved["epochs_completed"], saved["position"]) == (1, 0)
+
+
+def test_fit_sets_a_distributed_samplers_epoch():
+    data = loader("distributed sampler")
+    order = DataOrder(data)
+    assert order.problem is None
+
+    def first_indices(epoch):
+        return torch.cat([x[:, 0] for x, _ in order.epoch(epoch)])
+
+    assert not torch.equal(first_indices(0), first_indices(1)) and torch.equal(first_indices(1), first_indices(1))
+    assert data.sampler.epoch == 1

@@ -1,6 +1,7 @@
 """The training data of one fit, epoch by epoch, in an order a checkpoint can restore.
 
-For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``: a
+For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``. A
+``DistributedSampler`` is one already: fit calls its ``set_epoch(e)``. Otherwise a
 loader (or its sampler) without a generator of its own gets one for the fit, reseeded at every
 epoch from the fit's seed (drawn once from torch's global generator, so ``torch.manual_seed``
 fixes it) and the epoch. The worker seeds and the shuffle have separate generators, so the
@@ -25,6 +26,7 @@ import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
+    DistributedSampler,
     IterableDataset,
     RandomSampler,
     SequentialSampler,
@@ -70,6 +72,7 @@ class DataOrder:
         self._managed: dict[str, tuple[Any, torch.Generator]] = {}  # role -> (owner, generator given to it)
         self._own: list[torch.Generator] = []  # the user's generators, restored by state
         self._start: list[torch.Tensor] = []  # their states at the current epoch's start
+        self._epoch_samplers: list[Any] = []  # DistributedSamplers: their order is set by set_epoch
         self.problem = self._inspect(data)
         if self._managed:
             self.seed = _draw_seed()
@@ -101,7 +104,9 @@ class DataOrder:
             return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
         # The sampler in use: a batch_sampler= of the user's holds its own (loader.sampler is then unused).
         sampler: Any = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
-        if type(sampler) is not SequentialSampler:
+        if type(sampler) is DistributedSampler:  # its order is a function of its seed and set_epoch
+            self._epoch_samplers.append(sampler)
+        elif type(sampler) is not SequentialSampler:
             if type(sampler) not in _SEEDED_SAMPLERS:
                 return f"its sampler {type(sampler).__name__} draws its order from a source fitforge cannot restore"
             if sampler.generator is None:
@@ -116,6 +121,8 @@ class DataOrder:
         """The data of ``epoch``, from batch position ``start``."""
         for role, (_, generator) in self._managed.items():
             generator.manual_seed(epoch_seed(self.seed, epoch, role))  # type: ignore[arg-type]
+        for sampler in self._epoch_samplers:
+            sampler.set_epoch(epoch)
         self._start = [generator.get_state() for generator in self._own]
         if start == 0:
             return self.data
