@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .access import access_edges, declared_access, describe_access, guard
+from .distributed import rank
 from .events import MIXINS, Event, EventHandler, events_of
 from .exceptions import FitforgeTypeError, HandlerOrderError, describe
 
@@ -96,6 +97,8 @@ class Dispatcher:
     """Per-event lists of hooks, built once; calling an event is a plain loop over one list."""
 
     def __init__(self, handlers: Sequence[EventHandler], check_access: bool = False) -> None:
+        if rank() != 0:  # reporting handlers run on rank 0 only (see EventHandler.main_rank_only)
+            handlers = [h for h in handlers if not getattr(h, "main_rank_only", False)]
         self.handlers = order_handlers(handlers)
         owners = {event: [h for h in self.handlers if isinstance(h, MIXINS[event])] for event in Event}
         self.owners: dict[Event, list[EventHandler]] = owners

@@ -1,4 +1,6 @@
-"""torch.distributed helpers: the world size, and metric sums reduced across ranks.
+"""torch.distributed helpers: rank and world size, and metric sums reduced across ranks.
+
+Reporting handlers (``main_rank_only``: logging, progress bar, CSV, TensorBoard) run on rank 0 only.
 
 When a process group is initialised (``torchrun``; today the net is wrapped in
 ``DistributedDataParallel`` by the user), each rank accumulates its own share of the loss and metric
@@ -16,6 +18,11 @@ import torch
 import torch.distributed as dist
 
 from .metrics.base import SumCountMetric
+
+
+def rank() -> int:
+    """This process's rank in the default group, 0 when none is initialised."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def world_size() -> int:

@@ -36,10 +36,15 @@ class Event(Enum):
 
 
 class EventHandler:
-    """Base of every handler: ordering attributes and optional state (de)serialisation."""
+    """Base of every handler: ordering attributes and optional state (de)serialisation.
+
+    ``main_rank_only = True`` marks a handler that only reports (logs, progress bars, files): under
+    torch.distributed only rank 0 runs it, so several processes write one log, not one each.
+    """
 
     priority: int = 0
     run_after: tuple[type, ...] = ()
+    main_rank_only: bool = False
 
     def state_dict(self) -> dict:
         """State to save in a checkpoint; stateless handlers return ``{}``."""

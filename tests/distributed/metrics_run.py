@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fitforge import Estimator
+from fitforge.handlers import CSVLoggerHandler
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -25,7 +26,7 @@ estimator = Estimator(model, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(mo
                       device="cpu")
 train = DataLoader(dataset, batch_size=16 // world, sampler=DistributedSampler(dataset, shuffle=False))
 val = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset, shuffle=False))
-history = estimator.fit(train, epochs=2)
+history = estimator.fit(train, epochs=2, event_handlers=[CSVLoggerHandler(f"{sys.argv[1]}/log-rank{rank}.csv")])
 result = {"history": {key: history[key] for key in history if key.startswith("train_")},
           "evaluate": estimator.evaluate(val)}
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as file:

@@ -29,6 +29,7 @@ def test_two_ranks_record_the_single_process_values(tmp_path):
     single, = torchrun(1, tmp_path / "one")
     ranks = torchrun(2, tmp_path / "two")
     assert ranks[0] == ranks[1]  # every rank logs, monitors and returns the same values
+    assert sorted(p.name for p in (tmp_path / "two").glob("*.csv")) == ["log-rank0.csv"]  # rank 0 reports
     for key, values in single["history"].items():
         assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(ranks[0]["history"][key], values)), key
     assert set(ranks[0]["evaluate"]) == set(single["evaluate"]) == {"val_loss", "val_accuracy"}

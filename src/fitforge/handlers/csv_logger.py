@@ -58,6 +58,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     """
 
     priority = 950  # after user handlers and CheckpointHandler (900): the row is complete
+    main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = ("phase", "epoch", "start_batch", "history", "handlers", "estimator", "preempted", "restore",
              "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
     writes = ()

@@ -70,6 +70,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """
 
     priority = 1000
+    main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = ("estimator", "phase", "epoch", "batch_idx", "global_step", "max_epochs", "max_batches", "num_batches",
              "metrics", "history")
 

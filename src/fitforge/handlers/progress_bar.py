@@ -30,6 +30,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """
 
     priority = 990  # just before LoggingHandler, so an epoch's bar closes before its log line
+    main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = ("phase", "epoch", "max_epochs", "num_batches", "metrics")
 
     def __init__(self, refresh_seconds: float = 0.5) -> None:

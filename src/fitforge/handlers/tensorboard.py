@@ -49,6 +49,7 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
     """
 
     priority = 950  # after user handlers, so the epoch's row is complete
+    main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = ("phase", "epoch", "global_step", "history", "estimator", "metrics", "preempted",
              "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
     writes = ()
