@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
-from .events import EventHandler, events_of
+from .events import EventHandler, acts_as, events_of
 from .exceptions import FitforgeTypeError, HandlerOrderError, StateAccessError
 from .state import TrainState
 
@@ -97,15 +97,10 @@ def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
     return after
 
 
-def _is(handler: object, classes: tuple) -> bool:
-    """isinstance, also for the handler a wrapper such as ``throttle(...)`` holds."""
-    return isinstance(handler, classes) or isinstance(getattr(handler, "handler", None), classes)
-
-
 def _check_ordered(a: EventHandler, b: EventHandler, field: str) -> None:
     if getattr(a, "priority", 0) != getattr(b, "priority", 0):
         return
-    if _is(b, tuple(getattr(a, "run_after", ()))) or _is(a, tuple(getattr(b, "run_after", ()))):
+    if acts_as(b, tuple(getattr(a, "run_after", ()))) or acts_as(a, tuple(getattr(b, "run_after", ()))):
         return
     raise HandlerOrderError(
         f"{a!r} and {b!r} both write {field!r} at the same priority ({getattr(a, 'priority', 0)}) with no "

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .access import access_edges, declared_access, describe_access, guard
 from .distributed import rank
-from .events import MIXINS, Event, EventHandler, events_of
+from .events import MIXINS, Event, EventHandler, acts_as, events_of
 from .exceptions import FitforgeTypeError, HandlerOrderError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,8 +65,7 @@ def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     for i, handler in enumerate(handlers):
         classes = tuple(getattr(handler, "run_after", ()) or ())
         for j, other in enumerate(handlers):
-            # a wrapper (throttle) counts as the handler it wraps
-            if i != j and classes and (isinstance(other, classes) or isinstance(getattr(other, "handler", None), classes)):
+            if i != j and classes and acts_as(other, classes):  # a wrapper (throttle) counts as what it wraps
                 after[i].add(j)
     waiting = {i: len(before) for i, before in after.items()}
     followers: dict[int, list[int]] = {i: [] for i in after}

@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -113,6 +115,28 @@ MIXINS: dict[Event, type[EventHandler]] = {
     Event.EPOCH_END: EpochEnd,
     Event.TRAIN_END: TrainEnd,
 }
+
+
+def unwrapped(handler: object) -> object:
+    """The handler a wrapper such as ``throttle(...)`` holds (``.handler``), else the handler itself."""
+    inner = getattr(handler, "handler", None)
+    return inner if isinstance(inner, EventHandler) else handler
+
+
+def acts_as(handler: object, classes: type | tuple[type, ...]) -> bool:
+    """``isinstance``, counting a wrapper as the handler it wraps (for defaults and ``run_after``)."""
+    return isinstance(handler, classes) or isinstance(unwrapped(handler), classes)
+
+
+def numbered_names(handlers: Iterable[object]) -> list[str]:
+    """Each handler's class name, ``#2``, ``#3``... for the second and later of one class."""
+    seen: Counter[str] = Counter()
+    names = []
+    for handler in handlers:
+        name = type(handler).__name__
+        seen[name] += 1
+        names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return names
 
 
 def events_of(handler: object) -> list[Event]:

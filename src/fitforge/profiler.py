@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dispatch import Dispatcher
-from .events import Event
+from .events import Event, numbered_names
 
 
 class HandlerProfile:
@@ -63,10 +63,4 @@ class HandlerProfile:
 
 def _names(dispatcher: Dispatcher) -> dict[int, str]:
     """Handler names for the table: the class name, numbered when a class appears twice."""
-    names: dict[int, str] = {}
-    seen: dict[str, int] = {}
-    for handler in dispatcher.handlers:
-        name = type(handler).__name__
-        seen[name] = seen.get(name, 0) + 1
-        names[id(handler)] = name if seen[name] == 1 else f"{name}#{seen[name]}"
-    return names
+    return {id(h): name for h, name in zip(dispatcher.handlers, numbered_names(dispatcher.handlers))}

@@ -10,9 +10,9 @@ so restored state wins over fresh state whatever the priorities.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import Any
 
+from .events import numbered_names
 from .rng import restore_rng_states, rng_states
 from .state import TrainState
 
@@ -22,14 +22,9 @@ log = logging.getLogger("fitforge")
 def stateful_handlers(handlers: tuple) -> dict[str, Any]:
     """The handlers with ``state_dict``/``load_state_dict``, keyed by class name (``#2``, ``#3``...
     for the second and later of one class, in dispatch order)."""
-    keyed: dict[str, Any] = {}
-    seen: Counter[str] = Counter()
-    for handler in handlers:
-        if callable(getattr(handler, "state_dict", None)) and callable(getattr(handler, "load_state_dict", None)):
-            name = type(handler).__name__
-            seen[name] += 1
-            keyed[name if seen[name] == 1 else f"{name}#{seen[name]}"] = handler
-    return keyed
+    stateful = [h for h in handlers
+                if callable(getattr(h, "state_dict", None)) and callable(getattr(h, "load_state_dict", None))]
+    return dict(zip(numbered_names(stateful), stateful))
 
 
 def epoch_done(state: TrainState) -> bool:

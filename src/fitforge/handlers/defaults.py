@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..dispatch import check_handler
-from ..events import EventHandler
+from ..events import EventHandler, acts_as, unwrapped
 from ..exceptions import FitforgeTypeError, MonitorKeyError, describe
 from .gradient_update import GradientUpdateHandler
 from .logging import LoggingHandler
@@ -32,16 +32,10 @@ def user_handlers(event_handlers: Any, argument: str = "event_handlers") -> list
     return list(event_handlers)
 
 
-def unwrapped(handler: object) -> object:
-    """The handler a wrapper such as ``throttle(...)`` holds (``.handler``), else the handler itself."""
-    inner = getattr(handler, "handler", None)
-    return inner if isinstance(inner, EventHandler) else handler
-
-
 def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -> list[EventHandler]:
     """Defaults first, then the user's; a default is dropped when the user gave one of its class
     (also wrapped, e.g. ``throttle(LoggingHandler(), ...)``)."""
-    kept = [d for d in defaults if not any(isinstance(unwrapped(h), type(d)) for h in given)]
+    kept = [d for d in defaults if not any(acts_as(h, type(d)) for h in given)]
     return kept + given
 
 
