@@ -116,10 +116,13 @@ class BatchProcessor:
         return _FULL_PRECISION if dtype is None else torch.autocast(state.estimator.device.type, dtype=dtype)
 
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput:
-        """Forward and loss (under the precision's autocast), then backward on one training batch."""
+        """Forward and loss (under the precision's autocast), then backward on one training batch.
+
+        The forward goes through ``estimator.train_net`` (the DistributedDataParallel wrapper under
+        torchrun, else the net): an override must too, or the ranks' gradients are not averaged."""
         inputs, label = self.to_device(state, batch)
         estimator = state.estimator
-        pred, loss, losses = self._forward_loss(state, estimator.net, estimator.compute_loss, inputs, label)
+        pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, inputs, label)
         scaler = estimator.scaler
         self.backward(loss if scaler is None else scaler.scale(loss))  # fp16: scaled against underflow
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))

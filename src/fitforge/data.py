@@ -126,3 +126,18 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
     if size == 0:
         raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
     return size
+
+
+def loader_options(loader: torch.utils.data.DataLoader, generator: torch.Generator | None) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``loader``'s loading (workers, collation, pinning...) over
+    another sampler; ``generator`` seeds its workers. Batching and the sampler are the caller's."""
+    options: dict[str, Any] = {"num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
+                               "pin_memory": loader.pin_memory, "timeout": loader.timeout,
+                               "worker_init_fn": loader.worker_init_fn, "generator": generator}
+    if loader.num_workers > 0:
+        options.update(multiprocessing_context=loader.multiprocessing_context,
+                       prefetch_factor=loader.prefetch_factor)
+    for name in ("pin_memory_device", "in_order"):  # arguments of newer torch versions
+        if hasattr(loader, name):
+            options[name] = getattr(loader, name)
+    return options

@@ -1,7 +1,8 @@
 """The training data of one fit, epoch by epoch, in an order a checkpoint can restore.
 
 For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``. A
-``DistributedSampler`` is one already: fit calls its ``set_epoch(e)``. Otherwise a
+``DistributedSampler`` is one already: fit calls its ``set_epoch(e)`` (and seeds one that
+:mod:`fitforge.sharding` made from the fit's seed, the same on every rank). Otherwise a
 loader (or its sampler) without a generator of its own gets one for the fit, reseeded at every
 epoch from the fit's seed (drawn once from torch's global generator, so ``torch.manual_seed``
 fixes it) and the epoch. The worker seeds and the shuffle have separate generators, so the
@@ -34,6 +35,8 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
+from .data import loader_options
+from .distributed import broadcast_from_main
 from .rng import restore_rng_states, rng_states
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
@@ -74,8 +77,8 @@ class DataOrder:
         self._start: list[torch.Tensor] = []  # their states at the current epoch's start
         self._epoch_samplers: list[Any] = []  # DistributedSamplers: their order is set by set_epoch
         self.problem = self._inspect(data)
-        if self._managed:
-            self.seed = _draw_seed()
+        if self._managed:  # every rank draws (their generators stay alike); rank 0's seed is everyone's
+            self.seed = broadcast_from_main(_draw_seed())
 
     def _give(self, role: str, owner: Any) -> None:
         generator = torch.Generator()
@@ -106,6 +109,8 @@ class DataOrder:
         sampler: Any = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
         if type(sampler) is DistributedSampler:  # its order is a function of its seed and set_epoch
             self._epoch_samplers.append(sampler)
+            if getattr(sampler, "fitforge_seeded", False):  # made by fitforge.sharding: seeded from the fit's seed
+                self._managed["shard"] = (sampler, torch.Generator())
         elif type(sampler) is not SequentialSampler:
             if type(sampler) not in _SEEDED_SAMPLERS:
                 return f"its sampler {type(sampler).__name__} draws its order from a source fitforge cannot restore"
@@ -119,8 +124,11 @@ class DataOrder:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterable:
         """The data of ``epoch``, from batch position ``start``."""
-        for role, (_, generator) in self._managed.items():
-            generator.manual_seed(epoch_seed(self.seed, epoch, role))  # type: ignore[arg-type]
+        for role, (owner, generator) in self._managed.items():
+            if role == "shard":  # one seed for the whole fit: set_epoch varies the order
+                owner.seed = epoch_seed(self.seed, 0, role)  # type: ignore[arg-type]
+            else:
+                generator.manual_seed(epoch_seed(self.seed, epoch, role))  # type: ignore[arg-type]
         for sampler in self._epoch_samplers:
             sampler.set_epoch(epoch)
         self._start = [generator.get_state() for generator in self._own]
@@ -142,15 +150,7 @@ class DataOrder:
         workers.set_state(loader.generator.get_state())  # its first draw is the worker seed the original drew
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         rest = list(itertools.islice(iter(_index_sampler(loader)), start, None))
-        options: dict[str, Any] = {"num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
-                                   "pin_memory": loader.pin_memory, "timeout": loader.timeout,
-                                   "worker_init_fn": loader.worker_init_fn, "generator": workers}
-        if loader.num_workers > 0:
-            options.update(multiprocessing_context=loader.multiprocessing_context,
-                           prefetch_factor=loader.prefetch_factor)
-        for name in ("pin_memory_device", "in_order"):  # arguments of newer torch versions
-            if hasattr(loader, name):
-                options[name] = getattr(loader, name)
+        options = loader_options(loader, workers)
         if loader.batch_sampler is not None:
             return DataLoader(loader.dataset, batch_sampler=rest, **options)
         return DataLoader(loader.dataset, batch_size=None, sampler=rest, **options)
@@ -167,8 +167,9 @@ class DataOrder:
 
     def close(self) -> None:
         """Take back the generators given to the user's loader and sampler."""
-        for owner, _ in self._managed.values():
-            owner.generator = None
+        for role, (owner, _) in self._managed.items():
+            if role != "shard":
+                owner.generator = None
 
     def state_dict(self) -> dict[str, Any]:
         """The seed, and the user's generators at the epoch's start and now (tensors and ints only)."""

@@ -1,33 +1,97 @@
-"""torch.distributed helpers: rank and world size, and metric sums reduced across ranks.
+"""torch.distributed helpers: launch detection, rank and world size, agreement, metric sums reduced.
 
-Reporting handlers (``main_rank_only``: logging, progress bar, CSV, TensorBoard) run on rank 0 only.
+Under ``torchrun`` (see :mod:`fitforge.parallel`) every rank runs the same script. Collectives
+(here: ``all_reduce``, ``broadcast_object_list``, ``gather_object``) must be reached by every rank
+in the same order, so each is called from a place every rank passes: an epoch end, a checkpoint
+save, the end of ``predict``. Reporting handlers (``main_rank_only``) run on rank 0 only and never
+reach one.
 
-When a process group is initialised (``torchrun``; today the net is wrapped in
-``DistributedDataParallel`` by the user), each rank accumulates its own share of the loss and metric
-sums. At epoch end MetricHandler reduces them with one ``all_reduce``, so every rank logs, monitors
-and returns the values of the whole data. It is a collective: every rank must reach it, which every
-rank's MetricHandler does at each epoch end. Running (mid-epoch) values stay per rank, because rank-0
-handlers such as a progress bar read them alone.
+Each rank accumulates its own share of the loss and metric sums. At epoch end MetricHandler reduces
+them with one ``all_reduce``, so every rank logs, monitors and returns the values of the whole data.
+Running (mid-epoch) values stay per rank, because rank-0 handlers such as a progress bar read them
+alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from .metrics.base import SumCountMetric
 
+T = TypeVar("T")
+_CPU_GROUPS: dict[int, Any] = {}  # id(default group) -> a gloo group for host values under NCCL
+
+
+def initialized() -> bool:
+    """Whether a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
 
 def rank() -> int:
     """This process's rank in the default group, 0 when none is initialised."""
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return dist.get_rank() if initialized() else 0
 
 
 def world_size() -> int:
     """The number of processes in the default group, 1 when none is initialised."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return dist.get_world_size() if initialized() else 1
+
+
+def launched() -> bool:
+    """Whether this process was started by ``torchrun`` (or another launcher setting its variables)."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def local_rank() -> int:
+    """This process's index on its machine (``LOCAL_RANK``), 0 when not launched."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def cpu_group() -> Any:
+    """A group whose backend reduces host tensors: the default one when it has gloo, else a gloo
+    group made once (a collective: every rank calls this at the same point, at fit start)."""
+    backend = str(dist.get_backend())
+    if "gloo" in backend:
+        return None  # the default group
+    key = id(dist.distributed_c10d._get_default_group())
+    if key not in _CPU_GROUPS:
+        _CPU_GROUPS[key] = dist.new_group(backend="gloo")
+    return _CPU_GROUPS[key]
+
+
+def agree(fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
+    """Run ``fn`` on rank 0 and tell every rank how it went: its result (picklable) is returned on
+    every rank, and its exception is raised on every rank (the other ranks' as ``error_type`` with
+    rank 0's message), so no rank waits forever in a later collective for one that failed."""
+    if world_size() == 1:
+        return fn()
+    outcome: list[Any] = [None, None]
+    error: BaseException | None = None
+    if rank() == 0:
+        try:
+            outcome[0] = fn()
+        except Exception as err:  # noqa: BLE001 - re-raised below, after the others were told
+            error, outcome[1] = err, f"{type(err).__name__}: {err}"
+    dist.broadcast_object_list(outcome, src=0, group=cpu_group())
+    if error is not None:
+        raise error
+    if outcome[1] is not None:
+        raise error_type(f"rank 0 failed ({outcome[1]})")
+    return outcome[0]
+
+
+def gather_to_main(value: Any) -> list[Any] | None:
+    """Every rank's ``value`` (picklable) as a list on rank 0, in rank order; None on the others."""
+    if world_size() == 1:
+        return [value]
+    gathered: list[Any] | None = [None] * world_size() if rank() == 0 else None
+    dist.gather_object(value, gathered, dst=0, group=cpu_group())
+    return gathered
 
 
 def reduce_sums(metrics: Sequence[SumCountMetric]) -> None:
@@ -51,6 +115,15 @@ def reduce_sums(metrics: Sequence[SumCountMetric]) -> None:
 
 def _collective_device() -> torch.device:
     """Where this backend reduces: the current CUDA device under NCCL, else the CPU."""
-    if dist.get_backend() == "nccl":
+    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def broadcast_from_main(value: T) -> T:
+    """Rank 0's ``value`` (picklable), on every rank."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=cpu_group())
+    return box[0]

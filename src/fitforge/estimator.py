@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from .batch_processor import BatchProcessor
 from .checkpoint_io import restore_weights
@@ -25,6 +26,7 @@ from .configure import (
 )
 from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
+from .distributed import world_size
 from .events import EventHandler
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
@@ -35,8 +37,10 @@ from .loop import run_epoch, run_fit
 from .loss import LossSet
 from .lr_finder import LRFindResult, lr_find
 from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
+from .parallel import check_strategy, parallelize, rank_device
 from .preemption import preemptible, raise_if_preempted
 from .profiler import HandlerProfile
+from .sharding import gather_predictions, shard_eval, shard_train
 from .state import BatchOutput, TrainState
 
 log = logging.getLogger("fitforge")
@@ -64,6 +68,16 @@ class Estimator:
         channels_last: keep the net's 4-D weights and the 4-D inputs of every batch in
             channels-last memory order (N, H, W, C strides): faster convolutions for CNNs on CUDA,
             notably under mixed precision. Shapes, results and ``state_dict`` keys are unchanged.
+        strategy: how several processes train (see docs/distributed.md). ``"auto"`` (default):
+            data-parallel (``DistributedDataParallel``) when launched by ``torchrun`` with several
+            processes, else one process; ``"ddp"``: data-parallel, an error without a launcher;
+            ``"none"`` (or None): fitforge neither wraps the net nor splits the data.
+        strategy_options: keyword arguments for the wrapper, e.g. ``{"find_unused_parameters": True}``.
+
+    Under ``torchrun`` each rank takes the device of its ``LOCAL_RANK`` (when ``device`` is None or
+    ``"cuda"``), fit, evaluate and predict split their DataLoaders across ranks, metrics are reduced
+    over all ranks, and only rank 0 writes logs and checkpoints. ``net`` stays the unwrapped module
+    (``train_net`` is the wrapper fit's forward goes through).
 
     Example:
         >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
@@ -75,15 +89,21 @@ class Estimator:
                  optimizer: Any = None, device: Any = None, val_net: nn.Module | None = None,
                  val_loss: Any = None, batch_processor: BatchProcessor | None = None,
                  loss_weights: Sequence[float] | None = None, precision: str | None = None,
-                 compile: bool | dict = False, channels_last: bool = False) -> None:
-        self.device = resolve_device(device)
+                 compile: bool | dict = False, channels_last: bool = False, strategy: str | None = "auto",
+                 strategy_options: dict | None = None) -> None:
+        self.strategy = check_strategy(strategy, strategy_options)
+        net = check_net(net)
+        wrapper = net if isinstance(net, DistributedDataParallel) else None  # the user's own DDP
+        if wrapper is not None:
+            net = wrapper.module
+        self.device = resolve_device(rank_device(device, self.strategy))
         # Host-to-GPU copies need not block: from pinned memory they overlap compute, and from
         # pageable memory CUDA stages them before returning, so the batch can never change under them.
         self.non_blocking = self.device.type == "cuda"
         self.precision = precision
         self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
         self.channels_last = check_flag(channels_last, "channels_last")
-        self.net = compile_net(self._place(check_net(net)), compile)
+        self.net = compile_net(self._place(net), compile)
         self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
         self._loss = LossSet(loss, loss_weights).to(self.device)
@@ -95,6 +115,7 @@ class Estimator:
         check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
         check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
+        self.train_net = parallelize(self.net, self.device, self.strategy, strategy_options, wrapper)
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:
@@ -107,6 +128,11 @@ class Estimator:
     def optimizer(self) -> torch.optim.Optimizer:
         """The first (usually only) optimizer."""
         return self.optimizers[0]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether fit, evaluate and predict split their data across torch.distributed ranks."""
+        return self.strategy != "none" and world_size() > 1
 
     @property
     def loss_count(self) -> int:
@@ -188,10 +214,12 @@ class Estimator:
             check_data(val_data, "val_data", None)
         check_duration(epochs, batches)
         passes = 1 if epochs == 1 else None
+        if self.sharded:
+            train_data = shard_train(train_data)
         num_batches = check_data(train_data, "train_data", passes)
         if val_data is not None:
             check_data(val_data, "val_data", passes)
-        handlers = fit_handlers(event_handlers, val_data, default_handlers)
+        handlers = fit_handlers(event_handlers, val_data, default_handlers, several_ranks=self.sharded)
         epochs, batches = self._preflight(handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers, check_flag(check_access, "check_access", "fit"))
@@ -204,7 +232,7 @@ class Estimator:
             started = time.perf_counter()
         self.net.train()
         try:
-            with preemptible(state):
+            with preemptible(state, agreed=self.sharded):
                 run_fit(state, dispatcher, train_data)
         finally:
             if profiler is not None:
@@ -230,6 +258,8 @@ class Estimator:
 
     def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
+        if self.sharded:
+            val_data, _ = shard_eval(val_data, padded=False)
         num_batches = check_data(val_data, "val_data", passes=1)
         dispatcher = Dispatcher(evaluate_handlers(event_handlers))
         self._val_loss.arm_checks()
@@ -246,7 +276,14 @@ class Estimator:
         large prediction never fills the device. The net runs in eval mode under
         ``torch.inference_mode``; the returned tensors are ordinary ones (made by the final
         concatenation, outside it).
+
+        Under torch.distributed each rank predicts its share of a DataLoader's dataset, and rank 0
+        returns every output in dataset order (whatever the loader's shuffle); the other ranks
+        return None.
         """
+        sharded = False
+        if self.sharded:
+            data, sharded = shard_eval(data, padded=False)
         num_batches = check_data(data, "data", passes=1)
         outputs: list = []
         predict_batch = self.batch_processor.predict_batch
@@ -265,9 +302,9 @@ class Estimator:
             torch.cuda.synchronize(self.device)
         if not outputs:
             raise FitforgeValueError("predict produced no output: every batch was cancelled")
-        if isinstance(outputs[0], tuple):
-            return tuple(torch.cat(parts) for parts in zip(*outputs))
-        return torch.cat(outputs)
+        joined = tuple(torch.cat(parts) for parts in zip(*outputs)) if isinstance(outputs[0], tuple) \
+            else torch.cat(outputs)
+        return gather_predictions(joined, len(data.dataset)) if sharded else joined  # type: ignore[attr-defined]
 
     def lr_find(self, train_data: Iterable, start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
                 smoothing: float = 0.05, diverge_factor: float = 4.0) -> LRFindResult:

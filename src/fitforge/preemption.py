@@ -6,6 +6,11 @@ The signal only sets ``state.preempted`` and requests a stop, so the batch under
 (128 + 15, the exit status schedulers such as SLURM and Kubernetes expect), SIGINT with
 ``KeyboardInterrupt``. A second signal while stopping acts at once. Signals can be caught only in
 the main thread; ``fit`` in another thread leaves them alone.
+
+Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
+rank that stops alone leaves the others waiting in a collective. So there the signal only sets
+``state.signalled``; PreemptionSyncHandler reduces it across ranks every batch and sets
+``preempted`` on every rank at the same batch end.
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ def _pass_on(signum: int, handler: Any, frame: Any) -> None:
 
 
 @contextmanager
-def preemptible(state: TrainState) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGINT request a stop of ``state``'s training."""
+def preemptible(state: TrainState, agreed: bool = False) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT request a stop of ``state``'s training; with ``agreed``
+    (several ranks) they set ``state.signalled`` for PreemptionSyncHandler instead."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -51,10 +57,15 @@ def preemptible(state: TrainState) -> Iterator[None]:
         if os.getpid() != pid:  # a forked DataLoader worker inherited this handler: act as before fit
             _pass_on(signum, previous[signal.Signals(signum)], frame)
             return
-        if state.preempted is not None:
+        if state.preempted is not None or state.signalled is not None:
             _act_now(signum)
-        state.preempted = signum
+        state.signalled = signum
         name = signal.Signals(signum).name
+        if agreed:
+            log.warning("received %s: every rank stops at the end of the next batch (saved by a CheckpointHandler, "
+                        "if any); send it again to stop at once", name)
+            return
+        state.preempted = signum
         state.request_stop(f"preempted by {name}")
         log.warning("received %s: training stops at the end of this batch (saved by a CheckpointHandler, if "
                     "any); send it again to stop at once", name)

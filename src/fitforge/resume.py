@@ -2,8 +2,8 @@
 
 :func:`training_state` collects the counters (completed epochs, batch position in the epoch,
 global and optimizer steps), the gradients of an unfinished accumulation group, the history, the
-random generators, the data order and every stateful handler's state. :func:`resume` puts them
-back. It runs once every handler's ``train_begin`` has run and before the first ``epoch_begin``,
+random generators (every rank's, under torch.distributed), the data order and every stateful
+handler's state. :func:`resume` puts them back. It runs once every handler's ``train_begin`` has run and before the first ``epoch_begin``,
 so restored state wins over fresh state whatever the priorities.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .distributed import gather_to_main, rank, world_size
 from .events import numbered_names
 from .rng import restore_rng_states, rng_states
 from .state import TrainState
@@ -49,6 +50,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
                   if state.accumulated_batches else {}),
         "history": state.history.state_dict(),
         "rng": rng_states(),
+        **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
         "data_order": {} if state.data_order is None else state.data_order.state_dict(),
         "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(state.handlers).items()},
     }
@@ -69,7 +71,9 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         history = {**history, "epochs": state.epoch, "recorded": [],
                    "columns": {key: values[: state.epoch] for key, values in history["columns"].items()}}
     state.history.load_state_dict({**history, "stop_reason": None})
-    restore_rng_states(checkpoint.get("rng", {}))
+    rank_rngs = checkpoint.get("rank_rngs")  # every rank's generators, in a checkpoint of several ranks
+    same_ranks = isinstance(rank_rngs, list) and len(rank_rngs) == world_size()
+    restore_rng_states(rank_rngs[rank()] if same_ranks else checkpoint.get("rng", {}))  # type: ignore[index]
     if state.data_order is not None:
         state.data_order.load_state_dict(checkpoint.get("data_order", {}), mid_epoch=position > 0)
     saved = checkpoint.get("handlers", {})

@@ -95,7 +95,10 @@ class TrainState:
         stop_requested / stop_reason: set by :meth:`request_stop`.
         start_batch: the batch position the current epoch started at: 0, except in the epoch a
             resume from a mid-epoch checkpoint continues.
-        preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None.
+        preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
+            torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
+        signalled: the signal this process received (the same as ``preempted`` in one process).
+        failed: whether an exception is ending training (``train_end`` then runs as a teardown).
         data_order: the training data's :class:`~fitforge.data_order.DataOrder` (fit only).
         restore: a checkpoint a handler loaded in ``train_begin`` for fit to resume from, once every
             ``train_begin`` ran (CheckpointHandler sets it; see :mod:`fitforge.resume`).
@@ -123,6 +126,8 @@ class TrainState:
     stop_reason: str | None = None
     start_batch: int = 0
     preempted: int | None = None
+    signalled: int | None = None
+    failed: bool = False
     data_order: DataOrder | None = None
     restore: dict[str, Any] | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)

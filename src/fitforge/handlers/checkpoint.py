@@ -17,6 +17,7 @@ from ..checkpoint_io import (
     save_checkpoint,
 )
 from ..checks import check_flag, check_positive
+from ..distributed import agree, rank
 from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from ..resume import epoch_done, training_state
@@ -69,6 +70,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
     batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
 
+    Under torch.distributed every rank builds the checkpoint (it holds every rank's random
+    generators and running metric sums), rank 0 alone writes it, and every rank waits for the write
+    and fails with rank 0's error if it fails. On resume rank 0 picks the file and every rank loads
+    it, so ``model_dir`` must be readable by every rank (shared across machines).
+
     Example:
         >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)
         >>> estimator.fit(train, val_data=val, epochs=10, event_handlers=[saver])  # doctest: +SKIP
@@ -109,7 +115,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) of the newest regular save
 
     def train_begin(self, state: TrainState) -> None:
-        self._prepare_folder()
+        agree(self._prepare_folder, FitforgeValueError)
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
         self.saved, self.best, self.best_path, self._last = [], None, None, None
@@ -140,26 +146,44 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         return [path for _, path in sorted(found)]
 
     def _resume(self, state: TrainState) -> None:
+        """Rank 0 picks the newest checkpoint that loads; every other rank loads the same file."""
+        loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
+        name = agree(lambda: self._newest_loadable(state, loaded), CheckpointError)
+        if name is None:
+            return
+        path = self.model_dir / name
+        if loaded:
+            checkpoint = loaded[0]
+        else:
+            try:
+                checkpoint = restore_weights(state.estimator, path)
+            except FileNotFoundError as err:
+                raise CheckpointError(f"rank {rank()} cannot find {path}, which rank 0 resumes from: model_dir must be "
+                                      "a folder every rank can read (a shared filesystem across machines)") from err
+        self._restore(state, checkpoint, path, self._regular_files())
+
+    def _newest_loadable(self, state: TrainState, loaded: list[dict]) -> str | None:
+        """Load the newest checkpoint that loads into ``loaded``; its file name (None: there is none)."""
         files = self._regular_files()
         if not files:
             log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.model_dir)
-            return
+            return None
         reasons = []
         for path in reversed(files):
             try:
-                checkpoint = restore_weights(state.estimator, path)
+                loaded.append(restore_weights(state.estimator, path))
             except CheckpointError as err:
                 log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
                 reasons.append(f"{path.name}: {err}")
                 continue
-            self._restore(state, checkpoint, path, files)
-            return
+            return path.name
         raise CheckpointError(f"resume_from_checkpoint: none of the {len(files)} checkpoint(s) in {self.model_dir} "
                               f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch")
 
     def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
         state.restore = checkpoint  # fit resumes from it once every handler's train_begin ran
-        self.saved = files[: files.index(path) + 1]  # newer unreadable files leave the rotation's count
+        # Newer unreadable files leave the rotation's count (only rank 0, which writes, rotates).
+        self.saved = files[: files.index(path) + 1] if path in files else [path]
         self._last = (checkpoint["epochs_completed"], checkpoint["global_step"], checkpoint.get("position", 0))
         log.info("CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)", path.name,
                  checkpoint["epochs_completed"], checkpoint["global_step"],
@@ -211,7 +235,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             return
         self._last = key
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
-        save_checkpoint(self.checkpoint(state, epochs, batches), path)
+        checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
+        agree(lambda: self._write_and_rotate(checkpoint, path), CheckpointError)
+
+    def _write_and_rotate(self, checkpoint: dict, path: Path) -> None:
+        save_checkpoint(checkpoint, path)
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
@@ -227,7 +255,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
         checkpoint = self.checkpoint(state, _completed_epochs(state), state.global_step)
         checkpoint["best"] = {"monitor": self.monitor, "value": value, "epoch": state.epoch}
-        save_checkpoint(checkpoint, self.best_path)
+        agree(lambda: save_checkpoint(checkpoint, self.best_path), CheckpointError)  # type: ignore[arg-type]
         log.info("%s improved from %s to %.4g: saved %s", self.monitor,
                  "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 from ..data import shape_of
-from ..distributed import reduce_sums
+from ..distributed import gather_to_main, rank, reduce_sums, world_size
 from ..events import BatchEnd, EpochBegin, EpochEnd
 from ..exceptions import FitforgeValueError
 from ..metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
-from ..metrics.base import SumCountMetric, load_metric_state, metric_state
+from ..metrics.base import (
+    SumCountMetric,
+    load_metric_state,
+    merge_metric_state,
+    metric_state,
+)
 from ..state import TrainState
 
 log = logging.getLogger("fitforge")
@@ -31,7 +38,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
 
     Under torch.distributed (a process group initialised, e.g. by ``torchrun``) the sums are
     reduced across ranks at epoch end, so every rank records the values of the whole data
-    (torchmetrics metrics sync themselves in ``compute``); running values stay per rank.
+    (torchmetrics metrics sync themselves in ``compute``); running values stay per rank. A
+    checkpoint holds every rank's running sums: the same number of ranks takes its own back, and
+    fewer or more ranks resume their total on rank 0.
 
     Its state (:meth:`state_dict`) is the epoch's running sums, so a checkpoint written mid-epoch
     resumes them: the resumed epoch's values cover all its batches. That holds for the built-in
@@ -47,7 +56,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         self._resolved: list[MetricSlot] | None = None
         self._open = False  # between this handler's epoch_begin and epoch_end
         self._configured_for: tuple | None = None
-        self._pending: dict | None = None  # running sums loaded from a checkpoint, for the resumed epoch
+        self._pending: list[dict] | None = None  # running sums from a checkpoint (one per rank to merge)
 
     def _slots(self, estimator, phase: str) -> list[MetricSlot]:
         if self.metrics is None:
@@ -91,7 +100,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         self._open = True
 
     def batch_end(self, state: TrainState) -> None:
-        out = state.output
+        out: Any = state.output
         self._loss.update(out.loss, out.batch_size)
         if self._parts:
             for mean, part in zip(self._parts, out.losses):
@@ -109,37 +118,60 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
                 ) from err
 
     def state_dict(self) -> dict:
-        """The running sums of the current (or last) epoch: the loss mean(s) and every metric's."""
+        """The running sums of the current (or last) epoch: the loss mean(s) and every metric's;
+        under torch.distributed, every rank's (``{"ranks": [...]}`` on rank 0, a collective)."""
         if self._configured_for is None:
             return {}
-        return {"loss": self._loss.state_dict(), "parts": [mean.state_dict() for mean in self._parts],
-                "metrics": [metric_state(slot.metric) for slot in self.slots]}
+        own = {"loss": self._loss.state_dict(), "parts": [mean.state_dict() for mean in self._parts],
+               "metrics": [metric_state(slot.metric) for slot in self.slots]}
+        return own if world_size() == 1 else {"ranks": gather_to_main(_on_host(own))}
 
     def load_state_dict(self, state: dict) -> None:
         """Keep the sums for the next ``epoch_begin``, which resumes them if it continues an epoch."""
-        self._pending = state or None
+        ranks = state.get("ranks", [state] if state else [])
+        if len(ranks) == world_size():
+            self._pending = [ranks[rank()]] if ranks else None
+        else:  # another number of ranks: rank 0 carries the total, the others start from zero
+            self._pending = ranks if rank() == 0 and ranks else None
 
-    def _resume(self, saved: dict, device) -> None:
-        self._loss.load_state_dict(saved["loss"])
-        self._loss.to(device)
-        for mean, part in zip(self._parts, saved["parts"]):
-            mean.load_state_dict(part)
+    def _resume(self, saved: list[dict], device) -> None:
+        means = [(self._loss, [ranks["loss"] for ranks in saved])]
+        means += [(mean, [ranks["parts"][i] for ranks in saved]) for i, mean in enumerate(self._parts)]
+        for mean, parts in means:
+            mean.load_state_dict(parts[0])
+            for extra in parts[1:]:
+                merge_metric_state(mean, extra)
             mean.to(device)
-        for slot, metric_saved in zip(self.slots, saved["metrics"]):
-            if metric_saved is None:
+        for i, slot in enumerate(self.slots):
+            states = [rank_saved["metrics"][i] for rank_saved in saved]
+            if any(state is None for state in states):
                 log.warning("metric %r (%s) has no state fitforge can save: its value for the resumed epoch "
                             "covers only the batches after the resume", slot.name, type(slot.metric).__name__)
                 continue
-            load_metric_state(slot.metric, metric_saved)
+            load_metric_state(slot.metric, states[0])
+            try:
+                for extra in states[1:]:
+                    merge_metric_state(slot.metric, extra)
+            except RuntimeError as err:
+                log.warning("metric %r (%s) cannot merge the running states of %d ranks (%s): its value for the "
+                            "resumed epoch misses the other ranks' batches before the resume", slot.name,
+                            type(slot.metric).__name__, len(states), err)
             slot.metric.to(device)
 
     def compute(self) -> dict[str, float]:
-        """The epoch-so-far values, keyed as in history (reads device values to the host)."""
+        """The epoch-so-far values, keyed as in history (reads device values to the host). On a
+        torch.distributed rank they are this rank's own: a torchmetrics metric is computed without
+        its cross-rank sync, a collective that ranks without this reader would never join."""
+        return self._values(local=world_size() > 1)
+
+    def _values(self, local: bool) -> dict[str, float]:
         values = {self.prefix + "loss": float(self._loss.compute())}
         for i, mean in enumerate(self._parts):
             values[f"{self.prefix}loss_{i}"] = float(mean.compute())
         for slot in self.slots:
-            values[self.prefix + slot.name] = float(slot.metric.compute())
+            metric = slot.metric
+            unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
+            values[self.prefix + slot.name] = float(type(metric).compute(metric) if unsynced else metric.compute())
         return values
 
     def epoch_end(self, state: TrainState) -> None:
@@ -148,8 +180,19 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         self._open = False
         # Under torch.distributed every rank holds its share of the sums: totals over all ranks first.
         reduce_sums([self._loss, *self._parts, *(s.metric for s in self.slots if isinstance(s.metric, SumCountMetric))])
-        values = self.compute()
+        values = self._values(local=False)
         state.metrics.update(values)
         if state.phase == "train":
             for key, value in values.items():
                 state.history.record(key, value)
+
+
+def _on_host(value: Any) -> Any:
+    """``value`` with every tensor moved to the CPU (to travel between ranks)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: _on_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(item) for item in value)
+    return value

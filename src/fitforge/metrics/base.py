@@ -122,3 +122,17 @@ def load_metric_state(metric: Any, state: dict[str, Any]) -> None:
         setattr(metric, name, value)
     metric._update_count = state["updates"]
     metric._computed = None  # torchmetrics caches compute()'s result
+
+
+def merge_metric_state(metric: Any, state: dict[str, Any]) -> None:
+    """Add another rank's :func:`metric_state` to the state ``metric`` holds (a checkpoint of several
+    ranks resumed on fewer). Raises ``RuntimeError`` for a torchmetrics metric that cannot merge."""
+    if isinstance(metric, SumCountMetric):
+        if state["sum"] is not None:
+            device = state["sum"].device if metric._sum is None else metric._sum.device
+            count = state["count"].to(device) if isinstance(state["count"], torch.Tensor) else state["count"]
+            metric._accumulate(state["sum"].to(device), count)
+        return
+    metric.merge_state(state["states"])
+    metric._update_count += state["updates"]
+    metric._computed = None

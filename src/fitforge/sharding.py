@@ -1,0 +1,135 @@
+"""Each rank's share of the data under torch.distributed, and ``predict``'s outputs put back in order.
+
+Training: a ``DataLoader`` whose sampler is not already a ``DistributedSampler`` is rebuilt over
+one (shuffled if the loader shuffled; its seed is the fit's, see :mod:`fitforge.data_order`), with
+the loader's batch size, workers and collation. Every rank then gets ``ceil(N / world)`` samples,
+so every rank runs the same number of batches, which data-parallel training needs (each backward
+is a collective): ``DistributedSampler`` pads the last share with samples from the start.
+
+Evaluation and prediction: rank ``r`` takes samples ``r, r + world, r + 2 world...`` in dataset
+order and nothing is repeated, so the reduced metrics are those of the whole data, exactly. Under
+FSDP, whose forward is itself a collective, every rank must run as many batches as the others: the
+shares are padded there as in training (up to ``world - 1`` samples counted twice).
+
+Data that is not a ``DataLoader`` over a map-style dataset with torch's samplers is left as it is,
+with a warning in training: every rank then reads all of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+from .data import loader_options
+from .distributed import gather_to_main, rank, world_size
+
+log = logging.getLogger("fitforge")
+_EVAL_SHARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> {padded: its shard}
+
+
+class StridedSampler(Sampler[int]):
+    """Indices ``rank, rank + world, ...`` below ``size``: one rank's share, in order, none repeated."""
+
+    def __init__(self, size: int, rank: int, world: int) -> None:
+        self.indices = range(rank, size, world)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def _why_not(loader: Any) -> str | None:
+    """Why ``loader`` cannot be sharded by index (None when it can)."""
+    if not isinstance(loader, DataLoader):
+        return f"it is a {type(loader).__name__}, not a DataLoader"
+    if isinstance(loader.dataset, IterableDataset):
+        return "its dataset is an IterableDataset: shard it in the dataset (torch.distributed.get_rank())"
+    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+        return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
+    sampler = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+    if type(sampler) not in (RandomSampler, SequentialSampler, DistributedSampler):
+        return f"its sampler {type(sampler).__name__} has no distributed counterpart"
+    return None
+
+
+def _sampler(loader: DataLoader) -> Any:
+    return loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler  # type: ignore[attr-defined]
+
+
+def _rebuild(loader: DataLoader, sampler: Sampler) -> DataLoader:
+    options = loader_options(loader, loader.generator)
+    options["persistent_workers"] = loader.persistent_workers
+    if loader.batch_sampler is None:  # batch_size=None: the loader yields single samples
+        return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **options)
+    batches: Any = loader.batch_sampler
+    return DataLoader(loader.dataset, batch_size=batches.batch_size, drop_last=batches.drop_last, sampler=sampler,
+                      **options)
+
+
+def shard_train(data: Iterable, argument: str = "train_data") -> Iterable:
+    """This rank's share of the training data (``data`` itself outside torch.distributed)."""
+    if world_size() == 1:
+        return data
+    problem = _why_not(data)
+    if problem is not None:
+        log.warning("%s is not split across the %d ranks (%s): every rank trains on all of it; pass a DataLoader "
+                    "over a map-style dataset, or give each rank its share yourself", argument, world_size(), problem)
+        return data
+    loader: DataLoader = data  # type: ignore[assignment]
+    if isinstance(_sampler(loader), DistributedSampler):
+        return loader
+    sampler: DistributedSampler = DistributedSampler(loader.dataset, num_replicas=world_size(), rank=rank(),
+                                 shuffle=isinstance(_sampler(loader), RandomSampler))
+    sampler.fitforge_seeded = True  # type: ignore[attr-defined]  # DataOrder sets its seed from the fit's
+    return _rebuild(loader, sampler)
+
+
+def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
+    """``(this rank's share of evaluation data, whether it is a share)``; ``padded`` gives every
+    rank as many samples (for FSDP). The share of a loader is made once and reused."""
+    if world_size() == 1 or _why_not(data) is not None:
+        return data, False
+    loader: DataLoader = data  # type: ignore[assignment]
+    if isinstance(_sampler(loader), DistributedSampler):
+        return loader, False  # the user's own split: their outputs, their order
+    shards = _EVAL_SHARDS.setdefault(loader, {})
+    if padded not in shards:
+        size = len(loader.dataset)  # type: ignore[arg-type]
+        sampler: Sampler = (DistributedSampler(loader.dataset, world_size(), rank(), shuffle=False) if padded
+                            else StridedSampler(size, rank(), world_size()))
+        shards[padded] = _rebuild(loader, sampler)
+    return shards[padded], True
+
+
+def gather_predictions(outputs: Any, size: int) -> Any:
+    """Rank 0: every rank's outputs (rows ``r, r + world, ...``) interleaved back into dataset
+    order, cut to the dataset's ``size`` (dropping padding); None on the other ranks."""
+    parts = gather_to_main(outputs)
+    if parts is None:
+        return None
+    if isinstance(parts[0], tuple):
+        return tuple(_interleave([part[i] for part in parts], size) for i in range(len(parts[0])))
+    return _interleave(parts, size)
+
+
+def _interleave(parts: list[torch.Tensor], size: int) -> torch.Tensor:
+    total = sum(len(part) for part in parts)
+    merged = parts[0].new_empty((total, *parts[0].shape[1:]))
+    for r, part in enumerate(parts):
+        merged[r::len(parts)] = part
+    return merged[:size]

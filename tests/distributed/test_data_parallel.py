@@ -1,0 +1,165 @@
+"""fitforge under torchrun with no change to the script (train_run.py): 2 CPU ranks on gloo train
+like 1 process with the same global batch, reduce their metrics, gather predictions on rank 0,
+write files from rank 0 only, save together when one rank gets SIGTERM, and resume on 2 ranks and
+on 1 process; a two-"node" launch on loopback agrees too.
+
+The launches are independent processes, so the module runs them in parallel once and the tests
+read their results."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = str(HERE / "train_run.py")
+RUN = [sys.executable, "-m", "torch.distributed.run"]
+BASE = {"epochs": 3, "global_batch": 16}
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="needs torch.distributed with gloo")
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def launch(out: Path, config: dict, processes: int) -> subprocess.CompletedProcess:
+    """``processes`` ranks under torchrun --standalone; 0: the plain script, no launcher."""
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = [sys.executable] if processes == 0 else [*RUN, "--standalone", f"--nproc_per_node={processes}"]
+    return subprocess.run([*prefix, SCRIPT, str(out), json.dumps(config)], capture_output=True, text=True,
+                          timeout=240, env=_env(), check=False)
+
+
+def launch_two_nodes(out: Path, config: dict) -> list[subprocess.CompletedProcess]:
+    """Two launchers, one process each, meeting at a loopback rendezvous as two machines would."""
+    out.mkdir(parents=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodes = [subprocess.Popen([*RUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}",
+                               "--master_addr=127.0.0.1", f"--master_port={port}", SCRIPT, str(out),
+                               json.dumps(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env()) for node in (0, 1)]
+    done = []
+    for node in nodes:
+        stdout, stderr = node.communicate(timeout=240)
+        done.append(subprocess.CompletedProcess(node.args, node.returncode, stdout, stderr))
+    return done
+
+
+def results(out: Path, world: int) -> list[dict]:
+    return [json.loads((out / f"result-rank{rank}.json").read_text()) for rank in range(world)]
+
+
+def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("data_parallel")
+    paths = {name: root / name for name in ("one", "two", "nodes", "preempted", "resumed_two", "resumed_one")}
+    shared = {"checkpoints": root / "checkpoints", "saved": root / "checkpoints-copy"}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        first = {
+            "one": pool.submit(launch, paths["one"], BASE, 0),
+            "two": pool.submit(launch, paths["two"], {**BASE, "per_rank_dirs": True}, 2),
+            "preempted": pool.submit(launch, paths["preempted"],
+                                     {**BASE, "sigterm_at": 6, "model_dir": str(shared["checkpoints"])}, 2),
+            "nodes": pool.submit(launch_two_nodes, paths["nodes"], BASE),
+        }
+        ok(first["one"].result())
+        ok(first["two"].result())
+        for node in first["nodes"].result():
+            ok(node)
+        preempted = first["preempted"].result()
+        assert preempted.returncode != 0, "the SIGTERM'd run went on to the end"
+        shutil.copytree(shared["checkpoints"], shared["saved"])  # as the preempted run left it
+        copy = root / "checkpoints-for-one"  # each resumed run adds its own checkpoints to its folder
+        shutil.copytree(shared["checkpoints"], copy)
+        resumed = [pool.submit(launch, paths["resumed_two"], {**BASE, "resume": True,
+                                                             "model_dir": str(shared["checkpoints"])}, 2),
+                   pool.submit(launch, paths["resumed_one"], {**BASE, "resume": True, "model_dir": str(copy)}, 0)]
+        for future in resumed:
+            ok(future.result())
+    return {**paths, **shared}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    return max(float((torch.tensor(a[key]) - torch.tensor(b[key])).abs().max()) for key in a)
+
+
+def close(a: dict, b: dict, tolerance: float = 1e-6) -> bool:
+    return set(a) == set(b) and all(abs(x - y) <= tolerance * max(1.0, abs(y)) for key in a
+                                    for x, y in zip(a[key] if isinstance(a[key], list) else [a[key]],
+                                                    b[key] if isinstance(b[key], list) else [b[key]]))
+
+
+def test_two_ranks_train_like_one_process_with_the_same_global_batch(runs):
+    single, = results(runs["one"], 1)
+    ranks = results(runs["two"], 2)
+    assert ranks[0]["params"] == ranks[1]["params"]  # DDP keeps the replicas identical
+    assert max_difference(ranks[0]["params"], single["params"]) <= 1e-6
+    # The loss and metrics, reduced over both ranks' halves, are the single process's.
+    assert ranks[0]["history"] == ranks[1]["history"]
+    assert close(ranks[0]["history"], single["history"])
+
+
+def test_evaluate_returns_the_same_reduced_dict_on_every_rank(runs):
+    single, = results(runs["one"], 1)
+    ranks = results(runs["two"], 2)
+    assert ranks[0]["evaluate"] == ranks[1]["evaluate"]
+    assert close(ranks[0]["evaluate"], single["evaluate"])
+
+
+def test_predict_returns_every_output_in_dataset_order_on_rank_0(runs):
+    single, = results(runs["one"], 1)
+    ranks = results(runs["two"], 2)
+    assert ranks[1]["predict"] is None
+    assert len(ranks[0]["predict"]) == 50  # 25 rows from each rank, interleaved back
+    assert float((torch.tensor(ranks[0]["predict"]) - torch.tensor(single["predict"])).abs().max()) <= 1e-5
+
+
+def test_only_rank_0_writes_files(runs):
+    rank0, rank1 = runs["two"] / "rank0", runs["two"] / "rank1"
+    assert not rank1.exists()  # no CSV log, no checkpoint folder
+    assert (rank0 / "log.csv").is_file()
+    assert sorted(p.name for p in (rank0 / "checkpoints").iterdir()) == [
+        "model-epoch1batch5.pt", "model-epoch2batch10.pt", "model-epoch3batch15.pt"]
+
+
+def test_sigterm_on_one_rank_makes_every_rank_save_at_the_same_batch(runs):
+    # Rank 1 alone got SIGTERM after batch 7 (step 6); the flag, reduced over batch 8, stopped both
+    # ranks at its end: one checkpoint of 8 batches, written by rank 0 while rank 1 waited for it.
+    rank1 = json.loads((runs["preempted"] / "result-rank1.json").read_text())
+    assert rank1["exit"] == 143
+    assert {p.name for p in runs["saved"].iterdir()} == {"model-epoch1batch5.pt", "model-epoch1batch8.pt"}
+
+
+def test_a_checkpoint_of_two_ranks_resumes_exactly_on_two_ranks_and_on_one_process(runs):
+    uninterrupted = results(runs["two"], 2)[0]
+    on_two = results(runs["resumed_two"], 2)
+    assert on_two[0]["params"] == on_two[1]["params"] == uninterrupted["params"]  # bit for bit
+    assert on_two[0]["history"] == uninterrupted["history"]  # the resumed epoch's sums came back per rank
+    on_one, = results(runs["resumed_one"], 1)
+    assert max_difference(on_one["params"], uninterrupted["params"]) <= 1e-6
+    assert close(on_one["history"], uninterrupted["history"])  # both ranks' running sums, merged on one
+
+
+def test_two_nodes_on_loopback_train_like_one_process(runs):
+    single, = results(runs["one"], 1)
+    nodes = results(runs["nodes"], 2)
+    assert nodes[0]["params"] == nodes[1]["params"]
+    assert max_difference(nodes[0]["params"], single["params"]) <= 1e-6
+    assert close(nodes[0]["evaluate"], single["evaluate"])

@@ -1,0 +1,58 @@
+"""Run under torchrun (or plain python for one process): train a small classifier with fitforge's
+automatic data parallelism, and write this rank's results to OUT/result-rank<r>.json.
+
+Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs, global_batch, and optionally
+strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
+which ranks write), sigterm_at / sigterm_rank (that rank sends itself SIGTERM after that batch),
+model_dir (a checkpoint folder shared by runs).
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fitforge import Estimator
+from fitforge.distributed import rank
+from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler
+
+out, config = Path(sys.argv[1]), json.loads(sys.argv[2])
+world = int(os.environ.get("WORLD_SIZE", "1"))
+torch.manual_seed(0)
+generator = torch.Generator().manual_seed(0)
+x, y = torch.randn(80, 6, generator=generator), torch.randint(0, 3, (80,), generator=generator)
+net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", device="cpu",
+                      optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                      strategy=config.get("strategy", "auto"))
+me = rank()
+train = DataLoader(TensorDataset(x, y), batch_size=config["global_batch"] // world, shuffle=config.get("shuffle", False))
+val = DataLoader(TensorDataset(x[:50], y[:50]), batch_size=8)  # 25 samples per rank of 2: uneven batches
+folder = out / f"rank{me}" if config.get("per_rank_dirs") else out
+handlers = [CheckpointHandler(config.get("model_dir", folder / "checkpoints"), batch_period=config.get("batch_period"),
+                              resume_from_checkpoint=config.get("resume", False)),
+            CSVLoggerHandler(folder / "log.csv", append=config.get("resume", False))]
+if config.get("sigterm_at") is not None and me == config.get("sigterm_rank", 1):
+    def terminate(state):
+        if state.global_step == config["sigterm_at"]:
+            os.kill(os.getpid(), signal.SIGTERM)  # this rank only: the others learn of it by the reduced flag
+    handlers.append(LambdaHandler(batch_end=terminate))
+
+result: dict = {"rank": me, "world": world}
+try:
+    history = estimator.fit(train, val_data=val, epochs=config["epochs"], event_handlers=handlers)
+    result["history"] = {key: history[key] for key in history if key.startswith(("train_", "val_"))}
+    result["evaluate"] = estimator.evaluate(val)
+    predictions = estimator.predict(val)
+    result["predict"] = None if predictions is None else predictions.tolist()
+except SystemExit as stop:
+    result["exit"] = stop.code
+    raise
+finally:
+    result["params"] = {name: value.tolist() for name, value in net.state_dict().items()}
+    (out / f"result-rank{me}.json").write_text(json.dumps(result))
