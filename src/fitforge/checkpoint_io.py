@@ -142,16 +142,21 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     return checkpoint
 
 
-def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimizers: bool = True) -> dict:
+def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimizers: bool = True,
+                    folder: Path | None = None) -> dict:
     """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
 
     A checkpoint of another architecture is a :class:`CheckpointError` listing the missing and
-    unexpected parameter names.
+    unexpected parameter names. The weights of a sharded (FSDP) checkpoint are in the folder its
+    file names, beside the file (``folder``, when ``checkpoint`` is a dict already loaded).
     """
     if not isinstance(checkpoint, dict):
+        folder = Path(checkpoint).parent
         # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
         # optimizer state as each optimizer expects (a CUDA step counter would sync every step).
         checkpoint = load_checkpoint(checkpoint, map_location="cpu")
+    if "sharded" in checkpoint:
+        return _restore_sharded(estimator, checkpoint, optimizers, folder)
     result = _load_net(estimator.net, checkpoint["model"])
     if result:
         raise CheckpointError(f"the checkpoint's weights do not fit this net: {result}")
@@ -184,3 +189,19 @@ def _load_net(net: torch.nn.Module, weights: dict) -> str:
     if not problem:
         net.load_state_dict(weights)
     return problem
+
+
+def _restore_sharded(estimator: Any, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:
+    """Load the weights (optimizer states, gradients) a sharded checkpoint keeps in its DCP folder."""
+    from .fsdp import load_sharded
+
+    shards = Path(folder or ".") / checkpoint["sharded"]
+    try:
+        checkpoint["grads"] = load_sharded(estimator, shards, optimizers, grads=bool(checkpoint.get("accumulated_batches")))
+    except FileNotFoundError as err:
+        raise CheckpointError(f"the sharded weights of this checkpoint are missing: {err}; keep the .dcp folder "
+                              "beside the checkpoint file") from err
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise CheckpointError(f"the sharded checkpoint {shards} does not fit this net or its optimizers: "
+                              f"{type(err).__name__}: {err}") from err
+    return checkpoint

@@ -15,7 +15,8 @@ alone.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -94,10 +95,15 @@ def gather_to_main(value: Any) -> list[Any] | None:
     return gathered
 
 
-def reduce_sums(metrics: Sequence[SumCountMetric]) -> None:
-    """Replace each metric's sum and count by their totals over all ranks (one ``all_reduce``)."""
+@contextmanager
+def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
+    """Within the block each metric holds its sum and count totalled over all ranks (one
+    ``all_reduce``); after it, this rank's own again (a checkpoint written later in the epoch's end
+    keeps every rank's share, not totals it would count twice)."""
     if world_size() == 1 or not metrics:
+        yield
         return
+    own = [(metric._sum, metric._count) for metric in metrics]
     device = next((m._sum.device for m in metrics if m._sum is not None), _collective_device())
     packed = torch.zeros(2 * len(metrics), dtype=torch.float64, device=device)
     for i, metric in enumerate(metrics):  # int64 sums and counts are exact in float64 up to 2**53
@@ -109,8 +115,13 @@ def reduce_sums(metrics: Sequence[SumCountMetric]) -> None:
     for i, metric in enumerate(metrics):
         dtype = metric._sum.dtype if metric._sum is not None else torch.float64
         metric._sum = packed[2 * i].to(dtype)
-        count = packed[2 * i + 1]
-        metric._count = count if isinstance(metric._count, torch.Tensor) else int(count.item())
+        total = packed[2 * i + 1]
+        metric._count = total if isinstance(metric._count, torch.Tensor) else int(total.item())
+    try:
+        yield
+    finally:
+        for metric, (own_sum, own_count) in zip(metrics, own):
+            metric._sum, metric._count = own_sum, own_count
 
 
 def _collective_device() -> torch.device:

@@ -71,8 +71,11 @@ class Estimator:
         strategy: how several processes train (see docs/distributed.md). ``"auto"`` (default):
             data-parallel (``DistributedDataParallel``) when launched by ``torchrun`` with several
             processes, else one process; ``"ddp"``: data-parallel, an error without a launcher;
-            ``"none"`` (or None): fitforge neither wraps the net nor splits the data.
-        strategy_options: keyword arguments for the wrapper, e.g. ``{"find_unused_parameters": True}``.
+            ``"fsdp"``: sharded data-parallel with FSDP2 ``fully_shard`` for models too big for one
+            device (see :mod:`fitforge.fsdp`); ``"none"`` (or None): fitforge neither wraps the net
+            nor splits the data.
+        strategy_options: keyword arguments for the wrapper, e.g. ``{"find_unused_parameters": True}``
+            for DDP, or ``{"shard": (Block,), "reshard_after_forward": False}`` for FSDP.
 
     Under ``torchrun`` each rank takes the device of its ``LOCAL_RANK`` (when ``device`` is None or
     ``"cuda"``), fit, evaluate and predict split their DataLoaders across ranks, metrics are reduced
@@ -115,7 +118,7 @@ class Estimator:
         check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
         check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
-        self.train_net = parallelize(self.net, self.device, self.strategy, strategy_options, wrapper)
+        self.train_net = parallelize(self.net, self.optimizers, self.device, self.strategy, strategy_options, wrapper)
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:
@@ -164,7 +167,7 @@ class Estimator:
         if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
             return
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), _inference(self.val_net):
+        with torch.random.fork_rng(devices=devices), _inference(self.val_net, self.strategy != "fsdp"):
             batch = next(iter(val_data), None)
             if batch is None:
                 return  # empty: reported by check_data or at the first validation
@@ -259,12 +262,12 @@ class Estimator:
     def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
         if self.sharded:
-            val_data, _ = shard_eval(val_data, padded=False)
+            val_data, _ = shard_eval(val_data, padded=self.strategy == "fsdp")
         num_batches = check_data(val_data, "val_data", passes=1)
         dispatcher = Dispatcher(evaluate_handlers(event_handlers))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
-        with _inference(self.val_net):
+        with _inference(self.val_net, self.strategy != "fsdp"):
             run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch, "val_data")
         return dict(state.metrics)
 
@@ -283,7 +286,7 @@ class Estimator:
         """
         sharded = False
         if self.sharded:
-            data, sharded = shard_eval(data, padded=False)
+            data, sharded = shard_eval(data, padded=self.strategy == "fsdp")
         num_batches = check_data(data, "data", passes=1)
         outputs: list = []
         predict_batch = self.batch_processor.predict_batch
@@ -296,7 +299,7 @@ class Estimator:
 
         dispatcher = Dispatcher(user_handlers(event_handlers))
         state = TrainState(self, "predict", num_batches=num_batches)
-        with _inference(self.val_net):
+        with _inference(self.val_net, self.strategy != "fsdp"):
             run_epoch(state, dispatcher, data, step, "data")
         if asynchronous:
             torch.cuda.synchronize(self.device)
@@ -377,12 +380,14 @@ def check_batch_processor(processor: Any) -> Any:
 
 
 @contextmanager
-def _inference(net: nn.Module) -> Iterator[None]:
-    """Eval mode under ``torch.inference_mode`` for a block; the net's previous mode is restored after."""
+def _inference(net: nn.Module, inference_mode: bool = True) -> Iterator[None]:
+    """Eval mode under ``torch.inference_mode`` (``no_grad`` with ``inference_mode=False``: FSDP keeps
+    the parameters it gathers for the next forward, which must not be inference tensors) for a
+    block; the net's previous mode is restored after."""
     was_training = net.training
     net.eval()
     try:
-        with torch.inference_mode():  # cheaper than no_grad: no version counters, no view tracking
+        with torch.inference_mode() if inference_mode else torch.no_grad():  # inference_mode: no version counters
             yield
     finally:
         net.train(was_training)

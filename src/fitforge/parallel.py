@@ -7,7 +7,8 @@ rank the CUDA device of its ``LOCAL_RANK``, and wraps the net in ``DistributedDa
 ``estimator.net`` stays the user's module, so weights, checkpoints and ``state_dict`` keys are
 those of one process; ``estimator.train_net`` is the wrapper ``fit``'s forward goes through.
 ``strategy="none"`` leaves all of this to the script; ``strategy="ddp"`` asks for DDP explicitly
-(an error without a launcher). See docs/distributed.md.
+and ``strategy="fsdp"`` for sharded training (:mod:`fitforge.fsdp`), both an error without a
+launcher. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .distributed import initialized, launched, local_rank, rank, world_size
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
+from .fsdp import shard
 
-STRATEGIES = ("auto", "ddp", "none")
+STRATEGIES = ("auto", "ddp", "fsdp", "none")
 log = logging.getLogger("fitforge")
 
 
@@ -78,10 +80,11 @@ def init_process_group(device: torch.device) -> None:
         dist.init_process_group("gloo")
 
 
-def parallelize(net: nn.Module, device: torch.device, strategy: str, options: dict | None,
-                wrapper: DistributedDataParallel | None) -> nn.Module:
+def parallelize(net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device, strategy: str,
+                options: dict | None, wrapper: DistributedDataParallel | None) -> nn.Module:
     """The module ``fit``'s forward goes through: ``wrapper`` (a DDP the user made), a new DDP
-    wrapper around ``net``, or ``net`` itself (one process, or ``strategy="none"``)."""
+    wrapper around ``net``, ``net`` sharded in place (FSDP, see :mod:`fitforge.fsdp`), or ``net``
+    itself (one process, or ``strategy="none"``)."""
     if wrapper is not None or strategy == "none":
         return net if wrapper is None else wrapper
     if strategy == "auto" and not _several():
@@ -91,6 +94,9 @@ def parallelize(net: nn.Module, device: torch.device, strategy: str, options: di
                                  "script with torchrun --nproc_per_node=N (see docs/distributed.md), or pass "
                                  "strategy='auto' to train in one process when not launched")
     init_process_group(device)
+    if strategy == "fsdp":
+        quiet_other_ranks()
+        return shard(net, optimizers, device, options)
     if world_size() == 1:
         return net
     quiet_other_ranks()

@@ -19,10 +19,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fitforge import fsdp
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "train_run.py")
 RUN = [sys.executable, "-m", "torch.distributed.run"]
 BASE = {"epochs": 3, "global_batch": 16}
+FSDP = fsdp.supported()
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="needs torch.distributed with gloo")
@@ -69,31 +72,42 @@ def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data_parallel")
-    paths = {name: root / name for name in ("one", "two", "nodes", "preempted", "resumed_two", "resumed_one")}
-    shared = {"checkpoints": root / "checkpoints", "saved": root / "checkpoints-copy"}
+    paths = {name: root / name for name in ("one", "two", "nodes", "preempted", "resumed_two", "resumed_one",
+                                            "fsdp_stopped", "fsdp_resumed_two", "fsdp_resumed_one")}
+    folders = {name: root / name for name in ("checkpoints", "saved", "for_one", "fsdp", "fsdp_saved", "fsdp_for_one")}
+    fsdp = {**BASE, "strategy": "fsdp"}
     with ThreadPoolExecutor(max_workers=3) as pool:
         first = {
             "one": pool.submit(launch, paths["one"], BASE, 0),
             "two": pool.submit(launch, paths["two"], {**BASE, "per_rank_dirs": True}, 2),
             "preempted": pool.submit(launch, paths["preempted"],
-                                     {**BASE, "sigterm_at": 6, "model_dir": str(shared["checkpoints"])}, 2),
+                                     {**BASE, "sigterm_at": 6, "model_dir": str(folders["checkpoints"])}, 2),
             "nodes": pool.submit(launch_two_nodes, paths["nodes"], BASE),
         }
-        ok(first["one"].result())
-        ok(first["two"].result())
-        for node in first["nodes"].result():
-            ok(node)
-        preempted = first["preempted"].result()
+        if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
+            first["fsdp_stopped"] = pool.submit(launch, paths["fsdp_stopped"],
+                                                {**fsdp, "epochs": None, "batches": 7, "model_dir": str(folders["fsdp"])}, 2)
+        preempted = first.pop("preempted").result()
         assert preempted.returncode != 0, "the SIGTERM'd run went on to the end"
-        shutil.copytree(shared["checkpoints"], shared["saved"])  # as the preempted run left it
-        copy = root / "checkpoints-for-one"  # each resumed run adds its own checkpoints to its folder
-        shutil.copytree(shared["checkpoints"], copy)
-        resumed = [pool.submit(launch, paths["resumed_two"], {**BASE, "resume": True,
-                                                             "model_dir": str(shared["checkpoints"])}, 2),
-                   pool.submit(launch, paths["resumed_one"], {**BASE, "resume": True, "model_dir": str(copy)}, 0)]
+        # Each resumed run adds its checkpoints to its folder: keep copies as the first runs left them.
+        resumes = [("resumed_two", {**BASE, "model_dir": str(folders["checkpoints"])}, 2),
+                   ("resumed_one", {**BASE, "model_dir": str(folders["for_one"])}, 0)]
+        copies = [("checkpoints", "saved"), ("checkpoints", "for_one")]
+        if FSDP:
+            ok(first.pop("fsdp_stopped").result())
+            resumes += [("fsdp_resumed_two", {**fsdp, "model_dir": str(folders["fsdp"])}, 2),
+                        ("fsdp_resumed_one", {**BASE, "model_dir": str(folders["fsdp_for_one"])}, 0)]
+            copies += [("fsdp", "fsdp_saved"), ("fsdp", "fsdp_for_one")]
+        for source, copy in copies:
+            shutil.copytree(folders[source], folders[copy])
+        resumed = [pool.submit(launch, paths[name], {**config, "resume": True}, processes)
+                   for name, config, processes in resumes]
+        for name, future in first.items():
+            for done in future.result() if name == "nodes" else [future.result()]:
+                ok(done)
         for future in resumed:
             ok(future.result())
-    return {**paths, **shared}
+    return {**paths, **folders}
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -163,3 +177,24 @@ def test_two_nodes_on_loopback_train_like_one_process(runs):
     assert nodes[0]["params"] == nodes[1]["params"]
     assert max_difference(nodes[0]["params"], single["params"]) <= 1e-6
     assert close(nodes[0]["evaluate"], single["evaluate"])
+
+
+@pytest.mark.skipif(not FSDP, reason=f"torch {torch.__version__} has no FSDP2 (fully_shard)")
+def test_fsdp_on_two_cpu_ranks_trains_like_one_process_and_its_checkpoint_round_trips(runs):
+    # Sharded weights and optimizer states, saved by both ranks through torch.distributed.checkpoint
+    # in the middle of epoch 2, resumed on 2 ranks (FSDP) and on 1 process (no process group).
+    assert {p.name for p in runs["fsdp_saved"].iterdir()} == {
+        "model-epoch1batch5.pt", "model-epoch1batch5.dcp", "model-epoch1batch7.pt", "model-epoch1batch7.dcp"}
+    assert {p.name for p in (runs["fsdp_saved"] / "model-epoch1batch7.dcp").iterdir()} >= {
+        ".metadata", "__0_0.distcp", "__1_0.distcp"}
+    uninterrupted = results(runs["two"], 2)[0]  # DDP, 3 epochs without a stop
+    single, = results(runs["one"], 1)
+    on_two = results(runs["fsdp_resumed_two"], 2)
+    on_one, = results(runs["fsdp_resumed_one"], 1)
+    assert on_two[0]["params"] == on_two[1]["params"]
+    for resumed in (on_two[0], on_one):
+        assert max_difference(resumed["params"], uninterrupted["params"]) <= 1e-6
+        assert max_difference(resumed["params"], single["params"]) <= 1e-6
+        assert close(resumed["history"], uninterrupted["history"])
+    assert on_two[0]["evaluate"] == on_two[1]["evaluate"] and close(on_two[0]["evaluate"], single["evaluate"])
+    assert on_two[1]["predict"] is None and len(on_two[0]["predict"]) == 50

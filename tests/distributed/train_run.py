@@ -1,8 +1,8 @@
 """Run under torchrun (or plain python for one process): train a small classifier with fitforge's
 automatic data parallelism, and write this rank's results to OUT/result-rank<r>.json.
 
-Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs, global_batch, and optionally
-strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
+Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs (or batches), global_batch, and
+optionally strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
 which ranks write), sigterm_at / sigterm_rank (that rank sends itself SIGTERM after that batch),
 model_dir (a checkpoint folder shared by runs).
 """
@@ -45,7 +45,8 @@ if config.get("sigterm_at") is not None and me == config.get("sigterm_rank", 1):
 
 result: dict = {"rank": me, "world": world}
 try:
-    history = estimator.fit(train, val_data=val, epochs=config["epochs"], event_handlers=handlers)
+    history = estimator.fit(train, val_data=val, epochs=config.get("epochs"), batches=config.get("batches"),
+                            event_handlers=handlers)
     result["history"] = {key: history[key] for key in history if key.startswith(("train_", "val_"))}
     result["evaluate"] = estimator.evaluate(val)
     predictions = estimator.predict(val)
@@ -54,5 +55,12 @@ except SystemExit as stop:
     result["exit"] = stop.code
     raise
 finally:
-    result["params"] = {name: value.tolist() for name, value in net.state_dict().items()}
+    weights = net.state_dict()
+    if estimator.strategy == "fsdp":  # each rank holds shards: gather the full tensors (a collective)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+        weights = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
+    result["params"] = {name: value.tolist() for name, value in weights.items()}
     (out / f"result-rank{me}.json").write_text(json.dumps(result))

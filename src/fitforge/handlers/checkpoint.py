@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -13,19 +14,22 @@ from ..checkpoint_io import (
     FORMAT_VERSION,
     TEMP_SUFFIX,
     CheckpointError,
+    load_checkpoint,
     restore_weights,
     save_checkpoint,
 )
 from ..checks import check_flag, check_positive
-from ..distributed import agree, rank
+from ..distributed import agree, rank, world_size
 from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..fsdp import save_sharded
 from ..resume import epoch_done, training_state
 from ..state import TrainState
 from .monitor import Monitor
 
 log = logging.getLogger("fitforge")
 EXTENSION = ".pt"
+SHARDS = ".dcp"  # the folder of an FSDP checkpoint's shards: the file's name with this suffix
 _REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
 
 
@@ -148,22 +152,22 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def _resume(self, state: TrainState) -> None:
         """Rank 0 picks the newest checkpoint that loads; every other rank loads the same file."""
         loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
-        name = agree(lambda: self._newest_loadable(state, loaded), CheckpointError)
+        several = world_size() > 1  # loading weights may be a collective (FSDP): rank 0 only reads the file
+        name = agree(lambda: self._newest_loadable(state, loaded, several), CheckpointError)
         if name is None:
             return
         path = self.model_dir / name
-        if loaded:
-            checkpoint = loaded[0]
-        else:
+        if several:
             try:
-                checkpoint = restore_weights(state.estimator, path)
+                loaded = [restore_weights(state.estimator, loaded[0] if loaded else path, folder=self.model_dir)]
             except FileNotFoundError as err:
                 raise CheckpointError(f"rank {rank()} cannot find {path}, which rank 0 resumes from: model_dir must be "
                                       "a folder every rank can read (a shared filesystem across machines)") from err
-        self._restore(state, checkpoint, path, self._regular_files())
+        self._restore(state, loaded[0], path, self._regular_files())
 
-    def _newest_loadable(self, state: TrainState, loaded: list[dict]) -> str | None:
-        """Load the newest checkpoint that loads into ``loaded``; its file name (None: there is none)."""
+    def _newest_loadable(self, state: TrainState, loaded: list[dict], read_only: bool) -> str | None:
+        """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``);
+        its file name (None: there is none)."""
         files = self._regular_files()
         if not files:
             log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.model_dir)
@@ -171,7 +175,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         reasons = []
         for path in reversed(files):
             try:
-                loaded.append(restore_weights(state.estimator, path))
+                loaded.append(load_checkpoint(path) if read_only else restore_weights(state.estimator, path))
             except CheckpointError as err:
                 log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
                 reasons.append(f"{path.name}: {err}")
@@ -193,9 +197,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def _prepare_folder(self) -> None:
         try:
             self.model_dir.mkdir(parents=True, exist_ok=True)
-            for pattern in (f"{self.model_prefix}-epoch*", f"{self.model_prefix}-best{EXTENSION}"):
-                for leftover in self.model_dir.glob(f".{pattern}.*{TEMP_SUFFIX}"):
-                    leftover.unlink(missing_ok=True)  # a temporary file of a save interrupted by a crash
+            for pattern in (f"{self.model_prefix}-epoch", f"{self.model_prefix}-best"):
+                for leftover in self.model_dir.glob(f".{pattern}*{TEMP_SUFFIX}"):
+                    if leftover.is_dir():  # the shards of an interrupted FSDP save
+                        shutil.rmtree(leftover)
+                    else:  # a temporary file of a save interrupted by a crash
+                        leftover.unlink(missing_ok=True)
             probe = self.model_dir / f".{self.model_prefix}-probe{TEMP_SUFFIX}"
             probe.write_bytes(b"")
             probe.unlink()
@@ -236,15 +243,38 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._last = key
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
-        agree(lambda: self._write_and_rotate(checkpoint, path), CheckpointError)
+        shards = self._save_shards(state, checkpoint, path.with_suffix(SHARDS).name)
+        agree(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
 
-    def _write_and_rotate(self, checkpoint: dict, path: Path) -> None:
+    def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Path | None:
+        """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
+        the checkpoint names as ``name`` (rank 0 renames it once every shard is written)."""
+        if state.estimator.strategy != "fsdp":
+            return None
+        temporary = self.model_dir / f".{name}{TEMP_SUFFIX}"
+        save_sharded(state.estimator, temporary, grads=bool(state.accumulated_batches))
+        checkpoint["sharded"] = name
+        return temporary
+
+    def _commit(self, checkpoint: dict, path: Path, shards: Path | None) -> None:
+        """Put the shards under their name, then write the file that names them (atomic: the file is
+        the last thing written, so a crash before it leaves the previous checkpoint in force)."""
+        if shards is not None:
+            final = self.model_dir / checkpoint["sharded"]
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(shards, final)
         save_checkpoint(checkpoint, path)
+
+    def _write_and_rotate(self, checkpoint: dict, path: Path, shards: Path | None) -> None:
+        self._commit(checkpoint, path, shards)
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
         while len(self.saved) > self.max_checkpoints:
-            self.saved.pop(0).unlink(missing_ok=True)  # by exact name, after the new file is durable
+            old = self.saved.pop(0)
+            old.unlink(missing_ok=True)  # by exact name, after the new file is durable
+            shutil.rmtree(old.with_suffix(SHARDS), ignore_errors=True)
 
     def _save_if_best(self, state: TrainState) -> None:
         monitor = self._monitor
@@ -253,16 +283,29 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             return
         previous, self.best = self.best, value
         self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
-        checkpoint = self.checkpoint(state, _completed_epochs(state), state.global_step)
+        epochs = _completed_epochs(state)
+        checkpoint = self.checkpoint(state, epochs, state.global_step)
         checkpoint["best"] = {"monitor": self.monitor, "value": value, "epoch": state.epoch}
-        agree(lambda: save_checkpoint(checkpoint, self.best_path), CheckpointError)  # type: ignore[arg-type]
+        shards = self._save_shards(state, checkpoint, f"{self.model_prefix}-best-epoch{epochs}batch{state.global_step}"
+                                                      f"{SHARDS}")
+        agree(lambda: self._replace_best(checkpoint, shards), CheckpointError)
         log.info("%s improved from %s to %.4g: saved %s", self.monitor,
                  "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
 
+    def _replace_best(self, checkpoint: dict, shards: Path | None) -> None:
+        assert self.best_path is not None
+        self._commit(checkpoint, self.best_path, shards)
+        for old in self.model_dir.glob(f"{self.model_prefix}-best-epoch*{SHARDS}"):
+            if old.name != checkpoint.get("sharded"):
+                shutil.rmtree(old, ignore_errors=True)  # the previous best's shards, now unnamed
+
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
         """The dict written to a file: the weights, the optimizers' states (and the fp16 GradScaler's
-        under ``precision="16-mixed"``) and the :func:`~fitforge.resume.training_state`."""
+        under ``precision="16-mixed"``) and the :func:`~fitforge.resume.training_state`. Under
+        FSDP the weights, optimizer states and gradients go to a sharded folder instead."""
         estimator = state.estimator
+        if estimator.strategy == "fsdp":
+            return {"format_version": FORMAT_VERSION, **training_state(state, epochs, batches), "grads": {}}
         return {
             "format_version": FORMAT_VERSION,
             "model": estimator.net.state_dict(),

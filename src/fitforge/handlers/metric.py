@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..data import shape_of
-from ..distributed import gather_to_main, rank, reduce_sums, world_size
+from ..distributed import gather_to_main, rank, reduced_sums, world_size
 from ..events import BatchEnd, EpochBegin, EpochEnd
 from ..exceptions import FitforgeValueError
 from ..metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
@@ -179,8 +179,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             return
         self._open = False
         # Under torch.distributed every rank holds its share of the sums: totals over all ranks first.
-        reduce_sums([self._loss, *self._parts, *(s.metric for s in self.slots if isinstance(s.metric, SumCountMetric))])
-        values = self._values(local=False)
+        with reduced_sums([self._loss, *self._parts,
+                           *(s.metric for s in self.slots if isinstance(s.metric, SumCountMetric))]):
+            values = self._values(local=False)
         state.metrics.update(values)
         if state.phase == "train":
             for key, value in values.items():

@@ -1,0 +1,123 @@
+"""Sharded training (``strategy="fsdp"``): FSDP2's ``fully_shard`` and checkpoints through
+``torch.distributed.checkpoint`` (DCP).
+
+Each rank holds a shard of every parameter, gradient and optimizer state; the forward gathers a
+unit's parameters when it runs and the backward reduce-scatters its gradients (averaged over ranks,
+as DDP does). The units are the classes given as ``strategy_options={"shard": (Block, ...)}`` (a
+transformer's blocks, typically), else the root's children that hold parameters; then the root.
+Other ``strategy_options`` go to ``fully_shard`` (e.g. ``reshard_after_forward``, ``mp_policy``).
+
+``fully_shard`` replaces the net's parameters by sharded ones, so the optimizers the Estimator was
+given (built on the old ones, and not stepped yet) are pointed at the new parameters by name.
+
+A checkpoint's weights, optimizer states (and an open accumulation group's gradients) are written
+by every rank, each its shard, with ``torch.distributed.checkpoint.save`` into a folder beside the
+checkpoint file; the file, written by rank 0 once every shard is on disk, names the folder. DCP
+loads the folder into any number of ranks, or into one process without a process group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .distributed import world_size
+from .exceptions import FitforgeTypeError, FitforgeValueError
+
+
+def _fully_shard() -> Any:
+    try:
+        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import (
+                fully_shard,  # torch 2.4 and 2.5
+            )
+        except ImportError:  # pragma: no cover - torch without FSDP2
+            return None
+    return fully_shard
+
+
+def supported() -> bool:
+    """Whether this torch has FSDP2."""
+    return _fully_shard() is not None
+
+
+def shard(net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device,
+          options: dict | None) -> nn.Module:
+    """``fully_shard`` the net's units and root over all ranks; point ``optimizers`` at the sharded
+    parameters. Returns ``net`` (sharded in place)."""
+    fully_shard = _fully_shard()
+    if fully_shard is None:  # pragma: no cover - torch without FSDP2
+        raise FitforgeValueError(f"strategy='fsdp' needs FSDP2 (fully_shard), which torch {torch.__version__} "
+                                 "lacks: upgrade torch, or use strategy='ddp'")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    options = dict(options or {})
+    units = tuple(options.pop("shard", ()))
+    if not all(isinstance(unit, type) and issubclass(unit, nn.Module) for unit in units):
+        raise FitforgeTypeError(f"strategy_options['shard'] must be nn.Module classes, e.g. (nn.TransformerEncoderLayer,), "
+                                f"got {units!r}")
+    for optimizer in optimizers:
+        if any(optimizer.state.values()):
+            raise FitforgeValueError("strategy='fsdp' shards the net's parameters, so the optimizer must not have "
+                                     "stepped yet: build a fresh one for the Estimator")
+    names: dict[int, str] = {}
+    for name, parameter in net.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), name)
+    mesh = init_device_mesh(device.type, (world_size(),))
+    if units:  # inner units before the ones that hold them
+        targets = [m for m in reversed(list(net.modules())) if m is not net and isinstance(m, units)]
+    else:
+        targets = [child for child in net.children() if any(True for _ in child.parameters())]
+    for module in targets:
+        fully_shard(module, mesh=mesh, **options)
+    fully_shard(net, mesh=mesh, **options)
+    sharded = dict(net.named_parameters(remove_duplicate=False))
+    for optimizer in optimizers:  # by name: fully_shard made new Parameter objects
+        for group in optimizer.param_groups:
+            group["params"] = [sharded[names[id(p)]] if id(p) in names else p for p in group["params"]]
+    return net
+
+
+def _state(estimator: Any, grads: bool) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optim = get_state_dict(estimator.net, estimator.optimizers)
+    state: dict[str, Any] = {"model": model, "optim": optim}
+    if grads:
+        state["grads"] = {name: p.grad if p.grad is not None else torch.zeros_like(p)
+                          for name, p in estimator.net.named_parameters()}
+    return state
+
+
+def save_sharded(estimator: Any, folder: Path, grads: bool) -> None:
+    """Every rank writes its shard of the weights and optimizer states (and gradients) to ``folder``."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_state(estimator, grads), checkpoint_id=str(folder))
+
+
+def load_sharded(estimator: Any, folder: Path, optimizers: bool, grads: bool) -> dict[str, torch.Tensor]:
+    """Load ``folder`` into the estimator's net (and optimizers); return the saved gradients by name."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no sharded checkpoint folder at {folder}")
+    state = _state(estimator, grads)
+    if not optimizers:
+        del state["optim"]
+    dcp.load(state, checkpoint_id=str(folder))
+    if optimizers:
+        set_state_dict(estimator.net, estimator.optimizers, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    else:
+        set_model_state_dict(estimator.net, state["model"])
+    return state.get("grads", {})
