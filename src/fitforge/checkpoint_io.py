@@ -193,6 +193,8 @@ def _load_net(net: torch.nn.Module, weights: dict) -> str:
 
 def _restore_sharded(estimator: Any, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:
     """Load the weights (optimizer states, gradients) a sharded checkpoint keeps in its DCP folder."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named to be caught
+
     from .fsdp import load_sharded
 
     shards = Path(folder or ".") / checkpoint["sharded"]
@@ -201,7 +203,7 @@ def _restore_sharded(estimator: Any, checkpoint: dict, optimizers: bool, folder:
     except FileNotFoundError as err:
         raise CheckpointError(f"the sharded weights of this checkpoint are missing: {err}; keep the .dcp folder "
                               "beside the checkpoint file") from err
-    except (RuntimeError, ValueError, KeyError) as err:
+    except (RuntimeError, ValueError, KeyError, CheckpointException) as err:
         raise CheckpointError(f"the sharded checkpoint {shards} does not fit this net or its optimizers: "
                               f"{type(err).__name__}: {err}") from err
     return checkpoint

@@ -1,0 +1,276 @@
+"""In-process checks of the pieces of distributed training: strategy arguments and their errors,
+the rank's device, data splitting (with a pretended world of 2), the predict interleave, metric
+sums merged from several ranks, agreed preemption, and FSDP with its DCP checkpoints on a
+one-process gloo group. The multi-process behaviour itself is tested under torchrun in
+tests/distributed/."""
+
+import logging
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import make_estimator, regression_batches
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    TensorDataset,
+)
+
+from fitforge import Estimator, fsdp, sharding
+from fitforge.checkpoint_io import CheckpointError
+from fitforge.distributed import agree, broadcast_from_main, gather_to_main
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import CheckpointHandler, MetricHandler, PreemptionSyncHandler
+from fitforge.metrics.base import merge_metric_state
+from fitforge.metrics.builtin import Accuracy
+from fitforge.parallel import rank_device
+from fitforge.preemption import preemptible
+from fitforge.state import TrainState
+
+GLOO = dist.is_available() and dist.is_gloo_available()
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of one rank, as torchrun --nproc_per_node=1 would make (torn down after)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def two_ranks(monkeypatch):
+    """Pretend to be rank 1 of 2 for the data splitting (no collective is involved there)."""
+    monkeypatch.setattr(sharding, "world_size", lambda: 2)
+    monkeypatch.setattr(sharding, "rank", lambda: 1)
+
+
+def dataset(n=10):
+    return TensorDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.zeros(n, 1))
+
+
+# -- strategy arguments ----------------------------------------------------------------------------
+def test_an_unknown_strategy_names_the_known_ones():
+    with pytest.raises(FitforgeValueError, match="strategy must be one of 'auto', 'ddp', 'fsdp', 'none'"):
+        make_estimator(strategy="deepspeed")
+    with pytest.raises(FitforgeTypeError, match="strategy_options must be a dict"):
+        make_estimator(strategy="ddp", strategy_options=["find_unused_parameters"])
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_asking_for_several_processes_without_a_launcher_says_how_to_launch(strategy):
+    with pytest.raises(FitforgeValueError, match="torchrun --nproc_per_node=N"):
+        make_estimator(strategy=strategy)
+
+
+@pytest.mark.parametrize("strategy", ["auto", None, "none"])
+def test_one_process_trains_the_net_itself(strategy):
+    estimator = make_estimator(strategy=strategy)
+    assert estimator.train_net is estimator.net and not estimator.sharded
+    assert estimator.strategy == ("none" if strategy is None else strategy)
+
+
+def test_under_a_launcher_each_rank_takes_its_local_device(monkeypatch):
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert rank_device(None, "auto") == "cuda:1"
+    assert rank_device("cuda", "ddp") == "cuda:1"
+    assert rank_device(torch.device("cuda"), "auto") == "cuda:1"
+    assert rank_device("cuda:0", "auto") == "cuda:0"  # an explicit index is the user's choice
+    assert rank_device(None, "none") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rank_device(None, "auto") == "cpu"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert rank_device(None, "auto") is None
+
+
+# -- data splitting --------------------------------------------------------------------------------
+def test_training_data_is_split_by_a_distributed_sampler_that_keeps_the_loader(two_ranks):
+    loader = DataLoader(dataset(), batch_size=3, shuffle=True, drop_last=True, num_workers=0)
+    split = sharding.shard_train(loader)
+    sampler = split.batch_sampler.sampler
+    assert type(sampler) is DistributedSampler and sampler.shuffle and sampler.rank == 1
+    assert sampler.num_replicas == 2 and sampler.fitforge_seeded
+    assert split.batch_size == 3 and split.drop_last and len(split) == 1  # 5 samples on this rank
+    unshuffled = sharding.shard_train(DataLoader(dataset(), batch_size=3))
+    assert not unshuffled.batch_sampler.sampler.shuffle
+    assert list(unshuffled.batch_sampler.sampler) == [1, 3, 5, 7, 9]
+    single = sharding.shard_train(DataLoader(dataset(), batch_size=None))
+    assert type(single.sampler) is DistributedSampler and single.batch_sampler is None
+
+
+def test_data_that_cannot_be_split_is_left_whole_with_a_warning(two_ranks, caplog):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    own = DataLoader(dataset(), sampler=DistributedSampler(dataset(), num_replicas=2, rank=1))
+    assert sharding.shard_train(own) is own  # the user's own split
+    batches = regression_batches()
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        assert sharding.shard_train(batches) is batches
+        stream = DataLoader(Stream())
+        assert sharding.shard_train(stream) is stream
+    assert "train_data is not split across the 2 ranks (it is a list, not a DataLoader)" in caplog.text
+    assert "IterableDataset" in caplog.text
+    assert sharding.shard_eval(batches, padded=False) == (batches, False)
+    assert sharding.shard_eval(own, padded=False) == (own, False)
+
+
+def test_evaluation_shares_are_strided_and_unpadded_or_padded_for_fsdp(two_ranks):
+    loader = DataLoader(dataset(7), batch_size=2, shuffle=True)
+    split, sharded = sharding.shard_eval(loader, padded=False)
+    assert sharded and list(split.batch_sampler.sampler) == [1, 3, 5]  # dataset order, no repeat
+    assert sharding.shard_eval(loader, padded=False)[0] is split  # made once per loader
+    padded, _ = sharding.shard_eval(loader, padded=True)
+    assert list(padded.batch_sampler.sampler) == [1, 3, 5, 0]  # as many as rank 0's 4: one repeated
+
+
+def test_predictions_are_interleaved_back_into_dataset_order():
+    rank0, rank1 = torch.tensor([[0.0], [2.0], [4.0]]), torch.tensor([[1.0], [3.0]])
+    assert sharding._interleave([rank0, rank1], 5).flatten().tolist() == [0, 1, 2, 3, 4]
+    padded1 = torch.tensor([[1.0], [3.0], [0.0]])  # DistributedSampler padding repeats sample 0
+    assert sharding._interleave([rank0, padded1], 5).flatten().tolist() == [0, 1, 2, 3, 4]
+    assert sharding.gather_predictions((rank0, rank0 * 2), 3)[1].flatten().tolist() == [0, 4, 8]
+
+
+def test_one_process_helpers_need_no_process_group():
+    assert agree(lambda: 5) == 5 and gather_to_main("x") == ["x"] and broadcast_from_main(3) == 3
+
+
+# -- metric sums of several ranks ------------------------------------------------------------------
+def test_running_sums_of_several_ranks_merge_on_fewer():
+    first, second = Accuracy(), Accuracy()
+    first.update(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
+    second.update(torch.tensor([[1.0, 0.0]]), torch.tensor([0]))
+    merge_metric_state(first, second.state_dict())
+    assert float(first.compute()) == pytest.approx(2 / 3)
+    torchmetrics = pytest.importorskip("torchmetrics")
+    a, b = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
+    a.update(torch.tensor([1.0, 2.0]))
+    b.update(torch.tensor([6.0]))
+    merge_metric_state(a, {"states": b.metric_state, "updates": 1})
+    assert float(a.compute()) == pytest.approx(3.0) and a._update_count == 2
+
+
+def test_a_checkpoint_of_two_ranks_resumes_their_summed_running_sums_in_one_process():
+    estimator = make_estimator()
+    handler = MetricHandler()
+    estimator.fit(regression_batches(2), epochs=1, event_handlers=[handler], default_handlers=False)
+    saved = handler.state_dict()
+    resumed = MetricHandler()
+    resumed.load_state_dict({"ranks": [saved, saved]})
+    state = TrainState(estimator, "train", start_batch=1)
+    resumed.epoch_begin(state)
+    assert resumed._loss._count == 2 * saved["loss"]["count"]
+    assert resumed.compute()["train_loss"] == pytest.approx(handler.compute()["train_loss"])
+
+
+# -- preemption agreed across ranks ----------------------------------------------------------------
+def test_with_several_ranks_a_signal_waits_for_the_agreement():
+    state = TrainState(make_estimator())
+    with preemptible(state, agreed=True):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert state.signalled == signal.SIGTERM and state.preempted is None and not state.stop_requested
+        with pytest.raises(SystemExit) as exit_info:
+            os.kill(os.getpid(), signal.SIGTERM)  # a second one acts at once
+    assert exit_info.value.code == 143
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_the_sync_handler_stops_every_rank_at_the_batch_end_after_a_signal(one_rank_group):
+    state, sync = TrainState(make_estimator()), PreemptionSyncHandler()
+    sync.train_begin(state)
+    sync.batch_begin(state)
+    sync.batch_end(state)
+    assert state.preempted is None and not state.stop_requested
+    state.signalled = signal.SIGTERM
+    sync.batch_begin(state)
+    sync.batch_begin(state)  # a batch cancelled before its end: the reduction under way is settled first
+    sync.batch_end(state)
+    assert state.preempted == signal.SIGTERM and "preempted by SIGTERM" in state.stop_reason
+    late = TrainState(make_estimator(), signalled=signal.SIGINT)  # a signal after the last batch began
+    sync.train_begin(late)
+    sync.train_end(late)
+    assert late.preempted == signal.SIGINT
+    failing = TrainState(make_estimator(), signalled=signal.SIGINT, failed=True)
+    sync.train_end(failing)
+    assert failing.preempted is None  # a failing rank joins no collective
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_users_own_ddp_wrapper_is_kept_and_the_net_is_its_module(one_rank_group, tmp_path):
+    net = nn.Linear(1, 1)
+    wrapper = DistributedDataParallel(net)
+    estimator = Estimator(wrapper, nn.MSELoss(), optimizer=torch.optim.SGD(wrapper.parameters(), lr=0.1), device="cpu")
+    assert estimator.net is net and estimator.train_net is wrapper
+    estimator.fit(regression_batches(), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    saved = torch.load(tmp_path / "model-epoch1batch3.pt", weights_only=True)
+    assert set(saved["model"]) == {"weight", "bias"}  # no "module." prefix
+
+
+# -- FSDP on one rank ------------------------------------------------------------------------------
+needs_fsdp = pytest.mark.skipif(not (GLOO and fsdp.supported()), reason="needs gloo and FSDP2 (fully_shard)")
+
+
+def fsdp_estimator(**kwargs):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1))
+    return Estimator(net, nn.MSELoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.05), device="cpu",
+                     strategy="fsdp", **kwargs)
+
+
+@needs_fsdp
+def test_fsdp_points_the_optimizer_at_the_sharded_parameters_and_trains(one_rank_group):
+    estimator = fsdp_estimator()
+    params = {id(p) for p in estimator.net.parameters()}
+    assert all(id(p) in params for p in estimator.optimizer.param_groups[0]["params"])
+    history = estimator.fit(regression_batches(4), epochs=3, default_handlers=False,
+                            event_handlers=[MetricHandler()])
+    assert history["train_loss"][-1] < history["train_loss"][0]
+    assert estimator.evaluate(regression_batches(2))["val_loss"] > 0
+    assert estimator.predict(regression_batches(2)).shape == (8, 1)
+
+
+@needs_fsdp
+def test_fsdp_refuses_an_optimizer_that_already_stepped_and_a_unit_that_is_no_module(one_rank_group):
+    net = nn.Sequential(nn.Linear(1, 1))
+    optimizer = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 1)).sum().backward()
+    optimizer.step()
+    with pytest.raises(FitforgeValueError, match="must not have stepped yet"):
+        Estimator(net, nn.MSELoss(), optimizer=optimizer, device="cpu", strategy="fsdp")
+    with pytest.raises(FitforgeTypeError, match="must be nn.Module classes"):
+        fsdp_estimator(strategy_options={"shard": ("Linear",)})
+
+
+@needs_fsdp
+def test_fsdp_checkpoints_round_trip_through_dcp_folders(one_rank_group, tmp_path):
+    estimator = fsdp_estimator(strategy_options={"shard": (nn.Linear,)})
+    saver = CheckpointHandler(tmp_path, monitor="train_loss", save_best=True, max_checkpoints=1)
+    estimator.fit(regression_batches(4), epochs=2, event_handlers=[saver])
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"model-epoch2batch8.pt", "model-epoch2batch8.dcp", "model-best.pt", "model-best-epoch2batch8.dcp"}
+    full = {k: v.full_tensor() for k, v in estimator.net.state_dict().items()}
+    plain = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
+    plain.optimizers = [torch.optim.Adam(plain.net.parameters(), lr=0.05)]
+    checkpoint = plain.load_checkpoint(tmp_path / "model-epoch2batch8.pt")  # one process reads the shards
+    assert checkpoint["global_step"] == 8
+    assert all(torch.equal(plain.net.state_dict()[k], v) for k, v in full.items())
+    assert plain.optimizer.state_dict()["state"][0]["step"] == 8
+    weights_only = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
+    weights_only.load_checkpoint(tmp_path / "model-best.pt", optimizers=False)
+    assert all(torch.equal(weights_only.net.state_dict()[k], v) for k, v in full.items())
+    (tmp_path / "model-epoch2batch8.dcp" / ".metadata").unlink()
+    with pytest.raises(CheckpointError, match="does not fit this net or its optimizers: CheckpointException"):
+        plain.load_checkpoint(tmp_path / "model-epoch2batch8.pt")
+    shutil.rmtree(tmp_path / "model-epoch2batch8.dcp")
+    with pytest.raises(CheckpointError, match="sharded weights of this checkpoint are missing"):
+        plain.load_checkpoint(tmp_path / "model-epoch2batch8.pt")
