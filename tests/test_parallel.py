@@ -87,7 +87,9 @@ def test_under_a_launcher_each_rank_takes_its_local_device(monkeypatch):
     assert rank_device(None, "none") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rank_device(None, "auto") == "cpu"
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node=1 still names the rank's device
+    assert rank_device(None, "auto") == "cpu"
+    monkeypatch.delenv("RANK")  # not launched: the device as given
     assert rank_device(None, "auto") is None
 
 

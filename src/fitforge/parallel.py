@@ -13,6 +13,7 @@ launcher. See docs/distributed.md.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from typing import Any
@@ -57,9 +58,9 @@ def _several() -> bool:
 
 
 def rank_device(device: Any, strategy: str) -> Any:
-    """Under a launcher with several processes, the device of this rank: ``None`` or ``"cuda"``
-    becomes ``cuda:<LOCAL_RANK>`` where CUDA exists (``None`` is the CPU otherwise)."""
-    if strategy == "none" or not _several():
+    """Under a launcher (or a group of several processes), the device of this rank: ``None`` or
+    ``"cuda"`` becomes ``cuda:<LOCAL_RANK>`` where CUDA exists (``None`` is the CPU otherwise)."""
+    if strategy == "none" or not (launched() or _several()):
         return device
     if device is None:
         return f"cuda:{local_rank()}" if torch.cuda.is_available() else "cpu"
@@ -74,10 +75,16 @@ def init_process_group(device: torch.device) -> None:
     if initialized():
         return
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device if device.index is not None else local_rank())
         dist.init_process_group("cpu:gloo,cuda:nccl")
     else:
         dist.init_process_group("gloo")
+    atexit.register(_destroy_process_group)  # ours to release: NCCL warns of a group left at exit
+
+
+def _destroy_process_group() -> None:
+    if initialized():
+        dist.destroy_process_group()
 
 
 def parallelize(net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device, strategy: str,

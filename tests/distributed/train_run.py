@@ -2,7 +2,7 @@
 automatic data parallelism, and write this rank's results to OUT/result-rank<r>.json.
 
 Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs (or batches), global_batch, and
-optionally strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
+optionally device (None: the rank's own), strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
 which ranks write), sigterm_at / sigterm_rank (that rank sends itself SIGTERM after that batch),
 model_dir (a checkpoint folder shared by runs).
 """
@@ -27,7 +27,7 @@ torch.manual_seed(0)
 generator = torch.Generator().manual_seed(0)
 x, y = torch.randn(80, 6, generator=generator), torch.randint(0, 3, (80,), generator=generator)
 net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
-estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", device="cpu",
+estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", device=config.get("device", "cpu"),
                       optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
                       strategy=config.get("strategy", "auto"))
 me = rank()
