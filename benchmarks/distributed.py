@@ -7,9 +7,9 @@ Workload: MLP 32->64->10 on 16,384 synthetic samples (8,192 per rank of 2), per-
 Variants, timed interleaved in the same processes (every rank runs every variant together):
   hand        ``DistributedDataParallel`` + ``DistributedSampler`` + the usual loop, with on-device
               loss and accuracy sums all-reduced and read at epoch end
-  fit         ``Estimator(strategy="auto")`` fit with StoppingHandler, GradientUpdateHandler,
-              MetricHandler and the PreemptionSyncHandler fit adds under torchrun
-  fit no-sync the same without PreemptionSyncHandler: the cost of agreeing on signals each batch
+  fit         ``Estimator(strategy="auto")`` fit with StoppingHandler, GradientUpdateHandler and
+              MetricHandler; under torchrun the loop agrees on stops after every batch
+  fit no-sync the same without the per-batch agreement: its cost (one all-reduce of two ints)
 Rank 0 prints the median wall time per variant, and the median over repeats of each fit variant's
 time divided by the hand loop's from the same repeat. The parity line checks that every variant
 reached the same final loss. Nothing is asserted.
@@ -29,9 +29,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-import fitforge.handlers.defaults
 from fitforge import Estimator
-from fitforge.events import EventHandler
+from fitforge.agreement import StopAgreement
 from fitforge.handlers import MetricHandler
 
 
@@ -71,10 +70,6 @@ def hand(data: TensorDataset, batch: int, epochs: int) -> float:
     return loss_value
 
 
-class _NoSync(EventHandler):
-    """Takes PreemptionSyncHandler's place in the "fit no-sync" variant."""
-
-
 def fit(data: TensorDataset, batch: int, epochs: int, sync: bool = True) -> float:
     net = make_net()
     estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", device="cpu",
@@ -84,7 +79,7 @@ def fit(data: TensorDataset, batch: int, epochs: int, sync: bool = True) -> floa
     if sync:
         history = estimator.fit(loader, epochs=epochs, default_handlers=False, event_handlers=handlers)
     else:
-        with mock.patch.object(fitforge.handlers.defaults, "PreemptionSyncHandler", _NoSync):
+        with mock.patch.object(StopAgreement, "after_batch", lambda self, state: None):
             history = estimator.fit(loader, epochs=epochs, default_handlers=False, event_handlers=handlers)
     return history["train_loss"][-1]
 

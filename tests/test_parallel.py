@@ -26,7 +26,8 @@ from fitforge import Estimator, fsdp, sharding
 from fitforge.checkpoint_io import CheckpointError
 from fitforge.distributed import agree, broadcast_from_main, gather_to_main
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers import CheckpointHandler, MetricHandler, PreemptionSyncHandler
+from fitforge.agreement import StopAgreement
+from fitforge.handlers import CheckpointHandler, MetricHandler
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
 from fitforge.parallel import rank_device
@@ -187,24 +188,31 @@ def test_with_several_ranks_a_signal_waits_for_the_agreement():
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
-def test_the_sync_handler_stops_every_rank_at_the_batch_end_after_a_signal(one_rank_group):
-    state, sync = TrainState(make_estimator()), PreemptionSyncHandler()
-    sync.train_begin(state)
-    sync.batch_begin(state)
-    sync.batch_end(state)
+def test_the_agreement_turns_a_signal_into_a_stop_at_the_batch_end(one_rank_group):
+    state, agreement = TrainState(make_estimator()), StopAgreement(check_replicas=False)
+    agreement.after_batch(state)
     assert state.preempted is None and not state.stop_requested
     state.signalled = signal.SIGTERM
-    sync.batch_begin(state)
-    sync.batch_begin(state)  # a batch cancelled before its end: the reduction under way is settled first
-    sync.batch_end(state)
+    agreement.after_batch(state)
     assert state.preempted == signal.SIGTERM and "preempted by SIGTERM" in state.stop_reason
-    late = TrainState(make_estimator(), signalled=signal.SIGINT)  # a signal after the last batch began
-    sync.train_begin(late)
-    sync.train_end(late)
-    assert late.preempted == signal.SIGINT
-    failing = TrainState(make_estimator(), signalled=signal.SIGINT, failed=True)
-    sync.train_end(failing)
-    assert failing.preempted is None  # a failing rank joins no collective
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(one_rank_group, monkeypatch):
+    calls = []
+    monkeypatch.setattr(StopAgreement, "settle", lambda self, state: calls.append(state.global_step))
+    checks = []
+    monkeypatch.setattr("fitforge.agreement._check_replicas", lambda state: checks.append(state.optimizer_steps))
+    monkeypatch.setattr("fitforge.estimator.world_size", lambda: 2)  # as if another rank ran this fit too
+    net = nn.Linear(1, 1)
+    wrapper = DistributedDataParallel(net)
+    estimator = Estimator(wrapper, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    estimator.fit(regression_batches(3), epochs=2)
+    assert calls == [0, 1, 2, 3, 3, 4, 5, 6, 6]  # train_begin, each batch, each epoch end
+    assert checks == [1]
+    from fitforge.agreement import _check_replicas as real_check  # noqa: PLC0415 - the unpatched one
+    monkeypatch.undo()
+    real_check(TrainState(estimator))  # one rank: its weights equal themselves
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")

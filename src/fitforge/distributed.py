@@ -138,3 +138,18 @@ def broadcast_from_main(value: T) -> T:
     box = [value]
     dist.broadcast_object_list(box, src=0, group=cpu_group())
     return box[0]
+
+
+def reduce_ints(values: Sequence[int], op: str) -> list[int]:
+    """``values`` reduced elementwise over all ranks with ``op`` ("max" or "min"), on the host over
+    a gloo group (no GPU is synced); ``values`` itself in one process."""
+    if world_size() == 1:
+        return list(values)
+    packed = torch.tensor(list(values), dtype=torch.int64)
+    dist.all_reduce(packed, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN, group=cpu_group())
+    return packed.tolist()
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on at least one rank (a collective: every rank must ask)."""
+    return bool(reduce_ints([int(flag)], "max")[0])

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .agreement import StopAgreement
 from .batch_processor import BatchProcessor
 from .checkpoint_io import restore_weights
 from .checks import check_flag
@@ -222,20 +223,22 @@ class Estimator:
         num_batches = check_data(train_data, "train_data", passes)
         if val_data is not None:
             check_data(val_data, "val_data", passes)
-        handlers = fit_handlers(event_handlers, val_data, default_handlers, several_ranks=self.sharded)
+        handlers = fit_handlers(event_handlers, val_data, default_handlers)
         epochs, batches = self._preflight(handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers, check_flag(check_access, "check_access", "fit"))
         self._loss.arm_checks()
         state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches,
                            handlers=tuple(dispatcher.handlers))
+        if world_size() > 1:  # every rank runs this fit: they stop together (see fitforge.agreement)
+            state.agreement = StopAgreement(check_replicas=isinstance(self.train_net, DistributedDataParallel))
         profiler = HandlerProfile() if check_flag(profile, "profile", "fit") else None
         if profiler is not None:
             profiler.instrument(dispatcher)
             started = time.perf_counter()
         self.net.train()
         try:
-            with preemptible(state, agreed=self.sharded):
+            with preemptible(state, agreed=state.agreement is not None):
                 run_fit(state, dispatcher, train_data)
         finally:
             if profiler is not None:

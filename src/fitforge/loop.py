@@ -37,9 +37,12 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
     step = state.estimator.batch_processor.fit_batch
     order = state.data_order = DataOrder(data)
     try:
-        if dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS):
+        cancelled = dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS)
+        if cancelled:
             state.request_stop("cancelled in train_begin")
-        elif state.restore is not None:
+        if state.agreement is not None:
+            state.agreement.settle(state)
+        if not cancelled and state.restore is not None:
             checkpoint, state.restore = state.restore, None
             resume(state, checkpoint)
         while not state.stop_requested:
@@ -53,6 +56,8 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
                 log.warning("epoch %d completed no batch (every batch, or the epoch, was cancelled); "
                             "stopping, since batches=%d could never be reached", state.epoch, state.max_batches)
                 state.request_stop(f"epoch {state.epoch} completed no batch")
+            if state.agreement is not None:
+                state.agreement.settle(state)
             if not state.stop_requested:
                 state.epoch += 1
     except _CANCELS as signal:
@@ -88,6 +93,7 @@ def run_epoch(
     batch_begin = dispatcher.hooks[Event.BATCH_BEGIN]
     batch_end = dispatcher.hooks[Event.BATCH_END]
     training = state.phase == "train"
+    agreement = state.agreement if training else None
     ends_pass = (CancelEpoch, CancelBatch) if training else _CANCELS
     start = state.start_batch if training else 0
     if training and not start:
@@ -115,11 +121,15 @@ def run_epoch(
             except CancelBatch:
                 if training:
                     _clear_gradients(state)
+                if agreement is not None:
+                    agreement.after_batch(state)
                 if state.stop_requested:
                     break
                 continue
             if training:
                 state.global_step += 1
+                if agreement is not None:  # several ranks: every rank stops at the same batch
+                    agreement.after_batch(state)
             if state.stop_requested:
                 break
         else:

@@ -9,8 +9,8 @@ the main thread; ``fit`` in another thread leaves them alone.
 
 Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
 rank that stops alone leaves the others waiting in a collective. So there the signal only sets
-``state.signalled``; PreemptionSyncHandler reduces it across ranks every batch and sets
-``preempted`` on every rank at the same batch end.
+``state.signalled``; the loop's :class:`~fitforge.agreement.StopAgreement` reduces it across
+ranks after every batch and sets ``preempted`` on every rank at the same batch end.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _pass_on(signum: int, handler: Any, frame: Any) -> None:
 @contextmanager
 def preemptible(state: TrainState, agreed: bool = False) -> Iterator[None]:
     """Within the block, SIGTERM and SIGINT request a stop of ``state``'s training; with ``agreed``
-    (several ranks) they set ``state.signalled`` for PreemptionSyncHandler instead."""
+    (several ranks) they set ``state.signalled`` for the loop's StopAgreement instead."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -98,6 +98,8 @@ class TrainState:
         preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
         signalled: the signal this process received (the same as ``preempted`` in one process).
+        agreement: under torch.distributed, the :class:`~fitforge.agreement.StopAgreement` that
+            makes every rank stop at the same batch (fit only; None in one process).
         failed: whether an exception is ending training (``train_end`` then runs as a teardown).
         data_order: the training data's :class:`~fitforge.data_order.DataOrder` (fit only).
         restore: a checkpoint a handler loaded in ``train_begin`` for fit to resume from, once every
@@ -127,6 +129,7 @@ class TrainState:
     start_batch: int = 0
     preempted: int | None = None
     signalled: int | None = None
+    agreement: Any = None
     failed: bool = False
     data_order: DataOrder | None = None
     restore: dict[str, Any] | None = None

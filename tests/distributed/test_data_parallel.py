@@ -73,7 +73,8 @@ def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data_parallel")
     paths = {name: root / name for name in ("one", "two", "nodes", "preempted", "resumed_two", "resumed_one",
-                                            "fsdp_stopped", "fsdp_resumed_two", "fsdp_resumed_one")}
+                                            "fsdp_stopped", "fsdp_resumed_two", "fsdp_resumed_one", "one_stops",
+                                            "bypass")}
     folders = {name: root / name for name in ("checkpoints", "saved", "for_one", "fsdp", "fsdp_saved", "fsdp_for_one")}
     fsdp = {**BASE, "strategy": "fsdp"}
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -83,6 +84,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "preempted": pool.submit(launch, paths["preempted"],
                                      {**BASE, "sigterm_at": 6, "model_dir": str(folders["checkpoints"])}, 2),
             "nodes": pool.submit(launch_two_nodes, paths["nodes"], BASE),
+            "one_stops": pool.submit(launch, paths["one_stops"], {**BASE, "stop_at": 6}, 2),
+            "bypass": pool.submit(launch, paths["bypass"], {**BASE, "bypass_ddp": True}, 2),
         }
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
             first["fsdp_stopped"] = pool.submit(launch, paths["fsdp_stopped"],
@@ -102,6 +105,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             shutil.copytree(folders[source], folders[copy])
         resumed = [pool.submit(launch, paths[name], {**config, "resume": True}, processes)
                    for name, config, processes in resumes]
+        bypass = first.pop("bypass").result()
+        assert bypass.returncode != 0 and "bypasses DistributedDataParallel" in bypass.stderr, bypass.stderr[-3000:]
         for name, future in first.items():
             for done in future.result() if name == "nodes" else [future.result()]:
                 ok(done)
@@ -154,11 +159,18 @@ def test_only_rank_0_writes_files(runs):
 
 
 def test_sigterm_on_one_rank_makes_every_rank_save_at_the_same_batch(runs):
-    # Rank 1 alone got SIGTERM after batch 7 (step 6); the flag, reduced over batch 8, stopped both
-    # ranks at its end: one checkpoint of 8 batches, written by rank 0 while rank 1 waited for it.
+    # Rank 1 alone got SIGTERM in batch 7 (step 6); the flags reduced after that batch stopped both
+    # ranks at its end: one checkpoint of 7 batches, written by rank 0 while rank 1 waited for it.
     rank1 = json.loads((runs["preempted"] / "result-rank1.json").read_text())
-    assert rank1["exit"] == 143
-    assert {p.name for p in runs["saved"].iterdir()} == {"model-epoch1batch5.pt", "model-epoch1batch8.pt"}
+    assert rank1["exit"] == 143 and rank1["steps"] == 7 and "SIGTERM" in rank1["reason"]
+    assert {p.name for p in runs["saved"].iterdir()} == {"model-epoch1batch5.pt", "model-epoch1batch7.pt"}
+
+
+def test_a_stop_requested_on_one_rank_stops_every_rank_at_the_same_batch(runs):
+    ranks = results(runs["one_stops"], 2)
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 7
+    assert ranks[1]["reason"] == "rank 1's own reason" and ranks[0]["reason"] == "another rank requested a stop"
+    assert ranks[0]["params"] == ranks[1]["params"]
 
 
 def test_a_checkpoint_of_two_ranks_resumes_exactly_on_two_ranks_and_on_one_process(runs):

@@ -4,7 +4,8 @@ automatic data parallelism, and write this rank's results to OUT/result-rank<r>.
 Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs (or batches), global_batch, and
 optionally device (None: the rank's own), strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
 which ranks write), sigterm_at / sigterm_rank (that rank sends itself SIGTERM after that batch),
-model_dir (a checkpoint folder shared by runs).
+stop_at (rank 1 alone requests a stop after that batch), bypass_ddp (a processor that forwards
+through estimator.net, not the DDP wrapper), model_dir (a checkpoint folder shared by runs).
 """
 
 import json
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fitforge import Estimator
+from fitforge import BatchProcessor, Estimator
 from fitforge.distributed import rank
 from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler
 
@@ -27,9 +28,17 @@ torch.manual_seed(0)
 generator = torch.Generator().manual_seed(0)
 x, y = torch.randn(80, 6, generator=generator), torch.randint(0, 3, (80,), generator=generator)
 net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+class Bypass(BatchProcessor):
+    def fit_batch(self, state, batch):
+        state.estimator.train_net = state.estimator.net  # the mistake the replicas check catches
+        return super().fit_batch(state, batch)
+
+
 estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", device=config.get("device", "cpu"),
                       optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
-                      strategy=config.get("strategy", "auto"))
+                      strategy=config.get("strategy", "auto"), batch_processor=Bypass() if config.get("bypass_ddp") else None)
 me = rank()
 train = DataLoader(TensorDataset(x, y), batch_size=config["global_batch"] // world, shuffle=config.get("shuffle", False))
 val = DataLoader(TensorDataset(x[:50], y[:50]), batch_size=8)  # 25 samples per rank of 2: uneven batches
@@ -42,6 +51,11 @@ if config.get("sigterm_at") is not None and me == config.get("sigterm_rank", 1):
         if state.global_step == config["sigterm_at"]:
             os.kill(os.getpid(), signal.SIGTERM)  # this rank only: the others learn of it by the reduced flag
     handlers.append(LambdaHandler(batch_end=terminate))
+if config.get("stop_at") is not None and me == 1:
+    handlers.append(LambdaHandler(batch_end=lambda state: state.request_stop("rank 1's own reason")
+                                  if state.global_step == config["stop_at"] else None))
+ended: dict = {}
+handlers.append(LambdaHandler(train_end=lambda state: ended.update(steps=state.global_step, reason=state.stop_reason)))
 
 result: dict = {"rank": me, "world": world}
 try:
@@ -55,6 +69,7 @@ except SystemExit as stop:
     result["exit"] = stop.code
     raise
 finally:
+    result.update(ended)
     weights = net.state_dict()
     if estimator.strategy == "fsdp":  # each rank holds shards: gather the full tensors (a collective)
         from torch.distributed.checkpoint.state_dict import (

@@ -9,7 +9,6 @@ from .logging import LoggingHandler
 from .lr_scheduler import LRSchedulerHandler
 from .metric import MetricHandler
 from .nan_guard import NaNGuardHandler, NonFiniteLossError
-from .preemption_sync import PreemptionSyncHandler
 from .progress_bar import ProgressBarHandler
 from .stopping import StoppingHandler
 from .tensorboard import TensorBoardHandler
@@ -20,5 +19,5 @@ __all__ = [
     "StoppingHandler", "GradientUpdateHandler", "MetricHandler", "ValidationHandler",
     "LoggingHandler", "ProgressBarHandler", "CheckpointHandler", "EarlyStoppingHandler",
     "LRSchedulerHandler", "NaNGuardHandler", "NonFiniteLossError", "LambdaHandler", "throttle",
-    "CSVLoggerHandler", "TensorBoardHandler", "PreemptionSyncHandler",
+    "CSVLoggerHandler", "TensorBoardHandler",
 ]

@@ -13,7 +13,6 @@ from ..exceptions import FitforgeTypeError, MonitorKeyError, describe
 from .gradient_update import GradientUpdateHandler
 from .logging import LoggingHandler
 from .metric import MetricHandler
-from .preemption_sync import PreemptionSyncHandler
 from .progress_bar import ProgressBarHandler, interactive
 from .stopping import StoppingHandler
 from .validation import ValidationHandler
@@ -40,17 +39,13 @@ def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -
     return kept + given
 
 
-def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = True,
-                 several_ranks: bool = False) -> list[EventHandler]:
+def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = True) -> list[EventHandler]:
     """The handlers of a fit. With ``default_handlers=False`` only the two a loop cannot run without
     (StoppingHandler, GradientUpdateHandler) are added, plus a ValidationHandler when ``val_data`` is
-    given (an explicit request); metrics, logging and the progress bar run only if passed.
-    ``several_ranks`` adds the PreemptionSyncHandler data-parallel training needs."""
+    given (an explicit request); metrics, logging and the progress bar run only if passed."""
     if not isinstance(default_handlers, bool):
         raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
     defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler()]
-    if several_ranks:
-        defaults.append(PreemptionSyncHandler())
     if default_handlers:
         defaults.append(MetricHandler())
     if val_data is not None:
