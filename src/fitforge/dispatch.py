@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .access import access_edges, declared_access, describe_access, guard
 from .distributed import rank
-from .events import MIXINS, Event, EventHandler, acts_as, events_of
+from .events import MIXINS, Event, EventHandler, acts_as, events_of, unwrapped
 from .exceptions import FitforgeTypeError, HandlerOrderError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -97,7 +97,7 @@ class Dispatcher:
 
     def __init__(self, handlers: Sequence[EventHandler], check_access: bool = False) -> None:
         if rank() != 0:  # reporting handlers run on rank 0 only (see EventHandler.main_rank_only)
-            handlers = [h for h in handlers if not getattr(h, "main_rank_only", False)]
+            handlers = [h for h in handlers if not getattr(unwrapped(h), "main_rank_only", False)]
         self.handlers = order_handlers(handlers)
         owners = {event: [h for h in self.handlers if isinstance(h, MIXINS[event])] for event in Event}
         self.owners: dict[Event, list[EventHandler]] = owners

@@ -153,3 +153,12 @@ def reduce_ints(values: Sequence[int], op: str) -> list[int]:
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on at least one rank (a collective: every rank must ask)."""
     return bool(reduce_ints([int(flag)], "max")[0])
+
+
+def mean_over_ranks(value: float) -> float:
+    """The mean of ``value`` over all ranks (a collective), ``value`` in one process."""
+    if world_size() == 1:
+        return value
+    packed = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(packed, group=cpu_group())
+    return float(packed[0]) / world_size()

@@ -27,7 +27,7 @@ from .configure import (
 )
 from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
-from .distributed import world_size
+from .distributed import rank, world_size
 from .events import EventHandler
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
@@ -264,14 +264,17 @@ class Estimator:
 
     def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
-        if self.sharded:
-            val_data, _ = shard_eval(val_data, padded=self.strategy == "fsdp")
         num_batches = check_data(val_data, "val_data", passes=1)
+        sharded = False
+        if self.sharded:
+            val_data, sharded = shard_eval(val_data, padded=self.strategy == "fsdp")
+            num_batches = len(val_data) if sharded else num_batches  # type: ignore[arg-type]
         dispatcher = Dispatcher(evaluate_handlers(event_handlers))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
         with _inference(self.val_net, self.strategy != "fsdp"):
-            run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch, "val_data")
+            run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch, "val_data",
+                      allow_empty=sharded)
         return dict(state.metrics)
 
     def predict(self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> Any:
@@ -287,10 +290,11 @@ class Estimator:
         returns every output in dataset order (whatever the loader's shuffle); the other ranks
         return None.
         """
+        num_batches = check_data(data, "data", passes=1)
         sharded = False
         if self.sharded:
             data, sharded = shard_eval(data, padded=self.strategy == "fsdp")
-        num_batches = check_data(data, "data", passes=1)
+            num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
         outputs: list = []
         predict_batch = self.batch_processor.predict_batch
         cpu, asynchronous = torch.device("cpu"), self.non_blocking
@@ -303,14 +307,18 @@ class Estimator:
         dispatcher = Dispatcher(user_handlers(event_handlers))
         state = TrainState(self, "predict", num_batches=num_batches)
         with _inference(self.val_net, self.strategy != "fsdp"):
-            run_epoch(state, dispatcher, data, step, "data")
+            run_epoch(state, dispatcher, data, step, "data", allow_empty=sharded)
         if asynchronous:
             torch.cuda.synchronize(self.device)
-        if not outputs:
+        joined = None if not outputs else tuple(torch.cat(parts) for parts in zip(*outputs)) \
+            if isinstance(outputs[0], tuple) else torch.cat(outputs)
+        if sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
+            joined = gather_predictions(joined, len(data.dataset))  # type: ignore[attr-defined]
+            if joined is None and rank() != 0:
+                return None
+        if joined is None:
             raise FitforgeValueError("predict produced no output: every batch was cancelled")
-        joined = tuple(torch.cat(parts) for parts in zip(*outputs)) if isinstance(outputs[0], tuple) \
-            else torch.cat(outputs)
-        return gather_predictions(joined, len(data.dataset)) if sharded else joined  # type: ignore[attr-defined]
+        return joined
 
     def lr_find(self, train_data: Iterable, start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
                 smoothing: float = 0.05, diverge_factor: float = 4.0) -> LRFindResult:

@@ -83,13 +83,15 @@ def run_epoch(
     step: Callable[[TrainState, Any], Any],
     name: str,
     check_first: bool = False,
+    allow_empty: bool = False,
 ) -> None:
     """One pass over ``data`` (called ``name`` in errors): ``epoch_begin``, then per batch
     ``batch_begin``, ``step``, ``batch_end``, then ``epoch_end`` (also for a partial epoch).
 
     In training, ``state.start_batch`` is the position ``data`` starts at (a resumed epoch's data
     holds only the batches from there): batches are numbered from it, and the epoch's history row,
-    already open, is continued."""
+    already open, is continued. ``allow_empty``: a pass of no batch is no error (a rank's share of
+    evaluation data may be empty under torch.distributed)."""
     batch_begin = dispatcher.hooks[Event.BATCH_BEGIN]
     batch_end = dispatcher.hooks[Event.BATCH_END]
     training = state.phase == "train"
@@ -138,7 +140,7 @@ def run_epoch(
         cancelled = state.epoch_cancelled = True
         if training:
             _clear_gradients(state)
-    if seen == 0 and not (start or cancelled or state.stop_requested):
+    if seen == 0 and not (start or cancelled or state.stop_requested or allow_empty):
         raise FitforgeValueError(
             f"{name} yielded no batch ({state.phase}, epoch {state.epoch}): it is empty, or a one-shot "
             "iterator that was already consumed; pass a non-empty re-iterable such as a DataLoader or a list"

@@ -29,10 +29,12 @@ from typing import Any
 import torch
 
 from .data import check_data
+from .distributed import mean_over_ranks
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 from .handlers.gradient_update import step_optimizers
 from .history import finish_figure
 from .rng import restore_rng_states, rng_states
+from .sharding import shard_train
 from .state import TrainState
 
 log = logging.getLogger("fitforge")
@@ -119,6 +121,8 @@ def lr_find(estimator: Any, train_data: Iterable, start_lr: float = 1e-7, end_lr
         TypeError/ValueError: bad arguments or data, before any step.
     """
     _check_arguments(estimator, start_lr, end_lr, num_steps, smoothing, diverge_factor)
+    if getattr(estimator, "sharded", False):
+        train_data = shard_train(train_data)
     check_data(train_data, "train_data", None)
     saved = _snapshot(estimator)
     batches = _cycle(train_data)
@@ -191,7 +195,8 @@ def _sweep(estimator: Any, batches: Iterator[Any], start_lr: float, end_lr: floa
         state.batch_idx, state.global_step = step, step
         state.batch = next(batches)
         state.output = fit_batch(state, state.batch)
-        loss = float(state.output.loss.detach())  # type: ignore[union-attr]  # the one host read per step
+        # The one host read per step; under torch.distributed the ranks' mean, so all decide alike.
+        loss = mean_over_ranks(float(state.output.loss.detach()))  # type: ignore[union-attr]
         if not math.isfinite(loss):
             result.diverged = True
             break

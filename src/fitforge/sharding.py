@@ -7,7 +7,9 @@ so every rank runs the same number of batches, which data-parallel training need
 is a collective): ``DistributedSampler`` pads the last share with samples from the start.
 
 Evaluation and prediction: rank ``r`` takes samples ``r, r + world, r + 2 world...`` in dataset
-order and nothing is repeated, so the reduced metrics are those of the whole data, exactly. Under
+order and nothing is repeated or dropped (``drop_last`` is not applied: it would drop a different
+tail on each rank), so the reduced metrics are those of the whole data, exactly. A rank whose share
+is empty (fewer samples than ranks) still joins the reductions. Under
 FSDP, whose forward is itself a collective, every rank must run as many batches as the others: the
 shares are padded there as in training (up to ``world - 1`` samples counted twice).
 
@@ -71,14 +73,13 @@ def _sampler(loader: DataLoader) -> Any:
     return loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler  # type: ignore[attr-defined]
 
 
-def _rebuild(loader: DataLoader, sampler: Sampler) -> DataLoader:
+def _rebuild(loader: DataLoader, sampler: Sampler, drop_last: bool) -> DataLoader:
     options = loader_options(loader, loader.generator)
     options["persistent_workers"] = loader.persistent_workers
     if loader.batch_sampler is None:  # batch_size=None: the loader yields single samples
         return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **options)
     batches: Any = loader.batch_sampler
-    return DataLoader(loader.dataset, batch_size=batches.batch_size, drop_last=batches.drop_last, sampler=sampler,
-                      **options)
+    return DataLoader(loader.dataset, batch_size=batches.batch_size, drop_last=drop_last, sampler=sampler, **options)
 
 
 def shard_train(data: Iterable, argument: str = "train_data") -> Iterable:
@@ -96,7 +97,7 @@ def shard_train(data: Iterable, argument: str = "train_data") -> Iterable:
     sampler: DistributedSampler = DistributedSampler(loader.dataset, num_replicas=world_size(), rank=rank(),
                                  shuffle=isinstance(_sampler(loader), RandomSampler))
     sampler.fitforge_seeded = True  # type: ignore[attr-defined]  # DataOrder sets its seed from the fit's
-    return _rebuild(loader, sampler)
+    return _rebuild(loader, sampler, drop_last=getattr(loader.batch_sampler, "drop_last", False))
 
 
 def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
@@ -112,24 +113,29 @@ def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
         size = len(loader.dataset)  # type: ignore[arg-type]
         sampler: Sampler = (DistributedSampler(loader.dataset, world_size(), rank(), shuffle=False) if padded
                             else StridedSampler(size, rank(), world_size()))
-        shards[padded] = _rebuild(loader, sampler)
+        shards[padded] = _rebuild(loader, sampler, drop_last=False)  # every sample, as the metrics are exact
     return shards[padded], True
 
 
 def gather_predictions(outputs: Any, size: int) -> Any:
-    """Rank 0: every rank's outputs (rows ``r, r + world, ...``) interleaved back into dataset
-    order, cut to the dataset's ``size`` (dropping padding); None on the other ranks."""
+    """Rank 0: every rank's outputs (rows ``r, r + world, ...``; None for an empty share)
+    interleaved back into dataset order, cut to the dataset's ``size`` (dropping padding); None on
+    the other ranks, and on rank 0 when no rank produced any."""
     parts = gather_to_main(outputs)
-    if parts is None:
+    if parts is None or all(part is None for part in parts):
         return None
-    if isinstance(parts[0], tuple):
-        return tuple(_interleave([part[i] for part in parts], size) for i in range(len(parts[0])))
+    template = next(part for part in parts if part is not None)
+    if isinstance(template, tuple):
+        return tuple(_interleave([None if part is None else part[i] for part in parts], size)
+                     for i in range(len(template)))
     return _interleave(parts, size)
 
 
-def _interleave(parts: list[torch.Tensor], size: int) -> torch.Tensor:
-    total = sum(len(part) for part in parts)
-    merged = parts[0].new_empty((total, *parts[0].shape[1:]))
+def _interleave(parts: list[torch.Tensor | None], size: int) -> torch.Tensor:
+    template = next(part for part in parts if part is not None)
+    total = sum(len(part) for part in parts if part is not None)
+    merged = template.new_empty((total, *template.shape[1:]))
     for r, part in enumerate(parts):
-        merged[r::len(parts)] = part
+        if part is not None:
+            merged[r::len(parts)] = part
     return merged[:size]

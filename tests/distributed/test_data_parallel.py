@@ -79,8 +79,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     fsdp = {**BASE, "strategy": "fsdp"}
     with ThreadPoolExecutor(max_workers=3) as pool:
         first = {
-            "one": pool.submit(launch, paths["one"], BASE, 0),
-            "two": pool.submit(launch, paths["two"], {**BASE, "per_rank_dirs": True}, 2),
+            "one": pool.submit(launch, paths["one"], {**BASE, "edge_eval": True}, 0),
+            "two": pool.submit(launch, paths["two"], {**BASE, "per_rank_dirs": True, "edge_eval": True}, 2),
             "preempted": pool.submit(launch, paths["preempted"],
                                      {**BASE, "sigterm_at": 6, "model_dir": str(folders["checkpoints"])}, 2),
             "nodes": pool.submit(launch_two_nodes, paths["nodes"], BASE),
@@ -148,6 +148,16 @@ def test_predict_returns_every_output_in_dataset_order_on_rank_0(runs):
     assert ranks[1]["predict"] is None
     assert len(ranks[0]["predict"]) == 50  # 25 rows from each rank, interleaved back
     assert float((torch.tensor(ranks[0]["predict"]) - torch.tensor(single["predict"])).abs().max()) <= 1e-5
+
+
+def test_a_share_smaller_than_the_ranks_and_drop_last_are_evaluated_whole(runs):
+    single, = results(runs["one"], 1)
+    ranks = results(runs["two"], 2)
+    assert ranks[0]["tiny_evaluate"] == ranks[1]["tiny_evaluate"]  # rank 1's share of 1 sample is empty
+    assert close(ranks[0]["tiny_evaluate"], single["tiny_evaluate"])
+    assert ranks[1]["dropped_predict"] is None
+    assert len(single["dropped_predict"]) == 6 and len(ranks[0]["dropped_predict"]) == 7  # every sample
+    assert float((torch.tensor(ranks[0]["dropped_predict"][:6]) - torch.tensor(single["dropped_predict"])).abs().max()) <= 1e-5
 
 
 def test_only_rank_0_writes_files(runs):

@@ -4,7 +4,8 @@ automatic data parallelism, and write this rank's results to OUT/result-rank<r>.
 Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs (or batches), global_batch, and
 optionally device (None: the rank's own), strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
 which ranks write), sigterm_at / sigterm_rank (that rank sends itself SIGTERM after that batch),
-stop_at (rank 1 alone requests a stop after that batch), bypass_ddp (a processor that forwards
+stop_at (rank 1 alone requests a stop after that batch), edge_eval (evaluate 1 sample, predict
+with drop_last), bypass_ddp (a processor that forwards
 through estimator.net, not the DDP wrapper), model_dir (a checkpoint folder shared by runs).
 """
 
@@ -65,6 +66,10 @@ try:
     result["evaluate"] = estimator.evaluate(val)
     predictions = estimator.predict(val)
     result["predict"] = None if predictions is None else predictions.tolist()
+    if config.get("edge_eval"):  # shares smaller than the ranks, and drop_last (not applied to shares)
+        result["tiny_evaluate"] = estimator.evaluate(DataLoader(TensorDataset(x[:1], y[:1]), batch_size=4))
+        dropped = estimator.predict(DataLoader(TensorDataset(x[:7], y[:7]), batch_size=2, drop_last=True))
+        result["dropped_predict"] = None if dropped is None else dropped.tolist()
 except SystemExit as stop:
     result["exit"] = stop.code
     raise

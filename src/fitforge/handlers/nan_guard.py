@@ -7,6 +7,7 @@ import logging
 import torch
 
 from ..checks import check_positive
+from ..distributed import any_rank, reduce_ints
 from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 from ..resume import epoch_done
@@ -122,13 +123,16 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
             self._act(state)  # a preempted partial epoch is judged when the resumed run ends it
 
     def _act(self, state: TrainState) -> bool:
-        """Read the record (one host read; two when there is a bad batch) and act on it."""
-        code = int(self._first)
+        """Read the record (one host read; two when there is a bad batch) and act on it. Under
+        torch.distributed the ranks agree on the first bad batch of any rank (one all-reduce)."""
+        own = int(self._first)
+        code = reduce_ints([own], "min")[0]
         if code == _NONE:
             return False
         step, batch = divmod(code, _SHIFT)
         # Every epoch end reads the record, so the bad batch is in the current epoch.
-        where = f"loss {float(self._value)} at epoch {state.epoch + 1}, batch {batch + 1} (global step {step})"
+        value = float(self._value) if own == code else "not finite on another rank"
+        where = f"loss {value} at epoch {state.epoch + 1}, batch {batch + 1} (global step {step})"
         self._clear()
         if self.policy == "raise":
             raise NonFiniteLossError(f"NaNGuardHandler(policy='raise'): the training {where} is not finite; lower "
@@ -139,7 +143,8 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         return True
 
     def _skip(self, state: TrainState, loss: torch.Tensor) -> None:
-        if bool(torch.isfinite(loss).all()):  # the per-batch host read this policy needs
+        # The per-batch host read this policy needs; every rank skips if any rank's loss is bad.
+        if not any_rank(not bool(torch.isfinite(loss).all())):
             return
         self.skipped += 1
         self._epoch_skips += 1

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..checks import check_positive
 from ..dispatch import check_handler
+from ..distributed import any_rank, world_size
 from ..events import MIXINS, Event, EventHandler, events_of
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
 from ..state import TrainState
@@ -24,8 +25,9 @@ class _Gate:
     """Decides once per batch (or epoch) whether the wrapped hooks run: the first hook of the pair
     decides, the second follows that decision, so a batch_begin is never without its batch_end."""
 
-    def __init__(self, every: int | None, seconds: float | None, clock: Callable[[], float]) -> None:
-        self.every, self.seconds, self.clock = every, seconds, clock
+    def __init__(self, every: int | None, seconds: float | None, clock: Callable[[], float],
+                 agree: bool = False) -> None:
+        self.every, self.seconds, self.clock, self.agree = every, seconds, clock, agree
         self.last = -math.inf  # clock time of the last call let through
         self.pending: bool | None = None  # the decision of a pair's first hook, for its second
 
@@ -34,7 +36,10 @@ class _Gate:
             return False
         if self.seconds is not None:
             now = self.clock()
-            if now - self.last < self.seconds:
+            due = now - self.last >= self.seconds
+            if self.agree and world_size() > 1:  # each rank's clock: the ranks agree (a collective)
+                due = any_rank(due)
+            if not due:
                 return False
             self.last = now
         return True
@@ -62,6 +67,7 @@ class Throttled(EventHandler):
     save_best = _forwarded("save_best")
     restore_best = _forwarded("restore_best")
     stopped_epoch = _forwarded("stopped_epoch")
+    main_rank_only = _forwarded("main_rank_only")  # type: ignore[assignment]
 
     def __init__(self, handler: EventHandler, every_n_batches: int | None, every_n_epochs: int | None,
                  seconds: float | None, clock: Callable[[], float]) -> None:
@@ -77,8 +83,11 @@ class Throttled(EventHandler):
         self._gates()
 
     def _gates(self) -> None:
-        self._batch = _Gate(self.every_n_batches, self.seconds, self.clock)
-        self._epoch = _Gate(self.every_n_epochs, self.seconds, self.clock)
+        # A handler every rank runs (a checkpoint: a collective) must be let through on every rank
+        # at once; a rank-0 reporter decides alone.
+        agree = not self.main_rank_only
+        self._batch = _Gate(self.every_n_batches, self.seconds, self.clock, agree)
+        self._epoch = _Gate(self.every_n_epochs, self.seconds, self.clock, agree)
 
     @staticmethod
     def _batch_position(state: TrainState) -> int:
@@ -153,7 +162,9 @@ def throttle(handler: EventHandler, every_n_batches: int | None = None, every_n_
         handler: an event handler instance.
         every_n_batches: run the batch hooks every n batches.
         every_n_epochs: run the epoch hooks every n epochs.
-        seconds: run each kind of hook at most once per this many seconds.
+        seconds: run each kind of hook at most once per this many seconds. Under torch.distributed
+            the ranks' clocks are reconciled each time (a host all-reduce), unless the handler
+            reports from rank 0 only: a checkpoint every N minutes then saves on every rank at once.
         clock: a function returning seconds (``time.monotonic``); inject a fake one in tests.
 
     Raises:
