@@ -24,7 +24,7 @@ from torch.utils.data import (
 
 from fitforge import Estimator, fsdp, sharding
 from fitforge.agreement import StopAgreement, _check_replicas
-from fitforge.checkpoint_io import CheckpointError
+from fitforge.checkpoint_io import CheckpointError, check_fits, load_checkpoint, save_checkpoint
 from fitforge.distributed import agree, broadcast_from_main, gather_to_main
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, MetricHandler
@@ -265,7 +265,8 @@ def test_fsdp_checkpoints_round_trip_through_dcp_folders(one_rank_group, tmp_pat
     saver = CheckpointHandler(tmp_path, monitor="train_loss", save_best=True, max_checkpoints=1)
     estimator.fit(regression_batches(4), epochs=2, event_handlers=[saver])
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {"model-epoch2batch8.pt", "model-epoch2batch8.dcp", "model-best.pt", "model-best-epoch2batch8.dcp"}
+    assert names == {"model-epoch2batch8.pt", "model-epoch2batch8pos0.dcp", "model-best.pt",
+                     "model-best-epoch2batch8pos0.dcp"}
     full = {k: v.full_tensor() for k, v in estimator.net.state_dict().items()}
     plain = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
     plain.optimizers = [torch.optim.Adam(plain.net.parameters(), lr=0.05)]
@@ -276,9 +277,62 @@ def test_fsdp_checkpoints_round_trip_through_dcp_folders(one_rank_group, tmp_pat
     weights_only = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
     weights_only.load_checkpoint(tmp_path / "model-best.pt", optimizers=False)
     assert all(torch.equal(weights_only.net.state_dict()[k], v) for k, v in full.items())
-    (tmp_path / "model-epoch2batch8.dcp" / ".metadata").unlink()
+    (tmp_path / "model-epoch2batch8pos0.dcp" / ".metadata").unlink()
     with pytest.raises(CheckpointError, match="does not fit this net or its optimizers: CheckpointException"):
         plain.load_checkpoint(tmp_path / "model-epoch2batch8.pt")
-    shutil.rmtree(tmp_path / "model-epoch2batch8.dcp")
+    shutil.rmtree(tmp_path / "model-epoch2batch8pos0.dcp")
     with pytest.raises(CheckpointError, match="sharded weights of this checkpoint are missing"):
         plain.load_checkpoint(tmp_path / "model-epoch2batch8.pt")
+
+
+def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_restarts_a_shuffled_epoch(tmp_path, caplog):
+    data = TensorDataset(torch.rand(12, 1), torch.rand(12, 1))
+    estimator = make_estimator()
+    estimator.fit(DataLoader(data, batch_size=4, shuffle=True), batches=5,
+                  event_handlers=[CheckpointHandler(tmp_path, batch_period=5, epoch_period=None)])
+    path = tmp_path / "model-epoch1batch5.pt"
+    checkpoint = load_checkpoint(path)
+    assert checkpoint["position"] == 2 and checkpoint["data_order"] == {**checkpoint["data_order"], "world": 1,
+                                                                         "shuffled": True}
+    checkpoint["data_order"]["world"] = 2  # as if two ranks had written it
+    save_checkpoint(checkpoint, path)
+    resumed = make_estimator()
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        history = resumed.fit(DataLoader(data, batch_size=4, shuffle=True), epochs=2,
+                              event_handlers=[CheckpointHandler(tmp_path, resume_from_checkpoint=True)])
+    assert "written by 2 rank(s) 2 batch(es) into epoch 2 of a shuffled order" in caplog.text
+    assert "epoch 2 starts again (its first 2 batch(es) are trained twice)" in caplog.text
+    assert len(history["train_loss"]) == 2 and (tmp_path / "model-epoch2batch6.pt").is_file()
+
+
+@needs_fsdp
+def test_fsdp_starts_from_the_weights_of_an_unsharded_checkpoint(one_rank_group, tmp_path):
+    plain = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
+    plain.fit(regression_batches(2), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    sharded = fsdp_estimator()
+    with pytest.raises(CheckpointError, match=r"load its weights only \(estimator.load_checkpoint\(path, optimizers=False\)"):
+        sharded.load_checkpoint(tmp_path / "model-epoch1batch2.pt")
+    sharded.load_checkpoint(tmp_path / "model-epoch1batch2.pt", optimizers=False)
+    assert all(torch.equal(v.full_tensor(), plain.net.state_dict()[k]) for k, v in sharded.net.state_dict().items())
+
+
+def test_whether_a_checkpoint_fits_is_judged_without_loading_it(tmp_path):
+    estimator = make_estimator()
+    estimator.fit(regression_batches(2), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    checkpoint = load_checkpoint(tmp_path / "model-epoch1batch2.pt")
+    check_fits(estimator, checkpoint, tmp_path)
+    with pytest.raises(CheckpointError, match="do not fit this net: shape mismatches"):
+        check_fits(make_estimator(net=nn.Linear(1, 2), loss=nn.MSELoss()), checkpoint, tmp_path)
+    with pytest.raises(CheckpointError, match=r"holds 0 optimizer state\(s\) but the estimator has 1"):
+        check_fits(estimator, {**checkpoint, "optimizers": []}, tmp_path)
+    with pytest.raises(CheckpointError, match="no folder model-x.dcp with DCP metadata"):
+        check_fits(estimator, {**checkpoint, "sharded": "model-x.dcp"}, tmp_path)
+
+
+@needs_fsdp
+def test_shard_folders_no_checkpoint_names_are_removed_at_fit_start(one_rank_group, tmp_path):
+    for name in ("model-epoch1batch4pos0.dcp", "model-best-epoch1batch4pos0.dcp"):
+        (tmp_path / name).mkdir()
+    fsdp_estimator().fit(regression_batches(4), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    assert {p.name for p in tmp_path.iterdir()} == {"model-epoch1batch4.pt", "model-epoch1batch4pos0.dcp"}
+    assert (tmp_path / "model-epoch1batch4pos0.dcp" / ".metadata").is_file()  # the new one, not the stale

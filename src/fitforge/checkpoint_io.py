@@ -157,14 +157,15 @@ def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimi
         checkpoint = load_checkpoint(checkpoint, map_location="cpu")
     if "sharded" in checkpoint:
         return _restore_sharded(estimator, checkpoint, optimizers, folder)
-    result = _load_net(estimator.net, checkpoint["model"])
-    if result:
-        raise CheckpointError(f"the checkpoint's weights do not fit this net: {result}")
+    check_fits(estimator, checkpoint, folder, optimizers)
+    if getattr(estimator, "strategy", None) == "fsdp":  # full weights, each rank keeping its shard
+        from .fsdp import load_full_weights
+
+        load_full_weights(estimator.net, checkpoint["model"])
+    else:
+        estimator.net.load_state_dict(checkpoint["model"])
     if optimizers:
         saved = checkpoint.get("optimizers", [])
-        if len(saved) != len(estimator.optimizers):
-            raise CheckpointError(f"the checkpoint holds {len(saved)} optimizer state(s) but the estimator has "
-                                  f"{len(estimator.optimizers)} optimizer(s); pass optimizers=False to load weights only")
         for optimizer, state in zip(estimator.optimizers, saved):
             try:
                 optimizer.load_state_dict(state)
@@ -176,8 +177,30 @@ def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimi
     return checkpoint
 
 
-def _load_net(net: torch.nn.Module, weights: dict) -> str:
-    """Load ``weights``; return a description of the mismatch ('' when they fit)."""
+def check_fits(estimator: Any, checkpoint: dict, folder: Path | None, optimizers: bool = True) -> None:
+    """Raise a :class:`CheckpointError` unless ``checkpoint`` can load into ``estimator`` (read only:
+    names and shapes of the weights, the number of optimizers, a sharded checkpoint's folder)."""
+    if "sharded" in checkpoint:
+        if not (Path(folder or ".") / checkpoint["sharded"] / ".metadata").is_file():
+            raise CheckpointError(f"the sharded weights of this checkpoint are missing: no folder {checkpoint['sharded']} "
+                                  "with DCP metadata beside it")
+        return
+    problem = _mismatch(estimator.net, checkpoint["model"])
+    if problem:
+        raise CheckpointError(f"the checkpoint's weights do not fit this net: {problem}")
+    if not optimizers:
+        return
+    saved = checkpoint.get("optimizers", [])
+    if len(saved) != len(estimator.optimizers):
+        raise CheckpointError(f"the checkpoint holds {len(saved)} optimizer state(s) but the estimator has "
+                              f"{len(estimator.optimizers)} optimizer(s); pass optimizers=False to load weights only")
+    if getattr(estimator, "strategy", None) == "fsdp":
+        raise CheckpointError("this checkpoint of an unsharded run holds optimizer states that cannot be sharded here; "
+                              "load its weights only (estimator.load_checkpoint(path, optimizers=False)) and train on")
+
+
+def _mismatch(net: torch.nn.Module, weights: dict) -> str:
+    """A description of how ``weights`` do not fit ``net`` ('' when they fit)."""
     own = net.state_dict()
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
@@ -185,10 +208,7 @@ def _load_net(net: torch.nn.Module, weights: dict) -> str:
               for k in own if k in weights and weights[k].shape != own[k].shape]
     parts = [f"missing keys {missing}" if missing else "", f"unexpected keys {unexpected}" if unexpected else "",
              f"shape mismatches {shapes}" if shapes else ""]
-    problem = "; ".join(p for p in parts if p)
-    if not problem:
-        net.load_state_dict(weights)
-    return problem
+    return "; ".join(p for p in parts if p)
 
 
 def _restore_sharded(estimator: Any, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:

@@ -36,7 +36,7 @@ from torch.utils.data import (
 )
 
 from .data import loader_options
-from .distributed import broadcast_from_main
+from .distributed import broadcast_from_main, world_size
 from .rng import restore_rng_states, rng_states
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
@@ -76,6 +76,7 @@ class DataOrder:
         self._own: list[torch.Generator] = []  # the user's generators, restored by state
         self._start: list[torch.Tensor] = []  # their states at the current epoch's start
         self._epoch_samplers: list[Any] = []  # DistributedSamplers: their order is set by set_epoch
+        self.shuffled = False  # whether the order is random (a position then depends on the sampler)
         self.problem = self._inspect(data)
         if self._managed:  # every rank draws (their generators stay alike); rank 0's seed is everyone's
             self.seed = broadcast_from_main(_draw_seed())
@@ -107,6 +108,7 @@ class DataOrder:
             return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
         # The sampler in use: a batch_sampler= of the user's holds its own (loader.sampler is then unused).
         sampler: Any = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+        self.shuffled = type(sampler) in _SEEDED_SAMPLERS or getattr(sampler, "shuffle", False) is True
         if type(sampler) is DistributedSampler:  # its order is a function of its seed and set_epoch
             self._epoch_samplers.append(sampler)
             if getattr(sampler, "fitforge_seeded", False):  # made by fitforge.sharding: seeded from the fit's seed
@@ -173,7 +175,7 @@ class DataOrder:
 
     def state_dict(self) -> dict[str, Any]:
         """The seed, and the user's generators at the epoch's start and now (tensors and ints only)."""
-        return {"seed": self.seed, "start": list(self._start),
+        return {"seed": self.seed, "world": world_size(), "shuffled": self.shuffled, "start": list(self._start),
                 "now": [generator.get_state() for generator in self._own]}
 
     def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:

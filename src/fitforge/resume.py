@@ -56,6 +56,14 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
     }
 
 
+def _order_changed(state: TrainState, saved: dict[str, Any]) -> bool:
+    """Whether a shuffled epoch's order differs from the checkpoint's: written by another number of
+    ranks (a DistributedSampler's order depends on it, a RandomSampler's is another one)."""
+    order = state.data_order
+    shuffled = saved.get("shuffled", False) or (order is not None and order.shuffled)
+    return shuffled and saved.get("world", 1) != world_size()
+
+
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     """Continue from ``checkpoint`` (whose weights and optimizer states are already loaded): the
     counters, history, generators, data order and handler states; a stop when its target is reached."""
@@ -64,6 +72,14 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     state.optimizer_steps = checkpoint.get("optimizer_steps", 0)
     state.accumulated_batches = checkpoint.get("accumulated_batches", 0)
     grads = checkpoint.get("grads", {})
+    if position and _order_changed(state, checkpoint.get("data_order", {})):
+        log.warning("the checkpoint was written by %d rank(s) %d batch(es) into epoch %d of a shuffled order; on %d "
+                    "rank(s) the epoch's order is another one, so its position cannot be found: epoch %d starts "
+                    "again (its first %d batch(es) are trained twice)", checkpoint["data_order"].get("world", 1),
+                    position, state.epoch + 1, world_size(), state.epoch + 1, position)
+        state.global_step -= position
+        state.start_batch = position = 0
+        state.accumulated_batches, grads = 0, {}
     for name, parameter in state.estimator.net.named_parameters():
         parameter.grad = grads[name].to(parameter.device) if name in grads else None
     history = checkpoint["history"]

@@ -206,8 +206,8 @@ def test_fsdp_on_two_cpu_ranks_trains_like_one_process_and_its_checkpoint_round_
     # Sharded weights and optimizer states, saved by both ranks through torch.distributed.checkpoint
     # in the middle of epoch 2, resumed on 2 ranks (FSDP) and on 1 process (no process group).
     assert {p.name for p in runs["fsdp_saved"].iterdir()} == {
-        "model-epoch1batch5.pt", "model-epoch1batch5.dcp", "model-epoch1batch7.pt", "model-epoch1batch7.dcp"}
-    assert {p.name for p in (runs["fsdp_saved"] / "model-epoch1batch7.dcp").iterdir()} >= {
+        "model-epoch1batch5.pt", "model-epoch1batch5pos0.dcp", "model-epoch1batch7.pt", "model-epoch1batch7pos2.dcp"}
+    assert {p.name for p in (runs["fsdp_saved"] / "model-epoch1batch7pos2.dcp").iterdir()} >= {
         ".metadata", "__0_0.distcp", "__1_0.distcp"}
     uninterrupted = results(runs["two"], 2)[0]  # DDP, 3 epochs without a stop
     single, = results(runs["one"], 1)

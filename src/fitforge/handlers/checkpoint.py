@@ -14,6 +14,7 @@ from ..checkpoint_io import (
     FORMAT_VERSION,
     TEMP_SUFFIX,
     CheckpointError,
+    check_fits,
     load_checkpoint,
     restore_weights,
     save_checkpoint,
@@ -175,7 +176,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         reasons = []
         for path in reversed(files):
             try:
-                loaded.append(load_checkpoint(path) if read_only else restore_weights(state.estimator, path))
+                if read_only:  # the other ranks load too: judge whether it fits without loading it
+                    checkpoint = load_checkpoint(path)
+                    check_fits(state.estimator, checkpoint, self.model_dir)
+                    loaded.append(checkpoint)
+                else:
+                    loaded.append(restore_weights(state.estimator, path))
             except CheckpointError as err:
                 log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
                 reasons.append(f"{path.name}: {err}")
@@ -203,12 +209,22 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
                         shutil.rmtree(leftover)
                     else:  # a temporary file of a save interrupted by a crash
                         leftover.unlink(missing_ok=True)
+            self._remove_unnamed_shards()
             probe = self.model_dir / f".{self.model_prefix}-probe{TEMP_SUFFIX}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as err:
             raise FitforgeValueError(f"CheckpointHandler: model_dir {str(self.model_dir)!r} is not a writable folder "
                                      f"({err.strerror or err}); pass a folder you can write to") from err
+
+    def _remove_unnamed_shards(self) -> None:
+        """Delete FSDP shard folders whose checkpoint file is gone (a crash during a rotation)."""
+        for folder in self.model_dir.glob(f"{self.model_prefix}-epoch*batch*pos*{SHARDS}"):
+            if not (self.model_dir / f"{folder.name[:folder.name.rindex('pos')]}{EXTENSION}").exists():
+                shutil.rmtree(folder)
+        if not (self.model_dir / f"{self.model_prefix}-best{EXTENSION}").exists():
+            for folder in self.model_dir.glob(f"{self.model_prefix}-best-epoch*{SHARDS}"):
+                shutil.rmtree(folder)
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period
@@ -243,12 +259,14 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._last = key
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
-        shards = self._save_shards(state, checkpoint, path.with_suffix(SHARDS).name)
+        shards = self._save_shards(state, checkpoint, f"{path.stem}pos{key[2]}{SHARDS}")
         agree(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Path | None:
         """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
-        the checkpoint names as ``name`` (rank 0 renames it once every shard is written)."""
+        the checkpoint names as ``name`` (rank 0 renames it once every shard is written). Names
+        are unique per state (file name and batch position), so a save never overwrites the
+        shards a file on disk names."""
         if state.estimator.strategy != "fsdp":
             return None
         temporary = self.model_dir / f".{name}{TEMP_SUFFIX}"
@@ -256,25 +274,32 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         checkpoint["sharded"] = name
         return temporary
 
-    def _commit(self, checkpoint: dict, path: Path, shards: Path | None) -> None:
+    def _commit(self, checkpoint: dict, path: Path, shards: Path | None, stale: str = "") -> None:
         """Put the shards under their name, then write the file that names them (atomic: the file is
-        the last thing written, so a crash before it leaves the previous checkpoint in force)."""
-        if shards is not None:
-            final = self.model_dir / checkpoint["sharded"]
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(shards, final)
+        the last thing written, so a crash before it leaves the previous checkpoint in force), then
+        delete the folders matching ``stale`` that the file no longer names."""
+        if shards is None:
+            save_checkpoint(checkpoint, path)
+            return
+        final = self.model_dir / checkpoint["sharded"]
+        if final.exists():  # a leftover no file names (a crash after its rename)
+            shutil.rmtree(final)
+        os.replace(shards, final)
         save_checkpoint(checkpoint, path)
+        for old in self.model_dir.glob(stale):
+            if old.name != final.name:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _write_and_rotate(self, checkpoint: dict, path: Path, shards: Path | None) -> None:
-        self._commit(checkpoint, path, shards)
+        self._commit(checkpoint, path, shards, stale=f"{path.stem}pos*{SHARDS}")
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
         while len(self.saved) > self.max_checkpoints:
             old = self.saved.pop(0)
             old.unlink(missing_ok=True)  # by exact name, after the new file is durable
-            shutil.rmtree(old.with_suffix(SHARDS), ignore_errors=True)
+            for folder in self.model_dir.glob(f"{old.stem}pos*{SHARDS}"):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _save_if_best(self, state: TrainState) -> None:
         monitor = self._monitor
@@ -286,18 +311,16 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         epochs = _completed_epochs(state)
         checkpoint = self.checkpoint(state, epochs, state.global_step)
         checkpoint["best"] = {"monitor": self.monitor, "value": value, "epoch": state.epoch}
+        position = 0 if epochs > state.epoch else state.batch_idx + 1
         shards = self._save_shards(state, checkpoint, f"{self.model_prefix}-best-epoch{epochs}batch{state.global_step}"
-                                                      f"{SHARDS}")
+                                                      f"pos{position}{SHARDS}")
         agree(lambda: self._replace_best(checkpoint, shards), CheckpointError)
         log.info("%s improved from %s to %.4g: saved %s", self.monitor,
                  "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
 
     def _replace_best(self, checkpoint: dict, shards: Path | None) -> None:
         assert self.best_path is not None
-        self._commit(checkpoint, self.best_path, shards)
-        for old in self.model_dir.glob(f"{self.model_prefix}-best-epoch*{SHARDS}"):
-            if old.name != checkpoint.get("sharded"):
-                shutil.rmtree(old, ignore_errors=True)  # the previous best's shards, now unnamed
+        self._commit(checkpoint, self.best_path, shards, stale=f"{self.model_prefix}-best-epoch*{SHARDS}")
 
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
         """The dict written to a file: the weights, the optimizers' states (and the fp16 GradScaler's
