@@ -24,7 +24,12 @@ from torch.utils.data import (
 
 from fitforge import Estimator, fsdp, sharding
 from fitforge.agreement import StopAgreement, _check_replicas
-from fitforge.checkpoint_io import CheckpointError, check_fits, load_checkpoint, save_checkpoint
+from fitforge.checkpoint_io import (
+    CheckpointError,
+    check_fits,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fitforge.distributed import agree, broadcast_from_main, gather_to_main
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, MetricHandler

@@ -213,7 +213,9 @@ def _mismatch(net: torch.nn.Module, weights: dict) -> str:
 
 def _restore_sharded(estimator: Any, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:
     """Load the weights (optimizer states, gradients) a sharded checkpoint keeps in its DCP folder."""
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named to be caught
+    from torch.distributed.checkpoint.api import (
+        CheckpointException,  # a BaseException: named to be caught
+    )
 
     from .fsdp import load_sharded
 

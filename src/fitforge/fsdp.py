@@ -83,9 +83,12 @@ def shard(net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch
     return net
 
 
-def load_full_weights(net: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+def load_full_weights(net: nn.Module, weights: dict[str, Any]) -> None:
     """Load an unsharded ``state_dict`` (every rank holds it whole) into the sharded ``net``."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     set_model_state_dict(net, weights, options=StateDictOptions(full_state_dict=True))
 
