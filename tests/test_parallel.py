@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 
 import pytest
 import torch
@@ -31,8 +32,16 @@ from fitforge.checkpoint_io import (
     save_checkpoint,
 )
 from fitforge.distributed import agree, broadcast_from_main, gather_to_main
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers import CheckpointHandler, MetricHandler
+from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import (
+    CheckpointHandler,
+    CSVLoggerHandler,
+    LambdaHandler,
+    MetricHandler,
+    NaNGuardHandler,
+    throttle,
+)
+from fitforge.handlers import nan_guard as guard_module
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
 from fitforge.parallel import rank_device
@@ -89,7 +98,8 @@ def test_under_a_launcher_each_rank_takes_its_local_device(monkeypatch):
     assert rank_device(None, "auto") == "cuda:1"
     assert rank_device("cuda", "ddp") == "cuda:1"
     assert rank_device(torch.device("cuda"), "auto") == "cuda:1"
-    assert rank_device("cuda:0", "auto") == "cuda:0"  # an explicit index is the user's choice
+    with pytest.warns(UserWarning, match="every rank of this machine uses that one GPU"):
+        assert rank_device("cuda:0", "auto") == "cuda:0"  # an explicit index is the user's choice
     assert rank_device(None, "none") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rank_device(None, "auto") == "cpu"
@@ -341,3 +351,50 @@ def test_shard_folders_no_checkpoint_names_are_removed_at_fit_start(one_rank_gro
     fsdp_estimator().fit(regression_batches(4), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
     assert {p.name for p in tmp_path.iterdir()} == {"model-epoch1batch4.pt", "model-epoch1batch4pos0.dcp"}
     assert (tmp_path / "model-epoch1batch4pos0.dcp" / ".metadata").is_file()  # the new one, not the stale
+
+
+def test_samplers_without_a_distributed_counterpart_are_named(two_ranks, caplog):
+    drawn = DataLoader(dataset(), sampler=torch.utils.data.RandomSampler(dataset(), replacement=True))
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        assert sharding.shard_train(drawn) is drawn
+    assert "draws with replacement" in caplog.text
+
+
+def test_an_explicit_gpu_under_torchrun_warns_that_every_rank_shares_it(monkeypatch):
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.warns(UserWarning, match="every rank of this machine uses that one GPU"):
+        assert rank_device("cuda:0", "auto") == "cuda:0"
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_wrong_ddp_option_is_named(one_rank_group, monkeypatch):
+    monkeypatch.setattr("fitforge.parallel._several", lambda: True)
+    monkeypatch.setattr("fitforge.parallel.world_size", lambda: 2)  # as if several ranks: DDP wraps
+    with pytest.raises(FitforgeTypeError, match="not all arguments of DistributedDataParallel"):
+        make_estimator(strategy_options={"find_unused": True})
+
+
+def test_nan_guard_and_time_throttles_follow_the_other_ranks(monkeypatch):
+    monkeypatch.setattr(guard_module, "any_rank", lambda flag: True)  # another rank's loss was not finite
+    guard, state = NaNGuardHandler(policy="skip"), TrainState(make_estimator())
+    guard.train_begin(state)
+    state.output = type("Out", (), {"loss": torch.tensor(1.0)})()
+    with pytest.raises(CancelBatch):
+        guard.batch_end(state)  # this rank's loss is finite, yet every rank skips the batch
+    monkeypatch.setattr(guard_module, "reduce_ints", lambda values, op: [0])  # another rank's batch 0 was bad
+    stopper = NaNGuardHandler()
+    stopper.train_begin(state)
+    stopper.epoch_end(state)
+    assert "not finite on another rank" in state.stop_reason
+    asked = []
+    throttle_module = sys.modules["fitforge.handlers.throttle"]  # the package's name is the function
+    monkeypatch.setattr(throttle_module, "world_size", lambda: 2)
+    monkeypatch.setattr(throttle_module, "any_rank", lambda flag: asked.append(flag) or True)
+    clock = iter([0.0, 1.0, 2.0, 3.0])
+    saver = throttle(LambdaHandler(batch_end=lambda s: None), seconds=10, clock=lambda: next(clock))
+    assert saver._batch.open(0) and saver._batch.open(1)  # not due at 1 s here, due on another rank
+    assert asked == [True, False]
+    reporter = throttle(CSVLoggerHandler("x.csv"), seconds=10, clock=lambda: next(clock))
+    assert reporter._batch.open(0) and not reporter._batch.open(1)  # a rank-0 reporter decides alone
+    assert asked == [True, False]

@@ -57,7 +57,8 @@ def shard(net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch
     from torch.distributed.device_mesh import init_device_mesh
 
     options = dict(options or {})
-    units = tuple(options.pop("shard", ()))
+    units = options.pop("shard", ())
+    units = (units,) if isinstance(units, type) else tuple(units)
     if not all(isinstance(unit, type) and issubclass(unit, nn.Module) for unit in units):
         raise FitforgeTypeError(f"strategy_options['shard'] must be nn.Module classes, e.g. (nn.TransformerEncoderLayer,), "
                                 f"got {units!r}")

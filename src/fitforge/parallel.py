@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -66,6 +67,9 @@ def rank_device(device: Any, strategy: str) -> Any:
         return f"cuda:{local_rank()}" if torch.cuda.is_available() else "cpu"
     if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda" and device.index is None):
         return f"cuda:{local_rank()}"
+    if _several() and str(device).startswith("cuda:") and str(device) != f"cuda:{local_rank()}":
+        warnings.warn(f"device={str(device)!r} under torchrun: every rank of this machine uses that one GPU; pass "
+                      f"device=None or 'cuda' for each rank's own (cuda:LOCAL_RANK)", UserWarning, stacklevel=3)
     return device
 
 
@@ -108,4 +112,8 @@ def parallelize(net: nn.Module, optimizers: list[torch.optim.Optimizer], device:
         return net
     quiet_other_ranks()
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(net, device_ids=device_ids, **(options or {}))
+    try:
+        return DistributedDataParallel(net, device_ids=device_ids, **(options or {}))
+    except TypeError as err:
+        raise FitforgeTypeError(f"strategy_options {options!r} are not all arguments of DistributedDataParallel: "
+                                f"{err}") from err

@@ -60,12 +60,15 @@ def _why_not(loader: Any) -> str | None:
     if not isinstance(loader, DataLoader):
         return f"it is a {type(loader).__name__}, not a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
-        return "its dataset is an IterableDataset: shard it in the dataset (torch.distributed.get_rank())"
+        return ("its dataset is an IterableDataset: shard it in the dataset (torch.distributed.get_rank()), "
+                "giving every rank the same number of batches")
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
         return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
     sampler = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
     if type(sampler) not in (RandomSampler, SequentialSampler, DistributedSampler):
         return f"its sampler {type(sampler).__name__} has no distributed counterpart"
+    if isinstance(sampler, RandomSampler) and (sampler.replacement or sampler.num_samples != len(sampler.data_source)):
+        return "its RandomSampler draws with replacement or another number of samples than the dataset's"
     return None
 
 
