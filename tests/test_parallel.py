@@ -207,15 +207,22 @@ def test_the_agreement_turns_a_signal_into_a_stop_at_the_batch_end(one_rank_grou
     state, agreement = TrainState(make_estimator()), StopAgreement(check_replicas=False)
     agreement.after_batch(state)
     assert state.preempted is None and not state.stop_requested
+    assert not agreement.finish(state)
     state.signalled = signal.SIGTERM
-    agreement.after_batch(state)
+    agreement.after_batch(state)  # started: it runs while the next batch is read
+    assert state.preempted is None
+    assert agreement.finish(state)  # applied before the next batch trains
     assert state.preempted == signal.SIGTERM and "preempted by SIGTERM" in state.stop_reason
+    assert not agreement.finish(state)  # nothing under way any more
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(one_rank_group, monkeypatch):
     calls = []
-    monkeypatch.setattr(StopAgreement, "settle", lambda self, state: calls.append(state.global_step))
+    for name in ("settle", "after_batch"):
+        real = getattr(StopAgreement, name)
+        monkeypatch.setattr(StopAgreement, name, lambda self, state, real=real, name=name:
+                            calls.append((name[0], state.global_step)) or real(self, state))
     checks = []
     monkeypatch.setattr("fitforge.agreement._check_replicas", lambda state: checks.append(state.optimizer_steps))
     monkeypatch.setattr("fitforge.estimator.world_size", lambda: 2)  # as if another rank ran this fit too
@@ -223,7 +230,8 @@ def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(
     wrapper = DistributedDataParallel(net)
     estimator = Estimator(wrapper, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
     estimator.fit(regression_batches(3), epochs=2)
-    assert calls == [0, 1, 2, 3, 3, 4, 5, 6, 6]  # train_begin, each batch, each epoch end
+    # train_begin, each batch (the last one's ends in the epoch's end), each epoch end, the stop
+    assert calls == [("s", 0), ("a", 1), ("a", 2), ("a", 3), ("s", 3), ("a", 4), ("a", 5), ("a", 6), ("s", 6)]
     assert checks == [1]
     _check_replicas(TrainState(estimator))  # the real one (imported before the patch): one rank equals itself
 

@@ -9,6 +9,11 @@ carries this rank's received signal (``state.signalled``) and whether it request
 any rank got a signal, every rank sets ``state.preempted`` and stops; when any rank requested a
 stop, every rank stops. A CheckpointHandler then saves that state at the epoch end that follows.
 
+After a batch that this rank does not stop at, the all-reduce runs while the next batch is read
+from the data (``after_batch`` starts it, ``finish`` waits for it before that batch trains): its
+latency hides behind the data loading, and an agreed stop still falls after the same batch on
+every rank (the batch read meanwhile is not trained).
+
 After the first batch it also checks once that the replicas' weights are still identical: a
 custom ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP,
 and its ranks would silently train apart.
@@ -17,6 +22,7 @@ and its ranks would silently train apart.
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,22 +38,45 @@ class StopAgreement:
     def __init__(self, check_replicas: bool) -> None:
         self._group = cpu_group()
         self._check_replicas = check_replicas
+        self._flags = torch.zeros(2, dtype=torch.int64)
+        self._work: Any = None  # an all-reduce under way, started after a batch
 
     def settle(self, state: TrainState) -> None:
-        """Reduce this rank's signal and stop request; stop every rank if any rank asked."""
-        signum, stop = reduce_ints([state.signalled or 0, int(state.stop_requested)], "max")
+        """Reduce this rank's signal and stop request now; stop every rank if any rank asked."""
+        self.finish(state)
+        self._apply(state, reduce_ints([state.signalled or 0, int(state.stop_requested)], "max"))
+
+    def after_batch(self, state: TrainState) -> None:
+        """After a training batch (the first: also the replicas check): settle at once when this
+        rank stops here, else start the reduction for :meth:`finish` to apply before the next batch."""
+        if self._check_replicas and state.optimizer_steps > 0:
+            self._check_replicas = False
+            _check_replicas(state)
+        if state.stop_requested:
+            self.settle(state)
+            return
+        self.finish(state)
+        self._flags[0], self._flags[1] = state.signalled or 0, 0
+        self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+
+    def finish(self, state: TrainState) -> bool:
+        """Apply the reduction :meth:`after_batch` started, if any; whether it stopped training."""
+        if self._work is None:
+            return False
+        self._work.wait()
+        self._work = None
+        stopped = state.stop_requested
+        self._apply(state, self._flags.tolist())
+        return state.stop_requested and not stopped
+
+    @staticmethod
+    def _apply(state: TrainState, flags: list[int]) -> None:
+        signum, stop = flags
         if signum and state.preempted is None:
             state.preempted = signum
             state.request_stop(f"preempted by {signal.Signals(signum).name} (on at least one rank)")
         elif stop and not state.stop_requested:
             state.request_stop("another rank requested a stop")
-
-    def after_batch(self, state: TrainState) -> None:
-        """:meth:`settle` after a training batch; after the first, the replicas check."""
-        if self._check_replicas and state.optimizer_steps > 0:
-            self._check_replicas = False
-            _check_replicas(state)
-        self.settle(state)
 
 
 def _check_replicas(state: TrainState) -> None:

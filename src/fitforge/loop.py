@@ -108,6 +108,8 @@ def run_epoch(
     try:
         dispatcher.fire(Event.EPOCH_BEGIN, state)
         for batch_idx, batch in enumerate(() if state.stop_requested else data, start):
+            if agreement is not None and agreement.finish(state):
+                break  # another rank stopped after the previous batch: this one is not trained
             state.batch_idx, state.batch = batch_idx, batch
             seen += 1
             try:
@@ -135,7 +137,9 @@ def run_epoch(
             if state.stop_requested:
                 break
         else:
-            state.epoch_complete = seen > 0 or start > 0
+            # A stop agreed after the last batch cuts the epoch short, as one requested there does.
+            stopped = agreement is not None and agreement.finish(state)
+            state.epoch_complete = (seen > 0 or start > 0) and not stopped
     except ends_pass:
         cancelled = state.epoch_cancelled = True
         if training:
