@@ -32,7 +32,12 @@ from fitforge.checkpoint_io import (
     save_checkpoint,
 )
 from fitforge.distributed import agree, broadcast_from_main, gather_to_main
-from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError
+from fitforge.exceptions import (
+    CancelBatch,
+    CancelFit,
+    FitforgeTypeError,
+    FitforgeValueError,
+)
 from fitforge.handlers import (
     CheckpointHandler,
     CSVLoggerHandler,
@@ -230,8 +235,9 @@ def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(
     wrapper = DistributedDataParallel(net)
     estimator = Estimator(wrapper, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
     estimator.fit(regression_batches(3), epochs=2)
-    # train_begin, each batch (the last one's ends in the epoch's end), each epoch end, the stop
-    assert calls == [("s", 0), ("a", 1), ("a", 2), ("a", 3), ("s", 3), ("a", 4), ("a", 5), ("a", 6), ("s", 6)]
+    # train_begin, each epoch_begin, each batch (the last one's ends in the epoch's end), each epoch end
+    assert calls == [("s", 0), ("s", 0), ("a", 1), ("a", 2), ("a", 3), ("s", 3),
+                     ("s", 3), ("a", 4), ("a", 5), ("a", 6), ("s", 6)]
     assert checks == [1]
     _check_replicas(TrainState(estimator))  # the real one (imported before the patch): one rank equals itself
 
@@ -324,7 +330,7 @@ def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_restarts_a_shuffled_e
         history = resumed.fit(DataLoader(data, batch_size=4, shuffle=True), epochs=2,
                               event_handlers=[CheckpointHandler(tmp_path, resume_from_checkpoint=True)])
     assert "written by 2 rank(s) 2 batch(es) into epoch 2 of a shuffled order" in caplog.text
-    assert "epoch 2 starts again (its first 2 batch(es) are trained twice)" in caplog.text
+    assert "epoch 2 starts again (its 2 trained batch(es) are trained twice)" in caplog.text
     assert len(history["train_loss"]) == 2 and (tmp_path / "model-epoch2batch6.pt").is_file()
 
 
@@ -394,7 +400,7 @@ def test_nan_guard_and_time_throttles_follow_the_other_ranks(monkeypatch):
     stopper = NaNGuardHandler()
     stopper.train_begin(state)
     stopper.epoch_end(state)
-    assert "not finite on another rank" in state.stop_reason
+    assert "loss of another rank at epoch 1" in state.stop_reason
     asked = []
     throttle_module = sys.modules["fitforge.handlers.throttle"]  # the package's name is the function
     monkeypatch.setattr(throttle_module, "world_size", lambda: 2)
@@ -406,3 +412,16 @@ def test_nan_guard_and_time_throttles_follow_the_other_ranks(monkeypatch):
     reporter = throttle(CSVLoggerHandler("x.csv"), seconds=10, clock=lambda: next(clock))
     assert reporter._batch.open(0) and not reporter._batch.open(1)  # a rank-0 reporter decides alone
     assert asked == [True, False]
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_ranks_out_of_step_and_nan_weights_are_told_apart(one_rank_group):
+    state = TrainState(make_estimator())
+    with pytest.raises(FitforgeValueError, match="the ranks got out of step"):
+        StopAgreement._apply(state, [4624210174201036800, 0, 0], False)  # a float's bits read as a signal
+    with pytest.raises(CancelFit, match="CancelFit raised on another rank"):
+        StopAgreement._apply(state, [0, 1, 1], False)
+    estimator = make_estimator()
+    with torch.no_grad():
+        estimator.net.weight.fill_(float("nan"))
+    _check_replicas(TrainState(estimator))  # nan weights: a NaN guard's business, not a bypass

@@ -8,6 +8,7 @@ on them: after every training batch (also a cancelled one), after ``train_begin`
 carries this rank's received signal (``state.signalled``) and whether it requested a stop. When
 any rank got a signal, every rank sets ``state.preempted`` and stops; when any rank requested a
 stop, every rank stops. A CheckpointHandler then saves that state at the epoch end that follows.
+A CancelFit raised in a batch on one rank is raised on the others at the same point.
 
 After a batch that this rank does not stop at, the all-reduce runs while the next batch is read
 from the data (``after_batch`` starts it, ``finish`` waits for it before that batch trains): its
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .distributed import cpu_group, reduce_ints
-from .exceptions import FitforgeValueError
+from .exceptions import CancelFit, FitforgeValueError
 from .state import TrainState
 
 
@@ -38,25 +39,27 @@ class StopAgreement:
     def __init__(self, check_replicas: bool) -> None:
         self._group = cpu_group()
         self._check_replicas = check_replicas
-        self._flags = torch.zeros(2, dtype=torch.int64)
+        self._flags = torch.zeros(3, dtype=torch.int64)  # signal, stop requested, CancelFit raised
         self._work: Any = None  # an all-reduce under way, started after a batch
 
-    def settle(self, state: TrainState) -> None:
+    def settle(self, state: TrainState, cancel_fit: bool = False) -> None:
         """Reduce this rank's signal and stop request now; stop every rank if any rank asked."""
         self.finish(state)
-        self._apply(state, reduce_ints([state.signalled or 0, int(state.stop_requested)], "max"))
+        flags = [state.signalled or 0, int(state.stop_requested), int(cancel_fit)]
+        self._apply(state, reduce_ints(flags, "max"), cancel_fit)
 
-    def after_batch(self, state: TrainState) -> None:
+    def after_batch(self, state: TrainState, cancel_fit: bool = False) -> None:
         """After a training batch (the first: also the replicas check): settle at once when this
-        rank stops here, else start the reduction for :meth:`finish` to apply before the next batch."""
+        rank stops here, else start the reduction for :meth:`finish` to apply before the next
+        batch. ``cancel_fit``: this rank raised CancelFit in the batch (the others raise it too)."""
         if self._check_replicas and state.optimizer_steps > 0:
             self._check_replicas = False
             _check_replicas(state)
-        if state.stop_requested:
-            self.settle(state)
+        if state.stop_requested or cancel_fit:
+            self.settle(state, cancel_fit)
             return
         self.finish(state)
-        self._flags[0], self._flags[1] = state.signalled or 0, 0
+        self._flags[0], self._flags[1], self._flags[2] = state.signalled or 0, 0, 0
         self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
 
     def finish(self, state: TrainState) -> bool:
@@ -66,12 +69,19 @@ class StopAgreement:
         self._work.wait()
         self._work = None
         stopped = state.stop_requested
-        self._apply(state, self._flags.tolist())
+        self._apply(state, self._flags.tolist(), False)
         return state.stop_requested and not stopped
 
     @staticmethod
-    def _apply(state: TrainState, flags: list[int]) -> None:
-        signum, stop = flags
+    def _apply(state: TrainState, flags: list[int], cancelled_here: bool) -> None:
+        signum, stop, cancel_fit = flags
+        if signum not in (0, *(int(s) for s in signal.Signals)) or stop not in (0, 1) or cancel_fit not in (0, 1):
+            raise FitforgeValueError(
+                "the ranks got out of step (their collectives no longer pair up): a CancelBatch or CancelEpoch "
+                "raised on some ranks only, or a handler that skips work on some ranks, is the usual cause; "
+                "decide such things alike on every rank (from values reduced across ranks)")
+        if cancel_fit and not cancelled_here:
+            raise CancelFit("CancelFit raised on another rank")
         if signum and state.preempted is None:
             state.preempted = signum
             state.request_stop(f"preempted by {signal.Signals(signum).name} (on at least one rank)")
@@ -88,6 +98,8 @@ def _check_replicas(state: TrainState) -> None:
     low, high = checksum.clone(), checksum.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN, group=cpu_group())
     dist.all_reduce(high, op=dist.ReduceOp.MAX, group=cpu_group())
+    if not bool(torch.isfinite(low).all() and torch.isfinite(high).all()):
+        return  # weights already nan or inf: a NaNGuardHandler's business, not a bypass
     if not torch.equal(low, high):
         raise FitforgeValueError(
             "the ranks' weights differ after the first optimizer step, so their gradients were not averaged: a "

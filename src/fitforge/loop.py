@@ -100,6 +100,7 @@ def run_epoch(
     start = state.start_batch if training else 0
     if training and not start:
         state.history.new_epoch()
+        state.epoch_start_step = state.global_step
     state.batch_idx = start - 1
     started = time.perf_counter()
     seen = 0
@@ -107,6 +108,8 @@ def run_epoch(
     state.epoch_complete = state.epoch_cancelled = False
     try:
         dispatcher.fire(Event.EPOCH_BEGIN, state)
+        if agreement is not None:  # a stop requested in epoch_begin on one rank holds for all
+            agreement.settle(state)
         for batch_idx, batch in enumerate(() if state.stop_requested else data, start):
             if agreement is not None and agreement.finish(state):
                 break  # another rank stopped after the previous batch: this one is not trained
@@ -130,6 +133,10 @@ def run_epoch(
                 if state.stop_requested:
                     break
                 continue
+            except CancelFit:
+                if agreement is not None:  # the other ranks raise it too, at the same point
+                    agreement.after_batch(state, cancel_fit=True)
+                raise
             if training:
                 state.global_step += 1
                 if agreement is not None:  # several ranks: every rank stops at the same batch

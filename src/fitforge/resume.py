@@ -44,6 +44,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
         "epochs_completed": epochs,
         "global_step": batches,
         "position": 0 if epochs > state.epoch else state.batch_idx + 1,
+        "epoch_start_step": state.epoch_start_step if epochs <= state.epoch else batches,
         "optimizer_steps": state.optimizer_steps,
         "accumulated_batches": state.accumulated_batches,
         "grads": ({name: p.grad for name, p in net.named_parameters() if p.grad is not None}
@@ -69,15 +70,16 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     counters, history, generators, data order and handler states; a stop when its target is reached."""
     state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
     state.start_batch = position = checkpoint.get("position", 0)
+    state.epoch_start_step = checkpoint.get("epoch_start_step", state.global_step - position)
     state.optimizer_steps = checkpoint.get("optimizer_steps", 0)
     state.accumulated_batches = checkpoint.get("accumulated_batches", 0)
     grads = checkpoint.get("grads", {})
     if position and _order_changed(state, checkpoint.get("data_order", {})):
         log.warning("the checkpoint was written by %d rank(s) %d batch(es) into epoch %d of a shuffled order; on %d "
                     "rank(s) the epoch's order is another one, so its position cannot be found: epoch %d starts "
-                    "again (its first %d batch(es) are trained twice)", checkpoint["data_order"].get("world", 1),
-                    position, state.epoch + 1, world_size(), state.epoch + 1, position)
-        state.global_step -= position
+                    "again (its %d trained batch(es) are trained twice)", checkpoint["data_order"].get("world", 1),
+                    position, state.epoch + 1, world_size(), state.epoch + 1, state.global_step - state.epoch_start_step)
+        state.global_step = state.epoch_start_step
         state.start_batch = position = 0
         state.accumulated_batches, grads = 0, {}
     for name, parameter in state.estimator.net.named_parameters():

@@ -98,6 +98,7 @@ class TrainState:
         preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
         signalled: the signal this process received (the same as ``preempted`` in one process).
+        epoch_start_step: ``global_step`` when the current training epoch began.
         agreement: under torch.distributed, the :class:`~fitforge.agreement.StopAgreement` that
             makes every rank stop at the same batch (fit only; None in one process).
         failed: whether an exception is ending training (``train_end`` then runs as a teardown).
@@ -129,6 +130,7 @@ class TrainState:
     start_batch: int = 0
     preempted: int | None = None
     signalled: int | None = None
+    epoch_start_step: int = 0
     agreement: Any = None
     failed: bool = False
     data_order: DataOrder | None = None

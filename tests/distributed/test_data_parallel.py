@@ -74,7 +74,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("data_parallel")
     paths = {name: root / name for name in ("one", "two", "nodes", "preempted", "resumed_two", "resumed_one",
                                             "fsdp_stopped", "fsdp_resumed_two", "fsdp_resumed_one", "one_stops",
-                                            "bypass")}
+                                            "bypass", "one_cancels", "one_stops_early", "user_ddp")}
     folders = {name: root / name for name in ("checkpoints", "saved", "for_one", "fsdp", "fsdp_saved", "fsdp_for_one")}
     fsdp = {**BASE, "strategy": "fsdp"}
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -86,6 +86,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "nodes": pool.submit(launch_two_nodes, paths["nodes"], BASE),
             "one_stops": pool.submit(launch, paths["one_stops"], {**BASE, "stop_at": 6}, 2),
             "bypass": pool.submit(launch, paths["bypass"], {**BASE, "bypass_ddp": True}, 2),
+            "one_cancels": pool.submit(launch, paths["one_cancels"], {**BASE, "cancel_fit_at": 6}, 2),
+            "one_stops_early": pool.submit(launch, paths["one_stops_early"], {**BASE, "stop_at_epoch_begin": 1}, 2),
+            "user_ddp": pool.submit(launch, paths["user_ddp"], {**BASE, "user_ddp": True, "per_rank_dirs": True}, 2),
         }
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
             first["fsdp_stopped"] = pool.submit(launch, paths["fsdp_stopped"],
@@ -181,6 +184,14 @@ def test_a_stop_requested_on_one_rank_stops_every_rank_at_the_same_batch(runs):
     assert ranks[0]["steps"] == ranks[1]["steps"] == 7
     assert ranks[1]["reason"] == "rank 1's own reason" and ranks[0]["reason"] == "another rank requested a stop"
     assert ranks[0]["params"] == ranks[1]["params"]
+    # CancelFit on rank 1 alone, in batch 7's batch_end (after the optimizer step): rank 0, which
+    # completed batch 7, raises it too before batch 8; both end there with the same weights.
+    cancelled = results(runs["one_cancels"], 2)
+    assert (cancelled[0]["steps"], cancelled[1]["steps"]) == (7, 6)
+    assert "CancelFit raised on another rank" in cancelled[0]["reason"] and "rank 1 alone" in cancelled[1]["reason"]
+    assert cancelled[0]["params"] == cancelled[1]["params"]
+    early = results(runs["one_stops_early"], 2)  # a stop in epoch_begin: neither trains epoch 2
+    assert early[0]["steps"] == early[1]["steps"] == 5 and early[0]["reason"] == "another rank requested a stop"
 
 
 def test_a_checkpoint_of_two_ranks_resumes_exactly_on_two_ranks_and_on_one_process(runs):
@@ -191,6 +202,15 @@ def test_a_checkpoint_of_two_ranks_resumes_exactly_on_two_ranks_and_on_one_proce
     on_one, = results(runs["resumed_one"], 1)
     assert max_difference(on_one["params"], uninterrupted["params"]) <= 1e-6
     assert close(on_one["history"], uninterrupted["history"])  # both ranks' running sums, merged on one
+
+
+def test_a_script_that_wraps_ddp_and_splits_the_data_itself_gets_the_same(runs):
+    single, = results(runs["one"], 1)
+    ranks = results(runs["user_ddp"], 2)
+    assert ranks[0]["params"] == ranks[1]["params"] and max_difference(ranks[0]["params"], single["params"]) <= 1e-6
+    assert ranks[0]["history"] == ranks[1]["history"] and close(ranks[0]["history"], single["history"])
+    assert ranks[0]["evaluate"] == ranks[1]["evaluate"] and close(ranks[0]["evaluate"], single["evaluate"])
+    assert not (runs["user_ddp"] / "rank1").exists()  # the reporting and saving stay on rank 0
 
 
 def test_two_nodes_on_loopback_train_like_one_process(runs):

@@ -4,9 +4,11 @@ automatic data parallelism, and write this rank's results to OUT/result-rank<r>.
 Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs (or batches), global_batch, and
 optionally device (None: the rank's own), strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
 which ranks write), sigterm_at / sigterm_rank (that rank sends itself SIGTERM after that batch),
-stop_at (rank 1 alone requests a stop after that batch), edge_eval (evaluate 1 sample, predict
+stop_at (rank 1 alone requests a stop after that batch), cancel_fit_at (rank 1 alone raises
+CancelFit there), stop_at_epoch_begin (rank 1 alone requests a stop at that epoch's begin), edge_eval (evaluate 1 sample, predict
 with drop_last), bypass_ddp (a processor that forwards
-through estimator.net, not the DDP wrapper), model_dir (a checkpoint folder shared by runs).
+through estimator.net, not the DDP wrapper), user_ddp (the script initialises the group and wraps the net and samplers itself), model_dir (a
+checkpoint folder shared by runs).
 """
 
 import json
@@ -16,11 +18,14 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fitforge import BatchProcessor, Estimator
 from fitforge.distributed import rank
+from fitforge.exceptions import CancelFit
 from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler
 
 out, config = Path(sys.argv[1]), json.loads(sys.argv[2])
@@ -37,12 +42,22 @@ class Bypass(BatchProcessor):
         return super().fit_batch(state, batch)
 
 
-estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", device=config.get("device", "cpu"),
-                      optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
-                      strategy=config.get("strategy", "auto"), batch_processor=Bypass() if config.get("bypass_ddp") else None)
+train_set, val_set = TensorDataset(x, y), TensorDataset(x[:50], y[:50])  # val: 25 per rank of 2, uneven batches
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+model = net
+train_options: dict = {"shuffle": config.get("shuffle", False)}
+val_options: dict = {}
+if config.get("user_ddp"):  # the script makes the group, the DDP wrapper and the samplers itself
+    dist.init_process_group("gloo")
+    model = DistributedDataParallel(net)
+    train_options = {"sampler": DistributedSampler(train_set, shuffle=False)}
+    val_options = {"sampler": DistributedSampler(val_set, shuffle=False)}
+estimator = Estimator(model, nn.CrossEntropyLoss(), train_metrics="accuracy", device=config.get("device", "cpu"),
+                      optimizer=optimizer, strategy=config.get("strategy", "auto"),
+                      batch_processor=Bypass() if config.get("bypass_ddp") else None)
 me = rank()
-train = DataLoader(TensorDataset(x, y), batch_size=config["global_batch"] // world, shuffle=config.get("shuffle", False))
-val = DataLoader(TensorDataset(x[:50], y[:50]), batch_size=8)  # 25 samples per rank of 2: uneven batches
+train = DataLoader(train_set, batch_size=config["global_batch"] // world, **train_options)
+val = DataLoader(val_set, batch_size=8, **val_options)
 folder = out / f"rank{me}" if config.get("per_rank_dirs") else out
 handlers = [CheckpointHandler(config.get("model_dir", folder / "checkpoints"), batch_period=config.get("batch_period"),
                               resume_from_checkpoint=config.get("resume", False)),
@@ -52,6 +67,14 @@ if config.get("sigterm_at") is not None and me == config.get("sigterm_rank", 1):
         if state.global_step == config["sigterm_at"]:
             os.kill(os.getpid(), signal.SIGTERM)  # this rank only: the others learn of it by the reduced flag
     handlers.append(LambdaHandler(batch_end=terminate))
+if config.get("cancel_fit_at") is not None and me == 1:
+    def cancel(state):
+        if state.global_step == config["cancel_fit_at"]:
+            raise CancelFit("rank 1 alone")
+    handlers.append(LambdaHandler(batch_end=cancel))
+if config.get("stop_at_epoch_begin") is not None and me == 1:
+    handlers.append(LambdaHandler(epoch_begin=lambda state: state.request_stop("rank 1 at epoch_begin")
+                                  if state.epoch == config["stop_at_epoch_begin"] else None))
 if config.get("stop_at") is not None and me == 1:
     handlers.append(LambdaHandler(batch_end=lambda state: state.request_stop("rank 1's own reason")
                                   if state.global_step == config["stop_at"] else None))

@@ -131,8 +131,8 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
             return False
         step, batch = divmod(code, _SHIFT)
         # Every epoch end reads the record, so the bad batch is in the current epoch.
-        value = float(self._value) if own == code else "not finite on another rank"
-        where = f"loss {value} at epoch {state.epoch + 1}, batch {batch + 1} (global step {step})"
+        loss = f"loss {float(self._value)}" if own == code else "loss of another rank"
+        where = f"{loss} at epoch {state.epoch + 1}, batch {batch + 1} (global step {step})"
         self._clear()
         if self.policy == "raise":
             raise NonFiniteLossError(f"NaNGuardHandler(policy='raise'): the training {where} is not finite; lower "

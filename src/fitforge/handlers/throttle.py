@@ -31,27 +31,29 @@ class _Gate:
         self.last = -math.inf  # clock time of the last call let through
         self.pending: bool | None = None  # the decision of a pair's first hook, for its second
 
-    def open(self, position: int) -> bool:
+    def open(self, position: int, train: bool = True) -> bool:
         if self.every is not None and (position + 1) % self.every:
             return False
         if self.seconds is not None:
             now = self.clock()
             due = now - self.last >= self.seconds
-            if self.agree and world_size() > 1:  # each rank's clock: the ranks agree (a collective)
+            # Each rank's clock: in training (every rank at the same batch) the ranks agree, a
+            # collective; evaluation shares may differ in length, so each rank decides there.
+            if self.agree and train and world_size() > 1:
                 due = any_rank(due)
             if not due:
                 return False
             self.last = now
         return True
 
-    def first(self, position: int) -> bool:
-        self.pending = self.open(position)
+    def first(self, position: int, train: bool = True) -> bool:
+        self.pending = self.open(position, train)
         return self.pending
 
-    def second(self, position: int) -> bool:
+    def second(self, position: int, train: bool = True) -> bool:
         """The first hook's decision, or (no first hook ran for this batch or epoch) a new one."""
         due, self.pending = self.pending, None
-        return self.open(position) if due is None else due
+        return self.open(position, train) if due is None else due
 
 
 def _forwarded(name: str) -> property:
@@ -104,11 +106,12 @@ class Throttled(EventHandler):
             self._hooks[Event.EPOCH_BEGIN](state)
 
     def batch_begin(self, state: TrainState) -> None:
-        if self._batch.first(self._batch_position(state)):
+        if self._batch.first(self._batch_position(state), state.phase == "train"):
             self._hooks[Event.BATCH_BEGIN](state)
 
     def batch_end(self, state: TrainState) -> Any:
-        return self._hooks[Event.BATCH_END](state) if self._batch.second(self._batch_position(state)) else None
+        due = self._batch.second(self._batch_position(state), state.phase == "train")
+        return self._hooks[Event.BATCH_END](state) if due else None
 
     def epoch_end(self, state: TrainState) -> Any:
         if state.phase != "train" or self._epoch.second(state.epoch):
