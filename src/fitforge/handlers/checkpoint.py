@@ -89,7 +89,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     priority = 900  # after user handlers, so the state saved includes their updates of this epoch
     reads = ("estimator", "phase", "epoch", "global_step", "preempted", "data_order", "handlers", "history",
-             "metrics", "optimizer_steps", "accumulated_batches", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+             "metrics", "optimizer_steps", "accumulated_batches", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches",
+             "epoch_start_step")
 
     def __init__(self, model_dir: str | os.PathLike, model_prefix: str = "model", monitor: str | None = None,
                  save_best: bool = False, mode: str = "auto", epoch_period: int | None = 1,
