@@ -156,3 +156,35 @@ class BatchProcessor:
         inputs = self.inputs_to_device(state, batch)
         with self.autocast(state):
             return self.forward(state.estimator.val_net, inputs, None)
+
+
+def check_outputs(pred: Any, batch_idx: int) -> Any:
+    """A net's output must be a tensor or a tuple/list of tensors (returned as a tuple)."""
+    if isinstance(pred, torch.Tensor):
+        return pred
+    if isinstance(pred, (tuple, list)) and pred and all(isinstance(p, torch.Tensor) for p in pred):
+        return tuple(pred)
+    raise FitforgeTypeError(f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor "
+                            "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)")
+
+
+def check_batch_output(output: Any, method: str) -> None:
+    """A processor's ``fit_batch``/``evaluate_batch`` must return a BatchOutput with a batch size:
+    a missing one would silently turn the loss mean (weighted by batch size) into nan."""
+    if not isinstance(output, BatchOutput):
+        raise FitforgeTypeError(f"BatchProcessor.{method} must return a fitforge.BatchOutput, got {describe(output)}")
+    size = output.batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise FitforgeValueError(
+            f"BatchProcessor.{method} returned BatchOutput(batch_size={size!r}); set it to the number of samples "
+            "in the batch (fitforge.data.batch_size_of(inputs)): it weights the loss and metric means"
+        )
+
+
+def check_batch_processor(processor: Any) -> Any:
+    """A BatchProcessor instance, or anything with its three step methods."""
+    steps = ("fit_batch", "evaluate_batch", "predict_batch")
+    if isinstance(processor, type) or not all(callable(getattr(processor, m, None)) for m in steps):
+        hint = f"; pass an instance: {processor.__name__}()" if isinstance(processor, type) else ""
+        raise FitforgeTypeError(f"batch_processor must be a BatchProcessor instance, got {describe(processor)}{hint}")
+    return processor

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .agreement import StopAgreement
-from .batch_processor import BatchProcessor
+from .batch_processor import BatchProcessor, check_batch_output, check_batch_processor, check_outputs
 from .checkpoint_io import restore_weights
 from .checks import check_flag
 from .configure import (
@@ -29,7 +29,7 @@ from .data import batch_size_of, check_data, to_device
 from .dispatch import Dispatcher
 from .distributed import rank, world_size
 from .events import EventHandler
-from .exceptions import FitforgeTypeError, FitforgeValueError, describe
+from .exceptions import FitforgeTypeError, FitforgeValueError
 from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
 from .handlers.stopping import StoppingHandler, first_limit
 from .handlers.validation import ValidationHandler
@@ -356,38 +356,6 @@ class Estimator:
                       default_handlers: bool = True) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
         return Dispatcher(fit_handlers(event_handlers, val_data, default_handlers)).describe()
-
-
-def check_outputs(pred: Any, batch_idx: int) -> Any:
-    """A net's output must be a tensor or a tuple/list of tensors (returned as a tuple)."""
-    if isinstance(pred, torch.Tensor):
-        return pred
-    if isinstance(pred, (tuple, list)) and pred and all(isinstance(p, torch.Tensor) for p in pred):
-        return tuple(pred)
-    raise FitforgeTypeError(f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor "
-                            "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)")
-
-
-def check_batch_output(output: Any, method: str) -> None:
-    """A processor's ``fit_batch``/``evaluate_batch`` must return a BatchOutput with a batch size:
-    a missing one would silently turn the loss mean (weighted by batch size) into nan."""
-    if not isinstance(output, BatchOutput):
-        raise FitforgeTypeError(f"BatchProcessor.{method} must return a fitforge.BatchOutput, got {describe(output)}")
-    size = output.batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise FitforgeValueError(
-            f"BatchProcessor.{method} returned BatchOutput(batch_size={size!r}); set it to the number of samples "
-            "in the batch (fitforge.data.batch_size_of(inputs)): it weights the loss and metric means"
-        )
-
-
-def check_batch_processor(processor: Any) -> Any:
-    """A BatchProcessor instance, or anything with its three step methods."""
-    steps = ("fit_batch", "evaluate_batch", "predict_batch")
-    if isinstance(processor, type) or not all(callable(getattr(processor, m, None)) for m in steps):
-        hint = f"; pass an instance: {processor.__name__}()" if isinstance(processor, type) else ""
-        raise FitforgeTypeError(f"batch_processor must be a BatchProcessor instance, got {describe(processor)}{hint}")
-    return processor
 
 
 @contextmanager
