@@ -94,13 +94,12 @@ def _check_replicas(state: TrainState) -> None:
     params = [p.detach() for p in state.estimator.net.parameters()]
     if not params:
         return
-    checksum = torch.stack([p.double().sum() for p in params]).sum().reshape(1).cpu()
-    low, high = checksum.clone(), checksum.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=cpu_group())
-    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=cpu_group())
-    if not bool(torch.isfinite(low).all() and torch.isfinite(high).all()):
+    checksum = torch.stack([p.double().sum() for p in params]).sum().cpu()
+    bounds = torch.stack([checksum, -checksum])  # one MAX all-reduce gives the largest and the smallest
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=cpu_group())
+    if not bool(torch.isfinite(bounds).all()):
         return  # weights already nan or inf: a NaNGuardHandler's business, not a bypass
-    if not torch.equal(low, high):
+    if bool(bounds[0] != -bounds[1]):
         raise FitforgeValueError(
             "the ranks' weights differ after the first optimizer step, so their gradients were not averaged: a "
             "BatchProcessor.fit_batch that calls state.estimator.net bypasses DistributedDataParallel; forward "

@@ -128,6 +128,11 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
     return size
 
 
+def sampler_of(loader: torch.utils.data.DataLoader) -> Any:
+    """The sampler a loader draws its order from: a ``batch_sampler=``'s own when one was given."""
+    return loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler  # type: ignore[attr-defined]
+
+
 def loader_options(loader: torch.utils.data.DataLoader, generator: torch.Generator | None) -> dict[str, Any]:
     """The keyword arguments that rebuild ``loader``'s loading (workers, collation, pinning...) over
     another sampler; ``generator`` seeds its workers. Batching and the sampler are the caller's."""

@@ -35,7 +35,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from .data import loader_options
+from .data import loader_options, sampler_of
 from .distributed import broadcast_from_main, world_size
 from .rng import restore_rng_states, rng_states
 
@@ -106,8 +106,7 @@ class DataOrder:
             return f"{type(loader).__name__} overrides DataLoader.__iter__"
         if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
             return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
-        # The sampler in use: a batch_sampler= of the user's holds its own (loader.sampler is then unused).
-        sampler: Any = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+        sampler = sampler_of(loader)  # a batch_sampler= of the user's holds its own (loader.sampler is then unused)
         self.shuffled = type(sampler) in _SEEDED_SAMPLERS or getattr(sampler, "shuffle", False) is True
         if type(sampler) is DistributedSampler:  # its order is a function of its seed and set_epoch
             self._epoch_samplers.append(sampler)

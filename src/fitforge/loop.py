@@ -66,7 +66,6 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
     except BaseException as error:
         state.request_stop(f"failed: {type(error).__name__}")
         state.preempted = None  # a failure (a second signal included) is no clean stop to checkpoint
-        state.failed = True
         dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS)
         order.close()
         raise

@@ -32,14 +32,14 @@ STRATEGIES = ("auto", "ddp", "fsdp", "none")
 log = logging.getLogger("fitforge")
 
 
-def _below_warning(record: logging.LogRecord) -> bool:
+def _warnings_and_up(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING
 
 
 def quiet_other_ranks() -> None:
     """Off rank 0, fitforge's log keeps warnings and errors only: rank 0 reports for all."""
-    if rank() != 0 and _below_warning not in log.filters:
-        log.addFilter(_below_warning)
+    if rank() != 0 and _warnings_and_up not in log.filters:
+        log.addFilter(_warnings_and_up)
 
 
 def check_strategy(strategy: Any, options: Any) -> str:

@@ -35,7 +35,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from .data import loader_options
+from .data import loader_options, sampler_of
 from .distributed import gather_to_main, rank, world_size
 
 log = logging.getLogger("fitforge")
@@ -64,16 +64,12 @@ def _why_not(loader: Any) -> str | None:
                 "giving every rank the same number of batches")
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
         return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
-    sampler = loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler
+    sampler = sampler_of(loader)
     if type(sampler) not in (RandomSampler, SequentialSampler, DistributedSampler):
         return f"its sampler {type(sampler).__name__} has no distributed counterpart"
     if isinstance(sampler, RandomSampler) and (sampler.replacement or sampler.num_samples != len(sampler.data_source)):
         return "its RandomSampler draws with replacement or another number of samples than the dataset's"
     return None
-
-
-def _sampler(loader: DataLoader) -> Any:
-    return loader.sampler if loader.batch_sampler is None else loader.batch_sampler.sampler  # type: ignore[attr-defined]
 
 
 def _rebuild(loader: DataLoader, sampler: Sampler, drop_last: bool) -> DataLoader:
@@ -95,10 +91,10 @@ def shard_train(data: Iterable, argument: str = "train_data") -> Iterable:
                     "over a map-style dataset, or give each rank its share yourself", argument, world_size(), problem)
         return data
     loader: DataLoader = data  # type: ignore[assignment]
-    if isinstance(_sampler(loader), DistributedSampler):
+    if isinstance(sampler_of(loader), DistributedSampler):
         return loader
     sampler: DistributedSampler = DistributedSampler(loader.dataset, num_replicas=world_size(), rank=rank(),
-                                 shuffle=isinstance(_sampler(loader), RandomSampler))
+                                 shuffle=isinstance(sampler_of(loader), RandomSampler))
     sampler.fitforge_seeded = True  # type: ignore[attr-defined]  # DataOrder sets its seed from the fit's
     return _rebuild(loader, sampler, drop_last=getattr(loader.batch_sampler, "drop_last", False))
 
@@ -109,7 +105,7 @@ def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
     if world_size() == 1 or _why_not(data) is not None:
         return data, False
     loader: DataLoader = data  # type: ignore[assignment]
-    if isinstance(_sampler(loader), DistributedSampler):
+    if isinstance(sampler_of(loader), DistributedSampler):
         return loader, False  # the user's own split: their outputs, their order
     shards = _EVAL_SHARDS.setdefault(loader, {})
     if padded not in shards:

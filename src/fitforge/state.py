@@ -101,7 +101,6 @@ class TrainState:
         epoch_start_step: ``global_step`` when the current training epoch began.
         agreement: under torch.distributed, the :class:`~fitforge.agreement.StopAgreement` that
             makes every rank stop at the same batch (fit only; None in one process).
-        failed: whether an exception is ending training (``train_end`` then runs as a teardown).
         data_order: the training data's :class:`~fitforge.data_order.DataOrder` (fit only).
         restore: a checkpoint a handler loaded in ``train_begin`` for fit to resume from, once every
             ``train_begin`` ran (CheckpointHandler sets it; see :mod:`fitforge.resume`).
@@ -132,7 +131,6 @@ class TrainState:
     signalled: int | None = None
     epoch_start_step: int = 0
     agreement: Any = None
-    failed: bool = False
     data_order: DataOrder | None = None
     restore: dict[str, Any] | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
