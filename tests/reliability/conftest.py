@@ -1,5 +1,5 @@
 """The uninterrupted reference runs (one subprocess per num_workers setting, for the whole
-session), and the suite's figures in the terminal summary."""
+session); the suite's figures are printed by tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from harness import (
-    FIGURES,
     in_parallel,
     journal,
     losses,
@@ -40,15 +39,3 @@ def reference(tmp_path_factory) -> dict[int, Reference]:
         return Reference(weights(folder / "out.pt"), found, folder / "checkpoints")
 
     return dict(zip((0, 2), in_parallel(lambda: uninterrupted(0), lambda: uninterrupted(2))))
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if not FIGURES["injected"]:
-        return  # the suite did not run
-    lost = FIGURES["lost"]
-    terminalreporter.write_sep("-", "reliability figures")
-    terminalreporter.write_line(f"faults survived: {len(FIGURES['survived'])}/{len(FIGURES['injected'])}")
-    for name, steps in lost.items():
-        terminalreporter.write_line(f"steps lost per kill ({name}): {steps}")
-    terminalreporter.write_line(f"torn checkpoints seen (files under a checkpoint name that do not load after a "
-                                f"crash): {FIGURES['torn']}")

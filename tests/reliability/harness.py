@@ -1,7 +1,7 @@
 """Running trainer.py in its own process and reading what it left: journals, checkpoints, weights.
 
 Also the figures of the suite (faults injected and survived, steps lost per kill, torn
-checkpoints seen), which conftest.py prints at the end of the run."""
+checkpoints seen), kept in tests/figures.py and printed at the end of the run."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from figures import FIGURES
 
 from fitforge.checkpoint_io import CheckpointError, load_checkpoint
 
@@ -31,7 +32,6 @@ BATCH_END_SAVES = (3, 6, 9, 12, 15, 18, 21, 27, 30)
 EPOCH_END_SAVES = (8, 16, 24, 32)
 _REGULAR = re.compile(r"model-epoch(\d+)batch(\d+)\.pt")
 
-FIGURES: dict = {"injected": [], "survived": [], "lost": {}, "torn": 0}
 
 
 def run_process(cmd: Sequence[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
