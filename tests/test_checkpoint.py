@@ -64,6 +64,18 @@ def test_nan_is_never_best(tmp_path):
     assert saver.best == 2.0 and load_checkpoint(saver.best_path)["best"]["epoch"] == 1
 
 
+def test_an_infinite_value_is_never_best(tmp_path):
+    saver = CheckpointHandler(tmp_path, monitor="val_loss", save_best=True, epoch_period=None)
+    state = TrainState(make_estimator())
+    saver.train_begin(state)
+    for epoch, value in enumerate([2.0, -math.inf, 1.0, math.inf]):
+        state.epoch = epoch
+        state.history.new_epoch()
+        state.history.record("val_loss", value)
+        saver.epoch_end(state)
+    assert saver.best == 1.0 and load_checkpoint(saver.best_path)["best"]["epoch"] == 2
+
+
 def test_checkpoints_load_with_weights_only_and_restore(tmp_path):
     estimator, train, _ = linear_problem()
     estimator.optimizers = [torch.optim.Adam(estimator.net.parameters(), lr=0.01)]  # has per-parameter state

@@ -57,6 +57,19 @@ def test_epochs_without_a_value_are_skipped_and_nan_never_improves():
     assert handler.best == 1.0
 
 
+@pytest.mark.parametrize("key, diverged", [("val_loss", -math.inf), ("val_loss", math.inf),
+                                             ("val_accuracy", math.inf), ("val_accuracy", -math.inf)])
+def test_an_infinite_value_is_never_best(key, diverged):
+    # -inf as a val_loss (or +inf as an accuracy) would be a best no epoch beats, and restore_best
+    # would bring back the diverged epoch's weights.
+    first, better = (1.0, 0.5) if key == "val_loss" else (0.5, 0.9)
+    handler = EarlyStoppingHandler(key, patience=2)
+    assert feed(handler, [first, diverged, better, better, better], key=key) == 4
+    assert (handler.best, handler.best_epoch) == (better, 2)
+    monitor = Monitor(key, mode="min" if key == "val_loss" else "max")
+    assert monitor.improved(better, diverged) and monitor.improved(better, math.inf)  # an old checkpoint's best
+
+
 def test_stop_reason_and_state_dict_round_trip():
     handler = EarlyStoppingHandler("val_loss", patience=1)
     state = TrainState(make_estimator())

@@ -99,6 +99,16 @@ def test_plateau_steps_with_the_monitored_value_and_skips_epochs_without_one():
     assert state.history["lr"][2] == 0.05 and math.isnan(state.history["lr"][3])  # recorded where it stepped
 
 
+@pytest.mark.parametrize("mode, diverged", [("min", -math.inf), ("max", math.inf)])
+def test_plateau_counts_an_infinite_value_as_no_improvement(mode, diverged):
+    estimator, _, _ = linear_problem()
+    plateau = S.ReduceLROnPlateau(estimator.optimizer, mode=mode, factor=0.5, patience=0)
+    key, values = ("val_loss", [1.0, diverged, 0.5]) if mode == "min" else ("val_accuracy", [0.5, diverged, 0.9])
+    lrs, _ = feed(LRSchedulerHandler(plateau, monitor=key), values, estimator, key=key)
+    assert lrs == [0.1, 0.05, 0.05]  # the diverged epoch cuts the rate; it never becomes a best to beat
+    assert plateau.best == values[2]
+
+
 @pytest.mark.parametrize("epoch_state", [
     {"preempted": signal.SIGTERM, "epoch_complete": False, "batch_idx": 2},  # SIGTERM three batches in
     {"stop_requested": True, "epoch_complete": False, "batch_idx": 4},  # batches=N or a stop cut it short

@@ -53,7 +53,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     that loading verifies (``torch.load`` alone misses bytes flipped inside tensor data). Writes are atomic; the
     newest ``max_checkpoints`` regular files are kept and older ones are deleted by exact name, only
     once the new file is on disk. Best is judged at every epoch end, whatever ``epoch_period``; a
-    nan value is never best.
+    non-finite value (nan, inf, -inf) is never best.
 
     Args:
         model_dir: folder for the files (created if needed; must be writable, checked at fit start).

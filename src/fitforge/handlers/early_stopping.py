@@ -21,8 +21,9 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
     Semantics of Keras and Gluon: each epoch that does not beat the best by more than ``min_delta``
     counts one; training stops when the count reaches ``patience`` (``patience=0`` or ``1`` stops at
     the first epoch that does not improve). An epoch that produced no value for the key (validation
-    every second epoch) neither counts nor resets, so patience then counts validations. A nan value
-    never improves. With ``baseline``, epochs count as not improving until one beats it.
+    every second epoch) neither counts nor resets, so patience then counts validations. A non-finite
+    value (nan, inf, -inf: a diverged epoch) never improves, so it is never the best (nor the
+    weights ``restore_best`` brings back). With ``baseline``, epochs count as not improving until one beats it.
 
     Args:
         monitor: a history key, e.g. ``"val_loss"`` or ``"val_accuracy"``.

@@ -185,7 +185,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
         if value is None:
             return False
         before = [group["lr"] for group in self.scheduler.optimizer.param_groups]
-        self.scheduler.step(value)
+        # nan counts as an epoch without improvement; an infinite value would become a best no
+        # later epoch beats (or, the wrong way round, cut the rate at once): it counts as nan.
+        self.scheduler.step(value if math.isfinite(value) else math.nan)
         after = [group["lr"] for group in self.scheduler.optimizer.param_groups]
         if after != before:
             log.info("LRSchedulerHandler: %s stopped improving (%.4g): lr %.4g -> %.4g", self.monitor, value,

@@ -67,10 +67,12 @@ class Monitor:
         return self.resolved_mode
 
     def improved(self, value: float, best: float | None) -> bool:
-        """Whether ``value`` beats ``best`` by more than ``min_delta`` (nan never does)."""
-        if math.isnan(value):
+        """Whether ``value`` beats ``best`` by more than ``min_delta``. A non-finite value never does:
+        an infinite loss (or accuracy) comes from a diverged epoch, and as a best it could never be
+        beaten. A non-finite ``best`` (from an older checkpoint) counts as none."""
+        if not math.isfinite(value):
             return False
-        if best is None or math.isnan(best):
+        if best is None or not math.isfinite(best):
             return True
         gain = value - best if self.resolved_mode == "max" else best - value
         return gain > self.min_delta
