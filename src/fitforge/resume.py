@@ -82,6 +82,9 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         state.global_step = state.epoch_start_step
         state.start_batch = position = 0
         state.accumulated_batches, grads = 0, {}
+    # The restored state is the one after the checkpoint's last batch: a stop before any batch of
+    # this fit (a signal while restoring) then saves that same state, or nothing, never another.
+    state.batch_idx = position - 1
     for name, parameter in state.estimator.net.named_parameters():
         parameter.grad = grads[name].to(parameter.device) if name in grads else None
     history = checkpoint["history"]

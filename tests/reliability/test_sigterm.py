@@ -69,3 +69,46 @@ def test_sigterm_saves_every_completed_batch_and_exits_143(runs, reference, spec
     assert_same_weights(final, reference[0].weights)
     FIGURES["lost"].setdefault("SIGTERM", {})[spec] = completed - saved
     survived(spec)
+
+
+@pytest.fixture(scope="module")
+def restore_runs(tmp_path_factory) -> dict:
+    """A SIGTERM in train_begin, once the checkpoint to resume from is loaded, of a run resuming in
+    the middle of an epoch ("resumed": after term@begin:10 left a checkpoint of 11 batches) and of a
+    fresh run ("fresh"); then a run to the end. case -> (the checkpoint files' bytes before and after
+    the SIGTERM'd run, its rc and stderr, the last run's journal and final weights)."""
+    root = tmp_path_factory.mktemp("sigterm_restore")
+
+    def case(name: str):
+        folder = root / name
+        folder.mkdir()
+        checkpoints = folder / "checkpoints"
+        if name == "resumed":
+            run_trainer(checkpoints, folder / "first.jsonl", fault="term@begin:10", expect_rc=143)
+        files = lambda: {path.name: path.read_bytes() for path in checkpoints.iterdir()} if checkpoints.exists() else {}
+        before = files()
+        rc, _, stderr = run_trainer(checkpoints, folder / "restore.jsonl", fault="term@train_begin", expect_rc=None)
+        after = files()
+        run_trainer(checkpoints, folder / "final.jsonl", out=folder / "out.pt")
+        return before, after, rc, stderr, journal(folder / "final.jsonl"), weights(folder / "out.pt")
+
+    return dict(zip(("resumed", "fresh"), in_parallel(lambda: case("resumed"), lambda: case("fresh"))))
+
+
+@pytest.mark.parametrize("case", ["resumed", "fresh"])
+def test_sigterm_while_restoring_leaves_the_checkpoints_untouched(restore_runs, reference, case):
+    # Issue 14, point 1: train_end saved the preempted run with the batch position at its default,
+    # replacing the mid-epoch checkpoint of 11 batches (position 3) by one at position 0; the next
+    # resume retrained epoch 2 from its first batch and diverged.
+    spec = f"term@train_begin ({case})"
+    injected(spec)
+    before, after, rc, stderr, final, final_weights = restore_runs[case]
+    assert rc == 143 and "received SIGTERM" in stderr
+    assert after == before  # not one byte rewritten, no file added
+    assert ("model-epoch1batch11.pt" in before) == (case == "resumed") and (case == "resumed" or not after)
+    start = 11 if case == "resumed" else 0
+    assert event(final, "start")["resume_step"] == (start or None)
+    assert sorted(losses(final)) == list(range(start, 32))  # 21 steps when resumed, not the epoch again
+    assert_same_losses(losses(final), reference[0].losses)
+    assert_same_weights(final_weights, reference[0].weights)
+    survived(spec)

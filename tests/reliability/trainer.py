@@ -13,6 +13,8 @@ Faults are scheduled by training progress, never by time. SPEC is one of:
     term@begin:S  term@end:S      SIGTERM there (fit stops cleanly at the batch boundary, exit 143)
     term@epoch_end:S              SIGTERM at the epoch end reached after S batches, after the
                                   CheckpointHandler's epoch_end
+    term@train_begin              SIGTERM in train_begin, after CheckpointHandler's (its checkpoint is
+                                  loaded, and fit resumes from it before stopping)
     tear:N                        the N-th checkpoint write stops half way (flushed, fsynced), SIGKILL
     enospc:N                      the N-th checkpoint write fails half way with ENOSPC
 """
@@ -69,8 +71,8 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
         if fault.startswith(("kill@", "term@")):
             action, place = fault.split("@")
             self.signal = signal.SIGKILL if action == "kill" else signal.SIGTERM
-            self.where, at = place.split(":")
-            self.at = int(at)
+            self.where, _, at = place.partition(":")
+            self.at = int(at) if at else None
 
     def _inject(self, completed: int) -> None:
         # The marker: proof that the fault fired, with the folder as it is at that instant.
@@ -82,6 +84,8 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
         restore = state.restore
         self.journal.write(event="start", files=checkpoint_names(self.folder),
                            resume_step=None if restore is None else restore["global_step"])
+        if self.where == "train_begin":
+            self._inject(0)
 
     def batch_begin(self, state) -> None:
         if self.where == "begin" and state.global_step == self.at:

@@ -118,13 +118,15 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
-        self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) of the newest regular save
+        self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) saved or started from
 
     def train_begin(self, state: TrainState) -> None:
         agree(self._prepare_folder, FitforgeValueError)
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
-        self.saved, self.best, self.best_path, self._last = [], None, None, None
+        # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
+        # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
+        self.saved, self.best, self.best_path, self._last = [], None, None, (0, 0, 0)
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
             self._resume(state)
