@@ -94,8 +94,9 @@ def test_restore_into_another_architecture_lists_the_keys(tmp_path):
     estimator, train, _ = linear_problem()
     estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
     other = make_estimator(net=nn.Sequential(nn.Linear(1, 1)))
-    with pytest.raises(CheckpointError, match=r"do not fit this net: missing keys \['0.bias', '0.weight'\]; "
-                                              r"unexpected keys \['bias', 'weight'\]"):
+    with pytest.raises(CheckpointError, match=r"the weights in checkpoint \S*model-epoch1batch8.pt do not fit this "
+                                              r"net: missing keys \['0.bias', '0.weight'\]; unexpected keys "
+                                              r"\['bias', 'weight'\]"):
         restore_weights(other, tmp_path / "model-epoch1batch8.pt")
     wide = make_estimator(net=nn.Linear(2, 1))
     with pytest.raises(CheckpointError, match=r"shape mismatches \['weight: checkpoint \(1, 1\) vs net \(1, 2\)'\]"):
@@ -104,6 +105,23 @@ def test_restore_into_another_architecture_lists_the_keys(tmp_path):
     two.optimizers = [two.optimizer, torch.optim.SGD(two.net.parameters(), lr=0.1)]
     with pytest.raises(CheckpointError, match="holds 1 optimizer state.* has 2 optimizer"):
         restore_weights(two, tmp_path / "model-epoch1batch8.pt")
+
+
+def test_a_load_whose_optimizer_state_does_not_fit_changes_nothing(tmp_path):
+    # Issue 14, point 6: the net kept the weights it had just loaded when an optimizer's state failed.
+    estimator, train, _ = linear_problem()
+    estimator.optimizers = [torch.optim.Adam(estimator.net.parameters(), lr=0.01)]
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    other = make_estimator()
+    extra = torch.nn.Parameter(torch.zeros(3))  # a second param group: Adam's saved groups no longer fit
+    other.optimizers = [torch.optim.Adam([{"params": other.net.parameters()}, {"params": [extra]}], lr=0.5)]
+    weights = {k: v.clone() for k, v in other.net.state_dict().items()}
+    groups = [dict(group) for group in other.optimizer.param_groups]
+    with pytest.raises(CheckpointError, match=r"the optimizer state in checkpoint \S*model-epoch1batch8.pt does not "
+                                              r"fit Adam: .*nothing was loaded"):
+        other.load_checkpoint(tmp_path / "model-epoch1batch8.pt")
+    assert all(torch.equal(other.net.state_dict()[k], v) for k, v in weights.items())
+    assert other.optimizer.param_groups == groups and not other.optimizer.state
 
 
 @pytest.mark.parametrize("content, message", [

@@ -146,53 +146,81 @@ def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimi
                     folder: Path | None = None) -> dict:
     """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
 
-    A checkpoint of another architecture is a :class:`CheckpointError` listing the missing and
-    unexpected parameter names. The weights of a sharded (FSDP) checkpoint are in the folder its
-    file names, beside the file (``folder``, when ``checkpoint`` is a dict already loaded).
+    A checkpoint of another architecture is a :class:`CheckpointError` naming the file and listing
+    the missing and unexpected parameter names. The load is all or nothing: when an optimizer's or
+    the scaler's state does not fit, the net's weights and the optimizers' states loaded so far are
+    put back. The weights of a sharded (FSDP) checkpoint are in the folder its file names, beside
+    the file (``folder``, when ``checkpoint`` is a dict already loaded).
     """
+    source = "the checkpoint"
     if not isinstance(checkpoint, dict):
-        folder = Path(checkpoint).parent
+        folder, source = Path(checkpoint).parent, f"checkpoint {checkpoint}"
         # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
         # optimizer state as each optimizer expects (a CUDA step counter would sync every step).
         checkpoint = load_checkpoint(checkpoint, map_location="cpu")
     if "sharded" in checkpoint:
         return _restore_sharded(estimator, checkpoint, optimizers, folder)
-    check_fits(estimator, checkpoint, folder, optimizers)
+    check_fits(estimator, checkpoint, folder, optimizers, source)
     if getattr(estimator, "strategy", None) == "fsdp":  # full weights, each rank keeping its shard
         from .fsdp import load_full_weights
 
         load_full_weights(estimator.net, checkpoint["model"])
-    else:
-        estimator.net.load_state_dict(checkpoint["model"])
-    if optimizers:
-        saved = checkpoint.get("optimizers", [])
-        for optimizer, state in zip(estimator.optimizers, saved):
-            try:
-                optimizer.load_state_dict(state)
-            except (ValueError, KeyError) as err:
-                raise CheckpointError(f"the checkpoint's optimizer state does not fit {type(optimizer).__name__}: "
-                                      f"{err}") from err
-        if "scaler" in checkpoint and getattr(estimator, "scaler", None) is not None:
-            estimator.scaler.load_state_dict(checkpoint["scaler"])
+        return checkpoint
+    previous = _current_state(estimator, optimizers)
+    try:
+        _load_state(estimator, checkpoint, optimizers, source)
+    except BaseException:
+        _load_state(estimator, previous, optimizers, "the state before the load")
+        raise
     return checkpoint
 
 
-def check_fits(estimator: Any, checkpoint: dict, folder: Path | None, optimizers: bool = True) -> None:
-    """Raise a :class:`CheckpointError` unless ``checkpoint`` can load into ``estimator`` (read only:
-    names and shapes of the weights, the number of optimizers, a sharded checkpoint's folder)."""
+def _current_state(estimator: Any, optimizers: bool) -> dict:
+    """What :func:`_load_state` puts back after a failed load: the weights copied to the host (the
+    load writes into the parameters), the optimizers' and scaler's state dicts (a load replaces
+    their tensors rather than writing into them, so references suffice)."""
+    state: dict = {"model": {key: value.detach().to("cpu", copy=True)
+                             for key, value in estimator.net.state_dict().items()}}
+    if optimizers:
+        state["optimizers"] = [optimizer.state_dict() for optimizer in estimator.optimizers]
+        if getattr(estimator, "scaler", None) is not None:
+            state["scaler"] = estimator.scaler.state_dict()
+    return state
+
+
+def _load_state(estimator: Any, checkpoint: dict, optimizers: bool, source: str) -> None:
+    estimator.net.load_state_dict(checkpoint["model"])
+    if not optimizers:
+        return
+    for optimizer, state in zip(estimator.optimizers, checkpoint.get("optimizers", [])):
+        try:
+            optimizer.load_state_dict(state)
+        except (ValueError, KeyError) as err:
+            raise CheckpointError(f"the optimizer state in {source} does not fit {type(optimizer).__name__}: "
+                                  f"{err}; nothing was loaded (pass optimizers=False to load the weights only)"
+                                  ) from err
+    if "scaler" in checkpoint and getattr(estimator, "scaler", None) is not None:
+        estimator.scaler.load_state_dict(checkpoint["scaler"])
+
+
+def check_fits(estimator: Any, checkpoint: dict, folder: Path | None, optimizers: bool = True,
+               source: str = "the checkpoint") -> None:
+    """Raise a :class:`CheckpointError` unless ``checkpoint`` (called ``source`` in messages) can
+    load into ``estimator`` (read only: names and shapes of the weights, the number of optimizers, a
+    sharded checkpoint's folder)."""
     if "sharded" in checkpoint:
         if not (Path(folder or ".") / checkpoint["sharded"] / ".metadata").is_file():
-            raise CheckpointError(f"the sharded weights of this checkpoint are missing: no folder {checkpoint['sharded']} "
+            raise CheckpointError(f"the sharded weights of {source} are missing: no folder {checkpoint['sharded']} "
                                   "with DCP metadata beside it")
         return
     problem = _mismatch(estimator.net, checkpoint["model"])
     if problem:
-        raise CheckpointError(f"the checkpoint's weights do not fit this net: {problem}")
+        raise CheckpointError(f"the weights in {source} do not fit this net: {problem}")
     if not optimizers:
         return
     saved = checkpoint.get("optimizers", [])
     if len(saved) != len(estimator.optimizers):
-        raise CheckpointError(f"the checkpoint holds {len(saved)} optimizer state(s) but the estimator has "
+        raise CheckpointError(f"{source} holds {len(saved)} optimizer state(s) but the estimator has "
                               f"{len(estimator.optimizers)} optimizer(s); pass optimizers=False to load weights only")
     if getattr(estimator, "strategy", None) == "fsdp":
         raise CheckpointError("this checkpoint of an unsharded run holds optimizer states that cannot be sharded here; "
