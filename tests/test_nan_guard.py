@@ -1,8 +1,10 @@
-"""NaNGuardHandler: the three policies on a loss that turns nan/inf at a known batch, what each costs
-in host reads, its state across a checkpoint, and its argument errors."""
+"""NaNGuardHandler: the three policies on a loss (or a gradient) that turns nan/inf at a known batch,
+the optimizer step it guards (on the device for fused optimizers, by a host read otherwise), what
+each costs in host reads, its state across a checkpoint, and its argument errors."""
 
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -15,20 +17,35 @@ from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
 from fitforge.testing import HostReadCounter, RecordingHandler, linear_data
 
 
+class PoisonGradient(torch.autograd.Function):
+    """The identity forward; a nan gradient backward: the loss stays finite, the gradients do not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * math.nan
+
+
 class PoisonNet(nn.Module):
     """Linear(1, 1) whose output (hence loss and gradients) is multiplied by ``poison`` at the given
-    training forward calls: call k is the k-th batch read in the run, counted from 0."""
+    training forward calls, and whose gradients only are nan at ``grad_calls``: call k is the k-th
+    batch read in the run, counted from 0."""
 
-    def __init__(self, calls=(), poison=math.nan):
+    def __init__(self, calls=(), poison=math.nan, grad_calls=()):
         super().__init__()
         self.linear = nn.Linear(1, 1)
-        self.calls, self.poison, self.count = set(calls), poison, 0
+        self.calls, self.poison, self.grad_calls, self.count = set(calls), poison, set(grad_calls), 0
 
     def forward(self, x):
         y = self.linear(x)
         if self.training:
             if self.count in self.calls:
                 y = y * self.poison
+            if self.count in self.grad_calls:
+                y = PoisonGradient.apply(y)
             self.count += 1
         return y
 
@@ -39,10 +56,12 @@ def batches(n=4, seed=0):
     return [(x, 2 * x + 3) for x in xs]
 
 
-def fit(calls=(), handlers=(), data=None, poison=math.nan, **kwargs):
+def fit(calls=(), handlers=(), data=None, poison=math.nan, fused=False, grad_calls=(), **kwargs):
+    """Train a PoisonNet with SGD (``fused``: the implementation that can skip its step on the device)."""
     torch.manual_seed(0)
-    net = PoisonNet(calls, poison)
-    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    net = PoisonNet(calls, poison, grad_calls)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, fused=fused or None)
+    estimator = Estimator(net, nn.MSELoss(), optimizer=optimizer, device="cpu")
     if "batches" not in kwargs:
         kwargs.setdefault("epochs", 3)
     history = estimator.fit(data or batches(), event_handlers=list(handlers), **kwargs)
@@ -53,13 +72,61 @@ def finite(net):
     return all(torch.isfinite(p).all() for p in net.parameters())
 
 
-def test_stop_by_default_acts_at_epoch_end_naming_the_first_bad_batch():
+def same_weights(net, other):
+    return all(torch.equal(a, b) for a, b in zip(net.parameters(), other.parameters()))
+
+
+def test_stop_with_a_fused_optimizer_skips_bad_steps_on_the_device_and_stops_at_epoch_end():
     guard = NaNGuardHandler()
-    history, _ = fit(calls={5, 6}, handlers=[guard])  # epoch 2, batches 2 and 3
+    data = batches()
+    history, net = fit(calls={5, 6}, handlers=[guard], data=data, fused=True)  # epoch 2, batches 2 and 3
     assert history.epochs == 2  # epoch 2 ran to its end, then the stop
     assert history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 2 (global step 5)"
     assert guard.stopped_epoch == 1
     assert math.isnan(history["train_loss"][1]) and not math.isnan(history["train_loss"][0])
+    # Issue 14, point 2: the optimizer stepped on the nan gradients, so the weights (and every
+    # checkpoint after) were nan. Now the two bad steps were skipped: the weights are those of the
+    # six good batches.
+    _, clean = fit(data=data + [data[0], data[3]], epochs=1, fused=True)
+    assert finite(net) and same_weights(net, clean)
+
+
+def test_stop_without_a_fused_optimizer_reads_every_batch_and_stops_at_the_first_bad_one():
+    history, net = fit(calls={5, 6}, handlers=[NaNGuardHandler()])
+    assert history.epochs == 2 and history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 2 (global step 5)"
+    _, clean = fit(batches=5)
+    assert finite(net) and same_weights(net, clean)
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip", "raise"])
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_no_policy_steps_on_a_nan_gradient_of_a_finite_loss(policy, fused):
+    # The loss of batch 2 is finite, its gradients are not: caught in that batch, not one late.
+    data = batches()
+    guard = NaNGuardHandler(policy)
+    if policy == "raise":
+        with pytest.raises(NonFiniteLossError, match=r"the training gradient \(loss [\d.]+\) at epoch 1, batch 2 "
+                                                     r"\(global step 1\) is not finite"):
+            fit(grad_calls={1}, handlers=[guard], data=data, fused=fused)
+        return
+    history, net = fit(grad_calls={1}, handlers=[guard], data=data, fused=fused, epochs=1)
+    _, clean = fit(data=[data[0], data[2], data[3]] if policy == "skip" or fused else [data[0]], epochs=1)
+    assert finite(net) and same_weights(net, clean)
+    if policy == "stop":
+        assert re.fullmatch(r"NaNGuardHandler: gradient \(loss [\d.]+\) at epoch 1, batch 2 \(global step 1\) is not "
+                            r"finite", history.stop_reason)
+    else:
+        assert guard.skipped == 1 and history.stop_reason == "reached epochs=1"
+
+
+def test_a_fused_guard_skips_a_whole_accumulation_group_with_a_bad_gradient():
+    from fitforge.handlers import GradientUpdateHandler
+    data = batches()
+    history, net = fit(grad_calls={0}, data=data, fused=True, epochs=1,
+                       handlers=[NaNGuardHandler(), GradientUpdateHandler(accumulate=2)])
+    _, clean = fit(data=data[2:], epochs=1, fused=True, handlers=[GradientUpdateHandler(accumulate=2)])
+    assert finite(net) and same_weights(net, clean)  # the group of batches 1-2 was not stepped
+    assert history.stop_reason.startswith("NaNGuardHandler: gradient")
 
 
 def test_stop_with_check_every_1_stops_before_the_bad_step():
@@ -72,7 +139,7 @@ def test_stop_with_check_every_1_stops_before_the_bad_step():
 
 def test_check_every_n_names_the_first_bad_batch_read_at_the_next_check():
     recorder = RecordingHandler()
-    history, _ = fit(calls={4}, handlers=[NaNGuardHandler(check_every=3), recorder])
+    history, _ = fit(calls={4}, handlers=[NaNGuardHandler(check_every=3), recorder], fused=True)
     # read after global steps 2 and 5: the bad batch 4 is found at 5, which is cancelled
     assert history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 1 (global step 4)"
     assert [c[4] for c in recorder.calls if c[0] == "batch_end"][-1] == 4  # batch 5 never reached the recorder
@@ -109,29 +176,32 @@ def test_skip_steps_over_bad_batches_as_if_they_were_not_there(caplog):
     assert not math.isnan(history["train_loss"][0])  # a skipped batch is not in the epoch's metrics
 
 
-def reads_in_one_epoch(n_batches, guard):
+def reads_in_one_epoch(n_batches, guard, fused=True):
     torch.manual_seed(0)
     net = nn.Linear(1, 1)
-    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, fused=fused or None)
+    estimator = Estimator(net, nn.MSELoss(), optimizer=optimizer, device="cpu")
     with HostReadCounter() as reads:
         estimator.fit(linear_data(n=4 * n_batches, batch_size=4), epochs=1, event_handlers=[guard()])
     return reads.count
 
 
-def test_the_default_adds_no_host_read_per_batch():
+def test_the_default_with_a_fused_optimizer_adds_no_host_read_per_batch():
     assert reads_in_one_epoch(8, NaNGuardHandler) == reads_in_one_epoch(64, NaNGuardHandler)
     assert reads_in_one_epoch(8, NaNGuardHandler) > reads_in_one_epoch(8, lambda: RecordingHandler())  # it reads once
 
 
-@pytest.mark.parametrize("guard", [lambda: NaNGuardHandler(check_every=1), lambda: NaNGuardHandler("skip")],
-                         ids=["check_every=1", "skip"])
-def test_per_batch_checks_read_every_batch_as_documented(guard):
-    assert reads_in_one_epoch(64, guard) - reads_in_one_epoch(8, guard) == 56
+@pytest.mark.parametrize("guard, fused", [(lambda: NaNGuardHandler(check_every=1), True),
+                                          (lambda: NaNGuardHandler("skip"), True),
+                                          (NaNGuardHandler, False)],
+                         ids=["check_every=1", "skip", "not fused"])
+def test_per_batch_checks_read_every_batch_as_documented(guard, fused):
+    assert reads_in_one_epoch(64, guard, fused) - reads_in_one_epoch(8, guard, fused) == 56
 
 
 def test_the_record_rides_in_the_state_dict():
     net = nn.Linear(1, 1)
-    state = TrainState(Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+    state = TrainState(Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1, fused=True),
                                  device="cpu"))
     state.history.new_epoch()
     guard = NaNGuardHandler()

@@ -10,14 +10,22 @@ from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..resume import epoch_done
 
 
-def step_optimizers(optimizers: list, scaler: torch.amp.GradScaler | None) -> None:
+def step_optimizers(optimizers: list, scaler: torch.amp.GradScaler | None,
+                    found_inf: torch.Tensor | None = None) -> None:
     """Step every optimizer (through the fp16 scaler, which skips a step on inf/nan gradients),
-    zero its gradients, then update the scaler."""
+    zero its gradients, then update the scaler. ``found_inf``: a device flag (float 0-d) on which
+    fused optimizers skip their update on the device, as they do for GradScaler (NaNGuardHandler's)."""
     for optimizer in optimizers:
-        if scaler is None:
+        if scaler is not None:
+            scaler.step(optimizer)
+        elif found_inf is None:
             optimizer.step()
         else:
-            scaler.step(optimizer)
+            optimizer.found_inf = found_inf  # the attribute a fused step reads (GradScaler sets it too)
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf
         optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.update()
@@ -27,7 +35,9 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     """Step every optimizer, then ``zero_grad(set_to_none=True)``.
 
     It runs first at ``batch_end`` (priority -2000), so later handlers see updated weights. A
-    handler that must read gradients before the step takes a priority below -2000.
+    handler that must read gradients before the step takes a priority below -2000. A flag in
+    ``state.shared["found_inf"]`` when training starts (NaNGuardHandler's, for fused optimizers) is
+    passed to every step: a step whose flag is set is skipped on the device.
 
     Args:
         accumulate: step once every this many batches; the summed gradients are divided by the
@@ -44,7 +54,8 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     """
 
     priority = -2000
-    reads = ("estimator", "phase", "preempted", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    reads = ("estimator", "phase", "preempted", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches",
+             "shared.found_inf")
     writes = ("accumulated_batches", "optimizer_steps")
 
     def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None) -> None:
@@ -55,8 +66,9 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def train_begin(self, state) -> None:
         self._scaler = state.estimator.scaler
+        self._found_inf = state.shared.get("found_inf")
         self._plain = (self.accumulate == 1 and self.clip_norm is None and self.clip_value is None
-                       and self._scaler is None)
+                       and self._scaler is None and self._found_inf is None)
         self._optimizers = list(state.estimator.optimizers)
         self._params = [p for o in self._optimizers for group in o.param_groups for p in group["params"]]
         for optimizer in self._optimizers:
@@ -94,6 +106,6 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
             torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
         if self.clip_value is not None:
             torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
-        step_optimizers(self._optimizers, scaler)
+        step_optimizers(self._optimizers, scaler, self._found_inf)
         state.accumulated_batches = 0
         state.optimizer_steps += 1

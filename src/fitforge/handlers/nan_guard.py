@@ -1,15 +1,19 @@
-"""NaNGuardHandler: stop, skip the step, or fail when the training loss is not finite."""
+"""NaNGuardHandler: stop, skip the step, or fail when the training loss or a gradient is not finite."""
 
 from __future__ import annotations
 
 import logging
 
+import math
+
 import torch
+import torch.distributed as dist
 
 from ..checks import check_positive
-from ..distributed import any_rank, reduce_ints
+from ..distributed import any_rank, reduce_ints, world_size
 from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
+from ..finite import GradientCheck
 from ..resume import epoch_done
 from ..state import TrainState
 
@@ -20,30 +24,44 @@ _POLICIES = ("stop", "skip", "raise")
 
 
 class NonFiniteLossError(FitforgeValueError):
-    """The training loss was nan or infinite and ``NaNGuardHandler(policy="raise")`` was asked to fail."""
+    """The training loss (or a gradient) was nan or infinite and ``NaNGuardHandler(policy="raise")``
+    was asked to fail."""
 
 
 class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
-    """Act when the training loss (``state.output.loss``) is nan or infinite.
+    """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and
+    never let the optimizer step on such a batch.
 
-    Whether a loss is finite is known on the device; bringing that to the host waits for the device
-    (a sync), so each policy's cost is stated:
+    Every batch, after the backward and before GradientUpdateHandler's step, it decides on the
+    device whether the loss or any gradient of the optimizers' parameters is not finite. Bringing
+    that to the host waits for the device (a sync), so what each policy costs is stated:
 
+    - The step is guarded under every policy. When every optimizer can skip its update on the
+      device (``fused=True`` Adam, AdamW, SGD, Adagrad: the ``found_inf`` mechanism GradScaler
+      uses), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``) and
+      reads nothing per batch: a bad batch's update is skipped on the device. Any other optimizer
+      needs the answer on the host: **one host read per batch** (free on the CPU, a sync on a GPU),
+      and a bad batch is cancelled (``CancelBatch``: no step, gradients cleared) whatever the
+      policy. Under ``precision="16-mixed"`` the GradScaler already skips every step whose
+      gradients are not finite (overflow of the scaled gradients is routine there), so the guard
+      watches the loss only.
     - ``"stop"`` (default): request a stop whose reason (in ``history.stop_reason``) names the first
-      non-finite batch (epoch and batch counted from 1, and ``state.global_step``) and the loss value.
-      By default the check costs a few tiny device operations per batch and **one host read per
-      epoch**: the first bad batch is recorded on the device and read at epoch end, so the stop
-      comes at the end of that epoch, after the optimizer has stepped on the bad gradients (the
-      weights may already be nan). With ``check_every=n`` the record is also read every n batches
-      (one read each time) and the guard acts at once: that batch is cancelled (no optimizer
-      step, gradients cleared) and training stops. ``check_every=1`` stops before the first bad step.
+      bad batch (epoch and batch counted from 1, and ``state.global_step``) and the loss value. On
+      the device-skip path the first bad batch is recorded on the device and read at epoch end
+      (**one host read per epoch**), so the stop comes at the end of that epoch, its bad steps
+      skipped; with ``check_every=n`` the record is also read every n batches and the guard acts at
+      once (that batch is cancelled). On the host-read path it acts at the first bad batch.
     - ``"raise"``: like ``"stop"``, but fail with a :class:`NonFiniteLossError` (a ``ValueError``)
       naming the batch and the value; ``train_end`` still runs for every handler.
-    - ``"skip"``: skip the optimizer step of every batch whose loss is not finite (the batch is
-      cancelled with ``CancelBatch``: its gradients are cleared, it does not count towards
-      ``batches=N`` nor in the epoch's metrics) and go on. Deciding per batch needs the value per
-      batch: **one host read per batch**. With gradient accumulation, a skipped batch clears the
-      gradients of its whole group so far. A warning at each epoch end says how many were skipped.
+    - ``"skip"``: cancel every bad batch (``CancelBatch``: no step, gradients cleared, not counted
+      towards ``batches=N`` nor in the epoch's metrics) and go on. Deciding per batch needs the
+      value per batch: **one host read per batch**. With gradient accumulation, a skipped batch
+      clears the gradients of its whole group so far. A warning at each epoch end says how many
+      were skipped.
+
+    A parameter that a step on finite gradients made non-finite shows in the next batch's loss or
+    gradients; a CheckpointHandler never saves it. A step the user takes inside ``fit_batch`` is
+    not guarded (it comes before the guard runs).
 
     It runs at priority -2100, before GradientUpdateHandler's optimizer step (-2000), and only in
     training. A run it stopped counts as finished: resuming from a checkpoint written after the stop
@@ -52,15 +70,16 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
 
     Args:
         policy: ``"stop"``, ``"skip"`` or ``"raise"``.
-        check_every: for "stop"/"raise", also read the record every n batches and act at once
-            (None: only at epoch end). "skip" reads every batch anyway (only None or 1 allowed).
+        check_every: for "stop"/"raise" on the device-skip path, also read the record every n
+            batches and act at once (None: only at epoch end). "skip" reads every batch anyway (only
+            None or 1 allowed).
 
     Raises:
         FitforgeTypeError / FitforgeValueError: a bad ``policy`` or ``check_every``.
 
     Example:
         >>> from fitforge.handlers.nan_guard import NaNGuardHandler
-        >>> guard = NaNGuardHandler("stop", check_every=1)   # stop before the first bad step
+        >>> guard = NaNGuardHandler("stop", check_every=1)   # stop at the first bad batch
         >>> history = estimator.fit(train, epochs=10, event_handlers=[guard])  # doctest: +SKIP
         >>> history.stop_reason                                                # doctest: +SKIP
         'NaNGuardHandler: loss nan at epoch 3, batch 7 (global step 70)'
@@ -69,7 +88,7 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
     priority = -2100  # before GradientUpdateHandler's step (-2000)
     reads = ("phase", "output", "epoch", "batch_idx", "global_step", "estimator", "preempted",
              "epoch_complete", "epoch_cancelled", "num_batches")
-    writes = ("stop_requested",)
+    writes = ("stop_requested", "shared.found_inf")
 
     def __init__(self, policy: str = "stop", check_every: int | None = None) -> None:
         if not isinstance(policy, str):
@@ -84,12 +103,29 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         self.stopped_epoch: int | None = None
         self.skipped, self._epoch_skips = 0, 0  # batches skipped in this run and epoch ("skip")
         self._device = torch.device("cpu")  # the estimator's from train_begin on
+        self._gradients: GradientCheck | None = None  # None under a GradScaler, which guards them
+        self._read_every_batch = False
+        self._found = torch.zeros(())
         self._clear()
 
     def train_begin(self, state: TrainState) -> None:
-        self._device = state.estimator.device
+        estimator = state.estimator
+        self._device = estimator.device
         self.stopped_epoch, self.skipped, self._epoch_skips = None, 0, 0
         self._clear()
+        self._found = torch.zeros((), device=self._device)  # this batch is bad (float: what optimizers take)
+        optimizers = estimator.optimizers
+        self._gradients = None if estimator.scaler is not None else GradientCheck(
+            p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
+        on_device = all(getattr(optimizer, "_step_supports_amp_scaling", False) for optimizer in optimizers)
+        self._read_every_batch = self.policy == "skip" or (self._gradients is not None and not on_device)
+        if self._gradients is not None and not self._read_every_batch:
+            state.shared["found_inf"] = self._found  # GradientUpdateHandler's fused step skips on it
+        elif self._read_every_batch and self.policy != "skip" and self._device.type != "cpu":
+            log.info("NaNGuardHandler: %s cannot skip its step on the device (not fused), so the guard reads one "
+                     "flag per batch (a device sync); pass fused=True to the optimizer to avoid it",
+                     ", ".join(type(o).__name__ for o in optimizers if not getattr(o, "_step_supports_amp_scaling",
+                                                                                    False)))
 
     def _clear(self) -> None:
         self._first = torch.full((), _NONE, dtype=torch.int64, device=self._device)  # first bad batch's code
@@ -99,25 +135,45 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         loss = state.output.loss if state.output is not None else None
         if state.phase != "train" or loss is None:
             return
-        loss = loss.detach()
-        if self.policy == "skip":
-            return self._skip(state, loss)
-        # On the device, no sync: remember the first batch whose loss is not finite, and its loss.
+        bad = self._check(loss.detach())
+        if self._read_every_batch:  # the host decides: the bad batch is cancelled, so never stepped
+            if not any_rank(bool(bad)):
+                return
+            if self.policy == "skip":
+                self._skip(state)
+            self._record(state, bad, loss.detach())
+            self._act(state)
+            raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")
+        self._record(state, bad, loss.detach())
+        if self.check_every is not None and (state.global_step + 1) % self.check_every == 0 and self._act(state):
+            raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")  # no optimizer step for this batch
+
+    def _check(self, loss: torch.Tensor) -> torch.Tensor:
+        """This batch's flag on the device, with no host read: 1 when the loss or a gradient is not
+        finite. Under several ranks on the device-skip path, every rank's (one device all-reduce)."""
+        found = self._found
         finite = torch.isfinite(loss) if loss.dim() == 0 else torch.isfinite(loss).all()
-        batch = torch.where(finite, _NONE, state.global_step * _SHIFT + state.batch_idx)
+        found.copy_(~finite)
+        if self._gradients is not None:
+            self._gradients.update(found)
+        if world_size() > 1 and not self._read_every_batch:  # the ranks skip the step together
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        return found
+
+    def _record(self, state: TrainState, bad: torch.Tensor, loss: torch.Tensor) -> None:
+        """Remember, on the device, the first bad batch and its loss."""
+        batch = torch.where(bad > 0, state.global_step * _SHIFT + state.batch_idx, _NONE)
         earlier = batch < self._first
         self._first = torch.where(earlier, batch, self._first)
         self._value = torch.where(earlier, loss.reshape(-1)[0].float(), self._value)
-        if self.check_every is not None and (state.global_step + 1) % self.check_every == 0 and self._act(state):
-            raise CancelBatch("NaNGuardHandler: non-finite loss")  # no optimizer step for this batch
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":
             return
         if self.policy == "skip":
             if self._epoch_skips:
-                log.warning("NaNGuardHandler skipped %d batch(es) of epoch %d whose loss was not finite",
-                            self._epoch_skips, state.epoch + 1)
+                log.warning("NaNGuardHandler skipped %d batch(es) of epoch %d whose loss or gradients were not "
+                            "finite", self._epoch_skips, state.epoch + 1)
             self._epoch_skips = 0
         elif state.preempted is None or epoch_done(state):
             self._act(state)  # a preempted partial epoch is judged when the resumed run ends it
@@ -131,25 +187,25 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
             return False
         step, batch = divmod(code, _SHIFT)
         # Every epoch end reads the record, so the bad batch is in the current epoch.
-        loss = f"loss {float(self._value)}" if own == code else "loss of another rank"
-        where = f"{loss} at epoch {state.epoch + 1}, batch {batch + 1} (global step {step})"
+        loss = float(self._value) if own == code else None
+        what = ("loss of another rank" if loss is None else f"loss {loss}" if not math.isfinite(loss)
+                else f"gradient (loss {loss:.4g})")
+        where = f"{what} at epoch {state.epoch + 1}, batch {batch + 1} (global step {step})"
         self._clear()
         if self.policy == "raise":
             raise NonFiniteLossError(f"NaNGuardHandler(policy='raise'): the training {where} is not finite; lower "
                                      "the learning rate, clip gradients (GradientUpdateHandler(clip_norm=...)) or "
                                      "look for nan/inf in the data")
         self.stopped_epoch = state.epoch
-        state.request_stop(f"NaNGuardHandler: {where}")
+        state.request_stop(f"NaNGuardHandler: {where}" + ("" if loss is None or not math.isfinite(loss)
+                                                            else " is not finite"))
         return True
 
-    def _skip(self, state: TrainState, loss: torch.Tensor) -> None:
-        # The per-batch host read this policy needs; every rank skips if any rank's loss is bad.
-        if not any_rank(not bool(torch.isfinite(loss).all())):
-            return
+    def _skip(self, state: TrainState) -> None:
         self.skipped += 1
         self._epoch_skips += 1
         log.debug("NaNGuardHandler: skipping epoch %d batch %d", state.epoch + 1, state.batch_idx + 1)
-        raise CancelBatch("NaNGuardHandler: non-finite loss")
+        raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")
 
     def state_dict(self) -> dict:
         """The device record of the first bad batch not yet acted on, the stop epoch, the skip count."""
