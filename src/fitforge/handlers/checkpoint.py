@@ -20,9 +20,10 @@ from ..checkpoint_io import (
     save_checkpoint,
 )
 from ..checks import check_flag, check_positive
-from ..distributed import agree, rank, world_size
+from ..distributed import agree, any_rank, rank, world_size
 from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from ..finite import non_finite_checkpoint, non_finite_state
 from ..fsdp import save_sharded
 from ..resume import epoch_done, training_state
 from ..state import TrainState
@@ -32,6 +33,13 @@ log = logging.getLogger("fitforge")
 EXTENSION = ".pt"
 SHARDS = ".dcp"  # the folder of an FSDP checkpoint's shards: the file's name with this suffix
 _REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
+_SINGLES = ("best", "nonfinite")  # one file each, replaced at each save: <prefix>-best.pt, <prefix>-nonfinite.pt
+
+
+def _names(tensors: list[str], shown: int = 4) -> str:
+    """The first tensor names of a list, and how many more."""
+    more = f" and {len(tensors) - shown} more" if len(tensors) > shown else ""
+    return ", ".join(tensors[:shown]) + more
 
 
 def _completed_epochs(state: TrainState) -> int:
@@ -64,6 +72,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         epoch_period: save at the end of every n-th epoch (None: never at epoch end).
         batch_period: save after every n-th training batch (None: never mid-epoch).
         max_checkpoints: how many regular checkpoints to keep.
+        save_non_finite: a state whose weights or optimizer state hold a nan or an inf (training
+            diverged) is never written under a checkpoint name, so it can neither be resumed from
+            nor rotate a finite checkpoint away; with True it is kept for inspection as
+            ``<prefix>-nonfinite.pt`` (replaced at each such save, never resumed from). Judging a
+            state reads one flag per tensor, at a save only: no cost per batch.
         resume_from_checkpoint: at fit start, continue from the newest checkpoint in ``model_dir``
             that loads (a corrupt or unfitting one is skipped with a warning naming the file and the
             reason; if there are checkpoints and none loads, a ``CheckpointError``; if there are
@@ -95,7 +108,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def __init__(self, model_dir: str | os.PathLike, model_prefix: str = "model", monitor: str | None = None,
                  save_best: bool = False, mode: str = "auto", epoch_period: int | None = 1,
                  batch_period: int | None = None, max_checkpoints: int = 5,
-                 resume_from_checkpoint: bool = False) -> None:
+                 resume_from_checkpoint: bool = False, save_non_finite: bool = False) -> None:
         if not isinstance(model_dir, (str, os.PathLike)):
             raise FitforgeTypeError(f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)}")
         if not isinstance(model_prefix, str) or not re.fullmatch(r"[\w.-]+", model_prefix):
@@ -114,11 +127,13 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
         self.max_checkpoints = max_checkpoints
         self.resume_from_checkpoint = check_flag(resume_from_checkpoint, "resume_from_checkpoint", "CheckpointHandler")
+        self.save_non_finite = check_flag(save_non_finite, "save_non_finite", "CheckpointHandler")
         self.writes = ("restore",) if self.resume_from_checkpoint else ()  # only a resuming one hands fit a state
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
         self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) saved or started from
+        self._refused = 0  # saves of non-finite states in this run
 
     def train_begin(self, state: TrainState) -> None:
         agree(self._prepare_folder, FitforgeValueError)
@@ -127,6 +142,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
         # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
         self.saved, self.best, self.best_path, self._last = [], None, None, (0, 0, 0)
+        self._refused = 0
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
             self._resume(state)
@@ -179,12 +195,15 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         reasons = []
         for path in reversed(files):
             try:
+                checkpoint = load_checkpoint(path)
+                poisoned = non_finite_checkpoint(checkpoint)  # none since save_non_finite exists; older ones may
+                if poisoned:
+                    raise CheckpointError(f"its weights or optimizer state hold nan/inf ({_names(poisoned)})")
                 if read_only:  # the other ranks load too: judge whether it fits without loading it
-                    checkpoint = load_checkpoint(path)
                     check_fits(state.estimator, checkpoint, self.model_dir)
                     loaded.append(checkpoint)
                 else:
-                    loaded.append(restore_weights(state.estimator, path))
+                    loaded.append(restore_weights(state.estimator, checkpoint, folder=self.model_dir))
             except CheckpointError as err:
                 log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
                 reasons.append(f"{path.name}: {err}")
@@ -206,7 +225,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def _prepare_folder(self) -> None:
         try:
             self.model_dir.mkdir(parents=True, exist_ok=True)
-            for pattern in (f"{self.model_prefix}-epoch", f"{self.model_prefix}-best"):
+            for pattern in (f"{self.model_prefix}-epoch", *(f"{self.model_prefix}-{kind}" for kind in _SINGLES)):
                 for leftover in self.model_dir.glob(f".{pattern}*{TEMP_SUFFIX}"):
                     if leftover.is_dir():  # the shards of an interrupted FSDP save
                         shutil.rmtree(leftover)
@@ -225,9 +244,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         for folder in self.model_dir.glob(f"{self.model_prefix}-epoch*batch*pos*{SHARDS}"):
             if not (self.model_dir / f"{folder.name[:folder.name.rindex('pos')]}{EXTENSION}").exists():
                 shutil.rmtree(folder)
-        if not (self.model_dir / f"{self.model_prefix}-best{EXTENSION}").exists():
-            for folder in self.model_dir.glob(f"{self.model_prefix}-best-epoch*{SHARDS}"):
-                shutil.rmtree(folder)
+        for kind in _SINGLES:
+            if not (self.model_dir / f"{self.model_prefix}-{kind}{EXTENSION}").exists():
+                for folder in self.model_dir.glob(f"{self.model_prefix}-{kind}-epoch*{SHARDS}"):
+                    shutil.rmtree(folder)
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period
@@ -259,8 +279,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         key = (epochs, batches, 0 if epochs > state.epoch else state.batch_idx + 1)
         if self._last == key:
             return
-        self._last = key
         path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
+        if self._refuses_non_finite(state, path.name, epochs, batches):
+            return
+        self._last = key
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
         shards = self._save_shards(state, checkpoint, f"{path.stem}pos{key[2]}{SHARDS}")
         agree(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
@@ -309,21 +331,48 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         value = None if monitor is None else monitor.epoch_value(state, self)
         if value is None or monitor is None or not monitor.improved(value, self.best):
             return
-        previous, self.best = self.best, value
-        self.best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
         epochs = _completed_epochs(state)
-        checkpoint = self.checkpoint(state, epochs, state.global_step)
-        checkpoint["best"] = {"monitor": self.monitor, "value": value, "epoch": state.epoch}
-        position = 0 if epochs > state.epoch else state.batch_idx + 1
-        shards = self._save_shards(state, checkpoint, f"{self.model_prefix}-best-epoch{epochs}batch{state.global_step}"
-                                                      f"pos{position}{SHARDS}")
-        agree(lambda: self._replace_best(checkpoint, shards), CheckpointError)
+        if self._refuses_non_finite(state, f"{self.model_prefix}-best{EXTENSION}", epochs, state.global_step):
+            return
+        previous, self.best = self.best, value
+        self.best_path = self._save_single(state, "best", epochs, state.global_step,
+                                           {"best": {"monitor": self.monitor, "value": value, "epoch": state.epoch}})
         log.info("%s improved from %s to %.4g: saved %s", self.monitor,
                  "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
 
-    def _replace_best(self, checkpoint: dict, shards: Path | None) -> None:
-        assert self.best_path is not None
-        self._commit(checkpoint, self.best_path, shards, stale=f"{self.model_prefix}-best-epoch*{SHARDS}")
+    def _save_single(self, state: TrainState, kind: str, epochs: int, batches: int, extra: dict) -> Path:
+        """Write ``<prefix>-<kind>.pt`` (``best``, ``nonfinite``: one file each, replaced at each
+        save); under FSDP its shards go to a folder named for the state, the stale ones removed."""
+        checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
+        position = 0 if epochs > state.epoch else state.batch_idx + 1
+        path = self.model_dir / f"{self.model_prefix}-{kind}{EXTENSION}"
+        shards = self._save_shards(state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}"
+                                                      f"pos{position}{SHARDS}")
+        stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
+        agree(lambda: self._commit(checkpoint, path, shards, stale=stale), CheckpointError)
+        return path
+
+    def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
+        """Whether the state is not saved as ``name`` because its weights or optimizer state hold a
+        nan or an inf (every rank judges its own tensors, and all agree); with ``save_non_finite``
+        it is written as ``<prefix>-nonfinite.pt`` instead."""
+        poisoned = non_finite_state(state.estimator)
+        if not any_rank(bool(poisoned)):
+            return False
+        self._refused += 1
+        kept = self.saved[-1].name if self.saved else "none (no finite state was saved in this run)"
+        if self.save_non_finite:
+            where = self._save_single(state, "nonfinite", epochs, batches, {"non_finite": poisoned}).name
+            (log.warning if self._refused == 1 else log.info)(
+                "CheckpointHandler: the state of %s holds nan/inf (%s): written as %s instead; the newest finite "
+                "checkpoint stays %s", name, _names(poisoned) or "on another rank", where, kept)
+            return True
+        (log.warning if self._refused == 1 else log.info)(
+            "CheckpointHandler: not saving %s: its weights or optimizer state hold nan/inf (%s), as training "
+            "diverged; the newest checkpoint stays %s. Add a NaNGuardHandler to stop or skip such steps "
+            "(save_non_finite=True keeps such a state as %s-nonfinite.pt for inspection)", name,
+            _names(poisoned) or "on another rank", kept, self.model_prefix)
+        return True
 
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
         """The dict written to a file: the weights, the optimizers' states (and the fp16 GradScaler's
