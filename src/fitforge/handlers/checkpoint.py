@@ -5,20 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 
 import torch
 
-from ..checkpoint_io import (
-    FORMAT_VERSION,
-    TEMP_SUFFIX,
-    CheckpointError,
-    check_fits,
-    load_checkpoint,
-    restore_weights,
-    save_checkpoint,
-)
+from ..checkpoint_io import FORMAT_VERSION, CheckpointError, check_fits, load_checkpoint, restore_weights
 from ..checks import check_flag, check_positive
 from ..distributed import agree, any_rank, rank, world_size
 from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
@@ -27,13 +18,10 @@ from ..finite import non_finite_checkpoint, non_finite_state
 from ..fsdp import save_sharded
 from ..resume import epoch_done, training_state
 from ..state import TrainState
+from .checkpoint_folder import SHARDS, CheckpointFolder
 from .monitor import Monitor
 
 log = logging.getLogger("fitforge")
-EXTENSION = ".pt"
-SHARDS = ".dcp"  # the folder of an FSDP checkpoint's shards: the file's name with this suffix
-_REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
-_SINGLES = ("best", "nonfinite")  # one file each, replaced at each save: <prefix>-best.pt, <prefix>-nonfinite.pt
 
 
 def _names(tensors: list[str], shown: int = 4) -> str:
@@ -124,6 +112,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
                                      "save_best is False; set at least one of them")
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
         self.model_dir, self.model_prefix, self.monitor = Path(model_dir), model_prefix, monitor
+        self._folder = CheckpointFolder(self.model_dir, model_prefix)
         self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
         self.max_checkpoints = max_checkpoints
         self.resume_from_checkpoint = check_flag(resume_from_checkpoint, "resume_from_checkpoint", "CheckpointHandler")
@@ -136,7 +125,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._refused = 0  # saves of non-finite states in this run
 
     def train_begin(self, state: TrainState) -> None:
-        agree(self._prepare_folder, FitforgeValueError)
+        agree(self._folder.prepare, FitforgeValueError)
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
@@ -160,15 +149,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             log.warning("CheckpointHandler: resuming on CUDA without torch.use_deterministic_algorithms(True): the "
                         "resumed run continues the same training, but not bit for bit (see docs/checkpoints.md)")
 
-    def _regular_files(self) -> list[Path]:
-        """The regular checkpoints in ``model_dir``, oldest first (by completed epochs, then batches)."""
-        found = []
-        for path in self.model_dir.glob(f"{self.model_prefix}-epoch*batch*{EXTENSION}"):
-            match = _REGULAR.fullmatch(path.name[len(self.model_prefix):])
-            if match:
-                found.append(((int(match[1]), int(match[2])), path))
-        return [path for _, path in sorted(found)]
-
     def _resume(self, state: TrainState) -> None:
         """Rank 0 picks the newest checkpoint that loads; every other rank loads the same file."""
         loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
@@ -183,12 +163,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             except FileNotFoundError as err:
                 raise CheckpointError(f"rank {rank()} cannot find {path}, which rank 0 resumes from: model_dir must be "
                                       "a folder every rank can read (a shared filesystem across machines)") from err
-        self._restore(state, loaded[0], path, self._regular_files())
+        self._restore(state, loaded[0], path, self._folder.regular_files())
 
     def _newest_loadable(self, state: TrainState, loaded: list[dict], read_only: bool) -> str | None:
         """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``);
         its file name (None: there is none)."""
-        files = self._regular_files()
+        files = self._folder.regular_files()
         if not files:
             log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.model_dir)
             return None
@@ -222,33 +202,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
                  f"; epoch {checkpoint['epochs_completed'] + 1} continues after its first {checkpoint['position']} "
                  "batch(es)" if checkpoint.get("position") else "")
 
-    def _prepare_folder(self) -> None:
-        try:
-            self.model_dir.mkdir(parents=True, exist_ok=True)
-            for pattern in (f"{self.model_prefix}-epoch", *(f"{self.model_prefix}-{kind}" for kind in _SINGLES)):
-                for leftover in self.model_dir.glob(f".{pattern}*{TEMP_SUFFIX}"):
-                    if leftover.is_dir():  # the shards of an interrupted FSDP save
-                        shutil.rmtree(leftover)
-                    else:  # a temporary file of a save interrupted by a crash
-                        leftover.unlink(missing_ok=True)
-            self._remove_unnamed_shards()
-            probe = self.model_dir / f".{self.model_prefix}-probe{TEMP_SUFFIX}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as err:
-            raise FitforgeValueError(f"CheckpointHandler: model_dir {str(self.model_dir)!r} is not a writable folder "
-                                     f"({err.strerror or err}); pass a folder you can write to") from err
-
-    def _remove_unnamed_shards(self) -> None:
-        """Delete FSDP shard folders whose checkpoint file is gone (a crash during a rotation)."""
-        for folder in self.model_dir.glob(f"{self.model_prefix}-epoch*batch*pos*{SHARDS}"):
-            if not (self.model_dir / f"{folder.name[:folder.name.rindex('pos')]}{EXTENSION}").exists():
-                shutil.rmtree(folder)
-        for kind in _SINGLES:
-            if not (self.model_dir / f"{self.model_prefix}-{kind}{EXTENSION}").exists():
-                for folder in self.model_dir.glob(f"{self.model_prefix}-{kind}-epoch*{SHARDS}"):
-                    shutil.rmtree(folder)
-
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period
         return period is not None and (state.epoch + 1) % period == 0
@@ -279,7 +232,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         key = (epochs, batches, 0 if epochs > state.epoch else state.batch_idx + 1)
         if self._last == key:
             return
-        path = self.model_dir / f"{self.model_prefix}-epoch{epochs}batch{batches}{EXTENSION}"
+        path = self._folder.regular(epochs, batches)
         if self._refuses_non_finite(state, path.name, epochs, batches):
             return
         self._last = key
@@ -294,37 +247,17 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         shards a file on disk names."""
         if state.estimator.strategy != "fsdp":
             return None
-        temporary = self.model_dir / f".{name}{TEMP_SUFFIX}"
+        temporary = self._folder.temporary_shards(name)
         save_sharded(state.estimator, temporary, grads=bool(state.accumulated_batches))
         checkpoint["sharded"] = name
         return temporary
 
-    def _commit(self, checkpoint: dict, path: Path, shards: Path | None, stale: str = "") -> None:
-        """Put the shards under their name, then write the file that names them (atomic: the file is
-        the last thing written, so a crash before it leaves the previous checkpoint in force), then
-        delete the folders matching ``stale`` that the file no longer names."""
-        if shards is None:
-            save_checkpoint(checkpoint, path)
-            return
-        final = self.model_dir / checkpoint["sharded"]
-        if final.exists():  # a leftover no file names (a crash after its rename)
-            shutil.rmtree(final)
-        os.replace(shards, final)
-        save_checkpoint(checkpoint, path)
-        for old in self.model_dir.glob(stale):
-            if old.name != final.name:
-                shutil.rmtree(old, ignore_errors=True)
-
     def _write_and_rotate(self, checkpoint: dict, path: Path, shards: Path | None) -> None:
-        self._commit(checkpoint, path, shards, stale=f"{path.stem}pos*{SHARDS}")
+        self._folder.commit(checkpoint, path, shards, stale=f"{path.stem}pos*{SHARDS}")
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
-        while len(self.saved) > self.max_checkpoints:
-            old = self.saved.pop(0)
-            old.unlink(missing_ok=True)  # by exact name, after the new file is durable
-            for folder in self.model_dir.glob(f"{old.stem}pos*{SHARDS}"):
-                shutil.rmtree(folder, ignore_errors=True)
+        self._folder.rotate(self.saved, self.max_checkpoints)
 
     def _save_if_best(self, state: TrainState) -> None:
         monitor = self._monitor
@@ -332,7 +265,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if value is None or monitor is None or not monitor.improved(value, self.best):
             return
         epochs = _completed_epochs(state)
-        if self._refuses_non_finite(state, f"{self.model_prefix}-best{EXTENSION}", epochs, state.global_step):
+        if self._refuses_non_finite(state, self._folder.single("best").name, epochs, state.global_step):
             return
         previous, self.best = self.best, value
         self.best_path = self._save_single(state, "best", epochs, state.global_step,
@@ -345,11 +278,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         save); under FSDP its shards go to a folder named for the state, the stale ones removed."""
         checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
         position = 0 if epochs > state.epoch else state.batch_idx + 1
-        path = self.model_dir / f"{self.model_prefix}-{kind}{EXTENSION}"
+        path = self._folder.single(kind)
         shards = self._save_shards(state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}"
                                                       f"pos{position}{SHARDS}")
         stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
-        agree(lambda: self._commit(checkpoint, path, shards, stale=stale), CheckpointError)
+        agree(lambda: self._folder.commit(checkpoint, path, shards, stale=stale), CheckpointError)
         return path
 
     def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
@@ -395,7 +328,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def load_state_dict(self, state: dict) -> None:
         self.best = state["best"]
-        best_path = self.model_dir / f"{self.model_prefix}-best{EXTENSION}"
+        best_path = self._folder.single("best")
         self.best_path = best_path if self.best is not None and best_path.is_file() else None
 
     def __repr__(self) -> str:
