@@ -425,3 +425,19 @@ def test_ranks_out_of_step_and_nan_weights_are_told_apart(one_rank_group):
     with torch.no_grad():
         estimator.net.weight.fill_(float("nan"))
     _check_replicas(TrainState(estimator))  # nan weights: a NaN guard's business, not a bypass
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_fused_guard_reduces_its_flag_over_the_ranks_and_checkpoints_agree(one_rank_group, monkeypatch, tmp_path):
+    # As if several ranks: the guard's device flag goes through an all-reduce (so every rank skips a
+    # step any rank found bad), and the checkpoint's non-finite verdict through any_rank.
+    monkeypatch.setattr(guard_module, "world_size", lambda: 2)
+    reduced = []
+    real = dist.all_reduce
+    monkeypatch.setattr(guard_module.dist, "all_reduce", lambda t, **kw: reduced.append(t) or real(t, **kw))
+    estimator = make_estimator()
+    estimator.optimizers = [torch.optim.SGD(estimator.net.parameters(), lr=0.1, fused=True)]
+    saver = CheckpointHandler(tmp_path, batch_period=1)
+    history = estimator.fit(regression_batches(), epochs=1, event_handlers=[NaNGuardHandler(), saver])
+    assert len(reduced) == len(regression_batches()) and history.stop_reason == "reached epochs=1"
+    assert saver.saved
