@@ -161,11 +161,11 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         return found
 
     def _record(self, state: TrainState, bad: torch.Tensor, loss: torch.Tensor) -> None:
-        """Remember, on the device, the first bad batch and its loss."""
-        batch = torch.where(bad > 0, state.global_step * _SHIFT + state.batch_idx, _NONE)
-        earlier = batch < self._first
-        self._first = torch.where(earlier, batch, self._first)
-        self._value = torch.where(earlier, loss.reshape(-1)[0].float(), self._value)
+        """Remember, on the device, the first bad batch since the last read and its loss (a few
+        in-place operations on 0-d tensors: this runs every batch on the device-skip path)."""
+        first = bad.bool().logical_and_(self._first == _NONE)
+        self._first.masked_fill_(first, state.global_step * _SHIFT + state.batch_idx)
+        self._value.masked_fill_(first, loss.reshape(-1)[0].float())
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":
