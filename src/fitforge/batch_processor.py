@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .checks import check_flag
 from .data import batch_size_of, to_channels_last, to_device, unpack_inputs, unpack_pair
 from .exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 from .state import BatchOutput, TrainState
@@ -36,11 +37,16 @@ class BatchProcessor:
         host_inputs: positions of inputs to leave on the host instead of moving them to the device,
             e.g. ``(1,)`` for the lengths ``pack_padded_sequence`` reads on the CPU (moving them to a
             GPU and back would wait for the device every batch).
+        allow_nonfinite: accept nan and inf in the data and labels, for a net or loss that handles
+            them on purpose (missing values, masked targets). By default the first batch of fit and
+            of its validation data is checked for them before its forward.
     """
 
     host_inputs: tuple[int, ...] = ()
+    allow_nonfinite: bool = False
 
-    def __init__(self, host_inputs: tuple[int, ...] = ()) -> None:
+    def __init__(self, host_inputs: tuple[int, ...] = (), allow_nonfinite: bool = False) -> None:
+        self.allow_nonfinite = check_flag(allow_nonfinite, "allow_nonfinite", "BatchProcessor")
         if not isinstance(host_inputs, (tuple, list)) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in host_inputs):
             raise FitforgeTypeError(f"BatchProcessor: host_inputs must be a tuple of input positions (ints >= 0), "

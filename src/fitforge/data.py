@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from .exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, describe
+from .exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError, describe
 
 _SEQUENCES = (tuple, list)
 _PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
@@ -90,6 +90,39 @@ def batch_size_of(inputs: tuple[torch.Tensor, ...]) -> int:
         return inputs[0].shape[0]
     except IndexError:  # a 0-d input
         return 1
+
+
+def check_finite(batch: Any, name: str) -> None:
+    """Reject nan and inf in a batch's floating tensors (data and labels), naming each part that holds
+    some and how many. One host read per floating tensor, so it checks a run's first batch only."""
+    bad = [(path, t) for path, t in _floating_parts(batch) if not bool(torch.isfinite(t).all())]
+    if bad:
+        found = "; ".join(f"{path}: {int(t.isnan().sum())} nan and {int(t.isinf().sum())} inf of {t.numel()} "
+                          f"values ({shape_of(t)})" for path, t in bad)
+        raise NonFiniteInputError(
+            f"the first batch of {name} holds nan or inf values, {found}; they would make the loss, and after the "
+            "first step the weights, nan: clean the data (drop those samples, or replace the values, e.g. "
+            "torch.nan_to_num(x)), or, if the net handles them on purpose, pass "
+            "batch_processor=BatchProcessor(allow_nonfinite=True)"
+        )
+
+
+def _floating_parts(value: Any, path: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every floating tensor in a batch: ``data``/``label`` (``data[1]``...) for
+    a pair, else ``batch``, ``batch[0]``, ``batch['image']``..."""
+    if path is None:
+        pair = type(value) in _SEQUENCES and len(value) == 2
+        for root, part in zip(("data", "label"), value) if pair else (("batch", value),):
+            yield from _floating_parts(part, root)
+    elif isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            yield path, value
+    elif isinstance(value, _SEQUENCES):
+        for i, part in enumerate(value):
+            yield from _floating_parts(part, f"{path}[{i}]")
+    elif isinstance(value, Mapping):
+        for key, part in value.items():
+            yield from _floating_parts(part, f"{path}[{key!r}]")
 
 
 def _data_hint(data: object, argument: str) -> str:

@@ -25,11 +25,12 @@ from .configure import (
     resolve_optimizers,
     resolve_precision,
 )
-from .data import batch_size_of, check_data, to_device
+from .data import batch_size_of, check_data, check_finite, to_device
 from .dispatch import Dispatcher
 from .distributed import rank, world_size
 from .events import EventHandler
 from .exceptions import FitforgeTypeError, FitforgeValueError
+from .first_batch import check_devices, check_handlers, explained_step
 from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
 from .handlers.stopping import StoppingHandler, first_limit
 from .handlers.validation import ValidationHandler
@@ -151,9 +152,10 @@ class Estimator:
         """As :meth:`compute_loss` with ``val_loss``."""
         return self._val_loss(pred, label)
 
-    def check_first_batch(self, output: BatchOutput) -> None:
-        """The one-batch sanity check run inside the first training batch, before its optimizer step."""
-        check_batch_output(output, "fit_batch")
+    def check_first_batch(self, output: BatchOutput, method: str = "fit_batch") -> None:
+        """The checks of the first batch's output, before its optimizer step (see :mod:`fitforge.first_batch`):
+        a BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a scalar loss."""
+        check_batch_output(output, method)
         label = output.label if isinstance(output.label, tuple) else (output.label,)
         if any(isinstance(y, torch.Tensor) and y.dim() == 0 for y in label):
             raise FitforgeValueError(
@@ -162,9 +164,12 @@ class Estimator:
             )
         self._loss.check_first_batch(output.loss)
 
-    def check_first_val_batch(self, val_data: Iterable, name: str) -> None:
+    def check_first_val_batch(self, val_data: Iterable, name: str,
+                              event_handlers: Sequence[EventHandler] | None = None) -> None:
         """Evaluate the first validation batch once before training (eval mode, no grad, RNG state
-        restored), so a mistake in the validation data fails in a second, not after an epoch."""
+        restored), so a mistake in the validation data fails in a second, not after an epoch: the
+        checks of the first training batch (see :mod:`fitforge.first_batch`), with the metrics the
+        evaluation will update (those of the MetricHandler in ``event_handlers``, else ``val_metrics``)."""
         if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
             return
         devices = [self.device] if self.device.type == "cuda" else []
@@ -172,10 +177,14 @@ class Estimator:
             batch = next(iter(val_data), None)
             if batch is None:
                 return  # empty: reported by check_data or at the first validation
+            if not getattr(self.batch_processor, "allow_nonfinite", False):
+                check_finite(batch, name)
             self._val_loss.arm_checks()
+            state = TrainState(self, "validate", batch_idx=0, batch=batch)
             try:
-                check_batch_output(self.batch_processor.evaluate_batch(TrainState(self, "validate"), batch),
-                                   "evaluate_batch")
+                state.output = explained_step(state, self.batch_processor.evaluate_batch, batch)
+                self.check_first_batch(state.output, "evaluate_batch")
+                check_handlers(state, evaluate_handlers(event_handlers))
             except (FitforgeValueError, FitforgeTypeError) as error:
                 raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
 
@@ -223,6 +232,7 @@ class Estimator:
         num_batches = check_data(train_data, "train_data", passes)
         if val_data is not None:
             check_data(val_data, "val_data", passes)
+        self._check_devices("net", "val_net")
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
         epochs, batches = self._preflight(handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
@@ -248,6 +258,18 @@ class Estimator:
         raise_if_preempted(state)
         return state.history
 
+    def _check_devices(self, *nets: str) -> None:
+        """The named nets (``"net"``, ``"val_net"``) must still be on the device the Estimator placed
+        them on. Not under FSDP, which places (and may offload) the shards itself."""
+        if self.strategy == "fsdp":
+            return
+        checked: list[nn.Module] = []
+        for name in nets:
+            net = getattr(self, name)
+            if not any(net is other for other in checked):  # val_net is usually net itself
+                check_devices(net, self.device, name)
+                checked.append(net)
+
     def _preflight(self, handlers: list[EventHandler], val_data: Any, epochs: int | None,
                    batches: int | None) -> tuple[int | None, int | None]:
         """Check every validation source before training, and fold StoppingHandler limits into the
@@ -257,7 +279,7 @@ class Estimator:
                 name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
                 check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
                 if handler.eval_fn is None:
-                    self.check_first_val_batch(handler.val_data, name)
+                    self.check_first_val_batch(handler.val_data, name, handler.event_handlers)
             if isinstance(handler, StoppingHandler):
                 epochs, batches = first_limit(epochs, handler.max_epochs), first_limit(batches, handler.max_batches)
         return epochs, batches
@@ -269,12 +291,13 @@ class Estimator:
         if self.sharded:
             val_data, sharded = shard_eval(val_data, padded=self.strategy == "fsdp")
             num_batches = len(val_data) if sharded else num_batches  # type: ignore[arg-type]
+        self._check_devices("val_net")
         dispatcher = Dispatcher(evaluate_handlers(event_handlers))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
         with _inference(self.val_net, self.strategy != "fsdp"):
             run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch, "val_data",
-                      allow_empty=sharded)
+                      check_first=True, allow_empty=sharded)
         return dict(state.metrics)
 
     def predict(self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> Any:
@@ -304,10 +327,11 @@ class Estimator:
             outputs.append(to_device(pred, cpu, non_blocking=asynchronous))
             return BatchOutput((), None, pred, None, (), batch_size_of(pred if isinstance(pred, tuple) else (pred,)))
 
+        self._check_devices("val_net")
         dispatcher = Dispatcher(user_handlers(event_handlers))
         state = TrainState(self, "predict", num_batches=num_batches)
         with _inference(self.val_net, self.strategy != "fsdp"):
-            run_epoch(state, dispatcher, data, step, "data", allow_empty=sharded)
+            run_epoch(state, dispatcher, data, step, "data", check_first=True, allow_empty=sharded)
         if asynchronous:
             torch.cuda.synchronize(self.device)
         joined = None if not outputs else tuple(torch.cat(parts) for parts in zip(*outputs)) \

@@ -37,6 +37,20 @@ class LossInputError(FitforgeValueError):
     """Predictions and labels do not fit the configured loss(es): counts, shapes or dtypes."""
 
 
+class NonFiniteInputError(FitforgeValueError):
+    """The first batch holds nan or inf values (checked once per fit, before its forward)."""
+
+
+class DeviceMismatchError(FitforgeValueError, RuntimeError):
+    """A parameter, buffer or tensor the net uses is not on the estimator's device. Also a
+    ``RuntimeError``, the class of torch's own device error, so code written against it still works."""
+
+
+class ForwardError(FitforgeValueError, RuntimeError):
+    """The net failed on the first batch; the message names the layer, what it received and a likely
+    fix, and the torch error is the ``__cause__``. Also a ``RuntimeError``, as torch's error was."""
+
+
 class HandlerOrderError(FitforgeValueError):
     """The ``priority``/``run_after`` declarations of the handlers contain a cycle, or two handlers
     write one state field with no order between them."""

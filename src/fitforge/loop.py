@@ -24,6 +24,7 @@ from .data_order import DataOrder
 from .dispatch import Dispatcher
 from .events import Event
 from .exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
+from .first_batch import first_step
 from .resume import resume
 from .state import TrainState
 
@@ -86,6 +87,7 @@ def run_epoch(
 ) -> None:
     """One pass over ``data`` (called ``name`` in errors): ``epoch_begin``, then per batch
     ``batch_begin``, ``step``, ``batch_end``, then ``epoch_end`` (also for a partial epoch).
+    ``check_first``: the first batch goes through :func:`~fitforge.first_batch.first_step`.
 
     In training, ``state.start_batch`` is the position ``data`` starts at (a resumed epoch's data
     holds only the batches from there): batches are numbered from it, and the epoch's history row,
@@ -117,10 +119,11 @@ def run_epoch(
             try:
                 for hook in batch_begin:
                     hook(state)
-                state.output = step(state, batch)
-                if check_first:
-                    state.estimator.check_first_batch(state.output)
+                if check_first:  # the sanity check, before any batch_end hook (the optimizer step is one)
+                    state.output = first_step(state, step, batch, dispatcher.handlers, name)
                     check_first = False
+                else:
+                    state.output = step(state, batch)
                 for hook in batch_end:
                     if hook(state):
                         state.request_stop(dispatcher.stop_reason(Event.BATCH_END, hook))

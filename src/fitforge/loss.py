@@ -44,6 +44,12 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
     return ""
 
 
+def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
+    """Whether ``label`` holds class indices for scores ``pred`` of shape (N, C, ...)."""
+    return (pred.dim() >= 2 and not label.is_floating_point() and label.dtype != torch.bool
+            and label.shape == (pred.shape[0], *pred.shape[2:]))
+
+
 def _name(fn: Callable) -> str:
     return type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", type(fn).__name__)
 
@@ -137,16 +143,45 @@ class LossSet:
         self._shapes_checked = False
 
     def check_shapes(self, pred: Any, label: Any) -> None:
-        """Refuse shapes an elementwise loss would silently broadcast (run on the first call only)."""
+        """Refuse what a loss would take silently or fail on obscurely (run on the first call only):
+        shapes an elementwise loss would broadcast, integer labels for an elementwise loss (MSELoss
+        promotes them, BCELoss fails, HuberLoss fails only in backward), class labels out of range
+        (on a GPU a device-side assert that ruins the process; one host read, once per run)."""
         preds, labels = self._pair(pred, label)
         for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
-            tensors = isinstance(p, torch.Tensor) and isinstance(y, torch.Tensor)
-            if isinstance(fn, _ELEMENTWISE) and tensors and p.shape != y.shape:
-                raise LossInputError(
-                    f"loss {i} ({self.names[i]}) compares pred and label elementwise, but pred has shape "
-                    f"{tuple(p.shape)} and label {tuple(y.shape)}, which would broadcast silently; make "
-                    f"them equal (e.g. label.view({', '.join(str(d) for d in p.shape)}) or squeeze the output)"
-                )
+            if not (isinstance(p, torch.Tensor) and isinstance(y, torch.Tensor)):
+                continue
+            if isinstance(fn, _ELEMENTWISE):
+                self._check_elementwise(i, p, y)
+            elif isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and _class_indices(p, y):
+                self._check_classes(i, fn.ignore_index, p, y)
+
+    def _check_elementwise(self, i: int, pred: torch.Tensor, label: torch.Tensor) -> None:
+        if pred.shape != label.shape:
+            raise LossInputError(
+                f"loss {i} ({self.names[i]}) compares pred and label elementwise, but pred has shape "
+                f"{tuple(pred.shape)} and label {tuple(label.shape)}, which would broadcast silently; make "
+                f"them equal (e.g. label.view({', '.join(str(d) for d in pred.shape)}) or squeeze the output)"
+            )
+        if not label.is_floating_point():
+            raise LossInputError(
+                f"loss {i} ({self.names[i]}) needs a floating-point label, got label {_spec(label)} (pred "
+                f"{_spec(pred)}): use label.float() in a custom step, or return float labels from the Dataset "
+                "(torch.tensor(y, dtype=torch.float32))"
+            )
+
+    def _check_classes(self, i: int, ignore_index: int, pred: torch.Tensor, label: torch.Tensor) -> None:
+        classes = pred.shape[1]
+        counted = label != ignore_index  # the labels the loss skips may be anything
+        if not bool((((label < 0) | (label >= classes)) & counted).any()):
+            return
+        low, high = int(label[counted].min()), int(label[counted].max())  # the error path: reads are fine
+        fix = (f"labels go up to {high} but the net outputs {classes} class scores, so labels must lie in "
+               f"0..{classes - 1}: give the last layer {high + 1} outputs" if high >= classes else
+               f"labels go down to {low}, but class indices start at 0 (only ignore_index={ignore_index} marks "
+               "a label to skip): shift the labels")
+        raise LossInputError(f"loss {i} ({self.names[i]}) got class labels from {low} to {high} for pred "
+                             f"{_spec(pred)}; {fix}")
 
     def check_first_batch(self, total: Any) -> None:
         """The total of the first batch must be a scalar tensor."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -111,11 +112,31 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             label = out.label[slot.output_index] if isinstance(out.label, (tuple, list)) else out.label
             try:
                 slot.metric.update(pred, label)
-            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:
-                raise FitforgeValueError(
-                    f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
-                    f"and label: {shape_of(label)} in batch {state.batch_idx}: {err}"
-                ) from err
+            except _UPDATE_ERRORS as err:
+                raise _failure(slot, pred, label, state.batch_idx, err) from err
+
+    def check_first_batch(self, state: TrainState) -> None:
+        """Update throw-away copies of the metrics with the first batch's output, so that a metric
+        that cannot take it fails before the optimizer step, with ``batch_end``'s message.
+
+        fitforge calls it once per run, after the first batch's step and before any ``batch_end``
+        hook (and on the first validation batch before training); ``batch_end`` still makes the one
+        real update per batch. A metric that cannot be copied is left to its first real update.
+        """
+        estimator, out = state.estimator, state.output
+        several = isinstance(out.pred, (tuple, list))
+        for slot in self._slots(estimator, state.phase):
+            try:
+                trial = copy.deepcopy(slot.metric)
+            except Exception:  # e.g. a metric holding a lock or a file: batch_end checks it instead
+                continue
+            trial.to(estimator.device)
+            pred = out.pred[slot.output_index] if several else out.pred
+            label = out.label[slot.output_index] if isinstance(out.label, (tuple, list)) else out.label
+            try:
+                trial.update(pred, label)
+            except _UPDATE_ERRORS as err:
+                raise _failure(slot, pred, label, state.batch_idx, err) from err
 
     def state_dict(self) -> dict:
         """The running sums of the current (or last) epoch: the loss mean(s) and every metric's;
@@ -186,6 +207,14 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         if state.phase == "train":
             for key, value in values.items():
                 state.history.record(key, value)
+
+
+_UPDATE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Exception) -> FitforgeValueError:
+    return FitforgeValueError(f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
+                              f"and label: {shape_of(label)} in batch {batch_idx}: {err}")
 
 
 def _on_host(value: Any) -> Any:

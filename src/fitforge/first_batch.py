@@ -1,0 +1,88 @@
+"""The sanity check: the first batch of a run is checked so that a mistake fails before the first
+optimizer step, with an error naming the culprit; and fit, evaluate and predict first check that the
+net still lives on the estimator's device.
+
+The loop calls :func:`first_step` instead of the step for the first batch of a fit (and of each
+evaluate or predict pass), and the step itself for every other batch: nothing here costs a batch after
+the first. On the first training batch, in order:
+
+1. nan or inf in the batch's floating tensors (data and labels), before the forward, so that not even
+   BatchNorm's running statistics see them (one host read per tensor; ``BatchProcessor(
+   allow_nonfinite=True)`` skips it);
+2. the step; a ``RuntimeError`` raised inside a layer of the net becomes a ForwardError (a
+   DeviceMismatchError for devices) naming the layer, what it received and a fix (see
+   :mod:`fitforge.forward_errors`). The LossSet checks counts, shapes, label dtypes and class
+   ranges on this call (see ``LossSet.check_shapes``);
+3. the estimator's checks of the output: a BatchOutput with a batch size, no 0-d label, a scalar loss;
+4. every handler's ``check_first_batch(state)``, for handlers that have one, before any ``batch_end``
+   hook and so before the optimizer step: MetricHandler updates throw-away copies of its metrics.
+   A handler of your own may define it too, to refuse a run before its first step (``state.phase``
+   is "train", or "validate" for the validation batch checked before training).
+
+evaluate and predict change no weight, so their first batch gets step 2 only; the first validation
+batch, evaluated once before training (``Estimator.check_first_val_batch``), gets all four.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .data import check_finite
+from .events import unwrapped
+from .exceptions import DeviceMismatchError
+from .forward_errors import explain, net_inputs, same_device
+from .state import TrainState
+
+
+def first_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any, handlers: Sequence[object],
+               name: str) -> Any:
+    """Run ``step`` on the first batch of ``name`` with the checks of the module docstring."""
+    estimator = state.estimator
+    if state.phase != "train":
+        return explained_step(state, step, batch)
+    if not getattr(estimator.batch_processor, "allow_nonfinite", False):
+        check_finite(batch, name)
+    output = explained_step(state, step, batch)
+    estimator.check_first_batch(output)
+    state.output = output
+    check_handlers(state, handlers)
+    return output
+
+
+def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any) -> Any:
+    """``step(state, batch)``, with an error raised inside the net explained (the original as ``__cause__``)."""
+    estimator = state.estimator
+    with net_inputs(estimator.net if state.phase == "train" else estimator.val_net) as seen:
+        try:
+            return step(state, batch)
+        except RuntimeError as error:
+            explained = explain(error, (estimator.net, estimator.val_net), estimator.device, seen[0] if seen else ())
+            if explained is None:
+                raise
+            raise explained from error
+
+
+def check_handlers(state: TrainState, handlers: Sequence[object]) -> None:
+    """Call ``check_first_batch(state)`` of every handler that has one (``state.output`` is set)."""
+    for handler in handlers:
+        check = getattr(unwrapped(handler), "check_first_batch", None)
+        if callable(check):
+            check(state)
+
+
+def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
+    """Every parameter and buffer of ``net`` must be on ``device``, where the Estimator placed it: a
+    later ``net.to(...)`` would otherwise fail in the forward, or train a copy the optimizer never sees."""
+    for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
+        for name, tensor in named:
+            if not same_device(tensor.device, device):
+                raise DeviceMismatchError(
+                    f"{kind} {name!r} of {argument} is on {tensor.device}, but the estimator's device is {device}: "
+                    f"the net was moved after the Estimator placed it (net.to(...), .cuda(), .cpu()); give the "
+                    f"device to the Estimator instead (Estimator(..., device=...)), or move the net back: "
+                    f"estimator.{argument}.to({str(device)!r})"
+                )

@@ -1,0 +1,191 @@
+"""Explain an error the net raises on a run's first batch: which layer failed, what it received, and a
+likely fix (a feature or channel count that does not match, tensors on different devices, data of
+another dtype than the weights).
+
+The layer is found in the error's traceback, as the innermost frame whose ``self`` is a module of the
+net, so nothing is hooked into the layers: the forward runs as it always does, compiled or not, and
+only a failure pays for the search. One forward pre-hook on the net itself, for the first batch only,
+keeps what the net received, to tell "the data has 32 features" from "the layer before it outputs 32".
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+import torch
+from torch import nn
+
+from .exceptions import DeviceMismatchError, ForwardError
+
+_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+@contextmanager
+def net_inputs(net: nn.Module) -> Iterator[list[tuple]]:
+    """Within the block, the list holds the positional arguments of the net's first call (if any)."""
+    seen: list[tuple] = []
+
+    def keep(module: nn.Module, args: tuple) -> None:
+        if not seen:
+            seen.append(args)
+
+    handle = net.register_forward_pre_hook(keep)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def same_device(found: torch.device, device: torch.device) -> bool:
+    """Whether a tensor on ``found`` is on ``device`` (``cuda`` without an index: the current one)."""
+    if found.type != device.type:
+        return False
+    if device.index is None and device.type == "cuda":
+        return found.index == torch.cuda.current_device()
+    return device.index is None or found.index == device.index
+
+
+def explain(error: RuntimeError, roots: Iterable[nn.Module], device: torch.device, inputs: tuple
+            ) -> ForwardError | None:
+    """A :class:`ForwardError` (a :class:`DeviceMismatchError` for devices) naming the layer of
+    ``roots`` (the nets) that raised ``error``, or None when no layer of theirs raised it.
+
+    Only plain ``RuntimeError`` is explained: its subclasses (out of memory, CUDA errors, not
+    implemented) mean something else, and fitforge's own errors are clear already."""
+    if type(error) is not RuntimeError:
+        return None
+    names: dict[int, str] = {}
+    for root in roots:
+        for name, module in root.named_modules():
+            names.setdefault(id(module), name)
+    frame = _innermost(error, names)
+    if frame is None:
+        return None
+    module = frame.f_locals["self"]
+    name = names[id(module)]
+    received = _arguments(frame, module)
+    data = [x for x in inputs if isinstance(x, torch.Tensor)]
+    text = _what_failed(module, name, received, data)
+    devices = _device_problem(module, received, device, str(error))
+    if devices:
+        return DeviceMismatchError(f"{text}; {devices}. Original error: {error}")
+    hint = _size_hint(module, f"layer {name!r}" if name else "the net", received, data)
+    if not hint and "type" in str(error).lower():  # torch's dtype errors say "dtype" or "scalar type"
+        hint = _dtype_hint(module, received)
+    return ForwardError(f"{text}{'; ' + hint if hint else ''}. Original error: {error}")
+
+
+def _what_failed(module: nn.Module, name: str, received: list[tuple[str, torch.Tensor]],
+                 data: list[torch.Tensor]) -> str:
+    """Which layer failed and what it received; what the net received too, when that was something else."""
+    shown = ", ".join(f"{argument}: {_spec(value)}" for argument, value in received) or "no tensor"
+    where = f"layer {name!r} ({_short(module)})" if name else f"the net's own forward ({_short(module)})"
+    text = f"the net failed on the first batch in {where}, which received {shown}"
+    if data and not any(value is x for _, value in received for x in data):
+        text += "; the net received " + ", ".join(_spec(x) for x in data)
+    return text
+
+
+def _innermost(error: BaseException, names: dict[int, str]) -> FrameType | None:
+    found = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if id(frame.f_locals.get("self")) in names:
+            found = frame
+    return found
+
+
+def _arguments(frame: FrameType, module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors among the frame's arguments, except the module's own parameters and buffers."""
+    info = inspect.getargvalues(frame)
+    values = [(name, info.locals.get(name)) for name in info.args[1:]]
+    if info.varargs:
+        values += [(f"{info.varargs}[{i}]", v) for i, v in enumerate(info.locals.get(info.varargs, ()))]
+    if info.keywords:
+        values += list(info.locals.get(info.keywords, {}).items())
+    own = {id(t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))}
+    return [(name, v) for name, v in values if isinstance(v, torch.Tensor) and id(v) not in own]
+
+
+def _spec(tensor: torch.Tensor) -> str:
+    return f"shape {tuple(tensor.shape)} {_dtype(tensor.dtype)}"
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _short(module: nn.Module) -> str:
+    return f"{type(module).__name__}({' '.join(module.extra_repr().split())})"
+
+
+def _device_problem(module: nn.Module, received: list[tuple[str, torch.Tensor]], device: torch.device,
+                    message: str) -> str:
+    """What lies on another device than ``device`` and how to fix it; "" when devices are not the problem."""
+    own = [(f"parameter {n!r}", t) for n, t in module.named_parameters(recurse=False)]
+    own += [(f"buffer {n!r}", t) for n, t in module.named_buffers(recurse=False)]
+    stray = [(n, v) for n, v in vars(module).items() if isinstance(v, torch.Tensor)]
+    if len({t.device for _, t in (*received, *own, *stray)}) < 2 and "device" not in message:
+        return ""
+    parts = [f"attribute {n!r} is a plain tensor on {t.device}, not a registered buffer, so placing the net on "
+             f"{device} left it behind: register it in __init__ with self.register_buffer({n!r}, tensor) "
+             "(persistent=False keeps it out of the state_dict)" for n, t in stray if not same_device(t.device, device)]
+    parts += [f"its {what} is on {t.device}: the net was moved after the Estimator placed it; move it back "
+              f"with estimator.net.to({str(device)!r})" for what, t in own if not same_device(t.device, device)]
+    parts += [f"{n} is on {t.device}: move it to state.estimator.device in your BatchProcessor, or create "
+              f"it on the device of the layer's input" for n, t in received if not same_device(t.device, device)]
+    if not parts:
+        parts = ["a tensor made inside forward is on another device: create it on the input's device "
+                 "(e.g. torch.zeros(..., device=x.device)) or register it as a buffer"]
+    return f"its tensors are on different devices, and the estimator's device is {device}: " + "; ".join(parts)
+
+
+def _size_hint(module: nn.Module, layer: str, received: list[tuple[str, torch.Tensor]],
+               inputs: list[torch.Tensor]) -> str:
+    """The fix for a layer whose input size (features, channels) does not match its own; else ""."""
+    if not received:
+        return ""
+    x = received[0][1]
+    expected = _expected_size(module, x)
+    if expected is None:
+        return ""
+    want, got, what, argument = expected
+    if any(x is data for data in inputs):
+        return f"the data has {got} {what} but {layer} expects {want}: give it {argument}={got}, or check the data"
+    return (f"{layer} expects {want} {what} but receives {got} from the layers before it: give it "
+            f"{argument}={got}, or make the layers before it output {want}")
+
+
+def _expected_size(module: nn.Module, x: torch.Tensor) -> tuple[int, int, str, str] | None:
+    """``(expected, received, what is counted, the layer's argument)`` when ``x`` does not fit."""
+    if isinstance(module, nn.Linear) and x.dim() >= 1:
+        want, got, what, argument = module.in_features, x.shape[-1], "features", "in_features"
+    elif isinstance(module, _CONVOLUTIONS) and x.dim() in (len(module.kernel_size) + 1, len(module.kernel_size) + 2):
+        channel = x.dim() - len(module.kernel_size) - 1  # 1 in a batch, 0 for one unbatched sample
+        want, got, what, argument = module.in_channels, x.shape[channel], "channels", "in_channels"
+    elif isinstance(module, _BATCH_NORMS) and x.dim() >= 2:
+        want, got, what, argument = module.num_features, x.shape[1], "channels", "num_features"
+    else:
+        return None
+    return None if want == got else (want, got, what, argument)
+
+
+def _dtype_hint(module: nn.Module, received: list[tuple[str, torch.Tensor]]) -> str:
+    """The fix for data of another dtype than the layer's weights; else ""."""
+    weights = {t.dtype for t in module.parameters(recurse=False)}
+    if len(weights) != 1:
+        return ""
+    weight = _dtype(weights.pop())
+    other = sorted({_dtype(t.dtype) for _, t in received} - {weight})
+    if not other:
+        return ""
+    if weight in ("float16", "bfloat16"):
+        return (f"its weights are {weight} but it received {', '.join(other)}: keep the net in float32 and ask for "
+                "mixed precision with Estimator(precision='16-mixed' or 'bf16-mixed') instead of converting the net")
+    return (f"its weights are {weight} but it received {', '.join(other)}: convert the data, in the Dataset or with "
+            f"x.to(torch.{weight})")
+
