@@ -8,6 +8,9 @@ import math
 import pytest
 import torch
 
+from torch import nn
+
+from fitforge import Estimator
 from fitforge.checkpoint_io import load_checkpoint, save_checkpoint
 from fitforge.events import BatchEnd
 from fitforge.finite import non_finite_checkpoint, non_finite_state
@@ -52,10 +55,11 @@ def test_no_checkpoint_holds_a_non_finite_state_and_the_newest_finite_one_stays(
     # Before: 12 more saves of the nan state rotated batches 3 and 4 away (and wrote epoch2batch16).
     assert names(tmp_path) == ["model-epoch0batch3.pt", "model-epoch0batch4.pt"] and poisoned_files(tmp_path) == []
     warnings = [r.getMessage() for r in caplog.records if "not saving" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith("CheckpointHandler: not saving model-epoch0batch5.pt: its "
-                                                         "weights or optimizer state hold nan/inf (")
+    assert len(warnings) == 1 and warnings[0].startswith("CheckpointHandler: not saving model-epoch0batch5.pt: "
+                                                         "nan/inf in ")
     assert ("optimizer 0: weight momentum_buffer" if optimizer else "weight") in warnings[0]
-    assert "the newest checkpoint stays model-epoch0batch4.pt" in warnings[0]
+    assert "training diverged" in warnings[0] and "The newest checkpoint stays model-epoch0batch4.pt" in warnings[0]
+    assert "12 saves were not written" in caplog.text  # the rest: one line when training ends, not one per save
 
 
 def test_save_non_finite_keeps_the_bad_state_apart_and_resume_never_picks_it(tmp_path):
@@ -64,7 +68,7 @@ def test_save_non_finite_keeps_the_bad_state_apart_and_resume_never_picks_it(tmp
     estimator.fit(train, batches=8, event_handlers=[saver, Poison(at=4)])
     assert names(tmp_path) == ["model-epoch0batch3.pt", "model-epoch0batch4.pt", "model-nonfinite.pt"]
     kept = load_checkpoint(tmp_path / "model-nonfinite.pt")
-    assert kept["global_step"] == 8 and "weight" in kept["non_finite"] and math.isnan(kept["model"]["weight"][0, 0])
+    assert kept["global_step"] == 5 and "weight" in kept["non_finite"] and math.isnan(kept["model"]["weight"][0, 0])
     estimator, train, _ = linear_problem()
     resumer = CheckpointHandler(tmp_path, batch_period=1, max_checkpoints=2, resume_from_checkpoint=True)
     history = estimator.fit(train, batches=6, event_handlers=[resumer])
@@ -94,3 +98,30 @@ def test_resume_passes_over_a_non_finite_checkpoint(tmp_path, caplog):
                                                                           resume_from_checkpoint=True)])
     assert "skipping checkpoint model-epoch0batch6.pt: its weights or optimizer state hold nan/inf (weight)" in caplog.text
     assert non_finite_state(estimator) == []
+
+
+class CausalMask(nn.Module):
+    """A linear layer with a buffer that holds -inf on purpose, as an attention mask does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 1)
+        self.register_buffer("mask", torch.full((2, 2), -math.inf).triu(1))
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def test_an_inf_buffer_is_meant_and_saved_a_nan_in_one_is_not(tmp_path, caplog):
+    torch.manual_seed(0)
+    net = CausalMask()
+    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    _, train, _ = linear_problem()
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    assert names(tmp_path) == ["model-epoch1batch8.pt"]  # the -inf mask is no reason to refuse
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path, resume_from_checkpoint=True)])
+    with torch.no_grad():
+        net.mask[0, 0] = math.nan  # as a nan batch leaves BatchNorm's statistics
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "other")])
+    assert names(tmp_path / "other") == [] and "nan/inf in mask; a batch with nan/inf reached the forward" in caplog.text

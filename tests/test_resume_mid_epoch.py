@@ -262,3 +262,26 @@ def test_fit_sets_a_distributed_samplers_epoch():
 
     assert not torch.equal(first_indices(0), first_indices(1)) and torch.equal(first_indices(1), first_indices(1))
     assert data.sampler.epoch == 1
+
+
+def test_a_stop_before_the_first_batch_of_a_resumed_epoch_writes_nothing(tmp_path):
+    # Issue 14, point 1 (from review): a stop requested in epoch_begin of an epoch resumed at its
+    # batch 5 marked the half epoch complete, so its epoch end saved "epoch 1 done" and rotated the
+    # checkpoint away; the next resume skipped the other half of the epoch.
+    from fitforge.events import EpochBegin
+    from fitforge.handlers import CheckpointHandler
+    from fitforge.testing import linear_problem
+
+    class StopAtEpochBegin(EpochBegin):
+        def epoch_begin(self, state):
+            state.request_stop("stopped before the first batch")
+
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, batches=5, event_handlers=[CheckpointHandler(tmp_path, batch_period=5, max_checkpoints=1)])
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    assert list(before) == ["model-epoch0batch5.pt"]
+    estimator, train, _ = linear_problem()
+    resumer = CheckpointHandler(tmp_path, batch_period=5, max_checkpoints=1, resume_from_checkpoint=True)
+    history = estimator.fit(train, epochs=2, event_handlers=[resumer, StopAtEpochBegin()])
+    assert history.stop_reason == "stopped before the first batch"
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before

@@ -4,8 +4,8 @@ Two uses with two costs. :class:`GradientCheck` runs every batch for NaNGuardHan
 "some gradient is not finite" into a device flag with the primitive GradScaler uses
 (``_amp_foreach_non_finite_check_and_unscale_`` with a scale of 1: no host read, one fused
 kernel per device and dtype). :func:`non_finite_state` runs when a checkpoint is saved, which
-reads the host anyway: it names every weight, buffer and optimizer-state tensor holding a nan or
-an inf (one host read of a flag per tensor, stacked).
+reads the host anyway: it names every parameter and optimizer-state tensor holding a nan or an
+inf, and every buffer holding a nan (an inf in a buffer can be meant: a causal mask of -inf).
 """
 
 from __future__ import annotations
@@ -53,37 +53,52 @@ def _floating(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
+def _bad(value: torch.Tensor, strict: bool) -> torch.Tensor:
+    """0-d: whether ``value`` holds a nan, or with ``strict`` also an inf. A buffer may hold an inf
+    on purpose (a causal attention mask of -inf); a nan in one (BatchNorm statistics) is damage."""
+    return ~torch.isfinite(value).all() if strict else torch.isnan(value).any()
+
+
 def non_finite_state(estimator: Any) -> list[str]:
-    """The names of the net's weights and buffers and the optimizers' state tensors that hold a
-    nan or an inf (``"0.weight"``, ``"optimizer 0: 0.weight exp_avg"``), in this process (under
-    FSDP: its shards). Reads one flag per tensor to the host."""
-    names, tensors = [], []
-    for name, value in estimator.net.state_dict().items():
+    """The names of the net's parameters and the optimizers' state tensors that hold a nan or an
+    inf, and of its buffers that hold a nan (``"0.weight"``, ``"optimizer 0: 0.weight exp_avg"``),
+    in this process (under FSDP: its shards). Reads one flag per tensor to the host."""
+    net = estimator.net
+    params = {name for name, _ in net.named_parameters()}
+    names, flags = [], []
+    for name, value in net.state_dict().items():
         if _floating(value):
             names.append(name)
-            tensors.append(_local(value))
-    param_names = {param: name for name, param in estimator.net.named_parameters()}
+            flags.append(_bad(_local(value), name in params))
+    param_names = {param: name for name, param in net.named_parameters()}
     for i, optimizer in enumerate(estimator.optimizers):
         for param, state in optimizer.state.items():
             for key, value in state.items():
                 if _floating(value):
                     names.append(f"optimizer {i}: {param_names.get(param, '?')} {key}")
-                    tensors.append(_local(value))
-    if not tensors:
+                    flags.append(_bad(_local(value), True))
+    if not flags:
         return []
-    flags = [torch.isfinite(t).all() for t in tensors]
     if len({flag.device for flag in flags}) > 1:  # a net spread over devices (rare): one read per tensor
         flags = [flag.cpu() for flag in flags]
-    return [name for name, finite in zip(names, torch.stack(flags).tolist()) if not finite]
+    return [name for name, bad in zip(names, torch.stack(flags).tolist()) if bad]
 
 
-def non_finite_checkpoint(checkpoint: dict) -> list[str]:
+def non_finite_checkpoint(checkpoint: dict, net: torch.nn.Module | None = None) -> list[str]:
     """As :func:`non_finite_state` for a loaded checkpoint dict (its ``model`` and ``optimizers``);
-    a sharded checkpoint keeps its weights elsewhere and is not judged here."""
+    ``net`` tells parameters from buffers (without it every tensor is judged as a parameter). A
+    sharded checkpoint keeps its weights elsewhere and is not judged here."""
+    params = None if net is None else {name for name, _ in net.named_parameters()}
     found = [name for name, value in checkpoint.get("model", {}).items()
-             if _floating(value) and not bool(torch.isfinite(value).all())]
+             if _floating(value) and bool(_bad(value, params is None or name in params))]
     for i, saved in enumerate(checkpoint.get("optimizers", [])):
         for index, state in saved.get("state", {}).items():
             found += [f"optimizer {i}: parameter {index} {key}" for key, value in state.items()
-                      if _floating(value) and not bool(torch.isfinite(value).all())]
+                      if _floating(value) and bool(_bad(value, True))]
     return found
+
+
+def only_buffers(names: list[str], net: torch.nn.Module) -> bool:
+    """Whether every name in ``names`` is a buffer of ``net`` (what a guard cannot protect)."""
+    buffers = {name for name, _ in net.named_buffers()}
+    return bool(names) and all(name in buffers for name in names)

@@ -146,9 +146,10 @@ def run_epoch(
             if state.stop_requested:
                 break
         else:
-            # A stop agreed after the last batch cuts the epoch short, as one requested there does.
+            # A stop agreed after the last batch cuts the epoch short, as one requested there does;
+            # so does one requested before the first (epoch_begin): a resumed epoch read no batch.
             stopped = agreement is not None and agreement.finish(state)
-            state.epoch_complete = (seen > 0 or start > 0) and not stopped
+            state.epoch_complete = (seen > 0 or start > 0) and not stopped and not (seen == 0 and state.stop_requested)
     except ends_pass:
         cancelled = state.epoch_cancelled = True
         if training:

@@ -14,7 +14,7 @@ from ..checks import check_flag, check_positive
 from ..distributed import agree, any_rank, rank, world_size
 from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
 from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from ..finite import non_finite_checkpoint, non_finite_state
+from ..finite import non_finite_checkpoint, non_finite_state, only_buffers
 from ..fsdp import save_sharded
 from ..resume import epoch_done, training_state
 from ..state import TrainState
@@ -62,9 +62,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         max_checkpoints: how many regular checkpoints to keep.
         save_non_finite: a state whose weights or optimizer state hold a nan or an inf (training
             diverged) is never written under a checkpoint name, so it can neither be resumed from
-            nor rotate a finite checkpoint away; with True it is kept for inspection as
-            ``<prefix>-nonfinite.pt`` (replaced at each such save, never resumed from). Judging a
-            state reads one flag per tensor, at a save only: no cost per batch.
+            nor rotate a finite checkpoint away; with True the run's first such state is kept for
+            inspection as ``<prefix>-nonfinite.pt`` (never resumed from). Buffers may hold an inf (a
+            causal mask of -inf), not a nan. Judging a state reads one flag per tensor, at a save
+            only: no cost per batch.
         resume_from_checkpoint: at fit start, continue from the newest checkpoint in ``model_dir``
             that loads (a corrupt or unfitting one is skipped with a warning naming the file and the
             reason; if there are checkpoints and none loads, a ``CheckpointError``; if there are
@@ -176,7 +177,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         for path in reversed(files):
             try:
                 checkpoint = load_checkpoint(path)
-                poisoned = non_finite_checkpoint(checkpoint)  # none since save_non_finite exists; older ones may
+                poisoned = non_finite_checkpoint(checkpoint, state.estimator.net)  # older versions wrote such files
                 if poisoned:
                     raise CheckpointError(f"its weights or optimizer state hold nan/inf ({_names(poisoned)})")
                 if read_only:  # the other ranks load too: judge whether it fits without loading it
@@ -225,6 +226,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         # A signal that came after this epoch's save (in a later epoch_end hook) still loses nothing.
         if state.preempted is not None and state.phase == "train":
             self._save_regular(state, _completed_epochs(state), state.global_step)
+        if self._refused > 1:
+            log.warning("CheckpointHandler: %d saves were not written, their state holding nan/inf; the newest "
+                        "checkpoint is %s", self._refused, self.saved[-1].name if self.saved else "none")
 
     def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
         # The same state is not written twice (a preempted batch's save, then its epoch's end); a
@@ -288,23 +292,24 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
         """Whether the state is not saved as ``name`` because its weights or optimizer state hold a
         nan or an inf (every rank judges its own tensors, and all agree); with ``save_non_finite``
-        it is written as ``<prefix>-nonfinite.pt`` instead."""
+        it is written as ``<prefix>-nonfinite.pt`` instead. One warning per run, then DEBUG lines,
+        and a count when training ends."""
         poisoned = non_finite_state(state.estimator)
         if not any_rank(bool(poisoned)):
             return False
         self._refused += 1
-        kept = self.saved[-1].name if self.saved else "none (no finite state was saved in this run)"
-        if self.save_non_finite:
-            where = self._save_single(state, "nonfinite", epochs, batches, {"non_finite": poisoned}).name
-            (log.warning if self._refused == 1 else log.info)(
-                "CheckpointHandler: the state of %s holds nan/inf (%s): written as %s instead; the newest finite "
-                "checkpoint stays %s", name, _names(poisoned) or "on another rank", where, kept)
+        if self.save_non_finite and self._refused == 1:  # the first non-finite state is the telling one
+            self._save_single(state, "nonfinite", epochs, batches, {"non_finite": poisoned})
+        if self._refused > 1:
+            log.debug("CheckpointHandler: not saving %s (nan/inf in %s)", name, _names(poisoned))
             return True
-        (log.warning if self._refused == 1 else log.info)(
-            "CheckpointHandler: not saving %s: its weights or optimizer state hold nan/inf (%s), as training "
-            "diverged; the newest checkpoint stays %s. Add a NaNGuardHandler to stop or skip such steps "
-            "(save_non_finite=True keeps such a state as %s-nonfinite.pt for inspection)", name,
-            _names(poisoned) or "on another rank", kept, self.model_prefix)
+        kept = self.saved[-1].name if self.saved else "none (no finite state was saved in this run)"
+        cause = ("a batch with nan/inf reached the forward (no guard can undo that): clean the data"
+                 if only_buffers(poisoned, state.estimator.net) else
+                 "training diverged: add a NaNGuardHandler to skip or stop such steps, or lower the learning rate")
+        kept_apart = f"; kept as {self.model_prefix}-nonfinite.pt for inspection" if self.save_non_finite else ""
+        log.warning("CheckpointHandler: not saving %s: nan/inf in %s; %s. The newest checkpoint stays %s%s",
+                    name, _names(poisoned) or "another rank's state", cause, kept, kept_apart)
         return True
 
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:

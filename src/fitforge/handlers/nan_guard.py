@@ -28,6 +28,14 @@ class NonFiniteLossError(FitforgeValueError):
     was asked to fail."""
 
 
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` skips a step on a device flag (``found_inf``) and leaves its state as it
+    was: fused Adam and AdamW. Not fused SGD: a skipped first step leaves its momentum buffers
+    uninitialised (``empty_like``), and on CUDA a skipped step still moves them."""
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(
+        getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
 class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
     """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and
     never let the optimizer step on such a batch.
@@ -37,8 +45,8 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
     that to the host waits for the device (a sync), so what each policy costs is stated:
 
     - The step is guarded under every policy. When every optimizer can skip its update on the
-      device (``fused=True`` Adam, AdamW, SGD, Adagrad: the ``found_inf`` mechanism GradScaler
-      uses), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``) and
+      device (``fused=True`` Adam and AdamW: the ``found_inf`` mechanism GradScaler uses; not
+      fused SGD, whose skipped first step leaves its momentum uninitialised), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``) and
       reads nothing per batch: a bad batch's update is skipped on the device. Any other optimizer
       needs the answer on the host: **one host read per batch** (free on the CPU, a sync on a GPU),
       and a bad batch is cancelled (``CancelBatch``: no step, gradients cleared) whatever the
@@ -117,15 +125,14 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         optimizers = estimator.optimizers
         self._gradients = None if estimator.scaler is not None else GradientCheck(
             p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
-        on_device = all(getattr(optimizer, "_step_supports_amp_scaling", False) for optimizer in optimizers)
+        on_device = all(_skips_on_device(optimizer) for optimizer in optimizers)
         self._read_every_batch = self.policy == "skip" or (self._gradients is not None and not on_device)
         if self._gradients is not None and not self._read_every_batch:
             state.shared["found_inf"] = self._found  # GradientUpdateHandler's fused step skips on it
         elif self._read_every_batch and self.policy != "skip" and self._device.type != "cpu":
-            log.info("NaNGuardHandler: %s cannot skip its step on the device (not fused), so the guard reads one "
-                     "flag per batch (a device sync); pass fused=True to the optimizer to avoid it",
-                     ", ".join(type(o).__name__ for o in optimizers if not getattr(o, "_step_supports_amp_scaling",
-                                                                                    False)))
+            log.info("NaNGuardHandler: %s cannot skip its step on the device, so the guard reads one flag per "
+                     "batch (a device sync); a fused Adam or AdamW (fused=True) avoids it",
+                     ", ".join(type(o).__name__ for o in optimizers if not _skips_on_device(o)))
 
     def _clear(self) -> None:
         self._first = torch.full((), _NONE, dtype=torch.int64, device=self._device)  # first bad batch's code
