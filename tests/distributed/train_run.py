@@ -8,7 +8,8 @@ stop_at (rank 1 alone requests a stop after that batch), cancel_fit_at (rank 1 a
 CancelFit there), stop_at_epoch_begin (rank 1 alone requests a stop at that epoch's begin), edge_eval (evaluate 1 sample, predict
 with drop_last), bypass_ddp (a processor that forwards
 through estimator.net, not the DDP wrapper), user_ddp (the script initialises the group and wraps the net and samplers itself), model_dir (a
-checkpoint folder shared by runs).
+checkpoint folder shared by runs), kill_at / kill_rank (that rank kills itself with SIGKILL after that batch, in
+torchrun's first round only, for an elastic restart to resume from the newest checkpoint).
 """
 
 import json
@@ -78,10 +79,23 @@ if config.get("stop_at_epoch_begin") is not None and me == 1:
 if config.get("stop_at") is not None and me == 1:
     handlers.append(LambdaHandler(batch_end=lambda state: state.request_stop("rank 1's own reason")
                                   if state.global_step == config["stop_at"] else None))
+restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+if config.get("kill_at") is not None and me == config.get("kill_rank", 1) and restarts == 0:
+    def die(state):
+        if state.global_step == config["kill_at"]:
+            os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, as the OOM killer or a lost node would do
+    handlers.append(LambdaHandler(batch_end=die))
 ended: dict = {}
-handlers.append(LambdaHandler(train_end=lambda state: ended.update(steps=state.global_step, reason=state.stop_reason)))
 
-result: dict = {"rank": me, "world": world}
+
+def first_epoch_begin(state):  # the step a resumed run went on from
+    ended.setdefault("first_step", state.global_step)
+
+
+handlers.append(LambdaHandler(epoch_begin=first_epoch_begin,
+                              train_end=lambda state: ended.update(steps=state.global_step, reason=state.stop_reason)))
+
+result: dict = {"rank": me, "world": world, "restarts": restarts}
 try:
     history = estimator.fit(train, val_data=val, epochs=config.get("epochs"), batches=config.get("batches"),
                             event_handlers=handlers)
