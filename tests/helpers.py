@@ -1,6 +1,7 @@
 """Shared helpers for the tests (importable as ``helpers``)."""
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -74,3 +75,15 @@ class Crash(BatchEnd):
     def batch_end(self, state):
         if state.global_step + 1 == self.at:
             raise RuntimeError("crash")
+
+
+class NanGradient(torch.autograd.Function):
+    """The identity forward; a nan gradient backward: the loss stays finite, the gradients do not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * math.nan

@@ -15,18 +15,7 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler
 from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
 from fitforge.testing import HostReadCounter, RecordingHandler, linear_data
-
-
-class PoisonGradient(torch.autograd.Function):
-    """The identity forward; a nan gradient backward: the loss stays finite, the gradients do not."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * math.nan
+from helpers import NanGradient
 
 
 class PoisonNet(nn.Module):
@@ -45,7 +34,7 @@ class PoisonNet(nn.Module):
             if self.count in self.calls:
                 y = y * self.poison
             if self.count in self.grad_calls:
-                y = PoisonGradient.apply(y)
+                y = NanGradient.apply(y)
             self.count += 1
         return y
 

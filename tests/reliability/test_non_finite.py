@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from figures import FIGURES
+from helpers import NanGradient
 from torch import nn
 
 from fitforge import Estimator
@@ -24,16 +25,6 @@ AT = 11  # the 0-based global step the fault comes at (epoch 2, batch 4 of 8)
 FAULTS = ("nan loss", "inf loss", "nan gradient", "nan parameter")
 GUARDS = {"no guard": None, "stop": ("stop", True), "stop, not fused": ("stop", False), "skip": ("skip", True),
           "raise": ("raise", True)}
-
-
-class NanGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * math.nan
 
 
 class Faulty(nn.Module):
