@@ -124,6 +124,17 @@ def test_a_load_whose_optimizer_state_does_not_fit_changes_nothing(tmp_path):
     assert other.optimizer.param_groups == groups and not other.optimizer.state
 
 
+def test_the_state_of_another_optimizer_class_is_refused(tmp_path):
+    estimator, train, _ = linear_problem()
+    estimator.optimizers = [torch.optim.Adam(estimator.net.parameters(), lr=0.01)]
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    other = make_estimator()  # SGD: torch would load Adam's state into it, and fail at the next step
+    with pytest.raises(CheckpointError, match=r"holds the state of a Adam for optimizer 0, but the estimator's "
+                                              r"optimizer 0 is a SGD"):
+        other.load_checkpoint(tmp_path / "model-epoch1batch8.pt")
+    other.load_checkpoint(tmp_path / "model-epoch1batch8.pt", optimizers=False)  # the weights alone load
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "is empty"),
     (b"\x00garbage" * 10, "cannot be read"),

@@ -225,6 +225,12 @@ def check_fits(estimator: Any, checkpoint: dict, folder: Path | None, optimizers
     if getattr(estimator, "strategy", None) == "fsdp":
         raise CheckpointError("this checkpoint of an unsharded run holds optimizer states that cannot be sharded here; "
                               "load its weights only (estimator.load_checkpoint(path, optimizers=False)) and train on")
+    # torch loads one optimizer's state into another class without a word (it fails at the next step)
+    for i, (name, optimizer) in enumerate(zip(checkpoint.get("optimizer_classes", []), estimator.optimizers)):
+        if name != type(optimizer).__name__:
+            raise CheckpointError(f"{source} holds the state of a {name} for optimizer {i}, but the estimator's "
+                                  f"optimizer {i} is a {type(optimizer).__name__}; use a {name}, or pass "
+                                  "optimizers=False to load the weights only")
 
 
 def _mismatch(net: torch.nn.Module, weights: dict) -> str:

@@ -323,6 +323,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             "format_version": FORMAT_VERSION,
             "model": estimator.net.state_dict(),
             "optimizers": [optimizer.state_dict() for optimizer in estimator.optimizers],
+            "optimizer_classes": [type(optimizer).__name__ for optimizer in estimator.optimizers],
             **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
             **training_state(state, epochs, batches),
         }
