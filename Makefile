@@ -1,4 +1,4 @@
-# make test: set up .venv (CPU torch under a constraint) and run the suite with coverage.
+# make test: set up .venv (CPU torch under a constraint), run the linters and the suite with coverage.
 # make demo: same set-up, then train the quickstart.
 # make examples: same set-up, then train the eight canonical models in turn (about 3 minutes in all).
 VENV   ?= .venv
@@ -10,7 +10,7 @@ WHEELS := $(wildcard /opt/wheels)
 EXAMPLES := alexnet resnet18 fcn_segmentation ssd_detection birnn_sentiment textcnn_sentiment \
             translator logistic_regression
 
-.PHONY: test demo examples bench clean
+.PHONY: lint test demo examples bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -20,7 +20,13 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP) install -q $(if $(WHEELS),--find-links $(WHEELS)) -c constraints.txt -e ".[test,examples]"
 	touch $(STAMP)
 
-test: $(STAMP)
+# Lint, format, types and import layers first: they take seconds and fail before the suite's minutes.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy
+
+test: lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest --cov=fitforge --cov-report=term-missing tests
 
 demo: $(STAMP)

@@ -46,8 +46,13 @@ def measure(counts: list[int], batches: int, repeats: int) -> dict:
     seconds = {n: epoch_seconds(n, batches, repeats) for n in counts}
     base = seconds[counts[0]]
     per_call = {n: (seconds[n] - base) / (n * batches) * 1e9 for n in counts if n}
-    return {"batches": batches, "repeats": repeats, "epoch_seconds": seconds, "ns_per_handler_call": per_call,
-            "ns_per_batch_without_handlers": base / batches * 1e9}
+    return {
+        "batches": batches,
+        "repeats": repeats,
+        "epoch_seconds": seconds,
+        "ns_per_handler_call": per_call,
+        "ns_per_batch_without_handlers": base / batches * 1e9,
+    }
 
 
 def main() -> None:

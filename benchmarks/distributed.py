@@ -41,8 +41,9 @@ def make_net() -> nn.Module:
 
 def make_data(samples: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
-    return TensorDataset(torch.randn(samples, 32, generator=generator),
-                         torch.randint(0, 10, (samples,), generator=generator))
+    return TensorDataset(
+        torch.randn(samples, 32, generator=generator), torch.randint(0, 10, (samples,), generator=generator)
+    )
 
 
 def hand(data: TensorDataset, batch: int, epochs: int) -> float:
@@ -72,8 +73,13 @@ def hand(data: TensorDataset, batch: int, epochs: int) -> float:
 
 def fit(data: TensorDataset, batch: int, epochs: int, sync: bool = True) -> float:
     net = make_net()
-    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", device="cpu",
-                          optimizer=torch.optim.SGD(net.parameters(), lr=0.01))
+    estimator = Estimator(
+        net,
+        nn.CrossEntropyLoss(),
+        train_metrics="accuracy",
+        device="cpu",
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
+    )
     loader = DataLoader(data, batch_size=batch)
     handlers = [MetricHandler()]
     if sync:
@@ -111,7 +117,8 @@ def main() -> None:
         steps = epochs * len(range(0, samples // world, batch))
         print(f"{world} ranks, {samples // world} samples and {steps} steps per rank, {args.repeats} repeats")
         for name, values in times.items():
-            line = f"{name:12s} median {statistics.median(values):.3f} s ({statistics.median(values) / steps * 1e6:.0f} us/step)"
+            median = statistics.median(values)
+            line = f"{name:12s} median {median:.3f} s ({median / steps * 1e6:.0f} us/step)"
             if name != "hand":
                 ratios = [t / h for t, h in zip(values, times["hand"])]
                 line += f"   paired ratio vs hand {statistics.median(ratios):.3f}"

@@ -55,8 +55,9 @@ def build_helper(folder: Path) -> Path:
         sys.exit(f"instructions.py needs {' and '.join(missing)} on PATH (e.g. apt install valgrind gcc)")
     source, library = folder / "count.c", folder / "libcount.so"
     source.write_text(HELPER_C)
-    built = subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(library), str(source)],
-                           capture_output=True, text=True, check=False)
+    built = subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O2", "-o", str(library), str(source)], capture_output=True, text=True, check=False
+    )
     if built.returncode != 0:
         sys.exit(f"could not build the callgrind switch (are valgrind's headers installed?):\n{built.stderr}")
     return library
@@ -86,10 +87,30 @@ def child(variant: str, workload: str, fraction: float, library: str) -> None:
 def count(variant: str, workload: str, fraction: float, library: Path, folder: Path) -> dict:
     """Instructions of one counted run of ``variant``, from its own valgrind process."""
     out = folder / ("callgrind." + variant.replace(" ", "_").replace("+", "plus"))
-    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
-               f"--callgrind-out-file={out}", sys.executable, __file__, "--child", variant,
-               "--workload", workload, "--fraction", str(fraction), "--library", str(library)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"})
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--collect-atstart=no",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        __file__,
+        "--child",
+        variant,
+        "--workload",
+        workload,
+        "--fraction",
+        str(fraction),
+        "--library",
+        str(library),
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
+    )
     dump = Path(f"{out}.1")
     if done.returncode != 0 or not dump.exists():
         raise RuntimeError(f"{variant}: valgrind run failed:\n{done.stderr[-2000:]}")
@@ -107,11 +128,18 @@ def measure(workload: str, fraction: float, jobs: int) -> dict:
             futures = {v: pool.submit(count, v, workload, fraction, library, folder) for v in overhead.VARIANTS}
             runs = {v: f.result() for v, f in futures.items()}
     per_step = {v: r["instructions"] / r["steps"] for v, r in runs.items()}
-    pairs = {f"{fit} / {hand}": {"ratio": per_step[fit] / per_step[hand],
-                                 "extra_per_step": per_step[fit] - per_step[hand]}
-             for fit, hand in overhead.PAIRS}
-    return {"workload": workload, "title": overhead.WORKLOADS[workload].title, "fraction": fraction,
-            "steps": runs["hand"]["steps"], "instructions_per_step": per_step, "pairs": pairs}
+    pairs = {
+        f"{fit} / {hand}": {"ratio": per_step[fit] / per_step[hand], "extra_per_step": per_step[fit] - per_step[hand]}
+        for fit, hand in overhead.PAIRS
+    }
+    return {
+        "workload": workload,
+        "title": overhead.WORKLOADS[workload].title,
+        "fraction": fraction,
+        "steps": runs["hand"]["steps"],
+        "instructions_per_step": per_step,
+        "pairs": pairs,
+    }
 
 
 def main() -> None:
@@ -132,8 +160,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"Workload {result['workload']}: {result['title']}, {result['steps']} training steps "
-          f"(fraction {result['fraction']}), instructions per training step, whole run counted:")
+    print(
+        f"Workload {result['workload']}: {result['title']}, {result['steps']} training steps "
+        f"(fraction {result['fraction']}), instructions per training step, whole run counted:"
+    )
     for variant, n in result["instructions_per_step"].items():
         print(f"  {variant:<12} {n:12,.0f}")
     for pair, c in result["pairs"].items():

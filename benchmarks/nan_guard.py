@@ -33,9 +33,21 @@ from fitforge.testing import HostReadCounter
 GUARDS = {"none": None, "stop": "stop", "skip": "skip"}
 WORKLOADS = {  # name -> (net factory, input shape, samples, batch size)
     "mlp": (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)), (32,), 8192, 64),
-    "cnn": (lambda: nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                  nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                  nn.Flatten(), nn.Linear(32, 10)), (1, 28, 28), 2048, 128),
+    "cnn": (
+        lambda: nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32, 10),
+        ),
+        (1, 28, 28),
+        2048,
+        128,
+    ),
 }
 
 
@@ -49,6 +61,7 @@ def loader(workload: str, samples: int | None = None) -> DataLoader:
 
 def prepare(workload: str, guard: str, fused: bool, data: DataLoader, device: str):
     """A function running the variant's fit once (a fresh net and optimizer from the same seed)."""
+
     def run() -> float:
         torch.manual_seed(0)
         net = WORKLOADS[workload][0]()
@@ -58,6 +71,7 @@ def prepare(workload: str, guard: str, fused: bool, data: DataLoader, device: st
         handlers += [NaNGuardHandler(GUARDS[guard])] if GUARDS[guard] else []
         history = estimator.fit(data, epochs=1, event_handlers=handlers, default_handlers=False)
         return history["train_loss"][-1]
+
     return run
 
 
@@ -70,7 +84,7 @@ def measure(workloads: list[str], repeats: int, device: str = "cpu", samples: in
         runs = {v: prepare(workload, *v, data, device) for v in variants}
         times: dict = {v: [] for v in variants}
         for repeat in range(repeats):
-            order = variants[repeat % len(variants):] + variants[: repeat % len(variants)]
+            order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
             for variant in order:
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
@@ -111,8 +125,10 @@ def main() -> None:
     for workload, found in result["results"].items():
         print(f"{workload}: {found['batches']} batches, {found['repeats']} paired repeats")
         for name, row in found["variants"].items():
-            print(f"  {name:15s} ratio {row['paired_ratio']:.3f}  {row['us_per_batch']:+7.1f} us/batch  "
-                  f"{row['host_reads_per_batch']:.2f} host reads/batch")
+            print(
+                f"  {name:15s} ratio {row['paired_ratio']:.3f}  {row['us_per_batch']:+7.1f} us/batch  "
+                f"{row['host_reads_per_batch']:.2f} host reads/batch"
+            )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,9 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
-from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -80,9 +80,16 @@ def mlp() -> nn.Module:
 
 
 def cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 10),
+    )
 
 
 WORKLOADS = {
@@ -114,8 +121,14 @@ def lean_handlers() -> list:
     return [MetricHandler()]
 
 
-def hand_loop(net: nn.Module, opt: torch.optim.Optimizer, criterion: nn.Module, train: DataLoader,
-              val: DataLoader | None, epochs: int) -> float:
+def hand_loop(
+    net: nn.Module,
+    opt: torch.optim.Optimizer,
+    criterion: nn.Module,
+    train: DataLoader,
+    val: DataLoader | None,
+    epochs: int,
+) -> float:
     """Plain PyTorch: sums stay on the device; the host reads them once per epoch."""
     for _ in range(epochs):
         net.train()
@@ -177,8 +190,21 @@ def host_reads(w: Workload, train: DataLoader, val: DataLoader) -> dict[str, int
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _malloc_in_use() -> Callable[[], int] | None:
@@ -241,8 +267,9 @@ def dispatch_cost() -> dict:
 
 def handler_chains(val: DataLoader) -> dict[str, str]:
     """The batch_end chain of each fit variant; exits if a progress bar slipped into the defaults."""
+
     def chain(handlers: list) -> str:
-        line = next(l for l in Dispatcher(handlers).describe().splitlines() if l.startswith("batch_end"))
+        line = next(text for text in Dispatcher(handlers).describe().splitlines() if text.startswith("batch_end"))
         return line.split(None, 1)[1]
 
     default = fitforge.handlers.defaults.fit_handlers(None, val)  # what fit(val_data=val) runs
@@ -261,7 +288,7 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
         # Paired runs stay adjacent; which pair goes first, and fit/hand order in a pair, alternate.
         pairs = [PAIRS[0], PAIRS[1]] if r % 2 == 0 else [PAIRS[1], PAIRS[0]]
         for fit, hand in pairs:
-            for variant in ((fit, hand) if (r // 2) % 2 == 0 else (hand, fit)):
+            for variant in (fit, hand) if (r // 2) % 2 == 0 else (hand, fit):
                 seconds, cpu_seconds, _ = run_variant(variant, w, train, val)
                 wall[variant].append(seconds)
                 cpu[variant].append(cpu_seconds)
@@ -269,56 +296,86 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
 
     def compare(fit: str, hand: str) -> dict:
         ratios = [f / h for f, h in zip(wall[fit], wall[hand])]
-        return {"paired_ratio_median": statistics.median(ratios),
-                "paired_ratio_min": min(ratios), "paired_ratio_max": max(ratios),
-                "cpu_paired_ratio_median": statistics.median(f / h for f, h in zip(cpu[fit], cpu[hand])),
-                "overhead_us_per_step": (min(wall[fit]) - min(wall[hand])) / steps * 1e6,
-                "cpu_overhead_us_per_step": (min(cpu[fit]) - min(cpu[hand])) / steps * 1e6}
+        return {
+            "paired_ratio_median": statistics.median(ratios),
+            "paired_ratio_min": min(ratios),
+            "paired_ratio_max": max(ratios),
+            "cpu_paired_ratio_median": statistics.median(f / h for f, h in zip(cpu[fit], cpu[hand])),
+            "overhead_us_per_step": (min(wall[fit]) - min(wall[hand])) / steps * 1e6,
+            "cpu_overhead_us_per_step": (min(cpu[fit]) - min(cpu[hand])) / steps * 1e6,
+        }
 
-    return {"workload": key, "title": w.title, "steps": steps, "epochs": w.epochs,
-            "train_batches_per_epoch": len(train), "val_batches_per_epoch": len(val),
-            "batch_size": w.batch_size, "repeats": repeats, "handlers": handler_chains(val),
-            "median_s": {v: statistics.median(t) for v, t in wall.items()},
-            "min_s": {v: min(t) for v, t in wall.items()},
-            "median_cpu_s": {v: statistics.median(t) for v, t in cpu.items()},
-            "final_train_loss": losses, "wall_s": wall, "cpu_s": cpu, "host_reads": host_reads(w, train, val),
-            "peak_memory_bytes": {v: measure_peak(v, w, train, val) for v in VARIANTS},
-            "default": compare("fit default", "hand + val"), "lean": compare("fit lean", "hand")}
+    return {
+        "workload": key,
+        "title": w.title,
+        "steps": steps,
+        "epochs": w.epochs,
+        "train_batches_per_epoch": len(train),
+        "val_batches_per_epoch": len(val),
+        "batch_size": w.batch_size,
+        "repeats": repeats,
+        "handlers": handler_chains(val),
+        "median_s": {v: statistics.median(t) for v, t in wall.items()},
+        "min_s": {v: min(t) for v, t in wall.items()},
+        "median_cpu_s": {v: statistics.median(t) for v, t in cpu.items()},
+        "final_train_loss": losses,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "host_reads": host_reads(w, train, val),
+        "peak_memory_bytes": {v: measure_peak(v, w, train, val) for v in VARIANTS},
+        "default": compare("fit default", "hand + val"),
+        "lean": compare("fit lean", "hand"),
+    }
 
 
 def print_report(res: dict) -> None:
-    print(f"\nWorkload {res['workload']}: {res['title']} - {res['steps']} training steps "
-          f"({res['epochs']} epoch(s) x {res['train_batches_per_epoch']} batches of {res['batch_size']}), "
-          f"{res['val_batches_per_epoch']} val batches/epoch, {res['repeats']} paired repeats")
+    print(
+        f"\nWorkload {res['workload']}: {res['title']} - {res['steps']} training steps "
+        f"({res['epochs']} epoch(s) x {res['train_batches_per_epoch']} batches of {res['batch_size']}), "
+        f"{res['val_batches_per_epoch']} val batches/epoch, {res['repeats']} paired repeats"
+    )
     for name, line in res["handlers"].items():
         print(f"  {name:<12} batch_end: {line}")
     print(f"  {'variant':<12} {'median s':>9} {'min s':>9} {'us/step':>8} {'median cpu s':>13}")
     for v in VARIANTS:
         med = res["median_s"][v]
-        print(f"  {v:<12} {med:9.4f} {res['min_s'][v]:9.4f} {med / res['steps'] * 1e6:8.1f} "
-              f"{res['median_cpu_s'][v]:13.4f}")
+        print(
+            f"  {v:<12} {med:9.4f} {res['min_s'][v]:9.4f} {med / res['steps'] * 1e6:8.1f} "
+            f"{res['median_cpu_s'][v]:13.4f}"
+        )
     for label, key in (("default vs hand + val", "default"), ("lean vs hand", "lean")):
         c = res[key]
-        print(f"  {label:<22} paired ratio median {c['paired_ratio_median']:.3f}x "
-              f"(range {c['paired_ratio_min']:.3f}-{c['paired_ratio_max']:.3f}), "
-              f"overhead {c['overhead_us_per_step']:+.1f} us/step (fastest runs)")
-        print(f"  {'':<22} CPU time: paired ratio median {c['cpu_paired_ratio_median']:.3f}x, "
-              f"overhead {c['cpu_overhead_us_per_step']:+.1f} us/step")
+        print(
+            f"  {label:<22} paired ratio median {c['paired_ratio_median']:.3f}x "
+            f"(range {c['paired_ratio_min']:.3f}-{c['paired_ratio_max']:.3f}), "
+            f"overhead {c['overhead_us_per_step']:+.1f} us/step (fastest runs)"
+        )
+        print(
+            f"  {'':<22} CPU time: paired ratio median {c['cpu_paired_ratio_median']:.3f}x, "
+            f"overhead {c['cpu_overhead_us_per_step']:+.1f} us/step"
+        )
     losses = res["final_train_loss"]
     same = all(abs(v - losses["hand"]) <= 1e-4 * abs(losses["hand"]) for v in losses.values())
     reads = res["host_reads"]
-    print(f"  host reads in one run of {res['epochs']} epoch(s), {res['steps']} steps: "
-          + ", ".join(f"{v} {n}" for v, n in reads.items()) + " (none per batch: tests/test_host_reads.py)")
+    print(
+        f"  host reads in one run of {res['epochs']} epoch(s), {res['steps']} steps: "
+        + ", ".join(f"{v} {n}" for v, n in reads.items())
+        + " (none per batch: tests/test_host_reads.py)"
+    )
     peaks = res["peak_memory_bytes"]
     if all(peaks.values()):
-        print("  peak memory in use above the start of the run: "
-              + ", ".join(f"{v} {n / 2**10:,.0f} KiB" for v, n in peaks.items())
-              + f"; fit default / hand + val {peaks['fit default'] / peaks['hand + val']:.3f}x, "
-              f"fit lean / hand {peaks['fit lean'] / peaks['hand']:.3f}x")
+        print(
+            "  peak memory in use above the start of the run: "
+            + ", ".join(f"{v} {n / 2**10:,.0f} KiB" for v, n in peaks.items())
+            + f"; fit default / hand + val {peaks['fit default'] / peaks['hand + val']:.3f}x, "
+            f"fit lean / hand {peaks['fit lean'] / peaks['hand']:.3f}x"
+        )
     else:
         print(f"  peak memory: not measurable here ({peaks})")
-    print(f"  parity: final train loss {losses['hand']:.6f} by hand, "
-          f"{'identical (rel 1e-4) in all variants' if same else 'DIFFERS: ' + str(losses)}")
+    print(
+        f"  parity: final train loss {losses['hand']:.6f} by hand, "
+        f"{'identical (rel 1e-4) in all variants' if same else 'DIFFERS: ' + str(losses)}"
+    )
 
 
 def main() -> None:
@@ -342,16 +399,30 @@ def main() -> None:
         results = [bench(k, repeats, fraction) for k in keys]
     dispatch = dispatch_cost()
     if args.json:
-        print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
-                          "quick": args.quick, "results": results, "dispatch": dispatch}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "torch": torch.__version__,
+                    "threads": torch.get_num_threads(),
+                    "quick": args.quick,
+                    "results": results,
+                    "dispatch": dispatch,
+                },
+                indent=2,
+            )
+        )
         return
-    print(f"fitforge fit() overhead, torch {torch.__version__}, {torch.get_num_threads()} thread, CPU"
-          + (" [QUICK: 1/8 data]" if args.quick else ""))
+    print(
+        f"fitforge fit() overhead, torch {torch.__version__}, {torch.get_num_threads()} thread, CPU"
+        + (" [QUICK: 1/8 data]" if args.quick else "")
+    )
     for res in results:
         print_report(res)
     per_call = ", ".join(f"{n} handlers {ns:.0f} ns" for n, ns in dispatch["ns_per_handler_call"].items())
-    print(f"\nDispatch (benchmarks/dispatch.py): loop {dispatch['ns_per_batch_without_handlers']:.0f} ns per batch "
-          f"without handlers; per no-op handler call: {per_call}")
+    print(
+        f"\nDispatch (benchmarks/dispatch.py): loop {dispatch['ns_per_batch_without_handlers']:.0f} ns per batch "
+        f"without handlers; per no-op handler call: {per_call}"
+    )
 
 
 if __name__ == "__main__":

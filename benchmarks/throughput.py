@@ -56,11 +56,23 @@ from fitforge import BatchProcessor, Estimator
 
 SEED = 0
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-CONFIGS = {"eager-fp32": (None, False), "eager-bf16": ("bf16-mixed", False),
-           "compiled-fp32": (None, True), "compiled-bf16": ("bf16-mixed", True)}  # name: (precision, compile)
+CONFIGS = {
+    "eager-fp32": (None, False),
+    "eager-bf16": ("bf16-mixed", False),
+    "compiled-fp32": (None, True),
+    "compiled-bf16": ("bf16-mixed", True),
+}  # name: (precision, compile)
 BASELINE = "eager-fp32"
-MODELS = ("alexnet", "resnet18", "fcn_segmentation", "ssd_detection", "birnn_sentiment", "textcnn_sentiment",
-          "translator", "logistic_regression")
+MODELS = (
+    "alexnet",
+    "resnet18",
+    "fcn_segmentation",
+    "ssd_detection",
+    "birnn_sentiment",
+    "textcnn_sentiment",
+    "translator",
+    "logistic_regression",
+)
 log = logging.getLogger("throughput")
 
 
@@ -121,28 +133,53 @@ def workload(name: str, samples: int) -> Workload:
         return Workload(lambda: ex.FCN(ex.NUM_CLASSES), ce, plain, train, None, 16)
     if name == "ssd_detection":
         train = data.shape_detection(n_train=n, n_val=1, size=ex.IMAGE_SIZE, seed=SEED)[0]
-        return Workload(lambda: ex.SSD(ex.NUM_CLASSES), [ex.class_loss, ex.box_loss],
-                        lambda: ex.SSDProcessor(ex.make_anchors()), train, ex.pad_boxes, 16)
+        return Workload(
+            lambda: ex.SSD(ex.NUM_CLASSES),
+            [ex.class_loss, ex.box_loss],
+            lambda: ex.SSDProcessor(ex.make_anchors()),
+            train,
+            ex.pad_boxes,
+            16,
+        )
     if name in ("birnn_sentiment", "textcnn_sentiment"):
         train, _, vocab = data.sentiment(n_train=n, n_val=1, seed=SEED)
         if name == "birnn_sentiment":  # the lengths stay on the CPU, as in the example
-            return Workload(lambda: ex.BiRNNClassifier(len(vocab)), ce, lambda: BatchProcessor(host_inputs=(1,)),
-                            train, fixed_padding(data, train), 64)
+            return Workload(
+                lambda: ex.BiRNNClassifier(len(vocab)),
+                ce,
+                lambda: BatchProcessor(host_inputs=(1,)),
+                train,
+                fixed_padding(data, train),
+                64,
+            )
         return Workload(lambda: ex.TextCNN(len(vocab)), ce, plain, train, fixed_padding(data, train), 64)
     if name == "translator":
         train, _, vocab = data.dates(n_train=n, n_val=1, seed=SEED)
-        return Workload(lambda: ex.Translator(len(vocab), len(data.DATE_TARGET)), nn.CrossEntropyLoss(ignore_index=data.PAD),
-                        lambda: ex.TeacherForcing(host_inputs=(1,)), train, fixed_padding(data, train), 64)
+        return Workload(
+            lambda: ex.Translator(len(vocab), len(data.DATE_TARGET)),
+            nn.CrossEntropyLoss(ignore_index=data.PAD),
+            lambda: ex.TeacherForcing(host_inputs=(1,)),
+            train,
+            fixed_padding(data, train),
+            64,
+        )
     if name == "logistic_regression":
-        return Workload(lambda: nn.Linear(30, 1), nn.BCEWithLogitsLoss(), plain, data.breast_cancer(seed=SEED)[0],
-                        None, 32)
+        return Workload(
+            lambda: nn.Linear(30, 1), nn.BCEWithLogitsLoss(), plain, data.breast_cancer(seed=SEED)[0], None, 32
+        )
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
 
 
 def make_batches(w: Workload, batch_size: int, count: int) -> list:
     """``count`` full batches from a seeded shuffle of the dataset, cycled when it holds fewer."""
-    loader = DataLoader(w.dataset, batch_size=batch_size, shuffle=True, drop_last=True, collate_fn=w.collate,
-                        generator=torch.Generator().manual_seed(SEED))
+    loader = DataLoader(
+        w.dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=w.collate,
+        generator=torch.Generator().manual_seed(SEED),
+    )
     pool = list(loader)
     if not pool:
         raise ValueError(f"batch size {batch_size} exceeds the {len(w.dataset)} samples of the dataset")  # type: ignore[arg-type]
@@ -162,8 +199,15 @@ def run_config(w: Workload, config: str, device: torch.device, warm: list, timed
     torch.manual_seed(SEED)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        estimator = Estimator(w.make_net(), w.loss, optimizer="adam", device=device, precision=precision,
-                              compile=compiled, batch_processor=w.make_processor())
+        estimator = Estimator(
+            w.make_net(),
+            w.loss,
+            optimizer="adam",
+            device=device,
+            precision=precision,
+            compile=compiled,
+            batch_processor=w.make_processor(),
+        )
         if warm:
             estimator.fit(warm, batches=len(warm), default_handlers=False, event_handlers=[])
         sync(device)
@@ -171,11 +215,19 @@ def run_config(w: Workload, config: str, device: torch.device, warm: list, timed
         estimator.fit(timed, batches=len(timed), default_handlers=False, event_handlers=[])
         sync(device)
         seconds = time.perf_counter() - started
-    result: dict[str, Any] = {"samples_per_s": round(len(timed) * batch_size / seconds, 1),
-                              "seconds": round(seconds, 6), "batches": len(timed)}
+    result: dict[str, Any] = {
+        "samples_per_s": round(len(timed) * batch_size / seconds, 1),
+        "seconds": round(seconds, 6),
+        "batches": len(timed),
+    }
     # torch's own deprecation notices during compilation say nothing about this configuration
-    notes = sorted({str(c.message).splitlines()[0][:200] for c in caught
-                    if not issubclass(c.category, (DeprecationWarning, FutureWarning))})
+    notes = sorted(
+        {
+            str(c.message).splitlines()[0][:200]
+            for c in caught
+            if not issubclass(c.category, (DeprecationWarning, FutureWarning))
+        }
+    )
     if notes:
         result["warnings"] = notes
     return result
@@ -198,8 +250,9 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def measure_model(name: str, configs: Sequence[str], device: torch.device, batches: int, warmup: int,
-                  batch_size: int | None) -> dict:
+def measure_model(
+    name: str, configs: Sequence[str], device: torch.device, batches: int, warmup: int, batch_size: int | None
+) -> dict:
     """One model's batch size, input shapes and result per configuration, with speedups."""
     w = workload(name, (warmup + batches) * (batch_size or 64))
     size = batch_size or w.batch_size
@@ -209,7 +262,7 @@ def measure_model(name: str, configs: Sequence[str], device: torch.device, batch
         log.info("%s %s %s", device, name, config)
         try:
             results[config] = run_config(w, config, device, pool[:warmup], pool[warmup:], size)
-        except Exception as error:  # noqa: BLE001  # one failing configuration must not lose the others' figures
+        except Exception as error:  # one failing configuration must not lose the others' figures
             first_line = (str(error).strip().splitlines() or [""])[0][:300]
             results[config] = {"error": f"{type(error).__name__}: {first_line}"}
     base = results.get(BASELINE, {}).get("samples_per_s")
@@ -219,8 +272,14 @@ def measure_model(name: str, configs: Sequence[str], device: torch.device, batch
     return {"batch_size": size, "input_shapes": input_shapes(pool[0]), "configs": results}
 
 
-def measure(models: Sequence[str], configs: Sequence[str], devices: Sequence[str], batches: int = 20,
-            warmup: int = 3, batch_size: int | None = None) -> dict:
+def measure(
+    models: Sequence[str],
+    configs: Sequence[str],
+    devices: Sequence[str],
+    batches: int = 20,
+    warmup: int = 3,
+    batch_size: int | None = None,
+) -> dict:
     """Samples/s of each model in each configuration on each device (see the module docstring).
 
     Raises:
@@ -233,10 +292,16 @@ def measure(models: Sequence[str], configs: Sequence[str], devices: Sequence[str
         if config not in CONFIGS:
             raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIGS)}")
     if batches < 1 or warmup < 0 or (batch_size is not None and batch_size < 1):
-        raise ValueError(f"batches and batch_size must be >= 1 and warmup >= 0, "
-                         f"got {batches}, {batch_size} and {warmup}")
-    report: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "warmup": warmup,
-                              "batches": batches, "devices": {}}
+        raise ValueError(
+            f"batches and batch_size must be >= 1 and warmup >= 0, got {batches}, {batch_size} and {warmup}"
+        )
+    report: dict[str, Any] = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "warmup": warmup,
+        "batches": batches,
+        "devices": {},
+    }
     for device in map(torch.device, devices):
         models_report = {name: measure_model(name, configs, device, batches, warmup, batch_size) for name in models}
         report["devices"][str(device)] = {"name": device_name(device), "models": models_report}
@@ -256,25 +321,33 @@ def table(report: dict, configs: Sequence[str]) -> str:
     """The report as one markdown table per device, failed configurations listed under it."""
     lines = []
     for device, result in report["devices"].items():
-        title = (f"**{device}** ({result['name']}), torch {report['torch']}, {report['threads']} thread(s), "
-                 f"{report['warmup']} warm-up + {report['batches']} timed batches; samples/s (speedup vs {BASELINE})")
+        title = (
+            f"**{device}** ({result['name']}), torch {report['torch']}, {report['threads']} thread(s), "
+            f"{report['warmup']} warm-up + {report['batches']} timed batches; samples/s (speedup vs {BASELINE})"
+        )
         lines += [title, "", "| model | batch | " + " | ".join(configs) + " |", "|---|---:|" + "---:|" * len(configs)]
         for name, entry in result["models"].items():
             cells = " | ".join(cell(entry["configs"][config]) for config in configs)
             lines.append(f"| {name} | {entry['batch_size']} | {cells} |")
-        lines += [f"- {name} {config}: {r['error']}" for name, entry in result["models"].items()
-                  for config, r in entry["configs"].items() if "error" in r]
+        lines += [
+            f"- {name} {config}: {r['error']}"
+            for name, entry in result["models"].items()
+            for config, r in entry["configs"].items()
+            if "error" in r
+        ]
         lines.append("")
     return "\n".join(lines)
 
 
 def count(minimum: int) -> Callable[[str], int]:
     """An argparse type: an int of at least ``minimum``."""
+
     def parse(text: str) -> int:
         value = int(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
+
     return parse
 
 

@@ -16,12 +16,12 @@ CPU, stopped early when the validation loss no longer improves (the best epoch's
 
 from __future__ import annotations
 
+import common
+import data
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-import common
-import data
 from fitforge import Estimator, History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 
@@ -36,17 +36,26 @@ def alexnet(num_classes: int = 10, in_channels: int = 1, dropout: float = 0.25) 
     net needs less of it, and it learns in far fewer epochs.
     """
     net = nn.Sequential(
-        nn.Conv2d(in_channels, 24, 5, padding=2), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2),                                      # 32 -> 15
-        nn.Conv2d(24, 48, 3, padding=1), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2),                                      # 15 -> 7
-        nn.Conv2d(48, 64, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(64, 48, 3, padding=1), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2),                                      # 7 -> 3
+        nn.Conv2d(in_channels, 24, 5, padding=2),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2),  # 32 -> 15
+        nn.Conv2d(24, 48, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2),  # 15 -> 7
+        nn.Conv2d(48, 64, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(64, 48, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2),  # 7 -> 3
         nn.Flatten(),
-        nn.Dropout(dropout), nn.Linear(48 * 3 * 3, 256), nn.ReLU(inplace=True),
-        nn.Dropout(dropout), nn.Linear(256, 256), nn.ReLU(inplace=True),
+        nn.Dropout(dropout),
+        nn.Linear(48 * 3 * 3, 256),
+        nn.ReLU(inplace=True),
+        nn.Dropout(dropout),
+        nn.Linear(256, 256),
+        nn.ReLU(inplace=True),
         nn.Linear(256, num_classes),
     )
     # He initialisation keeps the signal's scale through the eight ReLU layers; with PyTorch's
@@ -63,21 +72,31 @@ def main(argv: list[str] | None = None) -> History:
     args = common.parse(common.example_parser(__doc__, epochs=30, batch_size=32, lr=1e-3), argv)
     torch.manual_seed(args.seed)
     train_set, val_set = data.digits(size=IMAGE_SIZE, seed=args.seed)
-    train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed))
+    train_loader = DataLoader(
+        data.limit(train_set, args.limit),
+        batch_size=args.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     val_loader = DataLoader(val_set, batch_size=256)
 
     net = alexnet()
-    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy",
-                          optimizer=torch.optim.Adam(net.parameters(), lr=args.lr))
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), train_metrics="accuracy", optimizer=torch.optim.Adam(net.parameters(), lr=args.lr)
+    )
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            # alexnet-epoch<E>batch<B>.pt every epoch (newest 5 kept), and alexnet-best.pt: lowest val_loss
-            CheckpointHandler(folder, model_prefix="alexnet", monitor="val_loss", save_best=True),
-            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                # alexnet-epoch<E>batch<B>.pt every epoch (newest 5 kept), and alexnet-best.pt: lowest val_loss
+                CheckpointHandler(folder, model_prefix="alexnet", monitor="val_loss", save_best=True),
+                EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
+            ],
+        )
     # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
     accuracy = estimator.evaluate(val_loader)["val_accuracy"]
     print(f"validation accuracy: {accuracy:.4f} (target >= {TARGET}) after {history.epochs} epochs")

@@ -14,13 +14,13 @@ three epochs later. About 20 seconds on a 2-core CPU.
 
 from __future__ import annotations
 
+import common
+import data
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.data import DataLoader
 
-import common
-import data
 from fitforge import BatchProcessor, Estimator, History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 
@@ -53,23 +53,36 @@ def main(argv: list[str] | None = None) -> History:
     args = common.parse(common.example_parser(__doc__, epochs=30, batch_size=64, lr=3e-3), argv)
     torch.manual_seed(args.seed)
     train_set, val_set, vocab = data.sentiment(seed=args.seed)
-    train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              collate_fn=data.pad_sequences, generator=torch.Generator().manual_seed(args.seed))
-    val_loader = DataLoader(data.limit(val_set, args.limit), batch_size=256,
-                            collate_fn=data.pad_sequences)
+    train_loader = DataLoader(
+        data.limit(train_set, args.limit),
+        batch_size=args.batch_size,
+        shuffle=True,
+        collate_fn=data.pad_sequences,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    val_loader = DataLoader(data.limit(val_set, args.limit), batch_size=256, collate_fn=data.pad_sequences)
 
     net = BiRNNClassifier(len(vocab))
     # CrossEntropyLoss gets the accuracy metric by default: history keys train_accuracy / val_accuracy.
     # host_inputs=(1,): the lengths (input 1) stay on the CPU, so a GPU is not waited for every batch.
-    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=args.lr),
-                          batch_processor=BatchProcessor(host_inputs=(1,)))
+    estimator = Estimator(
+        net,
+        nn.CrossEntropyLoss(),
+        optimizer=torch.optim.Adam(net.parameters(), lr=args.lr),
+        batch_processor=BatchProcessor(host_inputs=(1,)),
+    )
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            CheckpointHandler(folder, model_prefix="birnn", monitor="val_accuracy", save_best=True),
-            EarlyStoppingHandler(monitor="val_accuracy", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                CheckpointHandler(folder, model_prefix="birnn", monitor="val_accuracy", save_best=True),
+                EarlyStoppingHandler(monitor="val_accuracy", patience=args.patience, restore_best=True),
+            ],
+        )
         # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
         accuracy = estimator.evaluate(val_loader)["val_accuracy"]
     print(f"validation accuracy: {accuracy:.4f} (target >= {TARGET}) after {history.epochs} epochs")

@@ -24,8 +24,9 @@ def example_parser(doc: str, *, epochs: int, batch_size: int, lr: float) -> argp
     parser.add_argument("--patience", type=int, default=3, help="early-stopping patience in epochs")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoint folder (default: a temporary one)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true",
-                        help=f"one epoch on {SMOKE_SAMPLES} samples, in seconds (for tests)")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"one epoch on {SMOKE_SAMPLES} samples, in seconds (for tests)"
+    )
     return parser
 
 

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 def split(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Shuffled train/validation index tensors for ``n`` samples (a seeded permutation)."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_val = max(1, int(round(n * val_fraction)))
+    n_val = max(1, round(n * val_fraction))
     return order[n_val:], order[:n_val]
 
 
@@ -29,6 +29,7 @@ def limit(dataset: Dataset, size: int | None) -> Dataset:
 
 
 # --- images: scikit-learn's handwritten digits -----------------------------------------------------
+
 
 def digits(size: int = 8, val_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     """The 1797 8x8 digit images (10 classes) as float (N, 1, size, size) in [0, 1], int64 labels.
@@ -48,6 +49,7 @@ def digits(size: int = 8, val_fraction: float = 0.2, seed: int = 0) -> tuple[Ten
 
 # --- tabular: scikit-learn's breast-cancer data ----------------------------------------------------
 
+
 def breast_cancer(val_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     """569 tumours, 30 features, standardised with the training part's mean and std (no leak from
     validation); float labels of shape (N, 1), 1 = benign, for ``BCEWithLogitsLoss``."""
@@ -64,6 +66,7 @@ def breast_cancer(val_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDatas
 
 # --- images: augmentation --------------------------------------------------------------------------
 
+
 class RandomAffine(Dataset):
     """``dataset`` of (image (C, H, W), label) with a fresh random small affine warp per access.
 
@@ -74,8 +77,14 @@ class RandomAffine(Dataset):
     ``num_workers=0``; worker processes would each copy the generator and repeat its draws.
     """
 
-    def __init__(self, dataset: Dataset, degrees: float = 10.0, scale: tuple[float, float] = (0.9, 1.1),
-                 shift: float = 0.1, seed: int = 0) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        degrees: float = 10.0,
+        scale: tuple[float, float] = (0.9, 1.1),
+        shift: float = 0.1,
+        seed: int = 0,
+    ) -> None:
         self.dataset, self.degrees, self.scale, self.shift = dataset, degrees, scale, shift
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -90,8 +99,9 @@ class RandomAffine(Dataset):
         # affine_grid maps output to input coordinates in [-1, 1]: dividing by zoom enlarges the digit,
         # and a translation of 2 * shift moves it by ``shift`` of the image size.
         cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
-        theta = torch.stack([torch.stack([cos, -sin, 2 * self.shift * dx]),
-                             torch.stack([sin, cos, 2 * self.shift * dy])]).unsqueeze(0)
+        theta = torch.stack(
+            [torch.stack([cos, -sin, 2 * self.shift * dx]), torch.stack([sin, cos, 2 * self.shift * dy])]
+        ).unsqueeze(0)
         grid = F.affine_grid(theta, [1, *image.shape], align_corners=False)
         return F.grid_sample(image.unsqueeze(0), grid, align_corners=False).squeeze(0), label
 
@@ -101,8 +111,9 @@ class RandomAffine(Dataset):
 SHAPE_CLASSES = ("background", "circle", "square", "triangle")
 
 
-def _shape_masks(kind: torch.Tensor, cy: torch.Tensor, cx: torch.Tensor, radius: torch.Tensor,
-                 size: int) -> torch.Tensor:
+def _shape_masks(
+    kind: torch.Tensor, cy: torch.Tensor, cx: torch.Tensor, radius: torch.Tensor, size: int
+) -> torch.Tensor:
     """Boolean (n, size, size) masks, one shape per image: kind 1 circle, 2 square, 3 triangle."""
     grid = torch.arange(size, dtype=torch.float32) + 0.5  # pixel centres
     dy = grid.view(1, -1, 1) - cy.view(-1, 1, 1)
@@ -114,8 +125,9 @@ def _shape_masks(kind: torch.Tensor, cy: torch.Tensor, cx: torch.Tensor, radius:
     return torch.where(kind == 1, circle, torch.where(kind == 2, square, triangle))
 
 
-def shapes_segmentation(n_train: int = 2000, n_val: int = 400, size: int = 32, max_shapes: int = 3,
-                        seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+def shapes_segmentation(
+    n_train: int = 2000, n_val: int = 400, size: int = 32, max_shapes: int = 3, seed: int = 0
+) -> tuple[TensorDataset, TensorDataset]:
     """1 to ``max_shapes`` circles, squares and triangles (radius 3-8 px, bright random colours,
     later shapes may hide earlier ones) on dark backgrounds with a gradient and pixel noise.
 
@@ -138,8 +150,7 @@ def shapes_segmentation(n_train: int = 2000, n_val: int = 400, size: int = 32, m
         images = torch.where(mask.unsqueeze(1), colour, images)
         labels = torch.where(mask, kind.view(-1, 1, 1), labels)
     images = images + 0.08 * torch.randn(images.shape, generator=g)
-    return (TensorDataset(images[:n_train], labels[:n_train]),
-            TensorDataset(images[n_train:], labels[n_train:]))
+    return (TensorDataset(images[:n_train], labels[:n_train]), TensorDataset(images[n_train:], labels[n_train:]))
 
 
 # --- detection: squares and circles with their bounding boxes --------------------------------------
@@ -176,8 +187,9 @@ def _place_objects(draws: list[list[float]], count: int, size: int) -> list[tupl
     return placed
 
 
-def shape_detection(n_train: int = 2000, n_val: int = 400, size: int = 32, max_objects: int = 3,
-                    seed: int = 0) -> tuple[BoxesDataset, BoxesDataset]:
+def shape_detection(
+    n_train: int = 2000, n_val: int = 400, size: int = 32, max_objects: int = 3, seed: int = 0
+) -> tuple[BoxesDataset, BoxesDataset]:
     """1 to ``max_objects`` non-overlapping bright squares and circles (side/diameter 7-17 px,
     random colours) on dark noisy backgrounds, with their boxes and classes (see ``BoxesDataset``)."""
     g = torch.Generator().manual_seed(seed)
@@ -201,10 +213,12 @@ def shape_detection(n_train: int = 2000, n_val: int = 400, size: int = 32, max_o
         images = torch.where(mask.unsqueeze(1), colour, images)
     images = images + 0.08 * torch.randn(images.shape, generator=g)
     corners = torch.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], dim=-1) / size
-    boxes = [corners[i, :len(p)] for i, p in enumerate(placed)]
-    classes = [kinds[i, :len(p)] for i, p in enumerate(placed)]
-    return (BoxesDataset(images[:n_train], boxes[:n_train], classes[:n_train]),
-            BoxesDataset(images[n_train:], boxes[n_train:], classes[n_train:]))
+    boxes = [corners[i, : len(p)] for i, p in enumerate(placed)]
+    classes = [kinds[i, : len(p)] for i, p in enumerate(placed)]
+    return (
+        BoxesDataset(images[:n_train], boxes[:n_train], classes[:n_train]),
+        BoxesDataset(images[n_train:], boxes[n_train:], classes[n_train:]),
+    )
 
 
 # --- text: sentiment sentences that bag-of-words cannot classify (and the text helpers) ------------
@@ -247,8 +261,9 @@ class SequenceDataset(Dataset):
         return self.sequences[i], self.labels[i]
 
 
-def pad_sequences(samples: list[tuple[torch.Tensor, torch.Tensor]]
-                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+def pad_sequences(
+    samples: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
     """collate_fn for SequenceDataset: ``(ids, label)`` samples -> ``((ids (N, L), lengths (N,)),
     labels)``, ids padded with PAD; class labels are stacked (N,), target sequences padded (N, T)."""
     sequences, labels = zip(*samples)
@@ -259,26 +274,46 @@ def pad_sequences(samples: list[tuple[torch.Tensor, torch.Tensor]]
     return (ids, lengths), pad_sequence(list(labels), batch_first=True, padding_value=PAD)
 
 
-def _text_datasets(texts: list[str], labels: list[torch.Tensor], n_train: int, tokenize
-                   ) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
+def _text_datasets(
+    texts: list[str], labels: list[torch.Tensor], n_train: int, tokenize
+) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
     """Split generated samples into train/validation; the vocabulary is built from the training part."""
     tokens = [tokenize(t) for t in texts]
     vocab = Vocab(sorted({w for sentence in tokens[:n_train] for w in sentence}))
     ids = [vocab.encode(t) for t in tokens]
-    return (SequenceDataset(ids[:n_train], labels[:n_train], texts[:n_train]),
-            SequenceDataset(ids[n_train:], labels[n_train:], texts[n_train:]), vocab)
+    return (
+        SequenceDataset(ids[:n_train], labels[:n_train], texts[:n_train]),
+        SequenceDataset(ids[n_train:], labels[n_train:], texts[n_train:]),
+        vocab,
+    )
 
 
 _POSITIVE = ["good", "great", "funny", "charming", "brilliant", "moving", "clever", "gripping", "lovely", "fresh"]
 _NEGATIVE = ["bad", "boring", "dull", "awful", "slow", "silly", "bland", "weak", "tedious", "messy"]
-_SUBJECTS = ["the film", "the movie", "this film", "the plot", "the story", "the acting", "the cast",
-             "the script", "the ending", "the music", "the dialogue", "the sequel"]
+_SUBJECTS = [
+    "the film",
+    "the movie",
+    "this film",
+    "the plot",
+    "the story",
+    "the acting",
+    "the cast",
+    "the script",
+    "the ending",
+    "the music",
+    "the dialogue",
+    "the sequel",
+]
 _OPENERS = ["", "", "honestly ,", "i think", "in my opinion", "to be fair ,", "overall"]
 _INTENSIFIERS = ["", "", "very", "really", "quite", "so"]
 # Two opinions of opposite polarity; the connective makes Y the one that counts.
-_TEMPLATES = ["{subject} was {X} but {Y}", "although {subject} was {X} , it was {Y}",
-              "{subject} was {Y} , although {X}", "{subject} was {Y} despite being {X}",
-              "despite being {X} , {subject} was {Y}"]
+_TEMPLATES = [
+    "{subject} was {X} but {Y}",
+    "although {subject} was {X} , it was {Y}",
+    "{subject} was {Y} , although {X}",
+    "{subject} was {Y} despite being {X}",
+    "despite being {X} , {subject} was {Y}",
+]
 
 
 def _opinion(rng, polarity: int) -> str:
@@ -288,8 +323,7 @@ def _opinion(rng, polarity: int) -> str:
     return " ".join(w for w in ("not" if negated else "", rng.choice(_INTENSIFIERS), adjective) if w)
 
 
-def sentiment(n_train: int = 4000, n_val: int = 1000, seed: int = 0
-              ) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
+def sentiment(n_train: int = 4000, n_val: int = 1000, seed: int = 0) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
     """Review sentences labelled 1 (positive) or 0 (negative), 6 to 17 tokens, and their Vocab.
 
     Each sentence joins two opinions of opposite polarity, and the connective decides which one
@@ -300,8 +334,8 @@ def sentiment(n_train: int = 4000, n_val: int = 1000, seed: int = 0
     Why bag-of-words fails: the two opinions are drawn independently (given their polarities), so
     the sentence with them swapped is exactly as likely. The swap keeps the words and flips the
     label: every bag of words is equally likely to carry either label, and any classifier of word
-    counts stays at chance (50%; tests/test_models_text.py checks it with a logistic regression). A model must read the order: which opinion follows the
-    connective, and which adjective "not" applies to.
+    counts stays at chance (50%; tests/test_models_text.py checks it with a logistic regression).
+    A model must read the order: which opinion follows the connective, and which adjective "not" applies to.
     """
     import random
 
@@ -318,13 +352,43 @@ def sentiment(n_train: int = 4000, n_val: int = 1000, seed: int = 0
 
 # --- text: dates written by people, to translate into ISO 8601 -------------------------------------
 
-_MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-           "november", "december"]
+_MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
 _UNITS = ["", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth"]
-_TEENS = ["tenth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth",
-          "eighteenth", "nineteenth"]
-_DATE_FORMATS = ["{month} {d}, {y}", "{d} {mon} {y}", "the {nth} of {month} {y}", "{month} the {nth}, {y}",
-                 "{d}{suffix} {month} {y}", "{dd}/{mm}/{y}", "{weekday}, {month} {d}, {y}", "{weekday} {d} {mon} {y}"]
+_TEENS = [
+    "tenth",
+    "eleventh",
+    "twelfth",
+    "thirteenth",
+    "fourteenth",
+    "fifteenth",
+    "sixteenth",
+    "seventeenth",
+    "eighteenth",
+    "nineteenth",
+]
+_DATE_FORMATS = [
+    "{month} {d}, {y}",
+    "{d} {mon} {y}",
+    "the {nth} of {month} {y}",
+    "{month} the {nth}, {y}",
+    "{d}{suffix} {month} {y}",
+    "{dd}/{mm}/{y}",
+    "{weekday}, {month} {d}, {y}",
+    "{weekday} {d} {mon} {y}",
+]
 _MONTH_FORMATS = ["{month} {y}", "{mon} {y}", "{mm}/{y}"]  # no day: the ISO form is "yyyy-mm"
 _WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
 DATE_TARGET = Vocab(list("0123456789-") + ["<bos>", "<eos>"])  # the output characters (<pad> = 0)
@@ -353,8 +417,9 @@ def tokenize_date(text: str) -> list[str]:
     return re.findall(r"[a-z\-]+|\d|[^\sa-z\d]", text.lower())
 
 
-def dates(n_train: int = 10000, n_val: int = 1000, seed: int = 0, month_only: float = 0.2
-          ) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
+def dates(
+    n_train: int = 10000, n_val: int = 1000, seed: int = 0, month_only: float = 0.2
+) -> tuple[SequenceDataset, SequenceDataset, Vocab]:
     """Dates written by people, to translate into ISO 8601, and the source Vocab.
 
     Sources in 11 formats, e.g. "the twenty-first of march 2019", "march 21, 2019", "21 mar 2019",
@@ -372,9 +437,19 @@ def dates(n_train: int = 10000, n_val: int = 1000, seed: int = 0, month_only: fl
         date = first + datetime.timedelta(days=rng.randrange(days + 1))
         day_less = rng.random() < month_only
         month = _MONTHS[date.month - 1]
-        texts.append(rng.choice(_MONTH_FORMATS if day_less else _DATE_FORMATS).format(
-            month=month, mon=month[:3], y=date.year, mm=f"{date.month:02d}", d=date.day, dd=f"{date.day:02d}",
-            nth=_ordinal(date.day), suffix=_suffix(date.day), weekday=_WEEKDAYS[date.weekday()]))
+        texts.append(
+            rng.choice(_MONTH_FORMATS if day_less else _DATE_FORMATS).format(
+                month=month,
+                mon=month[:3],
+                y=date.year,
+                mm=f"{date.month:02d}",
+                d=date.day,
+                dd=f"{date.day:02d}",
+                nth=_ordinal(date.day),
+                suffix=_suffix(date.day),
+                weekday=_WEEKDAYS[date.weekday()],
+            )
+        )
         iso = date.isoformat()[:7] if day_less else date.isoformat()
         targets.append(torch.tensor(DATE_TARGET.encode(list(iso)) + [EOS]))
     return _text_datasets(texts, targets, n_train, tokenize_date)

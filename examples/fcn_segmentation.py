@@ -18,13 +18,13 @@ about 0.21) in 5 epochs and about 30 seconds on a 2-core CPU (longer when other 
 
 from __future__ import annotations
 
+import common
+import data
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassJaccardIndex
 
-import common
-import data
 from fitforge import Estimator, History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 
@@ -34,8 +34,11 @@ NUM_CLASSES = len(data.SHAPE_CLASSES)  # background, circle, square, triangle
 
 def conv_block(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential:
     """3x3 convolution, BatchNorm, ReLU (BatchNorm has the bias)."""
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+    )
 
 
 class FCN(nn.Module):
@@ -45,13 +48,14 @@ class FCN(nn.Module):
     def __init__(self, num_classes: int = NUM_CLASSES, width: int = 12) -> None:
         super().__init__()
         w = width
-        self.enc1 = nn.Sequential(conv_block(3, w), conv_block(w, w))                   # H
-        self.enc2 = nn.Sequential(conv_block(w, 2 * w, 2), conv_block(2 * w, 2 * w))   # H/2
-        self.enc3 = nn.Sequential(conv_block(2 * w, 4 * w, 2), conv_block(4 * w, 4 * w),
-                                  conv_block(4 * w, 4 * w))                             # H/4
-        self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2)                        # H/4 -> H/2
+        self.enc1 = nn.Sequential(conv_block(3, w), conv_block(w, w))  # H
+        self.enc2 = nn.Sequential(conv_block(w, 2 * w, 2), conv_block(2 * w, 2 * w))  # H/2
+        self.enc3 = nn.Sequential(
+            conv_block(2 * w, 4 * w, 2), conv_block(4 * w, 4 * w), conv_block(4 * w, 4 * w)
+        )  # H/4
+        self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2)  # H/4 -> H/2
         self.dec2 = conv_block(4 * w, 2 * w)
-        self.up1 = nn.ConvTranspose2d(2 * w, w, 2, stride=2)                            # H/2 -> H
+        self.up1 = nn.ConvTranspose2d(2 * w, w, 2, stride=2)  # H/2 -> H
         self.dec1 = conv_block(2 * w, w)
         self.classifier = nn.Conv2d(w, num_classes, 1)
 
@@ -73,31 +77,42 @@ def main(argv: list[str] | None = None) -> History:
     train_set, val_set = data.shapes_segmentation(n_train=1000, n_val=400, seed=args.seed)
     if args.smoke:  # seconds, not minutes: validate on a few images too
         val_set = data.limit(val_set, common.SMOKE_SAMPLES)
-    train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed))
+    train_loader = DataLoader(
+        data.limit(train_set, args.limit),
+        batch_size=args.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     val_loader = DataLoader(val_set, batch_size=200)
 
     net = FCN(NUM_CLASSES, width=args.width)
     # "accuracy" compares argmax over dim 1 with the label at every pixel. Mean IoU averages the
     # per-class IoU, so the 85% of background pixels cannot hide a class that is never found.
     # validate_args=False keeps torchmetrics from reading values to the host at every batch.
-    metrics = {"accuracy": "accuracy",
-               "mean_iou": MulticlassJaccardIndex(num_classes=NUM_CLASSES, validate_args=False)}
-    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics=metrics,
-                          optimizer=torch.optim.Adam(net.parameters(), lr=args.lr))
+    metrics = {"accuracy": "accuracy", "mean_iou": MulticlassJaccardIndex(num_classes=NUM_CLASSES, validate_args=False)}
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), train_metrics=metrics, optimizer=torch.optim.Adam(net.parameters(), lr=args.lr)
+    )
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            CheckpointHandler(folder, model_prefix="fcn", monitor="val_mean_iou", save_best=True),
-            EarlyStoppingHandler(monitor="val_mean_iou", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                CheckpointHandler(folder, model_prefix="fcn", monitor="val_mean_iou", save_best=True),
+                EarlyStoppingHandler(monitor="val_mean_iou", patience=args.patience, restore_best=True),
+            ],
+        )
         # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
         result = estimator.evaluate(val_loader)
     background = torch.cat([labels for _, labels in val_loader]).eq(0).float().mean().item()
     print(f"validation pixel accuracy: {result['val_accuracy']:.4f} (all background: {background:.4f})")
-    print(f"validation mean IoU: {result['val_mean_iou']:.4f} (target >= {TARGET}; "
-          f"all background: {background / NUM_CLASSES:.4f}) after {history.epochs} epochs")
+    print(
+        f"validation mean IoU: {result['val_mean_iou']:.4f} (target >= {TARGET}; "
+        f"all background: {background / NUM_CLASSES:.4f}) after {history.epochs} epochs"
+    )
     return history
 
 

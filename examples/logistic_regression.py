@@ -14,12 +14,12 @@ longer improves (the best epoch's weights are kept).
 
 from __future__ import annotations
 
+import common
+import data
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-import common
-import data
 from fitforge import Estimator, History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 from fitforge.metrics import BinaryAccuracy
@@ -32,22 +32,35 @@ def main(argv: list[str] | None = None) -> History:
     args = common.parse(common.example_parser(__doc__, epochs=100, batch_size=32, lr=0.05), argv)
     torch.manual_seed(args.seed)
     train_set, val_set = data.breast_cancer(seed=args.seed)
-    train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed))
+    train_loader = DataLoader(
+        data.limit(train_set, args.limit),
+        batch_size=args.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     val_loader = DataLoader(val_set, batch_size=256)
 
     net = nn.Linear(30, 1)
     # The dict names the metric: history keys become train_accuracy / val_accuracy.
-    estimator = Estimator(net, nn.BCEWithLogitsLoss(), train_metrics={"accuracy": BinaryAccuracy(logits=True)},
-                          optimizer=torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9))
+    estimator = Estimator(
+        net,
+        nn.BCEWithLogitsLoss(),
+        train_metrics={"accuracy": BinaryAccuracy(logits=True)},
+        optimizer=torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9),
+    )
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            # logreg-epoch<E>batch<B>.pt every epoch (newest 5 kept), and logreg-best.pt: lowest val_loss
-            CheckpointHandler(folder, model_prefix="logreg", monitor="val_loss", save_best=True),
-            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                # logreg-epoch<E>batch<B>.pt every epoch (newest 5 kept), and logreg-best.pt: lowest val_loss
+                CheckpointHandler(folder, model_prefix="logreg", monitor="val_loss", save_best=True),
+                EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
+            ],
+        )
     # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
     accuracy = estimator.evaluate(val_loader)["val_accuracy"]
     print(f"validation accuracy: {accuracy:.4f} (target >= {TARGET}) after {history.epochs} epochs")

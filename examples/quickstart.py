@@ -29,22 +29,29 @@ def digits_loaders(batch_size: int = 64, seed: int = SEED) -> tuple[DataLoader, 
     digits = load_digits()
     images = digits.images.reshape(-1, 1, 8, 8) / 16.0  # pixel values are 0..16
     x_train, x_val, y_train, y_val = train_test_split(
-        images, digits.target, test_size=0.2, stratify=digits.target, random_state=seed)
+        images, digits.target, test_size=0.2, stratify=digits.target, random_state=seed
+    )
 
     def dataset(x, y):
         return TensorDataset(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64))
 
-    train = DataLoader(dataset(x_train, y_train), batch_size=batch_size, shuffle=True,
-                       generator=torch.Generator().manual_seed(seed))
+    train = DataLoader(
+        dataset(x_train, y_train), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
     return train, DataLoader(dataset(x_val, y_val), batch_size=256)
 
 
 def make_net() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # 64 x 4 x 4
-        nn.Flatten(), nn.Dropout(0.25),
-        nn.Linear(64 * 4 * 4, 128), nn.ReLU(),
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 64 x 4 x 4
+        nn.Flatten(),
+        nn.Dropout(0.25),
+        nn.Linear(64 * 4 * 4, 128),
+        nn.ReLU(),
         nn.Linear(128, 10),
     )
 
@@ -63,10 +70,14 @@ def main(argv: list[str] | None = None) -> float:
     net = make_net()
 
     # The training part: configure, fit (validation every epoch), done.
-    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy",
-                          optimizer=torch.optim.Adam(net.parameters(), lr=2e-3), device=None)
-    history = estimator.fit(train_loader, val_data=val_loader, epochs=epochs,
-                            event_handlers=[ProgressBarHandler()])
+    estimator = Estimator(
+        net,
+        nn.CrossEntropyLoss(),
+        train_metrics="accuracy",
+        optimizer=torch.optim.Adam(net.parameters(), lr=2e-3),
+        device=None,
+    )
+    history = estimator.fit(train_loader, val_data=val_loader, epochs=epochs, event_handlers=[ProgressBarHandler()])
 
     history.plot(args.plot)
     print(f"loss/accuracy plot saved to {args.plot}")

@@ -17,12 +17,12 @@ CPU, stopped early when the validation loss no longer improves (the best epoch's
 
 from __future__ import annotations
 
+import common
+import data
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-import common
-import data
 from fitforge import Estimator, History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 
@@ -37,14 +37,16 @@ class BasicBlock(nn.Module):
         super().__init__()
         self.body = nn.Sequential(
             nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False),  # BatchNorm has the bias
-            nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
             nn.Conv2d(out_channels, out_channels, 3, 1, padding=1, bias=False),
             nn.BatchNorm2d(out_channels),
         )
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.body(x) + self.shortcut(x))
@@ -52,8 +54,11 @@ class BasicBlock(nn.Module):
 
 def resnet18(num_classes: int = 10, width: int = 16, in_channels: int = 1) -> nn.Sequential:
     """ResNet-18 with a small-image stem; stages of width, 2x, 4x, 8x channels, stride 2 from stage 2."""
-    layers: list[nn.Module] = [nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
-                               nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+    layers: list[nn.Module] = [
+        nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(inplace=True),
+    ]
     channels = width
     for stage, multiplier in enumerate([1, 2, 4, 8]):
         for block in range(2):
@@ -73,21 +78,28 @@ def main(argv: list[str] | None = None) -> History:
     torch.manual_seed(args.seed)
     train_set, val_set = data.digits(size=IMAGE_SIZE, seed=args.seed)
     augmented = data.RandomAffine(data.limit(train_set, args.limit), seed=args.seed)  # training set only
-    train_loader = DataLoader(augmented, batch_size=args.batch_size, shuffle=True,
-                              generator=torch.Generator().manual_seed(args.seed))
+    train_loader = DataLoader(
+        augmented, batch_size=args.batch_size, shuffle=True, generator=torch.Generator().manual_seed(args.seed)
+    )
     val_loader = DataLoader(val_set, batch_size=256)
 
     net = resnet18(width=args.width)
-    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy",
-                          optimizer=torch.optim.Adam(net.parameters(), lr=args.lr))
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), train_metrics="accuracy", optimizer=torch.optim.Adam(net.parameters(), lr=args.lr)
+    )
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            # resnet18-epoch<E>batch<B>.pt every epoch (newest 5 kept), and resnet18-best.pt: lowest val_loss
-            CheckpointHandler(folder, model_prefix="resnet18", monitor="val_loss", save_best=True),
-            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                # resnet18-epoch<E>batch<B>.pt every epoch (newest 5 kept), and resnet18-best.pt: lowest val_loss
+                CheckpointHandler(folder, model_prefix="resnet18", monitor="val_loss", save_best=True),
+                EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
+            ],
+        )
     # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
     accuracy = estimator.evaluate(val_loader)["val_accuracy"]
     print(f"validation accuracy: {accuracy:.4f} (target >= {TARGET}) after {history.epochs} epochs")

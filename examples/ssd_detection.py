@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import common
+import data
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-import common
-import data
 from fitforge import BatchProcessor, Estimator, History, TrainState
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 from fitforge.metrics import Accuracy, SumCountMetric
@@ -44,6 +44,7 @@ BOX_SCALE = torch.tensor([0.1, 0.1, 0.2, 0.2])  # SSD's "variances": offsets of 
 
 
 # --- boxes: (x1, y1, x2, y2) corners or (cx, cy, w, h) centres, fractions of the image size ---------
+
 
 def make_anchors() -> torch.Tensor:
     """(A, 4) anchors as (cx, cy, w, h), ordered as the heads' outputs: map, row, column, size."""
@@ -95,18 +96,20 @@ def decode(offsets: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
 
 # --- data: pad each batch's boxes; match them to the anchors ---------------------------------------
 
+
 def pad_boxes(samples: list) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """collate_fn: images stacked; boxes padded to the batch's most objects, padding class -1."""
     most = max(len(classes) for _, (_, classes) in samples)
     boxes = torch.zeros(len(samples), most, 4)
     classes = torch.full((len(samples), most), -1, dtype=torch.int64)
     for i, (_, (image_boxes, image_classes)) in enumerate(samples):
-        boxes[i, :len(image_classes)], classes[i, :len(image_classes)] = image_boxes, image_classes
+        boxes[i, : len(image_classes)], classes[i, : len(image_classes)] = image_boxes, image_classes
     return torch.stack([image for image, _ in samples]), (boxes, classes)
 
 
-def match_anchors(anchors: torch.Tensor, boxes: torch.Tensor, classes: torch.Tensor,
-                  threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+def match_anchors(
+    anchors: torch.Tensor, boxes: torch.Tensor, classes: torch.Tensor, threshold: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-anchor targets for padded ground truth (N, M, 4) boxes and (N, M) classes (-1: padding).
 
     An anchor takes the class and box of the object it overlaps most if their IoU >= ``threshold``,
@@ -149,8 +152,9 @@ class SSDProcessor(BatchProcessor):
         return detect(scores, decode(offsets, self.anchors.to(offsets.device)), self.detections_per_image)
 
 
-def detect(scores: torch.Tensor, boxes: torch.Tensor, keep: int, candidates: int = 20,
-           overlap: float = 0.45) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def detect(
+    scores: torch.Tensor, boxes: torch.Tensor, keep: int, candidates: int = 20, overlap: float = 0.45
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Greedy non-maximum suppression over each image's best ``candidates`` anchors, vectorised over
     the batch. Returns the ``keep`` best per image: boxes (N, keep, 4), scores (N, keep) and classes
     (N, keep), padded with zeros (a fixed size, so that predict can concatenate the batches).
@@ -172,9 +176,13 @@ def detect(scores: torch.Tensor, boxes: torch.Tensor, keep: int, candidates: int
 
 # --- the model ---------------------------------------------------------------------------------------
 
+
 def conv_block(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+    )
 
 
 class SSD(nn.Module):
@@ -186,8 +194,9 @@ class SSD(nn.Module):
     def __init__(self, num_classes: int = NUM_CLASSES, width: int = 32) -> None:
         super().__init__()
         w, k = width, ANCHORS_PER_CELL
-        self.stage1 = nn.Sequential(conv_block(3, w), conv_block(w, w, 2),
-                                    conv_block(w, 2 * w, 2), conv_block(2 * w, 2 * w))  # 1/4
+        self.stage1 = nn.Sequential(
+            conv_block(3, w), conv_block(w, w, 2), conv_block(w, 2 * w, 2), conv_block(2 * w, 2 * w)
+        )  # 1/4
         self.stage2 = nn.Sequential(conv_block(2 * w, 4 * w, 2), conv_block(4 * w, 4 * w))  # 1/8
         self.class_heads = nn.ModuleList(nn.Conv2d(c, k * num_classes, 3, padding=1) for c in (2 * w, 4 * w))
         self.box_heads = nn.ModuleList(nn.Conv2d(c, k * 4, 3, padding=1) for c in (2 * w, 4 * w))
@@ -198,14 +207,18 @@ class SSD(nn.Module):
         maps = (fine, self.stage2(fine))
         n, k = images.shape[0], ANCHORS_PER_CELL
         # (N, k * C, H, W) -> (N, C, H * W * k): anchors in row, column, size order, as make_anchors.
-        scores = [head(x).view(n, k, self.num_classes, -1).permute(0, 2, 3, 1).reshape(n, self.num_classes, -1)
-                  for head, x in zip(self.class_heads, maps)]
-        offsets = [head(x).view(n, k, 4, -1).permute(0, 3, 1, 2).reshape(n, -1, 4)
-                   for head, x in zip(self.box_heads, maps)]
+        scores = [
+            head(x).view(n, k, self.num_classes, -1).permute(0, 2, 3, 1).reshape(n, self.num_classes, -1)
+            for head, x in zip(self.class_heads, maps)
+        ]
+        offsets = [
+            head(x).view(n, k, 4, -1).permute(0, 3, 1, 2).reshape(n, -1, 4) for head, x in zip(self.box_heads, maps)
+        ]
         return torch.cat(scores, dim=2), torch.cat(offsets, dim=1)
 
 
 # --- losses and metrics --------------------------------------------------------------------------------
+
 
 def class_loss(scores: torch.Tensor, target: torch.Tensor, negatives_per_positive: int = 3) -> torch.Tensor:
     """Cross-entropy over the positive anchors and the hardest negatives (3 per positive), per
@@ -249,8 +262,9 @@ class BoxIoU(SumCountMetric):
         return self
 
 
-def detection_f1(detections: tuple[torch.Tensor, ...], dataset: Dataset,
-                 min_score: float = 0.5, min_iou: float = 0.5) -> tuple[float, float, float]:
+def detection_f1(
+    detections: tuple[torch.Tensor, ...], dataset: Dataset, min_score: float = 0.5, min_iou: float = 0.5
+) -> tuple[float, float, float]:
     """(precision, recall, F1) of the detections scoring >= ``min_score``: an object is found when a
     detection of its class overlaps it with IoU >= ``min_iou``."""
     boxes, scores, classes = detections
@@ -273,8 +287,13 @@ def main(argv: list[str] | None = None) -> History:
     train_set, val_set = data.shape_detection(n_train=1000, n_val=400, size=IMAGE_SIZE, seed=args.seed)
     if args.smoke:  # seconds, not minutes: validate on a few images too
         val_set = data.limit(val_set, common.SMOKE_SAMPLES)
-    train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              collate_fn=pad_boxes, generator=torch.Generator().manual_seed(args.seed))
+    train_loader = DataLoader(
+        data.limit(train_set, args.limit),
+        batch_size=args.batch_size,
+        shuffle=True,
+        collate_fn=pad_boxes,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     val_loader = DataLoader(val_set, batch_size=200, collate_fn=pad_boxes)
 
     anchors = make_anchors()
@@ -282,17 +301,26 @@ def main(argv: list[str] | None = None) -> History:
     # Two outputs, two labels (made by SSDProcessor), two losses matched by position; metrics per
     # output. The class accuracy leaves out the background anchors, so it is measured on the objects.
     metrics = {0: {"object_accuracy": Accuracy(ignore_index=0)}, 1: {"box_iou": BoxIoU(anchors)}}
-    estimator = Estimator(net, loss=[class_loss, box_loss], loss_weights=[1.0, args.box_weight],
-                          train_metrics=metrics,
-                          optimizer=torch.optim.Adam(net.parameters(), lr=args.lr),
-                          batch_processor=SSDProcessor(anchors))
+    estimator = Estimator(
+        net,
+        loss=[class_loss, box_loss],
+        loss_weights=[1.0, args.box_weight],
+        train_metrics=metrics,
+        optimizer=torch.optim.Adam(net.parameters(), lr=args.lr),
+        batch_processor=SSDProcessor(anchors),
+    )
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            CheckpointHandler(folder, model_prefix="ssd", monitor="val_loss", save_best=True),
-            EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                CheckpointHandler(folder, model_prefix="ssd", monitor="val_loss", save_best=True),
+                EarlyStoppingHandler(monitor="val_loss", patience=args.patience, restore_best=True),
+            ],
+        )
     # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
     precision, recall, f1 = detection_f1(estimator.predict(val_loader), val_set)
     print(f"validation detection precision {precision:.4f}, recall {recall:.4f} (score >= 0.5, IoU >= 0.5)")

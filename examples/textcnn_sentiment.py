@@ -15,13 +15,13 @@ later. About 30 seconds on a 2-core CPU.
 
 from __future__ import annotations
 
+import common
+import data
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-import common
-import data
 from fitforge import Estimator, History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 
@@ -31,8 +31,14 @@ TARGET = 0.95  # validation accuracy; chance (and any bag-of-words model) is 0.5
 class TextCNN(nn.Module):
     """Embedding -> convolutions of several widths -> max over time -> dropout -> class scores."""
 
-    def __init__(self, vocab_size: int, embed_dim: int = 64, channels: int = 64, widths: tuple[int, ...] = (2, 3, 4),
-                 classes: int = 2) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 64,
+        channels: int = 64,
+        widths: tuple[int, ...] = (2, 3, 4),
+        classes: int = 2,
+    ) -> None:
         super().__init__()
         self.widths = widths
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=data.PAD)
@@ -63,8 +69,13 @@ def main(argv: list[str] | None = None) -> History:
     args = common.parse(common.example_parser(__doc__, epochs=30, batch_size=64, lr=2e-3), argv)
     torch.manual_seed(args.seed)
     train_set, val_set, vocab = data.sentiment(seed=args.seed)
-    train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              collate_fn=data.pad_sequences, generator=torch.Generator().manual_seed(args.seed))
+    train_loader = DataLoader(
+        data.limit(train_set, args.limit),
+        batch_size=args.batch_size,
+        shuffle=True,
+        collate_fn=data.pad_sequences,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     val_loader = DataLoader(data.limit(val_set, args.limit), batch_size=256, collate_fn=data.pad_sequences)
 
     net = TextCNN(len(vocab))
@@ -72,11 +83,16 @@ def main(argv: list[str] | None = None) -> History:
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=args.lr))
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            CheckpointHandler(folder, model_prefix="textcnn", monitor="val_accuracy", save_best=True),
-            EarlyStoppingHandler(monitor="val_accuracy", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                CheckpointHandler(folder, model_prefix="textcnn", monitor="val_accuracy", save_best=True),
+                EarlyStoppingHandler(monitor="val_accuracy", patience=args.patience, restore_best=True),
+            ],
+        )
         # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
         accuracy = estimator.evaluate(val_loader)["val_accuracy"]
     print(f"validation accuracy: {accuracy:.4f} (target >= {TARGET}) after {history.epochs} epochs")

@@ -30,14 +30,14 @@ a 2-core CPU.
 
 from __future__ import annotations
 
+import common
+import data
 import torch
+from data import BOS, DATE_TARGET, EOS, PAD
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torch.utils.data import DataLoader, Subset
 
-import common
-import data
-from data import BOS, DATE_TARGET, EOS, PAD
 from fitforge import BatchOutput, BatchProcessor, Estimator, History, TrainState
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, ProgressBarHandler
 from fitforge.metrics import Accuracy, SumCountMetric
@@ -57,8 +57,9 @@ class Encoder(nn.Module):
         self.bridge = nn.Linear(2 * hidden, hidden)
 
     def forward(self, sources: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        packed = pack_padded_sequence(self.embed(sources), lengths.cpu(), batch_first=True,
-                                      enforce_sorted=False)  # no copy: host_inputs keeps lengths on the CPU
+        packed = pack_padded_sequence(
+            self.embed(sources), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )  # no copy: host_inputs keeps lengths on the CPU
         states, final = self.gru(packed)
         states, _ = pad_packed_sequence(states, batch_first=True, total_length=sources.shape[1])  # (N, S, 2H)
         return states, torch.tanh(self.bridge(torch.cat([final[0], final[1]], dim=1)))
@@ -76,8 +77,9 @@ class AttentionDecoder(nn.Module):
         self.cell = nn.GRUCell(embed_dim + memory_dim, hidden)
         self.out = nn.Linear(hidden + memory_dim, vocab_size)
 
-    def step(self, token: torch.Tensor, state: torch.Tensor, memory: torch.Tensor, keys: torch.Tensor,
-             mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, token: torch.Tensor, state: torch.Tensor, memory: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scores (N, C), new state)`` for the previous ``token`` (N,); ``keys = self.keys(memory)``."""
         energy = self.energy(torch.tanh(keys + self.query(state).unsqueeze(1))).squeeze(2)  # (N, S)
         weights = energy.masked_fill(~mask, float("-inf")).softmax(dim=1)  # never attend to padding
@@ -158,23 +160,37 @@ def main(argv: list[str] | None = None) -> History:
     args = common.parse(common.example_parser(__doc__, epochs=30, batch_size=64, lr=2e-3), argv)
     torch.manual_seed(args.seed)
     train_set, val_set, source_vocab = data.dates(seed=args.seed)
-    train_loader = DataLoader(data.limit(train_set, args.limit), batch_size=args.batch_size, shuffle=True,
-                              collate_fn=data.pad_sequences, generator=torch.Generator().manual_seed(args.seed))
+    train_loader = DataLoader(
+        data.limit(train_set, args.limit),
+        batch_size=args.batch_size,
+        shuffle=True,
+        collate_fn=data.pad_sequences,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
     val_loader = DataLoader(data.limit(val_set, args.limit), batch_size=256, collate_fn=data.pad_sequences)
 
     net = Translator(len(source_vocab), len(DATE_TARGET))
     encoder_opt = torch.optim.Adam(net.encoder.parameters(), lr=args.lr)
     decoder_opt = torch.optim.Adam(net.decoder.parameters(), lr=args.lr * DECODER_LR_RATIO)
-    estimator = Estimator(net, nn.CrossEntropyLoss(ignore_index=PAD), optimizer=[encoder_opt, decoder_opt],
-                          train_metrics={"token_accuracy": Accuracy(ignore_index=PAD), "exact_match": ExactMatch()},
-                          batch_processor=TeacherForcing(host_inputs=(1,)))  # lengths stay on the CPU
+    estimator = Estimator(
+        net,
+        nn.CrossEntropyLoss(ignore_index=PAD),
+        optimizer=[encoder_opt, decoder_opt],
+        train_metrics={"token_accuracy": Accuracy(ignore_index=PAD), "exact_match": ExactMatch()},
+        batch_processor=TeacherForcing(host_inputs=(1,)),
+    )  # lengths stay on the CPU
 
     with common.checkpoint_dir(args) as folder:
-        history = estimator.fit(train_loader, val_data=val_loader, epochs=args.epochs, event_handlers=[
-            ProgressBarHandler(),
-            CheckpointHandler(folder, model_prefix="translator", monitor="val_exact_match", save_best=True),
-            EarlyStoppingHandler(monitor="val_exact_match", patience=args.patience, restore_best=True),
-        ])
+        history = estimator.fit(
+            train_loader,
+            val_data=val_loader,
+            epochs=args.epochs,
+            event_handlers=[
+                ProgressBarHandler(),
+                CheckpointHandler(folder, model_prefix="translator", monitor="val_exact_match", save_best=True),
+                EarlyStoppingHandler(monitor="val_exact_match", patience=args.patience, restore_best=True),
+            ],
+        )
         # Early stopping put the best epoch's weights back: report the model we keep, not the last epoch.
         exact_match = estimator.evaluate(val_loader)["val_exact_match"]
 

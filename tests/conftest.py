@@ -2,6 +2,7 @@ import logging
 
 import pytest
 import torch
+
 from figures import summary_lines
 
 

@@ -21,8 +21,9 @@ def summary_lines() -> list[str]:
     if FIGURES["injected"]:
         lines.append(f"faults survived: {len(FIGURES['survived'])}/{len(FIGURES['injected'])}")
         lines += [f"steps lost per kill ({name}): {steps}" for name, steps in FIGURES["lost"].items()]
-        lines.append(f"torn checkpoints seen (files under a checkpoint name that do not load after a crash): "
-                     f"{FIGURES['torn']}")
+        lines.append(
+            f"torn checkpoints seen (files under a checkpoint name that do not load after a crash): {FIGURES['torn']}"
+        )
     if FIGURES["poisoned"] is not None:
         lines.append(f"poisoned checkpoints written (non-finite weights or optimizer state): {FIGURES['poisoned']}")
     if FIGURES["finite_kept"] is not None:

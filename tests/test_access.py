@@ -3,7 +3,6 @@ conflicts, cycles, describe_loop, and every built-in handler's declaration holdi
 
 import pytest
 import torch
-from helpers import make_estimator, regression_batches
 
 from fitforge.events import BatchEnd, EpochEnd, TrainBegin
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, StateAccessError
@@ -14,6 +13,7 @@ from fitforge.handlers import (
     ValidationHandler,
 )
 from fitforge.testing import linear_problem
+from helpers import make_estimator, regression_batches
 
 
 class Probe(BatchEnd):
@@ -35,20 +35,30 @@ class Probe(BatchEnd):
 
 
 def fit_with(*handlers, check_access=True):
-    return make_estimator().fit(regression_batches(), epochs=1, event_handlers=list(handlers),
-                                check_access=check_access)
+    return make_estimator().fit(
+        regression_batches(), epochs=1, event_handlers=list(handlers), check_access=check_access
+    )
 
 
-@pytest.mark.parametrize("action, message", [
-    (lambda s: s.epoch, "Probe tried to read state.epoch, which its reads does not declare; add 'epoch' to Probe.reads"),
-    (lambda s: setattr(s, "global_step", 3), "Probe tried to write state.global_step, which its writes does not declare"),
-    (lambda s: s.history.record("x", 1.0), "Probe tried to write state.history"),
-    (lambda s: s.metrics.update(x=1.0), "Probe tried to write state.metrics"),
-    (lambda s: setattr(s.history, "stop_reason", "x"), "Probe tried to write state.history"),
-    (lambda s: s.request_stop("why"), "Probe tried to write state.stop_requested"),
-    (lambda s: s.shared.get("other"), "Probe tried to read state.shared.other"),
-    (lambda s: s.shared.__setitem__("mine", 2), "Probe tried to write state.shared.mine"),
-])
+@pytest.mark.parametrize(
+    "action, message",
+    [
+        (
+            lambda s: s.epoch,
+            "Probe tried to read state.epoch, which its reads does not declare; add 'epoch' to Probe.reads",
+        ),
+        (
+            lambda s: setattr(s, "global_step", 3),
+            "Probe tried to write state.global_step, which its writes does not declare",
+        ),
+        (lambda s: s.history.record("x", 1.0), "Probe tried to write state.history"),
+        (lambda s: s.metrics.update(x=1.0), "Probe tried to write state.metrics"),
+        (lambda s: setattr(s.history, "stop_reason", "x"), "Probe tried to write state.history"),
+        (lambda s: s.request_stop("why"), "Probe tried to write state.stop_requested"),
+        (lambda s: s.shared.get("other"), "Probe tried to read state.shared.other"),
+        (lambda s: s.shared.__setitem__("mine", 2), "Probe tried to write state.shared.mine"),
+    ],
+)
 def test_an_undeclared_read_or_write_raises_naming_the_handler_and_the_field(action, message):
     probe = Probe(action, reads=("history", "metrics", "shared.mine"))
     with pytest.raises((StateAccessError, AttributeError), match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -66,8 +76,9 @@ def test_declared_access_is_allowed_and_undeclared_handlers_keep_full_access():
     def undeclared(state):
         seen["undeclared"] = (state.epoch, state.global_step, state.shared.get("mine"))
 
-    history = fit_with(Probe(declared, reads=("epoch",), writes=("shared.mine", "history")),
-                       Probe(undeclared, priority=5))
+    history = fit_with(
+        Probe(declared, reads=("epoch",), writes=("shared.mine", "history")), Probe(undeclared, priority=5)
+    )
     assert seen == {"declared": 0, "undeclared": (0, 0, 0)} and history["probe"] == [1.0]
 
 
@@ -123,7 +134,8 @@ def test_two_writers_of_a_field_without_an_order_are_an_error_naming_both_and_th
     assert str(error.value) == (
         "Writer and Other both write 'shared.lr' at the same priority (0) with no order between them, so which value "
         "wins is left to the order you listed them in; give one a different priority, or set run_after=(Writer,) on "
-        "Other")
+        "Other"
+    )
     Other.run_after = (Writer,)
     fit_with(Writer([]), Other([]), StopAfterOne())  # ordered: fine
 
@@ -139,10 +151,13 @@ def test_a_reader_that_must_run_before_its_writer_is_a_cycle_naming_them():
         fit_with(EarlyReader([]), LateWriter([]))
 
 
-@pytest.mark.parametrize("reads, message", [
-    ("epoch", r"Probe.reads must be a tuple of TrainState field names, e.g. \('epoch', 'shared.lr'\), got 'epoch'"),
-    (("epochs",), r"Probe.reads names 'epochs', which is no TrainState field; use one of \["),
-])
+@pytest.mark.parametrize(
+    "reads, message",
+    [
+        ("epoch", r"Probe.reads must be a tuple of TrainState field names, e.g. \('epoch', 'shared.lr'\), got 'epoch'"),
+        (("epochs",), r"Probe.reads names 'epochs', which is no TrainState field; use one of \["),
+    ],
+)
 def test_a_bad_declaration_is_a_clear_error(reads, message):
     with pytest.raises(FitforgeTypeError, match=message):
         fit_with(Probe(lambda s: None, reads=reads))
@@ -163,9 +178,13 @@ class NoiseReader(EpochEnd):
 def test_every_built_in_handler_keeps_to_its_declaration_in_a_real_fit(tmp_path):
     torch.manual_seed(0)
     estimator, train, val = linear_problem()
-    handlers = [CheckpointHandler(tmp_path, batch_period=3, monitor="val_loss", save_best=True),
-                EarlyStoppingHandler("val_loss", restore_best=True, patience=1),
-                ValidationHandler(val, batch_period=5), ProgressBarHandler(refresh_seconds=0), NoiseReader()]
+    handlers = [
+        CheckpointHandler(tmp_path, batch_period=3, monitor="val_loss", save_best=True),
+        EarlyStoppingHandler("val_loss", restore_best=True, patience=1),
+        ValidationHandler(val, batch_period=5),
+        ProgressBarHandler(refresh_seconds=0),
+        NoiseReader(),
+    ]
     estimator.fit(train, epochs=2, event_handlers=handlers, check_access=True)
     estimator, train, val = linear_problem()
     resumed = CheckpointHandler(tmp_path, batch_period=3, resume_from_checkpoint=True)
@@ -191,8 +210,10 @@ def test_the_docs_example_orders_and_guards_as_described():
 
     text = make_estimator().describe_loop([ApplyLR(), ScaleLR()], default_handlers=False)
     assert "ScaleLR(0) -> ApplyLR(0)" in text
-    with pytest.raises(StateAccessError, match="ScaleLR tried to read state.epoch, which its reads does not declare; "
-                                               "add 'epoch' to ScaleLR.reads"):
+    with pytest.raises(
+        StateAccessError,
+        match="ScaleLR tried to read state.epoch, which its reads does not declare; add 'epoch' to ScaleLR.reads",
+    ):
         make_estimator().fit(regression_batches(), epochs=1, event_handlers=[ScaleLR()], check_access=True)
 
 
@@ -218,10 +239,20 @@ def test_a_priority_you_set_is_kept_and_commuting_or_same_class_writers_need_no_
             pass
 
     estimator = make_estimator()
-    steps = [LRSchedulerHandler(torch.optim.lr_scheduler.StepLR(estimator.optimizer, 2)),
-             LRSchedulerHandler(torch.optim.lr_scheduler.ExponentialLR(estimator.optimizer, 0.9))]
-    text = estimator.describe_loop([ClipFirst(), MyStop(), EarlyStoppingHandler("train_loss"), *steps,
-                                    throttle(MetricHandler(), every_n_epochs=1)], val_data=regression_batches())
+    steps = [
+        LRSchedulerHandler(torch.optim.lr_scheduler.StepLR(estimator.optimizer, 2)),
+        LRSchedulerHandler(torch.optim.lr_scheduler.ExponentialLR(estimator.optimizer, 0.9)),
+    ]
+    text = estimator.describe_loop(
+        [
+            ClipFirst(),
+            MyStop(),
+            EarlyStoppingHandler("train_loss"),
+            *steps,
+            throttle(MetricHandler(), every_n_epochs=1),
+        ],
+        val_data=regression_batches(),
+    )
     assert text.splitlines()[3].startswith("batch_end    ClipFirst(-3000) -> GradientUpdateHandler(-2000)")
 
 

@@ -4,6 +4,7 @@ the counts it printed are in docs/performance.md."""
 from unittest import mock
 
 import pytest
+
 from helpers import load_benchmark
 
 

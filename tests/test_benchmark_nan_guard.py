@@ -9,9 +9,19 @@ def test_the_guard_benchmark_counts_the_reads_each_policy_costs():
     rows = result["variants"]
     assert result["batches"] == 4 and len(rows) == 6
     batches = result["batches"]
-    extra = {name: round((row["host_reads_per_batch"] - rows[f"none, {name.split(', ')[1]}"]["host_reads_per_batch"])
-                         * batches) for name, row in rows.items()}
+    extra = {
+        name: round(
+            (row["host_reads_per_batch"] - rows[f"none, {name.split(', ')[1]}"]["host_reads_per_batch"]) * batches
+        )
+        for name, row in rows.items()
+    }
     # "stop" reads its record once per epoch; the host decides every batch for "skip", and for any
     # policy when the optimizer cannot skip a step on the device (foreach).
-    assert extra == {"none, fused": 0, "stop, fused": 1, "skip, fused": batches,
-                     "none, foreach": 0, "stop, foreach": batches + 1, "skip, foreach": batches}
+    assert extra == {
+        "none, fused": 0,
+        "stop, fused": 1,
+        "skip, fused": batches,
+        "none, foreach": 0,
+        "stop, foreach": batches + 1,
+        "skip, foreach": batches,
+    }

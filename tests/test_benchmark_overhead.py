@@ -2,6 +2,7 @@
 host reads are counted and peak memory is measured (no timing is asserted)."""
 
 import pytest
+
 from helpers import load_benchmark
 
 

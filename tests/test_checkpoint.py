@@ -20,11 +20,16 @@ def names(folder):
 
 
 def test_epoch_and_batch_checkpoints_are_named_by_completed_epochs_and_batches(tmp_path):
-    estimator, train, val = linear_problem()  # 8 batches per epoch
+    estimator, train, _ = linear_problem()  # 8 batches per epoch
     saver = CheckpointHandler(tmp_path, epoch_period=1, batch_period=5, max_checkpoints=10)
     estimator.fit(train, epochs=2, event_handlers=[saver])
-    assert names(tmp_path) == ["model-epoch0batch5.pt", "model-epoch1batch10.pt", "model-epoch1batch15.pt",
-                               "model-epoch1batch8.pt", "model-epoch2batch16.pt"]
+    assert names(tmp_path) == [
+        "model-epoch0batch5.pt",
+        "model-epoch1batch10.pt",
+        "model-epoch1batch15.pt",
+        "model-epoch1batch8.pt",
+        "model-epoch2batch16.pt",
+    ]
     last = load_checkpoint(tmp_path / "model-epoch2batch16.pt")
     assert (last["epochs_completed"], last["global_step"], last["format_version"]) == (2, 16, 1)
     assert last["history"]["epochs"] == 2 and len(last["history"]["columns"]["train_loss"]) == 2
@@ -86,17 +91,21 @@ def test_checkpoints_load_with_weights_only_and_restore(tmp_path):
     fresh.optimizers = [torch.optim.Adam(fresh.net.parameters(), lr=0.01)]
     restore_weights(fresh, path)
     assert torch.equal(fresh.net.weight, estimator.net.weight)
-    assert torch.equal(fresh.optimizer.state_dict()["state"][0]["exp_avg"],
-                       estimator.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(
+        fresh.optimizer.state_dict()["state"][0]["exp_avg"], estimator.optimizer.state_dict()["state"][0]["exp_avg"]
+    )
 
 
 def test_restore_into_another_architecture_lists_the_keys(tmp_path):
     estimator, train, _ = linear_problem()
     estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
     other = make_estimator(net=nn.Sequential(nn.Linear(1, 1)))
-    with pytest.raises(CheckpointError, match=r"the weights in checkpoint \S*model-epoch1batch8.pt do not fit this "
-                                              r"net: missing keys \['0.bias', '0.weight'\]; unexpected keys "
-                                              r"\['bias', 'weight'\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"the weights in checkpoint \S*model-epoch1batch8.pt do not fit this "
+        r"net: missing keys \['0.bias', '0.weight'\]; unexpected keys "
+        r"\['bias', 'weight'\]",
+    ):
         restore_weights(other, tmp_path / "model-epoch1batch8.pt")
     wide = make_estimator(net=nn.Linear(2, 1))
     with pytest.raises(CheckpointError, match=r"shape mismatches \['weight: checkpoint \(1, 1\) vs net \(1, 2\)'\]"):
@@ -117,8 +126,11 @@ def test_a_load_whose_optimizer_state_does_not_fit_changes_nothing(tmp_path):
     other.optimizers = [torch.optim.Adam([{"params": other.net.parameters()}, {"params": [extra]}], lr=0.5)]
     weights = {k: v.clone() for k, v in other.net.state_dict().items()}
     groups = [dict(group) for group in other.optimizer.param_groups]
-    with pytest.raises(CheckpointError, match=r"the optimizer state in checkpoint \S*model-epoch1batch8.pt does not "
-                                              r"fit Adam: .*nothing was loaded"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"the optimizer state in checkpoint \S*model-epoch1batch8.pt does not "
+        r"fit Adam: .*nothing was loaded",
+    ):
         other.load_checkpoint(tmp_path / "model-epoch1batch8.pt")
     assert all(torch.equal(other.net.state_dict()[k], v) for k, v in weights.items())
     assert other.optimizer.param_groups == groups and not other.optimizer.state
@@ -129,16 +141,22 @@ def test_the_state_of_another_optimizer_class_is_refused(tmp_path):
     estimator.optimizers = [torch.optim.Adam(estimator.net.parameters(), lr=0.01)]
     estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
     other = make_estimator()  # SGD: torch would load Adam's state into it, and fail at the next step
-    with pytest.raises(CheckpointError, match=r"holds the state of a Adam for optimizer 0, but the estimator's "
-                                              r"optimizer 0 is a SGD"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds the state of a Adam for optimizer 0, but the estimator's "
+        r"optimizer 0 is a SGD",
+    ):
         other.load_checkpoint(tmp_path / "model-epoch1batch8.pt")
     other.load_checkpoint(tmp_path / "model-epoch1batch8.pt", optimizers=False)  # the weights alone load
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "is empty"),
-    (b"\x00garbage" * 10, "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty"),
+        (b"\x00garbage" * 10, "cannot be read"),
+    ],
+)
 def test_corrupt_files_are_clear_errors(tmp_path, content, message):
     path = tmp_path / "model-epoch1batch1.pt"
     path.write_bytes(content)
@@ -162,7 +180,7 @@ def test_truncated_foreign_and_future_files_are_refused(tmp_path):
 
 def test_a_failed_save_leaves_the_previous_file_and_no_temporary(tmp_path):
     path = save_atomic({"format_version": 1, "v": 1}, tmp_path / "x.pt")
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever pickling raises)
         save_atomic({"format_version": 1, "v": lambda: 2}, path)  # a lambda cannot be saved
     assert load_checkpoint(path)["v"] == 1 and names(tmp_path) == ["x.pt"]
 
@@ -195,16 +213,19 @@ def test_a_read_only_model_dir_fails_before_the_first_step(tmp_path):
         tmp_path.chmod(0o700)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"model_dir": 3}, FitforgeTypeError, "model_dir must be a folder path, got int 3"),
-    ({"model_prefix": "a/b"}, FitforgeValueError, "model_prefix must be a non-empty file-name prefix"),
-    ({"epoch_period": 0}, FitforgeValueError, "epoch_period must be a positive int or None, got 0"),
-    ({"batch_period": 2.5}, FitforgeTypeError, "batch_period must be a positive int or None, got float 2.5"),
-    ({"epoch_period": None}, FitforgeValueError, "would never save: epoch_period and batch_period are None"),
-    ({"max_checkpoints": 0}, FitforgeValueError, "max_checkpoints must be a positive int, got 0"),
-    ({"save_best": True}, FitforgeValueError, "save_best=True needs a monitor"),
-    ({"monitor": "val_loss", "mode": "best"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"model_dir": 3}, FitforgeTypeError, "model_dir must be a folder path, got int 3"),
+        ({"model_prefix": "a/b"}, FitforgeValueError, "model_prefix must be a non-empty file-name prefix"),
+        ({"epoch_period": 0}, FitforgeValueError, "epoch_period must be a positive int or None, got 0"),
+        ({"batch_period": 2.5}, FitforgeTypeError, "batch_period must be a positive int or None, got float 2.5"),
+        ({"epoch_period": None}, FitforgeValueError, "would never save: epoch_period and batch_period are None"),
+        ({"max_checkpoints": 0}, FitforgeValueError, "max_checkpoints must be a positive int, got 0"),
+        ({"save_best": True}, FitforgeValueError, "save_best=True needs a monitor"),
+        ({"monitor": "val_loss", "mode": "best"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max'"),
+    ],
+)
 def test_argument_errors(tmp_path, kwargs, error, message):
     kwargs.setdefault("model_dir", tmp_path)
     with pytest.raises(error, match=message):
@@ -248,8 +269,12 @@ def test_a_partial_last_epoch_is_named_by_the_epochs_it_completed(tmp_path):
 def test_a_batch_save_at_an_epochs_end_is_not_written_twice(tmp_path):
     estimator, train, _ = linear_problem()
     estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path, batch_period=4, max_checkpoints=9)])
-    assert names(tmp_path) == ["model-epoch0batch4.pt", "model-epoch1batch12.pt", "model-epoch1batch8.pt",
-                               "model-epoch2batch16.pt"]
+    assert names(tmp_path) == [
+        "model-epoch0batch4.pt",
+        "model-epoch1batch12.pt",
+        "model-epoch1batch8.pt",
+        "model-epoch2batch16.pt",
+    ]
 
 
 def test_files_get_the_usual_permissions_and_other_prefixes_temporaries_survive(tmp_path):

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from torch import nn
 
 from fitforge import Estimator
@@ -55,8 +54,9 @@ def test_no_checkpoint_holds_a_non_finite_state_and_the_newest_finite_one_stays(
     # Before: 12 more saves of the nan state rotated batches 3 and 4 away (and wrote epoch2batch16).
     assert names(tmp_path) == ["model-epoch0batch3.pt", "model-epoch0batch4.pt"] and poisoned_files(tmp_path) == []
     warnings = [r.getMessage() for r in caplog.records if "not saving" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith("CheckpointHandler: not saving model-epoch0batch5.pt: "
-                                                         "nan/inf in ")
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "CheckpointHandler: not saving model-epoch0batch5.pt: nan/inf in "
+    )
     assert ("optimizer 0: weight momentum_buffer" if optimizer else "weight") in warnings[0]
     assert "training diverged" in warnings[0] and "The newest checkpoint stays model-epoch0batch4.pt" in warnings[0]
     assert "12 saves were not written" in caplog.text  # the rest: one line when training ends, not one per save
@@ -77,6 +77,7 @@ def test_save_non_finite_keeps_the_bad_state_apart_and_resume_never_picks_it(tmp
 
 def test_the_best_checkpoint_is_never_a_non_finite_state(tmp_path):
     from fitforge.handlers import ValidationHandler
+
     estimator, train, val = linear_problem()
     scores = iter([3.0, 2.0, 1.0])  # a monitored value that improves every epoch while the weights go nan
     validator = ValidationHandler(val, eval_fn=lambda data, event_handlers: {"val_loss": next(scores)})
@@ -94,9 +95,12 @@ def test_resume_passes_over_a_non_finite_checkpoint(tmp_path, caplog):
     save_checkpoint(bad, tmp_path / "model-epoch0batch6.pt")
     estimator, train, _ = linear_problem()
     with caplog.at_level(logging.WARNING, logger="fitforge"):
-        estimator.fit(train, batches=5, event_handlers=[CheckpointHandler(tmp_path, batch_period=2,
-                                                                          resume_from_checkpoint=True)])
-    assert "skipping checkpoint model-epoch0batch6.pt: its weights or optimizer state hold nan/inf (weight)" in caplog.text
+        estimator.fit(
+            train, batches=5, event_handlers=[CheckpointHandler(tmp_path, batch_period=2, resume_from_checkpoint=True)]
+        )
+    assert (
+        "skipping checkpoint model-epoch0batch6.pt: its weights or optimizer state hold nan/inf (weight)" in caplog.text
+    )
     assert non_finite_state(estimator) == []
 
 
@@ -124,4 +128,6 @@ def test_an_inf_buffer_is_meant_and_saved_a_nan_in_one_is_not(tmp_path, caplog):
         net.mask[0, 0] = math.nan  # as a nan batch leaves BatchNorm's statistics
     with caplog.at_level(logging.WARNING, logger="fitforge"):
         estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "other")])
-    assert names(tmp_path / "other") == [] and "nan/inf in mask; a batch with nan/inf reached the forward" in caplog.text
+    assert (
+        names(tmp_path / "other") == [] and "nan/inf in mask; a batch with nan/inf reached the forward" in caplog.text
+    )

@@ -43,6 +43,7 @@ def test_a_net_that_cannot_compile_falls_back_to_eager_with_a_warning():
 
 
 def test_compile_argument_errors():
-    with pytest.raises(FitforgeTypeError, match="compile must be True, False or a dict of torch.compile "
-                                                "arguments, got str 'yes'"):
+    with pytest.raises(
+        FitforgeTypeError, match="compile must be True, False or a dict of torch.compile arguments, got str 'yes'"
+    ):
         make_estimator(compile="yes")

@@ -57,14 +57,26 @@ class TestResolveDevice:
 
     @pytest.mark.skipif(torch.backends.mps.is_available(), reason="MPS is available here")
     def test_mps_unavailable(self):
-        with pytest.raises(FitforgeValueError, match=re.escape("device 'mps' was requested but MPS is not available; pass device='cpu'")):
+        with pytest.raises(
+            FitforgeValueError,
+            match=re.escape("device 'mps' was requested but MPS is not available; pass device='cpu'"),
+        ):
             resolve_device("mps")
 
-    @pytest.mark.parametrize("device,shown", [(3.5, "float 3.5"), (True, "bool True"), (False, "bool False"),
-                                              ([0], "list [0]"), (nn.Linear(1, 1), "Linear")])
+    @pytest.mark.parametrize(
+        "device,shown",
+        [
+            (3.5, "float 3.5"),
+            (True, "bool True"),
+            (False, "bool False"),
+            ([0], "list [0]"),
+            (nn.Linear(1, 1), "Linear"),
+        ],
+    )
     def test_wrong_type(self, device, shown):
-        msg = ("device must be None, a string such as 'cpu' or 'cuda:0', an int GPU index or a torch.device, "
-               f"got {shown}")
+        msg = (
+            f"device must be None, a string such as 'cpu' or 'cuda:0', an int GPU index or a torch.device, got {shown}"
+        )
         with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
             resolve_device(device)
 
@@ -84,15 +96,18 @@ class TestResolveOptimizers:
         assert optimizers[0].param_groups[0]["lr"] == 1e-3
         assert param_ids(optimizers[0]) == [id(p) for p in net.parameters()]
 
-    @pytest.mark.parametrize("name,cls,lr", [
-        ("adam", torch.optim.Adam, 1e-3),
-        ("Adam", torch.optim.Adam, 1e-3),
-        ("ADAMW", torch.optim.AdamW, 1e-3),
-        ("sgd", torch.optim.SGD, 1e-2),
-        ("SGD", torch.optim.SGD, 1e-2),
-        ("rmsprop", torch.optim.RMSprop, 1e-2),
-        ("adagrad", torch.optim.Adagrad, 1e-2),
-    ])
+    @pytest.mark.parametrize(
+        "name,cls,lr",
+        [
+            ("adam", torch.optim.Adam, 1e-3),
+            ("Adam", torch.optim.Adam, 1e-3),
+            ("ADAMW", torch.optim.AdamW, 1e-3),
+            ("sgd", torch.optim.SGD, 1e-2),
+            ("SGD", torch.optim.SGD, 1e-2),
+            ("rmsprop", torch.optim.RMSprop, 1e-2),
+            ("adagrad", torch.optim.Adagrad, 1e-2),
+        ],
+    )
     def test_names(self, name, cls, lr):
         net = nn.Linear(3, 2)
         with warnings.catch_warnings():
@@ -108,8 +123,10 @@ class TestResolveOptimizers:
         assert param_ids(optimizer) == [id(p) for p in net[1].parameters()]
 
     def test_unknown_name(self):
-        msg = ("optimizer 'adamax' is not a known name; known: adam, adamw, sgd, rmsprop, adagrad, "
-               "or pass a torch.optim.Optimizer instance")
+        msg = (
+            "optimizer 'adamax' is not a known name; known: adam, adamw, sgd, rmsprop, adagrad, "
+            "or pass a torch.optim.Optimizer instance"
+        )
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
             resolve_optimizers("adamax", nn.Linear(1, 1))
 
@@ -138,17 +155,23 @@ class TestResolveOptimizers:
 
     @pytest.mark.parametrize("empty", [[], ()])
     def test_empty_list(self, empty):
-        with pytest.raises(FitforgeValueError, match=re.escape("optimizer is an empty list; give at least one torch.optim.Optimizer")):
+        with pytest.raises(
+            FitforgeValueError, match=re.escape("optimizer is an empty list; give at least one torch.optim.Optimizer")
+        ):
             resolve_optimizers(empty, nn.Linear(1, 1))
 
     @pytest.mark.parametrize("spec", [torch.optim.Adam, [torch.optim.Adam]])
     def test_class_instead_of_instance(self, spec):
-        msg = ("optimizer must be a torch.optim.Optimizer, a list of them, a name such as 'adam', or None, "
-               "got the class Adam; pass an instance: Adam(net.parameters(), lr=...)")
+        msg = (
+            "optimizer must be a torch.optim.Optimizer, a list of them, a name such as 'adam', or None, "
+            "got the class Adam; pass an instance: Adam(net.parameters(), lr=...)"
+        )
         with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
             resolve_optimizers(spec, nn.Linear(1, 1))
 
-    @pytest.mark.parametrize("spec,shown", [(3, "int 3"), (nn.Linear(1, 1), "Linear"), ({"lr": 0.1}, "dict {'lr': 0.1}")])
+    @pytest.mark.parametrize(
+        "spec,shown", [(3, "int 3"), (nn.Linear(1, 1), "Linear"), ({"lr": 0.1}, "dict {'lr': 0.1}")]
+    )
     def test_not_an_optimizer(self, spec, shown):
         with pytest.raises(FitforgeTypeError, match=re.escape(f"or None, got {shown}")) as info:
             resolve_optimizers(spec, nn.Linear(1, 1))
@@ -166,9 +189,11 @@ class TestResolveOptimizers:
             resolve_optimizers("adam", net)
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
             resolve_optimizers("sgd", nn.ReLU())
-        with pytest.warns(UserWarning, match="no optimizer given"):
-            with pytest.raises(FitforgeValueError, match=re.escape(msg)):
-                resolve_optimizers(None, net)
+        with (
+            pytest.warns(UserWarning, match="no optimizer given"),
+            pytest.raises(FitforgeValueError, match=re.escape(msg)),
+        ):
+            resolve_optimizers(None, net)
 
 
 # -- check_net / check_duration ----------------------------------------------------------------------------
@@ -185,7 +210,9 @@ class TestCheckNet:
         with pytest.raises(FitforgeTypeError, match=re.escape("val_net got the class ReLU; pass an instance: ReLU()")):
             check_net(nn.ReLU, argument="val_net")
 
-    @pytest.mark.parametrize("net,shown", [(lambda x: x, "function"), (None, "NoneType None"), ("resnet", "str 'resnet'")])
+    @pytest.mark.parametrize(
+        "net,shown", [(lambda x: x, "function"), (None, "NoneType None"), ("resnet", "str 'resnet'")]
+    )
     def test_not_a_module(self, net, shown):
         with pytest.raises(FitforgeTypeError, match=re.escape(f"net must be a torch.nn.Module, got {shown}")):
             check_net(net)
@@ -202,18 +229,22 @@ class TestCheckDuration:
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
             check_duration(epochs, batches)
 
-    @pytest.mark.parametrize("epochs,batches,name,bad", [(0, None, "epochs", 0), (-1, None, "epochs", -1),
-                                                         (None, 0, "batches", 0)])
+    @pytest.mark.parametrize(
+        "epochs,batches,name,bad", [(0, None, "epochs", 0), (-1, None, "epochs", -1), (None, 0, "batches", 0)]
+    )
     def test_not_positive(self, epochs, batches, name, bad):
         with pytest.raises(FitforgeValueError, match=re.escape(f"{name} must be a positive int, got {bad}")):
             check_duration(epochs, batches)
 
-    @pytest.mark.parametrize("epochs,batches,name,shown", [
-        (2.5, None, "epochs", "float 2.5"),
-        (True, None, "epochs", "bool True"),
-        (None, "10", "batches", "str '10'"),
-        (None, 3.0, "batches", "float 3.0"),
-    ])
+    @pytest.mark.parametrize(
+        "epochs,batches,name,shown",
+        [
+            (2.5, None, "epochs", "float 2.5"),
+            (True, None, "epochs", "bool True"),
+            (None, "10", "batches", "str '10'"),
+            (None, 3.0, "batches", "float 3.0"),
+        ],
+    )
     def test_wrong_type(self, epochs, batches, name, shown):
         with pytest.raises(FitforgeTypeError, match=re.escape(f"{name} must be a positive int, got {shown}")):
             check_duration(epochs, batches)
@@ -277,8 +308,15 @@ class TestLossSet:
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
             LossSet([nn.MSELoss(), nn.L1Loss()], weights=weights)
 
-    @pytest.mark.parametrize("weights, shown", [([1.0, "2"], "list [1.0, '2']"), ([1.0, None], "list [1.0, None]"),
-                                                ("a", "str 'a'"), ([True, 1.0], "list [True, 1.0]")])
+    @pytest.mark.parametrize(
+        "weights, shown",
+        [
+            ([1.0, "2"], "list [1.0, '2']"),
+            ([1.0, None], "list [1.0, None]"),
+            ("a", "str 'a'"),
+            ([True, 1.0], "list [True, 1.0]"),
+        ],
+    )
     def test_weights_of_wrong_type(self, weights, shown):
         msg = f"loss_weights must be a list of numbers, one per loss, got {shown}"
         with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
@@ -286,14 +324,15 @@ class TestLossSet:
 
     @pytest.mark.parametrize("loss,shown", [(3, "int 3"), ([nn.MSELoss(), "mse"], "str 'mse'")])
     def test_not_callable(self, loss, shown):
-        msg = ("loss must be a loss module or a callable (pred, label) -> scalar tensor, or a list of them, "
-               f"got {shown}")
+        msg = f"loss must be a loss module or a callable (pred, label) -> scalar tensor, or a list of them, got {shown}"
         with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
             LossSet(loss)
 
     @pytest.mark.parametrize("loss", [nn.MSELoss, [nn.L1Loss(), nn.MSELoss]])
     def test_class_instead_of_instance(self, loss):
-        with pytest.raises(FitforgeTypeError, match=re.escape("loss got the class MSELoss; pass an instance: MSELoss()")):
+        with pytest.raises(
+            FitforgeTypeError, match=re.escape("loss got the class MSELoss; pass an instance: MSELoss()")
+        ):
             LossSet(loss)
 
     def test_argument_name_in_errors(self):
@@ -329,7 +368,9 @@ class TestLossSet:
 
     def test_cross_entropy_float_label_hint_segmentation(self):
         loss = LossSet(nn.CrossEntropyLoss())
-        with pytest.raises(LossInputError, match=re.escape("class-index labels must be int64 of shape (2, 5, 5): use label.long()")):
+        with pytest.raises(
+            LossInputError, match=re.escape("class-index labels must be int64 of shape (2, 5, 5): use label.long()")
+        ):
             loss(torch.randn(2, 3, 5, 5), torch.zeros(2, 5, 5))
 
     def test_cross_entropy_probability_labels_are_fine(self):
@@ -355,8 +396,9 @@ class TestLossSet:
     def test_mse_int_label_is_refused_before_it_trains(self):
         # MSELoss promotes an int label in the forward (and HuberLoss fails only in backward): issue 14
         # asks for integer targets to be rejected on the first batch, with the fix.
-        with pytest.raises(LossInputError, match=re.escape("loss 0 (MSELoss) needs a floating-point label, got "
-                                                           "label shape (2,) int64")):
+        with pytest.raises(
+            LossInputError, match=re.escape("loss 0 (MSELoss) needs a floating-point label, got label shape (2,) int64")
+        ):
             LossSet(nn.MSELoss())(torch.tensor([0.5, 2.0]), torch.tensor([1, 2]))
 
     @pytest.mark.parametrize("fn", [nn.BCELoss(), nn.BCEWithLogitsLoss()])
@@ -369,14 +411,21 @@ class TestLossSet:
         def broken(pred, label):
             raise ValueError("boom")
 
-        with pytest.raises(LossInputError, match=re.escape("loss 0 (broken) failed on pred shape (2,) float32 and "
-                                                           "label shape (2,) int64. Original error: boom")):
+        with pytest.raises(
+            LossInputError,
+            match=re.escape(
+                "loss 0 (broken) failed on pred shape (2,) float32 and label shape (2,) int64. Original error: boom"
+            ),
+        ):
             LossSet(broken)(torch.zeros(2), torch.zeros(2, dtype=torch.long))
 
     def test_non_tensor_output(self):
         # e.g. a net returning a dict: the error names what the net returned (no dtype hint applies)
-        with pytest.raises(LossInputError, match=re.escape("output 0 of the net is dict {'out': tensor([[0., 0., 0.],")
-                           + ".*not a tensor; the net must return a tensor") as info:
+        with pytest.raises(
+            LossInputError,
+            match=re.escape("output 0 of the net is dict {'out': tensor([[0., 0., 0.],")
+            + ".*not a tensor; the net must return a tensor",
+        ) as info:
             LossSet(nn.CrossEntropyLoss())({"out": torch.zeros(2, 3)}, torch.zeros(2, dtype=torch.long))
         assert "use label" not in str(info.value)
 
@@ -391,8 +440,10 @@ class TestLossSet:
             loss((torch.zeros(2), torch.randn(2, 3)), (torch.zeros(2), torch.zeros(2)))
 
     def test_shape_mismatch_message(self):
-        msg = ("loss 0 (MSELoss) compares pred and label elementwise, but pred has shape (4, 1) and label (4,), "
-               "which would broadcast silently; make them equal (e.g. label.view(4, 1) or squeeze the output)")
+        msg = (
+            "loss 0 (MSELoss) compares pred and label elementwise, but pred has shape (4, 1) and label (4,), "
+            "which would broadcast silently; make them equal (e.g. label.view(4, 1) or squeeze the output)"
+        )
         with pytest.raises(LossInputError, match=re.escape(msg)):
             LossSet(nn.MSELoss())(torch.randn(4, 1), torch.randn(4))
 
@@ -400,8 +451,12 @@ class TestLossSet:
         loss = LossSet([nn.CrossEntropyLoss(), nn.L1Loss()])
         preds = (torch.randn(4, 3), torch.randn(4, 2))
         labels = (torch.tensor([0, 1, 2, 0]), torch.randn(4, 1))
-        with pytest.raises(LossInputError, match=re.escape("loss 1 (L1Loss) compares pred and label elementwise, "
-                                                           "but pred has shape (4, 2) and label (4, 1)")):
+        with pytest.raises(
+            LossInputError,
+            match=re.escape(
+                "loss 1 (L1Loss) compares pred and label elementwise, but pred has shape (4, 2) and label (4, 1)"
+            ),
+        ):
             loss(preds, labels)
 
     def test_check_first_batch_ok(self):

@@ -33,6 +33,7 @@ def fit(handlers, epochs=3, validate=True, **kwargs):
 
 # -- CSVLoggerHandler ----------------------------------------------------------------------------------
 
+
 def test_one_row_per_epoch_equal_to_the_history(tmp_path):
     history = fit([CSVLoggerHandler(tmp_path / "log.csv")], check_access=True)
     lines = read_csv(tmp_path / "log.csv")
@@ -50,8 +51,10 @@ def test_each_row_is_on_disk_when_its_epoch_ends(tmp_path):
 
 
 def test_validation_every_second_epoch_keeps_one_header_with_nan(tmp_path):
-    history = fit([CSVLoggerHandler(tmp_path / "log.csv"), ValidationHandler(linear_data(n=64, seed=1),
-                                                                              epoch_period=2)], validate=False)
+    history = fit(
+        [CSVLoggerHandler(tmp_path / "log.csv"), ValidationHandler(linear_data(n=64, seed=1), epoch_period=2)],
+        validate=False,
+    )
     lines = read_csv(tmp_path / "log.csv")
     column = lines[0].index("val_loss")
     assert [line[column] for line in lines[1:]] == ["nan", repr(history["val_loss"][1]), "nan"]
@@ -132,10 +135,13 @@ def test_only_whole_training_epochs_are_written(tmp_path):
     assert not path.exists()
 
 
-@pytest.mark.parametrize("make, error, message", [
-    (lambda tmp: CSVLoggerHandler(3), FitforgeTypeError, r"path must be a file path, got int 3"),
-    (lambda tmp: CSVLoggerHandler(tmp / "a.csv", append="yes"), FitforgeTypeError, r"append must be True or False"),
-])
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda tmp: CSVLoggerHandler(3), FitforgeTypeError, r"path must be a file path, got int 3"),
+        (lambda tmp: CSVLoggerHandler(tmp / "a.csv", append="yes"), FitforgeTypeError, r"append must be True or False"),
+    ],
+)
 def test_csv_argument_errors(tmp_path, make, error, message):
     with pytest.raises(error, match=message):
         make(tmp_path)
@@ -147,6 +153,7 @@ def test_a_folder_as_path_fails_at_fit_start(tmp_path):
 
 
 # -- TensorBoardHandler --------------------------------------------------------------------------------
+
 
 def test_a_missing_tensorboard_is_a_clear_import_error(tmp_path, monkeypatch):
     from fitforge.handlers.tensorboard import TensorBoardHandler
@@ -168,7 +175,9 @@ def test_tensorboard_argument_errors(tmp_path):
 
 
 def events(log_dir):
-    pytest.importorskip("tensorboard", reason="TensorBoardHandler needs tensorboard (pip install 'fitforge[tensorboard]')")
+    pytest.importorskip(
+        "tensorboard", reason="TensorBoardHandler needs tensorboard (pip install 'fitforge[tensorboard]')"
+    )
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "histograms": 0})
@@ -177,7 +186,9 @@ def events(log_dir):
 
 
 def tensorboard_handler(*args, **kwargs):
-    pytest.importorskip("tensorboard", reason="TensorBoardHandler needs tensorboard (pip install 'fitforge[tensorboard]')")
+    pytest.importorskip(
+        "tensorboard", reason="TensorBoardHandler needs tensorboard (pip install 'fitforge[tensorboard]')"
+    )
     from fitforge.handlers.tensorboard import TensorBoardHandler
 
     return TensorBoardHandler(*args, **kwargs)
@@ -185,8 +196,9 @@ def tensorboard_handler(*args, **kwargs):
 
 def test_every_history_value_becomes_a_scalar_per_epoch(tmp_path):
     board = tensorboard_handler(tmp_path / "tb")
-    history = fit([board, ValidationHandler(linear_data(n=64, seed=1), epoch_period=2)], validate=False,
-                  check_access=True)
+    history = fit(
+        [board, ValidationHandler(linear_data(n=64, seed=1), epoch_period=2)], validate=False, check_access=True
+    )
     assert board.writer is None  # closed at train_end
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     scalars = events(tmp_path / "tb")
@@ -215,8 +227,11 @@ def test_tensorboard_reads_nothing_per_batch_unless_asked(tmp_path):
     def reads(batches, **kwargs):
         estimator, _, _ = linear_problem()
         with HostReadCounter() as counter:
-            estimator.fit(linear_data(n=4 * batches, batch_size=4), epochs=1,
-                          event_handlers=[tensorboard_handler(tmp_path / str(batches), **kwargs)])
+            estimator.fit(
+                linear_data(n=4 * batches, batch_size=4),
+                epochs=1,
+                event_handlers=[tensorboard_handler(tmp_path / str(batches), **kwargs)],
+            )
         return counter.count
 
     assert reads(8) == reads(64)

@@ -46,25 +46,31 @@ class TestUnpackPair:
             unpack_pair({"x": X})
         assert issubclass(BatchFormatError, FitforgeValueError)
 
-    @pytest.mark.parametrize("batch,shown", [
-        ((X,), "tuple of 1 [tensor of shape (4, 3)]"),
-        ((X, Y, Y), "tuple of 3 [tensor of shape (4, 3), tensor of shape (4,), tensor of shape (4,)]"),
-        ([], "list of 0 []"),
-        (X, "tensor of shape (4, 3)"),
-        (3, "int 3"),
-    ])
+    @pytest.mark.parametrize(
+        "batch,shown",
+        [
+            ((X,), "tuple of 1 [tensor of shape (4, 3)]"),
+            ((X, Y, Y), "tuple of 3 [tensor of shape (4, 3), tensor of shape (4,), tensor of shape (4,)]"),
+            ([], "list of 0 []"),
+            (X, "tensor of shape (4, 3)"),
+            (3, "int 3"),
+        ],
+    )
     def test_wrong_length_or_type(self, batch, shown):
         msg = f"a batch must be a (data, label) pair, got a {shown}: {PAIR_HELP}"
         with pytest.raises(BatchFormatError, match=re.escape(msg)):
             unpack_pair(batch)
 
-    @pytest.mark.parametrize("batch,shown", [
-        (([1.0, 2.0], Y), "data: list of 2 [float 1.0, float 2.0], label: tensor of shape (4,)"),
-        ((X, 3), "data: tensor of shape (4, 3), label: int 3"),
-        (((), Y), "data: tuple of 0 [], label: tensor of shape (4,)"),
-        (((X, "a"), Y), "data: tuple of 2 [tensor of shape (4, 3), str 'a'], label: tensor of shape (4,)"),
-        ((X, None), "data: tensor of shape (4, 3), label: NoneType None"),
-    ])
+    @pytest.mark.parametrize(
+        "batch,shown",
+        [
+            (([1.0, 2.0], Y), "data: list of 2 [float 1.0, float 2.0], label: tensor of shape (4,)"),
+            ((X, 3), "data: tensor of shape (4, 3), label: int 3"),
+            (((), Y), "data: tuple of 0 [], label: tensor of shape (4,)"),
+            (((X, "a"), Y), "data: tuple of 2 [tensor of shape (4, 3), str 'a'], label: tensor of shape (4,)"),
+            ((X, None), "data: tensor of shape (4, 3), label: NoneType None"),
+        ],
+    )
     def test_non_tensor_entries(self, batch, shown):
         msg = f"a batch must be a (data, label) pair of tensors or tuples of tensors, got {shown}: {PAIR_HELP}"
         with pytest.raises(BatchFormatError, match=re.escape(msg)):
@@ -156,16 +162,18 @@ class NeverIterate(DataLoader):
 
 
 class TestCheckData:
-    @pytest.mark.parametrize("data,shown", [
-        (3, "int 3"),
-        (None, "NoneType None"),
-        (torch.zeros(2, 2), "Tensor tensor([[0., 0.],"),
-        ("abc", "str 'abc'"),
-        ({"x": X}, "dict {'x': tensor("),
-    ])
+    @pytest.mark.parametrize(
+        "data,shown",
+        [
+            (3, "int 3"),
+            (None, "NoneType None"),
+            (torch.zeros(2, 2), "Tensor tensor([[0., 0.],"),
+            ("abc", "str 'abc'"),
+            ({"x": X}, "dict {'x': tensor("),
+        ],
+    )
     def test_not_an_iterable_of_batches(self, data, shown):
-        msg = ("train_data must be an iterable of (data, label) batches such as a DataLoader or a list, "
-               f"got {shown}")
+        msg = f"train_data must be an iterable of (data, label) batches such as a DataLoader or a list, got {shown}"
         with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
             check_data(data, "train_data", passes=None)
 
@@ -176,8 +184,10 @@ class TestCheckData:
     @pytest.mark.parametrize("passes,times", [(None, "more than once"), (2, "2 times")])
     def test_one_shot_iterator_read_several_times(self, passes, times):
         gen = ((X, Y) for _ in range(3))
-        msg = (f"train_data is a one-shot iterator (generator), which is exhausted after one pass, but it would "
-               f"be read {times}; pass a re-iterable such as a DataLoader or a list")
+        msg = (
+            f"train_data is a one-shot iterator (generator), which is exhausted after one pass, but it would "
+            f"be read {times}; pass a re-iterable such as a DataLoader or a list"
+        )
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
             check_data(gen, "train_data", passes=passes)
         assert next(gen)[0] is X  # the check did not consume it

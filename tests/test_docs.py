@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\S*)\s*$")
 
+
 def python_blocks(path: Path) -> list[tuple[int, str]]:
     """``(line number of the block's first code line, code)`` for each ```python block."""
     blocks, code, start, language = [], [], 0, None
@@ -48,8 +49,7 @@ def run_blocks(path: Path) -> None:
             exec(compiled, namespace)
         except Exception as error:
             raise AssertionError(
-                f"{name}: the python block starting at line {line} failed: "
-                f"{type(error).__name__}: {error}"
+                f"{name}: the python block starting at line {line} failed: {type(error).__name__}: {error}"
             ) from error
 
 
@@ -71,7 +71,7 @@ def test_a_failing_block_names_the_file_and_line(tmp_path: Path) -> None:
     page.write_text("# title\n\n```python\nx = 1\n```\n\n```python\nok = True\nraise ValueError('boom')\n```\n")
     with pytest.raises(AssertionError, match=r"starting at line 8 failed: ValueError: boom") as info:
         run_blocks(page)
-    assert info.value.__cause__.__traceback__.tb_next.tb_lineno == 9   # the line in the Markdown file
+    assert info.value.__cause__.__traceback__.tb_next.tb_lineno == 9  # the line in the Markdown file
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -31,12 +31,15 @@ def feed(handler, values, key="val_loss", estimator=None):
     return None
 
 
-@pytest.mark.parametrize("patience, values, stopped", [
-    (0, [1.0, 0.9, 0.95, 0.8], 2),          # patience 0: the first epoch without improvement stops
-    (1, [1.0, 0.9, 0.95, 0.8], 2),
-    (2, [1.0, 0.9, 0.95, 0.8, 0.85, 0.86], 5),  # the improvement at epoch 3 reset the count
-    (3, [1.0, 0.9, 0.8, 0.7], None),
-])
+@pytest.mark.parametrize(
+    "patience, values, stopped",
+    [
+        (0, [1.0, 0.9, 0.95, 0.8], 2),  # patience 0: the first epoch without improvement stops
+        (1, [1.0, 0.9, 0.95, 0.8], 2),
+        (2, [1.0, 0.9, 0.95, 0.8, 0.85, 0.86], 5),  # the improvement at epoch 3 reset the count
+        (3, [1.0, 0.9, 0.8, 0.7], None),
+    ],
+)
 def test_patience_counts_epochs_without_improvement(patience, values, stopped):
     assert feed(EarlyStoppingHandler("val_loss", patience=patience), values) == stopped
 
@@ -57,8 +60,10 @@ def test_epochs_without_a_value_are_skipped_and_nan_never_improves():
     assert handler.best == 1.0
 
 
-@pytest.mark.parametrize("key, diverged", [("val_loss", -math.inf), ("val_loss", math.inf),
-                                             ("val_accuracy", math.inf), ("val_accuracy", -math.inf)])
+@pytest.mark.parametrize(
+    "key, diverged",
+    [("val_loss", -math.inf), ("val_loss", math.inf), ("val_accuracy", math.inf), ("val_accuracy", -math.inf)],
+)
 def test_an_infinite_value_is_never_best(key, diverged):
     # -inf as a val_loss (or +inf as an accuracy) would be a best no epoch beats, and restore_best
     # would bring back the diverged epoch's weights.
@@ -114,20 +119,26 @@ def test_fit_stops_early_and_records_why():
 
 def test_unknown_monitor_is_an_error_before_training():
     estimator, train, val = linear_problem()
-    with pytest.raises(MonitorKeyError, match="monitors 'val_acc', which this run will not produce; "
-                                              "available keys: train_loss, train_mae, val_loss, val_mae"):
+    with pytest.raises(
+        MonitorKeyError,
+        match="monitors 'val_acc', which this run will not produce; "
+        "available keys: train_loss, train_mae, val_loss, val_mae",
+    ):
         estimator.fit(train, val_data=val, epochs=1, event_handlers=[EarlyStoppingHandler("val_acc")])
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"patience": -1}, FitforgeValueError, "patience must be a non-negative int, got -1"),
-    ({"patience": 1.5}, FitforgeTypeError, "patience must be a non-negative int, got 1.5"),
-    ({"mode": "up"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max', got 'up'"),
-    ({"min_delta": -0.1}, FitforgeValueError, "min_delta must be >= 0"),
-    ({"min_delta": "0"}, FitforgeTypeError, "min_delta must be a number, got str"),
-    ({"baseline": "low"}, FitforgeTypeError, "baseline must be a number or None, got str"),
-    ({"monitor": 3}, FitforgeTypeError, "monitor must be a history key such as 'val_loss', got int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"patience": -1}, FitforgeValueError, "patience must be a non-negative int, got -1"),
+        ({"patience": 1.5}, FitforgeTypeError, "patience must be a non-negative int, got 1.5"),
+        ({"mode": "up"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max', got 'up'"),
+        ({"min_delta": -0.1}, FitforgeValueError, "min_delta must be >= 0"),
+        ({"min_delta": "0"}, FitforgeTypeError, "min_delta must be a number, got str"),
+        ({"baseline": "low"}, FitforgeTypeError, "baseline must be a number or None, got str"),
+        ({"monitor": 3}, FitforgeTypeError, "monitor must be a history key such as 'val_loss', got int"),
+    ],
+)
 def test_argument_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
         EarlyStoppingHandler(**kwargs)
@@ -143,8 +154,10 @@ def test_auto_mode_inference():
     assert infer_mode("val_box_l1", estimator)[0] == "min"
     # The metric's own higher_is_better wins over a name that would suggest the opposite.
     assert infer_mode("val_closeness", estimator) == ("min", "MeanSquaredError.higher_is_better=False")
-    with pytest.raises(FitforgeValueError, match="cannot tell whether a higher or a lower 'val_foo' is better; "
-                                                 "pass mode='min' or mode='max'"):
+    with pytest.raises(
+        FitforgeValueError,
+        match="cannot tell whether a higher or a lower 'val_foo' is better; pass mode='min' or mode='max'",
+    ):
         infer_mode("val_foo", estimator)
 
 
@@ -155,18 +168,23 @@ def test_explicit_mode_skips_inference_and_nan_best_is_replaced():
 
 
 def test_validation_every_second_epoch_is_waited_for():
-    from fitforge.handlers import CheckpointHandler, ValidationHandler
     import tempfile
+
+    from fitforge.handlers import CheckpointHandler, ValidationHandler
+
     estimator, train, val = linear_problem()
     stopper = EarlyStoppingHandler("val_loss", patience=1)
     with tempfile.TemporaryDirectory() as folder:
         saver = CheckpointHandler(folder, monitor="val_loss", save_best=True, epoch_period=None)
-        history = estimator.fit(train, epochs=4, event_handlers=[ValidationHandler(val, epoch_period=2), stopper, saver])
+        history = estimator.fit(
+            train, epochs=4, event_handlers=[ValidationHandler(val, epoch_period=2), stopper, saver]
+        )
     assert history.epochs == 4 and math.isnan(history["val_loss"][0]) and stopper.best == history["val_loss"][3]
 
 
 def test_a_key_only_eval_fn_could_produce_is_an_error_once_validation_ran_without_it():
     from fitforge.handlers import ValidationHandler
+
     estimator, train, val = linear_problem()
     validator = ValidationHandler(val, eval_fn=lambda data, event_handlers: {"val_loss": 1.0})
     with pytest.raises(MonitorKeyError, match="monitors 'val_f1', which is not among the values produced"):
@@ -175,6 +193,7 @@ def test_a_key_only_eval_fn_could_produce_is_an_error_once_validation_ran_withou
 
 def test_a_failed_start_does_not_restore_the_previous_runs_weights():
     from fitforge.events import TrainBegin
+
     estimator, train, val = linear_problem()
     stopper = EarlyStoppingHandler("val_loss", patience=5, restore_best=True)
     estimator.fit(train, val_data=val, epochs=2, event_handlers=[stopper])
@@ -206,11 +225,17 @@ def test_the_stop_message_without_any_value_or_with_an_unbeaten_baseline():
 
 def test_a_best_checkpoint_and_restored_weights_judged_by_different_keys_warn(tmp_path):
     from fitforge.handlers import CheckpointHandler
+
     estimator, train, val = linear_problem()
-    handlers = [CheckpointHandler(tmp_path, monitor="val_mae", save_best=True),
-                EarlyStoppingHandler("val_loss", restore_best=True)]
-    with pytest.warns(UserWarning, match="CheckpointHandler keeps the best weights by 'val_mae' but "
-                                         "EarlyStoppingHandler restores the best by 'val_loss'"):
+    handlers = [
+        CheckpointHandler(tmp_path, monitor="val_mae", save_best=True),
+        EarlyStoppingHandler("val_loss", restore_best=True),
+    ]
+    with pytest.warns(
+        UserWarning,
+        match="CheckpointHandler keeps the best weights by 'val_mae' but "
+        "EarlyStoppingHandler restores the best by 'val_loss'",
+    ):
         estimator.fit(train, val_data=val, epochs=1, event_handlers=handlers)
 
 

@@ -11,11 +11,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fitforge import BatchProcessor, Estimator
 from fitforge.events import EpochEnd
-from fitforge.exceptions import (BatchFormatError, FitforgeTypeError, FitforgeValueError, LossInputError,
-                                 MonitorKeyError)
+from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, LossInputError, MonitorKeyError
 from fitforge.handlers import ValidationHandler
 from fitforge.testing import linear_problem
-
 from helpers import make_estimator, regression_batches
 
 
@@ -69,16 +67,21 @@ def test_train_loss_is_the_sample_mean_when_weights_do_not_move():
 
 def test_validation_every_second_epoch_aligns_with_nan():
     est = make_estimator()
-    history = est.fit(regression_batches(), epochs=4,
-                      event_handlers=[ValidationHandler(regression_batches(1), epoch_period=2)])
+    history = est.fit(
+        regression_batches(), epochs=4, event_handlers=[ValidationHandler(regression_batches(1), epoch_period=2)]
+    )
     val = history["val_loss"]
     assert math.isnan(val[0]) and math.isnan(val[2]) and not math.isnan(val[1]) and not math.isnan(val[3])
 
 
 def test_validation_every_n_batches():
     calls = []
-    handler = ValidationHandler(regression_batches(1), epoch_period=None, batch_period=2,
-                                eval_fn=lambda data, event_handlers: calls.append(1) or {"val_score": 1.0})
+    handler = ValidationHandler(
+        regression_batches(1),
+        epoch_period=None,
+        batch_period=2,
+        eval_fn=lambda data, event_handlers: calls.append(1) or {"val_score": 1.0},
+    )
     history = make_estimator().fit(regression_batches(3), epochs=2, event_handlers=[handler])
     assert len(calls) == 3 and history["val_score"] == [1.0, 1.0]
 
@@ -112,30 +115,49 @@ def two_head_batches():
 
 def test_two_output_two_loss_model_with_weights_and_per_output_metrics():
     net = TwoHeads()
-    est = Estimator(net, [nn.CrossEntropyLoss(), nn.MSELoss()], loss_weights=[1.0, 0.5],
-                    train_metrics={0: "accuracy", 1: ["mae"]}, optimizer=torch.optim.Adam(net.parameters(), 0.02),
-                    device="cpu")
+    est = Estimator(
+        net,
+        [nn.CrossEntropyLoss(), nn.MSELoss()],
+        loss_weights=[1.0, 0.5],
+        train_metrics={0: "accuracy", 1: ["mae"]},
+        optimizer=torch.optim.Adam(net.parameters(), 0.02),
+        device="cpu",
+    )
     history = est.fit(two_head_batches(), val_data=two_head_batches(), epochs=3)
-    assert {"train_loss", "train_loss_0", "train_loss_1", "train_accuracy_0", "train_mae_1",
-            "val_loss", "val_loss_0", "val_loss_1", "val_accuracy_0", "val_mae_1"} <= set(history)
+    assert {
+        "train_loss",
+        "train_loss_0",
+        "train_loss_1",
+        "train_accuracy_0",
+        "train_mae_1",
+        "val_loss",
+        "val_loss_0",
+        "val_loss_1",
+        "val_accuracy_0",
+        "val_mae_1",
+    } <= set(history)
     # the total is the weighted sum of the parts (sample means are linear)
-    assert history["val_loss"][-1] == pytest.approx(history["val_loss_0"][-1] + 0.5 * history["val_loss_1"][-1],
-                                                    rel=1e-5)
+    assert history["val_loss"][-1] == pytest.approx(
+        history["val_loss_0"][-1] + 0.5 * history["val_loss_1"][-1], rel=1e-5
+    )
     pred = est.predict(two_head_batches())
     assert isinstance(pred, tuple) and pred[0].shape == (32, 3) and pred[1].shape == (32, 1)
 
 
 def test_flat_metric_list_applies_to_output_zero():
     net = TwoHeads()
-    est = Estimator(net, [nn.CrossEntropyLoss(), nn.MSELoss()], train_metrics=["accuracy"], optimizer="sgd",
-                    device="cpu")
+    est = Estimator(
+        net, [nn.CrossEntropyLoss(), nn.MSELoss()], train_metrics=["accuracy"], optimizer="sgd", device="cpu"
+    )
     assert "train_accuracy" in est.fit(two_head_batches(), epochs=1)
 
 
 def test_output_loss_label_count_mismatch_names_the_three_counts():
     est = Estimator(TwoHeads(), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
-    with pytest.raises(LossInputError, match=re.escape("the net returned 2 output(s), 1 loss(es) are configured "
-                                                       "and the batch has 1 label(s)")):
+    with pytest.raises(
+        LossInputError,
+        match=re.escape("the net returned 2 output(s), 1 loss(es) are configured and the batch has 1 label(s)"),
+    ):
         est.fit(classification_batches(), epochs=1)
 
 
@@ -162,7 +184,9 @@ def test_custom_batch_processor_for_dict_batches_and_label_aware_forward():
             return net(*inputs)
 
     batches = [{"x": x, "y": y} for x, y in regression_batches()]
-    with pytest.raises(BatchFormatError, match="got a dict batch with keys \\['x', 'y'\\].*override BatchProcessor.unpack"):
+    with pytest.raises(
+        BatchFormatError, match="got a dict batch with keys \\['x', 'y'\\].*override BatchProcessor.unpack"
+    ):
         make_estimator().fit(batches, epochs=1)
     est = make_estimator(batch_processor=DictBatches())
     est.fit(batches, val_data=batches, epochs=2)
@@ -205,11 +229,17 @@ def unchanged_after(est, call):
     return all(p.detach().equal(b) for p, b in zip(est.net.parameters(), before))
 
 
-@pytest.mark.parametrize("batch, message", [
-    ((torch.zeros(4, 1),), r"a batch must be a \(data, label\) pair, got a tuple of 1"),
-    (torch.zeros(4, 1), r"a batch must be a \(data, label\) pair, got a tensor of shape \(4, 1\)"),
-    ((torch.zeros(4, 1), [1, 2]), r"pair of tensors or tuples of tensors, got data: tensor of shape \(4, 1\), label: list"),
-])
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        ((torch.zeros(4, 1),), r"a batch must be a \(data, label\) pair, got a tuple of 1"),
+        (torch.zeros(4, 1), r"a batch must be a \(data, label\) pair, got a tensor of shape \(4, 1\)"),
+        (
+            (torch.zeros(4, 1), [1, 2]),
+            r"pair of tensors or tuples of tensors, got data: tensor of shape \(4, 1\), label: list",
+        ),
+    ],
+)
 def test_bad_batch_is_a_clear_error_before_any_step(batch, message):
     est = make_estimator()
     with pytest.raises(BatchFormatError, match=message):
@@ -233,9 +263,14 @@ def test_label_dtype_the_loss_cannot_take_names_shapes_and_fix():
     net = nn.Linear(5, 3)
     est = Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
     batches = [(x, y.float()) for x, y in classification_batches()]
-    with pytest.raises(LossInputError, match=re.escape("loss 0 (CrossEntropyLoss) failed on pred shape (8, 3) float32 "
-                                                       "and label shape (8,) float32; class-index labels must be int64 "
-                                                       "of shape (8,): use label.long()")):
+    with pytest.raises(
+        LossInputError,
+        match=re.escape(
+            "loss 0 (CrossEntropyLoss) failed on pred shape (8, 3) float32 "
+            "and label shape (8,) float32; class-index labels must be int64 "
+            "of shape (8,): use label.long()"
+        ),
+    ):
         est.fit(batches, epochs=1)
 
 
@@ -251,12 +286,19 @@ def test_non_scalar_loss_is_a_clear_error():
         est.fit(regression_batches(), epochs=1)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(epochs=1, batches=2), FitforgeValueError, "give exactly one of epochs or batches, got epochs=1 and batches=2"),
-    (dict(), FitforgeValueError, "give exactly one of epochs or batches, got epochs=None and batches=None"),
-    (dict(epochs=0), FitforgeValueError, "epochs must be a positive int, got 0"),
-    (dict(batches=1.5), FitforgeTypeError, "batches must be a positive int, got float 1.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (
+            dict(epochs=1, batches=2),
+            FitforgeValueError,
+            "give exactly one of epochs or batches, got epochs=1 and batches=2",
+        ),
+        (dict(), FitforgeValueError, "give exactly one of epochs or batches, got epochs=None and batches=None"),
+        (dict(epochs=0), FitforgeValueError, "epochs must be a positive int, got 0"),
+        (dict(batches=1.5), FitforgeTypeError, "batches must be a positive int, got float 1.5"),
+    ],
+)
 def test_fit_duration_errors(kwargs, error, message):
     with pytest.raises(error, match=re.escape(message)):
         make_estimator().fit(regression_batches(), **kwargs)
@@ -278,21 +320,32 @@ def test_data_errors_before_training():
         est.predict([])
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(loss="mse"), FitforgeTypeError, "loss must be a loss module or a callable (pred, label) -> scalar tensor"),
-    (dict(loss=nn.MSELoss), FitforgeTypeError, "pass an instance: MSELoss()"),
-    (dict(train_metrics="f1"), FitforgeValueError, "unknown metric name 'f1'; known names: acc, accuracy"),
-    (dict(val_metrics=[object()]), FitforgeTypeError, "val_metrics got object"),
-    (dict(optimizer="adamx"), FitforgeValueError, "optimizer 'adamx' is not a known name; known: adam, adamw, sgd"),
-    (dict(optimizer=torch.optim.SGD), FitforgeTypeError, "pass an instance: SGD(net.parameters(), lr=...)"),
-    (dict(device="gpu"), FitforgeValueError, "device 'gpu' is not a device name"),
-    (dict(device=1.5), FitforgeTypeError, "device must be None, a string such as 'cpu'"),
-    (dict(batch_processor=BatchProcessor), FitforgeTypeError, "pass an instance: BatchProcessor()"),
-    (dict(batch_processor=object()), FitforgeTypeError, "batch_processor must be a BatchProcessor instance, got object"),
-    (dict(net=nn.Linear), FitforgeTypeError, "net got the class Linear; pass an instance: Linear()"),
-    (dict(net="resnet"), FitforgeTypeError, "net must be a torch.nn.Module, got str 'resnet'"),
-    (dict(val_net=3), FitforgeTypeError, "val_net must be a torch.nn.Module, got int 3"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (
+            dict(loss="mse"),
+            FitforgeTypeError,
+            "loss must be a loss module or a callable (pred, label) -> scalar tensor",
+        ),
+        (dict(loss=nn.MSELoss), FitforgeTypeError, "pass an instance: MSELoss()"),
+        (dict(train_metrics="f1"), FitforgeValueError, "unknown metric name 'f1'; known names: acc, accuracy"),
+        (dict(val_metrics=[object()]), FitforgeTypeError, "val_metrics got object"),
+        (dict(optimizer="adamx"), FitforgeValueError, "optimizer 'adamx' is not a known name; known: adam, adamw, sgd"),
+        (dict(optimizer=torch.optim.SGD), FitforgeTypeError, "pass an instance: SGD(net.parameters(), lr=...)"),
+        (dict(device="gpu"), FitforgeValueError, "device 'gpu' is not a device name"),
+        (dict(device=1.5), FitforgeTypeError, "device must be None, a string such as 'cpu'"),
+        (dict(batch_processor=BatchProcessor), FitforgeTypeError, "pass an instance: BatchProcessor()"),
+        (
+            dict(batch_processor=object()),
+            FitforgeTypeError,
+            "batch_processor must be a BatchProcessor instance, got object",
+        ),
+        (dict(net=nn.Linear), FitforgeTypeError, "net got the class Linear; pass an instance: Linear()"),
+        (dict(net="resnet"), FitforgeTypeError, "net must be a torch.nn.Module, got str 'resnet'"),
+        (dict(val_net=3), FitforgeTypeError, "val_net must be a torch.nn.Module, got int 3"),
+    ],
+)
 def test_estimator_argument_errors(kwargs, error, message):
     args = dict(net=nn.Linear(1, 1), loss=nn.MSELoss(), optimizer="sgd", device="cpu")
     args.update(kwargs)
@@ -313,9 +366,14 @@ class Monitors(EpochEnd):
 
 def test_monitor_naming_an_unknown_key_lists_the_available_keys():
     est = make_estimator()
-    with pytest.raises(MonitorKeyError, match=re.escape("Monitors monitors 'val_acc', which this run will not "
-                                                        "produce; available keys: train_loss, train_mae, val_loss, "
-                                                        "val_mae, lr, epoch_time")):
+    with pytest.raises(
+        MonitorKeyError,
+        match=re.escape(
+            "Monitors monitors 'val_acc', which this run will not "
+            "produce; available keys: train_loss, train_mae, val_loss, "
+            "val_mae, lr, epoch_time"
+        ),
+    ):
         est.fit(regression_batches(), val_data=regression_batches(), epochs=1, event_handlers=[Monitors("val_acc")])
     with pytest.raises(MonitorKeyError, match="available keys: train_loss, train_mae, lr, epoch_time"):
         est.fit(regression_batches(), epochs=1, event_handlers=[Monitors("val_loss")])
@@ -331,16 +389,29 @@ def test_monitor_of_a_key_only_a_custom_eval_fn_produces_is_checked_at_first_use
 
     custom = ValidationHandler(regression_batches(), eval_fn=lambda data, event_handlers: {"val_custom": 1.0})
     make_estimator().fit(regression_batches(), epochs=1, event_handlers=[custom, Reads("val_custom")])
-    with pytest.raises(MonitorKeyError, match=re.escape("Reads monitors 'val_other', which is not among the values "
-                                                        "produced: train_loss, train_mae, val_custom")):
+    with pytest.raises(
+        MonitorKeyError,
+        match=re.escape(
+            "Reads monitors 'val_other', which is not among the values produced: train_loss, train_mae, val_custom"
+        ),
+    ):
         make_estimator().fit(regression_batches(), epochs=1, event_handlers=[custom, Reads("val_other")])
 
 
 def test_history_keys_reflect_losses_metrics_and_optimizers():
     est = Estimator(TwoHeads(), [nn.CrossEntropyLoss(), nn.MSELoss()], optimizer="sgd", device="cpu")
     assert est.history_keys(validation=True) == [
-        "train_loss", "train_loss_0", "train_loss_1", "train_accuracy", "val_loss", "val_loss_0", "val_loss_1",
-        "val_accuracy", "lr", "epoch_time"]
+        "train_loss",
+        "train_loss_0",
+        "train_loss_1",
+        "train_accuracy",
+        "val_loss",
+        "val_loss_0",
+        "val_loss_1",
+        "val_accuracy",
+        "lr",
+        "epoch_time",
+    ]
 
 
 def test_default_handlers_false_adds_only_stopping_and_gradient_update():
@@ -377,8 +448,10 @@ def test_stop_reason_records_cancel_fit_and_failures():
         def batch_end(self, state):
             raise CancelFit("diverged")
 
-    assert make_estimator().fit(regression_batches(), epochs=2, event_handlers=[Cancel()]).stop_reason == \
-        "CancelFit raised: diverged"
+    assert (
+        make_estimator().fit(regression_batches(), epochs=2, event_handlers=[Cancel()]).stop_reason
+        == "CancelFit raised: diverged"
+    )
     recorder = []
 
     class Fail(BatchEnd, __import__("fitforge.events", fromlist=["TrainEnd"]).TrainEnd):
@@ -424,8 +497,11 @@ def test_host_inputs_stay_where_they_are():
     estimator.fit([((x, lengths), 2 * x)], epochs=1)
     estimator.predict([((x, lengths),)])  # a one-element batch holds the inputs only
     assert all(t is lengths for t in seen)  # the very same tensor: never copied
-    with pytest.raises(FitforgeTypeError, match=r"BatchProcessor: host_inputs must be a tuple of input positions "
-                                                r"\(ints >= 0\), got int 1"):
+    with pytest.raises(
+        FitforgeTypeError,
+        match=r"BatchProcessor: host_inputs must be a tuple of input positions "
+        r"\(ints >= 0\), got int 1",
+    ):
         BatchProcessor(host_inputs=1)
     with pytest.raises(FitforgeValueError, match=r"host_inputs positions must be >= 0, got \(-1,\)"):
         BatchProcessor(host_inputs=(-1,))

@@ -5,11 +5,20 @@ import re
 import pytest
 
 from fitforge.dispatch import Dispatcher, check_handler, order_handlers
-from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, Event, EventHandler, TrainBegin, TrainEnd, events_of
+from fitforge.events import (
+    BatchBegin,
+    BatchEnd,
+    EpochBegin,
+    EpochEnd,
+    Event,
+    EventHandler,
+    TrainBegin,
+    TrainEnd,
+    events_of,
+)
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
 from fitforge.handlers import GradientUpdateHandler, LoggingHandler, MetricHandler, StoppingHandler, ValidationHandler
 from fitforge.testing import RecordingHandler
-
 from helpers import make_estimator, regression_batches
 
 
@@ -81,12 +90,19 @@ def test_cycle_is_an_error_naming_only_the_handlers_in_it():
         order_handlers([blocked, C("free"), a, b])
 
 
-@pytest.mark.parametrize("attr, value, message", [
-    ("priority", "high", "priority must be an int, got str 'high'"),
-    ("priority", None, "priority must be an int, got NoneType None"),
-    ("run_after", "LoggingHandler", "run_after must be a tuple of handler classes, e.g. (LoggingHandler,), got str"),
-    ("run_after", (LoggingHandler(),), "run_after must be a tuple of handler classes"),
-])
+@pytest.mark.parametrize(
+    "attr, value, message",
+    [
+        ("priority", "high", "priority must be an int, got str 'high'"),
+        ("priority", None, "priority must be an int, got NoneType None"),
+        (
+            "run_after",
+            "LoggingHandler",
+            "run_after must be a tuple of handler classes, e.g. (LoggingHandler,), got str",
+        ),
+        ("run_after", (LoggingHandler(),), "run_after must be a tuple of handler classes"),
+    ],
+)
 def test_bad_priority_or_run_after_is_a_clear_error(attr, value, message):
     handler = RecordingHandler()
     setattr(handler, attr, value)
@@ -171,8 +187,14 @@ def test_callers_handler_list_is_not_mutated():
 
 
 def test_all_six_mixins_have_noop_hooks():
-    for mixin, hook in [(TrainBegin, "train_begin"), (TrainEnd, "train_end"), (EpochBegin, "epoch_begin"),
-                        (EpochEnd, "epoch_end"), (BatchBegin, "batch_begin"), (BatchEnd, "batch_end")]:
+    for mixin, hook in [
+        (TrainBegin, "train_begin"),
+        (TrainEnd, "train_end"),
+        (EpochBegin, "epoch_begin"),
+        (EpochEnd, "epoch_end"),
+        (BatchBegin, "batch_begin"),
+        (BatchEnd, "batch_end"),
+    ]:
         assert getattr(mixin(), hook)(None) is None
     handler = EventHandler()
     assert handler.state_dict() == {} and handler.load_state_dict({}) is None

@@ -9,7 +9,6 @@ import re
 import pytest
 import torch
 import torchmetrics
-from helpers import make_estimator, regression_batches
 from torch import nn
 
 from fitforge import BatchOutput, BatchProcessor, Estimator
@@ -22,6 +21,7 @@ from fitforge.exceptions import (
 )
 from fitforge.handlers import MetricHandler, ValidationHandler
 from fitforge.metrics import SumCountMetric
+from helpers import make_estimator, regression_batches
 
 
 def snapshot(module, buffers=False):
@@ -44,8 +44,9 @@ def classifier(outputs=3, features=5, **kwargs):
 
 def class_batches(n=3, size=8, features=5, classes=3):
     g = torch.Generator().manual_seed(0)
-    return [(torch.randn(size, features, generator=g), torch.randint(0, classes, (size,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(size, features, generator=g), torch.randint(0, classes, (size,), generator=g)) for _ in range(n)
+    ]
 
 
 class TwoHeads(nn.Module):
@@ -60,19 +61,29 @@ class TwoHeads(nn.Module):
 
 # -- 4. a metric that fails on the first batch ------------------------------------------------------------------
 
+
 def _estimator_metric():
     return classifier(train_metrics="top5_accuracy"), {}, "top5_accuracy", "TopKAccuracy"
 
 
 def _handler_metric():
-    return classifier(), {"event_handlers": [MetricHandler(metrics=["accuracy", "top5_accuracy"])]}, \
-        "top5_accuracy", "TopKAccuracy"
+    return (
+        classifier(),
+        {"event_handlers": [MetricHandler(metrics=["accuracy", "top5_accuracy"])]},
+        "top5_accuracy",
+        "TopKAccuracy",
+    )
 
 
 def _per_output_metric():
     net = TwoHeads()
-    est = Estimator(net, [nn.CrossEntropyLoss(), nn.CrossEntropyLoss()], train_metrics={0: "accuracy", 1: "top5_acc"},
-                    optimizer=torch.optim.Adam(net.parameters()), device="cpu")
+    est = Estimator(
+        net,
+        [nn.CrossEntropyLoss(), nn.CrossEntropyLoss()],
+        train_metrics={0: "accuracy", 1: "top5_acc"},
+        optimizer=torch.optim.Adam(net.parameters()),
+        device="cpu",
+    )
     return est, {}, "top5_accuracy_1", "TopKAccuracy"
 
 
@@ -80,16 +91,24 @@ def _torchmetrics_metric():
     return classifier(train_metrics={"mse": torchmetrics.MeanSquaredError()}), {}, "mse", "MeanSquaredError"
 
 
-@pytest.mark.parametrize("make", [_estimator_metric, _handler_metric, _per_output_metric, _torchmetrics_metric],
-                         ids=["estimator", "MetricHandler(metrics=...)", "per output", "torchmetrics"])
+@pytest.mark.parametrize(
+    "make",
+    [_estimator_metric, _handler_metric, _per_output_metric, _torchmetrics_metric],
+    ids=["estimator", "MetricHandler(metrics=...)", "per output", "torchmetrics"],
+)
 def test_a_metric_failing_on_the_first_batch_fails_before_the_step(make):
     est, kwargs, name, kind = make()
     batches = class_batches()
     if isinstance(est.net, TwoHeads):
         batches = [(x, (y, y)) for x, y in batches]
     before = snapshot(est.net)
-    with pytest.raises(FitforgeValueError, match=re.escape(f"metric {name!r} ({kind}) failed on pred: tensor of shape "
-                                                           "(8, 3) and label: tensor of shape (8,) in batch 0")):
+    with pytest.raises(
+        FitforgeValueError,
+        match=re.escape(
+            f"metric {name!r} ({kind}) failed on pred: tensor of shape "
+            "(8, 3) and label: tensor of shape (8,) in batch 0"
+        ),
+    ):
         est.fit(batches, epochs=1, **kwargs)
     assert_untouched(est, before)
 
@@ -117,10 +136,14 @@ def _validation_handler(data):
     return ValidationHandler(data, event_handlers=[MetricHandler("top5_accuracy")])
 
 
-@pytest.mark.parametrize("val_metrics, handler, name", [
-    ("top5_accuracy", None, "val_data"),
-    (None, _validation_handler, "ValidationHandler val_data"),
-], ids=["val_metrics", "ValidationHandler(event_handlers=[MetricHandler])"])
+@pytest.mark.parametrize(
+    "val_metrics, handler, name",
+    [
+        ("top5_accuracy", None, "val_data"),
+        (None, _validation_handler, "ValidationHandler val_data"),
+    ],
+    ids=["val_metrics", "ValidationHandler(event_handlers=[MetricHandler])"],
+)
 def test_a_failing_validation_metric_fails_before_training(val_metrics, handler, name):
     est = classifier(val_metrics=val_metrics)
     calls, fit_batch = [], est.batch_processor.fit_batch
@@ -128,14 +151,16 @@ def test_a_failing_validation_metric_fails_before_training(val_metrics, handler,
     batches = class_batches()
     before = snapshot(est.net, buffers=True)  # the check ran in eval mode: not even BatchNorm's statistics moved
     fit_kwargs = {"event_handlers": [handler(batches)]} if handler else {"val_data": batches}
-    with pytest.raises(FitforgeValueError, match=re.escape(f"the first batch of {name} cannot be evaluated: "
-                                                           "metric 'top5_accuracy'")):
+    with pytest.raises(
+        FitforgeValueError, match=re.escape(f"the first batch of {name} cannot be evaluated: metric 'top5_accuracy'")
+    ):
         est.fit(batches, epochs=1, **fit_kwargs)
     assert not calls
     assert_untouched(est, before)
 
 
 # -- 5. a net off the estimator's device ----------------------------------------------------------------------
+
 
 def _moved_parameter(net):
     net[3].to("meta")  # after the Estimator placed the net: a later net.to(...) of part of it
@@ -145,8 +170,11 @@ def _moved_buffer(net):
     net[1].running_mean = torch.zeros(8, device="meta")
 
 
-@pytest.mark.parametrize("move, what", [(_moved_parameter, "parameter '3.weight'"),
-                                        (_moved_buffer, "buffer '1.running_mean'")], ids=["parameter", "buffer"])
+@pytest.mark.parametrize(
+    "move, what",
+    [(_moved_parameter, "parameter '3.weight'"), (_moved_buffer, "buffer '1.running_mean'")],
+    ids=["parameter", "buffer"],
+)
 def test_a_net_moved_off_the_estimator_device_is_an_error_at_fit_start(move, what):
     est = classifier()
     move(est.net)
@@ -174,15 +202,19 @@ def test_a_plain_tensor_attribute_left_on_another_device_names_the_layer_and_the
     est = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters()), device="cpu")
     net[1].scale = torch.ones(8, device="meta")  # as if the net had been moved to a GPU without it
     before = snapshot(net)
-    with pytest.raises(DeviceMismatchError, match=r"the net failed on the first batch in layer '1' \(Scale\(\)\), "
-                                                  r"which received x: .*attribute 'scale' is a plain tensor on meta, "
-                                                  r"not a registered buffer.*register_buffer\('scale'") as info:
+    with pytest.raises(
+        DeviceMismatchError,
+        match=r"the net failed on the first batch in layer '1' \(Scale\(\)\), "
+        r"which received x: .*attribute 'scale' is a plain tensor on meta, "
+        r"not a registered buffer.*register_buffer\('scale'",
+    ) as info:
         est.fit(class_batches(), epochs=1)
     assert isinstance(info.value, RuntimeError) and isinstance(info.value.__cause__, RuntimeError)
     assert_untouched(est, before)
 
 
 # -- 5. nan or inf in the inputs --------------------------------------------------------------------------------
+
 
 def _with(value):
     """Class batches whose first holds ``value`` twice in its data."""
@@ -193,8 +225,11 @@ def _with(value):
     return [(x, y)] + batches[1:]
 
 
-@pytest.mark.parametrize("value, found", [(float("nan"), "2 nan and 0 inf"), (float("inf"), "0 nan and 2 inf"),
-                                          (-float("inf"), "0 nan and 2 inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "value, found",
+    [(float("nan"), "2 nan and 0 inf"), (float("inf"), "0 nan and 2 inf"), (-float("inf"), "0 nan and 2 inf")],
+    ids=["nan", "inf", "-inf"],
+)
 def test_nonfinite_inputs_are_rejected_before_the_forward(value, found):
     est = classifier()
     before = snapshot(est.net, buffers=True)
@@ -221,36 +256,50 @@ def test_a_net_that_handles_nan_on_purpose_can_allow_it():
             return self.fc(torch.nan_to_num(x))
 
     net = NanToNum()
-    est = Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu",
-                    batch_processor=BatchProcessor(allow_nonfinite=True))
+    est = Estimator(
+        net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu", batch_processor=BatchProcessor(allow_nonfinite=True)
+    )
     est.fit(_with(float("nan")), epochs=1)
 
 
 # -- 5. integer targets for an elementwise loss ---------------------------------------------------------------
 
-@pytest.mark.parametrize("loss", [nn.MSELoss(), nn.L1Loss(), nn.SmoothL1Loss(), nn.HuberLoss(), nn.BCELoss(),
-                                  nn.BCEWithLogitsLoss()], ids=lambda loss: type(loss).__name__)
+
+@pytest.mark.parametrize(
+    "loss",
+    [nn.MSELoss(), nn.L1Loss(), nn.SmoothL1Loss(), nn.HuberLoss(), nn.BCELoss(), nn.BCEWithLogitsLoss()],
+    ids=lambda loss: type(loss).__name__,
+)
 def test_integer_targets_for_an_elementwise_loss_are_rejected(loss):
     net = nn.Sequential(nn.Linear(5, 1), nn.Sigmoid())
     est = Estimator(net, loss, optimizer=torch.optim.Adam(net.parameters()), device="cpu")
     batches = [(x, (y > 0).long().view(-1, 1)) for x, y in class_batches()]
     before = snapshot(net)
     name = type(loss).__name__
-    with pytest.raises(LossInputError, match=re.escape(f"loss 0 ({name}) needs a floating-point label, got label "
-                                                       "shape (8, 1) int64") + r".*use label\.float\(\)"):
+    with pytest.raises(
+        LossInputError,
+        match=re.escape(f"loss 0 ({name}) needs a floating-point label, got label shape (8, 1) int64")
+        + r".*use label\.float\(\)",
+    ):
         est.fit(batches, epochs=1)
     assert_untouched(est, before)
 
 
 # -- 5. a feature-size mismatch --------------------------------------------------------------------------------
 
+
 def test_data_with_the_wrong_feature_count_names_the_first_layer_and_the_fix():
     est = classifier(features=64)
     before = snapshot(est.net)
-    with pytest.raises(ForwardError, match=re.escape(
+    with pytest.raises(
+        ForwardError,
+        match=re.escape(
             "the net failed on the first batch in layer '0' (Linear(in_features=64, out_features=8, bias=True)), "
-            "which received input: shape (8, 32) float32") + ".*" + re.escape(
-            "the data has 32 features but layer '0' expects 64: give it in_features=32, or check the data")) as info:
+            "which received input: shape (8, 32) float32"
+        )
+        + ".*"
+        + re.escape("the data has 32 features but layer '0' expects 64: give it in_features=32, or check the data"),
+    ) as info:
         est.fit(class_batches(features=32), epochs=1)
     assert isinstance(info.value, RuntimeError)  # code catching torch's error still catches it
     assert "mat1 and mat2 shapes cannot be multiplied" in str(info.value.__cause__)
@@ -262,9 +311,13 @@ def test_a_hidden_layer_of_the_wrong_size_names_it_and_the_layer_before():
     net = nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(32, 3))
     est = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters()), device="cpu")
     before = snapshot(net)
-    with pytest.raises(ForwardError, match=re.escape(
+    with pytest.raises(
+        ForwardError,
+        match=re.escape(
             "layer '2' expects 32 features but receives 64 from the layers before it: give it in_features=64, "
-            "or make the layers before it output 32")):
+            "or make the layers before it output 32"
+        ),
+    ):
         est.fit(class_batches(), epochs=1)
     assert_untouched(est, before)
 
@@ -288,8 +341,9 @@ def test_a_custom_fit_batch_gets_the_explained_error_too():
     assert_untouched(est, before)
 
 
-@pytest.mark.parametrize("call", [lambda est, data: est.evaluate(data), lambda est, data: est.predict(data)],
-                         ids=["evaluate", "predict"])
+@pytest.mark.parametrize(
+    "call", [lambda est, data: est.evaluate(data), lambda est, data: est.predict(data)], ids=["evaluate", "predict"]
+)
 def test_evaluate_and_predict_explain_the_first_batch_too(call):
     est = classifier(features=64)
     with pytest.raises(ForwardError, match="the data has 32 features but layer '0' expects 64"):
@@ -299,8 +353,10 @@ def test_evaluate_and_predict_explain_the_first_batch_too(call):
 def test_the_validation_check_explains_a_feature_mismatch_before_training():
     est = classifier()
     before = snapshot(est.net)
-    with pytest.raises(ForwardError, match="^the first batch of val_data cannot be evaluated: the net failed on the "
-                                           "first batch in layer '0'"):
+    with pytest.raises(
+        ForwardError,
+        match="^the first batch of val_data cannot be evaluated: the net failed on the first batch in layer '0'",
+    ):
         est.fit(class_batches(), val_data=class_batches(features=4), epochs=1)
     assert_untouched(est, before)
 
@@ -329,9 +385,14 @@ def test_any_runtime_error_inside_the_net_names_the_module_and_keeps_the_origina
             raise RuntimeError("something else")
 
     est = Estimator(Broken(), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
-    with pytest.raises(ForwardError, match=re.escape("the net failed on the first batch in the net's own forward "
-                                                     "(Broken()), which received x: shape (8, 5) float32")
-                       + ".*Original error: something else") as info:
+    with pytest.raises(
+        ForwardError,
+        match=re.escape(
+            "the net failed on the first batch in the net's own forward "
+            "(Broken()), which received x: shape (8, 5) float32"
+        )
+        + ".*Original error: something else",
+    ) as info:
         est.fit(class_batches(), epochs=1)
     assert str(info.value.__cause__) == "something else"
 
@@ -358,26 +419,43 @@ def test_a_tensor_made_inside_forward_on_another_device_is_explained():
             return self.fc(x) + torch.zeros(3, device="meta")  # should be device=x.device
 
     est = Estimator(MakesItsOwn(), nn.CrossEntropyLoss(), optimizer="adam", device="cpu")
-    with pytest.raises(DeviceMismatchError, match=re.escape("a tensor made inside forward is on another device: "
-                                                            "create it on the input's device")):
+    with pytest.raises(
+        DeviceMismatchError,
+        match=re.escape("a tensor made inside forward is on another device: create it on the input's device"),
+    ):
         est.fit(class_batches(), epochs=1)
 
 
 def test_a_net_converted_to_half_after_the_estimator_gets_the_mixed_precision_fix():
     est = classifier()
     est.net.half()
-    with pytest.raises(ForwardError, match=re.escape("its weights are float16 but it received float32: keep the net in "
-                                                     "float32 and ask for mixed precision with Estimator(precision=")):
+    with pytest.raises(
+        ForwardError,
+        match=re.escape(
+            "its weights are float16 but it received float32: keep the net in "
+            "float32 and ask for mixed precision with Estimator(precision="
+        ),
+    ):
         est.fit(class_batches(), epochs=1)
     assert all(not opt.state for opt in est.optimizers)
 
 
-@pytest.mark.parametrize("labels, message", [
-    (lambda y: y + 3, "labels go up to 5 but the net outputs 3 class scores, so labels must lie in 0..2: give the "
-                      "last layer 6 outputs"),
-    (lambda y: y - 1, "labels go down to -1, but class indices start at 0 (only ignore_index=-100 marks a label to "
-                      "skip): shift the labels"),
-], ids=["too high", "negative"])
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        (
+            lambda y: y + 3,
+            "labels go up to 5 but the net outputs 3 class scores, so labels must lie in 0..2: give the "
+            "last layer 6 outputs",
+        ),
+        (
+            lambda y: y - 1,
+            "labels go down to -1, but class indices start at 0 (only ignore_index=-100 marks a label to "
+            "skip): shift the labels",
+        ),
+    ],
+    ids=["too high", "negative"],
+)
 def test_class_labels_out_of_range_are_rejected_before_the_loss_runs(labels, message):
     est = classifier()
     before = snapshot(est.net)

@@ -20,7 +20,7 @@ def trained(batch_size, accumulate, epochs=1, n=8, **kwargs):
     torch.manual_seed(0)
     estimator = make_estimator(net=nn.Linear(3, 1))
     x, y = data(n)
-    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
+    batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
     history = estimator.fit(batches, epochs=epochs, event_handlers=[GradientUpdateHandler(accumulate, **kwargs)])
     return estimator.net, history
 
@@ -56,7 +56,7 @@ def test_optimizer_steps_count_steps_not_batches():
 
     estimator = make_estimator(net=nn.Linear(3, 1))
     x, y = data(10)
-    batches = [(x[i:i + 2], y[i:i + 2]) for i in range(0, 10, 2)]
+    batches = [(x[i : i + 2], y[i : i + 2]) for i in range(0, 10, 2)]
     estimator.fit(batches, epochs=1, event_handlers=[GradientUpdateHandler(accumulate=2), Record()])
     assert steps == [0, 0, 1, 1, 2]
 
@@ -69,7 +69,7 @@ def test_a_cancelled_batch_drops_its_group_so_far():
 
     estimator = make_estimator(net=nn.Linear(3, 1))
     x, y = data(8)
-    batches = [(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)]
+    batches = [(x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)]
     before = [p.detach().clone() for p in estimator.net.parameters()]
     seen = []
 
@@ -99,12 +99,15 @@ def test_clipping_bounds_the_update(kwargs, bound):
         assert update.abs().max() == pytest.approx(0.001, rel=1e-4)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"accumulate": 0}, FitforgeValueError, "accumulate must be a positive int, got 0"),
-    ({"accumulate": 2.0}, FitforgeTypeError, "accumulate must be a positive int, got float 2.0"),
-    ({"clip_norm": -1.0}, FitforgeValueError, "clip_norm must be a positive number or None, got -1.0"),
-    ({"clip_value": "1"}, FitforgeTypeError, "clip_value must be a positive number or None, got str"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"accumulate": 0}, FitforgeValueError, "accumulate must be a positive int, got 0"),
+        ({"accumulate": 2.0}, FitforgeTypeError, "accumulate must be a positive int, got float 2.0"),
+        ({"clip_norm": -1.0}, FitforgeValueError, "clip_norm must be a positive number or None, got -1.0"),
+        ({"clip_value": "1"}, FitforgeTypeError, "clip_value must be a positive number or None, got str"),
+    ],
+)
 def test_argument_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
         GradientUpdateHandler(**kwargs)

@@ -8,12 +8,18 @@ import torch
 from torch import nn
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers import (GradientUpdateHandler, LoggingHandler, MetricHandler, ProgressBarHandler,
-                               StoppingHandler, ValidationHandler)
+from fitforge.handlers import (
+    GradientUpdateHandler,
+    LoggingHandler,
+    MetricHandler,
+    ProgressBarHandler,
+    StoppingHandler,
+    ValidationHandler,
+    progress_bar,
+    stopping,
+)
 from fitforge.handlers import logging as logging_module
-from fitforge.handlers import progress_bar, stopping
 from fitforge.testing import RecordingHandler
-
 from helpers import make_estimator, regression_batches
 
 
@@ -35,19 +41,24 @@ def test_stopping_max_time_with_a_fake_clock(monkeypatch):
 
 def test_stopping_own_limits_override_fit_arguments():
     rec = RecordingHandler()
-    history = make_estimator().fit(regression_batches(2), epochs=10, event_handlers=[StoppingHandler(max_epochs=2), rec])
+    history = make_estimator().fit(
+        regression_batches(2), epochs=10, event_handlers=[StoppingHandler(max_epochs=2), rec]
+    )
     assert history.epochs == 2 and history.stop_reason == "reached epochs=2"
     history = make_estimator().fit(regression_batches(2), epochs=10, event_handlers=[StoppingHandler(max_batches=3)])
     assert history.epochs == 2 and history.stop_reason == "reached batches=3"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(max_epochs=0), "max_epochs must be a positive int or None, got 0"),
-    (dict(max_epochs=1.5), "max_epochs must be a positive int or None, got 1.5"),
-    (dict(max_batches=-1), "max_batches must be a positive int or None, got -1"),
-    (dict(max_time="1"), "max_time must be a positive number or None, got '1'"),
-    (dict(max_epochs=True), "max_epochs must be a positive int or None, got True"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_epochs=0), "max_epochs must be a positive int or None, got 0"),
+        (dict(max_epochs=1.5), "max_epochs must be a positive int or None, got 1.5"),
+        (dict(max_batches=-1), "max_batches must be a positive int or None, got -1"),
+        (dict(max_time="1"), "max_time must be a positive number or None, got '1'"),
+        (dict(max_epochs=True), "max_epochs must be a positive int or None, got True"),
+    ],
+)
 def test_stopping_rejects_bad_limits(kwargs, message):
     with pytest.raises(FitforgeValueError, match=re.escape(message)):
         StoppingHandler(**kwargs)
@@ -81,8 +92,13 @@ def test_metric_failure_names_metric_shapes_and_batch():
     net = nn.Linear(5, 3)
     est = make_estimator(net=net, loss=nn.CrossEntropyLoss(), train_metrics="top5_accuracy")
     batches = [(torch.randn(4, 5), torch.randint(0, 3, (4,)))]
-    with pytest.raises(FitforgeValueError, match=re.escape("metric 'top5_accuracy' (TopKAccuracy) failed on pred: tensor "
-                                                           "of shape (4, 3) and label: tensor of shape (4,) in batch 0")):
+    with pytest.raises(
+        FitforgeValueError,
+        match=re.escape(
+            "metric 'top5_accuracy' (TopKAccuracy) failed on pred: tensor "
+            "of shape (4, 3) and label: tensor of shape (4,) in batch 0"
+        ),
+    ):
         est.fit(batches, epochs=1)
 
 
@@ -99,13 +115,18 @@ def test_running_metrics_gives_epoch_so_far_values_and_leaves_state_metrics_alon
     assert seen[2]["train_loss"] == pytest.approx(history["train_loss"][0])
     assert seen[0] != seen[1]  # running values move during the epoch...
     assert metrics[:3] == [{}] * 3 and metrics[3] == metrics[5] == {  # ...state.metrics holds last epoch's
-        "train_loss": history["train_loss"][0], "train_mae": history["train_mae"][0]}
+        "train_loss": history["train_loss"][0],
+        "train_mae": history["train_mae"][0],
+    }
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(epoch_period=0), "epoch_period must be a positive int or None, got 0"),
-    (dict(batch_period=1.5), "batch_period must be a positive int or None, got 1.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(epoch_period=0), "epoch_period must be a positive int or None, got 0"),
+        (dict(batch_period=1.5), "batch_period must be a positive int or None, got 1.5"),
+    ],
+)
 def test_validation_handler_argument_errors(kwargs, message):
     with pytest.raises(FitforgeValueError, match=re.escape(message)):
         ValidationHandler([], **kwargs)
@@ -121,8 +142,11 @@ def test_validation_handler_eval_fn_errors():
 
 def test_validation_runs_its_own_handlers_never_fits():
     fit_rec, val_rec = RecordingHandler(), RecordingHandler()
-    make_estimator().fit(regression_batches(2), epochs=1,
-                         event_handlers=[fit_rec, ValidationHandler(regression_batches(1), event_handlers=[val_rec])])
+    make_estimator().fit(
+        regression_batches(2),
+        epochs=1,
+        event_handlers=[fit_rec, ValidationHandler(regression_batches(1), event_handlers=[val_rec])],
+    )
     assert {c[1] for c in fit_rec.calls} == {"train"} and {c[1] for c in val_rec.calls} == {"validate"}
 
 
@@ -131,8 +155,9 @@ def test_logging_handler_epoch_lines_and_summary(caplog):
         make_estimator().fit(regression_batches(2), val_data=regression_batches(1), epochs=2)
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "Training for 2 epochs, 2 batches per epoch on cpu"
-    assert re.fullmatch(r"\[Epoch 1/2\] train_loss=\d+\.\d{4} train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)",
-                        lines[1])
+    assert re.fullmatch(
+        r"\[Epoch 1/2\] train_loss=\d+\.\d{4} train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)", lines[1]
+    )
     assert lines[-1].startswith("Finished: 2 epochs, 4 batches in ") and "(reached epochs=2)" in lines[-1]
 
 
@@ -166,8 +191,12 @@ def test_console_output_is_added_only_when_logging_is_unconfigured(monkeypatch, 
 
 def test_progress_bar_shows_epochs_and_values(capsys, monkeypatch):
     monkeypatch.setattr(progress_bar.time, "monotonic", FakeClock(step=1.0).monotonic)  # every batch refreshes
-    make_estimator().fit(regression_batches(3), val_data=regression_batches(1), epochs=2,
-                         event_handlers=[ProgressBarHandler(refresh_seconds=0.5)])
+    make_estimator().fit(
+        regression_batches(3),
+        val_data=regression_batches(1),
+        epochs=2,
+        event_handlers=[ProgressBarHandler(refresh_seconds=0.5)],
+    )
     err = capsys.readouterr().err
     assert "Epoch 1/2" in err and "Epoch 2/2" in err and "3/3" in err
     assert re.search(r"train_loss=\d+\.\d{4}", err) and "val_loss=" in err

@@ -70,8 +70,13 @@ class TestAlignment:
 
     def test_record_before_any_epoch_raises(self):
         h = History()
-        with pytest.raises(RuntimeError, match=re.escape("History.record() before the first epoch: history has rows only in fit, "
-                                                      "from epoch_begin on; in evaluate/predict")):
+        with pytest.raises(
+            RuntimeError,
+            match=re.escape(
+                "History.record() before the first epoch: history has rows only in fit, "
+                "from epoch_begin on; in evaluate/predict"
+            ),
+        ):
             h.record("train_loss", 1.0)
         assert len(h) == 0 and h.epochs == 0
 
@@ -212,7 +217,9 @@ class TestPlot:
         h = History()
         h.new_epoch()
         h.record("lr", 0.1)
-        with pytest.raises(ValueError, match=re.escape("nothing to plot: history has no train_/val_ keys (keys: ['lr'])")):
+        with pytest.raises(
+            ValueError, match=re.escape("nothing to plot: history has no train_/val_ keys (keys: ['lr'])")
+        ):
             h.plot()
 
     def test_nothing_to_plot_empty(self):
@@ -233,5 +240,7 @@ def test_repr_all_nan_key():
     h.new_epoch()
     h.record("val_loss", math.nan)
     assert repr(h) == "History(epochs=1, val_loss=nan)"
+
+
 def test_repr_empty():
     assert repr(History()) == "History(epochs=0)"

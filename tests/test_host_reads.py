@@ -17,10 +17,14 @@ def reads_in_one_epoch(batches, handlers):
     return reads.count
 
 
-@pytest.mark.parametrize("handlers", [
-    lambda: [],                          # the defaults: metrics, validation, logging, stopping
-    lambda: [ProgressBarHandler()],      # and the progress bar
-], ids=["defaults", "progress bar"])
+@pytest.mark.parametrize(
+    "handlers",
+    [
+        lambda: [],  # the defaults: metrics, validation, logging, stopping
+        lambda: [ProgressBarHandler()],  # and the progress bar
+    ],
+    ids=["defaults", "progress bar"],
+)
 def test_no_host_read_per_training_batch(handlers, monkeypatch):
     # A frozen clock: the bar's time-throttled refresh (a read) never comes due mid-epoch, whatever
     # the machine's speed; what is left are the reads every epoch makes once.
@@ -38,6 +42,7 @@ def test_the_counter_sees_item_float_and_bool():
 
 def test_a_handler_reading_every_batch_is_caught(monkeypatch):
     from fitforge.handlers import LoggingHandler
+
     monkeypatch.setattr(progress_bar.time, "monotonic", lambda: 0.0)
     every_batch = lambda: [LoggingHandler(log_interval=1)]  # noqa: E731 - asks for a read per batch
     assert reads_in_one_epoch(64, every_batch) > reads_in_one_epoch(8, every_batch)

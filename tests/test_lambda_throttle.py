@@ -31,6 +31,7 @@ def fit(handlers, epochs=2, **kwargs):
 
 # -- LambdaHandler ------------------------------------------------------------------------------------
 
+
 def test_a_lambda_handler_handles_only_the_events_given():
     handler = LambdaHandler(epoch_end=print, batch_begin=print)
     assert events_of(handler) == [Event.BATCH_BEGIN, Event.EPOCH_END]
@@ -44,8 +45,9 @@ def test_a_lambda_handler_handles_only_the_events_given():
 
 def test_its_functions_run_on_their_events_with_the_state():
     seen = []
-    functions = {name: (lambda state, name=name: seen.append((name, state.epoch, state.global_step)))
-                 for name in EVENTS}
+    functions = {
+        name: (lambda state, name=name: seen.append((name, state.epoch, state.global_step))) for name in EVENTS
+    }
     recorder = RecordingHandler()
     fit([LambdaHandler(**functions), recorder])
     assert seen == [(event, epoch, step) for event, _, epoch, _, step in recorder.calls]
@@ -55,8 +57,10 @@ def test_a_truthy_return_from_batch_end_or_epoch_end_stops_training():
     stopper = LambdaHandler(batch_end=lambda state: state.global_step == 3)
     history = fit([stopper], epochs=5)
     assert history.epochs == 1
-    assert history.stop_reason == "LambdaHandler(batch_end=test_a_truthy_return_from_batch_end_or_epoch_end_" \
-                                  "stops_training.<locals>.<lambda>).batch_end returned True"
+    assert (
+        history.stop_reason == "LambdaHandler(batch_end=test_a_truthy_return_from_batch_end_or_epoch_end_"
+        "stops_training.<locals>.<lambda>).batch_end returned True"
+    )
     history = fit([LambdaHandler(epoch_end=lambda state: state.epoch == 1)], epochs=5)
     assert history.epochs == 2 and history.stop_reason.endswith("epoch_end returned True")
 
@@ -80,21 +84,25 @@ def test_declared_access_is_checked_and_undeclared_is_full_access():
     fit([fine], check_access=True)
 
 
-@pytest.mark.parametrize("make, error, message", [
-    (lambda: LambdaHandler(), FitforgeValueError, r"needs at least one function, e\.g\. LambdaHandler\(epoch_end="),
-    (lambda: LambdaHandler(batch_end=3), FitforgeTypeError, r"batch_end must be a function fn\(state\), got int 3"),
-    (lambda: LambdaHandler(epoch_end=lambda: 0), FitforgeTypeError, r"epoch_end must take one argument"),
-    (lambda: LambdaHandler(print), FitforgeTypeError, r"takes its functions by event name"),
-    (lambda: LambdaHandler(on_epoch_end=print), FitforgeTypeError, r"unknown argument\(s\) on_epoch_end"),
-    (lambda: LambdaHandler(epoch_end=print, priority="1"), FitforgeTypeError, r"priority must be an int"),
-    (lambda: LambdaHandler(epoch_end=print, reads="epoch"), FitforgeTypeError, r"reads must be None or a tuple"),
-])
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: LambdaHandler(), FitforgeValueError, r"needs at least one function, e\.g\. LambdaHandler\(epoch_end="),
+        (lambda: LambdaHandler(batch_end=3), FitforgeTypeError, r"batch_end must be a function fn\(state\), got int 3"),
+        (lambda: LambdaHandler(epoch_end=lambda: 0), FitforgeTypeError, r"epoch_end must take one argument"),
+        (lambda: LambdaHandler(print), FitforgeTypeError, r"takes its functions by event name"),
+        (lambda: LambdaHandler(on_epoch_end=print), FitforgeTypeError, r"unknown argument\(s\) on_epoch_end"),
+        (lambda: LambdaHandler(epoch_end=print, priority="1"), FitforgeTypeError, r"priority must be an int"),
+        (lambda: LambdaHandler(epoch_end=print, reads="epoch"), FitforgeTypeError, r"reads must be None or a tuple"),
+    ],
+)
 def test_lambda_handler_errors(make, error, message):
     with pytest.raises(error, match=message):
         make()
 
 
 # -- throttle -------------------------------------------------------------------------------------------
+
 
 def steps(recorder, event):
     return [call[4] for call in recorder.calls if call[0] == event]
@@ -121,8 +129,11 @@ def test_every_n_epochs_throttles_the_epoch_hooks_only():
 
 def test_seconds_on_a_fake_clock():
     now = [0.0]
-    tick = LambdaHandler(epoch_begin=lambda state: now.__setitem__(0, float(state.global_step)),
-                         batch_begin=lambda state: now.__setitem__(0, float(state.global_step)), priority=-100)
+    tick = LambdaHandler(
+        epoch_begin=lambda state: now.__setitem__(0, float(state.global_step)),
+        batch_begin=lambda state: now.__setitem__(0, float(state.global_step)),
+        priority=-100,
+    )
     recorder = RecordingHandler()
     fit([tick, throttle(recorder, seconds=10, clock=lambda: now[0])], epochs=3)  # one second per batch
     assert steps(recorder, "batch_begin") == steps(recorder, "batch_end") == [0, 10, 20]
@@ -178,26 +189,51 @@ def test_fit_checks_a_throttled_handler_s_monitor():
 
 
 def test_a_throttled_declared_handler_passes_the_access_guard():
-    history = fit([throttle(LoggingHandler(log_interval=1), every_n_batches=4, every_n_epochs=2)],
-                  default_handlers=False, check_access=True)
+    history = fit(
+        [throttle(LoggingHandler(log_interval=1), every_n_batches=4, every_n_epochs=2)],
+        default_handlers=False,
+        check_access=True,
+    )
     assert history.epochs == 2
 
 
-@pytest.mark.parametrize("make, error, message", [
-    (lambda: throttle(RecordingHandler()), FitforgeValueError,
-     r"needs every_n_batches, every_n_epochs or seconds; got none"),
-    (lambda: throttle(RecordingHandler(), every_n_batches=0), FitforgeValueError,
-     r"every_n_batches must be a positive int or None, got 0"),
-    (lambda: throttle(RecordingHandler(), every_n_epochs="2"), FitforgeTypeError,
-     r"every_n_epochs must be a positive int or None, got str '2'"),
-    (lambda: throttle(RecordingHandler(), seconds=-1.5), FitforgeValueError,
-     r"seconds must be a positive number or None, got -1.5"),
-    (lambda: throttle(RecordingHandler(), seconds=1, clock=0), FitforgeTypeError, r"clock must be a function"),
-    (lambda: throttle(object(), every_n_batches=2), FitforgeTypeError, r"which handles no event"),
-    (lambda: throttle(LoggingHandler, every_n_batches=2), FitforgeTypeError, r"write LoggingHandler\(\) to create one"),
-    (lambda: throttle(LambdaHandler(batch_end=print), every_n_epochs=2), FitforgeValueError,
-     r"every_n_epochs=2 has nothing to throttle: LambdaHandler\(batch_end=print\) has no epoch hooks"),
-])
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (
+            lambda: throttle(RecordingHandler()),
+            FitforgeValueError,
+            r"needs every_n_batches, every_n_epochs or seconds; got none",
+        ),
+        (
+            lambda: throttle(RecordingHandler(), every_n_batches=0),
+            FitforgeValueError,
+            r"every_n_batches must be a positive int or None, got 0",
+        ),
+        (
+            lambda: throttle(RecordingHandler(), every_n_epochs="2"),
+            FitforgeTypeError,
+            r"every_n_epochs must be a positive int or None, got str '2'",
+        ),
+        (
+            lambda: throttle(RecordingHandler(), seconds=-1.5),
+            FitforgeValueError,
+            r"seconds must be a positive number or None, got -1.5",
+        ),
+        (lambda: throttle(RecordingHandler(), seconds=1, clock=0), FitforgeTypeError, r"clock must be a function"),
+        (lambda: throttle(object(), every_n_batches=2), FitforgeTypeError, r"which handles no event"),
+        (
+            lambda: throttle(LoggingHandler, every_n_batches=2),
+            FitforgeTypeError,
+            r"write LoggingHandler\(\) to create one",
+        ),
+        (
+            lambda: throttle(LambdaHandler(batch_end=print), every_n_epochs=2),
+            FitforgeValueError,
+            r"every_n_epochs=2 has nothing to throttle: LambdaHandler\(batch_end=print\) has no epoch hooks",
+        ),
+    ],
+)
 def test_throttle_errors(make, error, message):
     with pytest.raises(error, match=message):
         make()

@@ -10,7 +10,6 @@ from fitforge.events import BatchBegin, BatchEnd, EpochBegin, TrainBegin
 from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
 from fitforge.handlers import ValidationHandler
 from fitforge.testing import RecordingHandler
-
 from helpers import make_estimator, regression_batches
 
 
@@ -22,12 +21,18 @@ def test_fit_with_validation_event_order():
     rec, val_rec = RecordingHandler(), RecordingHandler()
     val_rec.calls = rec.calls  # one timeline for fit and the validation it triggers
     est = make_estimator()
-    est.fit(regression_batches(2), epochs=2,
-            event_handlers=[rec, ValidationHandler(regression_batches(1), event_handlers=[val_rec])])
-    validation = [("epoch_begin", "validate"), ("batch_begin", "validate"), ("batch_end", "validate"),
-                  ("epoch_end", "validate")]
-    epoch = ([("epoch_begin", "train")] + [(e, "train") for e in batch_events(2)] + validation
-             + [("epoch_end", "train")])
+    est.fit(
+        regression_batches(2),
+        epochs=2,
+        event_handlers=[rec, ValidationHandler(regression_batches(1), event_handlers=[val_rec])],
+    )
+    validation = [
+        ("epoch_begin", "validate"),
+        ("batch_begin", "validate"),
+        ("batch_end", "validate"),
+        ("epoch_end", "validate"),
+    ]
+    epoch = [("epoch_begin", "train")] + [(e, "train") for e in batch_events(2)] + validation + [("epoch_end", "train")]
     expected = [("train_begin", "train")] + epoch * 2 + [("train_end", "train")]
     assert [(c[0], c[1]) for c in rec.calls] == expected
 
@@ -39,8 +44,10 @@ def test_fit_counters_at_each_event():
     assert rec.calls[0] == ("train_begin", "train", 0, -1, 0)
     assert rec.calls[1:7] == [
         ("epoch_begin", "train", 0, -1, 0),
-        ("batch_begin", "train", 0, 0, 0), ("batch_end", "train", 0, 0, 0),
-        ("batch_begin", "train", 0, 1, 1), ("batch_end", "train", 0, 1, 1),
+        ("batch_begin", "train", 0, 0, 0),
+        ("batch_end", "train", 0, 0, 0),
+        ("batch_begin", "train", 0, 1, 1),
+        ("batch_end", "train", 0, 1, 1),
         ("epoch_end", "train", 0, 1, 2),
     ]
     assert rec.calls[7][:3] == ("epoch_begin", "train", 1)
@@ -69,8 +76,11 @@ def test_stop_by_returning_true_finishes_the_batch_then_epoch_end_and_train_end(
     est = make_estimator()
     history = est.fit(regression_batches(4), epochs=5, event_handlers=[stopper, later])
     # global_step 5 is epoch 1, batch 1: the later handler still sees that batch_end.
-    assert later.calls[-3:] == [("batch_end", "train", 1, 1, 5), ("epoch_end", "train", 1, 1, 6),
-                                ("train_end", "train", 1, 1, 6)]
+    assert later.calls[-3:] == [
+        ("batch_end", "train", 1, 1, 5),
+        ("epoch_end", "train", 1, 1, 6),
+        ("train_end", "train", 1, 1, 6),
+    ]
     assert history.epochs == 2
     assert "RecordingHandler.batch_end returned True" in history.stop_reason
 
@@ -93,8 +103,12 @@ class StopAt(BatchBegin):
 def test_request_stop_at_batch_begin_still_completes_that_batch():
     rec = RecordingHandler()
     history = make_estimator().fit(regression_batches(4), epochs=5, event_handlers=[StopAt(5), rec])
-    assert rec.calls[-4:] == [("batch_begin", "train", 1, 1, 5), ("batch_end", "train", 1, 1, 5),
-                              ("epoch_end", "train", 1, 1, 6), ("train_end", "train", 1, 1, 6)]
+    assert rec.calls[-4:] == [
+        ("batch_begin", "train", 1, 1, 5),
+        ("batch_end", "train", 1, 1, 5),
+        ("epoch_end", "train", 1, 1, 6),
+        ("train_end", "train", 1, 1, 6),
+    ]
     assert history.stop_reason == "enough"
 
 
@@ -143,9 +157,11 @@ def test_cancel_batch_skips_rest_of_batch_without_step_and_does_not_count():
     # The cancelled batch (epoch 0, batch 1) has a batch_begin but no batch_end; batches=3 needs a 2nd epoch.
     assert rec.calls[1:8] == [
         ("epoch_begin", "train", 0, -1, 0),
-        ("batch_begin", "train", 0, 0, 0), ("batch_end", "train", 0, 0, 0),
+        ("batch_begin", "train", 0, 0, 0),
+        ("batch_end", "train", 0, 0, 0),
         ("batch_begin", "train", 0, 1, 1),
-        ("batch_begin", "train", 0, 2, 1), ("batch_end", "train", 0, 2, 1),
+        ("batch_begin", "train", 0, 2, 1),
+        ("batch_end", "train", 0, 2, 1),
         ("epoch_end", "train", 0, 2, 2),
     ]
     assert rec.calls[-1] == ("train_end", "train", 1, 0, 3) and history.epochs == 2
@@ -180,16 +196,29 @@ def test_cancel_batch_from_batch_processor_after_backward_clears_gradients():
 
 def test_cancel_epoch_ends_epoch_and_runs_its_epoch_end():
     rec = RecordingHandler()
-    history = make_estimator().fit(regression_batches(3), epochs=2, event_handlers=[Raise(CancelEpoch(), (0, 1), priority=1), rec])
-    assert rec.events == ["train_begin", "epoch_begin", "batch_begin", "batch_end", "batch_begin", "epoch_end",
-                          "epoch_begin", *batch_events(3), "epoch_end", "train_end"]
+    history = make_estimator().fit(
+        regression_batches(3), epochs=2, event_handlers=[Raise(CancelEpoch(), (0, 1), priority=1), rec]
+    )
+    assert rec.events == [
+        "train_begin",
+        "epoch_begin",
+        "batch_begin",
+        "batch_end",
+        "batch_begin",
+        "epoch_end",
+        "epoch_begin",
+        *batch_events(3),
+        "epoch_end",
+        "train_end",
+    ]
     assert history.epochs == 2
 
 
 def test_cancel_fit_ends_training_with_train_end_but_no_epoch_end():
     rec = RecordingHandler()
-    history = make_estimator().fit(regression_batches(3), epochs=3,
-                                   event_handlers=[Raise(CancelFit(), (1, 1), event="batch_end", priority=5), rec])
+    history = make_estimator().fit(
+        regression_batches(3), epochs=3, event_handlers=[Raise(CancelFit(), (1, 1), event="batch_end", priority=5), rec]
+    )
     assert rec.events[-3:] == ["batch_begin", "batch_end", "train_end"]
     assert history.epochs == 2
 
@@ -221,8 +250,9 @@ def test_failing_train_end_during_an_exception_is_logged_and_original_propagates
 
     later = RecordingHandler(priority=100)
     with caplog.at_level(logging.ERROR, logger="fitforge"), pytest.raises(ValueError, match="boom"):
-        make_estimator().fit(regression_batches(2), epochs=1,
-                             event_handlers=[Raise(ValueError("boom"), (0, 0)), BadEnd(), later])
+        make_estimator().fit(
+            regression_batches(2), epochs=1, event_handlers=[Raise(ValueError("boom"), (0, 0)), BadEnd(), later]
+        )
     assert "BadEnd.train_end failed while training was ending" in caplog.text
     assert later.events[-1] == "train_end"  # the hooks after the failing one still ran
 
@@ -238,8 +268,11 @@ def test_failing_train_end_after_normal_training_raises_after_every_train_end_ra
 
     later = RecordingHandler(priority=100)
     with caplog.at_level(logging.ERROR, logger="fitforge"), pytest.raises(RuntimeError, match="first broke"):
-        make_estimator().fit(regression_batches(2), epochs=1,
-                             event_handlers=[BadEnd("first broke", 0), BadEnd("second broke", 50), later])
+        make_estimator().fit(
+            regression_batches(2),
+            epochs=1,
+            event_handlers=[BadEnd("first broke", 0), BadEnd("second broke", 50), later],
+        )
     assert later.events[-1] == "train_end"
     assert "second broke" in caplog.text  # the first failure is raised, later ones logged
 
@@ -298,6 +331,7 @@ def test_metrics_reach_the_host_only_at_epoch_end():
         def wrapper(self, *args):
             reads.append(fn.__name__)
             return fn(self, *args)
+
         return wrapper
 
     est = make_estimator()
@@ -324,7 +358,11 @@ def test_host_reads_do_not_grow_with_batches_by_the_profiler_count():
     for n_batches in (4, 24):
         est = make_estimator()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            est.fit(regression_batches(n_batches), val_data=regression_batches(n_batches), epochs=2,
-                    event_handlers=[ProgressBarHandler(refresh_seconds=3600)])
+            est.fit(
+                regression_batches(n_batches),
+                val_data=regression_batches(n_batches),
+                epochs=2,
+                event_handlers=[ProgressBarHandler(refresh_seconds=3600)],
+            )
         counts.append(sum(event.name == "aten::_local_scalar_dense" for event in prof.events()))
     assert counts[0] == counts[1] > 0

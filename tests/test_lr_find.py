@@ -8,13 +8,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import regression_batches
 from torch import nn
 
 from fitforge import BatchProcessor, Estimator
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.lr_finder import LRFindResult, _suggest, lr_find
 from fitforge.testing import linear_problem
+from helpers import regression_batches
 
 
 def test_it_suggests_a_learning_rate_that_trains_the_linear_problem():
@@ -42,8 +42,7 @@ def test_the_rate_grows_exponentially_over_num_steps_and_the_data_is_cycled():
     optimizer = torch.optim.SGD([{"params": [net.weight]}, {"params": [net.bias], "lr": 0.5}], lr=0.1)
     recorder = Recorder()
     estimator = Estimator(net, nn.MSELoss(), optimizer=optimizer, device="cpu", batch_processor=recorder)
-    result = lr_find(estimator, regression_batches(3), start_lr=1e-6, end_lr=1e-2, num_steps=9,
-                     diverge_factor=math.inf)
+    result = lr_find(estimator, regression_batches(3), start_lr=1e-6, end_lr=1e-2, num_steps=9, diverge_factor=math.inf)
     assert len(recorder.lrs) == 9 and result.lrs == pytest.approx([10 ** (-6 + k / 2) for k in range(9)])
     assert all(a == b == lr for (a, b), lr in zip(recorder.lrs, result.lrs))  # every group gets the rate
     assert optimizer.param_groups[1]["lr"] == 0.5  # and gets its own back
@@ -64,7 +63,9 @@ def test_it_stops_when_the_loss_diverges_or_is_not_finite():
     result = lr_find(estimator, train, start_lr=1e-2, end_lr=1e3, num_steps=50)
     assert result.diverged and len(result.lrs) < 50
     losses = result.losses  # the last one is the first above 4 x the lowest before it
-    assert losses[-1] > 4 * min(losses[:-1]) and all(losses[i] <= 4 * min(losses[:i]) for i in range(1, len(losses) - 1))
+    assert losses[-1] > 4 * min(losses[:-1]) and all(
+        losses[i] <= 4 * min(losses[:i]) for i in range(1, len(losses) - 1)
+    )
 
     class NanAt(BatchProcessor):
         def fit_batch(self, state, batch):
@@ -97,8 +98,10 @@ def snapshot(estimator):
     return {
         "state": {k: v.clone() for k, v in net.state_dict().items()},
         "grads": [None if p.grad is None else p.grad.clone() for p in net.parameters()],
-        "optimizer": [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
-                      for s in estimator.optimizer.state.values()],
+        "optimizer": [
+            {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+            for s in estimator.optimizer.state.values()
+        ],
         "groups": [{k: v for k, v in g.items() if k != "params"} for g in estimator.optimizer.param_groups],
         "modes": [m.training for m in net.modules()],
         "rng": (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()),
@@ -122,8 +125,13 @@ def assert_same(a, b):
 def test_it_restores_weights_optimizer_modes_and_generators_exactly_even_when_it_fails(fail_at):
     net = nn.Sequential(nn.Linear(1, 8), nn.BatchNorm1d(8), nn.Dropout(0.2), nn.ReLU(), nn.Linear(8, 1))
     processor = Failing(fail_at)
-    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-3), device="cpu",
-                          batch_processor=processor)
+    estimator = Estimator(
+        net,
+        nn.MSELoss(),
+        optimizer=torch.optim.Adam(net.parameters(), lr=1e-3),
+        device="cpu",
+        batch_processor=processor,
+    )
     batches = regression_batches(4, batch_size=8)
     estimator.fit(batches, epochs=1)  # Adam has a state to keep
     net[2].eval()  # a module in its own mode
@@ -144,8 +152,9 @@ def test_it_restores_weights_optimizer_modes_and_generators_exactly_even_when_it
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="float16 mixed precision needs a CUDA device")
 def test_it_steps_through_the_fp16_scaler_and_restores_it():
     net = nn.Sequential(nn.Linear(1, 8), nn.ReLU(), nn.Linear(8, 1))
-    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.Adam(net.parameters()), device="cuda",
-                          precision="16-mixed")
+    estimator = Estimator(
+        net, nn.MSELoss(), optimizer=torch.optim.Adam(net.parameters()), device="cuda", precision="16-mixed"
+    )
     estimator.fit(regression_batches(4), epochs=1)
     before = snapshot(estimator)
     scaler = estimator.scaler.state_dict()
@@ -156,7 +165,7 @@ def test_it_steps_through_the_fp16_scaler_and_restores_it():
 
 
 def test_suggestion_is_the_steepest_descent_before_the_minimum_else_the_minimum_over_ten():
-    lrs = [10.0 ** k for k in range(-6, 1)]
+    lrs = [10.0**k for k in range(-6, 1)]
     assert _suggest(lrs, [5.0, 4.9, 4.0, 1.0, 0.5, 0.4, 9.0]) == (1e-4, 1e-1)  # central slope -1.95 at 1e-4
     assert _suggest(lrs, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]) == (1e-7, 1e-6)  # never falls: min / 10
     assert _suggest(lrs[:3], [3.0, 3.0, 3.0]) == (1e-7, 1e-6)  # flat: no negative slope
@@ -175,20 +184,27 @@ def test_plot_writes_a_png_and_needs_matplotlib(tmp_path, monkeypatch):
         LRFindResult().plot()
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"start_lr": 1.0, "end_lr": 0.1}, FitforgeValueError, "0 < start_lr < end_lr < inf, got start_lr=1.0, end_lr=0.1"),
-    ({"start_lr": 0.1, "end_lr": 0.1}, FitforgeValueError, "start_lr=0.1, end_lr=0.1"),
-    ({"start_lr": 0}, FitforgeValueError, "got start_lr=0, end_lr=10"),
-    ({"end_lr": math.inf}, FitforgeValueError, "end_lr=inf"),
-    ({"start_lr": "1e-7"}, FitforgeTypeError, "start_lr must be a number, got str '1e-7'"),
-    ({"end_lr": math.nan}, FitforgeTypeError, "end_lr must be a number, got float nan"),
-    ({"num_steps": 1}, FitforgeValueError, "num_steps must be an int >= 2, got 1"),
-    ({"num_steps": 10.0}, FitforgeTypeError, "num_steps must be an int >= 2, got float 10.0"),
-    ({"smoothing": 0}, FitforgeValueError, r"smoothing must be in \(0, 1\] \(the weight of each new loss\), got 0"),
-    ({"smoothing": 1.5}, FitforgeValueError, "got 1.5"),
-    ({"diverge_factor": 1}, FitforgeValueError, r"diverge_factor must be > 1 \(math.inf never stops\), got 1"),
-    ({"diverge_factor": None}, FitforgeTypeError, "diverge_factor must be a number, got NoneType None"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (
+            {"start_lr": 1.0, "end_lr": 0.1},
+            FitforgeValueError,
+            "0 < start_lr < end_lr < inf, got start_lr=1.0, end_lr=0.1",
+        ),
+        ({"start_lr": 0.1, "end_lr": 0.1}, FitforgeValueError, "start_lr=0.1, end_lr=0.1"),
+        ({"start_lr": 0}, FitforgeValueError, "got start_lr=0, end_lr=10"),
+        ({"end_lr": math.inf}, FitforgeValueError, "end_lr=inf"),
+        ({"start_lr": "1e-7"}, FitforgeTypeError, "start_lr must be a number, got str '1e-7'"),
+        ({"end_lr": math.nan}, FitforgeTypeError, "end_lr must be a number, got float nan"),
+        ({"num_steps": 1}, FitforgeValueError, "num_steps must be an int >= 2, got 1"),
+        ({"num_steps": 10.0}, FitforgeTypeError, "num_steps must be an int >= 2, got float 10.0"),
+        ({"smoothing": 0}, FitforgeValueError, r"smoothing must be in \(0, 1\] \(the weight of each new loss\), got 0"),
+        ({"smoothing": 1.5}, FitforgeValueError, "got 1.5"),
+        ({"diverge_factor": 1}, FitforgeValueError, r"diverge_factor must be > 1 \(math.inf never stops\), got 1"),
+        ({"diverge_factor": None}, FitforgeTypeError, "diverge_factor must be a number, got NoneType None"),
+    ],
+)
 def test_argument_errors_name_the_argument_what_was_given_and_what_is_expected(kwargs, error, message):
     estimator, train, _ = linear_problem()
     with pytest.raises(error, match=message):

@@ -42,8 +42,13 @@ def fit(make_handler, epochs=2, batches=None, extra=(), data=None, **fit_kwargs)
     estimator, train, _ = linear_problem()
     handler = make_handler(estimator.optimizer)
     recorder = LRs()
-    history = estimator.fit(data or train, epochs=None if batches else epochs, batches=batches,
-                            event_handlers=[handler, recorder, *extra], **fit_kwargs)
+    history = estimator.fit(
+        data or train,
+        epochs=None if batches else epochs,
+        batches=batches,
+        event_handlers=[handler, recorder, *extra],
+        **fit_kwargs,
+    )
     return handler, recorder.seen, history
 
 
@@ -65,11 +70,13 @@ def test_a_batch_scheduler_steps_after_every_optimizer_step():
 
 def test_with_gradient_accumulation_it_steps_once_per_optimizer_step_trailing_group_included():
     # accumulate=3 over 8 batches: steps after batches 3, 6 and the trailing group's at epoch end.
-    handler, seen, history = fit(lambda opt: LRSchedulerHandler(S.ExponentialLR(opt, 0.5), interval="batch"),
-                                 extra=[GradientUpdateHandler(accumulate=3)])
+    handler, seen, history = fit(
+        lambda opt: LRSchedulerHandler(S.ExponentialLR(opt, 0.5), interval="batch"),
+        extra=[GradientUpdateHandler(accumulate=3)],
+    )
     assert handler.scheduler.last_epoch == 6
     assert seen[:8] == pytest.approx([0.1] * 3 + [0.05] * 3 + [0.025] * 2)
-    assert history["lr"] == pytest.approx([0.1 * 0.5 ** 3, 0.1 * 0.5 ** 6])  # recorded after the trailing step
+    assert history["lr"] == pytest.approx([0.1 * 0.5**3, 0.1 * 0.5**6])  # recorded after the trailing step
 
 
 def feed(handler, values, estimator, key="val_loss", **epoch_state):
@@ -109,10 +116,13 @@ def test_plateau_counts_an_infinite_value_as_no_improvement(mode, diverged):
     assert plateau.best == values[2]
 
 
-@pytest.mark.parametrize("epoch_state", [
-    {"preempted": signal.SIGTERM, "epoch_complete": False, "batch_idx": 2},  # SIGTERM three batches in
-    {"stop_requested": True, "epoch_complete": False, "batch_idx": 4},  # batches=N or a stop cut it short
-])
+@pytest.mark.parametrize(
+    "epoch_state",
+    [
+        {"preempted": signal.SIGTERM, "epoch_complete": False, "batch_idx": 2},  # SIGTERM three batches in
+        {"stop_requested": True, "epoch_complete": False, "batch_idx": 4},  # batches=N or a stop cut it short
+    ],
+)
 def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler(epoch_state):
     estimator, _, _ = linear_problem()
     handler = LRSchedulerHandler(S.StepLR(estimator.optimizer, step_size=1, gamma=0.5))
@@ -125,8 +135,9 @@ def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler(epoch_state):
 def test_plateau_in_a_real_fit_with_validation():
     estimator, train, val = linear_problem(lr=0.5)
     plateau = S.ReduceLROnPlateau(estimator.optimizer, factor=0.1, patience=0, threshold=10, threshold_mode="abs")
-    history = estimator.fit(train, val_data=val, epochs=3,
-                            event_handlers=[LRSchedulerHandler(plateau, monitor="val_loss")])
+    history = estimator.fit(
+        train, val_data=val, epochs=3, event_handlers=[LRSchedulerHandler(plateau, monitor="val_loss")]
+    )
     assert history["lr"] == pytest.approx([0.5, 0.05, 0.005])  # nothing beats the first by 10: cut each epoch after
 
 
@@ -140,24 +151,40 @@ def test_it_runs_after_metrics_and_validation_and_before_the_checkpoint(tmp_path
     assert order.index("LRSchedulerHandler") < order.index("CheckpointHandler")
 
 
-@pytest.mark.skipif("check_access" not in inspect.signature(Estimator.fit).parameters,
-                    reason="fit has no check_access yet")
-@pytest.mark.parametrize("make", [
-    lambda opt: LRSchedulerHandler(S.ReduceLROnPlateau(opt, patience=0), monitor="val_loss"),
-    lambda opt: LRSchedulerHandler(S.ExponentialLR(opt, 0.9), interval="batch"),
-    lambda opt: LRSchedulerHandler.one_cycle(0.5),
-])
+@pytest.mark.skipif(
+    "check_access" not in inspect.signature(Estimator.fit).parameters, reason="fit has no check_access yet"
+)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda opt: LRSchedulerHandler(S.ReduceLROnPlateau(opt, patience=0), monitor="val_loss"),
+        lambda opt: LRSchedulerHandler(S.ExponentialLR(opt, 0.9), interval="batch"),
+        lambda opt: LRSchedulerHandler.one_cycle(0.5),
+    ],
+)
 def test_its_reads_and_writes_declarations_hold(make, tmp_path):
     estimator, train, val = linear_problem()
-    estimator.fit(train, val_data=val, epochs=2, check_access=True,
-                  event_handlers=[make(estimator.optimizer), GradientUpdateHandler(accumulate=3)])
+    estimator.fit(
+        train,
+        val_data=val,
+        epochs=2,
+        check_access=True,
+        event_handlers=[make(estimator.optimizer), GradientUpdateHandler(accumulate=3)],
+    )
 
 
 # -- one_cycle -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("length, accumulate, total", [
-    ({"epochs": 2}, 1, 16), ({"batches": 10}, 1, 10), ({"epochs": 2}, 3, 6), ({"batches": 10}, 3, 3 + 1),
-])
+
+@pytest.mark.parametrize(
+    "length, accumulate, total",
+    [
+        ({"epochs": 2}, 1, 16),
+        ({"batches": 10}, 1, 10),
+        ({"epochs": 2}, 3, 6),
+        ({"batches": 10}, 3, 3 + 1),
+    ],
+)
 def test_one_cycle_spans_the_fit_and_ends_at_its_last_step(length, accumulate, total):
     estimator, train, _ = linear_problem()
     handler = LRSchedulerHandler.one_cycle(max_lr=1.0, anneal_strategy="linear")
@@ -195,8 +222,11 @@ def test_one_cycle_needs_the_fits_length():
         def __iter__(self):
             return iter(train)
 
-    with pytest.raises(FitforgeValueError, match=r"cannot tell the fit's length: train_data has no len\(\) and fit "
-                                                 r"was given epochs=2; pass batches=N to fit, or total_steps=N"):
+    with pytest.raises(
+        FitforgeValueError,
+        match=r"cannot tell the fit's length: train_data has no len\(\) and fit "
+        r"was given epochs=2; pass batches=N to fit, or total_steps=N",
+    ):
         estimator.fit(NoLen(), epochs=2, event_handlers=[LRSchedulerHandler.one_cycle(0.5)])
     handler = LRSchedulerHandler.one_cycle(0.5)
     estimator.fit(NoLen(), batches=5, event_handlers=[handler])
@@ -206,14 +236,27 @@ def test_one_cycle_needs_the_fits_length():
     assert handler.scheduler.total_steps == 100
 
 
-@pytest.mark.parametrize("call, error, message", [
-    (lambda: LRSchedulerHandler.one_cycle("fast"), FitforgeTypeError,
-     "one_cycle: max_lr must be a positive number .* got str 'fast'"),
-    (lambda: LRSchedulerHandler.one_cycle(-1.0), FitforgeValueError, "max_lr must be positive and finite, got -1.0"),
-    (lambda: LRSchedulerHandler.one_cycle(0.1, optimizer=-1), FitforgeTypeError, "optimizer must be an index"),
-    (lambda: LRSchedulerHandler.one_cycle(0.1, pct=0.3), FitforgeTypeError,
-     r"one_cycle got unknown argument\(s\) \['pct'\]; OneCycleLR takes .*pct_start"),
-])
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (
+            lambda: LRSchedulerHandler.one_cycle("fast"),
+            FitforgeTypeError,
+            "one_cycle: max_lr must be a positive number .* got str 'fast'",
+        ),
+        (
+            lambda: LRSchedulerHandler.one_cycle(-1.0),
+            FitforgeValueError,
+            "max_lr must be positive and finite, got -1.0",
+        ),
+        (lambda: LRSchedulerHandler.one_cycle(0.1, optimizer=-1), FitforgeTypeError, "optimizer must be an index"),
+        (
+            lambda: LRSchedulerHandler.one_cycle(0.1, pct=0.3),
+            FitforgeTypeError,
+            r"one_cycle got unknown argument\(s\) \['pct'\]; OneCycleLR takes .*pct_start",
+        ),
+    ],
+)
 def test_one_cycle_argument_errors(call, error, message):
     with pytest.raises(error, match=message):
         call()
@@ -229,10 +272,14 @@ def test_one_cycle_errors_at_fit_start_name_the_problem():
 
 # -- errors ------------------------------------------------------------------------------------------
 
+
 def test_argument_errors_name_the_argument_what_was_given_and_what_is_expected():
     opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
-    with pytest.raises(FitforgeTypeError, match=r"scheduler must be a torch.optim.lr_scheduler scheduler instance, "
-                                                r"got SGD .*; wrap the optimizer in one, e.g. StepLR"):
+    with pytest.raises(
+        FitforgeTypeError,
+        match=r"scheduler must be a torch.optim.lr_scheduler scheduler instance, "
+        r"got SGD .*; wrap the optimizer in one, e.g. StepLR",
+    ):
         LRSchedulerHandler(opt)
     with pytest.raises(FitforgeTypeError, match="got the class StepLR"):
         LRSchedulerHandler(S.StepLR)
@@ -240,8 +287,9 @@ def test_argument_errors_name_the_argument_what_was_given_and_what_is_expected()
         LRSchedulerHandler(S.StepLR(opt, 1), interval="step")
     with pytest.raises(FitforgeTypeError, match="interval must be 'epoch' or 'batch', got int 1"):
         LRSchedulerHandler(S.StepLR(opt, 1), interval=1)
-    with pytest.raises(FitforgeValueError, match="ReduceLROnPlateau steps with a monitored value; pass "
-                                                 "monitor='val_loss'"):
+    with pytest.raises(
+        FitforgeValueError, match="ReduceLROnPlateau steps with a monitored value; pass monitor='val_loss'"
+    ):
         LRSchedulerHandler(S.ReduceLROnPlateau(opt))
     with pytest.raises(FitforgeValueError, match="use interval='epoch', got interval='batch'"):
         LRSchedulerHandler(S.ReduceLROnPlateau(opt), interval="batch", monitor="val_loss")
@@ -255,8 +303,11 @@ def test_a_scheduler_of_another_optimizer_fails_before_training():
     estimator, train, _ = linear_problem()
     before = [p.detach().clone() for p in estimator.net.parameters()]
     stranger = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
-    with pytest.raises(FitforgeValueError, match=r"the scheduler's optimizer \(SGD .*\) is not one of the "
-                                                 r"estimator's 1 optimizer\(s\); build the scheduler on"):
+    with pytest.raises(
+        FitforgeValueError,
+        match=r"the scheduler's optimizer \(SGD .*\) is not one of the "
+        r"estimator's 1 optimizer\(s\); build the scheduler on",
+    ):
         estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler(S.StepLR(stranger, 1))])
     assert all(torch.equal(a, b) for a, b in zip(before, estimator.net.parameters()))
 
@@ -264,12 +315,25 @@ def test_a_scheduler_of_another_optimizer_fails_before_training():
 def test_a_monitor_the_run_does_not_produce_or_a_mode_that_disagrees_is_an_error_at_fit_start():
     estimator, train, val = linear_problem()
     with pytest.raises(MonitorKeyError, match="monitors 'val_los', which this run will not produce"):
-        estimator.fit(train, val_data=val, epochs=1, event_handlers=[
-            LRSchedulerHandler(S.ReduceLROnPlateau(estimator.optimizer), monitor="val_los")])
-    with pytest.raises(FitforgeValueError, match=r"ReduceLROnPlateau\(mode='max'\) would cut the learning rate while "
-                                                 r"'val_loss' improves: a lower value is better .*mode='min'"):
-        estimator.fit(train, val_data=val, epochs=1, event_handlers=[
-            LRSchedulerHandler(S.ReduceLROnPlateau(estimator.optimizer, mode="max"), monitor="val_loss")])
+        estimator.fit(
+            train,
+            val_data=val,
+            epochs=1,
+            event_handlers=[LRSchedulerHandler(S.ReduceLROnPlateau(estimator.optimizer), monitor="val_los")],
+        )
+    with pytest.raises(
+        FitforgeValueError,
+        match=r"ReduceLROnPlateau\(mode='max'\) would cut the learning rate while "
+        r"'val_loss' improves: a lower value is better .*mode='min'",
+    ):
+        estimator.fit(
+            train,
+            val_data=val,
+            epochs=1,
+            event_handlers=[
+                LRSchedulerHandler(S.ReduceLROnPlateau(estimator.optimizer, mode="max"), monitor="val_loss")
+            ],
+        )
 
 
 def test_state_dict_round_trip_and_a_one_cycle_state_loaded_before_fit():
@@ -295,9 +359,11 @@ SCHEDULERS = {
     # that a resume without the scheduler's state would go wrong.
     "epoch StepLR": lambda opt: LRSchedulerHandler(S.StepLR(opt, step_size=2, gamma=0.5)),
     "epoch plateau": lambda opt: LRSchedulerHandler(  # nothing beats the first by 10: cut after epoch 2
-        S.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10, threshold_mode="abs"), monitor="train_loss"),
-    "batch LambdaLR": lambda opt: LRSchedulerHandler(S.LambdaLR(opt, lambda step: 1 / (1 + 0.1 * step)),
-                                                     interval="batch"),
+        S.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10, threshold_mode="abs"), monitor="train_loss"
+    ),
+    "batch LambdaLR": lambda opt: LRSchedulerHandler(
+        S.LambdaLR(opt, lambda step: 1 / (1 + 0.1 * step)), interval="batch"
+    ),
     "batch one_cycle": lambda opt: LRSchedulerHandler.one_cycle(0.05),
 }
 
@@ -320,13 +386,24 @@ def train(folder, scheduler, seed=0, resume=False, extra=(), accumulate=1, batch
     """(weights, losses by step, history or None when it crashed)."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
-                          device="cpu")
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device="cpu"
+    )
     losses = Losses()
     made.append(SCHEDULERS[scheduler](estimator.optimizer))
-    handlers = [made[-1], losses, GradientUpdateHandler(accumulate=accumulate),
-                CheckpointHandler(folder, epoch_period=epoch_period, batch_period=batch_period, max_checkpoints=2,
-                                  resume_from_checkpoint=resume), *extra]
+    handlers = [
+        made[-1],
+        losses,
+        GradientUpdateHandler(accumulate=accumulate),
+        CheckpointHandler(
+            folder,
+            epoch_period=epoch_period,
+            batch_period=batch_period,
+            max_checkpoints=2,
+            resume_from_checkpoint=resume,
+        ),
+        *extra,
+    ]
     data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
     try:
         history = estimator.fit(data, epochs=2, event_handlers=handlers)

@@ -93,11 +93,13 @@ class TestTopKAccuracy:
     def test_values(self):
         metric = TopKAccuracy(2)
         assert metric.name == "top2_accuracy"
-        pred = torch.tensor([
-            [0.1, 0.5, 0.3, 0.2],   # top2 {1, 2}, label 2: hit
-            [0.9, 0.05, 0.03, 0.02],  # top2 {0, 1}, label 3: miss
-            [0.1, 0.2, 0.3, 0.4],   # top2 {3, 2}, label 2: hit
-        ])
+        pred = torch.tensor(
+            [
+                [0.1, 0.5, 0.3, 0.2],  # top2 {1, 2}, label 2: hit
+                [0.9, 0.05, 0.03, 0.02],  # top2 {0, 1}, label 3: miss
+                [0.1, 0.2, 0.3, 0.4],  # top2 {3, 2}, label 2: hit
+            ]
+        )
         metric.update(pred, torch.tensor([2, 3, 2]))
         assert value(metric) == pytest.approx(2 / 3)
         metric.update(torch.tensor([[0.4, 0.3, 0.2, 0.1]]), torch.tensor([1]))  # top2 {0, 1}: hit
@@ -125,9 +127,11 @@ class TestTopKAccuracy:
     def test_bad_k(self, k):
         with pytest.raises(FitforgeValueError, match=re.escape(f"k must be a positive int, got {k!r}")):
             TopKAccuracy(k)
+
     def test_bool_k_rejected(self):
         with pytest.raises(FitforgeValueError, match="k must be a positive int"):
             TopKAccuracy(True)
+
     def test_label_of_wrong_shape_is_an_error(self):
         metric = TopKAccuracy(2)
         pred = torch.tensor([[3.0, 2.0, 1.0], [2.0, 3.0, 1.0]])  # both rows have class 0 in their top 2
@@ -193,8 +197,9 @@ class TestElementwise:
         metric.update(torch.tensor([0.5, 2.0]), torch.tensor([1, 2]))
         assert value(metric) == pytest.approx(0.125)
 
-    @pytest.mark.parametrize("cls,name", [(MeanSquaredError, "mse"), (RootMeanSquaredError, "rmse"),
-                                          (MeanAbsoluteError, "mae")])
+    @pytest.mark.parametrize(
+        "cls,name", [(MeanSquaredError, "mse"), (RootMeanSquaredError, "rmse"), (MeanAbsoluteError, "mae")]
+    )
     def test_shape_mismatch(self, cls, name):
         msg = f"{name}: pred shape (4, 1) must equal label shape (4,)"
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
@@ -270,14 +275,17 @@ def test_accumulates_on_cuda():  # pragma: no cover - depends on the machine
     assert metric.compute().device.type == "cpu"
 
 
-@pytest.mark.parametrize("factory,pred,label", [
-    (Accuracy, torch.randn(4, 3), torch.tensor([0, 1, 2, 0])),
-    (lambda: TopKAccuracy(2), torch.randn(4, 3), torch.tensor([0, 1, 2, 0])),
-    (lambda: BinaryAccuracy(logits=True), torch.randn(4), torch.tensor([0.0, 1.0, 1.0, 0.0])),
-    (MeanSquaredError, torch.randn(4), torch.randn(4)),
-    (RootMeanSquaredError, torch.randn(4), torch.randn(4)),
-    (MeanAbsoluteError, torch.randn(4), torch.randn(4)),
-])
+@pytest.mark.parametrize(
+    "factory,pred,label",
+    [
+        (Accuracy, torch.randn(4, 3), torch.tensor([0, 1, 2, 0])),
+        (lambda: TopKAccuracy(2), torch.randn(4, 3), torch.tensor([0, 1, 2, 0])),
+        (lambda: BinaryAccuracy(logits=True), torch.randn(4), torch.tensor([0.0, 1.0, 1.0, 0.0])),
+        (MeanSquaredError, torch.randn(4), torch.randn(4)),
+        (RootMeanSquaredError, torch.randn(4), torch.randn(4)),
+        (MeanAbsoluteError, torch.randn(4), torch.randn(4)),
+    ],
+)
 def test_update_with_grad_keeps_no_graph(factory, pred, label):
     metric = factory()
     pred = pred.clone().requires_grad_(True)
@@ -336,18 +344,21 @@ def test_protocol_rejects_non_metrics(obj):
 
 
 # -- name resolution -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,cls,name_attr", [
-    ("accuracy", Accuracy, "accuracy"),
-    ("acc", Accuracy, "accuracy"),
-    ("Accuracy", Accuracy, "accuracy"),
-    ("top3_accuracy", TopKAccuracy, "top3_accuracy"),
-    ("top5_acc", TopKAccuracy, "top5_accuracy"),
-    ("TOP10_ACCURACY", TopKAccuracy, "top10_accuracy"),
-    ("mse", MeanSquaredError, "mse"),
-    ("rmse", RootMeanSquaredError, "rmse"),
-    ("mae", MeanAbsoluteError, "mae"),
-    ("binary_accuracy", BinaryAccuracy, "binary_accuracy"),
-])
+@pytest.mark.parametrize(
+    "name,cls,name_attr",
+    [
+        ("accuracy", Accuracy, "accuracy"),
+        ("acc", Accuracy, "accuracy"),
+        ("Accuracy", Accuracy, "accuracy"),
+        ("top3_accuracy", TopKAccuracy, "top3_accuracy"),
+        ("top5_acc", TopKAccuracy, "top5_accuracy"),
+        ("TOP10_ACCURACY", TopKAccuracy, "top10_accuracy"),
+        ("mse", MeanSquaredError, "mse"),
+        ("rmse", RootMeanSquaredError, "rmse"),
+        ("mae", MeanAbsoluteError, "mae"),
+        ("binary_accuracy", BinaryAccuracy, "binary_accuracy"),
+    ],
+)
 def test_metric_from_name(name, cls, name_attr):
     metric = metric_from_name(name)
     assert type(metric) is cls
@@ -373,13 +384,16 @@ def test_top0_accuracy_name_is_an_error():
 
 
 # -- default metrics ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("loss,cls,logits", [
-    (nn.CrossEntropyLoss(), Accuracy, None),
-    (nn.NLLLoss(), Accuracy, None),
-    (nn.BCELoss(), BinaryAccuracy, False),
-    (nn.BCEWithLogitsLoss(), BinaryAccuracy, True),
-    (nn.MSELoss(), MeanAbsoluteError, None),
-])
+@pytest.mark.parametrize(
+    "loss,cls,logits",
+    [
+        (nn.CrossEntropyLoss(), Accuracy, None),
+        (nn.NLLLoss(), Accuracy, None),
+        (nn.BCELoss(), BinaryAccuracy, False),
+        (nn.BCEWithLogitsLoss(), BinaryAccuracy, True),
+        (nn.MSELoss(), MeanAbsoluteError, None),
+    ],
+)
 def test_default_metrics(loss, cls, logits):
     metrics = default_metrics(loss)
     assert len(metrics) == 1 and type(metrics[0]) is cls
@@ -446,8 +460,9 @@ class TestResolveMetrics:
         assert type(slots[0].metric) is Accuracy and slots[1].metric is mae
 
     def test_dict_of_output_indices(self):
-        slots = resolve_metrics({0: "accuracy", 1: ["mse", "mae"], 2: {"err": "rmse"}},
-                                [nn.CrossEntropyLoss(), nn.MSELoss(), nn.MSELoss()])
+        slots = resolve_metrics(
+            {0: "accuracy", 1: ["mse", "mae"], 2: {"err": "rmse"}}, [nn.CrossEntropyLoss(), nn.MSELoss(), nn.MSELoss()]
+        )
         assert names(slots) == [("accuracy_0", 0), ("mse_1", 1), ("mae_1", 1), ("err_2", 2)]
         assert type(slots[3].metric) is RootMeanSquaredError
 
@@ -514,25 +529,33 @@ class MyCustomScore:
     pass
 
 
-@pytest.mark.parametrize("metric,expected", [
-    (Accuracy(), "accuracy"),
-    (TopKAccuracy(4), "top4_accuracy"),
-    (BinaryAccuracy(), "binary_accuracy"),
-    (Mean(), "mean"),
-    (MulticlassAccuracy(num_classes=3), "multiclass_accuracy"),
-    (torchmetrics.MeanSquaredError(), "mean_squared_error"),
-    (torchmetrics.R2Score(), "r2_score"),
-    (MyCustomScore(), "my_custom_score"),
-    (NamedThing("custom"), "custom"),
-    (NamedThing(""), "named_thing"),
-    (NamedThing(3), "named_thing"),
-])
+@pytest.mark.parametrize(
+    "metric,expected",
+    [
+        (Accuracy(), "accuracy"),
+        (TopKAccuracy(4), "top4_accuracy"),
+        (BinaryAccuracy(), "binary_accuracy"),
+        (Mean(), "mean"),
+        (MulticlassAccuracy(num_classes=3), "multiclass_accuracy"),
+        (torchmetrics.MeanSquaredError(), "mean_squared_error"),
+        (torchmetrics.R2Score(), "r2_score"),
+        (MyCustomScore(), "my_custom_score"),
+        (NamedThing("custom"), "custom"),
+        (NamedThing(""), "named_thing"),
+        (NamedThing(3), "named_thing"),
+    ],
+)
 def test_metric_name(metric, expected):
     assert metric_name(metric) == expected
-@pytest.mark.parametrize("metric,expected", [
-    (torchmetrics.classification.BinaryF1Score(), "binary_f1_score"),
-    (torchmetrics.classification.MulticlassAUROC(num_classes=3), "multiclass_auroc"),
-])
+
+
+@pytest.mark.parametrize(
+    "metric,expected",
+    [
+        (torchmetrics.classification.BinaryF1Score(), "binary_f1_score"),
+        (torchmetrics.classification.MulticlassAUROC(num_classes=3), "multiclass_auroc"),
+    ],
+)
 def test_metric_name_acronyms(metric, expected):
     assert metric_name(metric) == expected
 
@@ -559,9 +582,9 @@ def test_copy_slots_gives_independent_objects():
 def test_accuracy_ignore_index_counts_only_kept_labels_on_the_device():
     metric = Accuracy(ignore_index=0)
     scores = torch.tensor([[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]).transpose(1, 2)  # (1, C=3, T=3)
-    metric.update(scores, torch.tensor([[2, 0, 2]]))     # right, padding, wrong
-    metric.update(scores, torch.tensor([[2, 0, 0]]))     # right, padding, padding
-    assert isinstance(metric._count, torch.Tensor)       # never read to the host while updating
+    metric.update(scores, torch.tensor([[2, 0, 2]]))  # right, padding, wrong
+    metric.update(scores, torch.tensor([[2, 0, 0]]))  # right, padding, padding
+    assert isinstance(metric._count, torch.Tensor)  # never read to the host while updating
     assert float(metric.compute()) == pytest.approx(2 / 3)
     assert repr(metric) == "Accuracy(ignore_index=0)" and repr(Accuracy()) == "Accuracy()"
     metric.reset()
@@ -598,8 +621,10 @@ def test_accuracy_checks_shapes_on_the_first_batch_after_each_reset():
     metric.update(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))
     assert metric._kind == "scores"
     metric.reset()
-    with pytest.raises(FitforgeValueError, match=re.escape("pred of shape (4,) (after argmax over dim 1) does not "
-                                                           "match label of shape (4, 1)")):
+    with pytest.raises(
+        FitforgeValueError,
+        match=re.escape("pred of shape (4,) (after argmax over dim 1) does not match label of shape (4, 1)"),
+    ):
         metric.update(torch.randn(4, 3), torch.tensor([[0], [1], [2], [0]]))
 
 
@@ -609,4 +634,5 @@ def test_accuracy_update_does_not_detach_yet_records_no_graph():
     metric.update(pred, torch.tensor([0, 1, -100, 0]))
     assert not metric._sum.requires_grad and metric._sum.grad_fn is None
     assert float(metric.compute()) == pytest.approx(
-        float((pred.argmax(1)[[0, 1, 3]] == torch.tensor([0, 1, 0])).float().mean()))
+        float((pred.argmax(1)[[0, 1, 3]] == torch.tensor([0, 1, 0])).float().mean())
+    )

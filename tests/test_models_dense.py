@@ -68,8 +68,9 @@ def test_ssd_learns_to_detect(tmp_path, capsys):
 
 def test_ssd_matching_gives_every_object_an_anchor_and_ignores_padding():
     anchors = ssd.make_anchors()
-    boxes = torch.tensor([[[0.1, 0.1, 0.35, 0.35], [0.6, 0.55, 0.9, 0.85]],
-                          [[0.40, 0.40, 0.62, 0.62], [0.0, 0.0, 0.0, 0.0]]])  # image 2: one object + padding
+    boxes = torch.tensor(
+        [[[0.1, 0.1, 0.35, 0.35], [0.6, 0.55, 0.9, 0.85]], [[0.40, 0.40, 0.62, 0.62], [0.0, 0.0, 0.0, 0.0]]]
+    )  # image 2: one object + padding
     classes = torch.tensor([[1, 2], [2, -1]])
     class_target, box_target = ssd.match_anchors(anchors, boxes, classes)
     positive = box_target[..., 4] > 0

@@ -23,16 +23,18 @@ EXACT_MATCH_MARGIN = 0.5
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_trains_on_batches_of_one(name, tmp_path):
-    history = load_example(name).main(["--batch-size", "1", "--epochs", "1", "--limit", "8",
-                                       "--checkpoint-dir", str(tmp_path)])
+    history = load_example(name).main(
+        ["--batch-size", "1", "--epochs", "1", "--limit", "8", "--checkpoint-dir", str(tmp_path)]
+    )
     assert history.epochs == 1 and math.isfinite(history["train_loss"][0])
     assert len(list(tmp_path.glob("*-epoch1batch8.pt"))) == 1  # 8 training batches of one sample
 
 
 @pytest.mark.parametrize("name,prefix", [("birnn_sentiment", "birnn"), ("textcnn_sentiment", "textcnn")])
 def test_sentiment_learns_word_order(name, prefix, tmp_path, capsys):
-    history = load_example(name).main(["--limit", "2000", "--epochs", "3", "--batch-size", "32", "--lr", "0.006",
-                                       "--checkpoint-dir", str(tmp_path)])
+    history = load_example(name).main(
+        ["--limit", "2000", "--epochs", "3", "--batch-size", "32", "--lr", "0.006", "--checkpoint-dir", str(tmp_path)]
+    )
     assert history["train_loss"][-1] < history["train_loss"][0]
     assert max(history["val_accuracy"]) >= SENTIMENT_CHANCE + SENTIMENT_MARGIN  # the best epoch's weights are kept
     assert (tmp_path / f"{prefix}-best.pt").is_file()
@@ -40,8 +42,9 @@ def test_sentiment_learns_word_order(name, prefix, tmp_path, capsys):
 
 
 def test_translator_learns_dates(tmp_path, capsys):
-    history = load_example("translator").main(["--limit", "2000", "--epochs", "2", "--batch-size", "32",
-                                               "--lr", "0.004", "--checkpoint-dir", str(tmp_path)])
+    history = load_example("translator").main(
+        ["--limit", "2000", "--epochs", "2", "--batch-size", "32", "--lr", "0.004", "--checkpoint-dir", str(tmp_path)]
+    )
     assert history["train_loss"][-1] < history["train_loss"][0]
     assert max(history["val_exact_match"]) >= EXACT_MATCH_CHANCE + EXACT_MATCH_MARGIN  # greedy decodes
     assert (tmp_path / "translator-best.pt").is_file()
@@ -72,6 +75,10 @@ def test_bag_of_words_stays_at_chance():
 
     net = nn.Linear(len(vocab), 2)
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01))
-    history = estimator.fit(DataLoader(counts(train), batch_size=500, shuffle=True), epochs=20,
-                            val_data=DataLoader(counts(val), batch_size=1000), default_handlers=False)
+    history = estimator.fit(
+        DataLoader(counts(train), batch_size=500, shuffle=True),
+        epochs=20,
+        val_data=DataLoader(counts(val), batch_size=1000),
+        default_handlers=False,
+    )
     assert abs(history["val_accuracy"][-1] - SENTIMENT_CHANCE) < 0.05

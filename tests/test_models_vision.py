@@ -8,6 +8,7 @@ import math
 import re
 
 import pytest
+
 from helpers import load_example
 
 pytest.importorskip("sklearn")
@@ -23,7 +24,8 @@ def printed_accuracy(out: str) -> float:
 @pytest.mark.parametrize("name", sorted(PREFIXES))
 def test_trains_at_batch_size_one(name, tmp_path, capsys):
     history = load_example(name).main(
-        ["--batch-size", "1", "--epochs", "1", "--limit", "8", "--checkpoint-dir", str(tmp_path)])
+        ["--batch-size", "1", "--epochs", "1", "--limit", "8", "--checkpoint-dir", str(tmp_path)]
+    )
     assert history.epochs == 1 and math.isfinite(history.last("train_loss"))
     # one epoch of 8 batches of one sample, and the best-so-far copy
     assert (tmp_path / f"{PREFIXES[name]}-epoch1batch8.pt").is_file()

@@ -46,7 +46,9 @@ def batches(n=4, seed=0):
 
 
 def make_optimizer(net, fused):
-    return torch.optim.Adam(net.parameters(), lr=0.1, fused=True) if fused else torch.optim.SGD(net.parameters(), lr=0.1)
+    return (
+        torch.optim.Adam(net.parameters(), lr=0.1, fused=True) if fused else torch.optim.SGD(net.parameters(), lr=0.1)
+    )
 
 
 def fit(calls=(), handlers=(), data=None, poison=math.nan, fused=False, grad_calls=(), **kwargs):
@@ -86,7 +88,9 @@ def test_stop_with_a_fused_optimizer_skips_bad_steps_on_the_device_and_stops_at_
 
 def test_stop_without_a_fused_optimizer_reads_every_batch_and_stops_at_the_first_bad_one():
     history, net = fit(calls={5, 6}, handlers=[NaNGuardHandler()])
-    assert history.epochs == 2 and history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 2 (global step 5)"
+    assert (
+        history.epochs == 2 and history.stop_reason == "NaNGuardHandler: loss nan at epoch 2, batch 2 (global step 5)"
+    )
     _, clean = fit(batches=5)
     assert finite(net) and same_weights(net, clean)
 
@@ -98,25 +102,37 @@ def test_no_policy_steps_on_a_nan_gradient_of_a_finite_loss(policy, fused):
     data = batches()
     guard = NaNGuardHandler(policy)
     if policy == "raise":
-        with pytest.raises(NonFiniteLossError, match=r"the training gradient \(loss [\d.]+\) at epoch 1, batch 2 "
-                                                     r"\(global step 1\) is not finite"):
+        with pytest.raises(
+            NonFiniteLossError,
+            match=r"the training gradient \(loss [\d.]+\) at epoch 1, batch 2 "
+            r"\(global step 1\) is not finite",
+        ):
             fit(grad_calls={1}, handlers=[guard], data=data, fused=fused)
         return
     history, net = fit(grad_calls={1}, handlers=[guard], data=data, fused=fused, epochs=1)
     _, clean = fit(data=[data[0], data[2], data[3]] if policy == "skip" or fused else [data[0]], epochs=1, fused=fused)
     assert finite(net) and same_weights(net, clean)
     if policy == "stop":
-        assert re.fullmatch(r"NaNGuardHandler: gradient \(loss [\d.]+\) at epoch 1, batch 2 \(global step 1\) is not "
-                            r"finite", history.stop_reason)
+        assert re.fullmatch(
+            r"NaNGuardHandler: gradient \(loss [\d.]+\) at epoch 1, batch 2 \(global step 1\) is not "
+            r"finite",
+            history.stop_reason,
+        )
     else:
         assert guard.skipped == 1 and history.stop_reason == "reached epochs=1"
 
 
 def test_a_fused_guard_skips_a_whole_accumulation_group_with_a_bad_gradient():
     from fitforge.handlers import GradientUpdateHandler
+
     data = batches()
-    history, net = fit(grad_calls={0}, data=data, fused=True, epochs=1,
-                       handlers=[NaNGuardHandler(), GradientUpdateHandler(accumulate=2)])
+    history, net = fit(
+        grad_calls={0},
+        data=data,
+        fused=True,
+        epochs=1,
+        handlers=[NaNGuardHandler(), GradientUpdateHandler(accumulate=2)],
+    )
     _, clean = fit(data=data[2:], epochs=1, fused=True, handlers=[GradientUpdateHandler(accumulate=2)])
     assert finite(net) and same_weights(net, clean)  # the group of batches 1-2 was not stepped
     assert history.stop_reason.startswith("NaNGuardHandler: gradient")
@@ -183,18 +199,18 @@ def test_the_default_with_a_fused_optimizer_adds_no_host_read_per_batch():
     assert reads_in_one_epoch(8, NaNGuardHandler) > reads_in_one_epoch(8, lambda: RecordingHandler())  # it reads once
 
 
-@pytest.mark.parametrize("guard, fused", [(lambda: NaNGuardHandler(check_every=1), True),
-                                          (lambda: NaNGuardHandler("skip"), True),
-                                          (NaNGuardHandler, False)],
-                         ids=["check_every=1", "skip", "not fused"])
+@pytest.mark.parametrize(
+    "guard, fused",
+    [(lambda: NaNGuardHandler(check_every=1), True), (lambda: NaNGuardHandler("skip"), True), (NaNGuardHandler, False)],
+    ids=["check_every=1", "skip", "not fused"],
+)
 def test_per_batch_checks_read_every_batch_as_documented(guard, fused):
     assert reads_in_one_epoch(64, guard, fused) - reads_in_one_epoch(8, guard, fused) == 56
 
 
 def test_the_record_rides_in_the_state_dict():
     net = nn.Linear(1, 1)
-    state = TrainState(Estimator(net, nn.MSELoss(), optimizer=make_optimizer(net, True),
-                                 device="cpu"))
+    state = TrainState(Estimator(net, nn.MSELoss(), optimizer=make_optimizer(net, True), device="cpu"))
     state.history.new_epoch()
     guard = NaNGuardHandler()
     guard.train_begin(state)
@@ -212,7 +228,9 @@ def test_the_record_rides_in_the_state_dict():
 
 
 def test_a_run_it_stopped_trains_no_more_on_resume(tmp_path):
-    saver = lambda: CheckpointHandler(tmp_path, resume_from_checkpoint=True)
+    def saver():
+        return CheckpointHandler(tmp_path, resume_from_checkpoint=True)
+
     history, _ = fit(calls={5}, handlers=[NaNGuardHandler(), saver()], epochs=4)
     assert history.epochs == 2
     history, _ = fit(handlers=[NaNGuardHandler(), saver()], epochs=4)  # the same script, run again
@@ -231,13 +249,16 @@ def test_it_runs_before_the_optimizer_step():
     assert batch_end.split()[1:4] == ["NaNGuardHandler(-2100)", "->", "GradientUpdateHandler(-2000)"]
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"policy": "halt"}, FitforgeValueError, r"policy must be one of \('stop', 'skip', 'raise'\), got 'halt'"),
-    ({"policy": 1}, FitforgeTypeError, r"policy must be one of .*got int 1"),
-    ({"check_every": 0}, FitforgeValueError, r"check_every must be a positive int or None, got 0"),
-    ({"check_every": 2.5}, FitforgeTypeError, r"check_every must be a positive int or None, got float 2.5"),
-    ({"policy": "skip", "check_every": 5}, FitforgeValueError, r"policy='skip' decides every batch"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"policy": "halt"}, FitforgeValueError, r"policy must be one of \('stop', 'skip', 'raise'\), got 'halt'"),
+        ({"policy": 1}, FitforgeTypeError, r"policy must be one of .*got int 1"),
+        ({"check_every": 0}, FitforgeValueError, r"check_every must be a positive int or None, got 0"),
+        ({"check_every": 2.5}, FitforgeTypeError, r"check_every must be a positive int or None, got float 2.5"),
+        ({"policy": "skip", "check_every": 5}, FitforgeValueError, r"policy='skip' decides every batch"),
+    ],
+)
 def test_bad_arguments_are_clear_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
         NaNGuardHandler(**kwargs)

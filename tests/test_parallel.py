@@ -13,7 +13,6 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import make_estimator, regression_batches
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import (
@@ -52,6 +51,7 @@ from fitforge.metrics.builtin import Accuracy
 from fitforge.parallel import rank_device
 from fitforge.preemption import preemptible
 from fitforge.state import TrainState
+from helpers import make_estimator, regression_batches
 
 GLOO = dist.is_available() and dist.is_gloo_available()
 
@@ -97,7 +97,13 @@ def test_one_process_trains_the_net_itself(strategy):
 
 
 def test_under_a_launcher_each_rank_takes_its_local_device(monkeypatch):
-    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1", "LOCAL_RANK": "1"}.items():
+    for name, value in {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+        "LOCAL_RANK": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert rank_device(None, "auto") == "cuda:1"
@@ -226,8 +232,11 @@ def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(
     calls = []
     for name in ("settle", "after_batch"):
         real = getattr(StopAgreement, name)
-        monkeypatch.setattr(StopAgreement, name, lambda self, state, real=real, name=name:
-                            calls.append((name[0], state.global_step)) or real(self, state))
+        monkeypatch.setattr(
+            StopAgreement,
+            name,
+            lambda self, state, real=real, name=name: calls.append((name[0], state.global_step)) or real(self, state),
+        )
     checks = []
     monkeypatch.setattr("fitforge.agreement._check_replicas", lambda state: checks.append(state.optimizer_steps))
     monkeypatch.setattr("fitforge.estimator.world_size", lambda: 2)  # as if another rank ran this fit too
@@ -236,8 +245,19 @@ def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(
     estimator = Estimator(wrapper, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
     estimator.fit(regression_batches(3), epochs=2)
     # train_begin, each epoch_begin, each batch (the last one's ends in the epoch's end), each epoch end
-    assert calls == [("s", 0), ("s", 0), ("a", 1), ("a", 2), ("a", 3), ("s", 3),
-                     ("s", 3), ("a", 4), ("a", 5), ("a", 6), ("s", 6)]
+    assert calls == [
+        ("s", 0),
+        ("s", 0),
+        ("a", 1),
+        ("a", 2),
+        ("a", 3),
+        ("s", 3),
+        ("s", 3),
+        ("a", 4),
+        ("a", 5),
+        ("a", 6),
+        ("s", 6),
+    ]
     assert checks == [1]
     _check_replicas(TrainState(estimator))  # the real one (imported before the patch): one rank equals itself
 
@@ -260,8 +280,14 @@ needs_fsdp = pytest.mark.skipif(not (GLOO and fsdp.supported()), reason="needs g
 def fsdp_estimator(**kwargs):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1))
-    return Estimator(net, nn.MSELoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.05), device="cpu",
-                     strategy="fsdp", **kwargs)
+    return Estimator(
+        net,
+        nn.MSELoss(),
+        optimizer=torch.optim.Adam(net.parameters(), lr=0.05),
+        device="cpu",
+        strategy="fsdp",
+        **kwargs,
+    )
 
 
 @needs_fsdp
@@ -269,8 +295,7 @@ def test_fsdp_points_the_optimizer_at_the_sharded_parameters_and_trains(one_rank
     estimator = fsdp_estimator()
     params = {id(p) for p in estimator.net.parameters()}
     assert all(id(p) in params for p in estimator.optimizer.param_groups[0]["params"])
-    history = estimator.fit(regression_batches(4), epochs=3, default_handlers=False,
-                            event_handlers=[MetricHandler()])
+    history = estimator.fit(regression_batches(4), epochs=3, default_handlers=False, event_handlers=[MetricHandler()])
     assert history["train_loss"][-1] < history["train_loss"][0]
     assert estimator.evaluate(regression_batches(2))["val_loss"] > 0
     assert estimator.predict(regression_batches(2)).shape == (8, 1)
@@ -294,8 +319,12 @@ def test_fsdp_checkpoints_round_trip_through_dcp_folders(one_rank_group, tmp_pat
     saver = CheckpointHandler(tmp_path, monitor="train_loss", save_best=True, max_checkpoints=1)
     estimator.fit(regression_batches(4), epochs=2, event_handlers=[saver])
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {"model-epoch2batch8.pt", "model-epoch2batch8pos0.dcp", "model-best.pt",
-                     "model-best-epoch2batch8pos0.dcp"}
+    assert names == {
+        "model-epoch2batch8.pt",
+        "model-epoch2batch8pos0.dcp",
+        "model-best.pt",
+        "model-best-epoch2batch8pos0.dcp",
+    }
     full = {k: v.full_tensor() for k, v in estimator.net.state_dict().items()}
     plain = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
     plain.optimizers = [torch.optim.Adam(plain.net.parameters(), lr=0.05)]
@@ -317,18 +346,27 @@ def test_fsdp_checkpoints_round_trip_through_dcp_folders(one_rank_group, tmp_pat
 def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_restarts_a_shuffled_epoch(tmp_path, caplog):
     data = TensorDataset(torch.rand(12, 1), torch.rand(12, 1))
     estimator = make_estimator()
-    estimator.fit(DataLoader(data, batch_size=4, shuffle=True), batches=5,
-                  event_handlers=[CheckpointHandler(tmp_path, batch_period=5, epoch_period=None)])
+    estimator.fit(
+        DataLoader(data, batch_size=4, shuffle=True),
+        batches=5,
+        event_handlers=[CheckpointHandler(tmp_path, batch_period=5, epoch_period=None)],
+    )
     path = tmp_path / "model-epoch1batch5.pt"
     checkpoint = load_checkpoint(path)
-    assert checkpoint["position"] == 2 and checkpoint["data_order"] == {**checkpoint["data_order"], "world": 1,
-                                                                         "shuffled": True}
+    assert checkpoint["position"] == 2 and checkpoint["data_order"] == {
+        **checkpoint["data_order"],
+        "world": 1,
+        "shuffled": True,
+    }
     checkpoint["data_order"]["world"] = 2  # as if two ranks had written it
     save_checkpoint(checkpoint, path)
     resumed = make_estimator()
     with caplog.at_level(logging.WARNING, logger="fitforge"):
-        history = resumed.fit(DataLoader(data, batch_size=4, shuffle=True), epochs=2,
-                              event_handlers=[CheckpointHandler(tmp_path, resume_from_checkpoint=True)])
+        history = resumed.fit(
+            DataLoader(data, batch_size=4, shuffle=True),
+            epochs=2,
+            event_handlers=[CheckpointHandler(tmp_path, resume_from_checkpoint=True)],
+        )
     assert "written by 2 rank(s) 2 batch(es) into epoch 2 of a shuffled order" in caplog.text
     assert "epoch 2 starts again (its 2 trained batch(es) are trained twice)" in caplog.text
     assert len(history["train_loss"]) == 2 and (tmp_path / "model-epoch2batch6.pt").is_file()
@@ -339,7 +377,9 @@ def test_fsdp_starts_from_the_weights_of_an_unsharded_checkpoint(one_rank_group,
     plain = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
     plain.fit(regression_batches(2), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
     sharded = fsdp_estimator()
-    with pytest.raises(CheckpointError, match=r"load its weights only \(estimator.load_checkpoint\(path, optimizers=False\)"):
+    with pytest.raises(
+        CheckpointError, match=r"load its weights only \(estimator.load_checkpoint\(path, optimizers=False\)"
+    ):
         sharded.load_checkpoint(tmp_path / "model-epoch1batch2.pt")
     sharded.load_checkpoint(tmp_path / "model-epoch1batch2.pt", optimizers=False)
     assert all(torch.equal(v.full_tensor(), plain.net.state_dict()[k]) for k, v in sharded.net.state_dict().items())
@@ -375,7 +415,13 @@ def test_samplers_without_a_distributed_counterpart_are_named(two_ranks, caplog)
 
 
 def test_an_explicit_gpu_under_torchrun_warns_that_every_rank_shares_it(monkeypatch):
-    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1", "LOCAL_RANK": "1"}.items():
+    for name, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+        "LOCAL_RANK": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     with pytest.warns(UserWarning, match="every rank of this machine uses that one GPU"):
         assert rank_device("cuda:0", "auto") == "cuda:0"

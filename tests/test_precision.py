@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch import nn
 
+from fitforge.checkpoint_io import load_checkpoint
 from fitforge.events import BatchEnd
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
-from fitforge.checkpoint_io import load_checkpoint
 from helpers import make_estimator
 
 
@@ -27,7 +27,7 @@ class Recording(nn.Linear):
 
 def batches(n=2):
     x = torch.rand(4 * n, 1)
-    return [(x[i:i + 4], 2 * x[i:i + 4] + 3) for i in range(0, 4 * n, 4)]
+    return [(x[i : i + 4], 2 * x[i : i + 4] + 3) for i in range(0, 4 * n, 4)]
 
 
 def test_bf16_autocast_is_used_in_fit_evaluate_and_predict():
@@ -62,7 +62,7 @@ def test_fp16_scaler_skips_a_step_on_inf_gradients(clip_norm):
     before = [p.detach().clone() for p in estimator.net.parameters()]
     estimator.fit(batches(1), epochs=1, event_handlers=[InfGradient(), GradientUpdateHandler(clip_norm=clip_norm)])
     assert all(torch.equal(a, b) for a, b in zip(before, estimator.net.parameters()))  # the step was skipped
-    assert estimator.scaler.get_scale() < scale                                          # and the scale backed off
+    assert estimator.scaler.get_scale() < scale  # and the scale backed off
 
 
 def test_fp16_trains_and_its_scaler_state_is_checkpointed(tmp_path):
@@ -70,16 +70,18 @@ def test_fp16_trains_and_its_scaler_state_is_checkpointed(tmp_path):
     before = estimator.net.weight.detach().clone()
     # The first steps overflow at the initial scale of 2**16 and are skipped while the scale backs off.
     estimator.fit(batches(10), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
-    assert not torch.equal(before, estimator.net.weight) and estimator.scaler.get_scale() < 2.0 ** 16
+    assert not torch.equal(before, estimator.net.weight) and estimator.scaler.get_scale() < 2.0**16
     saved = load_checkpoint(tmp_path / "model-epoch1batch10.pt")["scaler"]
     assert saved["scale"] == estimator.scaler.get_scale()
     fresh = make_estimator(net=nn.Linear(1, 1), precision="16-mixed")
-    assert fresh.scaler.get_scale() == 2.0 ** 16  # the initial scale, which loading replaces
+    assert fresh.scaler.get_scale() == 2.0**16  # the initial scale, which loading replaces
     fresh.load_checkpoint(tmp_path / "model-epoch1batch10.pt")
     assert fresh.scaler.get_scale() == estimator.scaler.get_scale()
 
 
 def test_an_unknown_precision_is_a_clear_error():
-    with pytest.raises(FitforgeValueError, match="precision must be None or one of '32', '32-true', 'bf16-mixed', "
-                                                 "'16-mixed', got 'fp8'"):
+    with pytest.raises(
+        FitforgeValueError,
+        match="precision must be None or one of '32', '32-true', 'bf16-mixed', '16-mixed', got 'fp8'",
+    ):
         make_estimator(precision="fp8")

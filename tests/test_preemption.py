@@ -53,8 +53,9 @@ class Signal(BatchBegin, EpochEnd, TrainEnd):
 def train(folder, seed=0, resume=False, extra=(), epochs=4, accumulate=1, checkpoint=True, validate=False):
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
-                          device="cpu")
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device="cpu"
+    )
     data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
     handlers = [GradientUpdateHandler(accumulate=accumulate), *extra]
     if checkpoint:

@@ -3,11 +3,11 @@
 import logging
 
 import pytest
-from helpers import make_estimator, regression_batches
 
 from fitforge import profiler
 from fitforge.events import BatchEnd
 from fitforge.exceptions import FitforgeTypeError
+from helpers import make_estimator, regression_batches
 
 
 class FakeClock:
@@ -27,8 +27,7 @@ def test_profile_reports_each_handler_and_event_slowest_first(monkeypatch, caplo
             clock.now += 0.005  # 5 ms of "work" per batch, on the fake clock
 
     with caplog.at_level(logging.INFO, logger="fitforge"):
-        history = make_estimator().fit(regression_batches(n_batches=3), epochs=2, event_handlers=[Slow()],
-                                       profile=True)
+        history = make_estimator().fit(regression_batches(n_batches=3), epochs=2, event_handlers=[Slow()], profile=True)
     lines = history.profile.splitlines()
     assert lines[0].split() == ["handler", "event", "calls", "total", "ms", "us/call", "of", "fit"]
     assert lines[1].split() == ["Slow", "batch_end", "6", "30.00", "5000.0", "100.0%"]

@@ -22,8 +22,7 @@ def run(folder, epochs, seed=0, resume=False, lr=0.01, handlers=()):
     Returns the final weights and the history."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=lr),
-                          device="cpu")
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=lr), device="cpu")
     data = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
     saver = CheckpointHandler(folder, resume_from_checkpoint=resume, max_checkpoints=10)
     history = estimator.fit(data, epochs=epochs, event_handlers=[*handlers, saver])
@@ -59,7 +58,7 @@ def flip_a_weight_byte(content: bytes, path) -> bytes:
     weights = torch.load(path, weights_only=True)["model"]["0.weight"]
     at = content.find(weights.numpy().tobytes()) + 5
     assert at > 5
-    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1:]
+    return content[:at] + bytes([content[at] ^ 0xFF]) + content[at + 1 :]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "emptied", "foreign", "byte-flipped"])
@@ -67,8 +66,14 @@ def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning(tmp_path, uninter
     run(tmp_path, epochs=2)
     newest = tmp_path / "model-epoch2batch12.pt"
     content = newest.read_bytes()
-    newest.write_bytes({"truncated": content[: len(content) // 2], "emptied": b"", "foreign": b"not a checkpoint",
-                        "byte-flipped": flip_a_weight_byte(content, newest) if damage == "byte-flipped" else b""}[damage])
+    newest.write_bytes(
+        {
+            "truncated": content[: len(content) // 2],
+            "emptied": b"",
+            "foreign": b"not a checkpoint",
+            "byte-flipped": flip_a_weight_byte(content, newest) if damage == "byte-flipped" else b"",
+        }[damage]
+    )
     with caplog.at_level(logging.WARNING, logger="fitforge"):
         weights, history = run(tmp_path, epochs=4, seed=123, resume=True)
     assert "skipping checkpoint model-epoch2batch12.pt" in caplog.text
@@ -82,8 +87,11 @@ def test_checkpoints_none_of_which_loads_are_an_error_not_a_fresh_start(tmp_path
     run(tmp_path, epochs=2)
     for path in tmp_path.glob("model-epoch*.pt"):
         path.write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"resume_from_checkpoint: none of the 2 checkpoint\(s\) in .* can be "
-                                              r"loaded \(model-epoch2batch12.pt: checkpoint .* is empty; "):
+    with pytest.raises(
+        CheckpointError,
+        match=r"resume_from_checkpoint: none of the 2 checkpoint\(s\) in .* can be "
+        r"loaded \(model-epoch2batch12.pt: checkpoint .* is empty; ",
+    ):
         run(tmp_path, epochs=4, resume=True)
 
 
@@ -112,8 +120,9 @@ def test_early_stopping_state_and_best_weights_ride_in_checkpoints(tmp_path):
     weights, stopper, history = run_with_early_stopping(tmp_path / "whole", epochs=5)
     assert len(history["train_loss"]) == 3 and stopper.best_epoch == 1  # stopped early, best weights restored
     run_with_early_stopping(tmp_path / "cut", epochs=2)
-    resumed_weights, resumed, resumed_history = run_with_early_stopping(tmp_path / "cut", epochs=5, seed=123,
-                                                                        resume=True)
+    resumed_weights, resumed, resumed_history = run_with_early_stopping(
+        tmp_path / "cut", epochs=5, seed=123, resume=True
+    )
     assert (resumed.best, resumed.best_epoch, resumed.wait) == (stopper.best, stopper.best_epoch, stopper.wait)
     assert resumed_history["train_loss"] == history["train_loss"] and resumed_history.stop_reason == history.stop_reason
     assert_same(resumed_weights, weights)  # restore_best at the end used the restored copy
@@ -152,7 +161,7 @@ def test_a_checksum_catches_changed_tensor_bytes_and_old_files_without_one_still
     assert torch.equal(loaded["w"], content["w"]) and loaded["n"] == [1, 2.5, None] and "checksum" not in loaded
     raw = (tmp_path / "a.pt").read_bytes()
     at = raw.find(content["w"].numpy().tobytes()) + 9
-    (tmp_path / "a.pt").write_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:])
+    (tmp_path / "a.pt").write_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1 :])
     with pytest.raises(CheckpointError, match=r"a.pt is corrupt: its contents no longer match the checksum"):
         load_checkpoint(tmp_path / "a.pt")
     save_atomic(content, tmp_path / "old.pt")  # written before checksums existed
@@ -174,8 +183,11 @@ def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_in
         return real_fdopen(os.open("/dev/full", os.O_WRONLY), mode, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint_io.os, "fdopen", full_disk)
-    with pytest.raises(CheckpointError, match=r"cannot write .*model-epoch2batch12.pt: No space left on device; "
-                                              r"free space or save elsewhere \(the files already there are intact\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"cannot write .*model-epoch2batch12.pt: No space left on device; "
+        r"free space or save elsewhere \(the files already there are intact\)",
+    ):
         run(tmp_path, epochs=2, resume=True)
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["model-epoch1batch6.pt"]  # no temporary file left behind
@@ -183,8 +195,8 @@ def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_in
 
 
 def test_rerunning_a_run_that_stopped_early_trains_no_more(tmp_path):
-    weights, stopper, history = run_with_early_stopping(tmp_path, epochs=5)  # stops after epoch 3
-    again_weights, again, again_history = run_with_early_stopping(tmp_path, epochs=5, seed=123, resume=True)
+    weights, _, history = run_with_early_stopping(tmp_path, epochs=5)  # stops after epoch 3
+    again_weights, _, again_history = run_with_early_stopping(tmp_path, epochs=5, seed=123, resume=True)
     assert again_history["train_loss"] == history["train_loss"] and len(again_history["train_loss"]) == 3
     assert again_history.stop_reason == "already stopped: " + history.stop_reason
     assert_same(again_weights, weights)  # restore_best still put the best epoch's weights back

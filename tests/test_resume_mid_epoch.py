@@ -42,7 +42,7 @@ def loader(kind="shuffled", workers=0):
     dataset = TensorDataset(X, Y)
     if kind == "own generator":
         return DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(5))
-    batches = [(X[i:i + 8], Y[i:i + 8]) for i in range(0, 48, 8)]
+    batches = [(X[i : i + 8], Y[i : i + 8]) for i in range(0, 48, 8)]
     if kind == "list":
         return batches
     if kind == "iterable":
@@ -56,21 +56,30 @@ def loader(kind="shuffled", workers=0):
     return DataLoader(dataset, batch_size=8, shuffle=True, num_workers=workers)
 
 
-def train(folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, accumulate=1, epochs=3, device="cpu",
-          extra=()):
+def train(
+    folder, seed=0, resume=False, crash=None, kind="shuffled", workers=0, accumulate=1, epochs=3, device="cpu", extra=()
+):
     """Returns (weights, losses by step, history); history is None when the run crashed."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     metrics = {"accuracy": "accuracy", "tm_accuracy": torchmetrics.Accuracy("multiclass", num_classes=3)}
-    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics=metrics,
-                          optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device=device)
+    estimator = Estimator(
+        net,
+        nn.CrossEntropyLoss(),
+        train_metrics=metrics,
+        optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+        device=device,
+    )
     losses = Losses()
-    handlers = [losses, GradientUpdateHandler(accumulate=accumulate),
-                CheckpointHandler(folder, epoch_period=None, batch_period=1, max_checkpoints=2,
-                                  resume_from_checkpoint=resume)]
+    handlers = [
+        losses,
+        GradientUpdateHandler(accumulate=accumulate),
+        CheckpointHandler(folder, epoch_period=None, batch_period=1, max_checkpoints=2, resume_from_checkpoint=resume),
+    ]
     try:
-        history = estimator.fit(loader(kind, workers), epochs=epochs,
-                                event_handlers=[*handlers, *extra] + ([Crash(crash)] if crash else []))
+        history = estimator.fit(
+            loader(kind, workers), epochs=epochs, event_handlers=[*handlers, *extra] + ([Crash(crash)] if crash else [])
+        )
     except RuntimeError as error:
         assert str(error) == "crash"
         history = None
@@ -133,8 +142,10 @@ def test_data_without_positions_warns_and_is_read_up_to_the_checkpoint(tmp_path,
     whole = uninterrupted(tmp_path_factory, kind="iterable")
     with caplog.at_level(logging.WARNING, logger="fitforge"):
         assert_continues_exactly(tmp_path, whole, 9, kind="iterable")
-    assert ("a resume in the middle of an epoch cannot restore the position in train_data by index: it is a Batches, "
-            "not a list or a DataLoader, so it has no batch positions. It reads and discards") in caplog.text
+    assert (
+        "a resume in the middle of an epoch cannot restore the position in train_data by index: it is a Batches, "
+        "not a list or a DataLoader, so it has no batch positions. It reads and discards"
+    ) in caplog.text
 
 
 def test_the_order_is_a_function_of_the_seed_and_the_epoch_and_the_loader_is_given_back():
@@ -159,15 +170,18 @@ def test_what_cannot_be_restored_by_index_is_named():
 
     assert "IterableDataset" in DataOrder(DataLoader(Stream(), batch_size=2)).problem
     sampler = torch.utils.data.Sampler()
-    assert "its sampler Sampler draws its order from a source" in DataOrder(
-        DataLoader(TensorDataset(X, Y), sampler=sampler)).problem
+    assert (
+        "its sampler Sampler draws its order from a source"
+        in DataOrder(DataLoader(TensorDataset(X, Y), sampler=sampler)).problem
+    )
 
     class MySampler(RandomSampler):  # may shuffle any way it likes, though it has a generator attribute
         pass
 
     assert "its sampler MySampler draws" in DataOrder(DataLoader(TensorDataset(X, Y), sampler=MySampler(X))).problem
-    own = DataLoader(TensorDataset(X, Y), shuffle=True, num_workers=1, persistent_workers=True,
-                     generator=torch.Generator())
+    own = DataLoader(
+        TensorDataset(X, Y), shuffle=True, num_workers=1, persistent_workers=True, generator=torch.Generator()
+    )
     assert "persistent workers" in DataOrder(own).problem
 
 
@@ -189,8 +203,9 @@ def test_a_metric_without_a_saveable_state_restarts_its_sums_with_a_warning(tmp_
 
     def fit(resume, crash=None):
         net = nn.Linear(6, 3)
-        estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics={"batches": Plain()}, optimizer="sgd",
-                              device="cpu")
+        estimator = Estimator(
+            net, nn.CrossEntropyLoss(), train_metrics={"batches": Plain()}, optimizer="sgd", device="cpu"
+        )
         saver = CheckpointHandler(tmp_path, epoch_period=None, batch_period=1, resume_from_checkpoint=resume)
         try:
             return estimator.fit(loader("list"), epochs=1, event_handlers=[saver] + ([Crash(crash)] if crash else []))
@@ -240,7 +255,7 @@ def test_a_cancelled_batch_or_epoch_resumes_exactly(tmp_path, tmp_path_factory, 
     # CancelBatch after the batch's checkpoint: the next batch's checkpoint, same counters, replaces it.
     whole = train(tmp_path_factory.mktemp("whole"), extra=(CancelAt(cancel, 8, 950),), accumulate=2)
     _, before, _ = train(tmp_path, crash=10, extra=(CancelAt(cancel, 8, 950),), accumulate=2)
-    weights, after, history = train(tmp_path, seed=123, resume=True, extra=(CancelAt(cancel, 8, 950),), accumulate=2)
+    weights, after, _ = train(tmp_path, seed=123, resume=True, extra=(CancelAt(cancel, 8, 950),), accumulate=2)
     assert {**before, **after} == whole[1]
     assert all(torch.equal(weights[k], whole[0][k]) for k in whole[0])
 

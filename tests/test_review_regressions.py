@@ -2,6 +2,7 @@
 
 import logging
 import re
+from typing import ClassVar
 
 import pytest
 import torch
@@ -9,12 +10,18 @@ from torch import nn
 
 from fitforge import BatchOutput, BatchProcessor, Estimator
 from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd
-from fitforge.exceptions import (CancelBatch, CancelEpoch, CancelFit, FitforgeTypeError, FitforgeValueError,
-                                 LossInputError, MonitorKeyError)
+from fitforge.exceptions import (
+    CancelBatch,
+    CancelEpoch,
+    CancelFit,
+    FitforgeTypeError,
+    FitforgeValueError,
+    LossInputError,
+    MonitorKeyError,
+)
 from fitforge.handlers import LoggingHandler, MetricHandler, ValidationHandler
 from fitforge.metrics import Accuracy
 from fitforge.testing import RecordingHandler, linear_problem
-
 from helpers import make_estimator, regression_batches
 
 
@@ -28,7 +35,7 @@ def test_cancel_epoch_before_the_step_leaves_no_gradient_for_the_next_epoch():
 
     class GradAtStep(BatchEnd):
         priority = -2500
-        grads = []
+        grads: ClassVar[list] = []
 
         def batch_end(self, state):
             GradAtStep.grads.append(state.estimator.net.weight.grad.clone())
@@ -71,11 +78,14 @@ def test_stop_requested_then_batch_cancelled_still_stops():
     assert rec.events.count("batch_begin") == 2 and history.stop_reason == "stop"
 
 
-@pytest.mark.parametrize("label, expected", [
-    (torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]), 0.75),  # one-hot
-    (torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]]), 0.75),  # probabilities
-    (torch.tensor([0, 1, 0, 1]), 0.75),
-])
+@pytest.mark.parametrize(
+    "label, expected",
+    [
+        (torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]), 0.75),  # one-hot
+        (torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]]), 0.75),  # probabilities
+        (torch.tensor([0, 1, 0, 1]), 0.75),
+    ],
+)
 def test_accuracy_with_index_one_hot_and_probability_labels(label, expected):
     pred = torch.tensor([[2.0, 1.0], [0.0, 3.0], [0.0, 1.0], [0.0, 1.0]])
     metric = Accuracy()
@@ -109,11 +119,14 @@ def test_multi_output_net_returning_a_list():
     assert isinstance(est.predict(two_label_batches()), tuple)
 
 
-@pytest.mark.parametrize("kwargs, argument", [
-    (dict(loss=[nn.MSELoss(), nn.MSELoss()], train_metrics={2: "mse"}), "train_metrics"),
-    (dict(loss=nn.MSELoss(), train_metrics={1: "accuracy"}), "train_metrics"),
-    (dict(loss=nn.MSELoss(), val_metrics={1: "mae"}), "val_metrics"),
-])
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(loss=[nn.MSELoss(), nn.MSELoss()], train_metrics={2: "mse"}), "train_metrics"),
+        (dict(loss=nn.MSELoss(), train_metrics={1: "accuracy"}), "train_metrics"),
+        (dict(loss=nn.MSELoss(), val_metrics={1: "mae"}), "val_metrics"),
+    ],
+)
 def test_metric_reading_an_output_the_model_lacks_is_refused_at_construction(kwargs, argument):
     with pytest.raises(FitforgeValueError, match=re.escape(f"{argument}: metric") + ".*but the model has"):
         Estimator(ListHeads(), optimizer="sgd", device="cpu", **kwargs)
@@ -173,8 +186,9 @@ def test_predict_errors_are_clear():
 
 def test_stop_on_a_batch_period_step_does_not_validate_the_same_weights_twice():
     calls = []
-    handler = ValidationHandler(regression_batches(1), batch_period=2,
-                                eval_fn=lambda data, event_handlers: calls.append(1) or {"val_x": 0.0})
+    handler = ValidationHandler(
+        regression_batches(1), batch_period=2, eval_fn=lambda data, event_handlers: calls.append(1) or {"val_x": 0.0}
+    )
     make_estimator().fit(regression_batches(4), batches=4, event_handlers=[handler])
     assert len(calls) == 2
 
@@ -184,8 +198,12 @@ def test_optimizer_for_another_net_is_refused():
     with pytest.raises(FitforgeValueError, match="optimizer holds none of net's parameters"):
         Estimator(nn.Linear(1, 1), nn.MSELoss(), optimizer=torch.optim.SGD(other.parameters(), lr=0.1), device="cpu")
     net = nn.Linear(1, 1)  # a second optimizer for another module (a GAN's discriminator) is fine
-    Estimator(net, nn.MSELoss(), optimizer=[torch.optim.SGD(net.parameters(), lr=0.1),
-                                           torch.optim.SGD(other.parameters(), lr=0.1)], device="cpu")
+    Estimator(
+        net,
+        nn.MSELoss(),
+        optimizer=[torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.SGD(other.parameters(), lr=0.1)],
+        device="cpu",
+    )
 
 
 def test_cross_entropy_label_with_a_class_axis_gets_the_squeeze_hint():
@@ -210,6 +228,7 @@ def test_custom_processor_raising_cancel_epoch_after_backward_clears_gradients()
 
 # -- second review -----------------------------------------------------------------------------------
 
+
 def test_accuracy_with_integer_one_hot_labels_and_one_dimensional_scores():
     import torch.nn.functional as F
 
@@ -229,8 +248,11 @@ def test_a_validation_mistake_fails_before_the_first_training_step():
     train = [(torch.randn(4, 5), torch.randint(0, 3, (4,))) for _ in range(3)]
     val = [(x, y.float()) for x, y in train]
     before = net.weight.detach().clone()
-    with pytest.raises(LossInputError, match=r"^the first batch of val_data cannot be evaluated: loss 0 "
-                                             r"\(CrossEntropyLoss\) failed on .* use label\.long\(\)"):
+    with pytest.raises(
+        LossInputError,
+        match=r"^the first batch of val_data cannot be evaluated: loss 0 "
+        r"\(CrossEntropyLoss\) failed on .* use label\.long\(\)",
+    ):
         est.fit(train, val_data=val, epochs=2)
     assert net.weight.detach().equal(before)
 
@@ -260,10 +282,19 @@ def test_metric_handler_epoch_end_without_its_epoch_begin_records_nothing_stale(
 
 def test_one_metric_object_cannot_count_training_and_validation():
     shared = Accuracy()
-    with pytest.raises(FitforgeValueError, match=r"val_metrics and train_metrics share the metric object\(s\) "
-                                                 r"\['accuracy'\]"):
-        Estimator(nn.Linear(5, 3), nn.CrossEntropyLoss(), train_metrics=shared, val_metrics=[shared],
-                  optimizer="sgd", device="cpu")
+    with pytest.raises(
+        FitforgeValueError,
+        match=r"val_metrics and train_metrics share the metric object\(s\) "
+        r"\['accuracy'\]",
+    ):
+        Estimator(
+            nn.Linear(5, 3),
+            nn.CrossEntropyLoss(),
+            train_metrics=shared,
+            val_metrics=[shared],
+            optimizer="sgd",
+            device="cpu",
+        )
 
 
 def test_stopping_handler_limits_and_fit_limits_whichever_comes_first(caplog):
@@ -312,12 +343,20 @@ def test_predict_handlers_see_the_batch_size():
     assert sizes == [3, 2]
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda est: est.fit(regression_batches(), 5), "val_data must be an iterable .* got int 5; did you mean epochs=5?"),
-    (lambda est: est.fit(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1),
-     r"wrap the dataset: DataLoader\(dataset, batch_size=...\)"),
-    (lambda est: est.predict(torch.zeros(4, 1)), r"wrap it: \[x\] for one batch"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda est: est.fit(regression_batches(), 5),
+            "val_data must be an iterable .* got int 5; did you mean epochs=5?",
+        ),
+        (
+            lambda est: est.fit(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1),
+            r"wrap the dataset: DataLoader\(dataset, batch_size=...\)",
+        ),
+        (lambda est: est.predict(torch.zeros(4, 1)), r"wrap it: \[x\] for one batch"),
+    ],
+)
 def test_beginner_data_mistakes_get_a_hint(call, message):
     with pytest.raises(FitforgeTypeError, match=message):
         call(make_estimator())
@@ -325,10 +364,17 @@ def test_beginner_data_mistakes_get_a_hint(call, message):
 
 def test_cross_entropy_label_hints_for_int32_and_out_of_range_classes():
     est = Estimator(nn.Linear(5, 2), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
-    with pytest.raises(LossInputError, match=re.escape("class-index labels must be int64, got int32: use label.long()")):
+    with pytest.raises(
+        LossInputError, match=re.escape("class-index labels must be int64, got int32: use label.long()")
+    ):
         est.fit([(torch.randn(4, 5), torch.tensor([0, 1, 1, 0], dtype=torch.int32))], epochs=1)
-    with pytest.raises(LossInputError, match=re.escape("labels go up to 2 but the net outputs 2 class scores, so labels "
-                                                       "must lie in 0..1: give the last layer 3 outputs")):
+    with pytest.raises(
+        LossInputError,
+        match=re.escape(
+            "labels go up to 2 but the net outputs 2 class scores, so labels "
+            "must lie in 0..1: give the last layer 3 outputs"
+        ),
+    ):
         est.fit([(torch.randn(4, 5), torch.tensor([0, 1, 2, 0]))], epochs=1)
 
 
@@ -378,9 +424,15 @@ class _NoBatchSize(BatchProcessor):
 def test_a_batch_output_without_batch_size_is_an_error_at_the_first_batch():
     estimator, train, val = linear_problem()
     estimator.batch_processor = _NoBatchSize()
-    with pytest.raises(FitforgeValueError, match=r"fit_batch returned BatchOutput\(batch_size=0\); set it to the "
-                                                 "number of samples in the batch"):
+    with pytest.raises(
+        FitforgeValueError,
+        match=r"fit_batch returned BatchOutput\(batch_size=0\); set it to the "
+        "number of samples in the batch",
+    ):
         estimator.fit(train, epochs=1)
-    with pytest.raises(FitforgeTypeError, match="first batch of val_data cannot be evaluated: BatchProcessor."
-                                                "evaluate_batch must return a fitforge.BatchOutput, got str"):
+    with pytest.raises(
+        FitforgeTypeError,
+        match="first batch of val_data cannot be evaluated: BatchProcessor."
+        "evaluate_batch must return a fitforge.BatchOutput, got str",
+    ):
         estimator.fit(train, val_data=val, epochs=1)

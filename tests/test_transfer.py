@@ -7,11 +7,11 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import make_estimator
 from torch import nn
 
 from fitforge import BatchProcessor
 from fitforge.exceptions import FitforgeTypeError
+from helpers import make_estimator
 
 
 def images(n=2, batch=4):
@@ -21,7 +21,9 @@ def images(n=2, batch=4):
 
 def cnn():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)
+    )
 
 
 class Layout(nn.Module):
@@ -55,7 +57,9 @@ def test_copies_to_cuda_are_non_blocking():
         return real_to(self, *args, **kwargs)
 
     with mock.patch.object(torch.Tensor, "to", spy):
-        inputs, label = BatchProcessor().to_device(SimpleNamespace(estimator=estimator), (torch.ones(2, 1), torch.ones(2)))
+        inputs, label = BatchProcessor().to_device(
+            SimpleNamespace(estimator=estimator), (torch.ones(2, 1), torch.ones(2))
+        )
     assert inputs[0].device.type == "meta" and label.device.type == "meta"
     assert calls == [True, True]
 

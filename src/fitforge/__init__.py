@@ -12,4 +12,4 @@ from .history import History
 from .state import BatchOutput, TrainState
 
 __version__ = "0.1.0"
-__all__ = ["Estimator", "BatchProcessor", "TrainState", "BatchOutput", "History", "__version__"]
+__all__ = ["BatchOutput", "BatchProcessor", "Estimator", "History", "TrainState", "__version__"]

@@ -52,12 +52,16 @@ def declared_access(handler: object) -> Access | None:
         if names is None:
             continue
         if isinstance(names, str) or not isinstance(names, (tuple, list, frozenset, set)):
-            raise FitforgeTypeError(f"{handler!r}.{attribute} must be a tuple of TrainState field names, "
-                                    f"e.g. ('epoch', 'shared.lr'), got {names!r}")
+            raise FitforgeTypeError(
+                f"{handler!r}.{attribute} must be a tuple of TrainState field names, "
+                f"e.g. ('epoch', 'shared.lr'), got {names!r}"
+            )
         for name in names:
             if not (isinstance(name, str) and (name in FIELDS or (name.startswith("shared.") and len(name) > 7))):
-                raise FitforgeTypeError(f"{handler!r}.{attribute} names {name!r}, which is no TrainState field; "
-                                        f"use one of {sorted(FIELDS)} or 'shared.<key>'")
+                raise FitforgeTypeError(
+                    f"{handler!r}.{attribute} names {name!r}, which is no TrainState field; "
+                    f"use one of {sorted(FIELDS)} or 'shared.<key>'"
+                )
     return Access(frozenset(reads or ()), frozenset(writes or ()))
 
 
@@ -105,7 +109,8 @@ def _check_ordered(a: EventHandler, b: EventHandler, field: str) -> None:
     raise HandlerOrderError(
         f"{a!r} and {b!r} both write {field!r} at the same priority ({getattr(a, 'priority', 0)}) with no "
         f"order between them, so which value wins is left to the order you listed them in; give one a "
-        f"different priority, or set run_after=({type(a).__name__},) on {type(b).__name__}")
+        f"different priority, or set run_after=({type(a).__name__},) on {type(b).__name__}"
+    )
 
 
 def describe_access(handler: object) -> str:
@@ -113,8 +118,7 @@ def describe_access(handler: object) -> str:
     access = declared_access(handler)
     if access is None:
         return "full access (undeclared)"
-    return (f"reads {', '.join(sorted(access.reads)) or '-'}; "
-            f"writes {', '.join(sorted(access.writes)) or '-'}")
+    return f"reads {', '.join(sorted(access.reads)) or '-'}; writes {', '.join(sorted(access.writes)) or '-'}"
 
 
 class GuardedState:
@@ -130,8 +134,10 @@ class GuardedState:
 
     def _deny(self, name: str, write: bool) -> StateAccessError:
         verb, attribute = ("write", "writes") if write else ("read", "reads")
-        return StateAccessError(f"{self._owner!r} tried to {verb} state.{name}, which its {attribute} does not "
-                                f"declare; add {name!r} to {type(self._owner).__name__}.{attribute}")
+        return StateAccessError(
+            f"{self._owner!r} tried to {verb} state.{name}, which its {attribute} does not "
+            f"declare; add {name!r} to {type(self._owner).__name__}.{attribute}"
+        )
 
     def __getattr__(self, name: str) -> Any:
         state, access = self._state, self._access

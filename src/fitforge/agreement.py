@@ -79,7 +79,8 @@ class StopAgreement:
             raise FitforgeValueError(
                 "the ranks got out of step (their collectives no longer pair up): a CancelBatch or CancelEpoch "
                 "raised on some ranks only, or a handler that skips work on some ranks, is the usual cause; "
-                "decide such things alike on every rank (from values reduced across ranks)")
+                "decide such things alike on every rank (from values reduced across ranks)"
+            )
         if cancel_fit and not cancelled_here:
             raise CancelFit("CancelFit raised on another rank")
         if signum and state.preempted is None:
@@ -103,4 +104,5 @@ def _check_replicas(state: TrainState) -> None:
         raise FitforgeValueError(
             "the ranks' weights differ after the first optimizer step, so their gradients were not averaged: a "
             "BatchProcessor.fit_batch that calls state.estimator.net bypasses DistributedDataParallel; forward "
-            "through state.estimator.train_net (or override forward(net, ...), which receives it)")
+            "through state.estimator.train_net (or override forward(net, ...), which receives it)"
+        )

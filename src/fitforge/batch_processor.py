@@ -48,9 +48,12 @@ class BatchProcessor:
     def __init__(self, host_inputs: tuple[int, ...] = (), allow_nonfinite: bool = False) -> None:
         self.allow_nonfinite = check_flag(allow_nonfinite, "allow_nonfinite", "BatchProcessor")
         if not isinstance(host_inputs, (tuple, list)) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in host_inputs):
-            raise FitforgeTypeError(f"BatchProcessor: host_inputs must be a tuple of input positions (ints >= 0), "
-                                    f"got {describe(host_inputs)}")
+            isinstance(i, int) and not isinstance(i, bool) for i in host_inputs
+        ):
+            raise FitforgeTypeError(
+                f"BatchProcessor: host_inputs must be a tuple of input positions (ints >= 0), "
+                f"got {describe(host_inputs)}"
+            )
         if any(i < 0 for i in host_inputs):
             raise FitforgeValueError(f"BatchProcessor: host_inputs positions must be >= 0, got {tuple(host_inputs)}")
         self.host_inputs = tuple(host_inputs)
@@ -75,8 +78,9 @@ class BatchProcessor:
         if not self.host_inputs:
             moved = to_device(inputs, device, non_blocking)
         else:
-            moved = tuple([x if i in self.host_inputs else to_device(x, device, non_blocking)
-                           for i, x in enumerate(inputs)])
+            moved = tuple(
+                [x if i in self.host_inputs else to_device(x, device, non_blocking) for i, x in enumerate(inputs)]
+            )
         if estimator.channels_last:
             moved = tuple([to_channels_last(x) for x in moved])
         return moved
@@ -140,8 +144,9 @@ class BatchProcessor:
         pred, loss, losses = self._forward_loss(state, estimator.val_net, estimator.compute_val_loss, inputs, label)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
-    def _forward_loss(self, state: TrainState, net: torch.nn.Module, compute_loss: Any, inputs: tuple, label: Any
-                      ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
+    def _forward_loss(
+        self, state: TrainState, net: torch.nn.Module, compute_loss: Any, inputs: tuple, label: Any
+    ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
         """``forward`` and the loss, under ``autocast`` unless there is none to enter (float32)."""
         if state.estimator.autocast_dtype is None and not self._own_autocast:
             pred = self.forward(net, inputs, label)
@@ -170,8 +175,10 @@ def check_outputs(pred: Any, batch_idx: int) -> Any:
         return pred
     if isinstance(pred, (tuple, list)) and pred and all(isinstance(p, torch.Tensor) for p in pred):
         return tuple(pred)
-    raise FitforgeTypeError(f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor "
-                            "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)")
+    raise FitforgeTypeError(
+        f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor "
+        "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)"
+    )
 
 
 def check_batch_output(output: Any, method: str) -> None:

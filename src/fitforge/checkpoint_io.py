@@ -42,8 +42,10 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         Path(temp).unlink(missing_ok=True)
         full = _disk_full(err)
         if full is not None:
-            raise CheckpointError(f"cannot write {path}: {full.strerror or 'no space left on the device'}; free "
-                                  "space or save elsewhere (the files already there are intact)") from err
+            raise CheckpointError(
+                f"cannot write {path}: {full.strerror or 'no space left on the device'}; free "
+                "space or save elsewhere (the files already there are intact)"
+            ) from err
         raise
     _fsync_dir(path.parent)
     return path
@@ -133,17 +135,22 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     if not isinstance(version, int):
         raise CheckpointError(f"{path} is not a fitforge checkpoint (no format_version)")
     if version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format version {version}; this fitforge reads up to "
-                              f"{FORMAT_VERSION}: upgrade fitforge")
+        raise CheckpointError(
+            f"checkpoint {path} has format version {version}; this fitforge reads up to "
+            f"{FORMAT_VERSION}: upgrade fitforge"
+        )
     expected = checkpoint.pop("checksum", None)  # files from before checksums have none
     if expected is not None and content_digest(checkpoint) != expected:
-        raise CheckpointError(f"checkpoint {path} is corrupt: its contents no longer match the checksum written "
-                              "with them (bytes changed on disk)")
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: its contents no longer match the checksum written "
+            "with them (bytes changed on disk)"
+        )
     return checkpoint
 
 
-def restore_weights(estimator: Any, checkpoint: dict | str | os.PathLike, optimizers: bool = True,
-                    folder: Path | None = None) -> dict:
+def restore_weights(
+    estimator: Any, checkpoint: dict | str | os.PathLike, optimizers: bool = True, folder: Path | None = None
+) -> dict:
     """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
 
     A checkpoint of another architecture is a :class:`CheckpointError` naming the file and listing
@@ -179,8 +186,9 @@ def _current_state(estimator: Any, optimizers: bool) -> dict:
     """What :func:`_load_state` puts back after a failed load: the weights copied to the host (the
     load writes into the parameters), the optimizers' and scaler's state dicts (a load replaces
     their tensors rather than writing into them, so references suffice)."""
-    state: dict = {"model": {key: value.detach().to("cpu", copy=True)
-                             for key, value in estimator.net.state_dict().items()}}
+    state: dict = {
+        "model": {key: value.detach().to("cpu", copy=True) for key, value in estimator.net.state_dict().items()}
+    }
     if optimizers:
         state["optimizers"] = [optimizer.state_dict() for optimizer in estimator.optimizers]
         if getattr(estimator, "scaler", None) is not None:
@@ -196,22 +204,26 @@ def _load_state(estimator: Any, checkpoint: dict, optimizers: bool, source: str)
         try:
             optimizer.load_state_dict(state)
         except (ValueError, KeyError) as err:
-            raise CheckpointError(f"the optimizer state in {source} does not fit {type(optimizer).__name__}: "
-                                  f"{err}; nothing was loaded (pass optimizers=False to load the weights only)"
-                                  ) from err
+            raise CheckpointError(
+                f"the optimizer state in {source} does not fit {type(optimizer).__name__}: "
+                f"{err}; nothing was loaded (pass optimizers=False to load the weights only)"
+            ) from err
     if "scaler" in checkpoint and getattr(estimator, "scaler", None) is not None:
         estimator.scaler.load_state_dict(checkpoint["scaler"])
 
 
-def check_fits(estimator: Any, checkpoint: dict, folder: Path | None, optimizers: bool = True,
-               source: str = "the checkpoint") -> None:
+def check_fits(
+    estimator: Any, checkpoint: dict, folder: Path | None, optimizers: bool = True, source: str = "the checkpoint"
+) -> None:
     """Raise a :class:`CheckpointError` unless ``checkpoint`` (called ``source`` in messages) can
     load into ``estimator`` (read only: names and shapes of the weights, the number of optimizers, a
     sharded checkpoint's folder)."""
     if "sharded" in checkpoint:
         if not (Path(folder or ".") / checkpoint["sharded"] / ".metadata").is_file():
-            raise CheckpointError(f"the sharded weights of {source} are missing: no folder {checkpoint['sharded']} "
-                                  "with DCP metadata beside it")
+            raise CheckpointError(
+                f"the sharded weights of {source} are missing: no folder {checkpoint['sharded']} "
+                "with DCP metadata beside it"
+            )
         return
     problem = _mismatch(estimator.net, checkpoint["model"])
     if problem:
@@ -220,17 +232,23 @@ def check_fits(estimator: Any, checkpoint: dict, folder: Path | None, optimizers
         return
     saved = checkpoint.get("optimizers", [])
     if len(saved) != len(estimator.optimizers):
-        raise CheckpointError(f"{source} holds {len(saved)} optimizer state(s) but the estimator has "
-                              f"{len(estimator.optimizers)} optimizer(s); pass optimizers=False to load weights only")
+        raise CheckpointError(
+            f"{source} holds {len(saved)} optimizer state(s) but the estimator has "
+            f"{len(estimator.optimizers)} optimizer(s); pass optimizers=False to load weights only"
+        )
     if getattr(estimator, "strategy", None) == "fsdp":
-        raise CheckpointError("this checkpoint of an unsharded run holds optimizer states that cannot be sharded here; "
-                              "load its weights only (estimator.load_checkpoint(path, optimizers=False)) and train on")
+        raise CheckpointError(
+            "this checkpoint of an unsharded run holds optimizer states that cannot be sharded here; "
+            "load its weights only (estimator.load_checkpoint(path, optimizers=False)) and train on"
+        )
     # torch loads one optimizer's state into another class without a word (it fails at the next step)
     for i, (name, optimizer) in enumerate(zip(checkpoint.get("optimizer_classes", []), estimator.optimizers)):
         if name != type(optimizer).__name__:
-            raise CheckpointError(f"{source} holds the state of a {name} for optimizer {i}, but the estimator's "
-                                  f"optimizer {i} is a {type(optimizer).__name__}; use a {name}, or pass "
-                                  "optimizers=False to load the weights only")
+            raise CheckpointError(
+                f"{source} holds the state of a {name} for optimizer {i}, but the estimator's "
+                f"optimizer {i} is a {type(optimizer).__name__}; use a {name}, or pass "
+                "optimizers=False to load the weights only"
+            )
 
 
 def _mismatch(net: torch.nn.Module, weights: dict) -> str:
@@ -238,10 +256,16 @@ def _mismatch(net: torch.nn.Module, weights: dict) -> str:
     own = net.state_dict()
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
-    shapes = [f"{k}: checkpoint {tuple(weights[k].shape)} vs net {tuple(own[k].shape)}"
-              for k in own if k in weights and weights[k].shape != own[k].shape]
-    parts = [f"missing keys {missing}" if missing else "", f"unexpected keys {unexpected}" if unexpected else "",
-             f"shape mismatches {shapes}" if shapes else ""]
+    shapes = [
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs net {tuple(own[k].shape)}"
+        for k in own
+        if k in weights and weights[k].shape != own[k].shape
+    ]
+    parts = [
+        f"missing keys {missing}" if missing else "",
+        f"unexpected keys {unexpected}" if unexpected else "",
+        f"shape mismatches {shapes}" if shapes else "",
+    ]
     return "; ".join(p for p in parts if p)
 
 
@@ -255,11 +279,16 @@ def _restore_sharded(estimator: Any, checkpoint: dict, optimizers: bool, folder:
 
     shards = Path(folder or ".") / checkpoint["sharded"]
     try:
-        checkpoint["grads"] = load_sharded(estimator, shards, optimizers, grads=bool(checkpoint.get("accumulated_batches")))
+        checkpoint["grads"] = load_sharded(
+            estimator, shards, optimizers, grads=bool(checkpoint.get("accumulated_batches"))
+        )
     except FileNotFoundError as err:
-        raise CheckpointError(f"the sharded weights of this checkpoint are missing: {err}; keep the .dcp folder "
-                              "beside the checkpoint file") from err
+        raise CheckpointError(
+            f"the sharded weights of this checkpoint are missing: {err}; keep the .dcp folder "
+            "beside the checkpoint file"
+        ) from err
     except (RuntimeError, ValueError, KeyError, CheckpointException) as err:
-        raise CheckpointError(f"the sharded checkpoint {shards} does not fit this net or its optimizers: "
-                              f"{type(err).__name__}: {err}") from err
+        raise CheckpointError(
+            f"the sharded checkpoint {shards} does not fit this net or its optimizers: {type(err).__name__}: {err}"
+        ) from err
     return checkpoint

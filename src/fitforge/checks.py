@@ -9,7 +9,9 @@ from typing import Any, cast
 from .exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
-def check_positive(owner: str, name: str, value: Any, kinds: tuple[type, ...] = (int,), allow_none: bool = False) -> None:
+def check_positive(
+    owner: str, name: str, value: Any, kinds: tuple[type, ...] = (int,), allow_none: bool = False
+) -> None:
     """``value`` must be a positive instance of ``kinds`` (or None when ``allow_none``)."""
     if value is None and allow_none:
         return
@@ -25,8 +27,9 @@ def check_number(owner: str, name: str, value: Any, allow_none: bool = False) ->
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise FitforgeTypeError(f"{owner}: {name} must be a number{' or None' if allow_none else ''}, "
-                                f"got {describe(value)}")
+        raise FitforgeTypeError(
+            f"{owner}: {name} must be a number{' or None' if allow_none else ''}, got {describe(value)}"
+        )
 
 
 def check_flag(value: Any, name: str, owner: str = "Estimator") -> bool:

@@ -73,7 +73,7 @@ def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optim
                 "or pass a torch.optim.Optimizer instance"
             )
         cls, lr = OPTIMIZERS[optimizer.lower()]
-        return [cls(_trainable(net), lr=lr)]
+        return [cls(_trainable(net), lr=lr)]  # type: ignore[call-arg]  # every class listed takes lr
     items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if not items:
         raise FitforgeValueError("optimizer is an empty list; give at least one torch.optim.Optimizer")
@@ -146,8 +146,9 @@ def compile_net(net: nn.Module, options: Any) -> nn.Module:
     if options is False or options is None:
         return net
     if options is not True and not isinstance(options, dict):
-        raise FitforgeTypeError(f"compile must be True, False or a dict of torch.compile arguments, "
-                                f"got {describe(options)}")
+        raise FitforgeTypeError(
+            f"compile must be True, False or a dict of torch.compile arguments, got {describe(options)}"
+        )
     kwargs = {} if options is True else dict(options)
     eager = net.forward
     compiled = torch.compile(eager, **kwargs)
@@ -156,11 +157,14 @@ def compile_net(net: nn.Module, options: Any) -> nn.Module:
         try:
             return compiled(*args, **kw)
         except torch._dynamo.exc.TorchDynamoException as err:  # compiling failed, not the model
-            warnings.warn(f"torch.compile could not compile {type(net).__name__} ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); running it eagerly", UserWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"torch.compile could not compile {type(net).__name__} ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}); running it eagerly",
+                UserWarning,
+                stacklevel=2,
+            )
             del net.forward  # the class's own forward again, for every later call
             return eager(*args, **kw)
 
-    net.forward = forward  # type: ignore[method-assign]
+    net.forward = forward
     return net

@@ -97,8 +97,10 @@ def check_finite(batch: Any, name: str) -> None:
     some and how many. One host read per floating tensor, so it checks a run's first batch only."""
     bad = [(path, t) for path, t in _floating_parts(batch) if not bool(torch.isfinite(t).all())]
     if bad:
-        found = "; ".join(f"{path}: {int(t.isnan().sum())} nan and {int(t.isinf().sum())} inf of {t.numel()} "
-                          f"values ({shape_of(t)})" for path, t in bad)
+        found = "; ".join(
+            f"{path}: {int(t.isnan().sum())} nan and {int(t.isinf().sum())} inf of {t.numel()} values ({shape_of(t)})"
+            for path, t in bad
+        )
         raise NonFiniteInputError(
             f"the first batch of {name} holds nan or inf values, {found}; they would make the loss, and after the "
             "first step the weights, nan: clean the data (drop those samples, or replace the values, e.g. "
@@ -169,12 +171,16 @@ def sampler_of(loader: torch.utils.data.DataLoader) -> Any:
 def loader_options(loader: torch.utils.data.DataLoader, generator: torch.Generator | None) -> dict[str, Any]:
     """The keyword arguments that rebuild ``loader``'s loading (workers, collation, pinning...) over
     another sampler; ``generator`` seeds its workers. Batching and the sampler are the caller's."""
-    options: dict[str, Any] = {"num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
-                               "pin_memory": loader.pin_memory, "timeout": loader.timeout,
-                               "worker_init_fn": loader.worker_init_fn, "generator": generator}
+    options: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "generator": generator,
+    }
     if loader.num_workers > 0:
-        options.update(multiprocessing_context=loader.multiprocessing_context,
-                       prefetch_factor=loader.prefetch_factor)
+        options.update(multiprocessing_context=loader.multiprocessing_context, prefetch_factor=loader.prefetch_factor)
     for name in ("pin_memory_device", "in_order"):  # arguments of newer torch versions
         if hasattr(loader, name):
             options[name] = getattr(loader, name)

@@ -174,8 +174,13 @@ class DataOrder:
 
     def state_dict(self) -> dict[str, Any]:
         """The seed, and the user's generators at the epoch's start and now (tensors and ints only)."""
-        return {"seed": self.seed, "world": world_size(), "shuffled": self.shuffled, "start": list(self._start),
-                "now": [generator.get_state() for generator in self._own]}
+        return {
+            "seed": self.seed,
+            "world": world_size(),
+            "shuffled": self.shuffled,
+            "start": list(self._start),
+            "now": [generator.get_state() for generator in self._own],
+        }
 
     def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:
         """Restore :meth:`state_dict`: the user's generators as at the start of the epoch being

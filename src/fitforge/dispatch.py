@@ -29,8 +29,7 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
     with an int ``priority`` and a tuple of classes as ``run_after``."""
     if isinstance(handler, type):
         raise FitforgeTypeError(
-            f"{argument} must hold handler instances, got {describe(handler)}; "
-            f"write {handler.__name__}() to create one"
+            f"{argument} must hold handler instances, got {describe(handler)}; write {handler.__name__}() to create one"
         )
     if not events_of(handler):
         mixins = ", ".join(m.__name__ for m in MIXINS.values())
@@ -55,7 +54,7 @@ def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
     while node not in path:
         path.append(node)
         node = next(j for j in sorted(after[node]) if j in stuck)
-    return path[path.index(node):] + [node]
+    return path[path.index(node) :] + [node]
 
 
 def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
@@ -116,8 +115,9 @@ class Dispatcher:
         owner = next(h for h, k in zip(self.owners[event], self.hooks[event]) if k is hook)
         return f"{owner!r}.{event.value} returned True"
 
-    def fire(self, event: Event, state: TrainState,
-             ignore: tuple[type[BaseException], ...] = ()) -> BaseException | None:
+    def fire(
+        self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...] = ()
+    ) -> BaseException | None:
         """Call every hook of ``event``; a truthy return from batch_end/epoch_end requests a stop.
         An ``ignore``-d exception ends only the hook that raised it; the first one caught is returned."""
         caught = None
@@ -130,8 +130,9 @@ class Dispatcher:
                 caught = caught or signal
         return caught
 
-    def fire_teardown(self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...],
-                      failing: bool = True) -> Exception | None:
+    def fire_teardown(
+        self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...], failing: bool = True
+    ) -> Exception | None:
         """Call every hook of ``event`` even when some fail, so every handler can clean up.
 
         While an exception is ending the run (``failing``), each hook's failure is logged and the

@@ -76,7 +76,7 @@ def agree(fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T 
     if rank() == 0:
         try:
             outcome[0] = fn()
-        except Exception as err:  # noqa: BLE001 - re-raised below, after the others were told
+        except Exception as err:
             error, outcome[1] = err, f"{type(err).__name__}: {err}"
     dist.broadcast_object_list(outcome, src=0, group=cpu_group())
     if error is not None:
@@ -109,8 +109,9 @@ def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
     for i, metric in enumerate(metrics):  # int64 sums and counts are exact in float64 up to 2**53
         if metric._sum is not None:
             packed[2 * i] = metric._sum.to(device, torch.float64)
-        packed[2 * i + 1] = metric._count.to(device, torch.float64) if isinstance(metric._count, torch.Tensor) \
-            else float(metric._count)
+        packed[2 * i + 1] = (
+            metric._count.to(device, torch.float64) if isinstance(metric._count, torch.Tensor) else float(metric._count)
+        )
     dist.all_reduce(packed)
     for i, metric in enumerate(metrics):
         dtype = metric._sum.dtype if metric._sum is not None else torch.float64

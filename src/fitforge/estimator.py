@@ -90,12 +90,24 @@ class Estimator:
         >>> history = est.fit(train_loader, val_data=val_loader, epochs=5)   # doctest: +SKIP
     """
 
-    def __init__(self, net: nn.Module, loss: Any, train_metrics: Any = None, val_metrics: Any = None,
-                 optimizer: Any = None, device: Any = None, val_net: nn.Module | None = None,
-                 val_loss: Any = None, batch_processor: BatchProcessor | None = None,
-                 loss_weights: Sequence[float] | None = None, precision: str | None = None,
-                 compile: bool | dict = False, channels_last: bool = False, strategy: str | None = "auto",
-                 strategy_options: dict | None = None) -> None:
+    def __init__(
+        self,
+        net: nn.Module,
+        loss: Any,
+        train_metrics: Any = None,
+        val_metrics: Any = None,
+        optimizer: Any = None,
+        device: Any = None,
+        val_net: nn.Module | None = None,
+        val_loss: Any = None,
+        batch_processor: BatchProcessor | None = None,
+        loss_weights: Sequence[float] | None = None,
+        precision: str | None = None,
+        compile: bool | dict = False,
+        channels_last: bool = False,
+        strategy: str | None = "auto",
+        strategy_options: dict | None = None,
+    ) -> None:
         self.strategy = check_strategy(strategy, strategy_options)
         net = check_net(net)
         wrapper = net if isinstance(net, DistributedDataParallel) else None  # the user's own DDP
@@ -114,8 +126,11 @@ class Estimator:
         self._loss = LossSet(loss, loss_weights).to(self.device)
         self._val_loss = self._loss if val_loss is None else LossSet(val_loss, loss_weights, "val_loss").to(self.device)
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
-        self.val_metrics = (copy_slots(self.train_metrics) if val_metrics is None
-                            else resolve_metrics(val_metrics, self.val_loss, "val_metrics"))
+        self.val_metrics = (
+            copy_slots(self.train_metrics)
+            if val_metrics is None
+            else resolve_metrics(val_metrics, self.val_loss, "val_metrics")
+        )
         check_independent(self.train_metrics, self.val_metrics)
         check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
         check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
@@ -164,8 +179,9 @@ class Estimator:
             )
         self._loss.check_first_batch(output.loss)
 
-    def check_first_val_batch(self, val_data: Iterable, name: str,
-                              event_handlers: Sequence[EventHandler] | None = None) -> None:
+    def check_first_val_batch(
+        self, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None = None
+    ) -> None:
         """Evaluate the first validation batch once before training (eval mode, no grad, RNG state
         restored), so a mistake in the validation data fails in a second, not after an epoch: the
         checks of the first training batch (see :mod:`fitforge.first_batch`), with the metrics the
@@ -197,9 +213,17 @@ class Estimator:
         return ["lr" if i == 0 else f"lr_{i}" for i in range(len(self.optimizers))] + ["epoch_time"]
 
     # -- entry points -------------------------------------------------------------------------------
-    def fit(self, train_data: Iterable, val_data: Iterable | None = None, epochs: int | None = None,
-            batches: int | None = None, event_handlers: Sequence[EventHandler] | None = None,
-            default_handlers: bool = True, check_access: bool = False, profile: bool = False) -> History:
+    def fit(
+        self,
+        train_data: Iterable,
+        val_data: Iterable | None = None,
+        epochs: int | None = None,
+        batches: int | None = None,
+        event_handlers: Sequence[EventHandler] | None = None,
+        default_handlers: bool = True,
+        check_access: bool = False,
+        profile: bool = False,
+    ) -> History:
         """Train for ``epochs`` epochs or ``batches`` batches (exactly one) and return the History.
 
         Default handlers (Stopping, GradientUpdate, Metric, Validation if ``val_data``, Logging, and
@@ -238,8 +262,14 @@ class Estimator:
         check_monitors(handlers, self)
         dispatcher = Dispatcher(handlers, check_flag(check_access, "check_access", "fit"))
         self._loss.arm_checks()
-        state = TrainState(self, "train", max_epochs=epochs, max_batches=batches, num_batches=num_batches,
-                           handlers=tuple(dispatcher.handlers))
+        state = TrainState(
+            self,
+            "train",
+            max_epochs=epochs,
+            max_batches=batches,
+            num_batches=num_batches,
+            handlers=tuple(dispatcher.handlers),
+        )
         if world_size() > 1:  # every rank runs this fit: they stop together (see fitforge.agreement)
             state.agreement = StopAgreement(check_replicas=isinstance(self.train_net, DistributedDataParallel))
         profiler = HandlerProfile() if check_flag(profile, "profile", "fit") else None
@@ -270,8 +300,9 @@ class Estimator:
                 check_devices(net, self.device, name)
                 checked.append(net)
 
-    def _preflight(self, handlers: list[EventHandler], val_data: Any, epochs: int | None,
-                   batches: int | None) -> tuple[int | None, int | None]:
+    def _preflight(
+        self, handlers: list[EventHandler], val_data: Any, epochs: int | None, batches: int | None
+    ) -> tuple[int | None, int | None]:
         """Check every validation source before training, and fold StoppingHandler limits into the
         run's (the first limit reached ends training); returns the effective ``(epochs, batches)``."""
         for handler in handlers:
@@ -296,8 +327,15 @@ class Estimator:
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
         with _inference(self.val_net, self.strategy != "fsdp"):
-            run_epoch(state, dispatcher, val_data, self.batch_processor.evaluate_batch, "val_data",
-                      check_first=True, allow_empty=sharded)
+            run_epoch(
+                state,
+                dispatcher,
+                val_data,
+                self.batch_processor.evaluate_batch,
+                "val_data",
+                check_first=True,
+                allow_empty=sharded,
+            )
         return dict(state.metrics)
 
     def predict(self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> Any:
@@ -334,8 +372,13 @@ class Estimator:
             run_epoch(state, dispatcher, data, step, "data", check_first=True, allow_empty=sharded)
         if asynchronous:
             torch.cuda.synchronize(self.device)
-        joined = None if not outputs else tuple(torch.cat(parts) for parts in zip(*outputs)) \
-            if isinstance(outputs[0], tuple) else torch.cat(outputs)
+        joined = (
+            None
+            if not outputs
+            else tuple(torch.cat(parts) for parts in zip(*outputs))
+            if isinstance(outputs[0], tuple)
+            else torch.cat(outputs)
+        )
         if sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
             joined = gather_predictions(joined, len(data.dataset))  # type: ignore[attr-defined]
             if joined is None and rank() != 0:
@@ -344,8 +387,15 @@ class Estimator:
             raise FitforgeValueError("predict produced no output: every batch was cancelled")
         return joined
 
-    def lr_find(self, train_data: Iterable, start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
-                smoothing: float = 0.05, diverge_factor: float = 4.0) -> LRFindResult:
+    def lr_find(
+        self,
+        train_data: Iterable,
+        start_lr: float = 1e-7,
+        end_lr: float = 10.0,
+        num_steps: int = 100,
+        smoothing: float = 0.05,
+        diverge_factor: float = 4.0,
+    ) -> LRFindResult:
         """Run the learning-rate range test on ``train_data`` and return its curve and a suggested rate.
 
         The learning rate grows exponentially from ``start_lr`` to ``end_lr`` over ``num_steps``
@@ -376,8 +426,12 @@ class Estimator:
         """
         return restore_weights(self, path, optimizers)
 
-    def describe_loop(self, event_handlers: Sequence[EventHandler] | None = None, val_data: Iterable | None = None,
-                      default_handlers: bool = True) -> str:
+    def describe_loop(
+        self,
+        event_handlers: Sequence[EventHandler] | None = None,
+        val_data: Iterable | None = None,
+        default_handlers: bool = True,
+    ) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
         return Dispatcher(fit_handlers(event_handlers, val_data, default_handlers)).describe()
 

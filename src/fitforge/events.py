@@ -62,14 +62,12 @@ class EventHandler:
 class TrainBegin(EventHandler):
     """Called once before the first epoch; initialise per-run state here."""
 
-
     def train_begin(self, state: TrainState) -> None:
         """Run once at the start of ``fit``."""
 
 
 class TrainEnd(EventHandler):
     """Called once after training, also when an exception or a stop ended it."""
-
 
     def train_end(self, state: TrainState) -> None:
         """Run once at the end of ``fit``."""
@@ -78,14 +76,12 @@ class TrainEnd(EventHandler):
 class EpochBegin(EventHandler):
     """Called at the start of each epoch (and of each ``evaluate``/``predict`` pass)."""
 
-
     def epoch_begin(self, state: TrainState) -> None:
         """Run before the first batch of an epoch."""
 
 
 class EpochEnd(EventHandler):
     """Called at the end of each epoch, also a partial one ended by a stop or ``CancelEpoch``."""
-
 
     def epoch_end(self, state: TrainState) -> bool | None:
         """Run after the last batch of an epoch; return True to stop training."""
@@ -94,14 +90,12 @@ class EpochEnd(EventHandler):
 class BatchBegin(EventHandler):
     """Called before each batch is processed."""
 
-
     def batch_begin(self, state: TrainState) -> None:
         """Run before the batch processor sees the batch."""
 
 
 class BatchEnd(EventHandler):
     """Called after each batch is processed; ``state.output`` holds its result."""
-
 
     def batch_end(self, state: TrainState) -> bool | None:
         """Run after the batch processor; return True to stop training."""
@@ -144,4 +138,4 @@ def events_of(handler: object) -> list[Event]:
     return [event for event, mixin in MIXINS.items() if isinstance(handler, mixin)]
 
 
-__all__ = ["Event", "EventHandler", "TrainBegin", "TrainEnd", "EpochBegin", "EpochEnd", "BatchBegin", "BatchEnd"]
+__all__ = ["BatchBegin", "BatchEnd", "EpochBegin", "EpochEnd", "Event", "EventHandler", "TrainBegin", "TrainEnd"]

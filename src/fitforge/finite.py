@@ -89,12 +89,18 @@ def non_finite_checkpoint(checkpoint: dict, net: torch.nn.Module | None = None) 
     ``net`` tells parameters from buffers (without it every tensor is judged as a parameter). A
     sharded checkpoint keeps its weights elsewhere and is not judged here."""
     params = None if net is None else {name for name, _ in net.named_parameters()}
-    found = [name for name, value in checkpoint.get("model", {}).items()
-             if _floating(value) and bool(_bad(value, params is None or name in params))]
+    found = [
+        name
+        for name, value in checkpoint.get("model", {}).items()
+        if _floating(value) and bool(_bad(value, params is None or name in params))
+    ]
     for i, saved in enumerate(checkpoint.get("optimizers", [])):
         for index, state in saved.get("state", {}).items():
-            found += [f"optimizer {i}: parameter {index} {key}" for key, value in state.items()
-                      if _floating(value) and bool(_bad(value, True))]
+            found += [
+                f"optimizer {i}: parameter {index} {key}"
+                for key, value in state.items()
+                if _floating(value) and bool(_bad(value, True))
+            ]
     return found
 
 

@@ -38,8 +38,9 @@ from .forward_errors import explain, net_inputs, same_device
 from .state import TrainState
 
 
-def first_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any, handlers: Sequence[object],
-               name: str) -> Any:
+def first_step(
+    state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any, handlers: Sequence[object], name: str
+) -> Any:
     """Run ``step`` on the first batch of ``name`` with the checks of the module docstring."""
     estimator = state.estimator
     if state.phase != "train":

@@ -50,8 +50,9 @@ def same_device(found: torch.device, device: torch.device) -> bool:
     return device.index is None or found.index == device.index
 
 
-def explain(error: RuntimeError, roots: Iterable[nn.Module], device: torch.device, inputs: tuple
-            ) -> ForwardError | None:
+def explain(
+    error: RuntimeError, roots: Iterable[nn.Module], device: torch.device, inputs: tuple
+) -> ForwardError | DeviceMismatchError | None:
     """A :class:`ForwardError` (a :class:`DeviceMismatchError` for devices) naming the layer of
     ``roots`` (the nets) that raised ``error``, or None when no layer of theirs raised it.
 
@@ -80,8 +81,9 @@ def explain(error: RuntimeError, roots: Iterable[nn.Module], device: torch.devic
     return ForwardError(f"{text}{'; ' + hint if hint else ''}. Original error: {error}")
 
 
-def _what_failed(module: nn.Module, name: str, received: list[tuple[str, torch.Tensor]],
-                 data: list[torch.Tensor]) -> str:
+def _what_failed(
+    module: nn.Module, name: str, received: list[tuple[str, torch.Tensor]], data: list[torch.Tensor]
+) -> str:
     """Which layer failed and what it received; what the net received too, when that was something else."""
     shown = ", ".join(f"{argument}: {_spec(value)}" for argument, value in received) or "no tensor"
     where = f"layer {name!r} ({_short(module)})" if name else f"the net's own forward ({_short(module)})"
@@ -123,29 +125,45 @@ def _short(module: nn.Module) -> str:
     return f"{type(module).__name__}({' '.join(module.extra_repr().split())})"
 
 
-def _device_problem(module: nn.Module, received: list[tuple[str, torch.Tensor]], device: torch.device,
-                    message: str) -> str:
+def _device_problem(
+    module: nn.Module, received: list[tuple[str, torch.Tensor]], device: torch.device, message: str
+) -> str:
     """What lies on another device than ``device`` and how to fix it; "" when devices are not the problem."""
-    own = [(f"parameter {n!r}", t) for n, t in module.named_parameters(recurse=False)]
+    own: list[tuple[str, torch.Tensor]] = [(f"parameter {n!r}", t) for n, t in module.named_parameters(recurse=False)]
     own += [(f"buffer {n!r}", t) for n, t in module.named_buffers(recurse=False)]
     stray = [(n, v) for n, v in vars(module).items() if isinstance(v, torch.Tensor)]
     if len({t.device for _, t in (*received, *own, *stray)}) < 2 and "device" not in message:
         return ""
-    parts = [f"attribute {n!r} is a plain tensor on {t.device}, not a registered buffer, so placing the net on "
-             f"{device} left it behind: register it in __init__ with self.register_buffer({n!r}, tensor) "
-             "(persistent=False keeps it out of the state_dict)" for n, t in stray if not same_device(t.device, device)]
-    parts += [f"its {what} is on {t.device}: the net was moved after the Estimator placed it; move it back "
-              f"with estimator.net.to({str(device)!r})" for what, t in own if not same_device(t.device, device)]
-    parts += [f"{n} is on {t.device}: move it to state.estimator.device in your BatchProcessor, or create "
-              f"it on the device of the layer's input" for n, t in received if not same_device(t.device, device)]
+    parts = [
+        f"attribute {n!r} is a plain tensor on {t.device}, not a registered buffer, so placing the net on "
+        f"{device} left it behind: register it in __init__ with self.register_buffer({n!r}, tensor) "
+        "(persistent=False keeps it out of the state_dict)"
+        for n, t in stray
+        if not same_device(t.device, device)
+    ]
+    parts += [
+        f"its {what} is on {t.device}: the net was moved after the Estimator placed it; move it back "
+        f"with estimator.net.to({str(device)!r})"
+        for what, t in own
+        if not same_device(t.device, device)
+    ]
+    parts += [
+        f"{n} is on {t.device}: move it to state.estimator.device in your BatchProcessor, or create "
+        f"it on the device of the layer's input"
+        for n, t in received
+        if not same_device(t.device, device)
+    ]
     if not parts:
-        parts = ["a tensor made inside forward is on another device: create it on the input's device "
-                 "(e.g. torch.zeros(..., device=x.device)) or register it as a buffer"]
+        parts = [
+            "a tensor made inside forward is on another device: create it on the input's device "
+            "(e.g. torch.zeros(..., device=x.device)) or register it as a buffer"
+        ]
     return f"its tensors are on different devices, and the estimator's device is {device}: " + "; ".join(parts)
 
 
-def _size_hint(module: nn.Module, layer: str, received: list[tuple[str, torch.Tensor]],
-               inputs: list[torch.Tensor]) -> str:
+def _size_hint(
+    module: nn.Module, layer: str, received: list[tuple[str, torch.Tensor]], inputs: list[torch.Tensor]
+) -> str:
     """The fix for a layer whose input size (features, channels) does not match its own; else ""."""
     if not received:
         return ""
@@ -156,8 +174,10 @@ def _size_hint(module: nn.Module, layer: str, received: list[tuple[str, torch.Te
     want, got, what, argument = expected
     if any(x is data for data in inputs):
         return f"the data has {got} {what} but {layer} expects {want}: give it {argument}={got}, or check the data"
-    return (f"{layer} expects {want} {what} but receives {got} from the layers before it: give it "
-            f"{argument}={got}, or make the layers before it output {want}")
+    return (
+        f"{layer} expects {want} {what} but receives {got} from the layers before it: give it "
+        f"{argument}={got}, or make the layers before it output {want}"
+    )
 
 
 def _expected_size(module: nn.Module, x: torch.Tensor) -> tuple[int, int, str, str] | None:
@@ -184,8 +204,11 @@ def _dtype_hint(module: nn.Module, received: list[tuple[str, torch.Tensor]]) -> 
     if not other:
         return ""
     if weight in ("float16", "bfloat16"):
-        return (f"its weights are {weight} but it received {', '.join(other)}: keep the net in float32 and ask for "
-                "mixed precision with Estimator(precision='16-mixed' or 'bf16-mixed') instead of converting the net")
-    return (f"its weights are {weight} but it received {', '.join(other)}: convert the data, in the Dataset or with "
-            f"x.to(torch.{weight})")
-
+        return (
+            f"its weights are {weight} but it received {', '.join(other)}: keep the net in float32 and ask for "
+            "mixed precision with Estimator(precision='16-mixed' or 'bf16-mixed') instead of converting the net"
+        )
+    return (
+        f"its weights are {weight} but it received {', '.join(other)}: convert the data, in the Dataset or with "
+        f"x.to(torch.{weight})"
+    )

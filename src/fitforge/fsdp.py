@@ -46,26 +46,32 @@ def supported() -> bool:
     return _fully_shard() is not None
 
 
-def shard(net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device,
-          options: dict | None) -> nn.Module:
+def shard(
+    net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device, options: dict | None
+) -> nn.Module:
     """``fully_shard`` the net's units and root over all ranks; point ``optimizers`` at the sharded
     parameters. Returns ``net`` (sharded in place)."""
     fully_shard = _fully_shard()
     if fully_shard is None:  # pragma: no cover - torch without FSDP2
-        raise FitforgeValueError(f"strategy='fsdp' needs FSDP2 (fully_shard), which torch {torch.__version__} "
-                                 "lacks: upgrade torch, or use strategy='ddp'")
+        raise FitforgeValueError(
+            f"strategy='fsdp' needs FSDP2 (fully_shard), which torch {torch.__version__} "
+            "lacks: upgrade torch, or use strategy='ddp'"
+        )
     from torch.distributed.device_mesh import init_device_mesh
 
     options = dict(options or {})
     units = options.pop("shard", ())
     units = (units,) if isinstance(units, type) else tuple(units)
     if not all(isinstance(unit, type) and issubclass(unit, nn.Module) for unit in units):
-        raise FitforgeTypeError(f"strategy_options['shard'] must be nn.Module classes, e.g. (nn.TransformerEncoderLayer,), "
-                                f"got {units!r}")
+        raise FitforgeTypeError(
+            f"strategy_options['shard'] must be nn.Module classes, e.g. (nn.TransformerEncoderLayer,), got {units!r}"
+        )
     for optimizer in optimizers:
         if any(optimizer.state.values()):
-            raise FitforgeValueError("strategy='fsdp' shards the net's parameters, so the optimizer must not have "
-                                     "stepped yet: build a fresh one for the Estimator")
+            raise FitforgeValueError(
+                "strategy='fsdp' shards the net's parameters, so the optimizer must not have "
+                "stepped yet: build a fresh one for the Estimator"
+            )
     names: dict[int, str] = {}
     for name, parameter in net.named_parameters(remove_duplicate=False):
         names.setdefault(id(parameter), name)
@@ -100,8 +106,9 @@ def _state(estimator: Any, grads: bool) -> dict[str, Any]:
     model, optim = get_state_dict(estimator.net, estimator.optimizers)
     state: dict[str, Any] = {"model": model, "optim": optim}
     if grads:
-        state["grads"] = {name: p.grad if p.grad is not None else torch.zeros_like(p)
-                          for name, p in estimator.net.named_parameters()}
+        state["grads"] = {
+            name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in estimator.net.named_parameters()
+        }
     return state
 
 
@@ -127,8 +134,9 @@ def load_sharded(estimator: Any, folder: Path, optimizers: bool, grads: bool) ->
         del state["optim"]
     dcp.load(state, checkpoint_id=str(folder))
     if optimizers:
-        set_state_dict(estimator.net, estimator.optimizers, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(
+            estimator.net, estimator.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
     else:
         set_model_state_dict(estimator.net, state["model"])
     return state.get("grads", {})

@@ -42,7 +42,8 @@ class History(Mapping):
         if self._epochs == 0:
             raise RuntimeError(
                 "History.record() before the first epoch: history has rows only in fit, from epoch_begin on; in "
-                "evaluate/predict (state.phase != 'train') put values in state.metrics or state.shared instead")
+                "evaluate/predict (state.phase != 'train') put values in state.metrics or state.shared instead"
+            )
         column = self._columns.get(key)
         if column is None:
             column = self._columns[key] = [math.nan] * self._epochs
@@ -84,8 +85,12 @@ class History(Mapping):
 
     def state_dict(self) -> dict:
         """The records as plain python values (for checkpoints)."""
-        return {"columns": {k: list(v) for k, v in self._columns.items()}, "epochs": self._epochs,
-                "recorded": sorted(self._recorded), "stop_reason": self.stop_reason}
+        return {
+            "columns": {k: list(v) for k, v in self._columns.items()},
+            "epochs": self._epochs,
+            "recorded": sorted(self._recorded),
+            "stop_reason": self.stop_reason,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Replace the records with those of :meth:`state_dict`."""
@@ -170,6 +175,6 @@ def _metric_names(columns: Mapping[str, list[float]]) -> list[str]:
     names: list[str] = []
     for key in columns:
         for prefix in ("train_", "val_"):
-            if key.startswith(prefix) and key[len(prefix):] not in names:
-                names.append(key[len(prefix):])
+            if key.startswith(prefix) and key[len(prefix) :] not in names:
+                names.append(key[len(prefix) :])
     return names

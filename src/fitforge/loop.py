@@ -48,14 +48,23 @@ def run_fit(state: TrainState, dispatcher: Dispatcher, data: Iterable) -> None:
             resume(state, checkpoint)
         while not state.stop_requested:
             completed, start = state.global_step, state.start_batch
-            run_epoch(state, dispatcher, order.epoch(state.epoch, start), step, "train_data",
-                      check_first=completed == 0)
+            run_epoch(
+                state, dispatcher, order.epoch(state.epoch, start), step, "train_data", check_first=completed == 0
+            )
             state.start_batch = 0
-            if (state.global_step == completed and not start and state.max_batches is not None
-                    and not state.stop_requested):
+            if (
+                state.global_step == completed
+                and not start
+                and state.max_batches is not None
+                and not state.stop_requested
+            ):
                 # batches=N counts completed batches only: an epoch that completes none would repeat forever.
-                log.warning("epoch %d completed no batch (every batch, or the epoch, was cancelled); "
-                            "stopping, since batches=%d could never be reached", state.epoch, state.max_batches)
+                log.warning(
+                    "epoch %d completed no batch (every batch, or the epoch, was cancelled); "
+                    "stopping, since batches=%d could never be reached",
+                    state.epoch,
+                    state.max_batches,
+                )
                 state.request_stop(f"epoch {state.epoch} completed no batch")
             if state.agreement is not None:
                 state.agreement.settle(state)

@@ -8,7 +8,7 @@ as a :class:`~fitforge.exceptions.LossInputError` naming shapes, dtypes and a li
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -32,8 +32,10 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
         if label.dtype not in (torch.int64, torch.uint8):
             return f"; class-index labels must be int64, got {str(label.dtype).replace('torch.', '')}: use label.long()"
         if pred.dim() >= 2 and label.numel() and int(label.max()) >= pred.shape[1]:  # error path only: a read is fine
-            return (f"; labels go up to {int(label.max())} but the net outputs {pred.shape[1]} class scores, so "
-                    f"labels must lie in 0..{pred.shape[1] - 1}: give the last layer {int(label.max()) + 1} outputs")
+            return (
+                f"; labels go up to {int(label.max())} but the net outputs {pred.shape[1]} class scores, so "
+                f"labels must lie in 0..{pred.shape[1] - 1}: give the last layer {int(label.max()) + 1} outputs"
+            )
     classes = (pred.shape[0], *pred.shape[2:])
     if classifier and label.is_floating_point() and label.shape != pred.shape:
         return f"; class-index labels must be int64 of shape {classes}: use label.long()"
@@ -46,8 +48,12 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
 
 def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
     """Whether ``label`` holds class indices for scores ``pred`` of shape (N, C, ...)."""
-    return (pred.dim() >= 2 and not label.is_floating_point() and label.dtype != torch.bool
-            and label.shape == (pred.shape[0], *pred.shape[2:]))
+    return (
+        pred.dim() >= 2
+        and not label.is_floating_point()
+        and label.dtype != torch.bool
+        and label.shape == (pred.shape[0], *pred.shape[2:])
+    )
 
 
 def _name(fn: Callable) -> str:
@@ -72,7 +78,8 @@ class LossSet:
         if weights is None:
             weights = [1.0] * len(fns)
         elif not isinstance(weights, (list, tuple)) or not all(
-                isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
+            isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights
+        ):
             raise FitforgeTypeError(f"loss_weights must be a list of numbers, one per loss, got {describe(weights)}")
         elif len(weights) != len(fns):
             raise FitforgeValueError(
@@ -125,7 +132,7 @@ class LossSet:
         parts = [self._call(i, p, y) for i, (p, y) in enumerate(zip(preds, labels))]
         if len(parts) == 1 and self.weights[0] == 1.0:
             return parts[0], (parts[0],)
-        total = sum(w * v for w, v in zip(self.weights, parts))
+        total = cast(torch.Tensor, sum(w * v for w, v in zip(self.weights, parts)))  # 0 + tensors: a tensor
         return total, tuple(parts)
 
     def _call(self, i: int, pred: Any, label: Any) -> torch.Tensor:
@@ -135,8 +142,10 @@ class LossSet:
             raise self._failure(i, pred, label, err) from err
 
     def _failure(self, i: int, pred: Any, label: Any, err: Exception) -> LossInputError:
-        return LossInputError(f"loss {i} ({self.names[i]}) failed on pred {_spec(pred)} and label {_spec(label)}"
-                              f"{_hint(self.fns[i], pred, label)}. Original error: {err}")
+        return LossInputError(
+            f"loss {i} ({self.names[i]}) failed on pred {_spec(pred)} and label {_spec(label)}"
+            f"{_hint(self.fns[i], pred, label)}. Original error: {err}"
+        )
 
     def arm_checks(self) -> None:
         """Check shapes again at the next call (each fit/evaluate checks its first batch)."""
@@ -176,12 +185,16 @@ class LossSet:
         if not bool((((label < 0) | (label >= classes)) & counted).any()):
             return
         low, high = int(label[counted].min()), int(label[counted].max())  # the error path: reads are fine
-        fix = (f"labels go up to {high} but the net outputs {classes} class scores, so labels must lie in "
-               f"0..{classes - 1}: give the last layer {high + 1} outputs" if high >= classes else
-               f"labels go down to {low}, but class indices start at 0 (only ignore_index={ignore_index} marks "
-               "a label to skip): shift the labels")
-        raise LossInputError(f"loss {i} ({self.names[i]}) got class labels from {low} to {high} for pred "
-                             f"{_spec(pred)}; {fix}")
+        fix = (
+            f"labels go up to {high} but the net outputs {classes} class scores, so labels must lie in "
+            f"0..{classes - 1}: give the last layer {high + 1} outputs"
+            if high >= classes
+            else f"labels go down to {low}, but class indices start at 0 (only ignore_index={ignore_index} marks "
+            "a label to skip): shift the labels"
+        )
+        raise LossInputError(
+            f"loss {i} ({self.names[i]}) got class labels from {low} to {high} for pred {_spec(pred)}; {fix}"
+        )
 
     def check_first_batch(self, total: Any) -> None:
         """The total of the first batch must be a scalar tensor."""

@@ -94,8 +94,15 @@ class LRFindResult:
         return finish_figure(fig, path)
 
 
-def lr_find(estimator: Any, train_data: Iterable, start_lr: float = 1e-7, end_lr: float = 10.0,
-            num_steps: int = 100, smoothing: float = 0.05, diverge_factor: float = 4.0) -> LRFindResult:
+def lr_find(
+    estimator: Any,
+    train_data: Iterable,
+    start_lr: float = 1e-7,
+    end_lr: float = 10.0,
+    num_steps: int = 100,
+    smoothing: float = 0.05,
+    diverge_factor: float = 4.0,
+) -> LRFindResult:
     """Sweep the learning rate exponentially over ``num_steps`` training batches and report the loss.
 
     Every parameter group of every optimizer gets the step's rate. Each step runs the estimator's
@@ -132,30 +139,43 @@ def lr_find(estimator: Any, train_data: Iterable, start_lr: float = 1e-7, end_lr
         batches.close()  # ends a DataLoader's worker processes now
         _restore(estimator, saved)
     result.suggestion, result.min_loss_lr = _suggest(result.lrs, result.losses)
-    log.info("lr_find: %d step(s) from %.3g to %.3g%s; suggested learning rate %s", len(result.lrs), start_lr,
-             result.lrs[-1] if result.lrs else start_lr, " (the loss diverged)" if result.diverged else "",
-             "none" if result.suggestion is None else f"{result.suggestion:.3g}")
+    log.info(
+        "lr_find: %d step(s) from %.3g to %.3g%s; suggested learning rate %s",
+        len(result.lrs),
+        start_lr,
+        result.lrs[-1] if result.lrs else start_lr,
+        " (the loss diverged)" if result.diverged else "",
+        "none" if result.suggestion is None else f"{result.suggestion:.3g}",
+    )
     return result
 
 
-def _check_arguments(estimator: Any, start_lr: Any, end_lr: Any, num_steps: Any, smoothing: Any,
-                     diverge_factor: Any) -> None:
+def _check_arguments(
+    estimator: Any, start_lr: Any, end_lr: Any, num_steps: Any, smoothing: Any, diverge_factor: Any
+) -> None:
     if not all(hasattr(estimator, name) for name in ("net", "optimizers", "batch_processor")):
         raise FitforgeTypeError(f"lr_find: estimator must be a fitforge Estimator, got {describe(estimator)}")
-    for name, value in (("start_lr", start_lr), ("end_lr", end_lr), ("smoothing", smoothing),
-                        ("diverge_factor", diverge_factor)):
+    for name, value in (
+        ("start_lr", start_lr),
+        ("end_lr", end_lr),
+        ("smoothing", smoothing),
+        ("diverge_factor", diverge_factor),
+    ):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise FitforgeTypeError(f"lr_find: {name} must be a number, got {describe(value)}")
     if not 0 < start_lr < end_lr or math.isinf(end_lr):
-        raise FitforgeValueError(f"lr_find: the learning rates must satisfy 0 < start_lr < end_lr < inf, got "
-                                 f"start_lr={start_lr!r}, end_lr={end_lr!r}")
+        raise FitforgeValueError(
+            f"lr_find: the learning rates must satisfy 0 < start_lr < end_lr < inf, got "
+            f"start_lr={start_lr!r}, end_lr={end_lr!r}"
+        )
     if isinstance(num_steps, bool) or not isinstance(num_steps, int):
         raise FitforgeTypeError(f"lr_find: num_steps must be an int >= 2, got {describe(num_steps)}")
     if num_steps < 2:
         raise FitforgeValueError(f"lr_find: num_steps must be an int >= 2, got {num_steps!r}")
     if not 0 < smoothing <= 1:
-        raise FitforgeValueError(f"lr_find: smoothing must be in (0, 1] (the weight of each new loss), "
-                                 f"got {smoothing!r}")
+        raise FitforgeValueError(
+            f"lr_find: smoothing must be in (0, 1] (the weight of each new loss), got {smoothing!r}"
+        )
     if not diverge_factor > 1:
         raise FitforgeValueError(f"lr_find: diverge_factor must be > 1 (math.inf never stops), got {diverge_factor!r}")
 
@@ -167,8 +187,9 @@ def _cycle(data: Iterable) -> Generator[Any, None, None]:
             empty = False
             yield batch
         if empty:
-            raise FitforgeValueError("lr_find: train_data yielded no batch; pass a non-empty re-iterable such as a "
-                                     "DataLoader or a list")
+            raise FitforgeValueError(
+                "lr_find: train_data yielded no batch; pass a non-empty re-iterable such as a DataLoader or a list"
+            )
 
 
 def _set_lr(optimizers: list, lr: float) -> None:
@@ -180,8 +201,15 @@ def _set_lr(optimizers: list, lr: float) -> None:
                 group["lr"] = lr
 
 
-def _sweep(estimator: Any, batches: Iterator[Any], start_lr: float, end_lr: float, num_steps: int,
-           smoothing: float, diverge_factor: float) -> LRFindResult:
+def _sweep(
+    estimator: Any,
+    batches: Iterator[Any],
+    start_lr: float,
+    end_lr: float,
+    num_steps: int,
+    smoothing: float,
+    diverge_factor: float,
+) -> LRFindResult:
     result, optimizers, scaler = LRFindResult(), list(estimator.optimizers), getattr(estimator, "scaler", None)
     fit_batch = estimator.batch_processor.fit_batch
     state = TrainState(estimator, "train", max_batches=num_steps)
@@ -223,8 +251,10 @@ def _suggest(lrs: list[float], losses: list[float]) -> tuple[float | None, float
     if len(y) < 3:
         return lrs[lowest] / 10, lrs[lowest]
     # central differences inside, one-sided at the two ends (equal spacing in log(lr))
-    slopes = [(y[min(i + 1, len(y) - 1)] - y[max(i - 1, 0)]) / (x[min(i + 1, len(x) - 1)] - x[max(i - 1, 0)])
-              for i in range(len(y))]
+    slopes = [
+        (y[min(i + 1, len(y) - 1)] - y[max(i - 1, 0)]) / (x[min(i + 1, len(x) - 1)] - x[max(i - 1, 0)])
+        for i in range(len(y))
+    ]
     steepest = min(range(len(slopes)), key=slopes.__getitem__)
     return (lrs[steepest] if slopes[steepest] < 0 else lrs[lowest] / 10), lrs[lowest]
 

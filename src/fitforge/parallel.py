@@ -52,10 +52,13 @@ def check_strategy(strategy: Any, options: Any) -> str:
     """The strategy's name ("none" for None), checked with its options."""
     name = "none" if strategy is None else strategy
     if name not in STRATEGIES:
-        raise FitforgeValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))} or None, got {strategy!r}")
+        raise FitforgeValueError(
+            f"strategy must be one of {', '.join(map(repr, STRATEGIES))} or None, got {strategy!r}"
+        )
     if options is not None and not isinstance(options, dict):
-        raise FitforgeTypeError(f"strategy_options must be a dict of keyword arguments for {name}, "
-                                f"got {describe(options)}")
+        raise FitforgeTypeError(
+            f"strategy_options must be a dict of keyword arguments for {name}, got {describe(options)}"
+        )
     return name
 
 
@@ -74,8 +77,12 @@ def rank_device(device: Any, strategy: str) -> Any:
     if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda" and device.index is None):
         return f"cuda:{local_rank()}"
     if _several() and str(device).startswith("cuda:") and str(device) != f"cuda:{local_rank()}":
-        warnings.warn(f"device={str(device)!r} under torchrun: every rank of this machine uses that one GPU; pass "
-                      f"device=None or 'cuda' for each rank's own (cuda:LOCAL_RANK)", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"device={str(device)!r} under torchrun: every rank of this machine uses that one GPU; pass "
+            f"device=None or 'cuda' for each rank's own (cuda:LOCAL_RANK)",
+            UserWarning,
+            stacklevel=3,
+        )
     return device
 
 
@@ -164,8 +171,14 @@ def _activity(task: Path) -> tuple[str, list[int]] | None:
     return state, [int(line.split()[1]) for line in status if "ctxt_switches:" in line]
 
 
-def parallelize(net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device, strategy: str,
-                options: dict | None, wrapper: DistributedDataParallel | None) -> nn.Module:
+def parallelize(
+    net: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    device: torch.device,
+    strategy: str,
+    options: dict | None,
+    wrapper: DistributedDataParallel | None,
+) -> nn.Module:
     """The module ``fit``'s forward goes through: ``wrapper`` (a DDP the user made), a new DDP
     wrapper around ``net``, ``net`` sharded in place (FSDP, see :mod:`fitforge.fsdp`), or ``net``
     itself (one process, or ``strategy="none"``)."""
@@ -176,9 +189,11 @@ def parallelize(net: nn.Module, optimizers: list[torch.optim.Optimizer], device:
     if strategy == "auto" and not _several():
         return net
     if not initialized() and not launched():
-        raise FitforgeValueError(f"strategy={strategy!r} needs several processes started by a launcher: run the "
-                                 "script with torchrun --nproc_per_node=N (see docs/distributed.md), or pass "
-                                 "strategy='auto' to train in one process when not launched")
+        raise FitforgeValueError(
+            f"strategy={strategy!r} needs several processes started by a launcher: run the "
+            "script with torchrun --nproc_per_node=N (see docs/distributed.md), or pass "
+            "strategy='auto' to train in one process when not launched"
+        )
     init_process_group(device)
     if strategy == "fsdp":
         quiet_other_ranks()
@@ -190,5 +205,6 @@ def parallelize(net: nn.Module, optimizers: list[torch.optim.Optimizer], device:
     try:
         return DistributedDataParallel(net, device_ids=device_ids, **(options or {}))
     except TypeError as err:
-        raise FitforgeTypeError(f"strategy_options {options!r} are not all arguments of DistributedDataParallel: "
-                                f"{err}") from err
+        raise FitforgeTypeError(
+            f"strategy_options {options!r} are not all arguments of DistributedDataParallel: {err}"
+        ) from err

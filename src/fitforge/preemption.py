@@ -62,13 +62,19 @@ def preemptible(state: TrainState, agreed: bool = False) -> Iterator[None]:
         state.signalled = signum
         name = signal.Signals(signum).name
         if agreed:
-            log.warning("received %s: every rank stops at the end of the next batch (saved by a CheckpointHandler, "
-                        "if any); send it again to stop at once", name)
+            log.warning(
+                "received %s: every rank stops at the end of the next batch (saved by a CheckpointHandler, "
+                "if any); send it again to stop at once",
+                name,
+            )
             return
         state.preempted = signum
         state.request_stop(f"preempted by {name}")
-        log.warning("received %s: training stops at the end of this batch (saved by a CheckpointHandler, if "
-                    "any); send it again to stop at once", name)
+        log.warning(
+            "received %s: training stops at the end of this batch (saved by a CheckpointHandler, if "
+            "any); send it again to stop at once",
+            name,
+        )
 
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
     for signum in SIGNALS:

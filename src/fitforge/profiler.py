@@ -28,8 +28,10 @@ class HandlerProfile:
         """Replace ``dispatcher``'s hooks by timed ones (the loop then calls those)."""
         names = _names(dispatcher)
         for event in Event:
-            dispatcher.hooks[event] = [self._timed(names[id(owner)], event.value, hook)
-                                       for owner, hook in zip(dispatcher.owners[event], dispatcher.hooks[event])]
+            dispatcher.hooks[event] = [
+                self._timed(names[id(owner)], event.value, hook)
+                for owner, hook in zip(dispatcher.owners[event], dispatcher.hooks[event])
+            ]
 
     def _timed(self, name: str, event: str, hook: Callable) -> Callable:
         key = (name, event)
@@ -53,11 +55,14 @@ class HandlerProfile:
         for seconds, (name, event) in rows:
             calls = self.calls[(name, event)]
             share = seconds / self.total if self.total else 0.0
-            lines.append(f"{name:<28} {event:<12} {calls:>7} {seconds * 1e3:>10.2f} {seconds / calls * 1e6:>9.1f} "
-                         f"{share:>7.1%}")
+            lines.append(
+                f"{name:<28} {event:<12} {calls:>7} {seconds * 1e3:>10.2f} {seconds / calls * 1e6:>9.1f} {share:>7.1%}"
+            )
         handlers = sum(s for s, _ in rows)
-        lines.append(f"handlers {handlers * 1e3:.1f} ms of the fit's {self.total * 1e3:.1f} ms "
-                     f"({handlers / self.total if self.total else 0.0:.1%})")
+        lines.append(
+            f"handlers {handlers * 1e3:.1f} ms of the fit's {self.total * 1e3:.1f} ms "
+            f"({handlers / self.total if self.total else 0.0:.1%})"
+        )
         return "\n".join(lines)
 
 

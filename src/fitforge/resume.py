@@ -3,8 +3,8 @@
 :func:`training_state` collects the counters (completed epochs, batch position in the epoch,
 global and optimizer steps), the gradients of an unfinished accumulation group, the history, the
 random generators (every rank's, under torch.distributed), the data order and every stateful
-handler's state. :func:`resume` puts them back. It runs once every handler's ``train_begin`` has run and before the first ``epoch_begin``,
-so restored state wins over fresh state whatever the priorities.
+handler's state. :func:`resume` puts them back. It runs once every handler's ``train_begin`` has
+run and before the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.
 """
 
 from __future__ import annotations
@@ -23,16 +23,22 @@ log = logging.getLogger("fitforge")
 def stateful_handlers(handlers: tuple) -> dict[str, Any]:
     """The handlers with ``state_dict``/``load_state_dict``, keyed by class name (``#2``, ``#3``...
     for the second and later of one class, in dispatch order)."""
-    stateful = [h for h in handlers
-                if callable(getattr(h, "state_dict", None)) and callable(getattr(h, "load_state_dict", None))]
+    stateful = [
+        h
+        for h in handlers
+        if callable(getattr(h, "state_dict", None)) and callable(getattr(h, "load_state_dict", None))
+    ]
     return dict(zip(numbered_names(stateful), stateful))
 
 
 def epoch_done(state: TrainState) -> bool:
     """At an epoch end, whether the run is through with the epoch: it went through all its data,
     or a CancelEpoch ended it (the next epoch follows); not when a stop cut it short."""
-    return (state.epoch_complete or state.epoch_cancelled
-            or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches))
+    return (
+        state.epoch_complete
+        or state.epoch_cancelled
+        or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches)
+    )
 
 
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
@@ -47,8 +53,11 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
         "epoch_start_step": state.epoch_start_step if epochs <= state.epoch else batches,
         "optimizer_steps": state.optimizer_steps,
         "accumulated_batches": state.accumulated_batches,
-        "grads": ({name: p.grad for name, p in net.named_parameters() if p.grad is not None}
-                  if state.accumulated_batches else {}),
+        "grads": (
+            {name: p.grad for name, p in net.named_parameters() if p.grad is not None}
+            if state.accumulated_batches
+            else {}
+        ),
         "history": state.history.state_dict(),
         "rng": rng_states(),
         **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
@@ -75,10 +84,17 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     state.accumulated_batches = checkpoint.get("accumulated_batches", 0)
     grads = checkpoint.get("grads", {})
     if position and _order_changed(state, checkpoint.get("data_order", {})):
-        log.warning("the checkpoint was written by %d rank(s) %d batch(es) into epoch %d of a shuffled order; on %d "
-                    "rank(s) the epoch's order is another one, so its position cannot be found: epoch %d starts "
-                    "again (its %d trained batch(es) are trained twice)", checkpoint["data_order"].get("world", 1),
-                    position, state.epoch + 1, world_size(), state.epoch + 1, state.global_step - state.epoch_start_step)
+        log.warning(
+            "the checkpoint was written by %d rank(s) %d batch(es) into epoch %d of a shuffled order; on %d "
+            "rank(s) the epoch's order is another one, so its position cannot be found: epoch %d starts "
+            "again (its %d trained batch(es) are trained twice)",
+            checkpoint["data_order"].get("world", 1),
+            position,
+            state.epoch + 1,
+            world_size(),
+            state.epoch + 1,
+            state.global_step - state.epoch_start_step,
+        )
         state.global_step = state.epoch_start_step
         state.start_batch = position = 0
         state.accumulated_batches, grads = 0, {}
@@ -89,8 +105,12 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         parameter.grad = grads[name].to(parameter.device) if name in grads else None
     history = checkpoint["history"]
     if history["epochs"] > state.epoch and not position:  # a row of an epoch that reruns from its start
-        history = {**history, "epochs": state.epoch, "recorded": [],
-                   "columns": {key: values[: state.epoch] for key, values in history["columns"].items()}}
+        history = {
+            **history,
+            "epochs": state.epoch,
+            "recorded": [],
+            "columns": {key: values[: state.epoch] for key, values in history["columns"].items()},
+        }
     state.history.load_state_dict({**history, "stop_reason": None})
     rank_rngs = checkpoint.get("rank_rngs")  # every rank's generators, in a checkpoint of several ranks
     same_ranks = isinstance(rank_rngs, list) and len(rank_rngs) == world_size()
@@ -101,8 +121,11 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     for key, handler in stateful_handlers(state.handlers).items():
         if key in saved:
             handler.load_state_dict(saved[key])
-    finished = [handler for handler in stateful_handlers(state.handlers).values()
-                if getattr(handler, "stopped_epoch", None) is not None]  # e.g. EarlyStoppingHandler had stopped it
+    finished = [
+        handler
+        for handler in stateful_handlers(state.handlers).values()
+        if getattr(handler, "stopped_epoch", None) is not None
+    ]  # e.g. EarlyStoppingHandler had stopped it
     if finished:
         state.request_stop(f"already stopped: {history.get('stop_reason') or type(finished[0]).__name__}")
     elif state.max_epochs is not None and state.epoch >= state.max_epochs:

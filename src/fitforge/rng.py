@@ -5,7 +5,7 @@ when numpy is installed, torch's CPU generator and every CUDA device's."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -20,10 +20,13 @@ def rng_states() -> dict[str, Any]:
     version, key, gauss = random.getstate()
     states: dict[str, Any] = {"python": [version, list(key), gauss], "torch": torch.get_rng_state()}
     if np is not None:
-        legacy: dict[str, Any] = np.random.get_state(legacy=False)  # type: ignore[assignment]
-        states["numpy"] = {"key": torch.from_numpy(legacy["state"]["key"].astype(np.int64)),
-                           "pos": int(legacy["state"]["pos"]), "has_gauss": int(legacy["has_gauss"]),
-                           "gauss": float(legacy["gauss"])}
+        legacy: dict[str, Any] = cast(dict, np.random.get_state(legacy=False))
+        states["numpy"] = {
+            "key": torch.from_numpy(legacy["state"]["key"].astype(np.int64)),
+            "pos": int(legacy["state"]["pos"]),
+            "has_gauss": int(legacy["has_gauss"]),
+            "gauss": float(legacy["gauss"]),
+        }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -38,7 +41,13 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.set_rng_state(states["torch"])
     if "numpy" in states and np is not None:
         saved = states["numpy"]
-        np.random.set_state({"bit_generator": "MT19937", "has_gauss": saved["has_gauss"], "gauss": saved["gauss"],
-                             "state": {"key": saved["key"].numpy().astype(np.uint32), "pos": saved["pos"]}})
+        np.random.set_state(
+            {
+                "bit_generator": "MT19937",
+                "has_gauss": saved["has_gauss"],
+                "gauss": saved["gauss"],
+                "state": {"key": saved["key"].numpy().astype(np.uint32), "pos": saved["pos"]},
+            }
+        )
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

@@ -60,8 +60,10 @@ def _why_not(loader: Any) -> str | None:
     if not isinstance(loader, DataLoader):
         return f"it is a {type(loader).__name__}, not a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
-        return ("its dataset is an IterableDataset: shard it in the dataset (torch.distributed.get_rank()), "
-                "giving every rank the same number of batches")
+        return (
+            "its dataset is an IterableDataset: shard it in the dataset (torch.distributed.get_rank()), "
+            "giving every rank the same number of batches"
+        )
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
         return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
     sampler = sampler_of(loader)
@@ -87,14 +89,20 @@ def shard_train(data: Iterable, argument: str = "train_data") -> Iterable:
         return data
     problem = _why_not(data)
     if problem is not None:
-        log.warning("%s is not split across the %d ranks (%s): every rank trains on all of it; pass a DataLoader "
-                    "over a map-style dataset, or give each rank its share yourself", argument, world_size(), problem)
+        log.warning(
+            "%s is not split across the %d ranks (%s): every rank trains on all of it; pass a DataLoader "
+            "over a map-style dataset, or give each rank its share yourself",
+            argument,
+            world_size(),
+            problem,
+        )
         return data
     loader: DataLoader = data  # type: ignore[assignment]
     if isinstance(sampler_of(loader), DistributedSampler):
         return loader
-    sampler: DistributedSampler = DistributedSampler(loader.dataset, num_replicas=world_size(), rank=rank(),
-                                 shuffle=isinstance(sampler_of(loader), RandomSampler))
+    sampler: DistributedSampler = DistributedSampler(
+        loader.dataset, num_replicas=world_size(), rank=rank(), shuffle=isinstance(sampler_of(loader), RandomSampler)
+    )
     sampler.fitforge_seeded = True  # type: ignore[attr-defined]  # DataOrder sets its seed from the fit's
     return _rebuild(loader, sampler, drop_last=getattr(loader.batch_sampler, "drop_last", False))
 
@@ -110,8 +118,11 @@ def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
     shards = _EVAL_SHARDS.setdefault(loader, {})
     if padded not in shards:
         size = len(loader.dataset)  # type: ignore[arg-type]
-        sampler: Sampler = (DistributedSampler(loader.dataset, world_size(), rank(), shuffle=False) if padded
-                            else StridedSampler(size, rank(), world_size()))
+        sampler: Sampler = (
+            DistributedSampler(loader.dataset, world_size(), rank(), shuffle=False)
+            if padded
+            else StridedSampler(size, rank(), world_size())
+        )
         shards[padded] = _rebuild(loader, sampler, drop_last=False)  # every sample, as the metrics are exact
     return shards[padded], True
 
@@ -125,8 +136,9 @@ def gather_predictions(outputs: Any, size: int) -> Any:
         return None
     template = next(part for part in parts if part is not None)
     if isinstance(template, tuple):
-        return tuple(_interleave([None if part is None else part[i] for part in parts], size)
-                     for i in range(len(template)))
+        return tuple(
+            _interleave([None if part is None else part[i] for part in parts], size) for i in range(len(template))
+        )
     return _interleave(parts, size)
 
 
@@ -136,5 +148,5 @@ def _interleave(parts: list[torch.Tensor | None], size: int) -> torch.Tensor:
     merged = template.new_empty((total, *template.shape[1:]))
     for r, part in enumerate(parts):
         if part is not None:
-            merged[r::len(parts)] = part
+            merged[r :: len(parts)] = part
     return merged[:size]

@@ -21,14 +21,19 @@ from torch.utils.data import DataLoader, TensorDataset
 from .events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, TrainBegin, TrainEnd
 
 
-def linear_data(n: int = 256, batch_size: int = 32, noise: float = 0.0, seed: int = 0,
-                shuffle: bool = False) -> DataLoader:
+def linear_data(
+    n: int = 256, batch_size: int = 32, noise: float = 0.0, seed: int = 0, shuffle: bool = False
+) -> DataLoader:
     """A DataLoader of ``y = 2x + 3 (+ noise)`` with x ~ U(-1, 1); shapes (N, 1) and (N, 1)."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand(n, 1, generator=generator) * 2 - 1
     y = 2 * x + 3 + noise * torch.randn(n, 1, generator=generator)
-    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle,
-                      generator=torch.Generator().manual_seed(seed) if shuffle else None)
+    return DataLoader(
+        TensorDataset(x, y),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=torch.Generator().manual_seed(seed) if shuffle else None,
+    )
 
 
 def linear_problem(lr: float = 0.1, seed: int = 0, **estimator_kwargs: Any):

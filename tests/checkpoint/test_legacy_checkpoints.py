@@ -12,8 +12,9 @@ import torch
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 
-from helpers import Losses  # noqa: E402
 from v1_setup import run  # noqa: E402
+
+from helpers import Losses  # noqa: E402
 
 
 def test_a_checkpoint_written_before_the_redesign_resumes_exactly(tmp_path):

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from figures import FIGURES
 
+from figures import FIGURES
 from fitforge import fsdp
 
 HERE = Path(__file__).resolve().parent
@@ -37,8 +37,9 @@ TIMEOUT = 240  # seconds for one launch; each takes 5-30 s on 2 busy cores
 # failed, and their gloo group can meet a dead peer or hang (see docs/distributed.md).
 ELASTIC = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="needs torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
+)
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -65,8 +66,9 @@ def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def launch(out: Path, config: dict, processes: int, elastic: bool = False,
-           script: str = SCRIPT) -> subprocess.CompletedProcess:
+def launch(
+    out: Path, config: dict, processes: int, elastic: bool = False, script: str = SCRIPT
+) -> subprocess.CompletedProcess:
     """``processes`` ranks under torchrun --standalone (``elastic``: restarted once if one fails); 0:
     the plain script, no launcher."""
     out.mkdir(parents=True, exist_ok=True)
@@ -82,8 +84,22 @@ def launch_two_nodes(out: Path, config: dict) -> list[subprocess.CompletedProces
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    nodes = [start([*RUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}", "--master_addr=127.0.0.1",
-                    f"--master_port={port}", SCRIPT, str(out), json.dumps(config)]) for node in (0, 1)]
+    nodes = [
+        start(
+            [
+                *RUN,
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={node}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                SCRIPT,
+                str(out),
+                json.dumps(config),
+            ]
+        )
+        for node in (0, 1)
+    ]
     return [finish(node) for node in nodes]
 
 
@@ -99,18 +115,38 @@ def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("data_parallel")
-    paths = {name: root / name for name in ("one", "two", "nodes", "preempted", "resumed_two", "resumed_one",
-                                            "fsdp_stopped", "fsdp_resumed_two", "fsdp_resumed_one", "one_stops",
-                                            "bypass", "one_cancels", "one_stops_early", "user_ddp", "elastic")}
-    folders = {name: root / name for name in ("checkpoints", "saved", "for_one", "fsdp", "fsdp_saved", "fsdp_for_one",
-                                              "elastic_checkpoints")}
+    paths = {
+        name: root / name
+        for name in (
+            "one",
+            "two",
+            "nodes",
+            "preempted",
+            "resumed_two",
+            "resumed_one",
+            "fsdp_stopped",
+            "fsdp_resumed_two",
+            "fsdp_resumed_one",
+            "one_stops",
+            "bypass",
+            "one_cancels",
+            "one_stops_early",
+            "user_ddp",
+            "elastic",
+        )
+    }
+    folders = {
+        name: root / name
+        for name in ("checkpoints", "saved", "for_one", "fsdp", "fsdp_saved", "fsdp_for_one", "elastic_checkpoints")
+    }
     fsdp = {**BASE, "strategy": "fsdp"}
     with ThreadPoolExecutor(max_workers=3) as pool:
         first = {
             "one": pool.submit(launch, paths["one"], {**BASE, "edge_eval": True}, 0),
             "two": pool.submit(launch, paths["two"], {**BASE, "per_rank_dirs": True, "edge_eval": True}, 2),
-            "preempted": pool.submit(launch, paths["preempted"],
-                                     {**BASE, "sigterm_at": 6, "model_dir": str(folders["checkpoints"])}, 2),
+            "preempted": pool.submit(
+                launch, paths["preempted"], {**BASE, "sigterm_at": 6, "model_dir": str(folders["checkpoints"])}, 2
+            ),
             "nodes": pool.submit(launch_two_nodes, paths["nodes"], BASE),
             "one_stops": pool.submit(launch, paths["one_stops"], {**BASE, "stop_at": 6}, 2),
             "bypass": pool.submit(launch, paths["bypass"], {**BASE, "bypass_ddp": True}, 2),
@@ -119,30 +155,53 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "user_ddp": pool.submit(launch, paths["user_ddp"], {**BASE, "user_ddp": True, "per_rank_dirs": True}, 2),
         }
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
-            first["fsdp_stopped"] = pool.submit(launch, paths["fsdp_stopped"],
-                                                {**fsdp, "epochs": None, "batches": 7, "model_dir": str(folders["fsdp"])}, 2)
+            first["fsdp_stopped"] = pool.submit(
+                launch,
+                paths["fsdp_stopped"],
+                {**fsdp, "epochs": None, "batches": 7, "model_dir": str(folders["fsdp"])},
+                2,
+            )
         # Judged by their own tests, so that a failure there is reported there, not by every test.
         # Rank 1 is killed in batch 7 of 15 in the first round; the newest checkpoint is of batch 6.
-        judged = {"elastic": pool.submit(launch, paths["elastic"], {**BASE, "batch_period": 2, "resume": True,
-                                                                    "model_dir": str(folders["elastic_checkpoints"]),
-                                                                    "kill_at": 6}, 2, elastic=True)}
-        judged.update({f"exit{i}": pool.submit(launch, root / f"exit{i}", {}, 2, script=EXIT_SCRIPT)
-                       for i in range(EXITS)})
+        judged = {
+            "elastic": pool.submit(
+                launch,
+                paths["elastic"],
+                {
+                    **BASE,
+                    "batch_period": 2,
+                    "resume": True,
+                    "model_dir": str(folders["elastic_checkpoints"]),
+                    "kill_at": 6,
+                },
+                2,
+                elastic=True,
+            )
+        }
+        judged.update(
+            {f"exit{i}": pool.submit(launch, root / f"exit{i}", {}, 2, script=EXIT_SCRIPT) for i in range(EXITS)}
+        )
         preempted = first.pop("preempted").result()
         assert preempted.returncode != 0, "the SIGTERM'd run went on to the end"
         # Each resumed run adds its checkpoints to its folder: keep copies as the first runs left them.
-        resumes = [("resumed_two", {**BASE, "model_dir": str(folders["checkpoints"])}, 2),
-                   ("resumed_one", {**BASE, "model_dir": str(folders["for_one"])}, 0)]
+        resumes = [
+            ("resumed_two", {**BASE, "model_dir": str(folders["checkpoints"])}, 2),
+            ("resumed_one", {**BASE, "model_dir": str(folders["for_one"])}, 0),
+        ]
         copies = [("checkpoints", "saved"), ("checkpoints", "for_one")]
         if FSDP:
             ok(first.pop("fsdp_stopped").result())
-            resumes += [("fsdp_resumed_two", {**fsdp, "model_dir": str(folders["fsdp"])}, 2),
-                        ("fsdp_resumed_one", {**BASE, "model_dir": str(folders["fsdp_for_one"])}, 0)]
+            resumes += [
+                ("fsdp_resumed_two", {**fsdp, "model_dir": str(folders["fsdp"])}, 2),
+                ("fsdp_resumed_one", {**BASE, "model_dir": str(folders["fsdp_for_one"])}, 0),
+            ]
             copies += [("fsdp", "fsdp_saved"), ("fsdp", "fsdp_for_one")]
         for source, copy in copies:
             shutil.copytree(folders[source], folders[copy])
-        resumed = [pool.submit(launch, paths[name], {**config, "resume": True}, processes)
-                   for name, config, processes in resumes]
+        resumed = [
+            pool.submit(launch, paths[name], {**config, "resume": True}, processes)
+            for name, config, processes in resumes
+        ]
         bypass = first.pop("bypass").result()
         assert bypass.returncode != 0 and "bypasses DistributedDataParallel" in bypass.stderr, bypass.stderr[-3000:]
         for name, future in first.items():
@@ -159,13 +218,17 @@ def max_difference(a: dict, b: dict) -> float:
 
 
 def close(a: dict, b: dict, tolerance: float = 1e-6) -> bool:
-    return set(a) == set(b) and all(abs(x - y) <= tolerance * max(1.0, abs(y)) for key in a
-                                    for x, y in zip(a[key] if isinstance(a[key], list) else [a[key]],
-                                                    b[key] if isinstance(b[key], list) else [b[key]]))
+    return set(a) == set(b) and all(
+        abs(x - y) <= tolerance * max(1.0, abs(y))
+        for key in a
+        for x, y in zip(
+            a[key] if isinstance(a[key], list) else [a[key]], b[key] if isinstance(b[key], list) else [b[key]]
+        )
+    )
 
 
 def test_two_ranks_train_like_one_process_with_the_same_global_batch(runs):
-    single, = results(runs["one"], 1)
+    (single,) = results(runs["one"], 1)
     ranks = results(runs["two"], 2)
     assert ranks[0]["params"] == ranks[1]["params"]  # DDP keeps the replicas identical
     assert max_difference(ranks[0]["params"], single["params"]) <= 1e-6
@@ -175,14 +238,14 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch(runs):
 
 
 def test_evaluate_returns_the_same_reduced_dict_on_every_rank(runs):
-    single, = results(runs["one"], 1)
+    (single,) = results(runs["one"], 1)
     ranks = results(runs["two"], 2)
     assert ranks[0]["evaluate"] == ranks[1]["evaluate"]
     assert close(ranks[0]["evaluate"], single["evaluate"])
 
 
 def test_predict_returns_every_output_in_dataset_order_on_rank_0(runs):
-    single, = results(runs["one"], 1)
+    (single,) = results(runs["one"], 1)
     ranks = results(runs["two"], 2)
     assert ranks[1]["predict"] is None
     assert len(ranks[0]["predict"]) == 50  # 25 rows from each rank, interleaved back
@@ -190,13 +253,16 @@ def test_predict_returns_every_output_in_dataset_order_on_rank_0(runs):
 
 
 def test_a_share_smaller_than_the_ranks_and_drop_last_are_evaluated_whole(runs):
-    single, = results(runs["one"], 1)
+    (single,) = results(runs["one"], 1)
     ranks = results(runs["two"], 2)
     assert ranks[0]["tiny_evaluate"] == ranks[1]["tiny_evaluate"]  # rank 1's share of 1 sample is empty
     assert close(ranks[0]["tiny_evaluate"], single["tiny_evaluate"])
     assert ranks[1]["dropped_predict"] is None
     assert len(single["dropped_predict"]) == 6 and len(ranks[0]["dropped_predict"]) == 7  # every sample
-    assert float((torch.tensor(ranks[0]["dropped_predict"][:6]) - torch.tensor(single["dropped_predict"])).abs().max()) <= 1e-5
+    assert (
+        float((torch.tensor(ranks[0]["dropped_predict"][:6]) - torch.tensor(single["dropped_predict"])).abs().max())
+        <= 1e-5
+    )
 
 
 def test_only_rank_0_writes_files(runs):
@@ -204,7 +270,10 @@ def test_only_rank_0_writes_files(runs):
     assert not rank1.exists()  # no CSV log, no checkpoint folder
     assert (rank0 / "log.csv").is_file()
     assert sorted(p.name for p in (rank0 / "checkpoints").iterdir()) == [
-        "model-epoch1batch5.pt", "model-epoch2batch10.pt", "model-epoch3batch15.pt"]
+        "model-epoch1batch5.pt",
+        "model-epoch2batch10.pt",
+        "model-epoch3batch15.pt",
+    ]
 
 
 def test_sigterm_on_one_rank_makes_every_rank_save_at_the_same_batch(runs):
@@ -235,13 +304,13 @@ def test_a_checkpoint_of_two_ranks_resumes_exactly_on_two_ranks_and_on_one_proce
     on_two = results(runs["resumed_two"], 2)
     assert on_two[0]["params"] == on_two[1]["params"] == uninterrupted["params"]  # bit for bit
     assert on_two[0]["history"] == uninterrupted["history"]  # the resumed epoch's sums came back per rank
-    on_one, = results(runs["resumed_one"], 1)
+    (on_one,) = results(runs["resumed_one"], 1)
     assert max_difference(on_one["params"], uninterrupted["params"]) <= 1e-6
     assert close(on_one["history"], uninterrupted["history"])  # both ranks' running sums, merged on one
 
 
 def test_a_script_that_wraps_ddp_and_splits_the_data_itself_gets_the_same(runs):
-    single, = results(runs["one"], 1)
+    (single,) = results(runs["one"], 1)
     ranks = results(runs["user_ddp"], 2)
     assert ranks[0]["params"] == ranks[1]["params"] and max_difference(ranks[0]["params"], single["params"]) <= 1e-6
     assert ranks[0]["history"] == ranks[1]["history"] and close(ranks[0]["history"], single["history"])
@@ -250,7 +319,7 @@ def test_a_script_that_wraps_ddp_and_splits_the_data_itself_gets_the_same(runs):
 
 
 def test_two_nodes_on_loopback_train_like_one_process(runs):
-    single, = results(runs["one"], 1)
+    (single,) = results(runs["one"], 1)
     nodes = results(runs["nodes"], 2)
     assert nodes[0]["params"] == nodes[1]["params"]
     assert max_difference(nodes[0]["params"], single["params"]) <= 1e-6
@@ -273,8 +342,11 @@ def test_an_elastic_restart_resumes_from_the_newest_checkpoint_exactly(runs):
 def test_a_finished_job_exits_with_0_on_every_rank(runs):
     # The group stays referenced (as by DDP or an FSDP mesh) and the scripts end right after their
     # last all-reduce: fitforge's wait at exit leaves no gloo thread to ask for the GIL at shutdown.
-    aborted = [done.stderr[-2000:] for name, done in runs["done"].items() if name.startswith("exit") and
-               (done.returncode != 0 or "terminate called" in done.stderr)]
+    aborted = [
+        done.stderr[-2000:]
+        for name, done in runs["done"].items()
+        if name.startswith("exit") and (done.returncode != 0 or "terminate called" in done.stderr)
+    ]
     assert not aborted, f"{len(aborted)} of {EXITS} launches failed:\n" + "\n".join(aborted)
 
 
@@ -283,13 +355,20 @@ def test_fsdp_on_two_cpu_ranks_trains_like_one_process_and_its_checkpoint_round_
     # Sharded weights and optimizer states, saved by both ranks through torch.distributed.checkpoint
     # in the middle of epoch 2, resumed on 2 ranks (FSDP) and on 1 process (no process group).
     assert {p.name for p in runs["fsdp_saved"].iterdir()} == {
-        "model-epoch1batch5.pt", "model-epoch1batch5pos0.dcp", "model-epoch1batch7.pt", "model-epoch1batch7pos2.dcp"}
+        "model-epoch1batch5.pt",
+        "model-epoch1batch5pos0.dcp",
+        "model-epoch1batch7.pt",
+        "model-epoch1batch7pos2.dcp",
+    }
     assert {p.name for p in (runs["fsdp_saved"] / "model-epoch1batch7pos2.dcp").iterdir()} >= {
-        ".metadata", "__0_0.distcp", "__1_0.distcp"}
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    }
     uninterrupted = results(runs["two"], 2)[0]  # DDP, 3 epochs without a stop
-    single, = results(runs["one"], 1)
+    (single,) = results(runs["one"], 1)
     on_two = results(runs["fsdp_resumed_two"], 2)
-    on_one, = results(runs["fsdp_resumed_one"], 1)
+    (on_one,) = results(runs["fsdp_resumed_one"], 1)
     assert on_two[0]["params"] == on_two[1]["params"]
     for resumed in (on_two[0], on_one):
         assert max_difference(resumed["params"], uninterrupted["params"]) <= 1e-6

@@ -2,14 +2,15 @@
 automatic data parallelism, and write this rank's results to OUT/result-rank<r>.json.
 
 Usage: train_run.py OUT CONFIG_JSON, where CONFIG_JSON holds: epochs (or batches), global_batch, and
-optionally device (None: the rank's own), strategy, shuffle, batch_period, resume, per_rank_dirs (each rank its own output folder, to see
-which ranks write), sigterm_at / sigterm_rank (that rank sends itself SIGTERM after that batch),
-stop_at (rank 1 alone requests a stop after that batch), cancel_fit_at (rank 1 alone raises
-CancelFit there), stop_at_epoch_begin (rank 1 alone requests a stop at that epoch's begin), edge_eval (evaluate 1 sample, predict
-with drop_last), bypass_ddp (a processor that forwards
-through estimator.net, not the DDP wrapper), user_ddp (the script initialises the group and wraps the net and samplers itself), model_dir (a
-checkpoint folder shared by runs), kill_at / kill_rank (that rank kills itself with SIGKILL after that batch, in
-torchrun's first round only, for an elastic restart to resume from the newest checkpoint).
+optionally device (None: the rank's own), strategy, shuffle, batch_period, resume, per_rank_dirs
+(each rank its own output folder, to see which ranks write), sigterm_at / sigterm_rank (that rank
+sends itself SIGTERM after that batch), stop_at (rank 1 alone requests a stop after that batch),
+cancel_fit_at (rank 1 alone raises CancelFit there), stop_at_epoch_begin (rank 1 alone requests a
+stop at that epoch's begin), edge_eval (evaluate 1 sample, predict with drop_last), bypass_ddp (a
+processor that forwards through estimator.net, not the DDP wrapper), user_ddp (the script
+initialises the group and wraps the net and samplers itself), model_dir (a checkpoint folder shared
+by runs), kill_at / kill_rank (that rank kills itself with SIGKILL after that batch, in torchrun's
+first round only, for an elastic restart to resume from the newest checkpoint).
 """
 
 import json
@@ -53,37 +54,64 @@ if config.get("user_ddp"):  # the script makes the group, the DDP wrapper and th
     model = DistributedDataParallel(net)
     train_options = {"sampler": DistributedSampler(train_set, shuffle=False)}
     val_options = {"sampler": DistributedSampler(val_set, shuffle=False)}
-estimator = Estimator(model, nn.CrossEntropyLoss(), train_metrics="accuracy", device=config.get("device", "cpu"),
-                      optimizer=optimizer, strategy=config.get("strategy", "auto"),
-                      batch_processor=Bypass() if config.get("bypass_ddp") else None)
+estimator = Estimator(
+    model,
+    nn.CrossEntropyLoss(),
+    train_metrics="accuracy",
+    device=config.get("device", "cpu"),
+    optimizer=optimizer,
+    strategy=config.get("strategy", "auto"),
+    batch_processor=Bypass() if config.get("bypass_ddp") else None,
+)
 me = rank()
 train = DataLoader(train_set, batch_size=config["global_batch"] // world, **train_options)
 val = DataLoader(val_set, batch_size=8, **val_options)
 folder = out / f"rank{me}" if config.get("per_rank_dirs") else out
-handlers = [CheckpointHandler(config.get("model_dir", folder / "checkpoints"), batch_period=config.get("batch_period"),
-                              resume_from_checkpoint=config.get("resume", False)),
-            CSVLoggerHandler(folder / "log.csv", append=config.get("resume", False))]
+handlers = [
+    CheckpointHandler(
+        config.get("model_dir", folder / "checkpoints"),
+        batch_period=config.get("batch_period"),
+        resume_from_checkpoint=config.get("resume", False),
+    ),
+    CSVLoggerHandler(folder / "log.csv", append=config.get("resume", False)),
+]
 if config.get("sigterm_at") is not None and me == config.get("sigterm_rank", 1):
+
     def terminate(state):
         if state.global_step == config["sigterm_at"]:
             os.kill(os.getpid(), signal.SIGTERM)  # this rank only: the others learn of it by the reduced flag
+
     handlers.append(LambdaHandler(batch_end=terminate))
 if config.get("cancel_fit_at") is not None and me == 1:
+
     def cancel(state):
         if state.global_step == config["cancel_fit_at"]:
             raise CancelFit("rank 1 alone")
+
     handlers.append(LambdaHandler(batch_end=cancel))
 if config.get("stop_at_epoch_begin") is not None and me == 1:
-    handlers.append(LambdaHandler(epoch_begin=lambda state: state.request_stop("rank 1 at epoch_begin")
-                                  if state.epoch == config["stop_at_epoch_begin"] else None))
+    handlers.append(
+        LambdaHandler(
+            epoch_begin=lambda state: (
+                state.request_stop("rank 1 at epoch_begin") if state.epoch == config["stop_at_epoch_begin"] else None
+            )
+        )
+    )
 if config.get("stop_at") is not None and me == 1:
-    handlers.append(LambdaHandler(batch_end=lambda state: state.request_stop("rank 1's own reason")
-                                  if state.global_step == config["stop_at"] else None))
+    handlers.append(
+        LambdaHandler(
+            batch_end=lambda state: (
+                state.request_stop("rank 1's own reason") if state.global_step == config["stop_at"] else None
+            )
+        )
+    )
 restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 if config.get("kill_at") is not None and me == config.get("kill_rank", 1) and restarts == 0:
+
     def die(state):
         if state.global_step == config["kill_at"]:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, as the OOM killer or a lost node would do
+
     handlers.append(LambdaHandler(batch_end=die))
 ended: dict = {}
 
@@ -92,13 +120,18 @@ def first_epoch_begin(state):  # the step a resumed run went on from
     ended.setdefault("first_step", state.global_step)
 
 
-handlers.append(LambdaHandler(epoch_begin=first_epoch_begin,
-                              train_end=lambda state: ended.update(steps=state.global_step, reason=state.stop_reason)))
+handlers.append(
+    LambdaHandler(
+        epoch_begin=first_epoch_begin,
+        train_end=lambda state: ended.update(steps=state.global_step, reason=state.stop_reason),
+    )
+)
 
 result: dict = {"rank": me, "world": world, "restarts": restarts}
 try:
-    history = estimator.fit(train, val_data=val, epochs=config.get("epochs"), batches=config.get("batches"),
-                            event_handlers=handlers)
+    history = estimator.fit(
+        train, val_data=val, epochs=config.get("epochs"), batches=config.get("batches"), event_handlers=handlers
+    )
     result["history"] = {key: history[key] for key in history if key.startswith(("train_", "val_"))}
     result["evaluate"] = estimator.evaluate(val)
     predictions = estimator.predict(val)
@@ -118,6 +151,7 @@ finally:
             StateDictOptions,
             get_model_state_dict,
         )
+
         weights = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
     result["params"] = {name: value.tolist() for name, value in weights.items()}
     (out / f"result-rank{me}.json").write_text(json.dumps(result))

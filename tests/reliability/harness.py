@@ -5,6 +5,7 @@ checkpoints seen), kept in tests/figures.py and printed at the end of the run.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from figures import FIGURES
 
+from figures import FIGURES
 from fitforge.checkpoint_io import CheckpointError, load_checkpoint
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +34,6 @@ EPOCH_END_SAVES = (8, 16, 24, 32)
 _REGULAR = re.compile(r"model-epoch(\d+)batch(\d+)\.pt")
 
 
-
 def run_process(cmd: Sequence[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
     """Run ``cmd``; returns (rc, stdout, stderr). Its own process group, killed once it ended: a
     SIGKILLed trainer leaves DataLoader workers behind, which would otherwise linger for seconds.
@@ -43,19 +43,24 @@ def run_process(cmd: Sequence[str], timeout: float = TIMEOUT) -> tuple[int, str,
         try:
             rc = process.wait(timeout=timeout)
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # the group may be gone already
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # the group is gone already: nothing was left behind
             process.wait()
         out.seek(0)
         err.seek(0)
         return rc, out.read().decode(errors="replace"), err.read().decode(errors="replace")
 
 
-def run_trainer(folder: Path, log: Path, *, out: Path | None = None, workers: int = 0, fault: str = "",
-                expect_rc: int | None = 0, wrap: Callable[[list[str]], list[str]] | None = None,
-                ) -> tuple[int, str, str]:
+def run_trainer(
+    folder: Path,
+    log: Path,
+    *,
+    out: Path | None = None,
+    workers: int = 0,
+    fault: str = "",
+    expect_rc: int | None = 0,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+) -> tuple[int, str, str]:
     """Run trainer.py on checkpoint folder ``folder`` (``wrap`` may put a command in front);
     returns (rc, stdout, stderr), asserting ``rc == expect_rc`` unless it is None."""
     cmd = [sys.executable, str(TRAINER), "--dir", str(folder), "--log", str(log), "--workers", str(workers)]

@@ -12,6 +12,7 @@ A's snapshot, "restored": B after the load equals it}.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -72,30 +73,41 @@ class Probe(TrainBegin, BatchBegin):
 
 def snapshot(state, parts: dict) -> dict:
     estimator = state.estimator
-    return copy.deepcopy({
-        "weights": estimator.net.state_dict(),
-        "adam": estimator.optimizer.state_dict(),
-        "grad_scaler": estimator.scaler.state_dict(),
-        "lr_scheduler (user handler)": parts["scheduler"].state_dict(),
-        "early_stopping": parts["early_stopping"].state_dict(),
-        "checkpoint_best": parts["saver"].best,
-        "metric_sums": parts["metrics"].state_dict(),
-        "history": state.history.state_dict(),
-        "rng_python": random.getstate(),
-        "rng_numpy": np.random.get_state(),
-        "rng_torch": torch.get_rng_state(),
-        "counters": {"epoch": state.epoch, "global_step": state.global_step, "batch_idx": state.batch_idx,
-                     "optimizer_steps": state.optimizer_steps},
-        "data_order_seed": state.data_order.seed,
-        "next_batch": state.batch,
-    })
+    return copy.deepcopy(
+        {
+            "weights": estimator.net.state_dict(),
+            "adam": estimator.optimizer.state_dict(),
+            "grad_scaler": estimator.scaler.state_dict(),
+            "lr_scheduler (user handler)": parts["scheduler"].state_dict(),
+            "early_stopping": parts["early_stopping"].state_dict(),
+            "checkpoint_best": parts["saver"].best,
+            "metric_sums": parts["metrics"].state_dict(),
+            "history": state.history.state_dict(),
+            "rng_python": random.getstate(),
+            "rng_numpy": np.random.get_state(),
+            "rng_torch": torch.get_rng_state(),
+            "counters": {
+                "epoch": state.epoch,
+                "global_step": state.global_step,
+                "batch_idx": state.batch_idx,
+                "optimizer_steps": state.optimizer_steps,
+            },
+            "data_order_seed": state.data_order.seed,
+            "next_batch": state.batch,
+        }
+    )
 
 
 def same(a, b) -> bool:
     """Bitwise equal, recursively (tensors by dtype, shape and values)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
     if isinstance(a, dict):
@@ -118,17 +130,20 @@ def run(folder: Path, seed: int, at: int | None) -> dict:
     net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
     # precision="16-mixed" on the CPU: float16 autocast and a GradScaler("cpu"), whose state checkpoints keep.
-    estimator = Estimator(net, nn.CrossEntropyLoss(), train_metrics="accuracy", optimizer=optimizer, device="cpu",
-                          precision="16-mixed")
-    parts = {"scheduler": Scheduler(optimizer), "early_stopping": EarlyStoppingHandler("train_loss", patience=10),
-             "metrics": MetricHandler(),
-             "saver": CheckpointHandler(folder, monitor="train_loss", save_best=True, batch_period=3,
-                                        resume_from_checkpoint=True)}
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), train_metrics="accuracy", optimizer=optimizer, device="cpu", precision="16-mixed"
+    )
+    parts = {
+        "scheduler": Scheduler(optimizer),
+        "early_stopping": EarlyStoppingHandler("train_loss", patience=10),
+        "metrics": MetricHandler(),
+        "saver": CheckpointHandler(
+            folder, monitor="train_loss", save_best=True, batch_period=3, resume_from_checkpoint=True
+        ),
+    }
     probe = Probe(parts, at)
-    try:
+    with contextlib.suppress(Stop):
         estimator.fit(data, epochs=3, event_handlers=[*parts.values(), probe])
-    except Stop:
-        pass
     assert "at" in probe.snapshots, "the run ended before its snapshot"
     return probe.snapshots
 
@@ -138,8 +153,10 @@ def main() -> None:
     saved = run(folder, seed=0, at=STEP)["at"]  # A: stops right after the checkpoint of STEP batches
     assert (folder / f"model-epoch1batch{STEP}.pt").is_file()
     resumed = run(folder, seed=999, at=None)  # B: everything fresh from other seeds, then resumed
-    report = {name: {"perturbed": not same(resumed["before"][name], value), "restored": same(resumed["at"][name], value)}
-              for name, value in saved.items()}
+    report = {
+        name: {"perturbed": not same(resumed["before"][name], value), "restored": same(resumed["at"][name], value)}
+        for name, value in saved.items()
+    }
     print(json.dumps(report))
 
 

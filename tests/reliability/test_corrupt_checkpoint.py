@@ -40,7 +40,7 @@ def flip(path: Path) -> None:
         entry = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
     assert entry.compress_type == zipfile.ZIP_STORED
     data = bytearray(path.read_bytes())
-    name_length, extra_length = struct.unpack("<HH", data[entry.header_offset + 26: entry.header_offset + 30])
+    name_length, extra_length = struct.unpack("<HH", data[entry.header_offset + 26 : entry.header_offset + 30])
     start = entry.header_offset + 30 + name_length + extra_length  # after the local file header
     data[start + entry.file_size // 2] ^= 0xFF
     path.write_bytes(bytes(data))

@@ -24,8 +24,10 @@ from harness import (
 PAGE = 4096
 # In the namespace: mount the tmpfs on the folder, train, and copy the folder out before the
 # namespace (and the mount with it) goes away; the exit status is the trainer's.
-MOUNT_AND_RUN = ('dir=$1 copy=$2 size=$3; shift 3; mount -t tmpfs -o size="$size" tmpfs "$dir" || exit 97; '
-                 '"$@"; rc=$?; cp -a "$dir/." "$copy/" || exit 98; exit $rc')
+MOUNT_AND_RUN = (
+    'dir=$1 copy=$2 size=$3; shift 3; mount -t tmpfs -o size="$size" tmpfs "$dir" || exit 97; '
+    '"$@"; rc=$?; cp -a "$dir/." "$copy/" || exit 98; exit $rc'
+)
 EXPECTED = ["model-epoch0batch3.pt", "model-epoch0batch6.pt"]  # the third write (epoch 1's end) fails
 FAILING = "model-epoch1batch8.pt"
 
@@ -34,8 +36,10 @@ def can_mount(tmp_path) -> bool:
     if shutil.which("unshare") is None:
         return False
     (tmp_path / "probe").mkdir()
-    rc, _, _ = run_process(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$1"', "sh",
-                            str(tmp_path / "probe")], timeout=30)
+    rc, _, _ = run_process(
+        ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$1"', "sh", str(tmp_path / "probe")],
+        timeout=30,
+    )
     return rc == 0
 
 

@@ -74,9 +74,19 @@ def chain(root: Path, workers: int) -> tuple[list[Kill], list[dict], dict]:
         log = folder / f"kill{i}.jsonl"
         rc, _, _ = run_trainer(checkpoints, log, workers=workers, fault=f"kill@{where}:{step}", expect_rc=None)
         entries, left = journal(log), regular_checkpoints(checkpoints)
-        kills.append(Kill(where, step, rc, event(entries, "fault"), losses(entries),
-                          step_of(left[-1]) if left else None, unreadable(checkpoints), event(entries, "start"),
-                          event(entries, "end") is not None))
+        kills.append(
+            Kill(
+                where,
+                step,
+                rc,
+                event(entries, "fault"),
+                losses(entries),
+                step_of(left[-1]) if left else None,
+                unreadable(checkpoints),
+                event(entries, "start"),
+                event(entries, "end") is not None,
+            )
+        )
     run_trainer(checkpoints, folder / "final.jsonl", out=folder / "out.pt", workers=workers)
     return kills, journal(folder / "final.jsonl"), weights(folder / "out.pt")
 

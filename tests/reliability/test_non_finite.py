@@ -9,10 +9,9 @@ import math
 
 import pytest
 import torch
-from figures import FIGURES
-from helpers import NanGradient
 from torch import nn
 
+from figures import FIGURES
 from fitforge import Estimator
 from fitforge.checkpoint_io import CheckpointError, load_checkpoint
 from fitforge.events import BatchEnd, EpochEnd
@@ -20,11 +19,17 @@ from fitforge.finite import non_finite_checkpoint, non_finite_state
 from fitforge.handlers import CheckpointHandler, NaNGuardHandler
 from fitforge.handlers.nan_guard import NonFiniteLossError
 from fitforge.testing import linear_data
+from helpers import NanGradient
 
 AT = 11  # the 0-based global step the fault comes at (epoch 2, batch 4 of 8)
 FAULTS = ("nan loss", "inf loss", "nan gradient", "nan parameter")
-GUARDS = {"no guard": None, "stop": ("stop", True), "stop, not fused": ("stop", False), "skip": ("skip", True),
-          "raise": ("raise", True)}
+GUARDS = {
+    "no guard": None,
+    "stop": ("stop", True),
+    "stop, not fused": ("stop", False),
+    "skip": ("skip", True),
+    "raise": ("raise", True),
+}
 
 
 class Faulty(nn.Module):
@@ -48,7 +53,7 @@ class Faulty(nn.Module):
 
 
 class Injector(BatchEnd):
-    """"nan parameter": a nan written into a weight after the step of global step ``AT``."""
+    """ "nan parameter": a nan written into a weight after the step of global step ``AT``."""
 
     priority = -1500  # after the optimizer step, before the checkpoint's save
 
@@ -105,8 +110,12 @@ def run(fault: str, guard: str, folder) -> dict:
                 finite_left.append(path.name)
         except CheckpointError:
             pass
-    return {"poisoned": audit.poisoned, "finite_left": finite_left, "raised": raised,
-            "weights_finite": not non_finite_state(estimator)}
+    return {
+        "poisoned": audit.poisoned,
+        "finite_left": finite_left,
+        "raised": raised,
+        "weights_finite": not non_finite_state(estimator),
+    }
 
 
 CASES = [(fault, guard) for fault in FAULTS for guard in GUARDS]

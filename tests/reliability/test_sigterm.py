@@ -45,8 +45,15 @@ def runs(tmp_path_factory) -> dict:
         newest = (step_of(newest), torch.load(newest, weights_only=True)["global_step"])  # before the resume
         bad = unreadable(folder / "checkpoints")
         run_trainer(folder / "checkpoints", folder / "resumed.jsonl", out=folder / "out.pt")
-        return (rc, stderr, journal(folder / "term.jsonl"), newest, bad, journal(folder / "resumed.jsonl"),
-                weights(folder / "out.pt"))
+        return (
+            rc,
+            stderr,
+            journal(folder / "term.jsonl"),
+            newest,
+            bad,
+            journal(folder / "resumed.jsonl"),
+            weights(folder / "out.pt"),
+        )
 
     return dict(zip(POINTS, in_parallel(*(lambda spec=spec: term_and_resume(spec) for spec in POINTS))))
 
@@ -85,7 +92,10 @@ def restore_runs(tmp_path_factory) -> dict:
         checkpoints = folder / "checkpoints"
         if name == "resumed":
             run_trainer(checkpoints, folder / "first.jsonl", fault="term@begin:10", expect_rc=143)
-        files = lambda: {path.name: path.read_bytes() for path in checkpoints.iterdir()} if checkpoints.exists() else {}
+
+        def files():
+            return {path.name: path.read_bytes() for path in checkpoints.iterdir()} if checkpoints.exists() else {}
+
         before = files()
         rc, _, stderr = run_trainer(checkpoints, folder / "restore.jsonl", fault="term@train_begin", expect_rc=None)
         after = files()

@@ -10,8 +10,20 @@ import sys
 from harness import HERE, run_process
 
 COMPONENTS = {
-    "weights", "adam", "grad_scaler", "lr_scheduler (user handler)", "early_stopping", "checkpoint_best",
-    "metric_sums", "history", "rng_python", "rng_numpy", "rng_torch", "counters", "data_order_seed", "next_batch",
+    "weights",
+    "adam",
+    "grad_scaler",
+    "lr_scheduler (user handler)",
+    "early_stopping",
+    "checkpoint_best",
+    "metric_sums",
+    "history",
+    "rng_python",
+    "rng_numpy",
+    "rng_torch",
+    "counters",
+    "data_order_seed",
+    "next_batch",
 }
 
 

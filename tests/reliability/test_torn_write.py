@@ -25,8 +25,11 @@ from harness import (
 from fitforge.checkpoint_io import CheckpointError, load_checkpoint
 
 # Saves 1-3 write 3, 6 and 8 (the end of epoch 1) completed batches; save 4 is 9's.
-TORN_SAVE, TORN_NAME, BEFORE = 4, "model-epoch1batch9.pt", ["model-epoch0batch3.pt", "model-epoch0batch6.pt",
-                                                           "model-epoch1batch8.pt"]
+TORN_SAVE, TORN_NAME, BEFORE = (
+    4,
+    "model-epoch1batch9.pt",
+    ["model-epoch0batch3.pt", "model-epoch0batch6.pt", "model-epoch1batch8.pt"],
+)
 
 
 def test_sigkill_during_a_checkpoint_write_tears_only_the_temporary_file(tmp_path, reference):

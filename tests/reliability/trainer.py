@@ -82,8 +82,11 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
     def train_begin(self, state) -> None:
         # After CheckpointHandler's train_begin: the leftovers are cleaned and the checkpoint chosen.
         restore = state.restore
-        self.journal.write(event="start", files=checkpoint_names(self.folder),
-                           resume_step=None if restore is None else restore["global_step"])
+        self.journal.write(
+            event="start",
+            files=checkpoint_names(self.folder),
+            resume_step=None if restore is None else restore["global_step"],
+        )
         if self.where == "train_begin":
             self._inject(0)
 
@@ -143,13 +146,19 @@ def main() -> None:
     x, y = torch.randn(SAMPLES, 10, generator=generator), torch.randint(0, 4, (SAMPLES,), generator=generator)
     data = DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=True, num_workers=args.workers)
     net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
-    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
-                          device="cpu")
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device="cpu"
+    )
     journal = Journal(args.log)
     if args.fault.startswith(("tear:", "enospc:")):
         break_checkpoint_writes(args.fault, journal)
-    saver = CheckpointHandler(args.dir, batch_period=BATCH_PERIOD, epoch_period=EPOCH_PERIOD,
-                              max_checkpoints=MAX_CHECKPOINTS, resume_from_checkpoint=True)
+    saver = CheckpointHandler(
+        args.dir,
+        batch_period=BATCH_PERIOD,
+        epoch_period=EPOCH_PERIOD,
+        max_checkpoints=MAX_CHECKPOINTS,
+        resume_from_checkpoint=True,
+    )
     estimator.fit(data, epochs=args.epochs, event_handlers=[saver, Recorder(journal, args.dir, args.fault)])
     if args.out:
         real_save(net.state_dict(), args.out)

@@ -16,8 +16,19 @@ from .throttle import throttle
 from .validation import ValidationHandler
 
 __all__ = [
-    "StoppingHandler", "GradientUpdateHandler", "MetricHandler", "ValidationHandler",
-    "LoggingHandler", "ProgressBarHandler", "CheckpointHandler", "EarlyStoppingHandler",
-    "LRSchedulerHandler", "NaNGuardHandler", "NonFiniteLossError", "LambdaHandler", "throttle",
-    "CSVLoggerHandler", "TensorBoardHandler",
+    "CSVLoggerHandler",
+    "CheckpointHandler",
+    "EarlyStoppingHandler",
+    "GradientUpdateHandler",
+    "LRSchedulerHandler",
+    "LambdaHandler",
+    "LoggingHandler",
+    "MetricHandler",
+    "NaNGuardHandler",
+    "NonFiniteLossError",
+    "ProgressBarHandler",
+    "StoppingHandler",
+    "TensorBoardHandler",
+    "ValidationHandler",
+    "throttle",
 ]

@@ -90,27 +90,55 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """
 
     priority = 900  # after user handlers, so the state saved includes their updates of this epoch
-    reads = ("estimator", "phase", "epoch", "global_step", "preempted", "data_order", "handlers", "history",
-             "metrics", "optimizer_steps", "accumulated_batches", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches",
-             "epoch_start_step")
+    reads = (
+        "estimator",
+        "phase",
+        "epoch",
+        "global_step",
+        "preempted",
+        "data_order",
+        "handlers",
+        "history",
+        "metrics",
+        "optimizer_steps",
+        "accumulated_batches",
+        "epoch_complete",
+        "epoch_cancelled",
+        "batch_idx",
+        "num_batches",
+        "epoch_start_step",
+    )
 
-    def __init__(self, model_dir: str | os.PathLike, model_prefix: str = "model", monitor: str | None = None,
-                 save_best: bool = False, mode: str = "auto", epoch_period: int | None = 1,
-                 batch_period: int | None = None, max_checkpoints: int = 5,
-                 resume_from_checkpoint: bool = False, save_non_finite: bool = False) -> None:
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        model_prefix: str = "model",
+        monitor: str | None = None,
+        save_best: bool = False,
+        mode: str = "auto",
+        epoch_period: int | None = 1,
+        batch_period: int | None = None,
+        max_checkpoints: int = 5,
+        resume_from_checkpoint: bool = False,
+        save_non_finite: bool = False,
+    ) -> None:
         if not isinstance(model_dir, (str, os.PathLike)):
             raise FitforgeTypeError(f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)}")
         if not isinstance(model_prefix, str) or not re.fullmatch(r"[\w.-]+", model_prefix):
-            raise FitforgeValueError(f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
-                                     f"(letters, digits, '_', '-', '.'), got {model_prefix!r}")
+            raise FitforgeValueError(
+                f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
+                f"(letters, digits, '_', '-', '.'), got {model_prefix!r}"
+            )
         check_positive("CheckpointHandler", "epoch_period", epoch_period, allow_none=True)
         check_positive("CheckpointHandler", "batch_period", batch_period, allow_none=True)
         check_positive("CheckpointHandler", "max_checkpoints", max_checkpoints)
         if save_best and monitor is None:
             raise FitforgeValueError("CheckpointHandler: save_best=True needs a monitor, e.g. monitor='val_loss'")
         if epoch_period is None and batch_period is None and not save_best:
-            raise FitforgeValueError("CheckpointHandler would never save: epoch_period and batch_period are None and "
-                                     "save_best is False; set at least one of them")
+            raise FitforgeValueError(
+                "CheckpointHandler would never save: epoch_period and batch_period are None and "
+                "save_best is False; set at least one of them"
+            )
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
         self.model_dir, self.model_prefix, self.monitor = Path(model_dir), model_prefix, monitor
         self._folder = CheckpointFolder(self.model_dir, model_prefix)
@@ -141,14 +169,22 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
         problem = None if state.data_order is None else state.data_order.problem
         if problem is not None and (self.batch_period or self.resume_from_checkpoint):
-            log.warning("CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
-                        "train_data by index: %s. It reads and discards the batches before the checkpoint, and "
-                        "continues exactly only if train_data yields the same batches in the same order on every "
-                        "pass (see docs/checkpoints.md)", problem)
-        if (self.resume_from_checkpoint and state.estimator.device.type == "cuda"
-                and not torch.are_deterministic_algorithms_enabled()):
-            log.warning("CheckpointHandler: resuming on CUDA without torch.use_deterministic_algorithms(True): the "
-                        "resumed run continues the same training, but not bit for bit (see docs/checkpoints.md)")
+            log.warning(
+                "CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
+                "train_data by index: %s. It reads and discards the batches before the checkpoint, and "
+                "continues exactly only if train_data yields the same batches in the same order on every "
+                "pass (see docs/checkpoints.md)",
+                problem,
+            )
+        if (
+            self.resume_from_checkpoint
+            and state.estimator.device.type == "cuda"
+            and not torch.are_deterministic_algorithms_enabled()
+        ):
+            log.warning(
+                "CheckpointHandler: resuming on CUDA without torch.use_deterministic_algorithms(True): the "
+                "resumed run continues the same training, but not bit for bit (see docs/checkpoints.md)"
+            )
 
     def _resume(self, state: TrainState) -> None:
         """Rank 0 picks the newest checkpoint that loads; every other rank loads the same file."""
@@ -162,8 +198,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             try:
                 loaded = [restore_weights(state.estimator, loaded[0] if loaded else path, folder=self.model_dir)]
             except FileNotFoundError as err:
-                raise CheckpointError(f"rank {rank()} cannot find {path}, which rank 0 resumes from: model_dir must be "
-                                      "a folder every rank can read (a shared filesystem across machines)") from err
+                raise CheckpointError(
+                    f"rank {rank()} cannot find {path}, which rank 0 resumes from: model_dir must be "
+                    "a folder every rank can read (a shared filesystem across machines)"
+                ) from err
         self._restore(state, loaded[0], path, self._folder.regular_files())
 
     def _newest_loadable(self, state: TrainState, loaded: list[dict], read_only: bool) -> str | None:
@@ -190,18 +228,25 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
                 reasons.append(f"{path.name}: {err}")
                 continue
             return path.name
-        raise CheckpointError(f"resume_from_checkpoint: none of the {len(files)} checkpoint(s) in {self.model_dir} "
-                              f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch")
+        raise CheckpointError(
+            f"resume_from_checkpoint: none of the {len(files)} checkpoint(s) in {self.model_dir} "
+            f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch"
+        )
 
     def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
         state.restore = checkpoint  # fit resumes from it once every handler's train_begin ran
         # Newer unreadable files leave the rotation's count (only rank 0, which writes, rotates).
         self.saved = files[: files.index(path) + 1] if path in files else [path]
         self._last = (checkpoint["epochs_completed"], checkpoint["global_step"], checkpoint.get("position", 0))
-        log.info("CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)", path.name,
-                 checkpoint["epochs_completed"], checkpoint["global_step"],
-                 f"; epoch {checkpoint['epochs_completed'] + 1} continues after its first {checkpoint['position']} "
-                 "batch(es)" if checkpoint.get("position") else "")
+        log.info(
+            "CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)",
+            path.name,
+            checkpoint["epochs_completed"],
+            checkpoint["global_step"],
+            f"; epoch {checkpoint['epochs_completed'] + 1} continues after its first {checkpoint['position']} batch(es)"
+            if checkpoint.get("position")
+            else "",
+        )
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period
@@ -227,8 +272,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if state.preempted is not None and state.phase == "train":
             self._save_regular(state, _completed_epochs(state), state.global_step)
         if self._refused > 1:
-            log.warning("CheckpointHandler: %d saves were not written, their state holding nan/inf; the newest "
-                        "checkpoint is %s", self._refused, self.saved[-1].name if self.saved else "none")
+            log.warning(
+                "CheckpointHandler: %d saves were not written, their state holding nan/inf; the newest "
+                "checkpoint is %s",
+                self._refused,
+                self.saved[-1].name if self.saved else "none",
+            )
 
     def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
         # The same state is not written twice (a preempted batch's save, then its epoch's end); a
@@ -272,10 +321,20 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if self._refuses_non_finite(state, self._folder.single("best").name, epochs, state.global_step):
             return
         previous, self.best = self.best, value
-        self.best_path = self._save_single(state, "best", epochs, state.global_step,
-                                           {"best": {"monitor": self.monitor, "value": value, "epoch": state.epoch}})
-        log.info("%s improved from %s to %.4g: saved %s", self.monitor,
-                 "nothing" if previous is None else f"{previous:.4g}", value, self.best_path.name)
+        self.best_path = self._save_single(
+            state,
+            "best",
+            epochs,
+            state.global_step,
+            {"best": {"monitor": self.monitor, "value": value, "epoch": state.epoch}},
+        )
+        log.info(
+            "%s improved from %s to %.4g: saved %s",
+            self.monitor,
+            "nothing" if previous is None else f"{previous:.4g}",
+            value,
+            self.best_path.name,
+        )
 
     def _save_single(self, state: TrainState, kind: str, epochs: int, batches: int, extra: dict) -> Path:
         """Write ``<prefix>-<kind>.pt`` (``best``, ``nonfinite``: one file each, replaced at each
@@ -283,8 +342,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
         position = 0 if epochs > state.epoch else state.batch_idx + 1
         path = self._folder.single(kind)
-        shards = self._save_shards(state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}"
-                                                      f"pos{position}{SHARDS}")
+        shards = self._save_shards(
+            state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}pos{position}{SHARDS}"
+        )
         stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
         agree(lambda: self._folder.commit(checkpoint, path, shards, stale=stale), CheckpointError)
         return path
@@ -304,12 +364,20 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             log.debug("CheckpointHandler: not saving %s (nan/inf in %s)", name, _names(poisoned))
             return True
         kept = self.saved[-1].name if self.saved else "none (no finite state was saved in this run)"
-        cause = ("a batch with nan/inf reached the forward (no guard can undo that): clean the data"
-                 if only_buffers(poisoned, state.estimator.net) else
-                 "training diverged: add a NaNGuardHandler to skip or stop such steps, or lower the learning rate")
+        cause = (
+            "a batch with nan/inf reached the forward (no guard can undo that): clean the data"
+            if only_buffers(poisoned, state.estimator.net)
+            else "training diverged: add a NaNGuardHandler to skip or stop such steps, or lower the learning rate"
+        )
         kept_apart = f"; kept as {self.model_prefix}-nonfinite.pt for inspection" if self.save_non_finite else ""
-        log.warning("CheckpointHandler: not saving %s: nan/inf in %s; %s. The newest checkpoint stays %s%s",
-                    name, _names(poisoned) or "another rank's state", cause, kept, kept_apart)
+        log.warning(
+            "CheckpointHandler: not saving %s: nan/inf in %s; %s. The newest checkpoint stays %s%s",
+            name,
+            _names(poisoned) or "another rank's state",
+            cause,
+            kept,
+            kept_apart,
+        )
         return True
 
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:

@@ -34,7 +34,7 @@ class CheckpointFolder:
         """The regular checkpoints, oldest first (by completed epochs, then batches)."""
         found = []
         for path in self.path.glob(f"{self.prefix}-epoch*batch*{EXTENSION}"):
-            match = _REGULAR.fullmatch(path.name[len(self.prefix):])
+            match = _REGULAR.fullmatch(path.name[len(self.prefix) :])
             if match:
                 found.append(((int(match[1]), int(match[2])), path))
         return [path for _, path in sorted(found)]
@@ -54,13 +54,15 @@ class CheckpointFolder:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as err:
-            raise FitforgeValueError(f"CheckpointHandler: model_dir {str(self.path)!r} is not a writable folder "
-                                     f"({err.strerror or err}); pass a folder you can write to") from err
+            raise FitforgeValueError(
+                f"CheckpointHandler: model_dir {str(self.path)!r} is not a writable folder "
+                f"({err.strerror or err}); pass a folder you can write to"
+            ) from err
 
     def _remove_unnamed_shards(self) -> None:
         """Delete FSDP shard folders whose checkpoint file is gone (a crash during a rotation)."""
         for folder in self.path.glob(f"{self.prefix}-epoch*batch*pos*{SHARDS}"):
-            if not (self.path / f"{folder.name[:folder.name.rindex('pos')]}{EXTENSION}").exists():
+            if not (self.path / f"{folder.name[: folder.name.rindex('pos')]}{EXTENSION}").exists():
                 shutil.rmtree(folder)
         for kind in SINGLES:
             if not self.single(kind).exists():

@@ -59,8 +59,20 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
 
     priority = 950  # after user handlers and CheckpointHandler (900): the row is complete
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "epoch", "start_batch", "history", "handlers", "estimator", "preempted", "restore",
-             "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    reads = (
+        "phase",
+        "epoch",
+        "start_batch",
+        "history",
+        "handlers",
+        "estimator",
+        "preempted",
+        "restore",
+        "epoch_complete",
+        "epoch_cancelled",
+        "batch_idx",
+        "num_batches",
+    )
     writes = ()
 
     def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
@@ -121,9 +133,11 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
                 raise ValueError
             last = int(lines[-1][0]) if len(lines) > 1 else 0
         except ValueError:
-            raise FitforgeValueError(f"CSVLoggerHandler: {self.path} is not a log this handler can continue (its "
-                                     f"first column should be 'epoch', got {lines[0][:3]}...); pass another path, "
-                                     "or move the file away") from None
+            raise FitforgeValueError(
+                f"CSVLoggerHandler: {self.path} is not a log this handler can continue (its "
+                f"first column should be 'epoch', got {lines[0][:3]}...); pass another path, "
+                "or move the file away"
+            ) from None
         return lines[0], last
 
     def _write(self, rows: list[tuple[int, dict[str, float]]]) -> None:

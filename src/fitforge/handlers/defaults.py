@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -86,8 +85,9 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: Estimator) -> No
         key = getattr(handler, "monitor", None)
         if not isinstance(key, str) or key in keys or (custom_eval and key.startswith("val_")):
             continue
-        raise MonitorKeyError(f"{handler!r} monitors {key!r}, which this run will not produce; available keys: "
-                              f"{', '.join(keys)}")
+        raise MonitorKeyError(
+            f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}"
+        )
     _check_best_agrees(handlers)
 
 
@@ -103,7 +103,9 @@ def _check_best_agrees(handlers: Sequence[EventHandler]) -> None:
                     f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but "  # type: ignore[attr-defined]
                     f"{type(restorer).__name__} restores the best by {restorer.monitor!r}; "  # type: ignore[attr-defined]
                     "the best checkpoint and the final weights may be different models: monitor the same key",
-                    UserWarning, stacklevel=4)
+                    UserWarning,
+                    stacklevel=4,
+                )
 
 
 def monitored_value(state, key: str, who: object) -> float:
@@ -111,5 +113,6 @@ def monitored_value(state, key: str, who: object) -> float:
     try:
         return state.metrics[key]
     except KeyError:
-        raise MonitorKeyError(f"{who!r} monitors {key!r}, which is not among the values produced: "
-                              f"{', '.join(state.metrics)}") from None
+        raise MonitorKeyError(
+            f"{who!r} monitors {key!r}, which is not among the values produced: {', '.join(state.metrics)}"
+        ) from None

@@ -43,12 +43,29 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         >>> history = estimator.fit(train, val_data=val, epochs=100, event_handlers=[stopper])  # doctest: +SKIP
     """
 
-    reads = ("estimator", "epoch", "preempted", "history", "metrics", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    reads = (
+        "estimator",
+        "epoch",
+        "preempted",
+        "history",
+        "metrics",
+        "epoch_complete",
+        "epoch_cancelled",
+        "batch_idx",
+        "num_batches",
+    )
     writes = ("stop_requested",)
 
-    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0, mode: str = "auto",
-                 baseline: float | None = None, restore_best: bool = False,
-                 restore_best_weights: bool | None = None) -> None:
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        min_delta: float = 0.0,
+        patience: int = 0,
+        mode: str = "auto",
+        baseline: float | None = None,
+        restore_best: bool = False,
+        restore_best_weights: bool | None = None,
+    ) -> None:
         self._monitor = Monitor(monitor, mode, min_delta, owner="EarlyStoppingHandler")
         if isinstance(patience, bool) or not isinstance(patience, int):
             raise FitforgeTypeError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
@@ -58,8 +75,10 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         self.monitor, self.patience, self.baseline = monitor, patience, baseline
         if restore_best_weights is not None:  # the Keras name
             if restore_best and not restore_best_weights:
-                raise FitforgeValueError("EarlyStoppingHandler: restore_best=True and restore_best_weights=False "
-                                         "disagree; pass only restore_best")
+                raise FitforgeValueError(
+                    "EarlyStoppingHandler: restore_best=True and restore_best_weights=False "
+                    "disagree; pass only restore_best"
+                )
             restore_best = restore_best_weights
         self.restore_best = bool(restore_best)
         self._reset()
@@ -86,32 +105,46 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         if self._monitor.improved(value, self.best):
             self.best, self.best_epoch, self.wait = value, state.epoch, 0
             if self.restore_best:  # kept on the host: a second copy must not fill the device
-                self._best_weights = {k: v.detach().to("cpu", copy=True)
-                                      for k, v in state.estimator.net.state_dict().items()}
+                self._best_weights = {
+                    k: v.detach().to("cpu", copy=True) for k, v in state.estimator.net.state_dict().items()
+                }
             return
         self.wait += 1
         if self.wait >= max(self.patience, 1):
             self.stopped_epoch = state.epoch
-            best = (f"{self.best:.4g} at epoch {self.best_epoch + 1}" if self.best_epoch is not None
-                    else f"none beat the baseline {self.baseline}" if self.baseline is not None else "no value")
-            state.request_stop(f"early stopping: {self.monitor} did not improve for {self.wait} epoch(s) "
-                               f"(best {best})")
+            best = (
+                f"{self.best:.4g} at epoch {self.best_epoch + 1}"
+                if self.best_epoch is not None
+                else f"none beat the baseline {self.baseline}"
+                if self.baseline is not None
+                else "no value"
+            )
+            state.request_stop(f"early stopping: {self.monitor} did not improve for {self.wait} epoch(s) (best {best})")
 
     def train_end(self, state: TrainState) -> None:
         if not self._active:  # train_begin never ran for this run (an earlier handler failed in it)
             return
         self._active = False
         best_epoch = self.best_epoch
-        if (self._best_weights is not None and best_epoch is not None and best_epoch != state.epoch
-                and state.preempted is None):
+        if (
+            self._best_weights is not None
+            and best_epoch is not None
+            and best_epoch != state.epoch
+            and state.preempted is None
+        ):
             state.estimator.net.load_state_dict(self._best_weights)
             log.info("restored the weights of epoch %d (%s=%.4g)", best_epoch + 1, self.monitor, self.best)
         self._best_weights = None  # do not hold a copy of the weights after the run
 
     def state_dict(self) -> dict:
         """The patience count and the best so far (with the best weights when they are kept)."""
-        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait,
-                "stopped_epoch": self.stopped_epoch, "best_weights": self._best_weights}
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "wait": self.wait,
+            "stopped_epoch": self.stopped_epoch,
+            "best_weights": self._best_weights,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.best, self.best_epoch = state["best"], state["best_epoch"]

@@ -10,8 +10,9 @@ from ..events import BatchEnd, EpochEnd, TrainBegin
 from ..resume import epoch_done
 
 
-def step_optimizers(optimizers: list, scaler: torch.amp.GradScaler | None,
-                    found_inf: torch.Tensor | None = None) -> None:
+def step_optimizers(
+    optimizers: list, scaler: torch.amp.GradScaler | None, found_inf: torch.Tensor | None = None
+) -> None:
     """Step every optimizer (through the fp16 scaler, which skips a step on inf/nan gradients),
     zero its gradients, then update the scaler. ``found_inf``: a device flag (float 0-d) on which
     fused optimizers skip their update on the device, as they do for GradScaler (NaNGuardHandler's)."""
@@ -54,8 +55,16 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     """
 
     priority = -2000
-    reads = ("estimator", "phase", "preempted", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches",
-             "shared.found_inf")
+    reads = (
+        "estimator",
+        "phase",
+        "preempted",
+        "epoch_complete",
+        "epoch_cancelled",
+        "batch_idx",
+        "num_batches",
+        "shared.found_inf",
+    )
     writes = ("accumulated_batches", "optimizer_steps")
 
     def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None) -> None:
@@ -67,8 +76,13 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     def train_begin(self, state) -> None:
         self._scaler = state.estimator.scaler
         self._found_inf = state.shared.get("found_inf")
-        self._plain = (self.accumulate == 1 and self.clip_norm is None and self.clip_value is None
-                       and self._scaler is None and self._found_inf is None)
+        self._plain = (
+            self.accumulate == 1
+            and self.clip_norm is None
+            and self.clip_value is None
+            and self._scaler is None
+            and self._found_inf is None
+        )
         self._optimizers = list(state.estimator.optimizers)
         self._params = [p for o in self._optimizers for group in o.param_groups for p in group["params"]]
         for optimizer in self._optimizers:

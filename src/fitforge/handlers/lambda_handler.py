@@ -22,8 +22,9 @@ def handler_class(base: type, mixins: tuple[type, ...], name: str) -> type:
     an event iff it inherits that event's mixin, so this is how one class offers only some events."""
     key = (base, mixins, name)
     if key not in _CLASSES:
-        _CLASSES[key] = type(name, (base, *mixins), {"__module__": base.__module__, "__qualname__": name,
-                                                     "_concrete": True})
+        _CLASSES[key] = type(
+            name, (base, *mixins), {"__module__": base.__module__, "__qualname__": name, "_concrete": True}
+        )
     return _CLASSES[key]
 
 
@@ -32,8 +33,10 @@ def check_declared(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
-        raise FitforgeTypeError(f"{owner}: {name} must be None or a tuple of TrainState field names "
-                                f"(e.g. ('epoch', 'history', 'shared.lr')), got {describe(value)}")
+        raise FitforgeTypeError(
+            f"{owner}: {name} must be None or a tuple of TrainState field names "
+            f"(e.g. ('epoch', 'history', 'shared.lr')), got {describe(value)}"
+        )
     return tuple(value)
 
 
@@ -43,8 +46,10 @@ def _check_function(event: Event, fn: Any) -> None:
     try:
         inspect.signature(fn).bind(None)
     except TypeError:
-        raise FitforgeTypeError(f"LambdaHandler: {event.value} must take one argument (the TrainState), "
-                                f"got {getattr(fn, '__qualname__', describe(fn))}{inspect.signature(fn)}") from None
+        raise FitforgeTypeError(
+            f"LambdaHandler: {event.value} must take one argument (the TrainState), "
+            f"got {getattr(fn, '__qualname__', describe(fn))}{inspect.signature(fn)}"
+        ) from None
     except ValueError:  # no signature to inspect (some builtins): trust it
         pass
 
@@ -87,35 +92,56 @@ class LambdaHandler(EventHandler):
         if cls.__dict__.get("_concrete"):  # already a class with its mixins (copy.copy comes here)
             return super().__new__(cls)
         if args:
-            raise FitforgeTypeError(f"LambdaHandler takes its functions by event name, e.g. "
-                                    f"LambdaHandler(epoch_end=fn); got a positional argument {describe(args[0])}")
+            raise FitforgeTypeError(
+                f"LambdaHandler takes its functions by event name, e.g. "
+                f"LambdaHandler(epoch_end=fn); got a positional argument {describe(args[0])}"
+            )
         unknown = sorted(set(functions) - _KEYWORDS)
         if unknown:
-            raise FitforgeTypeError(f"LambdaHandler got unknown argument(s) {', '.join(unknown)}; expected "
-                                    f"functions named after events ({', '.join(e.value for e in Event)}) and "
-                                    "priority, run_after, reads, writes")
+            raise FitforgeTypeError(
+                f"LambdaHandler got unknown argument(s) {', '.join(unknown)}; expected "
+                f"functions named after events ({', '.join(e.value for e in Event)}) and "
+                "priority, run_after, reads, writes"
+            )
         events = [event for event in Event if functions.get(event.value) is not None]
         mixins = tuple(MIXINS[event] for event in events)
         return super().__new__(handler_class(cls, mixins, cls.__name__))
 
-    def __init__(self, *, train_begin: Callable | None = None, epoch_begin: Callable | None = None,
-                 batch_begin: Callable | None = None, batch_end: Callable | None = None,
-                 epoch_end: Callable | None = None, train_end: Callable | None = None, priority: int = 0,
-                 run_after: tuple[type, ...] = (), reads: tuple[str, ...] | None = None,
-                 writes: tuple[str, ...] | None = None) -> None:
-        given = {"train_begin": train_begin, "epoch_begin": epoch_begin, "batch_begin": batch_begin,
-                 "batch_end": batch_end, "epoch_end": epoch_end, "train_end": train_end}
+    def __init__(
+        self,
+        *,
+        train_begin: Callable | None = None,
+        epoch_begin: Callable | None = None,
+        batch_begin: Callable | None = None,
+        batch_end: Callable | None = None,
+        epoch_end: Callable | None = None,
+        train_end: Callable | None = None,
+        priority: int = 0,
+        run_after: tuple[type, ...] = (),
+        reads: tuple[str, ...] | None = None,
+        writes: tuple[str, ...] | None = None,
+    ) -> None:
+        given = {
+            "train_begin": train_begin,
+            "epoch_begin": epoch_begin,
+            "batch_begin": batch_begin,
+            "batch_end": batch_end,
+            "epoch_end": epoch_end,
+            "train_end": train_end,
+        }
         functions = {Event(name): fn for name, fn in given.items() if fn is not None}
         if not functions:
-            raise FitforgeValueError("LambdaHandler needs at least one function, e.g. "
-                                     "LambdaHandler(epoch_end=lambda state: ...); got none")
+            raise FitforgeValueError(
+                "LambdaHandler needs at least one function, e.g. LambdaHandler(epoch_end=lambda state: ...); got none"
+            )
         for event, fn in functions.items():
             _check_function(event, fn)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise FitforgeTypeError(f"LambdaHandler: priority must be an int, got {describe(priority)}")
         if not isinstance(run_after, (tuple, list)) or not all(isinstance(c, type) for c in run_after):
-            raise FitforgeTypeError(f"LambdaHandler: run_after must be a tuple of handler classes, "
-                                    f"got {describe(run_after)}")
+            raise FitforgeTypeError(
+                f"LambdaHandler: run_after must be a tuple of handler classes, got {describe(run_after)}"
+            )
         self.priority, self.run_after = priority, tuple(run_after)
         self.reads = check_declared("LambdaHandler", "reads", reads)
         self.writes = check_declared("LambdaHandler", "writes", writes)
@@ -124,6 +150,7 @@ class LambdaHandler(EventHandler):
             setattr(self, event.value, fn)  # the hook is the function itself: no wrapper call per event
 
     def __repr__(self) -> str:
-        names = ", ".join(f"{event.value}={getattr(fn, '__qualname__', type(fn).__name__)}"
-                          for event, fn in self.functions.items())
+        names = ", ".join(
+            f"{event.value}={getattr(fn, '__qualname__', type(fn).__name__)}" for event, fn in self.functions.items()
+        )
         return f"LambdaHandler({names})"

@@ -53,7 +53,7 @@ def ensure_console_output() -> None:
         log.setLevel(logging.INFO)
 
 
-def _plural(count: int, noun: str) -> str:
+def _plural(count: int | None, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {'batches' if noun == 'batch' else noun + 's'}"
 
 
@@ -71,14 +71,25 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     priority = 1000
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("estimator", "phase", "epoch", "batch_idx", "global_step", "max_epochs", "max_batches", "num_batches",
-             "metrics", "history")
+    reads = (
+        "estimator",
+        "phase",
+        "epoch",
+        "batch_idx",
+        "global_step",
+        "max_epochs",
+        "max_batches",
+        "num_batches",
+        "metrics",
+        "history",
+    )
 
     def __init__(self, log_interval: int | str = "epoch", level: int = logging.INFO) -> None:
-        if log_interval != "epoch" and (isinstance(log_interval, bool) or not isinstance(log_interval, int)
-                                        or log_interval < 1):
+        if log_interval != "epoch" and (
+            isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 1
+        ):
             raise FitforgeValueError(f"log_interval must be 'epoch' or a positive int, got {log_interval!r}")
-        self.log_interval = None if log_interval == "epoch" else log_interval
+        self.log_interval: int | None = None if log_interval == "epoch" else int(log_interval)
         self.level = level
         self._started = time.perf_counter()
 
@@ -107,6 +118,12 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def train_end(self, state: TrainState) -> None:
         history = state.history
         final = {k: history.last(k) for k in history if k.startswith(("train_", "val_"))}
-        log.log(self.level, "Finished: %s, %s in %.1fs (%s).%s", _plural(history.epochs, "epoch"),
-                _plural(state.global_step, "batch"), time.perf_counter() - self._started,
-                state.history.stop_reason or "completed", f" Final: {format_values(final)}" if final else "")
+        log.log(
+            self.level,
+            "Finished: %s, %s in %.1fs (%s).%s",
+            _plural(history.epochs, "epoch"),
+            _plural(state.global_step, "batch"),
+            time.perf_counter() - self._started,
+            state.history.stop_reason or "completed",
+            f" Final: {format_values(final)}" if final else "",
+        )

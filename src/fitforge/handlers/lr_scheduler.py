@@ -54,8 +54,19 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
     """
 
     priority = 100
-    reads = ("estimator", "metrics", "history", "optimizer_steps", "num_batches", "max_epochs", "max_batches",
-             "handlers", "batch_idx", "epoch_complete", "epoch_cancelled")
+    reads = (
+        "estimator",
+        "metrics",
+        "history",
+        "optimizer_steps",
+        "num_batches",
+        "max_epochs",
+        "max_batches",
+        "handlers",
+        "batch_idx",
+        "epoch_complete",
+        "epoch_cancelled",
+    )
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LRSchedulerHandler:
@@ -67,25 +78,38 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
     def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str | None = None) -> None:
         recipe = scheduler if isinstance(scheduler, _OneCycle) else None
         if recipe is None and not isinstance(scheduler, (LRScheduler, ReduceLROnPlateau)):
-            hint = ("; wrap the optimizer in one, e.g. StepLR(optimizer, step_size=10)"
-                    if hasattr(scheduler, "param_groups") else "")
-            raise FitforgeTypeError(f"LRSchedulerHandler: scheduler must be a torch.optim.lr_scheduler scheduler "
-                                    f"instance, got {describe(scheduler)}{hint}")
+            hint = (
+                "; wrap the optimizer in one, e.g. StepLR(optimizer, step_size=10)"
+                if hasattr(scheduler, "param_groups")
+                else ""
+            )
+            raise FitforgeTypeError(
+                f"LRSchedulerHandler: scheduler must be a torch.optim.lr_scheduler scheduler "
+                f"instance, got {describe(scheduler)}{hint}"
+            )
         if not isinstance(interval, str):
-            raise FitforgeTypeError(f"LRSchedulerHandler: interval must be 'epoch' or 'batch', got {describe(interval)}")
+            raise FitforgeTypeError(
+                f"LRSchedulerHandler: interval must be 'epoch' or 'batch', got {describe(interval)}"
+            )
         if interval not in ("epoch", "batch"):
             raise FitforgeValueError(f"LRSchedulerHandler: interval must be 'epoch' or 'batch', got {interval!r}")
         plateau = isinstance(scheduler, ReduceLROnPlateau)
         if plateau and monitor is None:
-            raise FitforgeValueError("LRSchedulerHandler: ReduceLROnPlateau steps with a monitored value; pass "
-                                     "monitor='val_loss' (a history key), got monitor=None")
+            raise FitforgeValueError(
+                "LRSchedulerHandler: ReduceLROnPlateau steps with a monitored value; pass "
+                "monitor='val_loss' (a history key), got monitor=None"
+            )
         if plateau and interval == "batch":
-            raise FitforgeValueError("LRSchedulerHandler: ReduceLROnPlateau steps with an epoch's value of "
-                                     f"{monitor!r}; use interval='epoch', got interval='batch'")
+            raise FitforgeValueError(
+                "LRSchedulerHandler: ReduceLROnPlateau steps with an epoch's value of "
+                f"{monitor!r}; use interval='epoch', got interval='batch'"
+            )
         if monitor is not None and not plateau:
-            raise FitforgeValueError(f"LRSchedulerHandler: monitor is only for ReduceLROnPlateau; "
-                                     f"{type(scheduler).__name__} steps without a value, so leave monitor=None, "
-                                     f"got monitor={monitor!r}")
+            raise FitforgeValueError(
+                f"LRSchedulerHandler: monitor is only for ReduceLROnPlateau; "
+                f"{type(scheduler).__name__} steps without a value, so leave monitor=None, "
+                f"got monitor={monitor!r}"
+            )
         self._monitor = None if monitor is None else Monitor(monitor, owner="LRSchedulerHandler")
         self.scheduler: Any = None if recipe else scheduler
         self.interval, self.monitor, self._recipe = interval, monitor, recipe
@@ -109,17 +133,25 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
         """
         values = max_lr if isinstance(max_lr, (list, tuple)) else [max_lr]
         if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise FitforgeTypeError(f"LRSchedulerHandler.one_cycle: max_lr must be a positive number (or one per "
-                                    f"parameter group), got {describe(max_lr)}")
+            raise FitforgeTypeError(
+                f"LRSchedulerHandler.one_cycle: max_lr must be a positive number (or one per "
+                f"parameter group), got {describe(max_lr)}"
+            )
         if not all(v > 0 and math.isfinite(v) for v in values):
-            raise FitforgeValueError(f"LRSchedulerHandler.one_cycle: max_lr must be positive and finite, got {max_lr!r}")
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.one_cycle: max_lr must be positive and finite, got {max_lr!r}"
+            )
         if isinstance(optimizer, bool) or not isinstance(optimizer, int) or optimizer < 0:
-            raise FitforgeTypeError(f"LRSchedulerHandler.one_cycle: optimizer must be an index into "
-                                    f"estimator.optimizers (an int >= 0), got {describe(optimizer)}")
+            raise FitforgeTypeError(
+                f"LRSchedulerHandler.one_cycle: optimizer must be an index into "
+                f"estimator.optimizers (an int >= 0), got {describe(optimizer)}"
+            )
         unknown = sorted(set(onecycle_kwargs) - set(_ONE_CYCLE_ARGS))
         if unknown:
-            raise FitforgeTypeError(f"LRSchedulerHandler.one_cycle got unknown argument(s) {unknown}; OneCycleLR "
-                                    f"takes {', '.join(_ONE_CYCLE_ARGS)}")
+            raise FitforgeTypeError(
+                f"LRSchedulerHandler.one_cycle got unknown argument(s) {unknown}; OneCycleLR "
+                f"takes {', '.join(_ONE_CYCLE_ARGS)}"
+            )
         return cls(_OneCycle(max_lr, optimizer, onecycle_kwargs), interval="batch")
 
     def train_begin(self, state: TrainState) -> None:
@@ -133,7 +165,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
             raise FitforgeValueError(
                 f"LRSchedulerHandler: the scheduler's optimizer ({describe(self.scheduler.optimizer)}) is not one of "
                 f"the estimator's {len(optimizers)} optimizer(s); build the scheduler on estimator.optimizer "
-                "(or estimator.optimizers[i])")
+                "(or estimator.optimizers[i])"
+            )
         if self._monitor is not None:
             self._check_mode(state)
 
@@ -146,7 +179,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
             raise FitforgeValueError(
                 f"LRSchedulerHandler: ReduceLROnPlateau(mode={self.scheduler.mode!r}) would cut the learning rate "
                 f"while {self.monitor!r} improves: a {'higher' if better == 'max' else 'lower'} value is better "
-                f"({why}); build it with mode={better!r}")
+                f"({why}); build it with mode={better!r}"
+            )
 
     def epoch_begin(self, state: TrainState) -> None:
         if self._steps_seen is None:
@@ -190,8 +224,13 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
         self.scheduler.step(value if math.isfinite(value) else math.nan)
         after = [group["lr"] for group in self.scheduler.optimizer.param_groups]
         if after != before:
-            log.info("LRSchedulerHandler: %s stopped improving (%.4g): lr %.4g -> %.4g", self.monitor, value,
-                     before[0], after[0])
+            log.info(
+                "LRSchedulerHandler: %s stopped improving (%.4g): lr %.4g -> %.4g",
+                self.monitor,
+                value,
+                before[0],
+                after[0],
+            )
         return True
 
     def _step(self) -> None:
@@ -207,8 +246,10 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
 
     def state_dict(self) -> dict:
         """The scheduler's state, and how many optimizer steps it has followed."""
-        return {"scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-                "optimizer_steps": self._steps_seen}
+        return {
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "optimizer_steps": self._steps_seen,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if self.scheduler is None:  # a one-cycle scheduler is built at train_begin
@@ -234,8 +275,10 @@ class _OneCycle:
     def build(self, state: TrainState) -> OneCycleLR:
         optimizers = state.estimator.optimizers
         if self.index >= len(optimizers):
-            raise FitforgeValueError(f"LRSchedulerHandler.one_cycle: optimizer={self.index}, but the estimator has "
-                                     f"{len(optimizers)} optimizer(s)")
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.one_cycle: optimizer={self.index}, but the estimator has "
+                f"{len(optimizers)} optimizer(s)"
+            )
         optimizer, kwargs = optimizers[self.index], dict(self.kwargs)
         if not _LENGTH_ARGS & kwargs.keys():
             kwargs["total_steps"] = fit_steps(state)
@@ -243,8 +286,9 @@ class _OneCycle:
         try:
             return OneCycleLR(optimizer, self.max_lr, **kwargs)
         except (ValueError, TypeError) as err:
-            raise FitforgeValueError(f"LRSchedulerHandler.one_cycle: OneCycleLR rejected max_lr={self.max_lr!r} "
-                                     f"with {kwargs}: {err}") from err
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.one_cycle: OneCycleLR rejected max_lr={self.max_lr!r} with {kwargs}: {err}"
+            ) from err
 
 
 def fit_steps(state: TrainState) -> int:
@@ -260,5 +304,6 @@ def fit_steps(state: TrainState) -> int:
     if not lengths:
         raise FitforgeValueError(
             f"LRSchedulerHandler.one_cycle cannot tell the fit's length: train_data has no len() and fit was given "
-            f"epochs={state.max_epochs}; pass batches=N to fit, or total_steps=N to one_cycle")
+            f"epochs={state.max_epochs}; pass batches=N to fit, or total_steps=N to one_cycle"
+        )
     return max(min(lengths), 1)

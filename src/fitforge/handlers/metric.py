@@ -124,6 +124,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         real update per batch. A metric that cannot be copied is left to its first real update.
         """
         estimator, out = state.estimator, state.output
+        assert out is not None  # the first batch's output, set before this call
         several = isinstance(out.pred, (tuple, list))
         for slot in self._slots(estimator, state.phase):
             try:
@@ -143,8 +144,11 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         under torch.distributed, every rank's (``{"ranks": [...]}`` on rank 0, a collective)."""
         if self._configured_for is None:
             return {}
-        own = {"loss": self._loss.state_dict(), "parts": [mean.state_dict() for mean in self._parts],
-               "metrics": [metric_state(slot.metric) for slot in self.slots]}
+        own = {
+            "loss": self._loss.state_dict(),
+            "parts": [mean.state_dict() for mean in self._parts],
+            "metrics": [metric_state(slot.metric) for slot in self.slots],
+        }
         return own if world_size() == 1 else {"ranks": gather_to_main(_on_host(own))}
 
     def load_state_dict(self, state: dict) -> None:
@@ -166,17 +170,26 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         for i, slot in enumerate(self.slots):
             states = [rank_saved["metrics"][i] for rank_saved in saved]
             if any(state is None for state in states):
-                log.warning("metric %r (%s) has no state fitforge can save: its value for the resumed epoch "
-                            "covers only the batches after the resume", slot.name, type(slot.metric).__name__)
+                log.warning(
+                    "metric %r (%s) has no state fitforge can save: its value for the resumed epoch "
+                    "covers only the batches after the resume",
+                    slot.name,
+                    type(slot.metric).__name__,
+                )
                 continue
             load_metric_state(slot.metric, states[0])
             try:
                 for extra in states[1:]:
                     merge_metric_state(slot.metric, extra)
             except RuntimeError as err:
-                log.warning("metric %r (%s) cannot merge the running states of %d ranks (%s): its value for the "
-                            "resumed epoch misses the other ranks' batches before the resume", slot.name,
-                            type(slot.metric).__name__, len(states), err)
+                log.warning(
+                    "metric %r (%s) cannot merge the running states of %d ranks (%s): its value for the "
+                    "resumed epoch misses the other ranks' batches before the resume",
+                    slot.name,
+                    type(slot.metric).__name__,
+                    len(states),
+                    err,
+                )
             slot.metric.to(device)
 
     def compute(self) -> dict[str, float]:
@@ -200,8 +213,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             return
         self._open = False
         # Under torch.distributed every rank holds its share of the sums: totals over all ranks first.
-        with reduced_sums([self._loss, *self._parts,
-                           *(s.metric for s in self.slots if isinstance(s.metric, SumCountMetric))]):
+        with reduced_sums(
+            [self._loss, *self._parts, *(s.metric for s in self.slots if isinstance(s.metric, SumCountMetric))]
+        ):
             values = self._values(local=False)
         state.metrics.update(values)
         if state.phase == "train":
@@ -213,8 +227,10 @@ _UPDATE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeErro
 
 
 def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Exception) -> FitforgeValueError:
-    return FitforgeValueError(f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
-                              f"and label: {shape_of(label)} in batch {batch_idx}: {err}")
+    return FitforgeValueError(
+        f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
+        f"and label: {shape_of(label)} in batch {batch_idx}: {err}"
+    )
 
 
 def _on_host(value: Any) -> Any:

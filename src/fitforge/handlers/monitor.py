@@ -16,8 +16,22 @@ log = logging.getLogger("fitforge")
 # Words of a key (split on "_") that say which way is better; checked after a metric object's
 # own ``higher_is_better``, which always wins.
 _LOWER = {"loss", "error", "err", "mse", "mae", "rmse", "l1", "l2", "perplexity", "distance", "time"}
-_HIGHER = {"accuracy", "acc", "iou", "miou", "match", "f1", "precision", "recall", "auc", "ap", "map",
-           "dice", "r2", "score"}
+_HIGHER = {
+    "accuracy",
+    "acc",
+    "iou",
+    "miou",
+    "match",
+    "f1",
+    "precision",
+    "recall",
+    "auc",
+    "ap",
+    "map",
+    "dice",
+    "r2",
+    "score",
+}
 
 
 def infer_mode(key: str, estimator: Any) -> tuple[str, str]:
@@ -55,7 +69,9 @@ class Monitor:
             raise FitforgeValueError(f"{owner}: mode must be 'auto', 'min' or 'max', got {mode!r}")
         check_number(owner, "min_delta", min_delta)
         if min_delta < 0:
-            raise FitforgeValueError(f"{owner}: min_delta must be >= 0 (the direction comes from mode), got {min_delta}")
+            raise FitforgeValueError(
+                f"{owner}: min_delta must be >= 0 (the direction comes from mode), got {min_delta}"
+            )
         self.key, self.mode, self.min_delta, self.owner = key, mode, float(min_delta), owner
         self.resolved_mode: str = "" if mode == "auto" else mode  # set by resolve() for "auto"
 

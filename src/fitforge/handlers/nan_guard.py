@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-
 import math
 
 import torch
@@ -33,7 +32,8 @@ def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     was: fused Adam and AdamW. Not fused SGD: a skipped first step leaves its momentum buffers
     uninitialised (``empty_like``), and on CUDA a skipped step still moves them."""
     return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(
-        getattr(optimizer, "_step_supports_amp_scaling", False))
+        getattr(optimizer, "_step_supports_amp_scaling", False)
+    )
 
 
 class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
@@ -46,10 +46,11 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
 
     - The step is guarded under every policy. When every optimizer can skip its update on the
       device (``fused=True`` Adam and AdamW: the ``found_inf`` mechanism GradScaler uses; not
-      fused SGD, whose skipped first step leaves its momentum uninitialised), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``) and
-      reads nothing per batch: a bad batch's update is skipped on the device. Any other optimizer
-      needs the answer on the host: **one host read per batch** (free on the CPU, a sync on a GPU),
-      and a bad batch is cancelled (``CancelBatch``: no step, gradients cleared) whatever the
+      fused SGD, whose skipped first step leaves its momentum uninitialised), the guard hands its
+      flag to GradientUpdateHandler (``state.shared["found_inf"]``) and reads nothing per batch: a
+      bad batch's update is skipped on the device. Any other optimizer needs the answer on the
+      host: **one host read per batch** (free on the CPU, a sync on a GPU), and a bad batch is
+      cancelled (``CancelBatch``: no step, gradients cleared) whatever the
       policy. Under ``precision="16-mixed"`` the GradScaler already skips every step whose
       gradients are not finite (overflow of the scaled gradients is routine there), so the guard
       watches the loss only.
@@ -94,8 +95,18 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
     """
 
     priority = -2100  # before GradientUpdateHandler's step (-2000)
-    reads = ("phase", "output", "epoch", "batch_idx", "global_step", "estimator", "preempted",
-             "epoch_complete", "epoch_cancelled", "num_batches")
+    reads = (
+        "phase",
+        "output",
+        "epoch",
+        "batch_idx",
+        "global_step",
+        "estimator",
+        "preempted",
+        "epoch_complete",
+        "epoch_cancelled",
+        "num_batches",
+    )
     writes = ("stop_requested", "shared.found_inf")
 
     def __init__(self, policy: str = "stop", check_every: int | None = None) -> None:
@@ -105,8 +116,10 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
             raise FitforgeValueError(f"NaNGuardHandler: policy must be one of {_POLICIES}, got {policy!r}")
         check_positive("NaNGuardHandler", "check_every", check_every, allow_none=True)
         if policy == "skip" and check_every not in (None, 1):
-            raise FitforgeValueError(f"NaNGuardHandler: policy='skip' decides every batch (a host read per batch); "
-                                     f"check_every={check_every} applies only to 'stop' and 'raise'")
+            raise FitforgeValueError(
+                f"NaNGuardHandler: policy='skip' decides every batch (a host read per batch); "
+                f"check_every={check_every} applies only to 'stop' and 'raise'"
+            )
         self.policy, self.check_every = policy, check_every
         self.stopped_epoch: int | None = None
         self.skipped, self._epoch_skips = 0, 0  # batches skipped in this run and epoch ("skip")
@@ -123,16 +136,23 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         self._clear()
         self._found = torch.zeros((), device=self._device)  # this batch is bad (float: what optimizers take)
         optimizers = estimator.optimizers
-        self._gradients = None if estimator.scaler is not None else GradientCheck(
-            p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
+        self._gradients = (
+            None
+            if estimator.scaler is not None
+            else GradientCheck(
+                p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]
+            )
+        )
         on_device = all(_skips_on_device(optimizer) for optimizer in optimizers)
         self._read_every_batch = self.policy == "skip" or (self._gradients is not None and not on_device)
         if self._gradients is not None and not self._read_every_batch:
             state.shared["found_inf"] = self._found  # GradientUpdateHandler's fused step skips on it
         elif self._read_every_batch and self.policy != "skip" and self._device.type != "cpu":
-            log.info("NaNGuardHandler: %s cannot skip its step on the device, so the guard reads one flag per "
-                     "batch (a device sync); a fused Adam or AdamW (fused=True) avoids it",
-                     ", ".join(type(o).__name__ for o in optimizers if not _skips_on_device(o)))
+            log.info(
+                "NaNGuardHandler: %s cannot skip its step on the device, so the guard reads one flag per "
+                "batch (a device sync); a fused Adam or AdamW (fused=True) avoids it",
+                ", ".join(type(o).__name__ for o in optimizers if not _skips_on_device(o)),
+            )
 
     def _clear(self) -> None:
         self._first = torch.full((), _NONE, dtype=torch.int64, device=self._device)  # first bad batch's code
@@ -179,8 +199,11 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
             return
         if self.policy == "skip":
             if self._epoch_skips:
-                log.warning("NaNGuardHandler skipped %d batch(es) of epoch %d whose loss or gradients were not "
-                            "finite", self._epoch_skips, state.epoch + 1)
+                log.warning(
+                    "NaNGuardHandler skipped %d batch(es) of epoch %d whose loss or gradients were not finite",
+                    self._epoch_skips,
+                    state.epoch + 1,
+                )
             self._epoch_skips = 0
         elif state.preempted is None or epoch_done(state):
             self._act(state)  # a preempted partial epoch is judged when the resumed run ends it
@@ -195,17 +218,25 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         step, batch = divmod(code, _SHIFT)
         # Every epoch end reads the record, so the bad batch is in the current epoch.
         loss = float(self._value) if own == code else None
-        what = ("loss of another rank" if loss is None else f"loss {loss}" if not math.isfinite(loss)
-                else f"gradient (loss {loss:.4g})")
+        what = (
+            "loss of another rank"
+            if loss is None
+            else f"loss {loss}"
+            if not math.isfinite(loss)
+            else f"gradient (loss {loss:.4g})"
+        )
         where = f"{what} at epoch {state.epoch + 1}, batch {batch + 1} (global step {step})"
         self._clear()
         if self.policy == "raise":
-            raise NonFiniteLossError(f"NaNGuardHandler(policy='raise'): the training {where} is not finite; lower "
-                                     "the learning rate, clip gradients (GradientUpdateHandler(clip_norm=...)) or "
-                                     "look for nan/inf in the data")
+            raise NonFiniteLossError(
+                f"NaNGuardHandler(policy='raise'): the training {where} is not finite; lower "
+                "the learning rate, clip gradients (GradientUpdateHandler(clip_norm=...)) or "
+                "look for nan/inf in the data"
+            )
         self.stopped_epoch = state.epoch
-        state.request_stop(f"NaNGuardHandler: {where}" + ("" if loss is None or not math.isfinite(loss)
-                                                            else " is not finite"))
+        state.request_stop(
+            f"NaNGuardHandler: {where}" + ("" if loss is None or not math.isfinite(loss) else " is not finite")
+        )
         return True
 
     def _skip(self, state: TrainState) -> None:
@@ -216,8 +247,12 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def state_dict(self) -> dict:
         """The device record of the first bad batch not yet acted on, the stop epoch, the skip count."""
-        return {"stopped_epoch": self.stopped_epoch, "skipped": self.skipped, "first": self._first,
-                "value": self._value}
+        return {
+            "stopped_epoch": self.stopped_epoch,
+            "skipped": self.skipped,
+            "first": self._first,
+            "value": self._value,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.stopped_epoch, self.skipped = state.get("stopped_epoch"), state.get("skipped", 0)

@@ -45,8 +45,14 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self._close()
         total = f"/{state.max_epochs}" if state.max_epochs else ""
         label = "Validate" if state.phase == "validate" else f"Epoch {state.epoch + 1}{total}"
-        self._bar = tqdm(total=state.num_batches, desc=label, leave=state.phase == "train", file=sys.stderr,
-                         dynamic_ncols=True, mininterval=self.refresh_seconds)
+        self._bar = tqdm(
+            total=state.num_batches,
+            desc=label,
+            leave=state.phase == "train",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=self.refresh_seconds,
+        )
         self._pending = 0
         self._next = time.monotonic() + self.refresh_seconds
 
@@ -58,6 +64,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
             self._flush(state.running_metrics())
 
     def _flush(self, values: dict[str, float]) -> None:
+        assert self._bar is not None  # opened in epoch_begin, before any batch_end
         self._bar.update(self._pending)
         self._pending = 0
         self._bar.set_postfix_str(format_values(values), refresh=True)

@@ -32,8 +32,9 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
     reads = ("epoch", "global_step", "max_epochs", "max_batches")
     writes = ("stop_requested",)
 
-    def __init__(self, max_epochs: int | None = None, max_batches: int | None = None,
-                 max_time: float | None = None) -> None:
+    def __init__(
+        self, max_epochs: int | None = None, max_batches: int | None = None, max_time: float | None = None
+    ) -> None:
         _positive("max_epochs", max_epochs, (int,))
         _positive("max_batches", max_batches, (int,))
         _positive("max_time", max_time, (int, float))

@@ -50,8 +50,19 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
 
     priority = 950  # after user handlers, so the epoch's row is complete
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "epoch", "global_step", "history", "estimator", "metrics", "preempted",
-             "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    reads = (
+        "phase",
+        "epoch",
+        "global_step",
+        "history",
+        "estimator",
+        "metrics",
+        "preempted",
+        "epoch_complete",
+        "epoch_cancelled",
+        "batch_idx",
+        "num_batches",
+    )
     writes = ()
     _concrete = False
 
@@ -61,8 +72,9 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
             return super().__new__(cls)
         return super().__new__(handler_class(cls, (BatchEnd,), cls.__name__))  # called per batch only if asked
 
-    def __init__(self, log_dir: str | os.PathLike, histograms: bool = False,
-                 log_every_n_batches: int | None = None) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike, histograms: bool = False, log_every_n_batches: int | None = None
+    ) -> None:
         if not isinstance(log_dir, (str, os.PathLike)):
             raise FitforgeTypeError(f"TensorBoardHandler: log_dir must be a folder path, got {describe(log_dir)}")
         self.histograms = check_flag(histograms, "histograms", "TensorBoardHandler")
@@ -70,8 +82,9 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
         try:  # imported here, not at module import: tensorboard is an optional extra
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:
-            raise ImportError("TensorBoardHandler needs the tensorboard package: "
-                              "pip install 'fitforge[tensorboard]'") from err
+            raise ImportError(
+                "TensorBoardHandler needs the tensorboard package: pip install 'fitforge[tensorboard]'"
+            ) from err
         self._writer_class = SummaryWriter
         self.log_dir, self.log_every_n_batches = Path(log_dir), log_every_n_batches
         self._every = log_every_n_batches or 0

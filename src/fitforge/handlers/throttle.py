@@ -25,8 +25,9 @@ class _Gate:
     """Decides once per batch (or epoch) whether the wrapped hooks run: the first hook of the pair
     decides, the second follows that decision, so a batch_begin is never without its batch_end."""
 
-    def __init__(self, every: int | None, seconds: float | None, clock: Callable[[], float],
-                 agree: bool = False) -> None:
+    def __init__(
+        self, every: int | None, seconds: float | None, clock: Callable[[], float], agree: bool = False
+    ) -> None:
         self.every, self.seconds, self.clock, self.agree = every, seconds, clock, agree
         self.last = -math.inf  # clock time of the last call let through
         self.pending: bool | None = None  # the decision of a pair's first hook, for its second
@@ -69,13 +70,23 @@ class Throttled(EventHandler):
     save_best = _forwarded("save_best")
     restore_best = _forwarded("restore_best")
     stopped_epoch = _forwarded("stopped_epoch")
-    main_rank_only = _forwarded("main_rank_only")  # type: ignore[assignment]
+    main_rank_only = _forwarded("main_rank_only")
 
-    def __init__(self, handler: EventHandler, every_n_batches: int | None, every_n_epochs: int | None,
-                 seconds: float | None, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        handler: EventHandler,
+        every_n_batches: int | None,
+        every_n_epochs: int | None,
+        seconds: float | None,
+        clock: Callable[[], float],
+    ) -> None:
         self.handler = handler
         self.every_n_batches, self.every_n_epochs, self.seconds, self.clock = (
-            every_n_batches, every_n_epochs, seconds, clock)
+            every_n_batches,
+            every_n_epochs,
+            seconds,
+            clock,
+        )
         self.priority = getattr(handler, "priority", 0)
         self.run_after = tuple(getattr(handler, "run_after", ()) or ())
         reads, writes = getattr(handler, "reads", None), getattr(handler, "writes", None)
@@ -129,14 +140,22 @@ class Throttled(EventHandler):
         self.handler.load_state_dict(state)
 
     def __repr__(self) -> str:
-        options = {"every_n_batches": self.every_n_batches, "every_n_epochs": self.every_n_epochs,
-                   "seconds": self.seconds}
+        options = {
+            "every_n_batches": self.every_n_batches,
+            "every_n_epochs": self.every_n_epochs,
+            "seconds": self.seconds,
+        }
         given = ", ".join(f"{name}={value}" for name, value in options.items() if value is not None)
         return f"throttle({self.handler!r}, {given})"
 
 
-def throttle(handler: EventHandler, every_n_batches: int | None = None, every_n_epochs: int | None = None,
-             seconds: float | None = None, clock: Callable[[], float] = time.monotonic) -> Throttled:
+def throttle(
+    handler: EventHandler,
+    every_n_batches: int | None = None,
+    every_n_epochs: int | None = None,
+    seconds: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Throttled:
     """Wrap ``handler`` so that its batch hooks run every ``every_n_batches`` batches, its epoch
     hooks every ``every_n_epochs`` epochs, and/or each kind at most once per ``seconds``.
 
@@ -193,11 +212,15 @@ def throttle(handler: EventHandler, every_n_batches: int | None = None, every_n_
         raise FitforgeTypeError(f"throttle: clock must be a function returning seconds, got {describe(clock)}")
     events = events_of(handler)
     has_batch, has_epoch = any(e in events for e in _BATCH), any(e in events for e in _EPOCH)
-    for name, value, present, kind in (("every_n_batches", every_n_batches, has_batch, "batch"),
-                                       ("every_n_epochs", every_n_epochs, has_epoch, "epoch"),
-                                       ("seconds", seconds, has_batch or has_epoch, "batch or epoch")):
+    for name, value, present, kind in (
+        ("every_n_batches", every_n_batches, has_batch, "batch"),
+        ("every_n_epochs", every_n_epochs, has_epoch, "epoch"),
+        ("seconds", seconds, has_batch or has_epoch, "batch or epoch"),
+    ):
         if value is not None and not present:
-            raise FitforgeValueError(f"throttle: {name}={value} has nothing to throttle: {handler!r} has no "
-                                     f"{kind} hooks (it handles {', '.join(e.value for e in events)})")
+            raise FitforgeValueError(
+                f"throttle: {name}={value} has nothing to throttle: {handler!r} has no "
+                f"{kind} hooks (it handles {', '.join(e.value for e in events)})"
+            )
     cls = handler_class(Throttled, tuple(MIXINS[e] for e in events), f"Throttled{type(handler).__name__}")
     return cls(handler, every_n_batches, every_n_epochs, seconds, clock)

@@ -30,16 +30,32 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
 
     priority = -1000
     run_after = (MetricHandler,)  # both write metrics and history: this order, stated
-    reads = ("estimator", "epoch", "global_step", "preempted", "epoch_complete", "epoch_cancelled", "batch_idx", "num_batches")
+    reads = (
+        "estimator",
+        "epoch",
+        "global_step",
+        "preempted",
+        "epoch_complete",
+        "epoch_cancelled",
+        "batch_idx",
+        "num_batches",
+    )
     writes = ("metrics", "history")
 
-    def __init__(self, val_data: Iterable, eval_fn: Callable[..., dict] | None = None, epoch_period: int | None = 1,
-                 batch_period: int | None = None, event_handlers: Sequence[EventHandler] | None = None) -> None:
+    def __init__(
+        self,
+        val_data: Iterable,
+        eval_fn: Callable[..., dict] | None = None,
+        epoch_period: int | None = 1,
+        batch_period: int | None = None,
+        event_handlers: Sequence[EventHandler] | None = None,
+    ) -> None:
         _period("epoch_period", epoch_period)
         _period("batch_period", batch_period)
         if eval_fn is not None and not callable(eval_fn):
-            raise FitforgeTypeError(f"eval_fn must be callable (val_data, event_handlers=...) -> dict, "
-                                    f"got {describe(eval_fn)}")
+            raise FitforgeTypeError(
+                f"eval_fn must be callable (val_data, event_handlers=...) -> dict, got {describe(eval_fn)}"
+            )
         self.val_data, self.eval_fn = val_data, eval_fn
         self.epoch_period, self.batch_period = epoch_period, batch_period
         self.event_handlers = list(event_handlers or [])

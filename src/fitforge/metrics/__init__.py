@@ -13,7 +13,19 @@ from .builtin import (
 from .resolve import MetricSlot, check_output_indices, default_metrics, metric_from_name, metric_name, resolve_metrics
 
 __all__ = [
-    "Metric", "SumCountMetric", "Mean", "Accuracy", "TopKAccuracy", "BinaryAccuracy",
-    "MeanSquaredError", "RootMeanSquaredError", "MeanAbsoluteError",
-    "MetricSlot", "check_output_indices", "default_metrics", "metric_from_name", "metric_name", "resolve_metrics",
+    "Accuracy",
+    "BinaryAccuracy",
+    "Mean",
+    "MeanAbsoluteError",
+    "MeanSquaredError",
+    "Metric",
+    "MetricSlot",
+    "RootMeanSquaredError",
+    "SumCountMetric",
+    "TopKAccuracy",
+    "check_output_indices",
+    "default_metrics",
+    "metric_from_name",
+    "metric_name",
+    "resolve_metrics",
 ]

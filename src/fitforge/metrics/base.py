@@ -54,8 +54,13 @@ class SumCountMetric:
         # The first batch sets device and dtype: integer counts stay exact int64; float sums use
         # float64 on CPU (cheap there) and float32 on accelerators. Later batches add in place.
         if self._sum is None:
-            dtype = (torch.int64 if not total.is_floating_point()
-                     else torch.float64 if total.device.type == "cpu" else torch.float32)
+            dtype = (
+                torch.int64
+                if not total.is_floating_point()
+                else torch.float64
+                if total.device.type == "cpu"
+                else torch.float32
+            )
             self._sum = torch.zeros((), dtype=dtype, device=total.device)
         if weight == 1:
             self._sum.add_(total)
@@ -71,8 +76,9 @@ class SumCountMetric:
     def compute(self) -> torch.Tensor:
         if self._sum is None or not self._count:  # a tensor count is read here, at compute time only
             return torch.tensor(float("nan"))
-        return self.finish(self._sum.double() / self._count if self._sum.device.type == "cpu"
-                           else self._sum.float() / self._count)
+        return self.finish(
+            self._sum.double() / self._count if self._sum.device.type == "cpu" else self._sum.float() / self._count
+        )
 
     def finish(self, mean: torch.Tensor) -> torch.Tensor:
         return mean
