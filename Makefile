@@ -25,6 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest --cov=fitforge --cov-report=term-missing tests

@@ -17,9 +17,9 @@ import time
 from torch import nn
 
 from fitforge import BatchOutput, Estimator, TrainState
-from fitforge.dispatch import Dispatcher
+from fitforge.core.dispatch import Dispatcher
+from fitforge.core.loop import run_epoch
 from fitforge.events import BatchEnd
-from fitforge.loop import run_epoch
 
 
 class NoOp(BatchEnd):

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fitforge import Estimator
-from fitforge.agreement import StopAgreement
+from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.handlers import MetricHandler
 
 

@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import fitforge.estimator
 import fitforge.handlers.defaults
 from fitforge import Estimator
-from fitforge.dispatch import Dispatcher
+from fitforge.core.dispatch import Dispatcher
 from fitforge.handlers import MetricHandler, ProgressBarHandler
 from fitforge.testing import HostReadCounter
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fitforge import TrainState
-from fitforge.checkpoint_io import CheckpointError, load_checkpoint, restore_weights, save_atomic
+from fitforge.checkpoint.files import CheckpointError, load_checkpoint, restore_weights, save_atomic
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler
 from fitforge.testing import RecordingHandler, linear_problem

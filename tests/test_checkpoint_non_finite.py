@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.checkpoint_io import load_checkpoint, save_checkpoint
+from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
+from fitforge.core.finite import non_finite_checkpoint, non_finite_state
 from fitforge.events import BatchEnd
-from fitforge.finite import non_finite_checkpoint, non_finite_state
 from fitforge.handlers import CheckpointHandler
 from fitforge.testing import linear_problem
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from fitforge.configure import check_duration, check_net, resolve_device, resolve_optimizers
+from fitforge.core.loss import LossSet
+from fitforge.core.options import check_duration, check_net, resolve_device, resolve_optimizers
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError
-from fitforge.loss import LossSet
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 

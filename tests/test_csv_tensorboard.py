@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fitforge import TrainState
-from fitforge.events import BatchEnd, events_of
+from fitforge.core.events import events_of
+from fitforge.events import BatchEnd
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, ValidationHandler
 from fitforge.handlers.csv_logger import CSVLoggerHandler

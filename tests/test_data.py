@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fitforge.data import batch_size_of, check_data, to_device, unpack_inputs, unpack_pair
+from fitforge.core.data import batch_size_of, check_data, to_device, unpack_inputs, unpack_pair
 from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
 
 PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"

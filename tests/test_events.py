@@ -4,18 +4,9 @@ import re
 
 import pytest
 
-from fitforge.dispatch import Dispatcher, check_handler, order_handlers
-from fitforge.events import (
-    BatchBegin,
-    BatchEnd,
-    EpochBegin,
-    EpochEnd,
-    Event,
-    EventHandler,
-    TrainBegin,
-    TrainEnd,
-    events_of,
-)
+from fitforge.core.dispatch import Dispatcher, check_handler, order_handlers
+from fitforge.core.events import events_of
+from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, Event, EventHandler, TrainBegin, TrainEnd
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
 from fitforge.handlers import GradientUpdateHandler, LoggingHandler, MetricHandler, StoppingHandler, ValidationHandler
 from fitforge.testing import RecordingHandler

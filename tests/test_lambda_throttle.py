@@ -5,7 +5,8 @@ import copy
 
 import pytest
 
-from fitforge.events import BatchEnd, Event, EventHandler, events_of
+from fitforge.core.events import events_of
+from fitforge.events import BatchEnd, Event, EventHandler
 from fitforge.exceptions import (
     FitforgeTypeError,
     FitforgeValueError,

@@ -12,8 +12,8 @@ from torch import nn
 
 from fitforge import BatchProcessor, Estimator
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.lr_finder import LRFindResult, _suggest, lr_find
 from fitforge.testing import linear_problem
+from fitforge.tools.lr_find import LRFindResult, _suggest, lr_find
 from helpers import regression_batches
 
 

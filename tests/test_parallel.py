@@ -22,15 +22,20 @@ from torch.utils.data import (
     TensorDataset,
 )
 
-from fitforge import Estimator, fsdp, sharding
-from fitforge.agreement import StopAgreement, _check_replicas
-from fitforge.checkpoint_io import (
+from fitforge import Estimator
+from fitforge.checkpoint.files import (
     CheckpointError,
     check_fits,
     load_checkpoint,
     save_checkpoint,
 )
-from fitforge.distributed import agree, broadcast_from_main, gather_to_main
+from fitforge.checkpoint.preemption import preemptible
+from fitforge.core.state import TrainState
+from fitforge.distributed import data_split as sharding
+from fitforge.distributed import fsdp
+from fitforge.distributed.ranks import agree, broadcast_from_main, gather_to_main
+from fitforge.distributed.stop_agreement import StopAgreement, _check_replicas
+from fitforge.distributed.strategy import rank_device
 from fitforge.exceptions import (
     CancelBatch,
     CancelFit,
@@ -48,9 +53,6 @@ from fitforge.handlers import (
 from fitforge.handlers import nan_guard as guard_module
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
-from fitforge.parallel import rank_device
-from fitforge.preemption import preemptible
-from fitforge.state import TrainState
 from helpers import make_estimator, regression_batches
 
 GLOO = dist.is_available() and dist.is_gloo_available()
@@ -238,7 +240,9 @@ def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(
             lambda self, state, real=real, name=name: calls.append((name[0], state.global_step)) or real(self, state),
         )
     checks = []
-    monkeypatch.setattr("fitforge.agreement._check_replicas", lambda state: checks.append(state.optimizer_steps))
+    monkeypatch.setattr(
+        "fitforge.distributed.stop_agreement._check_replicas", lambda state: checks.append(state.optimizer_steps)
+    )
     monkeypatch.setattr("fitforge.estimator.world_size", lambda: 2)  # as if another rank ran this fit too
     net = nn.Linear(1, 1)
     wrapper = DistributedDataParallel(net)
@@ -429,8 +433,8 @@ def test_an_explicit_gpu_under_torchrun_warns_that_every_rank_shares_it(monkeypa
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_a_wrong_ddp_option_is_named(one_rank_group, monkeypatch):
-    monkeypatch.setattr("fitforge.parallel._several", lambda: True)
-    monkeypatch.setattr("fitforge.parallel.world_size", lambda: 2)  # as if several ranks: DDP wraps
+    monkeypatch.setattr("fitforge.distributed.strategy._several", lambda: True)
+    monkeypatch.setattr("fitforge.distributed.strategy.world_size", lambda: 2)  # as if several ranks: DDP wraps
     with pytest.raises(FitforgeTypeError, match="not all arguments of DistributedDataParallel"):
         make_estimator(strategy_options={"find_unused": True})
 

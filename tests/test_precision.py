@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from fitforge.checkpoint_io import load_checkpoint
+from fitforge.checkpoint.files import load_checkpoint
 from fitforge.events import BatchEnd
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler

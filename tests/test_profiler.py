@@ -4,9 +4,9 @@ import logging
 
 import pytest
 
-from fitforge import profiler
 from fitforge.events import BatchEnd
 from fitforge.exceptions import FitforgeTypeError
+from fitforge.tools import profiler
 from helpers import make_estimator, regression_batches
 
 

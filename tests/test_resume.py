@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fitforge import Estimator
-from fitforge.checkpoint_io import CheckpointError
+from fitforge.checkpoint.files import CheckpointError
 from fitforge.exceptions import FitforgeTypeError
 from fitforge.handlers import CheckpointHandler
 
@@ -129,8 +129,8 @@ def test_early_stopping_state_and_best_weights_ride_in_checkpoints(tmp_path):
 
 
 def test_stateful_handlers_of_one_class_get_numbered_keys():
+    from fitforge.checkpoint.resume import stateful_handlers as _stateful
     from fitforge.handlers import EarlyStoppingHandler
-    from fitforge.resume import stateful_handlers as _stateful
 
     first, second = EarlyStoppingHandler("train_loss"), EarlyStoppingHandler("train_loss")
     assert _stateful((first, object(), second)) == {"EarlyStoppingHandler": first, "EarlyStoppingHandler#2": second}
@@ -141,8 +141,8 @@ def test_random_states_round_trip_through_a_weights_only_load(tmp_path):
 
     import numpy as np
 
-    from fitforge.checkpoint_io import save_atomic
-    from fitforge.rng import restore_rng_states, rng_states
+    from fitforge.checkpoint.files import save_atomic
+    from fitforge.core.rng import restore_rng_states, rng_states
 
     np.random.randn()  # leaves a cached gaussian in numpy's state
     save_atomic(rng_states(), tmp_path / "rng.pt")
@@ -153,7 +153,7 @@ def test_random_states_round_trip_through_a_weights_only_load(tmp_path):
 
 
 def test_a_checksum_catches_changed_tensor_bytes_and_old_files_without_one_still_load(tmp_path):
-    from fitforge.checkpoint_io import FORMAT_VERSION, load_checkpoint, save_atomic, save_checkpoint
+    from fitforge.checkpoint.files import FORMAT_VERSION, load_checkpoint, save_atomic, save_checkpoint
 
     content = {"format_version": FORMAT_VERSION, "w": torch.arange(64, dtype=torch.float32), "n": [1, 2.5, None]}
     save_checkpoint(content, tmp_path / "a.pt")
@@ -171,7 +171,7 @@ def test_a_checksum_catches_changed_tensor_bytes_and_old_files_without_one_still
 def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_intact(tmp_path, monkeypatch):
     import os
 
-    import fitforge.checkpoint_io as checkpoint_io
+    import fitforge.checkpoint.files as checkpoint_io
 
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full (a device that is always full) on this system")

@@ -18,7 +18,7 @@ from torch.utils.data import (
 )
 
 from fitforge import Estimator
-from fitforge.data_order import DataOrder
+from fitforge.checkpoint.data_order import DataOrder
 from fitforge.events import BatchEnd
 from fitforge.exceptions import CancelBatch, CancelEpoch
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler

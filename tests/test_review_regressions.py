@@ -394,9 +394,9 @@ def test_first_validation_batch_check_skips_one_shot_and_empty_data():
 
 
 def test_dispatcher_fire_requests_a_stop_for_a_truthy_batch_end():
-    from fitforge.dispatch import Dispatcher
+    from fitforge.core.dispatch import Dispatcher
+    from fitforge.core.state import TrainState
     from fitforge.events import Event
-    from fitforge.state import TrainState
 
     state = TrainState(make_estimator())
     Dispatcher([RecordingHandler(stop_on=("batch_end", 0))]).fire(Event.BATCH_END, state)
@@ -404,7 +404,7 @@ def test_dispatcher_fire_requests_a_stop_for_a_truthy_batch_end():
 
 
 def test_a_list_of_one_loss_behaves_like_the_loss():
-    from fitforge.loss import LossSet
+    from fitforge.core.loss import LossSet
 
     total, parts = LossSet([nn.MSELoss()])(torch.ones(2), torch.zeros(2))
     assert total.item() == 1.0 and parts[0] is total

@@ -13,11 +13,17 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .agreement import StopAgreement
-from .batch_processor import BatchProcessor, check_batch_output, check_batch_processor, check_outputs
-from .checkpoint_io import restore_weights
-from .checks import check_flag
-from .configure import (
+from fitforge.checkpoint.files import restore_weights
+from fitforge.checkpoint.preemption import preemptible, raise_if_preempted
+from fitforge.core.arguments import check_flag
+from fitforge.core.data import batch_size_of, check_data, check_finite, to_device
+from fitforge.core.dispatch import Dispatcher
+from fitforge.core.events import EventHandler
+from fitforge.core.first_batch import check_devices, check_handlers, explained_step
+from fitforge.core.history import History
+from fitforge.core.loop import run_epoch, run_fit
+from fitforge.core.loss import LossSet
+from fitforge.core.options import (
     check_duration,
     check_net,
     compile_net,
@@ -25,25 +31,20 @@ from .configure import (
     resolve_optimizers,
     resolve_precision,
 )
-from .data import batch_size_of, check_data, check_finite, to_device
-from .dispatch import Dispatcher
-from .distributed import rank, world_size
-from .events import EventHandler
-from .exceptions import FitforgeTypeError, FitforgeValueError
-from .first_batch import check_devices, check_handlers, explained_step
-from .handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
-from .handlers.stopping import StoppingHandler, first_limit
-from .handlers.validation import ValidationHandler
-from .history import History
-from .loop import run_epoch, run_fit
-from .loss import LossSet
-from .lr_finder import LRFindResult, lr_find
-from .metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
-from .parallel import check_strategy, parallelize, rank_device
-from .preemption import preemptible, raise_if_preempted
-from .profiler import HandlerProfile
-from .sharding import gather_predictions, shard_eval, shard_train
-from .state import BatchOutput, TrainState
+from fitforge.core.processor import BatchProcessor, check_batch_output, check_batch_processor, check_outputs
+from fitforge.core.state import BatchOutput, TrainState
+from fitforge.distributed.data_split import gather_predictions, shard_eval, shard_train
+from fitforge.distributed.ranks import on_this_rank, rank, world_size
+from fitforge.distributed.stop_agreement import StopAgreement
+from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
+from fitforge.handlers.stopping import StoppingHandler, first_limit
+from fitforge.handlers.validation import ValidationHandler
+from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
+from fitforge.tools.access_guard import guard
+from fitforge.tools.lr_find import LRFindResult, lr_find
+from fitforge.tools.profiler import HandlerProfile
 
 log = logging.getLogger("fitforge")
 
@@ -74,7 +75,7 @@ class Estimator:
             data-parallel (``DistributedDataParallel``) when launched by ``torchrun`` with several
             processes, else one process; ``"ddp"``: data-parallel, an error without a launcher;
             ``"fsdp"``: sharded data-parallel with FSDP2 ``fully_shard`` for models too big for one
-            device (see :mod:`fitforge.fsdp`); ``"none"`` (or None): fitforge neither wraps the net
+            device (see :mod:`fitforge.distributed.fsdp`); ``"none"`` (or None): fitforge neither wraps the net
             nor splits the data.
         strategy_options: keyword arguments for the wrapper, e.g. ``{"find_unused_parameters": True}``
             for DDP, or ``{"shard": (Block,), "reshard_after_forward": False}`` for FSDP.
@@ -168,7 +169,7 @@ class Estimator:
         return self._val_loss(pred, label)
 
     def check_first_batch(self, output: BatchOutput, method: str = "fit_batch") -> None:
-        """The checks of the first batch's output, before its optimizer step (see :mod:`fitforge.first_batch`):
+        """The checks of the first batch's output, before its optimizer step (see :mod:`fitforge.core.first_batch`):
         a BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a scalar loss."""
         check_batch_output(output, method)
         label = output.label if isinstance(output.label, tuple) else (output.label,)
@@ -184,7 +185,7 @@ class Estimator:
     ) -> None:
         """Evaluate the first validation batch once before training (eval mode, no grad, RNG state
         restored), so a mistake in the validation data fails in a second, not after an epoch: the
-        checks of the first training batch (see :mod:`fitforge.first_batch`), with the metrics the
+        checks of the first training batch (see :mod:`fitforge.core.first_batch`), with the metrics the
         evaluation will update (those of the MetricHandler in ``event_handlers``, else ``val_metrics``)."""
         if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
             return
@@ -238,10 +239,10 @@ class Estimator:
 
         ``check_access=True`` (a debug mode: it costs a check per state access) makes every handler
         that declares ``reads``/``writes`` see a state that raises ``StateAccessError`` on an
-        undeclared read or write (see :mod:`fitforge.access`).
+        undeclared read or write (see :mod:`fitforge.core.access`).
 
         ``profile=True`` times every handler's hooks and logs a table of the time each handler
-        spent in each event when fit ends (also as ``history.profile``; see :mod:`fitforge.profiler`).
+        spent in each event when fit ends (also as ``history.profile``; see :mod:`fitforge.tools.profiler`).
 
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
@@ -260,7 +261,8 @@ class Estimator:
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
         epochs, batches = self._preflight(handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
-        dispatcher = Dispatcher(handlers, check_flag(check_access, "check_access", "fit"))
+        guarded = check_flag(check_access, "check_access", "fit")
+        dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
         self._loss.arm_checks()
         state = TrainState(
             self,
@@ -270,7 +272,7 @@ class Estimator:
             num_batches=num_batches,
             handlers=tuple(dispatcher.handlers),
         )
-        if world_size() > 1:  # every rank runs this fit: they stop together (see fitforge.agreement)
+        if world_size() > 1:  # every rank runs this fit: they stop together (see fitforge.distributed.stop_agreement)
             state.agreement = StopAgreement(check_replicas=isinstance(self.train_net, DistributedDataParallel))
         profiler = HandlerProfile() if check_flag(profile, "profile", "fit") else None
         if profiler is not None:
@@ -323,7 +325,7 @@ class Estimator:
             val_data, sharded = shard_eval(val_data, padded=self.strategy == "fsdp")
             num_batches = len(val_data) if sharded else num_batches  # type: ignore[arg-type]
         self._check_devices("val_net")
-        dispatcher = Dispatcher(evaluate_handlers(event_handlers))
+        dispatcher = Dispatcher(on_this_rank(evaluate_handlers(event_handlers)))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
         with _inference(self.val_net, self.strategy != "fsdp"):
@@ -366,7 +368,7 @@ class Estimator:
             return BatchOutput((), None, pred, None, (), batch_size_of(pred if isinstance(pred, tuple) else (pred,)))
 
         self._check_devices("val_net")
-        dispatcher = Dispatcher(user_handlers(event_handlers))
+        dispatcher = Dispatcher(on_this_rank(user_handlers(event_handlers)))
         state = TrainState(self, "predict", num_batches=num_batches)
         with _inference(self.val_net, self.strategy != "fsdp"):
             run_epoch(state, dispatcher, data, step, "data", check_first=True, allow_empty=sharded)
@@ -405,7 +407,7 @@ class Estimator:
         the random generators are restored exactly afterwards, also on failure.
 
         Returns:
-            :class:`~fitforge.lr_finder.LRFindResult`: ``lrs``, ``losses`` (smoothed),
+            :class:`~fitforge.tools.lr_find.LRFindResult`: ``lrs``, ``losses`` (smoothed),
             ``raw_losses``, ``suggestion`` (steepest descent of the smoothed loss; the lowest-loss
             rate / 10 if it never falls), ``min_loss_lr``, ``diverged``, and ``plot(path=None)``.
 
@@ -421,7 +423,7 @@ class Estimator:
 
         Raises:
             FileNotFoundError: no file at ``path``.
-            fitforge.checkpoint_io.CheckpointError: an unreadable file, or one of another architecture
+            fitforge.checkpoint.files.CheckpointError: an unreadable file, or one of another architecture
                 (the message lists the missing and unexpected keys) or optimizer setup.
         """
         return restore_weights(self, path, optimizers)
@@ -433,7 +435,7 @@ class Estimator:
         default_handlers: bool = True,
     ) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
-        return Dispatcher(fit_handlers(event_handlers, val_data, default_handlers)).describe()
+        return Dispatcher(on_this_rank(fit_handlers(event_handlers, val_data, default_handlers))).describe()
 
 
 @contextmanager

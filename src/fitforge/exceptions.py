@@ -65,6 +65,10 @@ class MonitorKeyError(FitforgeValueError):
     """A handler monitors a history key that nothing will produce."""
 
 
+class CheckpointError(FitforgeValueError):
+    """A checkpoint cannot be read, or does not fit the estimator it is loaded into."""
+
+
 def describe(value: object) -> str:
     """A short description of a received value for error messages: its type and, if small, its repr."""
     text = " ".join(repr(value).split())  # one line, even for a tensor's repr

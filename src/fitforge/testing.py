@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode  # the public way to observe aten calls
 from torch.utils.data import DataLoader, TensorDataset
 
-from .events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, TrainBegin, TrainEnd
+from fitforge.estimator import Estimator
 
 
 def linear_data(
@@ -41,8 +42,6 @@ def linear_problem(lr: float = 0.1, seed: int = 0, **estimator_kwargs: Any):
 
     It converges to weight ≈ 2, bias ≈ 3 in a few epochs, in well under a second.
     """
-    from .estimator import Estimator
-
     torch.manual_seed(seed)
     net = nn.Linear(1, 1)
     estimator_kwargs.setdefault("device", "cpu")

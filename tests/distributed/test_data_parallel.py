@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from figures import FIGURES
-from fitforge import fsdp
+from fitforge.distributed import fsdp
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "train_run.py")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fitforge import parallel
+from fitforge.distributed import strategy as parallel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the threads are seen through /proc")
 

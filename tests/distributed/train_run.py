@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fitforge import BatchProcessor, Estimator
-from fitforge.distributed import rank
+from fitforge.distributed.ranks import rank
 from fitforge.exceptions import CancelFit
 from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from figures import FIGURES
-from fitforge.checkpoint_io import CheckpointError, load_checkpoint
+from fitforge.checkpoint.files import CheckpointError, load_checkpoint
 
 HERE = Path(__file__).resolve().parent
 TRAINER = HERE / "trainer.py"

@@ -13,9 +13,9 @@ from torch import nn
 
 from figures import FIGURES
 from fitforge import Estimator
-from fitforge.checkpoint_io import CheckpointError, load_checkpoint
+from fitforge.checkpoint.files import CheckpointError, load_checkpoint
+from fitforge.core.finite import non_finite_checkpoint, non_finite_state
 from fitforge.events import BatchEnd, EpochEnd
-from fitforge.finite import non_finite_checkpoint, non_finite_state
 from fitforge.handlers import CheckpointHandler, NaNGuardHandler
 from fitforge.handlers.nan_guard import NonFiniteLossError
 from fitforge.testing import linear_data

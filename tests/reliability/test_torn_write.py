@@ -22,7 +22,7 @@ from harness import (
     weights,
 )
 
-from fitforge.checkpoint_io import CheckpointError, load_checkpoint
+from fitforge.checkpoint.files import CheckpointError, load_checkpoint
 
 # Saves 1-3 write 3, 6 and 8 (the end of epoch 1) completed batches; save 4 is 9's.
 TORN_SAVE, TORN_NAME, BEFORE = (

@@ -105,7 +105,7 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
 
 
 def break_checkpoint_writes(spec: str, journal: Journal) -> None:
-    """Replace torch.save as fitforge.checkpoint_io calls it: the N-th call writes half of its
+    """Replace torch.save as fitforge.checkpoint.files calls it: the N-th call writes half of its
     bytes to the temporary file, then the process is killed (tear) or the write fails (enospc)."""
     kind, number = spec.split(":")
     calls = {"n": 0}
@@ -126,7 +126,7 @@ def break_checkpoint_writes(spec: str, journal: Journal) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    torch.save = save  # fitforge.checkpoint_io.torch is this torch module
+    torch.save = save  # fitforge.checkpoint.files.torch is this torch module
 
 
 def main() -> None:

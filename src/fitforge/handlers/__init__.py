@@ -1,19 +1,19 @@
 """Built-in event handlers, one per module."""
 
-from .checkpoint import CheckpointHandler
-from .csv_logger import CSVLoggerHandler
-from .early_stopping import EarlyStoppingHandler
-from .gradient_update import GradientUpdateHandler
-from .lambda_handler import LambdaHandler
-from .logging import LoggingHandler
-from .lr_scheduler import LRSchedulerHandler
-from .metric import MetricHandler
-from .nan_guard import NaNGuardHandler, NonFiniteLossError
-from .progress_bar import ProgressBarHandler
-from .stopping import StoppingHandler
-from .tensorboard import TensorBoardHandler
-from .throttle import throttle
-from .validation import ValidationHandler
+from fitforge.handlers.checkpoint import CheckpointHandler
+from fitforge.handlers.csv_logger import CSVLoggerHandler
+from fitforge.handlers.early_stopping import EarlyStoppingHandler
+from fitforge.handlers.gradient_update import GradientUpdateHandler
+from fitforge.handlers.lambda_handler import LambdaHandler
+from fitforge.handlers.logging import LoggingHandler
+from fitforge.handlers.lr_scheduler import LRSchedulerHandler
+from fitforge.handlers.metric import MetricHandler
+from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
+from fitforge.handlers.progress_bar import ProgressBarHandler
+from fitforge.handlers.stopping import StoppingHandler
+from fitforge.handlers.tensorboard import TensorBoardHandler
+from fitforge.handlers.throttle import throttle
+from fitforge.handlers.validation import ValidationHandler
 
 __all__ = [
     "CSVLoggerHandler",

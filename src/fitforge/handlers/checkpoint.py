@@ -9,17 +9,17 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_io import FORMAT_VERSION, CheckpointError, check_fits, load_checkpoint, restore_weights
-from ..checks import check_flag, check_positive
-from ..distributed import agree, any_rank, rank, world_size
-from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from ..finite import non_finite_checkpoint, non_finite_state, only_buffers
-from ..fsdp import save_sharded
-from ..resume import epoch_done, training_state
-from ..state import TrainState
-from .checkpoint_folder import SHARDS, CheckpointFolder
-from .monitor import Monitor
+from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, check_fits, load_checkpoint, restore_weights
+from fitforge.checkpoint.folder import SHARDS, CheckpointFolder
+from fitforge.checkpoint.resume import epoch_done, training_state
+from fitforge.core.arguments import check_flag, check_positive
+from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.finite import non_finite_checkpoint, non_finite_state, only_buffers
+from fitforge.core.state import TrainState
+from fitforge.distributed.fsdp import save_sharded
+from fitforge.distributed.ranks import agree, any_rank, rank, world_size
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.monitor import Monitor
 
 log = logging.getLogger("fitforge")
 
@@ -45,7 +45,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     two full epochs of 20 batches; ``epoch2batch45`` five batches into the third, also when the
     third epoch was cut short there by a stop), and
     ``<model_prefix>-best.pt``. Each holds the net's weights, the optimizers' states, the counters
-    and the history (see :func:`fitforge.checkpoint_io.load_checkpoint`), with a checksum of its contents
+    and the history (see :func:`fitforge.checkpoint.files.load_checkpoint`), with a checksum of its contents
     that loading verifies (``torch.load`` alone misses bytes flipped inside tensor data). Writes are atomic; the
     newest ``max_checkpoints`` regular files are kept and older ones are deleted by exact name, only
     once the new file is on disk. Best is judged at every epoch end, whatever ``epoch_period``; a
@@ -71,7 +71,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             reason; if there are checkpoints and none loads, a ``CheckpointError``; if there are
             none, training starts from scratch, logged). Training continues to the same target:
             ``epochs=5`` means five in all, so a run that already reached it trains no more. See
-            :mod:`fitforge.resume` for what is restored, and docs/checkpoints.md for when the
+            :mod:`fitforge.checkpoint.resume` for what is restored, and docs/checkpoints.md for when the
             continuation is bitwise exact (a mid-epoch checkpoint continues at its batch).
 
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
@@ -382,7 +382,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
         """The dict written to a file: the weights, the optimizers' states (and the fp16 GradScaler's
-        under ``precision="16-mixed"``) and the :func:`~fitforge.resume.training_state`. Under
+        under ``precision="16-mixed"``) and the :func:`~fitforge.checkpoint.resume.training_state`. Under
         FSDP the weights, optimizer states and gradients go to a sharded folder instead."""
         estimator = state.estimator
         if estimator.strategy == "fsdp":

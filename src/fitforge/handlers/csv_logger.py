@@ -9,13 +9,13 @@ import math
 import os
 from pathlib import Path
 
-from ..checks import check_flag
-from ..events import EpochEnd, TrainBegin
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from ..history import History
-from ..resume import epoch_done
-from ..state import TrainState
-from .defaults import run_keys
+from fitforge.checkpoint.resume import epoch_done
+from fitforge.core.arguments import check_flag
+from fitforge.core.events import EpochEnd, TrainBegin
+from fitforge.core.history import History
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.defaults import run_keys
 
 log = logging.getLogger("fitforge")
 

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..dispatch import check_handler
-from ..events import EventHandler, acts_as, unwrapped
-from ..exceptions import FitforgeTypeError, MonitorKeyError, describe
-from .gradient_update import GradientUpdateHandler
-from .logging import LoggingHandler
-from .metric import MetricHandler
-from .progress_bar import ProgressBarHandler, interactive
-from .stopping import StoppingHandler
-from .validation import ValidationHandler
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..estimator import Estimator
+from fitforge.core.dispatch import check_handler
+from fitforge.core.events import EventHandler, acts_as, unwrapped
+from fitforge.core.state import EstimatorLike
+from fitforge.exceptions import FitforgeTypeError, MonitorKeyError, describe
+from fitforge.handlers.gradient_update import GradientUpdateHandler
+from fitforge.handlers.logging import LoggingHandler
+from fitforge.handlers.metric import MetricHandler
+from fitforge.handlers.progress_bar import ProgressBarHandler, interactive
+from fitforge.handlers.stopping import StoppingHandler
+from fitforge.handlers.validation import ValidationHandler
 
 
 def user_handlers(event_handlers: Any, argument: str = "event_handlers") -> list[EventHandler]:
@@ -60,7 +58,7 @@ def evaluate_handlers(event_handlers: Any) -> list[EventHandler]:
     return with_defaults(user_handlers(event_handlers), [MetricHandler()])
 
 
-def run_keys(handlers: Sequence[EventHandler], estimator: Estimator) -> list[str]:
+def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list[str]:
     """The history keys a fit with ``handlers`` produces, except those of a custom ``eval_fn``."""
     keys: list[str] = []
     for handler in map(unwrapped, handlers):
@@ -74,7 +72,7 @@ def run_keys(handlers: Sequence[EventHandler], estimator: Estimator) -> list[str
     return keys + estimator.bookkeeping_keys()
 
 
-def check_monitors(handlers: Sequence[EventHandler], estimator: Estimator) -> None:
+def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> None:
     """Every ``monitor`` attribute must name a key the run will produce.
 
     Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..checks import check_number
-from ..events import EpochEnd, TrainBegin, TrainEnd
-from ..exceptions import FitforgeTypeError, FitforgeValueError
-from ..resume import epoch_done
-from ..state import TrainState
-from .monitor import Monitor
+from fitforge.checkpoint.resume import epoch_done
+from fitforge.core.arguments import check_number
+from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers.monitor import Monitor
 
 log = logging.getLogger("fitforge")
 

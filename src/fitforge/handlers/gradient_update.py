@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_positive
-from ..events import BatchEnd, EpochEnd, TrainBegin
-from ..resume import epoch_done
+from fitforge.checkpoint.resume import epoch_done
+from fitforge.core.arguments import check_positive
+from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
 
 
 def step_optimizers(

@@ -6,8 +6,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..events import MIXINS, Event, EventHandler
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.core.events import MIXINS, Event, EventHandler
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self  # typing.Self needs python 3.11

@@ -9,9 +9,9 @@ import time
 
 from tqdm import tqdm
 
-from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
-from ..exceptions import FitforgeValueError
-from ..state import TrainState
+from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeValueError
 
 log = logging.getLogger("fitforge")
 

@@ -10,13 +10,13 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
-from ..events import BatchEnd, EpochBegin, EpochEnd, TrainBegin
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from ..resume import epoch_done
-from ..state import TrainState
-from .gradient_update import GradientUpdateHandler
-from .lambda_handler import handler_class
-from .monitor import Monitor, infer_mode
+from fitforge.checkpoint.resume import epoch_done
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, TrainBegin
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.gradient_update import GradientUpdateHandler
+from fitforge.handlers.lambda_handler import handler_class
+from fitforge.handlers.monitor import Monitor, infer_mode
 
 log = logging.getLogger("fitforge")
 _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optimizer", "max_lr"})

@@ -8,18 +8,19 @@ from typing import Any
 
 import torch
 
-from ..data import shape_of
-from ..distributed import gather_to_main, rank, reduced_sums, world_size
-from ..events import BatchEnd, EpochBegin, EpochEnd
-from ..exceptions import FitforgeValueError
-from ..metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
-from ..metrics.base import (
+from fitforge.core.data import shape_of
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd
+from fitforge.core.state import TrainState
+from fitforge.distributed.ranks import gather_to_main, rank, world_size
+from fitforge.exceptions import FitforgeValueError
+from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
+from fitforge.metrics.base import (
     SumCountMetric,
     load_metric_state,
     merge_metric_state,
     metric_state,
 )
-from ..state import TrainState
+from fitforge.metrics.reduction import reduced_sums
 
 log = logging.getLogger("fitforge")
 

@@ -7,9 +7,10 @@ import logging
 import math
 from typing import Any
 
-from ..checks import check_number
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from .defaults import monitored_value
+from fitforge.core.arguments import check_number
+from fitforge.core.state import EstimatorLike
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.defaults import monitored_value
 
 log = logging.getLogger("fitforge")
 
@@ -34,7 +35,7 @@ _HIGHER = {
 }
 
 
-def infer_mode(key: str, estimator: Any) -> tuple[str, str]:
+def infer_mode(key: str, estimator: EstimatorLike) -> tuple[str, str]:
     """``("min" | "max", why)`` for a history key; raise when it cannot be told."""
     name = key.split("_", 1)[1] if key.startswith(("train_", "val_")) else key
     for slot in [*estimator.train_metrics, *estimator.val_metrics]:
@@ -75,7 +76,7 @@ class Monitor:
         self.key, self.mode, self.min_delta, self.owner = key, mode, float(min_delta), owner
         self.resolved_mode: str = "" if mode == "auto" else mode  # set by resolve() for "auto"
 
-    def resolve(self, estimator: Any) -> str:
+    def resolve(self, estimator: EstimatorLike) -> str:
         """Fix the mode for a run (inferring it for ``"auto"``, which is logged); return it."""
         if self.mode == "auto":
             self.resolved_mode, why = infer_mode(self.key, estimator)

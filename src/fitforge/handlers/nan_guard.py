@@ -8,13 +8,13 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..checks import check_positive
-from ..distributed import any_rank, reduce_ints, world_size
-from ..events import BatchEnd, EpochEnd, TrainBegin
-from ..exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
-from ..finite import GradientCheck
-from ..resume import epoch_done
-from ..state import TrainState
+from fitforge.checkpoint.resume import epoch_done
+from fitforge.core.arguments import check_positive
+from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
+from fitforge.core.finite import GradientCheck
+from fitforge.core.state import TrainState
+from fitforge.distributed.ranks import any_rank, reduce_ints, world_size
+from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
 _NONE = 2**62  # "no non-finite loss so far"

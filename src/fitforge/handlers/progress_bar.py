@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import time
 
-from ..events import BatchEnd, EpochBegin, EpochEnd, TrainEnd
-from ..exceptions import FitforgeValueError
-from ..state import TrainState
-from .logging import format_values
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, TrainEnd
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeValueError
+from fitforge.handlers.logging import format_values
 
 
 def interactive() -> bool:

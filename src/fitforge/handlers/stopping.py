@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from ..events import BatchEnd, EpochEnd, TrainBegin
-from ..exceptions import FitforgeValueError
+from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
+from fitforge.exceptions import FitforgeValueError
 
 
 def _positive(name: str, value: float | None, kinds: tuple[type, ...]) -> None:

@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..checks import check_flag, check_positive
-from ..events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
-from ..exceptions import FitforgeTypeError, describe
-from ..resume import epoch_done
-from ..state import TrainState
-from .lambda_handler import handler_class
+from fitforge.checkpoint.resume import epoch_done
+from fitforge.core.arguments import check_flag, check_positive
+from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, describe
+from fitforge.handlers.lambda_handler import handler_class
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self  # typing.Self needs python 3.11

@@ -8,13 +8,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..checks import check_positive
-from ..dispatch import check_handler
-from ..distributed import any_rank, world_size
-from ..events import MIXINS, Event, EventHandler, events_of
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from ..state import TrainState
-from .lambda_handler import handler_class
+from fitforge.core.arguments import check_positive
+from fitforge.core.dispatch import check_handler
+from fitforge.core.events import MIXINS, Event, EventHandler, events_of
+from fitforge.core.state import TrainState
+from fitforge.distributed.ranks import any_rank, world_size
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.lambda_handler import handler_class
 
 _BATCH = (Event.BATCH_BEGIN, Event.BATCH_END)
 _EPOCH = (Event.EPOCH_BEGIN, Event.EPOCH_END)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..events import BatchEnd, EpochEnd, EventHandler, TrainBegin
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from ..resume import epoch_done
-from ..state import TrainState
-from .metric import MetricHandler
+from fitforge.checkpoint.resume import epoch_done
+from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, TrainBegin
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.metric import MetricHandler
 
 
 def _period(name: str, value: Any) -> None:

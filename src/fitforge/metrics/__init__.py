@@ -1,7 +1,7 @@
 """Metrics: the protocol, built-in on-device metrics and name resolution."""
 
-from .base import Metric, SumCountMetric
-from .builtin import (
+from fitforge.metrics.base import Metric, SumCountMetric
+from fitforge.metrics.builtin import (
     Accuracy,
     BinaryAccuracy,
     Mean,
@@ -10,7 +10,14 @@ from .builtin import (
     RootMeanSquaredError,
     TopKAccuracy,
 )
-from .resolve import MetricSlot, check_output_indices, default_metrics, metric_from_name, metric_name, resolve_metrics
+from fitforge.metrics.resolve import (
+    MetricSlot,
+    check_output_indices,
+    default_metrics,
+    metric_from_name,
+    metric_name,
+    resolve_metrics,
+)
 
 __all__ = [
     "Accuracy",

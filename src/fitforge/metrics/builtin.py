@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..exceptions import FitforgeTypeError, FitforgeValueError
-from .base import SumCountMetric
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.metrics.base import SumCountMetric
 
 
 class Mean(SumCountMetric):

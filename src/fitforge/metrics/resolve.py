@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import nn
 
-from ..exceptions import FitforgeTypeError, FitforgeValueError, describe
-from .base import Metric
-from .builtin import (
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.metrics.base import Metric
+from fitforge.metrics.builtin import (
     Accuracy,
     BinaryAccuracy,
     MeanAbsoluteError,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from .exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError, describe
+from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError, describe
 
 _SEQUENCES = (tuple, list)
 _PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"

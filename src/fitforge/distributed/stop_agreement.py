@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .distributed import cpu_group, reduce_ints
-from .exceptions import CancelFit, FitforgeValueError
-from .state import TrainState
+from fitforge.core.state import TrainState
+from fitforge.distributed.ranks import cpu_group, reduce_ints
+from fitforge.exceptions import CancelFit, FitforgeValueError
 
 
 class StopAgreement:

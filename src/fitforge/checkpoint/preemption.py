@@ -9,7 +9,7 @@ the main thread; ``fit`` in another thread leaves them alone.
 
 Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
 rank that stops alone leaves the others waiting in a collective. So there the signal only sets
-``state.signalled``; the loop's :class:`~fitforge.agreement.StopAgreement` reduces it across
+``state.signalled``; the loop's :class:`~fitforge.distributed.stop_agreement.StopAgreement` reduces it across
 ranks after every batch and sets ``preempted`` on every rank at the same batch end.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .state import TrainState
+from fitforge.core.state import TrainState
 
 log = logging.getLogger("fitforge")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

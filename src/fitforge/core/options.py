@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
     "adam": (torch.optim.Adam, 1e-3),

@@ -7,7 +7,7 @@ rank the CUDA device of its ``LOCAL_RANK``, and wraps the net in ``DistributedDa
 ``estimator.net`` stays the user's module, so weights, checkpoints and ``state_dict`` keys are
 those of one process; ``estimator.train_net`` is the wrapper ``fit``'s forward goes through.
 ``strategy="none"`` leaves all of this to the script; ``strategy="ddp"`` asks for DDP explicitly
-and ``strategy="fsdp"`` for sharded training (:mod:`fitforge.fsdp`), both an error without a
+and ``strategy="fsdp"`` for sharded training (:mod:`fitforge.distributed.fsdp`), both an error without a
 launcher. See docs/distributed.md.
 
 At exit, fitforge destroys the group it made and waits for gloo's worker threads to go idle
@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .distributed import initialized, launched, local_rank, rank, world_size
-from .exceptions import FitforgeTypeError, FitforgeValueError, describe
-from .fsdp import shard
+from fitforge.distributed.fsdp import shard
+from fitforge.distributed.ranks import initialized, launched, local_rank, rank, world_size
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 STRATEGIES = ("auto", "ddp", "fsdp", "none")
 log = logging.getLogger("fitforge")
@@ -180,7 +180,7 @@ def parallelize(
     wrapper: DistributedDataParallel | None,
 ) -> nn.Module:
     """The module ``fit``'s forward goes through: ``wrapper`` (a DDP the user made), a new DDP
-    wrapper around ``net``, ``net`` sharded in place (FSDP, see :mod:`fitforge.fsdp`), or ``net``
+    wrapper around ``net``, ``net`` sharded in place (FSDP, see :mod:`fitforge.distributed.fsdp`), or ``net``
     itself (one process, or ``strategy="none"``)."""
     if initialized():  # a group the script made: fitforge's collectives run on its threads too
         release_at_exit(destroy=False)

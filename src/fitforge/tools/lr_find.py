@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
-from .data import check_data
-from .distributed import mean_over_ranks
-from .exceptions import FitforgeTypeError, FitforgeValueError, describe
-from .handlers.gradient_update import step_optimizers
-from .history import finish_figure
-from .rng import restore_rng_states, rng_states
-from .sharding import shard_train
-from .state import TrainState
+from fitforge.core.data import check_data
+from fitforge.core.history import finish_figure
+from fitforge.core.rng import restore_rng_states, rng_states
+from fitforge.core.state import EstimatorLike, TrainState
+from fitforge.distributed.data_split import shard_train
+from fitforge.distributed.ranks import mean_over_ranks
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.gradient_update import step_optimizers
 
 log = logging.getLogger("fitforge")
 
@@ -95,7 +95,7 @@ class LRFindResult:
 
 
 def lr_find(
-    estimator: Any,
+    estimator: EstimatorLike,
     train_data: Iterable,
     start_lr: float = 1e-7,
     end_lr: float = 10.0,
@@ -151,7 +151,7 @@ def lr_find(
 
 
 def _check_arguments(
-    estimator: Any, start_lr: Any, end_lr: Any, num_steps: Any, smoothing: Any, diverge_factor: Any
+    estimator: EstimatorLike, start_lr: Any, end_lr: Any, num_steps: Any, smoothing: Any, diverge_factor: Any
 ) -> None:
     if not all(hasattr(estimator, name) for name in ("net", "optimizers", "batch_processor")):
         raise FitforgeTypeError(f"lr_find: estimator must be a fitforge Estimator, got {describe(estimator)}")
@@ -202,7 +202,7 @@ def _set_lr(optimizers: list, lr: float) -> None:
 
 
 def _sweep(
-    estimator: Any,
+    estimator: EstimatorLike,
     batches: Iterator[Any],
     start_lr: float,
     end_lr: float,
@@ -259,33 +259,33 @@ def _suggest(lrs: list[float], losses: list[float]) -> tuple[float | None, float
     return (lrs[steepest] if slopes[steepest] < 0 else lrs[lowest] / 10), lrs[lowest]
 
 
-def _snapshot(estimator: Any) -> dict[str, Any]:
+def _snapshot(estimator: EstimatorLike) -> dict[str, Any]:
     net = estimator.net
     params = _parameters(estimator)
     return {
         "weights": {k: v.detach().clone() for k, v in net.state_dict().items()},
         "grads": [None if p.grad is None else p.grad.detach().clone() for p in params],
         "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
-        "scaler": None if getattr(estimator, "scaler", None) is None else copy.deepcopy(estimator.scaler.state_dict()),
+        "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
         "modes": [(module, module.training) for module in net.modules()],
         "rng": rng_states(),
     }
 
 
-def _restore(estimator: Any, saved: dict[str, Any]) -> None:
+def _restore(estimator: EstimatorLike, saved: dict[str, Any]) -> None:
     estimator.net.load_state_dict(saved["weights"])
     for parameter, grad in zip(_parameters(estimator), saved["grads"]):
         parameter.grad = grad
     for optimizer, state in zip(estimator.optimizers, saved["optimizers"]):
         optimizer.load_state_dict(state)
-    if saved["scaler"] is not None:
+    if saved["scaler"] is not None and estimator.scaler is not None:
         estimator.scaler.load_state_dict(saved["scaler"])
     for module, training in saved["modes"]:
         module.training = training
     restore_rng_states(saved["rng"])
 
 
-def _parameters(estimator: Any) -> list[torch.nn.Parameter]:
+def _parameters(estimator: EstimatorLike) -> list[torch.nn.Parameter]:
     """The net's parameters and any other ones the optimizers step, each once."""
     seen: dict[int, torch.nn.Parameter] = {id(p): p for p in estimator.net.parameters()}
     for optimizer in estimator.optimizers:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from fitforge.core.state import EstimatorLike
+
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's own shard (FSDP); any other tensor itself."""
@@ -59,7 +61,7 @@ def _bad(value: torch.Tensor, strict: bool) -> torch.Tensor:
     return ~torch.isfinite(value).all() if strict else torch.isnan(value).any()
 
 
-def non_finite_state(estimator: Any) -> list[str]:
+def non_finite_state(estimator: EstimatorLike) -> list[str]:
     """The names of the net's parameters and the optimizers' state tensors that hold a nan or an
     inf, and of its buffers that hold a nan (``"0.weight"``, ``"optimizer 0: 0.weight exp_avg"``),
     in this process (under FSDP: its shards). Reads one flag per tensor to the host."""
@@ -70,7 +72,7 @@ def non_finite_state(estimator: Any) -> list[str]:
         if _floating(value):
             names.append(name)
             flags.append(_bad(_local(value), name in params))
-    param_names = {param: name for name, param in net.named_parameters()}
+    param_names: dict[torch.Tensor, str] = {param: name for name, param in net.named_parameters()}
     for i, optimizer in enumerate(estimator.optimizers):
         for param, state in optimizer.state.items():
             for key, value in state.items():

@@ -1,6 +1,6 @@
-"""torch.distributed helpers: launch detection, rank and world size, agreement, metric sums reduced.
+"""torch.distributed helpers: launch detection, rank and world size, collectives of host values.
 
-Under ``torchrun`` (see :mod:`fitforge.parallel`) every rank runs the same script. Collectives
+Under ``torchrun`` (see :mod:`fitforge.distributed.strategy`) every rank runs the same script. Collectives
 (here: ``all_reduce``, ``broadcast_object_list``, ``gather_object``) must be reached by every rank
 in the same order, so each is called from a place every rank passes: an epoch end, a checkpoint
 save, the end of ``predict``. Reporting handlers (``main_rank_only``) run on rank 0 only and never
@@ -15,14 +15,13 @@ alone.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from .metrics.base import SumCountMetric
+from fitforge.core.events import unwrapped
 
 T = TypeVar("T")
 _CPU_GROUPS: dict[int, Any] = {}  # id(default group) -> a gloo group for host values under NCCL
@@ -95,37 +94,7 @@ def gather_to_main(value: Any) -> list[Any] | None:
     return gathered
 
 
-@contextmanager
-def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
-    """Within the block each metric holds its sum and count totalled over all ranks (one
-    ``all_reduce``); after it, this rank's own again (a checkpoint written later in the epoch's end
-    keeps every rank's share, not totals it would count twice)."""
-    if world_size() == 1 or not metrics:
-        yield
-        return
-    own = [(metric._sum, metric._count) for metric in metrics]
-    device = next((m._sum.device for m in metrics if m._sum is not None), _collective_device())
-    packed = torch.zeros(2 * len(metrics), dtype=torch.float64, device=device)
-    for i, metric in enumerate(metrics):  # int64 sums and counts are exact in float64 up to 2**53
-        if metric._sum is not None:
-            packed[2 * i] = metric._sum.to(device, torch.float64)
-        packed[2 * i + 1] = (
-            metric._count.to(device, torch.float64) if isinstance(metric._count, torch.Tensor) else float(metric._count)
-        )
-    dist.all_reduce(packed)
-    for i, metric in enumerate(metrics):
-        dtype = metric._sum.dtype if metric._sum is not None else torch.float64
-        metric._sum = packed[2 * i].to(dtype)
-        total = packed[2 * i + 1]
-        metric._count = total if isinstance(metric._count, torch.Tensor) else int(total.item())
-    try:
-        yield
-    finally:
-        for metric, (own_sum, own_count) in zip(metrics, own):
-            metric._sum, metric._count = own_sum, own_count
-
-
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
     """Where this backend reduces: the current CUDA device under NCCL, else the CPU."""
     if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -163,3 +132,11 @@ def mean_over_ranks(value: float) -> float:
     packed = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(packed, group=cpu_group())
     return float(packed[0]) / world_size()
+
+
+def on_this_rank(handlers: Sequence[Any]) -> list[Any]:
+    """The handlers this rank runs: every one on rank 0; on the others all but the reporting ones
+    (``main_rank_only``: logs, progress bars, files), so several processes write one log."""
+    if rank() == 0:
+        return list(handlers)
+    return [h for h in handlers if not getattr(unwrapped(h), "main_rank_only", False)]

@@ -1,18 +1,58 @@
-"""What handlers see: :class:`TrainState` and the per-batch :class:`BatchOutput`."""
+"""What handlers see: :class:`TrainState`, the per-batch :class:`BatchOutput`, and the protocols
+naming what the core needs of the Estimator and its batch processor (the Estimator itself is
+assembled above every layer, so the core names it by what it offers, not by import)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .history import History
+import torch
+
+from fitforge.core.history import History
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
+    from fitforge.checkpoint.data_order import DataOrder
 
-    from .data_order import DataOrder
-    from .estimator import Estimator
+
+class StepProcessor(Protocol):
+    """What the loop calls per batch (:class:`~fitforge.BatchProcessor` is the implementation)."""
+
+    allow_nonfinite: bool
+
+    def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput: ...
+    def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput: ...
+    def predict_batch(self, state: TrainState, batch: Any) -> Any: ...
+
+
+class EstimatorLike(Protocol):
+    """What the layers below the Estimator use of it (``state.estimator``)."""
+
+    net: torch.nn.Module
+    val_net: torch.nn.Module
+    train_net: torch.nn.Module
+    optimizers: list[torch.optim.Optimizer]
+    device: torch.device
+    scaler: torch.amp.GradScaler | None
+    autocast_dtype: torch.dtype | None
+    non_blocking: bool
+    channels_last: bool
+    strategy: str
+    loss: Any  # the loss(es) as the user gave them: a module, a callable or a list
+    train_metrics: list[Any]  # MetricSlot objects (fitforge.metrics, a layer above the core)
+    val_metrics: list[Any]
+    batch_processor: StepProcessor
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def loss_count(self) -> int: ...
+    def compute_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]: ...
+    def compute_val_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]: ...
+    def check_first_batch(self, output: BatchOutput, method: str = "fit_batch") -> None: ...
+    def bookkeeping_keys(self) -> list[str]: ...
+    def evaluate(self, val_data: Iterable, event_handlers: Sequence[Any] | None = None) -> dict[str, float]: ...
 
 
 @dataclass(slots=True)
@@ -99,14 +139,14 @@ class TrainState:
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
         signalled: the signal this process received (the same as ``preempted`` in one process).
         epoch_start_step: ``global_step`` when the current training epoch began.
-        agreement: under torch.distributed, the :class:`~fitforge.agreement.StopAgreement` that
+        agreement: under torch.distributed, the :class:`~fitforge.distributed.stop_agreement.StopAgreement` that
             makes every rank stop at the same batch (fit only; None in one process).
-        data_order: the training data's :class:`~fitforge.data_order.DataOrder` (fit only).
+        data_order: the training data's :class:`~fitforge.checkpoint.data_order.DataOrder` (fit only).
         restore: a checkpoint a handler loaded in ``train_begin`` for fit to resume from, once every
-            ``train_begin`` ran (CheckpointHandler sets it; see :mod:`fitforge.resume`).
+            ``train_begin`` ran (CheckpointHandler sets it; see :mod:`fitforge.checkpoint.resume`).
     """
 
-    estimator: Estimator
+    estimator: EstimatorLike
     phase: str = "train"
     epoch: int = 0
     batch_idx: int = -1

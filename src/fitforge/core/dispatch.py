@@ -12,16 +12,16 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .access import access_edges, declared_access, describe_access, guard
-from .distributed import rank
-from .events import MIXINS, Event, EventHandler, acts_as, events_of, unwrapped
-from .exceptions import FitforgeTypeError, HandlerOrderError, describe
+from fitforge.core.access import Access, access_edges, declared_access, describe_access
+from fitforge.core.events import MIXINS, Event, EventHandler, acts_as, events_of
+from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .state import TrainState
+    from fitforge.core.state import TrainState
 
 log = logging.getLogger("fitforge")
 STOPPING_EVENTS = (Event.BATCH_END, Event.EPOCH_END)  # the events whose truthy return requests a stop
+Guard = Callable[[EventHandler, Callable, Access], Callable]  # (handler, hook, its declared access) -> hook
 
 
 def check_handler(handler: object, argument: str = "event_handlers") -> None:
@@ -59,7 +59,7 @@ def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
 
 def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     """Sort by ``priority`` (stable), then move handlers after those named in their ``run_after``
-    and declared readers of a field after its declared writers (see :mod:`fitforge.access`)."""
+    and declared readers of a field after its declared writers (see :mod:`fitforge.core.access`)."""
     after = access_edges(handlers)  # i -> must run after these
     for i, handler in enumerate(handlers):
         classes = tuple(getattr(handler, "run_after", ()) or ())
@@ -94,21 +94,21 @@ def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
 class Dispatcher:
     """Per-event lists of hooks, built once; calling an event is a plain loop over one list."""
 
-    def __init__(self, handlers: Sequence[EventHandler], check_access: bool = False) -> None:
-        if rank() != 0:  # reporting handlers run on rank 0 only (see EventHandler.main_rank_only)
-            handlers = [h for h in handlers if not getattr(unwrapped(h), "main_rank_only", False)]
+    def __init__(self, handlers: Sequence[EventHandler], guard: Guard | None = None) -> None:
+        """``guard``: wraps the hook of a handler that declares its state access (a debug mode,
+        see :mod:`fitforge.tools.access_guard`); None calls every hook as it is."""
         self.handlers = order_handlers(handlers)
         owners = {event: [h for h in self.handlers if isinstance(h, MIXINS[event])] for event in Event}
         self.owners: dict[Event, list[EventHandler]] = owners
         self.hooks: dict[Event, list[Callable]] = {
-            event: [self._hook(h, event, check_access) for h in owners[event]] for event in Event
+            event: [self._hook(h, event, guard) for h in owners[event]] for event in Event
         }
 
     @staticmethod
-    def _hook(handler: EventHandler, event: Event, check_access: bool) -> Callable:
+    def _hook(handler: EventHandler, event: Event, guard: Guard | None) -> Callable:
         method = getattr(handler, event.value)
-        access = declared_access(handler) if check_access else None
-        return method if access is None else guard(handler, method, access)
+        access = declared_access(handler) if guard is not None else None
+        return method if guard is None or access is None else guard(handler, method, access)
 
     def stop_reason(self, event: Event, hook: Callable) -> str:
         """The reason recorded when ``hook`` returned a truthy value (rare path: a linear search)."""

@@ -17,14 +17,11 @@ from typing import Any
 
 import torch
 
-from .exceptions import FitforgeValueError
+from fitforge.core.state import EstimatorLike
+from fitforge.exceptions import CheckpointError
 
 FORMAT_VERSION = 1
 TEMP_SUFFIX = ".tmp"
-
-
-class CheckpointError(FitforgeValueError):
-    """A checkpoint cannot be read, or does not fit the estimator it is loaded into."""
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
@@ -149,7 +146,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
 
 
 def restore_weights(
-    estimator: Any, checkpoint: dict | str | os.PathLike, optimizers: bool = True, folder: Path | None = None
+    estimator: EstimatorLike, checkpoint: dict | str | os.PathLike, optimizers: bool = True, folder: Path | None = None
 ) -> dict:
     """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
 
@@ -169,7 +166,7 @@ def restore_weights(
         return _restore_sharded(estimator, checkpoint, optimizers, folder)
     check_fits(estimator, checkpoint, folder, optimizers, source)
     if getattr(estimator, "strategy", None) == "fsdp":  # full weights, each rank keeping its shard
-        from .fsdp import load_full_weights
+        from fitforge.distributed.fsdp import load_full_weights
 
         load_full_weights(estimator.net, checkpoint["model"])
         return checkpoint
@@ -182,7 +179,7 @@ def restore_weights(
     return checkpoint
 
 
-def _current_state(estimator: Any, optimizers: bool) -> dict:
+def _current_state(estimator: EstimatorLike, optimizers: bool) -> dict:
     """What :func:`_load_state` puts back after a failed load: the weights copied to the host (the
     load writes into the parameters), the optimizers' and scaler's state dicts (a load replaces
     their tensors rather than writing into them, so references suffice)."""
@@ -191,12 +188,12 @@ def _current_state(estimator: Any, optimizers: bool) -> dict:
     }
     if optimizers:
         state["optimizers"] = [optimizer.state_dict() for optimizer in estimator.optimizers]
-        if getattr(estimator, "scaler", None) is not None:
+        if estimator.scaler is not None:
             state["scaler"] = estimator.scaler.state_dict()
     return state
 
 
-def _load_state(estimator: Any, checkpoint: dict, optimizers: bool, source: str) -> None:
+def _load_state(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, source: str) -> None:
     estimator.net.load_state_dict(checkpoint["model"])
     if not optimizers:
         return
@@ -208,12 +205,16 @@ def _load_state(estimator: Any, checkpoint: dict, optimizers: bool, source: str)
                 f"the optimizer state in {source} does not fit {type(optimizer).__name__}: "
                 f"{err}; nothing was loaded (pass optimizers=False to load the weights only)"
             ) from err
-    if "scaler" in checkpoint and getattr(estimator, "scaler", None) is not None:
+    if "scaler" in checkpoint and estimator.scaler is not None:
         estimator.scaler.load_state_dict(checkpoint["scaler"])
 
 
 def check_fits(
-    estimator: Any, checkpoint: dict, folder: Path | None, optimizers: bool = True, source: str = "the checkpoint"
+    estimator: EstimatorLike,
+    checkpoint: dict,
+    folder: Path | None,
+    optimizers: bool = True,
+    source: str = "the checkpoint",
 ) -> None:
     """Raise a :class:`CheckpointError` unless ``checkpoint`` (called ``source`` in messages) can
     load into ``estimator`` (read only: names and shapes of the weights, the number of optimizers, a
@@ -269,13 +270,13 @@ def _mismatch(net: torch.nn.Module, weights: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _restore_sharded(estimator: Any, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:
+def _restore_sharded(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:
     """Load the weights (optimizer states, gradients) a sharded checkpoint keeps in its DCP folder."""
     from torch.distributed.checkpoint.api import (
         CheckpointException,  # a BaseException: named to be caught
     )
 
-    from .fsdp import load_sharded
+    from fitforge.distributed.fsdp import load_sharded
 
     shards = Path(folder or ".") / checkpoint["sharded"]
     try:

@@ -2,7 +2,7 @@
 
 For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``. A
 ``DistributedSampler`` is one already: fit calls its ``set_epoch(e)`` (and seeds one that
-:mod:`fitforge.sharding` made from the fit's seed, the same on every rank). Otherwise a
+:mod:`fitforge.distributed.data_split` made from the fit's seed, the same on every rank). Otherwise a
 loader (or its sampler) without a generator of its own gets one for the fit, reseeded at every
 epoch from the fit's seed (drawn once from torch's global generator, so ``torch.manual_seed``
 fixes it) and the epoch. The worker seeds and the shuffle have separate generators, so the
@@ -35,9 +35,9 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from .data import loader_options, sampler_of
-from .distributed import broadcast_from_main, world_size
-from .rng import restore_rng_states, rng_states
+from fitforge.core.data import loader_options, sampler_of
+from fitforge.core.rng import restore_rng_states, rng_states
+from fitforge.distributed.ranks import broadcast_from_main, world_size
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
 
@@ -110,7 +110,7 @@ class DataOrder:
         self.shuffled = type(sampler) in _SEEDED_SAMPLERS or getattr(sampler, "shuffle", False) is True
         if type(sampler) is DistributedSampler:  # its order is a function of its seed and set_epoch
             self._epoch_samplers.append(sampler)
-            if getattr(sampler, "fitforge_seeded", False):  # made by fitforge.sharding: seeded from the fit's seed
+            if getattr(sampler, "fitforge_seeded", False):  # seeded from the fit's seed by data_split
                 self._managed["shard"] = (sampler, torch.Generator())
         elif type(sampler) is not SequentialSampler:
             if type(sampler) not in _SEEDED_SAMPLERS:

@@ -8,8 +8,8 @@ import re
 import shutil
 from pathlib import Path
 
-from ..checkpoint_io import TEMP_SUFFIX, save_checkpoint
-from ..exceptions import FitforgeValueError
+from fitforge.checkpoint.files import TEMP_SUFFIX, save_checkpoint
+from fitforge.exceptions import FitforgeValueError
 
 EXTENSION = ".pt"
 SHARDS = ".dcp"  # the folder of an FSDP checkpoint's shards: the file's name with this suffix

@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .data_order import DataOrder
-from .dispatch import Dispatcher
-from .events import Event
-from .exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
-from .first_batch import first_step
-from .resume import resume
-from .state import TrainState
+from fitforge.checkpoint.data_order import DataOrder
+from fitforge.checkpoint.resume import resume
+from fitforge.core.dispatch import Dispatcher
+from fitforge.core.events import Event
+from fitforge.core.first_batch import first_step
+from fitforge.core.state import TrainState
+from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
 
 log = logging.getLogger("fitforge")
 _CANCELS = (CancelBatch, CancelEpoch, CancelFit)
@@ -96,7 +96,7 @@ def run_epoch(
 ) -> None:
     """One pass over ``data`` (called ``name`` in errors): ``epoch_begin``, then per batch
     ``batch_begin``, ``step``, ``batch_end``, then ``epoch_end`` (also for a partial epoch).
-    ``check_first``: the first batch goes through :func:`~fitforge.first_batch.first_step`.
+    ``check_first``: the first batch goes through :func:`~fitforge.core.first_batch.first_step`.
 
     In training, ``state.start_batch`` is the position ``data`` starts at (a resumed epoch's data
     holds only the batches from there): batches are numbered from it, and the epoch's history row,

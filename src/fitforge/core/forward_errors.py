@@ -19,7 +19,7 @@ from types import FrameType
 import torch
 from torch import nn
 
-from .exceptions import DeviceMismatchError, ForwardError
+from fitforge.exceptions import DeviceMismatchError, ForwardError
 
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)

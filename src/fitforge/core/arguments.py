@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, cast
 
-from .exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
 def check_positive(

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from .checks import check_flag
-from .data import batch_size_of, to_channels_last, to_device, unpack_inputs, unpack_pair
-from .exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
-from .state import BatchOutput, TrainState
+from fitforge.core.arguments import check_flag
+from fitforge.core.data import batch_size_of, to_channels_last, to_device, unpack_inputs, unpack_pair
+from fitforge.core.state import BatchOutput, EstimatorLike, TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 
 _FULL_PRECISION = nullcontext()  # reusable: a float32 batch creates no context object
 
@@ -66,7 +66,7 @@ class BatchProcessor:
     _own_autocast = False  # a subclass that overrides autocast() always has its context entered
     _own_unpack = False  # without an override, to_device calls unpack_pair itself: one call less per batch
 
-    def _inputs_to(self, inputs: tuple[torch.Tensor, ...], estimator: Any) -> tuple[torch.Tensor, ...]:
+    def _inputs_to(self, inputs: tuple[torch.Tensor, ...], estimator: EstimatorLike) -> tuple[torch.Tensor, ...]:
         device = estimator.device
         if not (self.host_inputs or estimator.channels_last) and type(inputs) is tuple:
             for x in inputs:  # the common case first: every input already on the device (CPU training)
@@ -190,7 +190,7 @@ def check_batch_output(output: Any, method: str) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise FitforgeValueError(
             f"BatchProcessor.{method} returned BatchOutput(batch_size={size!r}); set it to the number of samples "
-            "in the batch (fitforge.data.batch_size_of(inputs)): it weights the loss and metric means"
+            "in the batch (fitforge.core.data.batch_size_of(inputs)): it weights the loss and metric means"
         )
 
 

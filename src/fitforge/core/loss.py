@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .dispatch import Dispatcher
-from .events import Event, numbered_names
+from fitforge.core.dispatch import Dispatcher
+from fitforge.core.events import Event, numbered_names
 
 
 class HandlerProfile:

@@ -11,7 +11,7 @@ the first. On the first training batch, in order:
    allow_nonfinite=True)`` skips it);
 2. the step; a ``RuntimeError`` raised inside a layer of the net becomes a ForwardError (a
    DeviceMismatchError for devices) naming the layer, what it received and a fix (see
-   :mod:`fitforge.forward_errors`). The LossSet checks counts, shapes, label dtypes and class
+   :mod:`fitforge.core.forward_errors`). The LossSet checks counts, shapes, label dtypes and class
    ranges on this call (see ``LossSet.check_shapes``);
 3. the estimator's checks of the output: a BatchOutput with a batch size, no 0-d label, a scalar loss;
 4. every handler's ``check_first_batch(state)``, for handlers that have one, before any ``batch_end``
@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data import check_finite
-from .events import unwrapped
-from .exceptions import DeviceMismatchError
-from .forward_errors import explain, net_inputs, same_device
-from .state import TrainState
+from fitforge.core.data import check_finite
+from fitforge.core.events import unwrapped
+from fitforge.core.forward_errors import explain, net_inputs, same_device
+from fitforge.core.state import TrainState
+from fitforge.exceptions import DeviceMismatchError
 
 
 def first_step(

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .distributed import gather_to_main, rank, world_size
-from .events import numbered_names
-from .rng import restore_rng_states, rng_states
-from .state import TrainState
+from fitforge.core.events import numbered_names
+from fitforge.core.rng import restore_rng_states, rng_states
+from fitforge.core.state import TrainState
+from fitforge.distributed.ranks import gather_to_main, rank, world_size
 
 log = logging.getLogger("fitforge")
 

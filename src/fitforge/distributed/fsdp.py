@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .distributed import world_size
-from .exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.core.state import EstimatorLike
+from fitforge.distributed.ranks import world_size
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 
 
 def _fully_shard() -> Any:
@@ -100,7 +101,7 @@ def load_full_weights(net: nn.Module, weights: dict[str, Any]) -> None:
     set_model_state_dict(net, weights, options=StateDictOptions(full_state_dict=True))
 
 
-def _state(estimator: Any, grads: bool) -> dict[str, Any]:
+def _state(estimator: EstimatorLike, grads: bool) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model, optim = get_state_dict(estimator.net, estimator.optimizers)
@@ -112,14 +113,14 @@ def _state(estimator: Any, grads: bool) -> dict[str, Any]:
     return state
 
 
-def save_sharded(estimator: Any, folder: Path, grads: bool) -> None:
+def save_sharded(estimator: EstimatorLike, folder: Path, grads: bool) -> None:
     """Every rank writes its shard of the weights and optimizer states (and gradients) to ``folder``."""
     import torch.distributed.checkpoint as dcp
 
     dcp.save(_state(estimator, grads), checkpoint_id=str(folder))
 
 
-def load_sharded(estimator: Any, folder: Path, optimizers: bool, grads: bool) -> dict[str, torch.Tensor]:
+def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads: bool) -> dict[str, torch.Tensor]:
     """Load ``folder`` into the estimator's net (and optimizers); return the saved gradients by name."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (

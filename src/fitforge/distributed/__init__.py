@@ -1,0 +1,5 @@
+"""torch.distributed: ranks and collectives, launch and process group, the net's data-parallel
+wrapper (DDP, FSDP), data split across ranks, and the stop agreement behind the loop's coordinator.
+
+It may import :mod:`fitforge.core` and :mod:`fitforge.exceptions`.
+"""

@@ -1,0 +1,47 @@
+"""Loss and metric sums totalled over torch.distributed ranks at epoch end (one ``all_reduce``).
+
+Each rank accumulates its own share of the loss and metric sums, so every rank logs, monitors and
+returns the values of the whole data once they are reduced. Running (mid-epoch) values stay per
+rank, because rank-0 handlers such as a progress bar read them alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from fitforge.distributed.ranks import collective_device, world_size
+from fitforge.metrics.base import SumCountMetric
+
+
+@contextmanager
+def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
+    """Within the block each metric holds its sum and count totalled over all ranks (one
+    ``all_reduce``); after it, this rank's own again (a checkpoint written later in the epoch's end
+    keeps every rank's share, not totals it would count twice)."""
+    if world_size() == 1 or not metrics:
+        yield
+        return
+    own = [(metric._sum, metric._count) for metric in metrics]
+    device = next((m._sum.device for m in metrics if m._sum is not None), collective_device())
+    packed = torch.zeros(2 * len(metrics), dtype=torch.float64, device=device)
+    for i, metric in enumerate(metrics):  # int64 sums and counts are exact in float64 up to 2**53
+        if metric._sum is not None:
+            packed[2 * i] = metric._sum.to(device, torch.float64)
+        packed[2 * i + 1] = (
+            metric._count.to(device, torch.float64) if isinstance(metric._count, torch.Tensor) else float(metric._count)
+        )
+    dist.all_reduce(packed)
+    for i, metric in enumerate(metrics):
+        dtype = metric._sum.dtype if metric._sum is not None else torch.float64
+        metric._sum = packed[2 * i].to(dtype)
+        total = packed[2 * i + 1]
+        metric._count = total if isinstance(metric._count, torch.Tensor) else int(total.item())
+    try:
+        yield
+    finally:
+        for metric, (own_sum, own_count) in zip(metrics, own):
+            metric._sum, metric._count = own_sum, own_count

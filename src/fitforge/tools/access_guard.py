@@ -1,0 +1,146 @@
+"""The declared-access guard, a debug mode: under ``fit(check_access=True)`` every handler that
+declares ``reads``/``writes`` (see :mod:`fitforge.core.access`) sees a :class:`GuardedState` that
+raises a :class:`~fitforge.exceptions.StateAccessError` on any undeclared read or write. It costs a
+wrapper call per hook and a check per field access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
+
+from fitforge.core.access import FIELDS, Access
+from fitforge.core.state import TrainState
+from fitforge.exceptions import StateAccessError
+
+_METHODS = {"request_stop": ("stop_requested", True), "running_metrics": ("metrics", False)}
+
+
+class GuardedState:
+    """What a declared handler sees under ``fit(check_access=True)``: the TrainState, with every
+    field read and write checked against the handler's declaration."""
+
+    __slots__ = ("_access", "_owner", "_state")
+
+    def __init__(self, state: TrainState, owner: object, access: Access) -> None:
+        object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "_owner", owner)
+        object.__setattr__(self, "_access", access)
+
+    def _deny(self, name: str, write: bool) -> StateAccessError:
+        verb, attribute = ("write", "writes") if write else ("read", "reads")
+        return StateAccessError(
+            f"{self._owner!r} tried to {verb} state.{name}, which its {attribute} does not "
+            f"declare; add {name!r} to {type(self._owner).__name__}.{attribute}"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        state, access = self._state, self._access
+        if name in _METHODS:
+            field, write = _METHODS[name]
+            if not access.allows(field, write):
+                raise self._deny(field, write)
+            return getattr(state, name)
+        if name not in FIELDS:
+            return getattr(state, name)
+        if name == "shared":  # each key is checked on use
+            if not any(n == "shared" or n.startswith("shared.") for n in access.reads | access.writes):
+                raise self._deny(name, False)
+            return GuardedShared(state.shared, self)
+        if not access.allows(name):
+            raise self._deny(name, False)
+        value = getattr(state, name)
+        writable = access.allows(name, write=True)
+        if name == "metrics" and not writable:
+            return ReadOnlyMetrics(value, self)
+        if name == "history" and not writable:
+            return ReadOnlyHistory(value, self)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not self._access.allows(name, write=True):
+            raise self._deny(name, True)
+        setattr(self._state, name, value)
+
+
+class GuardedShared(MutableMapping):
+    """``state.shared`` for a declared handler: each key checked as ``shared.<key>``."""
+
+    def __init__(self, shared: dict, guard: GuardedState) -> None:
+        self._shared, self._guard = shared, guard
+
+    def _check(self, key: str, write: bool) -> None:
+        if not self._guard._access.allows(f"shared.{key}", write):
+            raise self._guard._deny(f"shared.{key}", write)
+
+    def __getitem__(self, key: str) -> Any:
+        self._check(key, False)
+        return self._shared[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._check(key, True)
+        self._shared[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self._check(key, True)
+        del self._shared[key]
+
+    def _declared(self) -> list[str]:
+        access = self._guard._access
+        return [key for key in self._shared if access.allows(f"shared.{key}")]
+
+    def __iter__(self) -> Iterator[str]:  # only the declared keys are visible
+        return iter(self._declared())
+
+    def __len__(self) -> int:
+        return len(self._declared())
+
+
+class ReadOnlyMetrics(dict):
+    """``state.metrics`` for a handler that reads it but does not declare writing it: a copy that
+    refuses changes with the access error (a plain dict otherwise, e.g. for ``json.dumps``)."""
+
+    def __init__(self, metrics: dict, guard: GuardedState) -> None:
+        super().__init__(metrics)
+        self._guard = guard
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise self._guard._deny("metrics", True)
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+
+
+class ReadOnlyHistory(Mapping):
+    """``state.history`` for a handler that reads it but does not declare writing it."""
+
+    def __init__(self, history: Any, guard: GuardedState) -> None:
+        self._history, self._guard = history, guard
+
+    def __getitem__(self, key: str) -> list[float]:
+        return self._history[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._history)
+
+    def __len__(self) -> int:
+        return len(self._history)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("record", "new_epoch", "load_state_dict"):
+            raise self._guard._deny("history", True)
+        return getattr(self._history, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("_history", "_guard"):
+            object.__setattr__(self, name, value)
+            return
+        raise self._guard._deny("history", True)
+
+
+def guard(handler: object, method: Any, access: Access) -> Any:
+    """``method`` called with a GuardedState for ``handler``."""
+
+    def guarded(state: TrainState) -> Any:
+        return method(GuardedState(state, handler, access))
+
+    return guarded
