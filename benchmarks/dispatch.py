@@ -18,7 +18,8 @@ from torch import nn
 
 from fitforge import BatchOutput, Estimator, TrainState
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.loop import run_epoch
+from fitforge.core.loop import run_pass
+from fitforge.core.run import OnePass, RunContext
 from fitforge.events import BatchEnd
 
 
@@ -37,7 +38,7 @@ def epoch_seconds(handlers: int, batches: int, repeats: int) -> float:
     for _ in range(repeats):
         state = TrainState(estimator, "validate")  # a pass with no history or optimizer bookkeeping
         started = time.perf_counter()
-        run_epoch(state, dispatcher, data, lambda state, batch: output, "data")
+        run_pass(state, RunContext(dispatcher, lambda state, batch: output, OnePass(data), "data"))
         best = min(best, time.perf_counter() - started)
     return best
 

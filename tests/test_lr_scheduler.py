@@ -88,7 +88,7 @@ def feed(handler, values, estimator, key="val_loss", **epoch_state):
         state.epoch = epoch
         state.history.new_epoch()
         handler.epoch_begin(state)
-        state.batch_idx, state.epoch_complete = 7, True
+        state.batch_idx, state.epoch_finished = 7, True
         for name, setting in epoch_state.items():
             setattr(state, name, setting)
         if value is not None:
@@ -119,8 +119,8 @@ def test_plateau_counts_an_infinite_value_as_no_improvement(mode, diverged):
 @pytest.mark.parametrize(
     "epoch_state",
     [
-        {"preempted": signal.SIGTERM, "epoch_complete": False, "batch_idx": 2},  # SIGTERM three batches in
-        {"stop_requested": True, "epoch_complete": False, "batch_idx": 4},  # batches=N or a stop cut it short
+        {"preempted": signal.SIGTERM, "epoch_finished": False, "batch_idx": 2},  # SIGTERM three batches in
+        {"stop_requested": True, "epoch_finished": False, "batch_idx": 4},  # batches=N or a stop cut it short
     ],
 )
 def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler(epoch_state):
@@ -128,7 +128,7 @@ def test_an_epoch_cut_short_does_not_step_an_epoch_scheduler(epoch_state):
     handler = LRSchedulerHandler(S.StepLR(estimator.optimizer, step_size=1, gamma=0.5))
     lrs, _ = feed(handler, [None, None], estimator, **epoch_state)
     assert lrs == [0.1, 0.1] and handler.scheduler.last_epoch == 0
-    lrs, _ = feed(handler, [None], estimator, epoch_cancelled=True, epoch_complete=False, batch_idx=2)
+    lrs, _ = feed(handler, [None], estimator, epoch_finished=True, batch_idx=2)
     assert lrs == [0.05]  # a CancelEpoch: the run goes on with the next epoch, so this one is done
 
 

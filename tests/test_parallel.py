@@ -30,6 +30,7 @@ from fitforge.checkpoint.files import (
     save_checkpoint,
 )
 from fitforge.checkpoint.preemption import preemptible
+from fitforge.core.coordinator import Alone
 from fitforge.core.state import TrainState
 from fitforge.distributed import data_split as sharding
 from fitforge.distributed import fsdp
@@ -198,18 +199,28 @@ def test_a_checkpoint_of_two_ranks_resumes_their_summed_running_sums_in_one_proc
     saved = handler.state_dict()
     resumed = MetricHandler()
     resumed.load_state_dict({"ranks": [saved, saved]})
-    state = TrainState(estimator, "train", start_batch=1)
+    state = TrainState(estimator, "train", batch_idx=0)  # at epoch_begin: a resume continues the epoch
     resumed.epoch_begin(state)
     assert resumed._loss._count == 2 * saved["loss"]["count"]
     assert resumed.compute()["train_loss"] == pytest.approx(handler.compute()["train_loss"])
 
 
 # -- preemption agreed across ranks ----------------------------------------------------------------
+class Remember(Alone):
+    """A coordinator that only records the signals it receives (as StopAgreement does until it agrees)."""
+
+    def __init__(self):
+        self.signals = []
+
+    def signal_received(self, state, signum):
+        self.signals.append(signum)
+
+
 def test_with_several_ranks_a_signal_waits_for_the_agreement():
-    state = TrainState(make_estimator())
-    with preemptible(state, agreed=True):
+    state, agreement = TrainState(make_estimator()), Remember()
+    with preemptible(state, agreement):
         os.kill(os.getpid(), signal.SIGTERM)
-        assert state.signalled == signal.SIGTERM and state.preempted is None and not state.stop_requested
+        assert agreement.signals == [signal.SIGTERM] and state.preempted is None and not state.stop_requested
         with pytest.raises(SystemExit) as exit_info:
             os.kill(os.getpid(), signal.SIGTERM)  # a second one acts at once
     assert exit_info.value.code == 143
@@ -220,24 +231,26 @@ def test_the_agreement_turns_a_signal_into_a_stop_at_the_batch_end(one_rank_grou
     state, agreement = TrainState(make_estimator()), StopAgreement(check_replicas=False)
     agreement.after_batch(state)
     assert state.preempted is None and not state.stop_requested
-    assert not agreement.finish(state)
-    state.signalled = signal.SIGTERM
+    assert not agreement.stopped_elsewhere(state)
+    agreement.signal_received(state, signal.SIGTERM)
     agreement.after_batch(state)  # started: it runs while the next batch is read
     assert state.preempted is None
-    assert agreement.finish(state)  # applied before the next batch trains
+    assert agreement.stopped_elsewhere(state)  # applied before the next batch trains
     assert state.preempted == signal.SIGTERM and "preempted by SIGTERM" in state.stop_reason
-    assert not agreement.finish(state)  # nothing under way any more
+    assert not agreement.stopped_elsewhere(state)  # nothing under way any more
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(one_rank_group, monkeypatch):
     calls = []
-    for name in ("settle", "after_batch"):
+    for name in ("agree_on_stop", "after_batch"):
         real = getattr(StopAgreement, name)
         monkeypatch.setattr(
             StopAgreement,
             name,
-            lambda self, state, real=real, name=name: calls.append((name[0], state.global_step)) or real(self, state),
+            lambda self, state, real=real, name=name: (
+                calls.append(("s" if name == "agree_on_stop" else "a", state.global_step)) or real(self, state)
+            ),
         )
     checks = []
     monkeypatch.setattr(

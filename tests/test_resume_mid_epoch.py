@@ -154,7 +154,7 @@ def test_the_order_is_a_function_of_the_seed_and_the_epoch_and_the_loader_is_giv
     assert data.generator is not None and data.sampler.generator is not None and order.problem is None
 
     def indices(epoch):
-        return torch.cat([x[:, 0] for x, _ in order.epoch(epoch)])
+        return torch.cat([x[:, 0] for x, _ in order.batches_of(epoch)])
 
     third = indices(2)
     indices(0)
@@ -223,7 +223,7 @@ def test_resuming_on_cuda_without_deterministic_algorithms_warns(tmp_path, caplo
     from types import SimpleNamespace
 
     saver = CheckpointHandler(tmp_path, resume_from_checkpoint=True)
-    state = SimpleNamespace(data_order=None, estimator=SimpleNamespace(device=torch.device("cuda")))
+    state = SimpleNamespace(run=None, estimator=SimpleNamespace(device=torch.device("cuda")))
     was = torch.are_deterministic_algorithms_enabled()
     try:
         for deterministic in (False, True):
@@ -273,7 +273,7 @@ def test_fit_sets_a_distributed_samplers_epoch():
     assert order.problem is None
 
     def first_indices(epoch):
-        return torch.cat([x[:, 0] for x, _ in order.epoch(epoch)])
+        return torch.cat([x[:, 0] for x, _ in order.batches_of(epoch)])
 
     assert not torch.equal(first_indices(0), first_indices(1)) and torch.equal(first_indices(1), first_indices(1))
     assert data.sampler.epoch == 1

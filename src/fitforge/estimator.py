@@ -13,15 +13,18 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from fitforge.checkpoint.data_order import DataOrder
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.preemption import preemptible, raise_if_preempted
+from fitforge.checkpoint.resume import resume_picked
 from fitforge.core.arguments import check_flag
+from fitforge.core.coordinator import Alone
 from fitforge.core.data import batch_size_of, check_data, check_finite, to_device
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
-from fitforge.core.first_batch import check_devices, check_handlers, explained_step
-from fitforge.core.history import History
-from fitforge.core.loop import run_epoch, run_fit
+from fitforge.core.first_batch import check_devices, check_first_batch_of, check_handlers, explained_step
+from fitforge.core.history import History, numbered_key
+from fitforge.core.loop import run_fit, run_pass
 from fitforge.core.loss import LossSet
 from fitforge.core.options import (
     check_duration,
@@ -32,6 +35,7 @@ from fitforge.core.options import (
     resolve_precision,
 )
 from fitforge.core.processor import BatchProcessor, check_batch_output, check_batch_processor, check_outputs
+from fitforge.core.run import OnePass, RunContext
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions, shard_eval, shard_train
 from fitforge.distributed.ranks import on_this_rank, rank, world_size
@@ -211,7 +215,7 @@ class Estimator:
 
     def bookkeeping_keys(self) -> list[str]:
         """The keys the loop itself records every epoch: learning rates and ``epoch_time``."""
-        return ["lr" if i == 0 else f"lr_{i}" for i in range(len(self.optimizers))] + ["epoch_time"]
+        return [numbered_key("lr", i) for i in range(len(self.optimizers))] + ["epoch_time"]
 
     # -- entry points -------------------------------------------------------------------------------
     def fit(
@@ -264,6 +268,12 @@ class Estimator:
         guarded = check_flag(check_access, "check_access", "fit")
         dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
         self._loss.arm_checks()
+        # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
+        several = world_size() > 1
+        coordinator = StopAgreement(isinstance(self.train_net, DistributedDataParallel)) if several else Alone()
+        step = self.batch_processor.fit_batch
+        run = RunContext(dispatcher, step, DataOrder(train_data), "train_data", coordinator, prepare=(resume_picked,))
+        check_first_batch_of(run)
         state = TrainState(
             self,
             "train",
@@ -271,17 +281,16 @@ class Estimator:
             max_batches=batches,
             num_batches=num_batches,
             handlers=tuple(dispatcher.handlers),
+            run=run,
         )
-        if world_size() > 1:  # every rank runs this fit: they stop together (see fitforge.distributed.stop_agreement)
-            state.agreement = StopAgreement(check_replicas=isinstance(self.train_net, DistributedDataParallel))
         profiler = HandlerProfile() if check_flag(profile, "profile", "fit") else None
         if profiler is not None:
             profiler.instrument(dispatcher)
             started = time.perf_counter()
         self.net.train()
         try:
-            with preemptible(state, agreed=state.agreement is not None):
-                run_fit(state, dispatcher, train_data)
+            with preemptible(state, coordinator):
+                run_fit(state, run)
         finally:
             if profiler is not None:
                 profiler.total = time.perf_counter() - started
@@ -328,16 +337,12 @@ class Estimator:
         dispatcher = Dispatcher(on_this_rank(evaluate_handlers(event_handlers)))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
+        run = RunContext(
+            dispatcher, self.batch_processor.evaluate_batch, OnePass(val_data), "val_data", allow_empty=sharded
+        )
+        check_first_batch_of(run)
         with _inference(self.val_net, self.strategy != "fsdp"):
-            run_epoch(
-                state,
-                dispatcher,
-                val_data,
-                self.batch_processor.evaluate_batch,
-                "val_data",
-                check_first=True,
-                allow_empty=sharded,
-            )
+            run_pass(state, run)
         return dict(state.metrics)
 
     def predict(self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> Any:
@@ -370,8 +375,10 @@ class Estimator:
         self._check_devices("val_net")
         dispatcher = Dispatcher(on_this_rank(user_handlers(event_handlers)))
         state = TrainState(self, "predict", num_batches=num_batches)
+        run = RunContext(dispatcher, step, OnePass(data), "data", allow_empty=sharded)
+        check_first_batch_of(run)
         with _inference(self.val_net, self.strategy != "fsdp"):
-            run_epoch(state, dispatcher, data, step, "data", check_first=True, allow_empty=sharded)
+            run_pass(state, run)
         if asynchronous:
             torch.cuda.synchronize(self.device)
         joined = (

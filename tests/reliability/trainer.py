@@ -27,6 +27,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -81,11 +82,12 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
 
     def train_begin(self, state) -> None:
         # After CheckpointHandler's train_begin: the leftovers are cleaned and the checkpoint chosen.
-        restore = state.restore
+        saver = next(h for h in state.handlers if isinstance(h, CheckpointHandler))
+        resumed = saver.resumed_from  # named <prefix>-epoch<E>batch<B>.pt: B batches completed
         self.journal.write(
             event="start",
             files=checkpoint_names(self.folder),
-            resume_step=None if restore is None else restore["global_step"],
+            resume_step=None if resumed is None else int(re.search(r"batch(\d+)", resumed.name)[1]),
         )
         if self.where == "train_begin":
             self._inject(0)

@@ -37,6 +37,7 @@ from torch.utils.data import (
 
 from fitforge.core.data import loader_options, sampler_of
 from fitforge.core.rng import restore_rng_states, rng_states
+from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import broadcast_from_main, world_size
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
@@ -77,6 +78,8 @@ class DataOrder:
         self._start: list[torch.Tensor] = []  # their states at the current epoch's start
         self._epoch_samplers: list[Any] = []  # DistributedSamplers: their order is set by set_epoch
         self.shuffled = False  # whether the order is random (a position then depends on the sampler)
+        self.epoch_start_step = 0  # global_step when the current epoch began
+        self._resume_position = 0  # where the next epoch starts: set by a resume
         self.problem = self._inspect(data)
         if self._managed:  # every rank draws (their generators stay alike); rank 0's seed is everyone's
             self.seed = broadcast_from_main(_draw_seed())
@@ -123,7 +126,20 @@ class DataOrder:
             return "it has its own generator and persistent workers, whose seeds are drawn only once"
         return None
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterable:
+    def epoch(self, state: TrainState) -> tuple[Iterable, int]:
+        """The data of ``state.epoch`` and the position of its first batch: where a resume
+        continues (:meth:`resume_at`), else 0 (then the epoch starts at ``state.global_step``)."""
+        start, self._resume_position = self._resume_position, 0
+        if not start:
+            self.epoch_start_step = state.global_step
+        return self.batches_of(state.epoch, start), start
+
+    def resume_at(self, position: int, epoch_start_step: int) -> None:
+        """Make the next epoch continue after its first ``position`` batches (read before a
+        checkpoint), an epoch that began at global step ``epoch_start_step``."""
+        self._resume_position, self.epoch_start_step = position, epoch_start_step
+
+    def batches_of(self, epoch: int, start: int = 0) -> Iterable:
         """The data of ``epoch``, from batch position ``start``."""
         for role, (owner, generator) in self._managed.items():
             if role == "shard":  # one seed for the whole fit: set_epoch varies the order

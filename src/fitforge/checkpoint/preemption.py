@@ -8,14 +8,14 @@ The signal only sets ``state.preempted`` and requests a stop, so the batch under
 the main thread; ``fit`` in another thread leaves them alone.
 
 Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
-rank that stops alone leaves the others waiting in a collective. So there the signal only sets
-``state.signalled``; the loop's :class:`~fitforge.distributed.stop_agreement.StopAgreement` reduces it across
-ranks after every batch and sets ``preempted`` on every rank at the same batch end.
+rank that stops alone leaves the others waiting in a collective. So the signal goes to the fit's
+coordinator: in one process it stops at once; under torch.distributed the
+:class:`~fitforge.distributed.stop_agreement.StopAgreement` reduces it across ranks after every
+batch and sets ``preempted`` on every rank at the same batch end.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from fitforge.core.coordinator import Coordinator
 from fitforge.core.state import TrainState
 
-log = logging.getLogger("fitforge")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -44,37 +44,24 @@ def _pass_on(signum: int, handler: Any, frame: Any) -> None:
 
 
 @contextmanager
-def preemptible(state: TrainState, agreed: bool = False) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGINT request a stop of ``state``'s training; with ``agreed``
-    (several ranks) they set ``state.signalled`` for the loop's StopAgreement instead."""
+def preemptible(state: TrainState, coordinator: Coordinator) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT go to ``coordinator.signal_received`` (which stops
+    training at the next batch boundary, on every rank); a second signal acts at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     pid = os.getpid()
+    received: list[int] = []
 
     def handle(signum: int, frame: Any) -> None:
         if os.getpid() != pid:  # a forked DataLoader worker inherited this handler: act as before fit
             _pass_on(signum, previous[signal.Signals(signum)], frame)
             return
-        if state.preempted is not None or state.signalled is not None:
+        if received:
             _act_now(signum)
-        state.signalled = signum
-        name = signal.Signals(signum).name
-        if agreed:
-            log.warning(
-                "received %s: every rank stops at the end of the next batch (saved by a CheckpointHandler, "
-                "if any); send it again to stop at once",
-                name,
-            )
-            return
-        state.preempted = signum
-        state.request_stop(f"preempted by {name}")
-        log.warning(
-            "received %s: training stops at the end of this batch (saved by a CheckpointHandler, if "
-            "any); send it again to stop at once",
-            name,
-        )
+        received.append(signum)
+        coordinator.signal_received(state, signum)
 
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
     for signum in SIGNALS:

@@ -10,9 +10,10 @@ run and before the first ``epoch_begin``, so restored state wins over fresh stat
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
-from fitforge.core.events import numbered_names
+from fitforge.checkpoint.data_order import DataOrder
+from fitforge.core.events import numbered_names, unwrapped
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
@@ -31,26 +32,23 @@ def stateful_handlers(handlers: tuple) -> dict[str, Any]:
     return dict(zip(numbered_names(stateful), stateful))
 
 
-def epoch_done(state: TrainState) -> bool:
-    """At an epoch end, whether the run is through with the epoch: it went through all its data,
-    or a CancelEpoch ended it (the next epoch follows); not when a stop cut it short."""
-    return (
-        state.epoch_complete
-        or state.epoch_cancelled
-        or (state.num_batches is not None and state.batch_idx + 1 >= state.num_batches)
-    )
+def data_order(state: TrainState) -> DataOrder | None:
+    """The fit's data order (None in evaluate and predict)."""
+    data = None if state.run is None else state.run.data
+    return data if isinstance(data, DataOrder) else None
 
 
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
     """Everything but weights, optimizers and scaler, after ``epochs`` completed epochs and
     ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
     number of its batches already read (cancelled ones included), where a resume continues."""
-    net = state.estimator.net
+    net, order = state.estimator.net, data_order(state)
+    epoch_start_step = 0 if order is None else order.epoch_start_step
     return {
         "epochs_completed": epochs,
         "global_step": batches,
         "position": 0 if epochs > state.epoch else state.batch_idx + 1,
-        "epoch_start_step": state.epoch_start_step if epochs <= state.epoch else batches,
+        "epoch_start_step": epoch_start_step if epochs <= state.epoch else batches,
         "optimizer_steps": state.optimizer_steps,
         "accumulated_batches": state.accumulated_batches,
         "grads": (
@@ -61,15 +59,14 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
         "history": state.history.state_dict(),
         "rng": rng_states(),
         **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
-        "data_order": {} if state.data_order is None else state.data_order.state_dict(),
+        "data_order": {} if order is None else order.state_dict(),
         "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(state.handlers).items()},
     }
 
 
-def _order_changed(state: TrainState, saved: dict[str, Any]) -> bool:
+def _order_changed(order: DataOrder | None, saved: dict[str, Any]) -> bool:
     """Whether a shuffled epoch's order differs from the checkpoint's: written by another number of
     ranks (a DistributedSampler's order depends on it, a RandomSampler's is another one)."""
-    order = state.data_order
     shuffled = saved.get("shuffled", False) or (order is not None and order.shuffled)
     return shuffled and saved.get("world", 1) != world_size()
 
@@ -77,13 +74,15 @@ def _order_changed(state: TrainState, saved: dict[str, Any]) -> bool:
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     """Continue from ``checkpoint`` (whose weights and optimizer states are already loaded): the
     counters, history, generators, data order and handler states; a stop when its target is reached."""
+    order = data_order(state)
     state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
-    state.start_batch = position = checkpoint.get("position", 0)
-    state.epoch_start_step = checkpoint.get("epoch_start_step", state.global_step - position)
+    state.resumed = True
+    position = checkpoint.get("position", 0)
+    epoch_start_step = checkpoint.get("epoch_start_step", state.global_step - position)
     state.optimizer_steps = checkpoint.get("optimizer_steps", 0)
     state.accumulated_batches = checkpoint.get("accumulated_batches", 0)
     grads = checkpoint.get("grads", {})
-    if position and _order_changed(state, checkpoint.get("data_order", {})):
+    if position and _order_changed(order, checkpoint.get("data_order", {})):
         log.warning(
             "the checkpoint was written by %d rank(s) %d batch(es) into epoch %d of a shuffled order; on %d "
             "rank(s) the epoch's order is another one, so its position cannot be found: epoch %d starts "
@@ -93,10 +92,10 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
             state.epoch + 1,
             world_size(),
             state.epoch + 1,
-            state.global_step - state.epoch_start_step,
+            state.global_step - epoch_start_step,
         )
-        state.global_step = state.epoch_start_step
-        state.start_batch = position = 0
+        state.global_step = epoch_start_step
+        position = 0
         state.accumulated_batches, grads = 0, {}
     # The restored state is the one after the checkpoint's last batch: a stop before any batch of
     # this fit (a signal while restoring) then saves that same state, or nothing, never another.
@@ -115,8 +114,9 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     rank_rngs = checkpoint.get("rank_rngs")  # every rank's generators, in a checkpoint of several ranks
     same_ranks = isinstance(rank_rngs, list) and len(rank_rngs) == world_size()
     restore_rng_states(rank_rngs[rank()] if same_ranks else checkpoint.get("rng", {}))  # type: ignore[index]
-    if state.data_order is not None:
-        state.data_order.load_state_dict(checkpoint.get("data_order", {}), mid_epoch=position > 0)
+    if order is not None:
+        order.load_state_dict(checkpoint.get("data_order", {}), mid_epoch=position > 0)
+        order.resume_at(position, epoch_start_step)
     saved = checkpoint.get("handlers", {})
     for key, handler in stateful_handlers(state.handlers).items():
         if key in saved:
@@ -132,3 +132,22 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
     elif state.max_batches is not None and state.global_step >= state.max_batches:
         state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")
+
+
+class ResumeSource(Protocol):
+    """A handler that may pick a checkpoint to resume from in its ``train_begin``
+    (:class:`~fitforge.handlers.CheckpointHandler`)."""
+
+    def take_resume_checkpoint(self) -> dict[str, Any] | None:
+        """The checkpoint picked (its weights and optimizer states already loaded), once; else None."""
+        ...
+
+
+def resume_picked(state: TrainState) -> None:
+    """Run between ``train_begin`` and the first epoch: resume from the checkpoint a handler picked."""
+    for handler in state.handlers:
+        take = getattr(unwrapped(handler), "take_resume_checkpoint", None)
+        checkpoint = take() if callable(take) else None
+        if checkpoint is not None:
+            resume(state, checkpoint)
+            return

@@ -25,7 +25,7 @@ from fitforge.core.events import EventHandler, acts_as, events_of
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
 
-FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources"}
+FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run"}  # plumbing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,8 @@ optimizer step, with an error naming the culprit; and fit, evaluate and predict 
 net still lives on the estimator's device.
 
 The loop calls :func:`first_step` instead of the step for the first batch of a fit (and of each
-evaluate or predict pass), and the step itself for every other batch: nothing here costs a batch after
-the first. On the first training batch, in order:
+evaluate or predict pass; :func:`check_first_batch_of` arms it), and the step itself for every other
+batch: nothing here costs a batch after the first. On the first training batch, in order:
 
 1. nan or inf in the batch's floating tensors (data and labels), before the forward, so that not even
    BatchNorm's running statistics see them (one host read per tensor; ``BatchProcessor(
@@ -34,6 +34,7 @@ from torch import nn
 from fitforge.core.data import check_finite
 from fitforge.core.events import unwrapped
 from fitforge.core.forward_errors import explain, net_inputs, same_device
+from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
 from fitforge.exceptions import DeviceMismatchError
 
@@ -52,6 +53,19 @@ def first_step(
     state.output = output
     check_handlers(state, handlers)
     return output
+
+
+def check_first_batch_of(run: RunContext) -> None:
+    """Make the run's next step go through :func:`first_step`; once one has, every later batch
+    calls the step itself (a batch cancelled inside the step is no checked batch: the next is)."""
+    step = run.step
+
+    def checked(state: TrainState, batch: Any) -> Any:
+        output = first_step(state, step, batch, run.dispatcher.handlers, run.name)
+        run.step = step
+        return output
+
+    run.step = checked
 
 
 def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any) -> Any:

@@ -13,6 +13,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 
+def numbered_key(name: str, index: int) -> str:
+    """The key of the ``index``-th of several values named ``name``: ``lr``, ``lr_1``, ``lr_2``..."""
+    return name if index == 0 else f"{name}_{index}"
+
+
 class History(Mapping):
     """Per-epoch records.
 
@@ -36,6 +41,12 @@ class History(Mapping):
         self._recorded.clear()
         for column in self._columns.values():
             column.append(math.nan)
+
+    def open_epoch(self, index: int) -> None:
+        """Open the row of epoch ``index`` (0-based) unless it is open already: an epoch that a
+        resume continues keeps the row its checkpoint holds."""
+        if self._epochs <= index:
+            self.new_epoch()
 
     def record(self, key: str, value: float) -> None:
         """Set ``key`` for the current (last) epoch; later records in the same epoch overwrite."""

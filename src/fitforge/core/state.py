@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from fitforge.core.history import History
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fitforge.checkpoint.data_order import DataOrder
 
 
 class StepProcessor(Protocol):
@@ -24,6 +21,15 @@ class StepProcessor(Protocol):
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput: ...
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput: ...
     def predict_batch(self, state: TrainState, batch: Any) -> Any: ...
+
+
+class RunMachinery(Protocol):
+    """What ``state.run`` offers of the fit's :class:`~fitforge.core.run.RunContext`."""
+
+    @property
+    def data(self) -> object:
+        """The training data, epoch by epoch: a fitforge.checkpoint.data_order.DataOrder in fit."""
+        ...
 
 
 class EstimatorLike(Protocol):
@@ -97,7 +103,7 @@ class TrainState:
     estimator, phase    yes          yes          yes          yes        yes        yes
     max_epochs/batches  yes          yes          yes          yes        yes        yes
     epoch               0            yes          yes          yes        yes        last one
-    batch_idx           --           --           yes          yes        last one   last one
+    batch_idx           --           (1)          yes          yes        last one   last one
     global_step         0            yes          yes          yes        yes        yes
     num_batches         yes          yes          yes          yes        yes        yes
     batch               --           --           yes          yes        last one   last one
@@ -106,6 +112,9 @@ class TrainState:
     history             yes          row added    yes          yes        yes        yes
     shared              yes          yes          yes          yes        yes        yes
     ==================  ===========  ===========  ===========  =========  =========  =========
+
+    (1) -1, or in an epoch that a resume continues, the position of the last batch its checkpoint
+    had read (the epoch's batches are numbered from the start of its data either way).
 
     ``metrics`` holds plain floats computed at epoch end (``train_loss``, ``val_accuracy``...);
     handlers that want running (epoch-so-far) values mid-epoch call :meth:`running_metrics`, which
@@ -127,23 +136,19 @@ class TrainState:
             e.g. for a checkpoint to save the state of every handler that has ``state_dict``.
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
         accumulated_batches: batches whose gradients wait for the next optimizer step.
-        epoch_complete: at ``epoch_end``, whether the epoch went through all its data (False when a
-            stop, a ``CancelEpoch`` or ``batches=N`` cut it short; a stop requested at the last batch
-            also cuts it short, as the data iterator is not asked for more).
-        epoch_cancelled: at ``epoch_end``, whether a CancelEpoch (or a CancelBatch outside a batch)
-            ended the epoch early; training goes on with the next epoch unless a stop was requested.
+        epoch_finished: at ``epoch_end``, whether the run is through with the epoch: it went
+            through all its data, or a ``CancelEpoch`` ended it (the next epoch follows); False when
+            a stop (``batches=N``, a signal, a handler) cut it short before its last batch.
+        epoch_suspended: at ``epoch_end``, whether a signal cut the epoch short: a resumed run will
+            finish it, so handlers that judge whole epochs (validation, early stopping, logs of
+            epochs) leave it to that run.
         stop_requested / stop_reason: set by :meth:`request_stop`.
-        start_batch: the batch position the current epoch started at: 0, except in the epoch a
-            resume from a mid-epoch checkpoint continues.
         preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
-        signalled: the signal this process received (the same as ``preempted`` in one process).
-        epoch_start_step: ``global_step`` when the current training epoch began.
-        agreement: under torch.distributed, the :class:`~fitforge.distributed.stop_agreement.StopAgreement` that
-            makes every rank stop at the same batch (fit only; None in one process).
-        data_order: the training data's :class:`~fitforge.checkpoint.data_order.DataOrder` (fit only).
-        restore: a checkpoint a handler loaded in ``train_begin`` for fit to resume from, once every
-            ``train_begin`` ran (CheckpointHandler sets it; see :mod:`fitforge.checkpoint.resume`).
+        resumed: whether this fit continues from a checkpoint (set after ``train_begin``, before
+            the first ``epoch_begin``).
+        run: the fit's machinery (:class:`~fitforge.core.run.RunContext`: dispatcher, data order,
+            coordinator), for fitforge's own checkpointing; None in evaluate and predict.
     """
 
     estimator: EstimatorLike
@@ -160,19 +165,14 @@ class TrainState:
     history: History = field(default_factory=History)
     shared: dict[str, Any] = field(default_factory=dict)
     handlers: tuple = ()
-    epoch_complete: bool = False
-    epoch_cancelled: bool = False
+    epoch_finished: bool = False
     optimizer_steps: int = 0
     accumulated_batches: int = 0
     stop_requested: bool = False
     stop_reason: str | None = None
-    start_batch: int = 0
     preempted: int | None = None
-    signalled: int | None = None
-    epoch_start_step: int = 0
-    agreement: Any = None
-    data_order: DataOrder | None = None
-    restore: dict[str, Any] | None = None
+    resumed: bool = False
+    run: RunMachinery | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
 
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -182,6 +182,11 @@ class TrainState:
             self.stop_requested = True
             self.stop_reason = reason
             self.history.stop_reason = reason
+
+    @property
+    def epoch_suspended(self) -> bool:
+        """See the class docstring: a signal cut the epoch short; a resumed run finishes it."""
+        return self.preempted is not None and not self.epoch_finished
 
     def running_metrics(self) -> dict[str, float]:
         """The epoch-so-far values of the loss and metrics, as a new dict of floats.

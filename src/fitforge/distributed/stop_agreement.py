@@ -5,13 +5,13 @@ reduction, a checkpoint): a deadlock. Stops come from per-rank sources (a signal
 rank, ``max_time`` on one rank's clock, a handler judging this rank's values), so the loop agrees
 on them: after every training batch (also a cancelled one), after ``train_begin`` and after every
 ``epoch_end``, one ``MAX`` all-reduce of two host integers over a gloo group (no GPU is synced)
-carries this rank's received signal (``state.signalled``) and whether it requested a stop. When
+carries this rank's received signal and whether it requested a stop. When
 any rank got a signal, every rank sets ``state.preempted`` and stops; when any rank requested a
 stop, every rank stops. A CheckpointHandler then saves that state at the epoch end that follows.
 A CancelFit raised in a batch on one rank is raised on the others at the same point.
 
 After a batch that this rank does not stop at, the all-reduce runs while the next batch is read
-from the data (``after_batch`` starts it, ``finish`` waits for it before that batch trains): its
+from the data (``after_batch`` starts it, ``stopped_elsewhere`` waits for it before that batch trains): its
 latency hides behind the data loading, and an agreed stop still falls after the same batch on
 every rank (the batch read meanwhile is not trained).
 
@@ -22,6 +22,7 @@ and its ranks would silently train apart.
 
 from __future__ import annotations
 
+import logging
 import signal
 from typing import Any
 
@@ -32,37 +33,50 @@ from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import cpu_group, reduce_ints
 from fitforge.exceptions import CancelFit, FitforgeValueError
 
+log = logging.getLogger("fitforge")
+
 
 class StopAgreement:
-    """The agreement of one fit on several ranks (see the module docstring)."""
+    """The coordinator of one fit on several ranks (see the module docstring and
+    :class:`fitforge.core.coordinator.Coordinator`)."""
 
     def __init__(self, check_replicas: bool) -> None:
         self._group = cpu_group()
         self._check_replicas = check_replicas
         self._flags = torch.zeros(3, dtype=torch.int64)  # signal, stop requested, CancelFit raised
         self._work: Any = None  # an all-reduce under way, started after a batch
+        self._signalled = 0  # the signal this rank received, until every rank knows it
 
-    def settle(self, state: TrainState, cancel_fit: bool = False) -> None:
+    def signal_received(self, state: TrainState, signum: int) -> None:
+        """Remember the signal for the next agreement, which stops every rank at the same batch."""
+        self._signalled = signum
+        log.warning(
+            "received %s: every rank stops at the end of the next batch (saved by a CheckpointHandler, if any); "
+            "send it again to stop at once",
+            signal.Signals(signum).name,
+        )
+
+    def agree_on_stop(self, state: TrainState, cancel_fit: bool = False) -> None:
         """Reduce this rank's signal and stop request now; stop every rank if any rank asked."""
-        self.finish(state)
-        flags = [state.signalled or 0, int(state.stop_requested), int(cancel_fit)]
+        self.stopped_elsewhere(state)
+        flags = [self._signalled, int(state.stop_requested), int(cancel_fit)]
         self._apply(state, reduce_ints(flags, "max"), cancel_fit)
 
     def after_batch(self, state: TrainState, cancel_fit: bool = False) -> None:
-        """After a training batch (the first: also the replicas check): settle at once when this
-        rank stops here, else start the reduction for :meth:`finish` to apply before the next
-        batch. ``cancel_fit``: this rank raised CancelFit in the batch (the others raise it too)."""
+        """After a training batch (the first: also the replicas check): agree at once when this
+        rank stops here, else start the reduction for :meth:`stopped_elsewhere` to apply before
+        the next batch. ``cancel_fit``: this rank raised CancelFit in the batch (the others raise it too)."""
         if self._check_replicas and state.optimizer_steps > 0:
             self._check_replicas = False
             _check_replicas(state)
         if state.stop_requested or cancel_fit:
-            self.settle(state, cancel_fit)
+            self.agree_on_stop(state, cancel_fit)
             return
-        self.finish(state)
-        self._flags[0], self._flags[1], self._flags[2] = state.signalled or 0, 0, 0
+        self.stopped_elsewhere(state)
+        self._flags[0], self._flags[1], self._flags[2] = self._signalled, 0, 0
         self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
 
-    def finish(self, state: TrainState) -> bool:
+    def stopped_elsewhere(self, state: TrainState) -> bool:
         """Apply the reduction :meth:`after_batch` started, if any; whether it stopped training."""
         if self._work is None:
             return False

@@ -11,7 +11,7 @@ import torch
 
 from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, check_fits, load_checkpoint, restore_weights
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder
-from fitforge.checkpoint.resume import epoch_done, training_state
+from fitforge.checkpoint.resume import data_order, training_state
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_checkpoint, non_finite_state, only_buffers
@@ -33,7 +33,7 @@ def _names(tensors: list[str], shown: int = 4) -> str:
 def _completed_epochs(state: TrainState) -> int:
     """Epochs completed at an epoch end: this one counts unless a stop (``batches=N``, a signal...)
     cut it short; a cancelled epoch counts, as the run goes on with the next one."""
-    return state.epoch + 1 if epoch_done(state) else state.epoch
+    return state.epoch + 1 if state.epoch_finished else state.epoch
 
 
 class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
@@ -96,18 +96,16 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "epoch",
         "global_step",
         "preempted",
-        "data_order",
         "handlers",
         "history",
         "metrics",
         "optimizer_steps",
         "accumulated_batches",
-        "epoch_complete",
-        "epoch_cancelled",
+        "epoch_finished",
         "batch_idx",
         "num_batches",
-        "epoch_start_step",
     )
+    writes = ()  # resuming happens after train_begin (fitforge.checkpoint.resume), not through the state
 
     def __init__(
         self,
@@ -146,12 +144,13 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.max_checkpoints = max_checkpoints
         self.resume_from_checkpoint = check_flag(resume_from_checkpoint, "resume_from_checkpoint", "CheckpointHandler")
         self.save_non_finite = check_flag(save_non_finite, "save_non_finite", "CheckpointHandler")
-        self.writes = ("restore",) if self.resume_from_checkpoint else ()  # only a resuming one hands fit a state
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
         self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) saved or started from
         self._refused = 0  # saves of non-finite states in this run
+        self._picked: dict | None = None  # the checkpoint train_begin chose to resume from
+        self.resumed_from: Path | None = None
 
     def train_begin(self, state: TrainState) -> None:
         agree(self._folder.prepare, FitforgeValueError)
@@ -160,6 +159,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
         # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
         self.saved, self.best, self.best_path, self._last = [], None, None, (0, 0, 0)
+        self.resumed_from = None
         self._refused = 0
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
@@ -167,7 +167,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def _warn_if_inexact(self, state: TrainState) -> None:
         """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
-        problem = None if state.data_order is None else state.data_order.problem
+        order = data_order(state)
+        problem = None if order is None else order.problem
         if problem is not None and (self.batch_period or self.resume_from_checkpoint):
             log.warning(
                 "CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
@@ -234,7 +235,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         )
 
     def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
-        state.restore = checkpoint  # fit resumes from it once every handler's train_begin ran
+        self._picked, self.resumed_from = checkpoint, path  # fit resumes once every train_begin ran
         # Newer unreadable files leave the rotation's count (only rank 0, which writes, rotates).
         self.saved = files[: files.index(path) + 1] if path in files else [path]
         self._last = (checkpoint["epochs_completed"], checkpoint["global_step"], checkpoint.get("position", 0))
@@ -247,6 +248,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             if checkpoint.get("position")
             else "",
         )
+
+    def take_resume_checkpoint(self) -> dict | None:
+        """The checkpoint ``train_begin`` picked, for fit to resume from once every handler's
+        ``train_begin`` ran (see :func:`fitforge.checkpoint.resume.resume_picked`); once."""
+        picked, self._picked = self._picked, None
+        return picked
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period

@@ -9,7 +9,6 @@ import math
 import os
 from pathlib import Path
 
-from fitforge.checkpoint.resume import epoch_done
 from fitforge.core.arguments import check_flag
 from fitforge.core.events import EpochEnd, TrainBegin
 from fitforge.core.history import History
@@ -62,14 +61,12 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     reads = (
         "phase",
         "epoch",
-        "start_batch",
         "history",
         "handlers",
         "estimator",
         "preempted",
-        "restore",
-        "epoch_complete",
-        "epoch_cancelled",
+        "resumed",
+        "epoch_finished",
         "batch_idx",
         "num_batches",
     )
@@ -83,7 +80,6 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self._header: list[str] = []  # empty until the run's first write
 
     def train_begin(self, state: TrainState) -> None:
-        self._resumed = state.restore is not None  # CheckpointHandler (900) has chosen what to resume
         self._header = []  # decided at the first write, once a resume (after train_begin) is known
         if self.path.is_dir():
             raise FitforgeValueError(f"CSVLoggerHandler: path {self.path} is a folder; expected a file path")
@@ -93,7 +89,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self._expected = run_keys(state.handlers, state.estimator)
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or not epoch_done(state):
+        if state.phase != "train" or not state.epoch_finished:
             return  # a row per completed epoch: one cut short is written when a resumed run completes it
         history = state.history
         rows = self._start(state) if not self._header else [(history.epochs, _current_row(history))]
@@ -103,7 +99,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     def _start(self, state: TrainState) -> list[tuple[int, dict[str, float]]]:
         """The first write of a run: choose the header and the rows to catch up on."""
         history = state.history
-        resumed = self._resumed
+        resumed = state.resumed
         header, last = self._read() if resumed or self.append else (None, 0)
         if header is None:
             keys = list(history) + [key for key in self._expected if key not in history]

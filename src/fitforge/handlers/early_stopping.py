@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fitforge.checkpoint.resume import epoch_done
 from fitforge.core.arguments import check_number
 from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
@@ -49,8 +48,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         "preempted",
         "history",
         "metrics",
-        "epoch_complete",
-        "epoch_cancelled",
+        "epoch_finished",
         "batch_idx",
         "num_batches",
     )
@@ -97,7 +95,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         self._active = True
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.preempted is not None and not epoch_done(state):
+        if state.epoch_suspended:
             return  # a partial epoch's value is no epoch's: the epoch ends when the run resumes
         value = self._monitor.epoch_value(state, self)
         if value is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from fitforge.checkpoint.resume import epoch_done
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
 
@@ -59,8 +58,7 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         "estimator",
         "phase",
         "preempted",
-        "epoch_complete",
-        "epoch_cancelled",
+        "epoch_finished",
         "batch_idx",
         "num_batches",
         "shared.found_inf",
@@ -102,7 +100,7 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
 
     def epoch_end(self, state) -> None:
         if state.phase == "train" and state.accumulated_batches:  # a trailing partial group
-            if state.preempted is not None and not epoch_done(state):
+            if state.epoch_suspended:
                 return  # the group goes on when the run resumes: its checkpoint keeps the gradients
             self.step(state)
 

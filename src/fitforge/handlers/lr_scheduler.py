@@ -10,8 +10,8 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
-from fitforge.checkpoint.resume import epoch_done
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, TrainBegin
+from fitforge.core.history import numbered_key
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
@@ -64,8 +64,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
         "max_batches",
         "handlers",
         "batch_idx",
-        "epoch_complete",
-        "epoch_cancelled",
+        "epoch_finished",
     )
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
 
@@ -198,10 +197,10 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
             if stepped:
                 self._follow_steps(state)
         else:
-            stepped = epoch_done(state) and self._step_epoch(state)
+            stepped = state.epoch_finished and self._step_epoch(state)
         if stepped:
             for i, optimizer in enumerate(state.estimator.optimizers):  # the keys the loop records
-                state.history.record("lr" if i == 0 else f"lr_{i}", float(optimizer.param_groups[0]["lr"]))
+                state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
 
     def _follow_steps(self, state: TrainState) -> None:
         scheduler, seen = self.scheduler, self._steps_seen or 0

@@ -50,7 +50,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     """
 
     priority = -1000
-    reads = ("estimator", "phase", "output", "batch_idx", "start_batch")
+    reads = ("estimator", "phase", "output", "batch_idx")
     writes = ("metrics", "history")
 
     def __init__(self, metrics: Any = None) -> None:
@@ -94,7 +94,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         for slot in self.slots:
             slot.metric.reset()
         if self._pending is not None:
-            if state.start_batch > 0:  # resumed mid-epoch: continue the epoch's sums
+            if state.batch_idx >= 0:  # at epoch_begin: a resume continues this epoch, and its sums
                 self._resume(self._pending, state.estimator.device)
             self._pending = None
         if self.compute not in state.metric_sources:

@@ -8,7 +8,6 @@ import math
 import torch
 import torch.distributed as dist
 
-from fitforge.checkpoint.resume import epoch_done
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
 from fitforge.core.finite import GradientCheck
@@ -103,8 +102,7 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         "global_step",
         "estimator",
         "preempted",
-        "epoch_complete",
-        "epoch_cancelled",
+        "epoch_finished",
         "num_batches",
     )
     writes = ("stop_requested", "shared.found_inf")
@@ -205,7 +203,7 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
                     state.epoch + 1,
                 )
             self._epoch_skips = 0
-        elif state.preempted is None or epoch_done(state):
+        elif not state.epoch_suspended:
             self._act(state)  # a preempted partial epoch is judged when the resumed run ends it
 
     def _act(self, state: TrainState) -> bool:

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fitforge.checkpoint.resume import epoch_done
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
@@ -58,8 +57,7 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
         "estimator",
         "metrics",
         "preempted",
-        "epoch_complete",
-        "epoch_cancelled",
+        "epoch_finished",
         "batch_idx",
         "num_batches",
     )
@@ -101,7 +99,7 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
                 self.writer.add_scalar(f"batch/{key}", value, step)
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or (state.preempted is not None and not epoch_done(state)):
+        if state.phase != "train" or (state.epoch_suspended):
             return
         history, step = state.history, state.history.epochs
         for key in history:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from fitforge.checkpoint.resume import epoch_done
 from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, TrainBegin
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -35,8 +34,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         "epoch",
         "global_step",
         "preempted",
-        "epoch_complete",
-        "epoch_cancelled",
+        "epoch_finished",
         "batch_idx",
         "num_batches",
     )
@@ -71,7 +69,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
             self._validated_at = state.global_step + 1  # completed batches once this one counts
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.preempted is not None and not epoch_done(state):
+        if state.epoch_suspended:
             return  # the epoch is not over: it resumes later (and the grace time is short)
         # An epoch ending right after a batch-period validation has the same weights: skip the repeat.
         if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0 and self._validated_at != state.global_step:

@@ -1,0 +1,60 @@
+"""How the loop learns about stops that other processes decided: the :class:`Coordinator` interface.
+
+The loop calls the coordinator at fixed points of a fit: after ``train_begin``, ``epoch_begin`` and
+``epoch_end`` (:meth:`~Coordinator.agree_on_stop`), before each training batch
+(:meth:`~Coordinator.stopped_elsewhere`) and after it (:meth:`~Coordinator.after_batch`), and when a
+signal asks the fit to stop (:meth:`~Coordinator.signal_received`). In one process there is nobody
+to agree with: :class:`Alone` does nothing but turn a signal into a stop. Under torch.distributed,
+:class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop at the same batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Protocol
+
+from fitforge.core.state import TrainState
+
+log = logging.getLogger("fitforge")
+
+
+class Coordinator(Protocol):
+    """Agreement on stops between the processes that run one fit."""
+
+    def agree_on_stop(self, state: TrainState) -> None:
+        """Make a stop that any process requested (or a signal any received) hold for all, now."""
+
+    def stopped_elsewhere(self, state: TrainState) -> bool:
+        """Before a training batch: whether another process stopped training after the last one
+        (this batch is then not trained)."""
+        ...
+
+    def after_batch(self, state: TrainState, cancel_fit: bool = False) -> None:
+        """After a training batch (also a cancelled one); ``cancel_fit``: it raised CancelFit."""
+
+    def signal_received(self, state: TrainState, signum: int) -> None:
+        """SIGTERM or SIGINT reached this process during fit (called from the signal handler)."""
+
+
+class Alone:
+    """The coordinator of a fit in one process: nothing to agree on; a signal stops at once."""
+
+    def agree_on_stop(self, state: TrainState) -> None:
+        pass
+
+    def stopped_elsewhere(self, state: TrainState) -> bool:
+        return False
+
+    def after_batch(self, state: TrainState, cancel_fit: bool = False) -> None:
+        pass
+
+    def signal_received(self, state: TrainState, signum: int) -> None:
+        name = signal.Signals(signum).name
+        state.preempted = signum
+        state.request_stop(f"preempted by {name}")
+        log.warning(
+            "received %s: training stops at the end of this batch (saved by a CheckpointHandler, if any); "
+            "send it again to stop at once",
+            name,
+        )

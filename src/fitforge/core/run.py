@@ -1,0 +1,69 @@
+"""The machinery of one fit that handlers do not read: a :class:`RunContext`.
+
+It holds the dispatcher, the step, the training data epoch by epoch, the coordinator of several
+processes, and what runs between ``train_begin`` and the first epoch (resuming from a checkpoint).
+The Estimator assembles it; the loop only calls it. ``state.run`` points to it during fit, for
+fitforge's own checkpointing (which saves and restores the data order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fitforge.core.coordinator import Alone, Coordinator
+from fitforge.core.dispatch import Dispatcher
+from fitforge.core.state import TrainState
+
+Step = Callable[[TrainState, Any], Any]  # (state, batch) -> the batch's output
+
+
+class EpochData(Protocol):
+    """The data of each epoch (fitforge.checkpoint.data_order.DataOrder in fit, :class:`OnePass`
+    in evaluate and predict)."""
+
+    def epoch(self, state: TrainState) -> tuple[Iterable, int]:
+        """The data of ``state.epoch`` and the position of its first batch (0, except in an
+        epoch a resume continues)."""
+        ...
+
+    def close(self) -> None:
+        """Called once the run is over."""
+
+
+class OnePass:
+    """A single pass over ``data``, from its first batch."""
+
+    def __init__(self, data: Iterable) -> None:
+        self.data = data
+
+    def epoch(self, state: TrainState) -> tuple[Iterable, int]:
+        return self.data, 0
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class RunContext:
+    """One run of the loop (a fit, or an evaluate or predict pass).
+
+    Attributes:
+        dispatcher: the run's handlers, ordered, with their hooks per event.
+        step: called per batch: the processor's ``fit_batch`` (or the pass's step); its first call
+            may be a checked one (see :func:`fitforge.core.first_batch.check_first_batch_of`).
+        data: the data, epoch by epoch.
+        name: what the data is called in errors (``"train_data"``, ``"val_data"``...).
+        coordinator: agreement on stops with other processes (:class:`Alone` in one process).
+        prepare: called once after every ``train_begin`` and before the first epoch (a resume).
+        allow_empty: a pass of no batch is no error (a rank's share of evaluation data may be empty).
+    """
+
+    dispatcher: Dispatcher
+    step: Step
+    data: EpochData
+    name: str
+    coordinator: Coordinator = field(default_factory=Alone)
+    prepare: Sequence[Callable[[TrainState], None]] = ()
+    allow_empty: bool = False
