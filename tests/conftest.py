@@ -1,7 +1,13 @@
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The test files sit in a folder per subpackage (no __init__.py), so pytest puts each file's own
+# folder on sys.path; tests/ itself goes first for the shared modules ``helpers`` and ``figures``.
+sys.path.insert(0, str(Path(__file__).parent))
 
 from figures import summary_lines
 

@@ -1,4 +1,4 @@
-"""Argument resolution and checks (configure.py) and the loss set (loss.py)."""
+"""Argument resolution and checks (core/options.py) and the loss set with its label hints (core/loss.py)."""
 
 import re
 import warnings
@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from fitforge import Estimator
 from fitforge.core.loss import LossSet
 from fitforge.core.options import check_duration, check_net, resolve_device, resolve_optimizers
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError
@@ -473,3 +474,44 @@ class TestLossSet:
     def test_errors_are_value_errors(self):
         assert issubclass(LossInputError, FitforgeValueError) and issubclass(FitforgeValueError, ValueError)
         assert issubclass(FitforgeTypeError, TypeError)
+
+
+def test_optimizer_for_another_net_is_refused():
+    other = nn.Linear(1, 1)
+    with pytest.raises(FitforgeValueError, match="optimizer holds none of net's parameters"):
+        Estimator(nn.Linear(1, 1), nn.MSELoss(), optimizer=torch.optim.SGD(other.parameters(), lr=0.1), device="cpu")
+    net = nn.Linear(1, 1)  # a second optimizer for another module (a GAN's discriminator) is fine
+    Estimator(
+        net,
+        nn.MSELoss(),
+        optimizer=[torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.SGD(other.parameters(), lr=0.1)],
+        device="cpu",
+    )
+
+
+def test_cross_entropy_label_with_a_class_axis_gets_the_squeeze_hint():
+    est = Estimator(nn.Linear(5, 3), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    batches = [(torch.randn(4, 5), torch.randint(0, 3, (4, 1)))]
+    with pytest.raises(LossInputError, match=re.escape("without the class axis: use label.squeeze(1)")):
+        est.fit(batches, epochs=1)
+
+
+def test_cross_entropy_label_hints_for_int32_and_out_of_range_classes():
+    est = Estimator(nn.Linear(5, 2), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    with pytest.raises(
+        LossInputError, match=re.escape("class-index labels must be int64, got int32: use label.long()")
+    ):
+        est.fit([(torch.randn(4, 5), torch.tensor([0, 1, 1, 0], dtype=torch.int32))], epochs=1)
+    with pytest.raises(
+        LossInputError,
+        match=re.escape(
+            "labels go up to 2 but the net outputs 2 class scores, so labels "
+            "must lie in 0..1: give the last layer 3 outputs"
+        ),
+    ):
+        est.fit([(torch.randn(4, 5), torch.tensor([0, 1, 2, 0]))], epochs=1)
+
+
+def test_a_list_of_one_loss_behaves_like_the_loss():
+    total, parts = LossSet([nn.MSELoss()])(torch.ones(2), torch.zeros(2))
+    assert total.item() == 1.0 and parts[0] is total

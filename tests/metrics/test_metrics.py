@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fitforge import Estimator
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.metrics import (
     Accuracy,
@@ -636,3 +637,51 @@ def test_accuracy_update_does_not_detach_yet_records_no_graph():
     assert float(metric.compute()) == pytest.approx(
         float((pred.argmax(1)[[0, 1, 3]] == torch.tensor([0, 1, 0])).float().mean())
     )
+
+
+@pytest.mark.parametrize(
+    "label, expected",
+    [
+        (torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]), 0.75),  # one-hot
+        (torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]]), 0.75),  # probabilities
+        (torch.tensor([0, 1, 0, 1]), 0.75),
+    ],
+)
+def test_accuracy_with_index_one_hot_and_probability_labels(label, expected):
+    pred = torch.tensor([[2.0, 1.0], [0.0, 3.0], [0.0, 1.0], [0.0, 1.0]])
+    metric = Accuracy()
+    metric.update(pred, label)
+    assert metric.compute().item() == pytest.approx(expected)
+
+
+def test_accuracy_on_a_single_score_points_to_binary_accuracy():
+    with pytest.raises(FitforgeValueError, match="one score per sample.*use the 'binary_accuracy' metric"):
+        Accuracy().update(torch.randn(4, 1), torch.tensor([0, 1, 1, 0]))
+
+
+def test_accuracy_with_integer_one_hot_labels_and_one_dimensional_scores():
+    metric = Accuracy()
+    metric.update(torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]]), F.one_hot(torch.tensor([0, 1]), 3))
+    assert metric.compute().item() == 1.0
+    with pytest.raises(FitforgeValueError, match="no class axis.*'binary_accuracy'"):
+        Accuracy().update(torch.tensor([2.3, -1.0, 0.7]), torch.tensor([1, 0, 1]))
+    exact = Accuracy()  # integer class predictions are compared as they are
+    exact.update(torch.tensor([1, 0, 2]), torch.tensor([1, 1, 2]))
+    assert exact.compute().item() == pytest.approx(2 / 3)
+
+
+def test_one_metric_object_cannot_count_training_and_validation():
+    shared = Accuracy()
+    with pytest.raises(
+        FitforgeValueError,
+        match=r"val_metrics and train_metrics share the metric object\(s\) "
+        r"\['accuracy'\]",
+    ):
+        Estimator(
+            nn.Linear(5, 3),
+            nn.CrossEntropyLoss(),
+            train_metrics=shared,
+            val_metrics=[shared],
+            optimizer="sgd",
+            device="cpu",
+        )

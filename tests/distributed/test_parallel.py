@@ -2,7 +2,7 @@
 the rank's device, data splitting (with a pretended world of 2), the predict interleave, metric
 sums merged from several ranks, agreed preemption, and FSDP with its DCP checkpoints on a
 one-process gloo group. The multi-process behaviour itself is tested under torchrun in
-tests/distributed/."""
+test_data_parallel.py beside this file."""
 
 import logging
 import os

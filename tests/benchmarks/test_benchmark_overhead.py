@@ -25,7 +25,7 @@ def test_every_variant_does_the_same_arithmetic(overhead, tiny):
 def test_host_reads_are_counted_per_variant(overhead, tiny):
     reads = overhead.host_reads(*tiny)
     # One read per value per epoch in both; fit adds two once per fit, the first batch's checks (nan/inf in
-    # the data, class labels in range). tests/test_host_reads.py checks nothing grows with the batches.
+    # the data, class labels in range). tests/handlers/test_host_reads.py checks nothing grows with the batches.
     assert reads["fit lean"] == reads["hand"] + 2 and reads["hand"] > 0
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from fitforge import BatchOutput, BatchProcessor, Estimator
 from fitforge.exceptions import (
     DeviceMismatchError,
+    FitforgeTypeError,
     FitforgeValueError,
     ForwardError,
     LossInputError,
@@ -21,6 +22,7 @@ from fitforge.exceptions import (
 )
 from fitforge.handlers import MetricHandler, ValidationHandler
 from fitforge.metrics import SumCountMetric
+from fitforge.testing import linear_problem
 from helpers import make_estimator, regression_batches
 
 
@@ -493,3 +495,71 @@ def test_a_metric_that_cannot_be_copied_is_left_to_its_real_update():
     metric = Locked()
     make_estimator(train_metrics=metric, val_metrics="mae").fit(regression_batches(3), epochs=1)
     assert metric.updates == 3
+
+
+def test_a_validation_mistake_fails_before_the_first_training_step():
+    net = nn.Linear(5, 3)
+    est = Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    train = [(torch.randn(4, 5), torch.randint(0, 3, (4,))) for _ in range(3)]
+    val = [(x, y.float()) for x, y in train]
+    before = net.weight.detach().clone()
+    with pytest.raises(
+        LossInputError,
+        match=r"^the first batch of val_data cannot be evaluated: loss 0 "
+        r"\(CrossEntropyLoss\) failed on .* use label\.long\(\)",
+    ):
+        est.fit(train, val_data=val, epochs=2)
+    assert net.weight.detach().equal(before)
+
+
+def test_the_first_validation_batch_check_leaves_the_rng_untouched():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    est = make_estimator()
+    loader = DataLoader(TensorDataset(torch.rand(8, 1), torch.rand(8, 1)), batch_size=4, shuffle=True)
+    state = torch.get_rng_state()
+    est.check_first_val_batch(loader, "val_data")
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_first_validation_batch_check_skips_one_shot_and_empty_data():
+    est = make_estimator()
+    batches = regression_batches(2)
+    one_shot = iter(batches)
+    est.check_first_val_batch(one_shot, "val_data")
+    assert len(list(one_shot)) == 2  # nothing consumed
+    est.check_first_val_batch([], "val_data")
+
+
+def test_a_list_of_single_samples_is_recognised():
+    samples = [(torch.rand(1), torch.tensor(2.0)) for _ in range(4)]  # (x, y) pairs, not batches
+    with pytest.raises(FitforgeValueError, match="looks like a single sample, not a batch"):
+        make_estimator(loss=lambda p, y: ((p.squeeze() - y) ** 2).mean(), train_metrics=[]).fit(samples, epochs=1)
+
+
+class _NoBatchSize(BatchProcessor):
+    """A custom step that forgets BatchOutput.batch_size (reported by the docs review)."""
+
+    def fit_batch(self, state, batch):
+        out = super().fit_batch(state, batch)
+        return BatchOutput(out.data, out.label, out.pred, out.loss, out.losses)
+
+    def evaluate_batch(self, state, batch):
+        return "not an output"
+
+
+def test_a_batch_output_without_batch_size_is_an_error_at_the_first_batch():
+    estimator, train, val = linear_problem()
+    estimator.batch_processor = _NoBatchSize()
+    with pytest.raises(
+        FitforgeValueError,
+        match=r"fit_batch returned BatchOutput\(batch_size=0\); set it to the "
+        "number of samples in the batch",
+    ):
+        estimator.fit(train, epochs=1)
+    with pytest.raises(
+        FitforgeTypeError,
+        match="first batch of val_data cannot be evaluated: BatchProcessor."
+        "evaluate_batch must return a fitforge.BatchOutput, got str",
+    ):
+        estimator.fit(train, val_data=val, epochs=1)

@@ -8,6 +8,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fitforge.core.data import batch_size_of, check_data, to_device, unpack_inputs, unpack_pair
 from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
+from helpers import make_estimator, regression_batches
 
 PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
 X = torch.randn(4, 3)
@@ -223,3 +224,22 @@ class TestCheckData:
         assert check_data(loader, "train_data", passes=None) == 3
         with pytest.raises(AssertionError):
             iter(loader)  # the trap works
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda est: est.fit(regression_batches(), 5),
+            "val_data must be an iterable .* got int 5; did you mean epochs=5?",
+        ),
+        (
+            lambda est: est.fit(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1),
+            r"wrap the dataset: DataLoader\(dataset, batch_size=...\)",
+        ),
+        (lambda est: est.predict(torch.zeros(4, 1)), r"wrap it: \[x\] for one batch"),
+    ],
+)
+def test_beginner_data_mistakes_get_a_hint(call, message):
+    with pytest.raises(FitforgeTypeError, match=message):
+        call(make_estimator())

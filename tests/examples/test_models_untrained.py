@@ -8,10 +8,10 @@ of reach. The thresholds are imported from those files, so the two cannot drift 
 import re
 
 import pytest
-
 import test_models_dense as dense
 import test_models_text as text
 import test_models_vision as vision
+
 from helpers import load_example
 
 pytest.importorskip("sklearn")

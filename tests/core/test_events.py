@@ -190,3 +190,11 @@ def test_all_six_mixins_have_noop_hooks():
     handler = EventHandler()
     assert handler.state_dict() == {} and handler.load_state_dict({}) is None
     assert repr(GradientUpdateHandler()) == "GradientUpdateHandler" and MetricHandler().priority == -1000
+
+
+def test_dispatcher_fire_requests_a_stop_for_a_truthy_batch_end():
+    from fitforge.core.state import TrainState
+
+    state = TrainState(make_estimator())
+    Dispatcher([RecordingHandler(stop_on=("batch_end", 0))]).fire(Event.BATCH_END, state)
+    assert state.stop_reason == "RecordingHandler.batch_end returned True"

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.events import EpochBegin
+from fitforge.exceptions import CancelEpoch, FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import (
     GradientUpdateHandler,
     LoggingHandler,
@@ -223,3 +224,72 @@ def test_progress_bar_detects_a_notebook(monkeypatch):
 
     monkeypatch.setitem(progress_bar.sys.modules, "IPython", FakeIPython)
     assert progress_bar.interactive()
+
+
+def test_user_validation_data_is_checked_before_training():
+    est = make_estimator()
+    before = est.net.weight.detach().clone()
+    with pytest.raises(FitforgeValueError, match=r"ValidationHandler val_data is empty"):
+        est.fit(regression_batches(), epochs=2, event_handlers=[ValidationHandler([])])
+    with pytest.raises(FitforgeValueError, match=r"ValidationHandler val_data is a one-shot iterator"):
+        est.fit(regression_batches(), epochs=2, event_handlers=[ValidationHandler(iter(regression_batches()))])
+    assert est.net.weight.detach().equal(before)
+
+
+def test_one_shot_validation_data_with_batch_period_is_refused_before_training():
+    handler = ValidationHandler(iter(regression_batches()), batch_period=2)
+    with pytest.raises(FitforgeValueError, match="ValidationHandler val_data is a one-shot iterator"):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=[handler])
+
+
+def test_stop_on_a_batch_period_step_does_not_validate_the_same_weights_twice():
+    calls = []
+    handler = ValidationHandler(
+        regression_batches(1), batch_period=2, eval_fn=lambda data, event_handlers: calls.append(1) or {"val_x": 0.0}
+    )
+    make_estimator().fit(regression_batches(4), batches=4, event_handlers=[handler])
+    assert len(calls) == 2
+
+
+def test_metric_handler_epoch_end_without_its_epoch_begin_records_nothing_stale():
+    class CancelSecondEpochEarly(EpochBegin):
+        priority = -5000
+
+        def epoch_begin(self, state):
+            if state.epoch in (0, 1):
+                raise CancelEpoch
+
+    history = make_estimator().fit(regression_batches(), epochs=3, event_handlers=[CancelSecondEpochEarly()])
+    loss = history["train_loss"]
+    assert loss[0] != loss[0] and loss[1] != loss[1] and loss[2] == loss[2]  # nan, nan, a value
+
+
+def test_stopping_handler_limits_and_fit_limits_whichever_comes_first(caplog):
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        history = make_estimator().fit(regression_batches(), epochs=10, event_handlers=[StoppingHandler(max_epochs=2)])
+    assert history.epochs == 2 and caplog.records[0].getMessage().startswith("Training for 2 epochs")
+    assert "[Epoch 2/2]" in caplog.text
+    history = make_estimator().fit(regression_batches(), epochs=2, event_handlers=[StoppingHandler(max_epochs=5)])
+    assert history.epochs == 2
+
+
+def test_logging_handler_inside_evaluate(caplog):
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        make_estimator().evaluate(regression_batches(), event_handlers=[LoggingHandler()])
+    assert re.fullmatch(r"\[Validate\] val_loss=\S+ val_mae=\S+", caplog.records[-1].getMessage())
+
+
+def test_log_lines_do_not_print_twice_once_the_application_configures_logging(monkeypatch, capsys):
+    logger = logging.getLogger("fitforge")
+    root = logging.getLogger()
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    monkeypatch.setattr(root, "handlers", [])
+    logging_module.ensure_console_output()  # nothing configured: fitforge's stand-in prints
+    logger.info("first")
+    assert capsys.readouterr().err.count("first") == 1
+    app = logging.StreamHandler()  # then the application configures logging
+    monkeypatch.setattr(root, "handlers", [app])
+    assert logging_module._configured_above()
+    logger.handlers[0].emit(logging.LogRecord("fitforge", logging.INFO, "", 0, "second", None, None))
+    assert "second" not in capsys.readouterr().err  # the stand-in stays quiet; the app's handler prints

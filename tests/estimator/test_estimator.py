@@ -10,9 +10,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fitforge import BatchProcessor, Estimator
-from fitforge.events import EpochEnd
-from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, LossInputError, MonitorKeyError
-from fitforge.handlers import ValidationHandler
+from fitforge.events import BatchBegin, EpochEnd
+from fitforge.exceptions import (
+    BatchFormatError,
+    CancelBatch,
+    FitforgeTypeError,
+    FitforgeValueError,
+    LossInputError,
+    MonitorKeyError,
+)
+from fitforge.handlers import MetricHandler, ValidationHandler
 from fitforge.testing import linear_problem
 from helpers import make_estimator, regression_batches
 
@@ -522,3 +529,68 @@ def test_evaluate_and_predict_run_under_inference_mode_and_return_ordinary_tenso
     assert modes == [(True, False), (True, False)] and estimator.net.training
     pred += 1  # an ordinary tensor: in-place updates and autograd work on it outside inference mode
     assert not pred.is_inference()
+
+
+class ListHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(1, 1), nn.Linear(1, 1)
+
+    def forward(self, x):
+        return [self.a(x), self.b(x)]  # a list, not a tuple
+
+
+def two_label_batches():
+    return [(x, (y, y)) for x, y in regression_batches()]
+
+
+def test_multi_output_net_returning_a_list():
+    net = ListHeads()
+    est = Estimator(net, [nn.MSELoss(), nn.MSELoss()], train_metrics={1: "mae"}, optimizer="sgd", device="cpu")
+    history = est.fit(two_label_batches(), epochs=1)
+    assert "train_mae_1" in history
+    assert isinstance(est.predict(two_label_batches()), tuple)
+
+
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(loss=[nn.MSELoss(), nn.MSELoss()], train_metrics={2: "mse"}), "train_metrics"),
+        (dict(loss=nn.MSELoss(), train_metrics={1: "accuracy"}), "train_metrics"),
+        (dict(loss=nn.MSELoss(), val_metrics={1: "mae"}), "val_metrics"),
+    ],
+)
+def test_metric_reading_an_output_the_model_lacks_is_refused_at_construction(kwargs, argument):
+    with pytest.raises(FitforgeValueError, match=re.escape(f"{argument}: metric") + ".*but the model has"):
+        Estimator(ListHeads(), optimizer="sgd", device="cpu", **kwargs)
+
+
+def test_monitor_keys_come_from_the_metric_handlers_actually_present():
+    est = make_estimator()
+    est.fit(regression_batches(), epochs=1, event_handlers=[MetricHandler("mse"), Monitors("train_mse")])
+    inner = ValidationHandler(regression_batches(), event_handlers=[MetricHandler("rmse")])
+    est.fit(regression_batches(), epochs=1, event_handlers=[inner, Monitors("val_rmse")])
+    with pytest.raises(MonitorKeyError, match="available keys: lr, epoch_time"):
+        est.fit(regression_batches(), epochs=1, event_handlers=[Monitors("train_loss")], default_handlers=False)
+    est.fit(regression_batches(), epochs=1, event_handlers=[Monitors(3)])  # not a key: ignored
+
+
+def test_predict_errors_are_clear():
+    class CancelAll(BatchBegin):
+        def batch_begin(self, state):
+            raise CancelBatch
+
+    est = make_estimator()
+    with pytest.raises(FitforgeValueError, match="predict produced no output: every batch was cancelled"):
+        est.predict(regression_batches(), event_handlers=[CancelAll()])
+
+    class DictOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(1, 1)
+
+        def forward(self, x):
+            return {"y": self.lin(x)}
+
+    with pytest.raises(FitforgeTypeError, match=r"the net returned dict .* for batch 0; predict needs a tensor"):
+        make_estimator(net=DictOut()).predict(regression_batches())

@@ -1,9 +1,11 @@
 """The event-order contract of fit / evaluate / predict, stopping, cancelling and counting."""
 
 import logging
+from typing import ClassVar
 
 import pytest
 import torch
+from torch import nn
 
 from fitforge import BatchProcessor
 from fitforge.events import BatchBegin, BatchEnd, EpochBegin, TrainBegin
@@ -366,3 +368,80 @@ def test_host_reads_do_not_grow_with_batches_by_the_profiler_count():
             )
         counts.append(sum(event.name == "aten::_local_scalar_dense" for event in prof.events()))
     assert counts[0] == counts[1] > 0
+
+
+def test_cancel_epoch_before_the_step_leaves_no_gradient_for_the_next_epoch():
+    class CancelFirstEpoch(BatchEnd):
+        priority = -3000  # after backward, before the optimizer step
+
+        def batch_end(self, state):
+            if state.epoch == 0:
+                raise CancelEpoch
+
+    class GradAtStep(BatchEnd):
+        priority = -2500
+        grads: ClassVar[list] = []
+
+        def batch_end(self, state):
+            GradAtStep.grads.append(state.estimator.net.weight.grad.clone())
+
+    est = make_estimator()
+    x, y = regression_batches(1)[0]
+    nn.MSELoss()(est.net(x), y).backward()  # the gradient of one batch at the initial weights
+    expected = est.net.weight.grad.clone()
+    est.net.zero_grad(set_to_none=True)
+    est.fit(regression_batches(1), epochs=2, event_handlers=[CancelFirstEpoch(), GradAtStep()])
+    # Epoch 0 was cancelled before its step, so epoch 1 starts from the initial weights and must see
+    # exactly one batch's gradient, not two accumulated.
+    assert len(GradAtStep.grads) == 1 and torch.allclose(GradAtStep.grads[0], expected)
+
+
+@pytest.mark.parametrize("entry", ["evaluate", "predict"])
+def test_cancel_fit_does_not_escape_evaluate_or_predict(entry):
+    class Stop(BatchBegin):
+        def batch_begin(self, state):
+            if state.batch_idx == 1:
+                raise CancelFit("enough")
+
+    est = make_estimator()
+    result = getattr(est, entry)(regression_batches(3), event_handlers=[Stop()])
+    if entry == "evaluate":  # the pass ended like CancelEpoch: values over the batches seen
+        assert set(result) == {"val_loss", "val_mae"}
+    else:
+        assert result.shape == (4, 1)
+
+
+def test_stop_requested_then_batch_cancelled_still_stops():
+    class StopThenCancel(BatchEnd):
+        def batch_end(self, state):
+            if state.global_step == 1:
+                state.request_stop("stop")
+                raise CancelBatch
+
+    rec = RecordingHandler(priority=-5000)
+    history = make_estimator().fit(regression_batches(5), epochs=1, event_handlers=[StopThenCancel(), rec])
+    assert rec.events.count("batch_begin") == 2 and history.stop_reason == "stop"
+
+
+def test_custom_processor_raising_cancel_epoch_after_backward_clears_gradients():
+    class Once(BatchProcessor):
+        def fit_batch(self, state, batch):
+            out = super().fit_batch(state, batch)
+            if state.epoch == 0:
+                raise CancelEpoch
+            return out
+
+    est = make_estimator(batch_processor=Once())
+    est.fit(regression_batches(1), epochs=1)
+    assert est.net.weight.grad is None
+
+
+def test_predict_handlers_see_the_batch_size():
+    sizes = []
+
+    class Sizes(BatchEnd):
+        def batch_end(self, state):
+            sizes.append(state.output.batch_size)
+
+    make_estimator().predict([torch.zeros(3, 1), torch.zeros(2, 1)], event_handlers=[Sizes()])
+    assert sizes == [3, 2]
