@@ -360,7 +360,7 @@ def print_report(res: dict) -> None:
     print(
         f"  host reads in one run of {res['epochs']} epoch(s), {res['steps']} steps: "
         + ", ".join(f"{v} {n}" for v, n in reads.items())
-        + " (none per batch: tests/test_host_reads.py)"
+        + " (none per batch: tests/handlers/test_host_reads.py)"
     )
     peaks = res["peak_memory_bytes"]
     if all(peaks.values()):

@@ -334,7 +334,7 @@ def sentiment(n_train: int = 4000, n_val: int = 1000, seed: int = 0) -> tuple[Se
     Why bag-of-words fails: the two opinions are drawn independently (given their polarities), so
     the sentence with them swapped is exactly as likely. The swap keeps the words and flips the
     label: every bag of words is equally likely to carry either label, and any classifier of word
-    counts stays at chance (50%; tests/test_models_text.py checks it with a logistic regression).
+    counts stays at chance (50%; tests/examples/test_models_text.py checks it with a logistic regression).
     A model must read the order: which opinion follows the connective, and which adjective "not" applies to.
     """
     import random
