@@ -9,6 +9,28 @@ Example:
     ...         print(state.epoch, state.metrics.get("train_loss"))
 """
 
-from fitforge.core.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, Event, EventHandler, TrainBegin, TrainEnd
+from fitforge.core.events import (
+    BackwardEnd,
+    BatchBegin,
+    BatchEnd,
+    EpochBegin,
+    EpochEnd,
+    Event,
+    EventHandler,
+    Stage,
+    TrainBegin,
+    TrainEnd,
+)
 
-__all__ = ["BatchBegin", "BatchEnd", "EpochBegin", "EpochEnd", "Event", "EventHandler", "TrainBegin", "TrainEnd"]
+__all__ = [
+    "BackwardEnd",
+    "BatchBegin",
+    "BatchEnd",
+    "EpochBegin",
+    "EpochEnd",
+    "Event",
+    "EventHandler",
+    "Stage",
+    "TrainBegin",
+    "TrainEnd",
+]

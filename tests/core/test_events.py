@@ -54,7 +54,7 @@ def test_handler_is_called_only_for_its_mixins():
 
     handler = OnlyEpochEnd()
     dispatcher = Dispatcher([handler])
-    assert [len(dispatcher.hooks[e]) for e in Event] == [0, 0, 0, 0, 1, 0]
+    assert [len(dispatcher.hooks[e]) for e in Event] == [0, 0, 0, 0, 0, 1, 0]
     make_estimator().fit(regression_batches(), epochs=2, event_handlers=[handler])
     assert OnlyEpochEnd.calls == 2
 
@@ -154,8 +154,8 @@ def test_describe_loop_lists_each_event_in_call_order():
     assert list(lines) == [e.value for e in Event]
     assert "  RecordingHandler: full access (undeclared)" in access.splitlines()
     assert lines["batch_end"] == (
-        "GradientUpdateHandler(-2000) -> MetricHandler(-1000) -> RecordingHandler(10) -> "
-        "LoggingHandler(1000) -> StoppingHandler(2000)"
+        "GradientUpdateHandler(step) -> MetricHandler(metrics) -> RecordingHandler(10) -> "
+        "LoggingHandler(report) -> StoppingHandler(stop)"
     )
     assert lines["batch_begin"] == "RecordingHandler(10)"
     assert "ValidationHandler" in est.describe_loop([ValidationHandler(regression_batches())])
@@ -167,8 +167,8 @@ def test_default_is_replaced_by_user_handler_of_same_class_or_subclass():
 
     est = make_estimator()
     text = est.describe_loop([MyLogging(log_interval=2), StoppingHandler(max_time=5)])
-    assert "MyLogging(1000)" in text and "LoggingHandler" not in text
-    assert text.splitlines()[3].count("StoppingHandler") == 1
+    assert "MyLogging(report)" in text and "LoggingHandler" not in text
+    assert text.splitlines()[4].count("StoppingHandler") == 1
 
 
 def test_callers_handler_list_is_not_mutated():

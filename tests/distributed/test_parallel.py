@@ -458,7 +458,7 @@ def test_nan_guard_and_time_throttles_follow_the_other_ranks(monkeypatch):
     guard.train_begin(state)
     state.output = type("Out", (), {"loss": torch.tensor(1.0)})()
     with pytest.raises(CancelBatch):
-        guard.batch_end(state)  # this rank's loss is finite, yet every rank skips the batch
+        guard.backward_end(state)  # this rank's loss is finite, yet every rank skips the batch
     monkeypatch.setattr(guard_module, "reduce_ints", lambda values, op: [0])  # another rank's batch 0 was bad
     stopper = NaNGuardHandler()
     stopper.train_begin(state)

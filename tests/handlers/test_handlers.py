@@ -210,7 +210,7 @@ def test_progress_bar_is_default_only_when_interactive(monkeypatch):
     assert "ProgressBarHandler" not in est.describe_loop()
     monkeypatch.setattr(progress_bar.sys.stderr, "isatty", lambda: True, raising=False)
     assert progress_bar.interactive()
-    assert "ProgressBarHandler(990)" in est.describe_loop()
+    assert "ProgressBarHandler(report)" in est.describe_loop()
 
 
 def test_progress_bar_detects_a_notebook(monkeypatch):

@@ -216,7 +216,7 @@ def test_the_record_rides_in_the_state_dict():
     guard.train_begin(state)
     state.global_step, state.batch_idx = 9, 2
     state.output = BatchOutput((), None, None, torch.tensor(math.inf))
-    guard.batch_end(state)
+    guard.backward_end(state)
     saved = guard.state_dict()
     restored = NaNGuardHandler()
     restored.train_begin(state)
@@ -245,8 +245,9 @@ def test_its_declared_state_access_holds():
 def test_it_runs_before_the_optimizer_step():
     net = nn.Linear(1, 1)
     estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
-    batch_end = estimator.describe_loop([NaNGuardHandler("skip")]).splitlines()[3]
-    assert batch_end.split()[1:4] == ["NaNGuardHandler(-2100)", "->", "GradientUpdateHandler(-2000)"]
+    lines = estimator.describe_loop([NaNGuardHandler("skip")]).splitlines()
+    assert lines[3].split()[:2] == ["backward_end", "NaNGuardHandler(guard)"]  # after backward, before batch_end
+    assert lines[4].split()[1] == "GradientUpdateHandler(step)" and "NaNGuard" not in lines[4]
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fitforge.core.access import Access, access_edges, declared_access, describe_access
-from fitforge.core.events import MIXINS, Event, EventHandler, acts_as, events_of
+from fitforge.core.events import MIXINS, Event, EventHandler, acts_as, events_of, handler_name, priority_name
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,7 +98,7 @@ class Dispatcher:
         """``guard``: wraps the hook of a handler that declares its state access (a debug mode,
         see :mod:`fitforge.tools.access_guard`); None calls every hook as it is."""
         self.handlers = order_handlers(handlers)
-        owners = {event: [h for h in self.handlers if isinstance(h, MIXINS[event])] for event in Event}
+        owners = {event: [h for h in self.handlers if event in events_of(h)] for event in Event}
         self.owners: dict[Event, list[EventHandler]] = owners
         self.hooks: dict[Event, list[Callable]] = {
             event: [self._hook(h, event, guard) for h in owners[event]] for event in Event
@@ -156,7 +156,7 @@ class Dispatcher:
         declares it reads and writes of the state."""
         lines = []
         for event in Event:
-            names = [f"{type(h).__name__}({getattr(h, 'priority', 0)})" for h in self.owners[event]]
+            names = [f"{handler_name(h)}({priority_name(getattr(h, 'priority', 0))})" for h in self.owners[event]]
             lines.append(f"{event.value:<12} " + (" -> ".join(names) if names else "(none)"))
         lines.append("state access:")
         lines += [f"  {type(h).__name__}: {describe_access(h)}" for h in self.handlers]

@@ -4,10 +4,13 @@ It is called for an event if and only if it inherits that event's mixin, so a ha
 on events it does not use. Each hook takes the :class:`~fitforge.TrainState` and may return a truthy
 value from ``batch_end``/``epoch_end`` to request a stop.
 
-Ordering: lower ``priority`` runs first (built-ins: GradientUpdate -2000, Metric/Validation -1000,
-user handlers 0, ProgressBar +990, Logging +1000, Stopping +2000); ``run_after`` names handler classes
-this handler must run after whatever their priorities. Ties keep the order handlers were given in.
-(ProgressBar is +990, just before Logging, so an epoch's bar closes before its log line.)
+Ordering: lower ``priority`` runs first. The built-ins take named :class:`Stage` values (guard,
+step, metrics, user, schedule, persist, report, stop); a plain int between them works too.
+``run_after`` names handler classes this handler must run after whatever their priorities. Ties
+keep the order handlers were given in.
+
+A handler that inherits a mixin for generality (``LambdaHandler``, ``throttle(...)``) narrows the
+events it is called for with ``handled_events``; otherwise the mixins decide.
 
 Example:
     >>> class PrintLoss(EpochEnd):
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,14 +30,39 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Event(Enum):
-    """The six events, in the order they first fire in a fit. ``value`` is the hook's method name."""
+    """The events, in the order they first fire in a fit. ``value`` is the hook's method name.
+
+    ``backward_end`` (from FluxTraining.jl) fires in training only, after the batch processor's
+    step (forward, loss, backward) and before ``batch_end``, whose first handler steps the
+    optimizers: the place to inspect or change gradients (clipping, the NaN guard)."""
 
     TRAIN_BEGIN = "train_begin"
     EPOCH_BEGIN = "epoch_begin"
     BATCH_BEGIN = "batch_begin"
+    BACKWARD_END = "backward_end"
     BATCH_END = "batch_end"
     EPOCH_END = "epoch_end"
     TRAIN_END = "train_end"
+
+
+class Stage(IntEnum):
+    """Where the built-in handlers run among the handlers of one event (lower first).
+
+    A ``priority`` may be a Stage or any int: ``Stage.STEP - 1`` runs just before the optimizer step."""
+
+    GUARD = -3000  # NaNGuardHandler: judge the batch before anything uses it
+    STEP = -2000  # GradientUpdateHandler: clip and step, so later handlers see the updated weights
+    METRICS = -1000  # MetricHandler, ValidationHandler: this epoch's values for every handler after them
+    USER = 0  # the default
+    SCHEDULE = 100  # LRSchedulerHandler: after the user's handlers, before the checkpoint
+    PERSIST = 900  # CheckpointHandler: the state after every update of the epoch
+    REPORT = 1000  # ProgressBar, Logging, CSVLogger, TensorBoard: the row is complete
+    STOP = 2000  # StoppingHandler: a limit reached stops after every other handler saw the batch
+
+
+def priority_name(priority: int) -> str:
+    """A priority as ``describe_loop`` shows it: the stage's name (``step``), else the number."""
+    return Stage(priority).name.lower() if priority in Stage._value2member_map_ else str(priority)
 
 
 class EventHandler:
@@ -44,9 +72,10 @@ class EventHandler:
     torch.distributed only rank 0 runs it, so several processes write one log, not one each.
     """
 
-    priority: int = 0
+    priority: int = Stage.USER
     run_after: tuple[type, ...] = ()
     main_rank_only: bool = False
+    handled_events: tuple[Event, ...] | None = None  # None: the events of the mixins inherited
 
     def state_dict(self) -> dict:
         """State to save in a checkpoint; stateless handlers return ``{}``."""
@@ -94,6 +123,13 @@ class BatchBegin(EventHandler):
         """Run before the batch processor sees the batch."""
 
 
+class BackwardEnd(EventHandler):
+    """Called in training after the batch's backward, before ``batch_end`` (and the optimizer step)."""
+
+    def backward_end(self, state: TrainState) -> None:
+        """Run once the gradients of the batch exist; raise CancelBatch to skip its step."""
+
+
 class BatchEnd(EventHandler):
     """Called after each batch is processed; ``state.output`` holds its result."""
 
@@ -105,6 +141,7 @@ MIXINS: dict[Event, type[EventHandler]] = {
     Event.TRAIN_BEGIN: TrainBegin,
     Event.EPOCH_BEGIN: EpochBegin,
     Event.BATCH_BEGIN: BatchBegin,
+    Event.BACKWARD_END: BackwardEnd,
     Event.BATCH_END: BatchEnd,
     Event.EPOCH_END: EpochEnd,
     Event.TRAIN_END: TrainEnd,
@@ -122,20 +159,45 @@ def acts_as(handler: object, classes: type | tuple[type, ...]) -> bool:
     return isinstance(handler, classes) or isinstance(unwrapped(handler), classes)
 
 
+def handler_name(handler: object) -> str:
+    """The class name; for a wrapper such as ``throttle(...)``, with the wrapped class's appended
+    (``ThrottledLoggingHandler``)."""
+    inner = unwrapped(handler)
+    name = type(handler).__name__
+    return name if inner is handler else name + type(inner).__name__
+
+
 def numbered_names(handlers: Iterable[object]) -> list[str]:
-    """Each handler's class name, ``#2``, ``#3``... for the second and later of one class."""
+    """Each handler's name, ``#2``, ``#3``... for the second and later of one name."""
     seen: Counter[str] = Counter()
     names = []
     for handler in handlers:
-        name = type(handler).__name__
+        name = handler_name(handler)
         seen[name] += 1
         names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
     return names
 
 
 def events_of(handler: object) -> list[Event]:
-    """The events ``handler`` is called for: those whose mixin it inherits."""
-    return [event for event, mixin in MIXINS.items() if isinstance(handler, mixin)]
+    """The events ``handler`` is called for: those whose mixin it inherits, narrowed by its
+    ``handled_events`` when it declares them."""
+    declared = getattr(handler, "handled_events", None)
+    return [
+        event
+        for event, mixin in MIXINS.items()
+        if isinstance(handler, mixin) and (declared is None or event in declared)
+    ]
 
 
-__all__ = ["BatchBegin", "BatchEnd", "EpochBegin", "EpochEnd", "Event", "EventHandler", "TrainBegin", "TrainEnd"]
+__all__ = [
+    "BackwardEnd",
+    "BatchBegin",
+    "BatchEnd",
+    "EpochBegin",
+    "EpochEnd",
+    "Event",
+    "EventHandler",
+    "Stage",
+    "TrainBegin",
+    "TrainEnd",
+]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from fitforge.core.events import Event
 from fitforge.core.history import numbered_key
@@ -106,13 +106,13 @@ def run_train_epoch(state: TrainState, run: RunContext) -> None:
 def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: int) -> bool:
     """The batches of a training epoch from position ``first``; whether the data ran out (False:
     a stop cut the epoch short)."""
-    coordinator = run.coordinator
+    coordinator, backward_end = run.coordinator, run.dispatcher.hooks[Event.BACKWARD_END]
     for batch_idx, batch in enumerate(data, first):
         if coordinator.stopped_elsewhere(state):
             return False  # another rank stopped after the previous batch: this one is not trained
         state.batch_idx, state.batch = batch_idx, batch
         try:
-            run_batch(state, run)
+            run_batch(state, run, backward_end)
             state.global_step += 1
         except CancelBatch:
             _clear_gradients(state)
@@ -125,12 +125,15 @@ def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: in
     return not coordinator.stopped_elsewhere(state)
 
 
-def run_batch(state: TrainState, run: RunContext) -> None:
-    """``batch_begin``, the step, ``batch_end`` (a truthy return requests a stop)."""
+def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable] = ()) -> None:
+    """``batch_begin``, the step, ``after_step`` (``backward_end``'s hooks in training), ``batch_end``
+    (a truthy return requests a stop)."""
     hooks = run.dispatcher.hooks
     for hook in hooks[Event.BATCH_BEGIN]:
         hook(state)
     state.output = run.step(state, state.batch)
+    for hook in after_step:
+        hook(state)
     for hook in hooks[Event.BATCH_END]:
         if hook(state):
             state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, hook))

@@ -13,7 +13,7 @@ from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, check_fit
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder
 from fitforge.checkpoint.resume import data_order, training_state
 from fitforge.core.arguments import check_flag, check_positive
-from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_checkpoint, non_finite_state, only_buffers
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
@@ -89,7 +89,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         PosixPath('runs/digits/model-best.pt')
     """
 
-    priority = 900  # after user handlers, so the state saved includes their updates of this epoch
+    priority = Stage.PERSIST  # after user handlers, so the state saved includes their updates of this epoch
     reads = (
         "estimator",
         "phase",

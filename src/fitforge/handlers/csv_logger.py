@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from fitforge.core.arguments import check_flag
-from fitforge.core.events import EpochEnd, TrainBegin
+from fitforge.core.events import EpochEnd, Stage, TrainBegin
 from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -56,7 +56,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         epoch,epoch_time,lr,train_loss,train_mse,val_loss,val_mse
     """
 
-    priority = 950  # after user handlers and CheckpointHandler (900): the row is complete
+    priority = Stage.REPORT  # after user handlers: the row is complete
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = (
         "phase",

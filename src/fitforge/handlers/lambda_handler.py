@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fitforge.core.events import MIXINS, Event, EventHandler
+from fitforge.core.events import (
+    BackwardEnd,
+    BatchBegin,
+    BatchEnd,
+    EpochBegin,
+    EpochEnd,
+    Event,
+    TrainBegin,
+    TrainEnd,
+)
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-
-if TYPE_CHECKING:  # pragma: no cover
-    from typing_extensions import Self  # typing.Self needs python 3.11
-
-
-_CLASSES: dict[tuple[type, tuple[type, ...], str], type] = {}
-
-
-def handler_class(base: type, mixins: tuple[type, ...], name: str) -> type:
-    """A subclass of ``base`` that also inherits exactly ``mixins``, named ``name`` (one class per
-    combination, so instances with the same events share it). The dispatcher calls a handler for
-    an event iff it inherits that event's mixin, so this is how one class offers only some events."""
-    key = (base, mixins, name)
-    if key not in _CLASSES:
-        _CLASSES[key] = type(
-            name, (base, *mixins), {"__module__": base.__module__, "__qualname__": name, "_concrete": True}
-        )
-    return _CLASSES[key]
 
 
 def check_declared(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
@@ -54,19 +45,16 @@ def _check_function(event: Event, fn: Any) -> None:
         pass
 
 
-_KEYWORDS = {event.value for event in Event} | {"priority", "run_after", "reads", "writes"}
-
-
-class LambdaHandler(EventHandler):
+class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
     """Call plain functions ``fn(state)`` on the events given, and only on those.
 
-    Each instance inherits just the mixins of its events, so events without a function cost
-    nothing. A truthy return from the ``batch_end``/``epoch_end`` function requests a stop, as
-    for any handler. ``isinstance(handler, LambdaHandler)`` holds.
+    The class inherits every mixin and each instance declares the events it has a function for
+    (``handled_events``), so events without a function cost nothing. A truthy return from the
+    ``batch_end``/``epoch_end`` function requests a stop, as for any handler.
 
     Args:
-        train_begin, epoch_begin, batch_begin, batch_end, epoch_end, train_end: a function taking
-            the ``TrainState``, by keyword; at least one.
+        train_begin, epoch_begin, batch_begin, backward_end, batch_end, epoch_end, train_end: a
+            function taking the ``TrainState``, by keyword; at least one.
         priority: the order among handlers (lower first; 0 is the user default).
         run_after: handler classes this one must run after.
         reads, writes: optional declarations of the TrainState fields (or ``"shared.<key>"``) the
@@ -84,35 +72,16 @@ class LambdaHandler(EventHandler):
         >>> estimator.fit(train, epochs=3, event_handlers=[keep])  # doctest: +SKIP
     """
 
-    _concrete = False
     reads: tuple[str, ...] | None = None
     writes: tuple[str, ...] | None = None
 
-    def __new__(cls, *args: Any, **functions: Any) -> Self:
-        if cls.__dict__.get("_concrete"):  # already a class with its mixins (copy.copy comes here)
-            return super().__new__(cls)
-        if args:
-            raise FitforgeTypeError(
-                f"LambdaHandler takes its functions by event name, e.g. "
-                f"LambdaHandler(epoch_end=fn); got a positional argument {describe(args[0])}"
-            )
-        unknown = sorted(set(functions) - _KEYWORDS)
-        if unknown:
-            raise FitforgeTypeError(
-                f"LambdaHandler got unknown argument(s) {', '.join(unknown)}; expected "
-                f"functions named after events ({', '.join(e.value for e in Event)}) and "
-                "priority, run_after, reads, writes"
-            )
-        events = [event for event in Event if functions.get(event.value) is not None]
-        mixins = tuple(MIXINS[event] for event in events)
-        return super().__new__(handler_class(cls, mixins, cls.__name__))
-
     def __init__(
         self,
-        *,
+        *args: Any,
         train_begin: Callable | None = None,
         epoch_begin: Callable | None = None,
         batch_begin: Callable | None = None,
+        backward_end: Callable | None = None,
         batch_end: Callable | None = None,
         epoch_end: Callable | None = None,
         train_end: Callable | None = None,
@@ -120,11 +89,24 @@ class LambdaHandler(EventHandler):
         run_after: tuple[type, ...] = (),
         reads: tuple[str, ...] | None = None,
         writes: tuple[str, ...] | None = None,
+        **unknown: Any,
     ) -> None:
+        if args:
+            raise FitforgeTypeError(
+                f"LambdaHandler takes its functions by event name, e.g. "
+                f"LambdaHandler(epoch_end=fn); got a positional argument {describe(args[0])}"
+            )
+        if unknown:
+            raise FitforgeTypeError(
+                f"LambdaHandler got unknown argument(s) {', '.join(sorted(unknown))}; expected "
+                f"functions named after events ({', '.join(e.value for e in Event)}) and "
+                "priority, run_after, reads, writes"
+            )
         given = {
             "train_begin": train_begin,
             "epoch_begin": epoch_begin,
             "batch_begin": batch_begin,
+            "backward_end": backward_end,
             "batch_end": batch_end,
             "epoch_end": epoch_end,
             "train_end": train_end,
@@ -146,6 +128,7 @@ class LambdaHandler(EventHandler):
         self.reads = check_declared("LambdaHandler", "reads", reads)
         self.writes = check_declared("LambdaHandler", "writes", writes)
         self.functions = functions
+        self.handled_events = tuple(functions)
         for event, fn in functions.items():
             setattr(self, event.value, fn)  # the hook is the function itself: no wrapper call per event
 

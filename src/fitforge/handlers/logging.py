@@ -9,9 +9,11 @@ import time
 
 from tqdm import tqdm
 
-from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
+from fitforge.handlers.formatting import format_values
+from fitforge.handlers.progress_bar import ProgressBarHandler
 
 log = logging.getLogger("fitforge")
 
@@ -57,10 +59,6 @@ def _plural(count: int | None, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {'batches' if noun == 'batch' else noun + 's'}"
 
 
-def format_values(values: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.4f}" for k, v in values.items() if not math.isnan(v))
-
-
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
@@ -69,7 +67,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         level: the logging level of the lines.
     """
 
-    priority = 1000
+    priority = Stage.REPORT
+    run_after = (ProgressBarHandler,)  # an epoch's bar closes before its log line
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = (
         "estimator",

@@ -10,12 +10,11 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, TrainBegin
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin
 from fitforge.core.history import numbered_key
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
-from fitforge.handlers.lambda_handler import handler_class
 from fitforge.handlers.monitor import Monitor, infer_mode
 
 log = logging.getLogger("fitforge")
@@ -23,13 +22,13 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 _LENGTH_ARGS = {"total_steps", "epochs", "steps_per_epoch"}
 
 
-class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
+class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
     ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by
     a stop or by SIGTERM/SIGINT is not: a resumed run finishes it and steps then), after the
-    metrics and validation (priority 100) and before CheckpointHandler (900), so checkpoints hold the
-    stepped scheduler. ``interval="batch"`` steps once per optimizer step, after
+    metrics and validation (``Stage.SCHEDULE``) and before CheckpointHandler (``Stage.PERSIST``), so
+    checkpoints hold the stepped scheduler. ``interval="batch"`` steps once per optimizer step, after
     GradientUpdateHandler's (with ``accumulate=N``, once per N batches). ``ReduceLROnPlateau``
     steps with the value ``monitor`` has in this epoch's history row; an epoch without one
     (validation every second epoch) does not step it.
@@ -53,7 +52,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
         >>> handler = LRSchedulerHandler.one_cycle(max_lr=0.1)     # OneCycleLR over the whole fit
     """
 
-    priority = 100
+    priority = Stage.SCHEDULE
     reads = (
         "estimator",
         "metrics",
@@ -67,12 +66,6 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
         "epoch_finished",
     )
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> LRSchedulerHandler:
-        interval = kwargs.get("interval", args[1] if len(args) > 1 else "epoch")
-        if cls.__dict__.get("_concrete") or interval != "batch":
-            return super().__new__(cls)
-        return super().__new__(handler_class(cls, (BatchEnd,), cls.__name__))  # called per batch only then
 
     def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str | None = None) -> None:
         recipe = scheduler if isinstance(scheduler, _OneCycle) else None
@@ -112,6 +105,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
         self._monitor = None if monitor is None else Monitor(monitor, owner="LRSchedulerHandler")
         self.scheduler: Any = None if recipe else scheduler
         self.interval, self.monitor, self._recipe = interval, monitor, recipe
+        if interval != "batch":  # called per batch only then
+            self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_BEGIN, Event.EPOCH_END)
         self._steps_seen: int | None = None  # optimizer steps the scheduler has followed
         self._pending: dict | None = None  # a state loaded before a one-cycle scheduler was built
 
@@ -155,7 +150,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
 
     def train_begin(self, state: TrainState) -> None:
         self._steps_seen = None  # set at the first epoch_begin, after a resume may have restored it
-        if self._recipe is not None:  # rebuilt per fit: before CheckpointHandler (900) loads the optimizer
+        if self._recipe is not None:  # rebuilt per fit: before CheckpointHandler (persist) loads the optimizer
             self.scheduler = self._recipe.build(state)
             if self._pending is not None:
                 self.load_state_dict(self._pending)
@@ -186,7 +181,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, EpochEnd):
             self._steps_seen = state.optimizer_steps
 
     def batch_end(self, state: TrainState) -> None:
-        # Only with interval="batch" (see __new__): an int compare per batch; a CancelBatch after
+        # Only with interval="batch" (see handled_events): an int compare per batch; a CancelBatch after
         # the optimizer step is caught up next time.
         if state.optimizer_steps != self._steps_seen:
             self._follow_steps(state)

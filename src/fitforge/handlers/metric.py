@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from fitforge.core.data import shape_of
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
@@ -49,7 +49,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     metrics and torchmetrics metrics; another metric restarts its sums at the resume (with a warning).
     """
 
-    priority = -1000
+    priority = Stage.METRICS
     reads = ("estimator", "phase", "output", "batch_idx")
     writes = ("metrics", "history")
 

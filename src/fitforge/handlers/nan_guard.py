@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from fitforge.core.arguments import check_positive
-from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
+from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin
 from fitforge.core.finite import GradientCheck
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import any_rank, reduce_ints, world_size
@@ -35,7 +35,7 @@ def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
-class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
+class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd):
     """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and
     never let the optimizer step on such a batch.
 
@@ -71,9 +71,10 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
     gradients; a CheckpointHandler never saves it. A step the user takes inside ``fit_batch`` is
     not guarded (it comes before the guard runs).
 
-    It runs at priority -2100, before GradientUpdateHandler's optimizer step (-2000), and only in
-    training. A run it stopped counts as finished: resuming from a checkpoint written after the stop
-    trains no more (like EarlyStoppingHandler). Its record rides in checkpoints, so a run preempted
+    It runs at ``backward_end`` (in training only), so before any ``batch_end`` handler: the
+    optimizer step (GradientUpdateHandler) and the metrics never see a bad batch it cancels. A run
+    it stopped counts as finished: resuming from a checkpoint written after the stop trains no
+    more (like EarlyStoppingHandler). Its record rides in checkpoints, so a run preempted
     after a bad batch reports it when the resumed epoch ends.
 
     Args:
@@ -93,7 +94,7 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         'NaNGuardHandler: loss nan at epoch 3, batch 7 (global step 70)'
     """
 
-    priority = -2100  # before GradientUpdateHandler's step (-2000)
+    priority = Stage.GUARD
     reads = (
         "phase",
         "output",
@@ -156,7 +157,7 @@ class NaNGuardHandler(TrainBegin, BatchEnd, EpochEnd):
         self._first = torch.full((), _NONE, dtype=torch.int64, device=self._device)  # first bad batch's code
         self._value = torch.zeros((), device=self._device)  # and its loss
 
-    def batch_end(self, state: TrainState) -> None:
+    def backward_end(self, state: TrainState) -> None:
         loss = state.output.loss if state.output is not None else None
         if state.phase != "train" or loss is None:
             return

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import time
 
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, TrainEnd
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
-from fitforge.handlers.logging import format_values
+from fitforge.handlers.formatting import format_values
 
 
 def interactive() -> bool:
@@ -29,7 +29,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         refresh_seconds: the throttle interval.
     """
 
-    priority = 990  # just before LoggingHandler, so an epoch's bar closes before its log line
+    priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = ("phase", "epoch", "max_epochs", "num_batches", "metrics")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
+from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin
 from fitforge.exceptions import FitforgeValueError
 
 
@@ -28,7 +28,7 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
         max_time: stop at the first batch or epoch end after this many seconds of training.
     """
 
-    priority = 2000
+    priority = Stage.STOP
     reads = ("epoch", "global_step", "max_epochs", "max_batches")
     writes = ("stop_requested",)
 

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fitforge.core.arguments import check_flag, check_positive
-from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.events import BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
-from fitforge.handlers.lambda_handler import handler_class
-
-if TYPE_CHECKING:  # pragma: no cover
-    from typing_extensions import Self  # typing.Self needs python 3.11
 
 
-class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
+class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Write every history value of each training epoch as a TensorBoard scalar.
 
     At each epoch end, each key recorded in the epoch's history row (``train_loss``, ``val_*``,
@@ -47,7 +43,7 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
         >>> history = estimator.fit(train, val_data=val, epochs=5, event_handlers=[board])  # doctest: +SKIP
     """
 
-    priority = 950  # after user handlers, so the epoch's row is complete
+    priority = Stage.REPORT  # after user handlers, so the epoch's row is complete
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = (
         "phase",
@@ -62,13 +58,6 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
         "num_batches",
     )
     writes = ()
-    _concrete = False
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
-        every = kwargs.get("log_every_n_batches", args[2] if len(args) > 2 else None)
-        if cls.__dict__.get("_concrete") or every is None:
-            return super().__new__(cls)
-        return super().__new__(handler_class(cls, (BatchEnd,), cls.__name__))  # called per batch only if asked
 
     def __init__(
         self, log_dir: str | os.PathLike, histograms: bool = False, log_every_n_batches: int | None = None
@@ -85,6 +74,8 @@ class TensorBoardHandler(TrainBegin, EpochEnd, TrainEnd):
             ) from err
         self._writer_class = SummaryWriter
         self.log_dir, self.log_every_n_batches = Path(log_dir), log_every_n_batches
+        if log_every_n_batches is None:  # called per batch only when asked
+            self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_END, Event.TRAIN_END)
         self._every = log_every_n_batches or 0
         self.writer: Any = None
 

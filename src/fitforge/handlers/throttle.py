@@ -10,13 +10,23 @@ from typing import Any
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.dispatch import check_handler
-from fitforge.core.events import MIXINS, Event, EventHandler, events_of
+from fitforge.core.events import (
+    BackwardEnd,
+    BatchBegin,
+    BatchEnd,
+    EpochBegin,
+    EpochEnd,
+    Event,
+    EventHandler,
+    TrainBegin,
+    TrainEnd,
+    events_of,
+)
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import any_rank, world_size
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.lambda_handler import handler_class
 
-_BATCH = (Event.BATCH_BEGIN, Event.BATCH_END)
+_BATCH = (Event.BATCH_BEGIN, Event.BACKWARD_END, Event.BATCH_END)
 _EPOCH = (Event.EPOCH_BEGIN, Event.EPOCH_END)
 _OWN_READS = ("phase", "epoch", "batch_idx", "global_step")  # what the wrapper reads to decide
 
@@ -61,8 +71,8 @@ def _forwarded(name: str) -> property:
     return property(lambda self: getattr(self.handler, name, None), doc=f"The wrapped handler's ``{name}``.")
 
 
-class Throttled(EventHandler):
-    """The handler :func:`throttle` returns; it inherits exactly the wrapped handler's mixins."""
+class Throttled(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
+    """The handler :func:`throttle` returns; it is called for exactly the wrapped handler's events."""
 
     # What fit and resume look for on handlers by name: the monitor checks, and a run a handler
     # stopped (early stopping) counting as finished on a re-run. The wrapped handler's, read-only.
@@ -93,6 +103,7 @@ class Throttled(EventHandler):
         self.reads = None if reads is None else tuple(reads) + tuple(r for r in _OWN_READS if r not in reads)
         self.writes = None if writes is None else tuple(writes)
         self._hooks = {event: getattr(handler, event.value) for event in events_of(handler)}
+        self.handled_events = tuple(self._hooks)
         self._gates()
 
     def _gates(self) -> None:
@@ -119,6 +130,15 @@ class Throttled(EventHandler):
     def batch_begin(self, state: TrainState) -> None:
         if self._batch.first(self._batch_position(state), state.phase == "train"):
             self._hooks[Event.BATCH_BEGIN](state)
+
+    def backward_end(self, state: TrainState) -> None:
+        # Between batch_begin and batch_end: it follows the batch's decision (made here when the
+        # wrapped handler has no batch_begin), and leaves it to batch_end if it has one.
+        gate = self._batch
+        due = gate.pending if gate.pending is not None else gate.open(self._batch_position(state))
+        gate.pending = due if Event.BATCH_END in self._hooks else None
+        if due:
+            self._hooks[Event.BACKWARD_END](state)
 
     def batch_end(self, state: TrainState) -> Any:
         due = self._batch.second(self._batch_position(state), state.phase == "train")
@@ -171,7 +191,7 @@ def throttle(
       run together or not at all. ``train_begin``/``train_end`` always pass through. A skipped
       ``batch_end``/``epoch_end`` returns None (no stop request).
 
-    The wrapper inherits exactly the wrapped handler's event mixins, keeps its ``priority``,
+    The wrapper is called for exactly the wrapped handler's events, keeps its ``priority``,
     ``run_after`` and ``reads``/``writes`` (adding the fields it reads to decide: phase, epoch,
     batch_idx, global_step), and forwards ``state_dict``/``load_state_dict`` (the wrapped state
     rides in checkpoints under the key ``Throttled<ClassName>``) and the attributes fit's monitor
@@ -222,5 +242,4 @@ def throttle(
                 f"throttle: {name}={value} has nothing to throttle: {handler!r} has no "
                 f"{kind} hooks (it handles {', '.join(e.value for e in events)})"
             )
-    cls = handler_class(Throttled, tuple(MIXINS[e] for e in events), f"Throttled{type(handler).__name__}")
-    return cls(handler, every_n_batches, every_n_epochs, seconds, clock)
+    return Throttled(handler, every_n_batches, every_n_epochs, seconds, clock)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, TrainBegin
+from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage, TrainBegin
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.metric import MetricHandler
@@ -27,7 +27,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         event_handlers: handlers for the evaluation run (never fit's).
     """
 
-    priority = -1000
+    priority = Stage.METRICS
     run_after = (MetricHandler,)  # both write metrics and history: this order, stated
     reads = (
         "estimator",
