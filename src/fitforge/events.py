@@ -1,7 +1,8 @@
-"""Event handlers: the six mixins and their base (public face of :mod:`fitforge.core.events`).
+"""Event handlers: the mixins, their base and the named stages (public face of
+:mod:`fitforge.core.events`).
 
 A handler is any object inheriting some of the mixins; it is called for an event if and only if it
-inherits that event's mixin.
+inherits that event's mixin (narrowed by ``handled_events`` when it declares them).
 
 Example:
     >>> class PrintLoss(EpochEnd):

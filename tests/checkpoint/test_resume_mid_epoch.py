@@ -300,3 +300,40 @@ def test_a_stop_before_the_first_batch_of_a_resumed_epoch_writes_nothing(tmp_pat
     history = estimator.fit(train, epochs=2, event_handlers=[resumer, StopAtEpochBegin()])
     assert history.stop_reason == "stopped before the first batch"
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_a_resume_at_the_end_of_an_epoch_of_unknown_length_trains_on(tmp_path):
+    # batches=4 stops at the last batch of an epoch whose length the data cannot tell: the checkpoint
+    # holds position 4, so the resumed epoch has no batch left, which is no stalled epoch.
+    data = Batches([(X[i : i + 8], Y[i : i + 8]) for i in range(0, 32, 8)])
+
+    def fit(batches, resume):
+        net = nn.Linear(6, 3)
+        estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+        trained = Losses()
+        saver = CheckpointHandler(tmp_path, batch_period=1, resume_from_checkpoint=resume)
+        history = estimator.fit(data, batches=batches, event_handlers=[saver, trained], default_handlers=False)
+        return history, trained
+
+    fit(4, resume=False)
+    history, trained = fit(10, resume=True)
+    assert sorted(trained.seen) == list(range(4, 10)) and history.stop_reason == "reached batches=10"
+
+
+def test_the_first_batch_checks_run_for_a_fit_from_scratch_not_for_a_resumed_one(tmp_path):
+    class CountChecks(BatchEnd):
+        def __init__(self):
+            self.checks = 0
+
+        def check_first_batch(self, state):
+            self.checks += 1
+
+        def batch_end(self, state):
+            pass
+
+    counts = []
+    for resume in (False, True):
+        counter = CountChecks()
+        train(tmp_path, resume=resume, epochs=2 if not resume else 3, extra=(counter,))
+        counts.append(counter.checks)
+    assert counts == [1, 0]

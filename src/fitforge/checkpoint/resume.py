@@ -13,7 +13,7 @@ import logging
 from typing import Any, Protocol
 
 from fitforge.checkpoint.data_order import DataOrder
-from fitforge.core.events import numbered_names, unwrapped
+from fitforge.core.events import handler_name, numbered_names, unwrapped
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
@@ -32,7 +32,7 @@ def stateful_handlers(handlers: tuple) -> dict[str, Any]:
     return dict(zip(numbered_names(stateful), stateful))
 
 
-def data_order(state: TrainState) -> DataOrder | None:
+def fit_data_order(state: TrainState) -> DataOrder | None:
     """The fit's data order (None in evaluate and predict)."""
     data = None if state.run is None else state.run.data
     return data if isinstance(data, DataOrder) else None
@@ -42,7 +42,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
     """Everything but weights, optimizers and scaler, after ``epochs`` completed epochs and
     ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
     number of its batches already read (cancelled ones included), where a resume continues."""
-    net, order = state.estimator.net, data_order(state)
+    net, order = state.estimator.net, fit_data_order(state)
     epoch_start_step = 0 if order is None else order.epoch_start_step
     return {
         "epochs_completed": epochs,
@@ -74,7 +74,7 @@ def _order_changed(order: DataOrder | None, saved: dict[str, Any]) -> bool:
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     """Continue from ``checkpoint`` (whose weights and optimizer states are already loaded): the
     counters, history, generators, data order and handler states; a stop when its target is reached."""
-    order = data_order(state)
+    order = fit_data_order(state)
     state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
     state.resumed = True
     position = checkpoint.get("position", 0)
@@ -127,7 +127,7 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         if getattr(handler, "stopped_epoch", None) is not None
     ]  # e.g. EarlyStoppingHandler had stopped it
     if finished:
-        state.request_stop(f"already stopped: {history.get('stop_reason') or type(finished[0]).__name__}")
+        state.request_stop(f"already stopped: {history.get('stop_reason') or handler_name(finished[0])}")
     elif state.max_epochs is not None and state.epoch >= state.max_epochs:
         state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
     elif state.max_batches is not None and state.global_step >= state.max_batches:
@@ -144,10 +144,12 @@ class ResumeSource(Protocol):
 
 
 def resume_picked(state: TrainState) -> None:
-    """Run between ``train_begin`` and the first epoch: resume from the checkpoint a handler picked."""
+    """Run between ``train_begin`` and the first epoch: resume from the checkpoint a handler picked
+    (of several resuming handlers, the last one's, whose weights its train_begin loaded last)."""
+    picked = None
     for handler in state.handlers:
         take = getattr(unwrapped(handler), "take_resume_checkpoint", None)
         checkpoint = take() if callable(take) else None
-        if checkpoint is not None:
-            resume(state, checkpoint)
-            return
+        picked = checkpoint if checkpoint is not None else picked
+    if picked is not None:
+        resume(state, picked)

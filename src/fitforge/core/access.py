@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from fitforge.core.events import EventHandler, acts_as, events_of
+from fitforge.core.events import EventHandler, acts_as, events_of, handler_name, unwrapped
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
 
@@ -106,7 +106,7 @@ def _check_ordered(a: EventHandler, b: EventHandler, field: str) -> None:
     raise HandlerOrderError(
         f"{a!r} and {b!r} both write {field!r} at the same priority ({getattr(a, 'priority', 0)}) with no "
         f"order between them, so which value wins is left to the order you listed them in; give one a "
-        f"different priority, or set run_after=({type(a).__name__},) on {type(b).__name__}"
+        f"different priority, or set run_after=({type(unwrapped(a)).__name__},) on {handler_name(b)}"
     )
 
 

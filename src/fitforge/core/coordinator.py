@@ -2,8 +2,9 @@
 
 The loop calls the coordinator at fixed points of a fit: after ``train_begin``, ``epoch_begin`` and
 ``epoch_end`` (:meth:`~Coordinator.agree_on_stop`), before each training batch
-(:meth:`~Coordinator.stopped_elsewhere`) and after it (:meth:`~Coordinator.after_batch`), and when a
-signal asks the fit to stop (:meth:`~Coordinator.signal_received`). In one process there is nobody
+(:meth:`~Coordinator.stopped_elsewhere`) and after it (:meth:`~Coordinator.after_batch`); fit's
+signal handler calls it when SIGTERM or SIGINT asks the fit to stop
+(:meth:`~Coordinator.signal_received`, see :mod:`fitforge.checkpoint.preemption`). In one process there is nobody
 to agree with: :class:`Alone` does nothing but turn a signal into a stop. Under torch.distributed,
 :class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop at the same batch.
 """

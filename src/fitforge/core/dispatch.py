@@ -159,5 +159,5 @@ class Dispatcher:
             names = [f"{handler_name(h)}({priority_name(getattr(h, 'priority', 0))})" for h in self.owners[event]]
             lines.append(f"{event.value:<12} " + (" -> ".join(names) if names else "(none)"))
         lines.append("state access:")
-        lines += [f"  {type(h).__name__}: {describe_access(h)}" for h in self.handlers]
+        lines += [f"  {handler_name(h)}: {describe_access(h)}" for h in self.handlers]
         return "\n".join(lines)

@@ -1,8 +1,10 @@
-"""Event handlers: a handler is an object inheriting some of the six mixins.
+"""Event handlers: a handler is an object inheriting some of the seven mixins (Gluon's six and
+FluxTraining.jl's ``BackwardEnd``).
 
-It is called for an event if and only if it inherits that event's mixin, so a handler costs nothing
-on events it does not use. Each hook takes the :class:`~fitforge.TrainState` and may return a truthy
-value from ``batch_end``/``epoch_end`` to request a stop.
+It is called for an event if and only if it inherits that event's mixin (and, when it declares
+``handled_events``, lists the event there), so a handler costs nothing on events it does not use.
+Each hook takes the :class:`~fitforge.TrainState` and may return a truthy value from
+``batch_end``/``epoch_end`` to request a stop.
 
 Ordering: lower ``priority`` runs first. The built-ins take named :class:`Stage` values (guard,
 step, metrics, user, schedule, persist, report, stop); a plain int between them works too.

@@ -2,9 +2,9 @@
 optimizer step, with an error naming the culprit; and fit, evaluate and predict first check that the
 net still lives on the estimator's device.
 
-The loop calls :func:`first_step` instead of the step for the first batch of a fit (and of each
-evaluate or predict pass; :func:`check_first_batch_of` arms it), and the step itself for every other
-batch: nothing here costs a batch after the first. On the first training batch, in order:
+:func:`check_first_batch_of` wraps the run's step so that the first batch of a fit from scratch (and
+of each evaluate or predict pass) goes through :func:`first_step`, and every other batch through the
+step itself: nothing here costs a batch after the first. On the first training batch, in order:
 
 1. nan or inf in the batch's floating tensors (data and labels), before the forward, so that not even
    BatchNorm's running statistics see them (one host read per tensor; ``BatchProcessor(
@@ -61,6 +61,9 @@ def check_first_batch_of(run: RunContext) -> None:
     step = run.step
 
     def checked(state: TrainState, batch: Any) -> Any:
+        if state.resumed:  # its first batch was checked by the run that wrote the checkpoint
+            run.step = step
+            return step(state, batch)
         output = first_step(state, step, batch, run.dispatcher.handlers, run.name)
         run.step = step
         return output

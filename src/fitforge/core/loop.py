@@ -44,12 +44,12 @@ def run_fit(state: TrainState, run: RunContext) -> None:
         if cancelled:
             state.request_stop("cancelled in train_begin")
         run.coordinator.agree_on_stop(state)
-        for prepare in () if cancelled else run.prepare:  # also after a stop: it saves the resumed state
+        # Also after a stop requested in train_begin (a signal): a save then holds the resumed state.
+        for prepare in () if cancelled else run.prepare:
             prepare(state)
         while not state.stop_requested:
-            completed = state.global_step
-            run_train_epoch(state, run)
-            if state.global_step == completed and state.max_batches is not None and not state.stop_requested:
+            stalled = run_train_epoch(state, run)
+            if stalled and state.max_batches is not None and not state.stop_requested:
                 # batches=N counts completed batches only: an epoch that completes none would repeat forever.
                 log.warning(
                     "epoch %d completed no batch (every batch, or the epoch, was cancelled); "
@@ -76,31 +76,33 @@ def run_fit(state: TrainState, run: RunContext) -> None:
         raise failure
 
 
-def run_train_epoch(state: TrainState, run: RunContext) -> None:
+def run_train_epoch(state: TrainState, run: RunContext) -> bool:
     """One training epoch: ``epoch_begin``, the batches, ``epoch_end`` (also for a partial epoch).
-    Sets ``state.epoch_finished`` for ``epoch_end``'s handlers."""
+    Sets ``state.epoch_finished`` for ``epoch_end``'s handlers. Returns whether the epoch stalled:
+    it read batches (or was cancelled) and completed none."""
     data, first = run.data.epoch(state)
     state.history.open_epoch(state.epoch)
     state.batch_idx, state.epoch_finished = first - 1, False
-    started = time.perf_counter()
-    ran_out = False
+    steps_before, started = state.global_step, time.perf_counter()
+    ran_out = cancelled = False
     try:
         run.dispatcher.fire(Event.EPOCH_BEGIN, state)
         run.coordinator.agree_on_stop(state)  # a stop requested in epoch_begin on one rank holds for all
         ran_out = not state.stop_requested and _train_batches(state, run, data, first)
     except _ENDS_EPOCH:
-        state.epoch_finished = True
+        cancelled = True
         _clear_gradients(state)
-    read = state.batch_idx + 1
-    if read == first and not (first or state.epoch_finished or state.stop_requested):
+    read = state.batch_idx + 1  # the epoch's batches read so far, by this fit and a resumed one
+    if read == 0 and not (cancelled or state.stop_requested):
         raise _empty(run.name, state)
     state.epoch_finished = (
-        state.epoch_finished or (ran_out and read > 0) or (state.num_batches is not None and read >= state.num_batches)
+        cancelled or (ran_out and read > 0) or (state.num_batches is not None and read >= state.num_batches)
     )
     state.history.record("epoch_time", time.perf_counter() - started)
     for i, optimizer in enumerate(state.estimator.optimizers):
         state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
     run.dispatcher.fire(Event.EPOCH_END, state, _ENDS_EPOCH)
+    return state.global_step == steps_before and (cancelled or read > first)
 
 
 def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: int) -> bool:
@@ -156,7 +158,7 @@ def run_pass(state: TrainState, run: RunContext) -> None:
         cancelled = True
     if state.batch_idx < 0 and not (cancelled or state.stop_requested or run.allow_empty):
         raise _empty(run.name, state)
-    state.epoch_finished = cancelled or not state.stop_requested
+    state.epoch_finished = cancelled or (state.batch_idx >= 0 and not state.stop_requested)
     run.dispatcher.fire(Event.EPOCH_END, state, _CANCELS)
 
 

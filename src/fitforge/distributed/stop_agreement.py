@@ -4,8 +4,8 @@ A rank that stops alone leaves the others waiting in a collective (the next back
 reduction, a checkpoint): a deadlock. Stops come from per-rank sources (a signal that reached one
 rank, ``max_time`` on one rank's clock, a handler judging this rank's values), so the loop agrees
 on them: after every training batch (also a cancelled one), after ``train_begin`` and after every
-``epoch_end``, one ``MAX`` all-reduce of two host integers over a gloo group (no GPU is synced)
-carries this rank's received signal and whether it requested a stop. When
+``epoch_end``, one ``MAX`` all-reduce of three host integers over a gloo group (no GPU is synced)
+carries this rank's received signal, whether it requested a stop and whether it raised CancelFit. When
 any rank got a signal, every rank sets ``state.preempted`` and stops; when any rank requested a
 stop, every rank stops. A CheckpointHandler then saves that state at the epoch end that follows.
 A CancelFit raised in a batch on one rank is raised on the others at the same point.

@@ -11,7 +11,7 @@ import torch
 
 from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, check_fits, load_checkpoint, restore_weights
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder
-from fitforge.checkpoint.resume import data_order, training_state
+from fitforge.checkpoint.resume import fit_data_order, training_state
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_checkpoint, non_finite_state, only_buffers
@@ -159,7 +159,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
         # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
         self.saved, self.best, self.best_path, self._last = [], None, None, (0, 0, 0)
-        self.resumed_from = None
+        self._picked, self.resumed_from = None, None
         self._refused = 0
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
@@ -167,7 +167,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def _warn_if_inexact(self, state: TrainState) -> None:
         """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
-        order = data_order(state)
+        order = fit_data_order(state)
         problem = None if order is None else order.problem
         if problem is not None and (self.batch_period or self.resume_from_checkpoint):
             log.warning(

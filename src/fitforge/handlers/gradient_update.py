@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from fitforge.core.arguments import check_positive
-from fitforge.core.events import BackwardEnd, BatchEnd, EpochEnd, Event, Stage, TrainBegin
+from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin
 
 
 def step_optimizers(
@@ -31,13 +31,13 @@ def step_optimizers(
         scaler.update()
 
 
-class GradientUpdateHandler(TrainBegin, BackwardEnd, BatchEnd, EpochEnd):
+class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     """Step every optimizer, then ``zero_grad(set_to_none=True)``.
 
-    It steps first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a
-    handler that must read the gradients before the step does so at ``backward_end``. With
-    clipping, the gradients of a group's last batch are averaged and clipped at ``backward_end``
-    (so handlers there after ``Stage.STEP`` see them clipped). A flag in
+    It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a
+    handler that must read the gradients before the step does so at ``backward_end``. Clipping
+    happens in the step itself, right after the fp16 scaler's unscale (the two must not be split:
+    a batch cancelled between them would leave the scaler unscaled). A flag in
     ``state.shared["found_inf"]`` when training starts (NaNGuardHandler's, for fused optimizers) is
     passed to every step: a step whose flag is set is skipped on the device.
 
@@ -72,9 +72,6 @@ class GradientUpdateHandler(TrainBegin, BackwardEnd, BatchEnd, EpochEnd):
         check_positive("GradientUpdateHandler", "clip_norm", clip_norm, (int, float), allow_none=True)
         check_positive("GradientUpdateHandler", "clip_value", clip_value, (int, float), allow_none=True)
         self.accumulate, self.clip_norm, self.clip_value = accumulate, clip_norm, clip_value
-        self._clips = clip_norm is not None or clip_value is not None
-        if not self._clips:  # backward_end only clips: without clipping it costs no call per batch
-            self.handled_events = (Event.TRAIN_BEGIN, Event.BATCH_END, Event.EPOCH_END)
 
     def train_begin(self, state) -> None:
         self._scaler = state.estimator.scaler
@@ -101,13 +98,7 @@ class GradientUpdateHandler(TrainBegin, BackwardEnd, BatchEnd, EpochEnd):
             return
         state.accumulated_batches += 1
         if state.accumulated_batches >= self.accumulate:
-            if not self._clips:  # with clipping, backward_end averaged and clipped the group
-                self._average_and_clip(state.accumulated_batches)
-            self._step(state)
-
-    def backward_end(self, state) -> None:
-        if state.accumulated_batches + 1 >= self.accumulate:  # this batch completes a group
-            self._average_and_clip(state.accumulated_batches + 1)
+            self.step(state)
 
     def epoch_end(self, state) -> None:
         if state.phase == "train" and state.accumulated_batches:  # a trailing partial group
@@ -118,24 +109,17 @@ class GradientUpdateHandler(TrainBegin, BackwardEnd, BatchEnd, EpochEnd):
     def step(self, state) -> None:
         """Average the accumulated gradients, clip them, step and zero them. Under fp16 the
         GradScaler unscales before clipping and skips the step when a gradient is inf or nan."""
-        self._average_and_clip(state.accumulated_batches)
-        self._step(state)
-
-    def _average_and_clip(self, group: int) -> None:
-        """Divide the summed gradients of a group of ``group`` batches by its size, and clip them."""
-        if self._scaler is not None and self._clips:
+        scaler, clipping = self._scaler, self.clip_norm is not None or self.clip_value is not None
+        if scaler is not None and clipping:
             for optimizer in self._optimizers:
-                self._scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
+                scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
         grads = [p.grad for p in self._params if p.grad is not None]
-        if group > 1 and grads:
-            torch._foreach_div_(grads, group)
+        if state.accumulated_batches > 1 and grads:
+            torch._foreach_div_(grads, state.accumulated_batches)
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
         if self.clip_value is not None:
             torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
-
-    def _step(self, state) -> None:
-        scaler = self._scaler
         step_optimizers(self._optimizers, scaler, self._found_inf)
         state.accumulated_batches = 0
         state.optimizer_steps += 1

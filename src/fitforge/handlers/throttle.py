@@ -132,10 +132,10 @@ class Throttled(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, Epoch
             self._hooks[Event.BATCH_BEGIN](state)
 
     def backward_end(self, state: TrainState) -> None:
-        # Between batch_begin and batch_end: it follows the batch's decision (made here when the
-        # wrapped handler has no batch_begin), and leaves it to batch_end if it has one.
+        # Between batch_begin and batch_end (training only): it follows batch_begin's decision for
+        # this batch, or decides when the wrapped handler has no batch_begin; batch_end follows it.
         gate = self._batch
-        due = gate.pending if gate.pending is not None else gate.open(self._batch_position(state))
+        due = gate.pending if Event.BATCH_BEGIN in self._hooks else gate.open(self._batch_position(state))
         gate.pending = due if Event.BATCH_END in self._hooks else None
         if due:
             self._hooks[Event.BACKWARD_END](state)
