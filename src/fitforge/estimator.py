@@ -43,7 +43,7 @@ from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
-from fitforge.handlers.stopping import StoppingHandler, first_limit
+from fitforge.handlers.stopping import StoppingHandler, tighter_limit
 from fitforge.handlers.validation import ValidationHandler
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.tools.access_guard import guard
@@ -124,7 +124,7 @@ class Estimator:
         self.non_blocking = self.device.type == "cuda"
         self.precision = precision
         self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
-        self.channels_last = check_flag(channels_last, "channels_last")
+        self.channels_last = check_flag("Estimator", "channels_last", channels_last)
         self.net = compile_net(self._place(net), compile)
         self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
@@ -155,7 +155,7 @@ class Estimator:
         return self.optimizers[0]
 
     @property
-    def sharded(self) -> bool:
+    def splits_data(self) -> bool:
         """Whether fit, evaluate and predict split their data across torch.distributed ranks."""
         return self.strategy != "none" and world_size() > 1
 
@@ -256,7 +256,7 @@ class Estimator:
             check_data(val_data, "val_data", None)
         check_duration(epochs, batches)
         passes = 1 if epochs == 1 else None
-        if self.sharded:
+        if self.splits_data:
             train_data = shard_train(train_data)
         num_batches = check_data(train_data, "train_data", passes)
         if val_data is not None:
@@ -265,7 +265,7 @@ class Estimator:
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
         epochs, batches = self._preflight(handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
-        guarded = check_flag(check_access, "check_access", "fit")
+        guarded = check_flag("fit", "check_access", check_access)
         dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
         self._loss.arm_checks()
         # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
@@ -283,7 +283,7 @@ class Estimator:
             handlers=tuple(dispatcher.handlers),
             run=run,
         )
-        profiler = HandlerProfile() if check_flag(profile, "profile", "fit") else None
+        profiler = HandlerProfile() if check_flag("fit", "profile", profile) else None
         if profiler is not None:
             profiler.instrument(dispatcher)
             started = time.perf_counter()
@@ -323,14 +323,14 @@ class Estimator:
                 if handler.eval_fn is None:
                     self.check_first_val_batch(handler.val_data, name, handler.event_handlers)
             if isinstance(handler, StoppingHandler):
-                epochs, batches = first_limit(epochs, handler.max_epochs), first_limit(batches, handler.max_batches)
+                epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
         return epochs, batches
 
     def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
         num_batches = check_data(val_data, "val_data", passes=1)
         sharded = False
-        if self.sharded:
+        if self.splits_data:
             val_data, sharded = shard_eval(val_data, padded=self.strategy == "fsdp")
             num_batches = len(val_data) if sharded else num_batches  # type: ignore[arg-type]
         self._check_devices("val_net")
@@ -360,7 +360,7 @@ class Estimator:
         """
         num_batches = check_data(data, "data", passes=1)
         sharded = False
-        if self.sharded:
+        if self.splits_data:
             data, sharded = shard_eval(data, padded=self.strategy == "fsdp")
             num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
         outputs: list = []

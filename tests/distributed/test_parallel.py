@@ -34,7 +34,7 @@ from fitforge.core.coordinator import Alone
 from fitforge.core.state import TrainState
 from fitforge.distributed import data_split as sharding
 from fitforge.distributed import fsdp
-from fitforge.distributed.ranks import agree, broadcast_from_main, gather_to_main
+from fitforge.distributed.ranks import broadcast_from_main, gather_to_main, run_on_main_and_share
 from fitforge.distributed.stop_agreement import StopAgreement, _check_replicas
 from fitforge.distributed.strategy import rank_device
 from fitforge.exceptions import (
@@ -95,7 +95,7 @@ def test_asking_for_several_processes_without_a_launcher_says_how_to_launch(stra
 @pytest.mark.parametrize("strategy", ["auto", None, "none"])
 def test_one_process_trains_the_net_itself(strategy):
     estimator = make_estimator(strategy=strategy)
-    assert estimator.train_net is estimator.net and not estimator.sharded
+    assert estimator.train_net is estimator.net and not estimator.splits_data
     assert estimator.strategy == ("none" if strategy is None else strategy)
 
 
@@ -174,7 +174,7 @@ def test_predictions_are_interleaved_back_into_dataset_order():
 
 
 def test_one_process_helpers_need_no_process_group():
-    assert agree(lambda: 5) == 5 and gather_to_main("x") == ["x"] and broadcast_from_main(3) == 3
+    assert run_on_main_and_share(lambda: 5) == 5 and gather_to_main("x") == ["x"] and broadcast_from_main(3) == 3
 
 
 # -- metric sums of several ranks ------------------------------------------------------------------

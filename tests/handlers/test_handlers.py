@@ -51,23 +51,25 @@ def test_stopping_own_limits_override_fit_arguments():
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        (dict(max_epochs=0), "max_epochs must be a positive int or None, got 0"),
-        (dict(max_epochs=1.5), "max_epochs must be a positive int or None, got 1.5"),
-        (dict(max_batches=-1), "max_batches must be a positive int or None, got -1"),
-        (dict(max_time="1"), "max_time must be a positive number or None, got '1'"),
-        (dict(max_epochs=True), "max_epochs must be a positive int or None, got True"),
+        (dict(max_epochs=0), FitforgeValueError, "max_epochs must be a positive int or None, got 0"),
+        (dict(max_epochs=1.5), FitforgeTypeError, "max_epochs must be a positive int or None, got float 1.5"),
+        (dict(max_batches=-1), FitforgeValueError, "max_batches must be a positive int or None, got -1"),
+        (dict(max_time="1"), FitforgeTypeError, "max_time must be a positive number or None, got str '1'"),
+        (dict(max_epochs=True), FitforgeTypeError, "max_epochs must be a positive int or None, got bool True"),
     ],
 )
-def test_stopping_rejects_bad_limits(kwargs, message):
-    with pytest.raises(FitforgeValueError, match=re.escape(message)):
+def test_stopping_rejects_bad_limits(kwargs, error, message):  # TypeError for a type, ValueError for a value
+    with pytest.raises(error, match=re.escape("StoppingHandler: " + message)):
         StoppingHandler(**kwargs)
 
 
-@pytest.mark.parametrize("value", ["x", -1, True])
-def test_progress_bar_rejects_bad_refresh(value):
-    with pytest.raises(FitforgeValueError, match="refresh_seconds must be a non-negative number"):
+@pytest.mark.parametrize(
+    "value, error", [("x", FitforgeTypeError), (-1, FitforgeValueError), (True, FitforgeTypeError)]
+)
+def test_progress_bar_rejects_bad_refresh(value, error):
+    with pytest.raises(error, match="ProgressBarHandler: refresh_seconds must be a non-negative number"):
         ProgressBarHandler(refresh_seconds=value)
 
 
@@ -122,14 +124,14 @@ def test_running_metrics_gives_epoch_so_far_values_and_leaves_state_metrics_alon
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        (dict(epoch_period=0), "epoch_period must be a positive int or None, got 0"),
-        (dict(batch_period=1.5), "batch_period must be a positive int or None, got 1.5"),
+        (dict(epoch_period=0), FitforgeValueError, "epoch_period must be a positive int or None, got 0"),
+        (dict(batch_period=1.5), FitforgeTypeError, "batch_period must be a positive int or None, got float 1.5"),
     ],
 )
-def test_validation_handler_argument_errors(kwargs, message):
-    with pytest.raises(FitforgeValueError, match=re.escape(message)):
+def test_validation_handler_argument_errors(kwargs, error, message):
+    with pytest.raises(error, match=re.escape("ValidationHandler: " + message)):
         ValidationHandler([], **kwargs)
 
 

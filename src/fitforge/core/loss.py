@@ -88,7 +88,7 @@ class LossSet:
         self.fns = fns
         self.weights = [float(w) for w in weights]
         self.multi = isinstance(loss, (list, tuple))
-        self._plain = not self.multi and self.weights == [1.0]  # one unweighted loss: the fast path
+        self._single_unweighted = not self.multi and self.weights == [1.0]  # one unweighted loss: the fast path
         self.names = [_name(fn) for fn in fns]
         self._shapes_checked = False
 
@@ -116,7 +116,7 @@ class LossSet:
         if not self._shapes_checked:
             self.check_shapes(pred, label)
             self._shapes_checked = True
-        if self._plain and type(pred) is torch.Tensor and type(label) is torch.Tensor:
+        if self._single_unweighted and type(pred) is torch.Tensor and type(label) is torch.Tensor:
             try:  # the common case, kept short: it runs every batch
                 value = self.fns[0](pred, label)
             except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as err:

@@ -46,7 +46,7 @@ class BatchProcessor:
     allow_nonfinite: bool = False
 
     def __init__(self, host_inputs: tuple[int, ...] = (), allow_nonfinite: bool = False) -> None:
-        self.allow_nonfinite = check_flag(allow_nonfinite, "allow_nonfinite", "BatchProcessor")
+        self.allow_nonfinite = check_flag("BatchProcessor", "allow_nonfinite", allow_nonfinite)
         if not isinstance(host_inputs, (tuple, list)) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in host_inputs
         ):
@@ -61,10 +61,10 @@ class BatchProcessor:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._own_autocast = cls.autocast is not BatchProcessor.autocast
-        cls._own_unpack = cls.unpack is not BatchProcessor.unpack
+        cls._unpack_overridden = cls.unpack is not BatchProcessor.unpack
 
     _own_autocast = False  # a subclass that overrides autocast() always has its context entered
-    _own_unpack = False  # without an override, to_device calls unpack_pair itself: one call less per batch
+    _unpack_overridden = False  # without an override, to_device calls unpack_pair itself: one call less per batch
 
     def _inputs_to(self, inputs: tuple[torch.Tensor, ...], estimator: EstimatorLike) -> tuple[torch.Tensor, ...]:
         device = estimator.device
@@ -93,7 +93,7 @@ class BatchProcessor:
         """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
         device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
         the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
-        inputs, label = self.unpack(batch) if self._own_unpack else unpack_pair(batch)
+        inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_pair(batch)
         estimator = state.estimator
         device = estimator.device
         if type(label) is not torch.Tensor or label.device != device:

@@ -64,7 +64,7 @@ def cpu_group() -> Any:
     return _CPU_GROUPS[key]
 
 
-def agree(fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
+def run_on_main_and_share(fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
     """Run ``fn`` on rank 0 and tell every rank how it went: its result (picklable) is returned on
     every rank, and its exception is raised on every rank (the other ranks' as ``error_type`` with
     rank 0's message), so no rank waits forever in a later collective for one that failed."""

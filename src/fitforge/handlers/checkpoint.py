@@ -17,7 +17,7 @@ from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_checkpoint, non_finite_state, only_buffers
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
-from fitforge.distributed.ranks import agree, any_rank, rank, world_size
+from fitforge.distributed.ranks import any_rank, rank, run_on_main_and_share, world_size
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.monitor import Monitor
 
@@ -142,8 +142,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._folder = CheckpointFolder(self.model_dir, model_prefix)
         self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
         self.max_checkpoints = max_checkpoints
-        self.resume_from_checkpoint = check_flag(resume_from_checkpoint, "resume_from_checkpoint", "CheckpointHandler")
-        self.save_non_finite = check_flag(save_non_finite, "save_non_finite", "CheckpointHandler")
+        self.resume_from_checkpoint = check_flag("CheckpointHandler", "resume_from_checkpoint", resume_from_checkpoint)
+        self.save_non_finite = check_flag("CheckpointHandler", "save_non_finite", save_non_finite)
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
@@ -153,7 +153,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.resumed_from: Path | None = None
 
     def train_begin(self, state: TrainState) -> None:
-        agree(self._folder.prepare, FitforgeValueError)
+        run_on_main_and_share(self._folder.prepare, FitforgeValueError)
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
@@ -191,7 +191,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         """Rank 0 picks the newest checkpoint that loads; every other rank loads the same file."""
         loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
         several = world_size() > 1  # loading weights may be a collective (FSDP): rank 0 only reads the file
-        name = agree(lambda: self._newest_loadable(state, loaded, several), CheckpointError)
+        name = run_on_main_and_share(lambda: self._newest_loadable(state, loaded, several), CheckpointError)
         if name is None:
             return
         path = self.model_dir / name
@@ -298,7 +298,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._last = key
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
         shards = self._save_shards(state, checkpoint, f"{path.stem}pos{key[2]}{SHARDS}")
-        agree(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
+        run_on_main_and_share(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Path | None:
         """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
@@ -353,7 +353,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}pos{position}{SHARDS}"
         )
         stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
-        agree(lambda: self._folder.commit(checkpoint, path, shards, stale=stale), CheckpointError)
+        run_on_main_and_share(lambda: self._folder.commit(checkpoint, path, shards, stale=stale), CheckpointError)
         return path
 
     def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:

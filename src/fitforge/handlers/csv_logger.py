@@ -76,7 +76,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         if not isinstance(path, (str, os.PathLike)):
             raise FitforgeTypeError(f"CSVLoggerHandler: path must be a file path, got {describe(path)}")
         self.path = Path(path)
-        self.append = check_flag(append, "append", "CSVLoggerHandler")
+        self.append = check_flag("CSVLoggerHandler", "append", append)
         self._header: list[str] = []  # empty until the run's first write
 
     def train_begin(self, state: TrainState) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fitforge.core.arguments import check_number
+from fitforge.core.arguments import check_non_negative, check_number
 from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.monitor import Monitor
 
 log = logging.getLogger("fitforge")
@@ -65,10 +65,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         restore_best_weights: bool | None = None,
     ) -> None:
         self._monitor = Monitor(monitor, mode, min_delta, owner="EarlyStoppingHandler")
-        if isinstance(patience, bool) or not isinstance(patience, int):
-            raise FitforgeTypeError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
-        if patience < 0:
-            raise FitforgeValueError(f"EarlyStoppingHandler: patience must be a non-negative int, got {patience!r}")
+        check_non_negative("EarlyStoppingHandler", "patience", patience)
         check_number("EarlyStoppingHandler", "baseline", baseline, allow_none=True)
         self.monitor, self.patience, self.baseline = monitor, patience, baseline
         if restore_best_weights is not None:  # the Keras name

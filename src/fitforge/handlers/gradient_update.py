@@ -76,7 +76,7 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     def train_begin(self, state) -> None:
         self._scaler = state.estimator.scaler
         self._found_inf = state.shared.get("found_inf")
-        self._plain = (
+        self._step_only = (
             self.accumulate == 1
             and self.clip_norm is None
             and self.clip_value is None
@@ -90,7 +90,7 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         state.accumulated_batches = 0
 
     def batch_end(self, state) -> None:
-        if self._plain:  # the common case (no accumulation, clipping or fp16 scaler), kept short
+        if self._step_only:  # the common case (no accumulation, clipping or fp16 scaler), kept short
             for optimizer in self._optimizers:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)

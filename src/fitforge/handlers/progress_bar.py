@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
+from fitforge.core.arguments import check_non_negative
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.formatting import format_values
 
 
@@ -34,8 +34,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     reads = ("phase", "epoch", "max_epochs", "num_batches", "metrics")
 
     def __init__(self, refresh_seconds: float = 0.5) -> None:
-        if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, (int, float)) or refresh_seconds < 0:
-            raise FitforgeValueError(f"refresh_seconds must be a non-negative number, got {refresh_seconds!r}")
+        check_non_negative("ProgressBarHandler", "refresh_seconds", refresh_seconds, (int, float))
         self.refresh_seconds = refresh_seconds
         self._bar = None
 

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import time
 
+from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin
-from fitforge.exceptions import FitforgeValueError
 
 
-def _positive(name: str, value: float | None, kinds: tuple[type, ...]) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds) or value <= 0):
-        what = "int" if kinds == (int,) else "number"
-        raise FitforgeValueError(f"{name} must be a positive {what} or None, got {value!r}")
-
-
-def first_limit(a: int | None, b: int | None) -> int | None:
+def tighter_limit(a: int | None, b: int | None) -> int | None:
     """The smaller of two optional limits (None means no limit)."""
     return b if a is None else a if b is None else min(a, b)
 
@@ -35,14 +29,14 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
     def __init__(
         self, max_epochs: int | None = None, max_batches: int | None = None, max_time: float | None = None
     ) -> None:
-        _positive("max_epochs", max_epochs, (int,))
-        _positive("max_batches", max_batches, (int,))
-        _positive("max_time", max_time, (int, float))
+        check_positive("StoppingHandler", "max_epochs", max_epochs, allow_none=True)
+        check_positive("StoppingHandler", "max_batches", max_batches, allow_none=True)
+        check_positive("StoppingHandler", "max_time", max_time, (int, float), allow_none=True)
         self.max_epochs, self.max_batches, self.max_time = max_epochs, max_batches, max_time
 
     def train_begin(self, state) -> None:
-        self._epochs = first_limit(self.max_epochs, state.max_epochs)
-        self._batches = first_limit(self.max_batches, state.max_batches)
+        self._epochs = tighter_limit(self.max_epochs, state.max_epochs)
+        self._batches = tighter_limit(self.max_batches, state.max_batches)
         self._deadline = None if self.max_time is None else time.monotonic() + self.max_time
 
     def _out_of_time(self, state) -> None:

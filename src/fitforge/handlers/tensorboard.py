@@ -64,7 +64,7 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     ) -> None:
         if not isinstance(log_dir, (str, os.PathLike)):
             raise FitforgeTypeError(f"TensorBoardHandler: log_dir must be a folder path, got {describe(log_dir)}")
-        self.histograms = check_flag(histograms, "histograms", "TensorBoardHandler")
+        self.histograms = check_flag("TensorBoardHandler", "histograms", histograms)
         check_positive("TensorBoardHandler", "log_every_n_batches", log_every_n_batches, allow_none=True)
         try:  # imported here, not at module import: tensorboard is an optional extra
             from torch.utils.tensorboard import SummaryWriter

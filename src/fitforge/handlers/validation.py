@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
+from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage, TrainBegin
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.handlers.metric import MetricHandler
-
-
-def _period(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise FitforgeValueError(f"{name} must be a positive int or None, got {value!r}")
 
 
 class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
@@ -48,8 +43,8 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         batch_period: int | None = None,
         event_handlers: Sequence[EventHandler] | None = None,
     ) -> None:
-        _period("epoch_period", epoch_period)
-        _period("batch_period", batch_period)
+        check_positive("ValidationHandler", "epoch_period", epoch_period, allow_none=True)
+        check_positive("ValidationHandler", "batch_period", batch_period, allow_none=True)
         if eval_fn is not None and not callable(eval_fn):
             raise FitforgeTypeError(
                 f"eval_fn must be callable (val_data, event_handlers=...) -> dict, got {describe(eval_fn)}"
