@@ -58,6 +58,7 @@ def test_stopping_own_limits_override_fit_arguments():
         (dict(max_batches=-1), FitforgeValueError, "max_batches must be a positive int or None, got -1"),
         (dict(max_time="1"), FitforgeTypeError, "max_time must be a positive number or None, got str '1'"),
         (dict(max_epochs=True), FitforgeTypeError, "max_epochs must be a positive int or None, got bool True"),
+        (dict(max_time=float("nan")), FitforgeValueError, "max_time must be a positive number or None, got nan"),
     ],
 )
 def test_stopping_rejects_bad_limits(kwargs, error, message):  # TypeError for a type, ValueError for a value

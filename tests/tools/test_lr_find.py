@@ -196,7 +196,7 @@ def test_plot_writes_a_png_and_needs_matplotlib(tmp_path, monkeypatch):
         ({"start_lr": 0}, FitforgeValueError, "got start_lr=0, end_lr=10"),
         ({"end_lr": math.inf}, FitforgeValueError, "end_lr=inf"),
         ({"start_lr": "1e-7"}, FitforgeTypeError, "start_lr must be a number, got str '1e-7'"),
-        ({"end_lr": math.nan}, FitforgeTypeError, "end_lr must be a number, got float nan"),
+        ({"end_lr": math.nan}, FitforgeValueError, "end_lr must be a number, not nan"),
         ({"num_steps": 1}, FitforgeValueError, "num_steps must be an int >= 2, got 1"),
         ({"num_steps": 10.0}, FitforgeTypeError, "num_steps must be an int >= 2, got float 10.0"),
         ({"smoothing": 0}, FitforgeValueError, r"smoothing must be in \(0, 1\] \(the weight of each new loss\), got 0"),

@@ -2,5 +2,5 @@
 data unpacking and the first-batch checks.
 
 It may import only :mod:`fitforge.exceptions`: it knows no handler, no checkpoint format and no rank.
-What it needs of the Estimator is the :class:`~fitforge.core.protocols.EstimatorLike` protocol.
+What it needs of the Estimator is the :class:`~fitforge.core.state.EstimatorLike` protocol.
 """

@@ -32,7 +32,7 @@ def _check_count(
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise FitforgeTypeError(f"{owner}: {name} must be {expected}, got {describe(value)}")
     number = cast(float, value)  # a number by now; cast for the type checker
-    if number < 0 or (number == 0 and not zero_allowed):
+    if math.isnan(number) or number < 0 or (number == 0 and not zero_allowed):
         raise FitforgeValueError(f"{owner}: {name} must be {expected}, got {value!r}")
 
 
@@ -40,10 +40,11 @@ def check_number(owner: str, name: str, value: Any, allow_none: bool = False) ->
     """``value`` must be a real number that is not nan (or None when ``allow_none``)."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise FitforgeTypeError(
-            f"{owner}: {name} must be a number{' or None' if allow_none else ''}, got {describe(value)}"
-        )
+    expected = f"a number{' or None' if allow_none else ''}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FitforgeTypeError(f"{owner}: {name} must be {expected}, got {describe(value)}")
+    if math.isnan(value):
+        raise FitforgeValueError(f"{owner}: {name} must be {expected}, not nan")
 
 
 def check_flag(owner: str, name: str, value: Any) -> bool:

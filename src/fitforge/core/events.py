@@ -36,7 +36,7 @@ class Event(Enum):
 
     ``backward_end`` (from FluxTraining.jl) fires in training only, after the batch processor's
     step (forward, loss, backward) and before ``batch_end``, whose first handler steps the
-    optimizers: the place to inspect or change gradients (clipping, the NaN guard)."""
+    optimizers: the place to inspect or change gradients (the NaN guard judges them there)."""
 
     TRAIN_BEGIN = "train_begin"
     EPOCH_BEGIN = "epoch_begin"

@@ -3,3 +3,7 @@ wrapper (DDP, FSDP), data split across ranks, and the stop agreement behind the 
 
 It may import :mod:`fitforge.core` and :mod:`fitforge.exceptions`.
 """
+
+from fitforge.distributed.ranks import initialized, launched, local_rank, rank, world_size
+
+__all__ = ["initialized", "launched", "local_rank", "rank", "world_size"]

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from fitforge.core.arguments import check_number
 from fitforge.core.data import check_data
 from fitforge.core.history import finish_figure
 from fitforge.core.rng import restore_rng_states, rng_states
@@ -161,8 +162,7 @@ def _check_arguments(
         ("smoothing", smoothing),
         ("diverge_factor", diverge_factor),
     ):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise FitforgeTypeError(f"lr_find: {name} must be a number, got {describe(value)}")
+        check_number("lr_find", name, value)
     if not 0 < start_lr < end_lr or math.isinf(end_lr):
         raise FitforgeValueError(
             f"lr_find: the learning rates must satisfy 0 < start_lr < end_lr < inf, got "
