@@ -223,6 +223,7 @@ def test_a_read_only_model_dir_fails_before_the_first_step(tmp_path):
         ({"epoch_period": None}, FitforgeValueError, "would never save: epoch_period and batch_period are None"),
         ({"max_checkpoints": 0}, FitforgeValueError, "max_checkpoints must be a positive int, got 0"),
         ({"save_best": True}, FitforgeValueError, "save_best=True needs a monitor"),
+        ({"save_best": 1, "monitor": "val_loss"}, FitforgeTypeError, "save_best must be True or False, got int 1"),
         ({"monitor": "val_loss", "mode": "best"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max'"),
     ],
 )

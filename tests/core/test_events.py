@@ -198,3 +198,11 @@ def test_dispatcher_fire_requests_a_stop_for_a_truthy_batch_end():
     state = TrainState(make_estimator())
     Dispatcher([RecordingHandler(stop_on=("batch_end", 0))]).fire(Event.BATCH_END, state)
     assert state.stop_reason == "RecordingHandler.batch_end returned True"
+
+
+def test_declared_events_must_be_events():
+    class Declares(EpochEnd):
+        handled_events = ("epoch_end",)  # a string, not Event.EPOCH_END
+
+    with pytest.raises(FitforgeTypeError, match=r"handled_events must be None or a tuple of fitforge.events.Event"):
+        make_estimator().fit(regression_batches(1), epochs=1, event_handlers=[Declares()])

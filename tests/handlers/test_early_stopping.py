@@ -131,6 +131,7 @@ def test_unknown_monitor_is_an_error_before_training():
     "kwargs, error, message",
     [
         ({"patience": -1}, FitforgeValueError, "patience must be a non-negative int, got -1"),
+        ({"restore_best": 1}, FitforgeTypeError, "restore_best must be True or False, got int 1"),
         ({"patience": 1.5}, FitforgeTypeError, "patience must be a non-negative int, got float 1.5"),
         ({"mode": "up"}, FitforgeValueError, "mode must be 'auto', 'min' or 'max', got 'up'"),
         ({"min_delta": -0.1}, FitforgeValueError, "min_delta must be >= 0"),

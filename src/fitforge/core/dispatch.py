@@ -31,6 +31,14 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
         raise FitforgeTypeError(
             f"{argument} must hold handler instances, got {describe(handler)}; write {handler.__name__}() to create one"
         )
+    declared = getattr(handler, "handled_events", None)
+    if declared is not None and (
+        not isinstance(declared, (tuple, list)) or not all(isinstance(e, Event) for e in declared)
+    ):
+        raise FitforgeTypeError(
+            f"{handler!r}.handled_events must be None or a tuple of fitforge.events.Event, e.g. "
+            f"(Event.EPOCH_END,), got {describe(declared)}"
+        )
     if not events_of(handler):
         mixins = ", ".join(m.__name__ for m in MIXINS.values())
         raise FitforgeTypeError(

@@ -140,7 +140,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
         self.model_dir, self.model_prefix, self.monitor = Path(model_dir), model_prefix, monitor
         self._folder = CheckpointFolder(self.model_dir, model_prefix)
-        self.save_best, self.epoch_period, self.batch_period = bool(save_best), epoch_period, batch_period
+        self.save_best = check_flag("CheckpointHandler", "save_best", save_best)
+        self.epoch_period, self.batch_period = epoch_period, batch_period
         self.max_checkpoints = max_checkpoints
         self.resume_from_checkpoint = check_flag("CheckpointHandler", "resume_from_checkpoint", resume_from_checkpoint)
         self.save_non_finite = check_flag("CheckpointHandler", "save_non_finite", save_non_finite)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fitforge.core.arguments import check_non_negative, check_number
+from fitforge.core.arguments import check_flag, check_non_negative, check_number
 from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
@@ -75,7 +75,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
                     "disagree; pass only restore_best"
                 )
             restore_best = restore_best_weights
-        self.restore_best = bool(restore_best)
+        self.restore_best = check_flag("EarlyStoppingHandler", "restore_best", restore_best)
         self._reset()
 
     def _reset(self) -> None:

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeValueError
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers.formatting import format_values
 from fitforge.handlers.progress_bar import ProgressBarHandler
 
@@ -87,7 +87,9 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if log_interval != "epoch" and (
             isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 1
         ):
-            raise FitforgeValueError(f"log_interval must be 'epoch' or a positive int, got {log_interval!r}")
+            raise (FitforgeValueError if isinstance(log_interval, (int, str)) else FitforgeTypeError)(
+                f"LoggingHandler: log_interval must be 'epoch' or a positive int, got {log_interval!r}"
+            )
         self.log_interval: int | None = None if log_interval == "epoch" else int(log_interval)
         self.level = level
         self._started = time.perf_counter()

@@ -27,6 +27,11 @@ log = logging.getLogger("fitforge")
 _PREFIX = {"train": "train_", "validate": "val_"}
 
 
+def _part_key(index: int) -> str:
+    """The key of one loss of several (``loss_0``, ``loss_1``...; ``loss`` is their weighted sum)."""
+    return f"loss_{index}"
+
+
 class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several
     (``<prefix>loss_<i>``), and ``<prefix><metric name>`` for every metric.
@@ -71,7 +76,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     def history_keys(self, estimator, phase: str) -> list[str]:
         """The keys this handler produces for ``estimator`` in ``phase`` ("train" or "validate")."""
         prefix = _PREFIX.get(phase, phase + "_")
-        parts = [f"loss_{i}" for i in range(estimator.loss_count)] if estimator.loss_count > 1 else []
+        parts = [_part_key(i) for i in range(estimator.loss_count)] if estimator.loss_count > 1 else []
         return [prefix + name for name in ["loss", *parts, *(s.name for s in self._slots(estimator, phase))]]
 
     def _configure(self, state: TrainState) -> None:
@@ -202,7 +207,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     def _values(self, local: bool) -> dict[str, float]:
         values = {self.prefix + "loss": float(self._loss.compute())}
         for i, mean in enumerate(self._parts):
-            values[f"{self.prefix}loss_{i}"] = float(mean.compute())
+            values[self.prefix + _part_key(i)] = float(mean.compute())
         for slot in self.slots:
             metric = slot.metric
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
