@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,7 +43,7 @@ class StopAgreement:
         self._group = cpu_group()
         self._check_replicas = check_replicas
         self._flags = torch.zeros(3, dtype=torch.int64)  # signal, stop requested, CancelFit raised
-        self._work: Any = None  # an all-reduce under way, started after a batch
+        self._work: dist.Work | None = None  # an all-reduce under way, started after a batch
         self._signalled = 0  # the signal this rank received, until every rank knows it
 
     def signal_received(self, state: TrainState, signum: int) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import EventHandler, acts_as, unwrapped
-from fitforge.core.state import EstimatorLike
+from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.exceptions import FitforgeTypeError, MonitorKeyError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
 from fitforge.handlers.logging import LoggingHandler
@@ -106,7 +106,7 @@ def _check_best_agrees(handlers: Sequence[EventHandler]) -> None:
                 )
 
 
-def monitored_value(state, key: str, who: object) -> float:
+def monitored_value(state: TrainState, key: str, who: object) -> float:
     """The current value of a monitored key, or a MonitorKeyError listing the available keys."""
     try:
         return state.metrics[key]

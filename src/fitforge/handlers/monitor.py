@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from fitforge.core.arguments import check_number
-from fitforge.core.state import EstimatorLike
+from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.defaults import monitored_value
 
@@ -94,7 +94,7 @@ class Monitor:
         gain = value - best if self.resolved_mode == "max" else best - value
         return gain > self.min_delta
 
-    def epoch_value(self, state: Any, who: object) -> float | None:
+    def epoch_value(self, state: TrainState, who: object) -> float | None:
         """The key's value in this epoch's history row; None when it was not produced this epoch
         (e.g. validation runs every second epoch, and has not run yet)."""
         if self.key in state.history:

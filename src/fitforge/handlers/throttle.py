@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.dispatch import check_handler
@@ -140,11 +139,11 @@ class Throttled(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, Epoch
         if due:
             self._hooks[Event.BACKWARD_END](state)
 
-    def batch_end(self, state: TrainState) -> Any:
+    def batch_end(self, state: TrainState) -> bool | None:
         due = self._batch.second(self._batch_position(state), state.phase == "train")
         return self._hooks[Event.BATCH_END](state) if due else None
 
-    def epoch_end(self, state: TrainState) -> Any:
+    def epoch_end(self, state: TrainState) -> bool | None:
         if state.phase != "train" or self._epoch.second(state.epoch):
             return self._hooks[Event.EPOCH_END](state)
         return None

@@ -42,11 +42,11 @@ class MetricSlot:
     """A metric with the name its values get in history and the output/label it reads."""
 
     name: str
-    metric: Any
+    metric: Metric
     output_index: int = 0
 
 
-def metric_from_name(name: str) -> Any:
+def metric_from_name(name: str) -> Metric:
     """A new built-in metric for ``name``; raise listing the known names otherwise."""
     key = name.lower()
     if key in NAMES:
@@ -58,7 +58,7 @@ def metric_from_name(name: str) -> Any:
     raise FitforgeValueError(f"unknown metric name {name!r}; known names: {known}")
 
 
-def default_metrics(loss: Any) -> list[Any]:
+def default_metrics(loss: Any) -> list[Metric]:
     """The metric a beginner expects for ``loss`` (the loss mean itself is always recorded)."""
     if isinstance(loss, (nn.CrossEntropyLoss, nn.NLLLoss)):
         # Labels the loss ignores (padding, torch's default -100) are left out of the accuracy too.
@@ -76,13 +76,13 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
-def metric_name(metric: Any) -> str:
+def metric_name(metric: Metric) -> str:
     """The history name of a metric object: its ``name`` attribute if a string, else its class."""
     name = getattr(metric, "name", None)
     return name if isinstance(name, str) and name else _snake(type(metric).__name__)
 
 
-def _as_metric(spec: Any, argument: str) -> Any:
+def _as_metric(spec: Any, argument: str) -> Metric:
     if isinstance(spec, str):
         return metric_from_name(spec)
     if isinstance(spec, type):

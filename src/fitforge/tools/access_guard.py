@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 from fitforge.core.access import FIELDS, Access
+from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.exceptions import StateAccessError
 
@@ -113,7 +114,7 @@ class ReadOnlyMetrics(dict):
 class ReadOnlyHistory(Mapping):
     """``state.history`` for a handler that reads it but does not declare writing it."""
 
-    def __init__(self, history: Any, guard: GuardedState) -> None:
+    def __init__(self, history: History, guard: GuardedState) -> None:
         self._history, self._guard = history, guard
 
     def __getitem__(self, key: str) -> list[float]:
