@@ -3,18 +3,29 @@ commits (FSDP shard folders included), rotation and the cleanup of what a crash 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
 
-from fitforge.checkpoint.files import TEMP_SUFFIX, save_checkpoint
-from fitforge.exceptions import FitforgeValueError
+from fitforge.checkpoint.files import TEMP_SUFFIX, check_fits, load_checkpoint, restore_weights, save_checkpoint
+from fitforge.core.finite import non_finite_checkpoint
+from fitforge.core.state import EstimatorLike
+from fitforge.exceptions import CheckpointError, FitforgeValueError
+
+log = logging.getLogger("fitforge")
 
 EXTENSION = ".pt"
 SHARDS = ".dcp"  # the folder of an FSDP checkpoint's shards: the file's name with this suffix
 SINGLES = ("best", "nonfinite")  # one file each, replaced at each save: <prefix>-best.pt, <prefix>-nonfinite.pt
 _REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
+
+
+def describe_tensors(tensors: list[str], shown: int = 4) -> str:
+    """The first tensor names of a list, and how many more."""
+    more = f" and {len(tensors) - shown} more" if len(tensors) > shown else ""
+    return ", ".join(tensors[:shown]) + more
 
 
 class CheckpointFolder:
@@ -23,6 +34,36 @@ class CheckpointFolder:
 
     def __init__(self, path: Path, prefix: str) -> None:
         self.path, self.prefix = path, prefix
+
+    def newest_loadable(self, estimator: EstimatorLike, loaded: list[dict], read_only: bool) -> str | None:
+        """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``);
+        its file name (None: there is none). A corrupt or unfitting file is skipped with a warning;
+        if there are files and none loads, a CheckpointError lists every file and why."""
+        files = self.regular_files()
+        if not files:
+            log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.path)
+            return None
+        reasons = []
+        for path in reversed(files):
+            try:
+                checkpoint = load_checkpoint(path)
+                poisoned = non_finite_checkpoint(checkpoint, estimator.net)  # older versions wrote such files
+                if poisoned:
+                    raise CheckpointError(f"its weights or optimizer state hold nan/inf ({describe_tensors(poisoned)})")
+                if read_only:  # the other ranks load too: judge whether it fits without loading it
+                    check_fits(estimator, checkpoint, self.path)
+                    loaded.append(checkpoint)
+                else:
+                    loaded.append(restore_weights(estimator, checkpoint, folder=self.path))
+            except CheckpointError as err:
+                log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
+                reasons.append(f"{path.name}: {err}")
+                continue
+            return path.name
+        raise CheckpointError(
+            f"resume_from_checkpoint: none of the {len(files)} checkpoint(s) in {self.path} "
+            f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch"
+        )
 
     def regular(self, epochs: int, batches: int) -> Path:
         return self.path / f"{self.prefix}-epoch{epochs}batch{batches}{EXTENSION}"

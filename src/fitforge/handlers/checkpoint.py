@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, check_fits, load_checkpoint, restore_weights
-from fitforge.checkpoint.folder import SHARDS, CheckpointFolder
+from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, restore_weights
+from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.resume import fit_data_order, training_state
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.finite import non_finite_checkpoint, non_finite_state, only_buffers
+from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
 from fitforge.distributed.ranks import any_rank, rank, run_on_main_and_share, world_size
@@ -22,12 +22,6 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.monitor import Monitor
 
 log = logging.getLogger("fitforge")
-
-
-def _names(tensors: list[str], shown: int = 4) -> str:
-    """The first tensor names of a list, and how many more."""
-    more = f" and {len(tensors) - shown} more" if len(tensors) > shown else ""
-    return ", ".join(tensors[:shown]) + more
 
 
 def _completed_epochs(state: TrainState) -> int:
@@ -192,7 +186,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         """Rank 0 picks the newest checkpoint that loads; every other rank loads the same file."""
         loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
         several = world_size() > 1  # loading weights may be a collective (FSDP): rank 0 only reads the file
-        name = run_on_main_and_share(lambda: self._newest_loadable(state, loaded, several), CheckpointError)
+        name = run_on_main_and_share(
+            lambda: self._folder.newest_loadable(state.estimator, loaded, several), CheckpointError
+        )
         if name is None:
             return
         path = self.model_dir / name
@@ -205,35 +201,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
                     "a folder every rank can read (a shared filesystem across machines)"
                 ) from err
         self._restore(state, loaded[0], path, self._folder.regular_files())
-
-    def _newest_loadable(self, state: TrainState, loaded: list[dict], read_only: bool) -> str | None:
-        """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``);
-        its file name (None: there is none)."""
-        files = self._folder.regular_files()
-        if not files:
-            log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.model_dir)
-            return None
-        reasons = []
-        for path in reversed(files):
-            try:
-                checkpoint = load_checkpoint(path)
-                poisoned = non_finite_checkpoint(checkpoint, state.estimator.net)  # older versions wrote such files
-                if poisoned:
-                    raise CheckpointError(f"its weights or optimizer state hold nan/inf ({_names(poisoned)})")
-                if read_only:  # the other ranks load too: judge whether it fits without loading it
-                    check_fits(state.estimator, checkpoint, self.model_dir)
-                    loaded.append(checkpoint)
-                else:
-                    loaded.append(restore_weights(state.estimator, checkpoint, folder=self.model_dir))
-            except CheckpointError as err:
-                log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
-                reasons.append(f"{path.name}: {err}")
-                continue
-            return path.name
-        raise CheckpointError(
-            f"resume_from_checkpoint: none of the {len(files)} checkpoint(s) in {self.model_dir} "
-            f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch"
-        )
 
     def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
         self._picked, self.resumed_from = checkpoint, path  # fit resumes once every train_begin ran
@@ -369,7 +336,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if self.save_non_finite and self._refused == 1:  # the first non-finite state is the telling one
             self._save_single(state, "nonfinite", epochs, batches, {"non_finite": poisoned})
         if self._refused > 1:
-            log.debug("CheckpointHandler: not saving %s (nan/inf in %s)", name, _names(poisoned))
+            log.debug("CheckpointHandler: not saving %s (nan/inf in %s)", name, describe_tensors(poisoned))
             return True
         kept = self.saved[-1].name if self.saved else "none (no finite state was saved in this run)"
         cause = (
@@ -381,7 +348,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         log.warning(
             "CheckpointHandler: not saving %s: nan/inf in %s; %s. The newest checkpoint stays %s%s",
             name,
-            _names(poisoned) or "another rank's state",
+            describe_tensors(poisoned) or "another rank's state",
             cause,
             kept,
             kept_apart,
