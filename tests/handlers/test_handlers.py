@@ -129,6 +129,7 @@ def test_running_metrics_gives_epoch_so_far_values_and_leaves_state_metrics_alon
     [
         (dict(epoch_period=0), FitforgeValueError, "epoch_period must be a positive int or None, got 0"),
         (dict(batch_period=1.5), FitforgeTypeError, "batch_period must be a positive int or None, got float 1.5"),
+        (dict(epoch_period=None), FitforgeValueError, "epoch_period and batch_period are both None, so it would never"),
     ],
 )
 def test_validation_handler_argument_errors(kwargs, error, message):

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage, TrainBegin
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.metric import MetricHandler
 
 
@@ -45,9 +45,15 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
     ) -> None:
         check_positive("ValidationHandler", "epoch_period", epoch_period, allow_none=True)
         check_positive("ValidationHandler", "batch_period", batch_period, allow_none=True)
+        if epoch_period is None and batch_period is None:
+            raise FitforgeValueError(
+                "ValidationHandler: epoch_period and batch_period are both None, so it would never "
+                "validate; set at least one of them"
+            )
         if eval_fn is not None and not callable(eval_fn):
             raise FitforgeTypeError(
-                f"eval_fn must be callable (val_data, event_handlers=...) -> dict, got {describe(eval_fn)}"
+                "ValidationHandler: eval_fn must be callable (val_data, event_handlers=...) -> dict, "
+                f"got {describe(eval_fn)}"
             )
         self.val_data, self.eval_fn = val_data, eval_fn
         self.epoch_period, self.batch_period = epoch_period, batch_period
