@@ -515,3 +515,14 @@ def test_cross_entropy_label_hints_for_int32_and_out_of_range_classes():
 def test_a_list_of_one_loss_behaves_like_the_loss():
     total, parts = LossSet([nn.MSELoss()])(torch.ones(2), torch.zeros(2))
     assert total.item() == 1.0 and parts[0] is total
+
+
+def test_a_loss_that_returns_a_python_number_is_refused_at_the_first_batch():
+    from helpers import regression_batches
+
+    net = nn.Linear(1, 1)
+    estimator = Estimator(net, lambda p, y: ((p - y) ** 2).mean().item(), optimizer="sgd", device="cpu")
+    before = [p.detach().clone() for p in net.parameters()]
+    with pytest.raises(LossInputError, match=r"returned float .*, not a tensor.*\.item\(\), float\(\), numpy"):
+        estimator.fit(regression_batches(2), epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))  # no step was taken

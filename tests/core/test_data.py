@@ -243,3 +243,17 @@ class TestCheckData:
 def test_beginner_data_mistakes_get_a_hint(call, message):
     with pytest.raises(FitforgeTypeError, match=message):
         call(make_estimator())
+
+
+@pytest.mark.parametrize("argument", ["train_data", "val_data"])
+def test_a_pair_of_tensors_is_taken_for_what_it_is(argument):
+    x, y = torch.rand(8, 1), torch.rand(8, 1)
+    with pytest.raises(FitforgeTypeError, match=r"is a tuple of 2 tensor\(s\), not of \(data, label\) batches"):
+        check_data((x, y), argument, None)
+    assert check_data([x, y], "data", 1) == 2  # predict takes bare tensors as batches
+
+
+def test_fit_names_a_pair_of_tensors_given_as_validation_data():
+    x, y = torch.rand(8, 1), torch.rand(8, 1)
+    with pytest.raises(FitforgeTypeError, match=r"DataLoader\(TensorDataset\(X, Y\), batch_size=...\)"):
+        make_estimator().fit(regression_batches(2), val_data=(x, y), epochs=1)

@@ -3,6 +3,7 @@
 import re
 
 import pytest
+import torch
 
 from fitforge.core.dispatch import Dispatcher, check_handler, order_handlers
 from fitforge.core.events import events_of
@@ -206,3 +207,12 @@ def test_declared_events_must_be_events():
 
     with pytest.raises(FitforgeTypeError, match=r"handled_events must be None or a tuple of fitforge.events.Event"):
         make_estimator().fit(regression_batches(1), epochs=1, event_handlers=[Declares()])
+
+
+def test_a_scheduler_passed_as_a_handler_points_to_the_scheduler_handler():
+    estimator = make_estimator()
+    scheduler = torch.optim.lr_scheduler.StepLR(estimator.optimizer, step_size=1)
+    with pytest.raises(
+        FitforgeTypeError, match=r"a learning-rate scheduler \(StepLR\).*LRSchedulerHandler\(scheduler\)"
+    ):
+        estimator.fit(regression_batches(1), epochs=1, event_handlers=[scheduler])

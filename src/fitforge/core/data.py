@@ -137,6 +137,14 @@ def _data_hint(data: object, argument: str) -> str:
     return ""
 
 
+def _looks_like_inputs_and_labels(data: object) -> bool:
+    """``(X, Y)``: two tensors with one row per sample each, given where batches were expected."""
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        return False
+    x, y = data
+    return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() > 0 and y.shape[:1] == x.shape[:1]
+
+
 def check_data(data: object, argument: str, passes: int | None) -> int | None:
     """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many).
 
@@ -160,6 +168,13 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
         return None
     if size == 0:
         raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
+    if argument != "data" and _looks_like_inputs_and_labels(data):
+        # fit and evaluate take (data, label) batches; predict ("data") also takes bare tensors
+        raise FitforgeTypeError(
+            f"{argument} is a {type(data).__name__} of {size} tensor(s), not of (data, label) batches: "
+            "pass (X, Y) as batches, e.g. DataLoader(TensorDataset(X, Y), batch_size=...) or [(X, Y)] "
+            "for one batch"
+        )
     return size
 
 

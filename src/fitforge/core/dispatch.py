@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 from fitforge.core.access import Access, access_edges, declared_access, describe_access
 from fitforge.core.events import MIXINS, Event, EventHandler, acts_as, events_of, handler_name, priority_name
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, describe
@@ -27,6 +29,11 @@ Guard = Callable[[EventHandler, Callable, Access], Callable]  # (handler, hook, 
 def check_handler(handler: object, argument: str = "event_handlers") -> None:
     """Raise a clear error unless ``handler`` is an instance inheriting at least one event mixin,
     with an int ``priority`` and a tuple of classes as ``run_after``."""
+    if isinstance(handler, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        raise FitforgeTypeError(
+            f"{argument} got a learning-rate scheduler ({type(handler).__name__}), not a handler; wrap it: "
+            "LRSchedulerHandler(scheduler) (from fitforge.handlers) steps it per epoch or per batch"
+        )
     if isinstance(handler, type):
         raise FitforgeTypeError(
             f"{argument} must hold handler instances, got {describe(handler)}; write {handler.__name__}() to create one"

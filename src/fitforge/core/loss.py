@@ -114,8 +114,7 @@ class LossSet:
     def __call__(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Return ``(weighted total, each loss)``."""
         if not self._shapes_checked:
-            self.check_shapes(pred, label)
-            self._shapes_checked = True
+            return self._first_call(pred, label)
         if self._single_unweighted and type(pred) is torch.Tensor and type(label) is torch.Tensor:
             try:  # the common case, kept short: it runs every batch
                 value = self.fns[0](pred, label)
@@ -134,6 +133,20 @@ class LossSet:
             return parts[0], (parts[0],)
         total = cast(torch.Tensor, sum(w * v for w, v in zip(self.weights, parts)))  # 0 + tensors: a tensor
         return total, tuple(parts)
+
+    def _first_call(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The first call of a run: shapes checked before, the values' type after."""
+        self.check_shapes(pred, label)
+        self._shapes_checked = True
+        total, parts = self(pred, label)
+        for i, part in enumerate(parts):
+            if not isinstance(part, torch.Tensor):
+                raise LossInputError(
+                    f"loss {i} ({self.names[i]}) returned {describe(part)}, not a tensor: a loss must be "
+                    "computed with torch operations so it can be backpropagated; do not turn it into a "
+                    "Python number (.item(), float(), numpy)"
+                )
+        return total, parts
 
     def _call(self, i: int, pred: Any, label: Any) -> torch.Tensor:
         try:
