@@ -37,10 +37,15 @@ class TestUnpackPair:
         inputs, label = unpack_pair(([X], Y))
         assert inputs == (X,) and label is Y
 
-    def test_dict_batch(self):
-        msg = f"got a dict batch with keys ['x', 'y']; fitforge expects a (data, label) pair: {PAIR_HELP}"
-        with pytest.raises(BatchFormatError, match=re.escape(msg)):
+    def test_dict_batch_without_a_label(self):
+        msg = "got a dict batch with keys ['x', 'y'] and no label: put the label under 'labels' (or 'label')"
+        with pytest.raises(BatchFormatError, match=re.escape(msg) + ".*" + re.escape(PAIR_HELP)):
             unpack_pair({"x": X, "y": Y})
+
+    def test_dict_batch_gives_keyword_inputs_and_its_label(self):
+        assert unpack_pair({"x": X, "labels": Y}) == ({"x": X}, Y)
+        features, label = unpack_pair({"x": X, "label": Y, "mask": X})
+        assert features == {"x": X, "mask": X} and label is Y
 
     def test_dict_batch_is_a_value_error(self):
         with pytest.raises(ValueError, match="dict batch"):
@@ -103,8 +108,7 @@ class TestUnpackInputs:
         assert len(inputs) == 2 and inputs[0] is X and inputs[1] is x2
 
     def test_bad_batch(self):
-        with pytest.raises(BatchFormatError, match="dict batch"):
-            unpack_inputs({"x": X})
+        assert unpack_inputs({"x": X, "labels": Y}) == {"x": X}  # predict drops the label of a dict batch
         with pytest.raises(BatchFormatError, match=re.escape("a batch must be a (data, label) pair")):
             unpack_inputs((X, Y, Y))
 

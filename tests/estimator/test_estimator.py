@@ -594,3 +594,44 @@ def test_predict_errors_are_clear():
 
     with pytest.raises(FitforgeTypeError, match=r"the net returned dict .* for batch 0; predict needs a tensor"):
         make_estimator(net=DictOut()).predict(regression_batches())
+
+
+class KeywordNet(nn.Module):
+    """A net whose forward takes keyword arguments only, as Hugging Face models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.out = nn.Embedding(20, 8), nn.Linear(8, 3)
+
+    def forward(self, *, input_ids, attention_mask):
+        hidden = self.embed(input_ids) * attention_mask.unsqueeze(-1)
+        return self.out(hidden.sum(1) / attention_mask.sum(1, keepdim=True))
+
+
+def dict_samples(n=64):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (n, 6), generator=g)
+    return [{"input_ids": ids[i], "attention_mask": torch.ones(6), "labels": ids[i, 0] % 3} for i in range(n)]
+
+
+def test_a_keyword_only_net_trains_evaluates_and_predicts_from_dict_batches():
+    torch.manual_seed(0)
+    net = KeywordNet()
+    estimator = Estimator(
+        net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.05), device="cpu"
+    )
+    train = DataLoader(dict_samples(), batch_size=16, shuffle=True)  # the default collate makes dict batches
+    val = DataLoader(dict_samples(), batch_size=16)
+    history = estimator.fit(train, val_data=val, epochs=15)
+    assert history["val_accuracy"][-1] > 0.7 > history["val_accuracy"][0]  # it learned the first token's class
+    assert estimator.evaluate(val)["val_accuracy"] == history["val_accuracy"][-1]
+    assert estimator.predict(val).shape == (64, 3)  # predict drops the labels and passes the rest by name
+
+
+def test_dict_keys_that_are_not_the_nets_arguments_are_named_before_any_step():
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer="adam", device="cpu")
+    batch = {"image": torch.rand(8, 4), "label": torch.randint(0, 2, (8,))}
+    expected = r"forward takes \(input\) and the batch's keys other than the label are \['image'\]"
+    with pytest.raises(BatchFormatError, match=expected):
+        assert unchanged_after(estimator, lambda: estimator.fit([batch], epochs=1))

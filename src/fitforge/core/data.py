@@ -18,6 +18,8 @@ from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeVal
 
 _SEQUENCES = (tuple, list)
 _PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
+LABEL_KEYS = ("labels", "label")  # where a dict batch holds its label, in the order looked for
+Inputs = tuple[torch.Tensor, ...] | dict[str, Any]  # positional inputs, or a dict batch's keyword inputs
 
 
 def _tensors(value: Any) -> bool:
@@ -35,16 +37,14 @@ def shape_of(value: Any) -> str:
     return describe(value)
 
 
-def unpack_pair(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+def unpack_pair(batch: Any) -> tuple[Inputs, Any]:
     """Split a training batch into ``(inputs as a tuple, label)``; raise a clear error otherwise."""
     if type(batch) in _SEQUENCES and len(batch) == 2:  # the common (tensor, tensor) batch, checked cheaply
         data, label = batch
         if type(data) is torch.Tensor and type(label) is torch.Tensor:
             return (data,), label
     if isinstance(batch, Mapping):
-        raise BatchFormatError(
-            f"got a dict batch with keys {list(batch)}; fitforge expects a (data, label) pair: {_PAIR_HELP}"
-        )
+        return unpack_features(batch)
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_PAIR_HELP}")
     data, label = batch
@@ -57,11 +57,25 @@ def unpack_pair(batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
     return inputs, (label if isinstance(label, torch.Tensor) else tuple(label))
 
 
-def unpack_inputs(batch: Any, unpack: Callable[[Any], tuple] = unpack_pair) -> tuple[torch.Tensor, ...]:
+def unpack_features(batch: Mapping) -> tuple[dict[str, Any], Any]:
+    """Split a dict batch (``{"input_ids": ..., "attention_mask": ..., "labels": ...}``) into the
+    net's keyword inputs and the label, found under ``"labels"``, else ``"label"``."""
+    key = next((k for k in LABEL_KEYS if k in batch), None)
+    if key is None:
+        raise BatchFormatError(
+            f"got a dict batch with keys {list(batch)} and no label: put the label under 'labels' (or "
+            f"'label'), the net's inputs under its forward's argument names; or {_PAIR_HELP}"
+        )
+    return {k: v for k, v in batch.items() if k != key}, batch[key]
+
+
+def unpack_inputs(batch: Any, unpack: Callable[[Any], tuple] = unpack_pair) -> Inputs:
     """The inputs of a predict batch: a bare tensor, ``(data,)``, or anything ``unpack`` splits
     into ``(inputs, label)`` (a pair by default; a processor passes its own ``unpack``)."""
     if isinstance(batch, torch.Tensor):
         return (batch,)
+    if isinstance(batch, Mapping) and unpack is unpack_pair:  # predict: the label, if any, is dropped
+        return {k: v for k, v in batch.items() if k not in LABEL_KEYS}
     if isinstance(batch, (tuple, list)) and len(batch) == 1 and _tensors(batch[0]):
         data = batch[0]
         return (data,) if isinstance(data, torch.Tensor) else tuple(data)
@@ -74,6 +88,8 @@ def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> A
         return value if value.device == device else value.to(device, non_blocking=non_blocking)
     if isinstance(value, (tuple, list)):
         return tuple([to_device(v, device, non_blocking) for v in value])
+    if isinstance(value, Mapping):  # a dict batch's features (a transformers BatchEncoding too)
+        return {k: to_device(v, device, non_blocking) for k, v in value.items()}
     return value
 
 
@@ -84,12 +100,15 @@ def to_channels_last(value: Any) -> Any:
     return value
 
 
-def batch_size_of(inputs: tuple[torch.Tensor, ...]) -> int:
+def batch_size_of(inputs: Inputs) -> int:
     """Samples in a batch: the first dimension of the first input (0-d inputs count as 1)."""
     try:  # runs every batch: no dim() call on the common path
-        return inputs[0].shape[0]
+        return inputs[0].shape[0]  # type: ignore[index]  # a dict raises KeyError, handled below
     except IndexError:  # a 0-d input
         return 1
+    except KeyError:  # keyword inputs from a dict batch: the first tensor's
+        first = next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None)  # type: ignore[union-attr]
+        return 1 if first is None or first.dim() == 0 else first.shape[0]
 
 
 def check_finite(batch: Any, name: str) -> None:

@@ -25,18 +25,19 @@ batch, evaluated once before training (``Estimator.check_first_val_batch``), get
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from fitforge.core.data import check_finite
+from fitforge.core.data import LABEL_KEYS, check_finite
 from fitforge.core.events import unwrapped
 from fitforge.core.forward_errors import explain, net_inputs, same_device
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
-from fitforge.exceptions import DeviceMismatchError
+from fitforge.exceptions import BatchFormatError, DeviceMismatchError
 
 
 def first_step(
@@ -82,6 +83,23 @@ def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], ba
             if explained is None:
                 raise
             raise explained from error
+        except TypeError as error:
+            if not isinstance(batch, Mapping) or "argument" not in str(error):
+                raise
+            net = estimator.net if state.phase == "train" else estimator.val_net
+            raise BatchFormatError(
+                f"the net cannot take this dict batch's keys as its arguments: {error}; the net's forward "
+                f"takes {_signature(net)} and the batch's keys other than the label are "
+                f"{[k for k in batch if k not in LABEL_KEYS]}: name the keys after forward's arguments (the "
+                "label under 'labels'), or override BatchProcessor.unpack"
+            ) from error
+
+
+def _signature(net: nn.Module) -> str:
+    try:
+        return str(inspect.signature(net.forward))
+    except (TypeError, ValueError):  # no signature to read
+        return "(...)"
 
 
 def check_handlers(state: TrainState, handlers: Sequence[object]) -> None:

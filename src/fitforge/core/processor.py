@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from fitforge.core.arguments import check_flag
-from fitforge.core.data import batch_size_of, to_channels_last, to_device, unpack_inputs, unpack_pair
+from fitforge.core.data import Inputs, batch_size_of, to_channels_last, to_device, unpack_inputs, unpack_pair
 from fitforge.core.state import BatchOutput, EstimatorLike, TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 
@@ -66,7 +66,7 @@ class BatchProcessor:
     _own_autocast = False  # a subclass that overrides autocast() always has its context entered
     _unpack_overridden = False  # without an override, to_device calls unpack_pair itself: one call less per batch
 
-    def _inputs_to(self, inputs: tuple[torch.Tensor, ...], estimator: EstimatorLike) -> tuple[torch.Tensor, ...]:
+    def _inputs_to(self, inputs: Inputs, estimator: EstimatorLike) -> Inputs:
         device = estimator.device
         if not (self.host_inputs or estimator.channels_last) and type(inputs) is tuple:
             for x in inputs:  # the common case first: every input already on the device (CPU training)
@@ -82,14 +82,20 @@ class BatchProcessor:
                 [x if i in self.host_inputs else to_device(x, device, non_blocking) for i, x in enumerate(inputs)]
             )
         if estimator.channels_last:
-            moved = tuple([to_channels_last(x) for x in moved])
+            moved = (
+                {k: to_channels_last(x) for k, x in moved.items()}
+                if isinstance(moved, dict)
+                else tuple([to_channels_last(x) for x in moved])
+            )
         return moved
 
-    def unpack(self, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
-        """Split a batch into ``(inputs tuple, label)``. Override to accept dict batches."""
+    def unpack(self, batch: Any) -> tuple[Inputs, Any]:
+        """Split a batch into ``(inputs, label)``: a ``(data, label)`` pair gives a tuple of inputs;
+        a dict batch gives its keyword inputs (passed as ``net(**features)``) and the label under
+        ``"labels"`` (else ``"label"``). Override for other batch formats."""
         return unpack_pair(batch)
 
-    def to_device(self, state: TrainState, batch: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+    def to_device(self, state: TrainState, batch: Any) -> tuple[Inputs, Any]:
         """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
         device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
         the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
@@ -100,9 +106,10 @@ class BatchProcessor:
             label = to_device(label, device, estimator.non_blocking)
         return self._inputs_to(inputs, estimator), label
 
-    def forward(self, net: torch.nn.Module, inputs: tuple[torch.Tensor, ...], label: Any) -> Any:
-        """Run the net; ``label`` is passed for processors that need it (teacher forcing)."""
-        return net(*inputs)
+    def forward(self, net: torch.nn.Module, inputs: Inputs, label: Any) -> Any:
+        """Run the net: ``net(*inputs)``, or ``net(**features)`` for a dict batch; ``label`` is passed
+        for processors that need it (teacher forcing)."""
+        return net(**inputs) if type(inputs) is dict else net(*inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss``, with a clear error when it cannot carry a gradient."""
@@ -145,7 +152,7 @@ class BatchProcessor:
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def _forward_loss(
-        self, state: TrainState, net: torch.nn.Module, compute_loss: Any, inputs: tuple, label: Any
+        self, state: TrainState, net: torch.nn.Module, compute_loss: Any, inputs: Inputs, label: Any
     ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
         """``forward`` and the loss, under ``autocast`` unless there is none to enter (float32)."""
         if state.estimator.autocast_dtype is None and not self._own_autocast:
@@ -157,7 +164,7 @@ class BatchProcessor:
             loss, losses = compute_loss(pred, label)
             return pred, loss, losses
 
-    def inputs_to_device(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, ...]:
+    def inputs_to_device(self, state: TrainState, batch: Any) -> Inputs:
         """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything
         ``unpack`` splits into ``(inputs, label)`` (the label is dropped)."""
         return self._inputs_to(unpack_inputs(batch, self.unpack), state.estimator)

@@ -66,7 +66,8 @@ class BatchOutput:
     """The result of one batch, produced by the :class:`~fitforge.BatchProcessor`.
 
     Attributes:
-        data: the model inputs, a tuple of tensors on the device (passed to the net positionally).
+        data: the model inputs on the device: a tuple of tensors (passed to the net positionally),
+            or the keyword inputs of a dict batch (passed as ``net(**data)``).
         label: the label on the device: a tensor, or a tuple with one tensor per loss.
         pred: the net's output: a tensor, or a tuple for multi-output nets.
         loss: the total (weighted) loss, a scalar tensor still on the device; None in predict.
@@ -76,7 +77,7 @@ class BatchOutput:
     In ``predict`` only ``pred`` and ``batch_size`` are set (``data=()``, ``label=None``, no loss).
     """
 
-    data: tuple
+    data: tuple | dict
     label: Any
     pred: Any
     loss: torch.Tensor | None
