@@ -25,7 +25,7 @@ from fitforge.core.events import EventHandler
 from fitforge.core.first_batch import check_devices, check_first_batch_of, check_handlers, explained_step
 from fitforge.core.history import History, numbered_key
 from fitforge.core.loop import run_fit, run_pass
-from fitforge.core.loss import LossSet
+from fitforge.core.loss import LossSet, ModelLoss
 from fitforge.core.options import (
     check_duration,
     check_net,
@@ -34,7 +34,13 @@ from fitforge.core.options import (
     resolve_optimizers,
     resolve_precision,
 )
-from fitforge.core.processor import BatchProcessor, check_batch_output, check_batch_processor, check_outputs
+from fitforge.core.processor import (
+    BatchProcessor,
+    bound_step,
+    check_batch_output,
+    check_batch_processor,
+    check_outputs,
+)
 from fitforge.core.run import OnePass, RunContext
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions, shard_eval, shard_train
@@ -58,7 +64,10 @@ class Estimator:
 
     Args:
         net: the model.
-        loss: a loss module or callable ``(pred, label) -> scalar``, or a list (one per output).
+        loss: a loss module or callable ``(pred, label) -> scalar``, or a list (one per output); or
+            None for a model that computes its own loss (a Hugging Face model given ``labels``): its
+            output's ``loss`` is trained on and reported, metrics and ``predict`` get its ``logits``
+            (see :class:`BatchProcessor` for the keys).
         train_metrics: a name (``"accuracy"``), a metric object (built-in or torchmetrics), a list or
             dict of them, or ``{output_index: metrics}``; None infers one from the loss.
         val_metrics: as ``train_metrics``; None copies the training metrics.
@@ -128,8 +137,7 @@ class Estimator:
         self.net = compile_net(self._place(net), compile)
         self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
-        self._loss = LossSet(loss, loss_weights).to(self.device)
-        self._val_loss = self._loss if val_loss is None else LossSet(val_loss, loss_weights, "val_loss").to(self.device)
+        self._loss, self._val_loss = _loss_sets(loss, val_loss, loss_weights, self.device)
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
         self.val_metrics = (
             copy_slots(self.train_metrics)
@@ -203,7 +211,8 @@ class Estimator:
             self._val_loss.arm_checks()
             state = TrainState(self, "validate", batch_idx=0, batch=batch)
             try:
-                state.output = explained_step(state, self.batch_processor.evaluate_batch, batch)
+                step = bound_step(self.batch_processor, self, "evaluate_batch")
+                state.output = explained_step(state, step, batch)
                 self.check_first_batch(state.output, "evaluate_batch")
                 check_handlers(state, evaluate_handlers(event_handlers))
             except (FitforgeValueError, FitforgeTypeError) as error:
@@ -271,7 +280,7 @@ class Estimator:
         # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
         several = world_size() > 1
         coordinator = StopAgreement(isinstance(self.train_net, DistributedDataParallel)) if several else Alone()
-        step = self.batch_processor.fit_batch
+        step = bound_step(self.batch_processor, self, "fit_batch")
         run = RunContext(dispatcher, step, DataOrder(train_data), "train_data", coordinator, prepare=(resume_picked,))
         check_first_batch_of(run)
         state = TrainState(
@@ -337,9 +346,8 @@ class Estimator:
         dispatcher = Dispatcher(on_this_rank(evaluate_handlers(event_handlers)))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
-        run = RunContext(
-            dispatcher, self.batch_processor.evaluate_batch, OnePass(val_data), "val_data", allow_empty=sharded
-        )
+        step = bound_step(self.batch_processor, self, "evaluate_batch")
+        run = RunContext(dispatcher, step, OnePass(val_data), "val_data", allow_empty=sharded)
         check_first_batch_of(run)
         with _inference(self.val_net, self.strategy != "fsdp"):
             run_pass(state, run)
@@ -364,7 +372,7 @@ class Estimator:
             data, sharded = shard_eval(data, padded=self.strategy == "fsdp")
             num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
         outputs: list = []
-        predict_batch = self.batch_processor.predict_batch
+        predict_batch = bound_step(self.batch_processor, self, "predict_batch")
         cpu, asynchronous = torch.device("cpu"), self.non_blocking
 
         def step(state: TrainState, batch: Any) -> BatchOutput:
@@ -443,6 +451,22 @@ class Estimator:
     ) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
         return Dispatcher(on_this_rank(fit_handlers(event_handlers, val_data, default_handlers))).describe()
+
+
+def _loss_sets(
+    loss: Any, val_loss: Any, weights: Sequence[float] | None, device: torch.device
+) -> tuple[LossSet | ModelLoss, LossSet | ModelLoss]:
+    """The training and validation losses: ``LossSet`` objects, or ``ModelLoss`` for ``loss=None``."""
+    if loss is None:
+        if val_loss is not None or weights is not None:
+            given = "val_loss" if val_loss is not None else "loss_weights"
+            raise FitforgeValueError(
+                f"loss=None trains and evaluates on the loss the model computes itself, so {given} cannot be "
+                "given with it; give loss a function to use your own"
+            )
+        return ModelLoss(), ModelLoss()
+    train = LossSet(loss, weights).to(device)
+    return train, train if val_loss is None else LossSet(val_loss, weights, "val_loss").to(device)
 
 
 @contextmanager

@@ -425,14 +425,17 @@ class TestLossSet:
         with pytest.raises(
             LossInputError,
             match=re.escape("output 0 of the net is dict {'out': tensor([[0., 0., 0.],")
-            + ".*not a tensor; the net must return a tensor",
+            + ".*not a tensor; it holds out: use Estimator\\(loss=None\\).*output_key",
         ) as info:
             LossSet(nn.CrossEntropyLoss())({"out": torch.zeros(2, 3)}, torch.zeros(2, dtype=torch.long))
         assert "use label" not in str(info.value)
 
-    @pytest.mark.parametrize("pred,shown", [(None, "NoneType None"), ({"out": torch.zeros(2)}, "dict")])
-    def test_non_tensor_output_elementwise_loss(self, pred, shown):
-        with pytest.raises(LossInputError, match=re.escape(f"output 0 of the net is {shown}") + ".*forget a return"):
+    @pytest.mark.parametrize(
+        "pred,shown,fix",
+        [(None, "NoneType None", "forget a return"), ({"out": torch.zeros(2)}, "dict", "loss=None")],
+    )
+    def test_non_tensor_output_elementwise_loss(self, pred, shown, fix):
+        with pytest.raises(LossInputError, match=re.escape(f"output 0 of the net is {shown}") + f".*{re.escape(fix)}"):
             LossSet(nn.MSELoss())(pred, torch.zeros(2))
 
     def test_error_names_the_failing_loss_index(self):

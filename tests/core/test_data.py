@@ -38,7 +38,7 @@ class TestUnpackPair:
         assert inputs == (X,) and label is Y
 
     def test_dict_batch_without_a_label(self):
-        msg = "got a dict batch with keys ['x', 'y'] and no label: put the label under 'labels' (or 'label')"
+        msg = "got a dict batch with keys ['x', 'y'] and no label: put the label under 'labels' or 'label'"
         with pytest.raises(BatchFormatError, match=re.escape(msg) + ".*" + re.escape(PAIR_HELP)):
             unpack_pair({"x": X, "y": Y})
 

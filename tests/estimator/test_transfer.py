@@ -48,7 +48,7 @@ def test_inputs_already_on_the_device_are_passed_through_without_a_copy():
 
 def test_copies_to_cuda_are_non_blocking():
     # A stand-in estimator on another device records how the processor asks tensors to move.
-    estimator = SimpleNamespace(device=torch.device("meta"), non_blocking=True, channels_last=False)
+    estimator = SimpleNamespace(device=torch.device("meta"), non_blocking=True, channels_last=False, loss=nn.MSELoss())
     calls = []
     real_to = torch.Tensor.to
 

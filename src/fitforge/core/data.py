@@ -1,8 +1,9 @@
 """Batch unpacking, device transfer, batch-size inference and checks on the data given to fit.
 
 A training batch is a pair ``(data, label)``: ``data`` a tensor or a tuple of tensors (passed to
-the net as positional arguments), ``label`` a tensor or a tuple of tensors (one per loss). Dict
-batches are not understood by the default processor: return a pair from your Dataset, or subclass
+the net as positional arguments), ``label`` a tensor or a tuple of tensors (one per loss); or a
+dict (any Mapping, e.g. a ``transformers`` ``BatchEncoding``) of the net's keyword arguments with
+the label under ``"labels"`` or ``"label"``. Other formats: subclass
 :class:`~fitforge.BatchProcessor` and override ``unpack``.
 """
 
@@ -37,14 +38,15 @@ def shape_of(value: Any) -> str:
     return describe(value)
 
 
-def unpack_pair(batch: Any) -> tuple[Inputs, Any]:
-    """Split a training batch into ``(inputs as a tuple, label)``; raise a clear error otherwise."""
+def unpack_pair(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[Inputs, Any]:
+    """Split a training batch into ``(inputs as a tuple, label)``, or a dict batch into its keyword
+    inputs and the label under the first of ``label_keys`` it has; raise a clear error otherwise."""
     if type(batch) in _SEQUENCES and len(batch) == 2:  # the common (tensor, tensor) batch, checked cheaply
         data, label = batch
         if type(data) is torch.Tensor and type(label) is torch.Tensor:
             return (data,), label
     if isinstance(batch, Mapping):
-        return unpack_features(batch)
+        return unpack_features(batch, label_keys)
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_PAIR_HELP}")
     data, label = batch
@@ -57,29 +59,40 @@ def unpack_pair(batch: Any) -> tuple[Inputs, Any]:
     return inputs, (label if isinstance(label, torch.Tensor) else tuple(label))
 
 
-def unpack_features(batch: Mapping) -> tuple[dict[str, Any], Any]:
+def unpack_features(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[dict[str, Any], Any]:
     """Split a dict batch (``{"input_ids": ..., "attention_mask": ..., "labels": ...}``) into the
-    net's keyword inputs and the label, found under ``"labels"``, else ``"label"``."""
-    key = next((k for k in LABEL_KEYS if k in batch), None)
-    if key is None:
-        raise BatchFormatError(
-            f"got a dict batch with keys {list(batch)} and no label: put the label under 'labels' (or "
-            f"'label'), the net's inputs under its forward's argument names; or {_PAIR_HELP}"
-        )
+    net's keyword inputs and the label, found under the first of ``label_keys`` it has."""
+    key = label_key_of(batch, label_keys)
     return {k: v for k, v in batch.items() if k != key}, batch[key]
 
 
-def unpack_inputs(batch: Any, unpack: Callable[[Any], tuple] = unpack_pair) -> Inputs:
-    """The inputs of a predict batch: a bare tensor, ``(data,)``, or anything ``unpack`` splits
-    into ``(inputs, label)`` (a pair by default; a processor passes its own ``unpack``)."""
+def label_key_of(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> str:
+    """The first of ``label_keys`` in a dict batch; a clear error when it has none."""
+    for key in label_keys:
+        if key in batch:
+            return key
+    raise BatchFormatError(
+        f"got a dict batch with keys {list(batch)} and no label: put the label under "
+        f"{' or '.join(map(repr, label_keys))}, the net's "
+        f"inputs under its forward's argument names, or name the label's key with "
+        f"BatchProcessor(label_key=...); or {_PAIR_HELP}"
+    )
+
+
+def unpack_inputs(
+    batch: Any, unpack: Callable[[Any], tuple] | None = None, label_keys: tuple[str, ...] = LABEL_KEYS
+) -> Inputs:
+    """The inputs of a predict batch: a bare tensor, ``(data,)``, a dict batch without its label (under
+    one of ``label_keys``), or a ``(data, label)`` pair's data; a processor that overrides ``unpack``
+    passes it, to split anything but a bare tensor or ``(data,)``."""
     if isinstance(batch, torch.Tensor):
         return (batch,)
-    if isinstance(batch, Mapping) and unpack is unpack_pair:  # predict: the label, if any, is dropped
-        return {k: v for k, v in batch.items() if k not in LABEL_KEYS}
+    if isinstance(batch, Mapping) and unpack is None:  # predict: the label, if any, is dropped
+        return {k: v for k, v in batch.items() if k not in label_keys}
     if isinstance(batch, (tuple, list)) and len(batch) == 1 and _tensors(batch[0]):
         data = batch[0]
         return (data,) if isinstance(data, torch.Tensor) else tuple(data)
-    return unpack(batch)[0]
+    return (unpack_pair(batch, label_keys) if unpack is None else unpack(batch))[0]
 
 
 def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> Any:

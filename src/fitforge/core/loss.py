@@ -1,13 +1,15 @@
-"""One or several losses matched by position to the net's outputs and the labels.
+"""One or several losses matched by position to the net's outputs and the labels, or the loss a
+model computes itself.
 
-``LossSet(loss, weights)`` computes the weighted total and each part. Counts must agree: one output,
+``LossSet(loss, weights)`` computes the weighted total and each part; ``ModelLoss`` (``loss=None``)
+reads the ``loss`` of the model's output. Counts must agree: one output,
 one label and one loss each, or tuples of equal length. A loss that fails on its inputs is re-raised
 as a :class:`~fitforge.exceptions.LossInputError` naming shapes, dtypes and a likely fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -54,6 +56,20 @@ def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
         and label.dtype != torch.bool
         and label.shape == (pred.shape[0], *pred.shape[2:])
     )
+
+
+def _not_a_tensor(output: Any) -> str:
+    """The fix for a net output a loss cannot take: a model's output object, or a forgotten return."""
+    if output is None:
+        return "the net must return a tensor, or a tuple of tensors for several losses (did forward() forget a return?)"
+    items = list(output) if isinstance(output, Mapping) else [k for k in ("loss", "logits") if hasattr(output, k)]
+    if items:
+        return (
+            f"it holds {', '.join(map(str, items))}: use Estimator(loss=None) to train on the loss the model "
+            "computes itself, or BatchProcessor(output_key=...) to give this loss one of its items "
+            "(e.g. output_key='logits')"
+        )
+    return "the net must return a tensor, or a tuple of tensors for several losses"
 
 
 def _name(fn: Callable) -> str:
@@ -124,10 +140,7 @@ class LossSet:
         preds, labels = self._pair(pred, label)
         for i, p in enumerate(preds):
             if not isinstance(p, torch.Tensor):
-                raise LossInputError(
-                    f"output {i} of the net is {describe(p)}, not a tensor; the net must return a tensor, "
-                    "or a tuple of tensors for several losses (did forward() forget a return?)"
-                )
+                raise LossInputError(f"output {i} of the net is {describe(p)}, not a tensor; {_not_a_tensor(p)}")
         parts = [self._call(i, p, y) for i, (p, y) in enumerate(zip(preds, labels))]
         if len(parts) == 1 and self.weights[0] == 1.0:
             return parts[0], (parts[0],)
@@ -216,3 +229,44 @@ class LossSet:
                 f"the loss must be a scalar tensor, got {_spec(total)}; use reduction='mean' or "
                 "reduce the loss to a scalar"
             )
+
+
+class ModelLoss:
+    """``loss=None``: the loss the model computed itself, read from its output's ``loss`` (an
+    attribute, as in a ``transformers`` ``ModelOutput``, or a key of a dict). The same interface as
+    :class:`LossSet`, with one loss."""
+
+    fns: tuple = (None,)  # one loss, which the model computes
+    names = ("loss",)
+    weights = (1.0,)
+    multi = False
+
+    def to(self, device: torch.device) -> ModelLoss:
+        return self
+
+    def arm_checks(self) -> None:
+        """Nothing to check again: every call checks what it reads."""
+
+    def __call__(self, output: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+        if isinstance(loss, torch.Tensor):
+            return loss, (loss,)
+        if isinstance(output, (torch.Tensor, tuple, list)):
+            raise LossInputError(
+                f"Estimator(loss=None) trains on the loss the model computes itself, but the net returned "
+                f"{_spec(output)}, with no loss in it: give a loss function (e.g. loss=nn.CrossEntropyLoss()), "
+                "or return the loss from forward, as a dict {'loss': ..., 'logits': ...} or an object with a "
+                "loss attribute"
+            )
+        if loss is None:
+            raise LossInputError(
+                f"Estimator(loss=None) trains on the loss the model computes itself, but its output "
+                f"{describe(output)} has no loss: a Hugging Face model computes it only when the batch has "
+                "its labels (under 'labels', or BatchProcessor(label_key=...)); otherwise give a loss function"
+            )
+        raise LossInputError(f"the model's loss must be a tensor, got {describe(loss)}")
+
+    def check_first_batch(self, total: Any) -> None:
+        """The model's loss must be a scalar tensor."""
+        if not isinstance(total, torch.Tensor) or total.dim() != 0:
+            raise LossInputError(f"the loss the model computed must be a scalar tensor, got {_spec(total)}")

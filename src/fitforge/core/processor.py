@@ -5,6 +5,18 @@
 Subclass it for models whose step is not ``net(*data)`` then ``loss(pred, label)``: seq2seq with
 teacher forcing, detection with anchor matching, GANs, several optimizers.
 
+The contract of a custom step (``fit_batch`` written whole), which the default keeps too:
+
+- **Mixed precision needs no code.** An overridden ``fit_batch``, ``evaluate_batch`` or
+  ``predict_batch`` is called under the estimator's autocast (``precision="bf16-mixed"`` or
+  ``"16-mixed"``), so ``forward`` and ``estimator.compute_loss`` inside it run in the low precision;
+  :meth:`BatchProcessor.backward` leaves autocast for the backward and, under ``"16-mixed"``,
+  scales the loss with the estimator's GradScaler. Call ``self.backward(loss)``, not ``loss.backward()``.
+- **DDP**: forward through ``state.estimator.train_net`` (``forward`` does, given it).
+- **Named values**: ``state.log(name, value)`` adds ``train_<name>``/``val_<name>`` to the History;
+  declare the names in :attr:`BatchProcessor.logs` so monitors and CSV columns know them up front.
+- **Return** a :class:`~fitforge.BatchOutput` with ``batch_size`` set.
+
 Example:
     >>> class TeacherForcing(BatchProcessor):
     ...     def forward(self, net, inputs, label):
@@ -13,17 +25,28 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
 from fitforge.core.arguments import check_flag
-from fitforge.core.data import Inputs, batch_size_of, to_channels_last, to_device, unpack_inputs, unpack_pair
+from fitforge.core.data import (
+    LABEL_KEYS,
+    Inputs,
+    batch_size_of,
+    label_key_of,
+    to_channels_last,
+    to_device,
+    unpack_inputs,
+    unpack_pair,
+)
 from fitforge.core.state import BatchOutput, EstimatorLike, TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 
 _FULL_PRECISION = nullcontext()  # reusable: a float32 batch creates no context object
+_MODEL_OUTPUT_KEY = "logits"  # what metrics and predict read of a model that computes its own loss
 
 
 class BatchProcessor:
@@ -40,13 +63,39 @@ class BatchProcessor:
         allow_nonfinite: accept nan and inf in the data and labels, for a net or loss that handles
             them on purpose (missing values, masked targets). By default the first batch of fit and
             of its validation data is checked for them before its forward.
+        label_key: the key of a dict batch's label; by default ``"labels"``, else ``"label"``.
+        output_key: the item of the net's output (a key of a dict or ``transformers`` ``ModelOutput``,
+            or an attribute) that metrics, ``predict`` and a given loss receive. With
+            ``Estimator(loss=None)`` it defaults to ``"logits"``; otherwise to the whole output.
+
+    With ``Estimator(net, loss=None)`` the net computes its own loss, as a Hugging Face model given
+    ``labels`` does: the training loss is its output's ``loss`` (an attribute or a key); a dict batch
+    keeps its label among the features (``net(**features)`` gets ``labels=``), and a ``(data, label)``
+    pair passes the label as the last argument (``net(*data, label)``).
+
+    Attributes:
+        logs: the names the steps give ``state.log(name, value)``, declared so that
+            ``train_<name>``/``val_<name>`` are known before training (monitors, CSV columns).
     """
 
     host_inputs: tuple[int, ...] = ()
     allow_nonfinite: bool = False
+    label_key: str | None = None
+    output_key: str | None = None
+    logs: tuple[str, ...] = ()
 
-    def __init__(self, host_inputs: tuple[int, ...] = (), allow_nonfinite: bool = False) -> None:
+    def __init__(
+        self,
+        host_inputs: tuple[int, ...] = (),
+        allow_nonfinite: bool = False,
+        label_key: str | None = None,
+        output_key: str | None = None,
+    ) -> None:
         self.allow_nonfinite = check_flag("BatchProcessor", "allow_nonfinite", allow_nonfinite)
+        for name, key in (("label_key", label_key), ("output_key", output_key)):
+            if key is not None and (not isinstance(key, str) or not key):
+                raise FitforgeTypeError(f"BatchProcessor: {name} must be a non-empty str or None, got {describe(key)}")
+        self.label_key, self.output_key = label_key, output_key
         if not isinstance(host_inputs, (tuple, list)) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in host_inputs
         ):
@@ -62,9 +111,21 @@ class BatchProcessor:
         super().__init_subclass__(**kwargs)
         cls._own_autocast = cls.autocast is not BatchProcessor.autocast
         cls._unpack_overridden = cls.unpack is not BatchProcessor.unpack
+        cls._custom_steps = frozenset(
+            name
+            for name in ("fit_batch", "evaluate_batch", "predict_batch")
+            if getattr(cls, name) is not getattr(BatchProcessor, name)
+        )
 
     _own_autocast = False  # a subclass that overrides autocast() always has its context entered
     _unpack_overridden = False  # without an override, to_device calls unpack_pair itself: one call less per batch
+    _custom_steps: frozenset[str] = frozenset()  # steps a subclass wrote itself: the loop calls them under autocast
+    _scaler: torch.amp.GradScaler | None = None  # the fp16 scaler of the estimator that runs the processor
+    _autocast_device: str | None = None  # its device type under mixed precision, else None
+
+    @property
+    def _label_keys(self) -> tuple[str, ...]:
+        return LABEL_KEYS if self.label_key is None else (self.label_key,)
 
     def _inputs_to(self, inputs: Inputs, estimator: EstimatorLike) -> Inputs:
         device = estimator.device
@@ -92,19 +153,22 @@ class BatchProcessor:
     def unpack(self, batch: Any) -> tuple[Inputs, Any]:
         """Split a batch into ``(inputs, label)``: a ``(data, label)`` pair gives a tuple of inputs;
         a dict batch gives its keyword inputs (passed as ``net(**features)``) and the label under
-        ``"labels"`` (else ``"label"``). Override for other batch formats."""
-        return unpack_pair(batch)
+        ``label_key`` (by default ``"labels"``, else ``"label"``). Override for other batch formats."""
+        return unpack_pair(batch, self._label_keys)
 
     def to_device(self, state: TrainState, batch: Any) -> tuple[Inputs, Any]:
         """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
         device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
         the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
-        inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_pair(batch)
+        inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_pair(batch, self._label_keys)
         estimator = state.estimator
         device = estimator.device
         if type(label) is not torch.Tensor or label.device != device:
             label = to_device(label, device, estimator.non_blocking)
-        return self._inputs_to(inputs, estimator), label
+        inputs = self._inputs_to(inputs, estimator)
+        if estimator.loss is None and label is not None:  # the net computes its loss: it needs the label
+            inputs = _with_label(inputs, label, batch, self._label_keys)
+        return inputs, label
 
     def forward(self, net: torch.nn.Module, inputs: Inputs, label: Any) -> Any:
         """Run the net: ``net(*inputs)``, or ``net(**features)`` for a dict batch; ``label`` is passed
@@ -112,10 +176,19 @@ class BatchProcessor:
         return net(**inputs) if type(inputs) is dict else net(*inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss``, with a clear error when it cannot carry a gradient."""
+        """Backpropagate ``loss``: outside autocast, and scaled by the estimator's GradScaler under
+        ``precision="16-mixed"`` (GradientUpdateHandler unscales before the step and skips a step
+        whose gradients hold inf or nan). A clear error when the loss cannot carry a gradient."""
+        scaler, device = self._scaler, self._autocast_device
         try:
-            loss.backward()
-        except RuntimeError as err:  # explained here, so the common path pays for no check
+            if device is not None and torch.is_autocast_enabled(device):  # a custom step: not its backward
+                with torch.autocast(device, enabled=False):
+                    (loss if scaler is None else scaler.scale(loss)).backward()
+            else:
+                (loss if scaler is None else scaler.scale(loss)).backward()
+        except (RuntimeError, AttributeError) as err:  # explained here, so the common path pays for no check
+            if not isinstance(loss, torch.Tensor):
+                raise LossInputError(f"backward needs the loss as a tensor, got {describe(loss)}") from err
             if loss.dim() != 0:
                 raise LossInputError(
                     f"the loss must be a scalar tensor, got shape {tuple(loss.shape)}; use reduction='mean'"
@@ -132,6 +205,23 @@ class BatchProcessor:
         dtype = state.estimator.autocast_dtype
         return _FULL_PRECISION if dtype is None else torch.autocast(state.estimator.device.type, dtype=dtype)
 
+    def prediction(self, state: TrainState, output: Any) -> Any:
+        """What metrics, ``predict`` and a given loss receive of the net's ``output``: the output itself,
+        or its ``output_key`` item when it is a dict or an object such as a ``ModelOutput``
+        (``"logits"`` by default with ``Estimator(loss=None)``)."""
+        if isinstance(output, (torch.Tensor, tuple, list)):
+            return output
+        key = self.output_key or (_MODEL_OUTPUT_KEY if state.estimator.loss is None else None)
+        if key is None:
+            return output  # the loss or the metric says what it cannot take
+        value = output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
+        if value is None:
+            raise FitforgeValueError(
+                f"the net returned a {type(output).__name__}{_keys(output)} without {key!r}, the item metrics and "
+                "predict read; name the item to read: batch_processor=BatchProcessor(output_key=...)"
+            )
+        return value
+
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss (under the precision's autocast), then backward on one training batch.
 
@@ -140,8 +230,7 @@ class BatchProcessor:
         inputs, label = self.to_device(state, batch)
         estimator = state.estimator
         pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, inputs, label)
-        scaler = estimator.scaler
-        self.backward(loss if scaler is None else scaler.scale(loss))  # fp16: scaled against underflow
+        self.backward(loss)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
@@ -156,24 +245,66 @@ class BatchProcessor:
     ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
         """``forward`` and the loss, under ``autocast`` unless there is none to enter (float32)."""
         if state.estimator.autocast_dtype is None and not self._own_autocast:
-            pred = self.forward(net, inputs, label)
-            loss, losses = compute_loss(pred, label)
-            return pred, loss, losses
+            return self._loss_of(state, self.forward(net, inputs, label), compute_loss, label)
         with self.autocast(state):
-            pred = self.forward(net, inputs, label)
-            loss, losses = compute_loss(pred, label)
-            return pred, loss, losses
+            return self._loss_of(state, self.forward(net, inputs, label), compute_loss, label)
+
+    def _loss_of(
+        self, state: TrainState, output: Any, compute_loss: Any, label: Any
+    ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
+        if type(output) is torch.Tensor:  # the common case first
+            return (output, *compute_loss(output, label))
+        if state.estimator.loss is None:  # the model's own loss, read from the whole output
+            loss, losses = compute_loss(output, label)
+            return self.prediction(state, output), loss, losses
+        pred = self.prediction(state, output)
+        return (pred, *compute_loss(pred, label))
 
     def inputs_to_device(self, state: TrainState, batch: Any) -> Inputs:
         """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything
         ``unpack`` splits into ``(inputs, label)`` (the label is dropped)."""
-        return self._inputs_to(unpack_inputs(batch, self.unpack), state.estimator)
+        unpack = self.unpack if self._unpack_overridden else None
+        return self._inputs_to(unpack_inputs(batch, unpack, self._label_keys), state.estimator)
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
-        """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data)."""
+        """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data): the
+        output's ``output_key`` item for a net that returns a dict or a ``ModelOutput``."""
         inputs = self.inputs_to_device(state, batch)
         with self.autocast(state):
-            return self.forward(state.estimator.val_net, inputs, None)
+            return self.prediction(state, self.forward(state.estimator.val_net, inputs, None))
+
+
+def _with_label(inputs: Inputs, label: Any, batch: Any, keys: tuple[str, ...]) -> Inputs:
+    """The inputs of a net that computes its own loss: the label back among a dict batch's features
+    (under its own key), or last among a pair's positional inputs."""
+    if isinstance(inputs, dict):
+        return {**inputs, label_key_of(batch, keys): label}
+    return (*inputs, *(label if isinstance(label, tuple) else (label,)))
+
+
+def _keys(output: Any) -> str:
+    return f" (keys: {', '.join(map(str, output))})" if isinstance(output, Mapping) else ""
+
+
+def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callable[[TrainState, Any], Any]:
+    """``processor.<method>`` (``fit_batch``, ``evaluate_batch`` or ``predict_batch``) as a run calls it.
+
+    The processor learns the estimator's fp16 scaler (``backward`` scales with it), and a step the
+    processor's class wrote itself runs under the estimator's autocast, so a custom ``fit_batch``
+    keeps mixed precision without code of its own. The default steps enter autocast themselves,
+    around the forward and loss only, and are returned as they are."""
+    if isinstance(processor, BatchProcessor):
+        processor._scaler = estimator.scaler
+        processor._autocast_device = None if estimator.autocast_dtype is None else estimator.device.type
+    step = getattr(processor, method)
+    if estimator.autocast_dtype is None or method not in getattr(processor, "_custom_steps", ()):
+        return step
+
+    def under_autocast(state: TrainState, batch: Any) -> Any:
+        with processor.autocast(state):
+            return step(state, batch)
+
+    return under_autocast
 
 
 def check_outputs(pred: Any, batch_idx: int) -> Any:

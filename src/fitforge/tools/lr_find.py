@@ -31,6 +31,7 @@ import torch
 from fitforge.core.arguments import check_number
 from fitforge.core.data import check_data
 from fitforge.core.history import finish_figure
+from fitforge.core.processor import bound_step
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.distributed.data_split import shard_train
@@ -211,7 +212,7 @@ def _sweep(
     diverge_factor: float,
 ) -> LRFindResult:
     result, optimizers, scaler = LRFindResult(), list(estimator.optimizers), getattr(estimator, "scaler", None)
-    fit_batch = estimator.batch_processor.fit_batch
+    fit_batch = bound_step(estimator.batch_processor, estimator, "fit_batch")
     state = TrainState(estimator, "train", max_batches=num_steps)
     estimator.net.train()
     for optimizer in optimizers:
