@@ -82,3 +82,17 @@ def test_bag_of_words_stays_at_chance():
         default_handlers=False,
     )
     assert abs(history["val_accuracy"][-1] - SENTIMENT_CHANCE) < 0.05
+
+
+def test_transformers_text_fine_tunes_a_bert_through_loss_none(capsys):
+    pytest.importorskip("transformers")
+    history, accuracy = load_example("transformers_text").main(["--epochs", "2"])
+    assert accuracy >= 0.95  # the stated target (chance is 0.5): a random-init BERT learnt through its own loss
+    assert history["train_loss"][1] < history["train_loss"][0]
+    assert f"validation accuracy: {accuracy:.4f}" in capsys.readouterr().out
+
+
+def test_transformers_text_smoke():
+    pytest.importorskip("transformers")
+    history, _ = load_example("transformers_text").main(["--smoke"])
+    assert history.epochs == 1 and {"train_loss", "train_accuracy", "val_loss", "val_accuracy"} <= set(history)
