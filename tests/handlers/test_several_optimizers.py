@@ -199,7 +199,7 @@ PATTERN = (0, 1, 1, 0, 1, 0, 0)  # disc: batches 0 3 5 6; gen: 1 2 4 (and 7 8 ..
 def test_accumulation_counts_each_optimizers_own_batches():
     estimator, watch, seen = make(PATTERN, own_only=True), Watch(), []
     updater = GradientUpdateHandler(accumulate=2)
-    estimator.fit(BATCHES + BATCHES[:1], epochs=1, event_handlers=[updater, watch, Record(seen)])
+    estimator.fit(BATCHES + BATCHES[:1], epochs=1, event_handlers=[updater, watch, Record(seen)], check_access=True)
     # gen's group {1, 2} steps at batch 2, disc's {0, 3} at 3 and {5, 6} at 6, gen's {4} at epoch end.
     assert watch.moved == [(False, False), (False, False), (False, True), (True, False)] + [(False, False)] * 2 + [
         (True, False)
@@ -329,7 +329,7 @@ def test_a_batch_scheduler_steps_only_with_its_own_optimizer(accumulate):
     estimator, lrs = make(own_only=True), LRs()
     gen_schedule = LRSchedulerHandler(S.ExponentialLR(estimator.optimizers[1], 0.5), interval="batch")
     handlers = [GradientUpdateHandler(accumulate=accumulate), gen_schedule, lrs]
-    history = estimator.fit(BATCHES, epochs=2, event_handlers=handlers)
+    history = estimator.fit(BATCHES, epochs=2, event_handlers=handlers, check_access=True)  # declarations hold
     if accumulate == 1:  # gen steps on odd batches: 3 steps per epoch
         assert [gen for _, gen in lrs.seen[:6]] == [0.1, 0.05, 0.05, 0.025, 0.025, 0.0125]
     else:  # gen's groups {1, 3} and {5, 7}...: a step every 4 batches, and its trailing one at epoch end

@@ -55,8 +55,10 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     discriminator's batches and ``step=[1]`` on the generator's. Then:
 
     - each optimizer counts its own accumulation group (the batches that chose it), and steps
-      when the group is full; clipping covers the parameters of the optimizers stepping; under
-      fp16 the scaler unscales and steps those, and updates once per batch that stepped any.
+      when the group is full; at an epoch end every trailing group steps. Clipping covers the
+      parameters of the optimizers stepping together (one norm for them all, as with
+      ``step=None``); under fp16 the scaler unscales and steps those, and updates once per
+      batch that stepped any.
     - the gradients a batch leaves on an optimizer it does not step (the generator's backward
       reaches the discriminator) are discarded, unless that optimizer has a group open
       (``accumulate > 1``, batches of the two interleaved): they then join its group, so such a
