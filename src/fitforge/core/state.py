@@ -73,6 +73,13 @@ class BatchOutput:
         loss: the total (weighted) loss, a scalar tensor still on the device; None in predict.
         losses: each loss's unweighted value, in loss order.
         batch_size: number of samples, used to weight loss and metric means.
+        step: which optimizers :class:`~fitforge.handlers.GradientUpdateHandler` steps for this
+            batch: a list or tuple of indices into ``estimator.optimizers`` and/or optimizers of that
+            list; None (the default) steps every optimizer. A GAN's ``fit_batch`` alternates: the
+            discriminator's loss and ``step=[0]`` on even batches, the generator's and ``step=[1]``
+            on odd ones (or ``step=[opt_d]`` / ``step=[opt_g]``). The gradients the batch left on
+            the parameters of an optimizer it does not step are discarded, gradient accumulation
+            counts each optimizer's own batches (see GradientUpdateHandler). Only fit reads it.
 
     In ``predict`` only ``pred`` and ``batch_size`` are set (``data=()``, ``label=None``, no loss).
     """
@@ -83,6 +90,7 @@ class BatchOutput:
     loss: torch.Tensor | None
     losses: tuple = ()
     batch_size: int = 0
+    step: Sequence[int | torch.optim.Optimizer] | None = None
 
 
 @dataclass(slots=True, eq=False)

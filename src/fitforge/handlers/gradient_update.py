@@ -1,5 +1,5 @@
 """GradientUpdateHandler: the optimizer step after the batch processor's backward, with optional
-gradient accumulation and clipping."""
+gradient accumulation and clipping, for every optimizer or those a batch chooses."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import torch
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeValueError
+from fitforge.handlers.optimizer_choice import OptimizerChoice
 
 
 def step_optimizers(
@@ -31,8 +34,14 @@ def step_optimizers(
         scaler.update()
 
 
+def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
+    """A copy of the fp16 scaler's scale, a device tensor (``get_scale()`` would wait for the device)."""
+    scale = None if scaler is None else scaler._scale
+    return None if scale is None else scale.clone()
+
+
 class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
-    """Step every optimizer, then ``zero_grad(set_to_none=True)``.
+    """Step the optimizers, then ``zero_grad(set_to_none=True)``.
 
     It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a
     handler that must read the gradients before the step does so at ``backward_end``. Clipping
@@ -41,18 +50,47 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     ``state.shared["found_inf"]`` when training starts (NaNGuardHandler's, for fused optimizers) is
     passed to every step: a step whose flag is set is skipped on the device.
 
+    Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some
+    (indices into ``estimator.optimizers``, or the optimizers): a GAN returns ``step=[0]`` on the
+    discriminator's batches and ``step=[1]`` on the generator's. Then:
+
+    - each optimizer counts its own accumulation group (the batches that chose it), and steps
+      when the group is full; at an epoch end every trailing group steps. Clipping covers the
+      parameters of the optimizers stepping together (one norm for them all, as with
+      ``step=None``); under fp16 the scaler unscales and steps those, and updates once per
+      batch that stepped any.
+    - the gradients a batch leaves on an optimizer it does not step (the generator's backward
+      reaches the discriminator) are discarded, unless that optimizer has a group open
+      (``accumulate > 1``, batches of the two interleaved): they then join its group, so such a
+      processor should keep its backward away from those parameters (``requires_grad_(False)``
+      or ``detach``). Under fp16 an open group is rescaled when the scale changes.
+    - a parameter held by two optimizers is updated by the first of them (in
+      ``estimator.optimizers`` order) stepping on a batch: its ``zero_grad`` clears the gradient
+      before the next one steps; it is never discarded while one of its optimizers steps or
+      has a group open, and a group's mean divides it once. Give each parameter to one optimizer.
+    - ``state.optimizer_steps`` counts the batches (and epoch-end trailing groups) on which at
+      least one optimizer stepped: with one optimizer, its steps. :meth:`steps_per_optimizer`
+      counts each optimizer's; a batch-interval LRSchedulerHandler follows its own optimizer's.
+    - ``state.accumulated_batches`` is the largest open group (0: no gradient waits); the
+      per-optimizer counts are this handler's state, saved in checkpoints.
+
     Args:
         accumulate: step once every this many batches; the summed gradients are divided by the
             number of batches in the group, so with a mean-reduced loss a group of N batches of B
             samples steps like one batch of N*B. A trailing partial group (the end of an epoch, or a
             stop) is stepped too, divided by its own size; not when SIGTERM/SIGINT stopped training
             mid-epoch, as the group goes on when the run resumes. ``state.optimizer_steps`` counts steps.
-        clip_norm: clip the total gradient norm of the optimizers' parameters to this value before
-            each step (``torch.nn.utils.clip_grad_norm_``).
+        clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this
+            value before each step (``torch.nn.utils.clip_grad_norm_``).
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
 
-    A ``CancelBatch`` clears the gradients of the whole group accumulated so far (the loop cannot
+    A ``CancelBatch`` clears the gradients of every group accumulated so far (the loop cannot
     tell one batch's share from the others').
+
+    Raises:
+        FitforgeTypeError, FitforgeValueError: a ``BatchOutput.step`` that is not a non-empty list
+            of indices into ``estimator.optimizers`` or of its optimizers, at that batch (the
+            first one's in the sanity check), before any optimizer steps.
     """
 
     priority = Stage.STEP
@@ -60,9 +98,11 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         "estimator",
         "phase",
         "preempted",
+        "epoch",
         "epoch_finished",
         "batch_idx",
         "num_batches",
+        "output",
         "shared.found_inf",
     )
     writes = ("accumulated_batches", "optimizer_steps")
@@ -72,8 +112,10 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         check_positive("GradientUpdateHandler", "clip_norm", clip_norm, (int, float), allow_none=True)
         check_positive("GradientUpdateHandler", "clip_value", clip_value, (int, float), allow_none=True)
         self.accumulate, self.clip_norm, self.clip_value = accumulate, clip_norm, clip_value
+        self._open: list[int] = []  # per optimizer: batches in its open accumulation group
+        self._skipped: list[int] = []  # per optimizer: optimizer_steps it took no part in
 
-    def train_begin(self, state) -> None:
+    def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler
         self._found_inf = state.shared.get("found_inf")
         self._step_only = (
@@ -84,42 +126,115 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
             and self._found_inf is None
         )
         self._optimizers = list(state.estimator.optimizers)
-        self._params = [p for o in self._optimizers for group in o.param_groups for p in group["params"]]
+        self._choice = OptimizerChoice(self._optimizers)
         for optimizer in self._optimizers:
             optimizer.zero_grad(set_to_none=True)
         state.accumulated_batches = 0
+        self._open, self._skipped = [0] * len(self._optimizers), [0] * len(self._optimizers)
 
-    def batch_end(self, state) -> None:
-        if self._step_only:  # the common case (no accumulation, clipping or fp16 scaler), kept short
-            for optimizer in self._optimizers:
+    def check_first_batch(self, state: TrainState) -> None:
+        """The first batch's ``step`` choice, checked before any handler's ``batch_end``."""
+        if state.phase == "train" and state.output is not None and state.output.step is not None:
+            self._choice.resolve(state.output.step, state)
+
+    def batch_end(self, state) -> None:  # untyped: state.output is set at batch_end
+        if self._step_only and state.output.step is None:  # the common case (no accumulation, clipping,
+            for optimizer in self._optimizers:  # fp16 scaler or choice of optimizers), kept short
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             state.optimizer_steps += 1
             return
-        state.accumulated_batches += 1
-        if state.accumulated_batches >= self.accumulate:
-            self.step(state)
+        choice, counts = state.output.step, self._open
+        chosen = self._choice.every if choice is None else self._choice.resolve(choice, state)
+        if state.accumulated_batches != max(counts):
+            self._sync(state)
+        due = []
+        for i in chosen:
+            counts[i] += 1
+            if counts[i] >= self.accumulate:
+                due.append(i)
+        if len(chosen) < len(counts):  # the gradients it left on the others' parameters must not leak
+            live = [i for i, count in enumerate(counts) if count]
+            self._choice.discard([i for i in self._choice.every if not counts[i]], live)
+        if due:
+            self.step(state, due)
+        else:
+            state.accumulated_batches = max(counts)
 
-    def epoch_end(self, state) -> None:
-        if state.phase == "train" and state.accumulated_batches:  # a trailing partial group
+    def epoch_end(self, state: TrainState) -> None:
+        if state.phase == "train" and state.accumulated_batches:  # trailing partial groups
             if state.epoch_suspended:
-                return  # the group goes on when the run resumes: its checkpoint keeps the gradients
-            self.step(state)
+                return  # the groups go on when the run resumes: its checkpoint keeps the gradients
+            if state.accumulated_batches != max(self._open):
+                self._sync(state)
+            self.step(state, [i for i, count in enumerate(self._open) if count])
 
-    def step(self, state) -> None:
-        """Average the accumulated gradients, clip them, step and zero them. Under fp16 the
-        GradScaler unscales before clipping and skips the step when a gradient is inf or nan."""
+    def _sync(self, state: TrainState) -> None:
+        """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch cleared the
+        gradients (or a resume dropped them); a count from a checkpoint that predates per-optimizer
+        groups is one group that every optimizer shared."""
+        self._open[:] = [state.accumulated_batches] * len(self._open)
+
+    def step(self, state: TrainState, optimizers: list[int] | None = None) -> None:
+        """Average the accumulated gradients of the optimizers ``optimizers`` (indices; None: all),
+        clip them, step and zero them. Under fp16 the GradScaler unscales before clipping and skips
+        the step when a gradient is inf or nan."""
+        due = list(self._choice.every) if optimizers is None else optimizers
         scaler, clipping = self._scaler, self.clip_norm is not None or self.clip_value is not None
         if scaler is not None and clipping:
-            for optimizer in self._optimizers:
-                scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if state.accumulated_batches > 1 and grads:
-            torch._foreach_div_(grads, state.accumulated_batches)
+            for i in due:
+                scaler.unscale_(self._optimizers[i])  # clip true gradients, not scaled ones
+        self._average(due)
+        params = self._choice.params_of(due)
         if self.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
         if self.clip_value is not None:
-            torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
-        step_optimizers(self._optimizers, scaler, self._found_inf)
-        state.accumulated_batches = 0
+            torch.nn.utils.clip_grad_value_(params, self.clip_value)
+        waiting = [i for i, count in enumerate(self._open) if count and i not in due]
+        before = _scale_of(scaler) if waiting else None
+        step_optimizers([self._optimizers[i] for i in due], scaler, self._found_inf)
+        after = None if before is None else _scale_of(scaler)
+        if before is not None and after is not None:  # the open groups hold gradients of the old scale
+            grads = [p.grad for p in self._choice.params_of(waiting) if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, after / before)
+        for i in self._choice.every:
+            if i in due:
+                self._open[i] = 0
+            else:
+                self._skipped[i] += 1
+        state.accumulated_batches = max(self._open)
         state.optimizer_steps += 1
+
+    def _average(self, due: list[int]) -> None:
+        """Divide each group's summed gradients by its batch count (a shared parameter once)."""
+        seen: set[int] = set()
+        for i in due:
+            count = self._open[i]
+            params = [p for p in self._choice.params[i] if p.grad is not None and id(p) not in seen]
+            if self._choice.shared:
+                seen.update(id(p) for p in self._choice.params[i])
+            if count > 1 and params:
+                torch._foreach_div_([p.grad for p in params], count)
+
+    def steps_per_optimizer(self, state: TrainState) -> list[int]:
+        """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run,
+        resumed runs included: ``state.optimizer_steps`` less the steps it took no part in."""
+        return [state.optimizer_steps - skipped for skipped in self._skipped]
+
+    def state_dict(self) -> dict:
+        """Each optimizer's open group (batch count) and the optimizer steps it took no part in."""
+        return {"accumulated": list(self._open), "skipped_steps": list(self._skipped)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (an empty state, from a checkpoint that predates it, keeps
+        every optimizer on ``state.optimizer_steps``, as all of them stepped together then)."""
+        accumulated, skipped = state.get("accumulated"), state.get("skipped_steps")
+        if accumulated is None or skipped is None:
+            return
+        if len(accumulated) != len(self._open) or len(skipped) != len(self._open):
+            raise FitforgeValueError(
+                f"GradientUpdateHandler: the checkpoint holds the state of {len(accumulated)} optimizer(s), "
+                f"but the estimator has {len(self._open)}; resume with the optimizers it was written with"
+            )
+        self._open[:], self._skipped[:] = accumulated, skipped

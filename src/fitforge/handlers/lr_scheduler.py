@@ -10,7 +10,7 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin, unwrapped
 from fitforge.core.history import numbered_key
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -28,8 +28,10 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
     ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by
     a stop or by SIGTERM/SIGINT is not: a resumed run finishes it and steps then), after the
     metrics and validation (``Stage.SCHEDULE``) and before CheckpointHandler (``Stage.PERSIST``), so
-    checkpoints hold the stepped scheduler. ``interval="batch"`` steps once per optimizer step, after
-    GradientUpdateHandler's (with ``accumulate=N``, once per N batches). ``ReduceLROnPlateau``
+    checkpoints hold the stepped scheduler. ``interval="batch"`` steps once per step of the
+    scheduler's optimizer, after GradientUpdateHandler's (with ``accumulate=N``, once per N batches;
+    with several optimizers and batches that choose which to step (``BatchOutput.step``), only
+    after the batches that stepped this one, e.g. a GAN generator's). ``ReduceLROnPlateau``
     steps with the value ``monitor`` has in this epoch's history row; an epoch without one
     (validation every second epoch) does not step it.
 
@@ -107,7 +109,10 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
         self.interval, self.monitor, self._recipe = interval, monitor, recipe
         if interval != "batch":  # called per batch only then
             self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_BEGIN, Event.EPOCH_END)
-        self._steps_seen: int | None = None  # optimizer steps the scheduler has followed
+        self._steps_seen: int | None = None  # steps of its optimizer the scheduler has followed
+        self._batches_seen = -1  # state.optimizer_steps when the scheduler last looked (any optimizer's)
+        self._updater: GradientUpdateHandler | None = None  # which counts each optimizer's steps
+        self._index = 0  # of its optimizer in estimator.optimizers
         self._pending: dict | None = None  # a state loaded before a one-cycle scheduler was built
 
     @classmethod
@@ -116,10 +121,11 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
 
         It is built at fit start for ``estimator.optimizers[optimizer]``, with ``total_steps``
         the fit's optimizer steps (``epochs`` x batches per epoch, or ``batches``, divided by
-        GradientUpdateHandler's ``accumulate``) unless ``onecycle_kwargs`` gives the length.
-        ``cycle_momentum`` defaults to whether the optimizer has a momentum or betas setting (SGD
-        always has one, even at 0: as in torch, the momentum then cycles between 0.85 and 0.95; pass
-        ``cycle_momentum=False`` to keep plain SGD).
+        GradientUpdateHandler's ``accumulate``) unless ``onecycle_kwargs`` gives the length (with
+        optimizers stepped by turns, ``BatchOutput.step``, one optimizer's count of steps is not
+        known in advance: give ``total_steps``). ``cycle_momentum`` defaults to whether the
+        optimizer has a momentum or betas setting (SGD always has one, even at 0: as in torch, the
+        momentum then cycles between 0.85 and 0.95; pass ``cycle_momentum=False`` to keep plain SGD).
 
         Raises:
             FitforgeValueError: at fit start, when the length cannot be known (data without
@@ -161,6 +167,10 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
                 f"the estimator's {len(optimizers)} optimizer(s); build the scheduler on estimator.optimizer "
                 "(or estimator.optimizers[i])"
             )
+        self._index = next(i for i, optimizer in enumerate(optimizers) if self.scheduler.optimizer is optimizer)
+        updaters = [h for h in map(unwrapped, state.handlers) if isinstance(h, GradientUpdateHandler)]
+        self._updater = updaters[0] if len(optimizers) > 1 and updaters else None
+        self._batches_seen = -1  # the first batch looks, whatever a resume restored
         if self._monitor is not None:
             self._check_mode(state)
 
@@ -178,17 +188,17 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
 
     def epoch_begin(self, state: TrainState) -> None:
         if self._steps_seen is None:
-            self._steps_seen = state.optimizer_steps
+            self._steps_seen = self._own_steps(state)
 
     def batch_end(self, state: TrainState) -> None:
         # Only with interval="batch" (see handled_events): an int compare per batch; a CancelBatch after
         # the optimizer step is caught up next time.
-        if state.optimizer_steps != self._steps_seen:
+        if state.optimizer_steps != self._batches_seen:
             self._follow_steps(state)
 
     def epoch_end(self, state: TrainState) -> None:
         if self.interval == "batch":  # a trailing accumulation group is stepped at epoch end
-            stepped = state.optimizer_steps != self._steps_seen
+            stepped = self._own_steps(state) != self._steps_seen
             if stepped:
                 self._follow_steps(state)
         else:
@@ -197,13 +207,19 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
             for i, optimizer in enumerate(state.estimator.optimizers):  # the keys the loop records
                 state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
 
+    def _own_steps(self, state: TrainState) -> int:
+        """The steps its optimizer took: every optimizer step, unless several optimizers step by turns."""
+        if self._updater is None:
+            return state.optimizer_steps
+        return self._updater.steps_per_optimizer(state)[self._index]
+
     def _follow_steps(self, state: TrainState) -> None:
-        scheduler, seen = self.scheduler, self._steps_seen or 0
-        for _ in range(state.optimizer_steps - seen):
+        scheduler, seen, steps = self.scheduler, self._steps_seen or 0, self._own_steps(state)
+        for _ in range(steps - seen):
             if self._recipe is not None and scheduler.last_epoch >= scheduler.total_steps - 1:
                 break  # at the cycle's end (the fit's last step, or a cancelled batch's extra one)
             self._step()
-        self._steps_seen = state.optimizer_steps
+        self._steps_seen, self._batches_seen = steps, state.optimizer_steps
 
     def _step_epoch(self, state: TrainState) -> bool:
         if self._monitor is None:
@@ -239,7 +255,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
             self.scheduler.step()
 
     def state_dict(self) -> dict:
-        """The scheduler's state, and how many optimizer steps it has followed."""
+        """The scheduler's state, and how many steps of its optimizer it has followed."""
         return {
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "optimizer_steps": self._steps_seen,
