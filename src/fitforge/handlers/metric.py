@@ -62,6 +62,11 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     keys from the start (:meth:`history_keys`); a value logged in ``epoch_end`` after this handler
     counts in the next epoch. Under torch.distributed the means are reduced with the other sums, so
     every rank must log the same names.
+
+    Default metrics (inferred from the loss, not asked for) that the step's label cannot feed, e.g.
+    a GAN step returning ``BatchOutput(label=None)``, are left out of the estimator's metrics with
+    an info line, at the first batch; a metric asked for that fails on a missing label is an error
+    naming it, before the first optimizer step.
     """
 
     priority = Stage.METRICS
@@ -105,7 +110,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         estimator = state.estimator
         slots = self._slots(estimator, state.phase)
         self.prefix = _PREFIX.get(state.phase, state.phase + "_")
-        self.slots = slots
+        self.slots = list(slots)  # this handler's: a default metric left out later goes from both lists
         for slot in slots:
             slot.metric.to(estimator.device)
         self._loss = Mean()
@@ -150,12 +155,14 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             try:
                 slot.metric.update(pred, label)
             except _UPDATE_ERRORS as err:
-                raise _failure(slot, pred, label, state.batch_idx, err) from err
+                # first: no update yet this epoch (a default metric is a built-in, whose sum is None then)
+                first = isinstance(slot.metric, SumCountMetric) and slot.metric._sum is None
+                self._cannot_update(state, slot, pred, label, err, first)
 
     def check_first_batch(self, state: TrainState) -> None:
         """Update throw-away copies of the metrics with the first batch's output, so that a metric
-        that cannot take it fails before the optimizer step, with ``batch_end``'s message; names
-        logged so far are checked too.
+        that cannot take it fails before the optimizer step, with ``batch_end``'s message (or, for
+        a default metric, is left out); names logged so far are checked too.
 
         fitforge calls it once per run, after the first batch's step and before any ``batch_end``
         hook (and on the first validation batch before training); ``batch_end`` still makes the one
@@ -167,7 +174,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         prefix = _PREFIX.get(state.phase, state.phase + "_")
         (self._named if configured else self._named_means(estimator, state.phase, prefix)).check(state.logged)
         several = isinstance(out.pred, (tuple, list))
-        for slot in self._slots(estimator, state.phase):
+        for slot in list(self._slots(estimator, state.phase)):
             try:
                 trial = copy.deepcopy(slot.metric)
             except Exception:  # e.g. a metric holding a lock or a file: batch_end checks it instead
@@ -178,7 +185,33 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             try:
                 trial.update(pred, label)
             except _UPDATE_ERRORS as err:
-                raise _failure(slot, pred, label, state.batch_idx, err) from err
+                self._cannot_update(state, slot, pred, label, err, first=True)
+
+    def _cannot_update(
+        self, state: TrainState, slot: MetricSlot, pred: Any, label: Any, err: Exception, first: bool
+    ) -> None:
+        """A metric failed on a batch: a default one is left out if the label cannot feed it (none,
+        or the first batch's cannot); otherwise raise, naming a missing label if that is the cause."""
+        if not (slot.inferred and (label is None or first)):
+            if label is None:
+                raise _no_label(slot, state, self.metrics is not None) from err
+            raise _failure(slot, pred, label, state.batch_idx, err) from err
+        estimator = state.estimator
+        shared = self._slots(estimator, state.phase)
+        shared[:] = [s for s in shared if s is not slot]
+        if self._configured_for == (id(estimator), state.phase):
+            self.slots = [s for s in self.slots if s is not slot]  # batch_end's loop goes on over the old list
+            self._named.reserved.pop(slot.name, None)
+        log.info(
+            "the default metric %r (%s, inferred from the loss) is left out of %s: %s",
+            slot.name,
+            type(slot.metric).__name__,
+            "training" if state.phase == "train" else "validation",
+            "the step returns no label (BatchOutput(label=None))"
+            if label is None
+            else f"it cannot take the label ({err}); ask for the metrics you want with "
+            + ("train_metrics=..." if state.phase == "train" else "val_metrics=..."),
+        )
 
     def state_dict(self) -> dict:
         """The running sums of the current (or last) epoch: the loss mean(s) and every metric's;
@@ -191,6 +224,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             "loss": self._loss.state_dict(),
             "parts": [mean.state_dict() for mean in self._parts],
             "metrics": [metric_state(slot.metric) for slot in self.slots],
+            "names": [slot.name for slot in self.slots],
             "named": self._named.state_dict(),
         }
         return own if world_size() == 1 else {"ranks": gather_to_main(_on_host(own))}
@@ -212,8 +246,18 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
                 merge_metric_state(mean, extra)
             mean.to(device)
         self._named.load([ranks.get("named", {}) for ranks in saved], device)
+        names = saved[0].get("names")  # absent from checkpoints older than named values: by position
         for i, slot in enumerate(self.slots):
-            states = [rank_saved["metrics"][i] for rank_saved in saved]
+            index = i if names is None else names.index(slot.name) if slot.name in names else None
+            if index is None:  # a default metric the saving run left out is left out again at the first batch
+                if not slot.inferred:
+                    log.warning(
+                        "metric %r is not in the checkpoint: its value for the resumed epoch covers only the "
+                        "batches after the resume",
+                        slot.name,
+                    )
+                continue
+            states = [rank_saved["metrics"][index] for rank_saved in saved]
             if any(state is None for state in states):
                 log.warning(
                     "metric %r (%s) has no state fitforge can save: its value for the resumed epoch "
@@ -280,6 +324,16 @@ def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Excep
     return FitforgeValueError(
         f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
         f"and label: {shape_of(label)} in batch {batch_idx}: {err}"
+    )
+
+
+def _no_label(slot: MetricSlot, state: TrainState, handler_metrics: bool) -> FitforgeValueError:
+    step, argument = ("fit_batch", "train_metrics") if state.phase == "train" else ("evaluate_batch", "val_metrics")
+    argument = "MetricHandler(metrics=...)" if handler_metrics else argument
+    return FitforgeValueError(
+        f"metric {slot.name!r} ({type(slot.metric).__name__}) needs a label, but the step ({step}) returned "
+        f"none (BatchOutput(label=None)) in batch {state.batch_idx}: return the label in the BatchOutput, "
+        f"or leave the metric out of {argument}"
     )
 
 
