@@ -25,7 +25,7 @@ from fitforge.core.events import EventHandler, acts_as, events_of, handler_name,
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
 
-FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run"}  # plumbing
+FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run", "logged"}  # plumbing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from fitforge.core.history import History
+from fitforge.core.logged import PendingValues, checked_value, dropped
 
 
 class StepProcessor(Protocol):
@@ -137,6 +138,8 @@ class TrainState:
     ``epoch`` and ``global_step`` stay 0, ``history`` has no rows (do not record into it), and
     ``metrics`` receives the ``val_*`` values at ``epoch_end``.
 
+    Named values: :meth:`log` adds your own per-batch values (``train_<name>``/``val_<name>``).
+
     Attributes:
         max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
         max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
@@ -183,6 +186,7 @@ class TrainState:
     resumed: bool = False
     run: RunMachinery | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
+    logged: PendingValues = field(default_factory=PendingValues)
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
@@ -205,3 +209,42 @@ class TrainState:
         for compute in self.metric_sources:
             values.update(compute())
         return values
+
+    def log(self, name: str, value: torch.Tensor | float) -> None:
+        """Log a named value, e.g. ``state.log("g_loss", g_loss)`` in a GAN's ``fit_batch``.
+
+        The MetricHandler averages the values of each name over the calls of an epoch (one call per
+        batch: the mean over the epoch's batches, not weighted by batch size) and publishes the
+        mean at epoch end as ``train_<name>`` in fit and ``val_<name>`` in evaluate (so also in the
+        validation inside fit): in ``state.metrics``, the History, the log line, the progress bar
+        and the CSV and TensorBoard loggers; ``running_metrics()`` has the epoch-so-far mean.
+
+        Call it from a :class:`~fitforge.BatchProcessor` step or any handler's batch hooks. Declare
+        the names a processor's steps log in its ``logs`` attribute (``logs = ("d_loss",
+        "g_loss")``) so that monitors (``EarlyStoppingHandler("val_g_loss")``) and CSV columns know
+        them before training; an undeclared name appears from the first epoch it is logged in. A
+        name must not be one the loss or a metric of the same phase records (``loss``,
+        ``accuracy``...). Under torch.distributed the means are over every rank's calls, and every
+        rank must log the same names (declared names are always safe).
+
+        A tensor stays on its device (detached; nothing is read to the host per batch). Without a
+        MetricHandler (``fit(default_handlers=False)``) the values are dropped with one warning per
+        fit; in ``predict`` and ``lr_find``, which record no values, silently.
+
+        Args:
+            name: a non-empty str.
+            value: a tensor with one element (any device, any real dtype but bool) or a real
+                Python number (not a bool).
+
+        Raises:
+            FitforgeTypeError / FitforgeValueError: a bad ``name`` or ``value``.
+        """
+        entry = (name, checked_value(name, value))
+        pending = self.logged
+        # Kept until a MetricHandler takes them: in evaluate one always runs (before its first
+        # epoch_begin, e.g. on the validation batch checked before training, they wait for it).
+        if not pending.collected and self.phase != "validate":
+            if not pending.dropping:  # a fit (it has a run) without MetricHandler warns, once
+                dropped(pending, name, warn=self.run is not None)
+            return
+        pending.append(entry)

@@ -86,7 +86,6 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(self.path.parent, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
             raise FitforgeValueError(f"CSVLoggerHandler: cannot write {self.path}: permission denied")
-        self._expected = run_keys(state.handlers, state.estimator)
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train" or not state.epoch_finished:
@@ -102,7 +101,9 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         resumed = state.resumed
         header, last = self._read() if resumed or self.append else (None, 0)
         if header is None:
-            keys = list(history) + [key for key in self._expected if key not in history]
+            # Known now, not at train_begin: the first batch may have left out a default metric.
+            expected = run_keys(state.handlers, state.estimator)
+            keys = list(history) + [key for key in expected if key not in history]
             self._header = ["epoch", *keys]
             with self.path.open("w", newline="") as file:
                 csv.writer(file, lineterminator="\n").writerow(self._header)

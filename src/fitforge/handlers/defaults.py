@@ -83,8 +83,11 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
         key = getattr(handler, "monitor", None)
         if not isinstance(key, str) or key in keys or (custom_eval and key.startswith("val_")):
             continue
+        name = key.split("_", 1)[1] if key.startswith(("train_", "val_")) else key
         raise MonitorKeyError(
-            f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}"
+            f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
+            f"A value a step logs with state.log({name!r}, ...) is known before training only when its name is "
+            f"declared in BatchProcessor.logs, e.g. logs = ({name!r},)"
         )
     _check_best_agrees(handlers)
 

@@ -20,6 +20,7 @@ from fitforge.metrics.base import (
     merge_metric_state,
     metric_state,
 )
+from fitforge.metrics.named import NamedMeans, declared_names
 from fitforge.metrics.reduction import reduced_sums
 
 log = logging.getLogger("fitforge")
@@ -34,7 +35,8 @@ def _part_key(index: int) -> str:
 
 class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several
-    (``<prefix>loss_<i>``), and ``<prefix><metric name>`` for every metric.
+    (``<prefix>loss_<i>``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>`` for
+    every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
 
     Updates stay on the device; values reach the host at epoch end (or when a handler calls
     ``state.running_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate.
@@ -51,7 +53,20 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
 
     Its state (:meth:`state_dict`) is the epoch's running sums, so a checkpoint written mid-epoch
     resumes them: the resumed epoch's values cover all its batches. That holds for the built-in
-    metrics and torchmetrics metrics; another metric restarts its sums at the resume (with a warning).
+    metrics, torchmetrics metrics and named values; another metric restarts its sums at the resume
+    (with a warning).
+
+    Named values: ``state.log`` appends to the state's pending list, which this handler empties into
+    a mean per name at its ``batch_end`` (and at ``epoch_end``, ``state_dict`` and ``compute``, for
+    values logged by handlers that run after it). Names a batch processor declares in ``logs`` have
+    keys from the start (:meth:`history_keys`); a value logged in ``epoch_end`` after this handler
+    counts in the next epoch. Under torch.distributed the means are reduced with the other sums, so
+    every rank must log the same names.
+
+    Default metrics (inferred from the loss, not asked for) that the step's label cannot feed, e.g.
+    a GAN step returning ``BatchOutput(label=None)``, are left out of the estimator's metrics with
+    an info line, at the first batch; a metric asked for that fails on a missing label is an error
+    naming it, before the first optimizer step.
     """
 
     priority = Stage.METRICS
@@ -64,6 +79,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         self._open = False  # between this handler's epoch_begin and epoch_end
         self._configured_for: tuple | None = None
         self._pending: list[dict] | None = None  # running sums from a checkpoint (one per rank to merge)
+        self._inbox: list = []  # the state's pending named values (state.logged), from epoch_begin on
 
     def _slots(self, estimator, phase: str) -> list[MetricSlot]:
         if self.metrics is None:
@@ -74,20 +90,33 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         return self._resolved
 
     def history_keys(self, estimator, phase: str) -> list[str]:
-        """The keys this handler produces for ``estimator`` in ``phase`` ("train" or "validate")."""
+        """The keys this handler produces for ``estimator`` in ``phase`` ("train" or "validate"),
+        those of the names the batch processor declares in ``logs`` included (checked here)."""
         prefix = _PREFIX.get(phase, phase + "_")
-        parts = [_part_key(i) for i in range(estimator.loss_count)] if estimator.loss_count > 1 else []
-        return [prefix + name for name in ["loss", *parts, *(s.name for s in self._slots(estimator, phase))]]
+        named = self._named_means(estimator, phase, prefix)
+        reserved = list(named.reserved)
+        return [prefix + name for name in [*reserved, *(n for n in named.means if n not in reserved)]]
+
+    def _named_means(self, estimator, phase: str, prefix: str) -> NamedMeans:
+        """Fresh means for the declared names; the loss's and the metrics' names are reserved."""
+        reserved = {"loss": "the loss mean"}
+        reserved.update(
+            {_part_key(i): f"the mean of loss {i}" for i in range(estimator.loss_count) if estimator.loss_count > 1}
+        )
+        reserved.update({s.name: f"the metric {s.name!r}" for s in self._slots(estimator, phase)})
+        return NamedMeans(prefix, declared_names(estimator.batch_processor), reserved)
 
     def _configure(self, state: TrainState) -> None:
         estimator = state.estimator
         slots = self._slots(estimator, state.phase)
         self.prefix = _PREFIX.get(state.phase, state.phase + "_")
-        self.slots = slots
+        self.slots = list(slots)  # this handler's: a default metric left out later goes from both lists
         for slot in slots:
             slot.metric.to(estimator.device)
         self._loss = Mean()
         self._parts = [Mean() for _ in range(estimator.loss_count)] if estimator.loss_count > 1 else []
+        self._named = self._named_means(estimator, state.phase, self.prefix)
+        self._device = estimator.device
         self._configured_for = (id(estimator), state.phase)
 
     def epoch_begin(self, state: TrainState) -> None:
@@ -98,15 +127,22 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             mean.reset()
         for slot in self.slots:
             slot.metric.reset()
+        self._named.reset()
         if self._pending is not None:
             if state.batch_idx >= 0:  # at epoch_begin: a resume continues this epoch, and its sums
                 self._resume(self._pending, state.estimator.device)
             self._pending = None
         if self.compute not in state.metric_sources:
             state.metric_sources.append(self.compute)
+        inbox = self._inbox = state.logged  # state.log keeps values from now on, for this handler to take
+        inbox.collected = True
+        if inbox:  # logged before this epoch's sums were open (an earlier epoch_begin hook, a late epoch_end one)
+            self._named.take(inbox, self._device)
         self._open = True
 
     def batch_end(self, state: TrainState) -> None:
+        if self._inbox:  # the one check the named values cost a batch that logs none
+            self._named.take(self._inbox, self._device)
         out: Any = state.output
         self._loss.update(out.loss, out.batch_size)
         if self._parts:
@@ -119,11 +155,14 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             try:
                 slot.metric.update(pred, label)
             except _UPDATE_ERRORS as err:
-                raise _failure(slot, pred, label, state.batch_idx, err) from err
+                # first: no update yet this epoch (a default metric is a built-in, whose sum is None then)
+                first = isinstance(slot.metric, SumCountMetric) and slot.metric._sum is None
+                self._cannot_update(state, slot, pred, label, err, first)
 
     def check_first_batch(self, state: TrainState) -> None:
         """Update throw-away copies of the metrics with the first batch's output, so that a metric
-        that cannot take it fails before the optimizer step, with ``batch_end``'s message.
+        that cannot take it fails before the optimizer step, with ``batch_end``'s message (or, for
+        a default metric, is left out); names logged so far are checked too.
 
         fitforge calls it once per run, after the first batch's step and before any ``batch_end``
         hook (and on the first validation batch before training); ``batch_end`` still makes the one
@@ -131,8 +170,11 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         """
         estimator, out = state.estimator, state.output
         assert out is not None  # the first batch's output, set before this call
+        configured = self._configured_for == (id(estimator), state.phase)
+        prefix = _PREFIX.get(state.phase, state.phase + "_")
+        (self._named if configured else self._named_means(estimator, state.phase, prefix)).check(state.logged)
         several = isinstance(out.pred, (tuple, list))
-        for slot in self._slots(estimator, state.phase):
+        for slot in list(self._slots(estimator, state.phase)):
             try:
                 trial = copy.deepcopy(slot.metric)
             except Exception:  # e.g. a metric holding a lock or a file: batch_end checks it instead
@@ -143,17 +185,47 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             try:
                 trial.update(pred, label)
             except _UPDATE_ERRORS as err:
-                raise _failure(slot, pred, label, state.batch_idx, err) from err
+                self._cannot_update(state, slot, pred, label, err, first=True)
+
+    def _cannot_update(
+        self, state: TrainState, slot: MetricSlot, pred: Any, label: Any, err: Exception, first: bool
+    ) -> None:
+        """A metric failed on a batch: a default one is left out if the label cannot feed it (none,
+        or the first batch's cannot); otherwise raise, naming a missing label if that is the cause."""
+        if not (slot.inferred and (label is None or first)):
+            if label is None:
+                raise _no_label(slot, state, self.metrics is not None) from err
+            raise _failure(slot, pred, label, state.batch_idx, err) from err
+        estimator = state.estimator
+        shared = self._slots(estimator, state.phase)
+        shared[:] = [s for s in shared if s is not slot]
+        if self._configured_for == (id(estimator), state.phase):
+            self.slots = [s for s in self.slots if s is not slot]  # batch_end's loop goes on over the old list
+            self._named.reserved.pop(slot.name, None)
+        log.info(
+            "the default metric %r (%s, inferred from the loss) is left out of %s: %s",
+            slot.name,
+            type(slot.metric).__name__,
+            "training" if state.phase == "train" else "validation",
+            "the step returns no label (BatchOutput(label=None))"
+            if label is None
+            else f"it cannot take the label ({err}); ask for the metrics you want with "
+            + ("train_metrics=..." if state.phase == "train" else "val_metrics=..."),
+        )
 
     def state_dict(self) -> dict:
         """The running sums of the current (or last) epoch: the loss mean(s) and every metric's;
         under torch.distributed, every rank's (``{"ranks": [...]}`` on rank 0, a collective)."""
         if self._configured_for is None:
             return {}
+        if self._open and self._inbox:  # values logged after this batch's batch_end belong to the sums
+            self._named.take(self._inbox, self._device)
         own = {
             "loss": self._loss.state_dict(),
             "parts": [mean.state_dict() for mean in self._parts],
             "metrics": [metric_state(slot.metric) for slot in self.slots],
+            "names": [slot.name for slot in self.slots],
+            "named": self._named.state_dict(),
         }
         return own if world_size() == 1 else {"ranks": gather_to_main(_on_host(own))}
 
@@ -173,8 +245,19 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             for extra in parts[1:]:
                 merge_metric_state(mean, extra)
             mean.to(device)
+        self._named.load([ranks.get("named", {}) for ranks in saved], device)
+        names = saved[0].get("names")  # absent from checkpoints older than named values: by position
         for i, slot in enumerate(self.slots):
-            states = [rank_saved["metrics"][i] for rank_saved in saved]
+            index = i if names is None else names.index(slot.name) if slot.name in names else None
+            if index is None:  # a default metric the saving run left out is left out again at the first batch
+                if not slot.inferred:
+                    log.warning(
+                        "metric %r is not in the checkpoint: its value for the resumed epoch covers only the "
+                        "batches after the resume",
+                        slot.name,
+                    )
+                continue
+            states = [rank_saved["metrics"][index] for rank_saved in saved]
             if any(state is None for state in states):
                 log.warning(
                     "metric %r (%s) has no state fitforge can save: its value for the resumed epoch "
@@ -202,6 +285,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         """The epoch-so-far values, keyed as in history (reads device values to the host). On a
         torch.distributed rank they are this rank's own: a torchmetrics metric is computed without
         its cross-rank sync, a collective that ranks without this reader would never join."""
+        if self._open and self._inbox:
+            self._named.take(self._inbox, self._device)
         return self._values(local=world_size() > 1)
 
     def _values(self, local: bool) -> dict[str, float]:
@@ -212,16 +297,19 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             metric = slot.metric
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
             values[self.prefix + slot.name] = float(type(metric).compute(metric) if unsynced else metric.compute())
+        values.update(self._named.values())
         return values
 
     def epoch_end(self, state: TrainState) -> None:
         if not self._open:  # epoch_begin was cancelled before reaching this handler: nothing to report
             return
         self._open = False
+        if self._inbox:  # logged by handlers after this one's batch_end, or in an earlier epoch_end hook
+            self._named.take(self._inbox, self._device)
         # Under torch.distributed every rank holds its share of the sums: totals over all ranks first.
-        with reduced_sums(
-            [self._loss, *self._parts, *(s.metric for s in self.slots if isinstance(s.metric, SumCountMetric))]
-        ):
+        sums: list[SumCountMetric] = [self._loss, *self._parts, *self._named.in_order()]
+        sums += [s.metric for s in self.slots if isinstance(s.metric, SumCountMetric)]
+        with reduced_sums(sums):
             values = self._values(local=False)
         state.metrics.update(values)
         if state.phase == "train":
@@ -236,6 +324,16 @@ def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Excep
     return FitforgeValueError(
         f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
         f"and label: {shape_of(label)} in batch {batch_idx}: {err}"
+    )
+
+
+def _no_label(slot: MetricSlot, state: TrainState, handler_metrics: bool) -> FitforgeValueError:
+    step, argument = ("fit_batch", "train_metrics") if state.phase == "train" else ("evaluate_batch", "val_metrics")
+    argument = "MetricHandler(metrics=...)" if handler_metrics else argument
+    return FitforgeValueError(
+        f"metric {slot.name!r} ({type(slot.metric).__name__}) needs a label, but the step ({step}) returned "
+        f"none (BatchOutput(label=None)) in batch {state.batch_idx}: return the label in the BatchOutput, "
+        f"or leave the metric out of {argument}"
     )
 
 

@@ -39,11 +39,16 @@ _TOPK = re.compile(r"top(\d+)_acc(uracy)?")
 
 @dataclass
 class MetricSlot:
-    """A metric with the name its values get in history and the output/label it reads."""
+    """A metric with the name its values get in history and the output/label it reads.
+
+    ``inferred``: a default chosen for the loss, not asked for; a run whose step returns no label (or
+    one it cannot take) leaves it out instead of failing (see :class:`~fitforge.handlers.MetricHandler`).
+    """
 
     name: str
     metric: Metric
     output_index: int = 0
+    inferred: bool = False
 
 
 def metric_from_name(name: str) -> Metric:
@@ -111,7 +116,7 @@ def resolve_metrics(spec: Any, loss: Any, argument: str = "train_metrics") -> li
     """Named metric slots for ``spec`` (see the module docstring); names must be unique."""
     first_loss = loss[0] if isinstance(loss, (list, tuple)) and loss else loss
     if spec is None:
-        slots = [MetricSlot(metric_name(m), m) for m in default_metrics(first_loss)]
+        slots = [MetricSlot(metric_name(m), m, inferred=True) for m in default_metrics(first_loss)]
     elif isinstance(spec, dict) and spec and all(isinstance(k, int) for k in spec):
         slots = [slot for index, sub in spec.items() for slot in _flat(sub, argument, index)]
     else:
@@ -153,4 +158,4 @@ def check_independent(train: list[MetricSlot], val: list[MetricSlot]) -> None:
 
 def copy_slots(slots: list[MetricSlot]) -> list[MetricSlot]:
     """Independent copies (fresh objects) of ``slots``, e.g. validation metrics from training ones."""
-    return [MetricSlot(s.name, copy.deepcopy(s.metric), s.output_index) for s in slots]
+    return [MetricSlot(s.name, copy.deepcopy(s.metric), s.output_index, s.inferred) for s in slots]
