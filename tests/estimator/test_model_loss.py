@@ -167,7 +167,7 @@ def test_a_model_output_without_loss_is_explained():
         def forward(self, features, mask=None, labels=None):
             return Output(None, self.linear(features))
 
-    with pytest.raises(LossInputError, match=r"has no loss: a Hugging Face model computes it only when"):
+    with pytest.raises(LossInputError, match=r"has no loss: did forward get the label\?.*put the label under 'labels'"):
         make(NoLoss()).fit(dict_batches(1), epochs=1)
 
 
@@ -188,3 +188,61 @@ def test_loss_none_refuses_a_val_loss_or_weights():
 def test_keys_must_be_strings(name):
     with pytest.raises(FitforgeTypeError, match=f"BatchProcessor: {name} must be a non-empty str or None, got int 3"):
         BatchProcessor(**{name: 3})
+
+
+def test_the_models_own_loss_and_its_logits_read_nothing_to_the_host_per_batch():
+    from fitforge.testing import HostReadCounter
+
+    def reads(batches):
+        net = Classifier()  # SGD: Adam reads its step count (a CPU tensor) every step
+        estimator = Estimator(net, None, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), train_metrics="accuracy")
+        data = dict_batches(batches)
+        with HostReadCounter() as counter:
+            estimator.fit(data, val_data=data[:2], epochs=1)
+        return counter.count
+
+    assert reads(4) == reads(32)  # the reads are per epoch (means at epoch end, first-batch checks), never per batch
+
+
+def test_an_unpack_of_its_own_gets_the_label_back_under_labels():
+    class Nested(BatchProcessor):
+        def unpack(self, batch):
+            features, label = batch
+            return features, label
+
+    data = [({"features": b["features"]}, b["labels"]) for b in dict_batches(2)]
+    history = make(Classifier(), Nested()).fit(data, epochs=1)
+    assert len(history["train_loss"]) == 1  # Classifier got labels=...: no "no label" error
+
+
+def test_loss_none_with_a_net_that_cannot_take_the_label_is_explained():
+    data = [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]
+    with pytest.raises(BatchFormatError, match=r"with loss=None the net computes its own loss.*Give a loss function"):
+        make(nn.Linear(4, 3)).fit(data, epochs=1)
+
+
+def test_lr_find_steps_only_the_optimizers_a_batch_chooses():
+    class TwoParts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 1), nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.a(x) + self.b(x)
+
+    class OnlyA(BatchProcessor):
+        def fit_batch(self, state, batch):
+            out = super().fit_batch(state, batch)
+            out.step = [0]
+            return out
+
+    net = TwoParts()
+    estimator = Estimator(
+        net, nn.MSELoss(), device="cpu", batch_processor=OnlyA(),
+        optimizer=[torch.optim.SGD(net.a.parameters(), lr=0.1), torch.optim.SGD(net.b.parameters(), lr=0.1)],
+    )  # fmt: skip
+    steps = []
+    estimator.optimizers[1].register_step_post_hook(lambda *_: steps.append(1))
+    estimator.optimizers[0].register_step_post_hook(lambda *_: steps.append(0))
+    estimator.lr_find([(torch.randn(8, 2), torch.randn(8, 1))], num_steps=5)
+    assert steps and set(steps) == {0}

@@ -84,13 +84,22 @@ def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], ba
                 raise
             raise explained from error
         except TypeError as error:
-            if not isinstance(batch, Mapping) or "argument" not in str(error):
+            own_loss = estimator.loss is None
+            if not (isinstance(batch, Mapping) or own_loss) or "argument" not in str(error):
                 raise
             net = estimator.net if state.phase == "train" else estimator.val_net
+            if own_loss:  # the label went to the net, which may not take it
+                raise BatchFormatError(
+                    f"with loss=None the net computes its own loss, so it is given the label (as labels=... "
+                    f"for a dict batch, as its last argument for a (data, label) pair), but it cannot take it: "
+                    f"{error}; the net's forward takes {_signature(net)}. Give a loss function (loss=...) "
+                    "for a net that returns predictions, or let forward take the label and return the loss"
+                ) from error
+            keys = getattr(estimator.batch_processor, "_label_keys", LABEL_KEYS)
             raise BatchFormatError(
                 f"the net cannot take this dict batch's keys as its arguments: {error}; the net's forward "
                 f"takes {_signature(net)} and the batch's keys other than the label are "
-                f"{[k for k in batch if k not in LABEL_KEYS]}: name the keys after forward's arguments (the "
+                f"{[k for k in batch if k not in keys]}: name the keys after forward's arguments (the "
                 "label under 'labels'), or override BatchProcessor.unpack"
             ) from error
 

@@ -261,8 +261,9 @@ class ModelLoss:
         if loss is None:
             raise LossInputError(
                 f"Estimator(loss=None) trains on the loss the model computes itself, but its output "
-                f"{describe(output)} has no loss: a Hugging Face model computes it only when the batch has "
-                "its labels (under 'labels', or BatchProcessor(label_key=...)); otherwise give a loss function"
+                f"{describe(output)} has no loss: did forward get the label? It is passed under the batch's own "
+                "key ('labels' or 'label'), and a Hugging Face model computes its loss only from labels=..., so "
+                "put the label under 'labels'; otherwise give a loss function"
             )
         raise LossInputError(f"the model's loss must be a tensor, got {describe(loss)}")
 

@@ -167,7 +167,10 @@ class BatchProcessor:
             label = to_device(label, device, estimator.non_blocking)
         inputs = self._inputs_to(inputs, estimator)
         if estimator.loss is None and label is not None:  # the net computes its loss: it needs the label
-            inputs = _with_label(inputs, label, batch, self._label_keys)
+            key = self.label_key or "labels"
+            if isinstance(batch, Mapping) and not self._unpack_overridden:
+                key = label_key_of(batch, self._label_keys)
+            inputs = _with_label(inputs, label, key)
         return inputs, label
 
     def forward(self, net: torch.nn.Module, inputs: Inputs, label: Any) -> Any:
@@ -274,11 +277,11 @@ class BatchProcessor:
             return self.prediction(state, self.forward(state.estimator.val_net, inputs, None))
 
 
-def _with_label(inputs: Inputs, label: Any, batch: Any, keys: tuple[str, ...]) -> Inputs:
-    """The inputs of a net that computes its own loss: the label back among a dict batch's features
-    (under its own key), or last among a pair's positional inputs."""
+def _with_label(inputs: Inputs, label: Any, key: str) -> Inputs:
+    """The inputs of a net that computes its own loss: the label back among keyword inputs (under
+    ``key``: the batch's own, else ``label_key`` or ``"labels"``), or last among positional inputs."""
     if isinstance(inputs, dict):
-        return {**inputs, label_key_of(batch, keys): label}
+        return {**inputs, key: label}
     return (*inputs, *(label if isinstance(label, tuple) else (label,)))
 
 

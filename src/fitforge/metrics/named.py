@@ -37,8 +37,8 @@ class NamedMeans:
 
     Args:
         prefix: ``"train_"`` or ``"val_"``, for the keys and the messages.
-        declared: names known up front (each has a mean from the start: ``nan`` in an epoch
-            without a value).
+        declared: names known up front (each has a mean from the start; an epoch without a value
+            publishes none).
         reserved: ``{name: what records it}`` for the names the loss and metrics of the phase
             already use (``{"loss": "the loss mean"}``); logging one of them is refused.
     """
@@ -72,9 +72,9 @@ class NamedMeans:
         means = self.means
         for name, value in pending:
             mean = means.get(name) or self.add(name)
-            if type(value) is float:  # a Python number: a 0-d tensor on the device, where the sum is
-                value = torch.tensor(
-                    value, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device
+            if type(value) is float:  # a Python number: a 0-d tensor filled on the device (no host copy to wait on)
+                value = torch.full(
+                    (), value, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device
                 )
             elif value.device != device:
                 value = value.to(device)
@@ -90,8 +90,9 @@ class NamedMeans:
         return [self.means[name] for name in sorted(self.means)]
 
     def values(self) -> dict[str, float]:
-        """The means as floats keyed ``<prefix><name>`` (a host read)."""
-        return {self.prefix + name: float(mean.compute()) for name, mean in self.means.items()}
+        """The means as floats keyed ``<prefix><name>`` (a host read); a name with no value in this
+        epoch (declared, but logged in the other phase only) is left out rather than recorded as nan."""
+        return {self.prefix + name: float(mean.compute()) for name, mean in self.means.items() if mean._count}
 
     def state_dict(self) -> dict[str, dict]:
         return {name: mean.state_dict() for name, mean in self.means.items()}

@@ -38,6 +38,7 @@ from fitforge.distributed.data_split import shard_train
 from fitforge.distributed.ranks import mean_over_ranks
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.gradient_update import step_optimizers
+from fitforge.handlers.optimizer_choice import OptimizerChoice
 
 log = logging.getLogger("fitforge")
 
@@ -213,6 +214,7 @@ def _sweep(
 ) -> LRFindResult:
     result, optimizers, scaler = LRFindResult(), list(estimator.optimizers), getattr(estimator, "scaler", None)
     fit_batch = bound_step(estimator.batch_processor, estimator, "fit_batch")
+    choice = OptimizerChoice(optimizers)
     state = TrainState(estimator, "train", max_batches=num_steps)
     estimator.net.train()
     for optimizer in optimizers:
@@ -238,7 +240,12 @@ def _sweep(
             result.diverged = True
             break
         best = min(best, smoothed)
-        step_optimizers(optimizers, scaler)
+        stepped = optimizers
+        if state.output.step is not None:  # a step that chose its optimizers (a GAN's turns): only those
+            chosen = choice.resolve(state.output.step, state)
+            stepped = [optimizers[i] for i in chosen]
+            choice.discard([i for i in choice.every if i not in chosen], chosen)
+        step_optimizers(stepped, scaler)
     return result
 
 
