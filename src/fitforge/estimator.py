@@ -25,7 +25,7 @@ from fitforge.core.events import EventHandler
 from fitforge.core.first_batch import check_devices, check_first_batch_of, check_handlers, explained_step
 from fitforge.core.history import History, numbered_key
 from fitforge.core.loop import run_fit, run_pass
-from fitforge.core.loss import LossSet, ModelLoss
+from fitforge.core.loss import loss_sets
 from fitforge.core.options import (
     check_duration,
     check_net,
@@ -137,7 +137,7 @@ class Estimator:
         self.net = compile_net(self._place(net), compile)
         self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
-        self._loss, self._val_loss = _loss_sets(loss, val_loss, loss_weights, self.device)
+        self._loss, self._val_loss = loss_sets(loss, val_loss, loss_weights, self.device)
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
         self.val_metrics = (
             copy_slots(self.train_metrics)
@@ -451,22 +451,6 @@ class Estimator:
     ) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
         return Dispatcher(on_this_rank(fit_handlers(event_handlers, val_data, default_handlers))).describe()
-
-
-def _loss_sets(
-    loss: Any, val_loss: Any, weights: Sequence[float] | None, device: torch.device
-) -> tuple[LossSet | ModelLoss, LossSet | ModelLoss]:
-    """The training and validation losses: ``LossSet`` objects, or ``ModelLoss`` for ``loss=None``."""
-    if loss is None:
-        if val_loss is not None or weights is not None:
-            given = "val_loss" if val_loss is not None else "loss_weights"
-            raise FitforgeValueError(
-                f"loss=None trains and evaluates on the loss the model computes itself, so {given} cannot be "
-                "given with it; give loss a function to use your own"
-            )
-        return ModelLoss(), ModelLoss()
-    train = LossSet(loss, weights).to(device)
-    return train, train if val_loss is None else LossSet(val_loss, weights, "val_loss").to(device)
 
 
 @contextmanager

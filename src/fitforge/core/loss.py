@@ -271,3 +271,19 @@ class ModelLoss:
         """The model's loss must be a scalar tensor."""
         if not isinstance(total, torch.Tensor) or total.dim() != 0:
             raise LossInputError(f"the loss the model computed must be a scalar tensor, got {_spec(total)}")
+
+
+def loss_sets(
+    loss: Any, val_loss: Any, weights: Sequence[float] | None, device: torch.device
+) -> tuple[LossSet | ModelLoss, LossSet | ModelLoss]:
+    """The training and validation losses: ``LossSet`` objects, or ``ModelLoss`` for ``loss=None``."""
+    if loss is None:
+        if val_loss is not None or weights is not None:
+            given = "val_loss" if val_loss is not None else "loss_weights"
+            raise FitforgeValueError(
+                f"loss=None trains and evaluates on the loss the model computes itself, so {given} cannot be "
+                "given with it; give loss a function to use your own"
+            )
+        return ModelLoss(), ModelLoss()
+    train = LossSet(loss, weights).to(device)
+    return train, train if val_loss is None else LossSet(val_loss, weights, "val_loss").to(device)
