@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -19,10 +18,10 @@ from fitforge.checkpoint.preemption import preemptible, raise_if_preempted
 from fitforge.checkpoint.resume import resume_picked
 from fitforge.core.arguments import check_flag
 from fitforge.core.coordinator import Alone
-from fitforge.core.data import batch_size_of, check_data, check_finite, to_device
+from fitforge.core.data import batch_size_of, check_data, to_device
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
-from fitforge.core.first_batch import check_devices, check_first_batch_of, check_handlers, explained_step
+from fitforge.core.first_batch import check_first_batch_of
 from fitforge.core.history import History, numbered_key
 from fitforge.core.loop import run_fit, run_pass
 from fitforge.core.loss import loss_sets
@@ -41,17 +40,16 @@ from fitforge.core.processor import (
     check_batch_processor,
     check_outputs,
 )
-from fitforge.core.run import OnePass, RunContext
+from fitforge.core.run import OnePass, RunContext, inference
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions, shard_eval, shard_train
 from fitforge.distributed.ranks import on_this_rank, rank, world_size
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
-from fitforge.handlers.stopping import StoppingHandler, tighter_limit
-from fitforge.handlers.validation import ValidationHandler
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
+from fitforge.preflight import check_first_val_batch, check_placement, preflight
 from fitforge.tools.access_guard import guard
 from fitforge.tools.lr_find import LRFindResult, lr_find
 from fitforge.tools.profiler import HandlerProfile
@@ -196,27 +194,9 @@ class Estimator:
         self, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None = None
     ) -> None:
         """Evaluate the first validation batch once before training (eval mode, no grad, RNG state
-        restored), so a mistake in the validation data fails in a second, not after an epoch: the
-        checks of the first training batch (see :mod:`fitforge.core.first_batch`), with the metrics the
-        evaluation will update (those of the MetricHandler in ``event_handlers``, else ``val_metrics``)."""
-        if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
-            return
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), _inference(self.val_net, self.strategy != "fsdp"):
-            batch = next(iter(val_data), None)
-            if batch is None:
-                return  # empty: reported by check_data or at the first validation
-            if not getattr(self.batch_processor, "allow_nonfinite", False):
-                check_finite(batch, name)
-            self._val_loss.arm_checks()
-            state = TrainState(self, "validate", batch_idx=0, batch=batch)
-            try:
-                step = bound_step(self.batch_processor, self, "evaluate_batch")
-                state.output = explained_step(state, step, batch)
-                self.check_first_batch(state.output, "evaluate_batch")
-                check_handlers(state, evaluate_handlers(event_handlers))
-            except (FitforgeValueError, FitforgeTypeError) as error:
-                raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
+        restored), so a mistake in the validation data fails in a second, not after an epoch (see
+        :func:`fitforge.preflight.check_first_val_batch`)."""
+        check_first_val_batch(self, val_data, name, event_handlers)
 
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""
@@ -270,9 +250,9 @@ class Estimator:
         num_batches = check_data(train_data, "train_data", passes)
         if val_data is not None:
             check_data(val_data, "val_data", passes)
-        self._check_devices("net", "val_net")
+        check_placement(self, "net", "val_net")
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
-        epochs, batches = self._preflight(handlers, val_data, epochs, batches)
+        epochs, batches = preflight(self, handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
         guarded = check_flag("fit", "check_access", check_access)
         dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
@@ -308,33 +288,6 @@ class Estimator:
         raise_if_preempted(state)
         return state.history
 
-    def _check_devices(self, *nets: str) -> None:
-        """The named nets (``"net"``, ``"val_net"``) must still be on the device the Estimator placed
-        them on. Not under FSDP, which places (and may offload) the shards itself."""
-        if self.strategy == "fsdp":
-            return
-        checked: list[nn.Module] = []
-        for name in nets:
-            net = getattr(self, name)
-            if not any(net is other for other in checked):  # val_net is usually net itself
-                check_devices(net, self.device, name)
-                checked.append(net)
-
-    def _preflight(
-        self, handlers: list[EventHandler], val_data: Any, epochs: int | None, batches: int | None
-    ) -> tuple[int | None, int | None]:
-        """Check every validation source before training, and fold StoppingHandler limits into the
-        run's (the first limit reached ends training); returns the effective ``(epochs, batches)``."""
-        for handler in handlers:
-            if isinstance(handler, ValidationHandler):
-                name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
-                check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
-                if handler.eval_fn is None:
-                    self.check_first_val_batch(handler.val_data, name, handler.event_handlers)
-            if isinstance(handler, StoppingHandler):
-                epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
-        return epochs, batches
-
     def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
         num_batches = check_data(val_data, "val_data", passes=1)
@@ -342,14 +295,14 @@ class Estimator:
         if self.splits_data:
             val_data, sharded = shard_eval(val_data, padded=self.strategy == "fsdp")
             num_batches = len(val_data) if sharded else num_batches  # type: ignore[arg-type]
-        self._check_devices("val_net")
+        check_placement(self, "val_net")
         dispatcher = Dispatcher(on_this_rank(evaluate_handlers(event_handlers)))
         self._val_loss.arm_checks()
         state = TrainState(self, "validate", num_batches=num_batches)
         step = bound_step(self.batch_processor, self, "evaluate_batch")
         run = RunContext(dispatcher, step, OnePass(val_data), "val_data", allow_empty=sharded)
         check_first_batch_of(run)
-        with _inference(self.val_net, self.strategy != "fsdp"):
+        with inference(self.val_net, self.strategy != "fsdp"):
             run_pass(state, run)
         return dict(state.metrics)
 
@@ -380,12 +333,12 @@ class Estimator:
             outputs.append(to_device(pred, cpu, non_blocking=asynchronous))
             return BatchOutput((), None, pred, None, (), batch_size_of(pred if isinstance(pred, tuple) else (pred,)))
 
-        self._check_devices("val_net")
+        check_placement(self, "val_net")
         dispatcher = Dispatcher(on_this_rank(user_handlers(event_handlers)))
         state = TrainState(self, "predict", num_batches=num_batches)
         run = RunContext(dispatcher, step, OnePass(data), "data", allow_empty=sharded)
         check_first_batch_of(run)
-        with _inference(self.val_net, self.strategy != "fsdp"):
+        with inference(self.val_net, self.strategy != "fsdp"):
             run_pass(state, run)
         if asynchronous:
             torch.cuda.synchronize(self.device)
@@ -451,17 +404,3 @@ class Estimator:
     ) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
         return Dispatcher(on_this_rank(fit_handlers(event_handlers, val_data, default_handlers))).describe()
-
-
-@contextmanager
-def _inference(net: nn.Module, inference_mode: bool = True) -> Iterator[None]:
-    """Eval mode under ``torch.inference_mode`` (``no_grad`` with ``inference_mode=False``: FSDP keeps
-    the parameters it gathers for the next forward, which must not be inference tensors) for a
-    block; the net's previous mode is restored after."""
-    was_training = net.training
-    net.eval()
-    try:
-        with torch.inference_mode() if inference_mode else torch.no_grad():  # inference_mode: no version counters
-            yield
-    finally:
-        net.train(was_training)

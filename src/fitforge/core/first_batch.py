@@ -20,7 +20,7 @@ step itself: nothing here costs a batch after the first. On the first training b
    is "train", or "validate" for the validation batch checked before training).
 
 evaluate and predict change no weight, so their first batch gets step 2 only; the first validation
-batch, evaluated once before training (``Estimator.check_first_val_batch``), gets all four.
+batch, evaluated once before training (:func:`fitforge.preflight.check_first_val_batch`), gets all four.
 """
 
 from __future__ import annotations

@@ -8,9 +8,13 @@ fitforge's own checkpointing (which saves and restores the data order).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import torch
+from torch import nn
 
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.dispatch import Dispatcher
@@ -67,3 +71,17 @@ class RunContext:
     coordinator: Coordinator = field(default_factory=Alone)
     prepare: Sequence[Callable[[TrainState], None]] = ()
     allow_empty: bool = False
+
+
+@contextmanager
+def inference(net: nn.Module, inference_mode: bool = True) -> Iterator[None]:
+    """Eval mode under ``torch.inference_mode`` (``no_grad`` with ``inference_mode=False``: FSDP keeps
+    the parameters it gathers for the next forward, which must not be inference tensors) for a
+    block; the net's previous mode is restored after."""
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.inference_mode() if inference_mode else torch.no_grad():  # inference_mode: no version counters
+            yield
+    finally:
+        net.train(was_training)

@@ -1,0 +1,87 @@
+"""What fit, evaluate and predict check before their first step, beyond the arguments themselves.
+
+The Estimator calls these; they are here so that the Estimator reads as its entry points. Every
+check raises before any optimizer step, naming the argument and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from fitforge.core.data import check_data, check_finite
+from fitforge.core.events import EventHandler
+from fitforge.core.first_batch import check_devices, check_handlers, explained_step
+from fitforge.core.loss import LossSet, ModelLoss
+from fitforge.core.processor import bound_step
+from fitforge.core.run import inference
+from fitforge.core.state import EstimatorLike, TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers.defaults import evaluate_handlers
+from fitforge.handlers.stopping import StoppingHandler, tighter_limit
+from fitforge.handlers.validation import ValidationHandler
+
+
+class Estimator(EstimatorLike, Protocol):
+    """The part of :class:`fitforge.Estimator` the checks use (this layer is below it)."""
+
+    _val_loss: LossSet | ModelLoss
+
+
+def check_placement(estimator: Estimator, *nets: str) -> None:
+    """The named nets (``"net"``, ``"val_net"``) must still be on the device the Estimator placed
+    them on. Not under FSDP, which places (and may offload) the shards itself."""
+    if estimator.strategy == "fsdp":
+        return
+    checked: list[nn.Module] = []
+    for name in nets:
+        net = getattr(estimator, name)
+        if not any(net is other for other in checked):  # val_net is usually net itself
+            check_devices(net, estimator.device, name)
+            checked.append(net)
+
+
+def preflight(
+    estimator: Estimator, handlers: list[EventHandler], val_data: Any, epochs: int | None, batches: int | None
+) -> tuple[int | None, int | None]:
+    """Check every validation source before training, and fold StoppingHandler limits into the
+    run's (the first limit reached ends training); returns the effective ``(epochs, batches)``."""
+    for handler in handlers:
+        if isinstance(handler, ValidationHandler):
+            name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
+            check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
+            if handler.eval_fn is None:
+                check_first_val_batch(estimator, handler.val_data, name, handler.event_handlers)
+        if isinstance(handler, StoppingHandler):
+            epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
+    return epochs, batches
+
+
+def check_first_val_batch(
+    estimator: Estimator, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None = None
+) -> None:
+    """Evaluate the first batch of ``val_data`` once before training (eval mode, no grad, RNG state
+    restored): the checks of the first training batch (see :mod:`fitforge.core.first_batch`), with
+    the metrics the evaluation will update (those of the MetricHandler in ``event_handlers``, else
+    ``val_metrics``)."""
+    if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
+        return
+    devices = [estimator.device] if estimator.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), inference(estimator.val_net, estimator.strategy != "fsdp"):
+        batch = next(iter(val_data), None)
+        if batch is None:
+            return  # empty: reported by check_data or at the first validation
+        if not getattr(estimator.batch_processor, "allow_nonfinite", False):
+            check_finite(batch, name)
+        estimator._val_loss.arm_checks()
+        state = TrainState(estimator, "validate", batch_idx=0, batch=batch)
+        try:
+            step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
+            state.output = explained_step(state, step, batch)
+            estimator.check_first_batch(state.output, "evaluate_batch")
+            check_handlers(state, evaluate_handlers(event_handlers))
+        except (FitforgeValueError, FitforgeTypeError) as error:
+            raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
