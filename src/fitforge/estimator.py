@@ -32,6 +32,7 @@ from fitforge.core.options import (
     resolve_device,
     resolve_optimizers,
     resolve_precision,
+    warn_default_optimizer,
 )
 from fitforge.core.processor import (
     BatchProcessor,
@@ -69,7 +70,8 @@ class Estimator:
         train_metrics: a name (``"accuracy"``), a metric object (built-in or torchmetrics), a list or
             dict of them, or ``{output_index: metrics}``; None infers one from the loss.
         val_metrics: as ``train_metrics``; None copies the training metrics.
-        optimizer: an optimizer, a list of them, a name (``"adam"``, ``"sgd"``) or None (Adam, lr 1e-3).
+        optimizer: an optimizer, a list of them, a name (``"adam"``, ``"sgd"``) or None (Adam, lr 1e-3,
+            with a warning at the first fit; none at all for evaluate and predict).
         device: None (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, a torch.device...
         val_net / val_loss: used by evaluate and predict instead of ``net``/``loss`` when given.
         batch_processor: a :class:`BatchProcessor` (subclass) instance for custom steps.
@@ -146,6 +148,7 @@ class Estimator:
         check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
         check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
+        self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
         self.train_net = parallelize(self.net, self.optimizers, self.device, self.strategy, strategy_options, wrapper)
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
@@ -241,6 +244,7 @@ class Estimator:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
                 shapes or dtypes at the first batch, before any optimizer step.
         """
+        self._announce_default_optimizer("fit")
         if isinstance(val_data, int):  # fit(data, 5): the 5 landed in val_data; say so before anything else
             check_data(val_data, "val_data", None)
         check_duration(epochs, batches)
@@ -287,6 +291,11 @@ class Estimator:
                 log.info("time per handler and event:\n%s", state.history.profile)
         raise_if_preempted(state)
         return state.history
+
+    def _announce_default_optimizer(self, entry: str) -> None:
+        if self._default_optimizer:
+            warn_default_optimizer(self.optimizers, self.net, entry)
+            self._default_optimizer = False  # once per estimator
 
     def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
@@ -382,6 +391,7 @@ class Estimator:
         Raises:
             TypeError/ValueError: bad arguments or data, before any step.
         """
+        self._announce_default_optimizer("lr_find")
         return lr_find(self, train_data, start_lr, end_lr, num_steps, smoothing, diverge_factor)
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:

@@ -9,7 +9,13 @@ from torch import nn
 
 from fitforge import Estimator
 from fitforge.core.loss import LossSet
-from fitforge.core.options import check_duration, check_net, resolve_device, resolve_optimizers
+from fitforge.core.options import (
+    check_duration,
+    check_net,
+    resolve_device,
+    resolve_optimizers,
+    warn_default_optimizer,
+)
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
@@ -88,9 +94,10 @@ def param_ids(optimizer):
 
 
 class TestResolveOptimizers:
-    def test_none_warns_and_gives_adam(self):
+    def test_none_gives_adam_without_a_warning(self):
         net = nn.Linear(3, 2)
-        with pytest.warns(UserWarning, match=re.escape("no optimizer given: using Adam(lr=1e-3)")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # warned of when training starts (warn_default_optimizer)
             optimizers = resolve_optimizers(None, net)
         assert len(optimizers) == 1
         assert type(optimizers[0]) is torch.optim.Adam
@@ -190,11 +197,9 @@ class TestResolveOptimizers:
             resolve_optimizers("adam", net)
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
             resolve_optimizers("sgd", nn.ReLU())
-        with (
-            pytest.warns(UserWarning, match="no optimizer given"),
-            pytest.raises(FitforgeValueError, match=re.escape(msg)),
-        ):
-            resolve_optimizers(None, net)
+        assert resolve_optimizers(None, net) == []  # for evaluation and prediction; training raises
+        with pytest.raises(FitforgeValueError, match=re.escape(msg)):
+            warn_default_optimizer([], net, "fit")
 
 
 # -- check_net / check_duration ----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -224,10 +225,29 @@ def test_several_optimizers_all_step():
     assert history["lr"] == [0.1] and history["lr_1"] == [0.01] and est.optimizer is opt_a
 
 
-def test_default_optimizer_is_adam_with_a_warning():
-    with pytest.warns(UserWarning, match=r"no optimizer given: using Adam\(lr=1e-3\)"):
+def test_default_optimizer_is_adam_with_one_warning_at_the_first_fit():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # building the estimator, evaluating and predicting: no warning
         est = Estimator(nn.Linear(1, 1), nn.MSELoss(), device="cpu")
+        est.evaluate(regression_batches())
+        est.predict(regression_batches())
     assert isinstance(est.optimizer, torch.optim.Adam)
+    with pytest.warns(UserWarning, match=r"fit: no optimizer given: using Adam\(lr=1e-3\); pass Estimator\(optimizer="):
+        est.fit(regression_batches(), epochs=1, default_handlers=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per estimator
+        est.fit(regression_batches(), epochs=1, default_handlers=False)
+
+
+def test_an_inference_only_estimator_of_a_frozen_net_needs_no_optimizer():
+    net = nn.Linear(1, 1).requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = Estimator(net, nn.MSELoss(), device="cpu")
+        assert est.evaluate(regression_batches())["val_loss"] >= 0
+        assert est.predict(regression_batches()).shape[1] == 1
+    with pytest.raises(FitforgeValueError, match="net has no trainable parameters"):
+        est.fit(regression_batches(), epochs=1)
 
 
 def unchanged_after(est, call):

@@ -62,10 +62,12 @@ def _trainable(net: nn.Module) -> list[nn.Parameter]:
 
 
 def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optimizer]:
-    """An optimizer, a list of them, a name ('adam', 'sgd', ...) or None (Adam, lr 1e-3, with a warning)."""
+    """An optimizer, a list of them, a name ('adam', 'sgd', ...) or None: Adam (lr 1e-3) over the
+    trainable parameters, or no optimizer for a net without any (an estimator for evaluation and
+    prediction only). Training with the default warns then (:func:`warn_default_optimizer`)."""
     if optimizer is None:
-        warnings.warn("no optimizer given: using Adam(lr=1e-3)", UserWarning, stacklevel=3)
-        return [torch.optim.Adam(_trainable(net), lr=1e-3)]
+        params = [p for p in net.parameters() if p.requires_grad]
+        return [torch.optim.Adam(params, lr=1e-3)] if params else []
     if isinstance(optimizer, str):
         if optimizer.lower() not in OPTIMIZERS:
             raise FitforgeValueError(
@@ -93,6 +95,18 @@ def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optim
             "torch.optim.Adam(net.parameters(), ...)"
         )
     return items
+
+
+def warn_default_optimizer(optimizers: list[torch.optim.Optimizer], net: nn.Module, entry: str) -> None:
+    """Before ``entry`` (fit, lr_find) trains with the optimizer chosen for ``optimizer=None``: a
+    warning, or the error of a net with nothing to train. Evaluation and prediction need none."""
+    if not optimizers:
+        _trainable(net)  # raises: nothing to train
+    warnings.warn(
+        f"{entry}: no optimizer given: using Adam(lr=1e-3); pass Estimator(optimizer=...) to choose one",
+        UserWarning,
+        stacklevel=4,  # the user's call of fit or lr_find
+    )
 
 
 def check_net(net: Any, argument: str = "net") -> nn.Module:
