@@ -43,7 +43,7 @@ from fitforge.core.processor import (
 )
 from fitforge.core.run import OnePass, RunContext, inference
 from fitforge.core.state import BatchOutput, TrainState
-from fitforge.distributed.data_split import gather_predictions, shard_eval, shard_train
+from fitforge.distributed.data_split import gather_predictions, in_dataset_order, shard_eval, shard_train
 from fitforge.distributed.ranks import on_this_rank, rank, world_size
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
@@ -324,8 +324,9 @@ class Estimator:
         ``torch.inference_mode``; the returned tensors are ordinary ones (made by the final
         concatenation, outside it).
 
-        Under torch.distributed each rank predicts its share of a DataLoader's dataset, and rank 0
-        returns every output in dataset order (whatever the loader's shuffle); the other ranks
+        Outputs follow the dataset's order even when the DataLoader shuffles (it is read through a
+        sequential sampler, with a warning). Under torch.distributed each rank predicts its share of
+        a DataLoader's dataset, and rank 0 returns every output in dataset order; the other ranks
         return None.
         """
         num_batches = check_data(data, "data", passes=1)
@@ -333,6 +334,8 @@ class Estimator:
         if self.splits_data:
             data, sharded = shard_eval(data, padded=self.strategy == "fsdp")
             num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
+        else:
+            data = in_dataset_order(data)
         outputs: list = []
         predict_batch = bound_step(self.batch_processor, self, "predict_batch")
         cpu, asynchronous = torch.device("cpu"), self.non_blocking

@@ -467,6 +467,18 @@ def test_predict_uses_a_custom_unpack_for_pairs():
     assert est.predict(batches).shape == (8, 1)
 
 
+def test_predict_on_a_shuffled_loader_returns_dataset_order_with_a_warning():
+    est = Estimator(nn.Identity(), nn.MSELoss(), device="cpu")  # inference only: no optimizer
+    x = torch.arange(10.0).unsqueeze(1)
+    shuffled = DataLoader(TensorDataset(x, x), batch_size=3, shuffle=True)
+    with pytest.warns(UserWarning, match=r"predict: the DataLoader shuffles .* output i belongs to dataset\[i\]"):
+        assert est.predict(shuffled).equal(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an ordered loader: no warning
+        assert est.predict(DataLoader(TensorDataset(x), batch_size=3)).equal(x)
+    assert len(list(shuffled)) == 4  # the user's loader is left as it was
+
+
 def test_stop_reason_records_cancel_fit_and_failures():
     from fitforge.events import BatchEnd
     from fitforge.exceptions import CancelFit

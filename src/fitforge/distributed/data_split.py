@@ -13,6 +13,9 @@ is empty (fewer samples than ranks) still joins the reductions. Under
 FSDP, whose forward is itself a collective, every rank must run as many batches as the others: the
 shares are padded there as in training (up to ``world - 1`` samples counted twice).
 
+In one process, ``predict`` also reads a shuffling loader in dataset order, so that its outputs
+are in the same order everywhere.
+
 Data that is not a ``DataLoader`` over a map-style dataset with torch's samplers is left as it is,
 with a warning in training: every rank then reads all of it.
 """
@@ -20,6 +23,7 @@ with a warning in training: every rank then reads all of it.
 from __future__ import annotations
 
 import logging
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -125,6 +129,22 @@ def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
         )
         shards[padded] = _rebuild(loader, sampler, drop_last=False)  # every sample, as the metrics are exact
     return shards[padded], True
+
+
+def in_dataset_order(data: Iterable) -> Iterable:
+    """``data`` for ``predict`` in one process: a shuffling DataLoader is rebuilt over a
+    SequentialSampler (with a warning), so that outputs line up with the dataset's samples, as they
+    do under torch.distributed; other data is left as it is."""
+    if _why_not(data) is not None or not isinstance(sampler_of(data), RandomSampler):  # type: ignore[arg-type]
+        return data
+    loader: DataLoader = data  # type: ignore[assignment]
+    warnings.warn(
+        "predict: the DataLoader shuffles (a RandomSampler); predicting in dataset order instead, so that "
+        "output i belongs to dataset[i]; build the loader with shuffle=False to silence this",
+        UserWarning,
+        stacklevel=3,
+    )
+    return _rebuild(loader, SequentialSampler(loader.dataset), drop_last=False)  # type: ignore[arg-type]
 
 
 def gather_predictions(outputs: Any, size: int) -> Any:
