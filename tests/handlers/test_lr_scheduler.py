@@ -456,3 +456,37 @@ def test_a_sigterm_mid_epoch_does_not_step_an_epoch_scheduler_and_resumes_exactl
     saved = torch.load(tmp_path / "model-epoch1batch9.pt", weights_only=True)
     assert saved["handlers"]["LRSchedulerHandler"]["scheduler"]["last_epoch"] == 1
     assert_same_run(train(tmp_path, "epoch StepLR", seed=123, resume=True, batch_period=None, epoch_period=9), whole)
+
+
+# -- a OneCycleLR the user sized is checked against the fit's length at fit start -----------------------------
+def test_a_one_cycle_sized_for_fewer_steps_than_the_fit_fails_before_the_first_step():
+    estimator, train, _ = linear_problem()  # 8 batches per epoch
+    before = [p.detach().clone() for p in estimator.net.parameters()]
+    short = S.OneCycleLR(estimator.optimizer, max_lr=0.5, total_steps=20)
+    message = (
+        r"the OneCycleLR has 20 of its total_steps=20 left, but this fit takes 24 optimizer steps: .*"
+        r"Tried to step.* OneCycleLR\(\.\.\., total_steps=24\), or use LRSchedulerHandler.one_cycle"
+    )
+    with pytest.raises(FitforgeValueError, match=message):
+        estimator.fit(train, epochs=3, event_handlers=[LRSchedulerHandler(short, interval="batch")])
+    assert all(p.detach().equal(b) for p, b in zip(estimator.net.parameters(), before))
+    exact = S.OneCycleLR(estimator.optimizer, max_lr=0.5, total_steps=24)
+    estimator.fit(train, epochs=3, event_handlers=[LRSchedulerHandler(exact, interval="batch")])
+    assert exact.last_epoch == 24
+
+
+def test_a_one_cycle_stepped_per_epoch_warns_when_it_cannot_reach_max_lr(caplog):
+    estimator, train, _ = linear_problem()
+    per_batch = S.OneCycleLR(estimator.optimizer, max_lr=0.5, total_steps=24)  # sized in batches
+    with caplog.at_level("WARNING", logger="fitforge"):
+        estimator.fit(train, epochs=3, event_handlers=[LRSchedulerHandler(per_batch)])
+    assert "this fit's 3 epochs end it at step 3 of total_steps=24, before its peak (max_lr) at step 6" in caplog.text
+    caplog.clear()
+    estimator, train, _ = linear_problem()
+    per_epoch = S.OneCycleLR(estimator.optimizer, max_lr=0.5, total_steps=3)
+    with caplog.at_level("WARNING", logger="fitforge"):
+        estimator.fit(train, epochs=3, event_handlers=[LRSchedulerHandler(per_epoch)])
+    assert "OneCycleLR" not in caplog.text
+    too_short = S.OneCycleLR(estimator.optimizer, max_lr=0.5, total_steps=3)  # 3 epochs more: 6 > 3
+    with pytest.raises(FitforgeValueError, match="has 3 of its total_steps=3 left, but this fit takes 4 epochs"):
+        estimator.fit(train, epochs=4, event_handlers=[LRSchedulerHandler(too_short)])

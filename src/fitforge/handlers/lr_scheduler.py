@@ -33,7 +33,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
     with several optimizers and batches that choose which to step (``BatchOutput.step``), only
     after the batches that stepped this one, e.g. a GAN generator's). ``ReduceLROnPlateau``
     steps with the value ``monitor`` has in this epoch's history row; an epoch without one
-    (validation every second epoch) does not step it.
+    (validation every second epoch) does not step it. A ``OneCycleLR`` you size yourself is checked
+    at the fit's first epoch, before its first step: too short for the fit's steps is an error
+    naming both numbers, and one stepped per epoch that would stop before its peak a warning.
 
     History: the loop records ``lr`` (``lr_<i>`` for further optimizers: each one's first parameter
     group) at every epoch end; when this handler steps at an epoch end it records them again, so
@@ -187,8 +189,48 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
             )
 
     def epoch_begin(self, state: TrainState) -> None:
-        if self._steps_seen is None:
+        if self._steps_seen is None:  # the fit's first epoch, after any resume: before its first step
             self._steps_seen = self._own_steps(state)
+            if isinstance(self.scheduler, OneCycleLR) and self._recipe is None:
+                self._check_cycle_length(state)
+
+    def _check_cycle_length(self, state: TrainState) -> None:
+        """A OneCycleLR the user sized must fit the steps this fit will take: too few crash in a
+        later epoch (torch's "Tried to step"), and one per epoch of a cycle sized in batches never
+        reaches ``max_lr``. Checked when the fit's length is known (epochs and a data length)."""
+        total, done = self.scheduler.total_steps, self.scheduler.last_epoch
+        if self.interval == "batch":
+            if self._updater is not None:
+                return  # optimizers stepped by turns: one optimizer's count is not known in advance
+            try:
+                needed = fit_steps(state) - state.optimizer_steps
+            except FitforgeValueError:
+                return  # no length: nothing to compare
+            unit, fix = "optimizer steps", f"OneCycleLR(..., total_steps={needed + done})"
+        else:
+            if state.max_epochs is None:
+                return
+            needed = state.max_epochs - state.epoch
+            unit, fix = "epochs", f"interval='batch' (a cycle over optimizer steps), or total_steps={needed + done}"
+        if needed > total - done:
+            raise FitforgeValueError(
+                f"LRSchedulerHandler: the OneCycleLR has {total - done} of its total_steps={total} left, but this fit "
+                f"takes {needed} {unit}: it would fail with torch's 'Tried to step' error part-way; build it with "
+                f"{fix}, or use LRSchedulerHandler.one_cycle(max_lr=...), which sizes itself to the fit"
+            )
+        phases = getattr(self.scheduler, "_schedule_phases", None) or [{}]
+        peak = phases[0].get("end_step", 0)  # the step at which the rate reaches max_lr
+        if self.interval == "epoch" and needed + done < peak:
+            log.warning(
+                "LRSchedulerHandler: the OneCycleLR is stepped once per epoch (interval='epoch'), and this fit's %d "
+                "epochs end it at step %d of total_steps=%d, before its peak (max_lr) at step %d; use "
+                "interval='batch', or size it with total_steps=%d",
+                needed,
+                needed + done,
+                total,
+                int(peak),
+                needed + done,
+            )
 
     def batch_end(self, state: TrainState) -> None:
         # Only with interval="batch" (see handled_events): an int compare per batch; a CancelBatch after
