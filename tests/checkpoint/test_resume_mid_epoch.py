@@ -320,7 +320,7 @@ def test_a_resume_at_the_end_of_an_epoch_of_unknown_length_trains_on(tmp_path):
     assert sorted(trained.seen) == list(range(4, 10)) and history.stop_reason == "reached batches=10"
 
 
-def test_the_first_batch_checks_run_for_a_fit_from_scratch_not_for_a_resumed_one(tmp_path):
+def test_the_first_batch_checks_run_for_a_fit_from_scratch_and_for_a_resumed_one(tmp_path):
     class CountChecks(BatchEnd):
         def __init__(self):
             self.checks = 0
@@ -336,4 +336,4 @@ def test_the_first_batch_checks_run_for_a_fit_from_scratch_not_for_a_resumed_one
         counter = CountChecks()
         train(tmp_path, resume=resume, epochs=2 if not resume else 3, extra=(counter,))
         counts.append(counter.checks)
-    assert counts == [1, 0]
+    assert counts == [1, 1]  # a resumed fit may bring other metrics or handlers

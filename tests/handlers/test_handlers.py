@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+import torchmetrics
 from torch import nn
 
 from fitforge.events import EpochBegin
@@ -104,6 +105,36 @@ def test_metric_failure_names_metric_shapes_and_batch():
         ),
     ):
         est.fit(batches, epochs=1)
+
+
+@pytest.mark.parametrize(
+    "metric, computes",
+    [
+        (lambda: torchmetrics.Accuracy(task="multiclass", num_classes=3, average=None), "a tensor of shape (3,)"),
+        (lambda: torchmetrics.MetricCollection([torchmetrics.Accuracy(task="multiclass", num_classes=3)]), "dict"),
+    ],
+)
+def test_a_metric_that_does_not_compute_one_number_fails_before_the_first_step(metric, computes):
+    net = nn.Linear(5, 3)
+    before = net.weight.detach().clone()
+    est = make_estimator(net=net, loss=nn.CrossEntropyLoss(), train_metrics=metric())
+    batches = [(torch.randn(4, 5), torch.randint(0, 3, (4,)))] * 3
+    with pytest.raises(FitforgeValueError, match=re.escape(f"computes {computes}, not one number")) as raised:
+        est.fit(batches, epochs=1)
+    assert "average='macro'" in str(raised.value) and net.weight.equal(before)  # before any optimizer step
+
+
+def test_a_metric_whose_compute_fails_is_named_before_the_first_step():
+    class Broken(torchmetrics.MeanMetric):
+        def update(self, pred, label):
+            super().update(pred.mean())
+
+        def compute(self):
+            raise RuntimeError("no value yet")
+
+    est = make_estimator(train_metrics={"broken": Broken()})
+    with pytest.raises(FitforgeValueError, match=r"metric 'broken' \(Broken\) cannot compute its value after the"):
+        est.fit(regression_batches(), epochs=1)
 
 
 def test_running_metrics_gives_epoch_so_far_values_and_leaves_state_metrics_alone():

@@ -2,7 +2,7 @@
 optimizer step, with an error naming the culprit; and fit, evaluate and predict first check that the
 net still lives on the estimator's device.
 
-:func:`check_first_batch_of` wraps the run's step so that the first batch of a fit from scratch (and
+:func:`check_first_batch_of` wraps the run's step so that the first batch of a fit (resumed or not, and
 of each evaluate or predict pass) goes through :func:`first_step`, and every other batch through the
 step itself: nothing here costs a batch after the first. On the first training batch, in order:
 
@@ -62,9 +62,7 @@ def check_first_batch_of(run: RunContext) -> None:
     step = run.step
 
     def checked(state: TrainState, batch: Any) -> Any:
-        if state.resumed:  # its first batch was checked by the run that wrote the checkpoint
-            run.step = step
-            return step(state, batch)
+        # A resumed fit is checked too: its metrics or handlers may differ from the run that saved.
         output = first_step(state, step, batch, run.dispatcher.handlers, run.name)
         run.step = step
         return output

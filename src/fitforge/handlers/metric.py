@@ -164,7 +164,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         that cannot take it fails before the optimizer step, with ``batch_end``'s message (or, for
         a default metric, is left out); names logged so far are checked too.
 
-        fitforge calls it once per run, after the first batch's step and before any ``batch_end``
+        The copies are computed too: a metric must give one number (not a per-class tensor or a
+        dict). fitforge calls it once per run, after the first batch's step and before any ``batch_end``
         hook (and on the first validation batch before training); ``batch_end`` still makes the one
         real update per batch. A metric that cannot be copied is left to its first real update.
         """
@@ -186,6 +187,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
                 trial.update(pred, label)
             except _UPDATE_ERRORS as err:
                 self._cannot_update(state, slot, pred, label, err, first=True)
+                continue
+            _check_value(slot, trial)  # else its first value would fail at epoch end, after a whole epoch
 
     def _cannot_update(
         self, state: TrainState, slot: MetricSlot, pred: Any, label: Any, err: Exception, first: bool
@@ -324,6 +327,23 @@ def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Excep
     return FitforgeValueError(
         f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
         f"and label: {shape_of(label)} in batch {batch_idx}: {err}"
+    )
+
+
+def _check_value(slot: MetricSlot, trial: Any) -> None:
+    """The value of ``trial`` (a copy of the slot's metric, updated once) must be one number."""
+    describe = f"metric {slot.name!r} ({type(slot.metric).__name__})"
+    try:  # the class's compute: a torchmetrics metric's instance compute would sync across ranks
+        value = type(trial).compute(trial) if hasattr(trial, "sync_context") else trial.compute()
+    except _UPDATE_ERRORS as err:
+        raise FitforgeValueError(f"{describe} cannot compute its value after the first batch: {err}") from err
+    if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        return
+    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise FitforgeValueError(
+        f"{describe} computes {what}, not one number, and the History holds one value per metric and "
+        "epoch: reduce it in the metric (torchmetrics: average='macro' or 'micro', not average=None), "
+        "or give a MetricCollection's metrics as a dict {name: metric}"
     )
 
 
