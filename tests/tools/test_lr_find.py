@@ -3,6 +3,7 @@ everything it touched (also after a failure midway), the batch processor, plot, 
 
 import math
 import random
+import re
 import sys
 
 import numpy as np
@@ -182,6 +183,30 @@ def test_plot_writes_a_png_and_needs_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r"LRFindResult.plot\(\) needs matplotlib: pip install 'fitforge\[plot\]'"):
         LRFindResult().plot()
+
+
+def test_the_plot_clips_the_loss_axis_to_the_useful_range_of_a_diverged_sweep(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    result = LRFindResult(
+        lrs=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1], losses=[2.0, 1.5, 1.0, 40.0, 1e6], raw_losses=[2.0, 1.4, 0.9, 50.0, 1e7]
+    )
+    assert result.loss_range() == (0.9, 2.5)  # 10% of the 1.0 drop below the lowest, 50% above the first
+    bottom, top = result.plot(tmp_path / "lr.png").axes[0].get_ylim()
+    assert (bottom, top) == pytest.approx((0.9, 2.5))
+    assert LRFindResult(lrs=[1.0], losses=[math.nan]).loss_range() is None
+    assert LRFindResult(lrs=[1.0, 2.0], losses=[1.0, 1.0]).loss_range() == (0.9, 1.5)  # flat: 1.0 as the span
+
+
+def test_the_repr_is_one_short_line():
+    estimator, train, _ = linear_problem()
+    result = lr_find(estimator, train, num_steps=300)
+    text = repr(result)
+    assert re.fullmatch(
+        r"LRFindResult\(steps=\d+, lrs=1e-07\.\.[\d.e+-]+, suggestion=[\d.e+-]+, min_loss_lr=[\d.e+-]+, "
+        r"diverged=(True|False)\)",
+        text,
+    ), text
+    assert len(text) < 120 and repr(LRFindResult()) == "LRFindResult(steps=0)"
 
 
 @pytest.mark.parametrize(

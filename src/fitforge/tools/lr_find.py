@@ -93,8 +93,32 @@ class LRFindResult:
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel("loss")
+        limits = self.loss_range()
+        if limits is not None:
+            ax.set_ylim(*limits)
         ax.legend()
         return finish_figure(fig, path)
+
+    def loss_range(self) -> tuple[float, float] | None:
+        """The plot's loss axis: from a little below the lowest smoothed loss to half again above the
+        first one, so that the losses of a diverging sweep (often orders of magnitude higher) do not
+        squash the useful part of the curve flat. None without a finite smoothed loss."""
+        finite = [loss for loss in self.losses if math.isfinite(loss)]
+        if not finite:
+            return None
+        low, first = min(finite), finite[0]
+        span = first - low if first > low else max(abs(low), 1e-8)
+        return low - 0.1 * span, max(first, low) + 0.5 * span
+
+    def __repr__(self) -> str:
+        if not self.lrs:
+            return "LRFindResult(steps=0)"
+        suggestion = "None" if self.suggestion is None else f"{self.suggestion:.3g}"
+        lowest = "None" if self.min_loss_lr is None else f"{self.min_loss_lr:.3g}"
+        return (
+            f"LRFindResult(steps={len(self.lrs)}, lrs={self.lrs[0]:.3g}..{self.lrs[-1]:.3g}, "
+            f"suggestion={suggestion}, min_loss_lr={lowest}, diverged={self.diverged})"
+        )
 
 
 def lr_find(
