@@ -2,6 +2,7 @@
 ends with the uninterrupted run's weights, per-batch losses and history (shuffled data, dropout,
 Adam, gradient accumulation, worker processes, metric sums)."""
 
+import contextlib
 import logging
 
 import pytest
@@ -20,7 +21,7 @@ from torch.utils.data import (
 from fitforge import Estimator
 from fitforge.checkpoint.data_order import DataOrder
 from fitforge.events import BatchEnd
-from fitforge.exceptions import CancelBatch, CancelEpoch
+from fitforge.exceptions import CancelBatch, CancelEpoch, CheckpointError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 from helpers import Crash, Losses
 
@@ -337,3 +338,48 @@ def test_the_first_batch_checks_run_for_a_fit_from_scratch_and_for_a_resumed_one
         train(tmp_path, resume=resume, epochs=2 if not resume else 3, extra=(counter,))
         counts.append(counter.checks)
     assert counts == [1, 1]  # a resumed fit may bring other metrics or handlers
+
+
+class Samples(BatchEnd):
+    """The rows of X each batch trained on, by epoch."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def batch_end(self, state):
+        rows = [int(((X - x).abs().sum(1) == 0).nonzero()[0]) for x in state.batch[0]]
+        self.seen.setdefault(state.epoch, []).extend(rows)
+
+
+def fit_with_batch_size(folder, batch_size, resume, crash=None):
+    torch.manual_seed(0)
+    net = nn.Linear(6, 3)
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    samples = Samples()
+    handlers = [samples, CheckpointHandler(folder, batch_period=1, resume_from_checkpoint=resume)]
+    data = DataLoader(TensorDataset(X, Y), batch_size=batch_size, shuffle=True)
+    with contextlib.suppress(RuntimeError):  # the crash
+        estimator.fit(data, epochs=2, event_handlers=handlers + ([crash] if crash else []), default_handlers=False)
+    return samples.seen
+
+
+def test_a_resume_with_another_batch_size_continues_at_the_same_sample(tmp_path, caplog):
+    whole = fit_with_batch_size(tmp_path / "whole", 8, resume=False)
+    crashed = fit_with_batch_size(tmp_path / "run", 8, resume=False, crash=Crash(at=8))  # 2 batches into epoch 2
+    assert crashed[1] == whole[1][:16]
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        resumed = fit_with_batch_size(tmp_path / "run", 4, resume=True)
+    assert resumed[1] == whole[1][16:]  # the rest of the same order, in batches of 4: no sample skipped or repeated
+    assert "batch size changed from 8 to 4 since the checkpoint: epoch 2 continues after its first 16 samples" in (
+        caplog.text
+    )
+
+
+def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused(tmp_path):
+    fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8))
+    message = (
+        r"the checkpoint stopped 2 batch\(es\) of 8 \(sample 16\) into epoch 2, but train_data now has batches of "
+        r"5, which cannot continue at that sample: resume with batch_size=8"
+    )
+    with pytest.raises(CheckpointError, match=message):
+        fit_with_batch_size(tmp_path, 5, resume=True)

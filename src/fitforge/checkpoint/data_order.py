@@ -188,11 +188,19 @@ class DataOrder:
             if role != "shard":
                 owner.generator = None
 
+    @property
+    def batch_size(self) -> int | None:
+        """The loader's batch size (None for other data, whose batches have no set size)."""
+        batches = getattr(self.data, "batch_sampler", None)
+        return batches.batch_size if type(batches) is BatchSampler else None
+
     def state_dict(self) -> dict[str, Any]:
-        """The seed, and the user's generators at the epoch's start and now (tensors and ints only)."""
+        """The seed, the batch size, and the user's generators at the epoch's start and now
+        (tensors and ints only)."""
         return {
             "seed": self.seed,
             "world": world_size(),
+            "batch_size": self.batch_size,
             "shuffled": self.shuffled,
             "start": list(self._start),
             "now": [generator.get_state() for generator in self._own],

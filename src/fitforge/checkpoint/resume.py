@@ -17,6 +17,7 @@ from fitforge.core.events import handler_name, numbered_names, unwrapped
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
+from fitforge.exceptions import CheckpointError
 
 log = logging.getLogger("fitforge")
 
@@ -71,6 +72,34 @@ def _order_changed(order: DataOrder | None, saved: dict[str, Any]) -> bool:
     return shuffled and saved.get("world", 1) != world_size()
 
 
+def _rebatched(order: DataOrder, saved: dict[str, Any], position: int, epoch: int) -> int:
+    """The position, in this fit's batches, of a checkpoint written ``position`` batches into epoch
+    ``epoch`` with another batch size: the same sample, when this fit's batches can end there (the
+    sampler's order does not depend on the batch size), else a :class:`CheckpointError`."""
+    old, new = saved.get("batch_size"), order.batch_size
+    if old is None or new is None or old == new:
+        return position
+    samples = position * old
+    if samples % new:
+        raise CheckpointError(
+            f"the checkpoint stopped {position} batch(es) of {old} (sample {samples}) into epoch {epoch + 1}, but "
+            f"train_data now has batches of {new}, which cannot continue at that sample: resume with batch_size="
+            f"{old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint written at "
+            "an epoch's end"
+        )
+    log.info(
+        "train_data's batch size changed from %d to %d since the checkpoint: epoch %d continues after its first "
+        "%d samples (%d batches of %d)",
+        old,
+        new,
+        epoch + 1,
+        samples,
+        samples // new,
+        new,
+    )
+    return samples // new
+
+
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     """Continue from ``checkpoint`` (whose weights and optimizer states are already loaded): the
     counters, history, generators, data order and handler states; a stop when its target is reached."""
@@ -97,6 +126,9 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         state.global_step = epoch_start_step
         position = 0
         state.accumulated_batches, grads = 0, {}
+    if position and order is not None:  # batches of another size: the same sample, counted in the new batches
+        rebatched = _rebatched(order, checkpoint.get("data_order", {}), position, state.epoch)
+        state.global_step, position = state.global_step + rebatched - position, rebatched
     # The restored state is the one after the checkpoint's last batch: a stop before any batch of
     # this fit (a signal while restoring) then saves that same state, or nothing, never another.
     state.batch_idx = position - 1
