@@ -17,8 +17,9 @@ from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.preemption import preemptible, raise_if_preempted
 from fitforge.checkpoint.resume import resume_picked
 from fitforge.core.arguments import check_flag
+from fitforge.core.arrays import eval_loader, fit_loaders
 from fitforge.core.coordinator import Alone
-from fitforge.core.data import batch_size_of, check_data, to_device
+from fitforge.core.data import check_data
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
 from fitforge.core.first_batch import check_first_batch_of
@@ -34,12 +35,12 @@ from fitforge.core.options import (
     resolve_precision,
     warn_default_optimizer,
 )
+from fitforge.core.prediction import Predictions
 from fitforge.core.processor import (
     BatchProcessor,
     bound_step,
     check_batch_output,
     check_batch_processor,
-    check_outputs,
 )
 from fitforge.core.run import OnePass, RunContext, inference
 from fitforge.core.state import BatchOutput, TrainState
@@ -185,12 +186,6 @@ class Estimator:
         """The checks of the first batch's output, before its optimizer step (see :mod:`fitforge.core.first_batch`):
         a BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a scalar loss."""
         check_batch_output(output, method)
-        label = output.label if isinstance(output.label, tuple) else (output.label,)
-        if any(isinstance(y, torch.Tensor) and y.dim() == 0 for y in label):
-            raise FitforgeValueError(
-                "the label of the first batch is a 0-d tensor: this looks like a single sample, not a batch; "
-                "batch your samples with DataLoader(dataset, batch_size=...)"
-            )
         self._loss.check_first_batch(output.loss)
 
     def check_first_val_batch(
@@ -220,8 +215,15 @@ class Estimator:
         default_handlers: bool = True,
         check_access: bool = False,
         profile: bool = False,
+        batch_size: int | None = None,
+        validation_split: float | None = None,
     ) -> History:
         """Train for ``epochs`` epochs or ``batches`` batches (exactly one) and return the History.
+
+        ``train_data`` and ``val_data`` are iterables of batches (a DataLoader, a list), or whole
+        arrays ``(X, y)`` of tensors or NumPy arrays, batched by ``batch_size`` (default 32; the
+        training batches shuffled); ``validation_split=0.2`` holds out the arrays' last 20% as
+        ``val_data`` (see :mod:`fitforge.core.arrays`).
 
         Default handlers (Stopping, GradientUpdate, Metric, Validation if ``val_data``, Logging, and
         ProgressBar on a terminal or notebook) are added unless ``event_handlers`` holds one of the
@@ -247,6 +249,7 @@ class Estimator:
         self._announce_default_optimizer("fit")
         if isinstance(val_data, int):  # fit(data, 5): the 5 landed in val_data; say so before anything else
             check_data(val_data, "val_data", None)
+        train_data, val_data = fit_loaders(train_data, val_data, batch_size, validation_split)
         check_duration(epochs, batches)
         passes = 1 if epochs == 1 else None
         if self.splits_data:
@@ -297,8 +300,12 @@ class Estimator:
             warn_default_optimizer(self.optimizers, self.net, entry)
             self._default_optimizer = False  # once per estimator
 
-    def evaluate(self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> dict[str, float]:
-        """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``."""
+    def evaluate(
+        self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None
+    ) -> dict[str, float]:
+        """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``.
+        ``val_data`` may be arrays ``(X, y)``, batched by ``batch_size`` (default 32)."""
+        val_data = eval_loader(val_data, batch_size, "val_data")
         num_batches = check_data(val_data, "val_data", passes=1)
         sharded = False
         if self.splits_data:
@@ -315,20 +322,22 @@ class Estimator:
             run_pass(state, run)
         return dict(state.metrics)
 
-    def predict(self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None) -> Any:
+    def predict(
+        self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None
+    ) -> Any:
         """``val_net`` outputs for every batch, concatenated on the CPU (a tuple for multi-output nets).
 
-        Batches may be ``(data, label)`` pairs (the label is ignored), ``(data,)`` or bare tensors.
-        Outputs move to the host batch by batch (asynchronously on CUDA, one sync at the end), so a
-        large prediction never fills the device. The net runs in eval mode under
-        ``torch.inference_mode``; the returned tensors are ordinary ones (made by the final
-        concatenation, outside it).
+        Batches may be ``(data, label)`` pairs (the label is ignored), ``(data,)`` or bare tensors;
+        ``data`` may also be a whole array ``X`` (or ``(X, y)``), batched by ``batch_size`` (default 32).
+        Outputs move to the host batch by batch, so a large prediction never fills the device. The
+        net runs in eval mode under ``torch.inference_mode``; the returned tensors are ordinary ones.
 
         Outputs follow the dataset's order even when the DataLoader shuffles (it is read through a
         sequential sampler, with a warning). Under torch.distributed each rank predicts its share of
         a DataLoader's dataset, and rank 0 returns every output in dataset order; the other ranks
         return None.
         """
+        data = eval_loader(data, batch_size, "data", bare=True)
         num_batches = check_data(data, "data", passes=1)
         sharded = False
         if self.splits_data:
@@ -336,31 +345,15 @@ class Estimator:
             num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
         else:
             data = in_dataset_order(data)
-        outputs: list = []
-        predict_batch = bound_step(self.batch_processor, self, "predict_batch")
-        cpu, asynchronous = torch.device("cpu"), self.non_blocking
-
-        def step(state: TrainState, batch: Any) -> BatchOutput:
-            pred = check_outputs(predict_batch(state, batch), state.batch_idx)
-            outputs.append(to_device(pred, cpu, non_blocking=asynchronous))
-            return BatchOutput((), None, pred, None, (), batch_size_of(pred if isinstance(pred, tuple) else (pred,)))
-
+        predictions = Predictions(bound_step(self.batch_processor, self, "predict_batch"), self.non_blocking)
         check_placement(self, "val_net")
         dispatcher = Dispatcher(on_this_rank(user_handlers(event_handlers)))
         state = TrainState(self, "predict", num_batches=num_batches)
-        run = RunContext(dispatcher, step, OnePass(data), "data", allow_empty=sharded)
+        run = RunContext(dispatcher, predictions.step, OnePass(data), "data", allow_empty=sharded)
         check_first_batch_of(run)
         with inference(self.val_net, self.strategy != "fsdp"):
             run_pass(state, run)
-        if asynchronous:
-            torch.cuda.synchronize(self.device)
-        joined = (
-            None
-            if not outputs
-            else tuple(torch.cat(parts) for parts in zip(*outputs))
-            if isinstance(outputs[0], tuple)
-            else torch.cat(outputs)
-        )
+        joined = predictions.joined(self.device)
         if sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
             joined = gather_predictions(joined, len(data.dataset))  # type: ignore[attr-defined]
             if joined is None and rank() != 0:
@@ -378,22 +371,9 @@ class Estimator:
         smoothing: float = 0.05,
         diverge_factor: float = 4.0,
     ) -> LRFindResult:
-        """Run the learning-rate range test on ``train_data`` and return its curve and a suggested rate.
-
-        The learning rate grows exponentially from ``start_lr`` to ``end_lr`` over ``num_steps``
-        training batches (the data is cycled if shorter); the sweep stops early once the smoothed
-        loss exceeds ``diverge_factor`` times its lowest value or a loss is not finite. The net's
-        weights, gradients and modes, the optimizers' states and learning rates, the fp16 scaler and
-        the random generators are restored exactly afterwards, also on failure.
-
-        Returns:
-            :class:`~fitforge.tools.lr_find.LRFindResult`: ``lrs``, ``losses`` (smoothed),
-            ``raw_losses``, ``suggestion`` (steepest descent of the smoothed loss; the lowest-loss
-            rate / 10 if it never falls), ``min_loss_lr``, ``diverged``, and ``plot(path=None)``.
-
-        Raises:
-            TypeError/ValueError: bad arguments or data, before any step.
-        """
+        """Run the learning-rate range test on ``train_data`` and return its curve and a suggested rate:
+        see :func:`fitforge.tools.lr_find.lr_find`. Weights, optimizer states, modes and random
+        generators are restored exactly afterwards, also on failure."""
         self._announce_default_optimizer("lr_find")
         return lr_find(self, train_data, start_lr, end_lr, num_steps, smoothing, diverge_factor)
 

@@ -323,8 +323,9 @@ def check_outputs(pred: Any, batch_idx: int) -> Any:
 
 
 def check_batch_output(output: Any, method: str) -> None:
-    """A processor's ``fit_batch``/``evaluate_batch`` must return a BatchOutput with a batch size:
-    a missing one would silently turn the loss mean (weighted by batch size) into nan."""
+    """A processor's ``fit_batch``/``evaluate_batch`` must return a BatchOutput with a batch size
+    (a missing one would silently turn the loss mean, weighted by batch size, into nan) and no 0-d
+    label (a single sample, not a batch)."""
     if not isinstance(output, BatchOutput):
         raise FitforgeTypeError(f"BatchProcessor.{method} must return a fitforge.BatchOutput, got {describe(output)}")
     size = output.batch_size
@@ -332,6 +333,12 @@ def check_batch_output(output: Any, method: str) -> None:
         raise FitforgeValueError(
             f"BatchProcessor.{method} returned BatchOutput(batch_size={size!r}); set it to the number of samples "
             "in the batch (fitforge.core.data.batch_size_of(inputs)): it weights the loss and metric means"
+        )
+    label = output.label if isinstance(output.label, tuple) else (output.label,)
+    if any(isinstance(y, torch.Tensor) and y.dim() == 0 for y in label):
+        raise FitforgeValueError(
+            "the label of the first batch is a 0-d tensor: this looks like a single sample, not a batch; "
+            "batch your samples with DataLoader(dataset, batch_size=...)"
         )
 
 

@@ -1,0 +1,136 @@
+"""Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)``.
+
+``(X, y)`` (tensors or NumPy arrays with one row per sample) becomes a ``DataLoader`` over a
+``TensorDataset``: shuffled for training, in order for evaluation and prediction; ``predict``
+also takes a bare ``X``. NumPy's floats become torch's default float (float32, as in Keras) and a
+1-D integer array (class labels, often uint8) int64, which the losses take; tensors are used as
+they are. ``validation_split`` holds out the
+*last* fraction of the samples before any shuffling, as Keras does, so the held-out part is the
+same in every run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+DEFAULT_BATCH_SIZE = 32
+
+
+def _is_array(item: object) -> bool:
+    """A tensor, or a NumPy array (anything NumPy-like: ``__array__`` and a ``shape``)."""
+    return isinstance(item, torch.Tensor) or (
+        hasattr(item, "__array__") and hasattr(item, "shape") and hasattr(item, "dtype")
+    )
+
+
+def is_arrays(data: object) -> bool:
+    """Whether ``data`` is ``(X, y)``: a tuple or list of two arrays, rather than batches."""
+    return (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and all(_is_array(item) for item in data)
+        and all(len(item.shape) > 0 for item in data)
+    )
+
+
+def _tensor(item: Any) -> torch.Tensor:
+    if isinstance(item, torch.Tensor):
+        return item
+    tensor = torch.as_tensor(item)  # shares NumPy's memory where it can
+    if tensor.is_floating_point():
+        return tensor.to(torch.get_default_dtype())
+    if tensor.dim() == 1 and tensor.dtype not in (torch.bool, torch.int64) and not tensor.is_complex():
+        return tensor.long()  # one integer per sample: class labels, which the losses take as int64
+    return tensor
+
+
+def _tensors(data: Any, argument: str) -> tuple[torch.Tensor, ...]:
+    tensors = tuple(_tensor(item) for item in data)
+    lengths = [len(t) for t in tensors]
+    if len(set(lengths)) > 1:
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+        raise FitforgeValueError(
+            f"{argument}: the arrays must have one row per sample each, but their lengths differ: shapes {shapes}"
+        )
+    if not lengths[0]:
+        raise FitforgeValueError(f"{argument}: the arrays are empty (0 samples)")
+    return tensors
+
+
+def check_batch_size(batch_size: Any) -> int:
+    if batch_size is None:
+        return DEFAULT_BATCH_SIZE
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise FitforgeTypeError(f"batch_size must be a positive int, got {describe(batch_size)}")
+    return batch_size
+
+
+def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str) -> DataLoader:
+    """A DataLoader of ``(X, y, ...)``'s rows (``X`` alone: batches of bare tensors, for predict)."""
+    tensors = _tensors(data if isinstance(data, (tuple, list)) else (data,), argument)
+    if len(tensors) == 1:  # predict(X): each batch a bare tensor, not a 1-tuple
+        return DataLoader(tensors[0], batch_size=batch_size, shuffle=shuffle)  # type: ignore[arg-type]
+    return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle)
+
+
+def split_off(data: Any, fraction: Any) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """``(first part, last fraction)`` of the arrays ``data``, for ``validation_split``."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise FitforgeValueError(
+            f"validation_split must be a fraction between 0 and 1 (e.g. 0.2), got {describe(fraction)}"
+        )
+    tensors = _tensors(data, "train_data")
+    size = len(tensors[0])
+    held = math.floor(size * fraction)
+    if held == 0 or held == size:
+        raise FitforgeValueError(
+            f"validation_split={fraction} of {size} samples leaves {'no validation' if held == 0 else 'no training'} "
+            "sample; use more samples or another fraction"
+        )
+    return tuple(t[: size - held] for t in tensors), tuple(t[size - held :] for t in tensors)
+
+
+def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_split: Any) -> tuple[Any, Any]:
+    """fit's ``(train_data, val_data)`` with arrays made into DataLoaders (other data is returned as
+    it is); ``batch_size`` and ``validation_split`` apply to arrays only."""
+    arrays = is_arrays(train_data)
+    if batch_size is not None and not arrays and not is_arrays(val_data):
+        raise FitforgeValueError(
+            "batch_size is for data given as arrays, fit((X, y), batch_size=32); a DataLoader or a list of "
+            "batches has its batches already: set the batch size in DataLoader(..., batch_size=...)"
+        )
+    size = check_batch_size(batch_size)
+    if validation_split is not None:
+        if not arrays:
+            raise FitforgeValueError(
+                "validation_split splits arrays, fit((X, y), validation_split=0.2); for a DataLoader, pass "
+                "the validation data as val_data (e.g. from torch.utils.data.random_split)"
+            )
+        if val_data is not None:
+            raise FitforgeValueError("give either val_data or validation_split, not both")
+        train_data, val_data = split_off(train_data, validation_split)
+    if arrays:
+        train_data = array_loader(train_data, size, shuffle=True, argument="train_data")
+    if is_arrays(val_data):
+        val_data = array_loader(val_data, size, shuffle=False, argument="val_data")
+    return train_data, val_data
+
+
+def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
+    """evaluate's ``(X, y)`` or predict's lone ``X`` (``bare``) made into an ordered DataLoader;
+    other data is returned as it is (for predict, a list of tensors is a list of batches)."""
+    arrays = _is_array(data) and len(data.shape) > 0 if bare else is_arrays(data)
+    if not arrays:
+        if batch_size is not None:
+            raise FitforgeValueError(
+                f"batch_size is for data given as arrays; {argument} already has batches: set the batch size "
+                "in DataLoader(..., batch_size=...)"
+            )
+        return data
+    return array_loader(data, check_batch_size(batch_size), shuffle=False, argument=argument)

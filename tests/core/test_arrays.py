@@ -1,0 +1,149 @@
+"""Whole arrays as data: fit((X, y), batch_size=..., validation_split=...), evaluate and predict."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+from fitforge import Estimator
+from fitforge.core.arrays import array_loader, fit_loaders, is_arrays, split_off
+from fitforge.events import BatchBegin
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+
+
+def blobs(n=100, seed=0):
+    """Two well separated classes in 2-D, as NumPy arrays (float64 features, int labels)."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    x = rng.normal(size=(n, 2)) + 3 * y[:, None]
+    return x, y
+
+
+def classifier():
+    torch.manual_seed(0)
+    net = nn.Linear(2, 2)
+    return Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.1), device="cpu")
+
+
+class Sizes(BatchBegin):
+    def __init__(self):
+        self.sizes = []
+
+    def batch_begin(self, state):
+        self.sizes.append(len(state.batch[0]))
+
+
+def test_fit_takes_numpy_arrays_with_a_validation_split_and_learns():
+    x, y = blobs()
+    sizes = Sizes()
+    history = classifier().fit((x, y), epochs=8, batch_size=16, validation_split=0.2, event_handlers=[sizes])
+    assert sizes.sizes[:5] == [16, 16, 16, 16, 16] and sizes.sizes[4] == 16 and len(sizes.sizes) == 8 * 5
+    assert history.last("val_accuracy") >= 0.9 and "val_loss" in history
+
+
+def test_val_data_may_be_arrays_and_tensors_work_as_they_are():
+    x, y = blobs()
+    est = classifier()
+    history = est.fit((torch.tensor(x, dtype=torch.float32), torch.tensor(y)), val_data=blobs(40, seed=1), epochs=8)
+    assert len(history["val_loss"]) == 8
+    assert est.evaluate(blobs(40, seed=1), batch_size=8)["val_accuracy"] == history.last("val_accuracy") >= 0.9
+
+
+def test_the_training_loader_shuffles_and_validation_keeps_the_order():
+    x, y = blobs()
+    train, val = fit_loaders((x, y), None, 10, 0.3)
+    assert isinstance(train.sampler, RandomSampler) and train.batch_size == 10
+    assert isinstance(val.sampler, SequentialSampler) and len(val.dataset) == 30
+    assert train.dataset.tensors[0].dtype == torch.float32 and train.dataset.tensors[1].dtype == torch.int64
+    # The held-out part is the arrays' last 30%, before any shuffling, as in Keras.
+    assert val.dataset.tensors[0].equal(torch.tensor(x[70:], dtype=torch.float32))
+
+
+def test_the_default_batch_size_is_32_and_uint8_labels_become_int64():
+    x = np.zeros((70, 3), dtype=np.float64)
+    labels = np.arange(70, dtype=np.uint8) % 3
+    loader = array_loader((x, labels), 32, shuffle=False, argument="train_data")
+    assert [len(b[0]) for b in loader] == [32, 32, 6]
+    train, _ = fit_loaders((x, labels), None, None, None)
+    assert train.batch_size == 32 and train.dataset.tensors[1].dtype == torch.int64
+    images = np.zeros((4, 2, 2), dtype=np.uint8)  # not one value per sample: left as it is
+    assert array_loader((images, labels[:4]), 2, False, "x").dataset.tensors[0].dtype == torch.uint8
+
+
+def test_predict_takes_a_bare_array_and_keeps_its_order():
+    x, y = blobs()
+    est = classifier()
+    est.fit((x, y), epochs=3)
+    pred = est.predict(x, batch_size=7)
+    assert pred.shape == (100, 2)
+    assert pred.equal(est.predict(DataLoader(TensorDataset(torch.tensor(x, dtype=torch.float32)), batch_size=50)))
+    batches = [torch.zeros(3, 2), torch.ones(3, 2)]  # for predict, a list of tensors is a list of batches
+    assert est.predict(batches).shape == (6, 2)
+
+
+def test_lists_of_batches_are_not_arrays():
+    x = torch.zeros(4, 2)
+    assert is_arrays((x, torch.zeros(4))) and is_arrays([x, np.zeros(4)])
+    assert not is_arrays((x, x, x))  # (X, y) only: several inputs go in batches, ((x1, x2), y)
+    assert not is_arrays([(x, torch.zeros(4)), (x, torch.zeros(4))])  # two batches
+    assert not is_arrays((x,)) and not is_arrays((torch.tensor(1.0), torch.tensor(2.0)))
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (
+            lambda est, x, y: est.fit([(x, y)], epochs=1, batch_size=8),
+            FitforgeValueError,
+            "batch_size is for data given as arrays, fit((X, y), batch_size=32); a DataLoader or a list of batches",
+        ),
+        (
+            lambda est, x, y: est.fit([(x, y)], epochs=1, validation_split=0.2),
+            FitforgeValueError,
+            "validation_split splits arrays, fit((X, y), validation_split=0.2); for a DataLoader, pass",
+        ),
+        (
+            lambda est, x, y: est.fit((x, y), val_data=(x, y), epochs=1, validation_split=0.2),
+            FitforgeValueError,
+            "give either val_data or validation_split, not both",
+        ),
+        (
+            lambda est, x, y: est.fit((x, y), epochs=1, validation_split=1.5),
+            FitforgeValueError,
+            "validation_split must be a fraction between 0 and 1 (e.g. 0.2), got float 1.5",
+        ),
+        (
+            lambda est, x, y: est.fit((x[:3], y[:3]), epochs=1, validation_split=0.2),
+            FitforgeValueError,
+            "validation_split=0.2 of 3 samples leaves no validation sample",
+        ),
+        (
+            lambda est, x, y: est.fit((x, y[:5]), epochs=1),
+            FitforgeValueError,
+            "train_data: the arrays must have one row per sample each, but their lengths differ: shapes (100, 2), (5,)",
+        ),
+        (
+            lambda est, x, y: est.fit((x, y), epochs=1, batch_size=0),
+            FitforgeTypeError,
+            "batch_size must be a positive int, got int 0",
+        ),
+        (
+            lambda est, x, y: est.predict([x], batch_size=4),
+            FitforgeValueError,
+            "batch_size is for data given as arrays; data already has batches",
+        ),
+    ],
+)
+def test_array_mistakes_are_named(call, error, message):
+    x, y = blobs()
+    with pytest.raises(error, match=re.escape(message)):
+        call(classifier(), x, y)
+
+
+def test_split_off_keeps_every_array_aligned():
+    x, y, w = torch.arange(10.0), torch.arange(10), torch.arange(10.0) * 2
+    train, val = split_off((x, y, w), 0.25)
+    assert train[0].tolist() == list(range(8)) and val[1].tolist() == [8, 9] and val[2].tolist() == [16.0, 18.0]
