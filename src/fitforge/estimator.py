@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -54,9 +52,7 @@ from fitforge.metrics.resolve import check_independent, check_output_indices, co
 from fitforge.preflight import check_first_val_batch, check_placement, preflight
 from fitforge.tools.access_guard import guard
 from fitforge.tools.lr_find import LRFindResult, lr_find
-from fitforge.tools.profiler import HandlerProfile
-
-log = logging.getLogger("fitforge")
+from fitforge.tools.profiler import profiled
 
 
 class Estimator:
@@ -151,6 +147,7 @@ class Estimator:
         self.optimizers = resolve_optimizers(optimizer, self.net)
         self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
         self.train_net = parallelize(self.net, self.optimizers, self.device, self.strategy, strategy_options, wrapper)
+        self.history = History()  # every epoch of every fit (each fit returns its own History)
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:
@@ -230,17 +227,15 @@ class Estimator:
         same class. ``default_handlers=False`` adds only Stopping and GradientUpdate (and Validation
         if ``val_data`` is given): a lean loop.
 
+        The fit's epochs are also appended to ``estimator.history``, and logs number epochs across fits.
+
         SIGTERM or SIGINT during fit stops training after the current batch: a CheckpointHandler
-        saves the state (whatever its periods), ``train_end`` runs, then SIGTERM exits with status
-        143 (``SystemExit``) and SIGINT raises ``KeyboardInterrupt``; a second signal acts at once.
-        Resuming from that checkpoint loses no step.
+        saves the state, ``train_end`` runs, then SIGTERM exits with status 143 (``SystemExit``)
+        and SIGINT raises ``KeyboardInterrupt``; a second signal acts at once.
 
-        ``check_access=True`` (a debug mode: it costs a check per state access) makes every handler
-        that declares ``reads``/``writes`` see a state that raises ``StateAccessError`` on an
-        undeclared read or write (see :mod:`fitforge.core.access`).
-
-        ``profile=True`` times every handler's hooks and logs a table of the time each handler
-        spent in each event when fit ends (also as ``history.profile``; see :mod:`fitforge.tools.profiler`).
+        ``check_access=True`` (debug) makes handlers that declare ``reads``/``writes`` see a state
+        that raises ``StateAccessError`` on an undeclared access (:mod:`fitforge.core.access`).
+        ``profile=True`` logs the time each handler spent in each event (``history.profile``).
 
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
@@ -278,20 +273,17 @@ class Estimator:
             num_batches=num_batches,
             handlers=tuple(dispatcher.handlers),
             run=run,
+            epochs_before=self.history.epochs,
         )
-        profiler = HandlerProfile() if check_flag("fit", "profile", profile) else None
-        if profiler is not None:
-            profiler.instrument(dispatcher)
-            started = time.perf_counter()
         self.net.train()
         try:
-            with preemptible(state, coordinator):
+            with (
+                profiled(dispatcher, state.history, check_flag("fit", "profile", profile)),
+                preemptible(state, coordinator),
+            ):
                 run_fit(state, run)
         finally:
-            if profiler is not None:
-                profiler.total = time.perf_counter() - started
-                state.history.profile = profiler.report()
-                log.info("time per handler and event:\n%s", state.history.profile)
+            self._add_to_history(state)
         raise_if_preempted(state)
         return state.history
 
@@ -299,6 +291,12 @@ class Estimator:
         if self._default_optimizer:
             warn_default_optimizer(self.optimizers, self.net, entry)
             self._default_optimizer = False  # once per estimator
+
+    def _add_to_history(self, state: TrainState) -> None:
+        """Append a fit's epochs to ``history``; a resumed fit's History holds its run's epochs already."""
+        if state.resumed:
+            self.history = History()
+        self.history.extend(state.history)
 
     def evaluate(
         self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None

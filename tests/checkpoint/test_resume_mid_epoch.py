@@ -383,3 +383,20 @@ def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused
     )
     with pytest.raises(CheckpointError, match=message):
         fit_with_batch_size(tmp_path, 5, resume=True)
+
+
+def test_a_resumed_fit_numbers_epochs_as_its_checkpoint_and_restarts_the_estimator_history(tmp_path):
+    net = nn.Linear(6, 3)
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    data = DataLoader(TensorDataset(X, Y), batch_size=8)
+    estimator.fit(data, epochs=2, event_handlers=[CheckpointHandler(tmp_path)], default_handlers=False)
+    seen = []
+
+    class Epochs(BatchEnd):
+        def batch_end(self, state):
+            seen.append((state.epochs_before, state.epoch))
+
+    resumer = CheckpointHandler(tmp_path, resume_from_checkpoint=True)
+    estimator.fit(data, epochs=3, event_handlers=[resumer, Epochs()], default_handlers=False)
+    assert set(seen) == {(0, 2)}  # epoch 3 of the checkpoint's run, not epoch 5 of the estimator's
+    assert estimator.history.epochs == 3  # the resumed run's history, not 2 + 3 rows

@@ -244,3 +244,19 @@ def test_repr_all_nan_key():
 
 def test_repr_empty():
     assert repr(History()) == "History(epochs=0)"
+
+
+def test_extend_appends_rows_and_aligns_keys():
+    first, second = History(), History()
+    for value in (1.0, 2.0):
+        first.new_epoch()
+        first.record("train_loss", value)
+    second.new_epoch()
+    second.record("train_loss", 0.5)
+    second.record("val_loss", 0.7)
+    second.stop_reason = "reached epochs=1"
+    first.extend(second)
+    assert first.epochs == 3 and first["train_loss"] == [1.0, 2.0, 0.5]
+    assert all(math.isnan(v) for v in first["val_loss"][:2])
+    assert first["val_loss"][2] == 0.7 and first.stop_reason == "reached epochs=1"
+    assert first.current("val_loss") == 0.7  # the last row is the other's

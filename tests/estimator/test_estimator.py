@@ -667,3 +667,38 @@ def test_dict_keys_that_are_not_the_nets_arguments_are_named_before_any_step():
     expected = r"forward takes \(input\) and the batch's keys other than the label are \['image'\]"
     with pytest.raises(BatchFormatError, match=expected):
         assert unchanged_after(estimator, lambda: estimator.fit([batch], epochs=1))
+
+
+def test_estimator_history_holds_every_epoch_of_every_fit():
+    est = make_estimator()
+    first = est.fit(regression_batches(), epochs=2)
+    second = est.fit(regression_batches(), val_data=regression_batches(1), epochs=3)
+    assert first.epochs == 2 and second.epochs == 3  # each fit still returns its own History
+    assert est.history.epochs == 5
+    assert est.history["train_loss"] == first["train_loss"] + second["train_loss"]
+    assert all(math.isnan(v) for v in est.history["val_loss"][:2]) and est.history["val_loss"][2:] == second["val_loss"]
+
+
+def test_logs_number_epochs_across_fits(caplog):
+    est = make_estimator()
+    seen = []
+
+    class Epochs(EpochEnd):
+        def epoch_end(self, state):
+            seen.append((state.epochs_before, state.epoch))
+
+    est.fit(regression_batches(), epochs=2, event_handlers=[Epochs()])
+    est.fit(regression_batches(), epochs=1, event_handlers=[Epochs()])
+    assert seen == [(0, 0), (0, 1), (2, 0)]
+
+
+def test_a_failed_fit_keeps_its_epochs_in_the_estimator_history():
+    class Fail(EpochEnd):
+        def epoch_end(self, state):
+            if state.epoch == 1:
+                raise RuntimeError("boom")
+
+    est = make_estimator()
+    with pytest.raises(RuntimeError, match="boom"):
+        est.fit(regression_batches(), epochs=3, event_handlers=[Fail()])
+    assert est.history.epochs == 2  # the epoch that failed at its end has its row

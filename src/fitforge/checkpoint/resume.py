@@ -105,7 +105,7 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     counters, history, generators, data order and handler states; a stop when its target is reached."""
     order = fit_data_order(state)
     state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
-    state.resumed = True
+    state.resumed, state.epochs_before = True, 0  # the checkpoint's history counts the run's epochs
     position = checkpoint.get("position", 0)
     epoch_start_step = checkpoint.get("epoch_start_step", state.global_step - position)
     state.optimizer_steps = checkpoint.get("optimizer_steps", 0)

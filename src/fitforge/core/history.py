@@ -110,6 +110,17 @@ class History(Mapping):
         self._recorded = set(state.get("recorded", ()))  # keys of the last row: a resumed epoch continues it
         self.stop_reason = state.get("stop_reason")
 
+    def extend(self, other: History) -> None:
+        """Append ``other``'s rows after these (a key either lacks is nan in the other's rows); its
+        ``stop_reason`` becomes this one's. ``Estimator.history`` grows this way fit after fit."""
+        for key in other._columns.keys() - self._columns.keys():
+            self._columns[key] = [math.nan] * self._epochs
+        for key, column in self._columns.items():
+            column.extend(other._columns.get(key, [math.nan] * other._epochs))
+        self._epochs += other._epochs
+        self._recorded = set(other._recorded)
+        self.stop_reason = other.stop_reason
+
     def rows(self) -> list[dict[str, float]]:
         """The records as one dict per epoch."""
         return [{key: col[i] for key, col in self._columns.items()} for i in range(self._epochs)]

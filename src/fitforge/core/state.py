@@ -159,6 +159,9 @@ class TrainState:
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
         resumed: whether this fit continues from a checkpoint (set after ``train_begin``, before
             the first ``epoch_begin``).
+        epochs_before: the epochs this estimator trained in earlier fits (``estimator.history``),
+            so that logs number epochs across fits: ``epochs_before + epoch + 1``. 0 in a fit
+            that resumes from a checkpoint, whose own history continues that run's count.
         run: the fit's machinery (:class:`~fitforge.core.run.RunContext`: dispatcher, data order,
             coordinator), for fitforge's own checkpointing; None in evaluate and predict.
     """
@@ -184,6 +187,7 @@ class TrainState:
     stop_reason: str | None = None
     preempted: int | None = None
     resumed: bool = False
+    epochs_before: int = 0
     run: RunMachinery | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     logged: PendingValues = field(default_factory=PendingValues)

@@ -8,12 +8,17 @@ is exactly the cost the profile should expose.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import Event, numbered_names
+from fitforge.core.history import History
+
+log = logging.getLogger("fitforge")
 
 
 class HandlerProfile:
@@ -69,3 +74,21 @@ class HandlerProfile:
 def _names(dispatcher: Dispatcher) -> dict[int, str]:
     """Handler names for the table: the class name, numbered when a class appears twice."""
     return {id(h): name for h, name in zip(dispatcher.handlers, numbered_names(dispatcher.handlers))}
+
+
+@contextmanager
+def profiled(dispatcher: Dispatcher, history: History, enabled: bool) -> Iterator[None]:
+    """Time ``dispatcher``'s hooks for the block when ``enabled``: the table goes to
+    ``history.profile`` and the log when the block ends (also by an error)."""
+    if not enabled:
+        yield
+        return
+    profiler = HandlerProfile()
+    profiler.instrument(dispatcher)
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        profiler.total = time.perf_counter() - started
+        history.profile = profiler.report()
+        log.info("time per handler and event:\n%s", history.profile)
