@@ -74,30 +74,32 @@ def _order_changed(order: DataOrder | None, saved: dict[str, Any]) -> bool:
 
 def _rebatched(order: DataOrder, saved: dict[str, Any], position: int, epoch: int) -> int:
     """The position, in this fit's batches, of a checkpoint written ``position`` batches into epoch
-    ``epoch`` with another batch size: the same sample, when this fit's batches can end there (the
-    sampler's order does not depend on the batch size), else a :class:`CheckpointError`."""
+    ``epoch`` with batches of another size (per rank; all ranks' batches together count): the same
+    sample, when this fit's batches can end there (the sampler's order does not depend on the batch
+    size), else a :class:`CheckpointError`."""
     old, new = saved.get("batch_size"), order.batch_size
-    if old is None or new is None or old == new:
+    old_step, new_step = (old or 0) * saved.get("world", 1), (new or 0) * world_size()  # samples per step
+    if old is None or new is None or old_step == new_step:
         return position
-    samples = position * old
-    if samples % new:
+    samples = position * old_step
+    if samples % new_step:
         raise CheckpointError(
-            f"the checkpoint stopped {position} batch(es) of {old} (sample {samples}) into epoch {epoch + 1}, but "
-            f"train_data now has batches of {new}, which cannot continue at that sample: resume with batch_size="
-            f"{old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint written at "
-            "an epoch's end"
+            f"the checkpoint stopped {position} batch(es) of {old_step} (sample {samples}) into epoch {epoch + 1}, "
+            f"but train_data now has batches of {new_step}, which cannot continue at that sample: resume with "
+            f"batch_size={old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint "
+            "written at an epoch's end"
         )
     log.info(
         "train_data's batch size changed from %d to %d since the checkpoint: epoch %d continues after its first "
         "%d samples (%d batches of %d)",
-        old,
-        new,
+        old_step,
+        new_step,
         epoch + 1,
         samples,
-        samples // new,
-        new,
+        samples // new_step,
+        new_step,
     )
-    return samples // new
+    return samples // new_step
 
 
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
