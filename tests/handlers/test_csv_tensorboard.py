@@ -2,6 +2,7 @@
 add columns) and TensorBoardHandler (history scalars per epoch; optional histograms and batch values)."""
 
 import csv
+import json
 import sys
 
 import pytest
@@ -135,6 +136,24 @@ def test_only_whole_training_epochs_are_written(tmp_path):
     state.preempted, state.num_batches, state.batch_idx = 15, 8, 3  # SIGTERM mid-epoch: it resumes later
     logger.epoch_end(state)
     assert not path.exists()
+
+
+def test_the_run_params_are_in_a_json_file_beside_the_log(tmp_path):
+    seen = []
+
+    def at_train_begin(state):  # after the logger's train_begin: the file is there already
+        seen.append((run_params(state), json.loads((tmp_path / "log.params.json").read_text())))
+
+    logger = CSVLoggerHandler(tmp_path / "log.csv")
+    assert logger.params_path == tmp_path / "log.params.json"
+    fit([logger, LambdaHandler(train_begin=at_train_begin, priority=1500)], epochs=2)
+    params, written = seen[0]
+    assert written == params and written["model"] == "Linear" and written["epochs"] == 2
+    assert read_csv(tmp_path / "log.csv")[0][0] == "epoch"  # the CSV holds rows only
+    fit([CSVLoggerHandler(tmp_path / "log.csv", append=True)], epochs=1)  # each fit writes its own
+    assert json.loads(logger.params_path.read_text())["epochs"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv", "log.params.json"]
+    assert CSVLoggerHandler(tmp_path / "runs" / "log").params_path == tmp_path / "runs" / "log.params.json"
 
 
 @pytest.mark.parametrize(
