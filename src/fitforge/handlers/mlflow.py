@@ -114,7 +114,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         self._ambient: BaseException | None = None  # an exception being handled around fit itself
 
     def train_begin(self, state: TrainState) -> None:
-        self._client, self._ambient = None, sys.exc_info()[1]
+        self._client, self.run_id, self._ambient = None, None, sys.exc_info()[1]
         saver = self._best_saver(state)
         if self.log_best_checkpoint and saver is None:
             raise FitforgeValueError(
