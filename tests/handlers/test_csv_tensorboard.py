@@ -2,6 +2,7 @@
 add columns) and TensorBoardHandler (history scalars per epoch; optional histograms and batch values)."""
 
 import csv
+import json
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from fitforge.events import BatchEnd, Event
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, ValidationHandler
 from fitforge.handlers.csv_logger import CSVLoggerHandler
+from fitforge.handlers.hparams import run_params
 from fitforge.handlers.lambda_handler import LambdaHandler
 from fitforge.testing import HostReadCounter, linear_data, linear_problem
 
@@ -136,6 +138,24 @@ def test_only_whole_training_epochs_are_written(tmp_path):
     assert not path.exists()
 
 
+def test_the_run_params_are_in_a_json_file_beside_the_log(tmp_path):
+    seen = []
+
+    def at_train_begin(state):  # after the logger's train_begin: the file is there already
+        seen.append((run_params(state), json.loads((tmp_path / "log.params.json").read_text())))
+
+    logger = CSVLoggerHandler(tmp_path / "log.csv")
+    assert logger.params_path == tmp_path / "log.params.json"
+    fit([logger, LambdaHandler(train_begin=at_train_begin, priority=1500)], epochs=2)
+    params, written = seen[0]
+    assert written == params and written["model"] == "Linear" and written["epochs"] == 2
+    assert read_csv(tmp_path / "log.csv")[0][0] == "epoch"  # the CSV holds rows only
+    fit([CSVLoggerHandler(tmp_path / "log.csv", append=True)], epochs=1)  # each fit writes its own
+    assert json.loads(logger.params_path.read_text())["epochs"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv", "log.params.json"]
+    assert CSVLoggerHandler(tmp_path / "runs" / "log").params_path == tmp_path / "runs" / "log.params.json"
+
+
 @pytest.mark.parametrize(
     "make, error, message",
     [
@@ -257,3 +277,22 @@ def test_an_epoch_cut_short_is_written_once_a_resumed_run_completes_it(tmp_path)
     lines = read_csv(tmp_path / "log.csv")
     assert [line[0] for line in lines] == ["epoch", "1", "2", "3"]
     assert float(lines[2][lines[0].index("train_loss")]) == history["train_loss"][1]  # the whole epoch's value
+
+
+def test_the_run_params_and_last_values_go_to_the_hparams_tab(tmp_path):
+    seen = []
+    board = tensorboard_handler(tmp_path / "tb")
+    probe = LambdaHandler(train_begin=lambda state: seen.append(run_params(state)))
+    history = fit([board, probe, ValidationHandler(linear_data(n=64, seed=1), epoch_period=2)], validate=False)
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    written = events(tmp_path / "tb")
+    content = written.PluginTagToContent("hparams")
+    experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert {info.name.tag for info in experiment.metric_infos} == set(history)  # the scalars' own tags
+    start = HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    hparams = {key: getattr(value, value.WhichOneof("kind")) for key, value in start.hparams.items()}
+    assert hparams == pytest.approx(seen[0])  # numbers as floats, strings as they are
+    assert hparams["model"] == "Linear" and hparams["epochs"] == 3 and hparams["precision"] == "32-true"
+    assert set(written.Tags()["scalars"]) == set(history)  # no scalar written twice, no stray tag
+    assert [e.step for e in written.Scalars("val_loss")] == [2]

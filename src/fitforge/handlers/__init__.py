@@ -8,6 +8,7 @@ from fitforge.handlers.lambda_handler import LambdaHandler
 from fitforge.handlers.logging import LoggingHandler
 from fitforge.handlers.lr_scheduler import LRSchedulerHandler
 from fitforge.handlers.metric import MetricHandler
+from fitforge.handlers.mlflow import MLflowHandler
 from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
 from fitforge.handlers.progress_bar import ProgressBarHandler
 from fitforge.handlers.stopping import StoppingHandler
@@ -23,6 +24,7 @@ __all__ = [
     "LRSchedulerHandler",
     "LambdaHandler",
     "LoggingHandler",
+    "MLflowHandler",
     "MetricHandler",
     "NaNGuardHandler",
     "NonFiniteLossError",

@@ -1,9 +1,11 @@
-"""CSVLoggerHandler: one CSV row per training epoch, written and flushed at each epoch end."""
+"""CSVLoggerHandler: one CSV row per training epoch, written and flushed at each epoch end, and
+the run's hyperparameters in a JSON file beside it."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import math
 import os
@@ -15,6 +17,7 @@ from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.defaults import run_keys
+from fitforge.handlers.hparams import run_params
 
 log = logging.getLogger("fitforge")
 
@@ -35,6 +38,11 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     never written twice (a row written before a crash, for an epoch the resumed run redoes, stays
     as first written). A partial epoch ended by SIGTERM/SIGINT is written when the resumed run
     ends it; one ended by a stop is written as it is. Only ``fit`` writes (not ``evaluate``).
+
+    The run's hyperparameters (:func:`~fitforge.handlers.hparams.run_params`: model, optimizer,
+    lr, batch size, epochs, precision...) go to a JSON object beside the log, ``<name>.params.json``
+    (``log.csv`` -> ``log.params.json``), written atomically at ``train_begin`` and replaced by
+    each fit (a resumed or appending one included): the CSV itself stays plain rows for any reader.
 
     Args:
         path: the CSV file (its folder is created if needed).
@@ -64,6 +72,8 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         "history",
         "handlers",
         "estimator",
+        "max_epochs",
+        "max_batches",
         "preempted",
         "resumed",
         "epoch_finished",
@@ -76,6 +86,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         if not isinstance(path, (str, os.PathLike)):
             raise FitforgeTypeError(f"CSVLoggerHandler: path must be a file path, got {describe(path)}")
         self.path = Path(path)
+        self.params_path = self.path.with_name(f"{self.path.stem}.params.json")  # not with_suffix: "log" has none
         self.append = check_flag("CSVLoggerHandler", "append", append)
         self._header: list[str] = []  # empty until the run's first write
 
@@ -86,6 +97,9 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(self.path.parent, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
             raise FitforgeValueError(f"CSVLoggerHandler: cannot write {self.path}: permission denied")
+        temporary = self.params_path.with_name(self.params_path.name + ".tmp")
+        temporary.write_text(json.dumps(run_params(state), indent=2) + "\n")
+        os.replace(temporary, self.params_path)
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train" or not state.epoch_finished:

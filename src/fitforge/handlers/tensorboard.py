@@ -1,4 +1,5 @@
-"""TensorBoardHandler: history values as TensorBoard scalars at every epoch end (optional extra)."""
+"""TensorBoardHandler: history values as TensorBoard scalars at every epoch end, and the run's
+hyperparameters for the HParams tab (optional extra)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
+from fitforge.handlers.hparams import ParamValue, last_values, run_params
 
 
 class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
@@ -20,6 +22,11 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     epoch number (from 1) as its step; an epoch without a value for a key (validation every second
     epoch) writes none. The writer is flushed at every epoch end and closed at ``train_end``. Only
     ``fit`` writes; a partial epoch ended by SIGTERM/SIGINT is written when the resumed run ends it.
+
+    At ``train_end`` the run's hyperparameters (:func:`~fitforge.handlers.hparams.run_params`, read
+    at ``train_begin``: model, optimizer, lr, batch size, epochs, precision...) go to the HParams
+    tab, with each history key as a metric column showing its last value, so runs written to
+    sibling folders (``runs/lr0.1``, ``runs/lr0.01`` under ``--logdir runs``) compare in one table.
 
     Needs the optional extra: ``pip install 'fitforge[tensorboard]'``. Then ``tensorboard
     --logdir <log_dir>``.
@@ -51,6 +58,8 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "global_step",
         "history",
         "estimator",
+        "max_epochs",
+        "max_batches",
         "metrics",
         "preempted",
         "epoch_finished",
@@ -68,19 +77,22 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         check_positive("TensorBoardHandler", "log_every_n_batches", log_every_n_batches, allow_none=True)
         try:  # imported here, not at module import: tensorboard is an optional extra
             from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard.summary import hparams
         except ImportError as err:
             raise ImportError(
                 "TensorBoardHandler needs the tensorboard package: pip install 'fitforge[tensorboard]'"
             ) from err
-        self._writer_class = SummaryWriter
+        self._writer_class, self._hparams = SummaryWriter, hparams
         self.log_dir, self.log_every_n_batches = Path(log_dir), log_every_n_batches
         if log_every_n_batches is None:  # called per batch only when asked
             self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_END, Event.TRAIN_END)
         self._every = log_every_n_batches or 0
         self.writer: Any = None
+        self._params: dict[str, ParamValue] = {}
 
     def train_begin(self, state: TrainState) -> None:
         self._close()
+        self._params = run_params(state)
         self.writer = self._writer_class(log_dir=str(self.log_dir))
 
     def batch_end(self, state: TrainState) -> None:  # inherited as a hook only with log_every_n_batches
@@ -103,6 +115,11 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.writer.flush()
 
     def train_end(self, state: TrainState) -> None:
+        if self.writer is not None:
+            # The summaries alone (not SummaryWriter.add_hparams, which writes the metrics again as
+            # scalars in a folder of their own): the HParams tab reads the metrics' scalars of this run.
+            for summary in self._hparams(self._params, last_values(state.history)):
+                self.writer.file_writer.add_summary(summary)
         self._close()
 
     def _close(self) -> None:

@@ -1,0 +1,133 @@
+"""The hyperparameters of a run, as plain values, for the loggers (MLflow, TensorBoard, CSV).
+
+:func:`run_params` reads them from the state at ``train_begin``: the model, the optimizers and
+their main settings, the data's batch size, the length of the run, precision, device and ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fitforge.checkpoint.resume import fit_data_order
+from fitforge.core.history import History, numbered_key
+from fitforge.core.state import TrainState
+from fitforge.core.summary import parameter_counts
+from fitforge.distributed.ranks import world_size
+from fitforge.exceptions import FitforgeTypeError, describe
+
+ParamValue = str | int | float | bool
+_OPTIMIZER_SETTINGS = ("weight_decay", "momentum")  # besides lr and betas; kept to the common ones
+
+
+def run_params(state: TrainState) -> dict[str, ParamValue]:
+    """The run's hyperparameters as plain values (str, int, float, bool), read at ``train_begin``.
+
+    Keys: ``model`` (the net's class), ``parameters`` and ``trainable_parameters`` (shared ones
+    once), ``loss`` (its class or function name; names joined by ``,`` for several), ``optimizer``
+    (the class), ``lr`` (its first parameter group's, as the history's ``lr``), ``weight_decay``,
+    ``momentum`` and ``beta1``/``beta2`` where the optimizer has them; with several optimizers the
+    second one's are ``optimizer_1``, ``lr_1``... Then ``batch_size`` (of a ``DataLoader`` given as
+    ``train_data``; absent for other data), ``epochs`` or ``batches`` (whichever fit was given),
+    ``precision`` (``"32-true"`` for full precision), ``device``, ``strategy`` and ``world_size``.
+    A value that is not known is left out, never None.
+
+    Args:
+        state: the fit's state at (or after) ``train_begin``.
+
+    Example:
+        >>> run_params(state)  # doctest: +SKIP
+        {'model': 'Linear', 'parameters': 2, 'trainable_parameters': 2, 'loss': 'MSELoss',
+         'optimizer': 'SGD', 'lr': 0.1, 'weight_decay': 0.0, 'momentum': 0.0, 'batch_size': 16,
+         'epochs': 3, 'precision': '32-true', 'device': 'cpu', 'strategy': 'auto', 'world_size': 1}
+    """
+    estimator = state.estimator
+    total, trainable = parameter_counts(estimator.net)
+    params: dict[str, Any] = {
+        "model": type(estimator.net).__name__,
+        "parameters": total,
+        "trainable_parameters": trainable,
+        "loss": _loss_name(estimator.loss),
+    }
+    for i, optimizer in enumerate(estimator.optimizers):
+        params.update(_optimizer_params(optimizer, i))
+    params["batch_size"] = _batch_size(state)
+    params["epochs"], params["batches"] = state.max_epochs, state.max_batches
+    params["precision"] = getattr(estimator, "precision", None) or "32-true"
+    params["device"] = str(estimator.device)
+    params["strategy"] = getattr(estimator, "strategy", None)
+    params["world_size"] = world_size()
+    return {key: value for key, value in params.items() if value is not None}
+
+
+def _loss_name(loss: Any) -> str | None:
+    if loss is None:
+        return None  # the model computes its own loss
+    if isinstance(loss, (list, tuple)):
+        return ",".join(str(_loss_name(each)) for each in loss)
+    return getattr(loss, "__name__", None) if not isinstance(loss, torch.nn.Module) else type(loss).__name__
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer, index: int) -> dict[str, ParamValue]:
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    params: dict[str, ParamValue] = {numbered_key("optimizer", index): type(optimizer).__name__}
+    for name in ("lr", *_OPTIMIZER_SETTINGS):
+        value = _number(group.get(name))
+        if value is not None:
+            params[numbered_key(name, index)] = value
+    betas = group.get("betas")
+    if isinstance(betas, (tuple, list)) and len(betas) == 2:
+        for name, beta in zip(("beta1", "beta2"), betas):
+            value = _number(beta)
+            if value is not None:
+                params[numbered_key(name, index)] = value
+    return params
+
+
+def _number(value: Any) -> float | None:
+    """A plain float of an optimizer setting (a float, an int or a one-element tensor), else None."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)  # once per fit, at train_begin
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _batch_size(state: TrainState) -> int | None:
+    order = fit_data_order(state)
+    loader = None if order is None else order.data
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        return None
+    if loader.batch_size is not None:
+        return loader.batch_size
+    size = getattr(loader.batch_sampler, "batch_size", None)  # a BatchSampler given as batch_sampler
+    return size if isinstance(size, int) else None
+
+
+def check_params(owner: str, params: Any) -> dict[str, ParamValue]:
+    """User parameters: None, or a mapping of str keys to str, int, float or bool values."""
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise FitforgeTypeError(f"{owner}: params must be a dict of str to str/int/float/bool, got {describe(params)}")
+    for key, value in params.items():
+        if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
+            raise FitforgeTypeError(
+                f"{owner}: params must map str keys to str, int, float or bool values, got "
+                f"{describe(key)}: {describe(value)}"
+            )
+    return dict(params)
+
+
+def last_values(history: History) -> dict[str, float]:
+    """The latest finite value of every history key (a key validated every second epoch gives its
+    value of the last validated epoch); keys with none are left out."""
+    values = {}
+    for key in history:
+        finite = [value for value in history[key] if math.isfinite(value)]
+        if finite:
+            values[key] = finite[-1]
+    return values

@@ -1,0 +1,216 @@
+"""MLflowHandler: a run's parameters, its epochs' history and its best checkpoint in MLflow
+tracking (optional extra)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fitforge.core.arguments import check_flag
+from fitforge.core.events import EpochEnd, Stage, TrainBegin, TrainEnd, unwrapped
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.checkpoint import CheckpointHandler
+from fitforge.handlers.hparams import ParamValue, check_params, run_params
+
+log = logging.getLogger("fitforge")
+_BATCH = 100  # params per log_batch call (MLflow's limit)
+
+
+class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
+    """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status
+    (and optionally the best checkpoint) at the end.
+
+    At ``train_begin`` the handler starts a run, or joins the active one (a fit inside ``with
+    mlflow.start_run():``, with ``tracking_uri`` None or that run's), and logs
+    :func:`~fitforge.handlers.hparams.run_params` (model, optimizer, lr, batch size, epochs,
+    precision...) with ``params`` on top as the run's parameters. At each training epoch end every
+    finite value of the epoch's history row (``train_loss``, ``val_*``, ``lr``, ``epoch_time``...)
+    becomes a metric with the epoch number (from 1) as its step; an epoch cut short by SIGTERM/SIGINT
+    is left to the resumed run, as in the CSV and TensorBoard logs. At ``train_end`` a run it started
+    ends ``FINISHED``; ``KILLED`` when a SIGTERM/SIGINT (or ``KeyboardInterrupt``) ended the fit;
+    ``FAILED`` when an exception did. A run it joined is left open for its owner to end. The run's id
+    is ``run_id`` (kept after fit), to log more into it with ``mlflow.MlflowClient``.
+
+    Only rank 0 logs under torch.distributed. Needs the optional extra: ``pip install
+    'fitforge[mlflow]'`` (``mlflow-skinny`` and the SQLite store's ``sqlalchemy`` and ``alembic``;
+    the full ``mlflow`` package works as well and adds the UI server: ``mlflow ui``).
+
+    Args:
+        tracking_uri: where runs are stored: ``"sqlite:///mlflow.db"``, ``"http://host:5000"``...
+            None: MLflow's default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``).
+        experiment_name: the experiment of a new run, created if needed. None:
+            ``MLFLOW_EXPERIMENT_NAME``, else ``MLFLOW_EXPERIMENT_ID``, else MLflow's Default.
+        run_name: the new run's name (None: MLflow makes one up).
+        params: more parameters (str keys; str, int, float or bool values), merged over the run's own.
+        tags: tags of a new run (str to str).
+        log_best_checkpoint: at ``train_end``, upload the best checkpoint of the fit's
+            ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt``
+            (the ``.pt`` file; under FSDP its folder of shards is not uploaded). A fit without such
+            a handler fails at its start.
+
+    Raises:
+        ImportError: mlflow is not installed.
+        FitforgeTypeError / FitforgeValueError: a bad argument; at fit start, ``log_best_checkpoint``
+            without a ``CheckpointHandler(save_best=True)``.
+
+    Example:
+        >>> from fitforge.handlers import CheckpointHandler, MLflowHandler
+        >>> tracker = MLflowHandler("sqlite:///mlflow.db", experiment_name="digits", params={"seed": 0})
+        >>> estimator.fit(train, val_data=val, epochs=5, event_handlers=[tracker])  # doctest: +SKIP
+        >>> tracker.run_id                                                          # doctest: +SKIP
+        '3f2a...'
+    """
+
+    priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete
+    main_rank_only = True  # under torch.distributed, rank 0 reports for all
+    reads = (
+        "phase",
+        "estimator",
+        "history",
+        "handlers",
+        "max_epochs",
+        "max_batches",
+        "preempted",
+        "epoch_finished",
+    )
+    writes = ()
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        params: Mapping[str, ParamValue] | None = None,
+        tags: Mapping[str, str] | None = None,
+        log_best_checkpoint: bool = False,
+    ) -> None:
+        _check_name("tracking_uri", tracking_uri)
+        _check_name("experiment_name", experiment_name)
+        _check_name("run_name", run_name)
+        if tags is not None and (
+            not isinstance(tags, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items())
+        ):
+            raise FitforgeTypeError(f"MLflowHandler: tags must be a dict of str to str, got {describe(tags)}")
+        self.params = check_params("MLflowHandler", params)
+        self.log_best_checkpoint = check_flag("MLflowHandler", "log_best_checkpoint", log_best_checkpoint)
+        try:  # imported here, not at module import: mlflow is an optional extra
+            import mlflow
+            from mlflow.entities import Metric, Param
+        except ImportError as err:
+            raise ImportError("MLflowHandler needs the mlflow package: pip install 'fitforge[mlflow]'") from err
+        self._mlflow: Any = mlflow
+        self._metric, self._param = Metric, Param
+        self.tracking_uri, self.experiment_name, self.run_name = tracking_uri, experiment_name, run_name
+        self.tags = dict(tags or {})
+        self.run_id: str | None = None  # the run of the latest fit
+        self._client: Any = None  # set while a run is open
+        self._owned = False  # whether this handler started the run (and so ends it)
+        self._ambient: BaseException | None = None  # an exception being handled around fit itself
+
+    def train_begin(self, state: TrainState) -> None:
+        self._client, self.run_id, self._ambient = None, None, sys.exc_info()[1]
+        saver = self._best_saver(state)
+        if self.log_best_checkpoint and saver is None:
+            raise FitforgeValueError(
+                "MLflowHandler: log_best_checkpoint=True needs a CheckpointHandler(save_best=True, monitor=...) "
+                "among the fit's event_handlers"
+            )
+        self._start()
+        self._log_params({key: str(value) for key, value in {**run_params(state), **self.params}.items()})
+
+    def _start(self) -> None:
+        mlflow = self._mlflow
+        active = mlflow.active_run()
+        if active is not None and self.tracking_uri in (None, mlflow.get_tracking_uri()):
+            self._client, self._owned = mlflow.MlflowClient(mlflow.get_tracking_uri()), False
+            self.run_id = active.info.run_id
+            return
+        client = mlflow.MlflowClient(self.tracking_uri)
+        run = client.create_run(self._experiment_id(client), tags=self.tags, run_name=self.run_name)
+        self._client, self._owned, self.run_id = client, True, run.info.run_id
+
+    def _experiment_id(self, client: Any) -> str:
+        name = self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        if name is None:
+            return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")  # "0": MLflow's Default experiment
+        experiment = client.get_experiment_by_name(name)
+        return experiment.experiment_id if experiment is not None else client.create_experiment(name)
+
+    def _log_params(self, params: dict[str, str]) -> None:
+        if not self._owned:  # a joined run may have them already: MLflow never changes a logged param
+            existing = self._client.get_run(self.run_id).data.params
+            clashes = sorted(key for key, value in params.items() if existing.get(key, value) != value)
+            if clashes:
+                log.warning(
+                    "MLflowHandler: the active run already has other values for %s; kept them", ", ".join(clashes)
+                )
+            params = {key: value for key, value in params.items() if key not in existing}
+        entities = [self._param(key, value) for key, value in params.items()]
+        for start in range(0, len(entities), _BATCH):
+            self._client.log_batch(self.run_id, params=entities[start : start + _BATCH])
+
+    def epoch_end(self, state: TrainState) -> None:
+        if state.phase != "train" or state.epoch_suspended or self._client is None:
+            return
+        history, timestamp = state.history, int(time.time() * 1000)
+        metrics = []
+        for key in history:
+            value = history.current(key)
+            if value is not None and math.isfinite(value):
+                metrics.append(self._metric(key, value, timestamp, history.epochs))
+        if metrics:
+            self._client.log_batch(self.run_id, metrics=metrics)
+
+    def train_end(self, state: TrainState) -> None:
+        client = self._client
+        if client is None:
+            return  # no run was started (an earlier handler's train_begin failed)
+        self._client = None
+        try:
+            if self.log_best_checkpoint:
+                self._log_best(state, client)
+        finally:
+            if self._owned:
+                client.set_terminated(self.run_id, status=self._status(state))
+
+    def _status(self, state: TrainState) -> str:
+        # The loop calls train_end inside its `except` when an exception ends fit: that exception
+        # is then the one being handled (sys.exc_info), unless it is one around fit itself.
+        error = sys.exc_info()[1]
+        if error is not None and error is not self._ambient:
+            return "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        return "KILLED" if state.preempted is not None else "FINISHED"
+
+    def _log_best(self, state: TrainState, client: Any) -> None:
+        saver = self._best_saver(state)
+        path = None if saver is None else saver.best_path
+        if path is None or not path.is_file():
+            log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
+            return
+        client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
+
+    @staticmethod
+    def _best_saver(state: TrainState) -> CheckpointHandler | None:
+        for handler in state.handlers:
+            inner = unwrapped(handler)
+            if isinstance(inner, CheckpointHandler) and inner.save_best:
+                return inner
+        return None
+
+    def __repr__(self) -> str:
+        return f"MLflowHandler({self.tracking_uri!r}, experiment_name={self.experiment_name!r})"
+
+
+def _check_name(name: str, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise FitforgeTypeError(f"MLflowHandler: {name} must be a str or None, got {describe(value)}")
+    if not value:
+        raise FitforgeValueError(f"MLflowHandler: {name} must not be empty; pass None for MLflow's default")
