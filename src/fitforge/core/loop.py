@@ -65,6 +65,7 @@ def run_fit(state: TrainState, run: RunContext) -> None:
         _clear_gradients(state)
         state.request_stop(f"{type(signal).__name__} raised" + (f": {signal}" if str(signal) else ""))
     except BaseException as error:
+        state.error = error
         state.request_stop(f"failed: {type(error).__name__}")
         state.preempted = None  # a failure (a second signal included) is no clean stop to checkpoint
         dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS)

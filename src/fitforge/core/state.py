@@ -155,6 +155,8 @@ class TrainState:
             finish it, so handlers that judge whole epochs (validation, early stopping, logs of
             epochs) leave it to that run.
         stop_requested / stop_reason: set by :meth:`request_stop`.
+        error: at ``train_end``, the exception that is ending fit (a handler's, the step's, a
+            second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
         preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
         resumed: whether this fit continues from a checkpoint (set after ``train_begin``, before
@@ -186,6 +188,7 @@ class TrainState:
     stop_requested: bool = False
     stop_reason: str | None = None
     preempted: int | None = None
+    error: BaseException | None = None
     resumed: bool = False
     epochs_before: int = 0
     run: RunMachinery | None = None

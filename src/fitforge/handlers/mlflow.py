@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -77,6 +76,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         "max_epochs",
         "max_batches",
         "preempted",
+        "error",
         "epoch_finished",
     )
     writes = ()
@@ -111,10 +111,9 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         self.run_id: str | None = None  # the run of the latest fit
         self._client: Any = None  # set while a run is open
         self._owned = False  # whether this handler started the run (and so ends it)
-        self._ambient: BaseException | None = None  # an exception being handled around fit itself
 
     def train_begin(self, state: TrainState) -> None:
-        self._client, self.run_id, self._ambient = None, None, sys.exc_info()[1]
+        self._client, self.run_id = None, None
         saver = self._best_saver(state)
         if self.log_best_checkpoint and saver is None:
             raise FitforgeValueError(
@@ -179,12 +178,10 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
             if self._owned:
                 client.set_terminated(self.run_id, status=self._status(state))
 
-    def _status(self, state: TrainState) -> str:
-        # The loop calls train_end inside its `except` when an exception ends fit: that exception
-        # is then the one being handled (sys.exc_info), unless it is one around fit itself.
-        error = sys.exc_info()[1]
-        if error is not None and error is not self._ambient:
-            return "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+    @staticmethod
+    def _status(state: TrainState) -> str:
+        if state.error is not None:
+            return "KILLED" if isinstance(state.error, (KeyboardInterrupt, SystemExit)) else "FAILED"
         return "KILLED" if state.preempted is not None else "FINISHED"
 
     def _log_best(self, state: TrainState, client: Any) -> None:
