@@ -6,6 +6,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterable
 
 from tqdm import tqdm
 
@@ -55,6 +56,15 @@ def ensure_console_output() -> None:
     log.addHandler(handler)
     if log.level == logging.NOTSET:
         log.setLevel(logging.INFO)
+
+
+def console_output_for(handlers: Iterable[object]) -> None:
+    """:func:`ensure_console_output` now if ``handlers`` (those a fit runs in this process) hold a
+    LoggingHandler: ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged
+    before the LoggingHandler's ``train_begin`` (a checkpoint's "resuming from ..." or "training
+    from scratch", a monitor's mode) show in a fresh process too."""
+    if any(acts_as(handler, LoggingHandler) for handler in handlers):
+        ensure_console_output()
 
 
 _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch loss (or skip such batches)"
@@ -121,6 +131,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":  # inside evaluate: its values, no history row
+            ensure_console_output()  # evaluate has no train_begin
             log.log(self.level, "[%s] %s", state.phase.capitalize(), format_values(state.metrics))
             return
         # The values recorded in this epoch: a key without one (no validation this epoch) is left
