@@ -116,6 +116,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._started = time.perf_counter()
         self._warned = False
 
+    def shows_epoch_lines(self) -> bool:
+        """Whether its epoch lines reach the log now: a progress bar then clears each finished bar,
+        which the epoch's line replaces."""
+        return log.isEnabledFor(self.level)
+
     def train_begin(self, state: TrainState) -> None:
         ensure_console_output()
         self._started = time.perf_counter()
