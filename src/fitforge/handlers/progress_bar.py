@@ -18,22 +18,12 @@ from typing import Any, TextIO
 
 from fitforge.core.arguments import check_non_negative, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd, unwrapped
+from fitforge.core.history import in_notebook
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.handlers.formatting import format_value
 
 _MORE = " …"  # ends running values cut to fit the width
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (notebook, JupyterLab, VS Code, Colab), not in a terminal IPython."""
-    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
-    shell = get_ipython() if callable(get_ipython) else None
-    if shell is None:
-        return False
-    if any(cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__):
-        return True
-    return "IPKernelApp" in getattr(shell, "config", ())
 
 
 def is_terminal(stream: Any) -> bool:
