@@ -48,6 +48,7 @@ from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
+from fitforge.handlers.logging import console_output_for
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.preflight import check_first_val_batch, check_placement, preflight
 from fitforge.tools.access_guard import guard
@@ -254,6 +255,7 @@ class Estimator:
             check_data(val_data, "val_data", passes)
         check_placement(self, "net", "val_net")
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
+        console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
         epochs, batches = preflight(self, handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
         guarded = check_flag("fit", "check_access", check_access)

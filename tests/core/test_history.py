@@ -1,8 +1,11 @@
 """History: per-epoch rows aligned with nan, read-only mapping, last(), rows(), to_csv(), plot(), repr."""
 
 import csv
+import io
 import math
 import re
+import sys
+import types
 from collections.abc import Mapping
 
 import pytest
@@ -212,6 +215,38 @@ class TestPlot:
         fig = make_history().plot(tmp_path / "loss.png", keys=["loss"])
         assert [ax.get_title() for ax in fig.axes] == ["loss"]
         assert (tmp_path / "loss.png").stat().st_size > 0
+
+    def test_a_notebook_shows_the_figure_once(self, monkeypatch):
+        import matplotlib.pyplot as plt
+
+        class ZMQInteractiveShell:
+            pass
+
+        monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=ZMQInteractiveShell))
+        before = plt.get_fignums()
+        fig = make_history().plot()
+        assert plt.get_fignums() == before  # pyplot will not show it besides the cell's value
+        fig.savefig(io.BytesIO(), format="png")  # which still renders
+        assert len(fig.axes) == 2
+
+    def test_outside_a_notebook_pyplot_keeps_the_figure_for_show(self):
+        import matplotlib.pyplot as plt
+
+        before = plt.get_fignums()
+        make_history().plot()
+        assert len(plt.get_fignums()) == len(before) + 1
+
+    def test_saving_leaves_the_backend_and_no_figure(self, tmp_path):
+        import matplotlib
+        import matplotlib.pyplot as plt
+
+        plt.switch_backend("svg")  # the user's choice (a GUI or a notebook's backend, say)
+        try:
+            make_history().plot(tmp_path / "h.png")
+            assert matplotlib.get_backend() == "svg" and plt.get_fignums() == []
+            assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        finally:
+            plt.switch_backend("Agg")
 
     def test_nothing_to_plot(self):
         h = History()

@@ -192,7 +192,7 @@ def test_logging_handler_epoch_lines_and_summary(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "Training for 2 epochs, 2 batches per epoch on cpu"
     assert re.fullmatch(
-        r"\[Epoch 1/2\] train_loss=\d+\.\d{4} train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)", lines[1]
+        r"\[Epoch 1/2\] train_loss=\d+\.\d+ train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)", lines[1]
     )
     assert lines[-1].startswith("Finished: 2 epochs, 4 batches in ") and "(reached epochs=2)" in lines[-1]
 
@@ -235,7 +235,7 @@ def test_progress_bar_shows_epochs_and_values(capsys, monkeypatch):
     )
     err = capsys.readouterr().err
     assert "Epoch 1/2" in err and "Epoch 2/2" in err and "3/3" in err
-    assert re.search(r"train_loss=\d+\.\d{4}", err) and "val_loss=" in err
+    assert re.search(r"train_loss=\d+\.\d+", err) and "val_loss=" in err
 
 
 def test_progress_bar_is_default_only_when_interactive(monkeypatch):

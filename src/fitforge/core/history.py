@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def numbered_key(name: str, index: int) -> str:
@@ -139,6 +141,12 @@ class History(Mapping):
     def plot(self, path: str | Path | None = None, keys: list[str] | None = None):
         """Plot the loss and each metric (train and validation on one panel) with matplotlib.
 
+        The figure is shown once: in a Jupyter notebook it is taken out of pyplot's figures before
+        it is returned, so it renders as the cell's value only (``history.plot()`` as a cell's last
+        line; after ``fig = history.plot()``, a cell ending in ``fig``). Elsewhere it stays among
+        pyplot's figures, so ``plt.show()`` opens it. Saved to ``path``, it is closed. The
+        matplotlib backend is left as it is.
+
         Args:
             path: where to save a PNG; None only returns the figure.
             keys: metric names without prefix (default: every ``train_``/``val_`` name).
@@ -150,30 +158,18 @@ class History(Mapping):
             ImportError: matplotlib is not installed (``pip install fitforge[plot]``).
         """
         try:
-            import matplotlib
-
-            if path is not None:
-                matplotlib.use("Agg", force=False)
             import matplotlib.pyplot as plt
         except ImportError as err:  # pragma: no cover - depends on the environment
             raise ImportError("History.plot() needs matplotlib: pip install 'fitforge[plot]'") from err
-        available = _metric_names(self._columns)
+        available = metric_names(self)
         names = keys or available
         if not names:
             raise ValueError(f"nothing to plot: history has no train_/val_ keys (keys: {list(self)})")
         unknown = [name for name in names if name not in available]
         if unknown:
             raise ValueError(f"History.plot(keys=...) got unknown names {unknown}; available: {available}")
-        fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5), squeeze=False)
-        epochs = range(1, self._epochs + 1)
-        for ax, name in zip(axes[0], names):
-            for prefix in ("train_", "val_"):
-                if prefix + name in self._columns:
-                    ax.plot(epochs, self._columns[prefix + name], marker="o", label=prefix.rstrip("_"))
-            ax.set_title(name)
-            ax.set_xlabel("epoch")
-            ax.xaxis.get_major_locator().set_params(integer=True)
-            ax.legend()
+        fig = plt.figure(figsize=figure_size(len(names)))
+        draw_history(fig, self, names)
         return finish_figure(fig, path)
 
     def __repr__(self) -> str:
@@ -181,19 +177,52 @@ class History(Mapping):
         return f"History({', '.join(parts)})"
 
 
-def finish_figure(fig, path: str | Path | None):
-    """Lay out ``fig``; when ``path`` is given, save it there as a PNG and close it (a figure left
-    open keeps its memory in pyplot). Returns the figure."""
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (notebook, JupyterLab, VS Code, Colab), not in a terminal IPython."""
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    shell = get_ipython() if callable(get_ipython) else None
+    if shell is None:
+        return False
+    if any(cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__):
+        return True
+    return "IPKernelApp" in getattr(shell, "config", ())
+
+
+def figure_size(panels: int) -> tuple[float, float]:
+    """Inches for a row of ``panels`` panels."""
+    return (4.5 * panels, 3.5)
+
+
+def draw_history(fig: Any, history: History, names: list[str]) -> None:
+    """A panel per metric name in ``fig`` (a matplotlib Figure): its train and val curves by epoch."""
+    axes = fig.subplots(1, len(names), squeeze=False)
+    epochs = range(1, history.epochs + 1)
+    for ax, name in zip(axes[0], names):
+        for prefix in ("train_", "val_"):
+            if prefix + name in history:
+                ax.plot(epochs, history[prefix + name], marker="o", label=prefix.rstrip("_"))
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend()
+
+
+def finish_figure(fig: Any, path: str | Path | None) -> Any:
+    """Lay out ``fig`` (made with pyplot); save it to ``path`` as a PNG when given. Returns it,
+    closed (out of pyplot's figures) when saved, where an open figure would only hold memory, and
+    in a notebook, where pyplot would show it a second time besides the cell's value."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     if path is not None:
-        import matplotlib.pyplot as plt
-
         fig.savefig(path, dpi=100)
+    if path is not None or in_notebook():
         plt.close(fig)
     return fig
 
 
-def _metric_names(columns: Mapping[str, list[float]]) -> list[str]:
+def metric_names(columns: Iterable[str]) -> list[str]:
+    """The metric names (without ``train_``/``val_``) among ``columns``, in order of appearance."""
     names: list[str] = []
     for key in columns:
         for prefix in ("train_", "val_"):

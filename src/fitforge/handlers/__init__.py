@@ -5,6 +5,7 @@ from fitforge.handlers.csv_logger import CSVLoggerHandler
 from fitforge.handlers.early_stopping import EarlyStoppingHandler
 from fitforge.handlers.gradient_update import GradientUpdateHandler
 from fitforge.handlers.lambda_handler import LambdaHandler
+from fitforge.handlers.live_plot import LivePlotHandler
 from fitforge.handlers.logging import LoggingHandler
 from fitforge.handlers.lr_scheduler import LRSchedulerHandler
 from fitforge.handlers.metric import MetricHandler
@@ -23,6 +24,7 @@ __all__ = [
     "GradientUpdateHandler",
     "LRSchedulerHandler",
     "LambdaHandler",
+    "LivePlotHandler",
     "LoggingHandler",
     "MLflowHandler",
     "MetricHandler",

@@ -1,9 +1,40 @@
-"""How logged values read: shared by LoggingHandler and ProgressBarHandler."""
+"""How logged values read: shared by the log lines, the progress bar and the final summary.
+
+A value shows with 4 significant digits, as a reader compares losses:
+
+==========================  ==============================  ===========================
+value                       shown as                        examples
+==========================  ==============================  ===========================
+nan, inf                    as Python spells them           ``nan``, ``inf``, ``-inf``
+a whole number below 1e6    without decimals                ``0``, ``3``, ``1200``
+1e-3 <= abs(value) < 1e4    4 significant digits            ``0.6931``, ``0.5000``, ``0.01234``, ``12.35``, ``1234``
+1e4 <= abs(value) < 1e6     rounded to a whole number       ``12346``
+anything else               e-notation, 4 significant       ``1.234e-05``, ``1.235e+07``
+==========================  ==============================  ===========================
+
+A value is never left out: a key with no value in an epoch (validation every second epoch) is
+absent from the dict the caller passes, so a ``nan`` here is a value (a diverged loss) and shows.
+"""
 
 from __future__ import annotations
 
 import math
 
 
+def format_value(value: float) -> str:
+    """One value as the table in the module docstring says."""
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)  # nan, inf, -inf
+    size = abs(value)
+    if size < 1e6 and value.is_integer():
+        return str(int(value))
+    if 1e-3 <= size < 1e6:
+        text = f"{value:#.4g}"  # '#' keeps trailing zeros: 0.5000 lines up with 0.6931
+        return f"{value:.0f}" if "e" in text else text.rstrip(".")
+    return f"{value:.3e}"
+
+
 def format_values(values: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.4f}" for k, v in values.items() if not math.isnan(v))
+    """``key=value`` pairs, space-separated, each value as :func:`format_value` writes it."""
+    return " ".join(f"{key}={format_value(value)}" for key, value in values.items())

@@ -6,13 +6,16 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterable
 
 from tqdm import tqdm
 
-from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd, acts_as
+from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers.formatting import format_values
+from fitforge.handlers.nan_guard import NaNGuardHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
 
 log = logging.getLogger("fitforge")
@@ -55,12 +58,29 @@ def ensure_console_output() -> None:
         log.setLevel(logging.INFO)
 
 
+def console_output_for(handlers: Iterable[object]) -> None:
+    """:func:`ensure_console_output` now if ``handlers`` (those a fit runs in this process) hold a
+    LoggingHandler: ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged
+    before the LoggingHandler's ``train_begin`` (a checkpoint's "resuming from ..." or "training
+    from scratch", a monitor's mode) show in a fresh process too."""
+    if any(acts_as(handler, LoggingHandler) for handler in handlers):
+        ensure_console_output()
+
+
+_GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch loss (or skip such batches)"
+
+
 def _plural(count: int | None, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {'batches' if noun == 'batch' else noun + 's'}"
 
 
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
+
+    A line shows every value recorded in its epoch, a non-finite one too (``train_loss=nan``); the
+    first epoch with a non-finite loss also logs a warning. Values read as
+    :mod:`fitforge.handlers.formatting` says (4 significant digits). The epoch's number is
+    ``state.epoch + 1``, so an epoch a later fit continues is numbered on.
 
     Args:
         log_interval: "epoch", or log running values every n batches (a host read each time).
@@ -81,6 +101,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "num_batches",
         "metrics",
         "history",
+        "handlers",
     )
 
     def __init__(self, log_interval: int | str = "epoch", level: int = logging.INFO) -> None:
@@ -93,10 +114,17 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.log_interval: int | None = None if log_interval == "epoch" else int(log_interval)
         self.level = level
         self._started = time.perf_counter()
+        self._warned = False
+
+    def shows_epoch_lines(self) -> bool:
+        """Whether its epoch lines reach the log now: a progress bar then clears each finished bar,
+        which the epoch's line replaces."""
+        return log.isEnabledFor(self.level)
 
     def train_begin(self, state: TrainState) -> None:
         ensure_console_output()
         self._started = time.perf_counter()
+        self._warned = False
         limit = _plural(state.max_epochs, "epoch") if state.max_epochs else _plural(state.max_batches, "batch")
         per_epoch = f", {_plural(state.num_batches, 'batch')} per epoch" if state.num_batches else ""
         log.log(self.level, "Training for %s%s on %s", limit, per_epoch, state.estimator.device)
@@ -108,17 +136,37 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":  # inside evaluate: its values, no history row
+            ensure_console_output()  # evaluate has no train_begin
             log.log(self.level, "[%s] %s", state.phase.capitalize(), format_values(state.metrics))
             return
-        row = state.history.rows()[-1]
+        # The values recorded in this epoch: a key without one (no validation this epoch) is left
+        # out, a recorded nan (a diverged loss) is shown.
+        history = state.history
+        row = {key: value for key in history if (value := history.current(key)) is not None}
         total = f"/{state.max_epochs}" if state.max_epochs else ""
         seconds = row.pop("epoch_time", math.nan)
         row = {k: v for k, v in row.items() if not k.startswith("lr")}
         log.log(self.level, "[Epoch %d%s] %s (%.1fs)", state.epoch + 1, total, format_values(row), seconds)
+        if not self._warned:
+            self._warn_if_diverged(state, row)
+
+    def _warn_if_diverged(self, state: TrainState, row: dict[str, float]) -> None:
+        """Once a fit: a loss that is nan or infinite (the values are on the host already)."""
+        losses = [key for key, value in row.items() if "loss" in key.split("_") and not math.isfinite(value)]
+        if not losses:
+            return
+        self._warned = True
+        guarded = any(acts_as(handler, NaNGuardHandler) for handler in state.handlers)
+        log.warning(
+            "epoch %d: %s not finite; training may have diverged. Lower the learning rate%s",
+            state.epoch + 1,
+            " and ".join(f"{key}={row[key]}" for key in losses) + (" are" if len(losses) > 1 else " is"),
+            "" if guarded else _GUARD_HINT,
+        )
 
     def train_end(self, state: TrainState) -> None:
         history = state.history
-        final = {k: history.last(k) for k in history if k.startswith(("train_", "val_"))}
+        final = {key: _final(history, key) for key in history if key.startswith(("train_", "val_"))}
         log.log(
             self.level,
             "Finished: %s, %s in %.1fs (%s).%s",
@@ -128,3 +176,9 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             state.history.stop_reason or "completed",
             f" Final: {format_values(final)}" if final else "",
         )
+
+
+def _final(history: History, key: str) -> float:
+    """The value of the last epoch (a nan it recorded included), else the latest one before."""
+    value = history.current(key)
+    return history.last(key) if value is None else value

@@ -1,22 +1,65 @@
-"""ProgressBarHandler: a tqdm bar per epoch, refreshed at a throttled interval."""
+"""ProgressBarHandler: a tqdm bar per epoch, refreshed at a throttled interval.
+
+What a finished epoch leaves on screen is one line (as in Keras): the bar is shown while the
+epoch runs; at its end it is cleared when a LoggingHandler's epoch line (the same numbers) takes
+its place, else it stays as the epoch's line. The running values after the bar are cut, whole
+``key=value`` pairs at a time, to what fits the terminal's width, so they never squeeze the bar.
+Output that is not a terminal (a file, a pipe) gets no redrawn bar: only the finished line, when
+the bar is the epoch's line. In a Jupyter notebook the bar is tqdm's widget when ``ipywidgets`` is
+installed, a text bar otherwise (silently: no "IProgress not found" warning).
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from typing import Any, TextIO
 
-from fitforge.core.arguments import check_non_negative
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
+from fitforge.core.arguments import check_non_negative, check_positive
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd, unwrapped
+from fitforge.core.history import in_notebook
 from fitforge.core.state import TrainState
-from fitforge.handlers.formatting import format_values
+from fitforge.exceptions import FitforgeTypeError, describe
+from fitforge.handlers.formatting import format_value
+
+_MORE = " …"  # ends running values cut to fit the width
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a closed or odd stream is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def interactive() -> bool:
     """True on a terminal or in a Jupyter notebook, where a progress bar helps rather than clutters."""
-    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    if type(shell).__name__ == "ZMQInteractiveShell":
-        return True
-    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+    return in_notebook() or is_terminal(sys.stderr)
+
+
+def bar_class(notebook: bool) -> type:
+    """tqdm's notebook widget bar in a notebook with ``ipywidgets``, else its text bar. (What
+    ``tqdm.auto`` picks, minus its warning when ``ipywidgets`` is missing.)"""
+    if notebook:
+        from tqdm import notebook as widgets  # imports quietly, IProgress None without ipywidgets
+
+        if widgets.IProgress is not None:
+            return widgets.tqdm
+    from tqdm.std import tqdm as text_bar
+
+    return text_bar
+
+
+class _Sink:
+    """Where a bar that must not redraw (output is no terminal) draws: nowhere."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
@@ -24,36 +67,58 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     Only every ``refresh_seconds`` does it move the bar and read running values from the device,
     so its cost per batch is a clock read. Added by default only on a terminal or in a notebook.
+    See the module docstring for what a finished epoch leaves on screen.
 
     Args:
         refresh_seconds: the throttle interval.
+        leave: keep each finished training bar as the epoch's line. None (the default): keep it
+            unless a LoggingHandler of the fit prints the epoch's line (its lines are enabled).
+        file: the stream to draw on; None: ``sys.stderr`` at each epoch.
+        ncols: the width in columns; None: the terminal's, followed as it changes.
     """
 
     priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "epoch", "max_epochs", "num_batches", "metrics")
+    reads = ("phase", "epoch", "max_epochs", "num_batches", "metrics", "handlers")
 
-    def __init__(self, refresh_seconds: float = 0.5) -> None:
+    def __init__(
+        self,
+        refresh_seconds: float = 0.5,
+        leave: bool | None = None,
+        file: TextIO | None = None,
+        ncols: int | None = None,
+    ) -> None:
         check_non_negative("ProgressBarHandler", "refresh_seconds", refresh_seconds, (int, float))
-        self.refresh_seconds = refresh_seconds
-        self._bar = None
+        if leave is not None and not isinstance(leave, bool):
+            raise FitforgeTypeError(f"ProgressBarHandler: leave must be True, False or None, got {describe(leave)}")
+        if file is not None and not callable(getattr(file, "write", None)):
+            raise FitforgeTypeError(f"ProgressBarHandler: file must be a text stream or None, got {describe(file)}")
+        check_positive("ProgressBarHandler", "ncols", ncols, allow_none=True)
+        self.refresh_seconds, self.leave, self.file, self.ncols = refresh_seconds, leave, file, ncols
+        self._bar: Any = None
 
     def epoch_begin(self, state: TrainState) -> None:
-        from tqdm.auto import tqdm
-
         self._close()
+        stream = self.file or sys.stderr
+        notebook = in_notebook()
+        self._live = notebook or is_terminal(stream)  # else no redraws: a file would get every one
+        self._stream = stream
+        self._keep = state.phase == "train" and (self.leave if self.leave is not None else not _lines_elsewhere(state))
         total = f"/{state.max_epochs}" if state.max_epochs else ""
         label = "Validate" if state.phase == "validate" else f"Epoch {state.epoch + 1}{total}"
-        self._bar = tqdm(
+        self._bar = bar_class(notebook)(
             total=state.num_batches,
             desc=label,
-            leave=state.phase == "train",
-            file=sys.stderr,
-            dynamic_ncols=True,
+            leave=self._keep,
+            file=stream if self._live else _Sink(),
+            ncols=self.ncols if self._live else None,  # a file's line is not cut to a width
+            dynamic_ncols=self._live and self.ncols is None,
             mininterval=self.refresh_seconds,
+            disable=False,  # tqdm's None would hide it in a notebook, whose stderr is no terminal
         )
         self._pending = 0
-        self._next = time.monotonic() + self.refresh_seconds
+        # Not live: nothing to show before the epoch ends, so no running values are read.
+        self._next = time.monotonic() + self.refresh_seconds if self._live else math.inf
 
     def batch_end(self, state: TrainState) -> None:
         self._pending += 1
@@ -63,15 +128,19 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
             self._flush(state.running_metrics())
 
     def _flush(self, values: dict[str, float]) -> None:
-        assert self._bar is not None  # opened in epoch_begin, before any batch_end
-        self._bar.update(self._pending)
+        bar = self._bar
+        bar.update(self._pending)
         self._pending = 0
-        self._bar.set_postfix_str(format_values(values), refresh=True)
+        width = bar.format_dict.get("ncols") if self._live else None
+        bar.set_postfix_str(fitted(bar, values, width if isinstance(width, int) else None), refresh=self._live)
 
     def epoch_end(self, state: TrainState) -> None:
-        if self._bar is not None:
-            self._flush(state.metrics)
-            self._close()
+        if self._bar is None:
+            return
+        self._flush(state.metrics)
+        if self._keep and not self._live:
+            self._stream.write(f"{self._bar}\n")  # the finished bar, once: the epoch's line in a file
+        self._close()
 
     def train_end(self, state: TrainState) -> None:
         self._close()
@@ -80,3 +149,32 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def fitted(bar: Any, values: dict[str, float], width: int | None) -> str:
+    """``values`` as the bar's postfix: whole ``key=value`` pairs, as many as leave the bar at least
+    10 cells in ``width`` columns (all of them when the width is unknown)."""
+    pairs = [f"{key}={format_value(value)}" for key, value in values.items()]
+    if width is None:
+        return " ".join(pairs)
+    # The line without values, its bar at tqdm's default of 10 cells; ", " joins the values to it.
+    bare = bar.format_meter(**{**bar.format_dict, "postfix": None, "ncols": None})
+    room = width - len(bare) - 2
+    shown: list[str] = []
+    for pair in pairs:
+        more = _MORE if len(shown) + 1 < len(pairs) else ""  # pairs follow this one: room for the mark
+        if len(" ".join([*shown, pair]) + more) > room:
+            cut = (" ".join(shown) + _MORE).strip()
+            return cut if len(cut) <= room else ""
+        shown.append(pair)
+    return " ".join(shown)
+
+
+def _lines_elsewhere(state: TrainState) -> bool:
+    """Whether a handler of the fit prints each epoch's line (LoggingHandler, whose class the
+    logging module holds: it imports this one, so it is known here by what it offers)."""
+    for handler in state.handlers:
+        shows = getattr(unwrapped(handler), "shows_epoch_lines", None)
+        if callable(shows) and shows():
+            return True
+    return False

@@ -78,10 +78,6 @@ class LRFindResult:
             ImportError: matplotlib is not installed (``pip install 'fitforge[plot]'``).
         """
         try:
-            import matplotlib
-
-            if path is not None:
-                matplotlib.use("Agg", force=False)
             import matplotlib.pyplot as plt
         except ImportError as err:
             raise ImportError("LRFindResult.plot() needs matplotlib: pip install 'fitforge[plot]'") from err
