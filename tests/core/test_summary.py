@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from fitforge.core.summary import parameter_bytes, parameter_counts
+from fitforge import Estimator
+from fitforge.core.summary import model_summary, parameter_bytes, parameter_counts
 from fitforge.exceptions import FitforgeTypeError
 
 
@@ -45,3 +46,17 @@ def test_a_model_with_no_parameter():
 def test_not_a_module_is_a_clear_error(function):
     with pytest.raises(FitforgeTypeError, match=rf"{function.__name__}: net must be a torch.nn.Module, got list"):
         function([nn.Linear(1, 1)])
+
+
+def test_model_summary_is_one_line_with_thousands_separators_size_device_and_precision():
+    net = nn.Sequential(nn.Linear(1000, 1000), nn.Linear(1000, 10))
+    net[0].requires_grad_(False)
+    est = Estimator(net, nn.CrossEntropyLoss(), device="cpu", precision="bf16-mixed")
+    assert model_summary(est) == (
+        "Model: Sequential, 1,011,010 parameters (10,010 trainable), 3.9 MiB, on cpu, bf16-mixed"
+    )
+    small = Estimator(nn.Linear(3, 2).double(), nn.MSELoss(), device="cpu")
+    assert model_summary(small) == "Model: Linear, 8 parameters (8 trainable), 64 B, on cpu, float64"
+    assert model_summary(Estimator(nn.Linear(300, 4), nn.MSELoss(), device="cpu")).endswith(
+        ", 4.7 KiB, on cpu, float32"
+    )

@@ -190,9 +190,10 @@ def test_logging_handler_epoch_lines_and_summary(caplog):
     with caplog.at_level(logging.INFO, logger="fitforge"):
         make_estimator().fit(regression_batches(2), val_data=regression_batches(1), epochs=2)
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0] == "Training for 2 epochs, 2 batches per epoch on cpu"
+    assert lines[0] == "Model: Linear, 2 parameters (2 trainable), 8 B, on cpu, float32"
+    assert lines[1] == "Training for 2 epochs, 2 batches per epoch"
     assert re.fullmatch(
-        r"\[Epoch 1/2\] train_loss=\d+\.\d+ train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)", lines[1]
+        r"\[Epoch 1/2\] train_loss=\d+\.\d+ train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)", lines[2]
     )
     assert lines[-1].startswith("Finished: 2 epochs, 4 batches in ") and "(reached epochs=2)" in lines[-1]
 
@@ -202,7 +203,7 @@ def test_logging_handler_every_n_batches(caplog):
         make_estimator().fit(regression_batches(4), batches=4, event_handlers=[LoggingHandler(log_interval=2)])
     batch_lines = [r.getMessage() for r in caplog.records if "Batch" in r.getMessage()]
     assert [line.split("]")[0] for line in batch_lines] == ["[Epoch 1 Batch 2", "[Epoch 1 Batch 4"]
-    assert caplog.records[0].getMessage() == "Training for 4 batches, 4 batches per epoch on cpu"
+    assert caplog.records[1].getMessage() == "Training for 4 batches, 4 batches per epoch"
     assert caplog.records[-1].getMessage().startswith("Finished: 1 epoch, 4 batches in ")
 
 
@@ -302,7 +303,7 @@ def test_metric_handler_epoch_end_without_its_epoch_begin_records_nothing_stale(
 def test_stopping_handler_limits_and_fit_limits_whichever_comes_first(caplog):
     with caplog.at_level(logging.INFO, logger="fitforge"):
         history = make_estimator().fit(regression_batches(), epochs=10, event_handlers=[StoppingHandler(max_epochs=2)])
-    assert history.epochs == 2 and caplog.records[0].getMessage().startswith("Training for 2 epochs")
+    assert history.epochs == 2 and caplog.records[1].getMessage().startswith("Training for 2 epochs")
     assert "[Epoch 2/2]" in caplog.text
     history = make_estimator().fit(regression_batches(), epochs=2, event_handlers=[StoppingHandler(max_epochs=5)])
     assert history.epochs == 2

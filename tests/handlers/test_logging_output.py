@@ -4,6 +4,7 @@ import logging
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from fitforge.events import EpochBegin
+from fitforge.events import BatchEnd, EpochBegin
 from fitforge.handlers import LoggingHandler, NaNGuardHandler, ValidationHandler
 from fitforge.handlers import logging as logging_module
 from fitforge.handlers.formatting import format_value, format_values
@@ -179,3 +180,44 @@ def test_evaluate_alone_prints_its_line_in_an_unconfigured_process(monkeypatch, 
     monkeypatch.setattr(logger, "level", logging.NOTSET)
     make_estimator().evaluate(regression_batches(1), event_handlers=[LoggingHandler()])
     assert re.search(r"^\[Validate\] val_loss=\S+ val_mae=\S+$", capsys.readouterr().err, re.M)
+
+
+def test_epochs_are_numbered_across_fits_in_the_log_and_the_bar(caplog):
+    est = make_estimator()
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        est.fit(regression_batches(2), epochs=2)
+        caplog.clear()
+        est.fit(regression_batches(2), epochs=2, event_handlers=[LoggingHandler(log_interval=2)])
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[1] == "Training for 2 epochs, 2 batches per epoch (2 epochs trained before)"
+    assert [line.split("]")[0] for line in lines if line.startswith("[")] == [
+        "[Epoch 3/4 Batch 2",
+        "[Epoch 3/4",
+        "[Epoch 4/4 Batch 2",
+        "[Epoch 4/4",
+    ]
+
+
+def test_an_interrupted_epoch_is_marked_partial(caplog):
+    class Interrupt(BatchEnd):
+        def batch_end(self, state):
+            if state.epoch == 1 and state.batch_idx == 0:
+                os.kill(os.getpid(), signal.SIGINT)  # fit stops after this batch, then raises KeyboardInterrupt
+
+    class Stop(BatchEnd):
+        def batch_end(self, state):
+            if state.epoch == 0 and state.batch_idx == 1:
+                state.request_stop("enough")
+
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        with pytest.raises(KeyboardInterrupt):
+            make_estimator().fit(regression_batches(4), epochs=3, event_handlers=[Interrupt()])
+        make_estimator().fit(regression_batches(4), epochs=3, event_handlers=[Stop()])
+        make_estimator().fit(regression_batches(4), epochs=1)
+    heads = [r.getMessage().split("]")[0] for r in caplog.records if r.getMessage().startswith("[")]
+    assert heads == [
+        "[Epoch 1/3",
+        "[Epoch 2/3, partial: 1 of 4 batches; interrupted, a resumed run finishes it",
+        "[Epoch 1/3, partial: 2 of 4 batches",
+        "[Epoch 1/1",
+    ]

@@ -136,7 +136,7 @@ def test_the_log_line_and_the_running_values_show_named_values(caplog):
     lines = [r.getMessage() for r in caplog.records]
     epoch_lines = [line for line in lines if line.startswith("[Epoch 2/2]")]
     assert re.search(r"train_g_loss=\S+ val_loss=\S+ val_mae=\S+ val_g_loss=\S+ train_d_loss=0\.5000", epoch_lines[0])
-    assert "train_g_loss=" in next(line for line in lines if line.startswith("[Epoch 1 Batch 3]"))  # running values
+    assert "train_g_loss=" in next(line for line in lines if line.startswith("[Epoch 1/2 Batch 3]"))  # running values
     assert "train_d_loss=0.5000" in lines[-1]  # the final summary
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="fitforge"):

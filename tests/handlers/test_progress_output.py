@@ -56,10 +56,13 @@ def test_a_terminal_shows_one_line_per_epoch(monkeypatch):
     console = terminal(monkeypatch)
     fit([ProgressBarHandler(refresh_seconds=0.5, ncols=80)])
     shown = screen(console.getvalue())
-    assert len(shown) == 5
-    assert shown[0] == "Training for 3 epochs, 4 batches per epoch on cpu"
-    assert [line.split("]")[0] for line in shown[1:4]] == ["[Epoch 1/3", "[Epoch 2/3", "[Epoch 3/3"]
-    assert shown[4].startswith("Finished: 3 epochs, 12 batches")
+    assert len(shown) == 6
+    assert shown[:2] == [
+        "Model: Linear, 2 parameters (2 trainable), 8 B, on cpu, float32",
+        "Training for 3 epochs, 4 batches per epoch",
+    ]
+    assert [line.split("]")[0] for line in shown[2:5]] == ["[Epoch 1/3", "[Epoch 2/3", "[Epoch 3/3"]
+    assert shown[5].startswith("Finished: 3 epochs, 12 batches")
     assert "Epoch 1/3:" in console.getvalue()  # the bar was drawn, then replaced by the line
 
 

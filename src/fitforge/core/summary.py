@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import FitforgeTypeError, describe
 
 
@@ -72,4 +73,27 @@ def parameter_bytes(net: nn.Module) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
-__all__ = ["parameter_bytes", "parameter_counts"]
+def model_summary(estimator: EstimatorLike) -> str:
+    """One line about the estimator's net, as fit's log starts: ``Model: Sequential, 1,290
+    parameters (1,290 trainable), 5.0 KiB, on cpu, float32`` (the precision's name when mixed)."""
+    net = estimator.net
+    total, trainable = parameter_counts(net)
+    dtype = next((p.dtype for p in net.parameters()), torch.get_default_dtype())
+    precision = getattr(estimator, "precision", None) or str(dtype).removeprefix("torch.")
+    return (
+        f"Model: {type(net).__name__}, {total:,} parameters ({trainable:,} trainable), "
+        f"{_readable(parameter_bytes(net))}, on {estimator.device}, {precision}"
+    )
+
+
+def _readable(num_bytes: int) -> str:
+    """``512 B``, ``5.0 KiB``, ``44.7 MiB``..."""
+    size = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{num_bytes} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+__all__ = ["model_summary", "parameter_bytes", "parameter_counts"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from fitforge.core.state import TrainState
+
 
 def format_value(value: float) -> str:
     """One value as the table in the module docstring says."""
@@ -38,3 +40,11 @@ def format_value(value: float) -> str:
 def format_values(values: dict[str, float]) -> str:
     """``key=value`` pairs, space-separated, each value as :func:`format_value` writes it."""
     return " ".join(f"{key}={format_value(value)}" for key, value in values.items())
+
+
+def epoch_label(state: TrainState) -> str:
+    """``Epoch 6/8``: the epoch's number counted over the estimator's fits (``state.epochs_before``
+    epochs came before this fit), out of the last one this fit trains."""
+    before = state.epochs_before
+    total = f"/{before + state.max_epochs}" if state.max_epochs else ""
+    return f"Epoch {before + state.epoch + 1}{total}"

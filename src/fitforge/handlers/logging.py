@@ -13,8 +13,9 @@ from tqdm import tqdm
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd, acts_as
 from fitforge.core.history import History
 from fitforge.core.state import TrainState
+from fitforge.core.summary import model_summary
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers.formatting import format_values
+from fitforge.handlers.formatting import epoch_label, format_values
 from fitforge.handlers.nan_guard import NaNGuardHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
 
@@ -77,10 +78,13 @@ def _plural(count: int | None, noun: str) -> str:
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
-    A line shows every value recorded in its epoch, a non-finite one too (``train_loss=nan``); the
-    first epoch with a non-finite loss also logs a warning. Values read as
-    :mod:`fitforge.handlers.formatting` says (4 significant digits). The epoch's number is
-    ``state.epoch + 1``, so an epoch a later fit continues is numbered on.
+    The fit starts with a line describing the model (:func:`fitforge.core.summary.model_summary`:
+    parameters, size, device, precision) and one with the fit's length. A line shows every value
+    recorded in its epoch, a non-finite one too (``train_loss=nan``); the first epoch with a
+    non-finite loss also logs a warning. Values read as :mod:`fitforge.handlers.formatting` says
+    (4 significant digits). Epochs are numbered over the estimator's fits (a second ``fit(epochs=2)``
+    after 5 epochs logs epochs 6/7 and 7/7), and an epoch cut short is marked ``partial``, with the
+    batches it trained (a resumed run logs the whole epoch when it finishes it).
 
     Args:
         log_interval: "epoch", or log running values every n batches (a host read each time).
@@ -94,8 +98,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "estimator",
         "phase",
         "epoch",
+        "epochs_before",
         "batch_idx",
         "global_step",
+        "epoch_finished",
+        "preempted",
         "max_epochs",
         "max_batches",
         "num_batches",
@@ -125,14 +132,16 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         ensure_console_output()
         self._started = time.perf_counter()
         self._warned = False
+        log.log(self.level, "%s", model_summary(state.estimator))
         limit = _plural(state.max_epochs, "epoch") if state.max_epochs else _plural(state.max_batches, "batch")
         per_epoch = f", {_plural(state.num_batches, 'batch')} per epoch" if state.num_batches else ""
-        log.log(self.level, "Training for %s%s on %s", limit, per_epoch, state.estimator.device)
+        before = f" ({_plural(state.epochs_before, 'epoch')} trained before)" if state.epochs_before else ""
+        log.log(self.level, "Training for %s%s%s", limit, per_epoch, before)
 
     def batch_end(self, state: TrainState) -> None:
         if self.log_interval and (state.batch_idx + 1) % self.log_interval == 0:
             values = state.running_metrics()
-            log.log(self.level, "[Epoch %d Batch %d] %s", state.epoch + 1, state.batch_idx + 1, format_values(values))
+            log.log(self.level, "[%s Batch %d] %s", epoch_label(state), state.batch_idx + 1, format_values(values))
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":  # inside evaluate: its values, no history row
@@ -143,10 +152,9 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         # out, a recorded nan (a diverged loss) is shown.
         history = state.history
         row = {key: value for key in history if (value := history.current(key)) is not None}
-        total = f"/{state.max_epochs}" if state.max_epochs else ""
         seconds = row.pop("epoch_time", math.nan)
         row = {k: v for k, v in row.items() if not k.startswith("lr")}
-        log.log(self.level, "[Epoch %d%s] %s (%.1fs)", state.epoch + 1, total, format_values(row), seconds)
+        log.log(self.level, "[%s%s] %s (%.1fs)", epoch_label(state), _partial(state), format_values(row), seconds)
         if not self._warned:
             self._warn_if_diverged(state, row)
 
@@ -176,6 +184,15 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             state.history.stop_reason or "completed",
             f" Final: {format_values(final)}" if final else "",
         )
+
+
+def _partial(state: TrainState) -> str:
+    """``, partial: 2 of 4 batches`` for an epoch cut short by a stop or a signal, else nothing."""
+    if state.epoch_finished:
+        return ""
+    done = f"{state.batch_idx + 1} of {state.num_batches}" if state.num_batches else f"{state.batch_idx + 1}"
+    why = "; interrupted, a resumed run finishes it" if state.preempted is not None else ""
+    return f", partial: {done} batches{why}"
 
 
 def _final(history: History, key: str) -> float:

@@ -21,7 +21,7 @@ from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.history import in_notebook
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
-from fitforge.handlers.formatting import format_value
+from fitforge.handlers.formatting import epoch_label, format_value
 
 _MORE = " …"  # ends running values cut to fit the width
 
@@ -79,7 +79,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "epoch", "max_epochs", "num_batches", "metrics", "handlers")
+    reads = ("phase", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "handlers")
 
     def __init__(
         self,
@@ -104,8 +104,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self._live = notebook or is_terminal(stream)  # else no redraws: a file would get every one
         self._stream = stream
         self._keep = state.phase == "train" and (self.leave if self.leave is not None else not _lines_elsewhere(state))
-        total = f"/{state.max_epochs}" if state.max_epochs else ""
-        label = "Validate" if state.phase == "validate" else f"Epoch {state.epoch + 1}{total}"
+        label = "Validate" if state.phase == "validate" else epoch_label(state)
         self._bar = bar_class(notebook)(
             total=state.num_batches,
             desc=label,
