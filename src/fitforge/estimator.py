@@ -291,7 +291,7 @@ class Estimator:
 
     def _announce_default_optimizer(self, entry: str) -> None:
         if self._default_optimizer:
-            warn_default_optimizer(self.optimizers, self.net, entry)
+            self.optimizers = warn_default_optimizer(self.optimizers, self.net, self.train_net is not self.net, entry)
             self._default_optimizer = False  # once per estimator
 
     def _add_to_history(self, state: TrainState) -> None:

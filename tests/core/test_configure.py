@@ -199,7 +199,7 @@ class TestResolveOptimizers:
             resolve_optimizers("sgd", nn.ReLU())
         assert resolve_optimizers(None, net) == []  # for evaluation and prediction; training raises
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
-            warn_default_optimizer([], net, "fit")
+            warn_default_optimizer([], net, False, "fit")
 
 
 # -- check_net / check_duration ----------------------------------------------------------------------------

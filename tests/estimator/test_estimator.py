@@ -248,6 +248,12 @@ def test_an_inference_only_estimator_of_a_frozen_net_needs_no_optimizer():
         assert est.predict(regression_batches()).shape[1] == 1
     with pytest.raises(FitforgeValueError, match="net has no trainable parameters"):
         est.fit(regression_batches(), epochs=1)
+    net.requires_grad_(True)  # unfrozen later: fit trains it with the default Adam
+    before = net.weight.detach().clone()
+    with pytest.warns(UserWarning, match="fit: no optimizer given: using Adam"):
+        est.fit(regression_batches(), epochs=2)
+    assert isinstance(est.optimizer, torch.optim.Adam) and est.optimizer.param_groups[0]["params"][0] is net.weight
+    assert not net.weight.equal(before) and est.history.epochs == 2
 
 
 def unchanged_after(est, call):

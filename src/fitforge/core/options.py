@@ -97,16 +97,27 @@ def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optim
     return items
 
 
-def warn_default_optimizer(optimizers: list[torch.optim.Optimizer], net: nn.Module, entry: str) -> None:
+def warn_default_optimizer(
+    optimizers: list[torch.optim.Optimizer], net: nn.Module, wrapped: bool, entry: str
+) -> list[torch.optim.Optimizer]:
     """Before ``entry`` (fit, lr_find) trains with the optimizer chosen for ``optimizer=None``: a
-    warning, or the error of a net with nothing to train. Evaluation and prediction need none."""
+    warning, and the optimizers to train with. A net that was frozen when the Estimator was built
+    (for evaluation and prediction, which need none) gets its Adam now, over the parameters that
+    train now; with none, the error of a net with nothing to train."""
     if not optimizers:
-        _trainable(net)  # raises: nothing to train
+        params = _trainable(net)  # raises: nothing to train
+        if wrapped:  # the wrapper was made for a frozen net
+            raise FitforgeValueError(
+                "net was frozen when the Estimator was built with optimizer=None, and it is wrapped for several "
+                "processes now: build the Estimator after unfreezing it, or pass optimizer=..."
+            )
+        optimizers = [torch.optim.Adam(params, lr=1e-3)]
     warnings.warn(
         f"{entry}: no optimizer given: using Adam(lr=1e-3); pass Estimator(optimizer=...) to choose one",
         UserWarning,
         stacklevel=4,  # the user's call of fit or lr_find
     )
+    return optimizers
 
 
 def check_net(net: Any, argument: str = "net") -> nn.Module:

@@ -198,8 +198,8 @@ def parallelize(
     if strategy == "fsdp":
         quiet_other_ranks()
         return shard(net, optimizers, device, options)
-    if world_size() == 1:
-        return net
+    if world_size() == 1 or not any(p.requires_grad for p in net.parameters()):
+        return net  # nothing to train (an estimator for evaluate and predict): DDP refuses such a net
     quiet_other_ranks()
     device_ids = [device.index] if device.type == "cuda" else None
     try:
