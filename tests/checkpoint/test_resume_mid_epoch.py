@@ -21,7 +21,7 @@ from torch.utils.data import (
 from fitforge import Estimator
 from fitforge.checkpoint.data_order import DataOrder
 from fitforge.events import BatchEnd
-from fitforge.exceptions import CancelBatch, CancelEpoch, CheckpointError
+from fitforge.exceptions import CancelBatch, CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 from helpers import Crash, Losses
 
@@ -375,14 +375,22 @@ def test_a_resume_with_another_batch_size_continues_at_the_same_sample(tmp_path,
     )
 
 
-def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused(tmp_path):
+def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused_changing_nothing(tmp_path):
     fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8))
     message = (
         r"the checkpoint stopped 2 batch\(es\) of 8 \(sample 16\) into epoch 2, but train_data now has batches of "
         r"5, which cannot continue at that sample: resume with batch_size=8"
     )
-    with pytest.raises(CheckpointError, match=message):
-        fit_with_batch_size(tmp_path, 5, resume=True)
+    torch.manual_seed(0)
+    net = nn.Linear(6, 3)
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=1, default_handlers=False)  # a notebook cell
+    weights, files = net.weight.detach().clone(), {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    resumer = CheckpointHandler(tmp_path, batch_period=1, resume_from_checkpoint=True)
+    with pytest.raises(FitforgeValueError, match=message):
+        estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=5), epochs=2, event_handlers=[resumer])
+    assert net.weight.equal(weights) and estimator.history.epochs == 1  # nothing loaded, nothing lost
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
 
 
 def test_a_resumed_fit_numbers_epochs_as_its_checkpoint_and_restarts_the_estimator_history(tmp_path):

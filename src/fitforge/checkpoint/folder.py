@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from fitforge.checkpoint.files import TEMP_SUFFIX, check_fits, load_checkpoint, restore_weights, save_checkpoint
@@ -35,10 +36,18 @@ class CheckpointFolder:
     def __init__(self, path: Path, prefix: str) -> None:
         self.path, self.prefix = path, prefix
 
-    def newest_loadable(self, estimator: EstimatorLike, loaded: list[dict], read_only: bool) -> str | None:
+    def newest_loadable(
+        self,
+        estimator: EstimatorLike,
+        loaded: list[dict],
+        read_only: bool,
+        check: Callable[[dict], None] | None = None,
+    ) -> str | None:
         """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``);
         its file name (None: there is none). A corrupt or unfitting file is skipped with a warning;
-        if there are files and none loads, a CheckpointError lists every file and why."""
+        if there are files and none loads, a CheckpointError lists every file and why. ``check``
+        sees the newest readable one before anything is loaded from it: an error it raises (other
+        than a CheckpointError) refuses the resume with nothing changed."""
         files = self.regular_files()
         if not files:
             log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.path)
@@ -50,6 +59,8 @@ class CheckpointFolder:
                 poisoned = non_finite_checkpoint(checkpoint, estimator.net)  # older versions wrote such files
                 if poisoned:
                     raise CheckpointError(f"its weights or optimizer state hold nan/inf ({describe_tensors(poisoned)})")
+                if check is not None:
+                    check(checkpoint)
                 if read_only:  # the other ranks load too: judge whether it fits without loading it
                     check_fits(estimator, checkpoint, self.path)
                     loaded.append(checkpoint)

@@ -17,7 +17,7 @@ from fitforge.core.events import handler_name, numbered_names, unwrapped
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
-from fitforge.exceptions import CheckpointError
+from fitforge.exceptions import FitforgeValueError
 
 log = logging.getLogger("fitforge")
 
@@ -72,34 +72,43 @@ def _order_changed(order: DataOrder | None, saved: dict[str, Any]) -> bool:
     return shuffled and saved.get("world", 1) != world_size()
 
 
-def _rebatched(order: DataOrder, saved: dict[str, Any], position: int, epoch: int) -> int:
+def _rebatched(order: DataOrder, saved: dict[str, Any], position: int, epoch: int, quiet: bool = False) -> int:
     """The position, in this fit's batches, of a checkpoint written ``position`` batches into epoch
     ``epoch`` with batches of another size (per rank; all ranks' batches together count): the same
     sample, when this fit's batches can end there (the sampler's order does not depend on the batch
-    size), else a :class:`CheckpointError`."""
+    size), else a FitforgeValueError (raised by :func:`check_resumable` before anything is loaded)."""
     old, new = saved.get("batch_size"), order.batch_size
     old_step, new_step = (old or 0) * saved.get("world", 1), (new or 0) * world_size()  # samples per step
     if old is None or new is None or old_step == new_step:
         return position
     samples = position * old_step
     if samples % new_step:
-        raise CheckpointError(
+        raise FitforgeValueError(
             f"the checkpoint stopped {position} batch(es) of {old_step} (sample {samples}) into epoch {epoch + 1}, "
             f"but train_data now has batches of {new_step}, which cannot continue at that sample: resume with "
             f"batch_size={old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint "
             "written at an epoch's end"
         )
-    log.info(
-        "train_data's batch size changed from %d to %d since the checkpoint: epoch %d continues after its first "
-        "%d samples (%d batches of %d)",
-        old_step,
-        new_step,
-        epoch + 1,
-        samples,
-        samples // new_step,
-        new_step,
-    )
+    if not quiet:
+        log.info(
+            "train_data's batch size changed from %d to %d since the checkpoint: epoch %d continues after its first "
+            "%d samples (%d batches of %d)",
+            old_step,
+            new_step,
+            epoch + 1,
+            samples,
+            samples // new_step,
+            new_step,
+        )
     return samples // new_step
+
+
+def check_resumable(state: TrainState, checkpoint: dict[str, Any]) -> None:
+    """Refuse, before its weights are loaded, a checkpoint this fit cannot continue exactly: one
+    written part-way through an epoch, with batches this fit's cannot end at (see :func:`_rebatched`)."""
+    order, position = fit_data_order(state), checkpoint.get("position", 0)
+    if position and order is not None and not _order_changed(order, checkpoint.get("data_order", {})):
+        _rebatched(order, checkpoint.get("data_order", {}), position, checkpoint["epochs_completed"], quiet=True)
 
 
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:

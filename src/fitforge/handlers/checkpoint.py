@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, restore_weights
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
-from fitforge.checkpoint.resume import fit_data_order, training_state
+from fitforge.checkpoint.resume import check_resumable, fit_data_order, training_state
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_state, only_buffers
@@ -187,7 +188,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
         several = world_size() > 1  # loading weights may be a collective (FSDP): rank 0 only reads the file
         name = run_on_main_and_share(
-            lambda: self._folder.newest_loadable(state.estimator, loaded, several), CheckpointError
+            lambda: self._folder.newest_loadable(state.estimator, loaded, several, partial(check_resumable, state)),
+            CheckpointError,
         )
         if name is None:
             return
