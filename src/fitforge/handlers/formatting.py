@@ -6,8 +6,8 @@ A value shows with 4 significant digits, as a reader compares losses:
 value                       shown as                        examples
 ==========================  ==============================  ===========================
 nan, inf                    as Python spells them           ``nan``, ``inf``, ``-inf``
-a whole number below 1e6    without decimals                ``0``, ``3``, ``1200``
-1e-3 <= abs(value) < 1e4    4 significant digits            ``0.6931``, ``0.5000``, ``0.01234``, ``12.35``, ``1234``
+0                           without decimals                ``0``
+1e-3 <= abs(value) < 1e4    4 significant digits            ``0.6931``, ``1.000``, ``0.01234``, ``12.35``, ``1234``
 1e4 <= abs(value) < 1e6     rounded to a whole number       ``12346``
 anything else               e-notation, 4 significant       ``1.234e-05``, ``1.235e+07``
 ==========================  ==============================  ===========================
@@ -29,8 +29,8 @@ def format_value(value: float) -> str:
     if not math.isfinite(value):
         return str(value)  # nan, inf, -inf
     size = abs(value)
-    if size < 1e6 and value.is_integer():
-        return str(int(value))
+    if size == 0:
+        return "0"
     if 1e-3 <= size < 1e6:
         text = f"{value:#.4g}"  # '#' keeps trailing zeros: 0.5000 lines up with 0.6931
         return f"{value:.0f}" if "e" in text else text.rstrip(".")

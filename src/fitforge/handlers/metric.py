@@ -299,7 +299,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         for slot in self.slots:
             metric = slot.metric
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
-            values[self.prefix + slot.name] = float(type(metric).compute(metric) if unsynced else metric.compute())
+            value = type(metric).compute(metric) if unsynced else metric.compute()
+            values[self.prefix + slot.name] = _one_number(f"metric {slot.name!r} ({type(metric).__name__})", value)
         values.update(self._named.values())
         return values
 
@@ -335,15 +336,24 @@ def _check_value(slot: MetricSlot, trial: Any) -> None:
     describe = f"metric {slot.name!r} ({type(slot.metric).__name__})"
     try:  # the class's compute: a torchmetrics metric's instance compute would sync across ranks
         value = type(trial).compute(trial) if hasattr(trial, "sync_context") else trial.compute()
-    except _UPDATE_ERRORS as err:
-        raise FitforgeValueError(f"{describe} cannot compute its value after the first batch: {err}") from err
+    except _UPDATE_ERRORS:
+        return  # some metrics need more than a batch (an AUC of one class so far): epoch end decides
+    _one_number(describe, value)
+
+
+def _one_number(describe: str, value: Any) -> float:
+    """``value`` (a metric's) as a float; a clear error when it is not one number."""
     if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-        return
+        return float(value)
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    hint = (
+        "give a MetricCollection's metrics as a dict {name: metric}"
+        if isinstance(value, dict)
+        else "reduce it in the metric (torchmetrics: average='macro' or 'micro' rather than average=None; "
+        "a confusion matrix has no single value: compute it after fit from predict's outputs)"
+    )
     raise FitforgeValueError(
-        f"{describe} computes {what}, not one number, and the History holds one value per metric and "
-        "epoch: reduce it in the metric (torchmetrics: average='macro' or 'micro', not average=None), "
-        "or give a MetricCollection's metrics as a dict {name: metric}"
+        f"{describe} computes {what}, not one number, and the History holds one value per metric and epoch: {hint}"
     )
 
 
