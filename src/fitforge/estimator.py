@@ -328,7 +328,7 @@ class Estimator:
         """``val_net`` outputs for every batch, concatenated on the CPU (a tuple for multi-output nets).
 
         Batches may be ``(data, label)`` pairs (the label is ignored), ``(data,)`` or bare tensors;
-        ``data`` may also be a whole array ``X`` (or ``(X, y)``), batched by ``batch_size`` (default 32).
+        ``data`` may also be a whole array ``X``, batched by ``batch_size`` (default 32).
         Outputs move to the host batch by batch, so a large prediction never fills the device. The
         net runs in eval mode under ``torch.inference_mode``; the returned tensors are ordinary ones.
 

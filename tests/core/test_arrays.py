@@ -127,8 +127,24 @@ def test_lists_of_batches_are_not_arrays():
         ),
         (
             lambda est, x, y: est.fit((x, y), epochs=1, batch_size=0),
+            FitforgeValueError,
+            "batch_size must be a positive int, got 0",
+        ),
+        (
+            lambda est, x, y: est.fit((x, y), epochs=1, batch_size=8.0),
             FitforgeTypeError,
-            "batch_size must be a positive int, got int 0",
+            "batch_size must be a positive int, got float 8.0",
+        ),
+        (
+            lambda est, x, y: est.fit(x, y, epochs=1),
+            FitforgeTypeError,
+            "fit got the inputs and the labels as two arguments, but its second one is val_data: pass them as one "
+            "tuple, fit((X, y), batch_size=32, epochs=...)",
+        ),
+        (
+            lambda est, x, y: est.fit(x, epochs=1),
+            FitforgeTypeError,
+            "pass it with its labels as one tuple of arrays, fit((X, y), batch_size=32)",
         ),
         (
             lambda est, x, y: est.predict([x], batch_size=4),
@@ -141,6 +157,12 @@ def test_array_mistakes_are_named(call, error, message):
     x, y = blobs()
     with pytest.raises(error, match=re.escape(message)):
         call(classifier(), x, y)
+
+
+def test_numpy_integers_are_batch_sizes():
+    x, y = blobs()
+    train, val = fit_loaders((x, y), (x, y), np.int64(25), None)
+    assert train.batch_size == val.batch_size == 25 and type(train.batch_size) is int
 
 
 def test_split_off_keeps_every_array_aligned():

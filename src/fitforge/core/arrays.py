@@ -12,6 +12,7 @@ same in every run.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -36,6 +37,17 @@ def is_arrays(data: object) -> bool:
         and len(data) == 2
         and all(_is_array(item) for item in data)
         and all(len(item.shape) > 0 for item in data)
+    )
+
+
+def _arrays_apart(train_data: object, val_data: object) -> bool:
+    """Keras's ``fit(X, y)``: two arrays of as many rows, the second landing in ``val_data``."""
+    return (
+        _is_array(train_data)
+        and _is_array(val_data)
+        and len(train_data.shape) > 0  # type: ignore[attr-defined]
+        and len(val_data.shape) > 0  # type: ignore[attr-defined]
+        and train_data.shape[0] == val_data.shape[0]  # type: ignore[attr-defined]
     )
 
 
@@ -66,9 +78,11 @@ def _tensors(data: Any, argument: str) -> tuple[torch.Tensor, ...]:
 def check_batch_size(batch_size: Any) -> int:
     if batch_size is None:
         return DEFAULT_BATCH_SIZE
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):  # NumPy's ints too
         raise FitforgeTypeError(f"batch_size must be a positive int, got {describe(batch_size)}")
-    return batch_size
+    if batch_size < 1:
+        raise FitforgeValueError(f"batch_size must be a positive int, got {batch_size}")
+    return int(batch_size)
 
 
 def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str) -> DataLoader:
@@ -99,6 +113,11 @@ def split_off(data: Any, fraction: Any) -> tuple[tuple[torch.Tensor, ...], tuple
 def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_split: Any) -> tuple[Any, Any]:
     """fit's ``(train_data, val_data)`` with arrays made into DataLoaders (other data is returned as
     it is); ``batch_size`` and ``validation_split`` apply to arrays only."""
+    if _arrays_apart(train_data, val_data):
+        raise FitforgeTypeError(
+            "fit got the inputs and the labels as two arguments, but its second one is val_data: pass them "
+            "as one tuple, fit((X, y), batch_size=32, epochs=...)"
+        )
     arrays = is_arrays(train_data)
     if batch_size is not None and not arrays and not is_arrays(val_data):
         raise FitforgeValueError(
