@@ -295,3 +295,14 @@ def test_extend_appends_rows_and_aligns_keys():
     assert all(math.isnan(v) for v in first["val_loss"][:2])
     assert first["val_loss"][2] == 0.7 and first.stop_reason == "reached epochs=1"
     assert first.current("val_loss") == 0.7  # the last row is the other's
+
+
+def test_extend_keeps_the_others_column_order():
+    first, second = History(), History()
+    first.new_epoch()
+    first.record("a", 1.0)
+    second.new_epoch()
+    for key in ("val_loss", "train_loss", "epoch_time", "z", "b"):
+        second.record(key, 2.0)
+    first.extend(second)
+    assert list(first) == ["a", "val_loss", "train_loss", "epoch_time", "z", "b"]

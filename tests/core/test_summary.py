@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.core.summary import model_summary, parameter_bytes, parameter_counts
+from fitforge.core.summary import model_name, model_summary, parameter_bytes, parameter_counts
 from fitforge.exceptions import FitforgeTypeError
 
 
@@ -60,3 +60,14 @@ def test_model_summary_is_one_line_with_thousands_separators_size_device_and_pre
     assert model_summary(Estimator(nn.Linear(300, 4), nn.MSELoss(), device="cpu")).endswith(
         ", 4.7 KiB, on cpu, float32"
     )
+
+
+def test_model_summary_names_the_users_module_and_notes_lazy_parameters():
+    class Wrapper(nn.Module):  # as torch.compile's OptimizedModule keeps the module
+        def __init__(self, inner):
+            super().__init__()
+            self._orig_mod = inner
+
+    assert model_name(Wrapper(nn.Linear(2, 2))) == "Linear"
+    lazy = Estimator(nn.Sequential(nn.Linear(2, 3), nn.LazyLinear(4)), nn.MSELoss(), device="cpu", optimizer="sgd")
+    assert model_summary(lazy).startswith("Model: Sequential, 9 parameters (and lazy ones not built yet) (9 trainable)")

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fitforge.events import BatchEnd, EpochBegin
-from fitforge.handlers import LoggingHandler, NaNGuardHandler, ValidationHandler
+from fitforge.handlers import CheckpointHandler, LoggingHandler, NaNGuardHandler, ValidationHandler
 from fitforge.handlers import logging as logging_module
 from fitforge.handlers.formatting import format_value, format_values
 from helpers import make_estimator, regression_batches
@@ -199,7 +199,9 @@ def test_epochs_are_numbered_across_fits_in_the_log_and_the_bar(caplog):
     ]
 
 
-def test_an_interrupted_epoch_is_marked_partial(caplog):
+def test_an_interrupted_epoch_is_marked_partial(caplog, tmp_path):
+    saver = CheckpointHandler(tmp_path)
+
     class Interrupt(BatchEnd):
         def batch_end(self, state):
             if state.epoch == 1 and state.batch_idx == 0:
@@ -212,13 +214,17 @@ def test_an_interrupted_epoch_is_marked_partial(caplog):
 
     with caplog.at_level(logging.INFO, logger="fitforge"):
         with pytest.raises(KeyboardInterrupt):
-            make_estimator().fit(regression_batches(4), epochs=3, event_handlers=[Interrupt()])
+            make_estimator().fit(regression_batches(4), epochs=3, event_handlers=[Interrupt(), saver])
+        with pytest.raises(KeyboardInterrupt):
+            make_estimator().fit(regression_batches(4), epochs=3, event_handlers=[Interrupt()])  # nothing resumes
         make_estimator().fit(regression_batches(4), epochs=3, event_handlers=[Stop()])
         make_estimator().fit(regression_batches(4), epochs=1)
     heads = [r.getMessage().split("]")[0] for r in caplog.records if r.getMessage().startswith("[")]
     assert heads == [
         "[Epoch 1/3",
         "[Epoch 2/3, partial: 1 of 4 batches; interrupted, a resumed run finishes it",
+        "[Epoch 1/3",
+        "[Epoch 2/3, partial: 1 of 4 batches; interrupted",
         "[Epoch 1/3, partial: 2 of 4 batches",
         "[Epoch 1/1",
     ]

@@ -465,7 +465,7 @@ def test_a_one_cycle_sized_for_fewer_steps_than_the_fit_fails_before_the_first_s
     short = S.OneCycleLR(estimator.optimizer, max_lr=0.5, total_steps=20)
     message = (
         r"the OneCycleLR has 20 of its total_steps=20 left, but this fit takes 24 optimizer steps: .*"
-        r"Tried to step.* OneCycleLR\(\.\.\., total_steps=24\), or use LRSchedulerHandler.one_cycle"
+        r"Tried to step.* OneCycleLR\(\.\.\., total_steps=24\) \(a new one\), or use LRSchedulerHandler.one_cycle"
     )
     with pytest.raises(FitforgeValueError, match=message):
         estimator.fit(train, epochs=3, event_handlers=[LRSchedulerHandler(short, interval="batch")])

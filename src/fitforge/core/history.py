@@ -115,8 +115,9 @@ class History(Mapping):
     def extend(self, other: History) -> None:
         """Append ``other``'s rows after these (a key either lacks is nan in the other's rows); its
         ``stop_reason`` becomes this one's. ``Estimator.history`` grows this way fit after fit."""
-        for key in other._columns.keys() - self._columns.keys():
-            self._columns[key] = [math.nan] * self._epochs
+        for key in other._columns:
+            if key not in self._columns:  # in other's order: columns keep a stable order
+                self._columns[key] = [math.nan] * self._epochs
         for key, column in self._columns.items():
             column.extend(other._columns.get(key, [math.nan] * other._epochs))
         self._epochs += other._epochs

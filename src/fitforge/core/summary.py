@@ -80,10 +80,16 @@ def model_summary(estimator: EstimatorLike) -> str:
     total, trainable = parameter_counts(net)
     dtype = next((p.dtype for p in net.parameters()), torch.get_default_dtype())
     precision = getattr(estimator, "precision", None) or str(dtype).removeprefix("torch.")
+    lazy = " (and lazy ones not built yet)" if any(nn.parameter.is_lazy(p) for p in net.parameters()) else ""
     return (
-        f"Model: {type(net).__name__}, {total:,} parameters ({trainable:,} trainable), "
+        f"Model: {model_name(net)}, {total:,} parameters{lazy} ({trainable:,} trainable), "
         f"{_readable(parameter_bytes(net))}, on {estimator.device}, {precision}"
     )
+
+
+def model_name(net: nn.Module) -> str:
+    """The class name of the user's module, also through ``torch.compile``'s wrapper."""
+    return type(getattr(net, "_orig_mod", net)).__name__
 
 
 def _readable(num_bytes: int) -> str:
@@ -96,4 +102,4 @@ def _readable(num_bytes: int) -> str:
     return f"{size:.1f} TiB"
 
 
-__all__ = ["model_summary", "parameter_bytes", "parameter_counts"]
+__all__ = ["model_name", "model_summary", "parameter_bytes", "parameter_counts"]

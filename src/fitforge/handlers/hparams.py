@@ -15,7 +15,7 @@ import torch
 from fitforge.checkpoint.resume import fit_data_order
 from fitforge.core.history import History, numbered_key
 from fitforge.core.state import TrainState
-from fitforge.core.summary import parameter_counts
+from fitforge.core.summary import model_name, parameter_counts
 from fitforge.distributed.ranks import world_size
 from fitforge.exceptions import FitforgeTypeError, describe
 
@@ -47,7 +47,7 @@ def run_params(state: TrainState) -> dict[str, ParamValue]:
     estimator = state.estimator
     total, trainable = parameter_counts(estimator.net)
     params: dict[str, Any] = {
-        "model": type(estimator.net).__name__,
+        "model": model_name(estimator.net),
         "parameters": total,
         "trainable_parameters": trainable,
         "loss": _loss_name(estimator.loss),

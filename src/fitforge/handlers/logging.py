@@ -191,7 +191,10 @@ def _partial(state: TrainState) -> str:
     if state.epoch_finished:
         return ""
     done = f"{state.batch_idx + 1} of {state.num_batches}" if state.num_batches else f"{state.batch_idx + 1}"
-    why = "; interrupted, a resumed run finishes it" if state.preempted is not None else ""
+    from fitforge.handlers.checkpoint import CheckpointHandler  # here: it imports the defaults, which import this
+
+    saved = any(acts_as(handler, CheckpointHandler) for handler in state.handlers)  # its checkpoint resumes
+    why = "" if state.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
     return f", partial: {done} batches{why}"
 
 

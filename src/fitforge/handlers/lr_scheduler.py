@@ -206,12 +206,15 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
                 needed = fit_steps(state) - state.optimizer_steps
             except FitforgeValueError:
                 return  # no length: nothing to compare
-            unit, fix = "optimizer steps", f"OneCycleLR(..., total_steps={needed + done})"
+            unit, fix = "optimizer steps", f"OneCycleLR(..., total_steps={needed}) (a new one)"
         else:
             if state.max_epochs is None:
                 return
             needed = state.max_epochs - state.epoch
-            unit, fix = "epochs", f"interval='batch' (a cycle over optimizer steps), or total_steps={needed + done}"
+            unit, fix = (
+                "epochs",
+                f"interval='batch' (a cycle over optimizer steps), or a new one of total_steps={needed}",
+            )
         if needed > total - done:
             raise FitforgeValueError(
                 f"LRSchedulerHandler: the OneCycleLR has {total - done} of its total_steps={total} left, but this fit "
@@ -224,12 +227,12 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
             log.warning(
                 "LRSchedulerHandler: the OneCycleLR is stepped once per epoch (interval='epoch'), and this fit's %d "
                 "epochs end it at step %d of total_steps=%d, before its peak (max_lr) at step %d; use "
-                "interval='batch', or size it with total_steps=%d",
+                "interval='batch', or build a new one with total_steps=%d",
                 needed,
                 needed + done,
                 total,
                 int(peak),
-                needed + done,
+                needed,
             )
 
     def batch_end(self, state: TrainState) -> None:
