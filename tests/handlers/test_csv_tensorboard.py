@@ -232,6 +232,15 @@ def test_every_history_value_becomes_a_scalar_per_epoch(tmp_path):
     assert not scalars.Tags()["histograms"]
 
 
+def test_a_second_fit_of_the_estimator_continues_the_epoch_steps(tmp_path):
+    torch.manual_seed(0)
+    estimator, train, _ = linear_problem()
+    board = tensorboard_handler(tmp_path / "tb")
+    estimator.fit(train, epochs=2, event_handlers=[board])
+    estimator.fit(train, epochs=2, event_handlers=[board])
+    assert [e.step for e in events(tmp_path / "tb").Scalars("train_loss")] == [1, 2, 3, 4]  # as the log: 3/4, 4/4
+
+
 def test_histograms_and_batch_values_when_asked(tmp_path):
     board = tensorboard_handler(tmp_path, histograms=True, log_every_n_batches=4)
     assert BatchEnd in type(board).__mro__ and isinstance(board, type(tensorboard_handler(tmp_path)))

@@ -19,9 +19,10 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     At each epoch end, each key recorded in the epoch's history row (``train_loss``, ``val_*``,
     ``lr``/``lr_<i>``, ``epoch_time``, your own) becomes a scalar with the key as its tag and the
-    epoch number (from 1) as its step; an epoch without a value for a key (validation every second
-    epoch) writes none. The writer is flushed at every epoch end and closed at ``train_end``. Only
-    ``fit`` writes; a partial epoch ended by SIGTERM/SIGINT is written when the resumed run ends it.
+    epoch number (from 1, counted over the estimator's fits as the log numbers them) as its step;
+    an epoch without a value for a key (validation every second epoch) writes none. The writer is
+    flushed at every epoch end and closed at ``train_end``. Only ``fit`` writes; a partial epoch
+    ended by SIGTERM/SIGINT is written when the resumed run ends it.
 
     At ``train_end`` the run's hyperparameters (:func:`~fitforge.handlers.hparams.run_params`, read
     at ``train_begin``: model, optimizer, lr, batch size, epochs, precision...) go to the HParams
@@ -56,6 +57,7 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "phase",
         "epoch",
         "global_step",
+        "epochs_before",
         "history",
         "estimator",
         "max_epochs",
@@ -104,7 +106,7 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train" or (state.epoch_suspended):
             return
-        history, step = state.history, state.history.epochs
+        history, step = state.history, state.epochs_before + state.history.epochs  # epochs over the estimator's fits
         for key in history:
             value = history.current(key)
             if value is not None:
