@@ -370,12 +370,13 @@ class Estimator:
         num_steps: int = 100,
         smoothing: float = 0.05,
         diverge_factor: float = 4.0,
+        batch_size: int | None = None,
     ) -> LRFindResult:
-        """Run the learning-rate range test on ``train_data`` and return its curve and a suggested rate:
-        see :func:`fitforge.tools.lr_find.lr_find`. Weights, optimizer states, modes and random
-        generators are restored exactly afterwards, also on failure."""
+        """Run the learning-rate range test on ``train_data`` (batches, or arrays ``(X, y)`` in batches
+        of ``batch_size``) and return its curve and a suggested rate: see :func:`fitforge.tools.lr_find.lr_find`.
+        Weights, optimizer states, modes and random generators are restored exactly afterwards."""
         self._announce_default_optimizer("lr_find")
-        return lr_find(self, train_data, start_lr, end_lr, num_steps, smoothing, diverge_factor)
+        return lr_find(self, train_data, start_lr, end_lr, num_steps, smoothing, diverge_factor, batch_size)
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
         """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file

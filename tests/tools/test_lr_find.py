@@ -197,6 +197,14 @@ def test_the_plot_clips_the_loss_axis_to_the_useful_range_of_a_diverged_sweep(tm
     assert LRFindResult(lrs=[1.0, 2.0], losses=[1.0, 1.0]).loss_range() == (0.9, 1.5)  # flat: 1.0 as the span
 
 
+def test_lr_find_takes_arrays_as_fit_does():
+    estimator, train, _ = linear_problem()
+    x = torch.cat([batch[0] for batch in train])
+    y = torch.cat([batch[1] for batch in train])
+    result = estimator.lr_find((x.numpy(), y.numpy()), num_steps=20, batch_size=16)
+    assert len(result.lrs) >= 2 and result.suggestion is not None
+
+
 def test_the_repr_is_one_short_line():
     estimator, train, _ = linear_problem()
     result = lr_find(estimator, train, num_steps=300)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from fitforge.core.arguments import check_number
+from fitforge.core.arrays import fit_loaders
 from fitforge.core.data import check_data
 from fitforge.core.history import finish_figure
 from fitforge.core.processor import bound_step
@@ -125,6 +126,7 @@ def lr_find(
     num_steps: int = 100,
     smoothing: float = 0.05,
     diverge_factor: float = 4.0,
+    batch_size: int | None = None,
 ) -> LRFindResult:
     """Sweep the learning rate exponentially over ``num_steps`` training batches and report the loss.
 
@@ -138,11 +140,12 @@ def lr_find(
 
     Args:
         estimator: the :class:`~fitforge.Estimator` to test.
-        train_data: a re-iterable of training batches (a DataLoader, a list...).
+        train_data: a re-iterable of training batches (a DataLoader, a list...), or arrays ``(X, y)``.
         start_lr, end_lr: the first and last learning rates (``0 < start_lr < end_lr``).
         num_steps: the number of batches of the sweep (>= 2).
         smoothing: the weight of each new loss in the moving average, in (0, 1] (1: no smoothing).
         diverge_factor: the blow-up that stops the sweep (> 1; ``math.inf`` never stops).
+        batch_size: the batch size of arrays (default 32), as in ``fit``.
 
     Returns:
         an :class:`LRFindResult` with ``lrs``, ``losses``, ``suggestion`` and ``plot()``.
@@ -151,7 +154,8 @@ def lr_find(
         TypeError/ValueError: bad arguments or data, before any step.
     """
     _check_arguments(estimator, start_lr, end_lr, num_steps, smoothing, diverge_factor)
-    if getattr(estimator, "sharded", False):
+    train_data, _ = fit_loaders(train_data, None, batch_size, None)  # arrays (X, y), as fit takes them
+    if getattr(estimator, "splits_data", False):
         train_data = shard_train(train_data)
     check_data(train_data, "train_data", None)
     saved = _snapshot(estimator)
