@@ -81,6 +81,27 @@ def test_params_a_metric_per_epoch_and_finished(uri):
     assert [r.info.run_id for r in runs_of(uri, "finished")] == [tracker.run_id]
 
 
+def test_a_tracking_error_at_an_epoch_end_is_a_warning_not_the_end_of_training(uri, monkeypatch, caplog):
+    tracker = MLflowHandler(uri, experiment_name="blip")
+    calls = []
+
+    def flaky(self, run_id, metrics=(), **kwargs):
+        calls.append(len(metrics))
+        if len(calls) == 3:  # the params at train_begin, epoch 1's metrics, then epoch 2's
+            raise ConnectionError("server unreachable")
+        return original(self, run_id, metrics=metrics, **kwargs)
+
+    import mlflow
+
+    original = mlflow.MlflowClient.log_batch
+    monkeypatch.setattr(mlflow.MlflowClient, "log_batch", flaky)
+    with caplog.at_level("WARNING", logger="fitforge"):
+        history = fit([tracker], validate=False)
+    assert history.epochs == 3 and "epoch 2's metrics were not logged (server unreachable)" in caplog.text
+    assert [step for step, _ in steps(uri, tracker.run_id, "train_loss")] == [1, 3]
+    assert client(uri).get_run(tracker.run_id).info.status == "FINISHED"
+
+
 def test_an_exception_in_a_batch_fails_the_run(uri):
     def boom(state):
         if state.global_step == 10:  # in the second epoch

@@ -163,8 +163,12 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
             value = history.current(key)
             if value is not None and math.isfinite(value):
                 metrics.append(self._metric(key, value, timestamp, history.epochs))
-        if metrics:
+        if not metrics:
+            return
+        try:
             self._client.log_batch(self.run_id, metrics=metrics)
+        except Exception as err:  # a tracking server out of reach must not end (and lose) the training
+            log.warning("MLflowHandler: epoch %d's metrics were not logged (%s); training goes on", history.epochs, err)
 
     def train_end(self, state: TrainState) -> None:
         client = self._client
