@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from tqdm import tqdm
 
-from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd, acts_as
+from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd, acts_as, unwrapped
 from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.core.summary import model_summary
@@ -191,9 +191,8 @@ def _partial(state: TrainState) -> str:
     if state.epoch_finished:
         return ""
     done = f"{state.batch_idx + 1} of {state.num_batches}" if state.num_batches else f"{state.batch_idx + 1}"
-    from fitforge.handlers.checkpoint import CheckpointHandler  # here: it imports the defaults, which import this
-
-    saved = any(acts_as(handler, CheckpointHandler) for handler in state.handlers)  # its checkpoint resumes
+    # A CheckpointHandler (a resume source) saved the epoch's state, which a resumed run finishes.
+    saved = any(callable(getattr(unwrapped(handler), "take_resume_checkpoint", None)) for handler in state.handlers)
     why = "" if state.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
     return f", partial: {done} batches{why}"
 

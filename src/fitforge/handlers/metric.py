@@ -300,7 +300,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             metric = slot.metric
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
             value = type(metric).compute(metric) if unsynced else metric.compute()
-            values[self.prefix + slot.name] = _one_number(f"metric {slot.name!r} ({type(metric).__name__})", value)
+            _one_number(f"metric {slot.name!r} ({type(metric).__name__})", value)
+            values[self.prefix + slot.name] = float(value)
         values.update(self._named.values())
         return values
 
@@ -341,10 +342,10 @@ def _check_value(slot: MetricSlot, trial: Any) -> None:
     _one_number(describe, value)
 
 
-def _one_number(describe: str, value: Any) -> float:
-    """``value`` (a metric's) as a float; a clear error when it is not one number."""
+def _one_number(describe: str, value: Any) -> None:
+    """A clear error when ``value`` (a metric's) is not one number (its shape only: no host read)."""
     if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-        return float(value)
+        return
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
     hint = (
         "give a MetricCollection's metrics as a dict {name: metric}"
