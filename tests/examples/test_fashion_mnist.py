@@ -110,17 +110,8 @@ def printed_test_accuracy(out: str) -> tuple[float, int]:
 @pytest.mark.parametrize("model", fashion_mnist.MODELS)
 def test_smoke_runs_on_fake_files(model, tmp_path, capsys):
     data, checkpoints = fake_fashion_mnist(tmp_path), tmp_path / "checkpoints"
-    argv = [
-        "--smoke",
-        "--model",
-        model,
-        "--data-dir",
-        str(data),
-        "--val-size",
-        "16",
-        "--checkpoint-dir",
-        str(checkpoints),
-    ]
+    argv = ["--smoke", "--model", model, "--data-dir", str(data), "--val-size", "16"]
+    argv += ["--checkpoint-dir", str(checkpoints)]
     history = fashion_mnist.main(argv)
     assert history.epochs == 1 and math.isfinite(history.last("train_loss"))
     accuracy, tested = printed_test_accuracy(capsys.readouterr().out)
