@@ -16,7 +16,8 @@ channels, 0.58M parameters), trained with SGD (Nesterov momentum 0.9, weight dec
 Reaches 0.9373 test accuracy (target >= 0.93) in 15 epochs and 11.5 minutes on a 2-core CPU,
 data loading, training (about 43 s an epoch) and the test included. Early stopping (patience 5)
 and the best-weights restore are a guard: under the one-cycle schedule the last, low-rate epochs
-are the best, as in the measured run, where the 15th had the lowest validation loss.
+are the best, as in the measured run, where the 15th had the lowest validation loss. With one
+thread, lenet reaches 0.9087 in 2.0 minutes and alexnet 0.9086 in 7.9 (15 epochs each).
 
     python examples/fashion_mnist.py                               # full run, checkpoints in a temp folder
     python examples/fashion_mnist.py --model resnet18 --width 32   # another model: slower on a CPU
