@@ -1,6 +1,7 @@
 # make test: set up .venv (CPU torch under a constraint), run the linters and the suite with coverage.
 # make demo: same set-up, then train the quickstart.
 # make examples: same set-up, then train the eight canonical models in turn (about 3 minutes in all).
+# make fashion-mnist: same set-up, install Debian's Fashion-MNIST if it can, then train on it (~12 min).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -10,7 +11,7 @@ WHEELS := $(wildcard /opt/wheels)
 EXAMPLES := alexnet resnet18 fcn_segmentation ssd_detection birnn_sentiment textcnn_sentiment \
             translator logistic_regression
 
-.PHONY: lint test demo examples bench clean
+.PHONY: lint test demo examples fashion-mnist bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +36,20 @@ demo: $(STAMP)
 
 examples: $(STAMP)
 	set -e; for name in $(EXAMPLES); do echo "== $$name"; $(PY) examples/$$name.py; done
+
+# The real data set: Debian's dataset-fashion-mnist puts the four IDX files in FMNIST_DIR. Installed
+# only by root with apt-get, and only when a file is missing; otherwise the example says how to get them.
+FMNIST_DIR   ?= /usr/share/datasets/fashion-mnist
+FMNIST_FILES := train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
+                t10k-labels-idx1-ubyte.gz
+
+fashion-mnist: $(STAMP)
+	@missing=0; for f in $(FMNIST_FILES); do [ -f $(FMNIST_DIR)/$$f ] || missing=1; done; \
+	if [ $$missing = 0 ]; then echo "Fashion-MNIST: found in $(FMNIST_DIR)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y dataset-fashion-mnist || { apt-get update && apt-get install -y dataset-fashion-mnist; }; \
+	else echo "Fashion-MNIST: not in $(FMNIST_DIR), and no root with apt-get to install it: skipped"; fi
+	$(PY) examples/fashion_mnist.py --data-dir $(FMNIST_DIR)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
