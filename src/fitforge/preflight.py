@@ -11,8 +11,9 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from fitforge.core.data import check_data, check_finite
+from fitforge.core.data import check_data, check_finite, sampler_of
 from fitforge.core.events import EventHandler
 from fitforge.core.first_batch import check_devices, check_handlers, explained_step
 from fitforge.core.loss import LossSet, ModelLoss
@@ -53,25 +54,47 @@ def preflight(
         if isinstance(handler, ValidationHandler):
             name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
             check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
-            if handler.eval_fn is None:
+            if handler.eval_fn is None and handler.check_first:
                 check_first_val_batch(estimator, handler.val_data, name, handler.event_handlers)
         if isinstance(handler, StoppingHandler):
             epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
     return epochs, batches
 
 
+CHECKED_SAMPLES = 2  # enough for shapes, dtypes and the metrics' updates; BatchNorm in eval mode takes 1
+
+
+def first_samples(data: Iterable) -> Any:
+    """A batch of ``data``'s first samples, cheaply: a DataLoader over a map-style dataset, with
+    torch's batching and an in-order or random sampler, collates ``CHECKED_SAMPLES`` samples here
+    (no worker starts, whatever ``num_workers``); other data gives its first batch (None: empty)."""
+    if (
+        isinstance(data, DataLoader)
+        and not isinstance(data.dataset, IterableDataset)
+        and type(data.batch_sampler) is BatchSampler
+        and type(sampler_of(data)) in (SequentialSampler, RandomSampler)
+    ):
+        size = len(data.dataset)  # type: ignore[arg-type]
+        if size == 0:
+            return None
+        return data.collate_fn([data.dataset[i] for i in range(min(CHECKED_SAMPLES, size))])
+    return next(iter(data), None)
+
+
 def check_first_val_batch(
     estimator: Estimator, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None = None
 ) -> None:
-    """Evaluate the first batch of ``val_data`` once before training (eval mode, no grad, RNG state
+    """Evaluate a first batch of ``val_data`` once before training (eval mode, no grad, RNG state
     restored): the checks of the first training batch (see :mod:`fitforge.core.first_batch`), with
     the metrics the evaluation will update (those of the MetricHandler in ``event_handlers``, else
-    ``val_metrics``)."""
+    ``val_metrics``). From a DataLoader over a map-style dataset the batch is collated from its
+    first :data:`CHECKED_SAMPLES` samples in this process: a forward on a few samples, and no
+    worker process started (see :func:`first_samples`)."""
     if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
         return
     devices = [estimator.device] if estimator.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), inference(estimator.val_net, estimator.strategy != "fsdp"):
-        batch = next(iter(val_data), None)
+        batch = first_samples(val_data)
         if batch is None:
             return  # empty: reported by check_data or at the first validation
         if not getattr(estimator.batch_processor, "allow_nonfinite", False):

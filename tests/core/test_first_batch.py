@@ -12,6 +12,7 @@ import torchmetrics
 from torch import nn
 
 from fitforge import BatchOutput, BatchProcessor, Estimator
+from fitforge.events import BatchEnd
 from fitforge.exceptions import (
     DeviceMismatchError,
     FitforgeTypeError,
@@ -520,6 +521,57 @@ def test_the_first_validation_batch_check_leaves_the_rng_untouched():
     state = torch.get_rng_state()
     est.check_first_val_batch(loader, "val_data")
     assert torch.equal(state, torch.get_rng_state())
+
+
+class RecordedSamples(torch.utils.data.Dataset):
+    """64 regression samples; records which indices this process fetched."""
+
+    def __init__(self, label_shape=(1,)):
+        self.fetched, self.label_shape = [], label_shape
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        self.fetched.append(index)
+        return torch.full((1,), float(index)), torch.zeros(self.label_shape)
+
+
+def test_the_validation_check_collates_two_samples_here_and_starts_no_worker():
+    from torch.utils.data import DataLoader
+
+    dataset = RecordedSamples()
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2)
+    make_estimator().check_first_val_batch(loader, "val_data")
+    assert dataset.fetched == [0, 1]  # fetched in this process: no worker was started to load a batch
+
+
+def test_a_mistake_in_the_first_samples_of_the_validation_data_still_fails_before_training():
+    from torch.utils.data import DataLoader
+
+    est = make_estimator()
+    before = est.net.weight.detach().clone()
+    val = DataLoader(RecordedSamples(label_shape=(3,)), batch_size=16)  # (N, 3) labels for a (N, 1) output
+    with pytest.raises(LossInputError, match=r"^the first batch of val_data cannot be evaluated"):
+        est.fit(regression_batches(), val_data=val, epochs=1)
+    assert est.net.weight.detach().equal(before)
+
+
+def test_check_first_false_leaves_the_validation_data_to_the_first_validation():
+    from torch.utils.data import DataLoader
+
+    dataset = RecordedSamples()
+    validation = ValidationHandler(DataLoader(dataset, batch_size=16), check_first=False)
+    seen = []
+
+    class TrainBatches(BatchEnd):
+        def batch_end(self, state):
+            seen.append(len(dataset.fetched))
+
+    make_estimator().fit(regression_batches(), epochs=1, event_handlers=[validation, TrainBatches()])
+    assert seen == [0, 0, 0] and len(dataset.fetched) == 64  # nothing read before the validation itself
+    with pytest.raises(FitforgeTypeError, match="ValidationHandler: check_first must be True or False"):
+        ValidationHandler([], check_first="no")
 
 
 def test_first_validation_batch_check_skips_one_shot_and_empty_data():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from fitforge.core.arguments import check_positive
+from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage, TrainBegin
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -20,6 +20,9 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         epoch_period: validate at the end of every n-th epoch (None: never at epoch end).
         batch_period: also validate after every n-th training batch (None: never mid-epoch).
         event_handlers: handlers for the evaluation run (never fit's).
+        check_first: before training, evaluate a batch of the first few samples of ``val_data``
+            (:func:`fitforge.preflight.check_first_val_batch`), so that a mistake in the validation
+            data or metrics fails in a second, not after an epoch; False skips it.
     """
 
     priority = Stage.METRICS
@@ -42,6 +45,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         epoch_period: int | None = 1,
         batch_period: int | None = None,
         event_handlers: Sequence[EventHandler] | None = None,
+        check_first: bool = True,
     ) -> None:
         check_positive("ValidationHandler", "epoch_period", epoch_period, allow_none=True)
         check_positive("ValidationHandler", "batch_period", batch_period, allow_none=True)
@@ -58,6 +62,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         self.val_data, self.eval_fn = val_data, eval_fn
         self.epoch_period, self.batch_period = epoch_period, batch_period
         self.event_handlers = list(event_handlers or [])
+        self.check_first = check_flag("ValidationHandler", "check_first", check_first)
         self._validated_at: int | None = None
 
     def train_begin(self, state: TrainState) -> None:
