@@ -4,6 +4,8 @@ Workloads (synthetic, seeded data; TensorDataset + DataLoader, shuffle=False; SG
 cross-entropy; accuracy):
   A  MLP 32->64->10, 32,768 train / 4,096 val samples, batch 64, 2 epochs (tiny steps: worst case)
   B  small CNN on 1x28x28, 4,096 train / 1,024 val samples, batch 128, 1 epoch
+  Z  the MLP of A on 1 train + 1 val batch of 64, 1 epoch: the fixed cost of a fit (set-up, checks,
+     the first-batch sanity checks, handler start and end), at least 101 paired repeats
 
 Each workload is timed four ways in one process, interleaved: every repeat runs the two pairs
 (fit default, hand + val) and (fit lean, hand) back to back, alternating which pair goes first and
@@ -24,7 +26,8 @@ process CPU time (``time.process_time``; less sensitive to other processes on a 
 Reading the output: ``median s`` is the median wall time per variant (``us/step``: the same divided
 by the training steps, validation included); ``paired ratio`` is the median over repeats of fit/hand
 from the same repeat (robust to slow phases of the machine); ``overhead`` is (min fit - min hand) /
-training steps in microseconds, from the fastest runs. The CPU-time line repeats both in CPU time.
+training steps in microseconds, from the fastest runs; ``fixed cost`` is the median over repeats
+of fit - hand in microseconds per fit (the headline of workload Z). The CPU-time line repeats both in CPU time.
 ``peak memory`` runs each variant once more and compares how far the memory in use peaked above
 its level at the start (see ``measure_peak``). The dispatch line is ``benchmarks/dispatch.py``'s cost per
 no-op handler call with 0, 10 and 50 handlers. For counts that do not depend on the machine's
@@ -95,7 +98,9 @@ def cnn() -> nn.Module:
 WORKLOADS = {
     "A": Workload("MLP 32->64->10", mlp, (32,), 32_768, 4_096, 64, 2),
     "B": Workload("small CNN 1x28x28", cnn, (1, 28, 28), 4_096, 1_024, 128, 1),
+    "Z": Workload("MLP 32->64->10, 1 train + 1 val batch (fixed cost of a fit)", mlp, (32,), 64, 64, 64, 1),
 }
+MIN_REPEATS = {"Z": 101}  # a fit of two batches takes about a millisecond: many pairs for a stable median
 
 
 def make_loaders(w: Workload, fraction: float) -> tuple[DataLoader, DataLoader]:
@@ -281,6 +286,7 @@ def handler_chains(val: DataLoader) -> dict[str, str]:
 
 def bench(key: str, repeats: int, fraction: float) -> dict:
     w = WORKLOADS[key]
+    repeats = max(repeats, MIN_REPEATS.get(key, 1))
     train, val = make_loaders(w, fraction)
     wall, cpu = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}  # seconds per repeat
     losses = {v: run_variant(v, w, train, val)[2] for v in VARIANTS}  # warm-up, also a parity check
@@ -302,6 +308,7 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
             "paired_ratio_max": max(ratios),
             "cpu_paired_ratio_median": statistics.median(f / h for f, h in zip(cpu[fit], cpu[hand])),
             "overhead_us_per_step": (min(wall[fit]) - min(wall[hand])) / steps * 1e6,
+            "fixed_cost_us_per_fit": statistics.median(f - h for f, h in zip(wall[fit], wall[hand])) * 1e6,
             "cpu_overhead_us_per_step": (min(cpu[fit]) - min(cpu[hand])) / steps * 1e6,
         }
 
@@ -348,7 +355,8 @@ def print_report(res: dict) -> None:
         print(
             f"  {label:<22} paired ratio median {c['paired_ratio_median']:.3f}x "
             f"(range {c['paired_ratio_min']:.3f}-{c['paired_ratio_max']:.3f}), "
-            f"overhead {c['overhead_us_per_step']:+.1f} us/step (fastest runs)"
+            f"overhead {c['overhead_us_per_step']:+.1f} us/step (fastest runs), "
+            f"fixed cost {c['fixed_cost_us_per_fit']:+.0f} us/fit (median of pairs)"
         )
         print(
             f"  {'':<22} CPU time: paired ratio median {c['cpu_paired_ratio_median']:.3f}x, "
@@ -380,7 +388,9 @@ def print_report(res: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--workload", choices=["A", "B", "both"], default="both")
+    parser.add_argument(
+        "--workload", choices=["A", "B", "Z", "both", "all"], default="both", help="both: A and B; all: A, B and Z"
+    )
     parser.add_argument("--repeats", type=int, default=11, help="paired repeats after a warm-up (default 11)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 repeats, 1/8 of the data")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
@@ -392,7 +402,7 @@ def main() -> None:
     torch.set_num_threads(1)
     # Silence fit's per-epoch INFO lines; the LoggingHandler itself stays in the default handler set.
     logging.getLogger("fitforge").setLevel(logging.WARNING)
-    keys = ["A", "B"] if args.workload == "both" else [args.workload]
+    keys = {"both": ["A", "B"], "all": ["A", "B", "Z"]}.get(args.workload, [args.workload])
     # The progress bar is a default only on a terminal/notebook (handlers.defaults.interactive());
     # force it off so a run from a TTY times the same handlers as one under CI or a pipe.
     with mock.patch.object(fitforge.handlers.defaults, "interactive", lambda: False):

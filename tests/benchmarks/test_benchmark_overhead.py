@@ -34,3 +34,12 @@ def test_peak_memory_is_measured_for_each_variant(overhead, tiny):
         pytest.skip("glibc mallinfo2 is not available here")
     peaks = {v: overhead.measure_peak(v, *tiny) for v in overhead.VARIANTS}
     assert all(isinstance(p, int) and p > 0 for p in peaks.values()), peaks
+
+
+def test_workload_z_is_one_train_and_one_val_batch_and_reports_a_fixed_cost_per_fit(overhead):
+    train, val = overhead.make_loaders(overhead.WORKLOADS["Z"], 1.0)
+    assert len(train) == len(val) == 1
+    result = overhead.bench("Z", repeats=1, fraction=1.0)
+    assert result["repeats"] == 101 and len(result["wall_s"]["fit default"]) == 101  # at least 101 pairs
+    assert isinstance(result["default"]["fixed_cost_us_per_fit"], float)
+    assert len({round(loss, 6) for loss in result["final_train_loss"].values()}) == 1
