@@ -132,6 +132,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         ensure_console_output()
         self._started = time.perf_counter()
         self._warned = False
+        if not log.isEnabledFor(self.level):
+            return  # silenced: no summary to build (it walks the parameters)
         log.log(self.level, "%s", model_summary(state.estimator))
         limit = _plural(state.max_epochs, "epoch") if state.max_epochs else _plural(state.max_batches, "batch")
         per_epoch = f", {_plural(state.num_batches, 'batch')} per epoch" if state.num_batches else ""
