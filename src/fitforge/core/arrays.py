@@ -23,7 +23,7 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 DEFAULT_BATCH_SIZE = 32
 
 
-def _is_array(item: object) -> bool:
+def is_array(item: object) -> bool:
     """A tensor, or a NumPy array (anything NumPy-like: ``__array__`` and a ``shape``)."""
     return isinstance(item, torch.Tensor) or (
         hasattr(item, "__array__") and hasattr(item, "shape") and hasattr(item, "dtype")
@@ -35,7 +35,7 @@ def is_arrays(data: object) -> bool:
     return (
         isinstance(data, (tuple, list))
         and len(data) == 2
-        and all(_is_array(item) for item in data)
+        and all(is_array(item) for item in data)
         and all(len(item.shape) > 0 for item in data)
     )
 
@@ -43,8 +43,8 @@ def is_arrays(data: object) -> bool:
 def _arrays_apart(train_data: object, val_data: object) -> bool:
     """Keras's ``fit(X, y)``: two arrays of as many rows, the second landing in ``val_data``."""
     return (
-        _is_array(train_data)
-        and _is_array(val_data)
+        is_array(train_data)
+        and is_array(val_data)
         and len(train_data.shape) > 0  # type: ignore[attr-defined]
         and len(val_data.shape) > 0  # type: ignore[attr-defined]
         and train_data.shape[0] == val_data.shape[0]  # type: ignore[attr-defined]
@@ -144,7 +144,7 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
 def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
     """evaluate's ``(X, y)`` or predict's lone ``X`` (``bare``) made into an ordered DataLoader;
     other data is returned as it is (for predict, a list of tensors is a list of batches)."""
-    arrays = _is_array(data) and len(data.shape) > 0 if bare else is_arrays(data)
+    arrays = is_array(data) and len(data.shape) > 0 if bare else is_arrays(data)
     if not arrays:
         if batch_size is not None:
             raise FitforgeValueError(

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from fitforge.core.arrays import is_array
 from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError, describe
 
 _SEQUENCES = (tuple, list)
@@ -164,17 +165,12 @@ def _data_hint(data: object, argument: str) -> str:
         return f"; did you mean epochs={data}? fit's second positional argument is val_data"
     if isinstance(data, torch.utils.data.Dataset):
         return "; wrap the dataset: DataLoader(dataset, batch_size=...)"
-    if isinstance(data, torch.Tensor) or _is_ndarray(data):
+    if is_array(data):  # a tensor or a NumPy array: iterable by rows, which are no batches
         return (
             "; pass it with its labels as one tuple of arrays, fit((X, y), batch_size=32), or wrap it: [x] for "
             "one batch, or DataLoader(TensorDataset(x, y), batch_size=...)"
         )
     return ""
-
-
-def _is_ndarray(data: object) -> bool:
-    """A NumPy array (or alike): iterable by rows, which are no batches."""
-    return hasattr(data, "__array__") and hasattr(data, "shape") and not isinstance(data, torch.Tensor)
 
 
 def _looks_like_inputs_and_labels(data: object) -> bool:
@@ -191,7 +187,7 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
     Returns ``len(data)`` when it has one, else None. Raises before training starts for a
     non-iterable, an empty sized loader, or a one-shot iterator that would be read more than once.
     """
-    if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or _is_ndarray(data) or not isinstance(data, Iterable):
+    if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or is_array(data) or not isinstance(data, Iterable):
         raise FitforgeTypeError(
             f"{argument} must be an iterable of (data, label) batches such as a DataLoader or a list, "
             f"got {describe(data)}{_data_hint(data, argument)}"
