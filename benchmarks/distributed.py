@@ -8,8 +8,10 @@ Variants, timed interleaved in the same processes (every rank runs every variant
   hand        ``DistributedDataParallel`` + ``DistributedSampler`` + the usual loop, with on-device
               loss and accuracy sums all-reduced and read at epoch end
   fit         ``Estimator(strategy="auto")`` fit with StoppingHandler, GradientUpdateHandler and
-              MetricHandler; under torchrun the loop agrees on stops after every batch
-  fit no-sync the same without the per-batch agreement: its cost (one all-reduce of two ints)
+              MetricHandler; under torchrun the ranks agree on stops every few batches (the
+              interval adapts to cost about 2% of the time, see fitforge.distributed.stop_agreement)
+  fit every   the same, agreeing after every batch (``StopAgreement.max_interval = 1``)
+  fit no-sync the same without any batch agreement: the agreement's cost (one all-reduce of 4 ints)
 Rank 0 prints the median wall time per variant, and the median over repeats of each fit variant's
 time divided by the hand loop's from the same repeat. The parity line checks that every variant
 reached the same final loss. Nothing is asserted.
@@ -71,7 +73,7 @@ def hand(data: TensorDataset, batch: int, epochs: int) -> float:
     return loss_value
 
 
-def fit(data: TensorDataset, batch: int, epochs: int, sync: bool = True) -> float:
+def fit(data: TensorDataset, batch: int, epochs: int, agreement: str = "adaptive") -> float:
     net = make_net()
     estimator = Estimator(
         net,
@@ -82,15 +84,24 @@ def fit(data: TensorDataset, batch: int, epochs: int, sync: bool = True) -> floa
     )
     loader = DataLoader(data, batch_size=batch)
     handlers = [MetricHandler()]
-    if sync:
+    if agreement == "adaptive":
         history = estimator.fit(loader, epochs=epochs, default_handlers=False, event_handlers=handlers)
+    elif agreement == "every":
+        with mock.patch.object(StopAgreement, "max_interval", 1):
+            history = estimator.fit(loader, epochs=epochs, default_handlers=False, event_handlers=handlers)
     else:
-        with mock.patch.object(StopAgreement, "after_batch", lambda self, state: None):
+        never = mock.patch.object(StopAgreement, "after_batch", lambda self, state, cancel=None: state.stop_requested)
+        with never:
             history = estimator.fit(loader, epochs=epochs, default_handlers=False, event_handlers=handlers)
     return history["train_loss"][-1]
 
 
-VARIANTS = {"hand": hand, "fit": fit, "fit no-sync": lambda d, b, e: fit(d, b, e, sync=False)}
+VARIANTS = {
+    "hand": hand,
+    "fit": fit,
+    "fit every": lambda d, b, e: fit(d, b, e, agreement="every"),
+    "fit no-sync": lambda d, b, e: fit(d, b, e, agreement="never"),
+}
 
 
 def main() -> None:

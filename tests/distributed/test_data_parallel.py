@@ -145,12 +145,15 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "one": pool.submit(launch, paths["one"], {**BASE, "edge_eval": True}, 0),
             "two": pool.submit(launch, paths["two"], {**BASE, "per_rank_dirs": True, "edge_eval": True}, 2),
             "preempted": pool.submit(
-                launch, paths["preempted"], {**BASE, "sigterm_at": 6, "model_dir": str(folders["checkpoints"])}, 2
+                launch,
+                paths["preempted"],
+                {**BASE, "sigterm_at": 6, "agree_every": 4, "model_dir": str(folders["checkpoints"])},
+                2,
             ),
             "nodes": pool.submit(launch_two_nodes, paths["nodes"], BASE),
-            "one_stops": pool.submit(launch, paths["one_stops"], {**BASE, "stop_at": 6}, 2),
+            "one_stops": pool.submit(launch, paths["one_stops"], {**BASE, "stop_at": 6, "agree_every": 4}, 2),
             "bypass": pool.submit(launch, paths["bypass"], {**BASE, "bypass_ddp": True}, 2),
-            "one_cancels": pool.submit(launch, paths["one_cancels"], {**BASE, "cancel_fit_at": 6}, 2),
+            "one_cancels": pool.submit(launch, paths["one_cancels"], {**BASE, "cancel_fit_at": 6, "agree_every": 4}, 2),
             "one_stops_early": pool.submit(launch, paths["one_stops_early"], {**BASE, "stop_at_epoch_begin": 1}, 2),
             "user_ddp": pool.submit(launch, paths["user_ddp"], {**BASE, "user_ddp": True, "per_rank_dirs": True}, 2),
         }
@@ -277,22 +280,24 @@ def test_only_rank_0_writes_files(runs):
 
 
 def test_sigterm_on_one_rank_makes_every_rank_save_at_the_same_batch(runs):
-    # Rank 1 alone got SIGTERM in batch 7 (step 6); the flags reduced after that batch stopped both
-    # ranks at its end: one checkpoint of 7 batches, written by rank 0 while rank 1 waited for it.
+    # Rank 1 alone got SIGTERM in batch 7 (step 6). The ranks agree after batch 1, then every 4
+    # batches (agree_every=4): at batch 9 both learn of it and stop there, one checkpoint of 9
+    # batches, written by rank 0 while rank 1 waited for it.
     rank1 = json.loads((runs["preempted"] / "result-rank1.json").read_text())
-    assert rank1["exit"] == 143 and rank1["steps"] == 7 and "SIGTERM" in rank1["reason"]
-    assert {p.name for p in runs["saved"].iterdir()} == {"model-epoch1batch5.pt", "model-epoch1batch7.pt"}
+    assert rank1["exit"] == 143 and rank1["steps"] == 9 and "SIGTERM" in rank1["reason"]
+    assert {p.name for p in runs["saved"].iterdir()} == {"model-epoch1batch5.pt", "model-epoch1batch9.pt"}
 
 
 def test_a_stop_requested_on_one_rank_stops_every_rank_at_the_same_batch(runs):
+    # Rank 1 alone asks in batch 7; the next agreement is at batch 9, where both stop.
     ranks = results(runs["one_stops"], 2)
-    assert ranks[0]["steps"] == ranks[1]["steps"] == 7
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 9
     assert ranks[1]["reason"] == "rank 1's own reason" and ranks[0]["reason"] == "another rank requested a stop"
     assert ranks[0]["params"] == ranks[1]["params"]
-    # CancelFit on rank 1 alone, in batch 7's batch_end (after the optimizer step): rank 0, which
-    # completed batch 7, raises it too before batch 8; both end there with the same weights.
+    # CancelFit on rank 1 alone, in batch 7's batch_end (after the optimizer step): rank 1 holds it
+    # and trains on in step; at batch 9 both raise it, with the same weights and step counts.
     cancelled = results(runs["one_cancels"], 2)
-    assert (cancelled[0]["steps"], cancelled[1]["steps"]) == (7, 6)
+    assert cancelled[0]["steps"] == cancelled[1]["steps"] == 9
     assert "CancelFit raised on another rank" in cancelled[0]["reason"] and "rank 1 alone" in cancelled[1]["reason"]
     assert cancelled[0]["params"] == cancelled[1]["params"]
     early = results(runs["one_stops_early"], 2)  # a stop in epoch_begin: neither trains epoch 2

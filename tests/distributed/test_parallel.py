@@ -229,29 +229,79 @@ def test_with_several_ranks_a_signal_waits_for_the_agreement():
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_the_agreement_turns_a_signal_into_a_stop_at_the_batch_end(one_rank_group):
     state, agreement = TrainState(make_estimator()), StopAgreement(check_replicas=False)
-    agreement.after_batch(state)
+    assert not agreement.after_batch(state)  # the first interval is one batch: agreed, nothing asked
     assert state.preempted is None and not state.stop_requested
-    assert not agreement.stopped_elsewhere(state)
+    agreement._interval = 1
     agreement.signal_received(state, signal.SIGTERM)
-    agreement.after_batch(state)  # started: it runs while the next batch is read
-    assert state.preempted is None
-    assert agreement.stopped_elsewhere(state)  # applied before the next batch trains
+    assert state.preempted is None  # only at the agreement
+    assert agreement.after_batch(state)
     assert state.preempted == signal.SIGTERM and "preempted by SIGTERM" in state.stop_reason
-    assert not agreement.stopped_elsewhere(state)  # nothing under way any more
+
+
+def agreeing_every(interval, monkeypatch):
+    """A StopAgreement on a one-rank group whose reductions are recorded, with a fixed interval."""
+    monkeypatch.setattr(StopAgreement, "max_interval", interval)
+    monkeypatch.setattr(StopAgreement, "_propose", lambda self, batch_seconds: interval)
+    agreement, reduced = StopAgreement(check_replicas=False), []
+    monkeypatch.setattr(
+        "fitforge.distributed.stop_agreement.reduce_ints", lambda flags, op: reduced.append(list(flags)) or flags
+    )
+    agreement._proposal = interval
+    agreement.agree_on_stop(TrainState(make_estimator()))  # as after train_begin: the interval is agreed
+    reduced.clear()
+    return agreement, reduced
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
-def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(one_rank_group, monkeypatch):
+def test_a_stop_one_rank_requests_waits_for_the_next_agreement(one_rank_group, monkeypatch):
+    agreement, reduced = agreeing_every(4, monkeypatch)
+    state = TrainState(make_estimator())
+    assert not agreement.after_batch(state)
+    state.request_stop("this rank's own reason")  # in batch 2: the others learn it at batch 4
+    assert not agreement.after_batch(state) and not agreement.after_batch(state) and reduced == []
+    assert agreement.after_batch(state)
+    assert reduced == [[0, 1, 0, -4]] and state.stop_reason == "this rank's own reason"
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_stop_every_rank_requests_is_agreed_at_once(one_rank_group, monkeypatch):
+    agreement, reduced = agreeing_every(4, monkeypatch)
+    state = TrainState(make_estimator())
+    assert not agreement.after_batch(state)
+    state.request_stop("this rank's own reason")
+    state.request_stop("reached batches=2", every_rank=True)  # counts even after another request
+    assert agreement.after_batch(state) and len(reduced) == 1
+    assert state.stop_reason == "this rank's own reason"
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_cancel_fit_is_held_until_the_agreement(one_rank_group, monkeypatch):
+    agreement, reduced = agreeing_every(3, monkeypatch)
+    state, cancel = TrainState(make_estimator()), CancelFit("rank 1 alone")
+    assert not agreement.after_batch(state, cancel)
+    assert not agreement.after_batch(state, CancelFit("again"))  # the first one is kept
+    with pytest.raises(CancelFit) as raised:
+        agreement.after_batch(state)
+    assert raised.value is cancel and reduced == [[0, 0, 1, -3]]
+
+
+def test_the_interval_holds_a_quarter_second_of_batches_within_its_bounds():
+    agreement = StopAgreement.__new__(StopAgreement)
+    assert agreement._propose(0.0025) == 64  # a tiny model: at most max_interval
+    assert agreement._propose(0.01) == 25
+    assert agreement._propose(0.1) == 2
+    assert agreement._propose(0.3) == 1 and agreement._propose(0.0) == 64
+
+
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_fit_on_a_group_agrees_at_its_points_and_checks_the_replicas_once(one_rank_group, monkeypatch):
     calls = []
-    for name in ("agree_on_stop", "after_batch"):
-        real = getattr(StopAgreement, name)
-        monkeypatch.setattr(
-            StopAgreement,
-            name,
-            lambda self, state, real=real, name=name: (
-                calls.append(("s" if name == "agree_on_stop" else "a", state.global_step)) or real(self, state)
-            ),
-        )
+    monkeypatch.setattr(StopAgreement, "max_interval", 2)
+    monkeypatch.setattr(StopAgreement, "_propose", lambda self, batch_seconds: 2)
+    real = StopAgreement.agree_on_stop
+    monkeypatch.setattr(
+        StopAgreement, "agree_on_stop", lambda self, state: calls.append(state.global_step) or real(self, state)
+    )
     checks = []
     monkeypatch.setattr(
         "fitforge.distributed.stop_agreement._check_replicas", lambda state: checks.append(state.optimizer_steps)
@@ -261,20 +311,9 @@ def test_a_fit_on_a_group_agrees_after_every_batch_and_checks_the_replicas_once(
     wrapper = DistributedDataParallel(net)
     estimator = Estimator(wrapper, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
     estimator.fit(regression_batches(3), epochs=2)
-    # train_begin, each epoch_begin, each batch (the last one's ends in the epoch's end), each epoch end
-    assert calls == [
-        ("s", 0),
-        ("s", 0),
-        ("a", 1),
-        ("a", 2),
-        ("a", 3),
-        ("s", 3),
-        ("s", 3),
-        ("a", 4),
-        ("a", 5),
-        ("a", 6),
-        ("s", 6),
-    ]
+    # train_begin, epoch_begin, batch 1 (the first interval is 1), batch 3 (then every 2), the epoch end;
+    # epoch_begin, batch 5, the epoch end (batch 6 is agreed on there: its stop holds for every rank).
+    assert calls == [0, 0, 1, 3, 3, 3, 5, 6]
     assert checks == [1]
     _check_replicas(TrainState(estimator))  # the real one (imported before the patch): one rank equals itself
 
@@ -480,10 +519,13 @@ def test_nan_guard_and_time_throttles_follow_the_other_ranks(monkeypatch):
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_ranks_out_of_step_and_nan_weights_are_told_apart(one_rank_group):
     state = TrainState(make_estimator())
+    agreement = StopAgreement(check_replicas=False)
     with pytest.raises(FitforgeValueError, match="the ranks got out of step"):
-        StopAgreement._apply(state, [4624210174201036800, 0, 0], False)  # a float's bits read as a signal
+        agreement._apply(state, [4624210174201036800, 0, 0, -1])  # a float's bits read as a signal
+    with pytest.raises(FitforgeValueError, match="the ranks got out of step"):
+        agreement._apply(state, [0, 0, 0, 1])  # no interval
     with pytest.raises(CancelFit, match="CancelFit raised on another rank"):
-        StopAgreement._apply(state, [0, 1, 1], False)
+        agreement._apply(state, [0, 1, 1, -1])
     estimator = make_estimator()
     with torch.no_grad():
         estimator.net.weight.fill_(float("nan"))

@@ -10,7 +10,8 @@ stop at that epoch's begin), edge_eval (evaluate 1 sample, predict with drop_las
 processor that forwards through estimator.net, not the DDP wrapper), user_ddp (the script
 initialises the group and wraps the net and samplers itself), model_dir (a checkpoint folder shared
 by runs), kill_at / kill_rank (that rank kills itself with SIGKILL after that batch, in torchrun's
-first round only, for an elastic restart to resume from the newest checkpoint).
+first round only, for an elastic restart to resume from the newest checkpoint), agree_every (the
+ranks agree on stops every that many batches, after the first; without it, as often as fit chooses).
 """
 
 import json
@@ -27,10 +28,13 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fitforge import BatchProcessor, Estimator
 from fitforge.distributed.ranks import rank
+from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.exceptions import CancelFit
 from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler
 
 out, config = Path(sys.argv[1]), json.loads(sys.argv[2])
+if config.get("agree_every"):  # a fixed interval: every proposal is the largest allowed
+    StopAgreement.max_interval, StopAgreement.cost_share, StopAgreement.max_latency = config["agree_every"], 1e-9, 1e9
 world = int(os.environ.get("WORLD_SIZE", "1"))
 torch.manual_seed(0)
 generator = torch.Generator().manual_seed(0)

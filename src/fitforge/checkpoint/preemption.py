@@ -10,8 +10,8 @@ the main thread; ``fit`` in another thread leaves them alone.
 Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
 rank that stops alone leaves the others waiting in a collective. So the signal goes to the fit's
 coordinator: in one process it stops at once; under torch.distributed the
-:class:`~fitforge.distributed.stop_agreement.StopAgreement` reduces it across ranks after every
-batch and sets ``preempted`` on every rank at the same batch end.
+:class:`~fitforge.distributed.stop_agreement.StopAgreement` reduces it across ranks at its next
+agreement (within a few batches) and sets ``preempted`` on every rank at the same batch end.
 """
 
 from __future__ import annotations

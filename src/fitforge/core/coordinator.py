@@ -1,12 +1,13 @@
 """How the loop learns about stops that other processes decided: the :class:`Coordinator` interface.
 
 The loop calls the coordinator at fixed points of a fit: after ``train_begin``, ``epoch_begin`` and
-``epoch_end`` (:meth:`~Coordinator.agree_on_stop`), before each training batch
-(:meth:`~Coordinator.stopped_elsewhere`) and after it (:meth:`~Coordinator.after_batch`); fit's
-signal handler calls it when SIGTERM or SIGINT asks the fit to stop
-(:meth:`~Coordinator.signal_received`, see :mod:`fitforge.checkpoint.preemption`). In one process there is nobody
-to agree with: :class:`Alone` does nothing but turn a signal into a stop. Under torch.distributed,
-:class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop at the same batch.
+``epoch_end`` (:meth:`~Coordinator.agree_on_stop`) and after each training batch
+(:meth:`~Coordinator.after_batch`, which says whether training stops there); fit's signal handler
+calls it when SIGTERM or SIGINT asks the fit to stop (:meth:`~Coordinator.signal_received`, see
+:mod:`fitforge.checkpoint.preemption`). In one process there is nobody to agree with:
+:class:`Alone` turns a signal into a stop and stops where this process asked. Under
+torch.distributed, :class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop
+at the same batch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 from typing import Protocol
 
 from fitforge.core.state import TrainState
+from fitforge.exceptions import CancelFit
 
 log = logging.getLogger("fitforge")
 
@@ -26,13 +28,11 @@ class Coordinator(Protocol):
     def agree_on_stop(self, state: TrainState) -> None:
         """Make a stop that any process requested (or a signal any received) hold for all, now."""
 
-    def stopped_elsewhere(self, state: TrainState) -> bool:
-        """Before a training batch: whether another process stopped training after the last one
-        (this batch is then not trained)."""
+    def after_batch(self, state: TrainState, cancel: CancelFit | None = None) -> bool:
+        """After a training batch (also a cancelled one): whether training stops here, on every
+        process. ``cancel``: the CancelFit this batch raised; raised from here when the fit ends
+        with it now (otherwise held until the processes agree, and this returns False)."""
         ...
-
-    def after_batch(self, state: TrainState, cancel_fit: bool = False) -> None:
-        """After a training batch (also a cancelled one); ``cancel_fit``: it raised CancelFit."""
 
     def signal_received(self, state: TrainState, signum: int) -> None:
         """SIGTERM or SIGINT reached this process during fit (called from the signal handler)."""
@@ -44,11 +44,10 @@ class Alone:
     def agree_on_stop(self, state: TrainState) -> None:
         pass
 
-    def stopped_elsewhere(self, state: TrainState) -> bool:
-        return False
-
-    def after_batch(self, state: TrainState, cancel_fit: bool = False) -> None:
-        pass
+    def after_batch(self, state: TrainState, cancel: CancelFit | None = None) -> bool:
+        if cancel is not None:
+            raise cancel
+        return state.stop_requested
 
     def signal_received(self, state: TrainState, signum: int) -> None:
         name = signal.Signals(signum).name

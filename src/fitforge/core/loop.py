@@ -111,21 +111,20 @@ def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: in
     a stop cut the epoch short)."""
     coordinator, backward_end = run.coordinator, run.dispatcher.hooks[Event.BACKWARD_END]
     for batch_idx, batch in enumerate(data, first):
-        if coordinator.stopped_elsewhere(state):
-            return False  # another rank stopped after the previous batch: this one is not trained
         state.batch_idx, state.batch = batch_idx, batch
+        cancel = None
         try:
             run_batch(state, run, backward_end)
             state.global_step += 1
         except CancelBatch:
             _clear_gradients(state)
-        except CancelFit:
-            coordinator.after_batch(state, cancel_fit=True)  # the other ranks raise it too, at the same point
-            raise
-        coordinator.after_batch(state)
-        if state.stop_requested:
+        except CancelFit as error:
+            cancel = error
+        if coordinator.after_batch(state, cancel):  # raises a CancelFit the ranks agreed on
             return False
-    return not coordinator.stopped_elsewhere(state)
+        if cancel is not None:  # held until the ranks agree: this rank trains on in step with them
+            state.global_step += 1
+    return True
 
 
 def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable] = ()) -> None:

@@ -155,6 +155,7 @@ class TrainState:
             finish it, so handlers that judge whole epochs (validation, early stopping, logs of
             epochs) leave it to that run.
         stop_requested / stop_reason: set by :meth:`request_stop`.
+        stop_every_rank: a stop was requested with ``every_rank=True`` (see :meth:`request_stop`).
         error: at ``train_end``, the exception that is ending fit (a handler's, the step's, a
             second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
         preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
@@ -187,6 +188,7 @@ class TrainState:
     accumulated_batches: int = 0
     stop_requested: bool = False
     stop_reason: str | None = None
+    stop_every_rank: bool = False
     preempted: int | None = None
     error: BaseException | None = None
     resumed: bool = False
@@ -195,9 +197,17 @@ class TrainState:
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     logged: PendingValues = field(default_factory=PendingValues)
 
-    def request_stop(self, reason: str = "stop requested") -> None:
+    def request_stop(self, reason: str = "stop requested", every_rank: bool = False) -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
-        ``train_end``. The first reason given is kept (and stored in ``history.stop_reason``)."""
+        ``train_end``. The first reason given is kept (and stored in ``history.stop_reason``).
+
+        Under torch.distributed, a stop one rank requests at a batch end takes effect on every rank
+        at the next stop agreement, a few batches later at most (see
+        :mod:`fitforge.distributed.stop_agreement`). ``every_rank=True`` says that every rank
+        requests this stop at this same batch (it was decided from values equal on every rank:
+        counters, or values reduced across ranks), so the ranks agree on it at once; a rank that
+        does not request it then is left waiting (a hang)."""
+        self.stop_every_rank = self.stop_every_rank or every_rank
         if not self.stop_requested:
             self.stop_requested = True
             self.stop_reason = reason

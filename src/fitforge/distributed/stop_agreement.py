@@ -2,21 +2,34 @@
 
 A rank that stops alone leaves the others waiting in a collective (the next backward, a metric
 reduction, a checkpoint): a deadlock. Stops come from per-rank sources (a signal that reached one
-rank, ``max_time`` on one rank's clock, a handler judging this rank's values), so the loop agrees
-on them: after every training batch (also a cancelled one), after ``train_begin`` and after every
-``epoch_end``, one ``MAX`` all-reduce of three host integers over a gloo group (no GPU is synced)
-carries this rank's received signal, whether it requested a stop and whether it raised CancelFit. When
-any rank got a signal, every rank sets ``state.preempted`` and stops; when any rank requested a
-stop, every rank stops. A CheckpointHandler then saves that state at the epoch end that follows.
-A CancelFit raised in a batch on one rank is raised on the others at the same point.
+rank, ``max_time`` on one rank's clock, a handler judging this rank's values), so the ranks agree
+on them at **agreement points**: after ``train_begin``, every ``epoch_begin`` and ``epoch_end``,
+and after every ``interval``-th training batch of an epoch.
+An agreement is one ``MAX`` all-reduce of four host integers over a gloo group (no GPU is synced):
+this rank's received signal, whether it requested a stop, whether it raised CancelFit, and the
+interval it proposes. When any rank got a signal, every rank sets ``state.preempted`` and stops;
+when any rank requested a stop, every rank stops; a CancelFit raised on one rank is raised on all.
+A CheckpointHandler then saves that state at the epoch end that follows.
 
-After a batch that this rank does not stop at, the all-reduce runs while the next batch is read
-from the data (``after_batch`` starts it, ``stopped_elsewhere`` waits for it before that batch trains): its
-latency hides behind the data loading, and an agreed stop still falls after the same batch on
-every rank (the batch read meanwhile is not trained).
+**Stop latency.** A stop that one rank requests between agreement points takes effect on every
+rank at the next one: the batches between are trained on every rank (a held CancelFit's batch
+counts as completed, so the ranks' counters stay in step), and when the epoch's data runs out
+first, training stops after that epoch's end. A stop that every rank requests at the
+same batch (``request_stop(..., every_rank=True)``: ``batches=N``, a NaN guard's reduced verdict)
+is agreed on at once, at that batch.
 
-After the first batch it also checks once that the replicas' weights are still identical: a
-custom ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP,
+**The interval** bounds the stop latency in time, not in batches: an agreement costs about a
+millisecond (one tiny gloo all-reduce on loopback, ranks waiting for each other included), a whole
+step on a tiny model, and nothing next to a large model's step. It starts at 1; at each agreement
+after batches every rank proposes as many batches as fit in :attr:`~StopAgreement.max_latency`
+seconds at the pace since the last agreement (at least 1, at most :attr:`~StopAgreement.max_interval`),
+and the smallest proposal (the same on every rank) holds until the next agreement. So steps of
+0.25 s or more agree after every batch, and a stop waits at most about 0.25 s of training. Set
+``StopAgreement.max_interval = 1`` to agree after every batch always (a stop one rank requests then
+falls at the same batch from run to run).
+
+After the first optimizer step it also checks once that the replicas' weights are still identical:
+a custom ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP,
 and its ranks would silently train apart.
 """
 
@@ -24,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -33,69 +47,74 @@ from fitforge.distributed.ranks import cpu_group, reduce_ints
 from fitforge.exceptions import CancelFit, FitforgeValueError
 
 log = logging.getLogger("fitforge")
+_SIGNALS = frozenset((0, *(int(s) for s in signal.Signals)))
 
 
 class StopAgreement:
     """The coordinator of one fit on several ranks (see the module docstring and
     :class:`fitforge.core.coordinator.Coordinator`)."""
 
+    max_interval = 64  # batches between two agreements, at most
+    max_latency = 0.25  # seconds of batches between two agreements, at most (one batch, if longer)
+
     def __init__(self, check_replicas: bool) -> None:
-        self._group = cpu_group()
         self._check_replicas = check_replicas
-        self._flags = torch.zeros(3, dtype=torch.int64)  # signal, stop requested, CancelFit raised
-        self._work: dist.Work | None = None  # an all-reduce under way, started after a batch
         self._signalled = 0  # the signal this rank received, until every rank knows it
+        self._held: CancelFit | None = None  # a CancelFit this rank raised, until every rank knows it
+        self._interval = 1  # batches between agreements, agreed by every rank
+        self._proposal = 1  # this rank's proposal for the next interval
+        self._since = 0  # training batches since the last agreement
+        self._agreed_at = time.perf_counter()  # when the last agreement ended
 
     def signal_received(self, state: TrainState, signum: int) -> None:
         """Remember the signal for the next agreement, which stops every rank at the same batch."""
         self._signalled = signum
         log.warning(
-            "received %s: every rank stops at the end of the next batch (saved by a CheckpointHandler, if any); "
-            "send it again to stop at once",
+            "received %s: every rank stops at the next stop agreement, within %d batches (saved by a "
+            "CheckpointHandler, if any); send it again to stop at once",
             signal.Signals(signum).name,
+            self._interval,
         )
 
-    def agree_on_stop(self, state: TrainState, cancel_fit: bool = False) -> None:
-        """Reduce this rank's signal and stop request now; stop every rank if any rank asked."""
-        self.stopped_elsewhere(state)
-        flags = [self._signalled, int(state.stop_requested), int(cancel_fit)]
-        self._apply(state, reduce_ints(flags, "max"), cancel_fit)
+    def agree_on_stop(self, state: TrainState) -> None:
+        """Reduce this rank's signal, stop request and held CancelFit now; stop every rank if any asked."""
+        flags = [self._signalled, int(state.stop_requested), int(self._held is not None), -self._proposal]
+        flags = reduce_ints(flags, "max")
+        self._since, self._agreed_at = 0, time.perf_counter()
+        self._apply(state, flags)
 
-    def after_batch(self, state: TrainState, cancel_fit: bool = False) -> None:
-        """After a training batch (the first: also the replicas check): agree at once when this
-        rank stops here, else start the reduction for :meth:`stopped_elsewhere` to apply before
-        the next batch. ``cancel_fit``: this rank raised CancelFit in the batch (the others raise it too)."""
+    def after_batch(self, state: TrainState, cancel: CancelFit | None = None) -> bool:
+        """After a training batch (also a cancelled one): agree when the interval is reached or
+        every rank requested this stop; whether training stops here, on every rank. ``cancel``:
+        the CancelFit this rank raised in the batch, raised here at an agreement, else held."""
+        if cancel is not None and self._held is None:
+            self._held = cancel
         if self._check_replicas and state.optimizer_steps > 0:
             self._check_replicas = False
             _check_replicas(state)
-        if state.stop_requested or cancel_fit:
-            self.agree_on_stop(state, cancel_fit)
-            return
-        self.stopped_elsewhere(state)
-        self._flags[0], self._flags[1], self._flags[2] = self._signalled, 0, 0
-        self._work = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-
-    def stopped_elsewhere(self, state: TrainState) -> bool:
-        """Apply the reduction :meth:`after_batch` started, if any; whether it stopped training."""
-        if self._work is None:
+        self._since += 1
+        if self._since < self._interval and not state.stop_every_rank:
             return False
-        self._work.wait()
-        self._work = None
-        stopped = state.stop_requested
-        self._apply(state, self._flags.tolist(), False)
-        return state.stop_requested and not stopped
+        self._proposal = self._propose((time.perf_counter() - self._agreed_at) / self._since)
+        self.agree_on_stop(state)
+        return state.stop_requested
 
-    @staticmethod
-    def _apply(state: TrainState, flags: list[int], cancelled_here: bool) -> None:
-        signum, stop, cancel_fit = flags
-        if signum not in (0, *(int(s) for s in signal.Signals)) or stop not in (0, 1) or cancel_fit not in (0, 1):
+    def _propose(self, batch_seconds: float) -> int:
+        """The batches that fit in ``max_latency`` seconds at this pace, within ``[1, max_interval]``."""
+        return max(1, min(self.max_interval, int(self.max_latency / max(batch_seconds, 1e-9))))
+
+    def _apply(self, state: TrainState, flags: list[int]) -> None:
+        signum, stop, cancel_fit, interval = flags[0], flags[1], flags[2], -flags[3]
+        if signum not in _SIGNALS or stop not in (0, 1) or cancel_fit not in (0, 1) or interval < 1:
             raise FitforgeValueError(
                 "the ranks got out of step (their collectives no longer pair up): a CancelBatch or CancelEpoch "
                 "raised on some ranks only, or a handler that skips work on some ranks, is the usual cause; "
                 "decide such things alike on every rank (from values reduced across ranks)"
             )
-        if cancel_fit and not cancelled_here:
-            raise CancelFit("CancelFit raised on another rank")
+        self._interval = interval
+        if cancel_fit:
+            held, self._held = self._held, None
+            raise held if held is not None else CancelFit("CancelFit raised on another rank")
         if signum and state.preempted is None:
             state.preempted = signum
             state.request_stop(f"preempted by {signal.Signals(signum).name} (on at least one rank)")

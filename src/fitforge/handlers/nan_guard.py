@@ -234,7 +234,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd):
             )
         self.stopped_epoch = state.epoch
         state.request_stop(
-            f"NaNGuardHandler: {where}" + ("" if loss is None or not math.isfinite(loss) else " is not finite")
+            f"NaNGuardHandler: {where}" + ("" if loss is None or not math.isfinite(loss) else " is not finite"),
+            every_rank=True,  # the record was reduced over the ranks: each stops here
         )
         return True
 

@@ -46,11 +46,11 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
     def batch_end(self, state) -> None:
         # global_step counts batches completed before this one, so this batch is number global_step+1.
         if self._batches is not None and state.global_step + 1 >= self._batches:
-            state.request_stop(f"reached batches={self._batches}")
+            state.request_stop(f"reached batches={self._batches}", every_rank=True)  # same step on every rank
         if self._deadline is not None:  # checked here first: without max_time a batch costs no call
             self._out_of_time(state)
 
     def epoch_end(self, state) -> None:
         if self._epochs is not None and state.epoch + 1 >= self._epochs:
-            state.request_stop(f"reached epochs={self._epochs}")
+            state.request_stop(f"reached epochs={self._epochs}", every_rank=True)
         self._out_of_time(state)
