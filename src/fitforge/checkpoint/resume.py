@@ -1,7 +1,8 @@
 """The training state a checkpoint holds besides weights, optimizers and scaler, and resuming from it.
 
 :func:`training_state` collects the counters (completed epochs, batch position in the epoch,
-global and optimizer steps), the gradients of an unfinished accumulation group, the history, the
+global and optimizer steps), the gradients of an unfinished accumulation group (made the same on
+every rank first, see :class:`OpenGroupHolder`: rank 0's are saved), the history, the
 random generators (every rank's, under torch.distributed), the data order and every stateful
 handler's state. :func:`resume` puts them back. It runs once every handler's ``train_begin`` has
 run and before the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.
@@ -39,11 +40,26 @@ def fit_data_order(state: TrainState) -> DataOrder | None:
     return data if isinstance(data, DataOrder) else None
 
 
+class OpenGroupHolder(Protocol):
+    """A handler whose open accumulation group may hold each rank's own gradients
+    (:class:`~fitforge.handlers.GradientUpdateHandler` under DDP, which defers the all-reduce)."""
+
+    def share_open_group(self, state: TrainState) -> None:
+        """Make the open group's gradients the same on every rank (a collective)."""
+        ...
+
+
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
     """Everything but weights, optimizers and scaler, after ``epochs`` completed epochs and
     ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
-    number of its batches already read (cancelled ones included), where a resume continues."""
+    number of its batches already read (cancelled ones included), where a resume continues.
+    Every rank calls it at the same point: it may average an open group's gradients over them."""
     net, order = state.estimator.net, fit_data_order(state)
+    if state.accumulated_batches:
+        for handler in state.handlers:
+            share = getattr(unwrapped(handler), "share_open_group", None)
+            if callable(share):
+                share(state)
     epoch_start_step = 0 if order is None else order.epoch_start_step
     return {
         "epochs_completed": epochs,

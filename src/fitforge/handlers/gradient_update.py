@@ -1,13 +1,15 @@
 """GradientUpdateHandler: the optimizer step after the batch processor's backward, with optional
-gradient accumulation and clipping, for every optimizer or those a batch chooses."""
+gradient accumulation and clipping, for every optimizer or those a batch chooses; under DDP, an
+accumulation group all-reduces its gradients once (:mod:`fitforge.distributed.gradient_sync`)."""
 
 from __future__ import annotations
 
 import torch
 
-from fitforge.core.arguments import check_positive
-from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin
+from fitforge.core.arguments import check_flag, check_positive
+from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
+from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.optimizer_choice import OptimizerChoice
 
@@ -40,7 +42,7 @@ def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
     return None if scale is None else scale.clone()
 
 
-class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
+class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd):
     """Step the optimizers, then ``zero_grad(set_to_none=True)``.
 
     It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a
@@ -74,6 +76,15 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
     - ``state.accumulated_batches`` is the largest open group (0: no gradient waits); the
       per-optimizer counts are this handler's state, saved in checkpoints.
 
+    Under DDP (``estimator.train_net`` a ``DistributedDataParallel``) with ``accumulate > 1`` and
+    one optimizer, only the batch that completes a group all-reduces the gradients (DDP's
+    ``no_sync`` for the others, set at ``batch_begin``): so does the last batch of an epoch of
+    known length and the last of ``batches=N``. A group that ends otherwise (a stop, data without
+    ``len``) is averaged over the ranks before its step, and an open group before a checkpoint
+    saves it (:meth:`share_open_group`), so every rank steps, and resumes, with the same
+    gradients. Several optimizers, FSDP, sparse gradients and ``sync_each_batch=True`` sync every
+    batch (see docs/distributed.md).
+
     Args:
         accumulate: step once every this many batches; the summed gradients are divided by the
             number of batches in the group, so with a mean-reduced loss a group of N batches of B
@@ -83,6 +94,9 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this
             value before each step (``torch.nn.utils.clip_grad_norm_``).
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
+        sync_each_batch: under DDP, all-reduce the gradients in every batch's backward, not only
+            in a group's last (for a handler that must see averaged gradients at every
+            ``backward_end``; the result is the same, at ``accumulate - 1`` more all-reduces per step).
 
     A ``CancelBatch`` clears the gradients of every group accumulated so far (the loop cannot
     tell one batch's share from the others').
@@ -102,18 +116,30 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         "epoch_finished",
         "batch_idx",
         "num_batches",
+        "global_step",
+        "max_batches",
         "output",
         "shared.found_inf",
     )
     writes = ("accumulated_batches", "optimizer_steps")
 
-    def __init__(self, accumulate: int = 1, clip_norm: float | None = None, clip_value: float | None = None) -> None:
+    def __init__(
+        self,
+        accumulate: int = 1,
+        clip_norm: float | None = None,
+        clip_value: float | None = None,
+        sync_each_batch: bool = False,
+    ) -> None:
         check_positive("GradientUpdateHandler", "accumulate", accumulate)
         check_positive("GradientUpdateHandler", "clip_norm", clip_norm, (int, float), allow_none=True)
         check_positive("GradientUpdateHandler", "clip_value", clip_value, (int, float), allow_none=True)
         self.accumulate, self.clip_norm, self.clip_value = accumulate, clip_norm, clip_value
+        self.sync_each_batch = check_flag("GradientUpdateHandler", "sync_each_batch", sync_each_batch)
+        if accumulate == 1 or sync_each_batch:  # every batch syncs: no call per batch_begin
+            self.handled_events = (Event.TRAIN_BEGIN, Event.BATCH_END, Event.EPOCH_END)
         self._open: list[int] = []  # per optimizer: batches in its open accumulation group
         self._skipped: list[int] = []  # per optimizer: optimizer_steps it took no part in
+        self._deferred: GradientSync | None = None  # DDP's all-reduce, when a group's last batch alone syncs
 
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler
@@ -131,6 +157,20 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
             optimizer.zero_grad(set_to_none=True)
         state.accumulated_batches = 0
         self._open, self._skipped = [0] * len(self._optimizers), [0] * len(self._optimizers)
+        # One optimizer only: a batch chooses the optimizers it steps after its forward, too late
+        # to know whether it completes a group.
+        defers = self.accumulate > 1 and not self.sync_each_batch and len(self._optimizers) == 1
+        self._deferred = deferrable(state.estimator.train_net) if defers else None
+
+    def batch_begin(self, state: TrainState) -> None:
+        """Under DDP, whether this batch's backward all-reduces: it completes a group, or is the
+        last of the epoch or of ``batches=N`` (every rank decides alike from the same counts)."""
+        if self._deferred is not None:
+            self._deferred.before_batch(
+                state.accumulated_batches + 1 >= self.accumulate
+                or state.batch_idx + 1 == state.num_batches
+                or (state.max_batches is not None and state.global_step + 1 >= state.max_batches)
+            )
 
     def check_first_batch(self, state: TrainState) -> None:
         """The first batch's ``step`` choice, checked before any handler's ``batch_end``."""
@@ -165,9 +205,22 @@ class GradientUpdateHandler(TrainBegin, BatchEnd, EpochEnd):
         if state.phase == "train" and state.accumulated_batches:  # trailing partial groups
             if state.epoch_suspended:
                 return  # the groups go on when the run resumes: its checkpoint keeps the gradients
+            if self._deferred is not None:
+                self._deferred.average()  # a group a stop or data without len ended before its synced batch
             if state.accumulated_batches != max(self._open):
                 self._sync(state)
             self.step(state, [i for i, count in enumerate(self._open) if count])
+
+    def train_end(self, state: TrainState) -> None:
+        if self._deferred is not None:  # also when an error ends training: evaluate and later fits sync
+            self._deferred.restore()
+
+    def share_open_group(self, state: TrainState) -> None:
+        """Before a checkpoint saves an open group's gradients (every rank, at the same point): under
+        DDP, average them over the ranks, so that rank 0's file holds gradients every rank (and any
+        number of ranks) resumes with. The group's last all-reduce then gives what it would have."""
+        if self._deferred is not None and state.accumulated_batches:
+            self._deferred.average()
 
     def _sync(self, state: TrainState) -> None:
         """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch cleared the

@@ -1,0 +1,108 @@
+"""Gradient accumulation under DDP: only the last batch of a group all-reduces the gradients.
+
+DistributedDataParallel all-reduces the gradients in the backward of a forward that ran with its
+``require_backward_grad_sync`` flag set; ``DistributedDataParallel.no_sync()`` only clears that
+flag around a block, and DDP reads it at the forward (where it prepares its reducer for the
+backward). So :class:`GradientSync` sets it before each training batch, which costs no device
+sync: on for a batch that completes an accumulation group, off for the others, whose backwards
+add to this rank's own gradients. The group's last backward then averages the whole sum over the
+ranks: one all-reduce per optimizer step instead of one per batch.
+
+A group that ends before such a batch (a stop no one could foresee, an epoch of data without
+``len``) and a group saved in a checkpoint while open hold each rank's own gradients:
+:meth:`GradientSync.average` averages them over the ranks, as DDP would have. Averaging is
+linear, so averaging a group early and accumulating on gives, at its last (synced) backward, the
+gradients of averaging it there; and after it, rank 0's gradients are every rank's.
+
+Only a DDP wrapper defers (:func:`deferrable`). Nets with sparse gradients (``nn.Embedding(sparse=True)``)
+sync every batch, as the averaging handles dense gradients only; so does FSDP, whose
+``fully_shard`` net is no DDP wrapper.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def synced_parameters(ddp: DistributedDataParallel) -> tuple[list[nn.Parameter], bool]:
+    """The parameters whose gradients ``ddp`` all-reduces (those that need a gradient and that it
+    does not ignore, each once), and whether any of them gets sparse gradients."""
+    seen: set[int] = set()
+    params, sparse = [], False
+    for module_name, module in ddp.module.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            full_name = f"{module_name}.{name}" if module_name else name
+            if not param.requires_grad or full_name in ddp.parameters_to_ignore or id(param) in seen:
+                continue
+            seen.add(id(param))
+            params.append(param)
+            sparse = sparse or (isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse)
+    return params, sparse
+
+
+def deferrable(net: nn.Module) -> GradientSync | None:
+    """A :class:`GradientSync` for ``net`` when its all-reduce may wait for a group's last batch:
+    a DDP wrapper without sparse gradients. None otherwise: every batch syncs, as it does anyway."""
+    if not isinstance(net, DistributedDataParallel):
+        return None
+    params, sparse = synced_parameters(net)
+    return None if sparse or not params else GradientSync(net, params)
+
+
+class GradientSync:
+    """Switches one DDP wrapper's all-reduce per batch, and averages what it left local.
+
+    ``local``: whether the gradients hold this rank's share only (a batch ran unsynced since
+    the last synced backward or :meth:`average`)."""
+
+    def __init__(self, ddp: DistributedDataParallel, params: list[nn.Parameter]) -> None:
+        self._ddp, self._params = ddp, params
+        self._restore = ddp.require_backward_grad_sync
+        self.local = False
+
+    def before_batch(self, sync: bool) -> None:
+        """Before a training batch's forward: whether its backward all-reduces (all the gradients
+        accumulated so far, when it does)."""
+        self._ddp.require_backward_grad_sync = sync
+        self.local = not sync
+
+    def average(self) -> None:
+        """Average the local gradients over the ranks: a collective, which every rank must reach at
+        the same point. Nothing when no batch left them local."""
+        if self.local:
+            average_gradients(self._params, self._ddp.process_group)
+            self.local = False
+
+    def restore(self) -> None:
+        """Give the wrapper back its flag as training found it (so evaluate and later fits sync)."""
+        self._ddp.require_backward_grad_sync = self._restore
+
+
+def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> None:
+    """Replace each gradient by its mean over the ranks of ``group``, as DDP's reducer does: a
+    parameter with a gradient on some rank gets one on every rank (zeros where it had none); one
+    without a gradient on any rank keeps None. Two collectives: which gradients exist, then one
+    all-reduce of the gradients of each dtype, flattened."""
+    if not params:
+        return
+    device = params[0].device
+    held = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
+    dist.all_reduce(held, op=dist.ReduceOp.MAX, group=group)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param, anywhere in zip(params, held.tolist()):
+        if anywhere:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    world = dist.get_world_size(group)
+    for grads in by_dtype.values():  # the same order on every rank: that of the parameters
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
