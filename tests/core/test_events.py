@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+from fitforge.core import dispatch as dispatch_module
 from fitforge.core.dispatch import Dispatcher, check_handler, order_handlers
 from fitforge.core.events import events_of
 from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, Event, EventHandler, TrainBegin, TrainEnd
@@ -80,6 +81,26 @@ def test_cycle_is_an_error_naming_only_the_handlers_in_it():
     blocked = C("blocked", run_after=(A,))  # waits on the cycle but is not part of it
     with pytest.raises(HandlerOrderError, match=r"cycle through run_after: a runs after b runs after a; remove"):
         order_handlers([blocked, C("free"), a, b])
+
+
+def test_a_later_fit_with_handlers_described_alike_reuses_their_order(monkeypatch):
+    computed = []
+    real = dispatch_module._order
+    monkeypatch.setattr(dispatch_module, "_order", lambda handlers: computed.append(1) or real(handlers))
+    monkeypatch.setattr(dispatch_module, "_ORDERS", {})
+    first = [A("a", priority=-10, run_after=(B,)), B("b", priority=10)]
+    assert order_handlers(first) == [first[1], first[0]] and len(computed) == 1
+    again = [A("a2", priority=-10, run_after=(B,)), B("b2", priority=10)]  # other instances, same description
+    assert order_handlers(again) == [again[1], again[0]] and len(computed) == 1
+    assert [h.name for h in order_handlers([A("a", priority=-10), B("b", priority=10)])] == ["a", "b"]
+    assert len(computed) == 2  # without run_after: another description, ordered afresh
+    listed = [A("a", priority=1, run_after=[B]), B("b")]  # a list cannot be a key: ordered every time
+    assert order_handlers(listed) == [listed[1], listed[0]] and order_handlers(listed) == [listed[1], listed[0]]
+    assert len(computed) == 4
+    cycle = [A("a", run_after=(B,)), B("b", run_after=(A,))]
+    for _ in range(2):  # an error is never remembered as an order
+        with pytest.raises(HandlerOrderError):
+            order_handlers(cycle)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fitforge.core.access import Access, access_edges, declared_access, describe_access
-from fitforge.core.events import MIXINS, Event, EventHandler, acts_as, events_of, handler_name, priority_name
+from fitforge.core.events import MIXINS, Event, EventHandler, acts_as, events_of, handler_name, priority_name, unwrapped
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,9 +72,44 @@ def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
     return path[path.index(node) :] + [node]
 
 
+_ORDERS: dict[tuple, tuple[int, ...]] = {}  # the handlers' descriptions -> their order, for later fits
+_MAX_ORDERS = 256
+
+
+def _description(handler: EventHandler) -> tuple:
+    """What the order of ``handler`` among others depends on (its events follow from its class and
+    ``handled_events``; its access and ``run_after`` from its declarations)."""
+    return (
+        type(handler),
+        type(unwrapped(handler)),
+        getattr(handler, "priority", 0),
+        getattr(handler, "reads", None),
+        getattr(handler, "writes", None),
+        getattr(handler, "run_after", None),
+        getattr(handler, "handled_events", None),
+    )
+
+
 def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     """Sort by ``priority`` (stable), then move handlers after those named in their ``run_after``
-    and declared readers of a field after its declared writers (see :mod:`fitforge.core.access`)."""
+    and declared readers of a field after its declared writers (see :mod:`fitforge.core.access`).
+    The order is a function of the handlers' descriptions, so a fit with the same kinds of
+    handlers as an earlier one reuses its order (a fit's fixed cost; declarations held in lists,
+    which cannot be a key, are ordered afresh)."""
+    try:
+        key: tuple | None = tuple(_description(h) for h in handlers)
+        order = _ORDERS.get(key)  # type: ignore[arg-type]
+    except TypeError:  # unhashable declarations
+        key, order = None, None
+    if order is None:
+        order = _order(handlers)
+        if key is not None and len(_ORDERS) < _MAX_ORDERS:
+            _ORDERS[key] = order
+    return [handlers[i] for i in order]
+
+
+def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
+    """The positions of ``handlers`` in their order (see :func:`order_handlers`)."""
     after = access_edges(handlers)  # i -> must run after these
     for i, handler in enumerate(handlers):
         classes = tuple(getattr(handler, "run_after", ()) or ())
@@ -103,7 +138,7 @@ def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
             + " runs after ".join(repr(handlers[i]) for i in cycle)
             + "; remove one of their run_after entries"
         )
-    return [handlers[i] for i in ordered]
+    return tuple(ordered)
 
 
 class Dispatcher:
