@@ -46,8 +46,9 @@ from fitforge.distributed.data_split import gather_predictions, in_dataset_order
 from fitforge.distributed.ranks import on_this_rank, rank, world_size
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
+from fitforge.evaluation import Evaluation
 from fitforge.exceptions import FitforgeValueError
-from fitforge.handlers.defaults import check_monitors, evaluate_handlers, fit_handlers, run_keys, user_handlers
+from fitforge.handlers.defaults import check_monitors, fit_handlers, run_keys, user_handlers
 from fitforge.handlers.logging import console_output_for
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.preflight import check_first_val_batch, check_placement, preflight
@@ -305,22 +306,14 @@ class Estimator:
     ) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``.
         ``val_data`` may be arrays ``(X, y)``, batched by ``batch_size`` (default 32)."""
-        val_data = eval_loader(val_data, batch_size, "val_data")
-        num_batches = check_data(val_data, "val_data", passes=1)
-        sharded = False
-        if self.splits_data:
-            val_data, sharded = shard_eval(val_data, padded=self.strategy == "fsdp")
-            num_batches = len(val_data) if sharded else num_batches  # type: ignore[arg-type]
-        check_placement(self, "val_net")
-        dispatcher = Dispatcher(on_this_rank(evaluate_handlers(event_handlers)))
-        self._val_loss.arm_checks()
-        state = TrainState(self, "validate", num_batches=num_batches)
-        step = bound_step(self.batch_processor, self, "evaluate_batch")
-        run = RunContext(dispatcher, step, OnePass(val_data), "val_data", allow_empty=sharded)
-        check_first_batch_of(run)
-        with inference(self.val_net, self.strategy != "fsdp"):
-            run_pass(state, run)
-        return dict(state.metrics)
+        return Evaluation(self, val_data, event_handlers, batch_size)()
+
+    def evaluation(
+        self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None, checked: bool = False
+    ) -> Evaluation:
+        """:meth:`evaluate` set up once, to call as often as needed (a ValidationHandler's each
+        validation): ``checked`` when the data's first batch was checked before training."""
+        return Evaluation(self, val_data, event_handlers, checked=checked)
 
     def predict(
         self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None

@@ -54,8 +54,10 @@ def preflight(
         if isinstance(handler, ValidationHandler):
             name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
             check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
-            if handler.eval_fn is None and handler.check_first:
-                check_first_val_batch(estimator, handler.val_data, name, handler.event_handlers)
+            checked = handler.eval_fn is None and handler.check_first
+            handler.checked_first = checked and check_first_val_batch(
+                estimator, handler.val_data, name, handler.event_handlers
+            )
         if isinstance(handler, StoppingHandler):
             epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
     return epochs, batches
@@ -83,20 +85,20 @@ def first_samples(data: Iterable) -> Any:
 
 def check_first_val_batch(
     estimator: Estimator, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None = None
-) -> None:
+) -> bool:
     """Evaluate a first batch of ``val_data`` once before training (eval mode, no grad, RNG state
     restored): the checks of the first training batch (see :mod:`fitforge.core.first_batch`), with
     the metrics the evaluation will update (those of the MetricHandler in ``event_handlers``, else
     ``val_metrics``). From a DataLoader over a map-style dataset the batch is collated from its
     first :data:`CHECKED_SAMPLES` samples in this process: a forward on a few samples, and no
-    worker process started (see :func:`first_samples`)."""
+    worker process started (see :func:`first_samples`). Returns whether it checked a batch."""
     if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
-        return
+        return False
     devices = [estimator.device] if estimator.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), inference(estimator.val_net, estimator.strategy != "fsdp"):
         batch = first_samples(val_data)
         if batch is None:
-            return  # empty: reported by check_data or at the first validation
+            return False  # empty: reported by check_data or at the first validation
         if not getattr(estimator.batch_processor, "allow_nonfinite", False):
             check_finite(batch, name)
         estimator._val_loss.arm_checks()
@@ -108,3 +110,4 @@ def check_first_val_batch(
             check_handlers(state, evaluate_handlers(event_handlers))
         except (FitforgeValueError, FitforgeTypeError) as error:
             raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
+    return True
