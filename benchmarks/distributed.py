@@ -9,7 +9,7 @@ Variants, timed interleaved in the same processes (every rank runs every variant
               loss and accuracy sums all-reduced and read at epoch end
   fit         ``Estimator(strategy="auto")`` fit with StoppingHandler, GradientUpdateHandler and
               MetricHandler; under torchrun the ranks agree on stops every few batches (the
-              interval adapts to cost about 2% of the time, see fitforge.distributed.stop_agreement)
+              interval holds about 0.25 s of batches, see fitforge.distributed.stop_agreement)
   fit every   the same, agreeing after every batch (``StopAgreement.max_interval = 1``)
   fit no-sync the same without any batch agreement: the agreement's cost (one all-reduce of 4 ints)
 Rank 0 prints the median wall time per variant, and the median over repeats of each fit variant's

@@ -285,6 +285,28 @@ def test_a_cancel_fit_is_held_until_the_agreement(one_rank_group, monkeypatch):
     assert raised.value is cancel and reduced == [[0, 0, 1, -3]]
 
 
+@pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
+def test_a_cancel_fit_at_a_batch_end_is_held_with_its_batch_finished_and_counted(one_rank_group, monkeypatch):
+    monkeypatch.setattr(StopAgreement, "_propose", lambda self, batch_seconds: 4)
+    monkeypatch.setattr("fitforge.distributed.stop_agreement._check_replicas", lambda state: None)
+    monkeypatch.setattr("fitforge.estimator.world_size", lambda: 2)  # as if another rank ran this fit too
+    net = nn.Linear(1, 1)
+    estimator = Estimator(
+        DistributedDataParallel(net), nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu"
+    )
+
+    def cancel(state):
+        if state.global_step == 1:
+            raise CancelFit("this rank alone")
+
+    seen = []
+    handlers = [LambdaHandler(batch_end=cancel), LambdaHandler(batch_end=lambda state: seen.append(state.global_step))]
+    history = estimator.fit(regression_batches(8), epochs=1, event_handlers=handlers)
+    # Agreed after batch 1, then every 4: raised in batch 2, held through batch 5, where it ends the fit.
+    # The handler after the raiser still ran at batch 2, and batch 2 counted like the others.
+    assert seen == [0, 1, 2, 3, 4] and "this rank alone" in history.stop_reason
+
+
 def test_the_interval_holds_a_quarter_second_of_batches_within_its_bounds():
     agreement = StopAgreement.__new__(StopAgreement)
     assert agreement._propose(0.0025) == 64  # a tiny model: at most max_interval

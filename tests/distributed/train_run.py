@@ -34,7 +34,7 @@ from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler
 
 out, config = Path(sys.argv[1]), json.loads(sys.argv[2])
 if config.get("agree_every"):  # a fixed interval: every proposal is the largest allowed
-    StopAgreement.max_interval, StopAgreement.cost_share, StopAgreement.max_latency = config["agree_every"], 1e-9, 1e9
+    StopAgreement.max_interval, StopAgreement.max_latency = config["agree_every"], 1e9
 world = int(os.environ.get("WORLD_SIZE", "1"))
 torch.manual_seed(0)
 generator = torch.Generator().manual_seed(0)

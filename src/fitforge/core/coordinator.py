@@ -23,7 +23,13 @@ log = logging.getLogger("fitforge")
 
 
 class Coordinator(Protocol):
-    """Agreement on stops between the processes that run one fit."""
+    """Agreement on stops between the processes that run one fit.
+
+    ``holds_cancels``: a CancelFit raised at a batch end is held until the processes agree (the
+    loop then runs the batch's remaining ``batch_end`` hooks and counts the batch, so that this
+    process stays in step with the others); False: it ends the fit at once."""
+
+    holds_cancels: bool
 
     def agree_on_stop(self, state: TrainState) -> None:
         """Make a stop that any process requested (or a signal any received) hold for all, now."""
@@ -40,6 +46,8 @@ class Coordinator(Protocol):
 
 class Alone:
     """The coordinator of a fit in one process: nothing to agree on; a signal stops at once."""
+
+    holds_cancels = False
 
     def agree_on_stop(self, state: TrainState) -> None:
         pass

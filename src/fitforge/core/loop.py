@@ -120,10 +120,10 @@ def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: in
             _clear_gradients(state)
         except CancelFit as error:
             cancel = error
+            if coordinator.holds_cancels:  # held until the ranks agree: this rank trains on in step with them
+                state.global_step += 1
         if coordinator.after_batch(state, cancel):  # raises a CancelFit the ranks agreed on
             return False
-        if cancel is not None:  # held until the ranks agree: this rank trains on in step with them
-            state.global_step += 1
     return True
 
 
@@ -136,9 +136,19 @@ def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable]
     state.output = run.step(state, state.batch)
     for hook in after_step:
         hook(state)
-    for hook in hooks[Event.BATCH_END]:
-        if hook(state):
-            state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, hook))
+    ends = hooks[Event.BATCH_END]
+    try:
+        for hook in ends:
+            if hook(state):
+                state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, hook))
+    except CancelFit:
+        if not run.coordinator.holds_cancels:
+            raise
+        for later in ends[ends.index(hook) + 1 :]:  # a held cancel: the batch ends as on the other ranks
+            with contextlib.suppress(CancelFit):
+                if later(state):
+                    state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, later))
+        raise
 
 
 def run_pass(state: TrainState, run: RunContext) -> None:

@@ -206,7 +206,8 @@ class TrainState:
         :mod:`fitforge.distributed.stop_agreement`). ``every_rank=True`` says that every rank
         requests this stop at this same batch (it was decided from values equal on every rank:
         counters, or values reduced across ranks), so the ranks agree on it at once; a rank that
-        does not request it then is left waiting (a hang)."""
+        does not request it then leaves the collectives unpaired (a hang, or a
+        collective-mismatch error)."""
         self.stop_every_rank = self.stop_every_rank or every_rank
         if not self.stop_requested:
             self.stop_requested = True

@@ -12,11 +12,13 @@ when any rank requested a stop, every rank stops; a CancelFit raised on one rank
 A CheckpointHandler then saves that state at the epoch end that follows.
 
 **Stop latency.** A stop that one rank requests between agreement points takes effect on every
-rank at the next one: the batches between are trained on every rank (a held CancelFit's batch
-counts as completed, so the ranks' counters stay in step), and when the epoch's data runs out
+rank at the next one: the batches between are trained on every rank, and when the epoch's data runs out
 first, training stops after that epoch's end. A stop that every rank requests at the
 same batch (``request_stop(..., every_rank=True)``: ``batches=N``, a NaN guard's reduced verdict)
-is agreed on at once, at that batch.
+is agreed on at once, at that batch. A CancelFit raised in a ``batch_end`` hook of one rank is
+held: that rank runs the batch's remaining ``batch_end`` hooks, counts the batch and trains on in
+step until the next agreement, where every rank raises it. (Raised anywhere else in a batch, before
+its backward, one rank alone would leave DDP's all-reduce unpaired: raise it on every rank there.)
 
 **The interval** bounds the stop latency in time, not in batches: an agreement costs about a
 millisecond (one tiny gloo all-reduce on loopback, ranks waiting for each other included), a whole
@@ -54,6 +56,7 @@ class StopAgreement:
     """The coordinator of one fit on several ranks (see the module docstring and
     :class:`fitforge.core.coordinator.Coordinator`)."""
 
+    holds_cancels = True
     max_interval = 64  # batches between two agreements, at most
     max_latency = 0.25  # seconds of batches between two agreements, at most (one batch, if longer)
 
