@@ -60,14 +60,6 @@ GLOO = dist.is_available() and dist.is_gloo_available()
 
 
 @pytest.fixture
-def one_rank_group():
-    """A gloo process group of one rank, as torchrun --nproc_per_node=1 would make (torn down after)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-@pytest.fixture
 def two_ranks(monkeypatch):
     """Pretend to be rank 1 of 2 for the data splitting (no collective is involved there)."""
     monkeypatch.setattr(sharding, "world_size", lambda: 2)
