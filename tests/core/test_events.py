@@ -237,3 +237,22 @@ def test_a_scheduler_passed_as_a_handler_points_to_the_scheduler_handler():
         FitforgeTypeError, match=r"a learning-rate scheduler \(StepLR\).*LRSchedulerHandler\(scheduler\)"
     ):
         estimator.fit(regression_batches(1), epochs=1, event_handlers=[scheduler])
+
+
+def test_the_events_of_instances_of_one_class_follow_each_ones_handled_events():
+    every, narrowed = GradientUpdateHandler(accumulate=2), GradientUpdateHandler()  # accumulate=1 skips batch_begin
+    for _ in range(2):  # the second time from the cache of (class, handled_events)
+        assert Event.BATCH_BEGIN in events_of(every) and Event.BATCH_BEGIN not in events_of(narrowed)
+    dispatcher = Dispatcher([every, narrowed])
+    assert dispatcher.owners[Event.BATCH_BEGIN] == [every]
+    assert dispatcher.owners[Event.BATCH_END] == [every, narrowed]
+    assert dispatcher.hooks[Event.BATCH_END] == [every.batch_end, narrowed.batch_end]
+
+
+def test_events_are_dict_keys_by_identity_also_after_a_copy():
+    import copy
+    import pickle
+
+    table = {event: event.value for event in Event}
+    assert len(Event) == 7 and len(table) == 7
+    assert table[pickle.loads(pickle.dumps(Event.EPOCH_END))] == table[copy.deepcopy(Event.EPOCH_END)] == "epoch_end"

@@ -11,7 +11,7 @@ from fitforge.handlers import EarlyStoppingHandler
 from fitforge.handlers.monitor import Monitor, infer_mode
 from fitforge.metrics import MeanSquaredError
 from fitforge.testing import linear_problem
-from helpers import make_estimator
+from helpers import make_estimator, regression_batches
 
 
 def feed(handler, values, key="val_loss", estimator=None):
@@ -245,3 +245,15 @@ def test_restore_best_weights_is_kerass_name_for_restore_best():
     assert not EarlyStoppingHandler("val_loss", restore_best=False, restore_best_weights=False).restore_best
     with pytest.raises(FitforgeValueError, match="restore_best=True and restore_best_weights=False disagree"):
         EarlyStoppingHandler("val_loss", restore_best=True, restore_best_weights=False)
+
+
+def test_a_fit_without_a_monitor_does_not_list_the_run_keys(monkeypatch):
+    import fitforge.handlers.defaults as defaults
+
+    def refuse(*args):
+        raise AssertionError("run_keys computed with nothing to check")
+
+    monkeypatch.setattr(defaults, "run_keys", refuse)
+    make_estimator().fit(regression_batches(), epochs=1)  # StoppingHandler etc.: no monitor
+    with pytest.raises(AssertionError, match="run_keys computed"):
+        make_estimator().fit(regression_batches(), epochs=1, event_handlers=[EarlyStoppingHandler("train_loss")])

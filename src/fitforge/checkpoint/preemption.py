@@ -16,6 +16,9 @@ agreement (within a few batches) and sets ``preempted`` on every rank at the sam
 
 from __future__ import annotations
 
+# signal.signal and signal.getsignal wrap _signal's and turn every int into an enum member on the way
+# (most of their cost, at every fit); the raw functions take and give the same handlers as ints.
+import _signal  # type: ignore[import-not-found]  # CPython's C module under signal; typeshed has no stub
 import os
 import signal
 import threading
@@ -27,6 +30,7 @@ from fitforge.core.coordinator import Coordinator
 from fitforge.core.state import TrainState
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_NUMBERS = tuple(int(signum) for signum in SIGNALS)
 
 
 def _act_now(signum: int) -> None:
@@ -56,21 +60,21 @@ def preemptible(state: TrainState, coordinator: Coordinator) -> Iterator[None]:
 
     def handle(signum: int, frame: Any) -> None:
         if os.getpid() != pid:  # a forked DataLoader worker inherited this handler: act as before fit
-            _pass_on(signum, previous[signal.Signals(signum)], frame)
+            _pass_on(signum, previous[signum], frame)
             return
         if received:
             _act_now(signum)
         received.append(signum)
         coordinator.signal_received(state, signum)
 
-    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-    for signum in SIGNALS:
-        signal.signal(signum, handle)
+    previous = {signum: _signal.getsignal(signum) for signum in _NUMBERS}
+    for signum in _NUMBERS:
+        _signal.signal(signum, handle)
     try:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+            _signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def raise_if_preempted(state: TrainState) -> None:

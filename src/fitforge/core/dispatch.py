@@ -148,12 +148,12 @@ class Dispatcher:
         """``guard``: wraps the hook of a handler that declares its state access (a debug mode,
         see :mod:`fitforge.tools.access_guard`); None calls every hook as it is."""
         self.handlers = order_handlers(handlers)
-        handled = [set(events_of(h)) for h in self.handlers]  # once per handler, not once per event
-        owners = {event: [h for h, events in zip(self.handlers, handled) if event in events] for event in Event}
-        self.owners: dict[Event, list[EventHandler]] = owners
-        self.hooks: dict[Event, list[Callable]] = {
-            event: [self._hook(h, event, guard) for h in owners[event]] for event in Event
-        }
+        self.owners: dict[Event, list[EventHandler]] = {event: [] for event in Event}
+        self.hooks: dict[Event, list[Callable]] = {event: [] for event in Event}
+        for handler in self.handlers:  # in call order, so each event's list is too
+            for event in events_of(handler):
+                self.owners[event].append(handler)
+                self.hooks[event].append(self._hook(handler, event, guard))
 
     @staticmethod
     def _hook(handler: EventHandler, event: Event, guard: Guard | None) -> Callable:

@@ -46,6 +46,10 @@ class Event(Enum):
     EPOCH_END = "epoch_end"
     TRAIN_END = "train_end"
 
+    # Members are singletons compared by identity, so the identity hash agrees with equality; Enum's
+    # own __hash__ is Python code, run at every dict lookup of an event (twice per batch in the loop).
+    __hash__ = object.__hash__
+
 
 class Stage(IntEnum):
     """Where the built-in handlers run among the handlers of one event (lower first).
@@ -180,15 +184,27 @@ def numbered_names(handlers: Iterable[object]) -> list[str]:
     return names
 
 
+_EVENTS_OF: dict[tuple, tuple[Event, ...]] = {}  # (class, handled_events) -> events: decided by both alone
+
+
 def events_of(handler: object) -> list[Event]:
     """The events ``handler`` is called for: those whose mixin it inherits, narrowed by its
     ``handled_events`` when it declares them."""
     declared = getattr(handler, "handled_events", None)
-    return [
-        event
-        for event, mixin in MIXINS.items()
-        if isinstance(handler, mixin) and (declared is None or event in declared)
-    ]
+    try:
+        key = (type(handler), None if declared is None else tuple(declared))
+        events = _EVENTS_OF.get(key)
+    except TypeError:  # something unhashable in handled_events: dispatch's checks name it
+        key, events = None, None
+    if events is None:
+        events = tuple(
+            event
+            for event, mixin in MIXINS.items()
+            if isinstance(handler, mixin) and (declared is None or event in declared)
+        )
+        if key is not None and len(_EVENTS_OF) < 1024:
+            _EVENTS_OF[key] = events
+    return list(events)
 
 
 __all__ = [

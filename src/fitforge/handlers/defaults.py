@@ -77,11 +77,11 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
 
     Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
     (see :func:`monitored_value`)."""
-    keys = run_keys(handlers, estimator)
+    monitors = [(h, key) for h in handlers if isinstance(key := getattr(h, "monitor", None), str)]
+    keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
     custom_eval = any(isinstance(h, ValidationHandler) and h.eval_fn is not None for h in handlers)
-    for handler in handlers:
-        key = getattr(handler, "monitor", None)
-        if not isinstance(key, str) or key in keys or (custom_eval and key.startswith("val_")):
+    for handler, key in monitors:
+        if key in keys or (custom_eval and key.startswith("val_")):
             continue
         name = key.split("_", 1)[1] if key.startswith(("train_", "val_")) else key
         raise MonitorKeyError(

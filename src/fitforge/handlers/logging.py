@@ -156,7 +156,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         row = {key: value for key in history if (value := history.current(key)) is not None}
         seconds = row.pop("epoch_time", math.nan)
         row = {k: v for k, v in row.items() if not k.startswith("lr")}
-        log.log(self.level, "[%s%s] %s (%.1fs)", epoch_label(state), _partial(state), format_values(row), seconds)
+        if log.isEnabledFor(self.level):  # the line's arguments are built only to be shown
+            log.log(self.level, "[%s%s] %s (%.1fs)", epoch_label(state), _partial(state), format_values(row), seconds)
         if not self._warned:
             self._warn_if_diverged(state, row)
 
@@ -175,6 +176,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         )
 
     def train_end(self, state: TrainState) -> None:
+        if not log.isEnabledFor(self.level):
+            return
         history = state.history
         final = {key: _final(history, key) for key in history if key.startswith(("train_", "val_"))}
         log.log(
