@@ -59,8 +59,8 @@ def test_freezing_after_the_net_was_wrapped_wraps_it_again_so_ddp_does_not_wait_
         estimator.fit(regression_batches(), epochs=2, default_handlers=False)  # DDP's own would fail at batch 2
     assert estimator.train_net is not first and estimator.train_net.module is estimator.net
     assert torch.equal(before, flat(estimator.net[0]))
-    (line,) = [r.getMessage() for r in caplog.records if "DistributedDataParallel again" in r.getMessage()]
-    assert line.startswith("2 parameter(s) were frozen or unfrozen since the net was wrapped for several processes")
+    (line,) = [r.getMessage() for r in caplog.records if "DistributedDataParallel anew" in r.getMessage()]
+    assert line.startswith("2 parameter(s) were frozen or unfrozen since the net was prepared for several processes")
     assert "(0.weight, 0.bias)" in line
 
 
@@ -72,6 +72,23 @@ def test_unfreezing_after_the_net_was_wrapped_wraps_it_again_with_its_options(dd
     estimator.fit(regression_batches(), epochs=1, default_handlers=False)
     assert estimator.train_net is not first and not torch.equal(before, flat(estimator.net[0]))
     assert strategy._SYNCED[estimator.train_net] == (frozenset(id(p) for p in estimator.net.parameters()), {})
+
+
+def test_a_net_frozen_whole_when_the_estimator_was_built_is_wrapped_by_the_first_fit_that_trains_it(
+    one_rank_group, monkeypatch
+):
+    net = backbone_and_head().requires_grad_(False)
+    with monkeypatch.context() as patch:
+        patch.setattr(strategy, "world_size", lambda: 2)
+        estimator = Estimator(net, nn.MSELoss(), device="cpu", strategy="ddp")  # evaluate-only: no optimizer
+    assert estimator.train_net is net and estimator.optimizers == []
+    estimator.evaluate(regression_batches())
+    net[2].requires_grad_(True)  # the head
+    before = flat(net[2])
+    with pytest.warns(UserWarning, match="no optimizer given"):
+        estimator.fit(regression_batches(), epochs=1, default_handlers=False)
+    assert isinstance(estimator.train_net, DistributedDataParallel) and estimator.train_net.module is net
+    assert not torch.equal(before, flat(net[2]))
 
 
 def test_a_users_own_wrapper_that_no_longer_fits_is_an_error_naming_the_parameters(one_rank_group):

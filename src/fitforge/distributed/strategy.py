@@ -202,9 +202,14 @@ def parallelize(
     if strategy == "fsdp":
         quiet_other_ranks()
         return shard(net, optimizers, device, options)
-    if world_size() == 1 or not any(p.requires_grad for p in net.parameters()):
-        return net  # nothing to train (an estimator for evaluate and predict): DDP refuses such a net
+    if world_size() == 1:
+        return net
     quiet_other_ranks()
+    if not any(p.requires_grad for p in net.parameters()):
+        # Nothing to train (an estimator for evaluate and predict; a backbone frozen whole): DDP
+        # refuses such a net. The first fit with something to train wraps it (follow_trainable).
+        _SYNCED[net] = (frozenset(), options or {})
+        return net
     return _ddp(net, device, options or {})
 
 
@@ -236,7 +241,8 @@ def follow_trainable(train_net: nn.Module, net: nn.Module, device: torch.device)
     averages its gradient), and one frozen since makes DDP wait for a gradient that never comes
     ("Expected to have finished reduction"). A wrapper fitforge made is made anew with the same
     options, on every rank (each runs this fit); a comm hook registered on the old one is not carried
-    over. For a wrapper the user made, this is an error that says what to do.
+    over. A net left unwrapped because nothing in it trained is wrapped by the first fit that trains
+    it. For a wrapper the user made, this is an error that says what to do.
     """
     made = _SYNCED.get(train_net)
     if made is None:
@@ -254,8 +260,8 @@ def follow_trainable(train_net: nn.Module, net: nn.Module, device: torch.device)
             "itself: it wraps it again when they change"
         )
     log.info(
-        "%d parameter(s) were frozen or unfrozen since the net was wrapped for several processes (%s): "
-        "wrapping it in DistributedDataParallel again, so that their gradients are averaged over the ranks",
+        "%d parameter(s) were frozen or unfrozen since the net was prepared for several processes (%s): "
+        "wrapping it in DistributedDataParallel anew, so that their gradients are averaged over the ranks",
         len(changed),
         ", ".join(changed[:5]),
     )
