@@ -22,6 +22,7 @@ from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
 from fitforge.core.first_batch import check_first_batch_of
 from fitforge.core.history import History, numbered_key
+from fitforge.core.learning_rate import set_learning_rate
 from fitforge.core.loop import run_fit, run_pass
 from fitforge.core.loss import loss_sets
 from fitforge.core.options import (
@@ -370,6 +371,28 @@ class Estimator:
         Weights, optimizer states, modes and random generators are restored exactly afterwards."""
         self._announce_default_optimizer("lr_find")
         return lr_find(self, train_data, start_lr, end_lr, num_steps, smoothing, diverge_factor, batch_size)
+
+    def set_lr(self, lr: float | Sequence[float], optimizer: int | torch.optim.Optimizer | None = None) -> None:
+        """Set the learning rate the next fit trains with: fine-tuning's lower rate for a second phase.
+
+        ``lr`` is written into every parameter group of every optimizer (of ``optimizers[optimizer]``
+        when an index or one of them is given), and into the ``initial_lr`` a scheduler recorded, so
+        a scheduler built afterwards starts from it. A list gives one rate per parameter group of
+        one optimizer (a backbone lower than its head). A scheduler of an earlier phase keeps its own
+        base rates: build a new one for the next phase. See docs/fine-tuning.md.
+
+        Example:
+            >>> backbone.requires_grad_(True)  # unfreeze after fitting the head    # doctest: +SKIP
+            >>> estimator.set_lr(1e-4)                                                # doctest: +SKIP
+            >>> estimator.fit(train_loader, epochs=3)  # epochs and history continue # doctest: +SKIP
+
+        Raises:
+            FitforgeTypeError: ``lr`` is not a number or a list of numbers, or ``optimizer`` neither
+                None, an int nor one of the estimator's optimizers.
+            FitforgeValueError: a negative, nan or infinite rate; a list whose length is not the
+                optimizer's number of parameter groups; an index out of range.
+        """
+        set_learning_rate(self.optimizers, lr, optimizer)
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
         """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file

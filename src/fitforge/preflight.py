@@ -20,6 +20,9 @@ from fitforge.core.loss import LossSet, ModelLoss
 from fitforge.core.processor import bound_step
 from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike, TrainState
+from fitforge.core.untrained import warn_untrained
+from fitforge.distributed.fsdp import hold_shards
+from fitforge.distributed.strategy import follow_trainable
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers.defaults import evaluate_handlers
 from fitforge.handlers.stopping import StoppingHandler, tighter_limit
@@ -48,8 +51,10 @@ def check_placement(estimator: Estimator, *nets: str) -> None:
 def preflight(
     estimator: Estimator, handlers: list[EventHandler], val_data: Any, epochs: int | None, batches: int | None
 ) -> tuple[int | None, int | None]:
-    """Check every validation source before training, and fold StoppingHandler limits into the
-    run's (the first limit reached ends training); returns the effective ``(epochs, batches)``."""
+    """Check the parameters that will train (:func:`check_trainable`) and every validation source
+    before training, and fold StoppingHandler limits into the run's (the first limit reached ends
+    training); returns the effective ``(epochs, batches)``."""
+    check_trainable(estimator)  # first: the validation check's forward may gather FSDP's parameters
     for handler in handlers:
         if isinstance(handler, ValidationHandler):
             name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
@@ -61,6 +66,18 @@ def preflight(
         if isinstance(handler, StoppingHandler):
             epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
     return epochs, batches
+
+
+def check_trainable(estimator: Estimator) -> None:
+    """Once per fit, as ``requires_grad`` may have changed since the last (freeze, fit, unfreeze, fit):
+    warn of trainable parameters that no optimizer holds (:mod:`fitforge.core.untrained`), comparing
+    the parameters the optimizers hold (under FSDP the shards, held again by the units first), and
+    make DDP's wrapper follow the parameters that train now (:func:`~fitforge.distributed.strategy.follow_trainable`).
+    One pass over the parameters; no cost per batch."""
+    if estimator.strategy == "fsdp":
+        hold_shards(estimator.net)
+    warn_untrained(estimator.net, estimator.optimizers)
+    estimator.train_net = follow_trainable(estimator.train_net, estimator.net, estimator.device)
 
 
 CHECKED_SAMPLES = 2  # enough for shapes, dtypes and the metrics' updates; BatchNorm in eval mode takes 1

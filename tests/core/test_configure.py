@@ -124,11 +124,12 @@ class TestResolveOptimizers:
         assert type(optimizer) is cls and optimizer.param_groups[0]["lr"] == lr
         assert param_ids(optimizer) == [id(p) for p in net.parameters()]
 
-    def test_name_skips_frozen_parameters(self):
+    @pytest.mark.parametrize("name", ["sgd", None])
+    def test_a_name_or_the_default_holds_frozen_parameters_too(self, name):
         net = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
-        net[0].requires_grad_(False)
-        (optimizer,) = resolve_optimizers("sgd", net)
-        assert param_ids(optimizer) == [id(p) for p in net[1].parameters()]
+        net[0].requires_grad_(False)  # skipped while without a gradient; trained once unfrozen
+        (optimizer,) = resolve_optimizers(name, net)
+        assert param_ids(optimizer) == [id(p) for p in net.parameters()]
 
     def test_unknown_name(self):
         msg = (

@@ -2,7 +2,7 @@
 like 1 process with the same global batch, reduce their metrics, gather predictions on rank 0,
 write files from rank 0 only, save together when one rank gets SIGTERM, and resume on 2 ranks and
 on 1 process; a two-"node" launch on loopback agrees too, and so does a torchrun elastic restart after
-one rank was killed.
+one rank was killed. A layer unfrozen between two fits trains alike on both ranks.
 
 The launches are independent processes, so the module runs them in parallel once and the tests
 read their results."""
@@ -133,6 +133,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "one_stops_early",
             "user_ddp",
             "elastic",
+            "finetune_one",
+            "finetune_two",
         )
     }
     folders = {
@@ -156,6 +158,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "one_cancels": pool.submit(launch, paths["one_cancels"], {**BASE, "cancel_fit_at": 6, "agree_every": 4}, 2),
             "one_stops_early": pool.submit(launch, paths["one_stops_early"], {**BASE, "stop_at_epoch_begin": 1}, 2),
             "user_ddp": pool.submit(launch, paths["user_ddp"], {**BASE, "user_ddp": True, "per_rank_dirs": True}, 2),
+            "finetune_one": pool.submit(launch, paths["finetune_one"], {**BASE, "finetune": True}, 0),
+            "finetune_two": pool.submit(launch, paths["finetune_two"], {**BASE, "finetune": True}, 2),
         }
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
             first["fsdp_stopped"] = pool.submit(
@@ -321,6 +325,16 @@ def test_a_script_that_wraps_ddp_and_splits_the_data_itself_gets_the_same(runs):
     assert ranks[0]["history"] == ranks[1]["history"] and close(ranks[0]["history"], single["history"])
     assert ranks[0]["evaluate"] == ranks[1]["evaluate"] and close(ranks[0]["evaluate"], single["evaluate"])
     assert not (runs["user_ddp"] / "rank1").exists()  # the reporting and saving stay on rank 0
+
+
+def test_a_layer_unfrozen_between_fits_trains_alike_on_every_rank_and_like_one_process(runs):
+    # DDP made while the layer was frozen would leave its gradients unaveraged: fit wraps the net anew.
+    (single,) = results(runs["finetune_one"], 1)
+    (plain,) = results(runs["one"], 1)
+    ranks = results(runs["finetune_two"], 2)
+    assert ranks[0]["params"] == ranks[1]["params"] and max_difference(ranks[0]["params"], single["params"]) <= 1e-6
+    assert ranks[0]["history"] == ranks[1]["history"] and close(ranks[0]["history"], single["history"])
+    assert max_difference(single["params"], plain["params"]) > 1e-3  # the frozen first fit made a difference
 
 
 def test_two_nodes_on_loopback_train_like_one_process(runs):

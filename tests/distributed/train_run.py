@@ -11,7 +11,8 @@ processor that forwards through estimator.net, not the DDP wrapper), user_ddp (t
 initialises the group and wraps the net and samplers itself), model_dir (a checkpoint folder shared
 by runs), kill_at / kill_rank (that rank kills itself with SIGKILL after that batch, in torchrun's
 first round only, for an elastic restart to resume from the newest checkpoint), agree_every (the
-ranks agree on stops every that many batches, after the first; without it, as often as fit chooses).
+ranks agree on stops every that many batches, after the first; without it, as often as fit chooses),
+finetune (the first layer frozen for a first fit of one epoch, then unfrozen for the fit measured).
 """
 
 import json
@@ -49,6 +50,8 @@ class Bypass(BatchProcessor):
 
 
 train_set, val_set = TensorDataset(x, y), TensorDataset(x[:50], y[:50])  # val: 25 per rank of 2, uneven batches
+if config.get("finetune"):
+    net[0].requires_grad_(False)
 optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 model = net
 train_options: dict = {"shuffle": config.get("shuffle", False)}
@@ -132,6 +135,9 @@ handlers.append(
 )
 
 result: dict = {"rank": me, "world": world, "restarts": restarts}
+if config.get("finetune"):  # DDP made with the first layer frozen syncs no gradient of it: fit wraps anew
+    estimator.fit(train, epochs=1, default_handlers=False)
+    net[0].requires_grad_(True)
 try:
     history = estimator.fit(
         train, val_data=val, epochs=config.get("epochs"), batches=config.get("batches"), event_handlers=handlers

@@ -52,9 +52,12 @@ def resolve_device(device: Any) -> torch.device:
     return resolved
 
 
-def _trainable(net: nn.Module) -> list[nn.Parameter]:
-    params = [p for p in net.parameters() if p.requires_grad]
-    if not params:
+def _optimized_parameters(net: nn.Module) -> list[nn.Parameter]:
+    """Every parameter of ``net``, frozen ones included, when some are trainable: an optimizer skips
+    a parameter without a gradient, so one unfrozen later (fine-tuning's second phase) trains with
+    no new optimizer. A net with none trainable is an error."""
+    params = list(net.parameters())
+    if not any(p.requires_grad for p in params):
         raise FitforgeValueError(
             "net has no trainable parameters (none with requires_grad=True), so no optimizer can train it"
         )
@@ -63,11 +66,12 @@ def _trainable(net: nn.Module) -> list[nn.Parameter]:
 
 def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optimizer]:
     """An optimizer, a list of them, a name ('adam', 'sgd', ...) or None: Adam (lr 1e-3) over the
-    trainable parameters, or no optimizer for a net without any (an estimator for evaluation and
-    prediction only). Training with the default warns then (:func:`warn_default_optimizer`)."""
+    net's parameters (frozen ones included, see :func:`_optimized_parameters`), or no optimizer for a net with
+    none trainable (an estimator for evaluation and prediction only). Training with the default
+    warns then (:func:`warn_default_optimizer`)."""
     if optimizer is None:
-        params = [p for p in net.parameters() if p.requires_grad]
-        return [torch.optim.Adam(params, lr=1e-3)] if params else []
+        params = list(net.parameters())
+        return [torch.optim.Adam(params, lr=1e-3)] if any(p.requires_grad for p in params) else []
     if isinstance(optimizer, str):
         if optimizer.lower() not in OPTIMIZERS:
             raise FitforgeValueError(
@@ -75,7 +79,7 @@ def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optim
                 "or pass a torch.optim.Optimizer instance"
             )
         cls, lr = OPTIMIZERS[optimizer.lower()]
-        return [cls(_trainable(net), lr=lr)]  # type: ignore[call-arg]  # every class listed takes lr
+        return [cls(_optimized_parameters(net), lr=lr)]  # type: ignore[call-arg]  # every class listed takes lr
     items = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if not items:
         raise FitforgeValueError("optimizer is an empty list; give at least one torch.optim.Optimizer")
@@ -102,10 +106,10 @@ def warn_default_optimizer(
 ) -> list[torch.optim.Optimizer]:
     """Before ``entry`` (fit, lr_find) trains with the optimizer chosen for ``optimizer=None``: a
     warning, and the optimizers to train with. A net that was frozen when the Estimator was built
-    (for evaluation and prediction, which need none) gets its Adam now, over the parameters that
-    train now; with none, the error of a net with nothing to train."""
+    (for evaluation and prediction, which need none) gets its Adam now, over its parameters; with
+    none trainable, the error of a net with nothing to train."""
     if not optimizers:
-        params = _trainable(net)  # raises: nothing to train
+        params = _optimized_parameters(net)  # raises: nothing to train
         if wrapped:  # the wrapper was made for a frozen net
             raise FitforgeValueError(
                 "net was frozen when the Estimator was built with optimizer=None, and it is wrapped for several "

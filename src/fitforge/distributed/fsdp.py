@@ -42,6 +42,30 @@ def _fully_shard() -> Any:
     return fully_shard
 
 
+def _fsdp_module() -> Any:
+    try:
+        from torch.distributed.fsdp import FSDPModule  # torch >= 2.6
+    except ImportError:  # pragma: no cover - torch 2.4 and 2.5
+        from torch.distributed._composable.fsdp import FSDPModule
+    return FSDPModule
+
+
+def hold_shards(net: nn.Module) -> None:
+    """Make every unit of the sharded ``net`` hold its sharded parameters, the ones the optimizers
+    step, before fit compares them with the optimizers'. A unit sharded with
+    ``reshard_after_forward=False`` keeps the gathered ones after a forward (an evaluation's), and
+    a ``requires_grad_`` made on those then (unfreezing for the next fit) is carried over to the
+    shards, which FSDP takes it from."""
+    flags = {name: p.requires_grad for name, p in net.named_parameters()}
+    fsdp_module = _fsdp_module()
+    for module in net.modules():
+        if isinstance(module, fsdp_module):
+            module.reshard()
+    for name, parameter in net.named_parameters():
+        if parameter.requires_grad != flags[name]:
+            parameter.requires_grad_(flags[name])
+
+
 def supported() -> bool:
     """Whether this torch has FSDP2."""
     return _fully_shard() is not None

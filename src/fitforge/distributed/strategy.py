@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -184,8 +185,11 @@ def parallelize(
     itself (one process, or ``strategy="none"``)."""
     if initialized():  # a group the script made: fitforge's collectives run on its threads too
         release_at_exit(destroy=False)
-    if wrapper is not None or strategy == "none":
-        return net if wrapper is None else wrapper
+    if wrapper is not None:
+        _SYNCED[wrapper] = (_trainable_ids(net), None)  # as the user wrapped it, presumably
+        return wrapper
+    if strategy == "none":
+        return net
     if strategy == "auto" and not _several():
         return net
     if not initialized() and not launched():
@@ -198,13 +202,67 @@ def parallelize(
     if strategy == "fsdp":
         quiet_other_ranks()
         return shard(net, optimizers, device, options)
-    if world_size() == 1 or not any(p.requires_grad for p in net.parameters()):
-        return net  # nothing to train (an estimator for evaluate and predict): DDP refuses such a net
+    if world_size() == 1:
+        return net
     quiet_other_ranks()
+    if not any(p.requires_grad for p in net.parameters()):
+        # Nothing to train (an estimator for evaluate and predict; a backbone frozen whole): DDP
+        # refuses such a net. The first fit with something to train wraps it (follow_trainable).
+        _SYNCED[net] = (frozenset(), options or {})
+        return net
+    return _ddp(net, device, options or {})
+
+
+def _ddp(net: nn.Module, device: torch.device, options: dict) -> DistributedDataParallel:
     device_ids = [device.index] if device.type == "cuda" else None
     try:
-        return DistributedDataParallel(net, device_ids=device_ids, **(options or {}))
+        wrapper = DistributedDataParallel(net, device_ids=device_ids, **options)
     except TypeError as err:
         raise FitforgeTypeError(
             f"strategy_options {options!r} are not all arguments of DistributedDataParallel: {err}"
         ) from err
+    _SYNCED[wrapper] = (_trainable_ids(net), options)
+    return wrapper
+
+
+# DDP synchronises the gradients of the parameters that required grad when it was made, and only
+# those. Per wrapper: their ids, and the options fitforge made it with (None: the user's wrapper).
+_SYNCED: weakref.WeakKeyDictionary[nn.Module, tuple[frozenset[int], dict | None]] = weakref.WeakKeyDictionary()
+
+
+def _trainable_ids(net: nn.Module) -> frozenset[int]:
+    return frozenset(id(p) for p in net.parameters() if p.requires_grad)
+
+
+def follow_trainable(train_net: nn.Module, net: nn.Module, device: torch.device) -> nn.Module:
+    """The module fit's forward goes through, for the parameters that train now (checked at each fit).
+
+    A parameter unfrozen since the DDP wrapper was made would train apart on each rank (DDP never
+    averages its gradient), and one frozen since makes DDP wait for a gradient that never comes
+    ("Expected to have finished reduction"). A wrapper fitforge made is made anew with the same
+    options, on every rank (each runs this fit); a comm hook registered on the old one is not carried
+    over. A net left unwrapped because nothing in it trained is wrapped by the first fit that trains
+    it. For a wrapper the user made, this is an error that says what to do.
+    """
+    made = _SYNCED.get(train_net)
+    if made is None:
+        return train_net  # one process, FSDP (which follows requires_grad itself), or no strategy
+    synced, options = made
+    trainable = _trainable_ids(net)
+    if trainable == synced or not trainable:  # nothing to train: fit's own error follows
+        return train_net
+    changed = [name for name, p in net.named_parameters() if (id(p) in trainable) != (id(p) in synced)]
+    if options is None:
+        raise FitforgeValueError(
+            f"the DistributedDataParallel wrapper given as net synchronises the gradients of the parameters that "
+            f"required grad when it was made, and {len(changed)} changed since ({', '.join(changed[:5])}): wrap the "
+            "net again after changing requires_grad and build a new Estimator with it, or give the Estimator the net "
+            "itself: it wraps it again when they change"
+        )
+    log.info(
+        "%d parameter(s) were frozen or unfrozen since the net was prepared for several processes (%s): "
+        "wrapping it in DistributedDataParallel anew, so that their gradients are averaged over the ranks",
+        len(changed),
+        ", ".join(changed[:5]),
+    )
+    return _ddp(net, device, options)

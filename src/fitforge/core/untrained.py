@@ -1,0 +1,81 @@
+"""Trainable parameters that no optimizer holds, named once at fit start.
+
+The usual fine-tuning idiom builds the optimizer over the parameters that train *now*
+(``Adam(p for p in net.parameters() if p.requires_grad)``); unfreezing the backbone later makes
+its parameters trainable, but no optimizer steps them, and nothing would say so. A frozen parameter
+(``requires_grad=False``) outside every optimizer is no mistake and goes unmentioned.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn.parameter import is_lazy
+
+log = logging.getLogger("fitforge")
+SHOWN = 5  # names in the warning; the count covers the rest
+_ATTRIBUTE = re.compile(r"[A-Za-z_]\w*")
+
+
+def _held(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:
+    return {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+
+
+def untrained_names(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
+    """The qualified names of ``net``'s parameters that require grad but are in no optimizer's
+    parameter groups (compared by identity; several optimizers count together, a GAN's)."""
+    held = _held(optimizers)
+    # The usual case, at every fit: one walk over the modules' own parameters, no names built
+    # (half the cost of net.parameters(), which builds every qualified name to drop it).
+    if all(p is None or id(p) in held or not p.requires_grad for m in net.modules() for p in m._parameters.values()):
+        return []
+    return [name for name, p in net.named_parameters() if p.requires_grad and id(p) not in held]
+
+
+def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer], entry: str = "fit") -> None:
+    """One warning through the ``fitforge`` logger when some trainable parameters of ``net`` are in
+    no optimizer: their count, the first names and the fixes."""
+    names = untrained_names(net, optimizers)
+    if not names:
+        return
+    parameters = dict(net.named_parameters())
+    values = sum(parameters[name].numel() for name in names if not is_lazy(parameters[name]))
+    shown = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    counted = (
+        f"1 trainable parameter of net ({values:,} values) is"
+        if len(names) == 1
+        else (f"{len(names)} trainable parameters of net ({values:,} values) are")
+    )
+    log.warning(
+        "%s: %s in no optimizer, so training leaves them unchanged: %s. To train them, add them to the optimizer: "
+        '%s.add_param_group({"params": %s}), then estimator.set_lr(...) sets every group\'s '
+        "rate; or build the optimizer over every parameter, torch.optim.Adam(net.parameters(), ...), which "
+        "skips frozen ones until they are unfrozen. Parameters that should not train: requires_grad_(False).",
+        entry,
+        counted,
+        shown,
+        "estimator.optimizer" if len(optimizers) == 1 else "estimator.optimizers[i]",
+        _parameters_of(net, names, _held(optimizers)),
+    )
+
+
+def _parameters_of(net: nn.Module, names: list[str], held: set[int]) -> str:
+    """Code for the parameters ``names``: the smallest module that holds them, when no optimizer
+    holds any of its parameters (``estimator.net.backbone.parameters()``), else a placeholder."""
+    prefix = names[0].split(".")[:-1]
+    for name in names[1:]:
+        parts = name.split(".")[:-1]
+        common = 0
+        while common < min(len(prefix), len(parts)) and prefix[common] == parts[common]:
+            common += 1
+        prefix = prefix[:common]
+    if any(id(p) in held for p in net.get_submodule(".".join(prefix)).parameters()):
+        return "[those parameters]"
+    if all(part.isdigit() or _ATTRIBUTE.fullmatch(part) for part in prefix):
+        path = "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in prefix)
+        return f"estimator.net{path}.parameters()"
+    return f"estimator.net.get_submodule({'.'.join(prefix)!r}).parameters()"
