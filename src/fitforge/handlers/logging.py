@@ -15,7 +15,7 @@ from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.core.summary import model_summary
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers.formatting import epoch_label, format_values
+from fitforge.handlers.formatting import epoch_label, format_values, pass_label
 from fitforge.handlers.nan_guard import NaNGuardHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
 
@@ -103,6 +103,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "global_step",
         "epoch_finished",
         "preempted",
+        "prefix",
         "max_epochs",
         "max_batches",
         "num_batches",
@@ -148,7 +149,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":  # inside evaluate: its values, no history row
             ensure_console_output()  # evaluate has no train_begin
-            log.log(self.level, "[%s] %s", state.phase.capitalize(), format_values(state.metrics))
+            log.log(self.level, "[%s] %s", pass_label(state), format_values(state.metrics))
             return
         # The values recorded in this epoch: a key without one (no validation this epoch) is left
         # out, a recorded nan (a diverged loss) is shown.

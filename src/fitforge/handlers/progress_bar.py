@@ -21,7 +21,7 @@ from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.history import in_notebook
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
-from fitforge.handlers.formatting import epoch_label, format_value
+from fitforge.handlers.formatting import epoch_label, format_value, pass_label
 
 _MORE = " …"  # ends running values cut to fit the width
 
@@ -79,7 +79,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "handlers")
+    reads = ("phase", "prefix", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "handlers")
 
     def __init__(
         self,
@@ -104,7 +104,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self._live = notebook or is_terminal(stream)  # else no redraws: a file would get every one
         self._stream = stream
         self._keep = state.phase == "train" and (self.leave if self.leave is not None else not _lines_elsewhere(state))
-        label = "Validate" if state.phase == "validate" else epoch_label(state)
+        label = epoch_label(state) if state.phase == "train" else pass_label(state)
         self._bar = bar_class(notebook)(
             total=state.num_batches,
             desc=label,
