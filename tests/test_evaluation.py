@@ -1,13 +1,16 @@
 """Evaluation: set up once (data, dispatcher, step), run as often as asked; the first pass checks
 its first batch unless the check before training did."""
 
+import logging
+
 import pytest
 
 import fitforge.evaluation as evaluation_module
+from fitforge import BatchProcessor
 from fitforge.core.dispatch import Dispatcher
 from fitforge.evaluation import Evaluation
-from fitforge.exceptions import BatchFormatError
-from fitforge.handlers import ValidationHandler
+from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import LoggingHandler, ValidationHandler
 from helpers import make_estimator, regression_batches
 
 
@@ -53,3 +56,49 @@ def test_an_unchecked_first_pass_still_names_a_bad_batch():
     unchecked = ValidationHandler([(1, 2)], check_first=False)
     with pytest.raises(BatchFormatError, match="pair of tensors"):  # at the first validation, by its first pass
         estimator.fit(regression_batches(), epochs=1, event_handlers=[unchecked])
+
+
+class LogsSpread(BatchProcessor):
+    """A step that also logs a named value (``<prefix>_spread``)."""
+
+    def evaluate_batch(self, state, batch):
+        out = super().evaluate_batch(state, batch)
+        state.log("spread", out.pred.std())
+        return out
+
+
+def test_evaluate_names_its_keys_by_prefix(caplog):
+    estimator = make_estimator(train_metrics=["mae", "rmse"], batch_processor=LogsSpread())
+    val = estimator.evaluate(regression_batches())
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        test = estimator.evaluate(regression_batches(), event_handlers=[LoggingHandler()], prefix="test")
+    assert list(val) == ["val_loss", "val_mae", "val_rmse", "val_spread"]
+    assert test == {key.replace("val_", "test_"): value for key, value in val.items()}
+    assert "[Test] test_loss=" in caplog.text
+    assert estimator.evaluate(regression_batches(), prefix="holdout_2").keys() >= {"holdout_2_loss", "holdout_2_mae"}
+
+
+def test_the_validation_in_fit_keeps_val_after_a_test_evaluation():
+    estimator = make_estimator()
+    estimator.evaluate(regression_batches(), prefix="test")
+    history = estimator.fit(regression_batches(), val_data=regression_batches(1), epochs=1)
+    assert {"val_loss", "val_mae"} <= set(history) and not any(key.startswith("test_") for key in history)
+    assert set(estimator.evaluate(regression_batches(), prefix="val")) == {"val_loss", "val_mae"}
+
+
+@pytest.mark.parametrize(
+    ("prefix", "error", "message"),
+    [
+        ("", FitforgeValueError, "prefix must be a non-empty name .* got ''"),
+        ("test_", FitforgeValueError, "got 'test_'; the '_' is added: pass 'test'"),
+        ("my test", FitforgeValueError, "got 'my test'"),
+        ("2nd", FitforgeValueError, "starts with a letter"),
+        ("_test", FitforgeValueError, "got '_test'"),
+        (None, FitforgeTypeError, "prefix must be a str such as 'val' or 'test', got None"),
+        (b"test", FitforgeTypeError, "got bytes"),
+    ],
+)
+def test_a_bad_prefix_is_refused_before_any_batch(prefix, error, message):
+    estimator = make_estimator()
+    with pytest.raises(error, match=f"^evaluate: .*{message}"):
+        estimator.evaluate([(1, 2)], prefix=prefix)  # bad data too: the prefix is checked first

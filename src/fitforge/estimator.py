@@ -303,11 +303,24 @@ class Estimator:
         self.history.extend(state.history)
 
     def evaluate(
-        self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None
+        self,
+        val_data: Iterable,
+        event_handlers: Sequence[EventHandler] | None = None,
+        batch_size: int | None = None,
+        prefix: str = "val",
     ) -> dict[str, float]:
         """Loss and metrics of ``val_net`` over ``val_data``: ``{"val_loss": ..., "val_<metric>": ...}``.
-        ``val_data`` may be arrays ``(X, y)``, batched by ``batch_size`` (default 32)."""
-        return Evaluation(self, val_data, event_handlers, batch_size)()
+        ``val_data`` may be arrays ``(X, y)``, batched by ``batch_size`` (default 32).
+
+        ``prefix`` names the data in the keys: ``evaluate(test_loader, prefix="test")`` returns
+        ``{"test_loss": ..., "test_<metric>": ...}`` (the values ``state.log`` names too). It is a
+        name of letters, digits and ``_`` starting with a letter; the ``_`` after it is added. The
+        validation inside ``fit`` always records ``val_*``.
+
+        Raises:
+            FitforgeTypeError/FitforgeValueError: a bad ``prefix`` or bad data (before any batch).
+        """
+        return Evaluation(self, val_data, event_handlers, batch_size, prefix=prefix)()
 
     def evaluation(
         self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None, checked: bool = False

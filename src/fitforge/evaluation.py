@@ -24,6 +24,7 @@ from fitforge.core.run import OnePass, RunContext, inference
 from fitforge.core.state import TrainState
 from fitforge.distributed.data_split import shard_eval
 from fitforge.distributed.ranks import on_this_rank
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.defaults import evaluate_handlers
 from fitforge.preflight import check_placement
 
@@ -36,6 +37,8 @@ class Evaluation:
         val_data: re-iterable batches, or arrays ``(X, y)`` batched by ``batch_size`` (default 32).
         event_handlers: the passes' handlers (a MetricHandler of ``val_metrics`` when none is one).
         checked: the data's first batch was checked already: the first pass skips that check.
+        prefix: the first word of the result's keys (``"test"``: ``test_loss``...); see
+            :func:`check_prefix`.
     """
 
     def __init__(
@@ -45,7 +48,9 @@ class Evaluation:
         event_handlers: Sequence[EventHandler] | None = None,
         batch_size: int | None = None,
         checked: bool = False,
+        prefix: str = "val",
     ) -> None:
+        self.prefix = None if check_prefix(prefix) == "val" else prefix  # None: the phase's own, val
         val_data = eval_loader(val_data, batch_size, "val_data")
         self.num_batches = check_data(val_data, "val_data", passes=1)
         self.sharded = False
@@ -58,9 +63,9 @@ class Evaluation:
         self.step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
 
     def __call__(self) -> dict[str, float]:
-        """One pass: ``{"val_loss": ..., "val_<metric>": ...}``."""
+        """One pass: ``{"val_loss": ..., "val_<metric>": ...}`` (``<prefix>_loss``...)."""
         estimator = self.estimator
-        state = TrainState(estimator, "validate", num_batches=self.num_batches)
+        state = TrainState(estimator, "validate", num_batches=self.num_batches, prefix=self.prefix)
         run = RunContext(self.dispatcher, self.step, OnePass(self.val_data), "val_data", allow_empty=self.sharded)
         if not self.checked:
             estimator._val_loss.arm_checks()
@@ -69,3 +74,22 @@ class Evaluation:
             run_pass(state, run)
         self.checked = self.checked or state.batch_idx >= 0  # a pass that read a batch checked it
         return dict(state.metrics)
+
+
+def check_prefix(prefix: object) -> str:
+    """``prefix`` must be a non-empty identifier-like str without a trailing ``_`` (``"val"``,
+    ``"test"``, ``"holdout_2"``): the keys are ``<prefix>_loss``, ``<prefix>_<metric>``. Returns it.
+
+    Raises:
+        FitforgeTypeError: not a str.
+        FitforgeValueError: empty, not identifier-like, or ending in ``_``.
+    """
+    if not isinstance(prefix, str):
+        raise FitforgeTypeError(f"evaluate: prefix must be a str such as 'val' or 'test', got {describe(prefix)}")
+    if not (prefix.isidentifier() and prefix.isascii() and prefix[0].isalpha() and not prefix.endswith("_")):
+        hint = f"; the '_' is added: pass {prefix.rstrip('_')!r}" if prefix.rstrip("_").isidentifier() else ""
+        raise FitforgeValueError(
+            f"evaluate: prefix must be a non-empty name of letters, digits and '_' that starts with a letter "
+            f"and does not end in '_' (the keys are '<prefix>_loss', '<prefix>_<metric>'), got {prefix!r}{hint}"
+        )
+    return prefix

@@ -1,12 +1,11 @@
-"""What the progress bar leaves on screen: one line per epoch on a terminal, no redraws in a file,
-text or widget bars in a notebook."""
+"""What the progress bar leaves on screen: one line per epoch on a terminal, no redraws in a file
+(notebooks: test_notebook_output.py)."""
 
 import io
 import logging
 import re
 import sys
 import types
-import warnings
 
 import pytest
 
@@ -126,28 +125,6 @@ def fake_ipython(shell):
     return types.SimpleNamespace(get_ipython=lambda: shell)
 
 
-def test_a_notebook_without_ipywidgets_gets_text_bars_silently(monkeypatch):
-    from tqdm import notebook
-
-    monkeypatch.setitem(sys.modules, "IPython", fake_ipython(ZMQInteractiveShell()))
-    monkeypatch.setattr(notebook, "IProgress", None)
-    assert progress_bar.in_notebook() and progress_bar.interactive()
-    file = io.StringIO()  # a notebook's stderr is no terminal, yet the bar draws
-    every_batch_refreshes(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fit([ProgressBarHandler(file=file, leave=True)], epochs=1)
-    assert "\r" in file.getvalue() and "IProgress" not in file.getvalue()
-
-
-def test_a_notebook_with_ipywidgets_gets_the_widget_bar(monkeypatch):
-    from tqdm import notebook
-
-    monkeypatch.setattr(notebook, "IProgress", object)
-    assert progress_bar.bar_class(notebook=True) is notebook.tqdm
-    assert progress_bar.bar_class(notebook=False).__module__ == "tqdm.std"
-
-
 def test_notebook_detection(monkeypatch):
     class Shell:
         config = frozenset({"IPKernelApp"})  # a kernel whose shell has another name (Colab's)
@@ -199,3 +176,25 @@ def test_the_reporting_handlers_keep_to_their_declared_access(monkeypatch, caplo
         )
         est.evaluate(regression_batches(1), event_handlers=[ProgressBarHandler(file=FakeTerminal()), LoggingHandler()])
     assert "[Validate]" in caplog.text
+
+
+@pytest.mark.parametrize("validation", [False, True])
+def test_redirected_stderr_gets_one_line_per_epoch_from_an_explicit_bar(monkeypatch, validation):
+    """A script that adds ProgressBarHandler() itself, its stderr a file or a CI log (no terminal):
+    no carriage return, and one line per epoch: the log's (the bar draws nothing beside it)."""
+    stream = io.StringIO()  # not a terminal, as a redirected sys.stderr
+    logger = logging.getLogger("fitforge")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", False)
+    monkeypatch.setattr(logger, "level", logging.NOTSET)  # an unconfigured script: fitforge prints itself
+    monkeypatch.setattr(sys, "stderr", stream)
+    every_batch_refreshes(monkeypatch)
+    est = make_estimator(train_metrics=METRICS)
+    val = regression_batches(2) if validation else None
+    est.fit(regression_batches(4), val_data=val, epochs=3, event_handlers=[ProgressBarHandler()])
+    est.evaluate(regression_batches(2), event_handlers=[ProgressBarHandler()])  # its bar draws nothing either
+    text = stream.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert [line.split("]")[0] for line in lines if line.startswith("[")] == ["[Epoch 1/3", "[Epoch 2/3", "[Epoch 3/3"]
+    assert len(lines) == 6 and lines[-1].startswith("Finished: 3 epochs")  # the model, the length, 3 epochs, the end

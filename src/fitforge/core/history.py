@@ -23,6 +23,15 @@ def numbered_key(name: str, index: int) -> str:
 class History(Mapping):
     """Per-epoch records.
 
+    Attributes:
+        restored_epoch: the 1-based epoch (a row of this History) whose weights the estimator holds
+            after a restore, e.g. ``EarlyStoppingHandler(restore_best=True)`` going back to its best
+            epoch; None when the weights are those of the last epoch. ``history.rows()[n - 1]``
+            (``n = restored_epoch``) holds the values that match the weights (``evaluate`` agrees
+            with its ``val_*``), not the last row. A new epoch clears it, as training moves the
+            weights on; checkpoints keep it.
+        stop_reason: why training stopped (``"reached epochs=5"``, early stopping's reason...).
+
     Example:
         >>> history = estimator.fit(train, val_data=val, epochs=3)  # doctest: +SKIP
         >>> history["val_accuracy"][-1]                              # doctest: +SKIP
@@ -34,6 +43,7 @@ class History(Mapping):
         self._epochs = 0
         self._recorded: set[str] = set()  # keys recorded in the current row (nan may be a recorded value)
         self.stop_reason: str | None = None
+        self.restored_epoch: int | None = None
         self.profile: str | None = None  # fit(profile=True)'s table of time per handler and event
 
     # -- writing (used by the loop and handlers) --------------------------------------------------
@@ -41,6 +51,7 @@ class History(Mapping):
         """Open a row for a new epoch; every key gets ``nan`` until recorded."""
         self._epochs += 1
         self._recorded.clear()
+        self.restored_epoch = None  # the weights move on from any restored epoch
         for column in self._columns.values():
             column.append(math.nan)
 
@@ -103,6 +114,7 @@ class History(Mapping):
             "epochs": self._epochs,
             "recorded": sorted(self._recorded),
             "stop_reason": self.stop_reason,
+            "restored_epoch": self.restored_epoch,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -111,10 +123,20 @@ class History(Mapping):
         self._epochs = int(state["epochs"])
         self._recorded = set(state.get("recorded", ()))  # keys of the last row: a resumed epoch continues it
         self.stop_reason = state.get("stop_reason")
+        restored = state.get("restored_epoch")  # absent from checkpoints written before it
+        self.restored_epoch = restored if restored is not None and restored <= self._epochs else None
 
     def extend(self, other: History) -> None:
         """Append ``other``'s rows after these (a key either lacks is nan in the other's rows); its
-        ``stop_reason`` becomes this one's. ``Estimator.history`` grows this way fit after fit."""
+        ``stop_reason`` becomes this one's. ``Estimator.history`` grows this way fit after fit.
+
+        ``restored_epoch`` follows the weights: ``other``'s, renumbered among the joined rows; None
+        when ``other`` has rows but restored none (its last epoch's weights); kept when ``other``
+        has no row (a fit that trained no epoch left the weights as they were)."""
+        if other.restored_epoch is not None:
+            self.restored_epoch = self._epochs + other.restored_epoch
+        elif other._epochs:
+            self.restored_epoch = None
         for key in other._columns:
             if key not in self._columns:  # in other's order: columns keep a stable order
                 self._columns[key] = [math.nan] * self._epochs
@@ -174,7 +196,8 @@ class History(Mapping):
         return finish_figure(fig, path)
 
     def __repr__(self) -> str:
-        parts = [f"epochs={self._epochs}", *(f"{k}={self.last(k):.4g}" for k in self._columns)]
+        restored = [] if self.restored_epoch is None else [f"restored_epoch={self.restored_epoch}"]
+        parts = [f"epochs={self._epochs}", *restored, *(f"{k}={self.last(k):.4g}" for k in self._columns)]
         return f"History({', '.join(parts)})"
 
 

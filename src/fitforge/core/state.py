@@ -136,7 +136,8 @@ class TrainState:
 
     In ``evaluate`` (also when ValidationHandler runs it inside fit) the state is the pass's own:
     ``epoch`` and ``global_step`` stay 0, ``history`` has no rows (do not record into it), and
-    ``metrics`` receives the ``val_*`` values at ``epoch_end``.
+    ``metrics`` receives the ``val_*`` values at ``epoch_end`` (``test_*`` and so on with
+    ``evaluate(prefix="test")``: see ``prefix``).
 
     Named values: :meth:`log` adds your own per-batch values (``train_<name>``/``val_<name>``).
 
@@ -165,6 +166,9 @@ class TrainState:
         epochs_before: the epochs this estimator trained in earlier fits (``estimator.history``),
             so that logs number epochs across fits: ``epochs_before + epoch + 1``. 0 in a fit
             that resumes from a checkpoint, whose own history continues that run's count.
+        prefix: the first word of the keys the MetricHandler records: None for the phase's own,
+            ``train`` in fit and ``val`` in evaluate; ``evaluate(data, prefix="test")`` sets
+            ``"test"`` (``test_loss``, ``test_accuracy``...). The phase stays ``"validate"``.
         run: the fit's machinery (:class:`~fitforge.core.run.RunContext`: dispatcher, data order,
             coordinator), for fitforge's own checkpointing; None in evaluate and predict.
     """
@@ -193,6 +197,7 @@ class TrainState:
     error: BaseException | None = None
     resumed: bool = False
     epochs_before: int = 0
+    prefix: str | None = None
     run: RunMachinery | None = None
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     logged: PendingValues = field(default_factory=PendingValues)

@@ -34,7 +34,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         restore_best: when training ends, load the net's weights of the best epoch (kept on
             the host meanwhile, and in checkpoints); nothing is restored when no epoch beat
             ``baseline``, nor when SIGTERM/SIGINT stopped training (the run is not over: it resumes
-            from the checkpoint of its current weights).
+            from the checkpoint of its current weights). ``history.restored_epoch`` then names the
+            epoch (1-based) whose weights the net holds, and the closing log line its values.
         restore_best_weights: Keras's name for ``restore_best``.
 
     Example:
@@ -52,7 +53,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         "batch_idx",
         "num_batches",
     )
-    writes = ("stop_requested",)
+    writes = ("stop_requested", "history")  # history.restored_epoch, when it restores the best weights
 
     def __init__(
         self,
@@ -128,6 +129,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             and state.preempted is None
         ):
             state.estimator.net.load_state_dict(self._best_weights)
+            state.history.restored_epoch = best_epoch + 1  # the closing summary reports that row
             log.info("restored the weights of epoch %d (%s=%.4g)", best_epoch + 1, self.monitor, self.best)
         self._best_weights = None  # do not hold a copy of the weights after the run
 

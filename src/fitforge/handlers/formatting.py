@@ -48,3 +48,8 @@ def epoch_label(state: TrainState) -> str:
     before = state.epochs_before
     total = f"/{before + state.max_epochs}" if state.max_epochs else ""
     return f"Epoch {before + state.epoch + 1}{total}"
+
+
+def pass_label(state: TrainState) -> str:
+    """``Validate`` for an evaluate pass (``Test`` for ``evaluate(prefix="test")``), ``Predict`` for predict."""
+    return state.prefix.capitalize() if state.prefix else state.phase.capitalize()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
@@ -11,11 +12,11 @@ from collections.abc import Iterable
 from tqdm import tqdm
 
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd, acts_as, unwrapped
-from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.core.summary import model_summary
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers.formatting import epoch_label, format_values
+from fitforge.handlers.closing import failed_line, finished_line, plural
+from fitforge.handlers.formatting import epoch_label, format_values, pass_label
 from fitforge.handlers.nan_guard import NaNGuardHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
 
@@ -59,6 +60,21 @@ def ensure_console_output() -> None:
         log.setLevel(logging.INFO)
 
 
+def flush_console() -> None:
+    """Push out what was logged: the streams of the handlers that fitforge's records reach (its
+    logger's and those above it), and ``sys.stderr``, where the stand-in writes through ``tqdm.write``
+    without flushing. In a notebook each stream is sent on its own timer, so an unflushed last line
+    would show after what the cell prints next."""
+    logger: logging.Logger | None = log
+    while logger is not None:
+        for handler in logger.handlers:
+            with contextlib.suppress(ValueError, OSError):  # a closed stream: nothing to push
+                handler.flush()
+        logger = logger.parent if logger.propagate else None
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        sys.stderr.flush()
+
+
 def console_output_for(handlers: Iterable[object]) -> None:
     """:func:`ensure_console_output` now if ``handlers`` (those a fit runs in this process) hold a
     LoggingHandler: ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged
@@ -71,10 +87,6 @@ def console_output_for(handlers: Iterable[object]) -> None:
 _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch loss (or skip such batches)"
 
 
-def _plural(count: int | None, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {'batches' if noun == 'batch' else noun + 's'}"
-
-
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
@@ -84,7 +96,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     non-finite loss also logs a warning. Values read as :mod:`fitforge.handlers.formatting` says
     (4 significant digits). Epochs are numbered over the estimator's fits (a second ``fit(epochs=2)``
     after 5 epochs logs epochs 6/7 and 7/7), and an epoch cut short is marked ``partial``, with the
-    batches it trained (a resumed run logs the whole epoch when it finishes it).
+    batches it trained (a resumed run logs the whole epoch when it finishes it). The closing line
+    (:mod:`fitforge.handlers.closing`) gives the values of the epoch whose weights the net holds
+    (the restored one after ``EarlyStoppingHandler(restore_best=True)``), or, when an exception
+    ends the fit, where it struck and what it was, never "Finished".
+    Everything logged is flushed before ``fit`` returns.
 
     Args:
         log_interval: "epoch", or log running values every n batches (a host read each time).
@@ -101,8 +117,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "epochs_before",
         "batch_idx",
         "global_step",
+        "optimizer_steps",
         "epoch_finished",
         "preempted",
+        "error",
+        "prefix",
         "max_epochs",
         "max_batches",
         "num_batches",
@@ -135,9 +154,9 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if not log.isEnabledFor(self.level):
             return  # silenced: no summary to build (it walks the parameters)
         log.log(self.level, "%s", model_summary(state.estimator))
-        limit = _plural(state.max_epochs, "epoch") if state.max_epochs else _plural(state.max_batches, "batch")
-        per_epoch = f", {_plural(state.num_batches, 'batch')} per epoch" if state.num_batches else ""
-        before = f" ({_plural(state.epochs_before, 'epoch')} trained before)" if state.epochs_before else ""
+        limit = plural(state.max_epochs, "epoch") if state.max_epochs else plural(state.max_batches, "batch")
+        per_epoch = f", {plural(state.num_batches, 'batch')} per epoch" if state.num_batches else ""
+        before = f" ({plural(state.epochs_before, 'epoch')} trained before)" if state.epochs_before else ""
         log.log(self.level, "Training for %s%s%s", limit, per_epoch, before)
 
     def batch_end(self, state: TrainState) -> None:
@@ -148,7 +167,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":  # inside evaluate: its values, no history row
             ensure_console_output()  # evaluate has no train_begin
-            log.log(self.level, "[%s] %s", state.phase.capitalize(), format_values(state.metrics))
+            log.log(self.level, "[%s] %s", pass_label(state), format_values(state.metrics))
+            flush_console()  # evaluate's one line, out before it returns
             return
         # The values recorded in this epoch: a key without one (no validation this epoch) is left
         # out, a recorded nan (a diverged loss) is shown.
@@ -177,18 +197,13 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def train_end(self, state: TrainState) -> None:
         if not log.isEnabledFor(self.level):
+            flush_console()  # no line to build; what others wrote still comes before what follows fit
             return
-        history = state.history
-        final = {key: _final(history, key) for key in history if key.startswith(("train_", "val_"))}
-        log.log(
-            self.level,
-            "Finished: %s, %s in %.1fs (%s).%s",
-            _plural(history.epochs, "epoch"),
-            _plural(state.global_step, "batch"),
-            time.perf_counter() - self._started,
-            state.history.stop_reason or "completed",
-            f" Final: {format_values(final)}" if final else "",
-        )
+        seconds = time.perf_counter() - self._started
+        # An exception ending fit is raised again after train_end: the line says where it struck.
+        line = finished_line if state.error is None else failed_line
+        log.log(self.level, "%s", line(state, seconds))
+        flush_console()  # before fit returns: what the caller prints next comes after these lines
 
 
 def _partial(state: TrainState) -> str:
@@ -200,9 +215,3 @@ def _partial(state: TrainState) -> str:
     saved = any(callable(getattr(unwrapped(handler), "take_resume_checkpoint", None)) for handler in state.handlers)
     why = "" if state.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
     return f", partial: {done} batches{why}"
-
-
-def _final(history: History, key: str) -> float:
-    """The value of the last epoch (a nan it recorded included), else the latest one before."""
-    value = history.current(key)
-    return history.last(key) if value is None else value

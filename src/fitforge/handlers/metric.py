@@ -28,6 +28,16 @@ log = logging.getLogger("fitforge")
 _PREFIX = {"train": "train_", "validate": "val_"}
 
 
+def key_prefix(state: TrainState) -> str:
+    """``train_`` in fit, ``val_`` in evaluate, or ``<prefix>_`` for ``evaluate(prefix=...)``."""
+    return f"{state.prefix}_" if state.prefix else _PREFIX.get(state.phase, state.phase + "_")
+
+
+def _run_of(state: TrainState) -> tuple:
+    """What the handler's set-up depends on: the estimator, the phase and the keys' prefix."""
+    return (id(state.estimator), state.phase, state.prefix)
+
+
 def _part_key(index: int) -> str:
     """The key of one loss of several (``loss_0``, ``loss_1``...; ``loss`` is their weighted sum)."""
     return f"loss_{index}"
@@ -39,7 +49,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
 
     Updates stay on the device; values reach the host at epoch end (or when a handler calls
-    ``state.running_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate.
+    ``state.running_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate (or what
+    ``evaluate(data, prefix=...)`` asks: ``test_`` for ``"test"``).
 
     Args:
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's
@@ -70,7 +81,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     """
 
     priority = Stage.METRICS
-    reads = ("estimator", "phase", "output", "batch_idx")
+    reads = ("estimator", "phase", "prefix", "output", "batch_idx")
     writes = ("metrics", "history")
 
     def __init__(self, metrics: Any = None) -> None:
@@ -109,7 +120,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     def _configure(self, state: TrainState) -> None:
         estimator = state.estimator
         slots = self._slots(estimator, state.phase)
-        self.prefix = _PREFIX.get(state.phase, state.phase + "_")
+        self.prefix = key_prefix(state)
         self.slots = list(slots)  # this handler's: a default metric left out later goes from both lists
         for slot in slots:
             slot.metric.to(estimator.device)
@@ -117,10 +128,10 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         self._parts = [Mean() for _ in range(estimator.loss_count)] if estimator.loss_count > 1 else []
         self._named = self._named_means(estimator, state.phase, self.prefix)
         self._device = estimator.device
-        self._configured_for = (id(estimator), state.phase)
+        self._configured_for = _run_of(state)
 
     def epoch_begin(self, state: TrainState) -> None:
-        if self._configured_for != (id(state.estimator), state.phase):
+        if self._configured_for != _run_of(state):
             self._configure(state)
         self._loss.reset()
         for mean in self._parts:
@@ -171,9 +182,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         """
         estimator, out = state.estimator, state.output
         assert out is not None  # the first batch's output, set before this call
-        configured = self._configured_for == (id(estimator), state.phase)
-        prefix = _PREFIX.get(state.phase, state.phase + "_")
-        (self._named if configured else self._named_means(estimator, state.phase, prefix)).check(state.logged)
+        configured = self._configured_for == _run_of(state)
+        named = self._named if configured else self._named_means(estimator, state.phase, key_prefix(state))
+        named.check(state.logged)
         several = isinstance(out.pred, (tuple, list))
         for slot in list(self._slots(estimator, state.phase)):
             try:
@@ -202,7 +213,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         estimator = state.estimator
         shared = self._slots(estimator, state.phase)
         shared[:] = [s for s in shared if s is not slot]
-        if self._configured_for == (id(estimator), state.phase):
+        if self._configured_for == _run_of(state):
             self.slots = [s for s in self.slots if s is not slot]  # batch_end's loop goes on over the old list
             self._named.reserved.pop(slot.name, None)
         log.info(

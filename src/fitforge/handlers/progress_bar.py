@@ -4,9 +4,13 @@ What a finished epoch leaves on screen is one line (as in Keras): the bar is sho
 epoch runs; at its end it is cleared when a LoggingHandler's epoch line (the same numbers) takes
 its place, else it stays as the epoch's line. The running values after the bar are cut, whole
 ``key=value`` pairs at a time, to what fits the terminal's width, so they never squeeze the bar.
-Output that is not a terminal (a file, a pipe) gets no redrawn bar: only the finished line, when
-the bar is the epoch's line. In a Jupyter notebook the bar is tqdm's widget when ``ipywidgets`` is
-installed, a text bar otherwise (silently: no "IProgress not found" warning).
+Output that is not a terminal (a file, a pipe, a CI log) gets no redrawn bar and no carriage
+return: nothing while the epoch runs, then the finished line only when the bar is the epoch's line
+(else the LoggingHandler's line is the one line), as Keras writes when piped. In a Jupyter notebook
+(``file=None``) each bar is a cell output of its own, redrawn in place, that keeps the finished line
+as text or is emptied for the log line (:mod:`fitforge.handlers.notebook_output`): tqdm's widget
+while the epoch runs when ``ipywidgets`` is installed, a text bar otherwise (and no "IProgress not
+found" warning).
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import sys
 import time
 from typing import Any, TextIO
 
+from tqdm.std import tqdm as text_bar
+
 from fitforge.core.arguments import check_non_negative, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd, unwrapped
 from fitforge.core.history import in_notebook
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
-from fitforge.handlers.formatting import epoch_label, format_value
+from fitforge.handlers.formatting import epoch_label, format_value, pass_label
+from fitforge.handlers.notebook_output import CellLine, notebook_bar
 
 _MORE = " …"  # ends running values cut to fit the width
 
@@ -37,19 +44,6 @@ def is_terminal(stream: Any) -> bool:
 def interactive() -> bool:
     """True on a terminal or in a Jupyter notebook, where a progress bar helps rather than clutters."""
     return in_notebook() or is_terminal(sys.stderr)
-
-
-def bar_class(notebook: bool) -> type:
-    """tqdm's notebook widget bar in a notebook with ``ipywidgets``, else its text bar. (What
-    ``tqdm.auto`` picks, minus its warning when ``ipywidgets`` is missing.)"""
-    if notebook:
-        from tqdm import notebook as widgets  # imports quietly, IProgress None without ipywidgets
-
-        if widgets.IProgress is not None:
-            return widgets.tqdm
-    from tqdm.std import tqdm as text_bar
-
-    return text_bar
 
 
 class _Sink:
@@ -73,13 +67,15 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         refresh_seconds: the throttle interval.
         leave: keep each finished training bar as the epoch's line. None (the default): keep it
             unless a LoggingHandler of the fit prints the epoch's line (its lines are enabled).
-        file: the stream to draw on; None: ``sys.stderr`` at each epoch.
-        ncols: the width in columns; None: the terminal's, followed as it changes.
+        file: the stream to draw on; None: ``sys.stderr`` at each epoch, or in a notebook, a cell
+            output of each bar's own (a stream given there draws as it would anywhere).
+        ncols: the width in columns; None: the terminal's, followed as it changes (in a
+            notebook: tqdm's default bar, the values uncut).
     """
 
     priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "handlers")
+    reads = ("phase", "prefix", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "handlers")
 
     def __init__(
         self,
@@ -96,25 +92,30 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         check_positive("ProgressBarHandler", "ncols", ncols, allow_none=True)
         self.refresh_seconds, self.leave, self.file, self.ncols = refresh_seconds, leave, file, ncols
         self._bar: Any = None
+        self._cell: CellLine | None = None  # the bar's output in a notebook
 
     def epoch_begin(self, state: TrainState) -> None:
         self._close()
-        stream = self.file or sys.stderr
-        notebook = in_notebook()
-        self._live = notebook or is_terminal(stream)  # else no redraws: a file would get every one
-        self._stream = stream
         self._keep = state.phase == "train" and (self.leave if self.leave is not None else not _lines_elsewhere(state))
-        label = "Validate" if state.phase == "validate" else epoch_label(state)
-        self._bar = bar_class(notebook)(
-            total=state.num_batches,
-            desc=label,
-            leave=self._keep,
-            file=stream if self._live else _Sink(),
-            ncols=self.ncols if self._live else None,  # a file's line is not cut to a width
-            dynamic_ncols=self._live and self.ncols is None,
-            mininterval=self.refresh_seconds,
-            disable=False,  # tqdm's None would hide it in a notebook, whose stderr is no terminal
-        )
+        options = {
+            "total": state.num_batches,
+            "desc": epoch_label(state) if state.phase == "train" else pass_label(state),
+            "leave": self._keep,
+            "mininterval": self.refresh_seconds,
+            "disable": False,  # tqdm's None would hide it where stderr is no terminal (a notebook)
+        }
+        if self.file is None and in_notebook():  # a cell output of its own, redrawn in place
+            self._live = True
+            self._bar, self._cell = notebook_bar(**options, ncols=self.ncols)
+        else:
+            stream = self._stream = self.file or sys.stderr
+            self._live = is_terminal(stream)  # else no redraws: a file would get every one
+            self._bar = text_bar(
+                **options,
+                file=stream if self._live else _Sink(),
+                ncols=self.ncols if self._live else None,  # a file's line is not cut to a width
+                dynamic_ncols=self._live and self.ncols is None,
+            )
         self._pending = 0
         # Not live: nothing to show before the epoch ends, so no running values are read.
         self._next = time.monotonic() + self.refresh_seconds if self._live else math.inf
@@ -145,9 +146,13 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self._close()
 
     def _close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        bar, cell = self._bar, self._cell
+        if bar is None:
+            return
+        if cell is not None:  # what the saved notebook keeps: the bar's last line, or nothing
+            cell.show(str(bar) if self._keep else "")
+        bar.close()
+        self._bar = self._cell = None
 
 
 def fitted(bar: Any, values: dict[str, float], width: int | None) -> str:

@@ -1,0 +1,88 @@
+"""The closing line of a fit's log: how it ended, and the values that match the weights it left.
+
+A fit that ran to its end (or was stopped) logs ``Finished``, then the values of the epoch whose
+weights the net holds: the last epoch's (``Final: ...``), or, after a restore
+(``EarlyStoppingHandler(restore_best=True)``), those of the restored epoch (``Restored epoch 121:
+...``, numbered as the epoch lines are), since the last epoch's values would describe weights that
+are gone. A fit that an exception ended never says ``Finished``: it says where it failed (the
+epoch, the batch, the batches completed and optimizer steps taken) and what was raised.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fitforge.core.history import History
+from fitforge.core.state import TrainState
+from fitforge.handlers.formatting import epoch_label, format_values
+
+_MESSAGE_LENGTH = 200  # an exception's message is cut here (its traceback follows in full)
+
+
+def plural(count: int | None, noun: str) -> str:
+    """``1 epoch``, ``3 epochs``, ``1 batch``, ``0 batches``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {'batches' if noun == 'batch' else noun + 's'}"
+
+
+def finished_line(state: TrainState, seconds: float) -> str:
+    """``Finished: 3 epochs, 12 batches in 0.1s (reached epochs=3). Final: train_loss=...``."""
+    history = state.history
+    line = (
+        f"Finished: {plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s "
+        f"({history.stop_reason or 'completed'})."
+    )
+    restored = history.restored_epoch
+    if restored is not None:
+        values = _row(history, restored)
+        return f"{line} Restored epoch {state.epochs_before + restored}: {format_values(values)}".rstrip()
+    final = {key: _final(history, key) for key in _reported(history)}
+    return f"{line} Final: {format_values(final)}" if final else line
+
+
+def failed_line(state: TrainState, seconds: float) -> str:
+    """``Failed in epoch 2/3 at batch 3 of 4 (5 batches completed, 5 optimizer steps taken, 0.1s):
+    RuntimeError: ...`` (``Interrupted`` for a KeyboardInterrupt or SystemExit)."""
+    error = state.error
+    verb = "Failed" if isinstance(error, Exception) else "Interrupted"
+    counts = f"{plural(state.global_step, 'batch')} completed, {plural(state.optimizer_steps, 'optimizer step')} taken"
+    return f"{verb} {where(state)} ({counts}, {seconds:.1f}s): {raised(error)}"
+
+
+def where(state: TrainState) -> str:
+    """Where in the run the loop was: before an epoch, at its start or end, or at a batch."""
+    label = epoch_label(state).replace("Epoch", "epoch")
+    if state.history.epochs <= state.epoch:  # the epoch's row is not open: it has not begun
+        return f"before {label}"
+    if state.epoch_finished:  # its batches are over: an epoch_end hook (validation, a checkpoint...)
+        return f"at the end of {label}"
+    if state.batch_idx < 0:
+        return f"at the start of {label}"
+    of = f" of {state.num_batches}" if state.num_batches else ""
+    return f"in {label} at batch {state.batch_idx + 1}{of}"
+
+
+def raised(error: BaseException | None) -> str:
+    """``ValueError: the first line of its message`` (cut to 200 characters), or the type alone."""
+    name = type(error).__name__
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return name
+    message = lines[0] + (" …" if len(lines) > 1 else "")
+    if len(message) > _MESSAGE_LENGTH:
+        message = message[: _MESSAGE_LENGTH - 2].rstrip() + " …"
+    return f"{name}: {message}"
+
+
+def _reported(history: History) -> list[str]:
+    return [key for key in history if key.startswith(("train_", "val_"))]
+
+
+def _row(history: History, epoch: int) -> dict[str, float]:
+    """The values of epoch ``epoch`` (1-based); a key without one there is left out."""
+    return {key: value for key in _reported(history) if not math.isnan(value := history[key][epoch - 1])}
+
+
+def _final(history: History, key: str) -> float:
+    """The value of the last epoch (a nan it recorded included), else the latest one before."""
+    value = history.current(key)
+    return history.last(key) if value is None else value

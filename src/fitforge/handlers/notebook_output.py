@@ -1,0 +1,63 @@
+"""A progress bar in a Jupyter notebook: one cell output per bar, replaced in place as it redraws.
+
+An output shown with a ``display_id`` is replaced when it is updated, by the frontends (JupyterLab,
+the classic notebook, VS Code, Colab) and by headless runners (nbclient, papermill, ``nbconvert
+--execute``) alike. So the saved notebook holds what each bar showed last, as text: its final line,
+or nothing when the epoch's log line took its place. The alternatives store worse: a text bar on
+stderr adds one output per redraw (carriage returns and all), and tqdm's widget bar stores a view
+whose state is not saved, so GitHub and nbconvert show it frozen at 0%.
+
+With ``ipywidgets`` the cell shows tqdm's widget while the epoch runs, and text once it ends;
+without it, a text bar throughout (and never tqdm's "IProgress not found" warning).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CellLine:
+    """One output of the running cell, holding a line of text that :meth:`show` replaces.
+
+    It is also a write-only text stream, the ``file`` of tqdm's text bar: what follows the last
+    carriage return of a write is the line a terminal would show, so it becomes the output's text.
+
+    Args:
+        widget: shown first instead of text (tqdm's widget bar), until the first :meth:`show`.
+    """
+
+    encoding = "utf-8"  # tqdm draws its bar with block characters on a stream that takes them
+
+    def __init__(self, widget: Any = None) -> None:
+        from IPython.display import display
+
+        self._text: str | None = None if widget is not None else ""
+        shown = widget if widget is not None else {"text/plain": ""}
+        self._handle = display(shown, raw=widget is None, display_id=True)
+
+    def show(self, text: str) -> None:
+        """Replace the output with ``text`` (``""`` leaves it empty); an unchanged text sends nothing."""
+        if text != self._text:
+            self._text = text
+            self._handle.update({"text/plain": text}, raw=True)
+
+    def write(self, text: str) -> int:
+        if "\r" in text:  # tqdm redraws as "\r" + the line (+ spaces over a longer one); "\n" ends it
+            self.show(text.rsplit("\r", 1)[1].rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def notebook_bar(**options: Any) -> tuple[Any, CellLine]:
+    """A tqdm bar drawn in a new :class:`CellLine`: tqdm's widget when ``ipywidgets`` is installed,
+    else its text bar. ``options`` are tqdm's (``total``, ``desc``, ``mininterval``...)."""
+    from tqdm import notebook as widgets  # imports quietly: IProgress is None without ipywidgets
+    from tqdm.std import tqdm as text_bar
+
+    if widgets.IProgress is not None:  # closed at the end (leave=False): the text takes its place
+        bar = widgets.tqdm(**{**options, "leave": False}, display=False)
+        return bar, CellLine(bar.container)
+    cell = CellLine()
+    return text_bar(**options, file=cell), cell
