@@ -102,3 +102,20 @@ def test_a_bad_prefix_is_refused_before_any_batch(prefix, error, message):
     estimator = make_estimator()
     with pytest.raises(error, match=f"^evaluate: .*{message}"):
         estimator.evaluate([(1, 2)], prefix=prefix)  # bad data too: the prefix is checked first
+
+
+def test_the_check_before_training_runs_through_the_evaluation_it_stands_for(monkeypatch):
+    import fitforge.preflight as preflight_module
+
+    def refuse(*args):
+        raise AssertionError("the check built handlers of its own")
+
+    monkeypatch.setattr(preflight_module, "evaluate_handlers", refuse)
+    checks = counting(monkeypatch, "check_first_batch_of")
+    estimator = make_estimator()
+    run = estimator.evaluation(regression_batches())
+    assert run.check_first() is True and run.checked
+    assert run() == estimator.evaluation(regression_batches(), checked=True)() and not checks  # no second check
+    validation = ValidationHandler(regression_batches())
+    estimator.fit(regression_batches(), epochs=2, event_handlers=[validation])
+    assert validation.checked_first and validation.evaluation is None  # handed to the fit, which used it

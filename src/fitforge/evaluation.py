@@ -26,7 +26,7 @@ from fitforge.distributed.data_split import shard_eval
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.defaults import evaluate_handlers
-from fitforge.preflight import check_placement
+from fitforge.preflight import check_first_val_batch, check_placement
 
 
 class Evaluation:
@@ -51,7 +51,7 @@ class Evaluation:
         prefix: str = "val",
     ) -> None:
         self.prefix = None if check_prefix(prefix) == "val" else prefix  # None: the phase's own, val
-        val_data = eval_loader(val_data, batch_size, "val_data")
+        val_data = self.unsplit = eval_loader(val_data, batch_size, "val_data")  # unsplit: the check's
         self.num_batches = check_data(val_data, "val_data", passes=1)
         self.sharded = False
         if estimator.splits_data:
@@ -61,6 +61,14 @@ class Evaluation:
         self.estimator, self.val_data, self.checked = estimator, val_data, checked
         self.dispatcher = Dispatcher(on_this_rank(evaluate_handlers(event_handlers)))
         self.step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
+
+    def check_first(self, name: str = "val_data") -> bool:
+        """The check before training (:func:`fitforge.preflight.check_first_val_batch`) through this
+        evaluation's handlers and step; once it checked a batch, the first pass skips its own check.
+        ``name`` names the data in errors. Returns whether it checked a batch."""
+        handlers, estimator = self.dispatcher.handlers, self.estimator
+        self.checked = check_first_val_batch(estimator, self.unsplit, name, handlers=handlers, step=self.step)
+        return self.checked
 
     def __call__(self) -> dict[str, float]:
         """One pass: ``{"val_loss": ..., "val_<metric>": ...}`` (``<prefix>_loss``...)."""

@@ -6,7 +6,7 @@ check raises before any optimizer step, naming the argument and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -59,10 +59,11 @@ def preflight(
         if isinstance(handler, ValidationHandler):
             name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
             check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
-            checked = handler.eval_fn is None and handler.check_first
-            handler.checked_first = checked and check_first_val_batch(
-                estimator, handler.val_data, name, handler.event_handlers
-            )
+            # Set up once per fit (data, placement, handlers, step), before training, so the check
+            # below runs through the very handlers and step of the validations it stands for.
+            build = getattr(estimator, "evaluation", None) if handler.eval_fn is None else None
+            evaluation = handler.evaluation = None if build is None else build(handler.val_data, handler.event_handlers)
+            handler.checked_first = evaluation is not None and handler.check_first and evaluation.check_first(name)
         if isinstance(handler, StoppingHandler):
             epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
     return epochs, batches
@@ -101,14 +102,23 @@ def first_samples(data: Iterable) -> Any:
 
 
 def check_first_val_batch(
-    estimator: Estimator, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None = None
+    estimator: Estimator,
+    val_data: Iterable,
+    name: str,
+    event_handlers: Sequence[EventHandler] | None = None,
+    *,
+    handlers: Sequence[EventHandler] | None = None,
+    step: Callable[[TrainState, Any], Any] | None = None,
 ) -> bool:
     """Evaluate a first batch of ``val_data`` once before training (eval mode, no grad, RNG state
     restored): the checks of the first training batch (see :mod:`fitforge.core.first_batch`), with
     the metrics the evaluation will update (those of the MetricHandler in ``event_handlers``, else
     ``val_metrics``). From a DataLoader over a map-style dataset the batch is collated from its
     first :data:`CHECKED_SAMPLES` samples in this process: a forward on a few samples, and no
-    worker process started (see :func:`first_samples`). Returns whether it checked a batch."""
+    worker process started (see :func:`first_samples`). Returns whether it checked a batch.
+
+    ``handlers`` and ``step``: those of the evaluation the check stands for (an
+    :class:`~fitforge.evaluation.Evaluation`'s), instead of new ones."""
     if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
         return False
     devices = [estimator.device] if estimator.device.type == "cuda" else []
@@ -121,10 +131,10 @@ def check_first_val_batch(
         estimator._val_loss.arm_checks()
         state = TrainState(estimator, "validate", batch_idx=0, batch=batch)
         try:
-            step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
+            step = step or bound_step(estimator.batch_processor, estimator, "evaluate_batch")
             state.output = explained_step(state, step, batch)
             estimator.check_first_batch(state.output, "evaluate_batch")
-            check_handlers(state, evaluate_handlers(event_handlers))
+            check_handlers(state, evaluate_handlers(event_handlers) if handlers is None else handlers)
         except (FitforgeValueError, FitforgeTypeError) as error:
             raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
     return True

@@ -64,16 +64,15 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         self.event_handlers = list(event_handlers or [])
         self.check_first = check_flag("ValidationHandler", "check_first", check_first)
         self.checked_first = False  # set by fit: whether the check of check_first ran this fit
+        self.evaluation: Callable[[], dict] | None = None  # set by fit: its validations, set up before training
         self._validated_at: int | None = None
 
     def train_begin(self, state: TrainState) -> None:
         self._validated_at = None
-        evaluation = getattr(state.estimator, "evaluation", None) if self.eval_fn is None else None
-        if evaluation is None:
+        run, self.evaluation = self.evaluation, None  # this fit's: a later fit sets up its own
+        if run is None:
             self._evaluate = self.eval_fn or state.estimator.evaluate
             return
-        # Set up once per fit (data, placement, dispatcher); the check before training covered the first batch.
-        run = evaluation(self.val_data, self.event_handlers, checked=self.checked_first)
         self._evaluate = lambda val_data, event_handlers: run()
 
     def batch_end(self, state: TrainState) -> None:
