@@ -153,8 +153,12 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         )
         self._optimizers = list(state.estimator.optimizers)
         self._choice = OptimizerChoice(self._optimizers)
-        for optimizer in self._optimizers:
-            optimizer.zero_grad(set_to_none=True)
+        for optimizer, params in zip(self._optimizers, self._choice.params):
+            # torch's zero_grad with no gradient to clear does nothing, at the cost of a profiler
+            # record and a pass over the groups: skipped then (an optimizer's own zero_grad always runs).
+            own = type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad
+            if own or any(p.grad is not None for p in params):
+                optimizer.zero_grad(set_to_none=True)
         state.accumulated_batches = 0
         self._open, self._skipped = [0] * len(self._optimizers), [0] * len(self._optimizers)
         # One optimizer only: a batch chooses the optimizers it steps after its forward, too late
