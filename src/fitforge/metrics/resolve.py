@@ -156,7 +156,7 @@ def _by_name(spec: Any, loss: Mapping, argument: str) -> list[MetricSlot]:
             for key in outputs
             for m in default_metrics(loss[key])
         ]
-    example = f"{{{outputs[0]!r}: ['accuracy']}}"
+    example = f"{{{outputs[0] if outputs else 'cls'!r}: ['accuracy']}}"
     if not isinstance(spec, dict):
         if isinstance(spec, (list, tuple)) and not spec:
             return []
