@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -63,19 +63,25 @@ class Estimator:
 
     Args:
         net: the model.
-        loss: a loss module or callable ``(pred, label) -> scalar``, or a list (one per output); or
-            None for a model that computes its own loss (a Hugging Face model given ``labels``): its
+        loss: a loss module or callable ``(pred, label) -> scalar``, or a list (one per output,
+            matched by position); or a dict by output name (``{"cls": ..., "reg": ...}``) for a net
+            that returns a dict of named outputs, with labels a dict of the same names; or None for
+            a model that computes its own loss (a Hugging Face model given ``labels``): its
             output's ``loss`` is trained on and reported, metrics and ``predict`` get its ``logits``
-            (see :class:`BatchProcessor` for the keys).
+            (see :class:`BatchProcessor` for the keys). A net's dict output is named outputs only
+            with a dict ``loss``.
         train_metrics: a name (``"accuracy"``), a metric object (built-in or torchmetrics), a list or
-            dict of them, or ``{output_index: metrics}``; None infers one from the loss.
+            dict of them, or ``{output_index: metrics}``; with a dict ``loss``, a dict by output name
+            (``{"cls": ["accuracy"], "reg": "mae"}``, keys ``train_cls_accuracy``...). None infers
+            one from the loss (from each output's loss, by name).
         val_metrics: as ``train_metrics``; None copies the training metrics.
         optimizer: an optimizer, a list of them, a name (``"adam"``, ``"sgd"``) or None (Adam, lr 1e-3,
             with a warning at the first fit; none at all for evaluate and predict).
         device: None (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, a torch.device...
         val_net / val_loss: used by evaluate and predict instead of ``net``/``loss`` when given.
         batch_processor: a :class:`BatchProcessor` (subclass) instance for custom steps.
-        loss_weights: one weight per loss for the total of several losses.
+        loss_weights: one weight per loss for the total of several losses: a list by position, or
+            a dict by output name with a dict ``loss`` (a name left out weighs 1.0).
         precision: None (float32), ``"bf16-mixed"`` (forward and loss under bfloat16 autocast) or
             ``"16-mixed"`` (float16 autocast with a GradScaler, whose state checkpoints keep).
         compile: True (or a dict of ``torch.compile`` arguments) compiles the net's forward,
@@ -115,7 +121,7 @@ class Estimator:
         val_net: nn.Module | None = None,
         val_loss: Any = None,
         batch_processor: BatchProcessor | None = None,
-        loss_weights: Sequence[float] | None = None,
+        loss_weights: Sequence[float] | Mapping[str, float] | None = None,
         precision: str | None = None,
         compile: bool | dict = False,
         channels_last: bool = False,
@@ -145,8 +151,8 @@ class Estimator:
             else resolve_metrics(val_metrics, self.val_loss, "val_metrics")
         )
         check_independent(self.train_metrics, self.val_metrics)
-        check_output_indices(self.train_metrics, self.loss_count, "train_metrics")
-        check_output_indices(self.val_metrics, len(self._val_loss.fns), "val_metrics")
+        check_output_indices(self.train_metrics, self._loss.keys, "train_metrics")
+        check_output_indices(self.val_metrics, self._val_loss.keys, "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
         self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
         self.train_net = parallelize(self.net, self.optimizers, self.device, self.strategy, strategy_options, wrapper)
@@ -172,6 +178,11 @@ class Estimator:
     @property
     def loss_count(self) -> int:
         return len(self._loss.fns)
+
+    def output_keys(self, phase: str = "train") -> tuple[int | str, ...]:
+        """The outputs the loss(es) of ``phase`` (``"validate"``: ``val_loss``) read: by position
+        ``(0, 1, ...)``, or the names of a dict ``loss`` (``("cls", "reg")``)."""
+        return (self._val_loss if phase == "validate" else self._loss).keys
 
     # -- used by batch processors -------------------------------------------------------------------
     def compute_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -332,7 +343,8 @@ class Estimator:
     def predict(
         self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None
     ) -> Any:
-        """``val_net`` outputs for every batch, concatenated on the CPU (a tuple for multi-output nets).
+        """``val_net`` outputs for every batch, concatenated on the CPU (a tuple for multi-output nets, a
+        dict of tensors for a net returning named outputs).
 
         Batches may be ``(data, label)`` pairs (the label is ignored), ``(data,)`` or bare tensors;
         ``data`` may also be a whole array ``X``, batched by ``batch_size`` (default 32).

@@ -1,5 +1,6 @@
 """Argument resolution and checks (core/options.py) and the loss set with its label hints (core/loss.py)."""
 
+import math
 import re
 import warnings
 
@@ -267,6 +268,25 @@ class TestLossSet:
         assert parts == (total,)
         assert loss.names == ["MSELoss"] and loss.weights == [1.0] and not loss.multi
 
+    def test_losses_by_output_name(self):
+        loss = LossSet({"cls": nn.CrossEntropyLoss(), "reg": nn.MSELoss()}, weights={"reg": 0.5})
+        assert loss.keys == ("cls", "reg") and loss.weights == [1.0, 0.5] and loss.named and loss.multi
+        pred = {"reg": torch.tensor([1.0]), "cls": torch.tensor([[0.0, 0.0]]), "extra": "left alone"}
+        label = {"cls": torch.tensor([1]), "reg": torch.tensor([3.0]), "mask": None}
+        total, (cls, reg) = loss(pred, label)
+        assert cls.item() == pytest.approx(math.log(2)) and reg.item() == pytest.approx(4.0)
+        assert total.item() == pytest.approx(math.log(2) + 2.0)
+
+    def test_one_loss_by_output_name(self):
+        loss = LossSet({"y": nn.MSELoss()})
+        total, parts = loss({"y": torch.tensor([2.0])}, {"y": torch.tensor([0.0])})
+        assert total.item() == 4.0 and len(parts) == 1
+
+    def test_a_failing_loss_is_named_by_its_output(self):
+        loss = LossSet({"reg": nn.MSELoss()})
+        with pytest.raises(LossInputError, match=re.escape("loss 'reg' (MSELoss) compares pred and label elementwise")):
+            loss({"reg": torch.zeros(4, 1)}, {"reg": torch.zeros(4)})
+
     def test_callable_loss_and_name(self):
         def l1(pred, label):
             return (pred - label).abs().mean()
@@ -331,7 +351,10 @@ class TestLossSet:
 
     @pytest.mark.parametrize("loss,shown", [(3, "int 3"), ([nn.MSELoss(), "mse"], "str 'mse'")])
     def test_not_callable(self, loss, shown):
-        msg = f"loss must be a loss module or a callable (pred, label) -> scalar tensor, or a list of them, got {shown}"
+        msg = (
+            "loss must be a loss module or a callable (pred, label) -> scalar tensor, or a list of them, "
+            f"or a dict of them by output name, got {shown}"
+        )
         with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
             LossSet(loss)
 

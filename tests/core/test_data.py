@@ -63,9 +63,29 @@ class TestUnpackPair:
         ],
     )
     def test_wrong_length_or_type(self, batch, shown):
-        msg = f"a batch must be a (data, label) pair, got a {shown}: {PAIR_HELP}"
+        several = isinstance(batch, tuple) and len(batch) > 2
+        msg = f"a batch must be a (data, label) pair, got a {shown}: " + (
+            "several labels go in one" if several else PAIR_HELP
+        )
         with pytest.raises(BatchFormatError, match=re.escape(msg)):
             unpack_pair(batch)
+
+    def test_three_parts_show_the_forms_that_work(self):
+        with pytest.raises(BatchFormatError) as info:
+            unpack_pair((X, Y, Y))
+        message = str(info.value)
+        assert "(x, (y1, y2)), matched by position" in message
+        assert "(x, {'cls': y1, 'reg': y2}), matched by name to a dict loss" in message
+        assert "TensorDataset(x, y1, y2) gives (x, y1, y2)" in message
+
+    def test_dict_label_is_kept(self):
+        inputs, label = unpack_pair((X, {"cls": Y, "reg": X}))
+        assert inputs[0] is X and label == {"cls": Y, "reg": X}
+
+    @pytest.mark.parametrize("label", [{}, {"cls": Y, "reg": 3}])
+    def test_dict_label_of_non_tensors(self, label):
+        with pytest.raises(BatchFormatError, match=re.escape("the label may be a dict of tensors")):
+            unpack_pair((X, label))
 
     @pytest.mark.parametrize(
         "batch,shown",
@@ -78,7 +98,10 @@ class TestUnpackPair:
         ],
     )
     def test_non_tensor_entries(self, batch, shown):
-        msg = f"a batch must be a (data, label) pair of tensors or tuples of tensors, got {shown}: {PAIR_HELP}"
+        msg = (
+            "a batch must be a (data, label) pair of tensors or tuples of tensors (the label may be a dict of "
+            f"tensors), got {shown}: {PAIR_HELP}"
+        )
         with pytest.raises(BatchFormatError, match=re.escape(msg)):
             unpack_pair(batch)
 

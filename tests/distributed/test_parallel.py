@@ -163,6 +163,8 @@ def test_predictions_are_interleaved_back_into_dataset_order():
     padded1 = torch.tensor([[1.0], [3.0], [0.0]])  # DistributedSampler padding repeats sample 0
     assert sharding._interleave([rank0, padded1], 5).flatten().tolist() == [0, 1, 2, 3, 4]
     assert sharding.gather_predictions((rank0, rank0 * 2), 3)[1].flatten().tolist() == [0, 4, 8]
+    named = sharding.gather_predictions({"cls": rank0, "reg": rank0 * 2}, 3)  # a net's named outputs
+    assert list(named) == ["cls", "reg"] and named["reg"].flatten().tolist() == [0, 4, 8]
 
 
 def test_one_process_helpers_need_no_process_group():

@@ -269,7 +269,8 @@ def unchanged_after(est, call):
         (torch.zeros(4, 1), r"a batch must be a \(data, label\) pair, got a tensor of shape \(4, 1\)"),
         (
             (torch.zeros(4, 1), [1, 2]),
-            r"pair of tensors or tuples of tensors, got data: tensor of shape \(4, 1\), label: list",
+            r"pair of tensors or tuples of tensors \(the label may be a dict of tensors\), got data: tensor of "
+            r"shape \(4, 1\), label: list",
         ),
     ],
 )
@@ -628,10 +629,10 @@ def test_predict_errors_are_clear():
             self.lin = nn.Linear(1, 1)
 
         def forward(self, x):
-            return {"y": self.lin(x)}
+            return {"y": self.lin(x), "steps": 3}
 
     with pytest.raises(FitforgeTypeError, match=r"the net returned dict .* for batch 0; predict needs a tensor"):
-        make_estimator(net=DictOut()).predict(regression_batches())
+        make_estimator(net=DictOut()).predict(regression_batches())  # a dict of tensors and an int
 
 
 class KeywordNet(nn.Module):

@@ -38,8 +38,8 @@ def test_an_untrained_fcn_misses_the_mean_iou_required(tmp_path):
 
 def test_an_untrained_ssd_misses_every_figure_required(tmp_path, capsys):
     history = run("ssd_detection", tmp_path)
-    assert history.last("val_object_accuracy_0") <= dense.OBJECT_CHANCE + dense.OBJECT_MARGIN
-    assert history.last("val_box_iou_1") <= dense.ANCHOR_IOU + dense.BOX_IOU_MARGIN
+    assert history.last("val_object_accuracy") <= dense.OBJECT_CHANCE + dense.OBJECT_MARGIN
+    assert history.last("val_box_iou") <= dense.ANCHOR_IOU + dense.BOX_IOU_MARGIN
     f1 = float(re.search(r"validation detection F1: ([0-9.]+)", capsys.readouterr().out).group(1))
     assert f1 <= dense.MIN_DETECTION_F1
 

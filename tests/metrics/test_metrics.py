@@ -22,6 +22,7 @@ from fitforge.metrics import (
     RootMeanSquaredError,
     SumCountMetric,
     TopKAccuracy,
+    check_output_indices,
     default_metrics,
     metric_from_name,
     metric_name,
@@ -414,7 +415,7 @@ def test_default_metrics_fresh_objects():
 
 # -- resolve_metrics --------------------------------------------------------------------------------------
 def names(slots):
-    return [(s.name, s.output_index) for s in slots]
+    return [(s.name, s.output) for s in slots]
 
 
 class TestResolveMetrics:
@@ -464,7 +465,7 @@ class TestResolveMetrics:
         slots = resolve_metrics(
             {0: "accuracy", 1: ["mse", "mae"], 2: {"err": "rmse"}}, [nn.CrossEntropyLoss(), nn.MSELoss(), nn.MSELoss()]
         )
-        assert names(slots) == [("accuracy_0", 0), ("mse_1", 1), ("mae_1", 1), ("err_2", 2)]
+        assert names(slots) == [("accuracy_0", 0), ("mse_1", 1), ("mae_1", 1), ("err", 2)]
         assert type(slots[3].metric) is RootMeanSquaredError
 
     def test_duplicate_names(self):
@@ -477,6 +478,24 @@ class TestResolveMetrics:
     def test_duplicate_names_within_an_output(self):
         with pytest.raises(FitforgeValueError, match=re.escape("val_metrics has several metrics named ['accuracy_1']")):
             resolve_metrics({1: ["acc", "accuracy"]}, nn.CrossEntropyLoss(), argument="val_metrics")
+
+    def test_names_chosen_per_output_keep_no_index(self):
+        slots = resolve_metrics({0: {"cls_acc": "accuracy"}, 1: ["mae", "mse"]}, None)
+        assert names(slots) == [("cls_acc", 0), ("mae_1", 1), ("mse_1", 1)]
+
+    def test_a_name_chosen_on_several_outputs_gets_their_index(self):
+        slots = resolve_metrics({0: {"score": "accuracy", "top": "top2_acc"}, 1: {"score": "mae"}}, None)
+        assert names(slots) == [("score_0", 0), ("top", 0), ("score_1", 1)]
+
+    def test_a_name_chosen_clashing_with_a_kind_name(self):
+        with pytest.raises(FitforgeValueError, match=re.escape("train_metrics has several metrics named ['mae_1']")):
+            resolve_metrics({0: {"mae_1": "mae"}, 1: "mae"}, None)
+
+    def test_nested_names_must_be_strs(self):
+        with pytest.raises(
+            FitforgeTypeError, match=re.escape("metric names in a dict must be non-empty strs, got keys [2]")
+        ):
+            resolve_metrics({0: {2: "mae"}}, None)
 
     def test_same_name_on_different_outputs_is_fine(self):
         slots = resolve_metrics({0: "accuracy", 1: "accuracy"}, None)
@@ -518,6 +537,58 @@ class TestResolveMetrics:
         assert (dict(vars(acc)), dict(vars(topk)), set(vars(tm))) == before
         assert acc.name == "accuracy" and topk.name == "top3_accuracy"
         assert getattr(tm, "name", None) is None
+
+
+LOSS_BY_NAME = {"cls": nn.CrossEntropyLoss(), "reg": nn.MSELoss(), "aux": nn.L1Loss()}
+
+
+class TestResolveMetricsByOutputName:
+    def test_none_gives_each_output_its_loss_default(self):
+        slots = resolve_metrics(None, LOSS_BY_NAME)
+        assert names(slots) == [("cls_accuracy", "cls"), ("reg_mae", "reg")]
+        assert all(slot.inferred for slot in slots)
+
+    def test_every_form_per_output(self):
+        mae = MeanAbsoluteError()
+        slots = resolve_metrics({"cls": "accuracy", "reg": [mae, "rmse"], "aux": {"err": "mse"}}, LOSS_BY_NAME)
+        assert names(slots) == [("cls_accuracy", "cls"), ("reg_mae", "reg"), ("reg_rmse", "reg"), ("aux_err", "aux")]
+        assert slots[1].metric is mae and not any(slot.inferred for slot in slots)
+        assert slots[0].output_index == "cls"  # the older name of ``output``
+
+    @pytest.mark.parametrize("spec", [[], {}])
+    def test_no_metrics(self, spec):
+        assert resolve_metrics(spec, LOSS_BY_NAME) == []
+
+    def test_an_output_the_loss_does_not_name(self):
+        msg = "val_metrics names the output(s) 'box', which loss does not: its outputs are 'cls', 'reg', 'aux'"
+        with pytest.raises(FitforgeValueError, match=re.escape(msg)):
+            resolve_metrics({"cls": "accuracy", "box": "mae"}, LOSS_BY_NAME, argument="val_metrics")
+
+    @pytest.mark.parametrize("spec,shown", [("accuracy", "str 'accuracy'"), (["mae"], "list ['mae']")])
+    def test_not_by_output_name(self, spec, shown):
+        msg = f"train_metrics must be a dict by output name, as loss is (its outputs: 'cls', 'reg', 'aux'), got {shown}"
+        with pytest.raises(FitforgeTypeError, match=re.escape(msg)):
+            resolve_metrics(spec, LOSS_BY_NAME)
+
+    def test_copies_keep_the_output(self):
+        copies = copy_slots(resolve_metrics({"reg": "mae"}, LOSS_BY_NAME))
+        assert names(copies) == [("reg_mae", "reg")]
+
+
+class TestCheckOutputIndices:
+    def test_a_metric_named_as_a_loss(self):
+        slots = resolve_metrics({0: {"loss_1": "accuracy"}}, None)
+        with pytest.raises(
+            FitforgeValueError, match=re.escape("the metric name 'loss_1' is the history name of a loss")
+        ):
+            check_output_indices(slots, 2, "train_metrics")
+        check_output_indices(slots, 1, "train_metrics")  # one loss: no loss_1
+
+    def test_a_name_the_loss_does_not_know(self):
+        slots = resolve_metrics({"cls": "accuracy"}, {"cls": nn.CrossEntropyLoss()})
+        msg = "metric 'cls_accuracy' reads the output 'cls', which the loss does not name: its outputs are 'a', 'b'"
+        with pytest.raises(FitforgeValueError, match=re.escape(msg)):
+            check_output_indices(slots, ("a", "b"), "val_metrics")
 
 
 # -- metric_name ------------------------------------------------------------------------------------------

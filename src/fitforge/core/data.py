@@ -1,7 +1,8 @@
 """Batch unpacking, device transfer, batch-size inference and checks on the data given to fit.
 
 A training batch is a pair ``(data, label)``: ``data`` a tensor or a tuple of tensors (passed to
-the net as positional arguments), ``label`` a tensor or a tuple of tensors (one per loss); or a
+the net as positional arguments), ``label`` a tensor, a tuple of tensors (one per loss, by position)
+or a dict of tensors (one per output name, for a dict ``loss``); or a
 dict (any Mapping, e.g. a ``transformers`` ``BatchEncoding``) of the net's keyword arguments with
 the label under ``"labels"`` or ``"label"``. Other formats: subclass
 :class:`~fitforge.BatchProcessor` and override ``unpack``.
@@ -20,6 +21,12 @@ from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeVal
 
 _SEQUENCES = (tuple, list)
 _PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
+_SEVERAL_HELP = (
+    "several labels go in one label: (x, (y1, y2)), matched by position to the outputs and a list loss, or a "
+    "dict (x, {'cls': y1, 'reg': y2}), matched by name to a dict loss (loss={'cls': ..., 'reg': ...}); several "
+    "inputs in one data: ((x1, x2), y). Return that from your Dataset/collate_fn (a TensorDataset(x, y1, y2) "
+    "gives (x, y1, y2)), or override BatchProcessor.unpack"
+)
 LABEL_KEYS = ("labels", "label")  # where a dict batch holds its label, in the order looked for
 Inputs = tuple[torch.Tensor, ...] | dict[str, Any]  # positional inputs, or a dict batch's keyword inputs
 
@@ -30,12 +37,21 @@ def _tensors(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value)
 
 
+def _labels(value: Any) -> bool:
+    """A label: a tensor, a tuple of tensors, or a dict of tensors by output name."""
+    if isinstance(value, Mapping):
+        return len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value.values())
+    return _tensors(value)
+
+
 def shape_of(value: Any) -> str:
     """A description of a batch part for error messages: "tensor of shape (4, 3)", "tuple of 2 [...]"."""
     if isinstance(value, torch.Tensor):
         return f"tensor of shape {tuple(value.shape)}"
     if isinstance(value, (tuple, list)):
         return f"{type(value).__name__} of {len(value)} [" + ", ".join(shape_of(v) for v in value) + "]"
+    if isinstance(value, Mapping) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+        return "dict {" + ", ".join(f"{k!r}: {shape_of(v)}" for k, v in value.items()) + "}"
     return describe(value)
 
 
@@ -49,15 +65,18 @@ def unpack_pair(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[I
     if isinstance(batch, Mapping):
         return unpack_features(batch, label_keys)
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_PAIR_HELP}")
-    data, label = batch
-    if not _tensors(data) or not _tensors(label):
+        several = isinstance(batch, (tuple, list)) and len(batch) > 2
         raise BatchFormatError(
-            f"a batch must be a (data, label) pair of tensors or tuples of tensors, got data: "
-            f"{shape_of(data)}, label: {shape_of(label)}: {_PAIR_HELP}"
+            f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_SEVERAL_HELP if several else _PAIR_HELP}"
+        )
+    data, label = batch
+    if not _tensors(data) or not _labels(label):
+        raise BatchFormatError(
+            f"a batch must be a (data, label) pair of tensors or tuples of tensors (the label may be a dict of "
+            f"tensors), got data: {shape_of(data)}, label: {shape_of(label)}: {_PAIR_HELP}"
         )
     inputs = (data,) if isinstance(data, torch.Tensor) else tuple(data)
-    return inputs, (label if isinstance(label, torch.Tensor) else tuple(label))
+    return inputs, (label if isinstance(label, (torch.Tensor, Mapping)) else tuple(label))
 
 
 def unpack_features(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[dict[str, Any], Any]:

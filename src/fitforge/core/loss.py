@@ -1,15 +1,21 @@
-"""One or several losses matched by position to the net's outputs and the labels, or the loss a
-model computes itself.
+"""One or several losses matched to the net's outputs and the labels by position or by name, or the
+loss a model computes itself.
 
 ``LossSet(loss, weights)`` computes the weighted total and each part; ``ModelLoss`` (``loss=None``)
-reads the ``loss`` of the model's output. Counts must agree: one output,
-one label and one loss each, or tuples of equal length. A loss that fails on its inputs is re-raised
-as a :class:`~fitforge.exceptions.LossInputError` naming shapes, dtypes and a likely fix.
+reads the ``loss`` of the model's output. By position (a loss or a list of them), counts must agree:
+one output, one label and one loss each, or tuples of equal length. By name (``loss`` a dict such as
+``{"cls": nn.CrossEntropyLoss(), "reg": nn.MSELoss()}``), the net returns a dict of outputs and the
+label is a dict, each holding every name of ``loss``; extra items are left alone. A net's dict output
+is named outputs only when ``loss`` is a dict: with ``loss=None`` it is a model's own output (its
+``loss`` and ``logits``), and a single loss gets the whole dict (or ``BatchProcessor(output_key=...)``'s
+item). Each loss is known by its output's *key*: its position (an int) or its name (a str). A loss
+that fails on its inputs is re-raised as a :class:`~fitforge.exceptions.LossInputError` naming
+shapes, dtypes and a likely fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -17,6 +23,7 @@ from torch import nn
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 
+OutputKey = int | str  # an output's position, or its name in a dict of outputs
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)
 
 
@@ -27,6 +34,11 @@ def _spec(value: Any) -> str:
 
 
 def _hint(fn: Callable, pred: Any, label: Any) -> str:
+    if isinstance(label, Mapping):
+        return (
+            f"; the label is a dict (keys: {_names(label)}): to give each output its own loss by name, pass loss "
+            "as a dict by the same names and return a dict of outputs from forward"
+        )
     if not (isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor)):
         return ""
     classifier = isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss))
@@ -64,10 +76,15 @@ def _not_a_tensor(output: Any) -> str:
         return "the net must return a tensor, or a tuple of tensors for several losses (did forward() forget a return?)"
     items = list(output) if isinstance(output, Mapping) else [k for k in ("loss", "logits") if hasattr(output, k)]
     if items:
+        named = (
+            f", or a dict loss={{{', '.join(f'{k!r}: ...' for k in items[:2])}}} to train each output with its own loss"
+            if isinstance(output, Mapping) and "loss" not in output
+            else ""
+        )
         return (
             f"it holds {', '.join(map(str, items))}: use Estimator(loss=None) to train on the loss the model "
             "computes itself, or BatchProcessor(output_key=...) to give this loss one of its items "
-            "(e.g. output_key='logits')"
+            f"(e.g. output_key='logits'){named}"
         )
     return "the net must return a tensor, or a tuple of tensors for several losses"
 
@@ -76,37 +93,100 @@ def _name(fn: Callable) -> str:
     return type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", type(fn).__name__)
 
 
-class LossSet:
-    """The configured loss(es) with their weights."""
+def part_key(key: OutputKey) -> str:
+    """The history name of the loss of output ``key``: ``loss_0``, ``loss_1``... by position,
+    ``<output>_loss`` by name (``cls_loss``)."""
+    return f"{key}_loss" if isinstance(key, str) else f"loss_{key}"
 
-    def __init__(self, loss: Any, weights: Sequence[float] | None = None, argument: str = "loss") -> None:
-        fns = list(loss) if isinstance(loss, (list, tuple)) else [loss]
+
+def part_keys(keys: Sequence[OutputKey]) -> tuple[str, ...]:
+    """The history names of each loss of ``keys`` (a loss set's): none for a single loss by position,
+    whose mean is the loss itself."""
+    return () if tuple(keys) == (0,) else tuple(part_key(key) for key in keys)
+
+
+def _names(keys: Iterable[Any]) -> str:
+    return ", ".join(map(repr, keys))
+
+
+def _check_weights(weights: Any, keys: tuple[OutputKey, ...], named: bool) -> list[float]:
+    """One weight per loss: a list by position, or a dict by output name (a name left out weighs 1)."""
+    if weights is None:
+        return [1.0] * len(keys)
+    if named:
+        if not isinstance(weights, Mapping) or not all(_number(w) for w in weights.values()):
+            raise FitforgeTypeError(
+                f"loss_weights must be a dict of numbers by output name, as loss is (its outputs: {_names(keys)}), "
+                f"got {describe(weights)}; e.g. {{{keys[0]!r}: 1.0}}"
+            )
+        unknown = [k for k in weights if k not in keys]
+        if unknown:
+            raise FitforgeValueError(
+                f"loss_weights names output(s) {_names(unknown)}, which loss does not: its outputs are "
+                f"{_names(keys)}; weigh those outputs (a name left out weighs 1.0)"
+            )
+        return [float(weights.get(key, 1.0)) for key in keys]
+    if isinstance(weights, Mapping):
+        raise FitforgeTypeError(
+            f"loss_weights is a dict ({describe(weights)}), which weighs outputs by name, but loss matches them by "
+            "position: give a list with one weight per loss, or give loss as a dict by output name too"
+        )
+    if not isinstance(weights, (list, tuple)) or not all(_number(w) for w in weights):
+        raise FitforgeTypeError(f"loss_weights must be a list of numbers, one per loss, got {describe(weights)}")
+    if len(weights) != len(keys):
+        raise FitforgeValueError(
+            f"loss_weights has {len(weights)} weight(s) but {len(keys)} loss(es) are configured; give one per loss"
+        )
+    return [float(w) for w in weights]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class LossSet:
+    """The configured loss(es) with their weights.
+
+    Attributes:
+        keys: the output each loss reads, by position (``(0, 1)``) or by name (``("cls", "reg")``).
+        named: whether ``loss`` was a dict by output name.
+    """
+
+    def __init__(
+        self, loss: Any, weights: Sequence[float] | Mapping[str, float] | None = None, argument: str = "loss"
+    ) -> None:
+        self.named = isinstance(loss, Mapping)
+        if self.named:
+            bad = [k for k in loss if not isinstance(k, str) or not k]
+            if bad:
+                raise FitforgeTypeError(
+                    f"{argument} as a dict is keyed by the names of the net's outputs (non-empty strs), got the "
+                    f"key(s) {_names(bad)}; to match outputs by position, give a list of losses"
+                )
+        fns = list(loss.values()) if self.named else list(loss) if isinstance(loss, (list, tuple)) else [loss]
         if not fns:
-            raise FitforgeValueError(f"{argument} is an empty list; give at least one loss")
+            raise FitforgeValueError(
+                f"{argument} is an empty {'dict' if self.named else 'list'}; give at least one loss"
+            )
         for fn in fns:
             if isinstance(fn, type):
                 raise FitforgeTypeError(f"{argument} got {describe(fn)}; pass an instance: {fn.__name__}()")
             if not callable(fn):
                 raise FitforgeTypeError(
                     f"{argument} must be a loss module or a callable (pred, label) -> scalar tensor, "
-                    f"or a list of them, got {describe(fn)}"
+                    f"or a list of them, or a dict of them by output name, got {describe(fn)}"
                 )
-        if weights is None:
-            weights = [1.0] * len(fns)
-        elif not isinstance(weights, (list, tuple)) or not all(
-            isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights
-        ):
-            raise FitforgeTypeError(f"loss_weights must be a list of numbers, one per loss, got {describe(weights)}")
-        elif len(weights) != len(fns):
-            raise FitforgeValueError(
-                f"loss_weights has {len(weights)} weight(s) but {len(fns)} loss(es) are configured; give one per loss"
-            )
+        self.keys: tuple[OutputKey, ...] = tuple(loss) if self.named else tuple(range(len(fns)))
         self.fns = fns
-        self.weights = [float(w) for w in weights]
-        self.multi = isinstance(loss, (list, tuple))
+        self.weights = _check_weights(weights, self.keys, self.named)
+        self.multi = self.named or isinstance(loss, (list, tuple))
         self._single_unweighted = not self.multi and self.weights == [1.0]  # one unweighted loss: the fast path
         self.names = [_name(fn) for fn in fns]
         self._shapes_checked = False
+
+    def _which(self, i: int) -> str:
+        """Loss ``i`` in messages: ``loss 0 (MSELoss)``, or ``loss 'reg' (MSELoss)`` by name."""
+        return f"loss {self.keys[i]!r} ({self.names[i]})"
 
     def to(self, device: torch.device) -> LossSet:
         for fn in self.fns:
@@ -115,6 +195,8 @@ class LossSet:
         return self
 
     def _pair(self, pred: Any, label: Any) -> tuple[Sequence, Sequence]:
+        if self.named:
+            return self._by_name(pred, "the net's output"), self._by_name(label, "the batch's label")
         preds = pred if isinstance(pred, (tuple, list)) else (pred,)
         labels = label if isinstance(label, (tuple, list)) else (label,)
         n = len(self.fns)
@@ -126,6 +208,23 @@ class LossSet:
                 "label a tuple with one tensor per loss)"
             )
         return preds, labels
+
+    def _by_name(self, value: Any, what: str) -> list:
+        """The items of ``value`` (the net's output or the label) under the loss's names, in order."""
+        if isinstance(value, Mapping):
+            missing = [key for key in self.keys if key not in value]
+            if not missing:
+                return [value[key] for key in self.keys]
+            raise LossInputError(
+                f"loss names the output(s) {_names(missing)}, which {what} lacks: its keys are {_names(value)}; "
+                "name the losses (and loss_weights, metrics) after the keys the net returns and the label holds"
+            )
+        example = ", ".join(f"{k!r}: y_{k}" for k in self.keys[:2])
+        fix = "return a dict of outputs from forward" if what == "the net's output" else f"make it (x, {{{example}}})"
+        raise LossInputError(
+            f"loss is a dict by output name ({_names(self.keys)}), so {what} must be a dict holding those names, "
+            f"got {_spec(value)}: {fix}; or give loss as a list, to match outputs by position"
+        )
 
     def __call__(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Return ``(weighted total, each loss)``."""
@@ -140,9 +239,11 @@ class LossSet:
         preds, labels = self._pair(pred, label)
         for i, p in enumerate(preds):
             if not isinstance(p, torch.Tensor):
-                raise LossInputError(f"output {i} of the net is {describe(p)}, not a tensor; {_not_a_tensor(p)}")
+                raise LossInputError(
+                    f"output {self.keys[i]!r} of the net is {describe(p)}, not a tensor; {_not_a_tensor(p)}"
+                )
         parts = [self._call(i, p, y) for i, (p, y) in enumerate(zip(preds, labels))]
-        if len(parts) == 1 and self.weights[0] == 1.0:
+        if len(parts) == 1 and self.weights[0] == 1.0 and not self.named:
             return parts[0], (parts[0],)
         total = cast(torch.Tensor, sum(w * v for w, v in zip(self.weights, parts)))  # 0 + tensors: a tensor
         return total, tuple(parts)
@@ -155,7 +256,7 @@ class LossSet:
         for i, part in enumerate(parts):
             if not isinstance(part, torch.Tensor):
                 raise LossInputError(
-                    f"loss {i} ({self.names[i]}) returned {describe(part)}, not a tensor: a loss must be "
+                    f"{self._which(i)} returned {describe(part)}, not a tensor: a loss must be "
                     "computed with torch operations so it can be backpropagated; do not turn it into a "
                     "Python number (.item(), float(), numpy)"
                 )
@@ -169,7 +270,7 @@ class LossSet:
 
     def _failure(self, i: int, pred: Any, label: Any, err: Exception) -> LossInputError:
         return LossInputError(
-            f"loss {i} ({self.names[i]}) failed on pred {_spec(pred)} and label {_spec(label)}"
+            f"{self._which(i)} failed on pred {_spec(pred)} and label {_spec(label)}"
             f"{_hint(self.fns[i], pred, label)}. Original error: {err}"
         )
 
@@ -194,13 +295,13 @@ class LossSet:
     def _check_elementwise(self, i: int, pred: torch.Tensor, label: torch.Tensor) -> None:
         if pred.shape != label.shape:
             raise LossInputError(
-                f"loss {i} ({self.names[i]}) compares pred and label elementwise, but pred has shape "
+                f"{self._which(i)} compares pred and label elementwise, but pred has shape "
                 f"{tuple(pred.shape)} and label {tuple(label.shape)}, which would broadcast silently; make "
                 f"them equal (e.g. label.view({', '.join(str(d) for d in pred.shape)}) or squeeze the output)"
             )
         if not label.is_floating_point():
             raise LossInputError(
-                f"loss {i} ({self.names[i]}) needs a floating-point label, got label {_spec(label)} (pred "
+                f"{self._which(i)} needs a floating-point label, got label {_spec(label)} (pred "
                 f"{_spec(pred)}): use label.float() in a custom step, or return float labels from the Dataset "
                 "(torch.tensor(y, dtype=torch.float32))"
             )
@@ -218,9 +319,7 @@ class LossSet:
             else f"labels go down to {low}, but class indices start at 0 (only ignore_index={ignore_index} marks "
             "a label to skip): shift the labels"
         )
-        raise LossInputError(
-            f"loss {i} ({self.names[i]}) got class labels from {low} to {high} for pred {_spec(pred)}; {fix}"
-        )
+        raise LossInputError(f"{self._which(i)} got class labels from {low} to {high} for pred {_spec(pred)}; {fix}")
 
     def check_first_batch(self, total: Any) -> None:
         """The total of the first batch must be a scalar tensor."""
@@ -237,6 +336,8 @@ class ModelLoss:
     :class:`LossSet`, with one loss."""
 
     fns: tuple = (None,)  # one loss, which the model computes
+    keys: tuple[OutputKey, ...] = (0,)
+    named = False
     names = ("loss",)
     weights = (1.0,)
     multi = False
@@ -274,9 +375,10 @@ class ModelLoss:
 
 
 def loss_sets(
-    loss: Any, val_loss: Any, weights: Sequence[float] | None, device: torch.device
+    loss: Any, val_loss: Any, weights: Sequence[float] | Mapping[str, float] | None, device: torch.device
 ) -> tuple[LossSet | ModelLoss, LossSet | ModelLoss]:
-    """The training and validation losses: ``LossSet`` objects, or ``ModelLoss`` for ``loss=None``."""
+    """The training and validation losses: ``LossSet`` objects, or ``ModelLoss`` for ``loss=None``.
+    ``val_loss``, when given, matches outputs as ``loss`` does: both dicts by output name, or neither."""
     if loss is None:
         if val_loss is not None or weights is not None:
             given = "val_loss" if val_loss is not None else "loss_weights"
@@ -285,5 +387,10 @@ def loss_sets(
                 "given with it; give loss a function to use your own"
             )
         return ModelLoss(), ModelLoss()
+    if val_loss is not None and isinstance(val_loss, Mapping) != isinstance(loss, Mapping):
+        raise FitforgeTypeError(
+            f"loss and val_loss must match outputs alike, by name (both dicts) or by position (neither), got "
+            f"loss {describe(loss)} and val_loss {describe(val_loss)}"
+        )
     train = LossSet(loss, weights).to(device)
     return train, train if val_loss is None else LossSet(val_loss, weights, "val_loss").to(device)

@@ -311,14 +311,17 @@ def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callabl
 
 
 def check_outputs(pred: Any, batch_idx: int) -> Any:
-    """A net's output must be a tensor or a tuple/list of tensors (returned as a tuple)."""
+    """A net's output must be a tensor, a tuple/list of tensors (returned as a tuple) or a dict of
+    tensors by output name (returned as a dict)."""
     if isinstance(pred, torch.Tensor):
         return pred
     if isinstance(pred, (tuple, list)) and pred and all(isinstance(p, torch.Tensor) for p in pred):
         return tuple(pred)
+    if isinstance(pred, Mapping) and pred and all(isinstance(p, torch.Tensor) for p in pred.values()):
+        return dict(pred)
     raise FitforgeTypeError(
-        f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor "
-        "or a tuple of tensors (override BatchProcessor.predict_batch for other outputs)"
+        f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor, a tuple of tensors "
+        "or a dict of tensors (override BatchProcessor.predict_batch for other outputs)"
     )
 
 
@@ -334,7 +337,8 @@ def check_batch_output(output: Any, method: str) -> None:
             f"BatchProcessor.{method} returned BatchOutput(batch_size={size!r}); set it to the number of samples "
             "in the batch (fitforge.core.data.batch_size_of(inputs)): it weights the loss and metric means"
         )
-    label = output.label if isinstance(output.label, tuple) else (output.label,)
+    label = output.label
+    label = tuple(label.values()) if isinstance(label, Mapping) else label if isinstance(label, tuple) else (label,)
     if any(isinstance(y, torch.Tensor) and y.dim() == 0 for y in label):
         raise FitforgeValueError(
             "the label of the first batch is a 0-d tensor: this looks like a single sample, not a batch; "

@@ -46,7 +46,7 @@ class EstimatorLike(Protocol):
     non_blocking: bool
     channels_last: bool
     strategy: str
-    loss: Any  # the loss(es) as the user gave them: a module, a callable or a list
+    loss: Any  # the loss(es) as the user gave them: a module, a callable, a list or a dict by output name
     train_metrics: list[Any]  # MetricSlot objects (fitforge.metrics, a layer above the core)
     val_metrics: list[Any]
     batch_processor: StepProcessor
@@ -55,6 +55,7 @@ class EstimatorLike(Protocol):
     def optimizer(self) -> torch.optim.Optimizer: ...
     @property
     def loss_count(self) -> int: ...
+    def output_keys(self, phase: str = "train") -> tuple[int | str, ...]: ...
     def compute_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]: ...
     def compute_val_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]: ...
     def check_first_batch(self, output: BatchOutput, method: str = "fit_batch") -> None: ...
@@ -69,8 +70,9 @@ class BatchOutput:
     Attributes:
         data: the model inputs on the device: a tuple of tensors (passed to the net positionally),
             or the keyword inputs of a dict batch (passed as ``net(**data)``).
-        label: the label on the device: a tensor, or a tuple with one tensor per loss.
-        pred: the net's output: a tensor, or a tuple for multi-output nets.
+        label: the label on the device: a tensor, or a tuple with one tensor per loss (a dict by
+            output name for named outputs).
+        pred: the net's output: a tensor, or a tuple for multi-output nets (a dict for named outputs).
         loss: the total (weighted) loss, a scalar tensor still on the device; None in predict.
         losses: each loss's unweighted value, in loss order.
         batch_size: number of samples, used to weight loss and metric means.

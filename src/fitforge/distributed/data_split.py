@@ -155,10 +155,10 @@ def gather_predictions(outputs: Any, size: int) -> Any:
     if parts is None or all(part is None for part in parts):
         return None
     template = next(part for part in parts if part is not None)
-    if isinstance(template, tuple):
-        return tuple(
-            _interleave([None if part is None else part[i] for part in parts], size) for i in range(len(template))
-        )
+    if isinstance(template, (tuple, dict)):
+        keys = range(len(template)) if isinstance(template, tuple) else list(template)
+        joined = [_interleave([None if part is None else part[key] for part in parts], size) for key in keys]
+        return tuple(joined) if isinstance(template, tuple) else dict(zip(keys, joined))
     return _interleave(parts, size)
 
 

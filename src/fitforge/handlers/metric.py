@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from fitforge.core.data import shape_of
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
+from fitforge.core.loss import part_keys
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
@@ -26,6 +28,8 @@ from fitforge.metrics.reduction import reduced_sums
 log = logging.getLogger("fitforge")
 
 _PREFIX = {"train": "train_", "validate": "val_"}
+_BY_POSITION = (tuple, list)  # outputs and labels that metrics pick from by index
+_BY_NAME = (tuple, list, Mapping)  # ... and by name, for named outputs (a dict loss)
 
 
 def key_prefix(state: TrainState) -> str:
@@ -38,15 +42,11 @@ def _run_of(state: TrainState) -> tuple:
     return (id(state.estimator), state.phase, state.prefix)
 
 
-def _part_key(index: int) -> str:
-    """The key of one loss of several (``loss_0``, ``loss_1``...; ``loss`` is their weighted sum)."""
-    return f"loss_{index}"
-
-
 class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several
-    (``<prefix>loss_<i>``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>`` for
-    every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
+    (``<prefix>loss_<i>``) or they are named (``<prefix><output>_loss``), ``<prefix><metric name>``
+    for every metric, and ``<prefix><name>`` for every named value logged with
+    ``state.log(name, value)`` (its mean over the epoch's calls).
 
     Updates stay on the device; values reach the host at epoch end (or when a handler calls
     ``state.running_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate (or what
@@ -97,7 +97,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             return estimator.val_metrics if phase == "validate" else estimator.train_metrics
         if self._resolved is None:  # resolved once: the same metric objects in every fit
             self._resolved = resolve_metrics(self.metrics, estimator.loss, argument="MetricHandler(metrics=...)")
-            check_output_indices(self._resolved, estimator.loss_count, "MetricHandler(metrics=...)")
+        check_output_indices(self._resolved, estimator.output_keys(phase), "MetricHandler(metrics=...)")
         return self._resolved
 
     def history_keys(self, estimator, phase: str) -> list[str]:
@@ -111,9 +111,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
     def _named_means(self, estimator, phase: str, prefix: str) -> NamedMeans:
         """Fresh means for the declared names; the loss's and the metrics' names are reserved."""
         reserved = {"loss": "the loss mean"}
-        reserved.update(
-            {_part_key(i): f"the mean of loss {i}" for i in range(estimator.loss_count) if estimator.loss_count > 1}
-        )
+        reserved.update({key: f"the mean of a loss ({key})" for key in part_keys(estimator.output_keys(phase))})
         reserved.update({s.name: f"the metric {s.name!r}" for s in self._slots(estimator, phase)})
         return NamedMeans(prefix, declared_names(estimator.batch_processor), reserved)
 
@@ -125,7 +123,10 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         for slot in slots:
             slot.metric.to(estimator.device)
         self._loss = Mean()
-        self._parts = [Mean() for _ in range(estimator.loss_count)] if estimator.loss_count > 1 else []
+        outputs = estimator.output_keys(state.phase)
+        self._part_keys = part_keys(outputs)
+        self._parts = [Mean() for _ in self._part_keys]
+        self._several = _BY_NAME if any(isinstance(key, str) for key in outputs) else _BY_POSITION
         self._named = self._named_means(estimator, state.phase, self.prefix)
         self._device = estimator.device
         self._configured_for = _run_of(state)
@@ -159,10 +160,11 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         if self._parts:
             for mean, part in zip(self._parts, out.losses):
                 mean.update(part, out.batch_size)
-        several = isinstance(out.pred, (tuple, list))
+        several = self._several
+        pick_pred, pick_label = isinstance(out.pred, several), isinstance(out.label, several)
         for slot in self.slots:
-            pred = out.pred[slot.output_index] if several else out.pred
-            label = out.label[slot.output_index] if isinstance(out.label, (tuple, list)) else out.label
+            pred = out.pred[slot.output] if pick_pred else out.pred
+            label = out.label[slot.output] if pick_label else out.label
             try:
                 slot.metric.update(pred, label)
             except _UPDATE_ERRORS as err:
@@ -185,15 +187,17 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         configured = self._configured_for == _run_of(state)
         named = self._named if configured else self._named_means(estimator, state.phase, key_prefix(state))
         named.check(state.logged)
-        several = isinstance(out.pred, (tuple, list))
-        for slot in list(self._slots(estimator, state.phase)):
+        slots = self._slots(estimator, state.phase)
+        several = _BY_NAME if any(isinstance(slot.output, str) for slot in slots) else _BY_POSITION
+        pick_pred, pick_label = isinstance(out.pred, several), isinstance(out.label, several)
+        for slot in list(slots):
             try:
                 trial = copy.deepcopy(slot.metric)
             except Exception:  # e.g. a metric holding a lock or a file: batch_end checks it instead
                 continue
             trial.to(estimator.device)
-            pred = out.pred[slot.output_index] if several else out.pred
-            label = out.label[slot.output_index] if isinstance(out.label, (tuple, list)) else out.label
+            pred = _picked(out.pred, slot, "the net's output") if pick_pred else out.pred
+            label = _picked(out.label, slot, "the label") if pick_label else out.label
             try:
                 trial.update(pred, label)
             except _UPDATE_ERRORS as err:
@@ -305,8 +309,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
 
     def _values(self, local: bool) -> dict[str, float]:
         values = {self.prefix + "loss": float(self._loss.compute())}
-        for i, mean in enumerate(self._parts):
-            values[self.prefix + _part_key(i)] = float(mean.compute())
+        for key, mean in zip(self._part_keys, self._parts):
+            values[self.prefix + key] = float(mean.compute())
         for slot in self.slots:
             metric = slot.metric
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
@@ -334,6 +338,18 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
 
 
 _UPDATE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _picked(value: Any, slot: MetricSlot, what: str) -> Any:
+    """The item of ``value`` (several outputs or labels) that ``slot`` reads; a clear error if it has none."""
+    try:
+        return value[slot.output]
+    except (KeyError, IndexError, TypeError):
+        keys = ", ".join(map(repr, value)) if isinstance(value, Mapping) else f"{len(value)} item(s) by position"
+        raise FitforgeValueError(
+            f"metric {slot.name!r} ({type(slot.metric).__name__}) reads the item {slot.output!r} of {what}, which has "
+            f"none: it holds {keys}; key the metrics by the outputs the net returns"
+        ) from None
 
 
 def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Exception) -> FitforgeValueError:

@@ -3,18 +3,26 @@
 Specifications: None (a default for the loss), a name (``"accuracy"``, ``"top5_accuracy"``,
 ``"binary_accuracy"``, ``"mse"``, ``"rmse"``, ``"mae"``), a metric object (built-in or any
 torchmetrics ``Metric``), a list of those, a dict ``{name: metric}`` to choose the history names,
-or a dict ``{output_index: spec}`` for multi-output nets (names then end in ``_<index>``).
+or a dict ``{output_index: spec}`` for multi-output nets: a metric given by kind (a name or an
+object) then ends in ``_<index>`` (``accuracy_1``), a name chosen in a dict is kept as is
+(``{0: {"cls_acc": "accuracy"}}`` gives ``cls_acc``), suffixed only when several outputs use it.
+
+With ``loss`` a dict by output name (named outputs), the specification is a dict by output name,
+``{"cls": ["accuracy"], "reg": {"err": "mae"}}``, and every history name starts with its output's
+(``cls_accuracy``, ``reg_err``); None gives each output the default of its own loss.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+from fitforge.core.loss import OutputKey, part_keys
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.metrics.base import Metric
 from fitforge.metrics.builtin import (
@@ -41,14 +49,21 @@ _TOPK = re.compile(r"top(\d+)_acc(uracy)?")
 class MetricSlot:
     """A metric with the name its values get in history and the output/label it reads.
 
-    ``inferred``: a default chosen for the loss, not asked for; a run whose step returns no label (or
-    one it cannot take) leaves it out instead of failing (see :class:`~fitforge.handlers.MetricHandler`).
+    ``output``: the key of that output and label: its position (an int), or its name for a net that
+    returns a dict of named outputs. ``inferred``: a default chosen for the loss, not asked for; a
+    run whose step returns no label (or one it cannot take) leaves it out instead of failing (see
+    :class:`~fitforge.handlers.MetricHandler`).
     """
 
     name: str
     metric: Metric
-    output_index: int = 0
+    output: OutputKey = 0
     inferred: bool = False
+
+    @property
+    def output_index(self) -> OutputKey:
+        """``output``, under its name of releases before named outputs."""
+        return self.output
 
 
 def metric_from_name(name: str) -> Metric:
@@ -100,32 +115,80 @@ def _as_metric(spec: Any, argument: str) -> Metric:
     return spec
 
 
-def _flat(spec: Any, argument: str, index: int | None) -> list[MetricSlot]:
-    suffix = "" if index is None else f"_{index}"
+def _flat(spec: Any, argument: str, output: OutputKey = 0, suffix: str = "", prefix: str = "") -> list[MetricSlot]:
+    """The slots of one output's ``spec``: names chosen in a dict get ``prefix``, the names of metrics
+    given by kind (a name or an object) ``prefix`` and ``suffix``."""
     if isinstance(spec, dict):
-        return [MetricSlot(f"{name}{suffix}", _as_metric(m, argument), index or 0) for name, m in spec.items()]
+        bad = [k for k in spec if not isinstance(k, str) or not k]
+        if bad:
+            raise FitforgeTypeError(f"{argument}: metric names in a dict must be non-empty strs, got keys {bad}")
+        return [MetricSlot(prefix + name, _as_metric(m, argument), output) for name, m in spec.items()]
     items = spec if isinstance(spec, (list, tuple)) else [spec]
     slots = []
     for item in items:
         metric = _as_metric(item, argument)
-        slots.append(MetricSlot(metric_name(metric) + suffix, metric, index or 0))
+        slots.append(MetricSlot(prefix + metric_name(metric) + suffix, metric, output))
     return slots
+
+
+def _by_position(spec: dict, argument: str) -> list[MetricSlot]:
+    """``{output_index: spec}``: a name the user chose in a dict stays as is unless several outputs use it."""
+    slots: list[MetricSlot] = []
+    chosen: list[MetricSlot] = []
+    for index, sub in spec.items():
+        own = _flat(sub, argument, index, suffix=f"_{index}")
+        slots += own
+        if isinstance(sub, dict):
+            chosen += own
+    names = [slot.name for slot in chosen]
+    for slot in chosen:
+        if names.count(slot.name) > 1:  # the same name on several outputs: the index tells them apart
+            slot.name = f"{slot.name}_{slot.output}"
+    return slots
+
+
+def _by_name(spec: Any, loss: Mapping, argument: str) -> list[MetricSlot]:
+    """Slots for named outputs (``loss`` a dict): ``spec`` a dict by output name, None for defaults."""
+    outputs = list(loss)
+    if spec is None:
+        return [
+            MetricSlot(f"{key}_{metric_name(m)}", m, key, inferred=True)
+            for key in outputs
+            for m in default_metrics(loss[key])
+        ]
+    example = f"{{{outputs[0] if outputs else 'cls'!r}: ['accuracy']}}"
+    if not isinstance(spec, dict):
+        if isinstance(spec, (list, tuple)) and not spec:
+            return []
+        raise FitforgeTypeError(
+            f"{argument} must be a dict by output name, as loss is (its outputs: {', '.join(map(repr, outputs))}), "
+            f"got {describe(spec)}; e.g. {argument}={example}"
+        )
+    unknown = [key for key in spec if key not in outputs]
+    if unknown:
+        raise FitforgeValueError(
+            f"{argument} names the output(s) {', '.join(map(repr, unknown))}, which loss does not: its outputs are "
+            f"{', '.join(map(repr, outputs))}; key the metrics by those names, e.g. {argument}={example}"
+        )
+    return [slot for key, sub in spec.items() for slot in _flat(sub, argument, key, prefix=f"{key}_")]
 
 
 def resolve_metrics(spec: Any, loss: Any, argument: str = "train_metrics") -> list[MetricSlot]:
     """Named metric slots for ``spec`` (see the module docstring); names must be unique."""
     first_loss = loss[0] if isinstance(loss, (list, tuple)) and loss else loss
-    if spec is None:
+    if isinstance(loss, Mapping):
+        slots = _by_name(spec, loss, argument)
+    elif spec is None:
         slots = [MetricSlot(metric_name(m), m, inferred=True) for m in default_metrics(first_loss)]
     elif isinstance(spec, dict) and spec and all(isinstance(k, int) for k in spec):
-        slots = [slot for index, sub in spec.items() for slot in _flat(sub, argument, index)]
+        slots = _by_position(spec, argument)
     else:
         if isinstance(spec, dict) and not all(isinstance(k, str) for k in spec):
             raise FitforgeTypeError(
                 f"{argument} dict keys must be all metric names (str) or all output indices (int), "
                 f"got keys {list(spec)}"
             )
-        slots = _flat(spec, argument, None)
+        slots = _flat(spec, argument)
     names = [slot.name for slot in slots]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -136,13 +199,26 @@ def resolve_metrics(spec: Any, loss: Any, argument: str = "train_metrics") -> li
     return slots
 
 
-def check_output_indices(slots: list[MetricSlot], outputs: int, argument: str) -> None:
-    """Every slot must read an output the net has (one per loss)."""
+def check_output_indices(slots: list[MetricSlot], outputs: int | Sequence[OutputKey], argument: str) -> None:
+    """Every slot must read an output the loss reads (``outputs``: their count, or the loss set's
+    keys), and no metric may take the history name of a loss (``loss``, ``loss_1``, ``cls_loss``)."""
+    keys = tuple(range(outputs)) if isinstance(outputs, int) else tuple(outputs)
+    losses = {"loss", *part_keys(keys)}
     for slot in slots:
-        if slot.output_index >= outputs:
+        if slot.output not in keys and isinstance(slot.output, str):
             raise FitforgeValueError(
-                f"{argument}: metric {slot.name!r} reads output {slot.output_index}, but the model has "
-                f"{outputs} output(s) (one per loss); use output indices 0 to {outputs - 1}"
+                f"{argument}: metric {slot.name!r} reads the output {slot.output!r}, which the loss does not "
+                f"name: its outputs are {', '.join(map(repr, keys))}"
+            )
+        if slot.output not in keys:
+            raise FitforgeValueError(
+                f"{argument}: metric {slot.name!r} reads output {slot.output}, but the model has "
+                f"{len(keys)} output(s) (one per loss); use output indices 0 to {len(keys) - 1}"
+            )
+        if slot.name in losses:
+            raise FitforgeValueError(
+                f"{argument}: the metric name {slot.name!r} is the history name of a loss; name the metric "
+                f"otherwise, e.g. {slot.name + '_metric'!r}"
             )
 
 
@@ -158,4 +234,4 @@ def check_independent(train: list[MetricSlot], val: list[MetricSlot]) -> None:
 
 def copy_slots(slots: list[MetricSlot]) -> list[MetricSlot]:
     """Independent copies (fresh objects) of ``slots``, e.g. validation metrics from training ones."""
-    return [MetricSlot(s.name, copy.deepcopy(s.metric), s.output_index, s.inferred) for s in slots]
+    return [MetricSlot(s.name, copy.deepcopy(s.metric), s.output, s.inferred) for s in slots]
