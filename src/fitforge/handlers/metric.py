@@ -15,7 +15,7 @@ from fitforge.core.loss import part_keys
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
-from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
+from fitforge.metrics import Mean, MetricSlot, builtin, check_output_indices, resolve_metrics
 from fitforge.metrics.base import (
     SumCountMetric,
     load_metric_state,
@@ -192,7 +192,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         pick_pred, pick_label = isinstance(out.pred, several), isinstance(out.label, several)
         for slot in list(slots):
             try:
-                trial = copy.deepcopy(slot.metric)
+                trial = _trial_copy(slot.metric)
             except Exception:  # e.g. a metric holding a lock or a file: batch_end checks it instead
                 continue
             trial.to(estimator.device)
@@ -357,6 +357,18 @@ def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Excep
         f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
         f"and label: {shape_of(label)} in batch {batch_idx}: {err}"
     )
+
+
+def _trial_copy(metric: Any) -> Any:
+    """A throw-away copy of ``metric`` for the first batch's trial. fitforge's own metrics keep their
+    running state in the attributes ``reset()`` rebinds, so a shallow copy, reset, is one that shares
+    nothing the trial changes (a deep copy costs several times more, at every fit); any other metric
+    is copied deeply."""
+    if type(metric).__module__ == builtin.__name__:
+        trial = copy.copy(metric)
+        trial.reset()
+        return trial
+    return copy.deepcopy(metric)
 
 
 def _check_value(slot: MetricSlot, trial: Any) -> None:
