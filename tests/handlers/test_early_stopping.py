@@ -257,3 +257,31 @@ def test_a_fit_without_a_monitor_does_not_list_the_run_keys(monkeypatch):
     make_estimator().fit(regression_batches(), epochs=1)  # StoppingHandler etc.: no monitor
     with pytest.raises(AssertionError, match="run_keys computed"):
         make_estimator().fit(regression_batches(), epochs=1, event_handlers=[EarlyStoppingHandler("train_loss")])
+
+
+def test_early_stopping_runs_beside_a_declared_writer_of_the_history():
+    from fitforge.events import EpochEnd
+
+    class Recorder(EpochEnd):  # at the same priority, sharing epoch_end: no order needed to restore weights
+        reads, writes = ("epoch",), ("history",)
+
+        def epoch_end(self, state):
+            state.history.record("my_value", 1.0)
+
+    stopper = EarlyStoppingHandler("train_loss", patience=0, restore_best=True)
+    handlers = [Recorder(), stopper]
+    history = make_estimator().fit(regression_batches(), epochs=3, event_handlers=handlers, check_access=True)
+    assert history["my_value"] == [1.0] * history.epochs
+
+
+def test_a_second_fit_names_the_best_epoch_as_its_epoch_lines_do(caplog):
+    import logging
+
+    estimator = make_estimator()
+    estimator.fit(regression_batches(), epochs=2)
+    estimator.set_lr(1.0)  # diverges: the second fit's first epoch stays its best
+    stopper = EarlyStoppingHandler("train_loss", patience=0, restore_best=True)
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        history = estimator.fit(regression_batches(), epochs=4, event_handlers=[stopper])
+    assert history.restored_epoch == 1 and "restored the weights of epoch 3 " in caplog.text
+    assert "at epoch 3)" in history.stop_reason and "[Epoch 3/6]" in caplog.text

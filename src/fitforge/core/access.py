@@ -25,7 +25,10 @@ from fitforge.core.events import EventHandler, acts_as, events_of, handler_name,
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
 
-FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run", "logged"}  # plumbing
+# The dataclass's fields but its plumbing, and the properties handlers set.
+FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run", "logged"} | {
+    "restored_epoch"
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -222,6 +222,17 @@ class TrainState:
             self.history.stop_reason = reason
 
     @property
+    def restored_epoch(self) -> int | None:
+        """``history.restored_epoch``: the 1-based epoch of this fit whose weights a handler put back
+        (EarlyStoppingHandler's ``restore_best``). A field of its own for declared access: restoring
+        weights records no value, so it orders its writer after no writer of ``history``."""
+        return self.history.restored_epoch
+
+    @restored_epoch.setter
+    def restored_epoch(self, epoch: int | None) -> None:
+        self.history.restored_epoch = epoch
+
+    @property
     def epoch_suspended(self) -> bool:
         """See the class docstring: a signal cut the epoch short; a resumed run finishes it."""
         return self.preempted is not None and not self.epoch_finished

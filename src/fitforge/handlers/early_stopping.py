@@ -52,8 +52,9 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         "epoch_finished",
         "batch_idx",
         "num_batches",
+        "epochs_before",
     )
-    writes = ("stop_requested", "history")  # history.restored_epoch, when it restores the best weights
+    writes = ("stop_requested", "restored_epoch")
 
     def __init__(
         self,
@@ -109,7 +110,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
         if self.wait >= max(self.patience, 1):
             self.stopped_epoch = state.epoch
             best = (
-                f"{self.best:.4g} at epoch {self.best_epoch + 1}"
+                f"{self.best:.4g} at epoch {state.epochs_before + self.best_epoch + 1}"
                 if self.best_epoch is not None
                 else f"none beat the baseline {self.baseline}"
                 if self.baseline is not None
@@ -129,8 +130,9 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             and state.preempted is None
         ):
             state.estimator.net.load_state_dict(self._best_weights)
-            state.history.restored_epoch = best_epoch + 1  # the closing summary reports that row
-            log.info("restored the weights of epoch %d (%s=%.4g)", best_epoch + 1, self.monitor, self.best)
+            state.restored_epoch = best_epoch + 1  # the closing summary reports that row
+            shown = state.epochs_before + best_epoch + 1  # numbered across fits, as the epoch lines
+            log.info("restored the weights of epoch %d (%s=%.4g)", shown, self.monitor, self.best)
         self._best_weights = None  # do not hold a copy of the weights after the run
 
     def state_dict(self) -> dict:
