@@ -93,7 +93,8 @@ def test_the_validation_in_fit_keeps_val_after_a_test_evaluation():
         ("test_", FitforgeValueError, "got 'test_'; the '_' is added: pass 'test'"),
         ("my test", FitforgeValueError, "got 'my test'"),
         ("2nd", FitforgeValueError, "starts with a letter"),
-        ("_test", FitforgeValueError, "got '_test'"),
+        ("_test", FitforgeValueError, "got '_test'$"),  # no hint: '_test' is no better
+        ("tést_", FitforgeValueError, "got 'tést_'$"),
         (None, FitforgeTypeError, "prefix must be a str such as 'val' or 'test', got None"),
         (b"test", FitforgeTypeError, "got bytes"),
     ],

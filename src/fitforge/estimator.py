@@ -308,7 +308,11 @@ class Estimator:
             self._default_optimizer = False  # once per estimator
 
     def _add_to_history(self, state: TrainState) -> None:
-        """Append a fit's epochs to ``history``; a resumed fit's History holds its run's epochs already."""
+        """Append a fit's epochs to ``history``; a resumed fit's History holds its run's epochs already.
+        A fit that failed before completing a batch (a bad batch, a misnamed output) adds nothing:
+        fixed and run again, it starts at epoch 1, not after an epoch of nan."""
+        if state.error is not None and state.global_step == 0 and not state.resumed:
+            return
         if state.resumed:
             self.history = History()
         self.history.extend(state.history)

@@ -95,7 +95,9 @@ def check_prefix(prefix: object) -> str:
     if not isinstance(prefix, str):
         raise FitforgeTypeError(f"evaluate: prefix must be a str such as 'val' or 'test', got {describe(prefix)}")
     if not (prefix.isidentifier() and prefix.isascii() and prefix[0].isalpha() and not prefix.endswith("_")):
-        hint = f"; the '_' is added: pass {prefix.rstrip('_')!r}" if prefix.rstrip("_").isidentifier() else ""
+        stripped = prefix.rstrip("_")
+        valid = stripped.isidentifier() and stripped.isascii() and stripped[:1].isalpha()
+        hint = f"; the '_' is added: pass {stripped!r}" if prefix.endswith("_") and valid else ""
         raise FitforgeValueError(
             f"evaluate: prefix must be a non-empty name of letters, digits and '_' that starts with a letter "
             f"and does not end in '_' (the keys are '<prefix>_loss', '<prefix>_<metric>'), got {prefix!r}{hint}"

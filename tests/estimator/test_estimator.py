@@ -709,3 +709,20 @@ def test_a_failed_fit_keeps_its_epochs_in_the_estimator_history():
     with pytest.raises(RuntimeError, match="boom"):
         est.fit(regression_batches(), epochs=3, event_handlers=[Fail()])
     assert est.history.epochs == 2  # the epoch that failed at its end has its row
+
+
+def test_a_fit_failing_before_any_batch_completes_adds_no_epoch_to_the_estimator_history():
+    estimator = make_estimator()
+    bad = [(torch.rand(4, 1), torch.rand(4, 3))]  # the label's shape does not match the output
+    with pytest.raises(LossInputError):
+        estimator.fit(bad, epochs=2)
+    assert estimator.history.epochs == 0
+    history = estimator.fit(regression_batches(), epochs=1)
+    assert estimator.history.epochs == history.epochs == 1 and not math.isnan(estimator.history["train_loss"][0])
+
+
+def test_the_default_optimizer_warning_gives_the_rate_set_lr_chose():
+    estimator = Estimator(nn.Linear(1, 1), nn.MSELoss(), device="cpu")
+    estimator.set_lr(1e-4)
+    with pytest.warns(UserWarning, match=r"using Adam\(lr=1e-4\)"):
+        estimator.fit(regression_batches(), epochs=1)

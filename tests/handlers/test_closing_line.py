@@ -178,3 +178,12 @@ def test_the_exception_is_shortened():
     assert raised(ValueError("first line\nsecond line")) == "ValueError: first line …"
     assert raised(ValueError()) == "ValueError"
     assert raised(ValueError(math.pi)).startswith("ValueError: 3.14159")
+
+
+def test_a_train_end_hook_failing_after_training_is_no_finished_run(caplog):
+    def final_save(state):
+        raise OSError("disk full")
+
+    record = fit_failing(caplog, [LambdaHandler(train_end=final_save)], error=OSError, epochs=2)
+    line = record.getMessage()
+    assert line.startswith("Failed at the end of training (8 batches completed") and "OSError: disk full" in line

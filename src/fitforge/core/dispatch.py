@@ -188,7 +188,8 @@ class Dispatcher:
 
         While an exception is ending the run (``failing``), each hook's failure is logged and the
         original exception propagates unchanged; otherwise the first failure is returned for the
-        caller to raise once every hook ran (later ones are logged)."""
+        caller to raise once every hook ran (later ones are logged), and set as ``state.error``
+        for the hooks after it."""
         first = None
         for owner, hook in zip(self.owners[event], self.hooks[event]):
             try:
@@ -199,7 +200,7 @@ class Dispatcher:
                 if failing or first is not None:
                     log.exception("%r.%s failed while training was ending", owner, event.value)
                 else:
-                    first = error
+                    first = state.error = error  # the hooks after it (the closing log line) see it
         return first
 
     def describe(self) -> str:

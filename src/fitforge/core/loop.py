@@ -71,6 +71,7 @@ def run_fit(state: TrainState, run: RunContext) -> None:
         dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS)
         run.data.close()
         raise
+    state.training_over = True
     failure = dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS, failing=False)
     run.data.close()
     if failure is not None:

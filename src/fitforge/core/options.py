@@ -116,8 +116,10 @@ def warn_default_optimizer(
                 "processes now: build the Estimator after unfreezing it, or pass optimizer=..."
             )
         optimizers = [torch.optim.Adam(params, lr=1e-3)]
+    mantissa, exponent = f"{float(optimizers[0].param_groups[0]['lr']):e}".split("e")  # 1e-3, or set_lr's since
+    lr = f"{float(mantissa):g}e{int(exponent)}"
     warnings.warn(
-        f"{entry}: no optimizer given: using Adam(lr=1e-3); pass Estimator(optimizer=...) to choose one",
+        f"{entry}: no optimizer given: using Adam(lr={lr}); pass Estimator(optimizer=...) to choose one",
         UserWarning,
         stacklevel=4,  # the user's call of fit or lr_find
     )

@@ -161,6 +161,8 @@ class TrainState:
         stop_every_rank: a stop was requested with ``every_rank=True`` (see :meth:`request_stop`).
         error: at ``train_end``, the exception that is ending fit (a handler's, the step's, a
             second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
+            A ``train_end`` hook that fails once training is over sets it for the hooks after it.
+        training_over: the epochs are over and ``train_end`` runs for a run no exception ended.
         preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
         resumed: whether this fit continues from a checkpoint (set after ``train_begin``, before
@@ -197,6 +199,7 @@ class TrainState:
     stop_every_rank: bool = False
     preempted: int | None = None
     error: BaseException | None = None
+    training_over: bool = False
     resumed: bool = False
     epochs_before: int = 0
     prefix: str | None = None

@@ -50,6 +50,8 @@ def failed_line(state: TrainState, seconds: float) -> str:
 
 def where(state: TrainState) -> str:
     """Where in the run the loop was: before an epoch, at its start or end, or at a batch."""
+    if state.training_over:  # a train_end hook failed (a final checkpoint, a tracker...)
+        return "at the end of training"
     label = epoch_label(state).replace("Epoch", "epoch")
     if state.history.epochs <= state.epoch:  # the epoch's row is not open: it has not begun
         return f"before {label}"
