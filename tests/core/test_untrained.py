@@ -139,8 +139,9 @@ def test_a_processor_with_several_optimizers_is_checked_over_their_union(caplog)
     with caplog.at_level(logging.WARNING, logger="fitforge"):
         fit(estimator)
     (record,) = warnings_of(caplog)
-    assert "1 trainable parameter of net (1 values) is in no optimizer" in record.getMessage()
-    assert '"params": [those parameters]' in record.getMessage()  # head.weight is held: no module to give
+    assert "1 trainable parameter of net (1 value) is in no optimizer" in record.getMessage()
+    # head.weight is held: no module to give, so the parameter by name
+    assert "\"params\": [estimator.net.get_parameter(name) for name in ('head.bias',)]" in record.getMessage()
     assert "estimator.optimizers[i].add_param_group" in record.getMessage()
 
 
@@ -168,3 +169,14 @@ def test_many_names_are_cut_to_five_and_lazy_parameters_are_counted_as_tensors(c
     assert "10 trainable parameters of net (8 values) are in no optimizer" in message  # the lazy ones: no size yet
     assert "0.weight, 0.bias, 1.weight, 1.bias, 2.weight and 5 more." in message
     assert '"params": estimator.net.parameters()' in message
+
+
+def test_the_fix_for_a_digit_named_child_of_a_plain_module_is_runnable():
+    from fitforge.core.untrained import _parameters_of
+
+    net = nn.Module()  # not indexable: the fix must not say net[0]
+    net.add_module("0", nn.Linear(1, 1))
+    fix = _parameters_of(net, ["0.weight", "0.bias"], set())
+    assert fix == "estimator.net.get_submodule('0').parameters()"
+    estimator = type("Holder", (), {"net": net})()
+    assert len(list(eval(fix, {"estimator": estimator}))) == 2

@@ -43,21 +43,23 @@ def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer], 
     if not names:
         return
     parameters = dict(net.named_parameters())
+    lazy = any(is_lazy(parameters[name]) for name in names)
     values = sum(parameters[name].numel() for name in names if not is_lazy(parameters[name]))
+    size = "" if lazy and not values else f" ({values:,} value{'' if values == 1 else 's'})"
     shown = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
-    counted = (
-        f"1 trainable parameter of net ({values:,} values) is"
-        if len(names) == 1
-        else (f"{len(names)} trainable parameters of net ({values:,} values) are")
-    )
+    one = len(names) == 1
+    counted = f"1 trainable parameter of net{size} is" if one else f"{len(names)} trainable parameters of net{size} are"
     log.warning(
-        "%s: %s in no optimizer, so training leaves them unchanged: %s. To train them, add them to the optimizer: "
+        "%s: %s in no optimizer, so training leaves %s unchanged: %s. To train %s, add %s to the optimizer: "
         '%s.add_param_group({"params": %s}), then estimator.set_lr(...) sets every group\'s '
         "rate; or build the optimizer over every parameter, torch.optim.Adam(net.parameters(), ...), which "
         "skips frozen ones until they are unfrozen. Parameters that should not train: requires_grad_(False).",
         entry,
         counted,
+        "it" if one else "them",
         shown,
+        "it" if one else "them",
+        "it" if one else "them",
         "estimator.optimizer" if len(optimizers) == 1 else "estimator.optimizers[i]",
         _parameters_of(net, names, _held(optimizers)),
     )
@@ -65,7 +67,8 @@ def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer], 
 
 def _parameters_of(net: nn.Module, names: list[str], held: set[int]) -> str:
     """Code for the parameters ``names``: the smallest module that holds them, when no optimizer
-    holds any of its parameters (``estimator.net.backbone.parameters()``), else a placeholder."""
+    holds any of its parameters (``estimator.net.backbone.parameters()``), else the parameters
+    themselves: by name, or for many, as those trainable in no optimizer."""
     prefix = names[0].split(".")[:-1]
     for name in names[1:]:
         parts = name.split(".")[:-1]
@@ -73,9 +76,19 @@ def _parameters_of(net: nn.Module, names: list[str], held: set[int]) -> str:
         while common < min(len(prefix), len(parts)) and prefix[common] == parts[common]:
             common += 1
         prefix = prefix[:common]
-    if any(id(p) in held for p in net.get_submodule(".".join(prefix)).parameters()):
-        return "[those parameters]"
-    if all(part.isdigit() or _ATTRIBUTE.fullmatch(part) for part in prefix):
-        path = "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in prefix)
-        return f"estimator.net{path}.parameters()"
-    return f"estimator.net.get_submodule({'.'.join(prefix)!r}).parameters()"
+    module = net.get_submodule(".".join(prefix))
+    if any(id(p) in held for p in module.parameters()):
+        if len(names) <= SHOWN:  # no module holds just them: the parameters by name
+            return f"[estimator.net.get_parameter(name) for name in {tuple(names)!r}]"
+        return (  # too many to list: those trainable and in no group, computed
+            "[p for p in estimator.net.parameters() if p.requires_grad and not any(p is q for o in "
+            'estimator.optimizers for g in o.param_groups for q in g["params"])]'
+        )
+    path, parent = "", net
+    for part in prefix:  # attributes, and indices into a Sequential or ModuleList; else get_submodule
+        indexed = part.isdigit() and isinstance(parent, (nn.Sequential, nn.ModuleList))
+        if not (indexed or _ATTRIBUTE.fullmatch(part)):
+            return f"estimator.net.get_submodule({'.'.join(prefix)!r}).parameters()"
+        path += f"[{part}]" if indexed else f".{part}"
+        parent = parent.get_submodule(part)
+    return f"estimator.net{path}.parameters()"
