@@ -631,8 +631,15 @@ def test_predict_errors_are_clear():
         def forward(self, x):
             return {"y": self.lin(x), "steps": 3}
 
-    with pytest.raises(FitforgeTypeError, match=r"the net returned dict .* for batch 0; predict needs a tensor"):
-        make_estimator(net=DictOut()).predict(regression_batches())  # a dict of tensors and an int
+    predicted = make_estimator(net=DictOut()).predict(regression_batches())  # extras are left out
+    assert set(predicted) == {"y"} and predicted["y"].shape == (12, 1)
+
+    class NoTensor(DictOut):
+        def forward(self, x):
+            return {"steps": 3}
+
+    with pytest.raises(FitforgeTypeError, match=r"returned a dict of 'steps': int for batch 0; predict needs a tensor"):
+        make_estimator(net=NoTensor()).predict(regression_batches())
 
 
 class KeywordNet(nn.Module):

@@ -311,17 +311,23 @@ def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callabl
 
 
 def check_outputs(pred: Any, batch_idx: int) -> Any:
-    """A net's output must be a tensor, a tuple/list of tensors (returned as a tuple) or a dict of
-    tensors by output name (returned as a dict)."""
+    """A net's output must be a tensor, a tuple/list of tensors (returned as a tuple) or a dict by
+    output name (returned as a dict of its tensors: other items, extras training leaves alone too,
+    are left out)."""
     if isinstance(pred, torch.Tensor):
         return pred
     if isinstance(pred, (tuple, list)) and pred and all(isinstance(p, torch.Tensor) for p in pred):
         return tuple(pred)
-    if isinstance(pred, Mapping) and pred and all(isinstance(p, torch.Tensor) for p in pred.values()):
-        return dict(pred)
+    if isinstance(pred, Mapping) and any(isinstance(p, torch.Tensor) for p in pred.values()):
+        return {key: value for key, value in pred.items() if isinstance(value, torch.Tensor)}
+    shown = (
+        "a dict of " + ", ".join(f"{key!r}: {type(value).__name__}" for key, value in pred.items())
+        if isinstance(pred, Mapping)
+        else describe(pred)
+    )
     raise FitforgeTypeError(
-        f"the net returned {describe(pred)} for batch {batch_idx}; predict needs a tensor, a tuple of tensors "
-        "or a dict of tensors (override BatchProcessor.predict_batch for other outputs)"
+        f"the net returned {shown} for batch {batch_idx}; predict needs a tensor, a tuple of tensors "
+        "or a dict holding tensors (override BatchProcessor.predict_batch for other outputs)"
     )
 
 
