@@ -2,21 +2,23 @@
 
 ``(X, y)`` (tensors or NumPy arrays with one row per sample) becomes a ``DataLoader`` over a
 ``TensorDataset``: shuffled for training, in order for evaluation and prediction; ``predict``
-also takes a bare ``X``. NumPy's floats become torch's default float (float32, as in Keras) and a
-1-D integer array (class labels, often uint8) int64, which the losses take; tensors are used as
-they are. ``validation_split`` holds out the
-*last* fraction of the samples before any shuffling, as Keras does, so the held-out part is the
-same in every run.
+also takes a bare ``X``. For several outputs ``y`` may be several arrays, ``(X, (y1, y2))`` or
+``(X, {"cls": y1, "reg": y2})`` (named outputs), batched into labels of the same shape. NumPy's
+floats become torch's default float (float32, as in Keras) and a 1-D integer array (class labels,
+often uint8) int64, which the losses take; tensors are used as they are. ``validation_split``
+holds out the *last* fraction of the samples before any shuffling, as Keras does, so the
+held-out part is the same in every run.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -30,14 +32,50 @@ def is_array(item: object) -> bool:
     )
 
 
+def _rows(item: object) -> bool:
+    return is_array(item) and len(item.shape) > 0  # type: ignore[attr-defined]
+
+
+def _label_arrays(label: object) -> bool:
+    """An array, or several as a tuple/list (outputs by position) or a dict (outputs by name)."""
+    if isinstance(label, Mapping):
+        return bool(label) and all(isinstance(k, str) and _rows(v) for k, v in label.items())
+    if isinstance(label, (tuple, list)):
+        return bool(label) and all(_rows(item) for item in label)
+    return _rows(label)
+
+
 def is_arrays(data: object) -> bool:
-    """Whether ``data`` is ``(X, y)``: a tuple or list of two arrays, rather than batches."""
-    return (
-        isinstance(data, (tuple, list))
-        and len(data) == 2
-        and all(is_array(item) for item in data)
-        and all(len(item.shape) > 0 for item in data)
-    )
+    """Whether ``data`` is ``(X, y)``: a tuple or list of two arrays, rather than batches; ``y`` may
+    also be several arrays, a tuple ``(y1, y2)`` or a dict ``{"cls": y1, "reg": y2}`` (Keras's form
+    for several outputs)."""
+    return isinstance(data, (tuple, list)) and len(data) == 2 and _rows(data[0]) and _label_arrays(data[1])
+
+
+def _flat(data: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Any]]:
+    """``(X, y)``'s arrays in a flat list, and the function that puts such a list (rows of them, a
+    part of them) back into ``(X, y)``'s shape."""
+    if not is_arrays(data) or _rows(data[1]):  # plain arrays: a flat tuple already
+        return list(data), tuple
+    x, label = data
+    if isinstance(label, Mapping):
+        keys = list(label)
+        return [x, *label.values()], lambda items: (items[0], dict(zip(keys, items[1:])))
+    return [x, *label], lambda items: (items[0], tuple(items[1:]))
+
+
+class LabelledArrays(Dataset):
+    """The rows of ``X`` with the rows of several label arrays: ``(x, (y1, y2))`` or ``(x, {"cls":
+    y1, ...})`` per sample, which the DataLoader collates into batches of the same shape."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], shape: Callable[[Sequence[Any]], Any]) -> None:
+        self.tensors, self.shape = tensors, shape
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, index: int) -> Any:
+        return self.shape([t[index] for t in self.tensors])
 
 
 def _arrays_apart(train_data: object, val_data: object) -> bool:
@@ -86,20 +124,26 @@ def check_batch_size(batch_size: Any) -> int:
 
 
 def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str) -> DataLoader:
-    """A DataLoader of ``(X, y, ...)``'s rows (``X`` alone: batches of bare tensors, for predict)."""
+    """A DataLoader of ``(X, y)``'s rows (``X`` alone: batches of bare tensors, for predict; ``y``
+    several arrays: batches ``(x, (y1, y2))`` or ``(x, {"cls": y1, ...})``)."""
+    if is_arrays(data) and not _rows(data[1]):
+        flat, shape = _flat(data)
+        dataset: Any = LabelledArrays(_tensors(flat, argument), shape)
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
     tensors = _tensors(data if isinstance(data, (tuple, list)) else (data,), argument)
     if len(tensors) == 1:  # predict(X): each batch a bare tensor, not a 1-tuple
         return DataLoader(tensors[0], batch_size=batch_size, shuffle=shuffle)  # type: ignore[arg-type]
     return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle)
 
 
-def split_off(data: Any, fraction: Any) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+def split_off(data: Any, fraction: Any) -> tuple[Any, Any]:
     """``(first part, last fraction)`` of the arrays ``data``, for ``validation_split``."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise FitforgeValueError(
             f"validation_split must be a fraction between 0 and 1 (e.g. 0.2), got {describe(fraction)}"
         )
-    tensors = _tensors(data, "train_data")
+    flat, shape = _flat(data)
+    tensors = _tensors(flat, "train_data")
     size = len(tensors[0])
     held = math.floor(size * fraction)
     if held == 0 or held == size:
@@ -107,7 +151,7 @@ def split_off(data: Any, fraction: Any) -> tuple[tuple[torch.Tensor, ...], tuple
             f"validation_split={fraction} of {size} samples leaves {'no validation' if held == 0 else 'no training'} "
             "sample; use more samples or another fraction"
         )
-    return tuple(t[: size - held] for t in tensors), tuple(t[size - held :] for t in tensors)
+    return shape([t[: size - held] for t in tensors]), shape([t[size - held :] for t in tensors])
 
 
 def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_split: Any) -> tuple[Any, Any]:
