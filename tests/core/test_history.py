@@ -306,3 +306,9 @@ def test_extend_keeps_the_others_column_order():
         second.record(key, 2.0)
     first.extend(second)
     assert list(first) == ["a", "val_loss", "train_loss", "epoch_time", "z", "b"]
+
+
+def test_repr_after_a_restore_gives_the_restored_epochs_values():
+    h = make_history()
+    h.restored_epoch = 2  # the weights of epoch 2: its values, not the last epoch's (lr has none there)
+    assert repr(h) == "History(epochs=3, restored_epoch=2, train_loss=0.6, train_accuracy=0.7, val_loss=0.8)"

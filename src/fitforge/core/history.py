@@ -196,9 +196,14 @@ class History(Mapping):
         return finish_figure(fig, path)
 
     def __repr__(self) -> str:
-        restored = [] if self.restored_epoch is None else [f"restored_epoch={self.restored_epoch}"]
-        parts = [f"epochs={self._epochs}", *restored, *(f"{k}={self.last(k):.4g}" for k in self._columns)]
-        return f"History({', '.join(parts)})"
+        """The epochs and each key's latest value; after a restore, the restored epoch's values
+        (those of the weights the net holds), as the closing log line gives them."""
+        restored = self.restored_epoch
+        if restored is None:
+            values = [f"{k}={self.last(k):.4g}" for k in self._columns]
+            return f"History({', '.join([f'epochs={self._epochs}', *values])})"
+        values = [f"{k}={v:.4g}" for k in self._columns if not math.isnan(v := self[k][restored - 1])]
+        return f"History({', '.join([f'epochs={self._epochs}', f'restored_epoch={restored}', *values])})"
 
 
 def in_notebook() -> bool:
