@@ -270,7 +270,7 @@ def test_several_labels_not_paired_show_the_working_forms():
         (
             dict(loss_weights={"cls": 1.0, "rg": 0.5}),
             FitforgeValueError,
-            "loss_weights names output(s) 'rg', which loss does not: its outputs are 'cls', 'reg'",
+            "loss_weights names the output(s) 'rg', which loss does not: its outputs are 'cls', 'reg'",
         ),
         (
             dict(loss_weights=[1.0, 0.5]),

@@ -109,6 +109,16 @@ def _names(keys: Iterable[Any]) -> str:
     return ", ".join(map(repr, keys))
 
 
+def check_output_names(given: Iterable[Any], keys: Sequence[OutputKey], argument: str, fix: str) -> None:
+    """Every name in ``given`` (``argument``'s keys) must be one of the loss's output ``keys``."""
+    unknown = [key for key in given if key not in keys]
+    if unknown:
+        raise FitforgeValueError(
+            f"{argument} names the output(s) {_names(unknown)}, which loss does not: its outputs are "
+            f"{_names(keys)}; {fix}"
+        )
+
+
 def _check_weights(weights: Any, keys: tuple[OutputKey, ...], named: bool) -> list[float]:
     """One weight per loss: a list by position, or a dict by output name (a name left out weighs 1)."""
     if weights is None:
@@ -119,12 +129,7 @@ def _check_weights(weights: Any, keys: tuple[OutputKey, ...], named: bool) -> li
                 f"loss_weights must be a dict of numbers by output name, as loss is (its outputs: {_names(keys)}), "
                 f"got {describe(weights)}; e.g. {{{keys[0]!r}: 1.0}}"
             )
-        unknown = [k for k in weights if k not in keys]
-        if unknown:
-            raise FitforgeValueError(
-                f"loss_weights names output(s) {_names(unknown)}, which loss does not: its outputs are "
-                f"{_names(keys)}; weigh those outputs (a name left out weighs 1.0)"
-            )
+        check_output_names(weights, keys, "loss_weights", "weigh those outputs (a name left out weighs 1.0)")
         return [float(weights.get(key, 1.0)) for key in keys]
     if isinstance(weights, Mapping):
         raise FitforgeTypeError(

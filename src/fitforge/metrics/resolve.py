@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from fitforge.core.loss import OutputKey, part_keys
+from fitforge.core.loss import OutputKey, check_output_names, part_keys
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.metrics.base import Metric
 from fitforge.metrics.builtin import (
@@ -164,12 +164,7 @@ def _by_name(spec: Any, loss: Mapping, argument: str) -> list[MetricSlot]:
             f"{argument} must be a dict by output name, as loss is (its outputs: {', '.join(map(repr, outputs))}), "
             f"got {describe(spec)}; e.g. {argument}={example}"
         )
-    unknown = [key for key in spec if key not in outputs]
-    if unknown:
-        raise FitforgeValueError(
-            f"{argument} names the output(s) {', '.join(map(repr, unknown))}, which loss does not: its outputs are "
-            f"{', '.join(map(repr, outputs))}; key the metrics by those names, e.g. {argument}={example}"
-        )
+    check_output_names(spec, outputs, argument, f"key the metrics by those names, e.g. {argument}={example}")
     return [slot for key, sub in spec.items() for slot in _flat(sub, argument, key, prefix=f"{key}_")]
 
 
