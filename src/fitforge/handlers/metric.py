@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +14,7 @@ from fitforge.core.loss import part_keys
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
-from fitforge.metrics import Mean, MetricSlot, builtin, check_output_indices, resolve_metrics
+from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
 from fitforge.metrics.base import (
     SumCountMetric,
     load_metric_state,
@@ -24,6 +23,7 @@ from fitforge.metrics.base import (
 )
 from fitforge.metrics.named import NamedMeans, declared_names
 from fitforge.metrics.reduction import reduced_sums
+from fitforge.metrics.trial import check_trial_value, one_number, trial_copy
 
 log = logging.getLogger("fitforge")
 
@@ -192,7 +192,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         pick_pred, pick_label = isinstance(out.pred, several), isinstance(out.label, several)
         for slot in list(slots):
             try:
-                trial = _trial_copy(slot.metric)
+                trial = trial_copy(slot.metric)
             except Exception:  # e.g. a metric holding a lock or a file: batch_end checks it instead
                 continue
             trial.to(estimator.device)
@@ -203,7 +203,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             except _UPDATE_ERRORS as err:
                 self._cannot_update(state, slot, pred, label, err, first=True)
                 continue
-            _check_value(slot, trial)  # else its first value would fail at epoch end, after a whole epoch
+            check_trial_value(slot, trial)  # else its first value would fail at epoch end, after a whole epoch
 
     def _cannot_update(
         self, state: TrainState, slot: MetricSlot, pred: Any, label: Any, err: Exception, first: bool
@@ -315,7 +315,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             metric = slot.metric
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
             value = type(metric).compute(metric) if unsynced else metric.compute()
-            _one_number(f"metric {slot.name!r} ({type(metric).__name__})", value)
+            one_number(f"metric {slot.name!r} ({type(metric).__name__})", value)
             values[self.prefix + slot.name] = float(value)
         values.update(self._named.values())
         return values
@@ -356,44 +356,6 @@ def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Excep
     return FitforgeValueError(
         f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
         f"and label: {shape_of(label)} in batch {batch_idx}: {err}"
-    )
-
-
-def _trial_copy(metric: Any) -> Any:
-    """A throw-away copy of ``metric`` for the first batch's trial. fitforge's own metrics keep their
-    running state in the attributes ``reset()`` rebinds, so a shallow copy, reset, is one that shares
-    nothing the trial changes (a deep copy costs several times more, at every fit); any other metric
-    is copied deeply."""
-    if type(metric).__module__ == builtin.__name__:
-        trial = copy.copy(metric)
-        trial.reset()
-        return trial
-    return copy.deepcopy(metric)
-
-
-def _check_value(slot: MetricSlot, trial: Any) -> None:
-    """The value of ``trial`` (a copy of the slot's metric, updated once) must be one number."""
-    describe = f"metric {slot.name!r} ({type(slot.metric).__name__})"
-    try:  # the class's compute: a torchmetrics metric's instance compute would sync across ranks
-        value = type(trial).compute(trial) if hasattr(trial, "sync_context") else trial.compute()
-    except _UPDATE_ERRORS:
-        return  # some metrics need more than a batch (an AUC of one class so far): epoch end decides
-    _one_number(describe, value)
-
-
-def _one_number(describe: str, value: Any) -> None:
-    """A clear error when ``value`` (a metric's) is not one number (its shape only: no host read)."""
-    if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-        return
-    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-    hint = (
-        "give a MetricCollection's metrics as a dict {name: metric}"
-        if isinstance(value, dict)
-        else "reduce it in the metric (torchmetrics: average='macro' or 'micro' rather than average=None; "
-        "a confusion matrix has no single value: compute it after fit from predict's outputs)"
-    )
-    raise FitforgeValueError(
-        f"{describe} computes {what}, not one number, and the History holds one value per metric and epoch: {hint}"
     )
 
 

@@ -1,0 +1,51 @@
+"""The first batch's trial of a metric: a throw-away copy updated once (so a metric that cannot take
+the batch fails before the first optimizer step), and the check that a metric gives one number."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from fitforge.exceptions import FitforgeValueError
+from fitforge.metrics import builtin
+from fitforge.metrics.resolve import MetricSlot
+
+
+def trial_copy(metric: Any) -> Any:
+    """A throw-away copy of ``metric`` for the first batch's trial. fitforge's own metrics keep their
+    running state in the attributes ``reset()`` rebinds, so a shallow copy, reset, is one that shares
+    nothing the trial changes (a deep copy costs several times more, at every fit); any other metric
+    is copied deeply."""
+    if type(metric).__module__ == builtin.__name__:
+        trial = copy.copy(metric)
+        trial.reset()
+        return trial
+    return copy.deepcopy(metric)
+
+
+def check_trial_value(slot: MetricSlot, trial: Any) -> None:
+    """The value of ``trial`` (a copy of the slot's metric, updated once) must be one number."""
+    describe = f"metric {slot.name!r} ({type(slot.metric).__name__})"
+    try:  # the class's compute: a torchmetrics metric's instance compute would sync across ranks
+        value = type(trial).compute(trial) if hasattr(trial, "sync_context") else trial.compute()
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError):
+        return  # some metrics need more than a batch (an AUC of one class so far): epoch end decides
+    one_number(describe, value)
+
+
+def one_number(describe: str, value: Any) -> None:
+    """A clear error when ``value`` (a metric's) is not one number (its shape only: no host read)."""
+    if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        return
+    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    hint = (
+        "give a MetricCollection's metrics as a dict {name: metric}"
+        if isinstance(value, dict)
+        else "reduce it in the metric (torchmetrics: average='macro' or 'micro' rather than average=None; "
+        "a confusion matrix has no single value: compute it after fit from predict's outputs)"
+    )
+    raise FitforgeValueError(
+        f"{describe} computes {what}, not one number, and the History holds one value per metric and epoch: {hint}"
+    )
