@@ -25,6 +25,7 @@ from fitforge.core.history import History, numbered_key
 from fitforge.core.learning_rate import set_learning_rate
 from fitforge.core.loop import run_fit, run_pass
 from fitforge.core.loss import loss_sets
+from fitforge.core.modules import set_training
 from fitforge.core.options import (
     check_duration,
     check_net,
@@ -290,7 +291,7 @@ class Estimator:
             run=run,
             epochs_before=self.history.epochs,
         )
-        self.net.train()
+        set_training(self.net, True)
         try:
             with (
                 profiled(dispatcher, state.history, check_flag("fit", "profile", profile)),

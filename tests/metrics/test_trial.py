@@ -1,9 +1,11 @@
 """The first batch's trial copy of a metric (fitforge.metrics.trial)."""
 
+import pytest
 import torch
 
+from fitforge.exceptions import FitforgeValueError
 from fitforge.metrics import Accuracy, SumCountMetric
-from fitforge.metrics.trial import trial_copy
+from fitforge.metrics.trial import trial_copy, trial_update
 
 
 def test_the_first_batch_trial_of_a_builtin_metric_leaves_its_running_state_alone():
@@ -29,3 +31,27 @@ def test_the_first_batch_trial_of_another_metric_is_a_deep_copy():
     metric.seen.append(1)
     trial_copy(metric).seen.append(2)
     assert metric.seen == [1]
+
+
+def test_a_builtin_metric_is_tried_without_a_copy_and_its_sums_stay_untouched():
+    metric = Accuracy()
+    metric.update(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([0, 0]))  # 1 of 2 right
+    pred = torch.tensor([[0.9, 0.1]], requires_grad=True)
+    assert trial_update(metric, pred, torch.tensor([0]), torch.device("cpu")) is None  # one number by construction
+    assert float(metric.compute()) == 0.5 and metric._count == 2
+
+
+def test_a_builtin_metric_that_cannot_take_the_batch_raises_its_own_error():
+    with pytest.raises(FitforgeValueError, match="does not match label of shape"):
+        trial_update(Accuracy(), torch.zeros(4, 3), torch.zeros(4, 2, dtype=torch.long), torch.device("cpu"))
+
+
+def test_another_metric_is_tried_on_a_copy_returned_for_the_value_check():
+    class Counting(SumCountMetric):
+        def batch_stats(self, pred, label):
+            return (pred == label).sum(), label.numel()
+
+    metric = Counting()
+    trial = trial_update(metric, torch.tensor([1, 2]), torch.tensor([1, 0]), torch.device("cpu"))
+    assert trial is not metric and float(trial.compute()) == 0.5
+    assert metric._sum is None  # the original untouched

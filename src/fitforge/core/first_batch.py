@@ -26,7 +26,6 @@ batch, evaluated once before training (:func:`fitforge.preflight.check_first_val
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +35,7 @@ from torch import nn
 from fitforge.core.data import LABEL_KEYS, check_finite
 from fitforge.core.events import unwrapped
 from fitforge.core.forward_errors import explain, net_inputs, same_device
+from fitforge.core.modules import tensors_of
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
 from fitforge.exceptions import BatchFormatError, DeviceMismatchError
@@ -121,7 +121,7 @@ def check_handlers(state: TrainState, handlers: Sequence[object]) -> None:
 def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
     """Every parameter and buffer of ``net`` must be on ``device``, where the Estimator placed it: a
     later ``net.to(...)`` would otherwise fail in the forward, or train a copy the optimizer never sees."""
-    if all(same_device(t.device, device) for t in itertools.chain(net.parameters(), net.buffers())):
+    if all(same_device(t.device, device) for t in tensors_of(net)):
         return  # every fit checks: the names (a slower walk of the modules) only for the error
     for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
         for name, tensor in named:

@@ -18,6 +18,7 @@ from torch import nn
 
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.dispatch import Dispatcher
+from fitforge.core.modules import set_training
 from fitforge.core.state import TrainState
 
 Step = Callable[[TrainState, Any], Any]  # (state, batch) -> the batch's output
@@ -79,9 +80,9 @@ def inference(net: nn.Module, inference_mode: bool = True) -> Iterator[None]:
     the parameters it gathers for the next forward, which must not be inference tensors) for a
     block; the net's previous mode is restored after."""
     was_training = net.training
-    net.eval()
+    set_training(net, False)
     try:
         with torch.inference_mode() if inference_mode else torch.no_grad():  # inference_mode: no version counters
             yield
     finally:
-        net.train(was_training)
+        set_training(net, was_training)

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from fitforge.core.modules import walk
+
 log = logging.getLogger("fitforge")
 SHOWN = 5  # names in the warning; the count covers the rest
 _ATTRIBUTE = re.compile(r"[A-Za-z_]\w*")
@@ -29,9 +31,8 @@ def untrained_names(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer])
     """The qualified names of ``net``'s parameters that require grad but are in no optimizer's
     parameter groups (compared by identity; several optimizers count together, a GAN's)."""
     held = _held(optimizers)
-    # The usual case, at every fit: one walk over the modules' own parameters, no names built
-    # (half the cost of net.parameters(), which builds every qualified name to drop it).
-    if all(p is None or id(p) in held or not p.requires_grad for m in net.modules() for p in m._parameters.values()):
+    # The usual case, at every fit: one walk over the modules' own parameters, no names built.
+    if all(p is None or id(p) in held or not p.requires_grad for m in walk(net) for p in m._parameters.values()):
         return []
     return [name for name, p in net.named_parameters() if p.requires_grad and id(p) not in held]
 

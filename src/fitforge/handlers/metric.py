@@ -23,7 +23,7 @@ from fitforge.metrics.base import (
 )
 from fitforge.metrics.named import NamedMeans, declared_names
 from fitforge.metrics.reduction import reduced_sums
-from fitforge.metrics.trial import check_trial_value, one_number, trial_copy
+from fitforge.metrics.trial import check_trial_value, one_number, trial_update
 
 log = logging.getLogger("fitforge")
 
@@ -180,7 +180,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         The copies are computed too: a metric must give one number (not a per-class tensor or a
         dict). fitforge calls it once per run, after the first batch's step and before any ``batch_end``
         hook (and on the first validation batch before training); ``batch_end`` still makes the one
-        real update per batch. A metric that cannot be copied is left to its first real update.
+        real update per batch. A metric that cannot be copied is left to its first real update; a
+        built-in metric is not copied: its batch statistics are computed, which is what can fail
+        (see :func:`fitforge.metrics.trial.trial_update`).
         """
         estimator, out = state.estimator, state.output
         assert out is not None  # the first batch's output, set before this call
@@ -191,19 +193,15 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         several = _BY_NAME if any(isinstance(slot.output, str) for slot in slots) else _BY_POSITION
         pick_pred, pick_label = isinstance(out.pred, several), isinstance(out.label, several)
         for slot in list(slots):
-            try:
-                trial = trial_copy(slot.metric)
-            except Exception:  # e.g. a metric holding a lock or a file: batch_end checks it instead
-                continue
-            trial.to(estimator.device)
             pred = _picked(out.pred, slot, "the net's output") if pick_pred else out.pred
             label = _picked(out.label, slot, "the label") if pick_label else out.label
             try:
-                trial.update(pred, label)
+                trial = trial_update(slot.metric, pred, label, estimator.device)
             except _UPDATE_ERRORS as err:
                 self._cannot_update(state, slot, pred, label, err, first=True)
                 continue
-            check_trial_value(slot, trial)  # else its first value would fail at epoch end, after a whole epoch
+            if trial is not None:  # else its first value would fail at epoch end, after a whole epoch
+                check_trial_value(slot, trial)
 
     def _cannot_update(
         self, state: TrainState, slot: MetricSlot, pred: Any, label: Any, err: Exception, first: bool

@@ -10,6 +10,7 @@ import torch
 
 from fitforge.exceptions import FitforgeValueError
 from fitforge.metrics import builtin
+from fitforge.metrics.base import SumCountMetric
 from fitforge.metrics.resolve import MetricSlot
 
 
@@ -23,6 +24,24 @@ def trial_copy(metric: Any) -> Any:
         trial.reset()
         return trial
     return copy.deepcopy(metric)
+
+
+def trial_update(metric: Any, pred: Any, label: Any, device: torch.device) -> Any | None:
+    """Try ``metric`` on the first batch, leaving its running state alone. Returns the updated trial
+    copy whose value is still to be checked (:func:`check_trial_value`), or None when nothing is left
+    to check: a built-in metric only computes the batch's statistics (its checks of shapes and dtypes
+    included) and, adding them to a 0-d sum, gives one number by construction; a metric that cannot be
+    copied (one holding a lock or a file) is left to its first real update. Raises what the update raises."""
+    if type(metric).__module__ == builtin.__name__ and type(metric).batch_stats is not SumCountMetric.batch_stats:
+        metric.batch_stats(pred.detach() if isinstance(pred, torch.Tensor) else pred, label)
+        return None
+    try:
+        trial = trial_copy(metric)
+    except Exception:
+        return None
+    trial.to(device)
+    trial.update(pred, label)
+    return trial
 
 
 def check_trial_value(slot: MetricSlot, trial: Any) -> None:

@@ -1,0 +1,64 @@
+"""Walking a net's modules cheaply, for what every fit does a few times: switching train/eval mode,
+checking where the tensors live, looking at which parameters train.
+
+torch's own walks (``net.modules()``, ``net.parameters()``, ``net.train()``) are nested generators
+that build every qualified name and set ``training`` through ``Module.__setattr__``: on a small net
+they cost more than the fit's batch itself. Here a module's children are read from its
+``_modules`` dict, and ``training`` is written straight into the modules that do not customise
+how it is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+_PLAIN: dict[type, bool] = {}  # module class -> its train mode can be written directly
+
+
+def walk(net: nn.Module) -> list[nn.Module]:
+    """``net`` and every module below it, each once (no names built)."""
+    found, seen = [net], {id(net)}
+    for module in found:  # the list grows as the loop goes: breadth first
+        for child in module._modules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                found.append(child)
+    return found
+
+
+def tensors_of(net: nn.Module) -> Iterator[torch.Tensor]:
+    """Every parameter and buffer of ``net`` (one shared by two modules comes twice)."""
+    for module in walk(net):
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                yield parameter
+        for buffer in module._buffers.values():
+            if buffer is not None:
+                yield buffer
+
+
+def _plain(cls: type) -> bool:
+    """Whether ``cls`` sets its mode as ``nn.Module`` does: torch's ``train``, torch's
+    ``__setattr__`` and no ``training`` property (``torch.compile``'s wrapper has one)."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = (
+            getattr(cls, "train", None) is nn.Module.train
+            and getattr(cls, "__setattr__", None) is nn.Module.__setattr__
+            and not hasattr(cls, "training")
+        )
+    return plain
+
+
+def set_training(net: nn.Module, mode: bool) -> None:
+    """``net.train(mode)``: the same flags set, directly when no module customises ``train`` (a
+    module that keeps its BatchNorm frozen does), else through ``net.train(mode)`` itself."""
+    modules = walk(net)
+    if all(_plain(type(module)) for module in modules):
+        for module in modules:
+            module.__dict__["training"] = mode
+    else:
+        net.train(mode)
