@@ -11,7 +11,15 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    TensorDataset,
+    default_collate,
+)
 
 from fitforge.core.data import check_data, check_finite, sampler_of
 from fitforge.core.events import EventHandler
@@ -97,6 +105,9 @@ def first_samples(data: Iterable) -> Any:
         size = len(data.dataset)  # type: ignore[arg-type]
         if size == 0:
             return None
+        if type(data.dataset) is TensorDataset and data.collate_fn is default_collate:
+            # What collating the first samples gives (a list of stacked copies), as slices: no per-sample calls.
+            return [tensor[:CHECKED_SAMPLES].clone() for tensor in data.dataset.tensors]
         return data.collate_fn([data.dataset[i] for i in range(min(CHECKED_SAMPLES, size))])
     return next(iter(data), None)
 

@@ -546,6 +546,22 @@ def test_the_validation_check_collates_two_samples_here_and_starts_no_worker():
     assert dataset.fetched == [0, 1]  # fetched in this process: no worker was started to load a batch
 
 
+def test_the_first_samples_of_a_tensor_dataset_are_what_collating_them_gives():
+    from torch.utils.data import DataLoader, TensorDataset, default_collate
+
+    from fitforge.preflight import first_samples
+
+    x, y = torch.rand(8, 3), torch.arange(8)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+    batch = first_samples(loader)
+    expected = default_collate([loader.dataset[0], loader.dataset[1]])
+    assert type(batch) is type(expected) and all(torch.equal(a, b) for a, b in zip(batch, expected))
+    batch[0].zero_()  # a copy: a forward that changes its input in place leaves the dataset alone
+    assert torch.equal(x[:2], expected[0])
+    one = DataLoader(TensorDataset(x[:1], y[:1]), batch_size=4)
+    assert [t.shape[0] for t in first_samples(one)] == [1, 1]
+
+
 def test_a_mistake_in_the_first_samples_of_the_validation_data_still_fails_before_training():
     from torch.utils.data import DataLoader
 

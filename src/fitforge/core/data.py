@@ -147,7 +147,11 @@ def batch_size_of(inputs: Inputs) -> int:
 def check_finite(batch: Any, name: str) -> None:
     """Reject nan and inf in a batch's floating tensors (data and labels), naming each part that holds
     some and how many. One host read per floating tensor, so it checks a run's first batch only."""
-    bad = [(path, t) for path, t in _floating_parts(batch) if not bool(torch.isfinite(t).all())]
+    if type(batch) in _SEQUENCES and len(batch) == 2 and all(type(part) is torch.Tensor for part in batch):
+        parts = [(path, t) for path, t in zip(("data", "label"), batch) if t.is_floating_point()]  # the usual pair
+    else:
+        parts = list(_floating_parts(batch))
+    bad = [(path, t) for path, t in parts if not bool(torch.isfinite(t).all())]
     if bad:
         found = "; ".join(
             f"{path}: {int(t.isnan().sum())} nan and {int(t.isinf().sum())} inf of {t.numel()} values ({shape_of(t)})"

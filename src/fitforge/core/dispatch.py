@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("fitforge")
 STOPPING_EVENTS = (Event.BATCH_END, Event.EPOCH_END)  # the events whose truthy return requests a stop
 Guard = Callable[[EventHandler, Callable, Access], Callable]  # (handler, hook, its declared access) -> hook
+_EVENTS = tuple(Event)  # built once: iterating an Enum, and its .value, run Python code each time
+_METHODS = {event: event.value for event in _EVENTS}  # event -> the name of its handler method
 
 
 def check_handler(handler: object, argument: str = "event_handlers") -> None:
@@ -148,18 +150,14 @@ class Dispatcher:
         """``guard``: wraps the hook of a handler that declares its state access (a debug mode,
         see :mod:`fitforge.tools.access_guard`); None calls every hook as it is."""
         self.handlers = order_handlers(handlers)
-        self.owners: dict[Event, list[EventHandler]] = {event: [] for event in Event}
-        self.hooks: dict[Event, list[Callable]] = {event: [] for event in Event}
+        self.owners: dict[Event, list[EventHandler]] = {event: [] for event in _EVENTS}
+        self.hooks: dict[Event, list[Callable]] = {event: [] for event in _EVENTS}
         for handler in self.handlers:  # in call order, so each event's list is too
+            access = declared_access(handler) if guard is not None else None
             for event in events_of(handler):
+                method = getattr(handler, _METHODS[event])
                 self.owners[event].append(handler)
-                self.hooks[event].append(self._hook(handler, event, guard))
-
-    @staticmethod
-    def _hook(handler: EventHandler, event: Event, guard: Guard | None) -> Callable:
-        method = getattr(handler, event.value)
-        access = declared_access(handler) if guard is not None else None
-        return method if guard is None or access is None else guard(handler, method, access)
+                self.hooks[event].append(method if guard is None or access is None else guard(handler, method, access))
 
     def stop_reason(self, event: Event, hook: Callable) -> str:
         """The reason recorded when ``hook`` returned a truthy value (rare path: a linear search)."""

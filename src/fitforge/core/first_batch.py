@@ -121,7 +121,7 @@ def check_handlers(state: TrainState, handlers: Sequence[object]) -> None:
 def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
     """Every parameter and buffer of ``net`` must be on ``device``, where the Estimator placed it: a
     later ``net.to(...)`` would otherwise fail in the forward, or train a copy the optimizer never sees."""
-    if all(same_device(t.device, device) for t in tensors_of(net)):
+    if all(same_device(found, device) for found in {t.device for t in tensors_of(net)}):
         return  # every fit checks: the names (a slower walk of the modules) only for the error
     for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
         for name, tensor in named:
