@@ -10,6 +10,7 @@ uncounted warm-up run, through callgrind's client requests from a tiny C helper 
     python benchmarks/instructions.py                  # workload A, all four variants (~5 min)
     python benchmarks/instructions.py --workload B --fraction 0.25
     python benchmarks/instructions.py --workload Z     # the fixed cost of a fit: 20 fits of one step counted
+    python benchmarks/instructions.py --pieces         # where a fit of Z goes: each piece, per call
     python benchmarks/instructions.py --json
 
 It prints instructions per training step for each variant, the ratios fit/hand of the same pairs
@@ -93,6 +94,115 @@ def child(variant: str, workload: str, fraction: float, library: str) -> None:
     print(json.dumps({"steps": len(runs) * w.epochs * len(train)}))
 
 
+PIECE_CALLS = 20  # calls of each piece counted together
+
+
+def pieces(overhead) -> dict:
+    """The pieces of a fit of workload Z, as calls on one estimator that has fitted once (each piece
+    as fit runs it; the names say what each does). Built inside the valgrind process."""
+    import torch
+
+    from fitforge import Estimator
+    from fitforge.checkpoint.data_order import DataOrder
+    from fitforge.core.data import check_finite
+    from fitforge.core.dispatch import Dispatcher
+    from fitforge.core.first_batch import check_handlers, explained_step
+    from fitforge.core.modules import set_training
+    from fitforge.core.run import inference
+    from fitforge.core.state import TrainState
+    from fitforge.handlers.defaults import fit_handlers
+    from fitforge.preflight import check_first_val_batch, check_placement, check_trainable, first_samples
+
+    w = overhead.WORKLOADS["Z"]
+    train, val = overhead.make_loaders(w, 1.0)
+    net, opt, criterion = overhead.fresh_model(w)
+    est = Estimator(net, criterion, train_metrics="accuracy", optimizer=opt)
+    est.fit(train, val_data=val, epochs=1)
+    evaluation = est.evaluation(val, [])
+    batch = first_samples(val)
+    state = TrainState(est, "validate", batch_idx=0, batch=batch)
+    state.output = evaluation.step(state, batch)
+    handlers = evaluation.dispatcher.handlers
+
+    def armed_step() -> None:
+        est._val_loss.arm_checks()
+        explained_step(state, evaluation.step, batch)
+
+    checked = est.evaluation(val, [], checked=True)
+    return {
+        "fit, default handlers (this estimator again)": lambda: est.fit(train, val_data=val, epochs=1),
+        "hand-written loop + validation": lambda: overhead.hand_loop(net, opt, criterion, train, val, 1),
+        "validation check before training": lambda: check_first_val_batch(
+            est, val, "val_data", handlers=handlers, step=evaluation.step
+        ),
+        "  its step: forward and loss of 2 samples": lambda: evaluation.step(state, batch),
+        "  its step with the loss's first-call checks": armed_step,
+        "  its first 2 samples": lambda: first_samples(val),
+        "  its nan/inf check": lambda: check_finite(batch, "val_data"),
+        "  its metric trials (handlers' check_first_batch)": lambda: check_handlers(state, handlers),
+        "  its kept random state (fork_rng, entered)": lambda: torch.random.fork_rng(devices=[]).__enter__(),
+        "  its eval mode and inference_mode (entered)": lambda: inference(est.val_net).__enter__(),
+        "validation set-up (Estimator.evaluation)": lambda: est.evaluation(val, []),
+        "validation pass (checked before)": checked,
+        "default handlers built": lambda: fit_handlers(None, val, True),
+        "default handlers ordered (Dispatcher)": lambda: Dispatcher(fit_handlers(None, val, True)),
+        "placement check (net, val_net)": lambda: check_placement(est, "net", "val_net"),
+        "trainable-parameter check": lambda: check_trainable(est),
+        "data order (DataOrder)": lambda: DataOrder(train),
+        "train mode, fitforge (set_training)": lambda: set_training(net, True),
+        "train mode, torch (net.train())": lambda: net.train(),
+    }
+
+
+def pieces_child(library: str) -> None:
+    """Inside valgrind: each piece called PIECE_CALLS times with counting on, one dump per piece."""
+    import torch
+
+    import fitforge.handlers.defaults
+
+    overhead = load_overhead()
+    torch.set_num_threads(1)
+    logging.getLogger("fitforge").setLevel(logging.WARNING)
+    switch = ctypes.CDLL(library)
+    with mock.patch.object(fitforge.handlers.defaults, "interactive", lambda: False):
+        calls = pieces(overhead)
+        for call in calls.values():
+            call()  # warm-up, uncounted
+            gc.collect()
+            switch.count_on()
+            for _ in range(PIECE_CALLS):
+                call()
+            switch.count_off()
+    print(json.dumps(list(calls)))
+
+
+def count_pieces(library: Path, folder: Path) -> dict[str, float]:
+    """Instructions per call of each piece of :func:`pieces`, from one valgrind process."""
+    out = folder / "callgrind.pieces"
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--collect-atstart=no",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        __file__,
+        "--pieces-child",
+        "--library",
+        str(library),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"pieces: valgrind run failed:\n{done.stderr[-2000:]}")
+    names = json.loads(done.stdout.strip().splitlines()[-1])
+    result = {}
+    for i, name in enumerate(names, 1):
+        lines = Path(f"{out}.{i}").read_text().splitlines()
+        result[name] = int(next(line for line in lines if line.startswith("totals:")).split()[1]) / PIECE_CALLS
+    return result
+
+
 def count(variant: str, workload: str, fraction: float, library: Path, folder: Path) -> dict:
     """Instructions of one counted run of ``variant``, from its own valgrind process."""
     out = folder / ("callgrind." + variant.replace(" ", "_").replace("+", "plus"))
@@ -157,6 +267,10 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=1.0, help="share of the workload's data (default 1)")
     parser.add_argument("--jobs", type=int, default=2, help="valgrind processes at once (default 2)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--pieces", action="store_true", help="instructions per call of each piece of a fit of workload Z"
+    )
+    parser.add_argument("--pieces-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the variant a valgrind process runs
     parser.add_argument("--library", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -164,6 +278,19 @@ def main() -> None:
         parser.error("--fraction must be in (0, 1]")
     if args.child:
         child(args.child, args.workload, args.fraction, args.library)
+        return
+    if args.pieces_child:
+        pieces_child(args.library)
+        return
+    if args.pieces:
+        with tempfile.TemporaryDirectory() as tmp:
+            counts = count_pieces(build_helper(Path(tmp)), Path(tmp))
+        if args.json:
+            print(json.dumps(counts, indent=2))
+            return
+        print(f"Workload Z, instructions per call of each piece ({PIECE_CALLS} calls counted):")
+        for name, n in counts.items():
+            print(f"  {name:<52} {n:12,.0f}")
         return
     result = measure(args.workload, args.fraction, args.jobs)
     if args.json:

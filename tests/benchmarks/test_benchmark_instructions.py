@@ -22,3 +22,11 @@ def test_missing_tools_are_named(tmp_path):
 def test_it_counts_the_variants_of_overhead_py():
     overhead = load().load_overhead()
     assert set(overhead.VARIANTS) == {"fit default", "hand + val", "fit lean", "hand"}
+
+
+def test_every_piece_it_counts_runs():
+    module = load()
+    calls = module.pieces(module.load_overhead())
+    assert "validation check before training" in calls
+    for call in calls.values():
+        call()  # what the valgrind process counts, uncounted here
