@@ -66,7 +66,8 @@ def preflight(
     for handler in handlers:
         if isinstance(handler, ValidationHandler):
             name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
-            check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
+            if handler.val_data is not val_data or handler.batch_period:  # fit checked its val_data for epoch ends
+                check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
             # Set up once per fit (data, placement, handlers, step), before training, so the check
             # below runs through the very handlers and step of the validations it stands for.
             build = getattr(estimator, "evaluation", None) if handler.eval_fn is None else None
