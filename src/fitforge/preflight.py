@@ -107,8 +107,10 @@ def first_samples(data: Iterable) -> Any:
         if size == 0:
             return None
         if type(data.dataset) is TensorDataset and data.collate_fn is default_collate:
-            # What collating the first samples gives (a list of stacked copies), as slices: no per-sample calls.
-            return [tensor[:CHECKED_SAMPLES].clone() for tensor in data.dataset.tensors]
+            # What collating the first samples gives (a list of stacked, contiguous copies), as slices:
+            # no per-sample calls. Contiguous as the batches are, whatever the dataset's layout.
+            first = (tensor[:CHECKED_SAMPLES] for tensor in data.dataset.tensors)
+            return [tensor.clone(memory_format=torch.contiguous_format) for tensor in first]
         return data.collate_fn([data.dataset[i] for i in range(min(CHECKED_SAMPLES, size))])
     return next(iter(data), None)
 

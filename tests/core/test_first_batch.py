@@ -562,6 +562,27 @@ def test_the_first_samples_of_a_tensor_dataset_are_what_collating_them_gives():
     assert [t.shape[0] for t in first_samples(one)] == [1, 1]
 
 
+def test_the_first_samples_are_contiguous_as_batches_are_whatever_the_dataset_layout():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fitforge.preflight import first_samples
+
+    x = torch.rand(3, 4, 16).permute(2, 1, 0)  # 16 samples of (4, 3), not stored contiguously
+    loader = DataLoader(TensorDataset(x, torch.zeros(16, 1)), batch_size=4)
+    assert all(t.is_contiguous() for t in first_samples(loader)) and next(iter(loader))[0].is_contiguous()
+
+    class Flatten(nn.Module):  # x.view needs a contiguous input, as the real batches are
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(12, 1)
+
+        def forward(self, x):
+            return self.fc(x.view(x.shape[0], -1))
+
+    est = Estimator(Flatten(), nn.MSELoss(), optimizer="sgd", train_metrics=[])
+    est.fit(loader, val_data=loader, epochs=1)  # the check before training runs the same forward
+
+
 def test_a_mistake_in_the_first_samples_of_the_validation_data_still_fails_before_training():
     from torch.utils.data import DataLoader
 

@@ -86,3 +86,38 @@ def test_walk_visits_a_shared_module_once() -> None:
     shared = nn.Linear(2, 2)
     net = nn.Sequential(shared, nn.Sequential(shared, nn.ReLU()))
     assert len(walk(net)) == len(list(net.modules())) == 4
+
+
+def test_set_training_honours_a_train_set_on_the_instance() -> None:
+    import types
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    norm = net[1]
+
+    def frozen(self: nn.Module, mode: bool = True) -> nn.Module:
+        return nn.Module.train(self, False)  # this norm stays in eval mode
+
+    norm.train = types.MethodType(frozen, norm)  # type: ignore[method-assign]
+    set_training(net, False)
+    set_training(net, True)
+    assert net.training and net[0].training and not norm.training
+
+
+def test_set_training_sees_a_class_patched_after_an_earlier_call() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm1d(2)
+
+    net = Block()
+    set_training(net, True)  # a first call, before the patch
+    original = Block.train
+
+    def frozen(self: nn.Module, mode: bool = True) -> nn.Module:
+        original(self, mode)
+        self.norm.eval()
+        return self
+
+    Block.train = frozen  # type: ignore[method-assign]
+    set_training(net, True)
+    assert net.training and not net.norm.training

@@ -55,3 +55,12 @@ def test_another_metric_is_tried_on_a_copy_returned_for_the_value_check():
     trial = trial_update(metric, torch.tensor([1, 2]), torch.tensor([1, 0]), torch.device("cpu"))
     assert trial is not metric and float(trial.compute()) == 0.5
     assert metric._sum is None  # the original untouched
+
+
+def test_a_builtin_metric_is_tried_afresh_not_with_what_it_learned_from_the_last_run():
+    metric = Accuracy()
+    metric.update(torch.rand(4, 3), torch.eye(3)[[0, 1, 2, 0]])  # one-hot labels: it settles on that kind
+    scores, classes = torch.rand(4, 3), torch.tensor([0, 1, 2, 0])  # the next run's class indices
+    assert trial_update(metric, scores, classes, torch.device("cpu")) is None
+    with pytest.raises(FitforgeValueError, match="does not match label"):  # and its shapes are checked
+        trial_update(metric, scores, torch.tensor([0, 1]), torch.device("cpu"))

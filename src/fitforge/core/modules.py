@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-_PLAIN: dict[type, bool] = {}  # module class -> its train mode can be written directly
+_TRAIN, _SETATTR = nn.Module.train, nn.Module.__setattr__
+_CLASS_TRAINING: dict[type, bool] = {}  # module class -> it defines a class attribute "training" (a property)
 
 
 def walk(net: nn.Module) -> list[nn.Module]:
@@ -40,24 +41,25 @@ def tensors_of(net: nn.Module) -> Iterator[torch.Tensor]:
                 yield buffer
 
 
-def _plain(cls: type) -> bool:
-    """Whether ``cls`` sets its mode as ``nn.Module`` does: torch's ``train``, torch's
-    ``__setattr__`` and no ``training`` property (``torch.compile``'s wrapper has one)."""
-    plain = _PLAIN.get(cls)
-    if plain is None:
-        plain = _PLAIN[cls] = (
-            getattr(cls, "train", None) is nn.Module.train
-            and getattr(cls, "__setattr__", None) is nn.Module.__setattr__
-            and not hasattr(cls, "training")
-        )
-    return plain
+def _plain(module: nn.Module) -> bool:
+    """Whether ``module`` sets its mode as ``nn.Module`` does: torch's ``train`` (on its class and not
+    set on the instance), torch's ``__setattr__``, and no ``training`` property (``torch.compile``'s
+    wrapper has one). Looked up at each call: a class may be patched after a fit (dynamo patches
+    ``__setattr__``)."""
+    cls = type(module)
+    if cls.train is not _TRAIN or cls.__setattr__ is not _SETATTR or "train" in module.__dict__:
+        return False
+    attribute = _CLASS_TRAINING.get(cls)
+    if attribute is None:
+        attribute = _CLASS_TRAINING[cls] = hasattr(cls, "training")
+    return not attribute
 
 
 def set_training(net: nn.Module, mode: bool) -> None:
     """``net.train(mode)``: the same flags set, directly when no module customises ``train`` (a
     module that keeps its BatchNorm frozen does), else through ``net.train(mode)`` itself."""
     modules = walk(net)
-    if all(_plain(type(module)) for module in modules):
+    if all(_plain(module) for module in modules):
         for module in modules:
             module.__dict__["training"] = mode
     else:

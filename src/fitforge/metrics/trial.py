@@ -29,11 +29,13 @@ def trial_copy(metric: Any) -> Any:
 def trial_update(metric: Any, pred: Any, label: Any, device: torch.device) -> Any | None:
     """Try ``metric`` on the first batch, leaving its running state alone. Returns the updated trial
     copy whose value is still to be checked (:func:`check_trial_value`), or None when nothing is left
-    to check: a built-in metric only computes the batch's statistics (its checks of shapes and dtypes
-    included) and, adding them to a 0-d sum, gives one number by construction; a metric that cannot be
+    to check: a built-in metric's reset copy only computes the batch's statistics (its checks of shapes
+    and dtypes included) and, adding them to a 0-d sum, gives one number by construction; a metric that cannot be
     copied (one holding a lock or a file) is left to its first real update. Raises what the update raises."""
     if type(metric).__module__ == builtin.__name__ and type(metric).batch_stats is not SumCountMetric.batch_stats:
-        metric.batch_stats(pred.detach() if isinstance(pred, torch.Tensor) else pred, label)
+        # On a reset copy: what the metric checks on its first batch (Accuracy's kind of labels) is
+        # kept from the last run until a reset, and this batch may be another run's (the validation's).
+        trial_copy(metric).batch_stats(pred.detach() if isinstance(pred, torch.Tensor) else pred, label)
         return None
     try:
         trial = trial_copy(metric)
