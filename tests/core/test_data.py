@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fitforge.core.data import batch_size_of, check_data, to_device, unpack_inputs, unpack_pair
-from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
+from fitforge.core.data import batch_size_of, check_data, check_finite, to_device, unpack_inputs, unpack_pair
+from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError
 from helpers import make_estimator, regression_batches
 
 PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
@@ -284,3 +284,12 @@ def test_fit_takes_a_pair_of_tensors_given_as_validation_data_as_arrays():
     x, y = torch.rand(8, 1), torch.rand(8, 1)
     history = make_estimator().fit(regression_batches(2), val_data=(x, y), epochs=1)  # fitforge.core.arrays
     assert len(history["val_loss"]) == 1
+
+
+def test_check_finite_takes_large_finite_values_whose_sum_overflows():
+    big = torch.full((8, 4), 60000.0, dtype=torch.float16)  # each finite; their float16 sum is inf
+    assert torch.isinf(big.sum())
+    check_finite((big, torch.zeros(8, dtype=torch.long)), "train_data")  # no error
+    big[3, 1] = float("nan")
+    with pytest.raises(NonFiniteInputError, match=r"data: 1 nan and 0 inf of 32 values"):
+        check_finite((big, torch.zeros(8, dtype=torch.long)), "train_data")

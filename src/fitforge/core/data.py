@@ -10,6 +10,7 @@ the label under ``"labels"`` or ``"label"``. Other formats: subclass
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -151,7 +152,7 @@ def check_finite(batch: Any, name: str) -> None:
         parts = [(path, t) for path, t in zip(("data", "label"), batch) if t.is_floating_point()]  # the usual pair
     else:
         parts = list(_floating_parts(batch))
-    bad = [(path, t) for path, t in parts if not bool(torch.isfinite(t).all())]
+    bad = [(path, t) for path, t in parts if not _all_finite(t)]
     if bad:
         found = "; ".join(
             f"{path}: {int(t.isnan().sum())} nan and {int(t.isinf().sum())} inf of {t.numel()} values ({shape_of(t)})"
@@ -163,6 +164,13 @@ def check_finite(batch: Any, name: str) -> None:
             "torch.nan_to_num(x)), or, if the net handles them on purpose, pass "
             "batch_processor=BatchProcessor(allow_nonfinite=True)"
         )
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` is finite: one reduction and one read when its sum is finite
+    (a nan or an inf makes the sum nan or inf), the elementwise test only when the sum is not (it
+    may have overflowed, in float16 above all)."""
+    return math.isfinite(float(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def _floating_parts(value: Any, path: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:

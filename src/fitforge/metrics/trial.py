@@ -20,7 +20,8 @@ def trial_copy(metric: Any) -> Any:
     nothing the trial changes (a deep copy costs several times more, at every fit); any other metric
     is copied deeply."""
     if type(metric).__module__ == builtin.__name__:
-        trial = copy.copy(metric)
+        trial = object.__new__(type(metric))  # copy.copy without its pickling protocol
+        trial.__dict__.update(metric.__dict__)
         trial.reset()
         return trial
     return copy.deepcopy(metric)
