@@ -176,9 +176,9 @@ def pieces_child(library: str) -> None:
     print(json.dumps(list(calls)))
 
 
-def count_pieces(library: Path, folder: Path) -> dict[str, float]:
-    """Instructions per call of each piece of :func:`pieces`, from one valgrind process."""
-    out = folder / "callgrind.pieces"
+def under_valgrind(out: Path, what: str, *arguments: str) -> str:
+    """Run this script with ``arguments`` under callgrind (counting only where the child switches it
+    on), its dumps at ``out.1``, ``out.2``...; returns the child's stdout. ``what`` names it in errors."""
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -187,55 +187,35 @@ def count_pieces(library: Path, folder: Path) -> dict[str, float]:
         f"--callgrind-out-file={out}",
         sys.executable,
         __file__,
-        "--pieces-child",
-        "--library",
-        str(library),
+        *arguments,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"pieces: valgrind run failed:\n{done.stderr[-2000:]}")
-    names = json.loads(done.stdout.strip().splitlines()[-1])
-    result = {}
-    for i, name in enumerate(names, 1):
-        lines = Path(f"{out}.{i}").read_text().splitlines()
-        result[name] = int(next(line for line in lines if line.startswith("totals:")).split()[1]) / PIECE_CALLS
-    return result
+    if done.returncode != 0 or not Path(f"{out}.1").exists():
+        raise RuntimeError(f"{what}: valgrind run failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def counted(dump: Path) -> int:
+    """The instructions one callgrind dump counted."""
+    return int(next(line for line in dump.read_text().splitlines() if line.startswith("totals:")).split()[1])
+
+
+def count_pieces(library: Path, folder: Path) -> dict[str, float]:
+    """Instructions per call of each piece of :func:`pieces`, from one valgrind process."""
+    out = folder / "callgrind.pieces"
+    stdout = under_valgrind(out, "pieces", "--pieces-child", "--library", str(library))
+    names = json.loads(stdout.strip().splitlines()[-1])
+    return {name: counted(Path(f"{out}.{i}")) / PIECE_CALLS for i, name in enumerate(names, 1)}
 
 
 def count(variant: str, workload: str, fraction: float, library: Path, folder: Path) -> dict:
     """Instructions of one counted run of ``variant``, from its own valgrind process."""
     out = folder / ("callgrind." + variant.replace(" ", "_").replace("+", "plus"))
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        "--collect-atstart=no",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        __file__,
-        "--child",
-        variant,
-        "--workload",
-        workload,
-        "--fraction",
-        str(fraction),
-        "--library",
-        str(library),
-    ]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
-    )
-    dump = Path(f"{out}.1")
-    if done.returncode != 0 or not dump.exists():
-        raise RuntimeError(f"{variant}: valgrind run failed:\n{done.stderr[-2000:]}")
-    totals = next(line for line in dump.read_text().splitlines() if line.startswith("totals:"))
-    steps = json.loads(done.stdout.strip().splitlines()[-1])["steps"]
-    return {"instructions": int(totals.split()[1]), "steps": steps}
+    arguments = ["--child", variant, "--workload", workload, "--fraction", str(fraction), "--library", str(library)]
+    stdout = under_valgrind(out, variant, *arguments)
+    steps = json.loads(stdout.strip().splitlines()[-1])["steps"]
+    return {"instructions": counted(Path(f"{out}.1")), "steps": steps}
 
 
 def measure(workload: str, fraction: float, jobs: int) -> dict:
