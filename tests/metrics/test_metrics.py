@@ -237,6 +237,42 @@ def test_compute_before_update_is_nan(factory):
     assert math.isnan(float(result))
 
 
+@pytest.mark.parametrize("factory", ALL_BUILTINS)
+def test_value_is_compute_read_to_the_host(factory):
+    torch.manual_seed(0)
+    metric = factory()
+    assert math.isnan(metric.value())  # nothing counted yet
+    for _ in range(3):
+        pred, label = (
+            (torch.randn(7), torch.randn(7))
+            if factory in (MeanSquaredError, MeanAbsoluteError, RootMeanSquaredError)
+            else (torch.randn(7, 5), torch.randint(0, 5, (7,)))
+        )
+        if factory is BinaryAccuracy:
+            pred, label = torch.randn(7), torch.randint(0, 2, (7,)).float()
+        if factory is Mean:
+            pred, label = torch.rand(()), 7
+        metric.update(pred, label)
+    assert isinstance(metric.value(), float)
+    assert metric.value() == float(metric.compute())  # the same float64 division, bit for bit
+
+
+def test_value_of_a_subclass_computing_its_own_way_goes_through_compute():
+    class Halved(Mean):
+        def compute(self):
+            return super().compute() / 2
+
+    class Counted(SumCountMetric):  # a count that depends on the values stays a device tensor
+        def batch_stats(self, pred, label):
+            return pred.sum(), (pred > 0).sum()
+
+    halved, counted = Halved(), Counted()
+    halved.update(torch.tensor(3.0), 1)
+    counted.update(torch.tensor([1.0, 2.0, -1.0]), torch.zeros(3))
+    assert halved.value() == 1.5
+    assert counted.value() == 1.0
+
+
 def test_reset():
     metric = Accuracy()
     metric.update(scores([0, 1], 3), torch.tensor([0, 0]))

@@ -14,7 +14,7 @@ from fitforge.core.loss import part_keys
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
-from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
+from fitforge.metrics import Mean, MetricSlot, builtin, check_output_indices, resolve_metrics
 from fitforge.metrics.base import (
     SumCountMetric,
     load_metric_state,
@@ -306,11 +306,14 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         return self._values(local=world_size() > 1)
 
     def _values(self, local: bool) -> dict[str, float]:
-        values = {self.prefix + "loss": float(self._loss.compute())}
+        values = {self.prefix + "loss": self._loss.value()}
         for key, mean in zip(self._part_keys, self._parts):
-            values[self.prefix + key] = float(mean.compute())
+            values[self.prefix + key] = mean.value()
         for slot in self.slots:
             metric = slot.metric
+            if isinstance(metric, SumCountMetric) and type(metric).__module__ == builtin.__name__:  # one number
+                values[self.prefix + slot.name] = metric.value()
+                continue
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync
             value = type(metric).compute(metric) if unsynced else metric.compute()
             one_number(f"metric {slot.name!r} ({type(metric).__name__})", value)

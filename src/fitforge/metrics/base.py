@@ -83,6 +83,22 @@ class SumCountMetric:
     def finish(self, mean: torch.Tensor) -> torch.Tensor:
         return mean
 
+    def value(self) -> float:
+        """:meth:`compute` read to the host as a float (what the History records). A plain mean of a
+        CPU sum and an int count is divided on the host: the same float64 division as ``compute``,
+        without its two tensor operations."""
+        total, count = self._sum, self._count
+        if (
+            total is not None
+            and type(count) is int
+            and count
+            and total.device.type == "cpu"
+            and type(self).compute is SumCountMetric.compute
+            and type(self).finish is SumCountMetric.finish
+        ):
+            return float(total) / count
+        return float(self.compute())
+
     def reset(self) -> None:
         self._sum = None
         self._count = 0

@@ -92,7 +92,7 @@ class NamedMeans:
     def values(self) -> dict[str, float]:
         """The means as floats keyed ``<prefix><name>`` (a host read); a name with no value in this
         epoch (declared, but logged in the other phase only) is left out rather than recorded as nan."""
-        return {self.prefix + name: float(mean.compute()) for name, mean in self.means.items() if mean._count}
+        return {self.prefix + name: mean.value() for name, mean in self.means.items() if mean._count}
 
     def state_dict(self) -> dict[str, dict]:
         return {name: mean.state_dict() for name, mean in self.means.items()}
