@@ -120,3 +120,16 @@ def test_the_check_before_training_runs_through_the_evaluation_it_stands_for(mon
     validation = ValidationHandler(regression_batches())
     estimator.fit(regression_batches(), epochs=2, event_handlers=[validation])
     assert validation.checked_first and validation.evaluation is None  # handed to the fit, which used it
+
+
+def test_a_fit_checks_the_net_s_placement_once_for_training_and_validation(monkeypatch):
+    import fitforge.preflight
+
+    checked = []
+    real = fitforge.preflight.check_devices
+    monkeypatch.setattr(fitforge.preflight, "check_devices", lambda *a: checked.append(a[2]) or real(*a))
+    estimator = make_estimator()
+    estimator.fit(regression_batches(), val_data=regression_batches(), epochs=1)
+    assert checked == ["net"]  # val_net is net: fit checks it once and sets up its validation unchecked
+    estimator.evaluation(regression_batches())
+    assert checked == ["net", "val_net"]  # set up on its own, an evaluation checks

@@ -339,11 +339,16 @@ class Estimator:
         return Evaluation(self, val_data, event_handlers, batch_size, prefix=prefix)()
 
     def evaluation(
-        self, val_data: Iterable, event_handlers: Sequence[EventHandler] | None = None, checked: bool = False
+        self,
+        val_data: Iterable,
+        event_handlers: Sequence[EventHandler] | None = None,
+        checked: bool = False,
+        placed: bool = False,
     ) -> Evaluation:
         """:meth:`evaluate` set up once, to call as often as needed (a ValidationHandler's each
-        validation): ``checked`` when the data's first batch was checked before training."""
-        return Evaluation(self, val_data, event_handlers, checked=checked)
+        validation): ``checked`` when the data's first batch was checked before training, ``placed``
+        when ``val_net``'s device was just checked (see :class:`~fitforge.evaluation.Evaluation`)."""
+        return Evaluation(self, val_data, event_handlers, checked=checked, placed=placed)
 
     def predict(
         self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None

@@ -37,6 +37,8 @@ class Evaluation:
         val_data: re-iterable batches, or arrays ``(X, y)`` batched by ``batch_size`` (default 32).
         event_handlers: the passes' handlers (a MetricHandler of ``val_metrics`` when none is one).
         checked: the data's first batch was checked already: the first pass skips that check.
+        placed: the caller has just checked that ``val_net`` is on the estimator's device (fit, which
+            sets up its validations right after): not checked again here.
         prefix: the first word of the result's keys (``"test"``: ``test_loss``...); see
             :func:`check_prefix`.
     """
@@ -49,6 +51,7 @@ class Evaluation:
         batch_size: int | None = None,
         checked: bool = False,
         prefix: str = "val",
+        placed: bool = False,
     ) -> None:
         self.prefix = None if check_prefix(prefix) == "val" else prefix  # None: the phase's own, val
         val_data = self.unsplit = eval_loader(val_data, batch_size, "val_data")  # unsplit: the check's
@@ -57,7 +60,8 @@ class Evaluation:
         if estimator.splits_data:
             val_data, self.sharded = shard_eval(val_data, padded=estimator.strategy == "fsdp")
             self.num_batches = len(val_data) if self.sharded else self.num_batches  # type: ignore[arg-type]
-        check_placement(estimator, "val_net")
+        if not placed:
+            check_placement(estimator, "val_net")
         self.estimator, self.val_data, self.checked = estimator, val_data, checked
         self.dispatcher = Dispatcher(on_this_rank(evaluate_handlers(event_handlers)))
         self.step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")

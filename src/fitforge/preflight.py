@@ -71,7 +71,9 @@ def preflight(
             # Set up once per fit (data, placement, handlers, step), before training, so the check
             # below runs through the very handlers and step of the validations it stands for.
             build = getattr(estimator, "evaluation", None) if handler.eval_fn is None else None
-            evaluation = handler.evaluation = None if build is None else build(handler.val_data, handler.event_handlers)
+            # fit checked val_net's placement just before building its handlers
+            evaluation = None if build is None else build(handler.val_data, handler.event_handlers, placed=True)
+            handler.evaluation = evaluation
             handler.checked_first = evaluation is not None and handler.check_first and evaluation.check_first(name)
         if isinstance(handler, StoppingHandler):
             epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)

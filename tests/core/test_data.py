@@ -239,6 +239,14 @@ class TestCheckData:
         with pytest.raises(FitforgeValueError, match=re.escape("val_data is empty (len 0)")):
             check_data(loader, "val_data", passes=3)
 
+    def test_dataloader_returns_its_length_or_none_without_one(self):
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                yield from [(X, Y)]
+
+        assert check_data(DataLoader(TensorDataset(torch.zeros(5, 3), torch.zeros(5)), batch_size=2), "x", None) == 3
+        assert check_data(DataLoader(Stream(), batch_size=None), "train_data", passes=None) is None
+
     def test_list_returns_len(self):
         assert check_data([(X, Y)] * 3, "train_data", passes=None) == 3
         assert check_data(((X, Y),), "train_data", passes=5) == 1

@@ -212,12 +212,24 @@ def _looks_like_inputs_and_labels(data: object) -> bool:
     return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() > 0 and y.shape[:1] == x.shape[:1]
 
 
+def _loader_length(loader: torch.utils.data.DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without a length
+        return None
+
+
 def check_data(data: object, argument: str, passes: int | None) -> int | None:
     """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many).
 
     Returns ``len(data)`` when it has one, else None. Raises before training starts for a
     non-iterable, an empty sized loader, or a one-shot iterator that would be read more than once.
     """
+    if type(data) is torch.utils.data.DataLoader:  # the usual case, checked every fit: re-iterable, no (X, Y)
+        size = _loader_length(data)
+        if size == 0:
+            raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
+        return size
     if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or is_array(data) or not isinstance(data, Iterable):
         raise FitforgeTypeError(
             f"{argument} must be an iterable of (data, label) batches such as a DataLoader or a list, "
