@@ -1,4 +1,5 @@
-"""Overhead of ``Estimator.fit`` over a hand-written PyTorch loop doing the same work (CPU, 1 thread).
+"""Overhead of ``Estimator.fit`` over a hand-written PyTorch loop doing the same work (CPU, 1 thread;
+or ``--device cuda``).
 
 Workloads (synthetic, seeded data; TensorDataset + DataLoader, shuffle=False; SGD lr 0.01;
 cross-entropy; accuracy):
@@ -32,6 +33,10 @@ of fit - hand in microseconds per fit (the headline of workload Z). The CPU-time
 its level at the start (see ``measure_peak``). The dispatch line is ``benchmarks/dispatch.py``'s cost per
 no-op handler call with 0, 10 and 50 handlers. For counts that do not depend on the machine's
 noise, ``benchmarks/instructions.py`` counts executed instructions of the same variants.
+With ``--device cuda`` both loops train on the GPU: the loaders pin their batches and both loops
+copy them without blocking (fit does so itself on CUDA); each timed run starts after a
+``torch.cuda.synchronize()`` and ends with the loops' own epoch-end reads (a sync).
+
 Nothing is asserted: this is a measurement, not a test.
 """
 
@@ -103,21 +108,22 @@ WORKLOADS = {
 MIN_REPEATS = {"Z": 101}  # a fit of two batches takes about a millisecond: many pairs for a stable median
 
 
-def make_loaders(w: Workload, fraction: float) -> tuple[DataLoader, DataLoader]:
+def make_loaders(w: Workload, fraction: float, device: str = "cpu") -> tuple[DataLoader, DataLoader]:
     generator = torch.Generator().manual_seed(SEED)
+    pin = torch.device(device).type == "cuda"  # page-locked batches: copied to the GPU without blocking
 
     def loader(samples: int) -> DataLoader:
         n = max(w.batch_size, int(samples * fraction))
         x = torch.randn(n, *w.input_shape, generator=generator)
         y = torch.randint(0, 10, (n,), generator=generator)
-        return DataLoader(TensorDataset(x, y), batch_size=w.batch_size, shuffle=False)
+        return DataLoader(TensorDataset(x, y), batch_size=w.batch_size, shuffle=False, pin_memory=pin)
 
     return loader(w.train_samples), loader(w.val_samples)
 
 
-def fresh_model(w: Workload) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
+def fresh_model(w: Workload, device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
     torch.manual_seed(SEED)
-    net = w.make_net()
+    net = w.make_net().to(device)
     return net, torch.optim.SGD(net.parameters(), lr=0.01), nn.CrossEntropyLoss()
 
 
@@ -133,12 +139,15 @@ def hand_loop(
     train: DataLoader,
     val: DataLoader | None,
     epochs: int,
+    device: str = "cpu",
 ) -> float:
     """Plain PyTorch: sums stay on the device; the host reads them once per epoch."""
+    blocking = torch.device(device).type != "cuda"
     for _ in range(epochs):
         net.train()
-        loss_sum, correct, seen = torch.zeros(()), torch.zeros((), dtype=torch.long), 0
+        loss_sum, correct, seen = torch.zeros((), device=device), torch.zeros((), dtype=torch.long, device=device), 0
         for x, y in train:
+            x, y = x.to(device, non_blocking=not blocking), y.to(device, non_blocking=not blocking)
             out = net(x)
             loss = criterion(out, y)
             loss.backward()
@@ -150,9 +159,11 @@ def hand_loop(
         train_loss, _train_acc = loss_sum.item() / seen, correct.item() / seen
         if val is not None:
             net.eval()
-            val_sum, val_correct, val_seen = torch.zeros(()), torch.zeros((), dtype=torch.long), 0
+            val_sum, val_correct = torch.zeros((), device=device), torch.zeros((), dtype=torch.long, device=device)
+            val_seen = 0
             with torch.no_grad():
                 for x, y in val:
+                    x, y = x.to(device, non_blocking=not blocking), y.to(device, non_blocking=not blocking)
                     out = net(x)
                     val_sum += criterion(out, y) * x.shape[0]
                     val_correct += (out.argmax(1) == y).sum()
@@ -164,9 +175,10 @@ def hand_loop(
 def prepare(variant: str, w: Workload, train: DataLoader, val: DataLoader, device: str = "cpu") -> Callable[[], float]:
     """A fresh run of ``variant`` (same seed every time: identical initial weights for every variant),
     as a call returning the final training loss; building it is not part of what is measured."""
-    net, opt, criterion = fresh_model(w)
+    net, opt, criterion = fresh_model(w, device)
     if variant.startswith("hand"):
-        return lambda: hand_loop(net, opt, criterion, train, val if variant == "hand + val" else None, w.epochs)
+        held_out = val if variant == "hand + val" else None
+        return lambda: hand_loop(net, opt, criterion, train, held_out, w.epochs, device)
     est = Estimator(net, criterion, train_metrics="accuracy", optimizer=opt, device=device)
     if variant == "fit default":
         return lambda: est.fit(train, val_data=val, epochs=w.epochs)["train_loss"][-1]
@@ -174,22 +186,26 @@ def prepare(variant: str, w: Workload, train: DataLoader, val: DataLoader, devic
     return lambda: est.fit(train, epochs=w.epochs, event_handlers=handlers, default_handlers=False)["train_loss"][-1]
 
 
-def run_variant(variant: str, w: Workload, train: DataLoader, val: DataLoader) -> tuple[float, float, float]:
+def run_variant(
+    variant: str, w: Workload, train: DataLoader, val: DataLoader, device: str = "cpu"
+) -> tuple[float, float, float]:
     """(wall s, process CPU s, final train loss) of one run; only the loop / the fit call is timed."""
-    run = prepare(variant, w, train, val)
+    run = prepare(variant, w, train, val, device)
     gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()  # the run starts with the GPU idle (it ends with the loops' own reads)
     wall, cpu = time.perf_counter(), time.process_time()
     loss = run()
     return time.perf_counter() - wall, time.process_time() - cpu, loss
 
 
-def host_reads(w: Workload, train: DataLoader, val: DataLoader) -> dict[str, int]:
+def host_reads(w: Workload, train: DataLoader, val: DataLoader, device: str = "cpu") -> dict[str, int]:
     """Reads of device values to the host (``aten._local_scalar_dense``) in one run of each variant,
     counted by a dispatch mode in a separate, untimed run (a sync each on a GPU)."""
     counts = {}
     for variant in VARIANTS:
         with HostReadCounter() as reads:
-            run_variant(variant, w, train, val)
+            run_variant(variant, w, train, val, device)
         counts[variant] = reads.count
     return counts
 
@@ -284,18 +300,18 @@ def handler_chains(val: DataLoader) -> dict[str, str]:
     return {"fit default": chain(default), "fit lean": chain(lean)}
 
 
-def bench(key: str, repeats: int, fraction: float) -> dict:
+def bench(key: str, repeats: int, fraction: float, device: str = "cpu") -> dict:
     w = WORKLOADS[key]
     repeats = max(repeats, MIN_REPEATS.get(key, 1))
-    train, val = make_loaders(w, fraction)
+    train, val = make_loaders(w, fraction, device)
     wall, cpu = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}  # seconds per repeat
-    losses = {v: run_variant(v, w, train, val)[2] for v in VARIANTS}  # warm-up, also a parity check
+    losses = {v: run_variant(v, w, train, val, device)[2] for v in VARIANTS}  # warm-up, also a parity check
     for r in range(repeats):
         # Paired runs stay adjacent; which pair goes first, and fit/hand order in a pair, alternate.
         pairs = [PAIRS[0], PAIRS[1]] if r % 2 == 0 else [PAIRS[1], PAIRS[0]]
         for fit, hand in pairs:
             for variant in (fit, hand) if (r // 2) % 2 == 0 else (hand, fit):
-                seconds, cpu_seconds, _ = run_variant(variant, w, train, val)
+                seconds, cpu_seconds, _ = run_variant(variant, w, train, val, device)
                 wall[variant].append(seconds)
                 cpu[variant].append(cpu_seconds)
     steps = w.epochs * len(train)
@@ -314,6 +330,7 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
 
     return {
         "workload": key,
+        "device": device,
         "title": w.title,
         "steps": steps,
         "epochs": w.epochs,
@@ -328,8 +345,8 @@ def bench(key: str, repeats: int, fraction: float) -> dict:
         "final_train_loss": losses,
         "wall_s": wall,
         "cpu_s": cpu,
-        "host_reads": host_reads(w, train, val),
-        "peak_memory_bytes": {v: measure_peak(v, w, train, val) for v in VARIANTS},
+        "host_reads": host_reads(w, train, val, device),
+        "peak_memory_bytes": {v: measure_peak(v, w, train, val, device) for v in VARIANTS},
         "default": compare("fit default", "hand + val"),
         "lean": compare("fit lean", "hand"),
     }
@@ -394,7 +411,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=11, help="paired repeats after a warm-up (default 11)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 repeats, 1/8 of the data")
     parser.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    parser.add_argument("--device", default="cpu", help="where both loops train: cpu (default) or cuda")
     args = parser.parse_args()
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     repeats, fraction = (3, 1 / 8) if args.quick else (args.repeats, 1.0)
@@ -406,7 +426,7 @@ def main() -> None:
     # The progress bar is a default only on a terminal/notebook (handlers.defaults.interactive());
     # force it off so a run from a TTY times the same handlers as one under CI or a pipe.
     with mock.patch.object(fitforge.handlers.defaults, "interactive", lambda: False):
-        results = [bench(k, repeats, fraction) for k in keys]
+        results = [bench(k, repeats, fraction, args.device) for k in keys]
     dispatch = dispatch_cost()
     if args.json:
         print(
@@ -414,6 +434,8 @@ def main() -> None:
                 {
                     "torch": torch.__version__,
                     "threads": torch.get_num_threads(),
+                    "device": args.device,
+                    "gpu": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else None,
                     "quick": args.quick,
                     "results": results,
                     "dispatch": dispatch,
@@ -423,7 +445,8 @@ def main() -> None:
         )
         return
     print(
-        f"fitforge fit() overhead, torch {torch.__version__}, {torch.get_num_threads()} thread, CPU"
+        f"fitforge fit() overhead, torch {torch.__version__}, {torch.get_num_threads()} thread, "
+        + (torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "CPU")
         + (" [QUICK: 1/8 data]" if args.quick else "")
     )
     for res in results:

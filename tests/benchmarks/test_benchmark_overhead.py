@@ -2,6 +2,7 @@
 host reads are counted and peak memory is measured (no timing is asserted)."""
 
 import pytest
+import torch
 
 from helpers import load_benchmark
 
@@ -20,6 +21,15 @@ def tiny(overhead):
 def test_every_variant_does_the_same_arithmetic(overhead, tiny):
     losses = {v: overhead.prepare(v, *tiny)() for v in overhead.VARIANTS}
     assert len({round(loss, 6) for loss in losses.values()}) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_every_variant_does_the_same_arithmetic_on_cuda(overhead):
+    workload = overhead.WORKLOADS["A"]._replace(train_samples=256, val_samples=128)
+    train, val = overhead.make_loaders(workload, 1.0, "cuda")
+    assert train.pin_memory
+    losses = {v: overhead.prepare(v, workload, train, val, "cuda")() for v in overhead.VARIANTS}
+    assert max(losses.values()) - min(losses.values()) <= 1e-4 * abs(losses["hand"])
 
 
 def test_host_reads_are_counted_per_variant(overhead, tiny):
