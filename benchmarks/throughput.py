@@ -28,6 +28,15 @@ use ``--threads`` CPU threads (default 1, comparable across machines); the model
 GPU they mostly measure per-step overhead. A run is one sample of ``--batches`` batches: on a busy
 machine the figures move by 10-20% between runs, so raise ``--batches`` for steadier ones. Inductor
 caches compiled kernels on disk, so a second run spends far less time compiling (not in the figures).
+
+``--hand`` also times a hand-written loop in each configuration, right before or after the fit (the
+order alternates between configurations), for the models trained by a plain step (one loss, no batch
+processor: the CNNs, TextCNN, logistic regression): the same fresh seeded net and Adam, each batch
+copied to the device without blocking, forward and loss under ``torch.autocast`` for bf16, the net
+through ``torch.compile`` when compiled, then backward, step and ``zero_grad(set_to_none=True)``.
+Its result is under ``hand`` and ``vs_hand`` = fit's samples/s over the hand-written loop's (1.0:
+no cost; the target is at least 0.98).
+
 Nothing is asserted: this is a measurement, not a test.
 """
 
@@ -233,6 +242,41 @@ def run_config(w: Workload, config: str, device: torch.device, warm: list, timed
     return result
 
 
+def hand_written(w: Workload) -> bool:
+    """Whether the model trains by a plain step a hand-written loop can repeat: one loss, no processor."""
+    return w.make_processor() is None and not isinstance(w.loss, (list, tuple, dict))
+
+
+def run_hand(w: Workload, config: str, device: torch.device, warm: list, timed: list, batch_size: int) -> dict:
+    """:func:`run_config`'s measurement of a hand-written loop doing the same training."""
+    precision, compiled = CONFIGS[config]
+    if compiled:
+        torch._dynamo.reset()
+    torch.manual_seed(SEED)
+    net = w.make_net().to(device)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)  # fit's "adam"
+    model = torch.compile(net) if compiled else net
+    blocking = device.type != "cuda"
+
+    def train(batches: list) -> None:
+        model.train()
+        for x, y in batches:
+            x, y = x.to(device, non_blocking=not blocking), y.to(device, non_blocking=not blocking)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                loss = w.loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    train(warm)
+    sync(device)
+    started = time.perf_counter()
+    train(timed)
+    sync(device)
+    seconds = time.perf_counter() - started
+    return {"samples_per_s": round(len(timed) * batch_size / seconds, 1), "seconds": round(seconds, 6)}
+
+
 def input_shapes(batch: tuple) -> list[list[int]]:
     inputs = batch[0] if isinstance(batch[0], (tuple, list)) else (batch[0],)
     return [list(x.shape) for x in inputs]
@@ -251,20 +295,36 @@ def device_name(device: torch.device) -> str:
 
 
 def measure_model(
-    name: str, configs: Sequence[str], device: torch.device, batches: int, warmup: int, batch_size: int | None
+    name: str,
+    configs: Sequence[str],
+    device: torch.device,
+    batches: int,
+    warmup: int,
+    batch_size: int | None,
+    hand: bool = False,
 ) -> dict:
-    """One model's batch size, input shapes and result per configuration, with speedups."""
+    """One model's batch size, input shapes and result per configuration, with speedups (and with
+    ``hand``, the hand-written loop's result and fit's ratio to it)."""
     w = workload(name, (warmup + batches) * (batch_size or 64))
     size = batch_size or w.batch_size
     pool = make_batches(w, size, warmup + batches)
     results: dict[str, dict] = {}
-    for config in configs:
+    for i, config in enumerate(configs):
         log.info("%s %s %s", device, name, config)
-        try:
-            results[config] = run_config(w, config, device, pool[:warmup], pool[warmup:], size)
-        except Exception as error:  # one failing configuration must not lose the others' figures
-            first_line = (str(error).strip().splitlines() or [""])[0][:300]
-            results[config] = {"error": f"{type(error).__name__}: {first_line}"}
+        runs = {"fit": run_config, "hand": run_hand} if hand and hand_written(w) else {"fit": run_config}
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # paired runs; which goes first alternates
+        done: dict[str, dict] = {}
+        for which in order:
+            try:
+                done[which] = runs[which](w, config, device, pool[:warmup], pool[warmup:], size)
+            except Exception as error:  # one failing configuration must not lose the others' figures
+                first_line = (str(error).strip().splitlines() or [""])[0][:300]
+                done[which] = {"error": f"{type(error).__name__}: {first_line}"}
+        results[config] = done["fit"]
+        if "hand" in done:
+            results[config]["hand"] = done["hand"]
+            if "samples_per_s" in done["fit"] and "samples_per_s" in done["hand"]:
+                results[config]["vs_hand"] = round(done["fit"]["samples_per_s"] / done["hand"]["samples_per_s"], 3)
     base = results.get(BASELINE, {}).get("samples_per_s")
     for config, result in results.items():
         if config != BASELINE and base and "samples_per_s" in result:
@@ -279,6 +339,7 @@ def measure(
     batches: int = 20,
     warmup: int = 3,
     batch_size: int | None = None,
+    hand: bool = False,
 ) -> dict:
     """Samples/s of each model in each configuration on each device (see the module docstring).
 
@@ -303,7 +364,9 @@ def measure(
         "devices": {},
     }
     for device in map(torch.device, devices):
-        models_report = {name: measure_model(name, configs, device, batches, warmup, batch_size) for name in models}
+        models_report = {
+            name: measure_model(name, configs, device, batches, warmup, batch_size, hand) for name in models
+        }
         report["devices"][str(device)] = {"name": device_name(device), "models": models_report}
     return report
 
@@ -313,6 +376,8 @@ def cell(result: dict) -> str:
     if "error" in result:
         return "error"
     text = f"{result['samples_per_s']:,.0f}" + (f" ({result['speedup']:.2f}x)" if "speedup" in result else "")
+    if "vs_hand" in result:
+        text += f" [{result['vs_hand']:.3f}x hand]"
     fell_back = any("could not compile" in note for note in result.get("warnings", ()))
     return text + (" (eager fallback)" if fell_back else "")
 
@@ -324,6 +389,7 @@ def table(report: dict, configs: Sequence[str]) -> str:
         title = (
             f"**{device}** ({result['name']}), torch {report['torch']}, {report['threads']} thread(s), "
             f"{report['warmup']} warm-up + {report['batches']} timed batches; samples/s (speedup vs {BASELINE})"
+            " [fit / hand-written loop]"
         )
         lines += [title, "", "| model | batch | " + " | ".join(configs) + " |", "|---|---:|" + "---:|" * len(configs)]
         for name, entry in result["models"].items():
@@ -362,6 +428,7 @@ def main() -> None:
     parser.add_argument("--threads", type=count(1), default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--quick", action="store_true", help="smoke run: eager configs, 1 warm-up + 2 timed batches")
     parser.add_argument("--table", action="store_true", help="print a markdown table instead of JSON")
+    parser.add_argument("--hand", action="store_true", help="also time a hand-written loop (plain-step models)")
     args = parser.parse_args()
     configs = args.configs or (["eager-fp32", "eager-bf16"] if args.quick else list(CONFIGS))
     batches = args.batches or (2 if args.quick else 20)
@@ -370,7 +437,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
     log.setLevel(logging.INFO)  # progress on stderr; stdout carries only the result
-    report = measure(args.models, configs, devices, batches, warmup, args.batch_size)
+    report = measure(args.models, configs, devices, batches, warmup, args.batch_size, args.hand)
     print(table(report, configs) if args.table else json.dumps(report))
 
 

@@ -30,6 +30,36 @@ def test_throughput_reports_every_model_and_config(throughput):
         assert "speedup" not in entry["configs"]["eager-fp32"] and entry["configs"]["eager-bf16"]["speedup"] > 0
 
 
+def test_hand_written_loops_run_beside_the_plain_step_models_only(throughput):
+    models, configs = ["logistic_regression", "translator"], ["eager-fp32", "eager-bf16"]
+    report = throughput.measure(models, configs, ["cpu"], batches=2, warmup=1, batch_size=4, hand=True)
+    plain, own_step = (report["devices"]["cpu"]["models"][name]["configs"] for name in models)
+    for config in configs:
+        assert plain[config]["hand"]["samples_per_s"] > 0 and plain[config]["vs_hand"] > 0
+        assert "hand" not in own_step[config] and "vs_hand" not in own_step[config]  # teacher forcing: fit only
+    assert "x hand]" in throughput.table(report, configs)
+
+
+def test_the_hand_written_loop_trains_as_fit_does(throughput):
+    import torch
+
+    w = throughput.workload("logistic_regression", 64)
+    nets, starts = [], []
+
+    def make_net(make=w.make_net):
+        nets.append(make())
+        starts.append(nets[-1].weight.detach().clone())
+        return nets[-1]
+
+    w = w._replace(make_net=make_net)
+    batches = throughput.make_batches(w, 8, 3)
+    throughput.run_hand(w, "eager-fp32", torch.device("cpu"), batches[:1], batches[1:], 8)
+    throughput.run_config(w, "eager-fp32", torch.device("cpu"), batches[:1], batches[1:], 8)
+    hand, fit = nets  # the same seeded start, three Adam steps each
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(hand.parameters(), fit.parameters()))
+    assert torch.equal(starts[0], starts[1]) and not torch.equal(hand.weight, starts[0])
+
+
 def test_text_batches_have_one_shape_so_a_compiled_net_compiles_once(throughput):
     w = throughput.workload("translator", 64)
     batches = throughput.make_batches(w, 8, 6)
