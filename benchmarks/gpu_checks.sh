@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of docs/performance.md in one run (a lent device's time is short): the CUDA-only
 # tests, then the overhead and throughput figures, each saved under $OUT (default ./gpu-figures).
-#   bash benchmarks/gpu_checks.sh            # about 8 minutes on one H100
+#   bash benchmarks/gpu_checks.sh    # not yet timed on a GPU: the compiled configurations compile 4 times per model
 # Needs torch with CUDA, tqdm, pytest and scikit-learn (the project's .venv, or a machine's python3 with
 # them: fitforge is then imported from src/); stops at the first failing step.
 set -euo pipefail
