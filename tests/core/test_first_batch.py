@@ -459,12 +459,44 @@ def test_a_net_converted_to_half_after_the_estimator_gets_the_mixed_precision_fi
     ],
     ids=["too high", "negative"],
 )
-def test_class_labels_out_of_range_are_rejected_before_the_loss_runs(labels, message):
+def test_class_labels_out_of_range_are_rejected_before_any_step(labels, message):
     est = classifier()
     before = snapshot(est.net)
     with pytest.raises(LossInputError, match=re.escape(message)):
         est.fit([(x, labels(y)) for x, y in class_batches()], epochs=1)
     assert_untouched(est, before)
+
+
+def test_the_class_range_costs_no_read_on_the_cpu_where_torch_checks_it():
+    from fitforge.testing import HostReadCounter
+
+    class Subclassed(nn.CrossEntropyLoss):  # fitforge checks its labels itself: a read
+        pass
+
+    def reads(loss):
+        torch.manual_seed(0)
+        est = Estimator(nn.Linear(5, 3), loss, optimizer="sgd", device="cpu")
+        with HostReadCounter() as counter:
+            est.fit(class_batches()[:1], epochs=1, default_handlers=False)
+        return counter.count
+
+    assert reads(nn.CrossEntropyLoss()) == reads(Subclassed()) - 1
+
+
+@pytest.mark.parametrize("labels", [lambda y: y + 3, lambda y: y - 1], ids=["too high", "negative"])
+def test_a_subclassed_classifier_loss_has_its_labels_checked_before_it_runs(labels):
+    calls = []
+
+    class Clamped(nn.CrossEntropyLoss):  # may take anything: fitforge checks for it
+        def forward(self, pred, label):
+            calls.append(1)
+            return super().forward(pred, label.clamp(0, pred.shape[1] - 1))
+
+    net = nn.Sequential(nn.Linear(5, 3))
+    est = Estimator(net, Clamped(), optimizer="sgd", device="cpu")
+    with pytest.raises(LossInputError, match="got class labels from"):
+        est.fit([(x, labels(y)) for x, y in class_batches()], epochs=1)
+    assert calls == []
 
 
 def test_labels_the_loss_ignores_may_lie_outside_the_classes():

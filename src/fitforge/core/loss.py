@@ -25,6 +25,7 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInput
 
 OutputKey = int | str  # an output's position, or its name in a dict of outputs
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)
+_CLASSIFIERS = (nn.CrossEntropyLoss, nn.NLLLoss)
 
 
 def _spec(value: Any) -> str:
@@ -41,7 +42,7 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
         )
     if not (isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor)):
         return ""
-    classifier = isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss))
+    classifier = isinstance(fn, _CLASSIFIERS)
     if classifier and not label.is_floating_point() and label.shape == (pred.shape[0], *pred.shape[2:]):
         if label.dtype not in (torch.int64, torch.uint8):
             return f"; class-index labels must be int64, got {str(label.dtype).replace('torch.', '')}: use label.long()"
@@ -58,6 +59,10 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
     if isinstance(fn, _ELEMENTWISE) and not label.is_floating_point():
         return "; this loss needs a floating-point label: use label.float()"
     return ""
+
+
+def _tensors(*values: Any) -> bool:
+    return all(isinstance(value, torch.Tensor) for value in values)
 
 
 def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
@@ -274,6 +279,12 @@ class LossSet:
             raise self._failure(i, pred, label, err) from err
 
     def _failure(self, i: int, pred: Any, label: Any, err: Exception) -> LossInputError:
+        fn = self.fns[i]
+        if isinstance(fn, _CLASSIFIERS) and _tensors(pred, label) and _class_indices(pred, label):
+            try:  # torch's own bounds check (on the CPU) raised: the same explanation as the check's
+                self._check_classes(i, fn.ignore_index, pred, label)
+            except LossInputError as explained:
+                return explained
         return LossInputError(
             f"{self._which(i)} failed on pred {_spec(pred)} and label {_spec(label)}"
             f"{_hint(self.fns[i], pred, label)}. Original error: {err}"
@@ -287,14 +298,18 @@ class LossSet:
         """Refuse what a loss would take silently or fail on obscurely (run on the first call only):
         shapes an elementwise loss would broadcast, integer labels for an elementwise loss (MSELoss
         promotes them, BCELoss fails, HuberLoss fails only in backward), class labels out of range
-        (on a GPU a device-side assert that ruins the process; one host read, once per run)."""
+        (on a GPU a device-side assert that ruins the process; one host read, once per run). On the
+        CPU torch's own losses check the range themselves and raise, which ``_failure`` explains the
+        same way: no read there."""
         preds, labels = self._pair(pred, label)
         for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
             if not (isinstance(p, torch.Tensor) and isinstance(y, torch.Tensor)):
                 continue
             if isinstance(fn, _ELEMENTWISE):
                 self._check_elementwise(i, p, y)
-            elif isinstance(fn, (nn.CrossEntropyLoss, nn.NLLLoss)) and _class_indices(p, y):
+            elif isinstance(fn, _CLASSIFIERS) and _class_indices(p, y):
+                if type(fn) in _CLASSIFIERS and y.device.type == "cpu":
+                    continue  # torch's loss raises on a label out of range (a subclass may not)
                 self._check_classes(i, fn.ignore_index, p, y)
 
     def _check_elementwise(self, i: int, pred: torch.Tensor, label: torch.Tensor) -> None:
