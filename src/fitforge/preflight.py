@@ -26,6 +26,7 @@ from fitforge.core.events import EventHandler
 from fitforge.core.first_batch import check_devices, check_handlers, explained_step
 from fitforge.core.loss import LossSet, ModelLoss
 from fitforge.core.processor import bound_step
+from fitforge.core.rng import torch_rng_kept
 from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.core.untrained import warn_untrained
@@ -137,8 +138,7 @@ def check_first_val_batch(
     :class:`~fitforge.evaluation.Evaluation`'s), instead of new ones."""
     if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
         return False
-    devices = [estimator.device] if estimator.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), inference(estimator.val_net, estimator.strategy != "fsdp"):
+    with torch_rng_kept(estimator.device), inference(estimator.val_net, estimator.strategy != "fsdp"):
         batch = first_samples(val_data)
         if batch is None:
             return False  # empty: reported by check_data or at the first validation
