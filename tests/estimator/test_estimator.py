@@ -733,3 +733,24 @@ def test_the_default_optimizer_warning_gives_the_rate_set_lr_chose():
     estimator.set_lr(1e-4)
     with pytest.warns(UserWarning, match=r"using Adam\(lr=1e-4\)"):
         estimator.fit(regression_batches(), epochs=1)
+
+
+def test_fit_trains_every_module_in_train_mode_and_checks_validation_in_eval_mode():
+    modes = []
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(1, 1)
+
+        def forward(self, x):
+            modes.append((torch.is_grad_enabled(), self.training, self.inner.training))
+            return self.inner(x)
+
+    net = Net()
+    net.eval()  # left in eval mode by the user: fit trains in train mode all the same
+    estimator = make_estimator(net=net)
+    estimator.fit(regression_batches(1), val_data=regression_batches(1), epochs=1)
+    check, train, validation = modes
+    assert check == validation == (False, False, False) and train == (True, True, True)
+    assert net.training and net.inner.training
