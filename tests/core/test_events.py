@@ -103,6 +103,21 @@ def test_a_later_fit_with_handlers_described_alike_reuses_their_order(monkeypatc
             order_handlers(cycle)
 
 
+def test_a_later_dispatcher_reuses_the_events_of_handlers_described_alike(monkeypatch):
+    looked_up = []
+    real = dispatch_module.events_of
+    monkeypatch.setattr(dispatch_module, "events_of", lambda h: looked_up.append(h) or real(h))
+    monkeypatch.setattr(dispatch_module, "_ORDERS", {})
+    first = Dispatcher([A("a", priority=-10, run_after=(B,)), B("b", priority=10)])
+    again = [A("a2", priority=-10, run_after=(B,)), B("b2", priority=10)]
+    second = Dispatcher(again)
+    assert len(looked_up) == 2  # the first dispatcher's two handlers only
+    assert second.handlers == [again[1], again[0]]
+    for event in Event:
+        assert [type(h) for h in second.owners[event]] == [type(h) for h in first.owners[event]]
+        assert [hook.__self__ for hook in second.hooks[event]] == second.owners[event]
+
+
 @pytest.mark.parametrize(
     "attr, value, message",
     [

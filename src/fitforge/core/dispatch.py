@@ -74,7 +74,8 @@ def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
     return path[path.index(node) :] + [node]
 
 
-_ORDERS: dict[tuple, tuple[int, ...]] = {}  # the handlers' descriptions -> their order, for later fits
+Plan = tuple[tuple[int, ...], tuple[tuple[Event, ...], ...]]  # the order, and each ordered handler's events
+_ORDERS: dict[tuple, Plan] = {}  # the handlers' descriptions -> their plan, for later fits
 _MAX_ORDERS = 256
 
 
@@ -98,16 +99,23 @@ def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     The order is a function of the handlers' descriptions, so a fit with the same kinds of
     handlers as an earlier one reuses its order (a fit's fixed cost; declarations held in lists,
     which cannot be a key, are ordered afresh)."""
+    return [handlers[i] for i in _plan(handlers)[0]]
+
+
+def _plan(handlers: Sequence[EventHandler]) -> Plan:
+    """The order of ``handlers`` (see :func:`order_handlers`) and the events of each in that order,
+    both functions of the handlers' descriptions: remembered for later fits."""
     try:
         key: tuple | None = tuple(_description(h) for h in handlers)
-        order = _ORDERS.get(key)  # type: ignore[arg-type]
+        plan = _ORDERS.get(key)  # type: ignore[arg-type]
     except TypeError:  # unhashable declarations
-        key, order = None, None
-    if order is None:
+        key, plan = None, None
+    if plan is None:
         order = _order(handlers)
+        plan = order, tuple(tuple(events_of(handlers[i])) for i in order)
         if key is not None and len(_ORDERS) < _MAX_ORDERS:
-            _ORDERS[key] = order
-    return [handlers[i] for i in order]
+            _ORDERS[key] = plan
+    return plan
 
 
 def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
@@ -149,12 +157,13 @@ class Dispatcher:
     def __init__(self, handlers: Sequence[EventHandler], guard: Guard | None = None) -> None:
         """``guard``: wraps the hook of a handler that declares its state access (a debug mode,
         see :mod:`fitforge.tools.access_guard`); None calls every hook as it is."""
-        self.handlers = order_handlers(handlers)
+        order, handled = _plan(handlers)
+        self.handlers = [handlers[i] for i in order]
         self.owners: dict[Event, list[EventHandler]] = {event: [] for event in _EVENTS}
         self.hooks: dict[Event, list[Callable]] = {event: [] for event in _EVENTS}
-        for handler in self.handlers:  # in call order, so each event's list is too
+        for handler, events in zip(self.handlers, handled):  # in call order, so each event's list is too
             access = declared_access(handler) if guard is not None else None
-            for event in events_of(handler):
+            for event in events:
                 method = getattr(handler, _METHODS[event])
                 self.owners[event].append(handler)
                 self.hooks[event].append(method if guard is None or access is None else guard(handler, method, access))
