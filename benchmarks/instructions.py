@@ -100,14 +100,13 @@ PIECE_CALLS = 20  # calls of each piece counted together
 def pieces(overhead) -> dict:
     """The pieces of a fit of workload Z, as calls on one estimator that has fitted once (each piece
     as fit runs it; the names say what each does). Built inside the valgrind process."""
-    import torch
-
     from fitforge import Estimator
     from fitforge.checkpoint.data_order import DataOrder
     from fitforge.core.data import check_finite
     from fitforge.core.dispatch import Dispatcher
     from fitforge.core.first_batch import check_handlers, explained_step
     from fitforge.core.modules import set_training
+    from fitforge.core.rng import torch_rng_kept
     from fitforge.core.run import inference
     from fitforge.core.state import TrainState
     from fitforge.handlers.defaults import fit_handlers
@@ -140,7 +139,7 @@ def pieces(overhead) -> dict:
         "  its first 2 samples": lambda: first_samples(val),
         "  its nan/inf check": lambda: check_finite(batch, "val_data"),
         "  its metric trials (handlers' check_first_batch)": lambda: check_handlers(state, handlers),
-        "  its kept random state (fork_rng, entered)": lambda: torch.random.fork_rng(devices=[]).__enter__(),
+        "  its kept random state (torch_rng_kept, entered)": lambda: torch_rng_kept(est.device).__enter__(),
         "  its eval mode and inference_mode (entered)": lambda: inference(est.val_net).__enter__(),
         "validation set-up (Estimator.evaluation)": lambda: est.evaluation(val, []),
         "validation pass (checked before)": checked,
