@@ -270,8 +270,6 @@ class Estimator:
         check_placement(self, "net", "val_net")
         handlers = fit_handlers(event_handlers, val_data, default_handlers)
         console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
-        # Before the check of the validation data, which switches to eval mode and back to this one.
-        set_training(self.net, True)
         epochs, batches = preflight(self, handlers, val_data, epochs, batches)
         check_monitors(handlers, self)
         guarded = check_flag("fit", "check_access", check_access)
@@ -293,6 +291,7 @@ class Estimator:
             run=run,
             epochs_before=self.history.epochs,
         )
+        set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
         try:
             with (
                 profiled(dispatcher, state.history, check_flag("fit", "profile", profile)),

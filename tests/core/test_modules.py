@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fitforge.core.modules import set_training, tensors_of, walk
+from fitforge.core.modules import set_training, switch_training, tensors_of, walk
 
 
 def net_with_everything() -> nn.Module:
@@ -121,3 +121,26 @@ def test_set_training_sees_a_class_patched_after_an_earlier_call() -> None:
     Block.train = frozen  # type: ignore[method-assign]
     set_training(net, True)
     assert net.training and not net.norm.training
+
+
+def test_switch_training_puts_each_module_s_own_mode_back():
+    net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), nn.Dropout())
+    net[1].eval()
+    restore = switch_training(net, False)
+    assert not any(m.training for m in net.modules())
+    restore()
+    assert [m.training for m in net.modules()] == [True, True, False, True]
+
+
+def test_switch_training_of_a_net_customising_train_restores_through_train():
+    class Frozen(nn.Sequential):
+        def train(self, mode=True):
+            super().train(mode)
+            self[1].eval()  # keeps its statistics
+            return self
+
+    net = Frozen(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    restore = switch_training(net, False)
+    assert not net.training
+    restore()
+    assert net.training and not net[1].training

@@ -754,3 +754,36 @@ def test_fit_trains_every_module_in_train_mode_and_checks_validation_in_eval_mod
     check, train, validation = modes
     assert check == validation == (False, False, False) and train == (True, True, True)
     assert net.training and net.inner.training
+
+
+def test_a_val_net_in_eval_mode_around_the_net_hands_it_back_in_train_mode():
+    seen = []
+
+    class Spy(BatchBegin):
+        def batch_begin(self, state):
+            seen.append((state.epoch, net.training, net[1].training))
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 16), nn.Dropout(0.5), nn.Linear(16, 3))
+    val_net = nn.Sequential(net, nn.LogSoftmax(1)).eval()  # the user's evaluation wrapper, in eval mode
+    est = Estimator(net, nn.CrossEntropyLoss(), val_net=val_net, val_loss=nn.NLLLoss(), optimizer="sgd", device="cpu")
+    x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
+    est.fit([(x[:8], y[:8]), (x[8:], y[8:])], val_data=[(x, y)], epochs=2, event_handlers=[Spy()])
+    assert seen == [(epoch, True, True) for epoch in (0, 0, 1, 1)]  # the check and each validation gave it back
+    assert not val_net.training and not val_net[1].training
+
+
+def test_evaluate_leaves_each_module_in_the_mode_it_found():
+    net = nn.Sequential(nn.Linear(1, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    net[1].eval()  # frozen statistics, set by hand (no train override)
+    estimator = make_estimator(net=net)
+    estimator.evaluate(regression_batches())
+    assert net.training and not net[1].training and net[2].training
+
+
+def test_a_fit_failing_before_training_leaves_the_net_s_mode_alone():
+    estimator = make_estimator()
+    estimator.net.eval()
+    with pytest.raises(BatchFormatError):  # the validation batch, checked before training
+        estimator.fit(regression_batches(), val_data=[(torch.rand(4, 1), "labels")], epochs=1)
+    assert not estimator.net.training

@@ -10,7 +10,7 @@ how it is set.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -53,6 +53,30 @@ def _plain(module: nn.Module) -> bool:
     if attribute is None:
         attribute = _CLASS_TRAINING[cls] = hasattr(cls, "training")
     return not attribute
+
+
+def switch_training(net: nn.Module, mode: bool) -> Callable[[], None]:
+    """:func:`set_training`, returning what puts the modes back: each module's own flag where none
+    customises ``train`` (a ``val_net`` in eval mode around the training ``net`` then hands it back in
+    train mode), else ``net.train`` of the mode ``net`` was in."""
+    modules = walk(net)
+    if all(_plain(module) for module in modules):
+        before = [module.__dict__["training"] for module in modules]
+        for module in modules:
+            module.__dict__["training"] = mode
+
+        def restore() -> None:
+            for module, flag in zip(modules, before):
+                module.__dict__["training"] = flag
+
+        return restore
+    was_training = net.training
+    net.train(mode)
+
+    def restore_root() -> None:
+        net.train(was_training)
+
+    return restore_root
 
 
 def set_training(net: nn.Module, mode: bool) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.modules import set_training
+from fitforge.core.modules import switch_training
 from fitforge.core.state import TrainState
 
 Step = Callable[[TrainState, Any], Any]  # (state, batch) -> the batch's output
@@ -78,11 +78,10 @@ class RunContext:
 def inference(net: nn.Module, inference_mode: bool = True) -> Iterator[None]:
     """Eval mode under ``torch.inference_mode`` (``no_grad`` with ``inference_mode=False``: FSDP keeps
     the parameters it gathers for the next forward, which must not be inference tensors) for a
-    block; the net's previous mode is restored after."""
-    was_training = net.training
-    set_training(net, False)
+    block; the modes the net's modules were in are restored after (see :func:`switch_training`)."""
+    restore = switch_training(net, False)
     try:
         with torch.inference_mode() if inference_mode else torch.no_grad():  # inference_mode: no version counters
             yield
     finally:
-        set_training(net, was_training)
+        restore()
