@@ -133,3 +133,20 @@ def test_a_fit_checks_the_net_s_placement_once_for_training_and_validation(monke
     assert checked == ["net"]  # val_net is net: fit checks it once and sets up its validation unchecked
     estimator.evaluation(regression_batches())
     assert checked == ["net", "val_net"]  # set up on its own, an evaluation checks
+
+
+def test_an_estimator_overriding_evaluation_with_its_former_signature_still_validates():
+    from torch import nn
+
+    from fitforge import Estimator
+
+    built = []
+
+    class Mine(Estimator):
+        def evaluation(self, val_data, event_handlers=None, checked=False):
+            built.append(val_data)
+            return super().evaluation(val_data, event_handlers, checked)
+
+    estimator = Mine(nn.Linear(1, 1), nn.MSELoss(), optimizer="sgd", device="cpu")
+    history = estimator.fit(regression_batches(), val_data=regression_batches(), epochs=1)
+    assert len(built) == 1 and "val_loss" in history

@@ -72,13 +72,22 @@ def preflight(
             # Set up once per fit (data, placement, handlers, step), before training, so the check
             # below runs through the very handlers and step of the validations it stands for.
             build = getattr(estimator, "evaluation", None) if handler.eval_fn is None else None
-            # fit checked val_net's placement just before building its handlers
-            evaluation = None if build is None else build(handler.val_data, handler.event_handlers, placed=True)
-            handler.evaluation = evaluation
+            evaluation = handler.evaluation = None if build is None else _built(build, handler)
             handler.checked_first = evaluation is not None and handler.check_first and evaluation.check_first(name)
         if isinstance(handler, StoppingHandler):
             epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
     return epochs, batches
+
+
+def _built(build: Callable[..., Any], handler: ValidationHandler) -> Any:
+    """The handler's Evaluation, told that fit checked ``val_net``'s placement just before; an
+    ``evaluation`` overridden with the signature it had before ``placed`` is called without it."""
+    try:
+        return build(handler.val_data, handler.event_handlers, placed=True)
+    except TypeError as error:
+        if "placed" not in str(error):
+            raise
+        return build(handler.val_data, handler.event_handlers)
 
 
 def check_trainable(estimator: Estimator) -> None:
