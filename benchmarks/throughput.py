@@ -261,9 +261,10 @@ def run_hand(w: Workload, config: str, device: torch.device, warm: list, timed: 
     def train(batches: list) -> None:
         model.train()
         for x, y in batches:
-            x, y = x.to(device, non_blocking=not blocking), y.to(device, non_blocking=not blocking)
+            inputs = [t.to(device, non_blocking=not blocking) for t in (x if isinstance(x, (tuple, list)) else (x,))]
+            y = y.to(device, non_blocking=not blocking)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-                loss = w.loss(model(x), y)
+                loss = w.loss(model(*inputs), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -378,6 +379,8 @@ def cell(result: dict) -> str:
     text = f"{result['samples_per_s']:,.0f}" + (f" ({result['speedup']:.2f}x)" if "speedup" in result else "")
     if "vs_hand" in result:
         text += f" [{result['vs_hand']:.3f}x hand]"
+    elif "error" in result.get("hand", {}):
+        text += " [hand: error]"
     fell_back = any("could not compile" in note for note in result.get("warnings", ()))
     return text + (" (eager fallback)" if fell_back else "")
 
@@ -396,9 +399,10 @@ def table(report: dict, configs: Sequence[str]) -> str:
             cells = " | ".join(cell(entry["configs"][config]) for config in configs)
             lines.append(f"| {name} | {entry['batch_size']} | {cells} |")
         lines += [
-            f"- {name} {config}: {r['error']}"
+            f"- {name} {config}{which}: {r['error']}"
             for name, entry in result["models"].items()
-            for config, r in entry["configs"].items()
+            for config, fit in entry["configs"].items()
+            for which, r in (("", fit), (" (hand-written)", fit.get("hand", {})))
             if "error" in r
         ]
         lines.append("")

@@ -31,13 +31,28 @@ def test_throughput_reports_every_model_and_config(throughput):
 
 
 def test_hand_written_loops_run_beside_the_plain_step_models_only(throughput):
-    models, configs = ["logistic_regression", "translator"], ["eager-fp32", "eager-bf16"]
+    models, configs = ["logistic_regression", "textcnn_sentiment", "translator"], ["eager-fp32", "eager-bf16"]
     report = throughput.measure(models, configs, ["cpu"], batches=2, warmup=1, batch_size=4, hand=True)
-    plain, own_step = (report["devices"]["cpu"]["models"][name]["configs"] for name in models)
+    plain, several_inputs, own_step = (report["devices"]["cpu"]["models"][name]["configs"] for name in models)
     for config in configs:
-        assert plain[config]["hand"]["samples_per_s"] > 0 and plain[config]["vs_hand"] > 0
+        for result in (plain[config], several_inputs[config]):  # TextCNN takes (ids, lengths)
+            assert result["hand"]["samples_per_s"] > 0 and result["vs_hand"] > 0, result
         assert "hand" not in own_step[config] and "vs_hand" not in own_step[config]  # teacher forcing: fit only
     assert "x hand]" in throughput.table(report, configs)
+
+
+def test_a_failing_hand_written_loop_is_shown_in_the_table(throughput, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no kernel\nmore")
+
+    monkeypatch.setattr(throughput, "run_hand", broken)
+    report = throughput.measure(["logistic_regression"], ["eager-fp32"], ["cpu"], batches=1, warmup=0, hand=True)
+    result = report["devices"]["cpu"]["models"]["logistic_regression"]["configs"]["eager-fp32"]
+    assert result["samples_per_s"] > 0 and result["hand"] == {"error": "RuntimeError: no kernel"}
+    table = throughput.table(report, ["eager-fp32"])
+    assert (
+        "[hand: error]" in table and "- logistic_regression eager-fp32 (hand-written): RuntimeError: no kernel" in table
+    )
 
 
 def test_the_hand_written_loop_trains_as_fit_does(throughput):

@@ -71,7 +71,10 @@ def test_the_guard_turns_a_host_read_into_an_error():
     [(None, False), ("bf16-mixed", False), (None, True)],
     ids=["fp32", "bf16", "compiled"],
 )
-def test_no_host_sync_in_a_training_step_with_the_default_handlers(precision, compiled, optimizer):
+def test_no_host_sync_in_a_training_step_with_the_default_handlers(precision, compiled, optimizer, monkeypatch):
+    # The defaults as under CI or a pipe: on a terminal (pytest -s) they add a progress bar, whose
+    # refresh reads running values every half second, as asked.
+    monkeypatch.setattr("fitforge.handlers.defaults.interactive", lambda: False)
     if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bfloat16")
     if compiled and importlib.util.find_spec("triton") is None:
