@@ -55,36 +55,42 @@ def _plain(module: nn.Module) -> bool:
     return not attribute
 
 
+def _plain_modules(net: nn.Module) -> list[nn.Module] | None:
+    """``net``'s modules when none customises how its mode is set (:func:`_plain`), else None."""
+    modules = walk(net)
+    return modules if all(_plain(module) for module in modules) else None
+
+
 def switch_training(net: nn.Module, mode: bool) -> Callable[[], None]:
     """:func:`set_training`, returning what puts the modes back: each module's own flag where none
     customises ``train`` (a ``val_net`` in eval mode around the training ``net`` then hands it back in
     train mode), else ``net.train`` of the mode ``net`` was in."""
-    modules = walk(net)
-    if all(_plain(module) for module in modules):
-        before = [module.__dict__["training"] for module in modules]
-        for module in modules:
-            module.__dict__["training"] = mode
+    modules = _plain_modules(net)
+    if modules is None:
+        was_training = net.training
+        net.train(mode)
 
-        def restore() -> None:
-            for module, flag in zip(modules, before):
-                module.__dict__["training"] = flag
+        def restore_root() -> None:
+            net.train(was_training)
 
-        return restore
-    was_training = net.training
-    net.train(mode)
+        return restore_root
+    before = [module.__dict__["training"] for module in modules]
+    for module in modules:
+        module.__dict__["training"] = mode
 
-    def restore_root() -> None:
-        net.train(was_training)
+    def restore() -> None:
+        for module, flag in zip(modules, before):
+            module.__dict__["training"] = flag
 
-    return restore_root
+    return restore
 
 
 def set_training(net: nn.Module, mode: bool) -> None:
     """``net.train(mode)``: the same flags set, directly when no module customises ``train`` (a
     module that keeps its BatchNorm frozen does), else through ``net.train(mode)`` itself."""
-    modules = walk(net)
-    if all(_plain(module) for module in modules):
-        for module in modules:
-            module.__dict__["training"] = mode
-    else:
+    modules = _plain_modules(net)
+    if modules is None:
         net.train(mode)
+        return
+    for module in modules:
+        module.__dict__["training"] = mode
