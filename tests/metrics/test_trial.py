@@ -64,3 +64,14 @@ def test_a_builtin_metric_is_tried_afresh_not_with_what_it_learned_from_the_last
     assert trial_update(metric, scores, classes, torch.device("cpu")) is None
     with pytest.raises(FitforgeValueError, match="does not match label"):  # and its shapes are checked
         trial_update(metric, scores, torch.tensor([0, 1]), torch.device("cpu"))
+
+
+def test_is_builtin_takes_fitforge_s_classes_exactly():
+    from fitforge.metrics import Accuracy, Mean
+    from fitforge.metrics.builtin import is_builtin
+
+    class Mine(Accuracy):
+        pass
+
+    assert is_builtin(Accuracy()) and is_builtin(Mean())
+    assert not is_builtin(Mine()) and not is_builtin(object())

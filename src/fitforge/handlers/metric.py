@@ -14,13 +14,14 @@ from fitforge.core.loss import part_keys
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
-from fitforge.metrics import Mean, MetricSlot, builtin, check_output_indices, resolve_metrics
+from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
 from fitforge.metrics.base import (
     SumCountMetric,
     load_metric_state,
     merge_metric_state,
     metric_state,
 )
+from fitforge.metrics.builtin import is_builtin
 from fitforge.metrics.named import NamedMeans, declared_names
 from fitforge.metrics.reduction import reduced_sums
 from fitforge.metrics.trial import check_trial_value, one_number, trial_update
@@ -311,7 +312,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
             values[self.prefix + key] = mean.value()
         for slot in self.slots:
             metric = slot.metric
-            if isinstance(metric, SumCountMetric) and type(metric).__module__ == builtin.__name__:  # one number
+            if isinstance(metric, SumCountMetric) and is_builtin(metric):  # one number by construction
                 values[self.prefix + slot.name] = metric.value()
                 continue
             unsynced = local and hasattr(metric, "sync_context")  # torchmetrics: its class's compute skips the sync

@@ -8,6 +8,12 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.metrics.base import SumCountMetric
 
 
+def is_builtin(metric: object) -> bool:
+    """Whether ``metric`` is one of these classes exactly (not a subclass of one): its running state
+    is what ``reset`` rebinds, and its value one number by construction."""
+    return type(metric).__module__ == __name__
+
+
 class Mean(SumCountMetric):
     """Sample-weighted running mean of a per-batch scalar (used for the loss).
 

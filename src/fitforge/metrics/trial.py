@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from fitforge.exceptions import FitforgeValueError
-from fitforge.metrics import builtin
 from fitforge.metrics.base import SumCountMetric
+from fitforge.metrics.builtin import is_builtin
 from fitforge.metrics.resolve import MetricSlot
 
 
@@ -19,7 +19,7 @@ def trial_copy(metric: Any) -> Any:
     running state in the attributes ``reset()`` rebinds, so a shallow copy, reset, is one that shares
     nothing the trial changes (a deep copy costs several times more, at every fit); any other metric
     is copied deeply."""
-    if type(metric).__module__ == builtin.__name__:
+    if is_builtin(metric):
         trial = object.__new__(type(metric))  # copy.copy without its pickling protocol
         trial.__dict__.update(metric.__dict__)
         trial.reset()
@@ -33,7 +33,7 @@ def trial_update(metric: Any, pred: Any, label: Any, device: torch.device) -> An
     to check: a built-in metric's reset copy only computes the batch's statistics (its checks of shapes
     and dtypes included) and, adding them to a 0-d sum, gives one number by construction; a metric that cannot be
     copied (one holding a lock or a file) is left to its first real update. Raises what the update raises."""
-    if type(metric).__module__ == builtin.__name__ and type(metric).batch_stats is not SumCountMetric.batch_stats:
+    if is_builtin(metric) and type(metric).batch_stats is not SumCountMetric.batch_stats:
         # On a reset copy: what the metric checks on its first batch (Accuracy's kind of labels) is
         # kept from the last run until a reset, and this batch may be another run's (the validation's).
         trial_copy(metric).batch_stats(pred.detach() if isinstance(pred, torch.Tensor) else pred, label)
