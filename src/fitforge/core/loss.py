@@ -40,17 +40,12 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
             f"; the label is a dict (keys: {_names(label)}): to give each output its own loss by name, pass loss "
             "as a dict by the same names and return a dict of outputs from forward"
         )
-    if not (isinstance(pred, torch.Tensor) and isinstance(label, torch.Tensor)):
+    if not _tensors(pred, label):
         return ""
     classifier = isinstance(fn, _CLASSIFIERS)
-    if classifier and not label.is_floating_point() and label.shape == (pred.shape[0], *pred.shape[2:]):
-        if label.dtype not in (torch.int64, torch.uint8):
-            return f"; class-index labels must be int64, got {str(label.dtype).replace('torch.', '')}: use label.long()"
-        if pred.dim() >= 2 and label.numel() and int(label.max()) >= pred.shape[1]:  # error path only: a read is fine
-            return (
-                f"; labels go up to {int(label.max())} but the net outputs {pred.shape[1]} class scores, so "
-                f"labels must lie in 0..{pred.shape[1] - 1}: give the last layer {int(label.max()) + 1} outputs"
-            )
+    indices = classifier and not label.is_floating_point() and label.shape == (pred.shape[0], *pred.shape[2:])
+    if indices and label.dtype not in (torch.int64, torch.uint8):  # labels beyond the classes: _failure's check
+        return f"; class-index labels must be int64, got {str(label.dtype).replace('torch.', '')}: use label.long()"
     classes = (pred.shape[0], *pred.shape[2:])
     if classifier and label.is_floating_point() and label.shape != pred.shape:
         return f"; class-index labels must be int64 of shape {classes}: use label.long()"
@@ -303,7 +298,7 @@ class LossSet:
         same way: no read there."""
         preds, labels = self._pair(pred, label)
         for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
-            if not (isinstance(p, torch.Tensor) and isinstance(y, torch.Tensor)):
+            if not _tensors(p, y):
                 continue
             if isinstance(fn, _ELEMENTWISE):
                 self._check_elementwise(i, p, y)
