@@ -325,6 +325,43 @@ def test_a_hidden_layer_of_the_wrong_size_names_it_and_the_layer_before():
     assert_untouched(est, before)
 
 
+class Rebinding(nn.Module):
+    """A forward that rebinds its argument's name before the layer that fails."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(5, 64), nn.Linear(32, 3)
+
+    def forward(self, x):
+        x = self.first(x)
+        return self.second(x)
+
+
+def test_what_the_net_received_is_its_argument_even_when_forward_rebinds_the_name():
+    # The layer received a tensor named like the net's argument, but not the net's input: the
+    # message blames the layers before it, not the data.
+    net = Rebinding()
+    est = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), 0.1), device="cpu")
+    with pytest.raises(ForwardError, match="layer 'second' expects 32 features but receives 64 from the layers before"):
+        est.fit(class_batches(), epochs=1)
+
+
+def test_net_arguments_is_empty_when_the_net_was_not_called_through_torch():
+    from fitforge.core.forward_errors import net_arguments
+
+    net = nn.Linear(5, 3)
+    try:
+        net.forward(torch.zeros(2, 4))  # forward called directly: no Module.__call__ frame
+    except RuntimeError as error:
+        assert net_arguments(error, net) == ()
+    x = torch.zeros(2, 4)
+    try:
+        net(x)
+    except RuntimeError as error:
+        (received,) = net_arguments(error, net)
+        assert received is x
+
+
 class OwnStep(BatchProcessor):
     """A custom training step that does not go through ``BatchProcessor.forward``."""
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from fitforge.core.data import LABEL_KEYS, check_finite
 from fitforge.core.events import unwrapped
-from fitforge.core.forward_errors import explain, net_inputs, same_device
+from fitforge.core.forward_errors import explain, same_device
 from fitforge.core.modules import tensors_of
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
@@ -74,33 +74,33 @@ def check_first_batch_of(run: RunContext) -> None:
 def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any) -> Any:
     """``step(state, batch)``, with an error raised inside the net explained (the original as ``__cause__``)."""
     estimator = state.estimator
-    with net_inputs(estimator.net if state.phase == "train" else estimator.val_net) as seen:
-        try:
-            return step(state, batch)
-        except RuntimeError as error:
-            explained = explain(error, (estimator.net, estimator.val_net), estimator.device, seen[0] if seen else ())
-            if explained is None:
-                raise
-            raise explained from error
-        except TypeError as error:
-            own_loss = estimator.loss is None
-            if not (isinstance(batch, Mapping) or own_loss) or "argument" not in str(error):
-                raise
-            net = estimator.net if state.phase == "train" else estimator.val_net
-            if own_loss:  # the label went to the net, which may not take it
-                raise BatchFormatError(
-                    f"with loss=None the net computes its own loss, so it is given the label (as labels=... "
-                    f"for a dict batch, as its last argument for a (data, label) pair), but it cannot take it: "
-                    f"{error}; the net's forward takes {_signature(net)}. Give a loss function (loss=...) "
-                    "for a net that returns predictions, or let forward take the label and return the loss"
-                ) from error
-            keys = getattr(estimator.batch_processor, "_label_keys", LABEL_KEYS)
+    try:
+        return step(state, batch)
+    except RuntimeError as error:
+        called = estimator.net if state.phase == "train" else estimator.val_net
+        explained = explain(error, (estimator.net, estimator.val_net), estimator.device, called)
+        if explained is None:
+            raise
+        raise explained from error
+    except TypeError as error:
+        own_loss = estimator.loss is None
+        if not (isinstance(batch, Mapping) or own_loss) or "argument" not in str(error):
+            raise
+        net = estimator.net if state.phase == "train" else estimator.val_net
+        if own_loss:  # the label went to the net, which may not take it
             raise BatchFormatError(
-                f"the net cannot take this dict batch's keys as its arguments: {error}; the net's forward "
-                f"takes {_signature(net)} and the batch's keys other than the label are "
-                f"{[k for k in batch if k not in keys]}: name the keys after forward's arguments (the "
-                "label under 'labels'), or override BatchProcessor.unpack"
+                f"with loss=None the net computes its own loss, so it is given the label (as labels=... "
+                f"for a dict batch, as its last argument for a (data, label) pair), but it cannot take it: "
+                f"{error}; the net's forward takes {_signature(net)}. Give a loss function (loss=...) "
+                "for a net that returns predictions, or let forward take the label and return the loss"
             ) from error
+        keys = getattr(estimator.batch_processor, "_label_keys", LABEL_KEYS)
+        raise BatchFormatError(
+            f"the net cannot take this dict batch's keys as its arguments: {error}; the net's forward "
+            f"takes {_signature(net)} and the batch's keys other than the label are "
+            f"{[k for k in batch if k not in keys]}: name the keys after forward's arguments (the "
+            "label under 'labels'), or override BatchProcessor.unpack"
+        ) from error
 
 
 def _signature(net: nn.Module) -> str:

@@ -3,18 +3,18 @@ likely fix (a feature or channel count that does not match, tensors on different
 another dtype than the weights).
 
 The layer is found in the error's traceback, as the innermost frame whose ``self`` is a module of the
-net, so nothing is hooked into the layers: the forward runs as it always does, compiled or not, and
-only a failure pays for the search. One forward pre-hook on the net itself, for the first batch only,
-keeps what the net received, to tell "the data has 32 features" from "the layer before it outputs 32".
+net, so nothing is hooked into the net: the forward runs as it always does, compiled or not, and
+only a failure pays for the search. What the net itself received, to tell "the data has 32 features"
+from "the layer before it outputs 32", is read in the same traceback: the arguments of torch's call
+of the net (:func:`net_arguments`).
 """
 
 from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Iterable
+from types import CodeType, FrameType
 
 import torch
 from torch import nn
@@ -25,20 +25,23 @@ _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTra
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
-@contextmanager
-def net_inputs(net: nn.Module) -> Iterator[list[tuple]]:
-    """Within the block, the list holds the positional arguments of the net's first call (if any)."""
-    seen: list[tuple] = []
+# The frames of torch's Module.__call__, whose ``args`` are the positional arguments as the caller gave them
+# (a forward may rebind its own argument names before it fails).
+_MODULE_CALLS: frozenset[CodeType] = frozenset(
+    getattr(nn.Module, name).__code__
+    for name in ("_wrapped_call_impl", "_call_impl")
+    if hasattr(getattr(nn.Module, name, None), "__code__")
+)
 
-    def keep(module: nn.Module, args: tuple) -> None:
-        if not seen:
-            seen.append(args)
 
-    handle = net.register_forward_pre_hook(keep)
-    try:
-        yield seen
-    finally:
-        handle.remove()
+def net_arguments(error: BaseException, net: nn.Module) -> tuple:
+    """The positional arguments of the outermost call of ``net`` in ``error``'s traceback; () when
+    none is found there (a compiled net, whose frames are not torch's Python call)."""
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if frame.f_code in _MODULE_CALLS and frame.f_locals.get("self") is net:
+            arguments = frame.f_locals.get("args")
+            return arguments if isinstance(arguments, tuple) else ()
+    return ()
 
 
 def same_device(found: torch.device, device: torch.device) -> bool:
@@ -51,10 +54,11 @@ def same_device(found: torch.device, device: torch.device) -> bool:
 
 
 def explain(
-    error: RuntimeError, roots: Iterable[nn.Module], device: torch.device, inputs: tuple
+    error: RuntimeError, roots: Iterable[nn.Module], device: torch.device, called: nn.Module
 ) -> ForwardError | DeviceMismatchError | None:
     """A :class:`ForwardError` (a :class:`DeviceMismatchError` for devices) naming the layer of
-    ``roots`` (the nets) that raised ``error``, or None when no layer of theirs raised it.
+    ``roots`` (the nets) that raised ``error``, or None when no layer of theirs raised it. ``called``:
+    the net the step called (its arguments, found in the traceback, are what "the net received").
 
     Only plain ``RuntimeError`` is explained: its subclasses (out of memory, CUDA errors, not
     implemented) mean something else, and fitforge's own errors are clear already."""
@@ -70,7 +74,7 @@ def explain(
     module = frame.f_locals["self"]
     name = names[id(module)]
     received = _arguments(frame, module)
-    data = [x for x in inputs if isinstance(x, torch.Tensor)]
+    data = [x for x in net_arguments(error, called) if isinstance(x, torch.Tensor)]
     text = _what_failed(module, name, received, data)
     devices = _device_problem(module, received, device, str(error))
     if devices:
