@@ -1,10 +1,12 @@
 """The first batch's trial copy of a metric (fitforge.metrics.trial)."""
 
+import re
+
 import pytest
 import torch
 
 from fitforge.exceptions import FitforgeValueError
-from fitforge.metrics import Accuracy, SumCountMetric
+from fitforge.metrics import Accuracy, SumCountMetric, builtin
 from fitforge.metrics.trial import trial_copy, trial_update
 
 
@@ -75,3 +77,62 @@ def test_is_builtin_takes_fitforge_s_classes_exactly():
 
     assert is_builtin(Accuracy()) and is_builtin(Mean())
     assert not is_builtin(Mine()) and not is_builtin(object())
+
+
+def _batches():
+    """Pairs of pred and label of many shapes and dtypes, fitting and not."""
+    dtypes = (torch.float32, torch.float16, torch.int64, torch.bool)
+    shapes = ((4,), (4, 1), (4, 3), (4, 3, 2), (4, 2), (3,), (4, 6))
+    for pred_shape in shapes:
+        for label_shape in shapes:
+            for pred_dtype in dtypes:
+                for label_dtype in (torch.int64, torch.float32, torch.bool):
+                    yield torch.ones(pred_shape, dtype=pred_dtype), torch.zeros(label_shape, dtype=label_dtype)
+
+
+BUILTINS = [
+    lambda: Accuracy(),
+    lambda: Accuracy(ignore_index=1),
+    lambda: builtin.TopKAccuracy(2),
+    lambda: builtin.BinaryAccuracy(),
+    lambda: builtin.BinaryAccuracy(logits=True),
+    lambda: builtin.MeanSquaredError(),
+    lambda: builtin.RootMeanSquaredError(),
+    lambda: builtin.MeanAbsoluteError(),
+]
+
+
+@pytest.mark.parametrize("make", BUILTINS, ids=lambda make: repr(make()))
+def test_takes_batch_agrees_with_batch_stats_on_every_shape_and_dtype(make):
+    # takes_batch reads metadata only; where it answers, batch_stats must agree: True means
+    # batch_stats takes the batch, an error means batch_stats raises that same error.
+    answered = 0
+    for pred, label in _batches():
+        try:
+            said = builtin.takes_batch(make(), pred, label)
+        except FitforgeValueError as error:
+            with pytest.raises(FitforgeValueError, match=re.escape(str(error))):
+                make().batch_stats(pred, label)
+            answered += 1
+            continue
+        if said:
+            make().batch_stats(pred, label)
+            answered += 1
+    assert answered > 100  # it answers most batches: the trial's torch calls are the exception
+
+
+def test_takes_batch_leaves_the_rest_to_batch_stats():
+    pred, label = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
+    assert builtin.takes_batch(Accuracy(), pred, label)
+    assert not builtin.takes_batch(Accuracy(), pred.to("meta"), label)  # two devices: torch decides
+    assert not builtin.takes_batch(Accuracy(), pred, label.tolist())  # not a tensor
+    assert not builtin.takes_batch(Accuracy(), pred.to(torch.complex64), label)
+    assert not builtin.takes_batch(builtin.TopKAccuracy(2), pred.bool(), label)  # topk of bools fails in torch
+    assert not builtin.takes_batch(builtin.BinaryAccuracy(logits=True), label, label)  # sigmoid of ints fails
+    assert not builtin.takes_batch(builtin.Mean(), pred, label)  # not a metric of a batch's pred and label
+
+
+def test_a_builtin_metric_answered_by_its_shapes_is_left_untouched():
+    metric = Accuracy(ignore_index=-100)
+    assert trial_update(metric, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), torch.device("cpu")) is None
+    assert metric._kind is None and metric._sum is None

@@ -182,7 +182,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
         dict). fitforge calls it once per run, after the first batch's step and before any ``batch_end``
         hook (and on the first validation batch before training); ``batch_end`` still makes the one
         real update per batch. A metric that cannot be copied is left to its first real update; a
-        built-in metric's copy only computes the batch statistics, which is what can fail (see
+        built-in metric is checked by the batch's shapes, dtypes and devices, or where they do not
+        suffice its copy computes the batch statistics, which is what can fail (see
         :func:`fitforge.metrics.trial.trial_update`).
         """
         estimator, out = state.estimator, state.output

@@ -14,6 +14,42 @@ def is_builtin(metric: object) -> bool:
     return type(metric).__module__ == __name__
 
 
+def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
+    """For a built-in ``metric`` (:func:`is_builtin`): whether the batch's shapes, dtypes and devices
+    alone show that its ``batch_stats`` takes the batch, raising ``batch_stats``'s own error where
+    the shapes do not fit. False where only running ``batch_stats`` can tell (tensors on different
+    devices, complex, sparse, or dtypes some operation does not take): the first batch's trial then runs it.
+    Reads metadata only: no torch operation, and the metric's state is left alone."""
+    if not (
+        type(pred) is torch.Tensor
+        and type(label) is torch.Tensor
+        and pred.device == label.device
+        and pred.layout == label.layout == torch.strided
+        and not (pred.is_complex() or label.is_complex())
+    ):
+        return False
+    kind = type(metric)
+    if kind is Accuracy:
+        if metric._kind_of(pred, label)[0] == "one-hot" and label.dtype is torch.bool:  # type: ignore[attr-defined]
+            return False  # argmax of bool labels is not implemented
+    elif kind is TopKAccuracy and pred.is_floating_point():  # topk of bool scores is not implemented
+        metric._check(pred, label)  # type: ignore[attr-defined]
+    elif kind is BinaryAccuracy and (pred.is_floating_point() or not metric.logits):  # type: ignore[attr-defined]
+        _same_shape(metric, pred, label)  # sigmoid of integer logits is not implemented
+    elif kind in (MeanSquaredError, RootMeanSquaredError, MeanAbsoluteError):
+        _same_shape(metric, pred, label)
+    else:
+        return False
+    return True
+
+
+def _same_shape(metric: SumCountMetric, pred: torch.Tensor, label: torch.Tensor) -> None:
+    if pred.shape != label.shape:
+        raise FitforgeValueError(
+            f"{metric.name}: pred shape {tuple(pred.shape)} must equal label shape {tuple(label.shape)}"
+        )
+
+
 class Mean(SumCountMetric):
     """Sample-weighted running mean of a per-batch scalar (used for the loss).
 
@@ -67,7 +103,8 @@ class Accuracy(SumCountMetric):
     def batch_stats(self, pred, label):
         kind = self._kind
         if kind is None:  # the shapes are checked on the first batch after each reset, not every batch
-            kind = self._kind = self._check(pred, label)
+            kind, self._mask_correct = self._kind_of(pred, label)
+            self._kind = kind
         if kind == "one-hot":  # one-hot (any dtype) or probability labels: nothing to ignore
             return (pred.argmax(dim=1) == label.argmax(dim=1)).sum(), label.numel() // label.shape[1]
         if kind == "scores":
@@ -80,7 +117,9 @@ class Accuracy(SumCountMetric):
             correct &= kept
         return correct.sum(), kept.sum()
 
-    def _check(self, pred: torch.Tensor, label: torch.Tensor) -> str:
+    def _kind_of(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[str, bool]:
+        """The kind of the batch ("scores", "one-hot" or "indices") and whether the correct
+        predictions must be masked by ``ignore_index``; raises on shapes that do not fit."""
         kind, classes = "indices", None
         if pred.is_floating_point():  # scores: the class is their argmax over dim 1
             if pred.dim() < 2 or pred.shape[1] == 1:
@@ -89,7 +128,7 @@ class Accuracy(SumCountMetric):
                     "class axis to take the argmax of; for a binary output use the 'binary_accuracy' metric"
                 )
             if pred.shape == label.shape:
-                return "one-hot"
+                return "one-hot", False
             kind, classes = "scores", pred.shape[1]
         compared = pred.shape[:1] + pred.shape[2:] if kind == "scores" else pred.shape
         if compared != label.shape:
@@ -98,8 +137,7 @@ class Accuracy(SumCountMetric):
                 f"label of shape {tuple(label.shape)}; pass scores (N, C, ...) and class labels (N, ...)"
             )
         # An ignore_index no class can equal (such as -100) never matches a prediction: no mask needed.
-        self._mask_correct = classes is None or (self.ignore_index is not None and 0 <= self.ignore_index < classes)
-        return kind
+        return kind, classes is None or (self.ignore_index is not None and 0 <= self.ignore_index < classes)
 
     def __repr__(self) -> str:
         return "Accuracy()" if self.ignore_index is None else f"Accuracy(ignore_index={self.ignore_index})"
@@ -118,6 +156,11 @@ class TopKAccuracy(SumCountMetric):
         self.name = f"top{k}_accuracy"
 
     def batch_stats(self, pred, label):
+        self._check(pred, label)
+        topk = pred.topk(self.k, dim=1).indices
+        return (topk == label.unsqueeze(1)).any(dim=1).sum(), label.numel()
+
+    def _check(self, pred: torch.Tensor, label: torch.Tensor) -> None:
         if pred.dim() < 2 or pred.shape[1] < self.k:
             raise FitforgeValueError(
                 f"{self.name}: needs scores of shape (N, C) with C >= {self.k}, got {tuple(pred.shape)}"
@@ -128,8 +171,6 @@ class TopKAccuracy(SumCountMetric):
                 f"{self.name}: label shape {tuple(label.shape)} does not fit scores of shape "
                 f"{tuple(pred.shape)}; expected class labels of shape {expected}"
             )
-        topk = pred.topk(self.k, dim=1).indices
-        return (topk == label.unsqueeze(1)).any(dim=1).sum(), label.numel()
 
     def __repr__(self) -> str:
         return f"TopKAccuracy(k={self.k})"
@@ -150,10 +191,7 @@ class BinaryAccuracy(SumCountMetric):
         self.logits = logits
 
     def batch_stats(self, pred, label):
-        if pred.shape != label.shape:
-            raise FitforgeValueError(
-                f"{self.name}: pred shape {tuple(pred.shape)} must equal label shape {tuple(label.shape)}"
-            )
+        _same_shape(self, pred, label)
         prob = pred.sigmoid() if self.logits else pred
         return ((prob > self.threshold) == (label > 0.5)).sum(), label.numel()
 
@@ -165,10 +203,7 @@ class _Elementwise(SumCountMetric):
     higher_is_better = False
 
     def batch_stats(self, pred, label):
-        if pred.shape != label.shape:
-            raise FitforgeValueError(
-                f"{self.name}: pred shape {tuple(pred.shape)} must equal label shape {tuple(label.shape)}"
-            )
+        _same_shape(self, pred, label)
         return self.error(pred.float() - label.float()).sum(), label.numel()
 
 

@@ -10,7 +10,7 @@ import torch
 
 from fitforge.exceptions import FitforgeValueError
 from fitforge.metrics.base import SumCountMetric
-from fitforge.metrics.builtin import is_builtin
+from fitforge.metrics.builtin import is_builtin, takes_batch
 from fitforge.metrics.resolve import MetricSlot
 
 
@@ -30,10 +30,14 @@ def trial_copy(metric: Any) -> Any:
 def trial_update(metric: Any, pred: Any, label: Any, device: torch.device) -> Any | None:
     """Try ``metric`` on the first batch, leaving its running state alone. Returns the updated trial
     copy whose value is still to be checked (:func:`check_trial_value`), or None when nothing is left
-    to check: a built-in metric's reset copy only computes the batch's statistics (its checks of shapes
-    and dtypes included) and, adding them to a 0-d sum, gives one number by construction; a metric that cannot be
-    copied (one holding a lock or a file) is left to its first real update. Raises what the update raises."""
+    to check: a built-in metric is answered by the batch's shapes, dtypes and devices where they
+    suffice (:func:`~fitforge.metrics.builtin.takes_batch`), else a reset copy computes the batch's
+    statistics (its checks of shapes and dtypes included); adding them to a 0-d sum, it gives one
+    number by construction; a metric that cannot be copied (one holding a lock or a file) is left to
+    its first real update. Raises what the update raises."""
     if is_builtin(metric) and type(metric).batch_stats is not SumCountMetric.batch_stats:
+        if takes_batch(metric, pred, label):  # its shapes, dtypes and devices say so: no torch call
+            return None
         # On a reset copy: what the metric checks on its first batch (Accuracy's kind of labels) is
         # kept from the last run until a reset, and this batch may be another run's (the validation's).
         trial_copy(metric).batch_stats(pred.detach() if isinstance(pred, torch.Tensor) else pred, label)
