@@ -8,8 +8,7 @@ fitforge's own checkpointing (which saves and restores the data order).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -74,14 +73,28 @@ class RunContext:
     allow_empty: bool = False
 
 
-@contextmanager
-def inference(net: nn.Module, inference_mode: bool = True) -> Iterator[None]:
+class inference:
     """Eval mode under ``torch.inference_mode`` (``no_grad`` with ``inference_mode=False``: FSDP keeps
     the parameters it gathers for the next forward, which must not be inference tensors) for a
-    block; the modes the net's modules were in are restored after (see :func:`switch_training`)."""
-    restore = switch_training(net, False)
-    try:
-        with torch.inference_mode() if inference_mode else torch.no_grad():  # inference_mode: no version counters
-            yield
-    finally:
-        restore()
+    block; the modes the net's modules were in are restored after (see :func:`switch_training`).
+    A class rather than a generator: entered at every validation, it costs a third as much."""
+
+    __slots__ = ("grad", "net", "restore")
+
+    def __init__(self, net: nn.Module, inference_mode: bool = True) -> None:
+        self.net = net
+        self.grad = torch.inference_mode() if inference_mode else torch.no_grad()  # inference_mode: no version counters
+
+    def __enter__(self) -> None:
+        self.restore = switch_training(self.net, False)
+        try:
+            self.grad.__enter__()
+        except BaseException:
+            self.restore()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.grad.__exit__(*exc_info)
+        finally:
+            self.restore()
