@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
@@ -99,7 +100,10 @@ PIECE_CALLS = 20  # calls of each piece counted together
 
 def pieces(overhead) -> dict:
     """The pieces of a fit of workload Z, as calls on one estimator that has fitted once (each piece
-    as fit runs it; the names say what each does). Built inside the valgrind process."""
+    as fit runs it; the names say what each does), and the check before training on workload B's
+    CNN beside its forward. Built inside the valgrind process."""
+    import torch
+
     from fitforge import Estimator
     from fitforge.checkpoint.data_order import DataOrder
     from fitforge.core.data import check_finite
@@ -127,6 +131,22 @@ def pieces(overhead) -> dict:
         est._val_loss.arm_checks()
         explained_step(state, evaluation.step, batch)
 
+    def in_inference_mode(step: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            with torch.inference_mode():  # as the check runs its step: no autograd graph recorded
+                step()
+
+        return run
+
+    # The check on workload B's CNN, whose forward costs more than the checks around it.
+    cnn = overhead.WORKLOADS["B"]
+    _, cnn_val = overhead.make_loaders(cnn, 1.0)
+    cnn_net, cnn_opt, cnn_criterion = overhead.fresh_model(cnn)
+    cnn_est = Estimator(cnn_net, cnn_criterion, train_metrics="accuracy", optimizer=cnn_opt)
+    cnn_evaluation = cnn_est.evaluation(cnn_val, [])
+    cnn_batch = first_samples(cnn_val)
+    cnn_state = TrainState(cnn_est, "validate", batch_idx=0, batch=cnn_batch)
+
     checked = est.evaluation(val, [], checked=True)
     return {
         "fit, default handlers (this estimator again)": lambda: est.fit(train, val_data=val, epochs=1),
@@ -135,12 +155,19 @@ def pieces(overhead) -> dict:
             est, val, "val_data", handlers=handlers, step=evaluation.step
         ),
         "  its step: forward and loss of 2 samples": lambda: evaluation.step(state, batch),
+        "  its step under inference_mode (as the check runs it)": in_inference_mode(
+            lambda: evaluation.step(state, batch)
+        ),
         "  its step with the loss's first-call checks": armed_step,
         "  its first 2 samples": lambda: first_samples(val),
         "  its nan/inf check": lambda: check_finite(batch, "val_data"),
         "  its metric trials (handlers' check_first_batch)": lambda: check_handlers(state, handlers),
         "  its kept random state (torch_rng_kept, entered)": lambda: torch_rng_kept(est.device).__enter__(),
         "  its eval mode and inference_mode (entered)": lambda: inference(est.val_net).__enter__(),
+        "B's CNN: validation check before training": lambda: check_first_val_batch(
+            cnn_est, cnn_val, "val_data", handlers=cnn_evaluation.dispatcher.handlers, step=cnn_evaluation.step
+        ),
+        "  its step under inference_mode": in_inference_mode(lambda: cnn_evaluation.step(cnn_state, cnn_batch)),
         "validation set-up (Estimator.evaluation)": lambda: est.evaluation(val, []),
         "validation pass (checked before)": checked,
         "default handlers built": lambda: fit_handlers(None, val, True),
