@@ -14,33 +14,61 @@ def is_builtin(metric: object) -> bool:
     return type(metric).__module__ == __name__
 
 
+# Dtypes every operation of the built-in metrics takes on these devices (not uint16-64, float8, quantized...).
+_PLAIN_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
+_PLAIN_DEVICES = frozenset(("cpu", "cuda", "meta"))
+
+
 def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
     """For a built-in ``metric`` (:func:`is_builtin`): whether the batch's shapes, dtypes and devices
     alone show that its ``batch_stats`` takes the batch, raising ``batch_stats``'s own error where
-    the shapes do not fit. False where only running ``batch_stats`` can tell (tensors on different
-    devices, complex, sparse, or dtypes some operation does not take): the first batch's trial then runs it.
-    Reads metadata only: no torch operation, and the metric's state is left alone."""
+    the shapes do not fit. False where only running ``batch_stats`` can tell (tensors on two devices
+    or on another backend than the CPU and CUDA, sparse ones, dtypes some operation does not take, a
+    threshold that is not a number): the first batch's trial then runs it. Reads metadata only: no
+    torch operation, and the metric's state is left alone."""
     if not (
         type(pred) is torch.Tensor
         and type(label) is torch.Tensor
+        and pred.dtype in _PLAIN_DTYPES
+        and label.dtype in _PLAIN_DTYPES
         and pred.device == label.device
+        and pred.device.type in _PLAIN_DEVICES
         and pred.layout == label.layout == torch.strided
-        and not (pred.is_complex() or label.is_complex())
     ):
         return False
-    kind = type(metric)
-    if kind is Accuracy:
-        if metric._kind_of(pred, label)[0] == "one-hot" and label.dtype is torch.bool:  # type: ignore[attr-defined]
-            return False  # argmax of bool labels is not implemented
-    elif kind is TopKAccuracy and pred.is_floating_point():  # topk of bool scores is not implemented
-        metric._check(pred, label)  # type: ignore[attr-defined]
-    elif kind is BinaryAccuracy and (pred.is_floating_point() or not metric.logits):  # type: ignore[attr-defined]
-        _same_shape(metric, pred, label)  # sigmoid of integer logits is not implemented
-    elif kind in (MeanSquaredError, RootMeanSquaredError, MeanAbsoluteError):
+    if type(metric) is Accuracy:
+        if pred.dim() >= 2 and pred.shape[1] == 0:
+            return False  # no class to take the argmax of
+        kind, _ = metric._kind_of(pred, label)
+        return not (kind == "one-hot" and label.dtype is torch.bool)  # argmax of bool labels is not implemented
+    if type(metric) is TopKAccuracy:
+        if not pred.is_floating_point():
+            return False  # topk of bool scores is not implemented
+        metric._check(pred, label)
+        return True
+    if type(metric) is BinaryAccuracy:
+        threshold = metric.threshold
+        if (metric.logits and not pred.is_floating_point()) or type(threshold) not in (float, int):
+            return False  # sigmoid of integer logits is not implemented; a threshold must compare
         _same_shape(metric, pred, label)
-    else:
-        return False
-    return True
+        return True
+    if type(metric) in (MeanSquaredError, RootMeanSquaredError, MeanAbsoluteError):
+        _same_shape(metric, pred, label)
+        return True
+    return False
 
 
 def _same_shape(metric: SumCountMetric, pred: torch.Tensor, label: torch.Tensor) -> None:
