@@ -346,6 +346,33 @@ def test_what_the_net_received_is_its_argument_even_when_forward_rebinds_the_nam
         est.fit(class_batches(), epochs=1)
 
 
+def test_what_the_net_received_is_what_its_forward_pre_hooks_gave_it():
+    # A pre-hook that casts the input (as FSDP's mixed precision does): the data still has 5
+    # features, and the message blames the data, not the layers before the first one.
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    net.register_forward_pre_hook(lambda module, args: (args[0].float() / 255,))
+    est = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), 0.1), device="cpu")
+    data = [(torch.randint(0, 255, (8, 5), dtype=torch.uint8), torch.randint(0, 3, (8,)))]
+    with pytest.raises(ForwardError, match="the data has 5 features but layer '0' expects 4"):
+        est.fit(data, epochs=1)
+
+
+class Keywords(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 3)
+
+    def forward(self, features):
+        return self.layer(features)
+
+
+def test_what_the_net_received_includes_its_keyword_arguments():
+    est = Estimator(Keywords(), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    data = [{"features": torch.randn(8, 5), "labels": torch.randint(0, 3, (8,))}]
+    with pytest.raises(ForwardError, match="the data has 5 features but layer 'layer' expects 4"):
+        est.fit(data, epochs=1)
+
+
 def test_net_arguments_is_empty_when_the_net_was_not_called_through_torch():
     from fitforge.core.forward_errors import net_arguments
 

@@ -25,8 +25,8 @@ _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTra
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
-# The frames of torch's Module.__call__, whose ``args`` are the positional arguments as the caller gave them
-# (a forward may rebind its own argument names before it fails).
+# The frames of torch's Module.__call__: ``_wrapped_call_impl`` holds the arguments as the caller gave
+# them, ``_call_impl`` after it the same names rebound to what the forward pre-hooks returned.
 _MODULE_CALLS: frozenset[CodeType] = frozenset(
     getattr(nn.Module, name).__code__
     for name in ("_wrapped_call_impl", "_call_impl")
@@ -35,13 +35,19 @@ _MODULE_CALLS: frozenset[CodeType] = frozenset(
 
 
 def net_arguments(error: BaseException, net: nn.Module) -> tuple:
-    """The positional arguments of the outermost call of ``net`` in ``error``'s traceback; () when
-    none is found there (a compiled net, whose frames are not torch's Python call)."""
+    """What the outermost call of ``net`` in ``error``'s traceback gave its forward: the positional
+    arguments, then the keyword arguments' values, as the forward pre-hooks left them (a hook may
+    cast the input, as FSDP's mixed precision does). () when the net's call is not in the traceback
+    (the error came from elsewhere, or the net was called as ``net.forward(...)``)."""
+    found: tuple | None = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
         if frame.f_code in _MODULE_CALLS and frame.f_locals.get("self") is net:
-            arguments = frame.f_locals.get("args")
-            return arguments if isinstance(arguments, tuple) else ()
-    return ()
+            arguments, keywords = frame.f_locals.get("args"), frame.f_locals.get("kwargs")
+            if isinstance(arguments, tuple):
+                found = arguments + (tuple(keywords.values()) if isinstance(keywords, dict) else ())
+        elif found is not None:  # past the outermost call's frames: a nested call of the net is not it
+            break
+    return found or ()
 
 
 def same_device(found: torch.device, device: torch.device) -> bool:
