@@ -35,6 +35,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from unittest import mock
 
@@ -131,6 +132,10 @@ def pieces(overhead) -> dict:
         est._val_loss.arm_checks()
         explained_step(state, evaluation.step, batch)
 
+    def block(context: AbstractContextManager) -> None:
+        with context:  # entered and left, as the check does around its step
+            pass
+
     def in_inference_mode(step: Callable[[], object]) -> Callable[[], None]:
         def run() -> None:
             with torch.inference_mode():  # as the check runs its step: no autograd graph recorded
@@ -162,8 +167,8 @@ def pieces(overhead) -> dict:
         "  its first 2 samples": lambda: first_samples(val),
         "  its nan/inf check": lambda: check_finite(batch, "val_data"),
         "  its metric trials (handlers' check_first_batch)": lambda: check_handlers(state, handlers),
-        "  its kept random state (torch_rng_kept, entered)": lambda: torch_rng_kept(est.device).__enter__(),
-        "  its eval mode and inference_mode (entered)": lambda: inference(est.val_net).__enter__(),
+        "  its kept random state (a torch_rng_kept block)": lambda: block(torch_rng_kept(est.device)),
+        "  its eval mode and inference_mode (an inference block)": lambda: block(inference(est.val_net)),
         "B's CNN: validation check before training": lambda: check_first_val_batch(
             cnn_est, cnn_val, "val_data", handlers=cnn_evaluation.dispatcher.handlers, step=cnn_evaluation.step
         ),

@@ -50,3 +50,13 @@ def test_the_device_generator_is_kept_too():
         assert torch.equal(torch.rand(4, device=device), expected)
     finally:
         restore_rng_states(saved)
+
+
+def test_torch_rng_kept_is_entered_once():
+    kept = torch_rng_kept(torch.device("cpu"))
+    with kept:
+        state = torch.get_rng_state()
+        with pytest.raises(RuntimeError, match="entered once"), kept:
+            pass
+        torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -56,18 +56,22 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 class torch_rng_kept:
     """torch's CPU generator, and ``device``'s when it is a CUDA device, left after the block as they
     were before it: ``torch.random.fork_rng(devices=...)`` for one device, without its checks (a
-    third of the cost, at every fit's check before training)."""
+    third of the cost, at every fit's check before training). Entered once (a new one per block)."""
 
     __slots__ = ("cpu", "cuda", "device")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.cpu: torch.Tensor | None = None
 
     def __enter__(self) -> None:
+        if self.cpu is not None:
+            raise RuntimeError("torch_rng_kept(...) is entered once: make a new one for each block")
         self.cpu = torch.default_generator.get_state()
         self.cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
 
     def __exit__(self, *exc_info: object) -> None:
+        assert self.cpu is not None  # set by __enter__
         torch.default_generator.set_state(self.cpu)
         if self.cuda is not None:
             torch.cuda.set_rng_state(self.cuda, self.device)
