@@ -1,6 +1,7 @@
 """The first batch's trial copy of a metric (fitforge.metrics.trial)."""
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -97,6 +98,8 @@ BUILTINS = [
     lambda: builtin.BinaryAccuracy(),
     lambda: builtin.BinaryAccuracy(logits=True),
     lambda: builtin.BinaryAccuracy(threshold=None),
+    lambda: builtin.BinaryAccuracy(threshold=2**63),
+    lambda: Accuracy(ignore_index=-(2**63) - 1),
     lambda: builtin.MeanSquaredError(),
     lambda: builtin.RootMeanSquaredError(),
     lambda: builtin.MeanAbsoluteError(),
@@ -119,7 +122,10 @@ def test_takes_batch_agrees_with_batch_stats_on_every_shape_and_dtype(make):
         if said:
             make().batch_stats(pred, label)
             answered += 1
-    assert answered > 100 or getattr(make(), "threshold", 0) is None  # most batches are answered by metadata
+    metric = make()
+    threshold, ignore_index = getattr(metric, "threshold", 0), getattr(metric, "ignore_index", 0)
+    plain = threshold is not None and builtin._compares(threshold) and builtin._compares(ignore_index)
+    assert answered > 100 or not plain  # most batches are answered by metadata
 
 
 def test_takes_batch_leaves_the_rest_to_batch_stats():
@@ -134,6 +140,12 @@ def test_takes_batch_leaves_the_rest_to_batch_stats():
     assert not builtin.takes_batch(Accuracy(), pred, label.to(torch.uint16))  # uint16 does not promote
     assert not builtin.takes_batch(Accuracy(), torch.zeros(4, 0), label)  # no class to take the argmax of
     assert not builtin.takes_batch(builtin.BinaryAccuracy(threshold=None), pred, pred)
+    assert not builtin.takes_batch(builtin.BinaryAccuracy(threshold=2**64), pred, pred)  # overflows in torch
+    assert not builtin.takes_batch(Accuracy(ignore_index=2**63), pred, label)
+    with warnings.catch_warnings():  # nested tensors are a prototype: torch says so
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(3, 3)])
+    assert not builtin.takes_batch(builtin.MeanSquaredError(), nested, nested)  # no shape to read
 
 
 def test_a_builtin_metric_answered_by_its_shapes_is_left_untouched():

@@ -47,11 +47,12 @@ def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
         and pred.device == label.device
         and pred.device.type in _PLAIN_DEVICES
         and pred.layout == label.layout == torch.strided
+        and not (pred.is_nested or label.is_nested)
     ):
         return False
     if type(metric) is Accuracy:
-        if pred.dim() >= 2 and pred.shape[1] == 0:
-            return False  # no class to take the argmax of
+        if (pred.dim() >= 2 and pred.shape[1] == 0) or not _compares(metric.ignore_index):
+            return False  # no class to take the argmax of; an ignore_index torch cannot compare
         kind, _ = metric._kind_of(pred, label)
         return not (kind == "one-hot" and label.dtype is torch.bool)  # argmax of bool labels is not implemented
     if type(metric) is TopKAccuracy:
@@ -61,7 +62,7 @@ def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
         return True
     if type(metric) is BinaryAccuracy:
         threshold = metric.threshold
-        if (metric.logits and not pred.is_floating_point()) or type(threshold) not in (float, int):
+        if (metric.logits and not pred.is_floating_point()) or threshold is None or not _compares(threshold):
             return False  # sigmoid of integer logits is not implemented; a threshold must compare
         _same_shape(metric, pred, label)
         return True
@@ -69,6 +70,14 @@ def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
         _same_shape(metric, pred, label)
         return True
     return False
+
+
+def _compares(value: object) -> bool:
+    """Whether torch compares a tensor with ``value`` whatever the tensor's dtype: None, a float, or
+    an int within int64 (a larger one overflows)."""
+    if value is None or type(value) is float:
+        return True
+    return type(value) is int and -(2**63) <= value < 2**63
 
 
 def _same_shape(metric: SumCountMetric, pred: torch.Tensor, label: torch.Tensor) -> None:
