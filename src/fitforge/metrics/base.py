@@ -46,6 +46,13 @@ class SumCountMetric:
     def batch_stats(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, int | torch.Tensor]:
         raise NotImplementedError
 
+    def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
+        """Whether the shapes of ``pred`` and ``label`` (plain tensors of dtypes and a device every
+        operation takes) show that :meth:`batch_stats` takes them, raising its error where they do
+        not fit; False where only running it can tell. fitforge's own metrics answer for theirs (see
+        :func:`fitforge.metrics.builtin.takes_batch`); for others it is never asked."""
+        return False
+
     def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
         total, count = self.batch_stats(pred.detach() if pred.requires_grad else pred, label)
         self._accumulate(total, count)

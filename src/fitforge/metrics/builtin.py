@@ -38,7 +38,8 @@ def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
     the shapes do not fit. False where only running ``batch_stats`` can tell (tensors on two devices
     or on another backend than the CPU and CUDA, sparse ones, dtypes some operation does not take, a
     threshold that is not a number): the first batch's trial then runs it. Reads metadata only: no
-    torch operation, and the metric's state is left alone."""
+    torch operation, and the metric's state is left alone. Each class answers for its own
+    ``batch_stats`` in ``_takes``, for tensors of the dtypes and devices checked here."""
     if not (
         type(pred) is torch.Tensor
         and type(label) is torch.Tensor
@@ -50,26 +51,7 @@ def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
         and not (pred.is_nested or label.is_nested)
     ):
         return False
-    if type(metric) is Accuracy:
-        if (pred.dim() >= 2 and pred.shape[1] == 0) or not _compares(metric.ignore_index):
-            return False  # no class to take the argmax of; an ignore_index torch cannot compare
-        kind, _ = metric._kind_of(pred, label)
-        return not (kind == "one-hot" and label.dtype is torch.bool)  # argmax of bool labels is not implemented
-    if type(metric) is TopKAccuracy:
-        if not pred.is_floating_point():
-            return False  # topk of bool scores is not implemented
-        metric._check(pred, label)
-        return True
-    if type(metric) is BinaryAccuracy:
-        threshold = metric.threshold
-        if (metric.logits and not pred.is_floating_point()) or threshold is None or not _compares(threshold):
-            return False  # sigmoid of integer logits is not implemented; a threshold must compare
-        _same_shape(metric, pred, label)
-        return True
-    if type(metric) in (MeanSquaredError, RootMeanSquaredError, MeanAbsoluteError):
-        _same_shape(metric, pred, label)
-        return True
-    return False
+    return metric._takes(pred, label)
 
 
 def _compares(value: object) -> bool:
@@ -154,6 +136,12 @@ class Accuracy(SumCountMetric):
             correct &= kept
         return correct.sum(), kept.sum()
 
+    def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
+        if (pred.dim() >= 2 and pred.shape[1] == 0) or not _compares(self.ignore_index):
+            return False  # no class to take the argmax of; an ignore_index torch cannot compare
+        kind, _ = self._kind_of(pred, label)
+        return not (kind == "one-hot" and label.dtype is torch.bool)  # argmax of bool labels is not implemented
+
     def _kind_of(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[str, bool]:
         """The kind of the batch ("scores", "one-hot" or "indices") and whether the correct
         predictions must be masked by ``ignore_index``; raises on shapes that do not fit."""
@@ -197,6 +185,12 @@ class TopKAccuracy(SumCountMetric):
         topk = pred.topk(self.k, dim=1).indices
         return (topk == label.unsqueeze(1)).any(dim=1).sum(), label.numel()
 
+    def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
+        if not pred.is_floating_point():
+            return False  # topk of bool scores is not implemented
+        self._check(pred, label)
+        return True
+
     def _check(self, pred: torch.Tensor, label: torch.Tensor) -> None:
         if pred.dim() < 2 or pred.shape[1] < self.k:
             raise FitforgeValueError(
@@ -232,6 +226,12 @@ class BinaryAccuracy(SumCountMetric):
         prob = pred.sigmoid() if self.logits else pred
         return ((prob > self.threshold) == (label > 0.5)).sum(), label.numel()
 
+    def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
+        if (self.logits and not pred.is_floating_point()) or self.threshold is None or not _compares(self.threshold):
+            return False  # sigmoid of integer logits is not implemented; a threshold must compare
+        _same_shape(self, pred, label)
+        return True
+
     def __repr__(self) -> str:
         return f"BinaryAccuracy(threshold={self.threshold}, logits={self.logits})"
 
@@ -242,6 +242,10 @@ class _Elementwise(SumCountMetric):
     def batch_stats(self, pred, label):
         _same_shape(self, pred, label)
         return self.error(pred.float() - label.float()).sum(), label.numel()
+
+    def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
+        _same_shape(self, pred, label)
+        return True
 
 
 class MeanSquaredError(_Elementwise):
