@@ -11,6 +11,7 @@ uncounted warm-up run, through callgrind's client requests from a tiny C helper 
     python benchmarks/instructions.py --workload B --fraction 0.25
     python benchmarks/instructions.py --workload Z     # the fixed cost of a fit: 20 fits of one step counted
     python benchmarks/instructions.py --pieces         # where a fit of Z goes: each piece, per call
+    python benchmarks/instructions.py --workload Z --sample-reads  # fit reads batches as the hand loop
     python benchmarks/instructions.py --json
 
 It prints instructions per training step for each variant, the ratios fit/hand of the same pairs
@@ -71,7 +72,7 @@ def build_helper(folder: Path) -> Path:
     return library
 
 
-def child(variant: str, workload: str, fraction: float, library: str) -> None:
+def child(variant: str, workload: str, fraction: float, library: str, sample_reads: bool) -> None:
     """Inside valgrind: a warm-up run, then one counted run of ``variant``."""
     import torch
 
@@ -82,7 +83,7 @@ def child(variant: str, workload: str, fraction: float, library: str) -> None:
     logging.getLogger("fitforge").setLevel(logging.WARNING)
     switch = ctypes.CDLL(library)
     w = overhead.WORKLOADS[workload]
-    train, val = overhead.make_loaders(w, fraction)
+    train, val = overhead.make_loaders(w, fraction, sample_reads=sample_reads)
     with mock.patch.object(fitforge.handlers.defaults, "interactive", lambda: False):
         overhead.prepare(variant, w, train, val)()  # lazy initialisations (kernels, pools) are not counted
         # A fit of Z is short: several are counted so that one garbage collection, wherever it falls,
@@ -240,22 +241,25 @@ def count_pieces(library: Path, folder: Path) -> dict[str, float]:
     return {name: counted(Path(f"{out}.{i}")) / PIECE_CALLS for i, name in enumerate(names, 1)}
 
 
-def count(variant: str, workload: str, fraction: float, library: Path, folder: Path) -> dict:
+def count(variant: str, workload: str, fraction: float, library: Path, folder: Path, sample_reads: bool) -> dict:
     """Instructions of one counted run of ``variant``, from its own valgrind process."""
     out = folder / ("callgrind." + variant.replace(" ", "_").replace("+", "plus"))
     arguments = ["--child", variant, "--workload", workload, "--fraction", str(fraction), "--library", str(library)]
+    arguments += ["--sample-reads"] if sample_reads else []
     stdout = under_valgrind(out, variant, *arguments)
     steps = json.loads(stdout.strip().splitlines()[-1])["steps"]
     return {"instructions": counted(Path(f"{out}.1")), "steps": steps}
 
 
-def measure(workload: str, fraction: float, jobs: int) -> dict:
+def measure(workload: str, fraction: float, jobs: int, sample_reads: bool = False) -> dict:
     overhead = load_overhead()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         library = build_helper(folder)
         with ThreadPoolExecutor(jobs) as pool:  # counts do not depend on load: run variants side by side
-            futures = {v: pool.submit(count, v, workload, fraction, library, folder) for v in overhead.VARIANTS}
+            futures = {
+                v: pool.submit(count, v, workload, fraction, library, folder, sample_reads) for v in overhead.VARIANTS
+            }
             runs = {v: f.result() for v, f in futures.items()}
     per_step = {v: r["instructions"] / r["steps"] for v, r in runs.items()}
     pairs = {
@@ -266,6 +270,7 @@ def measure(workload: str, fraction: float, jobs: int) -> dict:
         "workload": workload,
         "title": overhead.WORKLOADS[workload].title,
         "fraction": fraction,
+        "sample_reads": sample_reads,
         "steps": runs["hand"]["steps"],
         "instructions_per_step": per_step,
         "pairs": pairs,
@@ -279,6 +284,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="valgrind processes at once (default 2)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--sample-reads", action="store_true", help="fit reads the batches sample by sample, as the hand loop"
+    )
+    parser.add_argument(
         "--pieces", action="store_true", help="instructions per call of each piece of a fit of workload Z"
     )
     parser.add_argument("--pieces-child", action="store_true", help=argparse.SUPPRESS)
@@ -288,7 +296,7 @@ def main() -> None:
     if not 0 < args.fraction <= 1:
         parser.error("--fraction must be in (0, 1]")
     if args.child:
-        child(args.child, args.workload, args.fraction, args.library)
+        child(args.child, args.workload, args.fraction, args.library, args.sample_reads)
         return
     if args.pieces_child:
         pieces_child(args.library)
@@ -303,13 +311,14 @@ def main() -> None:
         for name, n in counts.items():
             print(f"  {name:<52} {n:12,.0f}")
         return
-    result = measure(args.workload, args.fraction, args.jobs)
+    result = measure(args.workload, args.fraction, args.jobs, args.sample_reads)
     if args.json:
         print(json.dumps(result, indent=2))
         return
     print(
         f"Workload {result['workload']}: {result['title']}, {result['steps']} training steps "
-        f"(fraction {result['fraction']}), instructions per training step, whole run counted:"
+        f"(fraction {result['fraction']}), instructions per training step, whole run counted"
+        + (", fit reading batches sample by sample:" if result["sample_reads"] else ":")
     )
     for variant, n in result["instructions_per_step"].items():
         print(f"  {variant:<12} {n:12,.0f}")

@@ -41,6 +41,19 @@ def test_host_reads_are_counted_per_variant(overhead, tiny):
     assert reads["fit lean"] == reads["hand"] + 1 - 2 and reads["hand"] > 0
 
 
+def test_sample_reads_make_fit_read_the_batches_as_the_hand_loop(overhead, tiny):
+    from fitforge.core.indexed import readable
+
+    workload = tiny[0]
+    assert all(readable(loader) for loader in overhead.make_loaders(workload, 1.0))
+    sample_reads = overhead.make_loaders(workload, 1.0, sample_reads=True)
+    assert not any(readable(loader) for loader in sample_reads)
+    reads = overhead.host_reads(workload, *sample_reads)
+    assert reads["fit lean"] == reads["hand"] + 1
+    losses = {v: overhead.prepare(v, workload, *sample_reads)() for v in overhead.VARIANTS}
+    assert len({round(loss, 6) for loss in losses.values()}) == 1
+
+
 def test_peak_memory_is_measured_for_each_variant(overhead, tiny):
     if overhead._malloc_in_use() is None:
         pytest.skip("glibc mallinfo2 is not available here")
