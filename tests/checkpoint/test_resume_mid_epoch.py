@@ -18,6 +18,7 @@ from torch.utils.data import (
     TensorDataset,
 )
 
+import fitforge.core.indexed
 from fitforge import Estimator
 from fitforge.checkpoint.data_order import DataOrder
 from fitforge.events import BatchEnd
@@ -137,6 +138,16 @@ def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
 def test_a_user_generator_a_list_or_a_loader_of_whole_batches_resumes_exactly(tmp_path, tmp_path_factory, kind):
     whole = uninterrupted(tmp_path_factory, kind=kind)
     assert_continues_exactly(tmp_path, whole, 9, kind=kind)
+
+
+@pytest.mark.parametrize("kind", ["shuffled", "own generator", "batch sampler", "distributed sampler"])
+def test_a_resume_read_by_indexing_continues_a_fit_read_by_the_loader_exactly(tmp_path, kind, monkeypatch):
+    """fit reads these loaders by indexing their TensorDataset (fitforge.core.indexed): the same fit
+    read by the loader itself, sample by sample, is continued exactly by a resume read by indexing."""
+    with monkeypatch.context() as patch:
+        patch.setattr(fitforge.core.indexed, "readable", lambda data: False)
+        whole = train(tmp_path / "whole", kind=kind)
+    assert_continues_exactly(tmp_path / "resumed", whole, 9, kind=kind)
 
 
 def test_data_without_positions_warns_and_is_read_up_to_the_checkpoint(tmp_path, tmp_path_factory, caplog):

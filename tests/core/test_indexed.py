@@ -1,14 +1,25 @@
 """Batches of a DataLoader over a TensorDataset read by indexing: the loader's own batches, in its
 order, with every generator left where the loader leaves it; any other data iterated as it is."""
 
+import copy
+import itertools
+import random
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
 from fitforge import Estimator
-from fitforge.core.indexed import indexed_batches, readable
+from fitforge.core.indexed import _batch, indexed_batches, readable
 
 
 def tensors(n=37):
@@ -29,26 +40,47 @@ def same_batches(first, second):
         assert torch.equal(a, b)
 
 
-def compare(make_loader, passes=2):
+def generators(loader):
+    """Every random state a pass may move: torch's, python's, numpy's, the loader's and its sampler's."""
+    sampler = getattr(loader.batch_sampler, "sampler", None)
+    own = [g.get_state() for g in (loader.generator, getattr(sampler, "generator", None)) if g is not None]
+    return [torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy(), *own]
+
+
+def same_generators(first, second):
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        assert (
+            torch.equal(a, b)
+            if isinstance(a, torch.Tensor)
+            else np.array_equal(a, b)
+            if isinstance(a, np.ndarray)
+            else a == b
+        )
+
+
+def compare(make_loader, passes=2, first_batches=None):
     """Passes over one loader as torch reads it, then over a twin read by indexing, from the same
-    global RNG state: the same batches, and the same generators' states after each pass."""
+    random states: the same batches, and the same random states after each pass (a whole pass, or
+    its ``first_batches`` only)."""
     results = []
     for read in (lambda loader: loader, indexed_batches):
         torch.manual_seed(1)
+        random.seed(1)
+        np.random.seed(1)
         loader = make_loader()
         seen = []
         for _ in range(passes):
-            seen.append(list(read(loader)))
-            seen.append(("rng", torch.get_rng_state(), loader.generator and loader.generator.get_state()))
+            seen.append(list(itertools.islice(read(loader), first_batches)))
+            seen.append(generators(loader))
         results.append(seen)
     torch_passes, indexed_passes = results
     assert len(torch_passes) == len(indexed_passes)
-    for mine, theirs in zip(indexed_passes, torch_passes):
-        if isinstance(theirs, tuple):
-            assert torch.equal(mine[1], theirs[1])
-            assert (mine[2] is None) == (theirs[2] is None) and (mine[2] is None or torch.equal(mine[2], theirs[2]))
+    for i, (mine, theirs) in enumerate(zip(indexed_passes, torch_passes)):
+        if i % 2:
+            same_generators(mine, theirs)
             continue
-        assert len(mine) == len(theirs)
+        assert len(mine) == len(theirs) > 0
         for a, b in zip(mine, theirs):
             same_batches(a, b)
 
@@ -73,6 +105,7 @@ def test_batches_and_generators_are_the_loaders(options):
 
     assert readable(make())
     compare(make)
+    compare(make, first_batches=2)  # a pass cut short: a stop, a resume's skipped batches
 
 
 def test_other_samplers_and_batch_samplers_are_followed():
@@ -80,22 +113,62 @@ def test_other_samplers_and_batch_samplers_are_followed():
     weights = torch.rand(37, generator=torch.Generator().manual_seed(2))
     compare(lambda: DataLoader(TensorDataset(*data), batch_size=6, sampler=WeightedRandomSampler(weights, 20)))
     compare(lambda: DataLoader(TensorDataset(*data), batch_size=4, sampler=SubsetRandomSampler(range(3, 30))))
+    own = RandomSampler(range(37), generator=torch.Generator().manual_seed(5))
+    compare(lambda: DataLoader(TensorDataset(*data), batch_size=4, sampler=copy.deepcopy(own)))
     # a batch sampler of the user's: negative indices, numpy integers, 0-d tensors, a tuple
     batches = [[0, -1, 5], [np.int64(2), np.int64(7)], [torch.tensor(4), torch.tensor(1)], (3, 6)]
     compare(lambda: DataLoader(TensorDataset(*data), batch_sampler=batches))
 
 
-def test_a_batch_that_is_not_integer_indices_fails_as_the_loader_fails():
+class Index:
+    def __init__(self, i):
+        self.i = i
+
+    def __index__(self):
+        return self.i
+
+
+@pytest.mark.filterwarnings("ignore:Using a non-tuple sequence")  # the loader's own, for ["a"]
+@pytest.mark.parametrize(
+    "batch",
+    [[1.0, 2.0], [], [True, False], [True, 1], [torch.tensor([4]), 1], [Index(1), Index(2)], [None], ["a"]],
+    ids=["floats", "empty", "bools", "bool and int", "1-d tensor", "__index__", "None", "str"],
+)
+def test_indices_other_than_plain_ints_are_read_as_the_loader_reads_them(batch):
     data = TensorDataset(*tensors())
-    for batches in ([[1.0, 2.0]], [[]], [[True, False]]):
-        loader = DataLoader(data, batch_sampler=batches)
-        with pytest.raises(Exception) as theirs:
-            list(loader)
-        with pytest.raises(type(theirs.value)):
+    loader = DataLoader(data, batch_sampler=[batch])
+    try:
+        expected = list(loader)
+    except Exception as error:  # the loader's own error, message and all
+        with pytest.raises(type(error)) as raised:
             list(indexed_batches(loader))
-    loader = DataLoader(data, batch_sampler=[[0, 99]])
-    with pytest.raises(IndexError, match="out of bounds"):
-        list(indexed_batches(loader))
+        assert str(raised.value) == str(error)
+    else:
+        for a, b in zip(list(indexed_batches(loader)), expected):
+            same_batches(a, b)
+
+
+def test_an_index_out_of_range_fails_as_the_loader_fails():
+    loader = DataLoader(TensorDataset(*tensors()), batch_sampler=[[0, 99]])
+    for read in (list, lambda loader: list(indexed_batches(loader))):
+        with pytest.raises(IndexError, match="index 99 is out of bounds for dimension 0 with size 37"):
+            read(loader)
+
+
+def test_tensors_replaced_during_a_pass_are_read_from_the_next_batch_on():
+    data = TensorDataset(torch.zeros(4, 1))
+    batches = []
+    for batch in indexed_batches(DataLoader(data, batch_size=1)):
+        batches.append(batch[0].item())
+        data.tensors = (torch.ones(4, 1).t().contiguous().t(),)  # as a handler might; the loader reads it too
+    assert batches == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_the_index_stays_on_the_cpu_whatever_the_default_device():
+    data = TensorDataset(torch.arange(8.0))
+    with torch.device("meta"):
+        batch = _batch(data, [3, 1])
+    assert torch.equal(batch[0], torch.tensor([3.0, 1.0]))
 
 
 class Rows(Dataset):
@@ -122,9 +195,22 @@ class OwnLoader(DataLoader):
         lambda data: DataLoader(Rows(), batch_size=2),
         lambda data: DataLoader(TensorDataset(torch.randn(3, 4).t()), batch_size=2),  # not contiguous
         lambda data: DataLoader(TensorDataset(torch.randn(4, 2).to_sparse()), batch_size=2),
+        lambda data: DataLoader(TensorDataset(torch.randn(4, 2, requires_grad=True)), batch_size=2),
         lambda data: [(torch.zeros(2), torch.zeros(2))],
     ],
-    ids=["subclass", "workers", "pinned", "collate", "no batching", "timeout", "dataset", "strided", "sparse", "list"],
+    ids=[
+        "subclass",
+        "workers",
+        "pinned",
+        "collate",
+        "no batching",
+        "timeout",
+        "dataset",
+        "strided",
+        "sparse",
+        "requires grad",
+        "list",
+    ],
 )
 def test_other_data_is_iterated_as_it_is(make):
     data = make(TensorDataset(torch.randn(4, 2), torch.arange(4)))
@@ -132,12 +218,16 @@ def test_other_data_is_iterated_as_it_is(make):
     assert indexed_batches(data) is data
 
 
-def test_the_profiler_shows_the_reads():
+def test_the_profiler_shows_the_reads_as_it_shows_the_loaders():
     loader = DataLoader(TensorDataset(*tensors()), batch_size=8)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        batches = list(indexed_batches(loader))
-    reads = [event for event in profile.events() if event.name == "enumerate(DataLoader)#fitforge.indexed_batches"]
-    assert len(reads) == len(batches) == 5
+    spans = {}
+    for name, read in (("fitforge.indexed_batches", indexed_batches), ("_SingleProcessDataLoaderIter.__next__", list)):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            list(read(loader))
+        spans[name] = sum(event.name == f"enumerate(DataLoader)#{name}" for event in profile.events())
+    assert (
+        spans["fitforge.indexed_batches"] == spans["_SingleProcessDataLoaderIter.__next__"] == 6
+    )  # 5 batches, the end
 
 
 def fit_history(loader):

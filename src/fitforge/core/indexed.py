@@ -9,14 +9,19 @@ with every random generator left where the loader's own iterator leaves it.
 
 Only a plain ``DataLoader`` (not a subclass) reading in this process (``num_workers=0``), with
 ``default_collate``, no pinned memory and no timeout, over a ``TensorDataset`` whose tensors are
-contiguous, strided and on the CPU, is read this way; any other data is iterated as it is. The
-batches still come from the loader's own ``batch_sampler``, whatever its sampler: a batch of indices
-that is not a list of integers is read sample by sample, as the loader reads it.
+contiguous, strided, on the CPU and not requiring grad, is read this way; any other data is iterated
+as it is. The batches still come from the loader's own ``batch_sampler``, whatever its sampler: a
+batch of indices that is not a list of plain ints is read sample by sample, as the loader reads it.
+
+What can tell: torch's profiler names the span of a read ``enumerate(DataLoader)#fitforge.indexed_batches``
+(the loader's is ``...#_SingleProcessDataLoaderIter.__next__``), and the worker seed the loader's
+iterator draws at each pass is drawn but not read to the host (one ``.item()`` fewer per pass).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any, TypeGuard
 
 import torch
@@ -40,10 +45,19 @@ def readable(data: object) -> TypeGuard[DataLoader]:
         and data.collate_fn is default_collate
         and not data.pin_memory
         and data.timeout == 0
-        and all(
-            tensor.layout is torch.strided and tensor.device.type == "cpu" and tensor.is_contiguous()
-            for tensor in data.dataset.tensors
-        )
+        and _indexable(data.dataset.tensors)
+    )
+
+
+def _indexable(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Tensors whose rows indexing copies as stacking them does: contiguous, strided, on the CPU, and
+    not requiring grad (an indexed batch's ``grad_fn`` would be another op than the stack's)."""
+    return all(
+        tensor.layout is torch.strided
+        and tensor.device.type == "cpu"
+        and tensor.is_contiguous()
+        and not tensor.requires_grad
+        for tensor in tensors
     )
 
 
@@ -58,29 +72,38 @@ class _IndexedBatches:
 
     def __iter__(self) -> Iterator[Any]:
         loader = self._loader
-        dataset: TensorDataset = loader.dataset  # type: ignore[assignment]
         indices_of = iter(loader.batch_sampler)  # type: ignore[arg-type]
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-        return _read(dataset, indices_of)
+        return _read(loader.dataset, indices_of)  # type: ignore[arg-type]
+
+
+_END = object()
 
 
 def _read(dataset: TensorDataset, indices_of: Iterator[Any]) -> Iterator[Any]:
-    tensors = dataset.tensors
-    for indices in indices_of:
-        if _profiling():  # torch's profiler shows the reads, as it shows the loader's
-            with torch.autograd.profiler.record_function(_PROFILED):
-                batch = _batch(dataset, tensors, indices)
-        else:
-            batch = _batch(dataset, tensors, indices)
+    """The batches of ``indices_of``, each read inside a profiler span where torch's profiler runs,
+    as the loader's reads are (the span covers drawing the indices too)."""
+    while True:
+        with torch.autograd.profiler.record_function(_PROFILED) if _profiling() else nullcontext():
+            indices = next(indices_of, _END)
+            if indices is _END:
+                return
+            batch = _batch(dataset, indices)
         yield batch
 
 
 def _profiling() -> bool:
+    # A torch without the flag (it is not public) gets the span always: a few microseconds a batch.
     return getattr(torch.autograd.profiler, "_is_profiler_enabled", True)
 
 
-def _batch(dataset: TensorDataset, tensors: tuple[torch.Tensor, ...], indices: Any) -> list[torch.Tensor]:
-    index = torch.as_tensor(indices) if type(indices) is list else None
-    if index is None or index.dtype is not torch.int64 or index.dim() != 1:
-        return default_collate([dataset[i] for i in indices])  # as the loader reads them
-    return [tensor[index] for tensor in tensors]
+def _batch(dataset: TensorDataset, indices: Any) -> Any:
+    """The batch of ``indices`` (one batch sampler item): each tensor indexed once where the indices
+    are a non-empty list of plain ints and the tensors still qualify (a handler may have replaced
+    ``dataset.tensors`` since the pass began), else read sample by sample as the loader reads it,
+    with the loader's result or error."""
+    tensors = dataset.tensors
+    if type(indices) is list and indices and all(type(i) is int for i in indices) and _indexable(tensors):
+        index = torch.as_tensor(indices, device="cpu")  # on the CPU whatever torch's default device
+        return [tensor[index] for tensor in tensors]
+    return default_collate([dataset[i] for i in indices])
