@@ -131,8 +131,8 @@ class Index:
 @pytest.mark.filterwarnings("ignore:Using a non-tuple sequence")  # the loader's own, for ["a"]
 @pytest.mark.parametrize(
     "batch",
-    [[1.0, 2.0], [], [True, False], [True, 1], [torch.tensor([4]), 1], [Index(1), Index(2)], [None], ["a"]],
-    ids=["floats", "empty", "bools", "bool and int", "1-d tensor", "__index__", "None", "str"],
+    [[1.0, 2.0], [], [True, False], [True, 1], [torch.tensor([4]), 1], [Index(1), Index(2)], [None], ["a"], [2**70]],
+    ids=["floats", "empty", "bools", "bool and int", "1-d tensor", "__index__", "None", "str", "beyond int64"],
 )
 def test_indices_other_than_plain_ints_are_read_as_the_loader_reads_them(batch):
     data = TensorDataset(*tensors())

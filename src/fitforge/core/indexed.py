@@ -20,6 +20,7 @@ iterator draws at each pass is drawn but not read to the host (one ``.item()`` f
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from typing import Any, TypeGuard
@@ -104,6 +105,10 @@ def _batch(dataset: TensorDataset, indices: Any) -> Any:
     with the loader's result or error."""
     tensors = dataset.tensors
     if type(indices) is list and indices and all(type(i) is int for i in indices) and _indexable(tensors):
-        index = torch.as_tensor(indices, device="cpu")  # on the CPU whatever torch's default device
-        return [tensor[index] for tensor in tensors]
+        try:  # a CPU tensor whatever torch's default device, in a fifth of torch.as_tensor's time
+            index = torch.frombuffer(array("q", indices), dtype=torch.int64)
+        except OverflowError:  # an index beyond int64: the loader's own error below
+            pass
+        else:
+            return [tensor[index] for tensor in tensors]
     return default_collate([dataset[i] for i in indices])
