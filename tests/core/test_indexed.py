@@ -167,7 +167,7 @@ def test_tensors_replaced_during_a_pass_are_read_from_the_next_batch_on():
 def test_the_index_stays_on_the_cpu_whatever_the_default_device():
     data = TensorDataset(torch.arange(8.0))
     with torch.device("meta"):
-        batch = _batch(data, [3, 1])
+        batch = _batch(data, [3, 1], indexable=True)
     assert torch.equal(batch[0], torch.tensor([3.0, 1.0]))
 
 
@@ -183,6 +183,10 @@ class OwnLoader(DataLoader):
     pass
 
 
+class Traced(torch.Tensor):
+    """A tensor subclass: its __torch_function__ would see indexing where the loader stacks."""
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -196,6 +200,8 @@ class OwnLoader(DataLoader):
         lambda data: DataLoader(TensorDataset(torch.randn(3, 4).t()), batch_size=2),  # not contiguous
         lambda data: DataLoader(TensorDataset(torch.randn(4, 2).to_sparse()), batch_size=2),
         lambda data: DataLoader(TensorDataset(torch.randn(4, 2, requires_grad=True)), batch_size=2),
+        lambda data: DataLoader(TensorDataset(torch.randn(4, 2).as_subclass(Traced)), batch_size=2),
+        lambda data: DataLoader(TensorDataset(torch.randn(4, 5, 1).transpose(1, 2)), batch_size=2),
         lambda data: [(torch.zeros(2), torch.zeros(2))],
     ],
     ids=[
@@ -209,6 +215,8 @@ class OwnLoader(DataLoader):
         "strided",
         "sparse",
         "requires grad",
+        "tensor subclass",
+        "strides of a size-1 dim",
         "list",
     ],
 )

@@ -1,16 +1,17 @@
 """Batches of a DataLoader over tensors in memory, read by indexing each tensor once per batch.
 
 A ``DataLoader`` over a ``TensorDataset`` makes a batch by reading its samples one by one (a Python
-call per sample) and stacking them with ``default_collate``: ~7 µs a sample on a CPU, the larger part
+call per sample) and stacking them with ``default_collate``: ~5 µs a sample on a CPU, the larger part
 of a step on a small net. When nothing can tell the difference, fit, evaluate and predict index
 each of the dataset's tensors once with the batch's indices instead: the same batches (the same
 values, dtypes and contiguous layout, in a list as ``default_collate`` gives), in the same order,
 with every random generator left where the loader's own iterator leaves it.
 
-Only a plain ``DataLoader`` (not a subclass) reading in this process (``num_workers=0``), with
-``default_collate``, no pinned memory and no timeout, over a ``TensorDataset`` whose tensors are
-contiguous, strided, on the CPU and not requiring grad, is read this way; any other data is iterated
-as it is. The batches still come from the loader's own ``batch_sampler``, whatever its sampler: a
+Only a plain ``DataLoader`` (not a subclass) batching automatically (``batch_size`` not None) in
+this process (``num_workers=0``), with ``default_collate``, no pinned memory and no timeout, over a
+``TensorDataset`` whose tensors are plain ``torch.Tensor``, strided, on the CPU, not requiring
+grad and with a fresh contiguous tensor's strides, is read this way; any other data is iterated as
+it is. The batches still come from the loader's own ``batch_sampler``, whatever its sampler: a
 batch of indices that is not a list of plain ints is read sample by sample, as the loader reads it.
 
 What can tell: torch's profiler names the span of a read ``enumerate(DataLoader)#fitforge.indexed_batches``
@@ -51,19 +52,30 @@ def readable(data: object) -> TypeGuard[DataLoader]:
 
 
 def _indexable(tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Tensors whose rows indexing copies as stacking them does: contiguous, strided, on the CPU, and
-    not requiring grad (an indexed batch's ``grad_fn`` would be another op than the stack's)."""
+    """Tensors whose rows indexing copies as stacking them does: plain tensors (a subclass's
+    ``__torch_function__`` would see other calls), strided, on the CPU, with the strides of a fresh
+    contiguous tensor (stacking gives those; indexing keeps the source's, which may differ on a dim of
+    size 1), and not requiring grad (an indexed batch's ``grad_fn`` would be another op)."""
     return all(
-        tensor.layout is torch.strided
+        type(tensor) is torch.Tensor
+        and tensor.layout is torch.strided
         and tensor.device.type == "cpu"
-        and tensor.is_contiguous()
         and not tensor.requires_grad
+        and tensor.stride() == _fresh_strides(tensor.shape)
         for tensor in tensors
     )
 
 
+def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 class _IndexedBatches:
-    """One pass over a :func:`readable` loader, drawn as its iterator draws it: the batch sampler's
+    """A :func:`readable` loader's batches, each iteration one pass drawn as its iterator draws it: the batch sampler's
     iterator first, then the worker seed the iterator draws from the loader's generator (unused in
     this process; drawn so that the generator moves on as it does under the loader), then the
     indices batch by batch."""
@@ -83,13 +95,20 @@ _END = object()
 
 def _read(dataset: TensorDataset, indices_of: Iterator[Any]) -> Iterator[Any]:
     """The batches of ``indices_of``, each read inside a profiler span where torch's profiler runs,
-    as the loader's reads are (the span covers drawing the indices too)."""
+    as the loader's reads are (the span covers drawing the indices too). The tensors are looked up
+    per batch (a handler may replace ``dataset.tensors`` during a pass), and judged again when they
+    are new."""
+    judged: tuple[torch.Tensor, ...] | None = None
+    indexable = False
     while True:
         with torch.autograd.profiler.record_function(_PROFILED) if _profiling() else nullcontext():
             indices = next(indices_of, _END)
             if indices is _END:
                 return
-            batch = _batch(dataset, indices)
+            if dataset.tensors is not judged:
+                judged = dataset.tensors
+                indexable = _indexable(judged)
+            batch = _batch(dataset, indices, indexable)
         yield batch
 
 
@@ -98,13 +117,12 @@ def _profiling() -> bool:
     return getattr(torch.autograd.profiler, "_is_profiler_enabled", True)
 
 
-def _batch(dataset: TensorDataset, indices: Any) -> Any:
+def _batch(dataset: TensorDataset, indices: Any, indexable: bool) -> Any:
     """The batch of ``indices`` (one batch sampler item): each tensor indexed once where the indices
-    are a non-empty list of plain ints and the tensors still qualify (a handler may have replaced
-    ``dataset.tensors`` since the pass began), else read sample by sample as the loader reads it,
-    with the loader's result or error."""
+    are a non-empty list of plain ints and the tensors are ``indexable``, else read sample by sample
+    as the loader reads it, with the loader's result or error."""
     tensors = dataset.tensors
-    if type(indices) is list and indices and all(type(i) is int for i in indices) and _indexable(tensors):
+    if indexable and type(indices) is list and indices and all(type(i) is int for i in indices):
         try:  # a CPU tensor whatever torch's default device, in a fifth of torch.as_tensor's time
             index = torch.frombuffer(array("q", indices), dtype=torch.int64)
         except OverflowError:  # an index beyond int64: the loader's own error below
