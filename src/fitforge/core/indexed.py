@@ -75,10 +75,10 @@ def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 class _IndexedBatches:
-    """A :func:`readable` loader's batches, each iteration one pass drawn as its iterator draws it: the batch sampler's
-    iterator first, then the worker seed the iterator draws from the loader's generator (unused in
-    this process; drawn so that the generator moves on as it does under the loader), then the
-    indices batch by batch."""
+    """A :func:`readable` loader's batches. Each iteration is one pass, drawn as the loader's
+    iterator draws it: the batch sampler's iterator first, then the worker seed the iterator draws
+    from the loader's generator (unused in this process; drawn so that the generator moves on as
+    it does under the loader), then the indices batch by batch."""
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
