@@ -167,7 +167,7 @@ def test_tensors_replaced_during_a_pass_are_read_from_the_next_batch_on():
 def test_the_index_stays_on_the_cpu_whatever_the_default_device():
     data = TensorDataset(torch.arange(8.0))
     with torch.device("meta"):
-        batch = _batch(data, [3, 1], indexable=True)
+        batch = _batch(data, data.tensors, [3, 1], indexable=True)
     assert torch.equal(batch[0], torch.tensor([3.0, 1.0]))
 
 

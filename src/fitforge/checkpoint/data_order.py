@@ -36,6 +36,7 @@ from torch.utils.data import (
 )
 
 from fitforge.core.data import loader_options, sampler_of
+from fitforge.core.indexed import draw_worker_seed
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import broadcast_from_main, world_size
@@ -165,7 +166,7 @@ class DataOrder:
         assert loader.generator is not None  # given one in _inspect when the user did not
         workers = torch.Generator()
         workers.set_state(loader.generator.get_state())  # its first draw is the worker seed the original drew
-        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        draw_worker_seed(loader)
         rest = list(itertools.islice(iter(_index_sampler(loader)), start, None))
         options = loader_options(loader, workers)
         if loader.batch_sampler is not None:

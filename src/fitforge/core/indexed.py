@@ -82,24 +82,30 @@ class _IndexedBatches:
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
+        self._judged = loader.dataset.tensors  # type: ignore[attr-defined]  # judged indexable by readable()
 
     def __iter__(self) -> Iterator[Any]:
         loader = self._loader
         indices_of = iter(loader.batch_sampler)  # type: ignore[arg-type]
-        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-        return _read(loader.dataset, indices_of)  # type: ignore[arg-type]
+        draw_worker_seed(loader)
+        return _read(loader.dataset, indices_of, self._judged)  # type: ignore[arg-type]
+
+
+def draw_worker_seed(loader: DataLoader) -> None:
+    """Draw from ``loader.generator`` (torch's global one when None) what the loader's iterator
+    draws as its workers' base seed when a pass starts, right after making its sampler iterator."""
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
 
 
 _END = object()
 
 
-def _read(dataset: TensorDataset, indices_of: Iterator[Any]) -> Iterator[Any]:
+def _read(dataset: TensorDataset, indices_of: Iterator[Any], judged: tuple[torch.Tensor, ...]) -> Iterator[Any]:
     """The batches of ``indices_of``, each read inside a profiler span where torch's profiler runs,
     as the loader's reads are (the span covers drawing the indices too). The tensors are looked up
-    per batch (a handler may replace ``dataset.tensors`` during a pass), and judged again when they
-    are new."""
-    judged: tuple[torch.Tensor, ...] | None = None
-    indexable = False
+    per batch (a handler may replace ``dataset.tensors`` during a pass) and judged when they are not
+    the ``judged`` ones, found indexable."""
+    indexable = True
     while True:
         with torch.autograd.profiler.record_function(_PROFILED) if _profiling() else nullcontext():
             indices = next(indices_of, _END)
@@ -108,7 +114,7 @@ def _read(dataset: TensorDataset, indices_of: Iterator[Any]) -> Iterator[Any]:
             if dataset.tensors is not judged:
                 judged = dataset.tensors
                 indexable = _indexable(judged)
-            batch = _batch(dataset, indices, indexable)
+            batch = _batch(dataset, judged, indices, indexable)
         yield batch
 
 
@@ -117,11 +123,10 @@ def _profiling() -> bool:
     return getattr(torch.autograd.profiler, "_is_profiler_enabled", True)
 
 
-def _batch(dataset: TensorDataset, indices: Any, indexable: bool) -> Any:
-    """The batch of ``indices`` (one batch sampler item): each tensor indexed once where the indices
-    are a non-empty list of plain ints and the tensors are ``indexable``, else read sample by sample
-    as the loader reads it, with the loader's result or error."""
-    tensors = dataset.tensors
+def _batch(dataset: TensorDataset, tensors: tuple[torch.Tensor, ...], indices: Any, indexable: bool) -> Any:
+    """The batch of ``indices`` (one batch sampler item): each of ``tensors`` (the dataset's) indexed
+    once where the indices are a non-empty list of plain ints and the tensors are ``indexable``, else
+    read sample by sample as the loader reads it, with the loader's result or error."""
     if indexable and type(indices) is list and indices and all(type(i) is int for i in indices):
         try:  # a CPU tensor whatever torch's default device, in a fifth of torch.as_tensor's time
             index = torch.frombuffer(array("q", indices), dtype=torch.int64)
