@@ -70,6 +70,21 @@ class TestUnpackPair:
         with pytest.raises(BatchFormatError, match=re.escape(msg)):
             unpack_pair(batch)
 
+    def test_a_long_list_is_shown_by_its_first_items(self):
+        rows = [[0.0] * 64 for _ in range(1797)]  # an array given as Python lists, read as one batch
+        with pytest.raises(BatchFormatError) as info:
+            unpack_pair(rows)
+        message = str(info.value)
+        assert len(message) < 600, message
+        shown = "list of 1797 [" + ", ".join(["list of 64 [float 0.0, float 0.0, float 0.0, ... 61 more]"] * 3)
+        assert f"got a {shown}, ... 1794 more]: the batch holds Python lists, not tensors" in message
+        assert "fit((numpy.asarray(X, dtype=numpy.float32), numpy.asarray(y)), batch_size=...)" in message
+
+    def test_a_short_list_is_shown_whole(self):
+        batch = (X, X, X, X, X, Y)
+        with pytest.raises(BatchFormatError, match=re.escape("tuple of 6 [" + "tensor of shape (4, 3), " * 5)):
+            unpack_pair(batch)
+
     def test_three_parts_show_the_forms_that_work(self):
         with pytest.raises(BatchFormatError) as info:
             unpack_pair((X, Y, Y))
@@ -209,12 +224,13 @@ class TestCheckData:
         with pytest.raises(TypeError, match=re.escape("val_data must be an iterable")):
             check_data(3.5, "val_data", passes=1)
 
-    @pytest.mark.parametrize("passes,times", [(None, "more than once"), (2, "2 times")])
+    # passes=None: more than one pass, or as many as batches= takes (one pass may hold them)
+    @pytest.mark.parametrize("passes,times", [(None, "may be read more than once"), (2, "would be read 2 times")])
     def test_one_shot_iterator_read_several_times(self, passes, times):
         gen = ((X, Y) for _ in range(3))
         msg = (
-            f"train_data is a one-shot iterator (generator), which is exhausted after one pass, but it would "
-            f"be read {times}; pass a re-iterable such as a DataLoader or a list"
+            f"train_data is a one-shot iterator (generator), which is exhausted after one pass, but it "
+            f"{times}; pass a re-iterable such as a DataLoader or a list"
         )
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):
             check_data(gen, "train_data", passes=passes)

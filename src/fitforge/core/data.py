@@ -11,6 +11,7 @@ the label under ``"labels"`` or ``"label"``. Other formats: subclass
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -27,6 +28,10 @@ _SEVERAL_HELP = (
     "dict (x, {'cls': y1, 'reg': y2}), matched by name to a dict loss (loss={'cls': ..., 'reg': ...}); several "
     "inputs in one data: ((x1, x2), y). Return that from your Dataset/collate_fn (a TensorDataset(x, y1, y2) "
     "gives (x, y1, y2)), or override BatchProcessor.unpack"
+)
+_LISTS_HELP = (
+    "the batch holds Python lists, not tensors: whole arrays go to fit as NumPy arrays or tensors, "
+    "fit((numpy.asarray(X, dtype=numpy.float32), numpy.asarray(y)), batch_size=...), and a Dataset returns tensors"
 )
 LABEL_KEYS = ("labels", "label")  # where a dict batch holds its label, in the order looked for
 Inputs = tuple[torch.Tensor, ...] | dict[str, Any]  # positional inputs, or a dict batch's keyword inputs
@@ -45,12 +50,22 @@ def _labels(value: Any) -> bool:
     return _tensors(value)
 
 
+# A list or tuple of more than _ALL_SHOWN items is described by its first _SHOWN_ITEMS: a list of rows
+# (arrays given as Python lists) would fill pages of an error message.
+_ALL_SHOWN, _SHOWN_ITEMS = 6, 3
+
+
 def shape_of(value: Any) -> str:
-    """A description of a batch part for error messages: "tensor of shape (4, 3)", "tuple of 2 [...]"."""
+    """A description of a batch part for error messages: "tensor of shape (4, 3)", "tuple of 2 [...]"
+    (a long one by its first items)."""
     if isinstance(value, torch.Tensor):
         return f"tensor of shape {tuple(value.shape)}"
     if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__} of {len(value)} [" + ", ".join(shape_of(v) for v in value) + "]"
+        shown = value if len(value) <= _ALL_SHOWN else value[:_SHOWN_ITEMS]
+        items = [shape_of(v) for v in shown]
+        if len(shown) < len(value):
+            items.append(f"... {len(value) - len(shown)} more")
+        return f"{type(value).__name__} of {len(value)} [" + ", ".join(items) + "]"
     if isinstance(value, Mapping) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
         return "dict {" + ", ".join(f"{k!r}: {shape_of(v)}" for k, v in value.items()) + "}"
     return describe(value)
@@ -67,9 +82,8 @@ def unpack_pair(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[I
         return unpack_features(batch, label_keys)
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         several = isinstance(batch, (tuple, list)) and len(batch) > 2
-        raise BatchFormatError(
-            f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_SEVERAL_HELP if several else _PAIR_HELP}"
-        )
+        hint = _LISTS_HELP if _holds_lists(batch) else _SEVERAL_HELP if several else _PAIR_HELP
+        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {hint}")
     data, label = batch
     if not _tensors(data) or not _labels(label):
         raise BatchFormatError(
@@ -78,6 +92,16 @@ def unpack_pair(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[I
         )
     inputs = (data,) if isinstance(data, torch.Tensor) else tuple(data)
     return inputs, (label if isinstance(label, (torch.Tensor, Mapping)) else tuple(label))
+
+
+def _holds_lists(batch: Any) -> bool:
+    """A list or tuple of plain numbers or of lists of them: rows of an array given as Python lists."""
+    if not isinstance(batch, (tuple, list)) or not batch:
+        return False
+    first = batch[0]
+    return isinstance(first, numbers.Number) or (
+        isinstance(first, list) and bool(first) and isinstance(first[0], numbers.Number)
+    )
 
 
 def unpack_features(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[dict[str, Any], Any]:
@@ -238,7 +262,7 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
     if isinstance(data, Iterator) and passes != 1:
         raise FitforgeValueError(
             f"{argument} is a one-shot iterator ({type(data).__name__}), which is exhausted after one "
-            f"pass, but it would be read {'more than once' if passes is None else f'{passes} times'}; "
+            f"pass, but it {'may be read more than once' if passes is None else f'would be read {passes} times'}; "
             "pass a re-iterable such as a DataLoader or a list"
         )
     try:
