@@ -159,6 +159,41 @@ def test_array_mistakes_are_named(call, error, message):
         call(classifier(), x, y)
 
 
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        (
+            lambda x, y: (x.astype(object), y),
+            "train_data: X has dtype object, which cannot become a tensor (torch takes numbers); convert it first: "
+            "X.astype(numpy.float32)",
+        ),
+        (
+            lambda x, y: (x, y.astype(object)),
+            "train_data: y has dtype object, which cannot become a tensor (torch takes numbers); convert it first: "
+            "y.astype(numpy.int64) for class numbers, y.astype(numpy.float32) for values",
+        ),
+        (
+            lambda x, y: (x, np.where(y == 1, "cat", "dog")),
+            "train_data: y has dtype <U3, which cannot become a tensor (torch takes numbers); convert it first: "
+            "numpy.unique(y, return_inverse=True)[1] numbers class names",
+        ),
+    ],
+)
+def test_arrays_torch_cannot_take_are_named_before_training(arrays, message):
+    x, y = blobs()
+    estimator = classifier()
+    before = [p.clone() for p in estimator.net.parameters()]
+    with pytest.raises(FitforgeTypeError, match=re.escape(message)):
+        estimator.fit(arrays(x, y), epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, estimator.net.parameters()))
+
+
+def test_predict_names_an_object_array():
+    x, _ = blobs()
+    with pytest.raises(FitforgeTypeError, match=re.escape("data: X has dtype object, which cannot become a tensor")):
+        classifier().predict(x.astype(object))
+
+
 def test_numpy_integers_are_batch_sizes():
     x, y = blobs()
     train, val = fit_loaders((x, y), (x, y), np.int64(25), None)

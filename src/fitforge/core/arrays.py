@@ -89,10 +89,24 @@ def _arrays_apart(train_data: object, val_data: object) -> bool:
     )
 
 
-def _tensor(item: Any) -> torch.Tensor:
+def _tensor(item: Any, argument: str, position: int) -> torch.Tensor:
     if isinstance(item, torch.Tensor):
         return item
-    tensor = torch.as_tensor(item)  # shares NumPy's memory where it can
+    try:
+        tensor = torch.as_tensor(item)  # shares NumPy's memory where it can
+    except TypeError as error:  # object or str dtype: torch takes numbers only
+        dtype = getattr(item, "dtype", None)
+        if position == 0:
+            which, fix = "X", "X.astype(numpy.float32)"
+        else:
+            which = "y" if position == 1 else f"label array {position}"
+            fix = f"{which}.astype(numpy.int64) for class numbers, {which}.astype(numpy.float32) for values"
+            if getattr(dtype, "kind", "") in ("U", "S"):  # class names
+                fix = f"numpy.unique({which}, return_inverse=True)[1] numbers class names"
+        raise FitforgeTypeError(
+            f"{argument}: {which} has dtype {dtype}, which cannot become a tensor (torch takes numbers); "
+            f"convert it first: {fix}"
+        ) from error
     if tensor.is_floating_point():
         return tensor.to(torch.get_default_dtype())
     if tensor.dim() == 1 and tensor.dtype not in (torch.bool, torch.int64) and not tensor.is_complex():
@@ -101,7 +115,7 @@ def _tensor(item: Any) -> torch.Tensor:
 
 
 def _tensors(data: Any, argument: str) -> tuple[torch.Tensor, ...]:
-    tensors = tuple(_tensor(item) for item in data)
+    tensors = tuple(_tensor(item, argument, position) for position, item in enumerate(data))
     lengths = [len(t) for t in tensors]
     if len(set(lengths)) > 1:
         shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
