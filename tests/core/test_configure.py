@@ -480,6 +480,24 @@ class TestLossSet:
         with pytest.raises(LossInputError, match=re.escape(msg)):
             LossSet(nn.MSELoss())(torch.randn(4, 1), torch.randn(4))
 
+    def test_shape_mismatch_of_class_scores_and_class_numbers_suggests_a_classification_loss(self):
+        msg = (
+            "pred has shape (4, 10) and label (4,), which would broadcast silently; pred looks like scores of 10 "
+            "classes and label like class numbers: use a classification loss such as nn.CrossEntropyLoss, or give "
+            "one-hot labels (nn.functional.one_hot(label, 10).float())"
+        )
+        with pytest.raises(LossInputError, match=re.escape(msg)):
+            LossSet(nn.MSELoss())(torch.randn(4, 10), torch.randint(0, 10, (4,)))
+
+    def test_shape_mismatch_of_different_sizes_suggests_no_impossible_view(self):
+        msg = (
+            "pred has shape (4, 10) and label (4,), which would broadcast silently; pred holds 40 values and label "
+            "4: the net's output must have the label's shape for this loss (change its last layer's size, or the "
+            "label)"
+        )
+        with pytest.raises(LossInputError, match=re.escape(msg)):
+            LossSet(nn.MSELoss())(torch.randn(4, 10), torch.randn(4))
+
     def test_shape_mismatch_second_loss(self):
         loss = LossSet([nn.CrossEntropyLoss(), nn.L1Loss()])
         preds = (torch.randn(4, 3), torch.randn(4, 2))

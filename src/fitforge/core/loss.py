@@ -70,6 +70,23 @@ def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
     )
 
 
+def _elementwise_fix(pred: torch.Tensor, label: torch.Tensor) -> str:
+    """How to give an elementwise loss pred and label of one shape: a view where they hold as many
+    values, else what the extra values in pred usually mean."""
+    if pred.numel() == label.numel():
+        return f"make them equal (e.g. label.view({', '.join(str(d) for d in pred.shape)}) or squeeze the output)"
+    if pred.dim() == label.dim() + 1 and pred.shape[:1] == label.shape[:1] and not label.is_floating_point():
+        return (
+            f"pred looks like scores of {pred.shape[1]} classes and label like class numbers: use a classification "
+            "loss such as nn.CrossEntropyLoss, or give one-hot labels (nn.functional.one_hot(label, "
+            f"{pred.shape[1]}).float())"
+        )
+    return (
+        f"pred holds {pred.numel()} values and label {label.numel()}: the net's output must have the label's "
+        "shape for this loss (change its last layer's size, or the label)"
+    )
+
+
 def _not_a_tensor(output: Any) -> str:
     """The fix for a net output a loss cannot take: a model's output object, or a forgotten return."""
     if output is None:
@@ -311,8 +328,8 @@ class LossSet:
         if pred.shape != label.shape:
             raise LossInputError(
                 f"{self._which(i)} compares pred and label elementwise, but pred has shape "
-                f"{tuple(pred.shape)} and label {tuple(label.shape)}, which would broadcast silently; make "
-                f"them equal (e.g. label.view({', '.join(str(d) for d in pred.shape)}) or squeeze the output)"
+                f"{tuple(pred.shape)} and label {tuple(label.shape)}, which would broadcast silently; "
+                f"{_elementwise_fix(pred, label)}"
             )
         if not label.is_floating_point():
             raise LossInputError(
