@@ -289,3 +289,30 @@ def test_files_get_the_usual_permissions_and_other_prefixes_temporaries_survive(
     mask = os.umask(0)
     os.umask(mask)
     assert (tmp_path / "model-epoch1batch8.pt").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_a_fresh_run_in_a_folder_of_an_earlier_run_warns_that_they_would_mix(tmp_path, caplog):
+    estimator, train, _ = linear_problem()  # 8 batches per epoch
+    estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path)])
+    caplog.clear()
+    estimator, train, _ = linear_problem()
+    with caplog.at_level("WARNING", logger="fitforge"):
+        estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
+    warned = [r.getMessage() for r in caplog.records if "earlier run" in r.getMessage()]
+    assert len(warned) == 1
+    assert f"{tmp_path} already holds 2 checkpoint(s) of an earlier run (newest: model-epoch2batch16.pt)" in warned[0]
+    assert "To continue that run pass resume_from_checkpoint=True" in warned[0]
+
+
+def test_a_resume_another_prefix_or_an_empty_folder_does_not_warn_of_an_earlier_run(tmp_path, caplog):
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "run")])
+    with caplog.at_level("WARNING", logger="fitforge"):
+        for handler in (
+            CheckpointHandler(tmp_path / "run", resume_from_checkpoint=True),
+            CheckpointHandler(tmp_path / "run", model_prefix="other"),
+            CheckpointHandler(tmp_path / "empty"),
+        ):
+            estimator, train, _ = linear_problem()
+            estimator.fit(train, epochs=2, event_handlers=[handler])
+    assert not [r for r in caplog.records if "earlier run" in r.getMessage()]

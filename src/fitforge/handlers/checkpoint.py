@@ -160,6 +160,23 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
             self._resume(state)
+        else:
+            self._warn_if_used()
+
+    def _warn_if_used(self) -> None:
+        """A fresh run writing where an earlier run's checkpoints are: its files would mix with them,
+        and a later resume would pick the newest by epoch and batch, whichever run wrote it."""
+        earlier = self._folder.regular_files()
+        if earlier:
+            log.warning(
+                "CheckpointHandler: %s already holds %d checkpoint(s) of an earlier run (newest: %s); this run "
+                "starts from scratch and saves beside them, replacing those of the same name, and a resume "
+                "picks the newest by epoch and batch, whichever run wrote it. To continue that run pass "
+                "resume_from_checkpoint=True; to keep the runs apart use an empty model_dir or another prefix",
+                self._folder.path,
+                len(earlier),
+                earlier[-1].name,
+            )
 
     def _warn_if_inexact(self, state: TrainState) -> None:
         """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
