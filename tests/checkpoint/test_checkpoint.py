@@ -291,6 +291,10 @@ def test_files_get_the_usual_permissions_and_other_prefixes_temporaries_survive(
     assert (tmp_path / "model-epoch1batch8.pt").stat().st_mode & 0o777 == 0o666 & ~mask
 
 
+def used_folder_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "already holds" in r.getMessage()]
+
+
 def test_a_fresh_run_in_a_folder_of_an_earlier_run_warns_that_they_would_mix(tmp_path, caplog):
     estimator, train, _ = linear_problem()  # 8 batches per epoch
     estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path)])
@@ -298,13 +302,23 @@ def test_a_fresh_run_in_a_folder_of_an_earlier_run_warns_that_they_would_mix(tmp
     estimator, train, _ = linear_problem()
     with caplog.at_level("WARNING", logger="fitforge"):
         estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
-    warned = [r.getMessage() for r in caplog.records if "earlier run" in r.getMessage()]
-    assert len(warned) == 1
-    assert f"{tmp_path} already holds 2 checkpoint(s) of an earlier run (newest: model-epoch2batch16.pt)" in warned[0]
-    assert "To continue that run pass resume_from_checkpoint=True" in warned[0]
+    [warned] = used_folder_warnings(caplog)
+    assert f"{tmp_path} already holds 2 checkpoint(s) of an earlier run (newest: model-epoch2batch16.pt)" in warned
+    assert "this run starts from scratch" in warned
+    assert "To continue that run pass resume_from_checkpoint=True" in warned
 
 
-def test_a_resume_another_prefix_or_an_empty_folder_does_not_warn_of_an_earlier_run(tmp_path, caplog):
+def test_a_second_phase_of_one_estimator_is_told_to_save_apart_not_to_resume(tmp_path, caplog):
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path)])
+    with caplog.at_level("WARNING", logger="fitforge"):
+        estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])  # fine-tuning, phase 2
+    [warned] = used_folder_warnings(caplog)
+    assert "this fit goes on from the estimator's 2 epoch(s) but numbers its files from epoch 0" in warned
+    assert "Give each fit its own model_prefix (or model_dir)" in warned and "resume_from_checkpoint" not in warned
+
+
+def test_a_resume_another_prefix_an_empty_folder_or_another_rank_does_not_warn(tmp_path, caplog, monkeypatch):
     estimator, train, _ = linear_problem()
     estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "run")])
     with caplog.at_level("WARNING", logger="fitforge"):
@@ -315,4 +329,7 @@ def test_a_resume_another_prefix_or_an_empty_folder_does_not_warn_of_an_earlier_
         ):
             estimator, train, _ = linear_problem()
             estimator.fit(train, epochs=2, event_handlers=[handler])
-    assert not [r for r in caplog.records if "earlier run" in r.getMessage()]
+        monkeypatch.setattr("fitforge.handlers.checkpoint.rank", lambda: 1)  # the main rank warns alone
+        estimator, train, _ = linear_problem()
+        estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "run")])
+    assert used_folder_warnings(caplog) == []

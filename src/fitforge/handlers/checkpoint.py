@@ -68,6 +68,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             ``epochs=5`` means five in all, so a run that already reached it trains no more. See
             :mod:`fitforge.checkpoint.resume` for what is restored, and docs/checkpoints.md for when the
             continuation is bitwise exact (a mid-epoch checkpoint continues at its batch).
+            Without it, a fit in a folder that holds checkpoints of its prefix already warns: one
+            folder and prefix hold one run.
 
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
     batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
@@ -98,6 +100,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "accumulated_batches",
         "epoch_finished",
         "batch_idx",
+        "epochs_before",
         "num_batches",
     )
     writes = ()  # resuming happens after train_begin (fitforge.checkpoint.resume), not through the state
@@ -160,23 +163,32 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
             self._resume(state)
-        else:
-            self._warn_if_used()
+        elif rank() == 0:  # the main rank's folder is the one the run saves to
+            self._warn_if_used(state.epochs_before)
 
-    def _warn_if_used(self) -> None:
-        """A fresh run writing where an earlier run's checkpoints are: its files would mix with them,
-        and a later resume would pick the newest by epoch and batch, whichever run wrote it."""
+    def _warn_if_used(self, epochs_before: int) -> None:
+        """A run that does not resume, writing where an earlier run's checkpoints are: its files, named
+        from epoch 0 on, would replace those of the same name and sit beside the others, and a later
+        resume would pick the newest by epoch and batch, whichever run wrote it."""
         earlier = self._folder.regular_files()
-        if earlier:
+        if not earlier:
+            return
+        found = f"CheckpointHandler: {self._folder.path} already holds {len(earlier)} checkpoint(s) of an earlier run "
+        found += f"(newest: {earlier[-1].name}); "
+        if epochs_before:  # a later phase of the same estimator (fine-tuning): resuming would skip it
             log.warning(
-                "CheckpointHandler: %s already holds %d checkpoint(s) of an earlier run (newest: %s); this run "
-                "starts from scratch and saves beside them, replacing those of the same name, and a resume "
-                "picks the newest by epoch and batch, whichever run wrote it. To continue that run pass "
-                "resume_from_checkpoint=True; to keep the runs apart use an empty model_dir or another prefix",
-                self._folder.path,
-                len(earlier),
-                earlier[-1].name,
+                "%sthis fit goes on from the estimator's %d epoch(s) but numbers its files from epoch 0, so they "
+                "would replace and mix with those. Give each fit its own model_prefix (or model_dir)",
+                found,
+                epochs_before,
             )
+            return
+        log.warning(
+            "%sthis run starts from scratch and saves beside them, replacing those of the same name, and a resume "
+            "picks the newest by epoch and batch, whichever run wrote it. To continue that run pass "
+            "resume_from_checkpoint=True; to keep the runs apart use an empty model_dir or another model_prefix",
+            found,
+        )
 
     def _warn_if_inexact(self, state: TrainState) -> None:
         """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
