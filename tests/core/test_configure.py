@@ -480,23 +480,37 @@ class TestLossSet:
         with pytest.raises(LossInputError, match=re.escape(msg)):
             LossSet(nn.MSELoss())(torch.randn(4, 1), torch.randn(4))
 
-    def test_shape_mismatch_of_class_scores_and_class_numbers_suggests_a_classification_loss(self):
+    @pytest.mark.parametrize(
+        "pred, fix",
+        [
+            ((4, 10), "nn.functional.one_hot(label, 10).float()"),
+            ((4, 10, 5, 5), "nn.functional.one_hot(label, 10).movedim(-1, 1).float()"),  # (N, C, H, W)
+        ],
+    )
+    def test_class_scores_and_class_indices_are_pointed_to_a_classification_loss(self, pred, fix):
+        label = torch.randint(0, 10, (pred[0], *pred[2:]))
         msg = (
-            "pred has shape (4, 10) and label (4,), which would broadcast silently; pred looks like scores of 10 "
-            "classes and label like class numbers: use a classification loss such as nn.CrossEntropyLoss, or give "
-            "one-hot labels (nn.functional.one_hot(label, 10).float())"
+            f"which would broadcast silently; pred looks like scores of 10 classes (dim 1) and label like class "
+            f"indices: use a classification loss such as nn.CrossEntropyLoss, or give one-hot labels ({fix})"
         )
         with pytest.raises(LossInputError, match=re.escape(msg)):
-            LossSet(nn.MSELoss())(torch.randn(4, 10), torch.randint(0, 10, (4,)))
+            LossSet(nn.MSELoss())(torch.randn(pred), label)
+        one_hot = nn.functional.one_hot(label, 10)
+        assert (one_hot.movedim(-1, 1) if len(pred) > 2 else one_hot).shape == pred  # the fix suggested fits
 
-    def test_shape_mismatch_of_different_sizes_suggests_no_impossible_view(self):
-        msg = (
-            "pred has shape (4, 10) and label (4,), which would broadcast silently; pred holds 40 values and label "
-            "4: the net's output must have the label's shape for this loss (change its last layer's size, or the "
-            "label)"
-        )
+    @pytest.mark.parametrize(
+        "pred, label",
+        [
+            ((4, 10), torch.randn(4)),  # float labels: not class indices
+            ((4, 10), torch.zeros(4, dtype=torch.bool)),
+            ((4, 3), torch.randn(3, 4)),  # as many values, in another layout: no view suggested
+            ((4, 7, 10), torch.randint(0, 10, (4, 7))),  # classes last
+        ],
+    )
+    def test_other_shape_mismatches_ask_for_the_labels_shape(self, pred, label):
+        msg = f"which would broadcast silently; the net's output must have the label's shape {tuple(label.shape)}"
         with pytest.raises(LossInputError, match=re.escape(msg)):
-            LossSet(nn.MSELoss())(torch.randn(4, 10), torch.randn(4))
+            LossSet(nn.MSELoss())(torch.randn(pred), label)
 
     def test_shape_mismatch_second_loss(self):
         loss = LossSet([nn.CrossEntropyLoss(), nn.L1Loss()])

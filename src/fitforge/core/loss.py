@@ -71,20 +71,19 @@ def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
 
 
 def _elementwise_fix(pred: torch.Tensor, label: torch.Tensor) -> str:
-    """How to give an elementwise loss pred and label of one shape: a view where they hold as many
-    values, else what the extra values in pred usually mean."""
-    if pred.numel() == label.numel():
+    """How to give an elementwise loss pred and label of one shape: a view where they differ only by
+    dimensions of size 1, one-hot labels or a classification loss for class scores and class indices,
+    else the output's shape."""
+    if [d for d in pred.shape if d != 1] == [d for d in label.shape if d != 1]:
         return f"make them equal (e.g. label.view({', '.join(str(d) for d in pred.shape)}) or squeeze the output)"
-    if pred.dim() == label.dim() + 1 and pred.shape[:1] == label.shape[:1] and not label.is_floating_point():
+    if _class_indices(pred, label):
+        classes = pred.shape[1]
+        one_hot = f"nn.functional.one_hot(label, {classes})" + (".movedim(-1, 1)" if pred.dim() > 2 else "")
         return (
-            f"pred looks like scores of {pred.shape[1]} classes and label like class numbers: use a classification "
-            "loss such as nn.CrossEntropyLoss, or give one-hot labels (nn.functional.one_hot(label, "
-            f"{pred.shape[1]}).float())"
+            f"pred looks like scores of {classes} classes (dim 1) and label like class indices: use a "
+            f"classification loss such as nn.CrossEntropyLoss, or give one-hot labels ({one_hot}.float())"
         )
-    return (
-        f"pred holds {pred.numel()} values and label {label.numel()}: the net's output must have the label's "
-        "shape for this loss (change its last layer's size, or the label)"
-    )
+    return f"the net's output must have the label's shape {tuple(label.shape)} for this loss"
 
 
 def _not_a_tensor(output: Any) -> str:
