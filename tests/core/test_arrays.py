@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Tenso
 from fitforge import Estimator
 from fitforge.core.arrays import array_loader, fit_loaders, is_arrays, split_off
 from fitforge.events import BatchBegin
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
 
 
 def blobs(n=100, seed=0):
@@ -159,23 +159,34 @@ def test_array_mistakes_are_named(call, error, message):
         call(classifier(), x, y)
 
 
+TAKES = "which torch cannot take (it takes bool, integer, float16/32/64 and complex arrays); convert it first: "
+
+
 @pytest.mark.parametrize(
     "arrays, message",
     [
-        (
-            lambda x, y: (x.astype(object), y),
-            "train_data: X has dtype object, which cannot become a tensor (torch takes numbers); convert it first: "
-            "X.astype(numpy.float32)",
-        ),
+        (lambda x, y: (x.astype(object), y), "train_data: X has dtype object, " + TAKES + "X.astype(numpy.float32)"),
         (
             lambda x, y: (x, y.astype(object)),
-            "train_data: y has dtype object, which cannot become a tensor (torch takes numbers); convert it first: "
-            "y.astype(numpy.int64) for class numbers, y.astype(numpy.float32) for values",
+            "train_data: y has dtype object, " + TAKES + "y.astype(numpy.int64) for class indices, "
+            "y.astype(numpy.float32) for values",
         ),
         (
             lambda x, y: (x, np.where(y == 1, "cat", "dog")),
-            "train_data: y has dtype <U3, which cannot become a tensor (torch takes numbers); convert it first: "
-            "numpy.unique(y, return_inverse=True)[1] numbers class names",
+            "train_data: y has dtype <U3, " + TAKES + "number the class names: classes, y = numpy.unique(y, "
+            "return_inverse=True)",
+        ),
+        (  # pandas' string columns: dtype object, holding str
+            lambda x, y: (x, np.where(y == 1, "cat", "dog").astype(object)),
+            "train_data: y has dtype object, " + TAKES + "number the class names",
+        ),
+        (
+            lambda x, y: (x, (y, y.astype(object))),
+            "train_data: y[1] has dtype object, " + TAKES + "y[1].astype(numpy.int64) for class indices",
+        ),
+        (
+            lambda x, y: (x, {"cls": y, "name": np.where(y == 1, "cat", "dog")}),
+            "train_data: y['name'] has dtype <U3, " + TAKES + "number the class names: classes, y['name'] = ",
         ),
     ],
 )
@@ -190,7 +201,7 @@ def test_arrays_torch_cannot_take_are_named_before_training(arrays, message):
 
 def test_predict_names_an_object_array():
     x, _ = blobs()
-    with pytest.raises(FitforgeTypeError, match=re.escape("data: X has dtype object, which cannot become a tensor")):
+    with pytest.raises(FitforgeTypeError, match=re.escape("data: X has dtype object, which torch cannot take")):
         classifier().predict(x.astype(object))
 
 
@@ -204,3 +215,21 @@ def test_split_off_keeps_every_array_aligned():
     x, y, w = torch.arange(10.0), torch.arange(10), torch.arange(10.0) * 2
     train, val = split_off((x, y, w), 0.25)
     assert train[0].tolist() == list(range(8)) and val[1].tolist() == [8, 9] and val[2].tolist() == [16.0, 18.0]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda est, x, y: est.fit((x, y.tolist()), epochs=1),  # y a list: the tuple is read as two batches
+        lambda est, x, y: est.predict((x, y)),  # predict takes X alone
+    ],
+)
+def test_a_numpy_array_read_as_a_batch_says_how_arrays_are_given(call):
+    x, y = blobs()
+    with pytest.raises(BatchFormatError, match=re.escape("the batch is a NumPy array, not a tensor: whole arrays go")):
+        call(classifier(), x, y)
+
+
+def test_a_bare_tensor_batch_is_not_called_a_numpy_array():
+    with pytest.raises(BatchFormatError, match=re.escape("return (data, label) from your Dataset/collate_fn")):
+        classifier().fit([torch.zeros(4, 2)], epochs=1)

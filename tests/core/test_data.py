@@ -80,6 +80,13 @@ class TestUnpackPair:
         assert f"got a {shown}, ... 1794 more]: the batch holds Python lists, not tensors" in message
         assert "fit((numpy.asarray(X, dtype=numpy.float32), numpy.asarray(y)), batch_size=...)" in message
 
+    @pytest.mark.parametrize("label", [3, Y])
+    def test_python_numbers_as_data_are_told_to_be_arrays_or_tensors(self, label):
+        with pytest.raises(BatchFormatError) as info:
+            unpack_pair(([0.0, 1.0, 2.0], label))  # 3: a sample of fit(list(zip(X.tolist(), y.tolist())))
+        assert "got data: list of 3 [float 0.0, float 1.0, float 2.0], label: " in str(info.value)
+        assert ": the batch holds Python lists, not tensors: whole arrays go to fit as NumPy arrays" in str(info.value)
+
     def test_a_short_list_is_shown_whole(self):
         batch = (X, X, X, X, X, Y)
         with pytest.raises(BatchFormatError, match=re.escape("tuple of 6 [" + "tensor of shape (4, 3), " * 5)):
@@ -105,7 +112,6 @@ class TestUnpackPair:
     @pytest.mark.parametrize(
         "batch,shown",
         [
-            (([1.0, 2.0], Y), "data: list of 2 [float 1.0, float 2.0], label: tensor of shape (4,)"),
             ((X, 3), "data: tensor of shape (4, 3), label: int 3"),
             (((), Y), "data: tuple of 0 [], label: tensor of shape (4,)"),
             (((X, "a"), Y), "data: tuple of 2 [tensor of shape (4, 3), str 'a'], label: tensor of shape (4,)"),

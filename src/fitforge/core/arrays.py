@@ -89,24 +89,13 @@ def _arrays_apart(train_data: object, val_data: object) -> bool:
     )
 
 
-def _tensor(item: Any, argument: str, position: int) -> torch.Tensor:
+def _tensor(item: Any, argument: str, name: str) -> torch.Tensor:
     if isinstance(item, torch.Tensor):
         return item
     try:
         tensor = torch.as_tensor(item)  # shares NumPy's memory where it can
-    except TypeError as error:  # object or str dtype: torch takes numbers only
-        dtype = getattr(item, "dtype", None)
-        if position == 0:
-            which, fix = "X", "X.astype(numpy.float32)"
-        else:
-            which = "y" if position == 1 else f"label array {position}"
-            fix = f"{which}.astype(numpy.int64) for class numbers, {which}.astype(numpy.float32) for values"
-            if getattr(dtype, "kind", "") in ("U", "S"):  # class names
-                fix = f"numpy.unique({which}, return_inverse=True)[1] numbers class names"
-        raise FitforgeTypeError(
-            f"{argument}: {which} has dtype {dtype}, which cannot become a tensor (torch takes numbers); "
-            f"convert it first: {fix}"
-        ) from error
+    except TypeError as error:  # object or str dtype (pandas' strings), float128...
+        raise FitforgeTypeError(_untakeable(item, argument, name)) from error
     if tensor.is_floating_point():
         return tensor.to(torch.get_default_dtype())
     if tensor.dim() == 1 and tensor.dtype not in (torch.bool, torch.int64) and not tensor.is_complex():
@@ -114,8 +103,37 @@ def _tensor(item: Any, argument: str, position: int) -> torch.Tensor:
     return tensor
 
 
-def _tensors(data: Any, argument: str) -> tuple[torch.Tensor, ...]:
-    tensors = tuple(_tensor(item, argument, position) for position, item in enumerate(data))
+def _untakeable(item: Any, argument: str, name: str) -> str:
+    """Why torch refused the array ``name`` of ``argument``, and the conversion that fixes it."""
+    dtype = getattr(item, "dtype", None)
+    try:
+        first = next(iter(item), None)
+    except TypeError:
+        first = None
+    if getattr(dtype, "kind", "") in ("U", "S") or isinstance(first, (str, bytes)):  # class names
+        fix = f"number the class names: classes, {name} = numpy.unique({name}, return_inverse=True)"
+    elif name == "X":
+        fix = "X.astype(numpy.float32)"
+    else:
+        fix = f"{name}.astype(numpy.int64) for class indices, {name}.astype(numpy.float32) for values"
+    return (
+        f"{argument}: {name} has dtype {dtype}, which torch cannot take (it takes bool, integer, float16/32/64 "
+        f"and complex arrays); convert it first: {fix}"
+    )
+
+
+def _names(count: int, label: Any = None) -> list[str]:
+    """The names of ``(X, y)``'s ``count`` flat arrays in messages: X, y, or y[0], y['cls'] for several."""
+    if isinstance(label, Mapping):
+        return ["X", *(f"y[{key!r}]" for key in label)]
+    if isinstance(label, (tuple, list)):
+        return ["X", *(f"y[{i}]" for i in range(len(label)))]
+    return ["X", "y", *(f"array {i}" for i in range(2, count))][:count]
+
+
+def _tensors(data: Any, argument: str, names: Sequence[str] | None = None) -> tuple[torch.Tensor, ...]:
+    names = names or _names(len(data))
+    tensors = tuple(_tensor(item, argument, name) for item, name in zip(data, names))
     lengths = [len(t) for t in tensors]
     if len(set(lengths)) > 1:
         shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
@@ -142,7 +160,7 @@ def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str) -> Da
     several arrays: batches ``(x, (y1, y2))`` or ``(x, {"cls": y1, ...})``)."""
     if is_arrays(data) and not _rows(data[1]):
         flat, shape = _flat(data)
-        dataset: Any = LabelledArrays(_tensors(flat, argument), shape)
+        dataset: Any = LabelledArrays(_tensors(flat, argument, _names(len(flat), data[1])), shape)
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
     tensors = _tensors(data if isinstance(data, (tuple, list)) else (data,), argument)
     if len(tensors) == 1:  # predict(X): each batch a bare tensor, not a 1-tuple
@@ -157,7 +175,7 @@ def split_off(data: Any, fraction: Any) -> tuple[Any, Any]:
             f"validation_split must be a fraction between 0 and 1 (e.g. 0.2), got {describe(fraction)}"
         )
     flat, shape = _flat(data)
-    tensors = _tensors(flat, "train_data")
+    tensors = _tensors(flat, "train_data", _names(len(flat), data[1] if not _rows(data[1]) else None))
     size = len(tensors[0])
     held = math.floor(size * fraction)
     if held == 0 or held == size:

@@ -31,7 +31,13 @@ _SEVERAL_HELP = (
 )
 _LISTS_HELP = (
     "the batch holds Python lists, not tensors: whole arrays go to fit as NumPy arrays or tensors, "
-    "fit((numpy.asarray(X, dtype=numpy.float32), numpy.asarray(y)), batch_size=...), and a Dataset returns tensors"
+    "fit((numpy.asarray(X, dtype=numpy.float32), numpy.asarray(y)), batch_size=...), and a Dataset or "
+    "collate_fn returns tensors"
+)
+_ARRAY_HELP = (
+    "the batch is a NumPy array, not a tensor: whole arrays go as fit((X, y)), evaluate((X, y)) or "
+    "predict(X), which batch them, with every part an array (numpy.asarray(y) for a list); a tuple holding "
+    "anything else is read as a list of batches"
 )
 LABEL_KEYS = ("labels", "label")  # where a dict batch holds its label, in the order looked for
 Inputs = tuple[torch.Tensor, ...] | dict[str, Any]  # positional inputs, or a dict batch's keyword inputs
@@ -81,17 +87,25 @@ def unpack_pair(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[I
     if isinstance(batch, Mapping):
         return unpack_features(batch, label_keys)
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        several = isinstance(batch, (tuple, list)) and len(batch) > 2
-        hint = _LISTS_HELP if _holds_lists(batch) else _SEVERAL_HELP if several else _PAIR_HELP
-        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {hint}")
+        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_pair_help(batch)}")
     data, label = batch
     if not _tensors(data) or not _labels(label):
         raise BatchFormatError(
             f"a batch must be a (data, label) pair of tensors or tuples of tensors (the label may be a dict of "
-            f"tensors), got data: {shape_of(data)}, label: {shape_of(label)}: {_PAIR_HELP}"
+            f"tensors), got data: {shape_of(data)}, label: {shape_of(label)}: "
+            f"{_LISTS_HELP if _holds_lists(data) else _PAIR_HELP}"
         )
     inputs = (data,) if isinstance(data, torch.Tensor) else tuple(data)
     return inputs, (label if isinstance(label, (torch.Tensor, Mapping)) else tuple(label))
+
+
+def _pair_help(batch: Any) -> str:
+    """What to do about a batch that is not a pair: what it most likely was meant to be."""
+    if is_array(batch) and not isinstance(batch, torch.Tensor):  # a NumPy array: part of (X, y) arrays
+        return _ARRAY_HELP
+    if _holds_lists(batch):
+        return _LISTS_HELP
+    return _SEVERAL_HELP if isinstance(batch, (tuple, list)) and len(batch) > 2 else _PAIR_HELP
 
 
 def _holds_lists(batch: Any) -> bool:
@@ -100,7 +114,7 @@ def _holds_lists(batch: Any) -> bool:
         return False
     first = batch[0]
     return isinstance(first, numbers.Number) or (
-        isinstance(first, list) and bool(first) and isinstance(first[0], numbers.Number)
+        isinstance(first, (tuple, list)) and bool(first) and isinstance(first[0], numbers.Number)
     )
 
 
