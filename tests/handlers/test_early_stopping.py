@@ -1,6 +1,7 @@
 """EarlyStoppingHandler and the shared Monitor: scripted values fed to the hooks, then real fits."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -285,3 +286,18 @@ def test_a_second_fit_names_the_best_epoch_as_its_epoch_lines_do(caplog):
         history = estimator.fit(regression_batches(), epochs=4, event_handlers=[stopper])
     assert history.restored_epoch == 1 and "restored the weights of epoch 3 " in caplog.text
     assert "at epoch 3)" in history.stop_reason and "[Epoch 3/6]" in caplog.text
+
+
+def test_a_misspelt_monitor_is_answered_with_the_nearest_key():
+    estimator, train, val = linear_problem()
+    with pytest.raises(MonitorKeyError) as info:
+        estimator.fit(train, val_data=val, epochs=1, event_handlers=[EarlyStoppingHandler("val_mea")])
+    assert "available keys: train_loss, train_mae, val_loss, val_mae, " in str(info.value)
+    assert ". Did you mean 'val_mae'? A value a step logs with state.log('mea', ...)" in str(info.value)
+
+
+def test_a_val_monitor_without_validation_says_to_pass_val_data():
+    estimator, train, _ = linear_problem()
+    message = "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
+    with pytest.raises(MonitorKeyError, match=re.escape(message)):
+        estimator.fit(train, epochs=1, event_handlers=[EarlyStoppingHandler("val_loss")])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -83,13 +84,24 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
     for handler, key in monitors:
         if key in keys or (custom_eval and key.startswith("val_")):
             continue
-        name = key.split("_", 1)[1] if key.startswith(("train_", "val_")) else key
         raise MonitorKeyError(
             f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
-            f"A value a step logs with state.log({name!r}, ...) is known before training only when its name is "
-            f"declared in BatchProcessor.logs, e.g. logs = ({name!r},)"
+            + _monitor_hint(key, keys, validates=any(isinstance(h, ValidationHandler) for h in handlers))
         )
     _check_best_agrees(handlers)
+
+
+def _monitor_hint(key: str, keys: list[str], validates: bool) -> str:
+    """The fixes for a monitored key the run will not produce: a validation to add; else a near
+    name (a typo), and a value logged by the step to declare (a near name may be a different value)."""
+    if key.startswith("val_") and not validates:
+        return "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
+    near = difflib.get_close_matches(key, keys, n=1)
+    name = key.split("_", 1)[1] if key.startswith(("train_", "val_")) else key
+    return (f"Did you mean {near[0]!r}? " if near else "") + (
+        f"A value a step logs with state.log({name!r}, ...) is known before training only when its name is "
+        f"declared in BatchProcessor.logs, e.g. logs = ({name!r},)"
+    )
 
 
 def _check_best_agrees(handlers: Sequence[EventHandler]) -> None:
