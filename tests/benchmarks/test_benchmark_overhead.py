@@ -1,6 +1,8 @@
 """benchmarks/overhead.py's pieces run on a tiny workload: every variant reaches the same loss, the
 host reads are counted and peak memory is measured (no timing is asserted)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -64,7 +66,7 @@ def test_peak_memory_is_measured_for_each_variant(overhead, tiny):
 def test_workload_z_is_one_train_and_one_val_batch_and_reports_a_fixed_cost_per_fit(overhead, monkeypatch):
     # The collection before each of the 400 runs walks every object the suite's process holds (most
     # of two minutes here); none is timed, so the structure is checked without them.
-    monkeypatch.setattr(overhead.gc, "collect", lambda *generation: 0)
+    monkeypatch.setattr(overhead, "gc", SimpleNamespace(collect=lambda *args, **kwargs: 0))
     train, val = overhead.make_loaders(overhead.WORKLOADS["Z"], 1.0)
     assert len(train) == len(val) == 1
     result = overhead.bench("Z", repeats=1, fraction=1.0)
