@@ -8,7 +8,7 @@ import torch
 
 from fitforge import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, MonitorKeyError
-from fitforge.handlers import EarlyStoppingHandler
+from fitforge.handlers import EarlyStoppingHandler, ValidationHandler, throttle
 from fitforge.handlers.monitor import Monitor, infer_mode
 from fitforge.metrics import MeanSquaredError
 from fitforge.testing import linear_problem
@@ -301,3 +301,11 @@ def test_a_val_monitor_without_validation_says_to_pass_val_data():
     message = "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
     with pytest.raises(MonitorKeyError, match=re.escape(message)):
         estimator.fit(train, epochs=1, event_handlers=[EarlyStoppingHandler("val_loss")])
+
+
+def test_a_throttled_validation_counts_as_validation_for_the_monitor_hint():
+    estimator, train, val = linear_problem()
+    validation = throttle(ValidationHandler(val), every_n_epochs=1)
+    with pytest.raises(MonitorKeyError) as info:
+        estimator.fit(train, epochs=1, event_handlers=[validation, EarlyStoppingHandler("val_los")])
+    assert "Did you mean 'val_loss'?" in str(info.value) and "No validation runs" not in str(info.value)

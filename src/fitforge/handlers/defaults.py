@@ -80,13 +80,14 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
     (see :func:`monitored_value`)."""
     monitors = [(h, key) for h in handlers if isinstance(key := getattr(h, "monitor", None), str)]
     keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
-    custom_eval = any(isinstance(h, ValidationHandler) and h.eval_fn is not None for h in handlers)
+    validators = [unwrapped(h) for h in handlers if acts_as(h, ValidationHandler)]  # throttled ones too
+    custom_eval = any(getattr(v, "eval_fn", None) is not None for v in validators)
     for handler, key in monitors:
         if key in keys or (custom_eval and key.startswith("val_")):
             continue
         raise MonitorKeyError(
             f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
-            + _monitor_hint(key, keys, validates=any(isinstance(h, ValidationHandler) for h in handlers))
+            + _monitor_hint(key, keys, validates=bool(validators))
         )
     _check_best_agrees(handlers)
 
