@@ -167,14 +167,18 @@ TAKES = "which torch cannot take (it takes bool, integer, float16/32/64 and comp
     [
         (lambda x, y: (x.astype(object), y), "train_data: X has dtype object, " + TAKES + "X.astype(numpy.float32)"),
         (
+            lambda x, y: (np.where(x > 0, "hi", "lo"), y),
+            "train_data: X has dtype <U2, " + TAKES + "encode the text as numbers first",
+        ),
+        (
             lambda x, y: (x, y.astype(object)),
             "train_data: y has dtype object, " + TAKES + "y.astype(numpy.int64) for class indices, "
             "y.astype(numpy.float32) for values",
         ),
         (
             lambda x, y: (x, np.where(y == 1, "cat", "dog")),
-            "train_data: y has dtype <U3, " + TAKES + "number the class names: classes, y = numpy.unique(y, "
-            "return_inverse=True)",
+            "train_data: y has dtype <U3, " + TAKES + "number the class names: classes, codes = numpy.unique(y, "
+            "return_inverse=True), and pass codes",
         ),
         (  # pandas' string columns: dtype object, holding str
             lambda x, y: (x, np.where(y == 1, "cat", "dog").astype(object)),
@@ -186,7 +190,9 @@ TAKES = "which torch cannot take (it takes bool, integer, float16/32/64 and comp
         ),
         (
             lambda x, y: (x, {"cls": y, "name": np.where(y == 1, "cat", "dog")}),
-            "train_data: y['name'] has dtype <U3, " + TAKES + "number the class names: classes, y['name'] = ",
+            "train_data: y['name'] has dtype <U3, "
+            + TAKES
+            + "number the class names: classes, codes = numpy.unique(y['name'], ",
         ),
     ],
 )

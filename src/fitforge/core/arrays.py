@@ -110,10 +110,13 @@ def _untakeable(item: Any, argument: str, name: str) -> str:
         first = next(iter(item), None)
     except TypeError:
         first = None
-    if getattr(dtype, "kind", "") in ("U", "S") or isinstance(first, (str, bytes)):  # class names
-        fix = f"number the class names: classes, {name} = numpy.unique({name}, return_inverse=True)"
-    elif name == "X":
+    text = getattr(dtype, "kind", "") in ("U", "S") or isinstance(first, (str, bytes))
+    if name == "X":
         fix = "X.astype(numpy.float32)"
+        if text:
+            fix = "encode the text as numbers first (a tokenizer, or one-hot columns)"
+    elif text:  # class names
+        fix = f"number the class names: classes, codes = numpy.unique({name}, return_inverse=True), and pass codes"
     else:
         fix = f"{name}.astype(numpy.int64) for class indices, {name}.astype(numpy.float32) for values"
     return (
