@@ -126,7 +126,8 @@ def _untakeable(item: Any, argument: str, name: str) -> str:
 
 
 def _names(count: int, label: Any = None) -> list[str]:
-    """The names of ``(X, y)``'s ``count`` flat arrays in messages: X, y, or y[0], y['cls'] for several."""
+    """The names of ``(X, y)``'s ``count`` flat arrays in messages: X, y, or y[0], y['cls'] for several
+    (``label``: ``y``, a tuple or dict of arrays when there are several)."""
     if isinstance(label, Mapping):
         return ["X", *(f"y[{key!r}]" for key in label)]
     if isinstance(label, (tuple, list)):
@@ -178,7 +179,7 @@ def split_off(data: Any, fraction: Any) -> tuple[Any, Any]:
             f"validation_split must be a fraction between 0 and 1 (e.g. 0.2), got {describe(fraction)}"
         )
     flat, shape = _flat(data)
-    tensors = _tensors(flat, "train_data", _names(len(flat), data[1] if not _rows(data[1]) else None))
+    tensors = _tensors(flat, "train_data", _names(len(flat), data[1]))
     size = len(tensors[0])
     held = math.floor(size * fraction)
     if held == 0 or held == size:

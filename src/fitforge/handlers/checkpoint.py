@@ -173,21 +173,23 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         earlier = self._folder.regular_files()
         if not earlier:
             return
-        found = f"CheckpointHandler: {self._folder.path} already holds {len(earlier)} checkpoint(s) of an earlier run "
-        found += f"(newest: {earlier[-1].name}); "
         if epochs_before:  # a later phase of the same estimator (fine-tuning): resuming would skip it
-            log.warning(
-                "%sthis fit goes on from the estimator's %d epoch(s) but numbers its files from epoch 0, so they "
-                "would replace and mix with those. Give each fit its own model_prefix (or model_dir)",
-                found,
-                epochs_before,
+            advice = (
+                f"this fit goes on from the estimator's {epochs_before} epoch(s) but numbers its files from epoch 0, "
+                "so they would replace and mix with those. Give each fit its own model_prefix (or model_dir)"
             )
-            return
+        else:
+            advice = (
+                "this run starts from scratch and saves beside them, replacing those of the same name, and a resume "
+                "picks the newest by epoch and batch, whichever run wrote it. To continue that run pass "
+                "resume_from_checkpoint=True; to keep the runs apart use an empty model_dir or another model_prefix"
+            )
         log.warning(
-            "%sthis run starts from scratch and saves beside them, replacing those of the same name, and a resume "
-            "picks the newest by epoch and batch, whichever run wrote it. To continue that run pass "
-            "resume_from_checkpoint=True; to keep the runs apart use an empty model_dir or another model_prefix",
-            found,
+            "CheckpointHandler: %s already holds %d checkpoint(s) of an earlier run (newest: %s); %s",
+            self._folder.path,
+            len(earlier),
+            earlier[-1].name,
+            advice,
         )
 
     def _warn_if_inexact(self, state: TrainState) -> None:
