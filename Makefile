@@ -1,4 +1,6 @@
 # make test: set up .venv (CPU torch under a constraint), run the linters and the suite with coverage.
+# make test-fast: same set-up, then the unit tests only (no process started, no example, doc or
+#                 benchmark), in about a minute: the inner loop. CI runs make test.
 # make demo: same set-up, then train the quickstart.
 # make examples: same set-up, then train the eight canonical models in turn (about 3 minutes in all).
 # make fashion-mnist: same set-up, install Debian's Fashion-MNIST if it can, then train on it (~12 min).
@@ -11,7 +13,7 @@ WHEELS := $(wildcard /opt/wheels)
 EXAMPLES := alexnet resnet18 fcn_segmentation ssd_detection birnn_sentiment textcnn_sentiment \
             translator logistic_regression
 
-.PHONY: lint test demo examples fashion-mnist bench clean
+.PHONY: lint test test-fast demo examples fashion-mnist bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,6 +32,9 @@ lint: $(STAMP)
 
 test: lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest --cov=fitforge --cov-report=term-missing tests
+
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not integration" -p no:cacheprovider tests
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py

@@ -119,7 +119,7 @@ def test_the_check_before_training_runs_through_the_evaluation_it_stands_for(mon
     assert run() == estimator.evaluation(regression_batches(), checked=True)() and not checks  # no second check
     validation = ValidationHandler(regression_batches())
     estimator.fit(regression_batches(), epochs=2, event_handlers=[validation])
-    assert validation.checked_first and validation.evaluation is None  # handed to the fit, which used it
+    assert validation.checked_first and validation._evaluation is None  # handed to the fit, which used it
 
 
 def test_a_fit_checks_the_net_s_placement_once_for_training_and_validation(monkeypatch):

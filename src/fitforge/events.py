@@ -1,5 +1,5 @@
-"""Event handlers: the mixins, their base and the named stages (public face of
-:mod:`fitforge.core.events`).
+"""Event handlers: the mixins, their base, the named stages (public face of
+:mod:`fitforge.core.events`) and the roles a handler declares (:mod:`fitforge.core.roles`).
 
 A handler is any object inheriting some of the mixins; it is called for an event if and only if it
 inherits that event's mixin (narrowed by ``handled_events`` when it declares them).
@@ -21,17 +21,43 @@ from fitforge.core.events import (
     Stage,
     TrainBegin,
     TrainEnd,
+    Wrapping,
+)
+from fitforge.core.roles import (
+    Accumulating,
+    Checkpointing,
+    EpochLines,
+    FirstBatchCheck,
+    KeyRecording,
+    Monitoring,
+    NonFiniteGuarding,
+    Stopping,
+    Validating,
+    ValidationSetup,
+    role_of,
 )
 
 __all__ = [
+    "Accumulating",
     "BackwardEnd",
     "BatchBegin",
     "BatchEnd",
+    "Checkpointing",
     "EpochBegin",
     "EpochEnd",
+    "EpochLines",
     "Event",
     "EventHandler",
+    "FirstBatchCheck",
+    "KeyRecording",
+    "Monitoring",
+    "NonFiniteGuarding",
     "Stage",
+    "Stopping",
     "TrainBegin",
     "TrainEnd",
+    "Validating",
+    "ValidationSetup",
+    "Wrapping",
+    "role_of",
 ]

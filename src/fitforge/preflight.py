@@ -27,6 +27,7 @@ from fitforge.core.first_batch import check_devices, check_handlers, explained_s
 from fitforge.core.loss import LossSet, ModelLoss
 from fitforge.core.processor import bound_step
 from fitforge.core.rng import torch_rng_kept
+from fitforge.core.roles import Stopping, Validating, ValidationSetup, players
 from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.core.untrained import warn_untrained
@@ -34,14 +35,21 @@ from fitforge.distributed.fsdp import hold_shards
 from fitforge.distributed.strategy import follow_trainable
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers.defaults import evaluate_handlers
-from fitforge.handlers.stopping import StoppingHandler, tighter_limit
-from fitforge.handlers.validation import ValidationHandler
+from fitforge.handlers.stopping import tighter_limit
 
 
 class Estimator(EstimatorLike, Protocol):
     """The part of :class:`fitforge.Estimator` the checks use (this layer is below it)."""
 
     _val_loss: LossSet | ModelLoss
+
+    def evaluation(
+        self,
+        val_data: Iterable,
+        event_handlers: Sequence[EventHandler] | None = None,
+        checked: bool = False,
+        placed: bool = False,
+    ) -> Any: ...
 
 
 def check_placement(estimator: Estimator, *nets: str) -> None:
@@ -64,30 +72,32 @@ def preflight(
     before training, and fold StoppingHandler limits into the run's (the first limit reached ends
     training); returns the effective ``(epochs, batches)``."""
     check_trainable(estimator)  # first: the validation check's forward may gather FSDP's parameters
-    for handler in handlers:
-        if isinstance(handler, ValidationHandler):
-            name = "val_data" if handler.val_data is val_data else "ValidationHandler val_data"
-            if handler.val_data is not val_data or handler.batch_period:  # fit checked its val_data for epoch ends
-                check_data(handler.val_data, name, 1 if epochs == 1 and not handler.batch_period else None)
-            # Set up once per fit (data, placement, handlers, step), before training, so the check
-            # below runs through the very handlers and step of the validations it stands for.
-            build = getattr(estimator, "evaluation", None) if handler.eval_fn is None else None
-            evaluation = handler.evaluation = None if build is None else _built(build, handler)
-            handler.checked_first = evaluation is not None and handler.check_first and evaluation.check_first(name)
-        if isinstance(handler, StoppingHandler):
-            epochs, batches = tighter_limit(epochs, handler.max_epochs), tighter_limit(batches, handler.max_batches)
+    for validator in players(handlers, Validating):
+        setup = validator.validation_setup()
+        if setup is None:
+            continue  # it validates by its own means
+        name = "val_data" if setup.val_data is val_data else f"{type(validator).__name__} val_data"
+        if setup.val_data is not val_data or setup.mid_epoch:  # fit checked its val_data for epoch ends
+            check_data(setup.val_data, name, 1 if epochs == 1 and not setup.mid_epoch else None)
+        # Set up once per fit (data, placement, handlers, step), before training, so the check
+        # below runs through the very handlers and step of the validations it stands for.
+        evaluation = _built(estimator, setup)
+        validator.use_evaluation(evaluation, setup.check_first and evaluation.check_first(name))
+    for stopper in players(handlers, Stopping):
+        limits = stopper.run_limits()
+        epochs, batches = tighter_limit(epochs, limits[0]), tighter_limit(batches, limits[1])
     return epochs, batches
 
 
-def _built(build: Callable[..., Any], handler: ValidationHandler) -> Any:
-    """The handler's Evaluation, told that fit checked ``val_net``'s placement just before; an
+def _built(estimator: Estimator, setup: ValidationSetup) -> Any:
+    """The validation's Evaluation, told that fit checked ``val_net``'s placement just before; an
     ``evaluation`` overridden with the signature it had before ``placed`` is called without it."""
     try:
-        return build(handler.val_data, handler.event_handlers, placed=True)
+        return estimator.evaluation(setup.val_data, setup.event_handlers, placed=True)
     except TypeError as error:
         if "placed" not in str(error):
             raise
-        return build(handler.val_data, handler.event_handlers)
+        return estimator.evaluation(setup.val_data, setup.event_handlers)
 
 
 def check_trainable(estimator: Estimator) -> None:

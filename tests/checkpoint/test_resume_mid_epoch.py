@@ -21,7 +21,7 @@ from torch.utils.data import (
 import fitforge.core.indexed
 from fitforge import Estimator
 from fitforge.checkpoint.data_order import DataOrder
-from fitforge.events import BatchEnd
+from fitforge.events import BatchEnd, FirstBatchCheck
 from fitforge.exceptions import CancelBatch, CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 from helpers import Crash, Losses
@@ -333,7 +333,7 @@ def test_a_resume_at_the_end_of_an_epoch_of_unknown_length_trains_on(tmp_path):
 
 
 def test_the_first_batch_checks_run_for_a_fit_from_scratch_and_for_a_resumed_one(tmp_path):
-    class CountChecks(BatchEnd):
+    class CountChecks(BatchEnd, FirstBatchCheck):
         def __init__(self):
             self.checks = 0
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fitforge import BatchProcessor, Estimator
-from fitforge.events import BatchBegin, EpochEnd
+from fitforge.events import BatchBegin, EpochEnd, Monitoring
 from fitforge.exceptions import (
     BatchFormatError,
     CancelBatch,
@@ -393,7 +393,7 @@ def test_absent_device_is_a_clear_error():
         Estimator(nn.Linear(1, 1), nn.MSELoss(), optimizer="sgd", device="cuda")
 
 
-class Monitors(EpochEnd):
+class Monitors(EpochEnd, Monitoring):  # a user's handler watching a key declares the role
     def __init__(self, monitor):
         self.monitor = monitor
 

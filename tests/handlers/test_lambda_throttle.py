@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from fitforge.core.events import events_of, handler_name
-from fitforge.events import Event, EventHandler
+from fitforge.events import Event, EventHandler, Monitoring, Stopping, role_of
 from fitforge.exceptions import (
     FitforgeTypeError,
     FitforgeValueError,
@@ -172,9 +172,11 @@ def test_the_wrapper_mirrors_the_handler():
     assert set(stopper.reads) | {"phase", "epoch"} <= set(wrapper.reads)  # plus what it reads to decide
     assert wrapper.writes == tuple(stopper.writes)
     assert throttle(RecordingHandler(), every_n_epochs=2).reads is None  # undeclared stays undeclared
-    assert wrapper.handler is stopper and wrapper.monitor == "train_loss" and wrapper.stopped_epoch is None
+    # The wrapper plays the wrapped handler's roles, with nothing forwarded by name.
+    assert wrapper.handler is stopper and role_of(wrapper, Monitoring).monitor == "train_loss"
+    assert not role_of(wrapper, Stopping).ended_run()
     stopper.wait, stopper.best, stopper.stopped_epoch = 1, 0.5, 3
-    assert wrapper.stopped_epoch == 3  # so resume sees a run it stopped as finished
+    assert role_of(wrapper, Stopping).ended_run()  # so resume sees a run it stopped as finished
     assert wrapper.state_dict() == stopper.state_dict()
     wrapper.load_state_dict({**stopper.state_dict(), "wait": 0})
     assert stopper.wait == 0

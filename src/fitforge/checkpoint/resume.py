@@ -11,11 +11,12 @@ run and before the first ``epoch_begin``, so restored state wins over fresh stat
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 from fitforge.checkpoint.data_order import DataOrder
-from fitforge.core.events import handler_name, numbered_names, unwrapped
+from fitforge.core.events import EventHandler, handler_name, numbered_names
 from fitforge.core.rng import restore_rng_states, rng_states
+from fitforge.core.roles import Accumulating, Checkpointing, Stopping, players, role_of
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
@@ -23,14 +24,10 @@ from fitforge.exceptions import FitforgeValueError
 log = logging.getLogger("fitforge")
 
 
-def stateful_handlers(handlers: tuple) -> dict[str, Any]:
-    """The handlers with ``state_dict``/``load_state_dict``, keyed by class name (``#2``, ``#3``...
-    for the second and later of one class, in dispatch order)."""
-    stateful = [
-        h
-        for h in handlers
-        if callable(getattr(h, "state_dict", None)) and callable(getattr(h, "load_state_dict", None))
-    ]
+def stateful_handlers(handlers: tuple[object, ...]) -> dict[str, EventHandler]:
+    """The handlers (each has ``state_dict``/``load_state_dict``, ``{}`` when stateless), keyed by
+    class name (``#2``, ``#3``... for the second and later of one class, in dispatch order)."""
+    stateful = [h for h in handlers if isinstance(h, EventHandler)]
     return dict(zip(numbered_names(stateful), stateful))
 
 
@@ -40,15 +37,6 @@ def fit_data_order(state: TrainState) -> DataOrder | None:
     return data if isinstance(data, DataOrder) else None
 
 
-class OpenGroupHolder(Protocol):
-    """A handler whose open accumulation group may hold each rank's own gradients
-    (:class:`~fitforge.handlers.GradientUpdateHandler` under DDP, which defers the all-reduce)."""
-
-    def share_open_group(self, state: TrainState) -> None:
-        """Make the open group's gradients the same on every rank (a collective)."""
-        ...
-
-
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
     """Everything but weights, optimizers and scaler, after ``epochs`` completed epochs and
     ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
@@ -56,10 +44,8 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
     Every rank calls it at the same point: it may average an open group's gradients over them."""
     net, order = state.estimator.net, fit_data_order(state)
     if state.accumulated_batches:
-        for handler in state.handlers:
-            share = getattr(unwrapped(handler), "share_open_group", None)
-            if callable(share):
-                share(state)
+        for accumulating in players(state.handlers, Accumulating):  # its open group may differ per rank (DDP)
+            accumulating.share_open_group(state)
     epoch_start_step = 0 if order is None else order.epoch_start_step
     return {
         "epochs_completed": epochs,
@@ -180,11 +166,7 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     for key, handler in stateful_handlers(state.handlers).items():
         if key in saved:
             handler.load_state_dict(saved[key])
-    finished = [
-        handler
-        for handler in stateful_handlers(state.handlers).values()
-        if getattr(handler, "stopped_epoch", None) is not None
-    ]  # e.g. EarlyStoppingHandler had stopped it
+    finished = [h for h in state.handlers if (s := role_of(h, Stopping)) is not None and s.ended_run()]  # e.g. early
     if finished:
         state.request_stop(f"already stopped: {history.get('stop_reason') or handler_name(finished[0])}")
     elif state.max_epochs is not None and state.epoch >= state.max_epochs:
@@ -193,22 +175,12 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")
 
 
-class ResumeSource(Protocol):
-    """A handler that may pick a checkpoint to resume from in its ``train_begin``
-    (:class:`~fitforge.handlers.CheckpointHandler`)."""
-
-    def take_resume_checkpoint(self) -> dict[str, Any] | None:
-        """The checkpoint picked (its weights and optimizer states already loaded), once; else None."""
-        ...
-
-
 def resume_picked(state: TrainState) -> None:
     """Run between ``train_begin`` and the first epoch: resume from the checkpoint a handler picked
     (of several resuming handlers, the last one's, whose weights its train_begin loaded last)."""
     picked = None
-    for handler in state.handlers:
-        take = getattr(unwrapped(handler), "take_resume_checkpoint", None)
-        checkpoint = take() if callable(take) else None
+    for source in players(state.handlers, Checkpointing):
+        checkpoint = source.take_resume_checkpoint()
         picked = checkpoint if checkpoint is not None else picked
     if picked is not None:
         resume(state, picked)

@@ -11,8 +11,11 @@ At fit start, once: among declared handlers of one priority that share an event,
 field runs before its readers (a priority you set is kept: it says when a handler must run, e.g.
 before the optimizer step), and two writers of one field must be ordered by priority or
 ``run_after`` (else a :class:`~fitforge.exceptions.HandlerOrderError` names both, the field and the
-fix; handlers of one class, and ``stop_requested``, whose first reason wins, are exempt). The
-ordering is free; enforcing the declarations is a debug mode (``fit(check_access=True)``, see
+fix). Only a real conflict is reported: handlers of one class, writers of ``stop_requested``
+(the first reason wins) and of ``metrics`` or ``history`` (each adds keys of its own) need no
+order. These reader-after-writer edges join ``run_after``'s in the one topological sort of
+:mod:`fitforge.core.dispatch`, where stages (``priority``) break ties. The ordering is free;
+enforcing the declarations is a debug mode (``fit(check_access=True)``, see
 :mod:`fitforge.tools.access_guard`).
 """
 
@@ -45,7 +48,8 @@ class Access:
 
 def declared_access(handler: object) -> Access | None:
     """The handler's declaration, checked; None when it declares nothing (full access)."""
-    reads, writes = getattr(handler, "reads", None), getattr(handler, "writes", None)
+    assert isinstance(handler, EventHandler)  # checked by check_handler
+    reads, writes = handler.reads, handler.writes
     if reads is None and writes is None:
         return None
     for attribute, names in (("reads", reads), ("writes", writes)):
@@ -74,7 +78,9 @@ def _common(a: frozenset[str], b: frozenset[str]) -> set[str]:
     return {n for n in a if _covered(n, b)} | {n for n in b if _covered(n, a)}
 
 
-_COMMUTING = frozenset({"stop_requested"})  # writers need no order: the first stop's reason is kept
+# Writers of these need no order between them: the first stop's reason is kept, and each writer of
+# metrics or history adds keys of its own (a reader of them still runs after their writers).
+_COMMUTING = frozenset({"stop_requested", "metrics", "history"})
 
 
 def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
@@ -90,24 +96,25 @@ def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
         for j, other in enumerate(access):
             if j == i or other is None or not events[i] & events[j]:
                 continue
-            both_write = _common(writer.writes, other.writes) - _COMMUTING
-            if both_write:
-                if j > i and type(handlers[i]) is not type(handlers[j]):
-                    _check_ordered(handlers[i], handlers[j], min(both_write))
+            both_write = _common(writer.writes, other.writes)
+            if both_write:  # writers of one field are ordered by priority and run_after, not by reads
+                conflict = both_write - _COMMUTING
+                if conflict and j > i and type(handlers[i]) is not type(handlers[j]):
+                    _check_ordered(handlers[i], handlers[j], min(conflict))
                 continue
-            same_priority = getattr(handlers[i], "priority", 0) == getattr(handlers[j], "priority", 0)
+            same_priority = handlers[i].priority == handlers[j].priority
             if same_priority and _common(writer.writes, other.reads):
                 after[j].add(i)
     return after
 
 
 def _check_ordered(a: EventHandler, b: EventHandler, field: str) -> None:
-    if getattr(a, "priority", 0) != getattr(b, "priority", 0):
+    if a.priority != b.priority:
         return
-    if acts_as(b, tuple(getattr(a, "run_after", ()))) or acts_as(a, tuple(getattr(b, "run_after", ()))):
+    if acts_as(b, tuple(a.run_after)) or acts_as(a, tuple(b.run_after)):
         return
     raise HandlerOrderError(
-        f"{a!r} and {b!r} both write {field!r} at the same priority ({getattr(a, 'priority', 0)}) with no "
+        f"{a!r} and {b!r} both write {field!r} at the same priority ({a.priority}) with no "
         f"order between them, so which value wins is left to the order you listed them in; give one a "
         f"different priority, or set run_after=({type(unwrapped(a)).__name__},) on {handler_name(b)}"
     )

@@ -15,7 +15,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from fitforge.core.access import Access, access_edges, declared_access, describe_access
-from fitforge.core.events import MIXINS, Event, EventHandler, acts_as, events_of, handler_name, priority_name, unwrapped
+from fitforge.core.events import (
+    MIXINS,
+    Event,
+    EventHandler,
+    acts_as,
+    events_of,
+    handler_name,
+    hook_of,
+    priority_name,
+    unwrapped,
+)
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,7 +35,6 @@ log = logging.getLogger("fitforge")
 STOPPING_EVENTS = (Event.BATCH_END, Event.EPOCH_END)  # the events whose truthy return requests a stop
 Guard = Callable[[EventHandler, Callable, Access], Callable]  # (handler, hook, its declared access) -> hook
 _EVENTS = tuple(Event)  # built once: iterating an Enum, and its .value, run Python code each time
-_METHODS = {event: event.value for event in _EVENTS}  # event -> the name of its handler method
 
 
 def check_handler(handler: object, argument: str = "event_handlers") -> None:
@@ -40,7 +49,9 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
         raise FitforgeTypeError(
             f"{argument} must hold handler instances, got {describe(handler)}; write {handler.__name__}() to create one"
         )
-    declared = getattr(handler, "handled_events", None)
+    if not isinstance(handler, EventHandler):  # every mixin is one
+        raise _no_event(handler, argument)
+    declared = handler.handled_events
     if declared is not None and (
         not isinstance(declared, (tuple, list)) or not all(isinstance(e, Event) for e in declared)
     ):
@@ -49,20 +60,24 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
             f"(Event.EPOCH_END,), got {describe(declared)}"
         )
     if not events_of(handler):
-        mixins = ", ".join(m.__name__ for m in MIXINS.values())
-        raise FitforgeTypeError(
-            f"{argument} got {describe(handler)}, which handles no event; "
-            f"a handler must inherit at least one of {mixins} (from fitforge.events)"
-        )
-    priority = getattr(handler, "priority", 0)
+        raise _no_event(handler, argument)
+    priority = handler.priority
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise FitforgeTypeError(f"{handler!r}.priority must be an int, got {describe(priority)}")
-    run_after = getattr(handler, "run_after", ())
+    run_after = handler.run_after
     if not isinstance(run_after, (tuple, list)) or not all(isinstance(c, type) for c in run_after):
         raise FitforgeTypeError(
             f"{handler!r}.run_after must be a tuple of handler classes, e.g. (LoggingHandler,), "
             f"got {describe(run_after)}"
         )
+
+
+def _no_event(handler: object, argument: str) -> FitforgeTypeError:
+    mixins = ", ".join(m.__name__ for m in MIXINS.values())
+    return FitforgeTypeError(
+        f"{argument} got {describe(handler)}, which handles no event; "
+        f"a handler must inherit at least one of {mixins} (from fitforge.events)"
+    )
 
 
 def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
@@ -85,11 +100,11 @@ def _description(handler: EventHandler) -> tuple:
     return (
         type(handler),
         type(unwrapped(handler)),
-        getattr(handler, "priority", 0),
-        getattr(handler, "reads", None),
-        getattr(handler, "writes", None),
-        getattr(handler, "run_after", None),
-        getattr(handler, "handled_events", None),
+        handler.priority,
+        handler.reads,
+        handler.writes,
+        handler.run_after,
+        handler.handled_events,
     )
 
 
@@ -122,7 +137,7 @@ def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
     """The positions of ``handlers`` in their order (see :func:`order_handlers`)."""
     after = access_edges(handlers)  # i -> must run after these
     for i, handler in enumerate(handlers):
-        classes = tuple(getattr(handler, "run_after", ()) or ())
+        classes = tuple(handler.run_after or ())
         for j, other in enumerate(handlers):
             if i != j and classes and acts_as(other, classes):  # a wrapper (throttle) counts as what it wraps
                 after[i].add(j)
@@ -131,7 +146,7 @@ def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
     for i, before in after.items():
         for j in before:
             followers[j].append(i)
-    ready = [(getattr(handlers[i], "priority", 0), i) for i, n in waiting.items() if n == 0]
+    ready = [(handlers[i].priority, i) for i, n in waiting.items() if n == 0]
     heapq.heapify(ready)
     ordered: list[int] = []
     while ready:
@@ -140,7 +155,7 @@ def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
         for k in followers[i]:
             waiting[k] -= 1
             if waiting[k] == 0:
-                heapq.heappush(ready, (getattr(handlers[k], "priority", 0), k))
+                heapq.heappush(ready, (handlers[k].priority, k))
     if len(ordered) < len(handlers):
         cycle = _cycle([i for i in after if i not in ordered], after)
         raise HandlerOrderError(
@@ -164,7 +179,7 @@ class Dispatcher:
         for handler, events in zip(self.handlers, handled):  # in call order, so each event's list is too
             access = declared_access(handler) if guard is not None else None
             for event in events:
-                method = getattr(handler, _METHODS[event])
+                method = hook_of(handler, event)
                 self.owners[event].append(handler)
                 self.hooks[event].append(method if guard is None or access is None else guard(handler, method, access))
 
@@ -215,7 +230,7 @@ class Dispatcher:
         declares it reads and writes of the state."""
         lines = []
         for event in Event:
-            names = [f"{handler_name(h)}({priority_name(getattr(h, 'priority', 0))})" for h in self.owners[event]]
+            names = [f"{handler_name(h)}({priority_name(h.priority)})" for h in self.owners[event]]
             lines.append(f"{event.value:<12} " + (" -> ".join(names) if names else "(none)"))
         lines.append("state access:")
         lines += [f"  {handler_name(h)}: {describe_access(h)}" for h in self.handlers]

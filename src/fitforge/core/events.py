@@ -23,9 +23,9 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from fitforge.core.state import TrainState
@@ -49,6 +49,9 @@ class Event(Enum):
     # Members are singletons compared by identity, so the identity hash agrees with equality; Enum's
     # own __hash__ is Python code, run at every dict lookup of an event (twice per batch in the loop).
     __hash__ = object.__hash__
+
+
+_METHODS = {event: event.value for event in Event}  # event -> its method's name (Enum's .value is slow)
 
 
 class Stage(IntEnum):
@@ -82,6 +85,8 @@ class EventHandler:
     run_after: tuple[type, ...] = ()
     main_rank_only: bool = False
     handled_events: tuple[Event, ...] | None = None  # None: the events of the mixins inherited
+    reads: tuple[str, ...] | None = None  # declared state access (see fitforge.core.access); None: full
+    writes: tuple[str, ...] | None = None
 
     def state_dict(self) -> dict:
         """State to save in a checkpoint; stateless handlers return ``{}``."""
@@ -154,10 +159,24 @@ MIXINS: dict[Event, type[EventHandler]] = {
 }
 
 
+class Wrapping:
+    """A handler that wraps another and plays its roles (``throttle(...)``): ``handler`` is the
+    wrapped one, where :func:`fitforge.core.roles.role_of` finds the roles; a wrapper of a user's
+    handler of a default's class replaces that default too."""
+
+    handler: EventHandler
+
+
 def unwrapped(handler: object) -> object:
-    """The handler a wrapper such as ``throttle(...)`` holds (``.handler``), else the handler itself."""
-    inner = getattr(handler, "handler", None)
-    return inner if isinstance(inner, EventHandler) else handler
+    """The innermost handler of a chain of wrappers (:class:`Wrapping`), else the handler itself."""
+    while isinstance(handler, Wrapping):
+        handler = handler.handler
+    return handler
+
+
+def hook_of(handler: object, event: Event) -> Callable[[TrainState], Any]:
+    """The method of ``handler`` that ``event`` calls (``handler.batch_end`` for BATCH_END)."""
+    return getattr(handler, _METHODS[event])
 
 
 def acts_as(handler: object, classes: type | tuple[type, ...]) -> bool:
@@ -190,7 +209,7 @@ _EVENTS_OF: dict[tuple, tuple[Event, ...]] = {}  # (class, handled_events) -> ev
 def events_of(handler: object) -> list[Event]:
     """The events ``handler`` is called for: those whose mixin it inherits, narrowed by its
     ``handled_events`` when it declares them."""
-    declared = getattr(handler, "handled_events", None)
+    declared = handler.handled_events if isinstance(handler, EventHandler) else None
     try:
         key = (type(handler), None if declared is None else tuple(declared))
         events = _EVENTS_OF.get(key)
@@ -218,4 +237,5 @@ __all__ = [
     "Stage",
     "TrainBegin",
     "TrainEnd",
+    "Wrapping",
 ]

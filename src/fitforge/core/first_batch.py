@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from fitforge.core.data import LABEL_KEYS, check_finite
-from fitforge.core.events import unwrapped
 from fitforge.core.forward_errors import explain, same_device
 from fitforge.core.modules import tensors_of
+from fitforge.core.roles import FirstBatchCheck, players
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
 from fitforge.exceptions import BatchFormatError, DeviceMismatchError
@@ -111,11 +111,10 @@ def _signature(net: nn.Module) -> str:
 
 
 def check_handlers(state: TrainState, handlers: Sequence[object]) -> None:
-    """Call ``check_first_batch(state)`` of every handler that has one (``state.output`` is set)."""
-    for handler in handlers:
-        check = getattr(unwrapped(handler), "check_first_batch", None)
-        if callable(check):
-            check(state)
+    """Call ``check_first_batch(state)`` of every handler that checks the first batch
+    (:class:`~fitforge.core.roles.FirstBatchCheck`; ``state.output`` is set)."""
+    for check in players(handlers, FirstBatchCheck):
+        check.check_first_batch(state)
 
 
 def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from fitforge.core.events import unwrapped
+from fitforge.core.events import EventHandler
 
 T = TypeVar("T")
 _CPU_GROUPS: dict[int, Any] = {}  # id(default group) -> a gloo group for host values under NCCL
@@ -134,9 +134,9 @@ def mean_over_ranks(value: float) -> float:
     return float(packed[0]) / world_size()
 
 
-def on_this_rank(handlers: Sequence[Any]) -> list[Any]:
+def on_this_rank(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     """The handlers this rank runs: every one on rank 0; on the others all but the reporting ones
     (``main_rank_only``: logs, progress bars, files), so several processes write one log."""
     if rank() == 0:
         return list(handlers)
-    return [h for h in handlers if not getattr(unwrapped(h), "main_rank_only", False)]
+    return [h for h in handlers if not h.main_rank_only]

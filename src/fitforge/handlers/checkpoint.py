@@ -16,6 +16,7 @@ from fitforge.checkpoint.resume import check_resumable, fit_data_order, training
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_state, only_buffers
+from fitforge.core.roles import Checkpointing, Monitoring
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
 from fitforge.distributed.ranks import any_rank, rank, run_on_main_and_share, world_size
@@ -31,7 +32,7 @@ def _completed_epochs(state: TrainState) -> int:
     return state.epoch + 1 if state.epoch_finished else state.epoch
 
 
-class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
+class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing, Monitoring):
     """Save the training state every ``epoch_period`` epochs and/or ``batch_period`` batches, and the
     best one by ``monitor`` when ``save_best``.
 
@@ -403,6 +404,14 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
             **training_state(state, epochs, batches),
         }
+
+    def best_weights(self) -> str | None:
+        """``"saved"`` with ``save_best``: ``<prefix>-best.pt`` holds the best weights by ``monitor``."""
+        return "saved" if self.save_best else None
+
+    def best_checkpoint(self) -> Path | None:
+        """The best checkpoint this fit saved (``best_path``), if any."""
+        return self.best_path if self.save_best else None
 
     def state_dict(self) -> dict:
         """The best monitored value so far (the files to rotate are found in ``model_dir``)."""

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fitforge.core.dispatch import check_handler
-from fitforge.core.events import EventHandler, acts_as, unwrapped
+from fitforge.core.events import EventHandler, acts_as
+from fitforge.core.roles import KeyRecording, Monitoring, Validating, players, role_of
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.exceptions import FitforgeTypeError, MonitorKeyError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
@@ -60,17 +61,21 @@ def evaluate_handlers(event_handlers: Any) -> list[EventHandler]:
 
 
 def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list[str]:
-    """The history keys a fit with ``handlers`` produces, except those of a custom ``eval_fn``."""
-    keys: list[str] = []
-    for handler in map(unwrapped, handlers):
-        if isinstance(handler, MetricHandler):
-            keys += handler.history_keys(estimator, "train")
-    for validator in map(unwrapped, handlers):
-        if isinstance(validator, ValidationHandler) and validator.eval_fn is None:
-            # estimator.evaluate: the MetricHandler(s) given to the validation run, or its default one
-            inner = [h for h in validator.event_handlers if isinstance(h, MetricHandler)] or [MetricHandler()]
+    """The history keys a fit with ``handlers`` produces, except those of a custom validation
+    (see :func:`unknown_val_keys`)."""
+    keys = [key for recorder in players(handlers, KeyRecording) for key in recorder.history_keys(estimator, "train")]
+    for validator in players(handlers, Validating):
+        setup = validator.validation_setup()
+        if setup is not None:  # an evaluation by the estimator, with its handlers or the default MetricHandler
+            inner = players(evaluate_handlers(setup.event_handlers), KeyRecording)
             keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
     return keys + estimator.bookkeeping_keys()
+
+
+def unknown_val_keys(handlers: Sequence[EventHandler]) -> bool:
+    """Whether a validation of the run records keys known only once it ran (an ``eval_fn``, or a
+    user's :class:`~fitforge.core.roles.Validating` handler that validates by its own means)."""
+    return any(validator.validation_setup() is None for validator in players(handlers, Validating))
 
 
 def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> None:
@@ -78,18 +83,18 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
 
     Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
     (see :func:`monitored_value`)."""
-    monitors = [(h, key) for h in handlers if isinstance(key := getattr(h, "monitor", None), str)]
+    monitors = [(h, m) for h in handlers if (m := role_of(h, Monitoring)) is not None and isinstance(m.monitor, str)]
     keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
-    validators = [unwrapped(h) for h in handlers if acts_as(h, ValidationHandler)]  # throttled ones too
-    custom_eval = any(getattr(v, "eval_fn", None) is not None for v in validators)
-    for handler, key in monitors:
+    custom_eval = unknown_val_keys(handlers)
+    for handler, monitoring in monitors:
+        key = str(monitoring.monitor)
         if key in keys or (custom_eval and key.startswith("val_")):
             continue
         raise MonitorKeyError(
             f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
-            + _monitor_hint(key, keys, validates=bool(validators))
+            + _monitor_hint(key, keys, validates=bool(players(handlers, Validating)))
         )
-    _check_best_agrees(handlers)
+    _check_best_agrees([m for _, m in monitors])
 
 
 def _monitor_hint(key: str, keys: list[str], validates: bool) -> str:
@@ -105,17 +110,16 @@ def _monitor_hint(key: str, keys: list[str], validates: bool) -> str:
     )
 
 
-def _check_best_agrees(handlers: Sequence[EventHandler]) -> None:
-    # A best checkpoint and restored best weights judged by different keys are two different models;
-    # duck-typed (save_best / restore_best) to keep this module free of their imports.
-    savers = [h for h in handlers if getattr(h, "save_best", False)]
-    restorers = [h for h in handlers if getattr(h, "restore_best", False)]
+def _check_best_agrees(monitors: Sequence[Monitoring]) -> None:
+    # A best checkpoint and restored best weights judged by different keys are two different models.
+    savers = [m for m in monitors if m.best_weights() == "saved"]
+    restorers = [m for m in monitors if m.best_weights() == "restored"]
     for saver in savers:
         for restorer in restorers:
-            if saver.monitor != restorer.monitor:  # type: ignore[attr-defined]
+            if saver.monitor != restorer.monitor:
                 warnings.warn(
-                    f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but "  # type: ignore[attr-defined]
-                    f"{type(restorer).__name__} restores the best by {restorer.monitor!r}; "  # type: ignore[attr-defined]
+                    f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but "
+                    f"{type(restorer).__name__} restores the best by {restorer.monitor!r}; "
                     "the best checkpoint and the final weights may be different models: monitor the same key",
                     UserWarning,
                     stacklevel=4,

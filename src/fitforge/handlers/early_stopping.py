@@ -7,6 +7,7 @@ from typing import Any
 
 from fitforge.core.arguments import check_flag, check_non_negative, check_number
 from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.roles import Monitoring, Stopping
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.monitor import Monitor
@@ -14,7 +15,7 @@ from fitforge.handlers.monitor import Monitor
 log = logging.getLogger("fitforge")
 
 
-class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
+class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping):
     """Stop training when ``monitor`` has not improved for ``patience`` epochs.
 
     Semantics of Keras and Gluon: each epoch that does not beat the best by more than ``min_delta``
@@ -134,6 +135,14 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd):
             shown = state.epochs_before + best_epoch + 1  # numbered across fits, as the epoch lines
             log.info("restored the weights of epoch %d (%s=%.4g)", shown, self.monitor, self.best)
         self._best_weights = None  # do not hold a copy of the weights after the run
+
+    def best_weights(self) -> str | None:
+        """``"restored"`` with ``restore_best``: the weights it puts back are the best by ``monitor``."""
+        return "restored" if self.restore_best else None
+
+    def ended_run(self) -> bool:
+        """Whether it had stopped the run (restored from a checkpoint: a resumed fit is over)."""
+        return self.stopped_epoch is not None
 
     def state_dict(self) -> dict:
         """The patience count and the best so far (with the best weights when they are kept)."""

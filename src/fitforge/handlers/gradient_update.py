@@ -8,6 +8,7 @@ import torch
 
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
+from fitforge.core.roles import Accumulating, FirstBatchCheck
 from fitforge.core.state import TrainState
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.exceptions import FitforgeValueError
@@ -42,7 +43,7 @@ def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
     return None if scale is None else scale.clone()
 
 
-class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd):
+class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd, Accumulating, FirstBatchCheck):
     """Step the optimizers, then ``zero_grad(set_to_none=True)``.
 
     It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a

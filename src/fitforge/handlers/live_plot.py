@@ -10,12 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fitforge.core.events import EpochEnd, Stage, TrainBegin, unwrapped
+from fitforge.core.events import EpochEnd, Stage, TrainBegin
 from fitforge.core.history import draw_history, figure_size, in_notebook, metric_names
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.defaults import run_keys
-from fitforge.handlers.validation import ValidationHandler
+from fitforge.handlers.defaults import run_keys, unknown_val_keys
 
 log = logging.getLogger("fitforge")
 DEFAULT_PATH = "fitforge-live.png"
@@ -83,9 +82,8 @@ class LivePlotHandler(TrainBegin, EpochEnd):
     def _check_keys(self, state: TrainState) -> None:
         if self.keys is None:
             return
-        handlers = [unwrapped(h) for h in state.handlers]
-        if any(isinstance(h, ValidationHandler) and h.eval_fn is not None for h in handlers):
-            return  # a custom eval_fn's keys are known only once it ran
+        if unknown_val_keys(state.handlers):
+            return  # a custom validation's keys are known only once it ran
         names = metric_names(run_keys(state.handlers, state.estimator))
         unknown = [key for key in self.keys if key not in names]
         if unknown:

@@ -11,13 +11,13 @@ from collections.abc import Iterable
 
 from tqdm import tqdm
 
-from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd, acts_as, unwrapped
+from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.roles import Checkpointing, EpochLines, NonFiniteGuarding, plays
 from fitforge.core.state import TrainState
 from fitforge.core.summary import model_summary
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers.closing import failed_line, finished_line, plural
 from fitforge.handlers.formatting import epoch_label, format_values, pass_label
-from fitforge.handlers.nan_guard import NaNGuardHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
 
 log = logging.getLogger("fitforge")
@@ -80,14 +80,14 @@ def console_output_for(handlers: Iterable[object]) -> None:
     LoggingHandler: ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged
     before the LoggingHandler's ``train_begin`` (a checkpoint's "resuming from ..." or "training
     from scratch", a monitor's mode) show in a fresh process too."""
-    if any(acts_as(handler, LoggingHandler) for handler in handlers):
+    if plays(handlers, EpochLines):
         ensure_console_output()
 
 
 _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch loss (or skip such batches)"
 
 
-class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
+class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
     The fit starts with a line describing the model (:func:`fitforge.core.summary.model_summary`:
@@ -187,7 +187,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if not losses:
             return
         self._warned = True
-        guarded = any(acts_as(handler, NaNGuardHandler) for handler in state.handlers)
+        guarded = plays(state.handlers, NonFiniteGuarding)
         log.warning(
             "epoch %d: %s not finite; training may have diverged. Lower the learning rate%s",
             state.epoch + 1,
@@ -212,6 +212,6 @@ def _partial(state: TrainState) -> str:
         return ""
     done = f"{state.batch_idx + 1} of {state.num_batches}" if state.num_batches else f"{state.batch_idx + 1}"
     # A CheckpointHandler (a resume source) saved the epoch's state, which a resumed run finishes.
-    saved = any(callable(getattr(unwrapped(handler), "take_resume_checkpoint", None)) for handler in state.handlers)
+    saved = plays(state.handlers, Checkpointing)
     why = "" if state.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
     return f", partial: {done} batches{why}"

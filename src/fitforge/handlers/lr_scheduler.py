@@ -10,11 +10,11 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin, unwrapped
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin
 from fitforge.core.history import numbered_key
+from fitforge.core.roles import Accumulating, Monitoring, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.gradient_update import GradientUpdateHandler
 from fitforge.handlers.monitor import Monitor, infer_mode
 
 log = logging.getLogger("fitforge")
@@ -22,7 +22,7 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 _LENGTH_ARGS = {"total_steps", "epochs", "steps_per_epoch"}
 
 
-class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
+class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
     ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by
@@ -113,7 +113,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
             self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_BEGIN, Event.EPOCH_END)
         self._steps_seen: int | None = None  # steps of its optimizer the scheduler has followed
         self._batches_seen = -1  # state.optimizer_steps when the scheduler last looked (any optimizer's)
-        self._updater: GradientUpdateHandler | None = None  # which counts each optimizer's steps
+        self._updater: Accumulating | None = None  # which counts each optimizer's steps
         self._index = 0  # of its optimizer in estimator.optimizers
         self._pending: dict | None = None  # a state loaded before a one-cycle scheduler was built
 
@@ -170,7 +170,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd):
                 "(or estimator.optimizers[i])"
             )
         self._index = next(i for i, optimizer in enumerate(optimizers) if self.scheduler.optimizer is optimizer)
-        updaters = [h for h in map(unwrapped, state.handlers) if isinstance(h, GradientUpdateHandler)]
+        updaters = players(state.handlers, Accumulating)
         self._updater = updaters[0] if len(optimizers) > 1 and updaters else None
         self._batches_seen = -1  # the first batch looks, whatever a resume restored
         if self._monitor is not None:
@@ -348,7 +348,7 @@ class _OneCycle:
 
 def fit_steps(state: TrainState) -> int:
     """The optimizer steps a fit takes (the first limit reached of ``epochs`` and ``batches``)."""
-    accumulate = next((h.accumulate for h in state.handlers if isinstance(h, GradientUpdateHandler)), 1)
+    accumulate = next((h.accumulate for h in players(state.handlers, Accumulating)), 1)
     per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
     lengths = []
     if state.max_epochs is not None and per_epoch is not None:

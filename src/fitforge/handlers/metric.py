@@ -11,6 +11,7 @@ import torch
 from fitforge.core.data import shape_of
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
 from fitforge.core.loss import part_keys
+from fitforge.core.roles import FirstBatchCheck, KeyRecording
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
@@ -43,7 +44,7 @@ def _run_of(state: TrainState) -> tuple:
     return (id(state.estimator), state.phase, state.prefix)
 
 
-class MetricHandler(EpochBegin, BatchEnd, EpochEnd):
+class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchCheck):
     """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several
     (``<prefix>loss_<i>``) or they are named (``<prefix><output>_loss``), ``<prefix><metric name>``
     for every metric, and ``<prefix><name>`` for every named value logged with

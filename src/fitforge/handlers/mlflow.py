@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitforge.core.arguments import check_flag
-from fitforge.core.events import EpochEnd, Stage, TrainBegin, TrainEnd, unwrapped
+from fitforge.core.events import EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.roles import Checkpointing, Monitoring, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.checkpoint import CheckpointHandler
 from fitforge.handlers.hparams import ParamValue, check_params, run_params
 
 log = logging.getLogger("fitforge")
@@ -190,19 +190,17 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
 
     def _log_best(self, state: TrainState, client: Any) -> None:
         saver = self._best_saver(state)
-        path = None if saver is None else saver.best_path
+        path = None if saver is None else saver.best_checkpoint()
         if path is None or not path.is_file():
             log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
             return
         client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
 
     @staticmethod
-    def _best_saver(state: TrainState) -> CheckpointHandler | None:
-        for handler in state.handlers:
-            inner = unwrapped(handler)
-            if isinstance(inner, CheckpointHandler) and inner.save_best:
-                return inner
-        return None
+    def _best_saver(state: TrainState) -> Checkpointing | None:
+        """The handler saving the best checkpoint (a CheckpointHandler with ``save_best``)."""
+        savers = [m for m in players(state.handlers, Monitoring) if m.best_weights() == "saved"]
+        return next((s for s in savers if isinstance(s, Checkpointing)), None)
 
     def __repr__(self) -> str:
         return f"MLflowHandler({self.tracking_uri!r}, experiment_name={self.experiment_name!r})"

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin
 from fitforge.core.finite import GradientCheck
+from fitforge.core.roles import NonFiniteGuarding, Stopping
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import any_rank, reduce_ints, world_size
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
@@ -35,7 +36,7 @@ def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
-class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd):
+class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stopping):
     """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and
     never let the optimizer step on such a batch.
 
@@ -244,6 +245,10 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd):
         self._epoch_skips += 1
         log.debug("NaNGuardHandler: skipping epoch %d batch %d", state.epoch + 1, state.batch_idx + 1)
         raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")
+
+    def ended_run(self) -> bool:
+        """Whether it had stopped the run at a non-finite loss (restored: a resumed fit is over)."""
+        return self.stopped_epoch is not None
 
     def state_dict(self) -> dict:
         """The device record of the first bad batch not yet acted on, the stop epoch, the skip count."""

@@ -23,8 +23,9 @@ from typing import Any, TextIO
 from tqdm.std import tqdm as text_bar
 
 from fitforge.core.arguments import check_non_negative, check_positive
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd, unwrapped
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.history import in_notebook
+from fitforge.core.roles import EpochLines, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.handlers.formatting import epoch_label, format_value, pass_label
@@ -175,10 +176,6 @@ def fitted(bar: Any, values: dict[str, float], width: int | None) -> str:
 
 
 def _lines_elsewhere(state: TrainState) -> bool:
-    """Whether a handler of the fit prints each epoch's line (LoggingHandler, whose class the
-    logging module holds: it imports this one, so it is known here by what it offers)."""
-    for handler in state.handlers:
-        shows = getattr(unwrapped(handler), "shows_epoch_lines", None)
-        if callable(shows) and shows():
-            return True
-    return False
+    """Whether a handler of the fit prints each epoch's line now (a LoggingHandler: see
+    :class:`~fitforge.core.roles.EpochLines`)."""
+    return any(lines.shows_epoch_lines() for lines in players(state.handlers, EpochLines))

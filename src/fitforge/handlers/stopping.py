@@ -6,6 +6,7 @@ import time
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin
+from fitforge.core.roles import Stopping
 
 
 def tighter_limit(a: int | None, b: int | None) -> int | None:
@@ -13,7 +14,7 @@ def tighter_limit(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
+class StoppingHandler(TrainBegin, BatchEnd, EpochEnd, Stopping):
     """Request a stop when a limit is reached: its own or ``fit(epochs=, batches=)``, whichever comes first.
 
     Args:
@@ -33,6 +34,10 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd):
         check_positive("StoppingHandler", "max_batches", max_batches, allow_none=True)
         check_positive("StoppingHandler", "max_time", max_time, (int, float), allow_none=True)
         self.max_epochs, self.max_batches, self.max_time = max_epochs, max_batches, max_time
+
+    def run_limits(self) -> tuple[int | None, int | None]:
+        """``(max_epochs, max_batches)``: fit trains to the first limit reached, its own or these."""
+        return self.max_epochs, self.max_batches
 
     def train_begin(self, state) -> None:
         self._epochs = tighter_limit(self.max_epochs, state.max_epochs)

@@ -19,7 +19,9 @@ from fitforge.core.events import (
     EventHandler,
     TrainBegin,
     TrainEnd,
+    Wrapping,
     events_of,
+    hook_of,
 )
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import any_rank, world_size
@@ -66,20 +68,9 @@ class _Gate:
         return self.open(position, train) if due is None else due
 
 
-def _forwarded(name: str) -> property:
-    return property(lambda self: getattr(self.handler, name, None), doc=f"The wrapped handler's ``{name}``.")
-
-
-class Throttled(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
-    """The handler :func:`throttle` returns; it is called for exactly the wrapped handler's events."""
-
-    # What fit and resume look for on handlers by name: the monitor checks, and a run a handler
-    # stopped (early stopping) counting as finished on a re-run. The wrapped handler's, read-only.
-    monitor = _forwarded("monitor")
-    save_best = _forwarded("save_best")
-    restore_best = _forwarded("restore_best")
-    stopped_epoch = _forwarded("stopped_epoch")
-    main_rank_only = _forwarded("main_rank_only")
+class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
+    """The handler :func:`throttle` returns; it is called for exactly the wrapped handler's events,
+    and plays the wrapped handler's roles (:mod:`fitforge.core.roles` finds them through it)."""
 
     def __init__(
         self,
@@ -96,12 +87,13 @@ class Throttled(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, Epoch
             seconds,
             clock,
         )
-        self.priority = getattr(handler, "priority", 0)
-        self.run_after = tuple(getattr(handler, "run_after", ()) or ())
-        reads, writes = getattr(handler, "reads", None), getattr(handler, "writes", None)
+        # Its own place in the order and declared access: the wrapped handler's, and what it reads to decide.
+        self.priority, self.run_after = handler.priority, tuple(handler.run_after or ())
+        reads, writes = handler.reads, handler.writes
         self.reads = None if reads is None else tuple(reads) + tuple(r for r in _OWN_READS if r not in reads)
         self.writes = None if writes is None else tuple(writes)
-        self._hooks = {event: getattr(handler, event.value) for event in events_of(handler)}
+        self.main_rank_only = handler.main_rank_only
+        self._hooks = {event: hook_of(handler, event) for event in events_of(handler)}
         self.handled_events = tuple(self._hooks)
         self._gates()
 
@@ -193,11 +185,12 @@ def throttle(
     The wrapper is called for exactly the wrapped handler's events, keeps its ``priority``,
     ``run_after`` and ``reads``/``writes`` (adding the fields it reads to decide: phase, epoch,
     batch_idx, global_step), and forwards ``state_dict``/``load_state_dict`` (the wrapped state
-    rides in checkpoints under the key ``Throttled<ClassName>``) and the attributes fit's monitor
-    checks and resume read (``monitor``, ``save_best``, ``restore_best``, ``stopped_epoch``). The
-    wrapped handler is ``wrapper.handler``. It is not an instance of the wrapped class, but fit
-    treats it as one where it matters: ``throttle(LoggingHandler(...))`` replaces the default
-    LoggingHandler, and ``run_after=(LoggingHandler,)`` orders a handler after the wrapper.
+    rides in checkpoints under the key ``Throttled<ClassName>``). The wrapped handler is
+    ``wrapper.handler``; the wrapper plays its roles (a monitor, a validation, a checkpoint: see
+    :mod:`fitforge.core.roles`), with nothing forwarded by name. It is not an instance of the
+    wrapped class, but fit treats it as one where it matters: ``throttle(LoggingHandler(...))``
+    replaces the default LoggingHandler, and ``run_after=(LoggingHandler,)`` orders a handler
+    after the wrapper.
 
     Args:
         handler: an event handler instance.

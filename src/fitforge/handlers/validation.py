@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage, TrainBegin
+from fitforge.core.roles import Validating, ValidationSetup
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.metric import MetricHandler
 
 
-class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
+class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
     """Run ``eval_fn(val_data, event_handlers=...)`` and merge its dict into the epoch's history row.
 
     Args:
@@ -25,8 +25,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
             data or metrics fails in a second, not after an epoch; False skips it.
     """
 
-    priority = Stage.METRICS
-    run_after = (MetricHandler,)  # both write metrics and history: this order, stated
+    priority = Stage.METRICS  # with MetricHandler: both add their keys to metrics and history
     reads = (
         "estimator",
         "epoch",
@@ -63,13 +62,22 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd):
         self.epoch_period, self.batch_period = epoch_period, batch_period
         self.event_handlers = list(event_handlers or [])
         self.check_first = check_flag("ValidationHandler", "check_first", check_first)
-        self.checked_first = False  # set by fit: whether the check of check_first ran this fit
-        self.evaluation: Callable[[], dict] | None = None  # set by fit: its validations, set up before training
+        self.checked_first = False  # whether the check of check_first ran this fit
+        self._evaluation: Callable[[], dict] | None = None  # this fit's validations, set up before training
         self._validated_at: int | None = None
+
+    def validation_setup(self) -> ValidationSetup | None:
+        """What fit sets up before training: an evaluation of ``val_data`` (None with an ``eval_fn``)."""
+        if self.eval_fn is not None:
+            return None
+        return ValidationSetup(self.val_data, tuple(self.event_handlers), self.check_first, bool(self.batch_period))
+
+    def use_evaluation(self, evaluation: Callable[[], dict], checked: bool) -> None:
+        self._evaluation, self.checked_first = evaluation, checked
 
     def train_begin(self, state: TrainState) -> None:
         self._validated_at = None
-        run, self.evaluation = self.evaluation, None  # this fit's: a later fit sets up its own
+        run, self._evaluation = self._evaluation, None  # this fit's: a later fit sets up its own
         if run is None:
             self._evaluate = self.eval_fn or state.estimator.evaluate
             return

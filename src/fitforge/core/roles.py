@@ -1,0 +1,200 @@
+"""Handler roles: what a handler is, declared by inheriting a small base, and asked by the framework.
+
+fitforge never asks a handler's class or looks for an attribute by name: it asks for a role,
+``role_of(handler, Validating)``, which finds it on the handler itself or on the handler a wrapper
+holds (:class:`Wrapping`, e.g. ``throttle(...)``), so a wrapper keeps the roles of what it wraps
+without forwarding anything. A handler of your own that inherits a role takes part exactly as the
+built-in one does.
+
+==================  =====================================  ===========================================
+role                declared by (built-in)                 what fitforge does with it
+==================  =====================================  ===========================================
+Monitoring          EarlyStopping, Checkpoint, LRScheduler  checks ``monitor`` against the run's keys
+                                                           before training; the best kept and the
+                                                           best restored must watch one key
+Validating          ValidationHandler                      its ``val_*`` keys count for monitors; the
+                                                           checks before training set up and check
+                                                           its evaluation (:meth:`validation_setup`)
+Stopping            StoppingHandler, EarlyStopping          its limits fold into the run's; a run it
+                                                           had ended is over when resumed
+Checkpointing       CheckpointHandler                      resumes from the checkpoint it picked; an
+                                                           epoch cut short is one a resume finishes
+FirstBatchCheck     MetricHandler, GradientUpdateHandler   ``check_first_batch`` on the first batch,
+                                                           before its optimizer step
+KeyRecording        MetricHandler                          the history keys it records, known before
+                                                           training
+Accumulating        GradientUpdateHandler                  ``accumulate``; an open group made equal on
+                                                           every rank before a checkpoint
+EpochLines          LoggingHandler                         prints each epoch's line (a progress bar
+                                                           then shows none; console output is set up)
+NonFiniteGuarding   NaNGuardHandler                        a diverged loss is watched already
+==================  =====================================  ===========================================
+
+Example:
+    >>> from fitforge.events import EpochEnd
+    >>> class MyValidation(EpochEnd, Validating):
+    ...     def epoch_end(self, state):
+    ...         state.metrics["val_score"] = 1.0   # counts for EarlyStoppingHandler("val_score")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fitforge.core.events import EventHandler, Wrapping, unwrapped
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fitforge.core.state import EstimatorLike, TrainState
+
+R = TypeVar("R")
+__all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs them); named here too
+    "Accumulating",
+    "Checkpointing",
+    "EpochLines",
+    "FirstBatchCheck",
+    "KeyRecording",
+    "Monitoring",
+    "NonFiniteGuarding",
+    "Stopping",
+    "Validating",
+    "ValidationSetup",
+    "Wrapping",
+    "players",
+    "plays",
+    "role_of",
+    "unwrapped",
+]
+
+
+def role_of(handler: object, role: type[R]) -> R | None:
+    """The object playing ``role`` for ``handler``: the handler, or a handler it wraps; else None."""
+    while True:
+        if isinstance(handler, role):
+            return handler
+        if not isinstance(handler, Wrapping):
+            return None
+        handler = handler.handler
+
+
+def players(handlers: Iterable[object], role: type[R]) -> list[R]:
+    """The objects playing ``role`` among ``handlers``, in their order (see :func:`role_of`)."""
+    return [found for found in (role_of(h, role) for h in handlers) if found is not None]
+
+
+def plays(handlers: Iterable[object], role: type) -> bool:
+    """Whether any of ``handlers`` plays ``role``."""
+    return any(role_of(h, role) is not None for h in handlers)
+
+
+class Monitoring:
+    """Watches a history key (``"val_loss"``): fit checks, before training, that the run produces
+    it (a key only a custom validation can give is checked at its first use).
+
+    ``monitor`` is the key, or None when the handler watches nothing this run. :meth:`best_weights`
+    says whether it keeps the best weights by that key (``"saved"``: a best checkpoint) or puts them
+    back (``"restored"``); a run doing both by different keys gets a warning."""
+
+    monitor: str | None = None
+
+    def best_weights(self) -> str | None:
+        """``"saved"``, ``"restored"`` or None."""
+        return None
+
+
+@dataclass(frozen=True)
+class ValidationSetup:
+    """What a :class:`Validating` handler asks fit to set up before training: an evaluation of
+    ``val_data`` by the estimator (loss and metrics, with ``event_handlers``), checked on a first
+    batch when ``check_first``. ``mid_epoch``: it also validates between batches (its data is read
+    by more than the epochs' ends)."""
+
+    val_data: Iterable
+    event_handlers: Sequence[EventHandler] = ()
+    check_first: bool = True
+    mid_epoch: bool = False
+
+
+class Validating:
+    """Evaluates held-out data during fit, recording ``val_*`` keys: monitors of them count as
+    produced. A handler that evaluates with the estimator returns a :class:`ValidationSetup` from
+    :meth:`validation_setup`; fit checks its data and sets its evaluation up before training (a
+    first batch evaluated, so that a mistake fails in a second) and hands it to
+    :meth:`use_evaluation`. One that validates by its own means returns None (its keys are then
+    checked at their first use)."""
+
+    def validation_setup(self) -> ValidationSetup | None:
+        return None
+
+    def use_evaluation(self, evaluation: Any, checked: bool) -> None:
+        """``evaluation()`` returns ``{"val_loss": ..., ...}``, one pass each call; ``checked``: its
+        first batch was evaluated before training."""
+
+
+class Stopping:
+    """Ends training. :meth:`run_limits` (``(epochs, batches)``, None for no limit) fold into the
+    fit's own, the first reached ending it; :meth:`ended_run` says that this handler had ended the
+    run (restored from a checkpoint: the resumed fit is over at once)."""
+
+    def run_limits(self) -> tuple[int | None, int | None]:
+        return None, None
+
+    def ended_run(self) -> bool:
+        return False
+
+
+class Checkpointing:
+    """Saves the run's state so that a later fit resumes it."""
+
+    def take_resume_checkpoint(self) -> dict[str, Any] | None:
+        """The checkpoint picked in ``train_begin`` (weights and optimizer states already loaded),
+        once; else None. fit resumes from it before the first epoch."""
+        return None
+
+    def best_checkpoint(self) -> Path | None:
+        """The file of the best weights saved this fit, if any."""
+        return None
+
+
+class FirstBatchCheck:
+    """Checks the run before its first optimizer step: :meth:`check_first_batch` is called once the
+    first batch's output exists (``state.output``), before any ``batch_end`` hook, also on the
+    validation batch checked before training (``state.phase == "validate"``). Raise a clear error
+    to refuse the run."""
+
+    def check_first_batch(self, state: TrainState) -> None:
+        """Raise to refuse the run."""
+
+
+class KeyRecording:
+    """Records history keys known before training (``train_loss``, ``val_accuracy``...)."""
+
+    def history_keys(self, estimator: EstimatorLike, phase: str) -> list[str]:
+        """The keys it records in ``phase`` (``"train"`` or ``"validate"``)."""
+        return []
+
+
+class Accumulating:
+    """Steps the optimizers every ``accumulate`` batches."""
+
+    accumulate: int = 1
+
+    def share_open_group(self, state: TrainState) -> None:
+        """Make an open group's gradients equal on every rank before a checkpoint (a collective)."""
+
+    def steps_per_optimizer(self, state: TrainState) -> list[int]:
+        """The optimizer steps each optimizer took this run."""
+        return [state.optimizer_steps] * len(state.estimator.optimizers)
+
+
+class EpochLines:
+    """Prints a line per epoch to the log."""
+
+    def shows_epoch_lines(self) -> bool:
+        return True
+
+
+class NonFiniteGuarding:
+    """Acts on nan or inf losses (stops, skips or raises): a diverged run needs no hint to add one."""
