@@ -108,15 +108,16 @@ def pieces(overhead) -> dict:
 
     from fitforge import Estimator
     from fitforge.checkpoint.data_order import DataOrder
+    from fitforge.checks.first_batch import check_handlers, explained_step
+    from fitforge.checks.model import check_placement, check_trainable
+    from fitforge.checks.validation import check_first_val_batch, first_samples
     from fitforge.core.data import check_finite
     from fitforge.core.dispatch import Dispatcher
-    from fitforge.core.first_batch import check_handlers, explained_step
     from fitforge.core.modules import set_training
     from fitforge.core.rng import torch_rng_kept
     from fitforge.core.run import inference
     from fitforge.core.state import TrainState
     from fitforge.handlers.defaults import fit_handlers
-    from fitforge.preflight import check_first_val_batch, check_placement, check_trainable, first_samples
 
     w = overhead.WORKLOADS["Z"]
     train, val = overhead.make_loaders(w, 1.0)
@@ -130,7 +131,7 @@ def pieces(overhead) -> dict:
     handlers = evaluation.dispatcher.handlers
 
     def armed_step() -> None:
-        est._val_loss.arm_checks()
+        est.arm_loss_checks("validate")
         explained_step(state, evaluation.step, batch)
 
     def block(context: AbstractContextManager) -> None:
@@ -158,7 +159,7 @@ def pieces(overhead) -> dict:
         "fit, default handlers (this estimator again)": lambda: est.fit(train, val_data=val, epochs=1),
         "hand-written loop + validation": lambda: overhead.hand_loop(net, opt, criterion, train, val, 1),
         "validation check before training": lambda: check_first_val_batch(
-            est, val, "val_data", handlers=handlers, step=evaluation.step
+            est, val, "val_data", handlers, evaluation.step
         ),
         "  its step: forward and loss of 2 samples": lambda: evaluation.step(state, batch),
         "  its step under inference_mode (as the check runs it)": in_inference_mode(
@@ -171,7 +172,7 @@ def pieces(overhead) -> dict:
         "  its kept random state (a torch_rng_kept block)": lambda: block(torch_rng_kept(est.device)),
         "  its eval mode and inference_mode (an inference block)": lambda: block(inference(est.val_net)),
         "B's CNN: validation check before training": lambda: check_first_val_batch(
-            cnn_est, cnn_val, "val_data", handlers=cnn_evaluation.dispatcher.handlers, step=cnn_evaluation.step
+            cnn_est, cnn_val, "val_data", cnn_evaluation.dispatcher.handlers, cnn_evaluation.step
         ),
         "  its step under inference_mode": in_inference_mode(lambda: cnn_evaluation.step(cnn_state, cnn_batch)),
         "validation set-up (Estimator.evaluation)": lambda: est.evaluation(val, []),

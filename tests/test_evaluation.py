@@ -5,6 +5,7 @@ import logging
 
 import pytest
 
+import fitforge.checks.first_batch
 import fitforge.evaluation as evaluation_module
 from fitforge import BatchProcessor
 from fitforge.core.dispatch import Dispatcher
@@ -14,15 +15,28 @@ from fitforge.handlers import LoggingHandler, ValidationHandler
 from helpers import make_estimator, regression_batches
 
 
-def counting(monkeypatch, name):
+def counting(monkeypatch, name, module=evaluation_module):
     calls = []
-    real = getattr(evaluation_module, name)
-    monkeypatch.setattr(evaluation_module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def first_batch_checks(monkeypatch):
+    """The evaluation passes whose first batch went through the check (its step, errors explained)."""
+    calls = []
+    real = fitforge.checks.first_batch.explained_step
+
+    def counted(state, step, batch):
+        calls.extend([1] if state.phase == "validate" else [])
+        return real(state, step, batch)
+
+    monkeypatch.setattr(fitforge.checks.first_batch, "explained_step", counted)
     return calls
 
 
 def test_an_evaluation_runs_again_with_the_same_set_up_and_checks_its_first_pass_only(monkeypatch):
-    checks = counting(monkeypatch, "check_first_batch_of")
+    checks = first_batch_checks(monkeypatch)
     estimator = make_estimator()
     run = estimator.evaluation(regression_batches())
     first, second = run(), run()
@@ -32,7 +46,7 @@ def test_an_evaluation_runs_again_with_the_same_set_up_and_checks_its_first_pass
 
 
 def test_a_checked_evaluation_skips_the_first_batch_check(monkeypatch):
-    checks = counting(monkeypatch, "check_first_batch_of")
+    checks = first_batch_checks(monkeypatch)
     estimator = make_estimator()
     assert estimator.evaluation(regression_batches(), checked=True)() == estimator.evaluate(regression_batches())
     assert len(checks) == 1  # evaluate's only
@@ -40,7 +54,7 @@ def test_a_checked_evaluation_skips_the_first_batch_check(monkeypatch):
 
 @pytest.mark.parametrize("check_first, checks_in_fit", [(True, 0), (False, 1)])
 def test_a_fit_validates_through_one_evaluation_checked_before_training(monkeypatch, check_first, checks_in_fit):
-    built, checks = counting(monkeypatch, "Dispatcher"), counting(monkeypatch, "check_first_batch_of")
+    built, checks = counting(monkeypatch, "Dispatcher"), first_batch_checks(monkeypatch)
     estimator = make_estimator()
     validation = ValidationHandler(regression_batches(), check_first=check_first)
     history = estimator.fit(regression_batches(), epochs=3, event_handlers=[validation])
@@ -106,28 +120,32 @@ def test_a_bad_prefix_is_refused_before_any_batch(prefix, error, message):
 
 
 def test_the_check_before_training_runs_through_the_evaluation_it_stands_for(monkeypatch):
-    import fitforge.preflight as preflight_module
+    import fitforge.checks.validation as validation_module
 
-    def refuse(*args):
-        raise AssertionError("the check built handlers of its own")
+    seen = []
+    real = validation_module.check_handlers
+    monkeypatch.setattr(validation_module, "check_handlers", lambda state, hs: seen.append(hs) or real(state, hs))
+    checks = first_batch_checks(monkeypatch)
 
-    monkeypatch.setattr(preflight_module, "evaluate_handlers", refuse)
-    checks = counting(monkeypatch, "check_first_batch_of")
+    class Kept(ValidationHandler):
+        def use_evaluation(self, evaluation, checked):
+            self.kept = evaluation
+            super().use_evaluation(evaluation, checked)
+
     estimator = make_estimator()
-    run = estimator.evaluation(regression_batches())
-    assert run.check_first() is True and run.checked
-    assert run() == estimator.evaluation(regression_batches(), checked=True)() and not checks  # no second check
-    validation = ValidationHandler(regression_batches())
+    validation = Kept(regression_batches())
     estimator.fit(regression_batches(), epochs=2, event_handlers=[validation])
     assert validation.checked_first and validation._evaluation is None  # handed to the fit, which used it
+    assert seen == [validation.kept.dispatcher.handlers] and validation.kept.checked
+    assert not checks  # the validation passes checked nothing again
 
 
 def test_a_fit_checks_the_net_s_placement_once_for_training_and_validation(monkeypatch):
-    import fitforge.preflight
+    import fitforge.checks.model
 
     checked = []
-    real = fitforge.preflight.check_devices
-    monkeypatch.setattr(fitforge.preflight, "check_devices", lambda *a: checked.append(a[2]) or real(*a))
+    real = fitforge.checks.model.check_devices
+    monkeypatch.setattr(fitforge.checks.model, "check_devices", lambda *a: checked.append(a[2]) or real(*a))
     estimator = make_estimator()
     estimator.fit(regression_batches(), val_data=regression_batches(), epochs=1)
     assert checked == ["net"]  # val_net is net: fit checks it once and sets up its validation unchecked
@@ -135,7 +153,7 @@ def test_a_fit_checks_the_net_s_placement_once_for_training_and_validation(monke
     assert checked == ["net", "val_net"]  # set up on its own, an evaluation checks
 
 
-def test_an_estimator_overriding_evaluation_with_its_former_signature_still_validates():
+def test_an_estimator_overriding_evaluation_with_a_former_signature_still_validates():
     from torch import nn
 
     from fitforge import Estimator
@@ -149,4 +167,4 @@ def test_an_estimator_overriding_evaluation_with_its_former_signature_still_vali
 
     estimator = Mine(nn.Linear(1, 1), nn.MSELoss(), optimizer="sgd", device="cpu")
     history = estimator.fit(regression_batches(), val_data=regression_batches(), epochs=1)
-    assert len(built) == 1 and "val_loss" in history
+    assert "val_loss" in history and not built  # fit sets its validations up itself: no override in its way

@@ -14,20 +14,19 @@ from fitforge.checkpoint.data_order import DataOrder
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.preemption import preemptible, raise_if_preempted
 from fitforge.checkpoint.resume import resume_picked
+from fitforge.checks.first_batch import first_batch_check
+from fitforge.checks.pipeline import before_fit, before_predict, evaluation_of
+from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
-from fitforge.core.arrays import eval_loader, fit_loaders
 from fitforge.core.coordinator import Alone
-from fitforge.core.data import check_data
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
-from fitforge.core.first_batch import check_first_batch_of
 from fitforge.core.history import History, numbered_key
 from fitforge.core.learning_rate import set_learning_rate
 from fitforge.core.loop import run_fit, run_pass
 from fitforge.core.loss import loss_sets
 from fitforge.core.modules import set_training
 from fitforge.core.options import (
-    check_duration,
     check_net,
     compile_net,
     resolve_device,
@@ -44,17 +43,14 @@ from fitforge.core.processor import (
 )
 from fitforge.core.run import OnePass, RunContext, inference
 from fitforge.core.state import BatchOutput, TrainState
-from fitforge.distributed.data_split import gather_predictions, in_dataset_order, shard_eval, shard_train
+from fitforge.distributed.data_split import gather_predictions
 from fitforge.distributed.ranks import on_this_rank, rank, world_size
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
 from fitforge.evaluation import Evaluation
 from fitforge.exceptions import FitforgeValueError
-from fitforge.handlers.defaults import check_monitors, fit_handlers, run_keys, user_handlers
-from fitforge.handlers.logging import console_output_for
+from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, run_keys
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
-from fitforge.preflight import check_first_val_batch, check_placement, preflight
-from fitforge.tools.access_guard import guard
 from fitforge.tools.lr_find import LRFindResult, lr_find
 from fitforge.tools.profiler import profiled
 
@@ -176,10 +172,6 @@ class Estimator:
         """Whether fit, evaluate and predict split their data across torch.distributed ranks."""
         return self.strategy != "none" and world_size() > 1
 
-    @property
-    def loss_count(self) -> int:
-        return len(self._loss.fns)
-
     def output_keys(self, phase: str = "train") -> tuple[int | str, ...]:
         """The outputs the loss(es) of ``phase`` (``"validate"``: ``val_loss``) read: by position
         ``(0, 1, ...)``, or the names of a dict ``loss`` (``("cls", "reg")``)."""
@@ -194,19 +186,25 @@ class Estimator:
         """As :meth:`compute_loss` with ``val_loss``."""
         return self._val_loss(pred, label)
 
+    def arm_loss_checks(self, phase: str = "train") -> None:
+        """Make the loss of ``phase`` (``"validate"``: ``val_loss``) check counts, shapes, label
+        dtypes and class ranges at its next call: the checks of a run's first batch."""
+        (self._val_loss if phase == "validate" else self._loss).arm_checks()
+
     def check_first_batch(self, output: BatchOutput, method: str = "fit_batch") -> None:
-        """The checks of the first batch's output, before its optimizer step (see :mod:`fitforge.core.first_batch`):
+        """The checks of the first batch's output, before its optimizer step (see :mod:`fitforge.checks.first_batch`):
         a BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a scalar loss."""
         check_batch_output(output, method)
         self._loss.check_first_batch(output.loss)
 
     def check_first_val_batch(
-        self, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None = None
+        self, val_data: Iterable, name: str = "val_data", event_handlers: Sequence[EventHandler] | None = None
     ) -> None:
-        """Evaluate the first validation batch once before training (eval mode, no grad, RNG state
-        restored), so a mistake in the validation data fails in a second, not after an epoch (see
-        :func:`fitforge.preflight.check_first_val_batch`)."""
-        check_first_val_batch(self, val_data, name, event_handlers)
+        """Evaluate a first validation batch once (eval mode, no grad, RNG state restored), as fit
+        does before training, so a mistake in the validation data fails in a second, not after an
+        epoch (see :func:`fitforge.checks.validation.check_first_val_batch`)."""
+        step = bound_step(self.batch_processor, self, "evaluate_batch")
+        check_first_val_batch(self, val_data, name, evaluate_handlers(event_handlers), step)
 
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""
@@ -257,36 +255,33 @@ class Estimator:
                 shapes or dtypes at the first batch, before any optimizer step.
         """
         self._announce_default_optimizer("fit")
-        if isinstance(val_data, int):  # fit(data, 5): the 5 landed in val_data; say so before anything else
-            check_data(val_data, "val_data", None)
-        train_data, val_data = fit_loaders(train_data, val_data, batch_size, validation_split)
-        check_duration(epochs, batches)
-        passes = 1 if epochs == 1 else None
-        if self.splits_data:
-            train_data = shard_train(train_data)
-        num_batches = check_data(train_data, "train_data", passes)
-        if val_data is not None:
-            check_data(val_data, "val_data", passes)
-        check_placement(self, "net", "val_net")
-        handlers = fit_handlers(event_handlers, val_data, default_handlers)
-        console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
-        epochs, batches = preflight(self, handlers, val_data, epochs, batches)
-        check_monitors(handlers, self)
-        guarded = check_flag("fit", "check_access", check_access)
-        dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
-        self._loss.arm_checks()
+        plan = before_fit(
+            self,
+            train_data,
+            val_data,
+            epochs,
+            batches,
+            event_handlers,
+            default_handlers,
+            check_access,
+            profile,
+            batch_size,
+            validation_split,
+        )
+        dispatcher = plan.dispatcher
         # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
         several = world_size() > 1
         coordinator = StopAgreement(isinstance(self.train_net, DistributedDataParallel)) if several else Alone()
-        step = bound_step(self.batch_processor, self, "fit_batch")
-        run = RunContext(dispatcher, step, DataOrder(train_data), "train_data", coordinator, prepare=(resume_picked,))
-        check_first_batch_of(run)
+        order = DataOrder(plan.train_data)
+        run = RunContext(
+            dispatcher, plan.step, order, "train_data", coordinator, prepare=(resume_picked,), check=plan.check
+        )
         state = TrainState(
             self,
             "train",
-            max_epochs=epochs,
-            max_batches=batches,
-            num_batches=num_batches,
+            max_epochs=plan.epochs,
+            max_batches=plan.batches,
+            num_batches=plan.num_batches,
             handlers=tuple(dispatcher.handlers),
             run=run,
             epochs_before=self.history.epochs,
@@ -294,7 +289,7 @@ class Estimator:
         set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
         try:
             with (
-                profiled(dispatcher, state.history, check_flag("fit", "profile", profile)),
+                profiled(dispatcher, state.history, plan.profile),
                 preemptible(state, coordinator),
             ):
                 run_fit(state, run)
@@ -336,7 +331,7 @@ class Estimator:
         Raises:
             FitforgeTypeError/FitforgeValueError: a bad ``prefix`` or bad data (before any batch).
         """
-        return Evaluation(self, val_data, event_handlers, batch_size, prefix=prefix)()
+        return evaluation_of(self, val_data, event_handlers, batch_size, prefix)[0]()
 
     def evaluation(
         self,
@@ -348,7 +343,7 @@ class Estimator:
         """:meth:`evaluate` set up once, to call as often as needed (a ValidationHandler's each
         validation): ``checked`` when the data's first batch was checked before training, ``placed``
         when ``val_net``'s device was just checked (see :class:`~fitforge.evaluation.Evaluation`)."""
-        return Evaluation(self, val_data, event_handlers, checked=checked, placed=placed)
+        return evaluation_of(self, val_data, event_handlers, placed=placed, checked=checked)[0]
 
     def predict(
         self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None
@@ -366,25 +361,18 @@ class Estimator:
         a DataLoader's dataset, and rank 0 returns every output in dataset order; the other ranks
         return None.
         """
-        data = eval_loader(data, batch_size, "data", bare=True)
-        num_batches = check_data(data, "data", passes=1)
-        sharded = False
-        if self.splits_data:
-            data, sharded = shard_eval(data, padded=self.strategy == "fsdp")
-            num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
-        else:
-            data = in_dataset_order(data)
+        plan = before_predict(self, data, event_handlers, batch_size)
         predictions = Predictions(bound_step(self.batch_processor, self, "predict_batch"), self.non_blocking)
-        check_placement(self, "val_net")
-        dispatcher = Dispatcher(on_this_rank(user_handlers(event_handlers)))
-        state = TrainState(self, "predict", num_batches=num_batches)
-        run = RunContext(dispatcher, predictions.step, OnePass(data), "data", allow_empty=sharded)
-        check_first_batch_of(run)
+        check = first_batch_check(predictions.step, plan.dispatcher.handlers, "data", "predict")
+        state = TrainState(self, "predict", num_batches=plan.num_batches)
+        run = RunContext(
+            plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=check
+        )
         with inference(self.val_net, self.strategy != "fsdp"):
             run_pass(state, run)
         joined = predictions.joined(self.device)
-        if sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
-            joined = gather_predictions(joined, len(data.dataset))  # type: ignore[attr-defined]
+        if plan.sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
+            joined = gather_predictions(joined, len(plan.data.dataset))  # type: ignore[attr-defined]
             if joined is None and rank() != 0:
                 return None
         if joined is None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fitforge.core import dispatch as dispatch_module
-from fitforge.core.dispatch import Dispatcher, check_handler, order_handlers
+from fitforge.core.dispatch import Dispatcher, check_handler
 from fitforge.core.events import events_of
 from fitforge.events import BatchBegin, BatchEnd, EpochBegin, EpochEnd, Event, EventHandler, TrainBegin, TrainEnd
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
@@ -33,6 +33,10 @@ class B(Named):
 
 class C(Named):
     pass
+
+
+def order_handlers(handlers):
+    return Dispatcher(handlers).handlers
 
 
 def test_events_of_follows_mixins():

@@ -249,12 +249,12 @@ def test_restore_best_weights_is_kerass_name_for_restore_best():
 
 
 def test_a_fit_without_a_monitor_does_not_list_the_run_keys(monkeypatch):
-    import fitforge.handlers.defaults as defaults
+    import fitforge.checks.monitors as monitors
 
     def refuse(*args):
         raise AssertionError("run_keys computed with nothing to check")
 
-    monkeypatch.setattr(defaults, "run_keys", refuse)
+    monkeypatch.setattr(monitors, "run_keys", refuse)
     make_estimator().fit(regression_batches(), epochs=1)  # StoppingHandler etc.: no monitor
     with pytest.raises(AssertionError, match="run_keys computed"):
         make_estimator().fit(regression_batches(), epochs=1, event_handlers=[EarlyStoppingHandler("train_loss")])

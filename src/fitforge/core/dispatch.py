@@ -108,17 +108,8 @@ def _description(handler: EventHandler) -> tuple:
     )
 
 
-def order_handlers(handlers: Sequence[EventHandler]) -> list[EventHandler]:
-    """Sort by ``priority`` (stable), then move handlers after those named in their ``run_after``
-    and declared readers of a field after its declared writers (see :mod:`fitforge.core.access`).
-    The order is a function of the handlers' descriptions, so a fit with the same kinds of
-    handlers as an earlier one reuses its order (a fit's fixed cost; declarations held in lists,
-    which cannot be a key, are ordered afresh)."""
-    return [handlers[i] for i in _plan(handlers)[0]]
-
-
 def _plan(handlers: Sequence[EventHandler]) -> Plan:
-    """The order of ``handlers`` (see :func:`order_handlers`) and the events of each in that order,
+    """The order of ``handlers`` (see :func:`_order`) and the events of each in that order,
     both functions of the handlers' descriptions: remembered for later fits."""
     try:
         key: tuple | None = tuple(_description(h) for h in handlers)
@@ -134,7 +125,11 @@ def _plan(handlers: Sequence[EventHandler]) -> Plan:
 
 
 def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
-    """The positions of ``handlers`` in their order (see :func:`order_handlers`)."""
+    """The positions of ``handlers`` in their order: sorted by ``priority`` (stable), then moved
+    after those named in their ``run_after`` and declared readers of a field after its declared
+    writers (see :mod:`fitforge.core.access`). The order is a function of the handlers'
+    descriptions, so a fit with the same kinds of handlers as an earlier one reuses its order (a
+    fit's fixed cost; declarations held in lists, which cannot be a key, are ordered afresh)."""
     after = access_edges(handlers)  # i -> must run after these
     for i, handler in enumerate(handlers):
         classes = tuple(handler.run_after or ())

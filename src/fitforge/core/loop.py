@@ -135,7 +135,12 @@ def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable]
     hooks = run.dispatcher.hooks
     for hook in hooks[Event.BATCH_BEGIN]:
         hook(state)
-    state.output = run.step(state, state.batch)
+    check = run.check
+    if check is None:
+        state.output = run.step(state, state.batch)
+    else:  # the run's first batch: checked before its optimizer step (a cancelled one leaves the next)
+        state.output = check(state, state.batch)
+        run.check = None
     for hook in after_step:
         hook(state)
     ends = hooks[Event.BATCH_END]

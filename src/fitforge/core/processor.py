@@ -123,8 +123,15 @@ class BatchProcessor:
     _scaler: torch.amp.GradScaler | None = None  # the fp16 scaler of the estimator that runs the processor
     _autocast_device: str | None = None  # its device type under mixed precision, else None
 
+    def bind(self, estimator: EstimatorLike) -> None:
+        """Take the fp16 scaler (``backward`` scales with it) and the autocast device of the
+        estimator that runs this processor (fit, evaluate and predict call it)."""
+        self._scaler = estimator.scaler
+        self._autocast_device = None if estimator.autocast_dtype is None else estimator.device.type
+
     @property
-    def _label_keys(self) -> tuple[str, ...]:
+    def label_keys(self) -> tuple[str, ...]:
+        """The keys a dict batch's label may be under: ``label_key``, else ``"labels"`` or ``"label"``."""
         return LABEL_KEYS if self.label_key is None else (self.label_key,)
 
     def _inputs_to(self, inputs: Inputs, estimator: EstimatorLike) -> Inputs:
@@ -154,13 +161,13 @@ class BatchProcessor:
         """Split a batch into ``(inputs, label)``: a ``(data, label)`` pair gives a tuple of inputs;
         a dict batch gives its keyword inputs (passed as ``net(**features)``) and the label under
         ``label_key`` (by default ``"labels"``, else ``"label"``). Override for other batch formats."""
-        return unpack_pair(batch, self._label_keys)
+        return unpack_pair(batch, self.label_keys)
 
     def to_device(self, state: TrainState, batch: Any) -> tuple[Inputs, Any]:
         """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
         device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
         the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
-        inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_pair(batch, self._label_keys)
+        inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_pair(batch, self.label_keys)
         estimator = state.estimator
         device = estimator.device
         if type(label) is not torch.Tensor or label.device != device:
@@ -169,7 +176,7 @@ class BatchProcessor:
         if estimator.loss is None and label is not None:  # the net computes its loss: it needs the label
             key = self.label_key or "labels"
             if isinstance(batch, Mapping) and not self._unpack_overridden:
-                key = label_key_of(batch, self._label_keys)
+                key = label_key_of(batch, self.label_keys)
             inputs = _with_label(inputs, label, key)
         return inputs, label
 
@@ -267,7 +274,7 @@ class BatchProcessor:
         """The inputs of a predict batch on the device: from a bare tensor, ``(data,)``, or anything
         ``unpack`` splits into ``(inputs, label)`` (the label is dropped)."""
         unpack = self.unpack if self._unpack_overridden else None
-        return self._inputs_to(unpack_inputs(batch, unpack, self._label_keys), state.estimator)
+        return self._inputs_to(unpack_inputs(batch, unpack, self.label_keys), state.estimator)
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
         """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data): the
@@ -297,8 +304,7 @@ def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callabl
     keeps mixed precision without code of its own. The default steps enter autocast themselves,
     around the forward and loss only, and are returned as they are."""
     if isinstance(processor, BatchProcessor):
-        processor._scaler = estimator.scaler
-        processor._autocast_device = None if estimator.autocast_dtype is None else estimator.device.type
+        processor.bind(estimator)
     step = getattr(processor, method)
     if estimator.autocast_dtype is None or method not in getattr(processor, "_custom_steps", ()):
         return step

@@ -55,13 +55,15 @@ class RunContext:
 
     Attributes:
         dispatcher: the run's handlers, ordered, with their hooks per event.
-        step: called per batch: the processor's ``fit_batch`` (or the pass's step); its first call
-            may be a checked one (see :func:`fitforge.core.first_batch.check_first_batch_of`).
+        step: called per batch: the processor's ``fit_batch`` (or the pass's step).
         data: the data, epoch by epoch.
         name: what the data is called in errors (``"train_data"``, ``"val_data"``...).
         coordinator: agreement on stops with other processes (:class:`Alone` in one process).
         prepare: called once after every ``train_begin`` and before the first epoch (a resume).
         allow_empty: a pass of no batch is no error (a rank's share of evaluation data may be empty).
+        check: the step of the run's first batch, with the checks before the first optimizer step
+            (:mod:`fitforge.checks.first_batch`); the loop calls it instead of ``step`` until a batch
+            went through it, then clears it. None: nothing to check.
     """
 
     dispatcher: Dispatcher
@@ -71,6 +73,7 @@ class RunContext:
     coordinator: Coordinator = field(default_factory=Alone)
     prepare: Sequence[Callable[[TrainState], None]] = ()
     allow_empty: bool = False
+    check: Step | None = None
 
 
 class inference:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import EventHandler, acts_as
-from fitforge.core.roles import KeyRecording, Monitoring, Validating, players, role_of
+from fitforge.core.roles import KeyRecording, Validating, players
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.exceptions import FitforgeTypeError, MonitorKeyError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
@@ -76,54 +74,6 @@ def unknown_val_keys(handlers: Sequence[EventHandler]) -> bool:
     """Whether a validation of the run records keys known only once it ran (an ``eval_fn``, or a
     user's :class:`~fitforge.core.roles.Validating` handler that validates by its own means)."""
     return any(validator.validation_setup() is None for validator in players(handlers, Validating))
-
-
-def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> None:
-    """Every ``monitor`` attribute must name a key the run will produce.
-
-    Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
-    (see :func:`monitored_value`)."""
-    monitors = [(h, m) for h in handlers if (m := role_of(h, Monitoring)) is not None and isinstance(m.monitor, str)]
-    keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
-    custom_eval = unknown_val_keys(handlers)
-    for handler, monitoring in monitors:
-        key = str(monitoring.monitor)
-        if key in keys or (custom_eval and key.startswith("val_")):
-            continue
-        raise MonitorKeyError(
-            f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
-            + _monitor_hint(key, keys, validates=bool(players(handlers, Validating)))
-        )
-    _check_best_agrees([m for _, m in monitors])
-
-
-def _monitor_hint(key: str, keys: list[str], validates: bool) -> str:
-    """The fixes for a monitored key the run will not produce: a validation to add; else a near
-    name (a typo), and a value logged by the step to declare (a near name may be a different value)."""
-    if key.startswith("val_") and not validates:
-        return "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
-    near = difflib.get_close_matches(key, keys, n=1)
-    name = key.split("_", 1)[1] if key.startswith(("train_", "val_")) else key
-    return (f"Did you mean {near[0]!r}? " if near else "") + (
-        f"A value a step logs with state.log({name!r}, ...) is known before training only when its name is "
-        f"declared in BatchProcessor.logs, e.g. logs = ({name!r},)"
-    )
-
-
-def _check_best_agrees(monitors: Sequence[Monitoring]) -> None:
-    # A best checkpoint and restored best weights judged by different keys are two different models.
-    savers = [m for m in monitors if m.best_weights() == "saved"]
-    restorers = [m for m in monitors if m.best_weights() == "restored"]
-    for saver in savers:
-        for restorer in restorers:
-            if saver.monitor != restorer.monitor:
-                warnings.warn(
-                    f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but "
-                    f"{type(restorer).__name__} restores the best by {restorer.monitor!r}; "
-                    "the best checkpoint and the final weights may be different models: monitor the same key",
-                    UserWarning,
-                    stacklevel=4,
-                )
 
 
 def monitored_value(state: TrainState, key: str, who: object) -> float:

@@ -21,7 +21,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
         batch_period: also validate after every n-th training batch (None: never mid-epoch).
         event_handlers: handlers for the evaluation run (never fit's).
         check_first: before training, evaluate a batch of the first few samples of ``val_data``
-            (:func:`fitforge.preflight.check_first_val_batch`), so that a mistake in the validation
+            (:func:`fitforge.checks.validation.check_first_val_batch`), so that a mistake in the validation
             data or metrics fails in a second, not after an epoch; False skips it.
     """
 

@@ -374,7 +374,7 @@ def test_what_the_net_received_includes_its_keyword_arguments():
 
 
 def test_net_arguments_is_empty_when_the_net_was_not_called_through_torch():
-    from fitforge.core.forward_errors import net_arguments
+    from fitforge.checks.forward_errors import net_arguments
 
     net = nn.Linear(5, 3)
     try:
@@ -645,7 +645,7 @@ def test_the_validation_check_collates_two_samples_here_and_starts_no_worker():
 def test_the_first_samples_of_a_tensor_dataset_are_what_collating_them_gives():
     from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-    from fitforge.preflight import first_samples
+    from fitforge.checks.validation import first_samples
 
     x, y = torch.rand(8, 3), torch.arange(8)
     loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
@@ -661,7 +661,7 @@ def test_the_first_samples_of_a_tensor_dataset_are_what_collating_them_gives():
 def test_the_first_samples_are_contiguous_as_batches_are_whatever_the_dataset_layout():
     from torch.utils.data import DataLoader, TensorDataset
 
-    from fitforge.preflight import first_samples
+    from fitforge.checks.validation import first_samples
 
     x = torch.rand(3, 4, 16).permute(2, 1, 0)  # 16 samples of (4, 3), not stored contiguously
     loader = DataLoader(TensorDataset(x, torch.zeros(16, 1)), batch_size=4)

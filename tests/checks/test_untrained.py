@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fitforge import BatchOutput, BatchProcessor, Estimator
-from fitforge.core.untrained import untrained_names, warn_untrained
+from fitforge.checks.untrained import untrained_names, warn_untrained
 from helpers import regression_batches
 
 
@@ -172,7 +172,7 @@ def test_many_names_are_cut_to_five_and_lazy_parameters_are_counted_as_tensors(c
 
 
 def test_the_fix_for_a_digit_named_child_of_a_plain_module_is_runnable():
-    from fitforge.core.untrained import _parameters_of
+    from fitforge.checks.untrained import _parameters_of
 
     net = nn.Module()  # not indexable: the fix must not say net[0]
     net.add_module("0", nn.Linear(1, 1))

@@ -1,0 +1,15 @@
+"""The checks before step 1: one pipeline (:mod:`fitforge.checks.pipeline`) that fit, evaluate and
+predict each call once, so that a mistake fails in a second with an error naming the argument, the
+batch and the fix, before any weight changes.
+
+- :mod:`~fitforge.checks.pipeline`: the order of the checks, and what each entry point gets back;
+- :mod:`~fitforge.checks.model`: the net's placement and the parameters no optimizer holds;
+- :mod:`~fitforge.checks.validation`: a first batch of each validation, evaluated before training;
+- :mod:`~fitforge.checks.monitors`: monitored keys the run will produce;
+- :mod:`~fitforge.checks.first_batch`: the first batch of a run, checked inside its step;
+- :mod:`~fitforge.checks.forward_errors`: a failure inside the net, explained.
+
+It may import every layer below the Estimator. Arguments of a handler or of the Estimator are still
+checked where they are given (their constructors); what needs the run's data, model and handlers
+together is checked here.
+"""

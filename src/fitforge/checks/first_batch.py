@@ -1,0 +1,107 @@
+"""The checks of a run's first batch, so that a mistake fails before the first optimizer step with
+an error naming the culprit.
+
+:func:`first_batch_check` gives the step the loop calls for a run's first batch (a fit, resumed or
+not, and each evaluate or predict pass until one reads a batch): every other batch goes through the
+step itself, so nothing here costs a batch after the first. On the first training batch, in order:
+
+1. nan or inf in the batch's floating tensors (data and labels), before the forward, so that not even
+   BatchNorm's running statistics see them (one host read per tensor; ``BatchProcessor(
+   allow_nonfinite=True)`` skips it);
+2. the step; a ``RuntimeError`` raised inside a layer of the net becomes a ForwardError (a
+   DeviceMismatchError for devices) naming the layer, what it received and a fix (see
+   :mod:`fitforge.checks.forward_errors`). The loss checks counts, shapes, label dtypes and class
+   ranges on this call (``Estimator.arm_loss_checks``);
+3. the estimator's checks of the output: a BatchOutput with a batch size, no 0-d label, a scalar loss;
+4. ``check_first_batch(state)`` of every handler playing :class:`~fitforge.core.roles.FirstBatchCheck`,
+   before any ``batch_end`` hook and so before the optimizer step: MetricHandler updates throw-away
+   copies of its metrics. A handler of your own may play it too, to refuse a run before its first
+   step (``state.phase`` is "train", or "validate" for the validation batch checked before training).
+
+evaluate and predict change no weight, so their first batch gets step 2 only; the first validation
+batch, evaluated once before training (:func:`fitforge.checks.validation.check_first_val_batch`),
+gets all four.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from fitforge.checks.forward_errors import explain
+from fitforge.core.data import LABEL_KEYS, check_finite
+from fitforge.core.roles import FirstBatchCheck, players
+from fitforge.core.state import TrainState
+from fitforge.exceptions import BatchFormatError
+
+
+def first_batch_check(
+    step: Callable[[TrainState, Any], Any], handlers: Sequence[object], name: str, phase: str
+) -> Callable[[TrainState, Any], Any]:
+    """The step of a run's first batch of ``name``: ``step`` with the checks of the module docstring
+    (training), or with an error in the net explained (evaluate, predict)."""
+
+    def checked(state: TrainState, batch: Any) -> Any:
+        return explained_step(state, step, batch)
+
+    def checked_training(state: TrainState, batch: Any) -> Any:
+        # A resumed fit is checked too: its metrics or handlers may differ from the run that saved.
+        estimator = state.estimator
+        if not getattr(estimator.batch_processor, "allow_nonfinite", False):  # a processor of its own may lack it
+            check_finite(batch, name)
+        output = explained_step(state, step, batch)
+        estimator.check_first_batch(output)
+        state.output = output
+        check_handlers(state, handlers)
+        return output
+
+    return checked_training if phase == "train" else checked
+
+
+def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any) -> Any:
+    """``step(state, batch)``, with an error raised inside the net explained (the original as ``__cause__``)."""
+    estimator = state.estimator
+    try:
+        return step(state, batch)
+    except RuntimeError as error:
+        called = estimator.net if state.phase == "train" else estimator.val_net
+        explained = explain(error, (estimator.net, estimator.val_net), estimator.device, called)
+        if explained is None:
+            raise
+        raise explained from error
+    except TypeError as error:
+        own_loss = estimator.loss is None
+        if not (isinstance(batch, Mapping) or own_loss) or "argument" not in str(error):
+            raise
+        net = estimator.net if state.phase == "train" else estimator.val_net
+        if own_loss:  # the label went to the net, which may not take it
+            raise BatchFormatError(
+                f"with loss=None the net computes its own loss, so it is given the label (as labels=... "
+                f"for a dict batch, as its last argument for a (data, label) pair), but it cannot take it: "
+                f"{error}; the net's forward takes {_signature(net)}. Give a loss function (loss=...) "
+                "for a net that returns predictions, or let forward take the label and return the loss"
+            ) from error
+        keys = getattr(estimator.batch_processor, "label_keys", LABEL_KEYS)
+        raise BatchFormatError(
+            f"the net cannot take this dict batch's keys as its arguments: {error}; the net's forward "
+            f"takes {_signature(net)} and the batch's keys other than the label are "
+            f"{[k for k in batch if k not in keys]}: name the keys after forward's arguments (the "
+            "label under 'labels'), or override BatchProcessor.unpack"
+        ) from error
+
+
+def _signature(net: nn.Module) -> str:
+    try:
+        return str(inspect.signature(net.forward))
+    except (TypeError, ValueError):  # no signature to read
+        return "(...)"
+
+
+def check_handlers(state: TrainState, handlers: Sequence[object]) -> None:
+    """Call ``check_first_batch(state)`` of every handler that checks the first batch
+    (:class:`~fitforge.core.roles.FirstBatchCheck`; ``state.output`` is set)."""
+    for check in players(handlers, FirstBatchCheck):
+        check.check_first_batch(state)

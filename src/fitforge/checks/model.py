@@ -1,0 +1,56 @@
+"""The model before a run: on the estimator's device, and every trainable parameter held by an
+optimizer (see :mod:`fitforge.checks.untrained`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fitforge.checks.forward_errors import same_device
+from fitforge.checks.untrained import warn_untrained
+from fitforge.core.modules import tensors_of
+from fitforge.core.state import EstimatorLike
+from fitforge.distributed.fsdp import hold_shards
+from fitforge.distributed.strategy import follow_trainable
+from fitforge.exceptions import DeviceMismatchError
+
+
+def check_placement(estimator: EstimatorLike, *nets: str) -> None:
+    """The named nets (``"net"``, ``"val_net"``) must still be on the device the Estimator placed
+    them on. Not under FSDP, which places (and may offload) the shards itself."""
+    if estimator.strategy == "fsdp":
+        return
+    checked: list[nn.Module] = []
+    for name in nets:
+        net = estimator.net if name == "net" else estimator.val_net
+        if not any(net is other for other in checked):  # val_net is usually net itself
+            check_devices(net, estimator.device, name)
+            checked.append(net)
+
+
+def check_trainable(estimator: EstimatorLike) -> None:
+    """Once per fit, as ``requires_grad`` may have changed since the last (freeze, fit, unfreeze, fit):
+    warn of trainable parameters that no optimizer holds (:mod:`fitforge.checks.untrained`), comparing
+    the parameters the optimizers hold (under FSDP the shards, held again by the units first), and
+    make DDP's wrapper follow the parameters that train now (:func:`~fitforge.distributed.strategy.follow_trainable`).
+    One pass over the parameters; no cost per batch."""
+    if estimator.strategy == "fsdp":
+        hold_shards(estimator.net)
+    warn_untrained(estimator.net, estimator.optimizers)
+    estimator.train_net = follow_trainable(estimator.train_net, estimator.net, estimator.device)
+
+
+def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
+    """Every parameter and buffer of ``net`` must be on ``device``, where the Estimator placed it: a
+    later ``net.to(...)`` would otherwise fail in the forward, or train a copy the optimizer never sees."""
+    if all(same_device(found, device) for found in {t.device for t in tensors_of(net)}):
+        return  # every fit checks: the names (a slower walk of the modules) only for the error
+    for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
+        for name, tensor in named:
+            if not same_device(tensor.device, device):
+                raise DeviceMismatchError(
+                    f"{kind} {name!r} of {argument} is on {tensor.device}, but the estimator's device is {device}: "
+                    f"the net was moved after the Estimator placed it (net.to(...), .cuda(), .cpu()); give the "
+                    f"device to the Estimator instead (Estimator(..., device=...)), or move the net back: "
+                    f"estimator.{argument}.to({str(device)!r})"
+                )

@@ -1,0 +1,221 @@
+"""The checks before step 1, in the order they run: fit, evaluate and predict each call one function
+here, once per call, and get back what the run needs, every input judged once.
+
+fit (:func:`before_fit`):
+    1. the data: arrays batched (``batch_size``, ``validation_split``), ``epochs``/``batches``,
+       ``train_data`` split between ranks and checked (re-iterable, not empty), ``val_data`` checked;
+    2. the model: still on the estimator's device; trainable parameters an optimizer holds;
+    3. the handlers: the user's checked, the defaults added; each validation (a handler playing
+       ``Validating``) set up and its first batch evaluated; the stopping limits folded in;
+       monitored keys the run will produce; the order (cycles, unordered writers);
+    4. the first training batch: checked inside its step, before its optimizer step
+       (:mod:`fitforge.checks.first_batch`).
+evaluate (:func:`evaluation_of`): the prefix, the data, the placement of ``val_net``, the handlers;
+the first batch of the first pass explained.
+predict (:func:`before_predict`): the data, the placement, the handlers; the first batch explained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fitforge.checks.first_batch import first_batch_check
+from fitforge.checks.model import check_placement, check_trainable
+from fitforge.checks.monitors import check_monitors
+from fitforge.checks.validation import check_first_val_batch
+from fitforge.core.arguments import check_flag
+from fitforge.core.arrays import eval_loader, fit_loaders
+from fitforge.core.data import check_data
+from fitforge.core.dispatch import Dispatcher
+from fitforge.core.events import EventHandler
+from fitforge.core.options import check_duration
+from fitforge.core.processor import bound_step
+from fitforge.core.roles import Stopping, Validating, players
+from fitforge.core.run import Step
+from fitforge.core.state import EstimatorLike
+from fitforge.distributed.data_split import in_dataset_order, shard_eval, shard_train
+from fitforge.distributed.ranks import on_this_rank
+from fitforge.evaluation import Evaluation
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, user_handlers
+from fitforge.handlers.logging import console_output_for
+from fitforge.handlers.stopping import tighter_limit
+from fitforge.tools.access_guard import guard
+
+
+@dataclass
+class FitPlan:
+    """What a fit runs with, once every check passed."""
+
+    train_data: Iterable
+    num_batches: int | None
+    epochs: int | None
+    batches: int | None
+    dispatcher: Dispatcher
+    step: Step
+    check: Step
+    profile: bool
+
+
+def before_fit(
+    estimator: EstimatorLike,
+    train_data: Any,
+    val_data: Any,
+    epochs: int | None,
+    batches: int | None,
+    event_handlers: Any,
+    default_handlers: Any,
+    check_access: Any,
+    profile: Any,
+    batch_size: Any,
+    validation_split: Any,
+) -> FitPlan:
+    """The checks of a fit, in the order of the module docstring; raise before any step."""
+    if isinstance(val_data, int):  # fit(data, 5): the 5 landed in val_data; say so before anything else
+        check_data(val_data, "val_data", None)
+    train_data, val_data = fit_loaders(train_data, val_data, batch_size, validation_split)
+    check_duration(epochs, batches)
+    passes = 1 if epochs == 1 else None
+    if estimator.splits_data:
+        train_data = shard_train(train_data)
+    num_batches = check_data(train_data, "train_data", passes)
+    checked = {} if val_data is None else {id(val_data): check_data(val_data, "val_data", passes)}
+    check_placement(estimator, "net", "val_net")
+    handlers = fit_handlers(event_handlers, val_data, default_handlers)
+    console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
+    check_trainable(estimator)  # before the validation check, whose forward may gather FSDP's parameters
+    _set_up_validations(estimator, handlers, val_data, checked, epochs)
+    for stopper in players(handlers, Stopping):
+        limits = stopper.run_limits()
+        epochs, batches = tighter_limit(epochs, limits[0]), tighter_limit(batches, limits[1])
+    check_monitors(handlers, estimator)
+    guarded = check_flag("fit", "check_access", check_access)
+    dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
+    estimator.arm_loss_checks("train")
+    step = bound_step(estimator.batch_processor, estimator, "fit_batch")
+    check = first_batch_check(step, dispatcher.handlers, "train_data", "train")
+    return FitPlan(
+        train_data, num_batches, epochs, batches, dispatcher, step, check, check_flag("fit", "profile", profile)
+    )
+
+
+def _set_up_validations(
+    estimator: EstimatorLike,
+    handlers: Sequence[EventHandler],
+    val_data: Any,
+    checked: dict[int, int | None],
+    epochs: int | None,
+) -> None:
+    """Set up, once per fit and before training, the evaluation each validating handler asks for
+    (data, placement, handlers, step), and check its first batch through those very handlers and
+    step. A handler that validates by its own means is left alone."""
+    for validator in players(handlers, Validating):
+        setup = validator.validation_setup()
+        if setup is None:
+            continue
+        own = setup.val_data is val_data
+        name = "val_data" if own else f"{type(validator).__name__} val_data"
+        passes = 1 if epochs == 1 and not setup.mid_epoch else None  # a mid-epoch validation reads it more
+        evaluation, unsplit = evaluation_of(
+            estimator,
+            setup.val_data,
+            setup.event_handlers,
+            name=name,
+            passes=passes,
+            num_batches=checked.get(id(setup.val_data)) if own and not setup.mid_epoch else None,
+            placed=True,  # just checked for the net and val_net
+        )
+        if setup.check_first:
+            check = evaluation.check
+            assert check is not None  # a new evaluation is unchecked
+            evaluation.check = None if _checked_before(estimator, evaluation, unsplit, name) else check
+        validator.use_evaluation(evaluation, evaluation.checked)
+
+
+def _checked_before(estimator: EstimatorLike, evaluation: Evaluation, data: Iterable, name: str) -> bool:
+    handlers, step = evaluation.dispatcher.handlers, evaluation.step
+    return check_first_val_batch(estimator, data, name, handlers, step)
+
+
+def evaluation_of(
+    estimator: EstimatorLike,
+    val_data: Any,
+    event_handlers: Sequence[EventHandler] | None = None,
+    batch_size: Any = None,
+    prefix: Any = "val",
+    name: str = "val_data",
+    passes: int | None = 1,
+    num_batches: int | None = None,
+    placed: bool = False,
+    checked: bool = False,
+) -> tuple[Evaluation, Iterable]:
+    """An :class:`~fitforge.evaluation.Evaluation` of ``val_data`` set up and checked, and the data
+    unsplit between ranks (what a check before training reads). ``num_batches``: the data was checked
+    already (its length); ``placed``: ``val_net``'s device was just checked; ``checked``: its first
+    batch was checked already."""
+    own_prefix = None if check_prefix(prefix) == "val" else prefix  # None: the phase's own, val
+    data = unsplit = eval_loader(val_data, batch_size, "val_data")
+    if num_batches is None:
+        num_batches = check_data(data, name, passes)
+    sharded = False
+    if estimator.splits_data:
+        data, sharded = shard_eval(data, padded=estimator.strategy == "fsdp")
+        num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
+    if not placed:
+        check_placement(estimator, "val_net")
+    first = None if checked else _explained
+    return Evaluation(
+        estimator, data, num_batches, evaluate_handlers(event_handlers), own_prefix, sharded, first
+    ), unsplit
+
+
+def _explained(step: Step, handlers: Sequence[EventHandler]) -> Step:
+    return first_batch_check(step, handlers, "val_data", "validate")
+
+
+@dataclass
+class PredictPlan:
+    """What a predict pass runs with, once every check passed."""
+
+    data: Iterable
+    num_batches: int | None
+    sharded: bool
+    dispatcher: Dispatcher
+
+
+def before_predict(estimator: EstimatorLike, data: Any, event_handlers: Any, batch_size: Any) -> PredictPlan:
+    """The checks of predict: the data (arrays batched, split between ranks or read in dataset
+    order), the placement of ``val_net``, the handlers."""
+    data = eval_loader(data, batch_size, "data", bare=True)
+    num_batches = check_data(data, "data", passes=1)
+    sharded = False
+    if estimator.splits_data:
+        data, sharded = shard_eval(data, padded=estimator.strategy == "fsdp")
+        num_batches = len(data) if sharded else num_batches
+    else:
+        data = in_dataset_order(data)
+    check_placement(estimator, "val_net")
+    return PredictPlan(data, num_batches, sharded, Dispatcher(on_this_rank(user_handlers(event_handlers))))
+
+
+def check_prefix(prefix: object) -> str:
+    """``prefix`` must be a non-empty identifier-like str without a trailing ``_`` (``"val"``,
+    ``"test"``, ``"holdout_2"``): the keys are ``<prefix>_loss``, ``<prefix>_<metric>``. Returns it.
+
+    Raises:
+        FitforgeTypeError: not a str.
+        FitforgeValueError: empty, not identifier-like, or ending in ``_``.
+    """
+    if not isinstance(prefix, str):
+        raise FitforgeTypeError(f"evaluate: prefix must be a str such as 'val' or 'test', got {describe(prefix)}")
+    if not (prefix.isidentifier() and prefix.isascii() and prefix[0].isalpha() and not prefix.endswith("_")):
+        stripped = prefix.rstrip("_")
+        valid = stripped.isidentifier() and stripped.isascii() and stripped[:1].isalpha()
+        hint = f"; the '_' is added: pass {stripped!r}" if prefix.endswith("_") and valid else ""
+        raise FitforgeValueError(
+            f"evaluate: prefix must be a non-empty name of letters, digits and '_' that starts with a letter "
+            f"and does not end in '_' (the keys are '<prefix>_loss', '<prefix>_<metric>'), got {prefix!r}{hint}"
+        )
+    return prefix
