@@ -19,8 +19,9 @@ from torch import nn
 from fitforge import BatchOutput, Estimator, TrainState
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.loop import run_pass
-from fitforge.core.run import OnePass, RunContext
+from fitforge.core.run import RunContext
 from fitforge.events import BatchEnd
+from fitforge.inputs.order import OnePass
 
 
 class NoOp(BatchEnd):

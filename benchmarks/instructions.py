@@ -107,17 +107,17 @@ def pieces(overhead) -> dict:
     import torch
 
     from fitforge import Estimator
-    from fitforge.checkpoint.data_order import DataOrder
     from fitforge.checks.first_batch import check_handlers, explained_step
     from fitforge.checks.model import check_placement, check_trainable
     from fitforge.checks.validation import check_first_val_batch, first_samples
-    from fitforge.core.data import check_finite
+    from fitforge.core.batches import check_finite
     from fitforge.core.dispatch import Dispatcher
     from fitforge.core.modules import set_training
     from fitforge.core.rng import torch_rng_kept
     from fitforge.core.run import inference
     from fitforge.core.state import TrainState
     from fitforge.handlers.defaults import fit_handlers
+    from fitforge.inputs.order import DataOrder
 
     w = overhead.WORKLOADS["Z"]
     train, val = overhead.make_loaders(w, 1.0)

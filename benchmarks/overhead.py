@@ -35,7 +35,7 @@ its level at the start (see ``measure_peak``). The dispatch line is ``benchmarks
 no-op handler call with 0, 10 and 50 handlers. For counts that do not depend on the machine's
 noise, ``benchmarks/instructions.py`` counts executed instructions of the same variants.
 fit reads the batches of these loaders by indexing the TensorDataset's tensors once per batch, where
-the hand loop's DataLoader reads them sample by sample (see ``fitforge.core.indexed``): on these small
+the hand loop's DataLoader reads them sample by sample (see ``fitforge.inputs.indexed``): on these small
 nets that is most of the difference. ``--sample-reads`` gives the loaders a TensorDataset subclass,
 which fit reads sample by sample as the hand loop does: the ratios then measure the loop's own
 overhead, reads excluded (the figures of earlier rounds).

@@ -10,9 +10,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fitforge.checkpoint.data_order import DataOrder
 from fitforge.checkpoint.files import restore_weights
-from fitforge.checkpoint.preemption import preemptible, raise_if_preempted
 from fitforge.checkpoint.resume import resume_picked
 from fitforge.checks.first_batch import first_batch_check
 from fitforge.checks.pipeline import before_fit, before_predict, evaluation_of
@@ -35,13 +33,14 @@ from fitforge.core.options import (
     warn_default_optimizer,
 )
 from fitforge.core.prediction import Predictions
+from fitforge.core.preemption import preemptible, raise_if_preempted
 from fitforge.core.processor import (
     BatchProcessor,
     bound_step,
     check_batch_output,
     check_batch_processor,
 )
-from fitforge.core.run import OnePass, RunContext, inference
+from fitforge.core.run import RunContext, inference
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions
 from fitforge.distributed.ranks import on_this_rank, rank, world_size
@@ -50,6 +49,7 @@ from fitforge.distributed.strategy import check_strategy, parallelize, rank_devi
 from fitforge.evaluation import Evaluation
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, run_keys
+from fitforge.inputs.order import DataOrder, OnePass
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.tools.lr_find import LRFindResult, lr_find
 from fitforge.tools.profiler import profiled
@@ -233,7 +233,7 @@ class Estimator:
         ``train_data`` and ``val_data`` are iterables of batches (a DataLoader, a list), or whole
         arrays ``(X, y)`` of tensors or NumPy arrays, batched by ``batch_size`` (default 32; the
         training batches shuffled); ``validation_split=0.2`` holds out the arrays' last 20% as
-        ``val_data`` (see :mod:`fitforge.core.arrays`).
+        ``val_data`` (see :mod:`fitforge.inputs.arrays`).
 
         Default handlers (Stopping, GradientUpdate, Metric, Validation if ``val_data``, Logging, and
         ProgressBar on a terminal or notebook) are added unless ``event_handlers`` holds one of the

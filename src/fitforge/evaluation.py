@@ -17,9 +17,10 @@ from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
 from fitforge.core.loop import run_pass
 from fitforge.core.processor import bound_step
-from fitforge.core.run import OnePass, RunContext, Step, inference
+from fitforge.core.run import RunContext, Step, inference
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import on_this_rank
+from fitforge.inputs.order import OnePass
 
 
 class Evaluation:

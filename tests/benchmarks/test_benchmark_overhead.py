@@ -44,7 +44,7 @@ def test_host_reads_are_counted_per_variant(overhead, tiny):
 
 
 def test_sample_reads_make_fit_read_the_batches_as_the_hand_loop(overhead, tiny):
-    from fitforge.core.indexed import readable
+    from fitforge.inputs.indexed import readable
 
     workload = tiny[0]
     assert all(readable(loader) for loader in overhead.make_loaders(workload, 1.0))

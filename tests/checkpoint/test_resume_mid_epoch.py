@@ -18,12 +18,12 @@ from torch.utils.data import (
     TensorDataset,
 )
 
-import fitforge.core.indexed
+import fitforge.inputs.indexed
 from fitforge import Estimator
-from fitforge.checkpoint.data_order import DataOrder
 from fitforge.events import BatchEnd, FirstBatchCheck
 from fitforge.exceptions import CancelBatch, CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
+from fitforge.inputs.order import DataOrder
 from helpers import Crash, Losses
 
 g = torch.Generator().manual_seed(0)
@@ -142,10 +142,10 @@ def test_a_user_generator_a_list_or_a_loader_of_whole_batches_resumes_exactly(tm
 
 @pytest.mark.parametrize("kind", ["shuffled", "own generator", "batch sampler", "distributed sampler"])
 def test_a_resume_read_by_indexing_continues_a_fit_read_by_the_loader_exactly(tmp_path, kind, monkeypatch):
-    """fit reads these loaders by indexing their TensorDataset (fitforge.core.indexed): the same fit
+    """fit reads these loaders by indexing their TensorDataset (fitforge.inputs.indexed): the same fit
     read by the loader itself, sample by sample, is continued exactly by a resume read by indexing."""
     with monkeypatch.context() as patch:
-        patch.setattr(fitforge.core.indexed, "readable", lambda data: False)
+        patch.setattr(fitforge.inputs.indexed, "readable", lambda data: False)
         whole = train(tmp_path / "whole", kind=kind)
     assert_continues_exactly(tmp_path / "resumed", whole, 9, kind=kind)
 

@@ -29,8 +29,8 @@ from fitforge.checkpoint.files import (
     load_checkpoint,
     save_checkpoint,
 )
-from fitforge.checkpoint.preemption import preemptible
 from fitforge.core.coordinator import Alone
+from fitforge.core.preemption import preemptible
 from fitforge.core.state import TrainState
 from fitforge.distributed import data_split as sharding
 from fitforge.distributed import fsdp

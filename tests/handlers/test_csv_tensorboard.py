@@ -14,8 +14,8 @@ from fitforge.events import BatchEnd, Event
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, ValidationHandler
 from fitforge.handlers.csv_logger import CSVLoggerHandler
-from fitforge.handlers.hparams import run_params
 from fitforge.handlers.lambda_handler import LambdaHandler
+from fitforge.reporting.hparams import run_params
 from fitforge.testing import HostReadCounter, linear_data, linear_problem
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from fitforge.events import BatchEnd, EpochBegin
 from fitforge.handlers import CheckpointHandler, LoggingHandler, NaNGuardHandler, ValidationHandler
 from fitforge.handlers import logging as logging_module
-from fitforge.handlers.formatting import format_value, format_values
+from fitforge.reporting.formatting import format_value, format_values
 from helpers import make_estimator, regression_batches
 
 SRC = Path(logging_module.__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import torch
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, LambdaHandler, MLflowHandler, ValidationHandler, throttle
-from fitforge.handlers.hparams import run_params
+from fitforge.reporting.hparams import run_params
 from fitforge.testing import linear_data, linear_problem
 
 mlflow = pytest.importorskip("mlflow", reason="MLflowHandler needs mlflow (pip install 'fitforge[mlflow]')")

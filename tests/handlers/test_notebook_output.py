@@ -15,7 +15,7 @@ import pytest
 
 import fitforge
 from fitforge.handlers import LoggingHandler, ProgressBarHandler
-from fitforge.handlers.notebook_output import CellLine
+from fitforge.reporting.notebook_output import CellLine
 from helpers import make_estimator, regression_batches
 
 

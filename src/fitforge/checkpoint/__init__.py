@@ -1,7 +1,8 @@
 """Checkpointing and resume: atomic versioned files, the folder's naming and rotation, the training
-state a checkpoint holds and resuming from it, the data order, preemption by signals.
+state a checkpoint holds and resuming from it. (The data order it saves is the input side's,
+:mod:`fitforge.inputs.order`; the signals that stop a fit are the run's, :mod:`fitforge.core.preemption`.)
 
-It may import :mod:`fitforge.distributed`, :mod:`fitforge.metrics`, :mod:`fitforge.core` and
-:mod:`fitforge.exceptions`. ``CheckpointHandler`` itself lives with the other built-in handlers
+It may import :mod:`fitforge.metrics`, :mod:`fitforge.inputs`, :mod:`fitforge.distributed`,
+:mod:`fitforge.core` and :mod:`fitforge.exceptions`. ``CheckpointHandler`` itself lives with the other built-in handlers
 (:mod:`fitforge.handlers.checkpoint`), so that ``fitforge.handlers`` exports it.
 """

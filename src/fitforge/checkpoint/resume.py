@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fitforge.checkpoint.data_order import DataOrder
 from fitforge.core.events import EventHandler, handler_name, numbered_names
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.roles import Accumulating, Checkpointing, Stopping, players, role_of
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
+from fitforge.inputs.order import DataOrder
 
 log = logging.getLogger("fitforge")
 

@@ -32,7 +32,7 @@ from typing import Any
 from torch import nn
 
 from fitforge.checks.forward_errors import explain
-from fitforge.core.data import LABEL_KEYS, check_finite
+from fitforge.core.batches import LABEL_KEYS, check_finite
 from fitforge.core.roles import FirstBatchCheck, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import BatchFormatError

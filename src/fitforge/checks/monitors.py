@@ -18,7 +18,7 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
     """Every ``monitor`` attribute must name a key the run will produce.
 
     Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
-    (see :func:`monitored_value`)."""
+    (see :func:`fitforge.core.monitor.monitored_value`)."""
     monitors = [(h, m) for h in handlers if (m := role_of(h, Monitoring)) is not None and isinstance(m.monitor, str)]
     keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
     custom_eval = unknown_val_keys(handlers)

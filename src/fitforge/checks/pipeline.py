@@ -26,8 +26,6 @@ from fitforge.checks.model import check_placement, check_trainable
 from fitforge.checks.monitors import check_monitors
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
-from fitforge.core.arrays import eval_loader, fit_loaders
-from fitforge.core.data import check_data
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
 from fitforge.core.options import check_duration
@@ -42,6 +40,8 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, user_handlers
 from fitforge.handlers.logging import console_output_for
 from fitforge.handlers.stopping import tighter_limit
+from fitforge.inputs.arrays import eval_loader, fit_loaders
+from fitforge.inputs.sources import check_data
 from fitforge.tools.access_guard import guard
 
 

@@ -18,7 +18,7 @@ from torch.utils.data import (
 )
 
 from fitforge.checks.first_batch import check_handlers, explained_step
-from fitforge.core.data import check_finite, sampler_of
+from fitforge.core.batches import check_finite, sampler_of
 from fitforge.core.events import EventHandler
 from fitforge.core.rng import torch_rng_kept
 from fitforge.core.run import inference

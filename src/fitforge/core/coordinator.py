@@ -4,7 +4,7 @@ The loop calls the coordinator at fixed points of a fit: after ``train_begin``, 
 ``epoch_end`` (:meth:`~Coordinator.agree_on_stop`) and after each training batch
 (:meth:`~Coordinator.after_batch`, which says whether training stops there); fit's signal handler
 calls it when SIGTERM or SIGINT asks the fit to stop (:meth:`~Coordinator.signal_received`, see
-:mod:`fitforge.checkpoint.preemption`). In one process there is nobody to agree with:
+:mod:`fitforge.core.preemption`). In one process there is nobody to agree with:
 :class:`Alone` turns a signal into a stop and stops where this process asked. Under
 torch.distributed, :class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop
 at the same batch.

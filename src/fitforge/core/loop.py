@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 from fitforge.core.events import Event
 from fitforge.core.history import numbered_key
-from fitforge.core.indexed import indexed_batches
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
@@ -112,7 +111,7 @@ def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: in
     """The batches of a training epoch from position ``first``; whether the data ran out (False:
     a stop cut the epoch short)."""
     coordinator, backward_end = run.coordinator, run.dispatcher.hooks[Event.BACKWARD_END]
-    for batch_idx, batch in enumerate(indexed_batches(data), first):
+    for batch_idx, batch in enumerate(data, first):
         state.batch_idx, state.batch = batch_idx, batch
         cancel = None
         try:
@@ -165,7 +164,7 @@ def run_pass(state: TrainState, run: RunContext) -> None:
     state.batch_idx, cancelled = -1, False
     try:
         run.dispatcher.fire(Event.EPOCH_BEGIN, state)
-        for batch_idx, batch in enumerate(() if state.stop_requested else indexed_batches(data)):
+        for batch_idx, batch in enumerate(() if state.stop_requested else data):
             state.batch_idx, state.batch = batch_idx, batch
             with contextlib.suppress(CancelBatch):
                 run_batch(state, run)

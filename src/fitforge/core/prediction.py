@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fitforge.core.data import batch_size_of, to_device
+from fitforge.core.batches import batch_size_of, to_device
 from fitforge.core.processor import check_outputs
 from fitforge.core.run import Step
 from fitforge.core.state import BatchOutput, TrainState

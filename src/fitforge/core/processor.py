@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from fitforge.core.arguments import check_flag
-from fitforge.core.data import (
+from fitforge.core.batches import (
     LABEL_KEYS,
     Inputs,
     batch_size_of,
@@ -347,7 +347,7 @@ def check_batch_output(output: Any, method: str) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise FitforgeValueError(
             f"BatchProcessor.{method} returned BatchOutput(batch_size={size!r}); set it to the number of samples "
-            "in the batch (fitforge.core.data.batch_size_of(inputs)): it weights the loss and metric means"
+            "in the batch (fitforge.core.batches.batch_size_of(inputs)): it weights the loss and metric means"
         )
     label = output.label
     label = tuple(label.values()) if isinstance(label, Mapping) else label if isinstance(label, tuple) else (label,)

@@ -24,8 +24,9 @@ Step = Callable[[TrainState, Any], Any]  # (state, batch) -> the batch's output
 
 
 class EpochData(Protocol):
-    """The data of each epoch (fitforge.checkpoint.data_order.DataOrder in fit, :class:`OnePass`
-    in evaluate and predict)."""
+    """The data of each epoch (:class:`fitforge.inputs.order.DataOrder` in fit,
+    :class:`fitforge.inputs.order.OnePass` in evaluate and predict): batches as the loop reads them
+    (by indexing where :mod:`fitforge.inputs.indexed` can)."""
 
     def epoch(self, state: TrainState) -> tuple[Iterable, int]:
         """The data of ``state.epoch`` and the position of its first batch (0, except in an
@@ -34,19 +35,6 @@ class EpochData(Protocol):
 
     def close(self) -> None:
         """Called once the run is over."""
-
-
-class OnePass:
-    """A single pass over ``data``, from its first batch."""
-
-    def __init__(self, data: Iterable) -> None:
-        self.data = data
-
-    def epoch(self, state: TrainState) -> tuple[Iterable, int]:
-        return self.data, 0
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass(eq=False)

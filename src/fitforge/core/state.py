@@ -29,7 +29,7 @@ class RunMachinery(Protocol):
 
     @property
     def data(self) -> object:
-        """The training data, epoch by epoch: a fitforge.checkpoint.data_order.DataOrder in fit."""
+        """The training data, epoch by epoch: a fitforge.inputs.order.DataOrder in fit."""
         ...
 
 

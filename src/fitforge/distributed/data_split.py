@@ -1,7 +1,7 @@
 """Each rank's share of the data under torch.distributed, and ``predict``'s outputs put back in order.
 
 Training: a ``DataLoader`` whose sampler is not already a ``DistributedSampler`` is rebuilt over
-one (shuffled if the loader shuffled; its seed is the fit's, see :mod:`fitforge.checkpoint.data_order`), with
+one (shuffled if the loader shuffled; its seed is the fit's, see :mod:`fitforge.inputs.order`), with
 the loader's batch size, workers and collation. Every rank then gets ``ceil(N / world)`` samples,
 so every rank runs the same number of batches, which data-parallel training needs (each backward
 is a collective): ``DistributedSampler`` pads the last share with samples from the start.
@@ -39,7 +39,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from fitforge.core.data import loader_options, sampler_of
+from fitforge.core.batches import loader_options, sampler_of
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 
 log = logging.getLogger("fitforge")

@@ -16,12 +16,12 @@ from fitforge.checkpoint.resume import check_resumable, fit_data_order, training
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_state, only_buffers
+from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Checkpointing, Monitoring
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
 from fitforge.distributed.ranks import any_rank, rank, run_on_main_and_share, world_size
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.monitor import Monitor
 
 log = logging.getLogger("fitforge")
 

@@ -17,7 +17,7 @@ from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.defaults import run_keys
-from fitforge.handlers.hparams import run_params
+from fitforge.reporting.hparams import run_params
 
 log = logging.getLogger("fitforge")
 
@@ -39,7 +39,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     as first written). A partial epoch ended by SIGTERM/SIGINT is written when the resumed run
     ends it; one ended by a stop is written as it is. Only ``fit`` writes (not ``evaluate``).
 
-    The run's hyperparameters (:func:`~fitforge.handlers.hparams.run_params`: model, optimizer,
+    The run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`: model, optimizer,
     lr, batch size, epochs, precision...) go to a JSON object beside the log, ``<name>.params.json``
     (``log.csv`` -> ``log.params.json``), written atomically at ``train_begin`` and replaced by
     each fit (a resumed or appending one included): the CSV itself stays plain rows for any reader.

@@ -8,8 +8,8 @@ from typing import Any
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import EventHandler, acts_as
 from fitforge.core.roles import KeyRecording, Validating, players
-from fitforge.core.state import EstimatorLike, TrainState
-from fitforge.exceptions import FitforgeTypeError, MonitorKeyError, describe
+from fitforge.core.state import EstimatorLike
+from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
 from fitforge.handlers.logging import LoggingHandler
 from fitforge.handlers.metric import MetricHandler
@@ -74,13 +74,3 @@ def unknown_val_keys(handlers: Sequence[EventHandler]) -> bool:
     """Whether a validation of the run records keys known only once it ran (an ``eval_fn``, or a
     user's :class:`~fitforge.core.roles.Validating` handler that validates by its own means)."""
     return any(validator.validation_setup() is None for validator in players(handlers, Validating))
-
-
-def monitored_value(state: TrainState, key: str, who: object) -> float:
-    """The current value of a monitored key, or a MonitorKeyError listing the available keys."""
-    try:
-        return state.metrics[key]
-    except KeyError:
-        raise MonitorKeyError(
-            f"{who!r} monitors {key!r}, which is not among the values produced: {', '.join(state.metrics)}"
-        ) from None

@@ -7,10 +7,10 @@ from typing import Any
 
 from fitforge.core.arguments import check_flag, check_non_negative, check_number
 from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
+from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Monitoring, Stopping
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
-from fitforge.handlers.monitor import Monitor
 
 log = logging.getLogger("fitforge")
 

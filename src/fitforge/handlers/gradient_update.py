@@ -8,11 +8,11 @@ import torch
 
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
+from fitforge.core.optimizer_choice import OptimizerChoice
 from fitforge.core.roles import Accumulating, FirstBatchCheck
 from fitforge.core.state import TrainState
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.exceptions import FitforgeValueError
-from fitforge.handlers.optimizer_choice import OptimizerChoice
 
 
 def step_optimizers(

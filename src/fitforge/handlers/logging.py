@@ -14,11 +14,11 @@ from tqdm import tqdm
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.roles import Checkpointing, EpochLines, NonFiniteGuarding, plays
 from fitforge.core.state import TrainState
-from fitforge.core.summary import model_summary
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers.closing import failed_line, finished_line, plural
-from fitforge.handlers.formatting import epoch_label, format_values, pass_label
 from fitforge.handlers.progress_bar import ProgressBarHandler
+from fitforge.reporting.closing import failed_line, finished_line, plural
+from fitforge.reporting.formatting import epoch_label, format_values, pass_label
+from fitforge.reporting.summary import model_summary
 
 log = logging.getLogger("fitforge")
 
@@ -90,14 +90,14 @@ _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch los
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
-    The fit starts with a line describing the model (:func:`fitforge.core.summary.model_summary`:
+    The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`:
     parameters, size, device, precision) and one with the fit's length. A line shows every value
     recorded in its epoch, a non-finite one too (``train_loss=nan``); the first epoch with a
-    non-finite loss also logs a warning. Values read as :mod:`fitforge.handlers.formatting` says
+    non-finite loss also logs a warning. Values read as :mod:`fitforge.reporting.formatting` says
     (4 significant digits). Epochs are numbered over the estimator's fits (a second ``fit(epochs=2)``
     after 5 epochs logs epochs 6/7 and 7/7), and an epoch cut short is marked ``partial``, with the
     batches it trained (a resumed run logs the whole epoch when it finishes it). The closing line
-    (:mod:`fitforge.handlers.closing`) gives the values of the epoch whose weights the net holds
+    (:mod:`fitforge.reporting.closing`) gives the values of the epoch whose weights the net holds
     (the restored one after ``EarlyStoppingHandler(restore_best=True)``), or, when an exception
     ends the fit, where it struck and what it was, never "Finished".
     Everything logged is flushed before ``fit`` returns.

@@ -12,10 +12,10 @@ from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin
 from fitforge.core.history import numbered_key
+from fitforge.core.monitor import Monitor, infer_mode
 from fitforge.core.roles import Accumulating, Monitoring, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.monitor import Monitor, infer_mode
 
 log = logging.getLogger("fitforge")
 _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optimizer", "max_lr"})

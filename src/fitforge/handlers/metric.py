@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fitforge.core.data import shape_of
+from fitforge.core.batches import shape_of
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
 from fitforge.core.loss import part_keys
 from fitforge.core.roles import FirstBatchCheck, KeyRecording

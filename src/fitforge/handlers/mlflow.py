@@ -15,7 +15,7 @@ from fitforge.core.events import EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.roles import Checkpointing, Monitoring, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.hparams import ParamValue, check_params, run_params
+from fitforge.reporting.hparams import ParamValue, check_params, run_params
 
 log = logging.getLogger("fitforge")
 _BATCH = 100  # params per log_batch call (MLflow's limit)
@@ -27,7 +27,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
 
     At ``train_begin`` the handler starts a run, or joins the active one (a fit inside ``with
     mlflow.start_run():``, with ``tracking_uri`` None or that run's), and logs
-    :func:`~fitforge.handlers.hparams.run_params` (model, optimizer, lr, batch size, epochs,
+    :func:`~fitforge.reporting.hparams.run_params` (model, optimizer, lr, batch size, epochs,
     precision...) with ``params`` on top as the run's parameters. At each training epoch end every
     finite value of the epoch's history row (``train_loss``, ``val_*``, ``lr``, ``epoch_time``...)
     becomes a metric with the epoch number (from 1) as its step; an epoch cut short by SIGTERM/SIGINT

@@ -8,7 +8,7 @@ Output that is not a terminal (a file, a pipe, a CI log) gets no redrawn bar and
 return: nothing while the epoch runs, then the finished line only when the bar is the epoch's line
 (else the LoggingHandler's line is the one line), as Keras writes when piped. In a Jupyter notebook
 (``file=None``) each bar is a cell output of its own, redrawn in place, that keeps the finished line
-as text or is emptied for the log line (:mod:`fitforge.handlers.notebook_output`): tqdm's widget
+as text or is emptied for the log line (:mod:`fitforge.reporting.notebook_output`): tqdm's widget
 while the epoch runs when ``ipywidgets`` is installed, a text bar otherwise (and no "IProgress not
 found" warning).
 """
@@ -28,8 +28,8 @@ from fitforge.core.history import in_notebook
 from fitforge.core.roles import EpochLines, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
-from fitforge.handlers.formatting import epoch_label, format_value, pass_label
-from fitforge.handlers.notebook_output import CellLine, notebook_bar
+from fitforge.reporting.formatting import epoch_label, format_value, pass_label
+from fitforge.reporting.notebook_output import CellLine, notebook_bar
 
 _MORE = " …"  # ends running values cut to fit the width
 

@@ -11,7 +11,7 @@ from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
-from fitforge.handlers.hparams import ParamValue, last_values, run_params
+from fitforge.reporting.hparams import ParamValue, last_values, run_params
 
 
 class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
@@ -24,7 +24,7 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     flushed at every epoch end and closed at ``train_end``. Only ``fit`` writes; a partial epoch
     ended by SIGTERM/SIGINT is written when the resumed run ends it.
 
-    At ``train_end`` the run's hyperparameters (:func:`~fitforge.handlers.hparams.run_params`, read
+    At ``train_end`` the run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`, read
     at ``train_begin``: model, optimizer, lr, batch size, epochs, precision...) go to the HParams
     tab, with each history key as a metric column showing its last value, so runs written to
     sibling folders (``runs/lr0.1``, ``runs/lr0.01`` under ``--logdir runs``) compare in one table.

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.core.arrays import is_arrays
+from fitforge.inputs.arrays import is_arrays
 
 
 class TwoHeads(nn.Module):

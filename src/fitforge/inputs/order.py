@@ -35,11 +35,11 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from fitforge.core.data import loader_options, sampler_of
-from fitforge.core.indexed import draw_worker_seed
+from fitforge.core.batches import loader_options, sampler_of
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import broadcast_from_main, world_size
+from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
 
@@ -133,7 +133,7 @@ class DataOrder:
         start, self._resume_position = self._resume_position, 0
         if not start:
             self.epoch_start_step = state.global_step
-        return self.batches_of(state.epoch, start), start
+        return indexed_batches(self.batches_of(state.epoch, start)), start
 
     def resume_at(self, position: int, epoch_start_step: int) -> None:
         """Make the next epoch continue after its first ``position`` batches (read before a
@@ -216,3 +216,16 @@ class DataOrder:
         if len(saved) == len(self._own):
             for generator, generator_state in zip(self._own, saved):
                 generator.set_state(generator_state)
+
+
+class OnePass:
+    """A single pass over ``data``, from its first batch."""
+
+    def __init__(self, data: Iterable) -> None:
+        self.data = data
+
+    def epoch(self, state: TrainState) -> tuple[Iterable, int]:
+        return indexed_batches(self.data), 0
+
+    def close(self) -> None:
+        pass

@@ -15,9 +15,9 @@ import torch
 from fitforge.checkpoint.resume import fit_data_order
 from fitforge.core.history import History, numbered_key
 from fitforge.core.state import TrainState
-from fitforge.core.summary import model_name, parameter_counts
 from fitforge.distributed.ranks import world_size
 from fitforge.exceptions import FitforgeTypeError, describe
+from fitforge.reporting.summary import model_name, parameter_counts
 
 ParamValue = str | int | float | bool
 _OPTIMIZER_SETTINGS = ("weight_decay", "momentum")  # besides lr and betas; kept to the common ones

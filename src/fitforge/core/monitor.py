@@ -9,8 +9,7 @@ from typing import Any
 
 from fitforge.core.arguments import check_number
 from fitforge.core.state import EstimatorLike, TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.defaults import monitored_value
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, MonitorKeyError, describe
 
 log = logging.getLogger("fitforge")
 
@@ -105,3 +104,13 @@ class Monitor:
         if any(key.startswith(kind) for key in state.history):
             monitored_value(state, self.key, who)  # a MonitorKeyError listing the keys produced
         return None
+
+
+def monitored_value(state: TrainState, key: str, who: object) -> float:
+    """The current value of a monitored key, or a MonitorKeyError listing the available keys."""
+    try:
+        return state.metrics[key]
+    except KeyError:
+        raise MonitorKeyError(
+            f"{who!r} monitors {key!r}, which is not among the values produced: {', '.join(state.metrics)}"
+        ) from None

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.core.summary import model_name, model_summary, parameter_bytes, parameter_counts
 from fitforge.exceptions import FitforgeTypeError
+from fitforge.reporting.summary import model_name, model_summary, parameter_bytes, parameter_counts
 
 
 def test_counts_total_and_trainable():

@@ -10,7 +10,7 @@ from torch import nn
 
 from fitforge import History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, LambdaHandler, ValidationHandler
-from fitforge.handlers.closing import raised
+from fitforge.reporting.closing import raised
 from helpers import make_estimator, regression_batches
 
 VAL = regression_batches(2, seed=1)

@@ -19,7 +19,7 @@ from torch.utils.data import (
 )
 
 from fitforge import Estimator
-from fitforge.core.indexed import _batch, indexed_batches, readable
+from fitforge.inputs.indexed import _batch, indexed_batches, readable
 
 
 def tensors(n=37):

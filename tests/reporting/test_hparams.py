@@ -12,7 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Tensor
 from fitforge import Estimator, History
 from fitforge.exceptions import FitforgeTypeError
 from fitforge.handlers import LambdaHandler
-from fitforge.handlers.hparams import check_params, last_values, run_params
+from fitforge.reporting.hparams import check_params, last_values, run_params
 from fitforge.testing import linear_data, linear_problem
 
 

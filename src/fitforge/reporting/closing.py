@@ -14,7 +14,7 @@ import math
 
 from fitforge.core.history import History
 from fitforge.core.state import TrainState
-from fitforge.handlers.formatting import epoch_label, format_values
+from fitforge.reporting.formatting import epoch_label, format_values
 
 _MESSAGE_LENGTH = 200  # an exception's message is cut here (its traceback follows in full)
 

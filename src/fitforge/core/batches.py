@@ -1,4 +1,5 @@
-"""Batch unpacking, device transfer, batch-size inference and checks on the data given to fit.
+"""Batches: unpacking, device transfer, batch-size inference, the nan/inf check, and what a DataLoader
+is built from (its sampler, its loading options).
 
 A training batch is a pair ``(data, label)``: ``data`` a tensor or a tuple of tensors (passed to
 the net as positional arguments), ``label`` a tensor, a tuple of tensors (one per loss, by position)
@@ -12,14 +13,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.utils.data
 
-from fitforge.core.arrays import is_array
-from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError, describe
+from fitforge.exceptions import BatchFormatError, NonFiniteInputError, describe
 
 _SEQUENCES = (tuple, list)
 _PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
@@ -39,6 +39,15 @@ _ARRAY_HELP = (
     "predict(X), which batch them, with every part an array (numpy.asarray(y) for a list); a tuple holding "
     "anything else is read as a list of batches"
 )
+
+
+def is_array(item: object) -> bool:
+    """A tensor, or a NumPy array (anything NumPy-like: ``__array__`` and a ``shape``)."""
+    return isinstance(item, torch.Tensor) or (
+        hasattr(item, "__array__") and hasattr(item, "shape") and hasattr(item, "dtype")
+    )
+
+
 LABEL_KEYS = ("labels", "label")  # where a dict batch holds its label, in the order looked for
 Inputs = tuple[torch.Tensor, ...] | dict[str, Any]  # positional inputs, or a dict batch's keyword inputs
 
@@ -227,72 +236,6 @@ def _floating_parts(value: Any, path: str | None = None) -> Iterator[tuple[str, 
     elif isinstance(value, Mapping):
         for key, part in value.items():
             yield from _floating_parts(part, f"{path}[{key!r}]")
-
-
-def _data_hint(data: object, argument: str) -> str:
-    if isinstance(data, int) and argument == "val_data":
-        return f"; did you mean epochs={data}? fit's second positional argument is val_data"
-    if isinstance(data, torch.utils.data.Dataset):
-        return "; wrap the dataset: DataLoader(dataset, batch_size=...)"
-    if is_array(data):  # a tensor or a NumPy array: iterable by rows, which are no batches
-        return (
-            "; pass it with its labels as one tuple of arrays, fit((X, y), batch_size=32), or wrap it: [x] for "
-            "one batch, or DataLoader(TensorDataset(x, y), batch_size=...)"
-        )
-    return ""
-
-
-def _looks_like_inputs_and_labels(data: object) -> bool:
-    """``(X, Y)``: two tensors with one row per sample each, given where batches were expected."""
-    if not (isinstance(data, (tuple, list)) and len(data) == 2):
-        return False
-    x, y = data
-    return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() > 0 and y.shape[:1] == x.shape[:1]
-
-
-def _loader_length(loader: torch.utils.data.DataLoader) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:  # an IterableDataset without a length
-        return None
-
-
-def check_data(data: object, argument: str, passes: int | None) -> int | None:
-    """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many).
-
-    Returns ``len(data)`` when it has one, else None. Raises before training starts for a
-    non-iterable, an empty sized loader, or a one-shot iterator that would be read more than once.
-    """
-    if type(data) is torch.utils.data.DataLoader:  # the usual case, checked every fit: re-iterable, no (X, Y)
-        size = _loader_length(data)
-        if size == 0:
-            raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
-        return size
-    if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or is_array(data) or not isinstance(data, Iterable):
-        raise FitforgeTypeError(
-            f"{argument} must be an iterable of (data, label) batches such as a DataLoader or a list, "
-            f"got {describe(data)}{_data_hint(data, argument)}"
-        )
-    if isinstance(data, Iterator) and passes != 1:
-        raise FitforgeValueError(
-            f"{argument} is a one-shot iterator ({type(data).__name__}), which is exhausted after one "
-            f"pass, but it {'may be read more than once' if passes is None else f'would be read {passes} times'}; "
-            "pass a re-iterable such as a DataLoader or a list"
-        )
-    try:
-        size = len(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    if size == 0:
-        raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
-    if argument != "data" and _looks_like_inputs_and_labels(data):
-        # fit and evaluate take (data, label) batches; predict ("data") also takes bare tensors
-        raise FitforgeTypeError(
-            f"{argument} is a {type(data).__name__} of {size} tensor(s), not of (data, label) batches: "
-            "pass (X, Y) as batches, e.g. DataLoader(TensorDataset(X, Y), batch_size=...) or [(X, Y)] "
-            "for one batch"
-        )
-    return size
 
 
 def sampler_of(loader: torch.utils.data.DataLoader) -> Any:

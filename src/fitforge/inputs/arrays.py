@@ -20,16 +20,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from fitforge.core.batches import is_array
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 DEFAULT_BATCH_SIZE = 32
-
-
-def is_array(item: object) -> bool:
-    """A tensor, or a NumPy array (anything NumPy-like: ``__array__`` and a ``shape``)."""
-    return isinstance(item, torch.Tensor) or (
-        hasattr(item, "__array__") and hasattr(item, "shape") and hasattr(item, "dtype")
-    )
 
 
 def _rows(item: object) -> bool:

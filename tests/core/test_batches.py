@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fitforge.core.data import batch_size_of, check_data, check_finite, to_device, unpack_inputs, unpack_pair
+from fitforge.core.batches import batch_size_of, check_finite, to_device, unpack_inputs, unpack_pair
 from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError
+from fitforge.inputs.sources import check_data
 from helpers import make_estimator, regression_batches
 
 PAIR_HELP = "return (data, label) from your Dataset/collate_fn, or override BatchProcessor.unpack"
@@ -312,7 +313,7 @@ def test_a_pair_of_tensors_is_taken_for_what_it_is(argument):
 
 def test_fit_takes_a_pair_of_tensors_given_as_validation_data_as_arrays():
     x, y = torch.rand(8, 1), torch.rand(8, 1)
-    history = make_estimator().fit(regression_batches(2), val_data=(x, y), epochs=1)  # fitforge.core.arrays
+    history = make_estimator().fit(regression_batches(2), val_data=(x, y), epochs=1)  # fitforge.inputs.arrays
     assert len(history["val_loss"]) == 1
 
 

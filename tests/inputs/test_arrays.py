@@ -9,9 +9,9 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from fitforge import Estimator
-from fitforge.core.arrays import array_loader, fit_loaders, is_arrays, split_off
 from fitforge.events import BatchBegin
 from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
+from fitforge.inputs.arrays import array_loader, fit_loaders, is_arrays, split_off
 
 
 def blobs(n=100, seed=0):

@@ -1,0 +1,78 @@
+"""What fit, evaluate and predict read: an iterable of batches, re-iterable when read more than
+once, not empty; the errors name what was given instead and how to pass it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+import torch.utils.data
+
+from fitforge.core.batches import is_array
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+
+def _data_hint(data: object, argument: str) -> str:
+    if isinstance(data, int) and argument == "val_data":
+        return f"; did you mean epochs={data}? fit's second positional argument is val_data"
+    if isinstance(data, torch.utils.data.Dataset):
+        return "; wrap the dataset: DataLoader(dataset, batch_size=...)"
+    if is_array(data):  # a tensor or a NumPy array: iterable by rows, which are no batches
+        return (
+            "; pass it with its labels as one tuple of arrays, fit((X, y), batch_size=32), or wrap it: [x] for "
+            "one batch, or DataLoader(TensorDataset(x, y), batch_size=...)"
+        )
+    return ""
+
+
+def _looks_like_inputs_and_labels(data: object) -> bool:
+    """``(X, Y)``: two tensors with one row per sample each, given where batches were expected."""
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        return False
+    x, y = data
+    return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() > 0 and y.shape[:1] == x.shape[:1]
+
+
+def _loader_length(loader: torch.utils.data.DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without a length
+        return None
+
+
+def check_data(data: object, argument: str, passes: int | None) -> int | None:
+    """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many).
+
+    Returns ``len(data)`` when it has one, else None. Raises before training starts for a
+    non-iterable, an empty sized loader, or a one-shot iterator that would be read more than once.
+    """
+    if type(data) is torch.utils.data.DataLoader:  # the usual case, checked every fit: re-iterable, no (X, Y)
+        size = _loader_length(data)
+        if size == 0:
+            raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
+        return size
+    if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or is_array(data) or not isinstance(data, Iterable):
+        raise FitforgeTypeError(
+            f"{argument} must be an iterable of (data, label) batches such as a DataLoader or a list, "
+            f"got {describe(data)}{_data_hint(data, argument)}"
+        )
+    if isinstance(data, Iterator) and passes != 1:
+        raise FitforgeValueError(
+            f"{argument} is a one-shot iterator ({type(data).__name__}), which is exhausted after one "
+            f"pass, but it {'may be read more than once' if passes is None else f'would be read {passes} times'}; "
+            "pass a re-iterable such as a DataLoader or a list"
+        )
+    try:
+        size = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if size == 0:
+        raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
+    if argument != "data" and _looks_like_inputs_and_labels(data):
+        # fit and evaluate take (data, label) batches; predict ("data") also takes bare tensors
+        raise FitforgeTypeError(
+            f"{argument} is a {type(data).__name__} of {size} tensor(s), not of (data, label) batches: "
+            "pass (X, Y) as batches, e.g. DataLoader(TensorDataset(X, Y), batch_size=...) or [(X, Y)] "
+            "for one batch"
+        )
+    return size
