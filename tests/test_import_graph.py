@@ -45,3 +45,23 @@ def test_at_most_eight_modules_sit_at_the_top_of_the_package():
     graph = grimp.build_graph("fitforge", include_external_packages=False)
     top = [m for m in graph.find_children("fitforge") if not graph.find_children(m)]
     assert len(top) <= 8, top
+
+
+def test_handlers_hold_no_rank_logic():
+    """A handler asks ``state.ranks`` (fitforge.core.processes) for what every rank must share;
+    only fitforge.distributed (and the metrics' cross-rank sums) speaks torch.distributed."""
+    import ast
+    from pathlib import Path
+
+    import fitforge.handlers
+
+    found = []
+    for path in sorted(Path(fitforge.handlers.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+            if any(n.startswith("torch.distributed") for n in names) or module.startswith(
+                ("torch.distributed", "fitforge.distributed.ranks")
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, found

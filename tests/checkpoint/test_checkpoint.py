@@ -329,7 +329,7 @@ def test_a_resume_another_prefix_an_empty_folder_or_another_rank_does_not_warn(t
         ):
             estimator, train, _ = linear_problem()
             estimator.fit(train, epochs=2, event_handlers=[handler])
-        monkeypatch.setattr("fitforge.handlers.checkpoint.rank", lambda: 1)  # the main rank warns alone
+        monkeypatch.setattr("fitforge.core.coordinator.Alone.main", False)  # as if rank 1: the main rank warns alone
         estimator, train, _ = linear_problem()
         estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "run")])
     assert used_folder_warnings(caplog) == []

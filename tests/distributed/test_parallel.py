@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 import signal
-import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,6 +31,7 @@ from fitforge.checkpoint.files import (
 )
 from fitforge.core.coordinator import Alone
 from fitforge.core.preemption import preemptible
+from fitforge.core.processes import OneProcess
 from fitforge.core.state import TrainState
 from fitforge.distributed import data_split as sharding
 from fitforge.distributed import fsdp
@@ -51,7 +52,6 @@ from fitforge.handlers import (
     NaNGuardHandler,
     throttle,
 )
-from fitforge.handlers import nan_guard as guard_module
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
 from helpers import make_estimator, regression_batches
@@ -507,29 +507,47 @@ def test_a_wrong_ddp_option_is_named(one_rank_group, monkeypatch):
         make_estimator(strategy_options={"find_unused": True})
 
 
-def test_nan_guard_and_time_throttles_follow_the_other_ranks(monkeypatch):
-    monkeypatch.setattr(guard_module, "any_rank", lambda flag: True)  # another rank's loss was not finite
-    guard, state = NaNGuardHandler(policy="skip"), TrainState(make_estimator())
+class OtherRanks(OneProcess):
+    """As if other ranks ran the fit beside this one: their answers to state.ranks scripted."""
+
+    several = True
+
+    def __init__(self, any_answer=None, min_answer=None):
+        self.asked, self.any_answer, self.min_answer = [], any_answer, min_answer
+
+    def any(self, flag):
+        self.asked.append(flag)
+        return flag if self.any_answer is None else self.any_answer
+
+    def min_int(self, value):
+        return value if self.min_answer is None else self.min_answer
+
+
+def on_ranks(state, ranks):
+    state.run = SimpleNamespace(coordinator=ranks, data=None)  # state.ranks is the run's coordinator
+    return state
+
+
+def test_nan_guard_and_time_throttles_follow_the_other_ranks():
+    # another rank's loss was not finite
+    guard, state = NaNGuardHandler(policy="skip"), on_ranks(TrainState(make_estimator()), OtherRanks(any_answer=True))
     guard.train_begin(state)
     state.output = type("Out", (), {"loss": torch.tensor(1.0)})()
     with pytest.raises(CancelBatch):
         guard.backward_end(state)  # this rank's loss is finite, yet every rank skips the batch
-    monkeypatch.setattr(guard_module, "reduce_ints", lambda values, op: [0])  # another rank's batch 0 was bad
+    on_ranks(state, OtherRanks(min_answer=0))  # another rank's batch 0 was bad
     stopper = NaNGuardHandler()
     stopper.train_begin(state)
     stopper.epoch_end(state)
     assert "loss of another rank at epoch 1" in state.stop_reason
-    asked = []
-    throttle_module = sys.modules["fitforge.handlers.throttle"]  # the package's name is the function
-    monkeypatch.setattr(throttle_module, "world_size", lambda: 2)
-    monkeypatch.setattr(throttle_module, "any_rank", lambda flag: asked.append(flag) or True)
+    ranks = OtherRanks(any_answer=True)
     clock = iter([0.0, 1.0, 2.0, 3.0])
     saver = throttle(LambdaHandler(batch_end=lambda s: None), seconds=10, clock=lambda: next(clock))
-    assert saver._batch.open(0) and saver._batch.open(1)  # not due at 1 s here, due on another rank
-    assert asked == [True, False]
+    assert saver._batch.open(0, ranks) and saver._batch.open(1, ranks)  # not due at 1 s here, due on another rank
+    assert ranks.asked == [True, False]
     reporter = throttle(CSVLoggerHandler("x.csv"), seconds=10, clock=lambda: next(clock))
-    assert reporter._batch.open(0) and not reporter._batch.open(1)  # a rank-0 reporter decides alone
-    assert asked == [True, False]
+    assert reporter._batch.open(0, ranks) and not reporter._batch.open(1, ranks)  # a rank-0 reporter decides alone
+    assert ranks.asked == [True, False]
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
@@ -551,11 +569,10 @@ def test_ranks_out_of_step_and_nan_weights_are_told_apart(one_rank_group):
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_a_fused_guard_reduces_its_flag_over_the_ranks_and_checkpoints_agree(one_rank_group, monkeypatch, tmp_path):
     # As if several ranks: the guard's device flag goes through an all-reduce (so every rank skips a
-    # step any rank found bad), and the checkpoint's non-finite verdict through any_rank.
-    monkeypatch.setattr(guard_module, "world_size", lambda: 2)
+    # step any rank found bad), and the checkpoint's non-finite verdict through state.ranks.any.
     reduced = []
-    real = dist.all_reduce
-    monkeypatch.setattr(guard_module.dist, "all_reduce", lambda t, **kw: reduced.append(t) or real(t, **kw))
+    monkeypatch.setattr(Alone, "several", True)
+    monkeypatch.setattr(Alone, "max_", lambda self, t: reduced.append(t) or dist.all_reduce(t, op=dist.ReduceOp.MAX))
     estimator = make_estimator()
     estimator.optimizers = [torch.optim.Adam(estimator.net.parameters(), lr=0.1, fused=True)]
     saver = CheckpointHandler(tmp_path, batch_period=1)

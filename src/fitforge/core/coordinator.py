@@ -1,4 +1,5 @@
-"""How the loop learns about stops that other processes decided: the :class:`Coordinator` interface.
+"""How the loop learns about stops that other processes decided: the :class:`Coordinator` interface,
+which also answers what handlers ask of the other processes (:class:`~fitforge.core.processes.Processes`).
 
 The loop calls the coordinator at fixed points of a fit: after ``train_begin``, ``epoch_begin`` and
 ``epoch_end`` (:meth:`~Coordinator.agree_on_stop`) and after each training batch
@@ -16,13 +17,14 @@ import logging
 import signal
 from typing import Protocol
 
+from fitforge.core.processes import OneProcess, Processes
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelFit
 
 log = logging.getLogger("fitforge")
 
 
-class Coordinator(Protocol):
+class Coordinator(Processes, Protocol):
     """Agreement on stops between the processes that run one fit.
 
     ``holds_cancels``: a CancelFit raised at a batch end is held until the processes agree (the
@@ -44,7 +46,7 @@ class Coordinator(Protocol):
         """SIGTERM or SIGINT reached this process during fit (called from the signal handler)."""
 
 
-class Alone:
+class Alone(OneProcess):
     """The coordinator of a fit in one process: nothing to agree on; a signal stops at once."""
 
     holds_cancels = False

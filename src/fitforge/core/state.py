@@ -12,6 +12,7 @@ import torch
 
 from fitforge.core.history import History
 from fitforge.core.logged import PendingValues, checked_value, dropped
+from fitforge.core.processes import ONE_PROCESS, Processes
 
 
 class StepProcessor(Protocol):
@@ -30,6 +31,11 @@ class RunMachinery(Protocol):
     @property
     def data(self) -> object:
         """The training data, epoch by epoch: a fitforge.inputs.order.DataOrder in fit."""
+        ...
+
+    @property
+    def coordinator(self) -> Processes:
+        """The processes of the fit (see :attr:`TrainState.ranks`)."""
         ...
 
 
@@ -235,6 +241,13 @@ class TrainState:
     @restored_epoch.setter
     def restored_epoch(self, epoch: int | None) -> None:
         self.history.restored_epoch = epoch
+
+    @property
+    def ranks(self) -> Processes:
+        """The processes of this fit, for a decision every rank must share (see
+        :mod:`fitforge.core.processes`): ``state.ranks.main``, ``state.ranks.any(flag)``... In one
+        process, and in evaluate and predict, every answer is this process's own."""
+        return ONE_PROCESS if self.run is None else self.run.coordinator
 
     @property
     def epoch_suspended(self) -> bool:

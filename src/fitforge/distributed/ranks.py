@@ -140,3 +140,26 @@ def on_this_rank(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     if rank() == 0:
         return list(handlers)
     return [h for h in handlers if not h.main_rank_only]
+
+
+class Collective:
+    """The processes of a fit under torch.distributed (:class:`fitforge.core.processes.Processes`),
+    answered with collectives over the default group: every rank must ask at the same point."""
+
+    several = True
+
+    def __init__(self) -> None:
+        self.rank = rank()
+        self.main = self.rank == 0
+
+    def any(self, flag: bool) -> bool:
+        return any_rank(flag)
+
+    def min_int(self, value: int) -> int:
+        return reduce_ints([value], "min")[0]
+
+    def max_(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+
+    def on_main(self, fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
+        return run_on_main_and_share(fn, error_type)

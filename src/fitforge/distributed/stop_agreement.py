@@ -45,22 +45,24 @@ import torch
 import torch.distributed as dist
 
 from fitforge.core.state import TrainState
-from fitforge.distributed.ranks import cpu_group, reduce_ints
+from fitforge.distributed.ranks import Collective, cpu_group, reduce_ints
 from fitforge.exceptions import CancelFit, FitforgeValueError
 
 log = logging.getLogger("fitforge")
 _SIGNALS = frozenset((0, *(int(s) for s in signal.Signals)))
 
 
-class StopAgreement:
+class StopAgreement(Collective):
     """The coordinator of one fit on several ranks (see the module docstring and
-    :class:`fitforge.core.coordinator.Coordinator`)."""
+    :class:`fitforge.core.coordinator.Coordinator`); what handlers ask of the other ranks is
+    answered by :class:`~fitforge.distributed.ranks.Collective`."""
 
     holds_cancels = True
     max_interval = 64  # batches between two agreements, at most
     max_latency = 0.25  # seconds of batches between two agreements, at most (one batch, if longer)
 
     def __init__(self, check_replicas: bool) -> None:
+        super().__init__()
         self._check_replicas = check_replicas
         self._signalled = 0  # the signal this rank received, until every rank knows it
         self._held: CancelFit | None = None  # a CancelFit this rank raised, until every rank knows it

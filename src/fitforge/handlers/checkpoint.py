@@ -20,7 +20,6 @@ from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Checkpointing, Monitoring
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
-from fitforge.distributed.ranks import any_rank, rank, run_on_main_and_share, world_size
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
@@ -153,7 +152,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self.resumed_from: Path | None = None
 
     def train_begin(self, state: TrainState) -> None:
-        run_on_main_and_share(self._folder.prepare, FitforgeValueError)
+        state.ranks.on_main(self._folder.prepare, FitforgeValueError)
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
@@ -164,7 +163,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
             self._resume(state)
-        elif rank() == 0:  # the main rank's folder is the one the run saves to
+        elif state.ranks.main:  # the main rank's folder is the one the run saves to
             self._warn_if_used(state.epochs_before)
 
     def _warn_if_used(self, epochs_before: int) -> None:
@@ -218,8 +217,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     def _resume(self, state: TrainState) -> None:
         """Rank 0 picks the newest checkpoint that loads; every other rank loads the same file."""
         loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
-        several = world_size() > 1  # loading weights may be a collective (FSDP): rank 0 only reads the file
-        name = run_on_main_and_share(
+        ranks = state.ranks
+        several = ranks.several  # loading weights may be a collective (FSDP): rank 0 only reads the file
+        name = ranks.on_main(
             lambda: self._folder.newest_loadable(state.estimator, loaded, several, partial(check_resumable, state)),
             CheckpointError,
         )
@@ -231,7 +231,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
                 loaded = [restore_weights(state.estimator, loaded[0] if loaded else path, folder=self.model_dir)]
             except FileNotFoundError as err:
                 raise CheckpointError(
-                    f"rank {rank()} cannot find {path}, which rank 0 resumes from: model_dir must be "
+                    f"rank {ranks.rank} cannot find {path}, which rank 0 resumes from: model_dir must be "
                     "a folder every rank can read (a shared filesystem across machines)"
                 ) from err
         self._restore(state, loaded[0], path, self._folder.regular_files())
@@ -300,7 +300,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._last = key
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
         shards = self._save_shards(state, checkpoint, f"{path.stem}pos{key[2]}{SHARDS}")
-        run_on_main_and_share(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
+        state.ranks.on_main(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Path | None:
         """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
@@ -355,7 +355,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}pos{position}{SHARDS}"
         )
         stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
-        run_on_main_and_share(lambda: self._folder.commit(checkpoint, path, shards, stale=stale), CheckpointError)
+        state.ranks.on_main(lambda: self._folder.commit(checkpoint, path, shards, stale=stale), CheckpointError)
         return path
 
     def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
@@ -364,7 +364,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         it is written as ``<prefix>-nonfinite.pt`` instead. One warning per run, then DEBUG lines,
         and a count when training ends."""
         poisoned = non_finite_state(state.estimator)
-        if not any_rank(bool(poisoned)):
+        if not state.ranks.any(bool(poisoned)):
             return False
         self._refused += 1
         if self.save_non_finite and self._refused == 1:  # the first non-finite state is the telling one

@@ -13,7 +13,6 @@ from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
 from fitforge.core.loss import part_keys
 from fitforge.core.roles import FirstBatchCheck, KeyRecording
 from fitforge.core.state import TrainState
-from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import FitforgeValueError
 from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
 from fitforge.metrics.base import (
@@ -24,7 +23,7 @@ from fitforge.metrics.base import (
 )
 from fitforge.metrics.builtin import is_builtin
 from fitforge.metrics.named import NamedMeans, declared_names
-from fitforge.metrics.reduction import reduced_sums
+from fitforge.metrics.reduction import own_share, rank_states, reduced_sums, several_ranks
 from fitforge.metrics.trial import check_trial_value, one_number, trial_update
 
 log = logging.getLogger("fitforge")
@@ -246,15 +245,11 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
             "names": [slot.name for slot in self.slots],
             "named": self._named.state_dict(),
         }
-        return own if world_size() == 1 else {"ranks": gather_to_main(_on_host(own))}
+        return rank_states(own, _on_host)
 
     def load_state_dict(self, state: dict) -> None:
         """Keep the sums for the next ``epoch_begin``, which resumes them if it continues an epoch."""
-        ranks = state.get("ranks", [state] if state else [])
-        if len(ranks) == world_size():
-            self._pending = [ranks[rank()]] if ranks else None
-        else:  # another number of ranks: rank 0 carries the total, the others start from zero
-            self._pending = ranks if rank() == 0 and ranks else None
+        self._pending = own_share(state)
 
     def _resume(self, saved: list[dict], device) -> None:
         means = [(self._loss, [ranks["loss"] for ranks in saved])]
@@ -306,7 +301,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         its cross-rank sync, a collective that ranks without this reader would never join."""
         if self._open and self._inbox:
             self._named.take(self._inbox, self._device)
-        return self._values(local=world_size() > 1)
+        return self._values(local=several_ranks())
 
     def _values(self, local: bool) -> dict[str, float]:
         values = {self.prefix + "loss": self._loss.value()}

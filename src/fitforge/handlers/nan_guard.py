@@ -6,14 +6,13 @@ import logging
 import math
 
 import torch
-import torch.distributed as dist
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin
 from fitforge.core.finite import GradientCheck
+from fitforge.core.processes import Processes
 from fitforge.core.roles import NonFiniteGuarding, Stopping
 from fitforge.core.state import TrainState
-from fitforge.distributed.ranks import any_rank, reduce_ints, world_size
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
@@ -162,9 +161,9 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
         loss = state.output.loss if state.output is not None else None
         if state.phase != "train" or loss is None:
             return
-        bad = self._check(loss.detach())
+        bad = self._check(loss.detach(), state.ranks)
         if self._read_every_batch:  # the host decides: the bad batch is cancelled, so never stepped
-            if not any_rank(bool(bad)):
+            if not state.ranks.any(bool(bad)):
                 return
             if self.policy == "skip":
                 self._skip(state)
@@ -175,7 +174,7 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
         if self.check_every is not None and (state.global_step + 1) % self.check_every == 0 and self._act(state):
             raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")  # no optimizer step for this batch
 
-    def _check(self, loss: torch.Tensor) -> torch.Tensor:
+    def _check(self, loss: torch.Tensor, ranks: Processes) -> torch.Tensor:
         """This batch's flag on the device, with no host read: 1 when the loss or a gradient is not
         finite. Under several ranks on the device-skip path, every rank's (one device all-reduce)."""
         found = self._found
@@ -183,8 +182,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
         found.copy_(~finite)
         if self._gradients is not None:
             self._gradients.update(found)
-        if world_size() > 1 and not self._read_every_batch:  # the ranks skip the step together
-            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        if ranks.several and not self._read_every_batch:  # the ranks skip the step together
+            ranks.max_(found)
         return found
 
     def _record(self, state: TrainState, bad: torch.Tensor, loss: torch.Tensor) -> None:
@@ -212,7 +211,7 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
         """Read the record (one host read; two when there is a bad batch) and act on it. Under
         torch.distributed the ranks agree on the first bad batch of any rank (one all-reduce)."""
         own = int(self._first)
-        code = reduce_ints([own], "min")[0]
+        code = state.ranks.min_int(own)
         if code == _NONE:
             return False
         step, batch = divmod(code, _SHIFT)

@@ -23,8 +23,8 @@ from fitforge.core.events import (
     events_of,
     hook_of,
 )
+from fitforge.core.processes import Processes
 from fitforge.core.state import TrainState
-from fitforge.distributed.ranks import any_rank, world_size
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 _BATCH = (Event.BATCH_BEGIN, Event.BACKWARD_END, Event.BATCH_END)
@@ -43,29 +43,34 @@ class _Gate:
         self.last = -math.inf  # clock time of the last call let through
         self.pending: bool | None = None  # the decision of a pair's first hook, for its second
 
-    def open(self, position: int, train: bool = True) -> bool:
+    def open(self, position: int, ranks: Processes | None) -> bool:
         if self.every is not None and (position + 1) % self.every:
             return False
         if self.seconds is not None:
             now = self.clock()
             due = now - self.last >= self.seconds
             # Each rank's clock: in training (every rank at the same batch) the ranks agree, a
-            # collective; evaluation shares may differ in length, so each rank decides there.
-            if self.agree and train and world_size() > 1:
-                due = any_rank(due)
+            # collective; evaluation shares may differ in length, so each rank decides there (None).
+            if self.agree and ranks is not None and ranks.several:
+                due = ranks.any(due)
             if not due:
                 return False
             self.last = now
         return True
 
-    def first(self, position: int, train: bool = True) -> bool:
-        self.pending = self.open(position, train)
+    def first(self, position: int, ranks: Processes | None) -> bool:
+        self.pending = self.open(position, ranks)
         return self.pending
 
-    def second(self, position: int, train: bool = True) -> bool:
+    def second(self, position: int, ranks: Processes | None) -> bool:
         """The first hook's decision, or (no first hook ran for this batch or epoch) a new one."""
         due, self.pending = self.pending, None
-        return self.open(position, train) if due is None else due
+        return self.open(position, ranks) if due is None else due
+
+
+def _agreeing(state: TrainState) -> Processes | None:
+    """The processes that decide a batch's gate together: every rank in training, none elsewhere."""
+    return state.ranks if state.phase == "train" else None
 
 
 class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
@@ -115,28 +120,28 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
         self._hooks[Event.TRAIN_BEGIN](state)
 
     def epoch_begin(self, state: TrainState) -> None:
-        if state.phase != "train" or self._epoch.first(state.epoch):
+        if state.phase != "train" or self._epoch.first(state.epoch, state.ranks):
             self._hooks[Event.EPOCH_BEGIN](state)
 
     def batch_begin(self, state: TrainState) -> None:
-        if self._batch.first(self._batch_position(state), state.phase == "train"):
+        if self._batch.first(self._batch_position(state), _agreeing(state)):
             self._hooks[Event.BATCH_BEGIN](state)
 
     def backward_end(self, state: TrainState) -> None:
         # Between batch_begin and batch_end (training only): it follows batch_begin's decision for
         # this batch, or decides when the wrapped handler has no batch_begin; batch_end follows it.
         gate = self._batch
-        due = gate.pending if Event.BATCH_BEGIN in self._hooks else gate.open(self._batch_position(state))
+        due = gate.pending if Event.BATCH_BEGIN in self._hooks else gate.open(self._batch_position(state), state.ranks)
         gate.pending = due if Event.BATCH_END in self._hooks else None
         if due:
             self._hooks[Event.BACKWARD_END](state)
 
     def batch_end(self, state: TrainState) -> bool | None:
-        due = self._batch.second(self._batch_position(state), state.phase == "train")
+        due = self._batch.second(self._batch_position(state), _agreeing(state))
         return self._hooks[Event.BATCH_END](state) if due else None
 
     def epoch_end(self, state: TrainState) -> bool | None:
-        if state.phase != "train" or self._epoch.second(state.epoch):
+        if state.phase != "train" or self._epoch.second(state.epoch, state.ranks):
             return self._hooks[Event.EPOCH_END](state)
         return None
 

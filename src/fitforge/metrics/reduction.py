@@ -1,4 +1,5 @@
-"""Loss and metric sums totalled over torch.distributed ranks at epoch end (one ``all_reduce``).
+"""Loss and metric sums totalled over torch.distributed ranks at epoch end (one ``all_reduce``), and
+their running state saved and resumed across ranks.
 
 Each rank accumulates its own share of the loss and metric sums, so every rank logs, monitors and
 returns the values of the whole data once they are reduced. Running (mid-epoch) values stay per
@@ -7,13 +8,14 @@ rank, because rank-0 handlers such as a progress bar read them alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from fitforge.distributed.ranks import collective_device, world_size
+from fitforge.distributed.ranks import collective_device, gather_to_main, rank, world_size
 from fitforge.metrics.base import SumCountMetric
 
 
@@ -45,3 +47,23 @@ def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
     finally:
         for metric, (own_sum, own_count) in zip(metrics, own):
             metric._sum, metric._count = own_sum, own_count
+
+
+def several_ranks() -> bool:
+    """Whether the sums are shares of several ranks' (their running values then this rank's own)."""
+    return world_size() > 1
+
+
+def rank_states(own: dict, to_host: Callable[[Any], Any]) -> dict:
+    """The running state a checkpoint keeps: this process's ``own``, or under torch.distributed
+    every rank's (``{"ranks": [...]}`` on rank 0, moved to the host by ``to_host``; a collective)."""
+    return own if world_size() == 1 else {"ranks": gather_to_main(to_host(own))}
+
+
+def own_share(saved: dict) -> list[dict] | None:
+    """The saved states this rank resumes: its own when the checkpoint has one per rank; with
+    another number of ranks, rank 0 carries every saved state (the total) and the others none."""
+    ranks = saved.get("ranks", [saved] if saved else [])
+    if len(ranks) == world_size():
+        return [ranks[rank()]] if ranks else None
+    return ranks if rank() == 0 and ranks else None

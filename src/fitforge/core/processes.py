@@ -1,0 +1,67 @@
+"""What a handler may ask of the other processes of a fit: ``state.ranks``.
+
+A handler whose decision must be the same on every process (a checkpoint written once, a batch
+skipped everywhere, a throttle's clock) asks here, and holds no rank logic itself. In one process
+:class:`OneProcess` answers at once; under torch.distributed the fit's coordinator
+(:class:`fitforge.distributed.stop_agreement.StopAgreement`) answers with collectives, which every
+rank must reach at the same point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class Processes(Protocol):
+    """The processes of a fit, as a handler sees them.
+
+    Attributes:
+        rank: this process's index (0 alone).
+        main: this process reports and writes for all (rank 0).
+        several: more than one process runs the fit.
+    """
+
+    rank: int
+    main: bool
+    several: bool
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on at least one process (a collective)."""
+        ...
+
+    def min_int(self, value: int) -> int:
+        """The smallest of every process's ``value`` (a collective)."""
+        ...
+
+    def max_(self, tensor: torch.Tensor) -> None:
+        """Every process's ``tensor`` replaced by the elementwise largest, on its device (a collective)."""
+
+    def on_main(self, fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
+        """``fn()`` run by the main process, its result (or its error) on every process (a collective)."""
+        ...
+
+
+class OneProcess:
+    """The processes of a fit in one process: every answer is this process's own."""
+
+    rank, main, several = 0, True, False
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def min_int(self, value: int) -> int:
+        return value
+
+    def max_(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def on_main(self, fn: Callable[[], Any], error_type: type[Exception] = RuntimeError) -> Any:
+        return fn()
+
+
+ONE_PROCESS = OneProcess()
