@@ -34,7 +34,10 @@ from fitforge.core.roles import (
     Stopping,
     Validating,
     ValidationSetup,
+    players,
+    plays,
     role_of,
+    unwrapped,
 )
 
 __all__ = [
@@ -59,5 +62,8 @@ __all__ = [
     "Validating",
     "ValidationSetup",
     "Wrapping",
+    "players",
+    "plays",
     "role_of",
+    "unwrapped",
 ]

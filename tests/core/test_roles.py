@@ -5,6 +5,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ import pytest
 import fitforge
 import fitforge.handlers
 from fitforge.core.events import EventHandler
-from fitforge.events import Checkpointing, EpochEnd, Monitoring, Stopping, TrainBegin, Validating, role_of
-from fitforge.exceptions import MonitorKeyError
+from fitforge.events import Checkpointing, EpochEnd, Monitoring, Stage, Stopping, TrainBegin, Validating, role_of
+from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, MonitorKeyError
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, StoppingHandler, ValidationHandler
 from fitforge.handlers.throttle import throttle
 from fitforge.testing import linear_problem
@@ -113,7 +114,7 @@ def test_a_wrapper_plays_the_roles_of_what_it_wraps():
 class ScoreValidation(TrainBegin, EpochEnd, Validating):
     """A user's own validation: it records val_score by its own means."""
 
-    priority = -1000  # with the built-in validation: before the handlers that read this epoch's values
+    priority = Stage.VALIDATE  # with the built-in validation: before the handlers that read this epoch's values
 
     def train_begin(self, state):
         self.scores = []
@@ -141,3 +142,58 @@ def test_a_throttled_validation_is_set_up_and_checked_before_training():
     validation = ValidationHandler(data)
     history = estimator.fit(data, epochs=2, event_handlers=[throttle(validation, every_n_epochs=2)])
     assert validation.checked_first and len([v for v in history["val_loss"] if v == v]) == 1
+
+
+def test_training_values_come_before_validation_values_whoever_gives_the_metric_handler():
+    from fitforge.handlers import MetricHandler
+
+    estimator, data, val = linear_problem()
+    for handlers, defaults in (([MetricHandler()], True), ([MetricHandler()], False), ([], True)):
+        history = estimator.fit(data, val_data=val, epochs=1, event_handlers=handlers, default_handlers=defaults)
+        keys = list(history)
+        assert keys.index("train_loss") < keys.index("val_loss"), keys
+
+
+def test_a_handler_defining_a_role_s_name_without_the_role_is_warned_once():
+    from fitforge.events import BatchEnd
+
+    class Refuses(BatchEnd):  # meant to refuse the run, but does not inherit FirstBatchCheck
+        def check_first_batch(self, state):
+            raise ValueError("never called")
+
+        def batch_end(self, state):
+            pass
+
+    class Watches(EpochEnd):
+        def __init__(self):
+            self.monitor = "val_los"
+
+        def epoch_end(self, state):
+            pass
+
+    estimator, data, _ = linear_problem()
+    with pytest.warns(UserWarning, match=r"Refuses defines 'check_first_batch' but does not inherit the role Fir"):
+        estimator.fit(data, epochs=1, event_handlers=[Refuses()])
+    with pytest.warns(UserWarning, match=r"Watches defines 'monitor' but does not inherit the role Monitoring"):
+        estimator.fit(data, epochs=1, event_handlers=[Watches()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        estimator.fit(data, epochs=1, event_handlers=[Refuses(), Watches()])  # once per class and name
+
+
+def test_a_monitor_running_before_the_validation_of_its_key_is_refused_before_training():
+    estimator, data, _ = linear_problem()
+    late = type("LateScore", (ScoreValidation,), {"priority": 0})
+    stopper = EarlyStoppingHandler("val_score", mode="max")
+    with pytest.raises(HandlerOrderError, match=r"runs before it at epoch_end.*give LateScore priority=Stage.VALIDATE"):
+        estimator.fit(data, epochs=1, event_handlers=[stopper, late()])
+    estimator.fit(
+        data, epochs=1, event_handlers=[late(), EarlyStoppingHandler("val_score", mode="max")]
+    )  # listed first
+
+
+def test_a_role_without_an_event_mixin_is_told_to_add_one():
+    with pytest.raises(FitforgeTypeError, match=r"handles no event.*\(a role such as Monitoring is inherited beside"):
+        linear_problem()[0].fit(
+            linear_problem()[1], epochs=1, event_handlers=[type("M", (EventHandler, Monitoring), {})()]
+        )

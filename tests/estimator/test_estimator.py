@@ -457,7 +457,7 @@ def test_default_handlers_false_adds_only_stopping_and_gradient_update():
     assert set(history) == {"epoch_time", "lr"} and est.net.weight.grad is None
     # val_data is an explicit request: validation still runs (with evaluate's own metrics)
     text = est.describe_loop(val_data=regression_batches(), default_handlers=False)
-    assert "GradientUpdateHandler(step) -> ValidationHandler(metrics) -> StoppingHandler(stop)" in text
+    assert "GradientUpdateHandler(step) -> ValidationHandler(validate) -> StoppingHandler(stop)" in text
     history = est.fit(regression_batches(), val_data=regression_batches(), epochs=2, default_handlers=False)
     assert set(history) == {"epoch_time", "lr", "val_loss", "val_mae"}
     with pytest.raises(FitforgeTypeError, match="default_handlers must be True or False, got str 'no'"):

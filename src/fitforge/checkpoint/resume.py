@@ -2,7 +2,7 @@
 
 :func:`training_state` collects the counters (completed epochs, batch position in the epoch,
 global and optimizer steps), the gradients of an unfinished accumulation group (made the same on
-every rank first, see :class:`OpenGroupHolder`: rank 0's are saved), the history, the
+every rank first by the :class:`~fitforge.core.roles.Accumulating` handler: rank 0's are saved), the history, the
 random generators (every rank's, under torch.distributed), the data order and every stateful
 handler's state. :func:`resume` puts them back. It runs once every handler's ``train_begin`` has
 run and before the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.

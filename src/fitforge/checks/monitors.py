@@ -10,27 +10,48 @@ from collections.abc import Sequence
 from fitforge.core.events import EventHandler
 from fitforge.core.roles import Monitoring, Validating, players, role_of
 from fitforge.core.state import EstimatorLike
-from fitforge.exceptions import MonitorKeyError
+from fitforge.exceptions import HandlerOrderError, MonitorKeyError
 from fitforge.handlers.defaults import run_keys, unknown_val_keys
 
 
-def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> None:
-    """Every ``monitor`` attribute must name a key the run will produce.
+def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list[EventHandler]:
+    """Every ``monitor`` attribute must name a key the run will produce. Returns the handlers that
+    monitor a key only a custom validation may produce (see :func:`check_monitor_order`).
 
     Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
     (see :func:`fitforge.core.monitor.monitored_value`)."""
     monitors = [(h, m) for h in handlers if (m := role_of(h, Monitoring)) is not None and isinstance(m.monitor, str)]
     keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
-    custom_eval = unknown_val_keys(handlers)
+    custom_eval, left = unknown_val_keys(handlers), []
     for handler, monitoring in monitors:
         key = str(monitoring.monitor)
-        if key in keys or (custom_eval and key.startswith("val_")):
+        if key in keys:
+            continue
+        if custom_eval and key.startswith("val_"):
+            left.append(handler)
             continue
         raise MonitorKeyError(
             f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
             + _monitor_hint(key, keys, validates=bool(players(handlers, Validating)))
         )
     _check_best_agrees([m for _, m in monitors])
+    return left
+
+
+def check_monitor_order(epoch_end: Sequence[EventHandler], left: Sequence[EventHandler]) -> None:
+    """A handler monitoring a key only a custom validation records must run after that validation
+    at ``epoch_end`` (in ``epoch_end``'s call order), or it would never see the epoch's value."""
+    custom = [h for h in epoch_end if (v := role_of(h, Validating)) is not None and v.validation_setup() is None]
+    for handler in left:
+        monitoring = role_of(handler, Monitoring)
+        if not custom or monitoring is None or handler not in epoch_end:
+            continue
+        if epoch_end.index(handler) < epoch_end.index(custom[0]):
+            raise HandlerOrderError(
+                f"{handler!r} monitors {monitoring.monitor!r}, which only a validation of your own such as "
+                f"{custom[0]!r} records, but runs before it at epoch_end, so it would never see the epoch's "
+                f"value: give {type(custom[0]).__name__} priority=Stage.VALIDATE (from fitforge.events)"
+            )
 
 
 def _monitor_hint(key: str, keys: list[str], validates: bool) -> str:

@@ -23,11 +23,11 @@ from typing import Any
 
 from fitforge.checks.first_batch import first_batch_check
 from fitforge.checks.model import check_placement, check_trainable
-from fitforge.checks.monitors import check_monitors
+from fitforge.checks.monitors import check_monitor_order, check_monitors
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler
+from fitforge.core.events import Event, EventHandler
 from fitforge.core.options import check_duration
 from fitforge.core.processor import bound_step
 from fitforge.core.roles import Stopping, Validating, players
@@ -90,9 +90,11 @@ def before_fit(
     for stopper in players(handlers, Stopping):
         limits = stopper.run_limits()
         epochs, batches = tighter_limit(epochs, limits[0]), tighter_limit(batches, limits[1])
-    check_monitors(handlers, estimator)
+    left = check_monitors(handlers, estimator)
     guarded = check_flag("fit", "check_access", check_access)
     dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
+    if left:
+        check_monitor_order(dispatcher.owners[Event.EPOCH_END], left)
     estimator.arm_loss_checks("train")
     step = bound_step(estimator.batch_processor, estimator, "fit_batch")
     check = first_batch_check(step, dispatcher.handlers, "train_data", "train")
@@ -127,11 +129,9 @@ def _set_up_validations(
             num_batches=checked.get(id(setup.val_data)) if own and not setup.mid_epoch else None,
             placed=True,  # just checked for the net and val_net
         )
-        if setup.check_first:
-            check = evaluation.check
-            assert check is not None  # a new evaluation is unchecked
-            evaluation.check = None if _checked_before(estimator, evaluation, unsplit, name) else check
-        validator.use_evaluation(evaluation, evaluation.checked)
+        first = setup.check_first and _checked_before(estimator, evaluation, unsplit, name)
+        evaluation.check = None if first else evaluation.check
+        validator.use_evaluation(evaluation, first)
 
 
 def _checked_before(estimator: EstimatorLike, evaluation: Evaluation, data: Iterable, name: str) -> bool:

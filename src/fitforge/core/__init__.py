@@ -10,7 +10,8 @@
   :mod:`~fitforge.core.logged` (named values);
 - the step: :mod:`~fitforge.core.processor` (BatchProcessor), :mod:`~fitforge.core.batches` (batch
   formats), :mod:`~fitforge.core.loss`, :mod:`~fitforge.core.prediction`;
-- small shared parts: arguments, options, modules, rng, finite, learning_rate, summary.
+- small shared parts: arguments, options, modules, rng, finite, learning_rate, monitor (a watched
+  key, min/max, the best so far), optimizer_choice (which optimizers a batch steps).
 
 It may import only :mod:`fitforge.exceptions`: it knows no handler, no checkpoint format and no rank.
 What it needs of the Estimator is the :class:`~fitforge.core.state.EstimatorLike` protocol.

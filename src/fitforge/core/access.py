@@ -11,8 +11,8 @@ At fit start, once: among declared handlers of one priority that share an event,
 field runs before its readers (a priority you set is kept: it says when a handler must run, e.g.
 before the optimizer step), and two writers of one field must be ordered by priority or
 ``run_after`` (else a :class:`~fitforge.exceptions.HandlerOrderError` names both, the field and the
-fix). Only a real conflict is reported: handlers of one class, writers of ``stop_requested``
-(the first reason wins) and of ``metrics`` or ``history`` (each adds keys of its own) need no
+fix). Only a real conflict is reported: handlers of one class, and writers of ``stop_requested``
+(the first reason wins), need no order, and neither do handlers the stages (priorities) already
 order. These reader-after-writer edges join ``run_after``'s in the one topological sort of
 :mod:`fitforge.core.dispatch`, where stages (``priority``) break ties. The ordering is free;
 enforcing the declarations is a debug mode (``fit(check_access=True)``, see
@@ -78,9 +78,7 @@ def _common(a: frozenset[str], b: frozenset[str]) -> set[str]:
     return {n for n in a if _covered(n, b)} | {n for n in b if _covered(n, a)}
 
 
-# Writers of these need no order between them: the first stop's reason is kept, and each writer of
-# metrics or history adds keys of its own (a reader of them still runs after their writers).
-_COMMUTING = frozenset({"stop_requested", "metrics", "history"})
+_COMMUTING = frozenset({"stop_requested"})  # writers need no order: the first stop's reason is kept
 
 
 def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from fitforge.core.events import (
     priority_name,
     unwrapped,
 )
+from fitforge.core.roles import ROLES, missing_roles
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,6 +63,7 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
         )
     if not events_of(handler):
         raise _no_event(handler, argument)
+    _warn_missing_roles(handler)
     priority = handler.priority
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise FitforgeTypeError(f"{handler!r}.priority must be an int, got {describe(priority)}")
@@ -74,10 +77,29 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
 
 def _no_event(handler: object, argument: str) -> FitforgeTypeError:
     mixins = ", ".join(m.__name__ for m in MIXINS.values())
+    roles = [role.__name__ for role in ROLES if isinstance(handler, role)]
+    hint = f" (a role such as {roles[0]} is inherited beside an event mixin)" if roles else ""
     return FitforgeTypeError(
         f"{argument} got {describe(handler)}, which handles no event; "
-        f"a handler must inherit at least one of {mixins} (from fitforge.events)"
+        f"a handler must inherit at least one of {mixins} (from fitforge.events){hint}"
     )
+
+
+_WARNED: set[tuple[type, str]] = set()
+
+
+def _warn_missing_roles(handler: EventHandler) -> None:
+    """Once per class and name: a role's name defined without the role (fitforge asks roles)."""
+    for name, role in missing_roles(handler):
+        if (type(handler), name) not in _WARNED:
+            _WARNED.add((type(handler), name))
+            warnings.warn(
+                f"{type(handler).__name__} defines {name!r} but does not inherit the role {role} (from "
+                f"fitforge.events), so fitforge will not use it: inherit {role} beside its event mixins, "
+                f"e.g. class {type(handler).__name__}(..., {role})",
+                UserWarning,
+                stacklevel=5,
+            )
 
 
 def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:

@@ -7,7 +7,7 @@ Each hook takes the :class:`~fitforge.TrainState` and may return a truthy value 
 ``batch_end``/``epoch_end`` to request a stop.
 
 Ordering: lower ``priority`` runs first. The built-ins take named :class:`Stage` values (guard,
-step, metrics, user, schedule, persist, report, stop); a plain int between them works too.
+step, metrics, validate, user, schedule, persist, report, stop); a plain int between them works too.
 ``run_after`` names handler classes this handler must run after whatever their priorities. Ties
 keep the order handlers were given in.
 
@@ -61,7 +61,8 @@ class Stage(IntEnum):
 
     GUARD = -3000  # NaNGuardHandler: judge the batch before anything uses it
     STEP = -2000  # GradientUpdateHandler: clip and step, so later handlers see the updated weights
-    METRICS = -1000  # MetricHandler, ValidationHandler: this epoch's values for every handler after them
+    METRICS = -1000  # MetricHandler: this epoch's training values for every handler after it
+    VALIDATE = -900  # ValidationHandler: the val_ values, after the training ones, before the user's handlers
     USER = 0  # the default
     SCHEDULE = 100  # LRSchedulerHandler: after the user's handlers, before the checkpoint
     PERSIST = 900  # CheckpointHandler: the state after every update of the epoch

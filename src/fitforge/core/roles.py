@@ -3,8 +3,8 @@
 fitforge never asks a handler's class or looks for an attribute by name: it asks for a role,
 ``role_of(handler, Validating)``, which finds it on the handler itself or on the handler a wrapper
 holds (:class:`Wrapping`, e.g. ``throttle(...)``), so a wrapper keeps the roles of what it wraps
-without forwarding anything. A handler of your own that inherits a role takes part exactly as the
-built-in one does.
+without forwarding anything. A handler of your own that inherits a role takes part as the built-in
+one does (the default handlers are still replaced by class: see ``fitforge.handlers.defaults``).
 
 ==================  =====================================  ===========================================
 role                declared by (built-in)                 what fitforge does with it
@@ -15,7 +15,7 @@ Monitoring          EarlyStopping, Checkpoint, LRScheduler  checks ``monitor`` a
 Validating          ValidationHandler                      its ``val_*`` keys count for monitors; the
                                                            checks before training set up and check
                                                            its evaluation (:meth:`validation_setup`)
-Stopping            StoppingHandler, EarlyStopping          its limits fold into the run's; a run it
+Stopping            Stopping, EarlyStopping, NaNGuard       its limits fold into the run's; a run it
                                                            had ended is over when resumed
 Checkpointing       CheckpointHandler                      resumes from the checkpoint it picked; an
                                                            epoch cut short is one a resume finishes
@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 R = TypeVar("R")
 __all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs them); named here too
+    "ROLES",
     "Accumulating",
     "Checkpointing",
     "EpochLines",
@@ -62,6 +63,7 @@ __all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs
     "Validating",
     "ValidationSetup",
     "Wrapping",
+    "missing_roles",
     "players",
     "plays",
     "role_of",
@@ -107,14 +109,20 @@ class Monitoring:
 @dataclass(frozen=True)
 class ValidationSetup:
     """What a :class:`Validating` handler asks fit to set up before training: an evaluation of
-    ``val_data`` by the estimator (loss and metrics, with ``event_handlers``), checked on a first
-    batch when ``check_first``. ``mid_epoch``: it also validates between batches (its data is read
-    by more than the epochs' ends)."""
+    ``val_data`` by the estimator (loss and metrics, with ``event_handlers``), its first batch
+    checked when ``check_first``. It validates at the end of every ``epoch_period``-th epoch and
+    after every ``batch_period``-th training batch (None: never)."""
 
     val_data: Iterable
     event_handlers: Sequence[EventHandler] = ()
     check_first: bool = True
-    mid_epoch: bool = False
+    epoch_period: int | None = 1
+    batch_period: int | None = None
+
+    @property
+    def mid_epoch(self) -> bool:
+        """It validates between batches too: its data is read more often than the epochs end."""
+        return self.batch_period is not None
 
 
 class Validating:
@@ -198,3 +206,35 @@ class EpochLines:
 
 class NonFiniteGuarding:
     """Acts on nan or inf losses (stops, skips or raises): a diverged run needs no hint to add one."""
+
+
+# What a handler defined for fitforge to find by name before the roles, and the roles' own
+# methods: defined without the role, fitforge would never call them (see :func:`missing_roles`).
+_NAMES = {
+    Monitoring: ("monitor", "save_best", "restore_best", "best_weights"),
+    Validating: ("validation_setup", "use_evaluation"),
+    Stopping: ("stopped_epoch", "run_limits", "ended_run"),
+    Checkpointing: ("take_resume_checkpoint", "best_checkpoint"),
+    FirstBatchCheck: ("check_first_batch",),
+    KeyRecording: ("history_keys",),
+    Accumulating: ("share_open_group", "steps_per_optimizer"),
+    EpochLines: ("shows_epoch_lines",),
+}
+_CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
+ROLES = (*_NAMES, NonFiniteGuarding)
+
+
+def missing_roles(handler: object) -> list[tuple[str, str]]:
+    """``(name, role)`` for each name of a role that ``handler`` defines (on its own classes or
+    itself) without inheriting the role: fitforge asks roles, so it would never use the name."""
+    cls = type(handler)
+    known = _CLASS_NAMES.get(cls)
+    if known is None:  # once per class: the user's classes only, fitforge's own play their roles
+        own = {name for k in cls.__mro__ if not k.__module__.startswith("fitforge.") for name in vars(k)}
+        unplayed = [
+            (name, role.__name__) for role, names in _NAMES.items() if not isinstance(handler, role) for name in names
+        ]
+        known = _CLASS_NAMES[cls] = [p for p in unplayed if p[0] in own], [p for p in unplayed if p[0] not in own]
+    on_class, elsewhere = known
+    instance = handler.__dict__ if hasattr(handler, "__dict__") else {}
+    return on_class + [pair for pair in elsewhere if pair[0] in instance] if instance else on_class

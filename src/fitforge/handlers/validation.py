@@ -25,7 +25,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
             data or metrics fails in a second, not after an epoch; False skips it.
     """
 
-    priority = Stage.METRICS  # with MetricHandler: both add their keys to metrics and history
+    priority = Stage.VALIDATE  # after MetricHandler's training values: the stages order the two
     reads = (
         "estimator",
         "epoch",
@@ -62,7 +62,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
         self.epoch_period, self.batch_period = epoch_period, batch_period
         self.event_handlers = list(event_handlers or [])
         self.check_first = check_flag("ValidationHandler", "check_first", check_first)
-        self.checked_first = False  # whether the check of check_first ran this fit
+        self.checked_first = False  # whether this fit checks val_data's first batch fully (check_first)
         self._evaluation: Callable[[], dict] | None = None  # this fit's validations, set up before training
         self._validated_at: int | None = None
 
@@ -70,7 +70,9 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
         """What fit sets up before training: an evaluation of ``val_data`` (None with an ``eval_fn``)."""
         if self.eval_fn is not None:
             return None
-        return ValidationSetup(self.val_data, tuple(self.event_handlers), self.check_first, bool(self.batch_period))
+        return ValidationSetup(
+            self.val_data, tuple(self.event_handlers), self.check_first, self.epoch_period, self.batch_period
+        )
 
     def use_evaluation(self, evaluation: Callable[[], dict], checked: bool) -> None:
         self._evaluation, self.checked_first = evaluation, checked
