@@ -234,7 +234,10 @@ def missing_roles(handler: object) -> list[tuple[str, str]]:
         unplayed = [
             (name, role.__name__) for role, names in _NAMES.items() if not isinstance(handler, role) for name in names
         ]
-        known = _CLASS_NAMES[cls] = [p for p in unplayed if p[0] in own], [p for p in unplayed if p[0] not in own]
+        on_class = [pair for pair in unplayed if pair[0] in own]
+        # A built-in handler's attributes are its own business: only a user's class is looked into.
+        elsewhere = [pair for pair in unplayed if pair[0] not in own] if own else []
+        known = _CLASS_NAMES[cls] = on_class, elsewhere
     on_class, elsewhere = known
     instance = handler.__dict__ if hasattr(handler, "__dict__") else {}
     return on_class + [pair for pair in elsewhere if pair[0] in instance] if instance else on_class
