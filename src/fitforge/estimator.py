@@ -43,7 +43,7 @@ from fitforge.core.processor import (
 from fitforge.core.run import RunContext, inference
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions
-from fitforge.distributed.ranks import on_this_rank, rank, world_size
+from fitforge.distributed.ranks import on_this_rank, processes, rank, world_size
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
 from fitforge.evaluation import Evaluation
@@ -284,6 +284,7 @@ class Estimator:
             num_batches=plan.num_batches,
             handlers=tuple(dispatcher.handlers),
             run=run,
+            ranks=coordinator,
             epochs_before=self.history.epochs,
         )
         set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
@@ -340,9 +341,10 @@ class Estimator:
         checked: bool = False,
         placed: bool = False,
     ) -> Evaluation:
-        """:meth:`evaluate` set up once, to call as often as needed (a ValidationHandler's each
-        validation): ``checked`` when the data's first batch was checked before training, ``placed``
-        when ``val_net``'s device was just checked (see :class:`~fitforge.evaluation.Evaluation`)."""
+        """:meth:`evaluate` set up once, to call as often as needed (fit sets up its validations the
+        same way, :func:`fitforge.checks.pipeline.evaluation_of`): ``checked`` when the data's first
+        batch was checked already, ``placed`` when ``val_net``'s device was just checked (see
+        :class:`~fitforge.evaluation.Evaluation`)."""
         return evaluation_of(self, val_data, event_handlers, placed=placed, checked=checked)[0]
 
     def predict(
@@ -364,7 +366,7 @@ class Estimator:
         plan = before_predict(self, data, event_handlers, batch_size)
         predictions = Predictions(bound_step(self.batch_processor, self, "predict_batch"), self.non_blocking)
         check = first_batch_check(predictions.step, plan.dispatcher.handlers, "data", "predict")
-        state = TrainState(self, "predict", num_batches=plan.num_batches)
+        state = TrainState(self, "predict", num_batches=plan.num_batches, ranks=processes())
         run = RunContext(
             plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=check
         )

@@ -19,7 +19,7 @@ from fitforge.core.loop import run_pass
 from fitforge.core.processor import bound_step
 from fitforge.core.run import RunContext, Step, inference
 from fitforge.core.state import TrainState
-from fitforge.distributed.ranks import on_this_rank
+from fitforge.distributed.ranks import on_this_rank, processes
 from fitforge.inputs.order import OnePass
 
 
@@ -48,7 +48,7 @@ class Evaluation:
     ) -> None:
         self.estimator, self.val_data, self.num_batches = estimator, val_data, num_batches
         self.prefix, self.sharded = prefix, sharded
-        self.dispatcher = Dispatcher(on_this_rank(handlers))
+        self.dispatcher, self.ranks = Dispatcher(on_this_rank(handlers)), processes()
         self.step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
         self.check = None if first_check is None else first_check(self.step, self.dispatcher.handlers)
 
@@ -60,7 +60,7 @@ class Evaluation:
     def __call__(self) -> dict[str, float]:
         """One pass: ``{"val_loss": ..., "val_<metric>": ...}`` (``<prefix>_loss``...)."""
         estimator = self.estimator
-        state = TrainState(estimator, "validate", num_batches=self.num_batches, prefix=self.prefix)
+        state = TrainState(estimator, "validate", num_batches=self.num_batches, prefix=self.prefix, ranks=self.ranks)
         run = RunContext(
             self.dispatcher, self.step, OnePass(self.val_data), "val_data", allow_empty=self.sharded, check=self.check
         )

@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import signal
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -524,7 +523,7 @@ class OtherRanks(OneProcess):
 
 
 def on_ranks(state, ranks):
-    state.run = SimpleNamespace(coordinator=ranks, data=None)  # state.ranks is the run's coordinator
+    state.ranks = ranks
     return state
 
 

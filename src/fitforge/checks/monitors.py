@@ -11,7 +11,7 @@ from fitforge.core.events import EventHandler
 from fitforge.core.roles import Monitoring, Validating, players, role_of
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import HandlerOrderError, MonitorKeyError
-from fitforge.handlers.defaults import run_keys, unknown_val_keys
+from fitforge.handlers.defaults import by_own_means, run_keys, unknown_val_keys
 
 
 def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list[EventHandler]:
@@ -41,7 +41,7 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
 def check_monitor_order(epoch_end: Sequence[EventHandler], left: Sequence[EventHandler]) -> None:
     """A handler monitoring a key only a custom validation records must run after that validation
     at ``epoch_end`` (in ``epoch_end``'s call order), or it would never see the epoch's value."""
-    custom = [h for h in epoch_end if (v := role_of(h, Validating)) is not None and v.validation_setup() is None]
+    custom = [h for h in epoch_end if (v := role_of(h, Validating)) is not None and by_own_means(v)]
     for handler in left:
         monitoring = role_of(handler, Monitoring)
         if not custom or monitoring is None or handler not in epoch_end:

@@ -85,11 +85,11 @@ def before_fit(
     check_placement(estimator, "net", "val_net")
     handlers = fit_handlers(event_handlers, val_data, default_handlers)
     console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
-    check_trainable(estimator)  # before the validation check, whose forward may gather FSDP's parameters
-    _set_up_validations(estimator, handlers, val_data, checked, epochs)
-    for stopper in players(handlers, Stopping):
+    for stopper in players(handlers, Stopping):  # first: the validations' data is read once with epochs=1
         limits = stopper.run_limits()
         epochs, batches = tighter_limit(epochs, limits[0]), tighter_limit(batches, limits[1])
+    check_trainable(estimator)  # before the validation check, whose forward may gather FSDP's parameters
+    _set_up_validations(estimator, handlers, val_data, checked, epochs)
     left = check_monitors(handlers, estimator)
     guarded = check_flag("fit", "check_access", check_access)
     dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
@@ -112,21 +112,25 @@ def _set_up_validations(
 ) -> None:
     """Set up, once per fit and before training, the evaluation each validating handler asks for
     (data, placement, handlers, step), and check its first batch through those very handlers and
-    step. A handler that validates by its own means is left alone."""
+    step. The data of a handler that validates by its own means is checked only."""
     for validator in players(handlers, Validating):
         setup = validator.validation_setup()
         if setup is None:
             continue
-        own = setup.val_data is val_data
-        name = "val_data" if own else f"{type(validator).__name__} val_data"
+        own = setup.val_data is val_data and id(val_data) in checked and not setup.mid_epoch
+        name = "val_data" if setup.val_data is val_data else f"{type(validator).__name__} val_data"
         passes = 1 if epochs == 1 and not setup.mid_epoch else None  # a mid-epoch validation reads it more
+        if not setup.by_estimator:  # its eval_fn takes the data as it is
+            if not own:
+                check_data(setup.val_data, name, passes)
+            continue
         evaluation, unsplit = evaluation_of(
             estimator,
             setup.val_data,
             setup.event_handlers,
             name=name,
             passes=passes,
-            num_batches=checked.get(id(setup.val_data)) if own and not setup.mid_epoch else None,
+            judged=(checked[id(val_data)],) if own else None,
             placed=True,  # just checked for the net and val_net
         )
         first = setup.check_first and _checked_before(estimator, evaluation, unsplit, name)
@@ -147,18 +151,17 @@ def evaluation_of(
     prefix: Any = "val",
     name: str = "val_data",
     passes: int | None = 1,
-    num_batches: int | None = None,
+    judged: tuple[int | None] | None = None,
     placed: bool = False,
     checked: bool = False,
 ) -> tuple[Evaluation, Iterable]:
     """An :class:`~fitforge.evaluation.Evaluation` of ``val_data`` set up and checked, and the data
-    unsplit between ranks (what a check before training reads). ``num_batches``: the data was checked
-    already (its length); ``placed``: ``val_net``'s device was just checked; ``checked``: its first
-    batch was checked already."""
+    unsplit between ranks (what a check before training reads). ``judged``: the data was checked
+    already, ``(its length,)``; ``placed``: ``val_net``'s device was just checked; ``checked``: its
+    first batch was checked already."""
     own_prefix = None if check_prefix(prefix) == "val" else prefix  # None: the phase's own, val
     data = unsplit = eval_loader(val_data, batch_size, "val_data")
-    if num_batches is None:
-        num_batches = check_data(data, name, passes)
+    num_batches = check_data(data, name, passes) if judged is None else judged[0]
     sharded = False
     if estimator.splits_data:
         data, sharded = shard_eval(data, padded=estimator.strategy == "fsdp")

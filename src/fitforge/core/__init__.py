@@ -2,7 +2,8 @@
 
 - the loop and its run: :mod:`~fitforge.core.loop` (fit, epoch, batch scopes), :mod:`~fitforge.core.run`
   (what one run holds), :mod:`~fitforge.core.coordinator` (agreement with other processes, behind an
-  interface), :mod:`~fitforge.core.preemption` (SIGTERM/SIGINT during a fit);
+  interface), :mod:`~fitforge.core.processes` (what handlers may ask of the other processes,
+  ``state.ranks``), :mod:`~fitforge.core.preemption` (SIGTERM/SIGINT during a fit);
 - events and handlers: :mod:`~fitforge.core.events` (mixins, stages), :mod:`~fitforge.core.roles`
   (what a handler declares it is), :mod:`~fitforge.core.dispatch` and :mod:`~fitforge.core.access`
   (order, declared state access);
@@ -13,6 +14,7 @@
 - small shared parts: arguments, options, modules, rng, finite, learning_rate, monitor (a watched
   key, min/max, the best so far), optimizer_choice (which optimizers a batch steps).
 
-It may import only :mod:`fitforge.exceptions`: it knows no handler, no checkpoint format and no rank.
+It may import only :mod:`fitforge.exceptions`: it knows no handler and no checkpoint format, and
+other processes only through interfaces whose single-process implementations do nothing.
 What it needs of the Estimator is the :class:`~fitforge.core.state.EstimatorLike` protocol.
 """

@@ -29,7 +29,7 @@ from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError
 
 # The dataclass's fields but its plumbing, and the properties handlers set.
-FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run", "logged"} | {
+FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run", "logged", "ranks"} | {
     "restored_epoch"
 }
 
@@ -94,10 +94,9 @@ def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
         for j, other in enumerate(access):
             if j == i or other is None or not events[i] & events[j]:
                 continue
-            both_write = _common(writer.writes, other.writes)
-            if both_write:  # writers of one field are ordered by priority and run_after, not by reads
-                conflict = both_write - _COMMUTING
-                if conflict and j > i and type(handlers[i]) is not type(handlers[j]):
+            conflict = _common(writer.writes, other.writes) - _COMMUTING
+            if conflict:  # writers of one field are ordered by priority and run_after, not by reads
+                if j > i and type(handlers[i]) is not type(handlers[j]):
                     _check_ordered(handlers[i], handlers[j], min(conflict))
                 continue
             same_priority = handlers[i].priority == handlers[j].priority

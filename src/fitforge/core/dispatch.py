@@ -1,14 +1,16 @@
 """Orders handlers once per run and calls them per event from precomputed lists.
 
-Ordering is a topological sort: ``run_after`` gives hard edges, and among handlers free to run the
-lowest ``(priority, position given)`` goes first. So priorities decide unless a ``run_after``
-says otherwise, and a cycle is an error naming the handlers in it.
+Ordering is a topological sort: ``run_after`` gives hard edges, declared access adds "a writer of a
+field before its readers" among handlers of one priority (:mod:`fitforge.core.access`), and among
+handlers free to run the lowest ``(priority, position given)`` goes first. So priorities decide
+unless an edge says otherwise, and a cycle is an error naming the handlers in it.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -98,8 +100,17 @@ def _warn_missing_roles(handler: EventHandler) -> None:
                 f"fitforge.events), so fitforge will not use it: inherit {role} beside its event mixins, "
                 f"e.g. class {type(handler).__name__}(..., {role})",
                 UserWarning,
-                stacklevel=5,
+                stacklevel=_outside_fitforge(),
             )
+
+
+def _outside_fitforge() -> int:
+    """The ``stacklevel`` that points a warning raised by the caller at the first frame outside
+    fitforge (the user's ``fit``, ``evaluate`` or ``predict``)."""
+    frame, level = sys._getframe(2), 2  # the frame of the function that warns is level 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "fitforge":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:

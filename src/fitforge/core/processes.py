@@ -3,8 +3,9 @@
 A handler whose decision must be the same on every process (a checkpoint written once, a batch
 skipped everywhere, a throttle's clock) asks here, and holds no rank logic itself. In one process
 :class:`OneProcess` answers at once; under torch.distributed the fit's coordinator
-(:class:`fitforge.distributed.stop_agreement.StopAgreement`) answers with collectives, which every
-rank must reach at the same point.
+(:class:`fitforge.distributed.stop_agreement.StopAgreement`), or in an evaluate or predict pass a
+:class:`fitforge.distributed.ranks.Collective`, answers with collectives, which every rank must
+reach at the same point (an evaluation's shares may differ in length: ask at its epoch ends).
 """
 
 from __future__ import annotations

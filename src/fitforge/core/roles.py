@@ -33,6 +33,7 @@ NonFiniteGuarding   NaNGuardHandler                        a diverged loss is wa
 Example:
     >>> from fitforge.events import EpochEnd
     >>> class MyValidation(EpochEnd, Validating):
+    ...     priority = -900  # Stage.VALIDATE: before the handlers that read this epoch's values
     ...     def epoch_end(self, state):
     ...         state.metrics["val_score"] = 1.0   # counts for EarlyStoppingHandler("val_score")
 """
@@ -51,7 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 R = TypeVar("R")
 __all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs them); named here too
-    "ROLES",
     "Accumulating",
     "Checkpointing",
     "EpochLines",
@@ -63,7 +63,6 @@ __all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs
     "Validating",
     "ValidationSetup",
     "Wrapping",
-    "missing_roles",
     "players",
     "plays",
     "role_of",
@@ -108,30 +107,29 @@ class Monitoring:
 
 @dataclass(frozen=True)
 class ValidationSetup:
-    """What a :class:`Validating` handler asks fit to set up before training: an evaluation of
-    ``val_data`` by the estimator (loss and metrics, with ``event_handlers``), its first batch
-    checked when ``check_first``. It validates at the end of every ``epoch_period``-th epoch and
-    after every ``batch_period``-th training batch (None: never)."""
+    """What a :class:`Validating` handler asks fit to check and set up before training: its
+    ``val_data`` (re-iterable as often as it is read, not empty), and, ``by_estimator``, an
+    evaluation of it by the estimator (loss and metrics, with ``event_handlers``), its first batch
+    checked when ``check_first``. ``mid_epoch``: it also validates between training batches (its
+    data is read more often than the epochs end). ``by_estimator=False``: it evaluates by its own
+    means (an ``eval_fn``), so its keys are known only once it ran."""
 
     val_data: Iterable
     event_handlers: Sequence[EventHandler] = ()
     check_first: bool = True
-    epoch_period: int | None = 1
-    batch_period: int | None = None
-
-    @property
-    def mid_epoch(self) -> bool:
-        """It validates between batches too: its data is read more often than the epochs end."""
-        return self.batch_period is not None
+    mid_epoch: bool = False
+    by_estimator: bool = True
 
 
 class Validating:
     """Evaluates held-out data during fit, recording ``val_*`` keys: monitors of them count as
-    produced. A handler that evaluates with the estimator returns a :class:`ValidationSetup` from
-    :meth:`validation_setup`; fit checks its data and sets its evaluation up before training (a
-    first batch evaluated, so that a mistake fails in a second) and hands it to
-    :meth:`use_evaluation`. One that validates by its own means returns None (its keys are then
-    checked at their first use)."""
+    produced. A handler that gives fit its data returns a :class:`ValidationSetup` from
+    :meth:`validation_setup`: fit checks the data before training and, for an evaluation by the
+    estimator, sets it up (a first batch evaluated, so that a mistake fails in a second) and hands
+    it to :meth:`use_evaluation`. A handler that validates by its own means returns None, or a
+    setup with ``by_estimator=False``; the keys it records are checked at their first use. Give it
+    ``priority = Stage.VALIDATE``, beside the built-in validation, so that the handlers watching its
+    keys run after it."""
 
     def validation_setup(self) -> ValidationSetup | None:
         return None

@@ -33,11 +33,6 @@ class RunMachinery(Protocol):
         """The training data, epoch by epoch: a fitforge.inputs.order.DataOrder in fit."""
         ...
 
-    @property
-    def coordinator(self) -> Processes:
-        """The processes of the fit (see :attr:`TrainState.ranks`)."""
-        ...
-
 
 class EstimatorLike(Protocol):
     """What the layers below the Estimator use of it (``state.estimator``)."""
@@ -182,6 +177,11 @@ class TrainState:
             ``"test"`` (``test_loss``, ``test_accuracy``...). The phase stays ``"validate"``.
         run: the fit's machinery (:class:`~fitforge.core.run.RunContext`: dispatcher, data order,
             coordinator), for fitforge's own checkpointing; None in evaluate and predict.
+        ranks: the processes of the run, for a decision every rank must share
+            (:mod:`fitforge.core.processes`): ``state.ranks.main``, ``state.ranks.any(flag)``... In
+            one process every answer is this process's own. A collective must be reached by every
+            rank at the same point: in training every rank is at the same batch; an evaluate or
+            predict pass's shares may differ in length, so ask only at its epoch ends there.
     """
 
     estimator: EstimatorLike
@@ -211,6 +211,7 @@ class TrainState:
     epochs_before: int = 0
     prefix: str | None = None
     run: RunMachinery | None = None
+    ranks: Processes = ONE_PROCESS
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     logged: PendingValues = field(default_factory=PendingValues)
 
@@ -241,13 +242,6 @@ class TrainState:
     @restored_epoch.setter
     def restored_epoch(self, epoch: int | None) -> None:
         self.history.restored_epoch = epoch
-
-    @property
-    def ranks(self) -> Processes:
-        """The processes of this fit, for a decision every rank must share (see
-        :mod:`fitforge.core.processes`): ``state.ranks.main``, ``state.ranks.any(flag)``... In one
-        process, and in evaluate and predict, every answer is this process's own."""
-        return ONE_PROCESS if self.run is None else self.run.coordinator
 
     @property
     def epoch_suspended(self) -> bool:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from fitforge.core.events import EventHandler
+from fitforge.core.processes import ONE_PROCESS
 
 T = TypeVar("T")
 _CPU_GROUPS: dict[int, Any] = {}  # id(default group) -> a gloo group for host values under NCCL
@@ -163,3 +164,9 @@ class Collective:
 
     def on_main(self, fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
         return run_on_main_and_share(fn, error_type)
+
+
+def processes() -> Any:
+    """The processes of a run as handlers ask them (``state.ranks``): a :class:`Collective` under
+    torch.distributed with several ranks, else :data:`fitforge.core.processes.ONE_PROCESS`."""
+    return Collective() if world_size() > 1 else ONE_PROCESS

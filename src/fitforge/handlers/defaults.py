@@ -64,7 +64,7 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
     keys = [key for recorder in players(handlers, KeyRecording) for key in recorder.history_keys(estimator, "train")]
     for validator in players(handlers, Validating):
         setup = validator.validation_setup()
-        if setup is not None:  # an evaluation by the estimator, with its handlers or the default MetricHandler
+        if setup is not None and setup.by_estimator:  # with its handlers, or the default MetricHandler
             inner = players(evaluate_handlers(setup.event_handlers), KeyRecording)
             keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
     return keys + estimator.bookkeeping_keys()
@@ -73,4 +73,10 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
 def unknown_val_keys(handlers: Sequence[EventHandler]) -> bool:
     """Whether a validation of the run records keys known only once it ran (an ``eval_fn``, or a
     user's :class:`~fitforge.core.roles.Validating` handler that validates by its own means)."""
-    return any(validator.validation_setup() is None for validator in players(handlers, Validating))
+    return any(by_own_means(validator) for validator in players(handlers, Validating))
+
+
+def by_own_means(validator: Validating) -> bool:
+    """Whether ``validator`` evaluates by its own means (its keys known only once it ran)."""
+    setup = validator.validation_setup()
+    return setup is None or not setup.by_estimator

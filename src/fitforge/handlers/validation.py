@@ -15,7 +15,8 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
     """Run ``eval_fn(val_data, event_handlers=...)`` and merge its dict into the epoch's history row.
 
     Args:
-        val_data: re-iterable validation batches.
+        val_data: re-iterable validation batches, or arrays ``(X, y)`` (batched by 32; as they are
+            for an ``eval_fn``).
         eval_fn: returns ``{"val_loss": ..., ...}``; default ``estimator.evaluate``.
         epoch_period: validate at the end of every n-th epoch (None: never at epoch end).
         batch_period: also validate after every n-th training batch (None: never mid-epoch).
@@ -66,12 +67,11 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
         self._evaluation: Callable[[], dict] | None = None  # this fit's validations, set up before training
         self._validated_at: int | None = None
 
-    def validation_setup(self) -> ValidationSetup | None:
-        """What fit sets up before training: an evaluation of ``val_data`` (None with an ``eval_fn``)."""
-        if self.eval_fn is not None:
-            return None
+    def validation_setup(self) -> ValidationSetup:
+        """What fit checks and sets up before training: ``val_data``, and an evaluation of it
+        unless an ``eval_fn`` evaluates it."""
         return ValidationSetup(
-            self.val_data, tuple(self.event_handlers), self.check_first, self.epoch_period, self.batch_period
+            self.val_data, tuple(self.event_handlers), self.check_first, bool(self.batch_period), self.eval_fn is None
         )
 
     def use_evaluation(self, evaluation: Callable[[], dict], checked: bool) -> None:
