@@ -51,7 +51,7 @@ class Event(Enum):
     __hash__ = object.__hash__
 
 
-_METHODS = {event: event.value for event in Event}  # event -> its method's name (Enum's .value is slow)
+HOOK_NAMES = {event: event.value for event in Event}  # event -> its method's name (Enum's .value is slow)
 
 
 class Stage(IntEnum):
@@ -177,7 +177,7 @@ def unwrapped(handler: object) -> object:
 
 def hook_of(handler: object, event: Event) -> Callable[[TrainState], Any]:
     """The method of ``handler`` that ``event`` calls (``handler.batch_end`` for BATCH_END)."""
-    return getattr(handler, _METHODS[event])
+    return getattr(handler, HOOK_NAMES[event])
 
 
 def acts_as(handler: object, classes: type | tuple[type, ...]) -> bool:

@@ -82,12 +82,18 @@ def role_of(handler: object, role: type[R]) -> R | None:
 
 def players(handlers: Iterable[object], role: type[R]) -> list[R]:
     """The objects playing ``role`` among ``handlers``, in their order (see :func:`role_of`)."""
-    return [found for found in (role_of(h, role) for h in handlers) if found is not None]
+    found = []
+    for handler in handlers:  # role_of inlined for the handlers that are no wrapper: most of them
+        if isinstance(handler, role):
+            found.append(handler)
+        elif isinstance(handler, Wrapping) and (inner := role_of(handler.handler, role)) is not None:
+            found.append(inner)
+    return found
 
 
 def plays(handlers: Iterable[object], role: type) -> bool:
     """Whether any of ``handlers`` plays ``role``."""
-    return any(role_of(h, role) is not None for h in handlers)
+    return any(isinstance(h, role) or (isinstance(h, Wrapping) and role_of(h, role) is not None) for h in handlers)
 
 
 class Monitoring:
