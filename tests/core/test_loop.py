@@ -445,3 +445,14 @@ def test_predict_handlers_see_the_batch_size():
 
     make_estimator().predict([torch.zeros(3, 1), torch.zeros(2, 1)], event_handlers=[Sizes()])
     assert sizes == [3, 2]
+
+
+def test_the_loop_reads_like_its_pseudocode_no_function_over_40_lines():
+    import ast
+    import inspect
+
+    import fitforge.core.loop
+
+    tree = ast.parse(inspect.getsource(fitforge.core.loop))
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert lengths and max(lengths.values()) <= 40, lengths
