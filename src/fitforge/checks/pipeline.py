@@ -4,10 +4,11 @@ here, once per call, and get back what the run needs, every input judged once.
 fit (:func:`before_fit`):
     1. the data: arrays batched (``batch_size``, ``validation_split``), ``epochs``/``batches``,
        ``train_data`` split between ranks and checked (re-iterable, not empty), ``val_data`` checked;
-    2. the model: still on the estimator's device; trainable parameters an optimizer holds;
-    3. the handlers: the user's checked, the defaults added; each validation (a handler playing
-       ``Validating``) set up and its first batch evaluated; the stopping limits folded in;
-       monitored keys the run will produce; the order (cycles, unordered writers);
+    2. the model: still on the estimator's device;
+    3. the handlers: the user's checked, the defaults added; the stopping limits folded in;
+       trainable parameters an optimizer holds; each validation (a handler playing ``Validating``)
+       set up and its first batch evaluated; monitored keys the run will produce; the order
+       (cycles, unordered writers, a monitor before the validation of its key);
     4. the first training batch: checked inside its step, before its optimizer step
        (:mod:`fitforge.checks.first_batch`).
 evaluate (:func:`evaluation_of`): the prefix, the data, the placement of ``val_net``, the handlers;
