@@ -12,7 +12,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.resume import resume_picked
-from fitforge.checks.first_batch import first_batch_check
 from fitforge.checks.pipeline import before_fit, before_predict, evaluation_of
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
@@ -363,12 +362,11 @@ class Estimator:
         a DataLoader's dataset, and rank 0 returns every output in dataset order; the other ranks
         return None.
         """
-        plan = before_predict(self, data, event_handlers, batch_size)
         predictions = Predictions(bound_step(self.batch_processor, self, "predict_batch"), self.non_blocking)
-        check = first_batch_check(predictions.step, plan.dispatcher.handlers, "data", "predict")
+        plan = before_predict(self, data, event_handlers, batch_size, predictions.step)
         state = TrainState(self, "predict", num_batches=plan.num_batches, ranks=processes())
         run = RunContext(
-            plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=check
+            plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=plan.check
         )
         with inference(self.val_net, self.strategy != "fsdp"):
             run_pass(state, run)

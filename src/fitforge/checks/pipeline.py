@@ -187,11 +187,14 @@ class PredictPlan:
     num_batches: int | None
     sharded: bool
     dispatcher: Dispatcher
+    check: Step
 
 
-def before_predict(estimator: EstimatorLike, data: Any, event_handlers: Any, batch_size: Any) -> PredictPlan:
+def before_predict(
+    estimator: EstimatorLike, data: Any, event_handlers: Any, batch_size: Any, step: Step
+) -> PredictPlan:
     """The checks of predict: the data (arrays batched, split between ranks or read in dataset
-    order), the placement of ``val_net``, the handlers."""
+    order), the placement of ``val_net``, the handlers; ``step``'s first batch explained."""
     data = eval_loader(data, batch_size, "data", bare=True)
     num_batches = check_data(data, "data", passes=1)
     sharded = False
@@ -201,7 +204,9 @@ def before_predict(estimator: EstimatorLike, data: Any, event_handlers: Any, bat
     else:
         data = in_dataset_order(data)
     check_placement(estimator, "val_net")
-    return PredictPlan(data, num_batches, sharded, Dispatcher(on_this_rank(user_handlers(event_handlers))))
+    dispatcher = Dispatcher(on_this_rank(user_handlers(event_handlers)))
+    check = first_batch_check(step, dispatcher.handlers, "data", "predict")
+    return PredictPlan(data, num_batches, sharded, dispatcher, check)
 
 
 def check_prefix(prefix: object) -> str:
