@@ -4,6 +4,7 @@ raise KeyboardInterrupt; resuming loses no step."""
 import os
 import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -152,6 +153,10 @@ def test_a_dataloader_worker_keeps_its_own_reaction_to_sigterm(tmp_path):
     class KillWorker(BatchBegin):  # a forked worker inherits fit's handler, which must act as before fit there
         def batch_begin(self, state):
             if state.global_step == 1:
+                # Killed while it holds the lock of the loader's done event (for a moment, when it checks
+                # the event), the worker would leave the loader waiting on it for ever: kill it once it
+                # has prefetched and waits for indices, holding no lock the loader takes.
+                time.sleep(0.3)
                 for child in multiprocessing.active_children():
                     os.kill(child.pid, signal.SIGTERM)
                     child.join(10)
