@@ -2,8 +2,10 @@
 the lr history, one_cycle's length, exact resume with every kind of scheduler, and clear errors."""
 
 import inspect
+import itertools
 import math
 import os
+import re
 import signal
 
 import pytest
@@ -270,6 +272,102 @@ def test_one_cycle_errors_at_fit_start_name_the_problem():
         estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.one_cycle(0.1, pct_start=2.0)])
 
 
+# -- warm-up + cosine ---------------------------------------------------------------------------------
+
+
+class StepLRs(BatchBegin):
+    """The learning rate of each optimizer step: read at the first batch of each accumulation group."""
+
+    def __init__(self, accumulate):
+        self.accumulate, self.seen = accumulate, []
+
+    def batch_begin(self, state):
+        if state.batch_idx % self.accumulate == 0:  # a group starts: its step uses this rate
+            self.seen.append(state.estimator.optimizer.param_groups[0]["lr"])
+
+
+def test_warmup_cosine_counts_optimizer_steps_around_accumulation_and_ends_at_min_lr():
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 1), torch.randn(40, 1)
+    net = nn.Linear(1, 1)
+    estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.4), device="cpu")
+    recorder, handler = StepLRs(4), LRSchedulerHandler.warmup_cosine(warmup=3, min_lr=0.01)
+    data = DataLoader(TensorDataset(x, y), batch_size=4)  # 10 batches: groups of 4, 4, 2 per epoch
+    estimator.fit(data, epochs=3, event_handlers=[handler, recorder, GradientUpdateHandler(accumulate=4)])
+    assert handler.scheduler.total_steps == 9 and len(recorder.seen) == 9  # 3 epochs x ceil(10 / 4)
+    assert recorder.seen[:4] == pytest.approx([0.0, 0.4 / 3, 0.8 / 3, 0.4])  # linear from 0: the peak at step 3
+    assert recorder.seen[3] == max(recorder.seen)
+    assert recorder.seen[-1] == pytest.approx(0.01)  # min_lr at the 9th and last optimizer step
+    decay = recorder.seen[3:]
+    assert all(a > b for a, b in itertools.pairwise(decay))
+    middle = 0.01 + (0.4 - 0.01) * (1 + math.cos(math.pi * 2 / 5)) / 2  # step 5: 2 of the decay's 5 steps
+    assert recorder.seen[5] == pytest.approx(middle)
+    assert repr(handler) == "LRSchedulerHandler(WarmupCosineLR, interval='batch')"
+
+
+def test_warmup_as_a_fraction_of_the_fit_and_one_min_lr_per_group():
+    estimator, train, _ = linear_problem()  # 8 batches per epoch
+    net = estimator.net
+    estimator.optimizers = [torch.optim.SGD([{"params": [net.weight]}, {"params": [net.bias], "lr": 0.02}], lr=0.1)]
+    handler = LRSchedulerHandler.warmup_cosine(warmup=0.25, min_lr=[0.001, 0.0])
+    estimator.fit(train, epochs=2, event_handlers=[handler])
+    scheduler = handler.scheduler
+    assert (scheduler.total_steps, scheduler.warmup_steps) == (16, 4)  # int(0.25 * 16)
+    assert [group["lr"] for group in estimator.optimizers[0].param_groups] == pytest.approx([0.001, 0.0])
+    assert scheduler.rate(0.1, 0.001, 4) == pytest.approx(0.1) and scheduler.rate(0.1, 0.001, 2) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=1.5), "(a float between 0 and 1, e.g. 0.1), got float 1.5"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=-1), "warmup is optimizer steps (an int >= 0)"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=True), "got bool True"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, optimizer="0"), "optimizer must be an index"),
+    ],
+)
+def test_warmup_cosine_argument_errors(call, message):
+    with pytest.raises((FitforgeValueError, FitforgeTypeError), match=re.escape(message)):
+        call()
+
+
+def test_warmup_cosine_errors_at_fit_start_name_the_problem():
+    estimator, train, _ = linear_problem()
+    weights = [p.clone() for p in estimator.net.parameters()]
+    with pytest.raises(FitforgeValueError, match=r"takes 8 optimizer step\(s\), which leaves no decay after a warm-up"):
+        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=7)])
+    with pytest.raises(FitforgeValueError, match=r"min_lr must be a finite rate >= 0.*got -0.1"):
+        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=2, min_lr=-0.1)])
+
+    class NoLen:
+        def __iter__(self):
+            return iter(train)
+
+    with pytest.raises(FitforgeValueError, match=r"train_data has no len\(\) and fit was given epochs=2; pass batches"):
+        estimator.fit(NoLen(), epochs=2, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=2)])
+    assert all(torch.equal(a, b) for a, b in zip(weights, estimator.net.parameters()))
+
+
+def test_warmup_cosine_lr_on_its_own():
+    from fitforge.core.schedules import WarmupCosineLR
+
+    optimizer = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
+    scheduler = WarmupCosineLR(optimizer, warmup_steps=0, total_steps=3)
+    rates = [scheduler.get_last_lr()[0]]
+    for _ in range(4):  # past its end it stays at min_lr
+        optimizer.step()
+        scheduler.step()
+        rates.append(scheduler.get_last_lr()[0])
+    assert rates == pytest.approx([1.0, 0.5, 0.0, 0.0, 0.0])
+    again = WarmupCosineLR(optimizer, warmup_steps=0, total_steps=3)
+    again.load_state_dict(scheduler.state_dict())
+    assert again.last_epoch == 4 and again.min_lrs == [0.0]
+    with pytest.raises(FitforgeValueError, match="total_steps=3 leaves no decay after warmup_steps=2"):
+        WarmupCosineLR(optimizer, warmup_steps=2, total_steps=3)
+    with pytest.raises(FitforgeTypeError, match="total_steps must be an int >= 0, got float 3.0"):
+        WarmupCosineLR(optimizer, warmup_steps=0, total_steps=3.0)
+
+
 # -- errors ------------------------------------------------------------------------------------------
 
 
@@ -365,6 +463,7 @@ SCHEDULERS = {
         S.LambdaLR(opt, lambda step: 1 / (1 + 0.1 * step)), interval="batch"
     ),
     "batch one_cycle": lambda opt: LRSchedulerHandler.one_cycle(0.05),
+    "batch warmup_cosine": lambda opt: LRSchedulerHandler.warmup_cosine(warmup=0.25, min_lr=0.001),
 }
 
 
@@ -441,7 +540,7 @@ def test_a_crash_after_a_mid_epoch_checkpoint_resumes_exactly(tmp_path, tmp_path
     assert_same_run(resumed, whole)
 
 
-@pytest.mark.parametrize("scheduler", ["batch LambdaLR", "batch one_cycle"])
+@pytest.mark.parametrize("scheduler", ["batch LambdaLR", "batch one_cycle", "batch warmup_cosine"])
 def test_a_resume_inside_an_accumulation_group_is_exact(tmp_path, tmp_path_factory, scheduler):
     whole = uninterrupted(tmp_path_factory, scheduler, accumulate=4)
     train(tmp_path, scheduler, extra=[Crash(9)], accumulate=4)

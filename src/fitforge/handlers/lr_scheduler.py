@@ -14,6 +14,7 @@ from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, T
 from fitforge.core.history import numbered_key
 from fitforge.core.monitor import Monitor, infer_mode
 from fitforge.core.roles import Accumulating, Monitoring, players
+from fitforge.core.schedules import WarmupCosineLR
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -54,6 +55,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
         >>> plateau = ReduceLROnPlateau(estimator.optimizer, patience=2)
         >>> handler = LRSchedulerHandler(plateau, monitor="val_loss")                    # doctest: +SKIP
         >>> handler = LRSchedulerHandler.one_cycle(max_lr=0.1)     # OneCycleLR over the whole fit
+        >>> handler = LRSchedulerHandler.warmup_cosine(warmup=0.1)   # 10% warm-up, then cosine to 0
     """
 
     priority = Stage.SCHEDULE
@@ -72,7 +74,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
 
     def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str | None = None) -> None:
-        recipe = scheduler if isinstance(scheduler, _OneCycle) else None
+        recipe = scheduler if isinstance(scheduler, (_OneCycle, _WarmupCosine)) else None
         if recipe is None and not isinstance(scheduler, (LRScheduler, ReduceLROnPlateau)):
             hint = (
                 "; wrap the optimizer in one, e.g. StepLR(optimizer, step_size=10)"
@@ -143,11 +145,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
             raise FitforgeValueError(
                 f"LRSchedulerHandler.one_cycle: max_lr must be positive and finite, got {max_lr!r}"
             )
-        if isinstance(optimizer, bool) or not isinstance(optimizer, int) or optimizer < 0:
-            raise FitforgeTypeError(
-                f"LRSchedulerHandler.one_cycle: optimizer must be an index into "
-                f"estimator.optimizers (an int >= 0), got {describe(optimizer)}"
-            )
+        _check_index("one_cycle", optimizer)
         unknown = sorted(set(onecycle_kwargs) - set(_ONE_CYCLE_ARGS))
         if unknown:
             raise FitforgeTypeError(
@@ -155,6 +153,39 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
                 f"takes {', '.join(_ONE_CYCLE_ARGS)}"
             )
         return cls(_OneCycle(max_lr, optimizer, onecycle_kwargs), interval="batch")
+
+    @classmethod
+    def warmup_cosine(
+        cls, warmup: int | float, min_lr: float | list[float] = 0.0, optimizer: int = 0
+    ) -> LRSchedulerHandler:
+        """Linear warm-up from 0 to each parameter group's ``lr``, then cosine decay to ``min_lr``,
+        reached exactly at the fit's last optimizer step (a :class:`~fitforge.core.schedules.WarmupCosineLR`
+        stepped per optimizer step, the schedule of most transformer recipes).
+
+        It is built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer
+        steps counted as :meth:`one_cycle` counts them (``epochs`` x batches per epoch, or ``batches``,
+        divided by GradientUpdateHandler's ``accumulate``, rounded up per epoch). The rate of the
+        first step is 0 and that of step ``warmup`` the peak. Checkpointed and resumed exactly.
+
+        Args:
+            warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps
+                (a float in (0, 1), rounded down).
+            min_lr: the rate at the last step (one per parameter group, or one for all).
+            optimizer: the index of the optimizer in ``estimator.optimizers``.
+
+        Raises:
+            FitforgeValueError: at fit start, when the fit's length cannot be known (data without
+                ``len()`` and ``epochs=N``: pass ``batches=N``) or leaves no step after the warm-up.
+        """
+        integer = isinstance(warmup, int) and not isinstance(warmup, bool)
+        fraction = isinstance(warmup, float) and 0 < warmup < 1
+        if not ((integer and warmup >= 0) or fraction):
+            raise FitforgeValueError(
+                "LRSchedulerHandler.warmup_cosine: warmup is optimizer steps (an int >= 0) or a fraction of the "
+                f"fit's steps (a float between 0 and 1, e.g. 0.1), got {describe(warmup)}"
+            )
+        _check_index("warmup_cosine", optimizer)
+        return cls(_WarmupCosine(warmup, min_lr, optimizer), interval="batch")
 
     def train_begin(self, state: TrainState) -> None:
         self._steps_seen = None  # set at the first epoch_begin, after a resume may have restored it
@@ -316,27 +347,42 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
         self._steps_seen = state.get("optimizer_steps")
 
     def __repr__(self) -> str:
-        name = "OneCycleLR" if self._recipe is not None else type(self.scheduler).__name__
+        name = self._recipe.name if self._recipe is not None else type(self.scheduler).__name__
         extra = f", monitor={self.monitor!r}" if self.monitor else ""
         return f"LRSchedulerHandler({name}, interval={self.interval!r}{extra})"
+
+
+def _check_index(method: str, optimizer: Any) -> None:
+    if isinstance(optimizer, bool) or not isinstance(optimizer, int) or optimizer < 0:
+        raise FitforgeTypeError(
+            f"LRSchedulerHandler.{method}: optimizer must be an index into "
+            f"estimator.optimizers (an int >= 0), got {describe(optimizer)}"
+        )
+
+
+def _optimizer(method: str, index: int, state: TrainState) -> Any:
+    optimizers = state.estimator.optimizers
+    if index >= len(optimizers):
+        raise FitforgeValueError(
+            f"LRSchedulerHandler.{method}: optimizer={index}, but the estimator has {len(optimizers)} optimizer(s)"
+        )
+    return optimizers[index]
 
 
 class _OneCycle:
     """What :meth:`LRSchedulerHandler.one_cycle` builds at fit start, once the fit's length is known."""
 
+    name = "OneCycleLR"
+
     def __init__(self, max_lr: Any, index: int, kwargs: dict[str, Any]) -> None:
         self.max_lr, self.index, self.kwargs = max_lr, index, kwargs
 
     def build(self, state: TrainState) -> OneCycleLR:
-        optimizers = state.estimator.optimizers
-        if self.index >= len(optimizers):
-            raise FitforgeValueError(
-                f"LRSchedulerHandler.one_cycle: optimizer={self.index}, but the estimator has "
-                f"{len(optimizers)} optimizer(s)"
-            )
-        optimizer, kwargs = optimizers[self.index], dict(self.kwargs)
+        optimizer, kwargs = _optimizer("one_cycle", self.index, state), dict(self.kwargs)
         if not _LENGTH_ARGS & kwargs.keys():
-            kwargs["total_steps"] = fit_steps(state)
+            kwargs["total_steps"] = fit_steps(
+                state, "one_cycle", "pass batches=N to fit, or total_steps=N to one_cycle"
+            )
         kwargs.setdefault("cycle_momentum", "momentum" in optimizer.defaults or "betas" in optimizer.defaults)
         try:
             return OneCycleLR(optimizer, self.max_lr, **kwargs)
@@ -346,8 +392,33 @@ class _OneCycle:
             ) from err
 
 
-def fit_steps(state: TrainState) -> int:
-    """The optimizer steps a fit takes (the first limit reached of ``epochs`` and ``batches``)."""
+class _WarmupCosine:
+    """What :meth:`LRSchedulerHandler.warmup_cosine` builds at fit start, once the fit's length is known."""
+
+    name = "WarmupCosineLR"
+
+    def __init__(self, warmup: int | float, min_lr: Any, index: int) -> None:
+        self.warmup, self.min_lr, self.index = warmup, min_lr, index
+
+    def build(self, state: TrainState) -> WarmupCosineLR:
+        optimizer = _optimizer("warmup_cosine", self.index, state)
+        total = fit_steps(state, "warmup_cosine")
+        warmup = self.warmup if isinstance(self.warmup, int) else int(self.warmup * total)
+        if total < warmup + 2:
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.warmup_cosine: this fit takes {total} optimizer step(s), which leaves no decay "
+                f"after a warm-up of {warmup}: the peak is at step {warmup} and min_lr at the last step; use a "
+                "shorter warm-up or a longer fit"
+            )
+        try:
+            return WarmupCosineLR(optimizer, warmup, total, self.min_lr)
+        except (FitforgeValueError, FitforgeTypeError) as err:
+            raise FitforgeValueError(f"LRSchedulerHandler.warmup_cosine: {err}") from err
+
+
+def fit_steps(state: TrainState, method: str = "one_cycle", fix: str = "pass batches=N to fit") -> int:
+    """The optimizer steps a fit takes (the first limit reached of ``epochs`` and ``batches``);
+    ``fix`` says how to give the length to ``method`` where it cannot be known."""
     accumulate = next((h.accumulate for h in players(state.handlers, Accumulating)), 1)
     per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
     lengths = []
@@ -358,7 +429,7 @@ def fit_steps(state: TrainState) -> int:
         lengths.append(full * (per_epoch or 0) + math.ceil(rest / accumulate))
     if not lengths:
         raise FitforgeValueError(
-            f"LRSchedulerHandler.one_cycle cannot tell the fit's length: train_data has no len() and fit was given "
-            f"epochs={state.max_epochs}; pass batches=N to fit, or total_steps=N to one_cycle"
+            f"LRSchedulerHandler.{method} cannot tell the fit's length: train_data has no len() and fit was given "
+            f"epochs={state.max_epochs}; {fix}"
         )
     return max(min(lengths), 1)
