@@ -8,6 +8,7 @@ import sys
 import types
 from collections.abc import Mapping
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,13 +64,19 @@ class TestAlignment:
         h.record("val_loss", 3.0)
         assert h["val_loss"] == [2.0, 3.0]
 
-    def test_record_converts_to_float(self):
+    def test_record_converts_to_float_and_keeps_integers(self):
         h = History()
         h.new_epoch()
         h.record("train_loss", torch.tensor(0.25, dtype=torch.float64))
         h.record("count", 3)
+        h.record("numpy_count", np.int64(4))
+        h.record("flag", True)
         assert h["train_loss"] == [0.25] and type(h["train_loss"][0]) is float
-        assert h["count"] == [3.0] and type(h["count"][0]) is float
+        assert h["count"] == [3] and type(h["count"][0]) is int  # a count prints as one: "3", not "3.000"
+        assert h["numpy_count"] == [4] and type(h["numpy_count"][0]) is int
+        assert h["flag"] == [1.0] and type(h["flag"][0]) is float
+        h.new_epoch()
+        assert math.isnan(h["count"][1])  # an epoch without one: nan, as for any key
 
     def test_record_before_any_epoch_raises(self):
         h = History()

@@ -40,6 +40,8 @@ TESTS = Path(__file__).resolve().parents[1]
         (0.0, "0"),
         (1.0, "1.000"),  # an accuracy of 1 lines up with 0.9979
         (3.0, "3.000"),
+        (3, "3"),  # an int a handler recorded (a count) shows as one
+        (120_000, "120000"),
         (1200.0, "1200"),
         (math.nan, "nan"),
         (math.inf, "inf"),

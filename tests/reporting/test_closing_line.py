@@ -187,3 +187,28 @@ def test_a_train_end_hook_failing_after_training_is_no_finished_run(caplog):
     record = fit_failing(caplog, [LambdaHandler(train_end=final_save)], error=OSError, epochs=2)
     line = record.getMessage()
     assert line.startswith("Failed at the end of training (8 batches completed") and "OSError: disk full" in line
+
+
+def test_after_a_resume_it_says_what_this_fit_trained_and_where_the_run_stands(tmp_path, caplog):
+    class Crash(LambdaHandler):
+        def __init__(self):
+            super().__init__(batch_end=self.crash)
+
+        def crash(self, state):
+            if state.global_step == 5:
+                raise RuntimeError("crash")
+
+    def handlers():
+        return [CheckpointHandler(tmp_path, batch_period=1, resume_from_checkpoint=True)]
+
+    with pytest.raises(RuntimeError, match="crash"):
+        make_estimator().fit(regression_batches(), epochs=3, event_handlers=[*handlers(), Crash()])
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        make_estimator().fit(regression_batches(), epochs=3, event_handlers=handlers())
+    closing = messages(caplog)[-1]
+    # the crash came after batch 5 was saved (1 epoch of 3 batches and 2 more): 4 of the 9 batches were left
+    assert closing.startswith("Finished: 4 batches in ")
+    assert (
+        "s, resumed after 1 epoch, 5 batches; the run stands at 3 epochs, 9 batches (reached epochs=3). Final:"
+        in closing
+    )

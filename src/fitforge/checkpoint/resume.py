@@ -119,6 +119,7 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     order = fit_data_order(state)
     state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
     state.resumed, state.epochs_before = True, 0  # the checkpoint's history counts the run's epochs
+    state.resumed_at = (state.epoch, state.global_step)
     position = checkpoint.get("position", 0)
     epoch_start_step = checkpoint.get("epoch_start_step", state.global_step - position)
     state.optimizer_steps = checkpoint.get("optimizer_steps", 0)

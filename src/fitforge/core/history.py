@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -62,7 +63,8 @@ class History(Mapping):
             self.new_epoch()
 
     def record(self, key: str, value: float) -> None:
-        """Set ``key`` for the current (last) epoch; later records in the same epoch overwrite."""
+        """Set ``key`` for the current (last) epoch; later records in the same epoch overwrite. An
+        integer (a count of tokens, of recoveries) is kept as an int, so that it prints as one."""
         if self._epochs == 0:
             raise RuntimeError(
                 "History.record() before the first epoch: history has rows only in fit, from epoch_begin on; in "
@@ -71,7 +73,7 @@ class History(Mapping):
         column = self._columns.get(key)
         if column is None:
             column = self._columns[key] = [math.nan] * self._epochs
-        column[-1] = float(value)
+        column[-1] = int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else float(value)
         self._recorded.add(key)
 
     # -- reading ------------------------------------------------------------------------------------

@@ -169,6 +169,8 @@ class TrainState:
             torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
         resumed: whether this fit continues from a checkpoint (set after ``train_begin``, before
             the first ``epoch_begin``).
+        resumed_at: where it continued, ``(epochs completed, global_step)`` of the checkpoint;
+            None when it did not resume.
         epochs_before: the epochs this estimator trained in earlier fits (``estimator.history``),
             so that logs number epochs across fits: ``epochs_before + epoch + 1``. 0 in a fit
             that resumes from a checkpoint, whose own history continues that run's count.
@@ -208,6 +210,7 @@ class TrainState:
     error: BaseException | None = None
     training_over: bool = False
     resumed: bool = False
+    resumed_at: tuple[int, int] | None = None
     epochs_before: int = 0
     prefix: str | None = None
     run: RunMachinery | None = None

@@ -115,6 +115,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
         "phase",
         "epoch",
         "epochs_before",
+        "resumed_at",
         "batch_idx",
         "global_step",
         "optimizer_steps",

@@ -25,12 +25,23 @@ def plural(count: int | None, noun: str) -> str:
 
 
 def finished_line(state: TrainState, seconds: float) -> str:
-    """``Finished: 3 epochs, 12 batches in 0.1s (reached epochs=3). Final: train_loss=...``."""
+    """``Finished: 3 epochs, 12 batches in 0.1s (reached epochs=3). Final: train_loss=...``; after a
+    resume, what this fit trained and where the run stands: ``Finished: 8 batches in 0.1s, resumed
+    after 1 epoch, 4 batches; the run stands at 3 epochs, 12 batches (reached epochs=3). ...``."""
     history = state.history
-    line = (
-        f"Finished: {plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s "
-        f"({history.stop_reason or 'completed'})."
-    )
+    reason = history.stop_reason or "completed"
+    if state.resumed_at is None:
+        line = (
+            f"Finished: {plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s "
+            f"({reason})."
+        )
+    else:
+        epochs, steps = state.resumed_at
+        line = (
+            f"Finished: {plural(state.global_step - steps, 'batch')} in {seconds:.1f}s, resumed after "
+            f"{plural(epochs, 'epoch')}, {plural(steps, 'batch')}; the run stands at "
+            f"{plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} ({reason})."
+        )
     restored = history.restored_epoch
     if restored is not None:
         values = _row(history, restored)

@@ -6,6 +6,7 @@ A value shows with 4 significant digits, as a reader compares losses:
 value                       shown as                        examples
 ==========================  ==============================  ===========================
 nan, inf                    as Python spells them           ``nan``, ``inf``, ``-inf``
+an int (a count)            as it is                        ``3``, ``120000``
 0                           without decimals                ``0``
 1e-3 <= abs(value) < 1e4    4 significant digits            ``0.6931``, ``1.000``, ``0.01234``, ``12.35``, ``1234``
 1e4 <= abs(value) < 1e6     rounded to a whole number       ``12346``
@@ -19,12 +20,15 @@ absent from the dict the caller passes, so a ``nan`` here is a value (a diverged
 from __future__ import annotations
 
 import math
+import numbers
 
 from fitforge.core.state import TrainState
 
 
 def format_value(value: float) -> str:
     """One value as the table in the module docstring says."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
     value = float(value)
     if not math.isfinite(value):
         return str(value)  # nan, inf, -inf
