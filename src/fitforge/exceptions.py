@@ -30,7 +30,7 @@ class FitforgeValueError(ValueError):
 
 
 class BatchFormatError(FitforgeValueError):
-    """A batch is not a ``(data, label)`` pair of tensors or tuples of tensors."""
+    """A batch is neither a ``(data, label)`` pair of tensors or tuples of tensors nor data alone."""
 
 
 class LossInputError(FitforgeValueError):

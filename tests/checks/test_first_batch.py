@@ -748,3 +748,45 @@ def test_a_batch_output_without_batch_size_is_an_error_at_the_first_batch():
         "evaluate_batch must return a fitforge.BatchOutput, got str",
     ):
         estimator.fit(train, val_data=val, epochs=1)
+
+
+class TokenScores(nn.Module):
+    """A sequence model: scores of 11 classes on the last dim for each of a sequence's 5 positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(11, 8), nn.Linear(8, 11)
+
+    def forward(self, tokens):
+        return self.head(self.embed(tokens))  # (B, T, V)
+
+
+@pytest.mark.parametrize("loss", [nn.CrossEntropyLoss(), nn.NLLLoss()], ids=["cross-entropy", "nll"])
+def test_sequence_scores_with_classes_last_name_both_fixes_before_any_step(loss):
+    net = TokenScores()
+    before = [p.detach().clone() for p in net.parameters()]
+    estimator = Estimator(net, loss, optimizer="sgd", device="cpu")
+    tokens = torch.randint(0, 11, (4, 5))
+    with pytest.raises(LossInputError) as info:
+        estimator.fit([(tokens, tokens)], epochs=1)
+    message = str(info.value)
+    assert (
+        "takes the class scores on dim 1, (N, C, T), but pred has shape (4, 5, 11) and the class labels (4, 5)"
+        in message
+    )
+    assert "logits.transpose(1, 2) (shape (4, 11, 5))" in message
+    assert "nn.functional.cross_entropy(pred.reshape(-1, 11), label.reshape(-1))" in message
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+
+
+def test_the_named_fixes_of_sequence_scores_train():
+    tokens = torch.randint(0, 11, (4, 5))
+
+    class Transposed(TokenScores):
+        def forward(self, tokens):
+            return super().forward(tokens).transpose(1, 2)
+
+    flat = lambda pred, label: nn.functional.cross_entropy(pred.reshape(-1, 11), label.reshape(-1))  # noqa: E731
+    for net, loss in ((Transposed(), nn.CrossEntropyLoss()), (TokenScores(), flat)):
+        history = Estimator(net, loss, optimizer="adam", device="cpu").fit([(tokens, tokens)], epochs=3)
+        assert history["train_loss"][-1] < history["train_loss"][0]

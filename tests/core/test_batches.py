@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fitforge.core.batches import batch_size_of, check_finite, to_device, unpack_inputs, unpack_pair
+from fitforge.core.batches import batch_size_of, check_finite, label_key_of, to_device, unpack_batch, unpack_inputs
 from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, NonFiniteInputError
 from fitforge.inputs.sources import check_data
 from helpers import make_estimator, regression_batches
@@ -16,65 +16,78 @@ X = torch.randn(4, 3)
 Y = torch.tensor([0, 1, 2, 1])
 
 
-# -- unpack_pair -------------------------------------------------------------------------------------
-class TestUnpackPair:
+# -- unpack_batch -------------------------------------------------------------------------------------
+class TestUnpackBatch:
     def test_tensor_pair(self):
-        inputs, label = unpack_pair((X, Y))
+        inputs, label = unpack_batch((X, Y))
         assert isinstance(inputs, tuple) and len(inputs) == 1
         assert inputs[0] is X and label is Y
 
     def test_list_pair(self):  # the default collate_fn gives lists
-        inputs, label = unpack_pair([X, Y])
+        inputs, label = unpack_batch([X, Y])
         assert inputs == (X,) and label is Y
 
     def test_tuple_data_and_labels(self):
         x2 = torch.randn(4, 2)
         y2 = torch.randn(4)
-        inputs, label = unpack_pair(((X, x2), [Y, y2]))
+        inputs, label = unpack_batch(((X, x2), [Y, y2]))
         assert isinstance(inputs, tuple) and inputs[0] is X and inputs[1] is x2
         assert isinstance(label, tuple) and label[0] is Y and label[1] is y2
 
     def test_list_data(self):
-        inputs, label = unpack_pair(([X], Y))
+        inputs, label = unpack_batch(([X], Y))
         assert inputs == (X,) and label is Y
 
-    def test_dict_batch_without_a_label(self):
+    def test_a_dict_batch_without_a_label_key_is_data_alone(self):
+        assert unpack_batch({"x": X, "y": Y}) == ({"x": X, "y": Y}, None)
+        assert unpack_batch({"x": X, "target": Y}, ("target",)) == ({"x": X}, Y)  # BatchProcessor(label_key=...)
+
+    @pytest.mark.parametrize("batch", [X, (X,), [X]], ids=["tensor", "1-tuple", "1-list"])
+    def test_a_tensor_or_a_1_tuple_is_data_alone(self, batch):
+        inputs, label = unpack_batch(batch)
+        assert inputs == (X,) and inputs[0] is X and label is None
+
+    def test_several_inputs_alone(self):
+        x2 = torch.randn(4, 2)
+        inputs, label = unpack_batch(((X, x2),))
+        assert inputs == (X, x2) and label is None
+
+    def test_the_label_key_is_looked_up_with_a_clear_error(self):
         msg = "got a dict batch with keys ['x', 'y'] and no label: put the label under 'labels' or 'label'"
         with pytest.raises(BatchFormatError, match=re.escape(msg) + ".*" + re.escape(PAIR_HELP)):
-            unpack_pair({"x": X, "y": Y})
+            label_key_of({"x": X, "y": Y})
 
     def test_dict_batch_gives_keyword_inputs_and_its_label(self):
-        assert unpack_pair({"x": X, "labels": Y}) == ({"x": X}, Y)
-        features, label = unpack_pair({"x": X, "label": Y, "mask": X})
+        assert unpack_batch({"x": X, "labels": Y}) == ({"x": X}, Y)
+        features, label = unpack_batch({"x": X, "label": Y, "mask": X})
         assert features == {"x": X, "mask": X} and label is Y
 
-    def test_dict_batch_is_a_value_error(self):
-        with pytest.raises(ValueError, match="dict batch"):
-            unpack_pair({"x": X})
+    def test_a_batch_format_error_is_a_value_error(self):
+        with pytest.raises(ValueError, match="a batch must be"):
+            unpack_batch(3)
         assert issubclass(BatchFormatError, FitforgeValueError)
 
     @pytest.mark.parametrize(
         "batch,shown",
         [
-            ((X,), "tuple of 1 [tensor of shape (4, 3)]"),
+            (("a",), "tuple of 1 [str 'a']"),
             ((X, Y, Y), "tuple of 3 [tensor of shape (4, 3), tensor of shape (4,), tensor of shape (4,)]"),
             ([], "list of 0 []"),
-            (X, "tensor of shape (4, 3)"),
             (3, "int 3"),
         ],
     )
     def test_wrong_length_or_type(self, batch, shown):
         several = isinstance(batch, tuple) and len(batch) > 2
-        msg = f"a batch must be a (data, label) pair, got a {shown}: " + (
+        msg = f"a batch must be a (data, label) pair or data alone, got a {shown}: " + (
             "several labels go in one" if several else PAIR_HELP
         )
         with pytest.raises(BatchFormatError, match=re.escape(msg)):
-            unpack_pair(batch)
+            unpack_batch(batch)
 
     def test_a_long_list_is_shown_by_its_first_items(self):
         rows = [[0.0] * 64 for _ in range(1797)]  # an array given as Python lists, read as one batch
         with pytest.raises(BatchFormatError) as info:
-            unpack_pair(rows)
+            unpack_batch(rows)
         message = str(info.value)
         assert len(message) < 600, message
         shown = "list of 1797 [" + ", ".join(["list of 64 [float 0.0, float 0.0, float 0.0, ... 61 more]"] * 3)
@@ -84,31 +97,31 @@ class TestUnpackPair:
     @pytest.mark.parametrize("label", [3, Y])
     def test_python_numbers_as_data_are_told_to_be_arrays_or_tensors(self, label):
         with pytest.raises(BatchFormatError) as info:
-            unpack_pair(([0.0, 1.0, 2.0], label))  # 3: a sample of fit(list(zip(X.tolist(), y.tolist())))
+            unpack_batch(([0.0, 1.0, 2.0], label))  # 3: a sample of fit(list(zip(X.tolist(), y.tolist())))
         assert "got data: list of 3 [float 0.0, float 1.0, float 2.0], label: " in str(info.value)
         assert ": the batch holds Python lists, not tensors: whole arrays go to fit as NumPy arrays" in str(info.value)
 
     def test_a_short_list_is_shown_whole(self):
         batch = (X, X, X, X, X, Y)
         with pytest.raises(BatchFormatError, match=re.escape("tuple of 6 [" + "tensor of shape (4, 3), " * 5)):
-            unpack_pair(batch)
+            unpack_batch(batch)
 
     def test_three_parts_show_the_forms_that_work(self):
         with pytest.raises(BatchFormatError) as info:
-            unpack_pair((X, Y, Y))
+            unpack_batch((X, Y, Y))
         message = str(info.value)
         assert "(x, (y1, y2)), matched by position" in message
         assert "(x, {'cls': y1, 'reg': y2}), matched by name to a dict loss" in message
         assert "TensorDataset(x, y1, y2) gives (x, y1, y2)" in message
 
     def test_dict_label_is_kept(self):
-        inputs, label = unpack_pair((X, {"cls": Y, "reg": X}))
+        inputs, label = unpack_batch((X, {"cls": Y, "reg": X}))
         assert inputs[0] is X and label == {"cls": Y, "reg": X}
 
     @pytest.mark.parametrize("label", [{}, {"cls": Y, "reg": 3}])
     def test_dict_label_of_non_tensors(self, label):
         with pytest.raises(BatchFormatError, match=re.escape("the label may be a dict of tensors")):
-            unpack_pair((X, label))
+            unpack_batch((X, label))
 
     @pytest.mark.parametrize(
         "batch,shown",
@@ -125,7 +138,7 @@ class TestUnpackPair:
             f"tensors), got {shown}: {PAIR_HELP}"
         )
         with pytest.raises(BatchFormatError, match=re.escape(msg)):
-            unpack_pair(batch)
+            unpack_batch(batch)
 
 
 # -- unpack_inputs -----------------------------------------------------------------------------------
@@ -295,7 +308,6 @@ class TestCheckData:
             lambda est: est.fit(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1),
             r"wrap the dataset: DataLoader\(dataset, batch_size=...\)",
         ),
-        (lambda est: est.evaluate(torch.zeros(4, 1)), r"wrap it: \[x\] for one batch"),
     ],
 )
 def test_beginner_data_mistakes_get_a_hint(call, message):

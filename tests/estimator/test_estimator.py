@@ -262,21 +262,26 @@ def unchanged_after(est, call):
     return all(p.detach().equal(b) for p, b in zip(est.net.parameters(), before))
 
 
+DATA_ALONE = r"the loss MSELoss compares the net's output with a label, but the batches are data alone"
+
+
 @pytest.mark.parametrize(
-    "batch, message",
+    "batch, error, message",
     [
-        ((torch.zeros(4, 1),), r"a batch must be a \(data, label\) pair, got a tuple of 1"),
-        (torch.zeros(4, 1), r"a batch must be a \(data, label\) pair, got a tensor of shape \(4, 1\)"),
+        ((torch.zeros(4, 1),), LossInputError, DATA_ALONE),  # data alone: for a net that computes its own loss
+        (torch.zeros(4, 1), LossInputError, DATA_ALONE),
+        ((torch.zeros(4, 1), torch.zeros(4, 1), 3), BatchFormatError, r"a batch must be a \(data, label\) pair"),
         (
             (torch.zeros(4, 1), [1, 2]),
+            BatchFormatError,
             r"pair of tensors or tuples of tensors \(the label may be a dict of tensors\), got data: tensor of "
             r"shape \(4, 1\), label: list",
         ),
     ],
 )
-def test_bad_batch_is_a_clear_error_before_any_step(batch, message):
+def test_bad_batch_is_a_clear_error_before_any_step(batch, error, message):
     est = make_estimator()
-    with pytest.raises(BatchFormatError, match=message):
+    with pytest.raises(error, match=message):
         assert unchanged_after(est, lambda: est.fit([batch], epochs=1))
 
 
@@ -345,7 +350,7 @@ def test_data_errors_before_training():
     with pytest.raises(FitforgeValueError, match=r"train_data is empty \(len 0\)"):
         est.fit(DataLoader(TensorDataset(torch.zeros(0, 1), torch.zeros(0, 1))), epochs=1)
     with pytest.raises(FitforgeTypeError, match="train_data must be an iterable of \\(data, label\\) batches"):
-        est.fit(torch.zeros(4, 1), epochs=1)
+        est.fit(torch.zeros(()), epochs=1)  # a 0-d tensor: no rows (X alone, with rows, is data alone)
     with pytest.raises(FitforgeValueError, match=r"val_data is a one-shot iterator"):
         est.fit(regression_batches(), val_data=iter(regression_batches()), epochs=2)
     with pytest.raises(FitforgeValueError, match=r"val_data is empty"):

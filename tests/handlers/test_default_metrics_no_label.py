@@ -112,8 +112,9 @@ def untouched(est, before):
             {"train_metrics": "binary_accuracy"},
             NoLabel(evaluate=False),
             "metric 'binary_accuracy' (BinaryAccuracy) needs a label, but the step (fit_batch) returned none "
-            "(BatchOutput(label=None)) in batch 0: return the label in the BatchOutput, or leave the metric out "
-            "of train_metrics",
+            "(BatchOutput(label=None)) in batch 0: give the batches a label (data alone, a tensor or (x,), has "
+            "none), return the label in the BatchOutput of a step of your own, or leave the metric out of "
+            "train_metrics",
         ),
         (
             {"train_metrics": [], "val_metrics": "binary_accuracy"},

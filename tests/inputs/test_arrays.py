@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, Tenso
 
 from fitforge import Estimator
 from fitforge.events import BatchBegin
-from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError
+from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeValueError, LossInputError
 from fitforge.inputs.arrays import array_loader, fit_loaders, is_arrays, split_off
 
 
@@ -142,9 +142,9 @@ def test_lists_of_batches_are_not_arrays():
             "tuple, fit((X, y), batch_size=32, epochs=...)",
         ),
         (
-            lambda est, x, y: est.fit(x, epochs=1),
-            FitforgeTypeError,
-            "pass it with its labels as one tuple of arrays, fit((X, y), batch_size=32)",
+            lambda est, x, y: est.fit(x, epochs=1),  # X alone is data without labels: this net's loss needs them
+            FitforgeValueError,
+            "the loss CrossEntropyLoss compares the net's output with a label, but the batches are data alone",
         ),
         (
             lambda est, x, y: est.predict([x], batch_size=4),
@@ -237,5 +237,6 @@ def test_a_numpy_array_read_as_a_batch_says_how_arrays_are_given(call):
 
 
 def test_a_bare_tensor_batch_is_not_called_a_numpy_array():
-    with pytest.raises(BatchFormatError, match=re.escape("return (data, label) from your Dataset/collate_fn")):
+    with pytest.raises(LossInputError, match=re.escape("but the batches are data alone (a tensor,")) as info:
         classifier().fit([torch.zeros(4, 2)], epochs=1)
+    assert "NumPy" not in str(info.value)

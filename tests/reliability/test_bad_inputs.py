@@ -125,7 +125,7 @@ CASES = [
     Case(
         "batch not a pair",
         BatchFormatError,
-        r"a batch must be a \(data, label\) pair, got a tuple of 3",
+        r"a batch must be a \(data, label\) pair or data alone, got a tuple of 3",
         lambda: (estimator(), fit([(x, x, y) for x, y in batches()])),
     ),
     Case(

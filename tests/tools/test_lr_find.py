@@ -249,7 +249,7 @@ def test_bad_estimators_and_data_are_clear_errors_before_any_step():
     with pytest.raises(FitforgeTypeError, match="lr_find: estimator must be a fitforge Estimator, got Linear"):
         lr_find(estimator.net, train)
     with pytest.raises(FitforgeTypeError, match="train_data must be an iterable of"):
-        lr_find(estimator, torch.zeros(4, 1))
+        lr_find(estimator, torch.zeros(()))
     with pytest.raises(FitforgeValueError, match=r"train_data is empty \(len 0\)"):
         lr_find(estimator, [])
     with pytest.raises(FitforgeValueError, match="train_data is a one-shot iterator"):

@@ -29,7 +29,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from fitforge.checks.forward_errors import explain
 from fitforge.core.batches import LABEL_KEYS, check_finite
@@ -73,24 +73,43 @@ def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], ba
             raise
         raise explained from error
     except TypeError as error:
-        own_loss = estimator.loss is None
-        if not (isinstance(batch, Mapping) or own_loss) or "argument" not in str(error):
+        keys = _label_keys(estimator)
+        own_label = estimator.loss is None and _labelled(batch, keys)  # the label went to the net too
+        if not (isinstance(batch, Mapping) or own_label) or "argument" not in str(error):
             raise
         net = estimator.net if state.phase == "train" else estimator.val_net
-        if own_loss:  # the label went to the net, which may not take it
+        if own_label:  # a net that may not take it
             raise BatchFormatError(
                 f"with loss=None the net computes its own loss, so it is given the label (as labels=... "
                 f"for a dict batch, as its last argument for a (data, label) pair), but it cannot take it: "
                 f"{error}; the net's forward takes {_signature(net)}. Give a loss function (loss=...) "
                 "for a net that returns predictions, or let forward take the label and return the loss"
             ) from error
-        keys = getattr(estimator.batch_processor, "label_keys", LABEL_KEYS)
+        if not _labelled(batch, keys):  # data alone: every key went to forward
+            named = " or ".join(map(repr, keys))
+            raise BatchFormatError(
+                f"got a dict batch with keys {list(batch)} and no label ({named}), so every key went to the "
+                f"net as an argument, and its forward, which takes {_signature(net)}, refused: {error}; put "
+                f"the label under {named} (or name its key with BatchProcessor(label_key=...)) and name the "
+                "other keys after forward's arguments, or override BatchProcessor.unpack"
+            ) from error
         raise BatchFormatError(
             f"the net cannot take this dict batch's keys as its arguments: {error}; the net's forward "
             f"takes {_signature(net)} and the batch's keys other than the label are "
             f"{[k for k in batch if k not in keys]}: name the keys after forward's arguments (the "
             "label under 'labels'), or override BatchProcessor.unpack"
         ) from error
+
+
+def _labelled(batch: Any, keys: tuple[str, ...]) -> bool:
+    """Whether a batch holds a label (see :mod:`fitforge.core.batches`: not data alone)."""
+    if isinstance(batch, Mapping):
+        return any(key in batch for key in keys)
+    return not (isinstance(batch, Tensor) or (isinstance(batch, (tuple, list)) and len(batch) == 1))
+
+
+def _label_keys(estimator: Any) -> tuple[str, ...]:
+    return getattr(estimator.batch_processor, "label_keys", LABEL_KEYS)
 
 
 def _signature(net: nn.Module) -> str:

@@ -5,8 +5,10 @@ A training batch is a pair ``(data, label)``: ``data`` a tensor or a tuple of te
 the net as positional arguments), ``label`` a tensor, a tuple of tensors (one per loss, by position)
 or a dict of tensors (one per output name, for a dict ``loss``); or a
 dict (any Mapping, e.g. a ``transformers`` ``BatchEncoding``) of the net's keyword arguments with
-the label under ``"labels"`` or ``"label"``. Other formats: subclass
-:class:`~fitforge.BatchProcessor` and override ``unpack``.
+the label under ``"labels"`` or ``"label"``. A batch of data alone is *label-less*: a tensor, a
+1-tuple or 1-list ``(data,)`` (what a ``TensorDataset(X)`` gives), or a dict without a label key;
+its label is None, for a net that computes its own loss from its inputs (``Estimator(loss=None)``).
+Other formats: subclass :class:`~fitforge.BatchProcessor` and override ``unpack``.
 """
 
 from __future__ import annotations
@@ -86,17 +88,25 @@ def shape_of(value: Any) -> str:
     return describe(value)
 
 
-def unpack_pair(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[Inputs, Any]:
-    """Split a training batch into ``(inputs as a tuple, label)``, or a dict batch into its keyword
-    inputs and the label under the first of ``label_keys`` it has; raise a clear error otherwise."""
+def unpack_batch(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[Inputs, Any]:
+    """Split a batch into ``(inputs as a tuple, label)``, or a dict batch into its keyword inputs and
+    the label under the first of ``label_keys`` it has; a label-less batch (module docstring) gives
+    the label None. Raise a clear error for anything else."""
     if type(batch) in _SEQUENCES and len(batch) == 2:  # the common (tensor, tensor) batch, checked cheaply
         data, label = batch
         if type(data) is torch.Tensor and type(label) is torch.Tensor:
             return (data,), label
     if isinstance(batch, Mapping):
         return unpack_features(batch, label_keys)
+    if isinstance(batch, torch.Tensor):
+        return (batch,), None
+    if isinstance(batch, _SEQUENCES) and len(batch) == 1 and _tensors(batch[0]):
+        data = batch[0]
+        return ((data,) if isinstance(data, torch.Tensor) else tuple(data)), None
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise BatchFormatError(f"a batch must be a (data, label) pair, got a {shape_of(batch)}: {_pair_help(batch)}")
+        raise BatchFormatError(
+            f"a batch must be a (data, label) pair or data alone, got a {shape_of(batch)}: {_pair_help(batch)}"
+        )
     data, label = batch
     if not _tensors(data) or not _labels(label):
         raise BatchFormatError(
@@ -129,9 +139,10 @@ def _holds_lists(batch: Any) -> bool:
 
 def unpack_features(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[dict[str, Any], Any]:
     """Split a dict batch (``{"input_ids": ..., "attention_mask": ..., "labels": ...}``) into the
-    net's keyword inputs and the label, found under the first of ``label_keys`` it has."""
-    key = label_key_of(batch, label_keys)
-    return {k: v for k, v in batch.items() if k != key}, batch[key]
+    net's keyword inputs and the label, found under the first of ``label_keys`` it has (None: it
+    has none, a label-less batch)."""
+    key = next((key for key in label_keys if key in batch), None)
+    return {k: v for k, v in batch.items() if k != key}, (None if key is None else batch[key])
 
 
 def label_key_of(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> str:
@@ -160,7 +171,7 @@ def unpack_inputs(
     if isinstance(batch, (tuple, list)) and len(batch) == 1 and _tensors(batch[0]):
         data = batch[0]
         return (data,) if isinstance(data, torch.Tensor) else tuple(data)
-    return (unpack_pair(batch, label_keys) if unpack is None else unpack(batch))[0]
+    return (unpack_batch(batch, label_keys) if unpack is None else unpack(batch))[0]
 
 
 def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -236,6 +247,18 @@ def _floating_parts(value: Any, path: str | None = None) -> Iterator[tuple[str, 
     elif isinstance(value, Mapping):
         for key, part in value.items():
             yield from _floating_parts(part, f"{path}[{key!r}]")
+
+
+def rows_of(data: object) -> int | None:
+    """The samples a pass over ``data`` yields, where a DataLoader batching a sized sampler tells
+    (``drop_last`` counted); None for anything else."""
+    if not isinstance(data, torch.utils.data.DataLoader) or data.batch_size is None:
+        return None
+    try:
+        samples = len(sampler_of(data))
+    except TypeError:  # an iterable dataset's sampler, or one without a length
+        return None
+    return (samples // data.batch_size) * data.batch_size if data.drop_last else samples
 
 
 def sampler_of(loader: torch.utils.data.DataLoader) -> Any:

@@ -56,6 +56,19 @@ def _hint(fn: Callable, pred: Any, label: Any) -> str:
     return ""
 
 
+def _labelless(names: Sequence[str]) -> str:
+    """Why a given loss cannot train on batches of data alone, and the two ways that work."""
+    return (
+        f"the loss {', '.join(names)} compares the net's output with a label, but the batches are data alone (a "
+        "tensor, a 1-tuple (x,) as TensorDataset(X) gives, or a dict without a 'labels' or 'label' key). To "
+        "reconstruct the input (an autoencoder), give it as its own label: fit((X, X), batch_size=...) or "
+        "DataLoader(TensorDataset(X, X), ...); for a net that computes its own loss from its inputs (a VAE, "
+        "a language model), Estimator(net, loss=None) with forward returning the loss (a dict {'loss': ...} "
+        "or an object with a loss attribute). A dict batch's label goes under 'labels' (or name its key with "
+        "BatchProcessor(label_key=...))"
+    )
+
+
 def _tensors(*values: Any) -> bool:
     return all(isinstance(value, torch.Tensor) for value in values)
 
@@ -67,6 +80,29 @@ def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
         and not label.is_floating_point()
         and label.dtype != torch.bool
         and label.shape == (pred.shape[0], *pred.shape[2:])
+    )
+
+
+def _sequence_scores(pred: torch.Tensor, label: torch.Tensor) -> bool:
+    """Scores ``(N, T, C)`` (classes last, as a sequence model returns them) for class indices ``(N, T)``:
+    the classification losses take the classes on dim 1, ``(N, C, T)``."""
+    return (
+        pred.dim() == 3
+        and not label.is_floating_point()
+        and label.dtype != torch.bool
+        and label.shape == pred.shape[:2]
+        and pred.shape[1] != pred.shape[2]  # a square one could be either: torch's own error then
+    )
+
+
+def _sequence_fix(which: str, pred: torch.Tensor, label: torch.Tensor) -> str:
+    n, steps, classes = pred.shape
+    return (
+        f"{which} takes the class scores on dim 1, (N, C, T), but pred has shape {tuple(pred.shape)} and the class "
+        f"labels {tuple(label.shape)}: scores of {classes} classes on the last dim for {steps} positions, as a "
+        f"sequence model returns them. Move the classes to dim 1, logits.transpose(1, 2) (shape ({n}, {classes}, "
+        f"{steps})), in forward or a BatchProcessor.prediction of your own; or flatten both in a loss of your own, "
+        f"loss=lambda pred, label: nn.functional.cross_entropy(pred.reshape(-1, {classes}), label.reshape(-1))"
     )
 
 
@@ -270,7 +306,9 @@ class LossSet:
         return total, tuple(parts)
 
     def _first_call(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """The first call of a run: shapes checked before, the values' type after."""
+        """The first call of a run: the label's presence and shapes checked before, the values' type after."""
+        if label is None:
+            raise LossInputError(_labelless(self.names))
         self.check_shapes(pred, label)
         self._shapes_checked = True
         total, parts = self(pred, label)
@@ -322,6 +360,8 @@ class LossSet:
                 if type(fn) in _CLASSIFIERS and y.device.type == "cpu":
                     continue  # torch's loss raises on a label out of range (a subclass may not)
                 self._check_classes(i, fn.ignore_index, p, y)
+            elif isinstance(fn, _CLASSIFIERS) and _sequence_scores(p, y):
+                raise LossInputError(_sequence_fix(self._which(i), p, y))
 
     def _check_elementwise(self, i: int, pred: torch.Tensor, label: torch.Tensor) -> None:
         if pred.shape != label.shape:

@@ -39,8 +39,8 @@ from fitforge.core.batches import (
     label_key_of,
     to_channels_last,
     to_device,
+    unpack_batch,
     unpack_inputs,
-    unpack_pair,
 )
 from fitforge.core.state import BatchOutput, EstimatorLike, TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
@@ -118,7 +118,7 @@ class BatchProcessor:
         )
 
     _own_autocast = False  # a subclass that overrides autocast() always has its context entered
-    _unpack_overridden = False  # without an override, to_device calls unpack_pair itself: one call less per batch
+    _unpack_overridden = False  # without an override, to_device calls unpack_batch itself: one call less per batch
     _custom_steps: frozenset[str] = frozenset()  # steps a subclass wrote itself: the loop calls them under autocast
     _scaler: torch.amp.GradScaler | None = None  # the fp16 scaler of the estimator that runs the processor
     _autocast_device: str | None = None  # its device type under mixed precision, else None
@@ -160,14 +160,16 @@ class BatchProcessor:
     def unpack(self, batch: Any) -> tuple[Inputs, Any]:
         """Split a batch into ``(inputs, label)``: a ``(data, label)`` pair gives a tuple of inputs;
         a dict batch gives its keyword inputs (passed as ``net(**features)``) and the label under
-        ``label_key`` (by default ``"labels"``, else ``"label"``). Override for other batch formats."""
-        return unpack_pair(batch, self.label_keys)
+        ``label_key`` (by default ``"labels"``, else ``"label"``); data alone (a tensor, ``(data,)``,
+        a dict without the label's key) gives the label None, for a net that computes its own loss
+        (``Estimator(loss=None)``). Override for other batch formats."""
+        return unpack_batch(batch, self.label_keys)
 
     def to_device(self, state: TrainState, batch: Any) -> tuple[Inputs, Any]:
         """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
         device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
         the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
-        inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_pair(batch, self.label_keys)
+        inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_batch(batch, self.label_keys)
         estimator = state.estimator
         device = estimator.device
         if type(label) is not torch.Tensor or label.device != device:

@@ -363,7 +363,8 @@ def _no_label(slot: MetricSlot, state: TrainState, handler_metrics: bool) -> Fit
     argument = "MetricHandler(metrics=...)" if handler_metrics else argument
     return FitforgeValueError(
         f"metric {slot.name!r} ({type(slot.metric).__name__}) needs a label, but the step ({step}) returned "
-        f"none (BatchOutput(label=None)) in batch {state.batch_idx}: return the label in the BatchOutput, "
+        f"none (BatchOutput(label=None)) in batch {state.batch_idx}: give the batches a label (data alone, a "
+        "tensor or (x,), has none), return the label in the BatchOutput of a step of your own, "
         f"or leave the metric out of {argument}"
     )
 

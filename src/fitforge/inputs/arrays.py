@@ -1,9 +1,11 @@
 """Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)``.
 
 ``(X, y)`` (tensors or NumPy arrays with one row per sample) becomes a ``DataLoader`` over a
-``TensorDataset``: shuffled for training, in order for evaluation and prediction; ``predict``
-also takes a bare ``X``. For several outputs ``y`` may be several arrays, ``(X, (y1, y2))`` or
-``(X, {"cls": y1, "reg": y2})`` (named outputs), batched into labels of the same shape. NumPy's
+``TensorDataset``: shuffled for training, in order for evaluation and prediction. A bare ``X``
+gives batches of data alone: label-less for ``fit`` and ``evaluate`` (a net that computes its own
+loss, ``Estimator(loss=None)``), the inputs of ``predict``. For several outputs ``y`` may be
+several arrays, ``(X, (y1, y2))`` or ``(X, {"cls": y1, "reg": y2})`` (named outputs), batched
+into labels of the same shape. NumPy's
 floats become torch's default float (float32, as in Keras) and a 1-D integer array (class labels,
 often uint8) int64, which the losses take; tensors are used as they are. ``validation_split``
 holds out the *last* fraction of the samples before any shuffling, as Keras does, so the
@@ -47,8 +49,10 @@ def is_arrays(data: object) -> bool:
 
 
 def _flat(data: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Any]]:
-    """``(X, y)``'s arrays in a flat list, and the function that puts such a list (rows of them, a
-    part of them) back into ``(X, y)``'s shape."""
+    """``(X, y)``'s arrays (or a bare ``X``) in a flat list, and the function that puts such a list
+    (rows of them, a part of them) back into ``(X, y)``'s shape."""
+    if _rows(data):
+        return [data], lambda items: items[0]
     if not is_arrays(data) or _rows(data[1]):  # plain arrays: a flat tuple already
         return list(data), tuple
     x, label = data
@@ -153,15 +157,16 @@ def check_batch_size(batch_size: Any) -> int:
     return int(batch_size)
 
 
-def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str) -> DataLoader:
-    """A DataLoader of ``(X, y)``'s rows (``X`` alone: batches of bare tensors, for predict; ``y``
-    several arrays: batches ``(x, (y1, y2))`` or ``(x, {"cls": y1, ...})``)."""
+def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str, bare: bool = False) -> DataLoader:
+    """A DataLoader of ``(X, y)``'s rows (``X`` alone: batches ``[x]`` of data alone, or bare tensors
+    with ``bare``, for predict; ``y`` several arrays: batches ``(x, (y1, y2))`` or ``(x, {"cls":
+    y1, ...})``)."""
     if is_arrays(data) and not _rows(data[1]):
         flat, shape = _flat(data)
         dataset: Any = LabelledArrays(_tensors(flat, argument, _names(len(flat), data[1])), shape)
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
     tensors = _tensors(data if isinstance(data, (tuple, list)) else (data,), argument)
-    if len(tensors) == 1:  # predict(X): each batch a bare tensor, not a 1-tuple
+    if bare:  # predict(X): each batch a bare tensor, not a 1-tuple
         return DataLoader(tensors[0], batch_size=batch_size, shuffle=shuffle)  # type: ignore[arg-type]
     return DataLoader(TensorDataset(*tensors), batch_size=batch_size, shuffle=shuffle)
 
@@ -173,7 +178,7 @@ def split_off(data: Any, fraction: Any) -> tuple[Any, Any]:
             f"validation_split must be a fraction between 0 and 1 (e.g. 0.2), got {describe(fraction)}"
         )
     flat, shape = _flat(data)
-    tensors = _tensors(flat, "train_data", _names(len(flat), data[1]))
+    tensors = _tensors(flat, "train_data", _names(len(flat), None if _rows(data) else data[1]))
     size = len(tensors[0])
     held = math.floor(size * fraction)
     if held == 0 or held == size:
@@ -190,10 +195,12 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
     if _arrays_apart(train_data, val_data):
         raise FitforgeTypeError(
             "fit got the inputs and the labels as two arguments, but its second one is val_data: pass them "
-            "as one tuple, fit((X, y), batch_size=32, epochs=...)"
+            "as one tuple, fit((X, y), batch_size=32, epochs=...); validation data alone (for a net that computes "
+            "its own loss) of as many rows as the training arrays goes as batches, "
+            "val_data=DataLoader(X_val, batch_size=...)"
         )
-    arrays = is_arrays(train_data)
-    if batch_size is not None and not arrays and not is_arrays(val_data):
+    arrays = is_arrays(train_data) or _rows(train_data)
+    if batch_size is not None and not arrays and not (is_arrays(val_data) or _rows(val_data)):
         raise FitforgeValueError(
             "batch_size is for data given as arrays, fit((X, y), batch_size=32); a DataLoader or a list of "
             "batches has its batches already: set the batch size in DataLoader(..., batch_size=...)"
@@ -210,15 +217,16 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
         train_data, val_data = split_off(train_data, validation_split)
     if arrays:
         train_data = array_loader(train_data, size, shuffle=True, argument="train_data")
-    if is_arrays(val_data):
+    if is_arrays(val_data) or _rows(val_data):
         val_data = array_loader(val_data, size, shuffle=False, argument="val_data")
     return train_data, val_data
 
 
 def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
-    """evaluate's ``(X, y)`` or predict's lone ``X`` (``bare``) made into an ordered DataLoader;
-    other data is returned as it is (for predict, a list of tensors is a list of batches)."""
-    arrays = is_array(data) and len(data.shape) > 0 if bare else is_arrays(data)
+    """evaluate's ``(X, y)`` or ``X`` alone, or predict's lone ``X`` (``bare``: batches of bare
+    tensors), made into an ordered DataLoader; other data is returned as it is (for predict, a list
+    of tensors is a list of batches)."""
+    arrays = _rows(data) or (not bare and is_arrays(data))
     if not arrays:
         if batch_size is not None:
             raise FitforgeValueError(
@@ -226,4 +234,4 @@ def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -
                 "in DataLoader(..., batch_size=...)"
             )
         return data
-    return array_loader(data, check_batch_size(batch_size), shuffle=False, argument=argument)
+    return array_loader(data, check_batch_size(batch_size), shuffle=False, argument=argument, bare=bare)

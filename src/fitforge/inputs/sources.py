@@ -19,8 +19,9 @@ def _data_hint(data: object, argument: str) -> str:
         return "; wrap the dataset: DataLoader(dataset, batch_size=...)"
     if is_array(data):  # a tensor or a NumPy array: iterable by rows, which are no batches
         return (
-            "; pass it with its labels as one tuple of arrays, fit((X, y), batch_size=32), or wrap it: [x] for "
-            "one batch, or DataLoader(TensorDataset(x, y), batch_size=...)"
+            "; fit, evaluate and predict take whole arrays of one row per sample, with their labels as one "
+            "tuple, fit((X, y), batch_size=32), or alone, fit(X, batch_size=32), for a net that computes its "
+            "own loss; anywhere else pass batches, DataLoader(TensorDataset(X, y), batch_size=...)"
         )
     return ""
 
