@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -12,15 +12,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.resume import resume_picked
-from fitforge.checks.pipeline import before_fit, before_predict, evaluation_of
+from fitforge.checks.pipeline import PredictPlan, before_fit, before_predict, evaluation_of
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
+from fitforge.core.batches import rows_of
 from fitforge.core.coordinator import Alone
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
 from fitforge.core.history import History, numbered_key
 from fitforge.core.learning_rate import set_learning_rate
-from fitforge.core.loop import run_fit, run_pass
+from fitforge.core.loop import pass_batches, run_fit, run_pass
 from fitforge.core.loss import loss_sets
 from fitforge.core.modules import set_training
 from fitforge.core.options import (
@@ -52,6 +53,8 @@ from fitforge.inputs.order import DataOrder, OnePass
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.tools.lr_find import LRFindResult, lr_find
 from fitforge.tools.profiler import profiled
+
+_DONE = object()  # the end of a pass that predict_batches steps through
 
 
 class Estimator:
@@ -362,12 +365,7 @@ class Estimator:
         a DataLoader's dataset, and rank 0 returns every output in dataset order; the other ranks
         return None.
         """
-        predictions = Predictions(bound_step(self.batch_processor, self, "predict_batch"), self.non_blocking)
-        plan = before_predict(self, data, event_handlers, batch_size, predictions.step)
-        state = TrainState(self, "predict", num_batches=plan.num_batches, ranks=processes())
-        run = RunContext(
-            plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=plan.check
-        )
+        predictions, state, run, plan = self._prediction(data, event_handlers, batch_size)
         with inference(self.val_net, self.strategy != "fsdp"):
             run_pass(state, run)
         joined = predictions.joined(self.device)
@@ -378,6 +376,48 @@ class Estimator:
         if joined is None:
             raise FitforgeValueError("predict produced no output: every batch was cancelled")
         return joined
+
+    def predict_batches(
+        self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None
+    ) -> Iterator[Any]:
+        """Each batch's ``val_net`` outputs, on the CPU, as they are computed: what :meth:`predict`
+        returns, batch by batch and in the same order, with none of them kept (bounded memory, for
+        predictions larger than memory: write each batch out as it comes).
+
+        It takes what ``predict`` takes. Between batches your code runs with the net's modes and
+        grad mode as they were (each batch is computed in eval mode under ``torch.inference_mode``).
+        The handlers' ``epoch_end`` runs after the last batch; a loop you leave early ends the pass
+        there. Under torch.distributed each rank gets the outputs of its own share of the data.
+
+        Example:
+            >>> for outputs in estimator.predict_batches(loader):        # doctest: +SKIP
+            ...     writer.write(outputs.argmax(1).numpy())
+        """
+        predictions, state, run, _ = self._prediction(data, event_handlers, batch_size, stream=True)
+        passing = pass_batches(state, run)
+        try:
+            while True:
+                with inference(self.val_net, self.strategy != "fsdp"):
+                    more = next(passing, _DONE) is not _DONE
+                yield from predictions.take()
+                if not more:
+                    return
+        finally:
+            passing.close()  # left early: the pass ends where it was
+
+    def _prediction(
+        self, data: Any, event_handlers: Any, batch_size: Any, stream: bool = False
+    ) -> tuple[Predictions, TrainState, RunContext, PredictPlan]:
+        """What a prediction runs: its outputs' keeper, state and run, and the checked plan."""
+        predictions = Predictions(bound_step(self.batch_processor, self, "predict_batch"), self.non_blocking)
+        plan = before_predict(self, data, event_handlers, batch_size, predictions.step)
+        if not stream:  # predict keeps every output: into tensors of the whole size where it is known
+            predictions.expect_rows(rows_of(plan.data))
+        state = TrainState(self, "predict", num_batches=plan.num_batches, ranks=processes())
+        run = RunContext(
+            plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=plan.check
+        )
+        return predictions, state, run, plan
 
     def lr_find(
         self,

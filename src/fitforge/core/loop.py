@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 
 from fitforge.core.events import Event
 from fitforge.core.history import numbered_key
@@ -160,6 +160,13 @@ def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable]
 def run_pass(state: TrainState, run: RunContext) -> None:
     """One evaluate or predict pass: ``epoch_begin``, the batches, ``epoch_end``. Any cancel ends
     the pass; a cancelled batch is skipped."""
+    for _ in pass_batches(state, run):
+        pass
+
+
+def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, None]:
+    """:func:`run_pass` one batch at a time: it pauses after each batch (``predict_batches`` hands
+    the batch's outputs over there). A pass closed early ends there, without ``epoch_end``."""
     data, _ = run.data.epoch(state)
     state.batch_idx, cancelled = -1, False
     try:
@@ -168,6 +175,7 @@ def run_pass(state: TrainState, run: RunContext) -> None:
             state.batch_idx, state.batch = batch_idx, batch
             with contextlib.suppress(CancelBatch):
                 run_batch(state, run)
+            yield
             if state.stop_requested:
                 break
     except _CANCELS:

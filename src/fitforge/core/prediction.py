@@ -1,8 +1,16 @@
-"""predict's outputs, moved to the host batch by batch and joined at the end: a tensor, a tuple of
-tensors for several outputs, or a dict of tensors for a net returning named outputs."""
+"""predict's outputs, moved to the host batch by batch: a tensor, a tuple of tensors for several
+outputs, or a dict of tensors for a net returning named outputs.
+
+``predict`` joins them. Where the number of rows is known in advance (a DataLoader over a sized
+dataset), each batch is copied into tensors of the whole size as it comes, so a prediction needs
+its output's memory once, not twice (a list of batches and their concatenation); otherwise, and
+on a GPU (whose copies to the host are asynchronous), the batches are concatenated at the end.
+``predict_batches`` hands each batch's outputs over as they come and keeps none.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -15,24 +23,56 @@ from fitforge.core.state import BatchOutput, TrainState
 
 class Predictions:
     """Wraps a ``predict_batch`` step: each batch's outputs go to the CPU (asynchronously from CUDA,
-    so a large prediction never fills the device), and :meth:`joined` concatenates them."""
+    so a large prediction never fills the device); :meth:`joined` gives them all, :meth:`take`
+    the ones not taken yet.
+
+    """
 
     def __init__(self, predict_batch: Step, asynchronous: bool) -> None:
         self.predict_batch, self.asynchronous = predict_batch, asynchronous
         self.outputs: list[Any] = []
+        self._rows: int | None = None
+        self._buffer: _Buffer | None = None
+
+    def expect_rows(self, rows: int | None) -> None:
+        """Keep the outputs in tensors of ``rows`` rows, written batch by batch (see the module
+        docstring; a guess that proves wrong falls back to concatenating). Not from CUDA."""
+        self._rows = None if self.asynchronous or not rows else rows
 
     def step(self, state: TrainState, batch: Any) -> BatchOutput:
         pred = check_outputs(self.predict_batch(state, batch), state.batch_idx)
-        self.outputs.append(to_device(pred, torch.device("cpu"), non_blocking=self.asynchronous))
+        host = to_device(pred, torch.device("cpu"), non_blocking=self.asynchronous)
+        if self._rows is None or not self._keep(host):  # kept: copied, the batch's own tensors go
+            self.outputs.append(host)
         return BatchOutput(
             (), None, pred, None, (), batch_size_of(pred if isinstance(pred, (tuple, dict)) else (pred,))
         )
+
+    def _keep(self, host: Any) -> bool:
+        """Copy ``host`` into the buffer; False (and back to a list) when it does not fit there."""
+        if self._buffer is None:
+            self._buffer = _Buffer.of(host, self._rows)  # type: ignore[arg-type]
+        if self._buffer is not None and self._buffer.add(host):
+            return True
+        if self._buffer is not None:  # what it holds so far becomes the list's first item
+            self.outputs.append(self._buffer.joined())
+        self._rows, self._buffer = None, None
+        return False
+
+    def take(self) -> list[Any]:
+        """The outputs of the batches since the last call, in order (synchronised from CUDA)."""
+        if self.asynchronous and self.outputs:
+            torch.cuda.current_stream().synchronize()
+        taken, self.outputs = self.outputs, []
+        return taken
 
     def joined(self, device: torch.device) -> Any:
         """Every batch's outputs concatenated (a tuple for several outputs, a dict for named ones);
         None for no batch."""
         if self.asynchronous:  # the one sync of a prediction: the copies must have landed
             torch.cuda.synchronize(device)
+        if self._buffer is not None:
+            return self._buffer.joined()
         if not self.outputs:
             return None
         if isinstance(self.outputs[0], tuple):
@@ -40,3 +80,48 @@ class Predictions:
         if isinstance(self.outputs[0], dict):
             return {key: torch.cat([batch[key] for batch in self.outputs]) for key in self.outputs[0]}
         return torch.cat(self.outputs)
+
+
+class _Buffer:
+    """Tensors of the whole prediction's rows, filled batch by batch."""
+
+    def __init__(self, tensors: list[torch.Tensor], rebuild: Callable[[Sequence[torch.Tensor]], Any]) -> None:
+        self.tensors, self.rebuild, self.filled = tensors, rebuild, 0
+
+    @classmethod
+    def of(cls, first: Any, rows: int) -> _Buffer | None:
+        """A buffer shaped after the first batch's outputs (None for a structure it cannot hold)."""
+        parts, rebuild = _flat(first)
+        if not parts or any(part.dim() == 0 for part in parts):
+            return None
+        return cls([torch.empty((rows, *part.shape[1:]), dtype=part.dtype) for part in parts], rebuild)
+
+    def add(self, host: Any) -> bool:
+        parts, _ = _flat(host)
+        if len(parts) != len(self.tensors):
+            return False
+        start, rows = self.filled, parts[0].shape[0] if parts and parts[0].dim() else -1
+        for part, tensor in zip(parts, self.tensors):
+            if part.dim() == 0 or part.shape[0] != rows or part.shape[1:] != tensor.shape[1:]:
+                return False
+            if part.dtype != tensor.dtype or start + rows > len(tensor):
+                return False
+        for part, tensor in zip(parts, self.tensors):
+            tensor[start : start + rows].copy_(part)
+        self.filled += rows
+        return True
+
+    def joined(self) -> Any:
+        """The rows filled so far, in the outputs' structure (views: fewer rows than expected leave
+        the rest of the storage unused)."""
+        return self.rebuild([tensor[: self.filled] for tensor in self.tensors])
+
+
+def _flat(output: Any) -> tuple[list[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """An output's tensors in a list, and the function that puts such a list back in its structure."""
+    if isinstance(output, torch.Tensor):
+        return [output], lambda parts: parts[0]
+    if isinstance(output, tuple):
+        return list(output), tuple
+    keys = list(output)
+    return [output[key] for key in keys], lambda parts: dict(zip(keys, parts))
