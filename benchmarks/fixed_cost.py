@@ -25,7 +25,7 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +109,16 @@ def pairs(count: int, collect: bool = True) -> dict[str, float]:
     }
 
 
-def measure(rows: list[str], count: int) -> list[tuple[str, dict[str, float]]]:
-    results = [("base", pairs(count))]
+def measure(rows: list[str], count: int) -> Iterator[tuple[str, dict[str, float]]]:
+    """``base``, each row, ``base`` again: each as it is measured."""
+    yield "base", pairs(count)
     for row in rows:
         if row == "warm":
-            results.append((row, pairs(count, collect=False)))
+            yield row, pairs(count, collect=False)
             continue
         with switched_off(row):
-            results.append((row, pairs(count)))
-    results.append(("base", pairs(count)))
-    return results
+            yield row, pairs(count)
+    yield "base", pairs(count)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ def test_each_row_runs_and_puts_the_parts_back(fixed_cost, monkeypatch):
     before = {
         (m, n): getattr(importlib.import_module(m), n) for parts in fixed_cost.PARTS.values() for m, n, _ in parts
     }
-    results = fixed_cost.measure(["warm", *fixed_cost.PARTS], count=2)
+    results = list(fixed_cost.measure(["warm", *fixed_cost.PARTS], count=2))
     assert [row for row, _ in results] == ["base", "warm", *fixed_cost.PARTS, "base"]
     assert all(result["ratio"] > 0 and result["fit_us"] > 0 for _, result in results)
     assert {(m, n): getattr(importlib.import_module(m), n) for m, n in before} == before
