@@ -77,6 +77,9 @@ class TestAlignment:
         assert h["flag"] == [1.0] and type(h["flag"][0]) is float
         h.new_epoch()
         assert math.isnan(h["count"][1])  # an epoch without one: nan, as for any key
+        copy = History()
+        copy.load_state_dict(h.state_dict())  # a checkpoint keeps the int
+        assert type(copy["count"][0]) is int and type(copy["train_loss"][0]) is float
 
     def test_record_before_any_epoch_raises(self):
         h = History()

@@ -184,3 +184,16 @@ def test_peak_memory_of_500k_rows_measured_in_a_subprocess(mode):
         assert growth < 2 * batch_output + 64 * mib, growth / mib
     else:
         assert growth < 1.5 * output + 64 * mib, growth / mib
+
+
+@pytest.mark.parametrize("data", [lambda: X, lambda: [X[:20], X[20:]]], ids=["into the whole size", "joined"])
+def test_outputs_are_ordinary_tensors_autograd_and_in_place_edits_take(data):
+    est = estimator()
+    for outputs in [
+        est.predict(data(), batch_size=16) if isinstance(data(), torch.Tensor) else est.predict(data())
+    ] + list(
+        est.predict_batches(data(), batch_size=16) if isinstance(data(), torch.Tensor) else est.predict_batches(data())
+    ):
+        assert not outputs.is_inference()
+        outputs.add_(1)  # in place: refused on an inference tensor
+        nn.functional.mse_loss(nn.Linear(4, 3)(X[: len(outputs)]), outputs).backward()  # saved for backward

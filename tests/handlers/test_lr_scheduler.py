@@ -3,6 +3,7 @@ the lr history, one_cycle's length, exact resume with every kind of scheduler, a
 
 import inspect
 import itertools
+import logging
 import math
 import os
 import re
@@ -14,12 +15,13 @@ from torch import nn
 from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
-from fitforge import Estimator, TrainState
+from fitforge import BatchOutput, BatchProcessor, Estimator, TrainState
 from fitforge.events import BatchBegin, BatchEnd
 from fitforge.exceptions import (
     CancelBatch,
     FitforgeTypeError,
     FitforgeValueError,
+    LossInputError,
     MonitorKeyError,
 )
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
@@ -320,10 +322,12 @@ def test_warmup_as_a_fraction_of_the_fit_and_one_min_lr_per_group():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: LRSchedulerHandler.warmup_cosine(warmup=1.5), "(a float between 0 and 1, e.g. 0.1), got float 1.5"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=1.5), "(a float from 0 to 1, e.g. 0.1), got float 1.5"),
         (lambda: LRSchedulerHandler.warmup_cosine(warmup=-1), "warmup is optimizer steps (an int >= 0)"),
         (lambda: LRSchedulerHandler.warmup_cosine(warmup=True), "got bool True"),
         (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, optimizer="0"), "optimizer must be an index"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, min_lr=-0.1), "min_lr must be a rate >= 0"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, total_steps=9.0), "total_steps must be an int or None"),
     ],
 )
 def test_warmup_cosine_argument_errors(call, message):
@@ -336,8 +340,10 @@ def test_warmup_cosine_errors_at_fit_start_name_the_problem():
     weights = [p.clone() for p in estimator.net.parameters()]
     with pytest.raises(FitforgeValueError, match=r"takes 8 optimizer step\(s\), which leaves no decay after a warm-up"):
         estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=7)])
-    with pytest.raises(FitforgeValueError, match=r"min_lr must be a finite rate >= 0.*got -0.1"):
-        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=2, min_lr=-0.1)])
+    with pytest.raises(
+        FitforgeValueError, match=r"min_lr=0.5 is above the rate it decays from, the optimizer's lr=0.1"
+    ):
+        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=2, min_lr=0.5)])
 
     class NoLen:
         def __iter__(self):
@@ -346,6 +352,65 @@ def test_warmup_cosine_errors_at_fit_start_name_the_problem():
     with pytest.raises(FitforgeValueError, match=r"train_data has no len\(\) and fit was given epochs=2; pass batches"):
         estimator.fit(NoLen(), epochs=2, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=2)])
     assert all(torch.equal(a, b) for a, b in zip(weights, estimator.net.parameters()))
+
+
+def test_warmup_as_a_numpy_int_or_a_fraction_rounds_as_expected():
+    import numpy as np
+
+    estimator, train, _ = linear_problem()  # 8 batches per epoch: 100 steps in 12.5 epochs, so use batches=
+    handler = LRSchedulerHandler.warmup_cosine(warmup=0.29)
+    estimator.fit(train, batches=100, event_handlers=[handler])
+    assert handler.scheduler.warmup_steps == 29  # 0.29 * 100 is 28.999... in floats
+    handler = LRSchedulerHandler.warmup_cosine(warmup=np.int64(3))
+    linear_problem()[0].fit(train, epochs=1, event_handlers=[handler])
+    assert handler.scheduler.warmup_steps == 3
+    assert LRSchedulerHandler.warmup_cosine(warmup=0.0)._recipe.warmup == 0.0  # no warm-up, as warmup=0
+
+
+def test_a_fit_that_fails_before_its_first_step_leaves_the_rates_as_they_were():
+    estimator, train, _ = linear_problem()
+    bad = [(x, y.long().squeeze(1)) for x, y in train]  # integer labels for MSELoss: refused at the first batch
+    with pytest.raises(LossInputError):
+        estimator.fit(bad, epochs=2, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=2)])
+    assert estimator.optimizer.param_groups[0]["lr"] == 0.1  # not the warm-up's first rate, 0
+    with pytest.raises(LossInputError):
+        estimator.fit(bad, epochs=2, event_handlers=[LRSchedulerHandler.one_cycle(max_lr=1.0)])
+    assert estimator.optimizer.param_groups[0]["lr"] == 0.1
+
+
+class TwoTurns(BatchProcessor):
+    """Two optimizers taking turns on the batches of a linear problem."""
+
+    def fit_batch(self, state, batch):
+        output = super().fit_batch(state, batch)
+        return BatchOutput(
+            output.data,
+            output.label,
+            output.pred,
+            output.loss,
+            output.losses,
+            output.batch_size,
+            step=[state.global_step % 2],
+        )
+
+
+def test_optimizers_taking_turns_get_a_warning_and_total_steps_sizes_the_schedule(caplog):
+    def fit(handler):
+        estimator, train, _ = linear_problem()
+        net = estimator.net
+        estimator.optimizers = [torch.optim.SGD([net.weight], lr=0.1), torch.optim.SGD([net.bias], lr=0.1)]
+        estimator.batch_processor = TwoTurns()
+        estimator.fit(train, epochs=2, event_handlers=[handler])
+        return estimator.optimizers[0].param_groups[0]["lr"]
+
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        fit(LRSchedulerHandler.warmup_cosine(warmup=2, min_lr=0.01))
+    assert "optimizer 0 stepped 1 of the fit's first 2 optimizer steps (optimizers taking turns)" in caplog.text
+    assert "give total_steps=N" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        last = fit(LRSchedulerHandler.warmup_cosine(warmup=2, min_lr=0.01, total_steps=8))  # 16 batches, 8 each
+    assert "taking turns" not in caplog.text and last == pytest.approx(0.01)
 
 
 def test_warmup_cosine_lr_on_its_own():

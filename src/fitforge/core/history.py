@@ -121,7 +121,7 @@ class History(Mapping):
 
     def load_state_dict(self, state: dict) -> None:
         """Replace the records with those of :meth:`state_dict`."""
-        self._columns = {k: [float(x) for x in v] for k, v in state["columns"].items()}
+        self._columns = {k: [x if type(x) is int else float(x) for x in v] for k, v in state["columns"].items()}
         self._epochs = int(state["epochs"])
         self._recorded = set(state.get("recorded", ()))  # keys of the last row: a resumed epoch continues it
         self.stop_reason = state.get("stop_reason")
@@ -174,7 +174,8 @@ class History(Mapping):
 
         Args:
             path: where to save a PNG; None only returns the figure.
-            keys: metric names without prefix (default: every ``train_``/``val_`` name).
+            keys: metric names without prefix (default: every ``train_``/``val_`` name but the
+                speeds, ``samples_per_s`` and the like).
 
         Returns:
             the matplotlib Figure.
@@ -187,7 +188,7 @@ class History(Mapping):
         except ImportError as err:  # pragma: no cover - depends on the environment
             raise ImportError("History.plot() needs matplotlib: pip install 'fitforge[plot]'") from err
         available = metric_names(self)
-        names = keys or available
+        names = keys or default_plotted(available)
         if not names:
             raise ValueError(f"nothing to plot: history has no train_/val_ keys (keys: {list(self)})")
         unknown = [name for name in names if name not in available]
@@ -250,6 +251,12 @@ def finish_figure(fig: Any, path: str | Path | None) -> Any:
     if path is not None or in_notebook():
         plt.close(fig)
     return fig
+
+
+def default_plotted(names: list[str]) -> list[str]:
+    """The metric names a plot shows unless asked for others: not the speeds (``samples_per_s``,
+    ``mfu``), which say how fast an epoch ran rather than how the model does."""
+    return [name for name in names if not name.endswith(("_per_s", "mfu"))]
 
 
 def metric_names(columns: Iterable[str]) -> list[str]:

@@ -61,10 +61,11 @@ def _labelless(names: Sequence[str]) -> str:
     return (
         f"the loss {', '.join(names)} compares the net's output with a label, but the batches are data alone (a "
         "tensor, a 1-tuple (x,) as TensorDataset(X) gives, or a dict without a 'labels' or 'label' key). To "
-        "reconstruct the input (an autoencoder), give it as its own label: fit((X, X), batch_size=...) or "
-        "DataLoader(TensorDataset(X, X), ...); for a net that computes its own loss from its inputs (a VAE, "
-        "a language model), Estimator(net, loss=None) with forward returning the loss (a dict {'loss': ...} "
-        "or an object with a loss attribute). A dict batch's label goes under 'labels' (or name its key with "
+        "reconstruct the input (an autoencoder), give it as its own label: fit((X, X), batch_size=...) "
+        "(evaluate((X, X))) or DataLoader(TensorDataset(X, X), ...); for a net that computes its own loss from "
+        "its inputs (a VAE, a language model), Estimator(net, loss=None) with forward returning the loss (a dict "
+        "{'loss': ..., 'logits': ...} or an object with a loss attribute; the logits are what metrics and "
+        "predict read). A dict batch's label goes under 'labels' (or name its key with "
         "BatchProcessor(label_key=...))"
     )
 
@@ -91,18 +92,20 @@ def _sequence_scores(pred: torch.Tensor, label: torch.Tensor) -> bool:
         and not label.is_floating_point()
         and label.dtype != torch.bool
         and label.shape == pred.shape[:2]
-        and pred.shape[1] != pred.shape[2]  # a square one could be either: torch's own error then
+        # as many positions as classes fits both readings: torch takes dim 1 as the classes, silently
+        and pred.shape[1] != pred.shape[2]
     )
 
 
-def _sequence_fix(which: str, pred: torch.Tensor, label: torch.Tensor) -> str:
+def _sequence_fix(which: str, fn: Callable, pred: torch.Tensor, label: torch.Tensor) -> str:
     n, steps, classes = pred.shape
+    name = type(fn).__name__
     return (
         f"{which} takes the class scores on dim 1, (N, C, T), but pred has shape {tuple(pred.shape)} and the class "
         f"labels {tuple(label.shape)}: scores of {classes} classes on the last dim for {steps} positions, as a "
-        f"sequence model returns them. Move the classes to dim 1, logits.transpose(1, 2) (shape ({n}, {classes}, "
-        f"{steps})), in forward or a BatchProcessor.prediction of your own; or flatten both in a loss of your own, "
-        f"loss=lambda pred, label: nn.functional.cross_entropy(pred.reshape(-1, {classes}), label.reshape(-1))"
+        f"sequence model returns them. Move the classes to dim 1 in forward, return logits.transpose(1, 2) (shape "
+        f"({n}, {classes}, {steps})); or flatten both for the loss, keeping its settings: loss = nn.{name}(...), "
+        f"then Estimator(net, lambda pred, label: loss(pred.reshape(-1, {classes}), label.reshape(-1)), ...)"
     )
 
 
@@ -361,7 +364,7 @@ class LossSet:
                     continue  # torch's loss raises on a label out of range (a subclass may not)
                 self._check_classes(i, fn.ignore_index, p, y)
             elif isinstance(fn, _CLASSIFIERS) and _sequence_scores(p, y):
-                raise LossInputError(_sequence_fix(self._which(i), p, y))
+                raise LossInputError(_sequence_fix(self._which(i), fn, p, y))
 
     def _check_elementwise(self, i: int, pred: torch.Tensor, label: torch.Tensor) -> None:
         if pred.shape != label.shape:

@@ -60,11 +60,12 @@ class Predictions:
         return False
 
     def take(self) -> list[Any]:
-        """The outputs of the batches since the last call, in order (synchronised from CUDA)."""
+        """The outputs of the batches since the last call, in order (synchronised from CUDA), as
+        ordinary tensors (call it outside inference mode): what ``predict`` returns, batch by batch."""
         if self.asynchronous and self.outputs:
             torch.cuda.current_stream().synchronize()
         taken, self.outputs = self.outputs, []
-        return taken
+        return [_ordinary(output) for output in taken]
 
     def joined(self, device: torch.device) -> Any:
         """Every batch's outputs concatenated (a tuple for several outputs, a dict for named ones);
@@ -94,7 +95,10 @@ class _Buffer:
         parts, rebuild = _flat(first)
         if not parts or any(part.dim() == 0 for part in parts):
             return None
-        return cls([torch.empty((rows, *part.shape[1:]), dtype=part.dtype) for part in parts], rebuild)
+        with torch.inference_mode(
+            False
+        ):  # ordinary tensors, as joined batches are: autograd and in-place edits take them
+            return cls([torch.empty((rows, *part.shape[1:]), dtype=part.dtype) for part in parts], rebuild)
 
     def add(self, host: Any) -> bool:
         parts, _ = _flat(host)
@@ -115,6 +119,13 @@ class _Buffer:
         """The rows filled so far, in the outputs' structure (views: fewer rows than expected leave
         the rest of the storage unused)."""
         return self.rebuild([tensor[: self.filled] for tensor in self.tensors])
+
+
+def _ordinary(output: Any) -> Any:
+    """``output`` with its inference tensors (made under ``torch.inference_mode``) copied into ordinary
+    ones, which autograd and in-place edits take."""
+    parts, rebuild = _flat(output)
+    return rebuild([part.clone() if part.is_inference() else part for part in parts])
 
 
 def _flat(output: Any) -> tuple[list[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:

@@ -76,6 +76,10 @@ class BatchProcessor:
     Attributes:
         logs: the names the steps give ``state.log(name, value)``, declared so that
             ``train_<name>``/``val_<name>`` are known before training (monitors, CSV columns).
+        record_loss: False leaves the loss the steps return out of ``train_loss``/``val_loss``
+            (and the per-loss means): for a step whose loss means another thing batch by batch
+            (a GAN's discriminator and generator taking turns), which reports its losses by name
+            with ``state.log`` instead. The loss still trains and is still checked.
     """
 
     host_inputs: tuple[int, ...] = ()
@@ -83,6 +87,7 @@ class BatchProcessor:
     label_key: str | None = None
     output_key: str | None = None
     logs: tuple[str, ...] = ()
+    record_loss: bool = True
 
     def __init__(
         self,
@@ -268,6 +273,8 @@ class BatchProcessor:
             return (output, *compute_loss(output, label))
         if state.estimator.loss is None:  # the model's own loss, read from the whole output
             loss, losses = compute_loss(output, label)
+            if self.output_key is None and not _has(output, _MODEL_OUTPUT_KEY):
+                return None, loss, losses  # a net returning its loss alone trains; metrics ask for the logits
             return self.prediction(state, output), loss, losses
         pred = self.prediction(state, output)
         return (pred, *compute_loss(pred, label))
@@ -292,6 +299,11 @@ def _with_label(inputs: Inputs, label: Any, key: str) -> Inputs:
     if isinstance(inputs, dict):
         return {**inputs, key: label}
     return (*inputs, *(label if isinstance(label, tuple) else (label,)))
+
+
+def _has(output: Any, key: str) -> bool:
+    """Whether a net's dict or ``ModelOutput``-like output holds ``key`` (not None)."""
+    return (output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)) is not None
 
 
 def _keys(output: Any) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import numbers
 import warnings
 from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
-from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.history import numbered_key
 from fitforge.core.monitor import Monitor, infer_mode
 from fitforge.core.roles import Accumulating, Monitoring, players
@@ -23,7 +24,7 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 _LENGTH_ARGS = {"total_steps", "epochs", "steps_per_epoch"}
 
 
-class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring):
+class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
     ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by
@@ -70,6 +71,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
         "handlers",
         "batch_idx",
         "epoch_finished",
+        "resumed",
     )
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
 
@@ -118,6 +120,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
         self._updater: Accumulating | None = None  # which counts each optimizer's steps
         self._index = 0  # of its optimizer in estimator.optimizers
         self._pending: dict | None = None  # a state loaded before a one-cycle scheduler was built
+        self._rates: list[float] | None = None  # the rates before a fit built the schedule, until it steps
+        self._warned_turns = False
+        self._started_at = 0  # its optimizer's steps when the fit's first epoch began
 
     @classmethod
     def one_cycle(cls, max_lr: float | list[float], optimizer: int = 0, **onecycle_kwargs: Any) -> LRSchedulerHandler:
@@ -156,7 +161,11 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
 
     @classmethod
     def warmup_cosine(
-        cls, warmup: int | float, min_lr: float | list[float] = 0.0, optimizer: int = 0
+        cls,
+        warmup: int | float,
+        min_lr: float | list[float] = 0.0,
+        optimizer: int = 0,
+        total_steps: int | None = None,
     ) -> LRSchedulerHandler:
         """Linear warm-up from 0 to each parameter group's ``lr``, then cosine decay to ``min_lr``,
         reached exactly at the fit's last optimizer step (a :class:`~fitforge.core.schedules.WarmupCosineLR`
@@ -170,26 +179,47 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
         Args:
             warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps
                 (a float in (0, 1), rounded down).
-            min_lr: the rate at the last step (one per parameter group, or one for all).
+            min_lr: the rate at the last step (one per parameter group, or one for all), below the
+                rate it decays from.
             optimizer: the index of the optimizer in ``estimator.optimizers``.
+            total_steps: the optimizer's steps in the fit, where they cannot be counted: with
+                several optimizers stepped by turns (``BatchOutput.step``), each steps on some
+                batches only (without it, a warning says so after the first steps).
+
+        A later fit without a schedule trains at the rate this one left (``min_lr``): call
+        ``estimator.set_lr(...)`` first. A fit that fails before its first step leaves the rates
+        as they were.
 
         Raises:
             FitforgeValueError: at fit start, when the fit's length cannot be known (data without
                 ``len()`` and ``epochs=N``: pass ``batches=N``) or leaves no step after the warm-up.
         """
-        integer = isinstance(warmup, int) and not isinstance(warmup, bool)
-        fraction = isinstance(warmup, float) and 0 < warmup < 1
+        integer = isinstance(warmup, numbers.Integral) and not isinstance(warmup, bool)
+        fraction = isinstance(warmup, float) and 0 <= warmup < 1
         if not ((integer and warmup >= 0) or fraction):
             raise FitforgeValueError(
                 "LRSchedulerHandler.warmup_cosine: warmup is optimizer steps (an int >= 0) or a fraction of the "
-                f"fit's steps (a float between 0 and 1, e.g. 0.1), got {describe(warmup)}"
+                f"fit's steps (a float from 0 to 1, e.g. 0.1), got {describe(warmup)}"
+            )
+        lows = min_lr if isinstance(min_lr, (list, tuple)) else [min_lr]
+        if not lows or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in lows):
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.warmup_cosine: min_lr must be a rate >= 0, or one per parameter group, "
+                f"got {describe(min_lr)}"
+            )
+        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)):
+            raise FitforgeTypeError(
+                f"LRSchedulerHandler.warmup_cosine: total_steps must be an int or None, got {describe(total_steps)}"
             )
         _check_index("warmup_cosine", optimizer)
-        return cls(_WarmupCosine(warmup, min_lr, optimizer), interval="batch")
+        steps = int(warmup) if integer else warmup
+        return cls(_WarmupCosine(steps, min_lr, optimizer, total_steps), interval="batch")
 
     def train_begin(self, state: TrainState) -> None:
         self._steps_seen = None  # set at the first epoch_begin, after a resume may have restored it
         if self._recipe is not None:  # rebuilt per fit: before CheckpointHandler (persist) loads the optimizer
+            groups = _optimizer(self._recipe.method, self._recipe.index, state).param_groups
+            self._rates, self._warned_turns = [group["lr"] for group in groups], False
             self.scheduler = self._recipe.build(state)
             if self._pending is not None:
                 self.load_state_dict(self._pending)
@@ -221,7 +251,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
 
     def epoch_begin(self, state: TrainState) -> None:
         if self._steps_seen is None:  # the fit's first epoch, after any resume: before its first step
-            self._steps_seen = self._own_steps(state)
+            self._steps_seen = self._started_at = self._own_steps(state)
             if isinstance(self.scheduler, OneCycleLR) and self._recipe is None:
                 self._check_cycle_length(state)
 
@@ -283,6 +313,17 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
             for i, optimizer in enumerate(state.estimator.optimizers):  # the keys the loop records
                 state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
 
+    def train_end(self, state: TrainState) -> None:
+        """A fit that took no step with a schedule it built (it failed at its first batch, say) gives
+        the optimizer its rates back: the schedule's first rate (0 for a warm-up) would else stay
+        for the next fit."""
+        rates, self._rates = self._rates, None
+        stepped = self._steps_seen is not None and self._own_steps(state) > self._started_at
+        if rates is None or state.resumed or stepped:
+            return
+        for group, rate in zip(self.scheduler.optimizer.param_groups, rates):
+            group["lr"] = rate
+
     def _own_steps(self, state: TrainState) -> int:
         """The steps its optimizer took: every optimizer step, unless several optimizers step by turns."""
         if self._updater is None:
@@ -291,11 +332,31 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Monitoring)
 
     def _follow_steps(self, state: TrainState) -> None:
         scheduler, seen, steps = self.scheduler, self._steps_seen or 0, self._own_steps(state)
+        if self._updater is not None and not self._warned_turns and self._recipe is not None:
+            self._warn_if_turns(state, steps)
         for _ in range(steps - seen):
             if self._recipe is not None and scheduler.last_epoch >= scheduler.total_steps - 1:
                 break  # at the cycle's end (the fit's last step, or a cancelled batch's extra one)
             self._step()
         self._steps_seen, self._batches_seen = steps, state.optimizer_steps
+
+    def _warn_if_turns(self, state: TrainState, steps: int) -> None:
+        """A schedule sized to every optimizer step, whose optimizer steps only on some batches
+        (optimizers taking turns), would end part-way: say so once, with the fix."""
+        recipe = self._recipe
+        if recipe is None or recipe.sized or state.optimizer_steps < 2 or steps == state.optimizer_steps:
+            return
+        self._warned_turns = True
+        log.warning(
+            "LRSchedulerHandler.%s: optimizer %d stepped %d of the fit's first %d optimizer steps (optimizers "
+            "taking turns), but the schedule spans all %d of the fit's steps, so it will end part-way; give "
+            "total_steps=N (this optimizer's steps in the fit)",
+            recipe.method,
+            self._index,
+            steps,
+            state.optimizer_steps,
+            self.scheduler.total_steps,
+        )
 
     def _step_epoch(self, state: TrainState) -> bool:
         if self._monitor is None:
@@ -372,10 +433,11 @@ def _optimizer(method: str, index: int, state: TrainState) -> Any:
 class _OneCycle:
     """What :meth:`LRSchedulerHandler.one_cycle` builds at fit start, once the fit's length is known."""
 
-    name = "OneCycleLR"
+    name, method = "OneCycleLR", "one_cycle"
 
     def __init__(self, max_lr: Any, index: int, kwargs: dict[str, Any]) -> None:
         self.max_lr, self.index, self.kwargs = max_lr, index, kwargs
+        self.sized = bool(_LENGTH_ARGS & kwargs.keys())  # its length given: nothing to warn of
 
     def build(self, state: TrainState) -> OneCycleLR:
         optimizer, kwargs = _optimizer("one_cycle", self.index, state), dict(self.kwargs)
@@ -395,20 +457,30 @@ class _OneCycle:
 class _WarmupCosine:
     """What :meth:`LRSchedulerHandler.warmup_cosine` builds at fit start, once the fit's length is known."""
 
-    name = "WarmupCosineLR"
+    name, method = "WarmupCosineLR", "warmup_cosine"
 
-    def __init__(self, warmup: int | float, min_lr: Any, index: int) -> None:
-        self.warmup, self.min_lr, self.index = warmup, min_lr, index
+    def __init__(self, warmup: int | float, min_lr: Any, index: int, total_steps: int | None) -> None:
+        self.warmup, self.min_lr, self.index, self.total_steps = warmup, min_lr, index, total_steps
+        self.sized = total_steps is not None
 
     def build(self, state: TrainState) -> WarmupCosineLR:
         optimizer = _optimizer("warmup_cosine", self.index, state)
-        total = fit_steps(state, "warmup_cosine")
-        warmup = self.warmup if isinstance(self.warmup, int) else int(self.warmup * total)
+        total = self.total_steps or fit_steps(state, "warmup_cosine", "pass batches=N to fit, or total_steps=N")
+        # A fraction of the steps, rounded down (a product a hair under a whole number counts as it)
+        warmup = self.warmup if isinstance(self.warmup, int) else math.floor(self.warmup * total + 1e-9)
         if total < warmup + 2:
             raise FitforgeValueError(
                 f"LRSchedulerHandler.warmup_cosine: this fit takes {total} optimizer step(s), which leaves no decay "
                 f"after a warm-up of {warmup}: the peak is at step {warmup} and min_lr at the last step; use a "
                 "shorter warm-up or a longer fit"
+            )
+        peaks = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        lows = self.min_lr if isinstance(self.min_lr, (list, tuple)) else [self.min_lr] * len(peaks)
+        above = [(low, peak) for low, peak in zip(lows, peaks) if isinstance(low, (int, float)) and low > peak]
+        if above:
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.warmup_cosine: min_lr={above[0][0]} is above the rate it decays from, the "
+                f"optimizer's lr={above[0][1]}: give a min_lr below each parameter group's lr"
             )
         try:
             return WarmupCosineLR(optimizer, warmup, total, self.min_lr)
