@@ -64,6 +64,7 @@ class TakeTurns(BatchProcessor):
     """Even batches step the discriminator (optimizer 0), odd ones the generator (optimizer 1)."""
 
     logs = ("d_loss", "g_loss")  # declared: known to monitors and CSV columns before training
+    record_loss = False  # a mean of alternating D and G losses means nothing: the History has the two by name
 
     def fit_batch(self, state, batch) -> BatchOutput:
         real = batch[0].to(state.estimator.device)

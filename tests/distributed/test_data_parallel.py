@@ -242,6 +242,9 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch(runs):
     # The loss and metrics, reduced over both ranks' halves, are the single process's.
     assert ranks[0]["history"] == ranks[1]["history"]
     assert close(ranks[0]["history"], single["history"])
+    # Throughput is the job's: every rank's samples (the whole data each epoch), the same on every rank.
+    assert ranks[0]["samples"] == ranks[1]["samples"] == single["samples"] > 0
+    assert ranks[0]["samples_per_s"] == ranks[1]["samples_per_s"] and min(ranks[0]["samples_per_s"]) > 0
 
 
 def test_evaluate_returns_the_same_reduced_dict_on_every_rank(runs):

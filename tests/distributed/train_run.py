@@ -31,7 +31,7 @@ from fitforge import BatchProcessor, Estimator
 from fitforge.distributed.ranks import rank
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.exceptions import CancelFit
-from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler
+from fitforge.handlers import CheckpointHandler, CSVLoggerHandler, LambdaHandler, ThroughputHandler
 
 out, config = Path(sys.argv[1]), json.loads(sys.argv[2])
 if config.get("agree_every"):  # a fixed interval: every proposal is the largest allowed
@@ -134,6 +134,8 @@ handlers.append(
     )
 )
 
+throughput = ThroughputHandler(flops=False)  # the default's class: it replaces it, and tells its count
+handlers.append(throughput)
 result: dict = {"rank": me, "world": world, "restarts": restarts}
 if config.get("finetune"):  # DDP made with the first layer frozen syncs no gradient of it: fit wraps anew
     estimator.fit(train, epochs=1, default_handlers=False)
@@ -142,7 +144,10 @@ try:
     history = estimator.fit(
         train, val_data=val, epochs=config.get("epochs"), batches=config.get("batches"), event_handlers=handlers
     )
-    result["history"] = {key: history[key] for key in history if key.startswith(("train_", "val_"))}
+    values = [key for key in history if key.startswith(("train_", "val_"))]
+    result["history"] = {key: history[key] for key in values if not key.endswith("_per_s")}  # speeds differ by run
+    result["samples_per_s"] = history.get("train_samples_per_s")
+    result["samples"] = throughput.samples
     result["evaluate"] = estimator.evaluate(val)
     predictions = estimator.predict(val)
     result["predict"] = None if predictions is None else predictions.tolist()

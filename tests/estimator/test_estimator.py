@@ -47,7 +47,15 @@ def test_classifier_learns_and_history_has_default_accuracy():
     net = nn.Linear(5, 3)
     est = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.05), device="cpu")
     history = est.fit(classification_batches(), val_data=classification_batches(seed=1), epochs=15)
-    assert set(history) == {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "epoch_time"}
+    assert set(history) == {
+        "train_loss",
+        "train_accuracy",
+        "train_samples_per_s",
+        "val_loss",
+        "val_accuracy",
+        "lr",
+        "epoch_time",
+    }
     assert history["val_accuracy"][-1] > 0.9 and history["train_loss"][-1] < history["train_loss"][0]
 
 
@@ -409,12 +417,14 @@ def test_monitor_naming_an_unknown_key_lists_the_available_keys():
         MonitorKeyError,
         match=re.escape(
             "Monitors monitors 'val_acc', which this run will not "
-            "produce; available keys: train_loss, train_mae, val_loss, "
+            "produce; available keys: train_loss, train_mae, train_samples_per_s, val_loss, "
             "val_mae, lr, epoch_time"
         ),
     ):
         est.fit(regression_batches(), val_data=regression_batches(), epochs=1, event_handlers=[Monitors("val_acc")])
-    with pytest.raises(MonitorKeyError, match="available keys: train_loss, train_mae, lr, epoch_time"):
+    with pytest.raises(
+        MonitorKeyError, match="available keys: train_loss, train_mae, train_samples_per_s, lr, epoch_time"
+    ):
         est.fit(regression_batches(), epochs=1, event_handlers=[Monitors("val_loss")])
     est.fit(regression_batches(), val_data=regression_batches(), epochs=1, event_handlers=[Monitors("val_mae")])
 
@@ -444,6 +454,7 @@ def test_history_keys_reflect_losses_metrics_and_optimizers():
         "train_loss_0",
         "train_loss_1",
         "train_accuracy",
+        "train_samples_per_s",
         "val_loss",
         "val_loss_0",
         "val_loss_1",

@@ -68,6 +68,7 @@ def test_two_heads_trained_by_name():
         "train_reg_loss",
         "train_cls_accuracy",
         "train_reg_mae",
+        "train_samples_per_s",
         "val_loss",
         "val_cls_loss",
         "val_reg_loss",
@@ -120,6 +121,7 @@ def test_a_weight_left_out_weighs_one():
 def test_metric_forms_per_output(metrics, keys):
     est = estimator(train_metrics=metrics)
     assert est.history_keys() == ["train_loss", "train_cls_loss", "train_reg_loss", *("train_" + k for k in keys)] + [
+        "train_samples_per_s",
         "lr",
         "epoch_time",
     ]
@@ -385,7 +387,7 @@ def test_positional_metric_names_chosen_by_the_user_keep_no_index():
 
 def test_positional_metric_names_chosen_twice_get_their_index():
     est = positional({0: {"score": "accuracy"}, 1: {"score": "mae", "err": "mse"}})
-    assert est.history_keys()[3:-2] == ["train_score_0", "train_score_1", "train_err"]
+    assert est.history_keys()[3:-3] == ["train_score_0", "train_score_1", "train_err"]
 
 
 def test_a_dict_batch_with_a_dict_label():

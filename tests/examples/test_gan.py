@@ -14,6 +14,7 @@ def test_the_gan_learns_the_ring_and_logs_both_losses(tmp_path, capsys):
     history, good, covered = load_example("gan").main(["--epochs", "30", "--plot", str(tmp_path / "gan.png")])
     assert good >= 0.5 and covered >= 6  # 0.66 and 7 of 8 at 30 epochs; a collapsed GAN covers 1 or 2
     assert {"train_d_loss", "train_g_loss"} <= set(history) and len(history["train_d_loss"]) == 30
+    assert "train_loss" not in history  # the mean of alternating D and G losses is left out (record_loss=False)
     assert (tmp_path / "gan.png").stat().st_size > 1000
     assert "blobs covered" in capsys.readouterr().out
 

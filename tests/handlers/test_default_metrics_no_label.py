@@ -54,7 +54,7 @@ def test_a_default_metric_is_left_out_when_the_step_returns_no_label(caplog, los
     assert [s.name for s in est.train_metrics] == [name] and est.train_metrics[0].inferred
     with caplog.at_level(logging.INFO, logger="fitforge"):
         history = est.fit(data, val_data=data, epochs=2)
-    assert set(history) == {"train_loss", "val_loss", "lr", "epoch_time"}
+    assert set(history) == {"train_loss", "train_samples_per_s", "val_loss", "lr", "epoch_time"}
     left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert left_out == [  # validation's first batch is checked before training's
         f"the default metric {name!r} ({kind}, inferred from the loss) is left out of {phase}: the step "
@@ -73,7 +73,7 @@ def test_a_default_left_out_gets_no_csv_column(tmp_path):
 
     est = estimator(nn.BCEWithLogitsLoss(), 1, batch_processor=NoLabel())
     est.fit(BINARY, epochs=1, event_handlers=[CSVLoggerHandler(tmp_path / "log.csv")])
-    assert (tmp_path / "log.csv").read_text().splitlines()[0] == "epoch,epoch_time,lr,train_loss"
+    assert (tmp_path / "log.csv").read_text().splitlines()[0] == "epoch,epoch_time,lr,train_loss,train_samples_per_s"
 
 
 def test_a_default_metric_that_cannot_take_the_first_label_is_left_out(caplog):

@@ -123,7 +123,7 @@ def test_unknown_monitor_is_an_error_before_training():
     with pytest.raises(
         MonitorKeyError,
         match="monitors 'val_acc', which this run will not produce; "
-        "available keys: train_loss, train_mae, val_loss, val_mae",
+        "available keys: train_loss, train_mae, train_samples_per_s, val_loss, val_mae",
     ):
         estimator.fit(train, val_data=val, epochs=1, event_handlers=[EarlyStoppingHandler("val_acc")])
 
@@ -292,7 +292,7 @@ def test_a_misspelt_monitor_is_answered_with_the_nearest_key():
     estimator, train, val = linear_problem()
     with pytest.raises(MonitorKeyError) as info:
         estimator.fit(train, val_data=val, epochs=1, event_handlers=[EarlyStoppingHandler("val_mea")])
-    assert "available keys: train_loss, train_mae, val_loss, val_mae, " in str(info.value)
+    assert "available keys: train_loss, train_mae, train_samples_per_s, val_loss, val_mae, " in str(info.value)
     assert ". Did you mean 'val_mae'? A value a step logs with state.log('mea', ...)" in str(info.value)
 
 

@@ -205,7 +205,9 @@ def test_logging_handler_epoch_lines_and_summary(caplog):
     assert lines[0] == "Model: Linear, 2 parameters (2 trainable), 8 B, on cpu, float32"
     assert lines[1] == "Training for 2 epochs, 2 batches per epoch"
     assert re.fullmatch(
-        r"\[Epoch 1/2\] train_loss=\d+\.\d+ train_mae=\S+ val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)", lines[2]
+        r"\[Epoch 1/2\] train_loss=\d+\.\d+ train_mae=\S+ train_samples_per_s=\d+ "
+        r"val_loss=\S+ val_mae=\S+ \(\d+\.\ds\)",
+        lines[2],
     )
     assert lines[-1].startswith("Finished: 2 epochs, 4 batches in ") and "(reached epochs=2)" in lines[-1]
 

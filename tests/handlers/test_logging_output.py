@@ -73,9 +73,9 @@ def test_a_nan_loss_shows_in_the_line_and_summary_with_one_warning(caplog):
         make_estimator().fit(regression_batches(2), epochs=3, event_handlers=[NanFrom(1)])
     lines = [r.getMessage() for r in caplog.records]
     epoch_lines = [line for line in lines if line.startswith("[Epoch")]
-    assert re.match(r"\[Epoch 1/3\] train_loss=\d\S* train_mae=\S+ \(", epoch_lines[0])
-    assert epoch_lines[1].startswith("[Epoch 2/3] train_loss=nan train_mae=nan (")
-    assert epoch_lines[2].startswith("[Epoch 3/3] train_loss=nan train_mae=nan (")
+    assert re.match(r"\[Epoch 1/3\] train_loss=\d\S* train_mae=\S+ train_samples_per_s=\d+ \(", epoch_lines[0])
+    assert epoch_lines[1].startswith("[Epoch 2/3] train_loss=nan train_mae=nan train_samples_per_s=")
+    assert epoch_lines[2].startswith("[Epoch 3/3] train_loss=nan train_mae=nan train_samples_per_s=")
     assert lines[-1].endswith("Final: train_loss=nan train_mae=nan")  # not epoch 1's finite value
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1  # once a fit, at the first epoch it happens

@@ -135,7 +135,10 @@ def test_the_log_line_and_the_running_values_show_named_values(caplog):
         )
     lines = [r.getMessage() for r in caplog.records]
     epoch_lines = [line for line in lines if line.startswith("[Epoch 2/2]")]
-    assert re.search(r"train_g_loss=\S+ val_loss=\S+ val_mae=\S+ val_g_loss=\S+ train_d_loss=0\.5000", epoch_lines[0])
+    assert re.search(
+        r"train_g_loss=\S+ train_samples_per_s=\S+ val_loss=\S+ val_mae=\S+ val_g_loss=\S+ train_d_loss=0\.5000",
+        epoch_lines[0],
+    )
     assert "train_g_loss=" in next(line for line in lines if line.startswith("[Epoch 1/2 Batch 3]"))  # running values
     assert "train_d_loss=0.5000" in lines[-1]  # the final summary
     caplog.clear()
@@ -262,3 +265,32 @@ def test_a_checkpoint_without_named_sums_still_loads():
     values = fresh.compute()
     assert values["train_loss"] == pytest.approx(float(saved["loss"]["sum"] / saved["loss"]["count"]))
     assert "train_g" not in values  # restarts: the old checkpoint has no sums for it, and no value came yet
+
+
+class NamedOnly(BatchProcessor):
+    """Reports its loss by name only: the loss it returns stays out of train_loss and val_loss."""
+
+    logs = ("part",)
+    record_loss = False
+
+    def fit_batch(self, state, batch):
+        out = super().fit_batch(state, batch)
+        state.log("part", out.loss.detach())
+        return out
+
+    def evaluate_batch(self, state, batch):
+        out = super().evaluate_batch(state, batch)
+        state.log("part", out.loss)
+        return out
+
+
+def test_a_step_can_leave_its_loss_out_and_report_named_losses_only():
+    est = make_estimator(batch_processor=NamedOnly())
+    keys = est.history_keys(validation=True)
+    assert "train_loss" not in keys and "val_loss" not in keys and {"train_part", "val_part"} <= set(keys)
+    history = est.fit(TRAIN, val_data=VAL, epochs=2)
+    assert "train_loss" not in history and "val_loss" not in history
+    assert history["train_part"][0] > history["train_part"][1] > 0  # the loss still trains
+    assert "val_loss" not in est.evaluate(VAL) and "val_part" in est.evaluate(VAL)
+    with_loss = make_estimator().fit(TRAIN, epochs=1)
+    assert "train_loss" in with_loss  # the default records it

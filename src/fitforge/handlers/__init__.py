@@ -15,6 +15,7 @@ from fitforge.handlers.progress_bar import ProgressBarHandler
 from fitforge.handlers.stopping import StoppingHandler
 from fitforge.handlers.tensorboard import TensorBoardHandler
 from fitforge.handlers.throttle import throttle
+from fitforge.handlers.throughput import ThroughputHandler
 from fitforge.handlers.validation import ValidationHandler
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ProgressBarHandler",
     "StoppingHandler",
     "TensorBoardHandler",
+    "ThroughputHandler",
     "ValidationHandler",
     "throttle",
 ]

@@ -15,6 +15,7 @@ from fitforge.handlers.logging import LoggingHandler
 from fitforge.handlers.metric import MetricHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler, interactive
 from fitforge.handlers.stopping import StoppingHandler
+from fitforge.handlers.throughput import ThroughputHandler
 from fitforge.handlers.validation import ValidationHandler
 
 
@@ -44,7 +45,7 @@ def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = Tr
         raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
     defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler()]
     if default_handlers:
-        defaults.append(MetricHandler())
+        defaults += [MetricHandler(), ThroughputHandler(flops=False)]
     if val_data is not None:
         defaults.append(ValidationHandler(val_data))
     if default_handlers:

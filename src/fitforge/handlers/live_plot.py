@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fitforge.core.events import EpochEnd, Stage, TrainBegin
-from fitforge.core.history import draw_history, figure_size, in_notebook, metric_names
+from fitforge.core.history import default_plotted, draw_history, figure_size, in_notebook, metric_names
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.handlers.defaults import run_keys, unknown_val_keys
@@ -34,8 +34,8 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         path: the PNG file. None: none in a notebook, else ``fitforge-live.png`` in the current
             directory (logged at fit start).
         keys: metric names without prefix (``["loss", "accuracy"]``), as for ``History.plot``;
-            None: every ``train_``/``val_`` name. A name appears from the first epoch that
-            records it (validation every second epoch, say).
+            None: every ``train_``/``val_`` name but the speeds (``samples_per_s``...). A name
+            appears from the first epoch that records it (validation every second epoch, say).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'fitforge[plot]'``).
@@ -96,7 +96,7 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         if state.phase != "train":
             return
         available = metric_names(state.history)
-        names = [name for name in self.keys or available if name in available]
+        names = [name for name in self.keys or default_plotted(available) if name in available]
         if not names:
             return
         figure = self._figure(figsize=figure_size(len(names)))

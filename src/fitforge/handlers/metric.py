@@ -106,8 +106,15 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         those of the names the batch processor declares in ``logs`` included (checked here)."""
         prefix = _PREFIX.get(phase, phase + "_")
         named = self._named_means(estimator, phase, prefix)
-        reserved = list(named.reserved)
-        return [prefix + name for name in [*reserved, *(n for n in named.means if n not in reserved)]]
+        reserved = [name for name in named.reserved if name not in self._unrecorded(estimator, phase)]
+        return [prefix + name for name in [*reserved, *(n for n in named.means if n not in named.reserved)]]
+
+    @staticmethod
+    def _unrecorded(estimator: Any, phase: str) -> tuple[str, ...]:
+        """The loss names a step that leaves its loss out (``BatchProcessor.record_loss = False``) does not record."""
+        if getattr(estimator.batch_processor, "record_loss", True):
+            return ()
+        return ("loss", *part_keys(estimator.output_keys(phase)))
 
     def _named_means(self, estimator, phase: str, prefix: str) -> NamedMeans:
         """Fresh means for the declared names; the loss's and the metrics' names are reserved."""
@@ -125,7 +132,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
             slot.metric.to(estimator.device)
         self._loss = Mean()
         outputs = estimator.output_keys(state.phase)
-        self._part_keys = part_keys(outputs)
+        self._records_loss = getattr(estimator.batch_processor, "record_loss", True)
+        self._part_keys = part_keys(outputs) if self._records_loss else ()
         self._parts = [Mean() for _ in self._part_keys]
         self._several = _BY_NAME if any(isinstance(key, str) for key in outputs) else _BY_POSITION
         self._named = self._named_means(estimator, state.phase, self.prefix)
@@ -157,7 +165,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         if self._inbox:  # the one check the named values cost a batch that logs none
             self._named.take(self._inbox, self._device)
         out: Any = state.output
-        self._loss.update(out.loss, out.batch_size)
+        if self._records_loss:
+            self._loss.update(out.loss, out.batch_size)
         if self._parts:
             for mean, part in zip(self._parts, out.losses):
                 mean.update(part, out.batch_size)
@@ -304,7 +313,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         return self._values(local=several_ranks())
 
     def _values(self, local: bool) -> dict[str, float]:
-        values = {self.prefix + "loss": self._loss.value()}
+        values = {self.prefix + "loss": self._loss.value()} if self._records_loss else {}
         for key, mean in zip(self._part_keys, self._parts):
             values[self.prefix + key] = mean.value()
         for slot in self.slots:
@@ -326,7 +335,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         if self._inbox:  # logged by handlers after this one's batch_end, or in an earlier epoch_end hook
             self._named.take(self._inbox, self._device)
         # Under torch.distributed every rank holds its share of the sums: totals over all ranks first.
-        sums: list[SumCountMetric] = [self._loss, *self._parts, *self._named.in_order()]
+        sums: list[SumCountMetric] = [*([self._loss] if self._records_loss else []), *self._parts]
+        sums += self._named.in_order()
         sums += [s.metric for s in self.slots if isinstance(s.metric, SumCountMetric)]
         with reduced_sums(sums):
             values = self._values(local=False)

@@ -165,3 +165,44 @@ def merge_metric_state(metric: Any, state: dict[str, Any]) -> None:
     metric.merge_state(state["states"])
     metric._update_count += state["updates"]
     metric._computed = None
+
+
+class Tally(SumCountMetric):
+    """A count and a total of a run's batches (samples, and tokens where the batches hold some) that
+    :func:`fitforge.metrics.reduction.reduced_sums` totals over ranks like any sum. A total given as
+    a tensor stays on its device (nothing is read per batch); one given as an int on the host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._host_total = 0
+        self.totalled = False  # whether any batch gave a total
+
+    def add(self, count: int, total: torch.Tensor | int | None = None) -> None:
+        self._count += count  # an int: counts are given as ints
+        if total is None:
+            return
+        self.totalled = True
+        if isinstance(total, torch.Tensor):
+            self._sum = total.to(torch.int64) if self._sum is None else self._sum.add_(total)
+        else:
+            self._host_total += total
+
+    def fold(self) -> None:
+        """Put the host part of the total into the sum (before a reduction or a read)."""
+        if self._host_total:
+            extra = torch.tensor(self._host_total, dtype=torch.int64)
+            self._sum = extra if self._sum is None else self._sum + extra.to(self._sum.device)
+            self._host_total = 0
+
+    def reset(self) -> None:
+        super().reset()
+        self._host_total, self.totalled = 0, False
+
+    @property
+    def count(self) -> int:
+        return int(self._count)
+
+    def total(self) -> int:
+        """The total (a read to the host when it is on a device)."""
+        self.fold()
+        return 0 if self._sum is None else int(self._sum)

@@ -86,8 +86,11 @@ def raised(error: BaseException | None) -> str:
     return f"{name}: {message}"
 
 
+_SPEEDS = ("_per_s", "_mfu")  # how fast an epoch ran, not what the weights do: left out of the summary
+
+
 def _reported(history: History) -> list[str]:
-    return [key for key in history if key.startswith(("train_", "val_"))]
+    return [key for key in history if key.startswith(("train_", "val_")) and not key.endswith(_SPEEDS)]
 
 
 def _row(history: History, epoch: int) -> dict[str, float]:

@@ -1,0 +1,184 @@
+"""ThroughputHandler: samples (and tokens) per second of each training epoch; with FLOPs counted,
+FLOP/s and model FLOPs utilisation (MFU)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from fitforge.core.events import (
+    BackwardEnd,
+    BatchBegin,
+    BatchEnd,
+    EpochBegin,
+    EpochEnd,
+    Event,
+    Stage,
+    TrainBegin,
+    TrainEnd,
+)
+from fitforge.core.peak_flops import peak_flops, precision_of
+from fitforge.core.roles import KeyRecording
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.metrics.base import Tally
+from fitforge.metrics.reduction import reduced_sums
+
+log = logging.getLogger("fitforge")
+
+
+class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd, KeyRecording):
+    """Record each training epoch's throughput in the History (and so in the epoch's line and every
+    logger): ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold tokens
+    (the non-padding tokens of an ``attention_mask``, else every token of integer ``input_ids``).
+
+    The time is the epoch's training time, from its ``epoch_begin`` to its ``epoch_end`` after the
+    metrics' values were read (on a GPU, the read that waits for the epoch's last batch), before
+    validation. Nothing is read to the host per batch: tokens are summed on the device. Under
+    torch.distributed the figures are the whole job's (every rank's samples over the slowest
+    rank's time: the same on every rank).
+
+    ``fit`` runs one by default, counting samples and tokens only. Pass ``ThroughputHandler()``
+    yourself to add ``train_flops_per_s``: the FLOPs of one training step (forward and backward)
+    are counted once, on the first batch, with torch's FLOP counter
+    (:class:`torch.utils.flop_counter.FlopCounterMode`), and taken to be every batch's. With a
+    device peak, from ``peak_flops`` or the table of common GPUs
+    (:mod:`fitforge.core.peak_flops`, dense, for the estimator's precision), it adds
+    ``train_mfu``: the FLOP/s of one device over its peak. Where the peak is not known (a CPU)
+    MFU is left out, with one info line.
+
+    Args:
+        flops: count the FLOPs of a step (FLOP/s, and MFU where the peak is known).
+        peak_flops: the dense peak of one device in FLOP/s (e.g. ``989e12``), instead of the table's.
+
+    Attributes:
+        samples: the last epoch's samples, every rank's.
+        step_flops: the FLOPs of one training step on this rank, once counted (None before).
+    """
+
+    priority = Stage.THROUGHPUT  # after the metrics' read at epoch end, before validation
+    reads = ("estimator", "phase", "output", "history")
+    writes = ("history",)
+
+    def __init__(self, flops: bool = True, peak_flops: float | None = None) -> None:
+        if not isinstance(flops, bool):
+            raise FitforgeTypeError(f"ThroughputHandler: flops must be True or False, got {describe(flops)}")
+        if peak_flops is not None and (
+            isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0
+        ):
+            raise FitforgeValueError(
+                f"ThroughputHandler: peak_flops is a device's peak in FLOP/s (e.g. 989e12), got {describe(peak_flops)}"
+            )
+        if peak_flops is not None and not flops:
+            raise FitforgeValueError("ThroughputHandler: peak_flops gives MFU, which needs flops=True")
+        self.flops, self.peak_flops = flops, peak_flops
+        events = [Event.EPOCH_BEGIN, Event.BATCH_END, Event.EPOCH_END]
+        if flops:  # the first batch's step is counted between its batch_begin and its backward_end
+            events += [Event.TRAIN_BEGIN, Event.BATCH_BEGIN, Event.BACKWARD_END, Event.TRAIN_END]
+        self.handled_events = tuple(events)
+        self._tally, self._batches = Tally(), Tally()
+        self._started = 0.0
+        self._counter: FlopCounterMode | None = None
+        self.step_flops: int | None = None  # FLOPs of one training step, once counted
+        self.samples = 0  # the last epoch's samples, every rank's
+        self._peak: float | None = None
+
+    def history_keys(self, estimator: Any, phase: str) -> list[str]:
+        """``train_samples_per_s`` (and the FLOP keys when counted); tokens show once batches hold some."""
+        if phase != "train":
+            return []
+        keys = ["train_samples_per_s"]
+        if self.flops:
+            keys.append("train_flops_per_s")
+            if (self.peak_flops or peak_flops(estimator.device, estimator.autocast_dtype)) is not None:
+                keys.append("train_mfu")
+        return keys
+
+    def train_begin(self, state: TrainState) -> None:
+        estimator = state.estimator
+        self.step_flops = None
+        self._peak = self.peak_flops or peak_flops(estimator.device, estimator.autocast_dtype)
+        if self._peak is None:
+            log.info(
+                "ThroughputHandler: the peak FLOP/s of %s in %s is not known, so train_mfu is left out; give "
+                "ThroughputHandler(peak_flops=...) for it",
+                estimator.device,
+                precision_of(estimator.autocast_dtype),
+            )
+
+    def epoch_begin(self, state: TrainState) -> None:
+        self._tally.reset()
+        self._batches.reset()
+        self._started = time.perf_counter()
+
+    def batch_begin(self, state: TrainState) -> None:
+        if self.step_flops is None and self._counter is None and state.phase == "train":
+            self._counter = FlopCounterMode(display=False)
+            self._counter.__enter__()
+
+    def backward_end(self, state: TrainState) -> None:
+        self._stop_counting()
+
+    def _stop_counting(self) -> None:
+        counter, self._counter = self._counter, None
+        if counter is not None:
+            counter.__exit__(None, None, None)
+            self.step_flops = counter.get_total_flops()
+
+    def batch_end(self, state: TrainState) -> None:
+        out: Any = state.output
+        inputs = out.data
+        if type(inputs) is dict:  # a dict batch may hold tokens
+            self._tally.add(out.batch_size, _tokens(inputs))
+        else:
+            self._tally.add(out.batch_size)
+        self._batches.add(1)
+
+    def epoch_end(self, state: TrainState) -> None:
+        if state.phase != "train":
+            return
+        self._stop_counting()  # a first batch cancelled before its backward
+        seconds = time.perf_counter() - self._started
+        local_batches = self._batches.count
+        self._tally.fold()
+        with reduced_sums([self._tally, self._batches]):
+            samples, tokens, batches = self._tally.count, self._tally.total(), self._batches.count
+        if state.ranks.several:  # the job's time is its slowest rank's: every rank records the same figures
+            slowest = torch.tensor(seconds, dtype=torch.float64, device=state.estimator.device)
+            state.ranks.max_(slowest)
+            seconds = float(slowest)
+        self.samples = samples
+        if seconds <= 0 or not samples:
+            return
+        values = {"train_samples_per_s": samples / seconds}
+        if self._tally.totalled:
+            values["train_tokens_per_s"] = tokens / seconds
+        if self.step_flops is not None:
+            values["train_flops_per_s"] = self.step_flops * batches / seconds
+            if self._peak is not None:  # one device's FLOP/s over its peak
+                values["train_mfu"] = self.step_flops * local_batches / seconds / self._peak
+        for key, value in values.items():
+            state.history.record(key, value)
+
+    def train_end(self, state: TrainState) -> None:
+        self._stop_counting()  # a fit that ended inside its first step leaves no counter behind
+
+    def __repr__(self) -> str:
+        return f"ThroughputHandler(flops={self.flops}, peak_flops={self.peak_flops})"
+
+
+def _tokens(inputs: Mapping[str, Any]) -> torch.Tensor | int | None:
+    """A dict batch's tokens: the non-padding ones of its attention mask (summed on the device), else
+    every token of integer ``input_ids`` (counted from the shape); None for a batch of no tokens."""
+    mask = inputs.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        return mask.sum(dtype=torch.int64)  # a float mask counts alike
+    ids = inputs.get("input_ids")
+    if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+        return ids.numel()
+    return None
