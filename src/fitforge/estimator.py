@@ -409,7 +409,8 @@ class Estimator:
         self, data: Any, event_handlers: Any, batch_size: Any, stream: bool = False
     ) -> tuple[Predictions, TrainState, RunContext, PredictPlan]:
         """What a prediction runs: its outputs' keeper, state and run, and the checked plan."""
-        predictions = Predictions(bound_step(self.batch_processor, self, "predict_batch"), self.non_blocking)
+        step = bound_step(self.batch_processor, self, "predict_batch")
+        predictions = Predictions(step, self.non_blocking, self.device)
         plan = before_predict(self, data, event_handlers, batch_size, predictions.step)
         if not stream:  # predict keeps every output: into tensors of the whole size where it is known
             predictions.expect_rows(rows_of(plan.data))

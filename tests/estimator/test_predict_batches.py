@@ -197,3 +197,33 @@ def test_outputs_are_ordinary_tensors_autograd_and_in_place_edits_take(data):
         assert not outputs.is_inference()
         outputs.add_(1)  # in place: refused on an inference tensor
         nn.functional.mse_loss(nn.Linear(4, 3)(X[: len(outputs)]), outputs).backward()  # saved for backward
+
+
+def test_named_outputs_whose_order_changes_are_joined_by_name():
+    class Alternating(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            ones, twos = torch.ones(len(x), 1) * self.scale, torch.full((len(x), 1), 2.0) * self.scale
+            return {"a": ones, "b": twos} if int(x[0, 0]) % 2 == 0 else {"b": twos, "a": ones}
+
+    data = torch.arange(8.0).repeat_interleave(2).view(-1, 1).repeat(1, 4)  # batches of 2 alternate the order
+    est = Estimator(Alternating(), nn.MSELoss(), optimizer="sgd", device="cpu")
+    out = est.predict(data, batch_size=2)
+    assert torch.equal(out["a"], torch.ones(16, 1)) and torch.equal(out["b"], torch.full((16, 1), 2.0))
+
+
+def test_fewer_rows_than_expected_keep_no_unused_storage():
+    class Summary(nn.Module):  # one row per batch, not one per sample
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 256)
+
+        def forward(self, x):
+            return self.linear(x).mean(0, keepdim=True)
+
+    est = Estimator(Summary(), nn.MSELoss(), optimizer="sgd", device="cpu")
+    out = est.predict(DataLoader(TensorDataset(X), batch_size=10))
+    assert out.shape == (5, 256) and out.untyped_storage().nbytes() == 5 * 256 * 4

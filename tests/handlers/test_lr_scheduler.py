@@ -327,7 +327,8 @@ def test_warmup_as_a_fraction_of_the_fit_and_one_min_lr_per_group():
         (lambda: LRSchedulerHandler.warmup_cosine(warmup=True), "got bool True"),
         (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, optimizer="0"), "optimizer must be an index"),
         (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, min_lr=-0.1), "min_lr must be a rate >= 0"),
-        (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, total_steps=9.0), "total_steps must be an int or None"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, total_steps=9.0), "total_steps must be an int >= 2"),
+        (lambda: LRSchedulerHandler.warmup_cosine(warmup=2, total_steps=0), "total_steps must be an int >= 2"),
     ],
 )
 def test_warmup_cosine_argument_errors(call, message):
@@ -365,6 +366,13 @@ def test_warmup_as_a_numpy_int_or_a_fraction_rounds_as_expected():
     linear_problem()[0].fit(train, epochs=1, event_handlers=[handler])
     assert handler.scheduler.warmup_steps == 3
     assert LRSchedulerHandler.warmup_cosine(warmup=0.0)._recipe.warmup == 0.0  # no warm-up, as warmup=0
+
+
+def test_a_schedule_that_cannot_be_built_fails_once_with_its_own_error(caplog):
+    estimator, train, _ = linear_problem()
+    with caplog.at_level(logging.ERROR, logger="fitforge"), pytest.raises(FitforgeValueError, match="no decay"):
+        estimator.fit(train, epochs=1, event_handlers=[LRSchedulerHandler.warmup_cosine(warmup=7)])
+    assert "train_end" not in caplog.text and estimator.optimizer.param_groups[0]["lr"] == 0.1
 
 
 def test_a_fit_that_fails_before_its_first_step_leaves_the_rates_as_they_were():

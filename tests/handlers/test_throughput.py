@@ -177,8 +177,55 @@ def test_the_peak_table_knows_common_gpus_by_name(monkeypatch):
     assert peaks.peak_flops(cuda, None) == 67e12  # float32 maths without TF32 (torch's default)
     monkeypatch.setattr(peaks.torch.cuda, "get_device_name", lambda device: "NVIDIA H100 PCIe")
     assert peaks.peak_flops(cuda, torch.float16) == 756e12
+    monkeypatch.setattr(peaks.torch.cuda, "get_device_name", lambda device: "NVIDIA H100 NVL")
+    assert peaks.peak_flops(cuda, torch.bfloat16) == 835e12
+    monkeypatch.setattr(peaks.torch.cuda, "get_device_name", lambda device: "NVIDIA L40")
+    assert peaks.peak_flops(cuda, torch.bfloat16) == 181e12  # not the L4's
     monkeypatch.setattr(peaks.torch.cuda, "get_device_name", lambda device: "Tesla T4")
     assert peaks.peak_flops(cuda, torch.bfloat16) is None  # no bf16 on a T4
     monkeypatch.setattr(peaks.torch.cuda, "get_device_name", lambda device: "Some Future GPU")
     assert peaks.peak_flops(cuda, torch.bfloat16) is None
     assert peaks.peak_flops(torch.device("cpu"), None) is None
+
+
+def test_a_cancelled_first_batch_is_not_counted_into_the_step(clock):
+    from fitforge.events import BatchBegin
+    from fitforge.exceptions import CancelBatch
+
+    class CancelFirst(BatchBegin):
+        priority = 10  # after the handler's counter started
+
+        def batch_begin(self, state):
+            if state.global_step == 0 and state.batch_idx == 0:
+                state.estimator.net(X[:8])  # some forward work, then the batch is cancelled
+                raise CancelBatch
+
+    handler = ThroughputHandler()
+    classifier().fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=1, event_handlers=[handler, CancelFirst()])
+    assert handler.step_flops == 2 * (2 * 8 * 6 * 3)  # the next batch's step alone
+
+
+def test_a_loss_only_output_with_a_metric_names_the_missing_logits():
+    class LossOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(6, 6)
+
+        def forward(self, x):
+            return {"loss": nn.functional.mse_loss(self.linear(x), x)}
+
+    estimator = Estimator(LossOnly(), None, optimizer="sgd", device="cpu", train_metrics="mae")
+    with pytest.raises(FitforgeValueError, match="returned its loss without 'logits', the item metrics read"):
+        estimator.fit(X, batch_size=8, epochs=1)
+    history = Estimator(LossOnly(), None, optimizer="sgd", device="cpu").fit(X, batch_size=8, epochs=2)
+    assert history["train_loss"][1] < history["train_loss"][0]  # without metrics it trains
+
+
+def test_a_tally_never_adds_into_the_callers_tensor():
+    from fitforge.metrics.base import Tally
+
+    tally, first = Tally(), torch.tensor(3)
+    tally.add(4, first)
+    tally.add(4, torch.tensor(5))
+    tally.add(4, 2)
+    assert int(first) == 3 and tally.total() == 10 and tally.count == 12

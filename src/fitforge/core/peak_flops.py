@@ -14,11 +14,14 @@ _T = 1e12
 # name fragment (as torch.cuda.get_device_name shows it) -> {precision: dense FLOP/s}; the first match wins,
 # so a specific name (H100 PCIe) comes before the family's (H100, the SXM part).
 _PEAKS: list[tuple[str, dict[str, float]]] = [
+    ("H200 NVL", {"bf16": 835 * _T, "fp16": 835 * _T, "tf32": 418 * _T, "fp32": 60 * _T}),
     ("H200", {"bf16": 989 * _T, "fp16": 989 * _T, "tf32": 494 * _T, "fp32": 67 * _T}),
+    ("H100 NVL", {"bf16": 835 * _T, "fp16": 835 * _T, "tf32": 418 * _T, "fp32": 60 * _T}),
     ("H100 PCIe", {"bf16": 756 * _T, "fp16": 756 * _T, "tf32": 378 * _T, "fp32": 51 * _T}),
     ("H100", {"bf16": 989 * _T, "fp16": 989 * _T, "tf32": 494 * _T, "fp32": 67 * _T}),
     ("A100", {"bf16": 312 * _T, "fp16": 312 * _T, "tf32": 156 * _T, "fp32": 19.5 * _T}),
     ("L40S", {"bf16": 362 * _T, "fp16": 362 * _T, "tf32": 183 * _T, "fp32": 91.6 * _T}),
+    ("L40", {"bf16": 181 * _T, "fp16": 181 * _T, "tf32": 90.5 * _T, "fp32": 90.5 * _T}),
     ("A10G", {"bf16": 70 * _T, "fp16": 70 * _T, "tf32": 35 * _T, "fp32": 31.2 * _T}),
     ("L4", {"bf16": 121 * _T, "fp16": 121 * _T, "tf32": 60 * _T, "fp32": 30.3 * _T}),
     ("V100", {"fp16": 125 * _T, "fp32": 15.7 * _T}),
@@ -27,7 +30,8 @@ _PEAKS: list[tuple[str, dict[str, float]]] = [
 
 
 def precision_of(dtype: torch.dtype | None) -> str:
-    """The table's precision for an autocast dtype (None: float32 maths)."""
+    """The table's precision for the dtype of the maths: an autocast dtype, else the parameters'
+    (None: float32). float32 counts as TF32 where torch lets matrix products use it."""
     if dtype is torch.bfloat16:
         return "bf16"
     if dtype is torch.float16:

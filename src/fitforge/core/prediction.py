@@ -28,8 +28,8 @@ class Predictions:
 
     """
 
-    def __init__(self, predict_batch: Step, asynchronous: bool) -> None:
-        self.predict_batch, self.asynchronous = predict_batch, asynchronous
+    def __init__(self, predict_batch: Step, asynchronous: bool, device: torch.device | None = None) -> None:
+        self.predict_batch, self.asynchronous, self.device = predict_batch, asynchronous, device
         self.outputs: list[Any] = []
         self._rows: int | None = None
         self._buffer: _Buffer | None = None
@@ -62,8 +62,8 @@ class Predictions:
     def take(self) -> list[Any]:
         """The outputs of the batches since the last call, in order (synchronised from CUDA), as
         ordinary tensors (call it outside inference mode): what ``predict`` returns, batch by batch."""
-        if self.asynchronous and self.outputs:
-            torch.cuda.current_stream().synchronize()
+        if self.asynchronous and self.outputs:  # the copies went on the estimator's device's stream
+            torch.cuda.current_stream(self.device).synchronize()
         taken, self.outputs = self.outputs, []
         return [_ordinary(output) for output in taken]
 
@@ -86,8 +86,10 @@ class Predictions:
 class _Buffer:
     """Tensors of the whole prediction's rows, filled batch by batch."""
 
-    def __init__(self, tensors: list[torch.Tensor], rebuild: Callable[[Sequence[torch.Tensor]], Any]) -> None:
-        self.tensors, self.rebuild, self.filled = tensors, rebuild, 0
+    def __init__(
+        self, tensors: list[torch.Tensor], rebuild: Callable[[Sequence[torch.Tensor]], Any], keys: list | None
+    ) -> None:
+        self.tensors, self.rebuild, self.keys, self.filled = tensors, rebuild, keys, 0
 
     @classmethod
     def of(cls, first: Any, rows: int) -> _Buffer | None:
@@ -95,12 +97,14 @@ class _Buffer:
         parts, rebuild = _flat(first)
         if not parts or any(part.dim() == 0 for part in parts):
             return None
-        with torch.inference_mode(
-            False
-        ):  # ordinary tensors, as joined batches are: autograd and in-place edits take them
-            return cls([torch.empty((rows, *part.shape[1:]), dtype=part.dtype) for part in parts], rebuild)
+        keys = list(first) if isinstance(first, dict) else None
+        # Ordinary tensors, as joined batches are: autograd and in-place edits take them.
+        with torch.inference_mode(False):
+            return cls([torch.empty((rows, *part.shape[1:]), dtype=part.dtype) for part in parts], rebuild, keys)
 
     def add(self, host: Any) -> bool:
+        if (list(host) if isinstance(host, dict) else None) != self.keys:  # named outputs go by name
+            return False
         parts, _ = _flat(host)
         if len(parts) != len(self.tensors):
             return False
@@ -116,9 +120,10 @@ class _Buffer:
         return True
 
     def joined(self) -> Any:
-        """The rows filled so far, in the outputs' structure (views: fewer rows than expected leave
-        the rest of the storage unused)."""
-        return self.rebuild([tensor[: self.filled] for tensor in self.tensors])
+        """The rows filled so far, in the outputs' structure (copied out when fewer than the tensors
+        hold, so that no unused storage stays with them)."""
+        whole = all(len(tensor) == self.filled for tensor in self.tensors)
+        return self.rebuild([tensor if whole else tensor[: self.filled].clone() for tensor in self.tensors])
 
 
 def _ordinary(output: Any) -> Any:

@@ -207,9 +207,12 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 f"LRSchedulerHandler.warmup_cosine: min_lr must be a rate >= 0, or one per parameter group, "
                 f"got {describe(min_lr)}"
             )
-        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)):
+        if total_steps is not None and (
+            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 2
+        ):
             raise FitforgeTypeError(
-                f"LRSchedulerHandler.warmup_cosine: total_steps must be an int or None, got {describe(total_steps)}"
+                f"LRSchedulerHandler.warmup_cosine: total_steps must be an int >= 2 (the optimizer's steps in the "
+                f"fit) or None, got {describe(total_steps)}"
             )
         _check_index("warmup_cosine", optimizer)
         steps = int(warmup) if integer else warmup
@@ -218,9 +221,10 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
     def train_begin(self, state: TrainState) -> None:
         self._steps_seen = None  # set at the first epoch_begin, after a resume may have restored it
         if self._recipe is not None:  # rebuilt per fit: before CheckpointHandler (persist) loads the optimizer
-            groups = _optimizer(self._recipe.method, self._recipe.index, state).param_groups
-            self._rates, self._warned_turns = [group["lr"] for group in groups], False
+            self._rates, self._warned_turns = None, False
+            rates = [group["lr"] for group in _optimizer(self._recipe.method, self._recipe.index, state).param_groups]
             self.scheduler = self._recipe.build(state)
+            self._rates = rates  # built: the rates to give back if the fit takes no step
             if self._pending is not None:
                 self.load_state_dict(self._pending)
         optimizers = state.estimator.optimizers
@@ -465,7 +469,9 @@ class _WarmupCosine:
 
     def build(self, state: TrainState) -> WarmupCosineLR:
         optimizer = _optimizer("warmup_cosine", self.index, state)
-        total = self.total_steps or fit_steps(state, "warmup_cosine", "pass batches=N to fit, or total_steps=N")
+        total = self.total_steps
+        if total is None:
+            total = fit_steps(state, "warmup_cosine", "pass batches=N to fit, or total_steps=N")
         # A fraction of the steps, rounded down (a product a hair under a whole number counts as it)
         warmup = self.warmup if isinstance(self.warmup, int) else math.floor(self.warmup * total + 1e-9)
         if total < warmup + 2:

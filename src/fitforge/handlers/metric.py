@@ -220,6 +220,12 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         """A metric failed on a batch: a default one is left out if the label cannot feed it (none,
         or the first batch's cannot); otherwise raise, naming a missing label if that is the cause."""
         if not (slot.inferred and (label is None or first)):
+            if pred is None and state.estimator.loss is None:  # a net that returned its loss alone
+                raise FitforgeValueError(
+                    f"metric {slot.name!r} ({type(slot.metric).__name__}) reads the net's predictions, but with "
+                    "loss=None the net returned its loss without 'logits', the item metrics read: return "
+                    "{'loss': ..., 'logits': ...}, or name the item with BatchProcessor(output_key=...)"
+                ) from err
             if label is None:
                 raise _no_label(slot, state, self.metrics is not None) from err
             raise _failure(slot, pred, label, state.batch_idx, err) from err

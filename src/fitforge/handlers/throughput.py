@@ -37,9 +37,9 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
     logger): ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold tokens
     (the non-padding tokens of an ``attention_mask``, else every token of integer ``input_ids``).
 
-    The time is the epoch's training time, from its ``epoch_begin`` to its ``epoch_end`` after the
-    metrics' values were read (on a GPU, the read that waits for the epoch's last batch), before
-    validation. Nothing is read to the host per batch: tokens are summed on the device. Under
+    The time is the epoch's training time, from its ``epoch_begin`` to its ``epoch_end`` (on a GPU,
+    once the device is through with the epoch's batches: one wait per epoch), before validation.
+    Nothing is read to the host per batch: tokens are summed on the device. Under
     torch.distributed the figures are the whole job's (every rank's samples over the slowest
     rank's time: the same on every rank).
 
@@ -95,20 +95,21 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
         keys = ["train_samples_per_s"]
         if self.flops:
             keys.append("train_flops_per_s")
-            if (self.peak_flops or peak_flops(estimator.device, estimator.autocast_dtype)) is not None:
+            if (self.peak_flops or peak_flops(estimator.device, _maths_dtype(estimator))) is not None:
                 keys.append("train_mfu")
         return keys
 
     def train_begin(self, state: TrainState) -> None:
         estimator = state.estimator
         self.step_flops = None
-        self._peak = self.peak_flops or peak_flops(estimator.device, estimator.autocast_dtype)
+        dtype = _maths_dtype(estimator)
+        self._peak = self.peak_flops or peak_flops(estimator.device, dtype)
         if self._peak is None:
             log.info(
                 "ThroughputHandler: the peak FLOP/s of %s in %s is not known, so train_mfu is left out; give "
                 "ThroughputHandler(peak_flops=...) for it",
                 estimator.device,
-                precision_of(estimator.autocast_dtype),
+                precision_of(dtype),
             )
 
     def epoch_begin(self, state: TrainState) -> None:
@@ -117,7 +118,9 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
         self._started = time.perf_counter()
 
     def batch_begin(self, state: TrainState) -> None:
-        if self.step_flops is None and self._counter is None and state.phase == "train":
+        if self.step_flops is None and state.phase == "train":
+            if self._counter is not None:  # the batch counted was cancelled before its backward: count anew
+                self._counter.__exit__(None, None, None)
             self._counter = FlopCounterMode(display=False)
             self._counter.__enter__()
 
@@ -143,9 +146,12 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
         if state.phase != "train":
             return
         self._stop_counting()  # a first batch cancelled before its backward
+        device = state.estimator.device
+        if device.type == "cuda":  # the epoch ends when the device is through with its batches
+            torch.cuda.synchronize(device)
         seconds = time.perf_counter() - self._started
         local_batches = self._batches.count
-        self._tally.fold()
+        self._tally.fold(device)
         with reduced_sums([self._tally, self._batches]):
             samples, tokens, batches = self._tally.count, self._tally.total(), self._batches.count
         if state.ranks.several:  # the job's time is its slowest rank's: every rank records the same figures
@@ -170,6 +176,14 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
 
     def __repr__(self) -> str:
         return f"ThroughputHandler(flops={self.flops}, peak_flops={self.peak_flops})"
+
+
+def _maths_dtype(estimator: Any) -> torch.dtype | None:
+    """The dtype the net computes in: the autocast dtype, else its parameters' (a net cast to bfloat16)."""
+    if estimator.autocast_dtype is not None:
+        return estimator.autocast_dtype
+    first = next(estimator.net.parameters(), None)
+    return None if first is None or first.dtype == torch.float32 else first.dtype
 
 
 def _tokens(inputs: Mapping[str, Any]) -> torch.Tensor | int | None:

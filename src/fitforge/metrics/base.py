@@ -182,16 +182,19 @@ class Tally(SumCountMetric):
         if total is None:
             return
         self.totalled = True
-        if isinstance(total, torch.Tensor):
-            self._sum = total.to(torch.int64) if self._sum is None else self._sum.add_(total)
+        if isinstance(total, torch.Tensor):  # a copy at first: the caller's tensor is never added to
+            self._sum = total.to(torch.int64, copy=True) if self._sum is None else self._sum.add_(total)
         else:
             self._host_total += total
 
-    def fold(self) -> None:
-        """Put the host part of the total into the sum (before a reduction or a read)."""
+    def fold(self, device: torch.device | str = "cpu") -> None:
+        """Put the host part of the total into the sum (before a reduction or a read), on the sum's
+        device or else ``device`` (the one the ranks' collectives take: an NCCL group takes no CPU
+        tensor)."""
         if self._host_total:
-            extra = torch.tensor(self._host_total, dtype=torch.int64)
-            self._sum = extra if self._sum is None else self._sum + extra.to(self._sum.device)
+            on = device if self._sum is None else self._sum.device
+            extra = torch.tensor(self._host_total, dtype=torch.int64, device=on)
+            self._sum = extra if self._sum is None else self._sum + extra
             self._host_total = 0
 
     def reset(self) -> None:
