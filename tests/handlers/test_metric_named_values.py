@@ -294,3 +294,9 @@ def test_a_step_can_leave_its_loss_out_and_report_named_losses_only():
     assert "val_loss" not in est.evaluate(VAL) and "val_part" in est.evaluate(VAL)
     with_loss = make_estimator().fit(TRAIN, epochs=1)
     assert "train_loss" in with_loss  # the default records it
+
+
+def test_monitoring_a_loss_a_step_leaves_out_says_why():
+    est = make_estimator(batch_processor=NamedOnly())
+    with pytest.raises(MonitorKeyError, match="sets record_loss = False, which leaves its loss out of val_loss"):
+        est.fit(TRAIN, val_data=VAL, epochs=1, event_handlers=[EarlyStoppingHandler("val_loss")])

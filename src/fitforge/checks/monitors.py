@@ -32,7 +32,7 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
             continue
         raise MonitorKeyError(
             f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
-            + _monitor_hint(key, keys, validates=bool(players(handlers, Validating)))
+            + _monitor_hint(key, keys, validates=bool(players(handlers, Validating)), estimator=estimator)
         )
     _check_best_agrees([m for _, m in monitors])
     return left
@@ -54,11 +54,18 @@ def check_monitor_order(epoch_end: Sequence[EventHandler], left: Sequence[EventH
             )
 
 
-def _monitor_hint(key: str, keys: list[str], validates: bool) -> str:
-    """The fixes for a monitored key the run will not produce: a validation to add; else a near
-    name (a typo), and a value logged by the step to declare (a near name may be a different value)."""
+def _monitor_hint(key: str, keys: list[str], validates: bool, estimator: EstimatorLike | None = None) -> str:
+    """The fixes for a monitored key the run will not produce: a validation to add; the loss a step
+    leaves out; else a near name (a typo), and a value logged by the step to declare (a near name
+    may be a different value)."""
     if key.startswith("val_") and not validates:
         return "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
+    processor = None if estimator is None else estimator.batch_processor
+    if key in ("train_loss", "val_loss") and not getattr(processor, "record_loss", True):
+        return (
+            f"The batch processor sets record_loss = False, which leaves its loss out of {key}: monitor a loss it "
+            "logs by name (state.log), or record the loss"
+        )
     near = difflib.get_close_matches(key, keys, n=1)
     name = key.split("_", 1)[1] if key.startswith(("train_", "val_")) else key
     return (f"Did you mean {near[0]!r}? " if near else "") + (
