@@ -1,4 +1,5 @@
-"""Learning-rate schedules torch does not ship in one piece: linear warm-up, then cosine decay."""
+"""Schedules: learning-rate ones torch does not ship in one piece (linear warm-up, then cosine
+decay), and the length of a fit in optimizer steps that a schedule spans."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Sequence
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from fitforge.core.roles import Accumulating, players
+from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
@@ -73,3 +76,23 @@ class WarmupCosineLR(LRScheduler):
 
 def _rate(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -> int:
+    """The optimizer steps a fit takes (the first limit reached of ``epochs`` and ``batches``, a
+    trailing accumulation group at each epoch end a step of its own); ``fix`` says how to give the
+    length to ``who`` (a schedule) where it cannot be known."""
+    accumulate = next((h.accumulate for h in players(state.handlers, Accumulating)), 1)
+    per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
+    lengths = []
+    if state.max_epochs is not None and per_epoch is not None:
+        lengths.append(state.max_epochs * per_epoch)
+    if state.max_batches is not None:
+        full, rest = divmod(state.max_batches, state.num_batches or state.max_batches + 1)
+        lengths.append(full * (per_epoch or 0) + math.ceil(rest / accumulate))
+    if not lengths:
+        raise FitforgeValueError(
+            f"{who} cannot tell the fit's length: train_data has no len() and fit was given "
+            f"epochs={state.max_epochs}; {fix}"
+        )
+    return max(min(lengths), 1)

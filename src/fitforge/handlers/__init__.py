@@ -12,6 +12,7 @@ from fitforge.handlers.metric import MetricHandler
 from fitforge.handlers.mlflow import MLflowHandler
 from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
 from fitforge.handlers.progress_bar import ProgressBarHandler
+from fitforge.handlers.schedule import ScheduleHandler
 from fitforge.handlers.stopping import StoppingHandler
 from fitforge.handlers.tensorboard import TensorBoardHandler
 from fitforge.handlers.throttle import throttle
@@ -32,6 +33,7 @@ __all__ = [
     "NaNGuardHandler",
     "NonFiniteLossError",
     "ProgressBarHandler",
+    "ScheduleHandler",
     "StoppingHandler",
     "TensorBoardHandler",
     "ThroughputHandler",

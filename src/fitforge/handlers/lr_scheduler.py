@@ -15,7 +15,7 @@ from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, T
 from fitforge.core.history import numbered_key
 from fitforge.core.monitor import Monitor, infer_mode
 from fitforge.core.roles import Accumulating, Monitoring, players
-from fitforge.core.schedules import WarmupCosineLR
+from fitforge.core.schedules import WarmupCosineLR, fit_steps
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -268,7 +268,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
             if self._updater is not None:
                 return  # optimizers stepped by turns: one optimizer's count is not known in advance
             try:
-                needed = fit_steps(state) - state.optimizer_steps
+                needed = fit_steps(state, "LRSchedulerHandler") - state.optimizer_steps
             except FitforgeValueError:
                 return  # no length: nothing to compare
             unit, fix = "optimizer steps", f"OneCycleLR(..., total_steps={needed}) (a new one)"
@@ -447,7 +447,7 @@ class _OneCycle:
         optimizer, kwargs = _optimizer("one_cycle", self.index, state), dict(self.kwargs)
         if not _LENGTH_ARGS & kwargs.keys():
             kwargs["total_steps"] = fit_steps(
-                state, "one_cycle", "pass batches=N to fit, or total_steps=N to one_cycle"
+                state, "LRSchedulerHandler.one_cycle", "pass batches=N to fit, or total_steps=N to one_cycle"
             )
         kwargs.setdefault("cycle_momentum", "momentum" in optimizer.defaults or "betas" in optimizer.defaults)
         try:
@@ -471,7 +471,7 @@ class _WarmupCosine:
         optimizer = _optimizer("warmup_cosine", self.index, state)
         total = self.total_steps
         if total is None:
-            total = fit_steps(state, "warmup_cosine", "pass batches=N to fit, or total_steps=N")
+            total = fit_steps(state, "LRSchedulerHandler.warmup_cosine", "pass batches=N to fit, or total_steps=N")
         # A fraction of the steps, rounded down (a product a hair under a whole number counts as it)
         warmup = self.warmup if isinstance(self.warmup, int) else math.floor(self.warmup * total + 1e-9)
         if total < warmup + 2:
@@ -492,22 +492,3 @@ class _WarmupCosine:
             return WarmupCosineLR(optimizer, warmup, total, self.min_lr)
         except (FitforgeValueError, FitforgeTypeError) as err:
             raise FitforgeValueError(f"LRSchedulerHandler.warmup_cosine: {err}") from err
-
-
-def fit_steps(state: TrainState, method: str = "one_cycle", fix: str = "pass batches=N to fit") -> int:
-    """The optimizer steps a fit takes (the first limit reached of ``epochs`` and ``batches``);
-    ``fix`` says how to give the length to ``method`` where it cannot be known."""
-    accumulate = next((h.accumulate for h in players(state.handlers, Accumulating)), 1)
-    per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
-    lengths = []
-    if state.max_epochs is not None and per_epoch is not None:
-        lengths.append(state.max_epochs * per_epoch)
-    if state.max_batches is not None:  # a trailing group at each epoch end is a step of its own
-        full, rest = divmod(state.max_batches, state.num_batches or state.max_batches + 1)
-        lengths.append(full * (per_epoch or 0) + math.ceil(rest / accumulate))
-    if not lengths:
-        raise FitforgeValueError(
-            f"LRSchedulerHandler.{method} cannot tell the fit's length: train_data has no len() and fit was given "
-            f"epochs={state.max_epochs}; {fix}"
-        )
-    return max(min(lengths), 1)

@@ -1,0 +1,163 @@
+"""ScheduleHandler: any optimizer hyper-parameter (momentum, weight decay, Adam's betas...) as a
+function of training progress."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from fitforge.core.events import BatchEnd, EpochBegin, Event, Stage, TrainBegin
+from fitforge.core.roles import Accumulating, players
+from fitforge.core.schedules import fit_steps
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+_ENTRY = re.compile(r"^(?P<key>[A-Za-z_]\w*)(\[(?P<index>\d+)\])?$")  # "momentum", "betas[0]"
+
+
+class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
+    """Set optimizer hyper-parameters from functions of training progress, as fastai's and Ignite's
+    schedulers do for any of them (torch's own schedule only the learning rate).
+
+    Each function maps the progress of the fit, a float from 0 (its first optimizer step) to 1 (its
+    last), counted in optimizer steps as :meth:`LRSchedulerHandler.warmup_cosine` counts them
+    (``epochs`` x batches per epoch, or ``batches``, over ``accumulate``), to the value the next
+    step uses. A key names a param-group setting (``"momentum"``, ``"weight_decay"``) or an entry of
+    a tuple one by index (``"betas[0]"``, Adam's first beta). The values are a function of the
+    optimizer steps taken, so a resumed fit continues exactly; an unknown key fails at fit start,
+    naming the optimizer's keys.
+
+    Args:
+        schedules: ``{key: function(progress) -> value}``.
+        interval: ``"batch"``, a new value before every optimizer step, or ``"epoch"``, one at each
+            epoch's start.
+        optimizer: the index of the optimizer in ``estimator.optimizers``.
+        groups: the indices of the param groups to set (None: all).
+
+    Example:
+        >>> cosine = lambda p: 0.85 + 0.1 * (1 - math.cos(math.pi * p)) / 2   # 0.85 -> 0.95
+        >>> ScheduleHandler({"momentum": cosine, "weight_decay": lambda p: 1e-4 * (1 - p)})  # doctest: +SKIP
+    """
+
+    priority = Stage.SCHEDULE
+    reads = ("estimator", "optimizer_steps", "num_batches", "max_epochs", "max_batches", "handlers")
+
+    def __init__(
+        self,
+        schedules: Mapping[str, Callable[[float], Any]],
+        interval: str = "batch",
+        optimizer: int = 0,
+        groups: Sequence[int] | None = None,
+    ) -> None:
+        if not isinstance(schedules, Mapping) or not schedules:
+            raise FitforgeTypeError(
+                f"ScheduleHandler: schedules must be a non-empty dict of key -> function(progress), got "
+                f"{describe(schedules)}"
+            )
+        for key, fn in schedules.items():
+            if not isinstance(key, str) or _ENTRY.match(key) is None:
+                raise FitforgeValueError(
+                    f"ScheduleHandler: {key!r} is no param-group key: use a name such as 'momentum', or an entry "
+                    "of a tuple by index such as 'betas[0]'"
+                )
+            if not callable(fn):
+                raise FitforgeTypeError(
+                    f"ScheduleHandler: the schedule of {key!r} must be a function, got {describe(fn)}"
+                )
+        if interval not in ("batch", "epoch"):
+            raise FitforgeValueError(f"ScheduleHandler: interval must be 'batch' or 'epoch', got {interval!r}")
+        if isinstance(optimizer, bool) or not isinstance(optimizer, int) or optimizer < 0:
+            raise FitforgeTypeError(
+                f"ScheduleHandler: optimizer must be an index into estimator.optimizers, got {describe(optimizer)}"
+            )
+        if groups is not None and (
+            isinstance(groups, str) or not all(isinstance(g, int) and not isinstance(g, bool) for g in groups)
+        ):
+            raise FitforgeTypeError(f"ScheduleHandler: groups must be a list of group indices, got {describe(groups)}")
+        self.schedules, self.interval, self.optimizer = dict(schedules), interval, optimizer
+        self.groups = None if groups is None else list(groups)
+        if interval == "epoch":  # nothing to do per batch
+            self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_BEGIN)
+        self._total = 1
+        self._applied_at = -1  # the optimizer steps the values were last set for
+
+    def train_begin(self, state: TrainState) -> None:
+        optimizers = state.estimator.optimizers
+        if self.optimizer >= len(optimizers):
+            raise FitforgeValueError(
+                f"ScheduleHandler: optimizer={self.optimizer}, but the estimator has {len(optimizers)} optimizer(s)"
+            )
+        groups = optimizers[self.optimizer].param_groups
+        indices = range(len(groups)) if self.groups is None else self.groups
+        bad = [i for i in indices if not 0 <= i < len(groups)]
+        if bad:
+            raise FitforgeValueError(f"ScheduleHandler: groups {bad} are not among the optimizer's {len(groups)}")
+        for key in self.schedules:
+            _check_key(key, groups[0], type(optimizers[self.optimizer]).__name__)
+        self._indices = list(indices)  # looked up at each change: a resume's load_state_dict makes new groups
+        self._total = fit_steps(state, "ScheduleHandler", "pass batches=N to fit")
+        self._applied_at = -1
+
+    def epoch_begin(self, state: TrainState) -> None:
+        self._apply(state)  # also the first values of a fit, after any resume restored its steps
+
+    def batch_end(self, state: TrainState) -> None:
+        if state.optimizer_steps != self._applied_at:  # an int compare per batch: values change per step
+            self._apply(state)
+
+    def _apply(self, state: TrainState) -> None:
+        steps = _own_steps(state, self.optimizer)
+        groups = state.estimator.optimizers[self.optimizer].param_groups
+        progress = min(1.0, steps / (self._total - 1)) if self._total > 1 else 1.0
+        for key, fn in self.schedules.items():
+            value = fn(progress)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise FitforgeValueError(
+                    f"ScheduleHandler: the schedule of {key!r} gave {describe(value)} at progress {progress:.4g}; it "
+                    "must give a finite number"
+                )
+            for index in self._indices:
+                _set(groups[index], key, float(value))
+        self._applied_at = state.optimizer_steps
+
+    def __repr__(self) -> str:
+        return f"ScheduleHandler({sorted(self.schedules)}, interval={self.interval!r})"
+
+
+def _own_steps(state: TrainState, index: int) -> int:
+    """The steps optimizer ``index`` took: every optimizer step, unless several step by turns."""
+    if len(state.estimator.optimizers) == 1:
+        return state.optimizer_steps
+    updaters = players(state.handlers, Accumulating)
+    return updaters[0].steps_per_optimizer(state)[index] if updaters else state.optimizer_steps
+
+
+def _check_key(key: str, group: dict, optimizer: str) -> None:
+    match = _ENTRY.match(key)
+    assert match is not None  # checked in __init__
+    name, index = match["key"], match["index"]
+    known = sorted(k for k in group if k != "params")
+    if name not in group or name == "params":
+        raise FitforgeValueError(f"ScheduleHandler: {optimizer} has no setting {name!r}; its settings: {known}")
+    value = group[name]
+    if index is None and isinstance(value, (tuple, list)):
+        raise FitforgeValueError(
+            f"ScheduleHandler: {optimizer}'s {name!r} is a tuple {tuple(value)}: schedule its entries by index, "
+            f"{name}[0], {name}[1]"
+        )
+    if index is not None and (not isinstance(value, (tuple, list)) or int(index) >= len(value)):
+        raise FitforgeValueError(f"ScheduleHandler: {optimizer}'s {name!r} is {value!r}, which has no entry {index}")
+
+
+def _set(group: dict, key: str, value: float) -> None:
+    match = _ENTRY.match(key)
+    assert match is not None
+    name, index = match["key"], match["index"]
+    if index is None:
+        group[name] = value
+        return
+    entries = list(group[name])
+    entries[int(index)] = value
+    group[name] = tuple(entries)
