@@ -1,6 +1,7 @@
 """ScheduleHandler: momentum, weight decay, Adam's betas... as functions of training progress,
 read back from the optimizer at every step, and exactly across a resume."""
 
+import logging
 import math
 import re
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fitforge import Estimator
+from fitforge import BatchOutput, BatchProcessor, Estimator
 from fitforge.events import BatchBegin
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler, ScheduleHandler
@@ -87,7 +88,7 @@ g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)
 
 
-def train(folder, seed=0, resume=False, extra=()):
+def train(folder, seed=0, resume=False, extra=(), interval="batch"):
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     estimator = Estimator(
@@ -95,7 +96,7 @@ def train(folder, seed=0, resume=False, extra=()):
     )
     seen = Settings("momentum", "weight_decay")
     handlers = [
-        ScheduleHandler({"momentum": momentum, "weight_decay": decay}),
+        ScheduleHandler({"momentum": momentum, "weight_decay": decay}, interval=interval),
         seen,
         CheckpointHandler(folder, batch_period=1, max_checkpoints=2, resume_from_checkpoint=resume),
         *extra,
@@ -108,11 +109,12 @@ def train(folder, seed=0, resume=False, extra=()):
     return {k: v.clone() for k, v in net.state_dict().items()}, seen.seen
 
 
-def test_a_crash_and_resume_continues_the_schedules_exactly(tmp_path, tmp_path_factory):
-    whole, whole_seen = train(tmp_path_factory.mktemp("whole"))
-    _, before = train(tmp_path, extra=[Crash(7)])
-    resumed, after = train(tmp_path, seed=123, resume=True)
-    assert before[:7] + after == whole_seen  # every step's settings, none repeated
+@pytest.mark.parametrize("interval", ["batch", "epoch"])
+def test_a_crash_and_resume_continues_the_schedules_exactly(tmp_path, tmp_path_factory, interval):
+    whole, whole_seen = train(tmp_path_factory.mktemp("whole"), interval=interval)
+    _, before = train(tmp_path, extra=[Crash(9)], interval=interval)  # in the middle of epoch 2
+    resumed, after = train(tmp_path, seed=123, resume=True, interval=interval)
+    assert before[:9] + after == whole_seen  # every step's settings, none repeated
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
 
 
@@ -124,6 +126,9 @@ def test_a_crash_and_resume_continues_the_schedules_exactly(tmp_path, tmp_path_f
         ({"schedules": {"betas(0)": momentum}}, FitforgeValueError, "'betas(0)' is no param-group key"),
         ({"schedules": {"momentum": momentum}, "interval": "step"}, FitforgeValueError, "interval must be"),
         ({"schedules": {"momentum": momentum}, "optimizer": "0"}, FitforgeTypeError, "optimizer must be an index"),
+        ({"schedules": {"momentum": momentum}, "groups": []}, FitforgeTypeError, "groups must be a non-empty list"),
+        ({"schedules": {"momentum": momentum}, "groups": [-1]}, FitforgeTypeError, "(ints >= 0), got list [-1]"),
+        ({"schedules": {"momentum": momentum}, "total_steps": 0}, FitforgeTypeError, "total_steps must be an int"),
     ],
 )
 def test_argument_errors(kwargs, error, message):
@@ -137,6 +142,7 @@ def test_argument_errors(kwargs, error, message):
         ({"momentun": momentum}, "SGD has no setting 'momentun'; its settings: ['dampening', "),
         ({"params": momentum}, "SGD has no setting 'params'"),
         ({"momentum[0]": momentum}, "SGD's 'momentum' is 0.9, which has no entry 0"),
+        ({"nesterov": momentum}, "SGD's 'nesterov' is False, no number to schedule"),
     ],
 )
 def test_an_unknown_key_fails_at_fit_start_naming_the_optimizers_keys(schedules, message):
@@ -154,3 +160,42 @@ def test_a_tuple_setting_is_scheduled_by_entry_and_a_bad_value_is_named():
         estimator.fit(train, epochs=1, event_handlers=[ScheduleHandler({"betas": momentum})])
     with pytest.raises(FitforgeValueError, match=re.escape("the schedule of 'eps' gave float nan at progress 0")):
         estimator.fit(train, epochs=1, event_handlers=[ScheduleHandler({"eps": lambda p: math.nan})])
+
+
+def test_numpy_and_tensor_values_are_taken():
+    import numpy as np
+
+    estimator, train = sgd_problem()
+    schedule = ScheduleHandler({"momentum": lambda p: np.float32(0.5), "weight_decay": lambda p: torch.tensor(1e-4)})
+    estimator.fit(train, epochs=1, event_handlers=[schedule])
+    group = estimator.optimizer.param_groups[0]
+    assert group["momentum"] == 0.5 and group["weight_decay"] == pytest.approx(1e-4)
+
+
+class TwoTurns(BatchProcessor):
+    def fit_batch(self, state, batch):
+        out = super().fit_batch(state, batch)
+        return BatchOutput(
+            out.data, out.label, out.pred, out.loss, out.losses, out.batch_size, step=[state.global_step % 2]
+        )
+
+
+def test_optimizers_taking_turns_get_a_warning_and_total_steps_spans_the_schedule(caplog):
+    def fit(handler):
+        estimator, train, _ = linear_problem()
+        net = estimator.net
+        estimator.optimizers = [
+            torch.optim.SGD([net.weight], lr=0.1, momentum=0.5),
+            torch.optim.SGD([net.bias], lr=0.1, momentum=0.5),
+        ]
+        estimator.batch_processor = TwoTurns()
+        estimator.fit(train, epochs=2, event_handlers=[handler])
+        return estimator.optimizers[1].param_groups[0]["momentum"]
+
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        fit(ScheduleHandler({"momentum": lambda p: p}, optimizer=1))
+    assert "optimizer 1 stepped 0 of the fit's first 1 optimizer steps (optimizers taking turns)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        last = fit(ScheduleHandler({"momentum": lambda p: p}, optimizer=1, total_steps=8))  # 8 of the 16 batches
+    assert "taking turns" not in caplog.text and last == pytest.approx(1.0)

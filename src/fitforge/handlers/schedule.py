@@ -3,10 +3,14 @@ function of training progress."""
 
 from __future__ import annotations
 
+import logging
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import torch
 
 from fitforge.core.events import BatchEnd, EpochBegin, Event, Stage, TrainBegin
 from fitforge.core.roles import Accumulating, players
@@ -14,6 +18,7 @@ from fitforge.core.schedules import fit_steps
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
+log = logging.getLogger("fitforge")
 _ENTRY = re.compile(r"^(?P<key>[A-Za-z_]\w*)(\[(?P<index>\d+)\])?$")  # "momentum", "betas[0]"
 
 
@@ -30,11 +35,17 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
     naming the optimizer's keys.
 
     Args:
-        schedules: ``{key: function(progress) -> value}``.
+        schedules: ``{key: function(progress) -> value}`` (a real number).
         interval: ``"batch"``, a new value before every optimizer step, or ``"epoch"``, one at each
-            epoch's start.
+            epoch's start (from the steps taken before it: the last epoch's progress is below 1).
         optimizer: the index of the optimizer in ``estimator.optimizers``.
         groups: the indices of the param groups to set (None: all).
+        total_steps: the optimizer's steps in the fit, where they cannot be counted: with several
+            optimizers stepped by turns (``BatchOutput.step``) each steps on some batches only
+            (without it, a warning says so after the first steps).
+
+    A setting another handler schedules too (``LRSchedulerHandler.one_cycle`` cycles the momentum
+    unless ``cycle_momentum=False``) is written by both: schedule each setting in one place.
 
     Example:
         >>> cosine = lambda p: 0.85 + 0.1 * (1 - math.cos(math.pi * p)) / 2   # 0.85 -> 0.95
@@ -42,7 +53,7 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
     """
 
     priority = Stage.SCHEDULE
-    reads = ("estimator", "optimizer_steps", "num_batches", "max_epochs", "max_batches", "handlers")
+    reads = ("estimator", "optimizer_steps", "num_batches", "max_epochs", "max_batches", "handlers", "batch_idx")
 
     def __init__(
         self,
@@ -50,6 +61,7 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
         interval: str = "batch",
         optimizer: int = 0,
         groups: Sequence[int] | None = None,
+        total_steps: int | None = None,
     ) -> None:
         if not isinstance(schedules, Mapping) or not schedules:
             raise FitforgeTypeError(
@@ -73,11 +85,23 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
                 f"ScheduleHandler: optimizer must be an index into estimator.optimizers, got {describe(optimizer)}"
             )
         if groups is not None and (
-            isinstance(groups, str) or not all(isinstance(g, int) and not isinstance(g, bool) for g in groups)
+            isinstance(groups, str)
+            or not groups
+            or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in groups)
         ):
-            raise FitforgeTypeError(f"ScheduleHandler: groups must be a list of group indices, got {describe(groups)}")
+            raise FitforgeTypeError(
+                f"ScheduleHandler: groups must be a non-empty list of group indices (ints >= 0), got {describe(groups)}"
+            )
+        if total_steps is not None and (
+            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
+        ):
+            raise FitforgeTypeError(
+                f"ScheduleHandler: total_steps must be an int >= 1 or None, got {describe(total_steps)}"
+            )
         self.schedules, self.interval, self.optimizer = dict(schedules), interval, optimizer
         self.groups = None if groups is None else list(groups)
+        self.total_steps = total_steps
+        self._warned_turns = False
         if interval == "epoch":  # nothing to do per batch
             self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_BEGIN)
         self._total = 1
@@ -97,10 +121,13 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
         for key in self.schedules:
             _check_key(key, groups[0], type(optimizers[self.optimizer]).__name__)
         self._indices = list(indices)  # looked up at each change: a resume's load_state_dict makes new groups
-        self._total = fit_steps(state, "ScheduleHandler", "pass batches=N to fit")
-        self._applied_at = -1
+        self._total = self.total_steps or fit_steps(state, "ScheduleHandler", "pass batches=N to fit, or total_steps=N")
+        self._applied_at, self._warned_turns = -1, False
 
     def epoch_begin(self, state: TrainState) -> None:
+        if self.interval == "epoch" and state.batch_idx >= 0:  # a resume continues this epoch: the
+            self._applied_at = state.optimizer_steps  # optimizer's loaded state holds its values
+            return
         self._apply(state)  # also the first values of a fit, after any resume restored its steps
 
     def batch_end(self, state: TrainState) -> None:
@@ -109,11 +136,15 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
 
     def _apply(self, state: TrainState) -> None:
         steps = _own_steps(state, self.optimizer)
+        if steps != state.optimizer_steps and not self._warned_turns and self.total_steps is None:
+            self._warn_turns(state, steps)
         groups = state.estimator.optimizers[self.optimizer].param_groups
         progress = min(1.0, steps / (self._total - 1)) if self._total > 1 else 1.0
         for key, fn in self.schedules.items():
             value = fn(progress)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()  # once per step or epoch, not per batch
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise FitforgeValueError(
                     f"ScheduleHandler: the schedule of {key!r} gave {describe(value)} at progress {progress:.4g}; it "
                     "must give a finite number"
@@ -121,6 +152,18 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
             for index in self._indices:
                 _set(groups[index], key, float(value))
         self._applied_at = state.optimizer_steps
+
+    def _warn_turns(self, state: TrainState, steps: int) -> None:
+        self._warned_turns = True
+        log.warning(
+            "ScheduleHandler: optimizer %d stepped %d of the fit's first %d optimizer steps (optimizers taking "
+            "turns), but its progress counts all %d of the fit's steps, so it will end part-way; give "
+            "total_steps=N (this optimizer's steps in the fit)",
+            self.optimizer,
+            steps,
+            state.optimizer_steps,
+            self._total,
+        )
 
     def __repr__(self) -> str:
         return f"ScheduleHandler({sorted(self.schedules)}, interval={self.interval!r})"
@@ -142,6 +185,8 @@ def _check_key(key: str, group: dict, optimizer: str) -> None:
     if name not in group or name == "params":
         raise FitforgeValueError(f"ScheduleHandler: {optimizer} has no setting {name!r}; its settings: {known}")
     value = group[name]
+    if isinstance(value, bool) or value is None:
+        raise FitforgeValueError(f"ScheduleHandler: {optimizer}'s {name!r} is {value!r}, no number to schedule")
     if index is None and isinstance(value, (tuple, list)):
         raise FitforgeValueError(
             f"ScheduleHandler: {optimizer}'s {name!r} is a tuple {tuple(value)}: schedule its entries by index, "
