@@ -21,127 +21,23 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from fitforge.core.loss_hints import (
+    CLASSIFIERS,
+    ELEMENTWISE,
+    class_indices,
+    elementwise_fix,
+    hint,
+    labelless,
+    not_a_tensor,
+    quoted,
+    sequence_fix,
+    sequence_scores,
+    spec,
+    tensors,
+)
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 
 OutputKey = int | str  # an output's position, or its name in a dict of outputs
-_ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss)
-_CLASSIFIERS = (nn.CrossEntropyLoss, nn.NLLLoss)
-
-
-def _spec(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"shape {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
-    return describe(value)
-
-
-def _hint(fn: Callable, pred: Any, label: Any) -> str:
-    if isinstance(label, Mapping):
-        return (
-            f"; the label is a dict (keys: {_names(label)}): to give each output its own loss by name, pass loss "
-            "as a dict by the same names and return a dict of outputs from forward"
-        )
-    if not _tensors(pred, label):
-        return ""
-    classifier = isinstance(fn, _CLASSIFIERS)
-    indices = classifier and not label.is_floating_point() and label.shape == (pred.shape[0], *pred.shape[2:])
-    if indices and label.dtype not in (torch.int64, torch.uint8):  # labels beyond the classes: _failure's check
-        return f"; class-index labels must be int64, got {str(label.dtype).replace('torch.', '')}: use label.long()"
-    classes = (pred.shape[0], *pred.shape[2:])
-    if classifier and label.is_floating_point() and label.shape != pred.shape:
-        return f"; class-index labels must be int64 of shape {classes}: use label.long()"
-    if classifier and label.dim() == pred.dim() and label.shape[1:2] == (1,):
-        return f"; class-index labels must have shape {classes}, without the class axis: use label.squeeze(1)"
-    if isinstance(fn, _ELEMENTWISE) and not label.is_floating_point():
-        return "; this loss needs a floating-point label: use label.float()"
-    return ""
-
-
-def _labelless(names: Sequence[str]) -> str:
-    """Why a given loss cannot train on batches of data alone, and the two ways that work."""
-    return (
-        f"the loss {', '.join(names)} compares the net's output with a label, but the batches are data alone (a "
-        "tensor, a 1-tuple (x,) as TensorDataset(X) gives, or a dict without a 'labels' or 'label' key). To "
-        "reconstruct the input (an autoencoder), give it as its own label: fit((X, X), batch_size=...) "
-        "(evaluate((X, X))) or DataLoader(TensorDataset(X, X), ...); for a net that computes its own loss from "
-        "its inputs (a VAE, a language model), Estimator(net, loss=None) with forward returning the loss (a dict "
-        "{'loss': ..., 'logits': ...} or an object with a loss attribute; the logits are what metrics and "
-        "predict read). A dict batch's label goes under 'labels' (or name its key with "
-        "BatchProcessor(label_key=...))"
-    )
-
-
-def _tensors(*values: Any) -> bool:
-    return all(isinstance(value, torch.Tensor) for value in values)
-
-
-def _class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
-    """Whether ``label`` holds class indices for scores ``pred`` of shape (N, C, ...)."""
-    return (
-        pred.dim() >= 2
-        and not label.is_floating_point()
-        and label.dtype != torch.bool
-        and label.shape == (pred.shape[0], *pred.shape[2:])
-    )
-
-
-def _sequence_scores(pred: torch.Tensor, label: torch.Tensor) -> bool:
-    """Scores ``(N, T, C)`` (classes last, as a sequence model returns them) for class indices ``(N, T)``:
-    the classification losses take the classes on dim 1, ``(N, C, T)``."""
-    return (
-        pred.dim() == 3
-        and not label.is_floating_point()
-        and label.dtype != torch.bool
-        and label.shape == pred.shape[:2]
-        # as many positions as classes fits both readings: torch takes dim 1 as the classes, silently
-        and pred.shape[1] != pred.shape[2]
-    )
-
-
-def _sequence_fix(which: str, fn: Callable, pred: torch.Tensor, label: torch.Tensor) -> str:
-    n, steps, classes = pred.shape
-    name = type(fn).__name__
-    return (
-        f"{which} takes the class scores on dim 1, (N, C, T), but pred has shape {tuple(pred.shape)} and the class "
-        f"labels {tuple(label.shape)}: scores of {classes} classes on the last dim for {steps} positions, as a "
-        f"sequence model returns them. Move the classes to dim 1 in forward, return logits.transpose(1, 2) (shape "
-        f"({n}, {classes}, {steps})); or flatten both for the loss, keeping its settings: loss = nn.{name}(...), "
-        f"then Estimator(net, lambda pred, label: loss(pred.reshape(-1, {classes}), label.reshape(-1)), ...)"
-    )
-
-
-def _elementwise_fix(pred: torch.Tensor, label: torch.Tensor) -> str:
-    """How to give an elementwise loss pred and label of one shape: a view where they differ only by
-    dimensions of size 1, one-hot labels or a classification loss for class scores and class indices,
-    else the output's shape."""
-    if [d for d in pred.shape if d != 1] == [d for d in label.shape if d != 1]:
-        return f"make them equal (e.g. label.view({', '.join(str(d) for d in pred.shape)}) or squeeze the output)"
-    if _class_indices(pred, label):
-        classes = pred.shape[1]
-        one_hot = f"nn.functional.one_hot(label, {classes})" + (".movedim(-1, 1)" if pred.dim() > 2 else "")
-        return (
-            f"pred looks like scores of {classes} classes (dim 1) and label like class indices: use a "
-            f"classification loss such as nn.CrossEntropyLoss, or give one-hot labels ({one_hot}.float())"
-        )
-    return f"the net's output must have the label's shape {tuple(label.shape)} for this loss"
-
-
-def _not_a_tensor(output: Any) -> str:
-    """The fix for a net output a loss cannot take: a model's output object, or a forgotten return."""
-    if output is None:
-        return "the net must return a tensor, or a tuple of tensors for several losses (did forward() forget a return?)"
-    items = list(output) if isinstance(output, Mapping) else [k for k in ("loss", "logits") if hasattr(output, k)]
-    if items:
-        named = (
-            f", or a dict loss={{{', '.join(f'{k!r}: ...' for k in items[:2])}}} to train each output with its own loss"
-            if isinstance(output, Mapping) and "loss" not in output
-            else ""
-        )
-        return (
-            f"it holds {', '.join(map(str, items))}: use Estimator(loss=None) to train on the loss the model "
-            "computes itself, or BatchProcessor(output_key=...) to give this loss one of its items "
-            f"(e.g. output_key='logits'){named}"
-        )
-    return "the net must return a tensor, or a tuple of tensors for several losses"
 
 
 def _name(fn: Callable) -> str:
@@ -160,17 +56,13 @@ def part_keys(keys: Sequence[OutputKey]) -> tuple[str, ...]:
     return () if tuple(keys) == (0,) else tuple(part_key(key) for key in keys)
 
 
-def _names(keys: Iterable[Any]) -> str:
-    return ", ".join(map(repr, keys))
-
-
 def check_output_names(given: Iterable[Any], keys: Sequence[OutputKey], argument: str, fix: str) -> None:
     """Every name in ``given`` (``argument``'s keys) must be one of the loss's output ``keys``."""
     unknown = [key for key in given if key not in keys]
     if unknown:
         raise FitforgeValueError(
-            f"{argument} names the output(s) {_names(unknown)}, which loss does not: its outputs are "
-            f"{_names(keys)}; {fix}"
+            f"{argument} names the output(s) {quoted(unknown)}, which loss does not: its outputs are "
+            f"{quoted(keys)}; {fix}"
         )
 
 
@@ -181,7 +73,7 @@ def _check_weights(weights: Any, keys: tuple[OutputKey, ...], named: bool) -> li
     if named:
         if not isinstance(weights, Mapping) or not all(_number(w) for w in weights.values()):
             raise FitforgeTypeError(
-                f"loss_weights must be a dict of numbers by output name, as loss is (its outputs: {_names(keys)}), "
+                f"loss_weights must be a dict of numbers by output name, as loss is (its outputs: {quoted(keys)}), "
                 f"got {describe(weights)}; e.g. {{{keys[0]!r}: 1.0}}"
             )
         check_output_names(weights, keys, "loss_weights", "weigh those outputs (a name left out weighs 1.0)")
@@ -221,7 +113,7 @@ class LossSet:
             if bad:
                 raise FitforgeTypeError(
                     f"{argument} as a dict is keyed by the names of the net's outputs (non-empty strs), got the "
-                    f"key(s) {_names(bad)}; to match outputs by position, give a list of losses"
+                    f"key(s) {quoted(bad)}; to match outputs by position, give a list of losses"
                 )
         fns = list(loss.values()) if self.named else list(loss) if isinstance(loss, (list, tuple)) else [loss]
         if not fns:
@@ -276,14 +168,14 @@ class LossSet:
             if not missing:
                 return [value[key] for key in self.keys]
             raise LossInputError(
-                f"loss names the output(s) {_names(missing)}, which {what} lacks: its keys are {_names(value)}; "
+                f"loss names the output(s) {quoted(missing)}, which {what} lacks: its keys are {quoted(value)}; "
                 "name the losses (and loss_weights, metrics) after the keys the net returns and the label holds"
             )
         example = ", ".join(f"{k!r}: y_{k}" for k in self.keys[:2])
         fix = "return a dict of outputs from forward" if what == "the net's output" else f"make it (x, {{{example}}})"
         raise LossInputError(
-            f"loss is a dict by output name ({_names(self.keys)}), so {what} must be a dict holding those names, "
-            f"got {_spec(value)}: {fix}; or give loss as a list, to match outputs by position"
+            f"loss is a dict by output name ({quoted(self.keys)}), so {what} must be a dict holding those names, "
+            f"got {spec(value)}: {fix}; or give loss as a list, to match outputs by position"
         )
 
     def __call__(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -300,7 +192,7 @@ class LossSet:
         for i, p in enumerate(preds):
             if not isinstance(p, torch.Tensor):
                 raise LossInputError(
-                    f"output {self.keys[i]!r} of the net is {describe(p)}, not a tensor; {_not_a_tensor(p)}"
+                    f"output {self.keys[i]!r} of the net is {describe(p)}, not a tensor; {not_a_tensor(p)}"
                 )
         parts = [self._call(i, p, y) for i, (p, y) in enumerate(zip(preds, labels))]
         if len(parts) == 1 and self.weights[0] == 1.0 and not self.named:
@@ -311,7 +203,7 @@ class LossSet:
     def _first_call(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """The first call of a run: the label's presence and shapes checked before, the values' type after."""
         if label is None:
-            raise LossInputError(_labelless(self.names))
+            raise LossInputError(labelless(self.names))
         self.check_shapes(pred, label)
         self._shapes_checked = True
         total, parts = self(pred, label)
@@ -332,14 +224,14 @@ class LossSet:
 
     def _failure(self, i: int, pred: Any, label: Any, err: Exception) -> LossInputError:
         fn = self.fns[i]
-        if isinstance(fn, _CLASSIFIERS) and _tensors(pred, label) and _class_indices(pred, label):
+        if isinstance(fn, CLASSIFIERS) and tensors(pred, label) and class_indices(pred, label):
             try:  # torch's own bounds check (on the CPU) raised: the same explanation as the check's
                 self._check_classes(i, fn.ignore_index, pred, label)
             except LossInputError as explained:
                 return explained
         return LossInputError(
-            f"{self._which(i)} failed on pred {_spec(pred)} and label {_spec(label)}"
-            f"{_hint(self.fns[i], pred, label)}. Original error: {err}"
+            f"{self._which(i)} failed on pred {spec(pred)} and label {spec(label)}"
+            f"{hint(self.fns[i], pred, label)}. Original error: {err}"
         )
 
     def arm_checks(self) -> None:
@@ -355,28 +247,28 @@ class LossSet:
         same way: no read there."""
         preds, labels = self._pair(pred, label)
         for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
-            if not _tensors(p, y):
+            if not tensors(p, y):
                 continue
-            if isinstance(fn, _ELEMENTWISE):
+            if isinstance(fn, ELEMENTWISE):
                 self._check_elementwise(i, p, y)
-            elif isinstance(fn, _CLASSIFIERS) and _class_indices(p, y):
-                if type(fn) in _CLASSIFIERS and y.device.type == "cpu":
+            elif isinstance(fn, CLASSIFIERS) and class_indices(p, y):
+                if type(fn) in CLASSIFIERS and y.device.type == "cpu":
                     continue  # torch's loss raises on a label out of range (a subclass may not)
                 self._check_classes(i, fn.ignore_index, p, y)
-            elif isinstance(fn, _CLASSIFIERS) and _sequence_scores(p, y):
-                raise LossInputError(_sequence_fix(self._which(i), fn, p, y))
+            elif isinstance(fn, CLASSIFIERS) and sequence_scores(p, y):
+                raise LossInputError(sequence_fix(self._which(i), fn, p, y))
 
     def _check_elementwise(self, i: int, pred: torch.Tensor, label: torch.Tensor) -> None:
         if pred.shape != label.shape:
             raise LossInputError(
                 f"{self._which(i)} compares pred and label elementwise, but pred has shape "
                 f"{tuple(pred.shape)} and label {tuple(label.shape)}, which would broadcast silently; "
-                f"{_elementwise_fix(pred, label)}"
+                f"{elementwise_fix(pred, label)}"
             )
         if not label.is_floating_point():
             raise LossInputError(
-                f"{self._which(i)} needs a floating-point label, got label {_spec(label)} (pred "
-                f"{_spec(pred)}): use label.float() in a custom step, or return float labels from the Dataset "
+                f"{self._which(i)} needs a floating-point label, got label {spec(label)} (pred "
+                f"{spec(pred)}): use label.float() in a custom step, or return float labels from the Dataset "
                 "(torch.tensor(y, dtype=torch.float32))"
             )
 
@@ -397,13 +289,13 @@ class LossSet:
             else f"labels go down to {low}, but class indices start at 0 (only ignore_index={ignore_index} marks "
             "a label to skip): shift the labels"
         )
-        raise LossInputError(f"{self._which(i)} got class labels from {low} to {high} for pred {_spec(pred)}; {fix}")
+        raise LossInputError(f"{self._which(i)} got class labels from {low} to {high} for pred {spec(pred)}; {fix}")
 
     def check_first_batch(self, total: Any) -> None:
         """The total of the first batch must be a scalar tensor."""
         if not isinstance(total, torch.Tensor) or total.dim() != 0:
             raise LossInputError(
-                f"the loss must be a scalar tensor, got {_spec(total)}; use reduction='mean' or "
+                f"the loss must be a scalar tensor, got {spec(total)}; use reduction='mean' or "
                 "reduce the loss to a scalar"
             )
 
@@ -433,7 +325,7 @@ class ModelLoss:
         if isinstance(output, (torch.Tensor, tuple, list)):
             raise LossInputError(
                 f"Estimator(loss=None) trains on the loss the model computes itself, but the net returned "
-                f"{_spec(output)}, with no loss in it: give a loss function (e.g. loss=nn.CrossEntropyLoss()), "
+                f"{spec(output)}, with no loss in it: give a loss function (e.g. loss=nn.CrossEntropyLoss()), "
                 "or return the loss from forward, as a dict {'loss': ..., 'logits': ...} or an object with a "
                 "loss attribute"
             )
@@ -449,7 +341,7 @@ class ModelLoss:
     def check_first_batch(self, total: Any) -> None:
         """The model's loss must be a scalar tensor."""
         if not isinstance(total, torch.Tensor) or total.dim() != 0:
-            raise LossInputError(f"the loss the model computed must be a scalar tensor, got {_spec(total)}")
+            raise LossInputError(f"the loss the model computed must be a scalar tensor, got {spec(total)}")
 
 
 def loss_sets(

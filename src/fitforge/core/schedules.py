@@ -3,15 +3,20 @@ decay), and the length of a fit in optimizer steps that a schedule spans."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LRScheduler, OneCycleLR
 
 from fitforge.core.roles import Accumulating, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+log = logging.getLogger("fitforge")
+ONE_CYCLE_LENGTHS = {"total_steps", "epochs", "steps_per_epoch"}  # OneCycleLR's arguments that size it
 
 
 class WarmupCosineLR(LRScheduler):
@@ -96,3 +101,98 @@ def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -
             f"epochs={state.max_epochs}; {fix}"
         )
     return max(min(lengths), 1)
+
+
+def step_counter(state: TrainState) -> Accumulating | None:
+    """What counts each optimizer's steps where there are several (they may take turns); None with
+    one optimizer, or none to count: then every optimizer step is each optimizer's."""
+    updaters = players(state.handlers, Accumulating)
+    return updaters[0] if len(state.estimator.optimizers) > 1 and updaters else None
+
+
+def own_steps(state: TrainState, counter: Accumulating | None, index: int) -> int:
+    """The steps optimizer ``index`` took (``counter`` from :func:`step_counter`)."""
+    return state.optimizer_steps if counter is None else counter.steps_per_optimizer(state)[index]
+
+
+def warn_taking_turns(who: str, index: int, steps: int, state: TrainState, total: int) -> None:
+    """Say, once, that a schedule spanning every optimizer step of the fit will end part-way for an
+    optimizer that steps on some batches only, and how to size it."""
+    log.warning(
+        "%s: optimizer %d stepped %d of the fit's first %d optimizer steps (optimizers taking turns), but the "
+        "schedule spans all %d of the fit's steps, so it will end part-way; give total_steps=N (this "
+        "optimizer's steps in the fit)",
+        who,
+        index,
+        steps,
+        state.optimizer_steps,
+        total,
+    )
+
+
+def scheduled_optimizer(who: str, index: int, state: TrainState) -> Any:
+    """``estimator.optimizers[index]``, the optimizer ``who`` (a schedule) sets; a clear error if none."""
+    optimizers = state.estimator.optimizers
+    if index >= len(optimizers):
+        raise FitforgeValueError(f"{who}: optimizer={index}, but the estimator has {len(optimizers)} optimizer(s)")
+    return optimizers[index]
+
+
+class OneCycleRecipe:
+    """What :meth:`LRSchedulerHandler.one_cycle` builds at fit start, once the fit's length is known."""
+
+    name, method = "OneCycleLR", "one_cycle"
+
+    def __init__(self, max_lr: Any, index: int, kwargs: dict[str, Any]) -> None:
+        self.max_lr, self.index, self.kwargs = max_lr, index, kwargs
+        self.sized = bool(ONE_CYCLE_LENGTHS & kwargs.keys())  # its length given: nothing to warn of
+
+    def build(self, state: TrainState) -> OneCycleLR:
+        optimizer, kwargs = scheduled_optimizer("LRSchedulerHandler.one_cycle", self.index, state), dict(self.kwargs)
+        if not ONE_CYCLE_LENGTHS & kwargs.keys():
+            kwargs["total_steps"] = fit_steps(
+                state, "LRSchedulerHandler.one_cycle", "pass batches=N to fit, or total_steps=N to one_cycle"
+            )
+        kwargs.setdefault("cycle_momentum", "momentum" in optimizer.defaults or "betas" in optimizer.defaults)
+        try:
+            return OneCycleLR(optimizer, self.max_lr, **kwargs)
+        except (ValueError, TypeError) as err:
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.one_cycle: OneCycleLR rejected max_lr={self.max_lr!r} with {kwargs}: {err}"
+            ) from err
+
+
+class WarmupCosineRecipe:
+    """What :meth:`LRSchedulerHandler.warmup_cosine` builds at fit start, once the fit's length is known."""
+
+    name, method = "WarmupCosineLR", "warmup_cosine"
+
+    def __init__(self, warmup: int | float, min_lr: Any, index: int, total_steps: int | None) -> None:
+        self.warmup, self.min_lr, self.index, self.total_steps = warmup, min_lr, index, total_steps
+        self.sized = total_steps is not None
+
+    def build(self, state: TrainState) -> WarmupCosineLR:
+        optimizer = scheduled_optimizer("LRSchedulerHandler.warmup_cosine", self.index, state)
+        total = self.total_steps
+        if total is None:
+            total = fit_steps(state, "LRSchedulerHandler.warmup_cosine", "pass batches=N to fit, or total_steps=N")
+        # A fraction of the steps, rounded down (a product a hair under a whole number counts as it)
+        warmup = self.warmup if isinstance(self.warmup, int) else math.floor(self.warmup * total + 1e-9)
+        if total < warmup + 2:
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.warmup_cosine: this fit takes {total} optimizer step(s), which leaves no decay "
+                f"after a warm-up of {warmup}: the peak is at step {warmup} and min_lr at the last step; use a "
+                "shorter warm-up or a longer fit"
+            )
+        peaks = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        lows = self.min_lr if isinstance(self.min_lr, (list, tuple)) else [self.min_lr] * len(peaks)
+        above = [(low, peak) for low, peak in zip(lows, peaks) if isinstance(low, (int, float)) and low > peak]
+        if above:
+            raise FitforgeValueError(
+                f"LRSchedulerHandler.warmup_cosine: min_lr={above[0][0]} is above the rate it decays from, the "
+                f"optimizer's lr={above[0][1]}: give a min_lr below each parameter group's lr"
+            )
+        try:
+            return WarmupCosineLR(optimizer, warmup, total, self.min_lr)
+        except (FitforgeValueError, FitforgeTypeError) as err:
+            raise FitforgeValueError(f"LRSchedulerHandler.warmup_cosine: {err}") from err

@@ -14,14 +14,21 @@ from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.history import numbered_key
 from fitforge.core.monitor import Monitor, infer_mode
-from fitforge.core.roles import Accumulating, Monitoring, players
-from fitforge.core.schedules import WarmupCosineLR, fit_steps
+from fitforge.core.roles import Accumulating, Monitoring
+from fitforge.core.schedules import (
+    OneCycleRecipe,
+    WarmupCosineRecipe,
+    fit_steps,
+    own_steps,
+    scheduled_optimizer,
+    step_counter,
+    warn_taking_turns,
+)
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
 _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optimizer", "max_lr"})
-_LENGTH_ARGS = {"total_steps", "epochs", "steps_per_epoch"}
 
 
 class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
@@ -76,7 +83,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
 
     def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str | None = None) -> None:
-        recipe = scheduler if isinstance(scheduler, (_OneCycle, _WarmupCosine)) else None
+        recipe = scheduler if isinstance(scheduler, (OneCycleRecipe, WarmupCosineRecipe)) else None
         if recipe is None and not isinstance(scheduler, (LRScheduler, ReduceLROnPlateau)):
             hint = (
                 "; wrap the optimizer in one, e.g. StepLR(optimizer, step_size=10)"
@@ -157,7 +164,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 f"LRSchedulerHandler.one_cycle got unknown argument(s) {unknown}; OneCycleLR "
                 f"takes {', '.join(_ONE_CYCLE_ARGS)}"
             )
-        return cls(_OneCycle(max_lr, optimizer, onecycle_kwargs), interval="batch")
+        return cls(OneCycleRecipe(max_lr, optimizer, onecycle_kwargs), interval="batch")
 
     @classmethod
     def warmup_cosine(
@@ -216,13 +223,14 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
             )
         _check_index("warmup_cosine", optimizer)
         steps = int(warmup) if integer else warmup
-        return cls(_WarmupCosine(steps, min_lr, optimizer, total_steps), interval="batch")
+        return cls(WarmupCosineRecipe(steps, min_lr, optimizer, total_steps), interval="batch")
 
     def train_begin(self, state: TrainState) -> None:
         self._steps_seen = None  # set at the first epoch_begin, after a resume may have restored it
         if self._recipe is not None:  # rebuilt per fit: before CheckpointHandler (persist) loads the optimizer
             self._rates, self._warned_turns = None, False
-            rates = [group["lr"] for group in _optimizer(self._recipe.method, self._recipe.index, state).param_groups]
+            optimizer = scheduled_optimizer(f"LRSchedulerHandler.{self._recipe.method}", self._recipe.index, state)
+            rates = [group["lr"] for group in optimizer.param_groups]
             self.scheduler = self._recipe.build(state)
             self._rates = rates  # built: the rates to give back if the fit takes no step
             if self._pending is not None:
@@ -235,8 +243,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 "(or estimator.optimizers[i])"
             )
         self._index = next(i for i, optimizer in enumerate(optimizers) if self.scheduler.optimizer is optimizer)
-        updaters = players(state.handlers, Accumulating)
-        self._updater = updaters[0] if len(optimizers) > 1 and updaters else None
+        self._updater = step_counter(state)
         self._batches_seen = -1  # the first batch looks, whatever a resume restored
         if self._monitor is not None:
             self._check_mode(state)
@@ -330,9 +337,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
 
     def _own_steps(self, state: TrainState) -> int:
         """The steps its optimizer took: every optimizer step, unless several optimizers step by turns."""
-        if self._updater is None:
-            return state.optimizer_steps
-        return self._updater.steps_per_optimizer(state)[self._index]
+        return own_steps(state, self._updater, self._index)
 
     def _follow_steps(self, state: TrainState) -> None:
         scheduler, seen, steps = self.scheduler, self._steps_seen or 0, self._own_steps(state)
@@ -351,16 +356,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         if recipe is None or recipe.sized or state.optimizer_steps < 2 or steps == state.optimizer_steps:
             return
         self._warned_turns = True
-        log.warning(
-            "LRSchedulerHandler.%s: optimizer %d stepped %d of the fit's first %d optimizer steps (optimizers "
-            "taking turns), but the schedule spans all %d of the fit's steps, so it will end part-way; give "
-            "total_steps=N (this optimizer's steps in the fit)",
-            recipe.method,
-            self._index,
-            steps,
-            state.optimizer_steps,
-            self.scheduler.total_steps,
-        )
+        warn_taking_turns(f"LRSchedulerHandler.{recipe.method}", self._index, steps, state, self.scheduler.total_steps)
 
     def _step_epoch(self, state: TrainState) -> bool:
         if self._monitor is None:
@@ -423,72 +419,3 @@ def _check_index(method: str, optimizer: Any) -> None:
             f"LRSchedulerHandler.{method}: optimizer must be an index into "
             f"estimator.optimizers (an int >= 0), got {describe(optimizer)}"
         )
-
-
-def _optimizer(method: str, index: int, state: TrainState) -> Any:
-    optimizers = state.estimator.optimizers
-    if index >= len(optimizers):
-        raise FitforgeValueError(
-            f"LRSchedulerHandler.{method}: optimizer={index}, but the estimator has {len(optimizers)} optimizer(s)"
-        )
-    return optimizers[index]
-
-
-class _OneCycle:
-    """What :meth:`LRSchedulerHandler.one_cycle` builds at fit start, once the fit's length is known."""
-
-    name, method = "OneCycleLR", "one_cycle"
-
-    def __init__(self, max_lr: Any, index: int, kwargs: dict[str, Any]) -> None:
-        self.max_lr, self.index, self.kwargs = max_lr, index, kwargs
-        self.sized = bool(_LENGTH_ARGS & kwargs.keys())  # its length given: nothing to warn of
-
-    def build(self, state: TrainState) -> OneCycleLR:
-        optimizer, kwargs = _optimizer("one_cycle", self.index, state), dict(self.kwargs)
-        if not _LENGTH_ARGS & kwargs.keys():
-            kwargs["total_steps"] = fit_steps(
-                state, "LRSchedulerHandler.one_cycle", "pass batches=N to fit, or total_steps=N to one_cycle"
-            )
-        kwargs.setdefault("cycle_momentum", "momentum" in optimizer.defaults or "betas" in optimizer.defaults)
-        try:
-            return OneCycleLR(optimizer, self.max_lr, **kwargs)
-        except (ValueError, TypeError) as err:
-            raise FitforgeValueError(
-                f"LRSchedulerHandler.one_cycle: OneCycleLR rejected max_lr={self.max_lr!r} with {kwargs}: {err}"
-            ) from err
-
-
-class _WarmupCosine:
-    """What :meth:`LRSchedulerHandler.warmup_cosine` builds at fit start, once the fit's length is known."""
-
-    name, method = "WarmupCosineLR", "warmup_cosine"
-
-    def __init__(self, warmup: int | float, min_lr: Any, index: int, total_steps: int | None) -> None:
-        self.warmup, self.min_lr, self.index, self.total_steps = warmup, min_lr, index, total_steps
-        self.sized = total_steps is not None
-
-    def build(self, state: TrainState) -> WarmupCosineLR:
-        optimizer = _optimizer("warmup_cosine", self.index, state)
-        total = self.total_steps
-        if total is None:
-            total = fit_steps(state, "LRSchedulerHandler.warmup_cosine", "pass batches=N to fit, or total_steps=N")
-        # A fraction of the steps, rounded down (a product a hair under a whole number counts as it)
-        warmup = self.warmup if isinstance(self.warmup, int) else math.floor(self.warmup * total + 1e-9)
-        if total < warmup + 2:
-            raise FitforgeValueError(
-                f"LRSchedulerHandler.warmup_cosine: this fit takes {total} optimizer step(s), which leaves no decay "
-                f"after a warm-up of {warmup}: the peak is at step {warmup} and min_lr at the last step; use a "
-                "shorter warm-up or a longer fit"
-            )
-        peaks = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
-        lows = self.min_lr if isinstance(self.min_lr, (list, tuple)) else [self.min_lr] * len(peaks)
-        above = [(low, peak) for low, peak in zip(lows, peaks) if isinstance(low, (int, float)) and low > peak]
-        if above:
-            raise FitforgeValueError(
-                f"LRSchedulerHandler.warmup_cosine: min_lr={above[0][0]} is above the rate it decays from, the "
-                f"optimizer's lr={above[0][1]}: give a min_lr below each parameter group's lr"
-            )
-        try:
-            return WarmupCosineLR(optimizer, warmup, total, self.min_lr)
-        except (FitforgeValueError, FitforgeTypeError) as err:
-            raise FitforgeValueError(f"LRSchedulerHandler.warmup_cosine: {err}") from err

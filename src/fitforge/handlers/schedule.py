@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from fitforge.core.events import BatchEnd, EpochBegin, Event, Stage, TrainBegin
-from fitforge.core.roles import Accumulating, players
-from fitforge.core.schedules import fit_steps
+from fitforge.core.schedules import fit_steps, own_steps, scheduled_optimizer, step_counter, warn_taking_turns
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -108,21 +107,17 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
         self._applied_at = -1  # the optimizer steps the values were last set for
 
     def train_begin(self, state: TrainState) -> None:
-        optimizers = state.estimator.optimizers
-        if self.optimizer >= len(optimizers):
-            raise FitforgeValueError(
-                f"ScheduleHandler: optimizer={self.optimizer}, but the estimator has {len(optimizers)} optimizer(s)"
-            )
-        groups = optimizers[self.optimizer].param_groups
+        optimizer = scheduled_optimizer("ScheduleHandler", self.optimizer, state)
+        groups = optimizer.param_groups
         indices = range(len(groups)) if self.groups is None else self.groups
         bad = [i for i in indices if not 0 <= i < len(groups)]
         if bad:
             raise FitforgeValueError(f"ScheduleHandler: groups {bad} are not among the optimizer's {len(groups)}")
         for key in self.schedules:
-            _check_key(key, groups[0], type(optimizers[self.optimizer]).__name__)
+            _check_key(key, groups[0], type(optimizer).__name__)
         self._indices = list(indices)  # looked up at each change: a resume's load_state_dict makes new groups
         self._total = self.total_steps or fit_steps(state, "ScheduleHandler", "pass batches=N to fit, or total_steps=N")
-        self._applied_at, self._warned_turns = -1, False
+        self._applied_at, self._warned_turns, self._counter = -1, False, step_counter(state)
 
     def epoch_begin(self, state: TrainState) -> None:
         if self.interval == "epoch" and state.batch_idx >= 0:  # a resume continues this epoch: the
@@ -135,9 +130,10 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
             self._apply(state)
 
     def _apply(self, state: TrainState) -> None:
-        steps = _own_steps(state, self.optimizer)
+        steps = own_steps(state, self._counter, self.optimizer)
         if steps != state.optimizer_steps and not self._warned_turns and self.total_steps is None:
-            self._warn_turns(state, steps)
+            self._warned_turns = True
+            warn_taking_turns("ScheduleHandler", self.optimizer, steps, state, self._total)
         groups = state.estimator.optimizers[self.optimizer].param_groups
         progress = min(1.0, steps / (self._total - 1)) if self._total > 1 else 1.0
         for key, fn in self.schedules.items():
@@ -153,28 +149,8 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
                 _set(groups[index], key, float(value))
         self._applied_at = state.optimizer_steps
 
-    def _warn_turns(self, state: TrainState, steps: int) -> None:
-        self._warned_turns = True
-        log.warning(
-            "ScheduleHandler: optimizer %d stepped %d of the fit's first %d optimizer steps (optimizers taking "
-            "turns), but its progress counts all %d of the fit's steps, so it will end part-way; give "
-            "total_steps=N (this optimizer's steps in the fit)",
-            self.optimizer,
-            steps,
-            state.optimizer_steps,
-            self._total,
-        )
-
     def __repr__(self) -> str:
         return f"ScheduleHandler({sorted(self.schedules)}, interval={self.interval!r})"
-
-
-def _own_steps(state: TrainState, index: int) -> int:
-    """The steps optimizer ``index`` took: every optimizer step, unless several step by turns."""
-    if len(state.estimator.optimizers) == 1:
-        return state.optimizer_steps
-    updaters = players(state.handlers, Accumulating)
-    return updaters[0].steps_per_optimizer(state)[index] if updaters else state.optimizer_steps
 
 
 def _check_key(key: str, group: dict, optimizer: str) -> None:

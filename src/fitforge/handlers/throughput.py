@@ -81,7 +81,7 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
         if flops:  # the first batch's step is counted between its batch_begin and its backward_end
             events += [Event.TRAIN_BEGIN, Event.BATCH_BEGIN, Event.BACKWARD_END, Event.TRAIN_END]
         self.handled_events = tuple(events)
-        self._tally, self._batches = Tally(), Tally()
+        self._tally, self._batches = Tally(), 0  # the epoch's samples (and tokens), and its batches here
         self._started = 0.0
         self._counter: FlopCounterMode | None = None
         self.step_flops: int | None = None  # FLOPs of one training step, once counted
@@ -114,7 +114,7 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
 
     def epoch_begin(self, state: TrainState) -> None:
         self._tally.reset()
-        self._batches.reset()
+        self._batches = 0
         self._started = time.perf_counter()
 
     def batch_begin(self, state: TrainState) -> None:
@@ -140,7 +140,7 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
             self._tally.add(out.batch_size, _tokens(inputs))
         else:
             self._tally.add(out.batch_size)
-        self._batches.add(1)
+        self._batches += 1
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":
@@ -150,10 +150,11 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
         if device.type == "cuda":  # the epoch ends when the device is through with its batches
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - self._started
-        local_batches = self._batches.count
+        local_batches, every_rank = self._batches, Tally()
+        every_rank.add(local_batches)
         self._tally.fold(device)
-        with reduced_sums([self._tally, self._batches]):
-            samples, tokens, batches = self._tally.count, self._tally.total(), self._batches.count
+        with reduced_sums([self._tally, every_rank]):
+            samples, tokens, batches = self._tally.count, self._tally.total(), every_rank.count
         if state.ranks.several:  # the job's time is its slowest rank's: every rank records the same figures
             slowest = torch.tensor(seconds, dtype=torch.float64, device=state.estimator.device)
             state.ranks.max_(slowest)
