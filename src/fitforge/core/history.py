@@ -253,10 +253,15 @@ def finish_figure(fig: Any, path: str | Path | None) -> Any:
     return fig
 
 
+def is_speed(name: str) -> bool:
+    """Whether a key or metric name is a speed (``train_samples_per_s``, ``mfu``): how fast an epoch
+    ran rather than how the model does, which summaries and plots leave out unless asked."""
+    return name.endswith(("_per_s", "mfu"))
+
+
 def default_plotted(names: list[str]) -> list[str]:
-    """The metric names a plot shows unless asked for others: not the speeds (``samples_per_s``,
-    ``mfu``), which say how fast an epoch ran rather than how the model does."""
-    return [name for name in names if not name.endswith(("_per_s", "mfu"))]
+    """The metric names a plot shows unless asked for others: not the speeds (:func:`is_speed`)."""
+    return [name for name in names if not is_speed(name)]
 
 
 def metric_names(columns: Iterable[str]) -> list[str]:

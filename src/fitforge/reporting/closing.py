@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from fitforge.core.history import History
+from fitforge.core.history import History, is_speed
 from fitforge.core.state import TrainState
 from fitforge.reporting.formatting import epoch_label, format_values
 
@@ -86,11 +86,9 @@ def raised(error: BaseException | None) -> str:
     return f"{name}: {message}"
 
 
-_SPEEDS = ("_per_s", "_mfu")  # how fast an epoch ran, not what the weights do: left out of the summary
-
-
 def _reported(history: History) -> list[str]:
-    return [key for key in history if key.startswith(("train_", "val_")) and not key.endswith(_SPEEDS)]
+    """The values of the summary: not the speeds, which say nothing of the weights it describes."""
+    return [key for key in history if key.startswith(("train_", "val_")) and not is_speed(key)]
 
 
 def _row(history: History, epoch: int) -> dict[str, float]:
