@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of docs/performance.md (a lent device's time is short), in parts that each fit one
-# device call; outputs under $OUT (default ./gpu-figures). Not yet timed on a GPU.
+# device call; outputs under $OUT (default ./gpu-figures). On an H100 (2026-11-27): tests 30 s,
+# overhead 172 s, throughput 106 s with one pair per configuration (more with 5).
 #   bash benchmarks/gpu_checks.sh tests         # CUDA-only tests: no host sync per step (a few minutes with compiles)
 #   bash benchmarks/gpu_checks.sh overhead      # overhead.py --device cuda: workloads A, B and Z
 #   bash benchmarks/gpu_checks.sh throughput    # fit vs a hand-written loop, ResNet-18/AlexNet, batch 128 and 256
@@ -25,11 +26,11 @@ tests() {
 overhead() {
     OMP_NUM_THREADS=1 $PY benchmarks/overhead.py --device cuda --workload all | tee "$OUT/overhead.txt"
 }
-throughput() {  # $1: the configurations
+throughput() {  # $1: the configurations; one pair of runs moves by up to 25% on an H100, so 5 pairs each
     $PY benchmarks/throughput.py --device cuda --models resnet18 alexnet --batch-size 128 --batches 50 --warmup 5 \
-        --configs $1 --hand --table | tee "$OUT/throughput-128.md"
+        --configs $1 --hand --pairs 5 --table | tee "$OUT/throughput-128.md"
     $PY benchmarks/throughput.py --device cuda --models resnet18 --batch-size 256 --batches 50 --warmup 5 \
-        --configs eager-fp32 eager-bf16 --hand --table | tee "$OUT/throughput-256.md"
+        --configs eager-fp32 eager-bf16 --hand --pairs 5 --table | tee "$OUT/throughput-256.md"
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"

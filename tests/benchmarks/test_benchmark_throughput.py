@@ -115,3 +115,21 @@ def test_command_line_rejects_an_unknown_model(throughput, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         throughput.main()
     assert "invalid choice: 'vgg'" in capsys.readouterr().err
+
+
+def test_pairs_report_the_median_paired_ratio_and_its_range(throughput, monkeypatch):
+    speeds = {"fit": iter([100.0, 300.0, 200.0]), "hand": iter([100.0, 100.0, 400.0])}
+
+    def timed(which):
+        return lambda *args: {"samples_per_s": next(speeds[which]), "seconds": 1.0, "batches": 1}
+
+    monkeypatch.setattr(throughput, "run_config", timed("fit"))
+    monkeypatch.setattr(throughput, "run_hand", timed("hand"))
+    report = throughput.measure(["logistic_regression"], ["eager-fp32"], ["cpu"], 1, 0, hand=True, pairs=3)
+    result = report["devices"]["cpu"]["models"]["logistic_regression"]["configs"]["eager-fp32"]
+    # paired ratios 1.0, 3.0 and 0.5: their median, not the ratio of the medians (200 / 100)
+    assert result["vs_hand"] == 1.0 and result["vs_hand_range"] == [0.5, 3.0]
+    assert result["samples_per_s"] == 200.0 and result["hand"]["samples_per_s"] == 100.0
+    assert report["pairs"] == 3 and "median of 3 paired runs" in throughput.table(report, ["eager-fp32"])
+    with pytest.raises(ValueError, match="pairs"):
+        throughput.measure(["logistic_regression"], ["eager-fp32"], ["cpu"], 1, 0, hand=True, pairs=0)
