@@ -40,6 +40,7 @@ from fitforge.core.processor import (
     check_batch_output,
     check_batch_processor,
 )
+from fitforge.core.roles import WeightAveraging, players
 from fitforge.core.run import RunContext, inference
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions
@@ -156,6 +157,8 @@ class Estimator:
         self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
         self.train_net = parallelize(self.net, self.optimizers, self.device, self.strategy, strategy_options, wrapper)
         self.history = History()  # every epoch of every fit (each fit returns its own History)
+        # The last fit's EMAHandler (a WeightAveraging role): evaluate and predict use its weights.
+        self.weight_average: WeightAveraging | None = None
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:
@@ -271,6 +274,8 @@ class Estimator:
             validation_split,
         )
         dispatcher = plan.dispatcher
+        averaging = players(dispatcher.handlers, WeightAveraging)
+        self.weight_average = averaging[0] if averaging else None  # a later fit without one evaluates its own weights
         # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
         several = world_size() > 1
         coordinator = StopAgreement(isinstance(self.train_net, DistributedDataParallel)) if several else Alone()
@@ -366,7 +371,7 @@ class Estimator:
         return None.
         """
         predictions, state, run, plan = self._prediction(data, event_handlers, batch_size)
-        with inference(self.val_net, self.strategy != "fsdp"):
+        with inference(self.val_net, self.strategy != "fsdp", self.weight_average):
             run_pass(state, run)
         joined = predictions.joined(self.device)
         if plan.sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
@@ -397,7 +402,7 @@ class Estimator:
         passing = pass_batches(state, run)
         try:
             while True:
-                with inference(self.val_net, self.strategy != "fsdp"):
+                with inference(self.val_net, self.strategy != "fsdp", self.weight_average):
                     more = next(passing, _DONE) is not _DONE
                 yield from predictions.take()
                 if not more:

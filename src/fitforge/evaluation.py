@@ -66,7 +66,7 @@ class Evaluation:
         )
         if self.check is not None:
             estimator.arm_loss_checks("validate")
-        with inference(estimator.val_net, estimator.strategy != "fsdp"):
+        with inference(estimator.val_net, estimator.strategy != "fsdp", estimator.weight_average):
             run_pass(state, run)
         self.check = run.check  # cleared once a pass read a batch
         return dict(state.metrics)

@@ -65,7 +65,10 @@ def check_first_val_batch(
     worker process started (see :func:`first_samples`). Returns whether it checked a batch."""
     if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
         return False
-    with torch_rng_kept(estimator.device), inference(estimator.val_net, estimator.strategy != "fsdp"):
+    with (
+        torch_rng_kept(estimator.device),
+        inference(estimator.val_net, estimator.strategy != "fsdp", estimator.weight_average),
+    ):
         batch = first_samples(val_data)
         if batch is None:
             return False  # empty: reported by check_data or at the first validation

@@ -61,6 +61,7 @@ class Stage(IntEnum):
 
     GUARD = -3000  # NaNGuardHandler: judge the batch before anything uses it
     STEP = -2000  # GradientUpdateHandler: clip and step, so later handlers see the updated weights
+    AVERAGE = -1900  # EMAHandler: average the weights just stepped, before anything evaluates or saves them
     METRICS = -1000  # MetricHandler: this epoch's training values for every handler after it
     THROUGHPUT = -950  # ThroughputHandler: the epoch's training time ends after the metrics' read, before validation
     VALIDATE = -900  # ValidationHandler: the val_ values, after the training ones, before the user's handlers

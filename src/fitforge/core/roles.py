@@ -28,6 +28,9 @@ Accumulating        GradientUpdateHandler                  ``accumulate``; an op
 EpochLines          LoggingHandler                         prints each epoch's line (a progress bar
                                                            then shows none; console output is set up)
 NonFiniteGuarding   NaNGuardHandler                        a diverged loss is watched already
+WeightAveraging     EMAHandler                             evaluation, prediction, validation and the
+                                                           best checkpoint run with its averaged
+                                                           weights (:func:`averaged_weights`)
 ==================  =====================================  ===========================================
 
 Example:
@@ -40,7 +43,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -62,7 +66,9 @@ __all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs
     "Stopping",
     "Validating",
     "ValidationSetup",
+    "WeightAveraging",
     "Wrapping",
+    "averaged_weights",
     "players",
     "plays",
     "role_of",
@@ -212,6 +218,48 @@ class NonFiniteGuarding:
     """Acts on nan or inf losses (stops, skips or raises): a diverged run needs no hint to add one."""
 
 
+class WeightAveraging:
+    """Keeps averaged weights of ``estimator.net`` (an exponential moving average) that the net is
+    evaluated with. fit makes the run's handler playing it ``estimator.weight_average``; while its
+    ``evaluates_averaged`` is True, ``evaluate``, ``predict``, the validation in fit and the best
+    checkpoint put the averaged weights into the net for their duration (:meth:`swap_in`) and the
+    trained ones back after (:meth:`swap_out`). Both are no-ops until it holds an average."""
+
+    @property
+    def evaluates_averaged(self) -> bool:
+        """Whether evaluation runs with the averaged weights (the handler's switch)."""
+        return True
+
+    def swap_in(self) -> None:
+        """Put the averaged weights into the net, keeping the trained ones aside."""
+
+    def swap_out(self) -> None:
+        """Put the trained weights back."""
+
+    def sharded_averages(self) -> dict[str, Any]:
+        """Under FSDP, the averages by parameter name, sharded as the parameters (DTensors), saved
+        and loaded with the net's shards (:mod:`fitforge.distributed.fsdp`); else ``{}``."""
+        return {}
+
+    def load_averaged(self, weights: dict[str, Any]) -> None:
+        """Copy ``weights`` (a ``state_dict`` of the net) into the average."""
+
+
+@contextmanager
+def averaged_weights(estimator: EstimatorLike) -> Iterator[WeightAveraging | None]:
+    """The net holds the estimator's averaged weights (:class:`WeightAveraging`) in the block, when
+    evaluation uses them; yields the averaging handler then, else None (the net as it is)."""
+    average = estimator.weight_average
+    if average is None or not average.evaluates_averaged:
+        yield None
+        return
+    average.swap_in()
+    try:
+        yield average
+    finally:
+        average.swap_out()
+
+
 # What a handler defined for fitforge to find by name before the roles, and the roles' own
 # methods: defined without the role, fitforge would never call them (see :func:`missing_roles`).
 _NAMES = {
@@ -223,6 +271,7 @@ _NAMES = {
     KeyRecording: ("history_keys",),
     Accumulating: ("share_open_group", "steps_per_optimizer"),
     EpochLines: ("shows_epoch_lines",),
+    WeightAveraging: ("swap_in", "swap_out", "evaluates_averaged"),
 }
 _CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
 ROLES = (*_NAMES, NonFiniteGuarding)

@@ -68,29 +68,38 @@ class inference:
     """Eval mode under ``torch.inference_mode`` (``no_grad`` with ``inference_mode=False``: FSDP keeps
     the parameters it gathers for the next forward, which must not be inference tensors) for a
     block; the modes the net's modules were in are restored after (see :func:`switch_training`).
-    Entered once (a new one per block). A class rather than a generator, whose wrapping costs
-    more than twice as much: this is entered at every validation."""
+    With ``average`` (the estimator's :class:`~fitforge.core.roles.WeightAveraging` handler), the
+    block runs with its averaged weights when it evaluates with them. Entered once (a new one per
+    block). A class rather than a generator, whose wrapping costs more than twice as much: this is
+    entered at every validation."""
 
-    __slots__ = ("grad", "net", "restore")
+    __slots__ = ("average", "grad", "net", "restore")
 
-    def __init__(self, net: nn.Module, inference_mode: bool = True) -> None:
+    def __init__(self, net: nn.Module, inference_mode: bool = True, average: Any = None) -> None:
         self.net = net
         self.grad = torch.inference_mode() if inference_mode else torch.no_grad()  # inference_mode: no version counters
         self.restore: Callable[[], None] | None = None
+        self.average = average if average is not None and average.evaluates_averaged else None
 
     def __enter__(self) -> None:
         if self.restore is not None:
             raise RuntimeError("inference(...) is entered once: make a new one for each block")
         self.restore = switch_training(self.net, False)
         try:
+            if self.average is not None:  # outside inference_mode: the net's own tensors are written
+                self.average.swap_in()
             self.grad.__enter__()
         except BaseException:
+            if self.average is not None:
+                self.average.swap_out()
             self.restore()
             raise
 
     def __exit__(self, *exc_info: object) -> None:
         try:
             self.grad.__exit__(*exc_info)
+            if self.average is not None:
+                self.average.swap_out()
         finally:
             assert self.restore is not None  # set by __enter__
             self.restore()

@@ -51,6 +51,7 @@ class EstimatorLike(Protocol):
     train_metrics: list[Any]  # MetricSlot objects (fitforge.metrics, a layer above the core)
     val_metrics: list[Any]
     batch_processor: StepProcessor
+    weight_average: Any  # the fit's WeightAveraging handler (EMA), whose weights evaluation uses; or None
 
     @property
     def optimizer(self) -> torch.optim.Optimizer: ...

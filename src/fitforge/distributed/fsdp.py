@@ -10,10 +10,11 @@ Other ``strategy_options`` go to ``fully_shard`` (e.g. ``reshard_after_forward``
 ``fully_shard`` replaces the net's parameters by sharded ones, so the optimizers the Estimator was
 given (built on the old ones, and not stepped yet) are pointed at the new parameters by name.
 
-A checkpoint's weights, optimizer states (and an open accumulation group's gradients) are written
-by every rank, each its shard, with ``torch.distributed.checkpoint.save`` into a folder beside the
-checkpoint file; the file, written by rank 0 once every shard is on disk, names the folder. DCP
-loads the folder into any number of ranks, or into one process without a process group.
+A checkpoint's weights, optimizer states (and an open accumulation group's gradients, and an
+EMAHandler's average) are written by every rank, each its shard, with
+``torch.distributed.checkpoint.save`` into a folder beside the checkpoint file; the file, written by
+rank 0 once every shard is on disk, names the folder. DCP loads the folder into any number of
+ranks, or into one process without a process group.
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ def _state(estimator: EstimatorLike, grads: bool) -> dict[str, Any]:
 
     model, optim = get_state_dict(estimator.net, estimator.optimizers)
     state: dict[str, Any] = {"model": model, "optim": optim}
+    average = estimator.weight_average  # an EMAHandler's average, sharded as the weights
+    averages = {} if average is None else average.sharded_averages()
+    if averages:
+        state["averages"] = averages
     if grads:
         state["grads"] = {
             name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in estimator.net.named_parameters()
@@ -157,6 +162,8 @@ def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads
     state = _state(estimator, grads)
     if not optimizers:
         del state["optim"]
+    if "averages" in state and not _holds(folder, "averages."):  # saved before the run averaged: it starts anew
+        del state["averages"]
     dcp.load(state, checkpoint_id=str(folder))
     if optimizers:
         set_state_dict(
@@ -165,3 +172,11 @@ def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads
     else:
         set_model_state_dict(estimator.net, state["model"])
     return state.get("grads", {})
+
+
+def _holds(folder: Path, prefix: str) -> bool:
+    """Whether the DCP folder holds entries whose names start with ``prefix``."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    return any(key.startswith(prefix) for key in metadata.state_dict_metadata)

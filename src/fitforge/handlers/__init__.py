@@ -3,6 +3,7 @@
 from fitforge.handlers.checkpoint import CheckpointHandler
 from fitforge.handlers.csv_logger import CSVLoggerHandler
 from fitforge.handlers.early_stopping import EarlyStoppingHandler
+from fitforge.handlers.ema import EMAHandler
 from fitforge.handlers.gradient_update import GradientUpdateHandler
 from fitforge.handlers.lambda_handler import LambdaHandler
 from fitforge.handlers.live_plot import LivePlotHandler
@@ -22,6 +23,7 @@ from fitforge.handlers.validation import ValidationHandler
 __all__ = [
     "CSVLoggerHandler",
     "CheckpointHandler",
+    "EMAHandler",
     "EarlyStoppingHandler",
     "GradientUpdateHandler",
     "LRSchedulerHandler",

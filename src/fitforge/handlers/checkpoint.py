@@ -17,7 +17,7 @@ from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.monitor import Monitor
-from fitforge.core.roles import Checkpointing, Monitoring
+from fitforge.core.roles import Checkpointing, Monitoring, averaged_weights
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -330,13 +330,14 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         if self._refuses_non_finite(state, self._folder.single("best").name, epochs, state.global_step):
             return
         previous, self.best = self.best, value
-        self.best_path = self._save_single(
-            state,
-            "best",
-            epochs,
-            state.global_step,
-            {"best": {"monitor": self.monitor, "value": value, "epoch": state.epoch}},
-        )
+        with averaged_weights(state.estimator):  # the weights the value was judged on (an EMA's)
+            self.best_path = self._save_single(
+                state,
+                "best",
+                epochs,
+                state.global_step,
+                {"best": {"monitor": self.monitor, "value": value, "epoch": state.epoch}},
+            )
         log.info(
             "%s improved from %s to %.4g: saved %s",
             self.monitor,

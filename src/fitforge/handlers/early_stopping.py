@@ -8,7 +8,7 @@ from typing import Any
 from fitforge.core.arguments import check_flag, check_non_negative, check_number
 from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
 from fitforge.core.monitor import Monitor
-from fitforge.core.roles import Monitoring, Stopping
+from fitforge.core.roles import Monitoring, Stopping, averaged_weights
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 
@@ -103,9 +103,10 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
         if self._monitor.improved(value, self.best):
             self.best, self.best_epoch, self.wait = value, state.epoch, 0
             if self.restore_best:  # kept on the host: a second copy must not fill the device
-                self._best_weights = {
-                    k: v.detach().to("cpu", copy=True) for k, v in state.estimator.net.state_dict().items()
-                }
+                with averaged_weights(state.estimator):  # the weights the value was judged on (an EMA's)
+                    self._best_weights = {
+                        k: v.detach().to("cpu", copy=True) for k, v in state.estimator.net.state_dict().items()
+                    }
             return
         self.wait += 1
         if self.wait >= max(self.patience, 1):
@@ -130,7 +131,11 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
             and best_epoch != state.epoch
             and state.preempted is None
         ):
-            state.estimator.net.load_state_dict(self._best_weights)
+            average = state.estimator.weight_average
+            if average is not None and average.evaluates_averaged:  # evaluation runs with the average: the
+                average.load_averaged(self._best_weights)  # best one goes back there; the raw weights train on
+            else:
+                state.estimator.net.load_state_dict(self._best_weights)
             state.restored_epoch = best_epoch + 1  # the closing summary reports that row
             shown = state.epochs_before + best_epoch + 1  # numbered across fits, as the epoch lines
             log.info("restored the weights of epoch %d (%s=%.4g)", shown, self.monitor, self.best)

@@ -1,0 +1,208 @@
+"""EMAHandler: an exponential moving average of the weights, which evaluation runs with."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from fitforge.core.arguments import check_flag, check_positive
+from fitforge.core.events import BatchEnd, EpochBegin, Stage, TrainBegin
+from fitforge.core.roles import WeightAveraging
+from fitforge.core.state import TrainState
+from fitforge.distributed.fsdp import hold_shards
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+log = logging.getLogger("fitforge")
+_BUFFERS = ("average", "live")
+
+
+class EMAHandler(TrainBegin, EpochBegin, BatchEnd, WeightAveraging):
+    """Keep an exponential moving average of the net's weights, and evaluate with it, as Keras's
+    ``use_ema``, Lightning's ``EMAWeightAveraging`` and Ignite's ``EMAHandler`` do.
+
+    After every ``every``-th optimizer step, each averaged tensor becomes
+    ``decay * average + (1 - decay) * weight``, on the weights' device with no host read; the
+    average starts from the weights the fit starts with. The raw weights keep training. While
+    ``evaluate_averaged`` is True (the switch: set it at any time), the validation in fit,
+    ``Estimator.evaluate``, ``predict``, ``predict_batches`` and the best checkpoint
+    (``CheckpointHandler(save_best=True)``) put the averaged weights into the net for their
+    duration and the trained ones back after, so ``val_*`` values, early stopping and "best" judge
+    the averaged weights; ``EarlyStoppingHandler(restore_best=True)`` then puts the best average
+    back into the average. After fit, ``evaluate`` and ``predict`` keep using the last fit's
+    average; a later fit without an EMAHandler evaluates its own weights.
+
+    Periodic checkpoints hold the raw weights and the average (this handler's state), so a resumed
+    run continues both exactly; under FSDP the average is sharded as the weights are and saved with
+    their shards. A second fit of the same estimator continues the average.
+
+    Args:
+        decay: the weight of the old average at each update, in [0, 1) (0.999: about the last
+            1,000 updates count).
+        every: update after every n-th optimizer step (with gradient accumulation, a step is one
+            per ``accumulate`` batches).
+        buffers: ``"average"``, average floating-point buffers (BatchNorm's running statistics)
+            as the weights, or ``"live"``: evaluate with the trained net's own. Integer buffers, and
+            buffers holding a nan or inf at fit start (a causal mask of -inf), are always live.
+        evaluate_averaged: evaluation uses the average (False: the raw weights; the average is
+            still kept, for :meth:`averaged_state_dict`).
+
+    Example:
+        >>> ema = EMAHandler(decay=0.999)
+        >>> estimator.fit(train, val_data=val, epochs=10, event_handlers=[ema])   # doctest: +SKIP
+        >>> estimator.evaluate(test)                       # the averaged weights  # doctest: +SKIP
+        >>> torch.save(ema.averaged_state_dict(), "ema.pt")                       # doctest: +SKIP
+    """
+
+    priority = Stage.AVERAGE  # right after the optimizer step: validation and checkpoints see this step's average
+    reads = ("estimator", "optimizer_steps")
+    writes = ()
+
+    def __init__(
+        self, decay: float = 0.999, every: int = 1, buffers: str = "average", evaluate_averaged: bool = True
+    ) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)):
+            raise FitforgeTypeError(f"EMAHandler: decay must be a number in [0, 1), got {describe(decay)}")
+        if not (0.0 <= decay < 1.0) or math.isnan(decay):
+            raise FitforgeValueError(f"EMAHandler: decay must be in [0, 1) (e.g. 0.999), got {decay!r}")
+        check_positive("EMAHandler", "every", every)
+        if buffers not in _BUFFERS:
+            raise FitforgeValueError(f"EMAHandler: buffers must be 'average' or 'live', got {buffers!r}")
+        self.decay, self.every, self.buffers = float(decay), every, buffers
+        self.evaluate_averaged = check_flag("EMAHandler", "evaluate_averaged", evaluate_averaged)
+        self.updates = 0  # averaging updates made, over every fit
+        self._net: nn.Module | None = None
+        self._names: list[str] = []
+        self._averages: list[torch.Tensor] = []  # as the weights are: DTensors under FSDP
+        self._local_averages: list[torch.Tensor] = []  # their local tensors, which the maths runs on
+        self._live: list[torch.Tensor] = []  # the weights' local tensors (detached: written in place)
+        self._kept: list[torch.Tensor] | None = None  # the trained weights while the average is swapped in
+        self._swapped = 0
+        self._sharded = False
+        self._pending = False  # start the average from the weights the first epoch starts with
+        self._seen = 0  # the optimizer steps at the last batch_end
+
+    @property
+    def evaluates_averaged(self) -> bool:
+        """The role's switch (:class:`~fitforge.core.roles.WeightAveraging`): ``evaluate_averaged``."""
+        return self.evaluate_averaged
+
+    def train_begin(self, state: TrainState) -> None:
+        estimator = state.estimator
+        net = estimator.net
+        self._sharded = estimator.strategy == "fsdp"
+        if self._sharded:
+            hold_shards(net)  # the sharded parameters, which the optimizers step
+        tracked = _tracked(net, self.buffers)
+        names = [name for name, _ in tracked]
+        same = (
+            net is self._net
+            and names == self._names
+            and all(a.shape == t.shape and a.dtype == t.dtype for a, (_, t) in zip(self._averages, tracked))
+        )
+        self._live = [_local(t.detach()) for _, t in tracked]
+        if not same:  # a first fit, or another net: start afresh (a resume loads the average next)
+            self._net, self._names = net, names
+            self._averages = [t.detach().clone() for _, t in tracked]
+            self._local_averages = [_local(a) for a in self._averages]
+            self._pending, self.updates = True, 0
+        self._seen = state.optimizer_steps
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if self._pending:  # after any resume restored the weights: the average starts from the run's start
+            self._pending = False
+            torch._foreach_copy_(self._local_averages, self._live)
+
+    def batch_end(self, state: TrainState) -> None:
+        steps = state.optimizer_steps
+        if steps == self._seen:  # no step this batch (accumulating, or a skipped one): nothing new
+            return
+        self._seen = steps
+        if steps % self.every:
+            return
+        # average + (1 - decay) * (weight - average): decay * average + (1 - decay) * weight, fused
+        torch._foreach_lerp_(self._local_averages, self._live, 1.0 - self.decay)
+        self.updates += 1
+
+    def swap_in(self) -> None:
+        if not self._averages:
+            return
+        if self._swapped == 0:
+            if self._sharded:  # a unit left gathered by a forward would not read its shards again
+                hold_shards(self._net)  # type: ignore[arg-type]
+            self._kept = [t.clone() for t in self._live]
+            torch._foreach_copy_(self._live, self._local_averages)
+        self._swapped += 1  # nested: an evaluate() run from a handler during a validation
+
+    def swap_out(self) -> None:
+        if self._swapped == 0:
+            return
+        self._swapped -= 1
+        if self._swapped == 0 and self._kept is not None:
+            if self._sharded:
+                hold_shards(self._net)  # type: ignore[arg-type]
+            torch._foreach_copy_(self._live, self._kept)
+            self._kept = None
+
+    def sharded_averages(self) -> dict[str, Any]:
+        return dict(zip(self._names, self._averages)) if self._sharded else {}
+
+    def averaged_state_dict(self) -> dict[str, Any]:
+        """The net's ``state_dict`` with the averaged weights (copies), to save or load elsewhere."""
+        if self._net is None:
+            raise FitforgeValueError("EMAHandler: no average yet: fit with this handler first")
+        self.swap_in()
+        try:
+            return {key: value.detach().clone() for key, value in self._net.state_dict().items()}
+        finally:
+            self.swap_out()
+
+    def load_averaged(self, weights: dict[str, Any]) -> None:
+        """Copy ``weights`` (a ``state_dict`` of the net, e.g. the best epoch's averaged weights) into
+        the average."""
+        for name, average in zip(self._names, self._averages):
+            if name in weights:
+                average.copy_(weights[name])
+
+    def state_dict(self) -> dict:
+        """The average by name (under FSDP it is saved with the weights' shards instead), the updates
+        made and the optimizer steps last seen."""
+        averages = {} if self._sharded else dict(zip(self._names, self._averages))
+        return {"averages": averages, "updates": self.updates, "seen": self._seen, "pending": self._pending}
+
+    def load_state_dict(self, state: dict) -> None:
+        averages = state["averages"]
+        if not self._sharded:
+            missing = [name for name in self._names if name not in averages]
+            unexpected = [name for name in averages if name not in self._names]
+            if missing or unexpected:
+                raise FitforgeValueError(
+                    f"EMAHandler: the checkpoint's average is of other weights (missing: {missing[:5]}, unexpected: "
+                    f"{unexpected[:5]}): resume with the net it was saved with"
+                )
+            for name, average in zip(self._names, self._averages):
+                average.copy_(averages[name])
+        self.updates, self._seen, self._pending = state["updates"], state["seen"], state["pending"]
+
+    def __repr__(self) -> str:
+        return f"EMAHandler(decay={self.decay}, every={self.every})"
+
+
+def _tracked(net: nn.Module, buffers: str) -> list[tuple[str, torch.Tensor]]:
+    """The tensors averaged: every parameter, then (``buffers="average"``) the floating-point buffers
+    that are finite at fit start (averaging a -inf mask would give nan)."""
+    tracked: list[tuple[str, torch.Tensor]] = list(net.named_parameters())
+    if buffers == "average":
+        tracked += [
+            (name, b) for name, b in net.named_buffers() if b.is_floating_point() and bool(torch.isfinite(b).all())
+        ]
+    return tracked
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (its storage), else the tensor."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
