@@ -96,3 +96,22 @@ def test_no_host_sync_in_a_training_step_with_the_default_handlers(precision, co
         torch.cuda.set_sync_debug_mode("default")
     assert guard.guarded == 2 * 8 - 1  # every training batch after the first ran guarded
     assert len(history["val_loss"]) == 2
+
+
+@pytest.mark.parametrize("precision", [None, "bf16-mixed"], ids=["fp32", "bf16"])
+def test_no_host_sync_in_a_training_step_with_an_ema_of_the_weights(precision, monkeypatch):
+    from fitforge.handlers import EMAHandler, GradientUpdateHandler
+
+    monkeypatch.setattr("fitforge.handlers.defaults.interactive", lambda: False)
+    if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bfloat16")
+    torch.manual_seed(0)
+    estimator = Estimator(cnn(), nn.CrossEntropyLoss(), optimizer="adam", device="cuda", precision=precision)
+    guard, ema = SyncsRaise(), EMAHandler(decay=0.99, every=2)
+    handlers = [guard, ema, GradientUpdateHandler(accumulate=2)]
+    try:
+        history = estimator.fit(loader(256), val_data=loader(64), epochs=2, event_handlers=handlers)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert guard.guarded == 2 * 8 - 1 and ema.updates == 4  # 8 optimizer steps, every second one averaged
+    assert len(history["val_loss"]) == 2
