@@ -14,6 +14,7 @@ import torch
 from fitforge.checkpoint.files import load_checkpoint
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, MonitorKeyError
 from fitforge.handlers import CheckpointHandler, LambdaHandler, OptunaPruningHandler, ValidationHandler
+from fitforge.testing import HostReadCounter, linear_data, linear_problem
 from helpers import make_estimator, regression_batches
 
 EPOCHS = 6
@@ -139,6 +140,20 @@ def test_validation_every_n_batches_is_reported_by_batches_and_pruned_at_that_ba
     assert estimator.history.epochs == 2  # stopped at the 4th batch: the 1st of the 2nd epoch
     assert epoch_lines(lines.messages)[-1].startswith("[Epoch 2/6, partial: 1 of 3 batches]")
     assert closing(lines.messages).startswith("Pruned in epoch 2/6 at batch 1 of 3 (2 epochs, 4 batches in ")
+
+
+@pytest.mark.parametrize("batch_period", [None, 4], ids=["by epochs", "by validations every 4 batches"])
+def test_the_handler_adds_no_host_read(batch_period):
+    def reads(*pruning):
+        estimator, _, val = linear_problem()
+        validation = ValidationHandler(val, batch_period=batch_period, epoch_period=None if batch_period else 1)
+        with HostReadCounter() as counter:
+            estimator.fit(linear_data(n=64, batch_size=4), epochs=2, event_handlers=[validation, *pruning])
+        return counter.count
+
+    trial = ScriptedTrial()
+    assert reads(OptunaPruningHandler(trial)) == reads() > 0  # the values it reports are on the host already
+    assert len(trial.reports) == (8 if batch_period else 2)
 
 
 def test_an_epoch_without_a_value_reports_nothing():
