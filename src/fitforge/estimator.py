@@ -251,6 +251,10 @@ class Estimator:
         saves the state, ``train_end`` runs, then SIGTERM exits with status 143 (``SystemExit``)
         and SIGINT raises ``KeyboardInterrupt``; a second signal acts at once.
 
+        A stop with an ending (``state.request_stop(reason, ending=Ending(word, error))``, e.g.
+        OptunaPruningHandler's ``optuna.TrialPruned``) ends training as any stop does, then raises
+        its ``error``; the fit's epochs are in ``estimator.history`` all the same.
+
         ``check_access=True`` (debug) makes handlers that declare ``reads``/``writes`` see a state
         that raises ``StateAccessError`` on an undeclared access (:mod:`fitforge.core.access`).
         ``profile=True`` logs the time each handler spent in each event (``history.profile``).
@@ -304,6 +308,8 @@ class Estimator:
         finally:
             self._add_to_history(state)
         raise_if_preempted(state)
+        if state.stop_ending is not None:  # e.g. optuna.TrialPruned, raised once the run ended cleanly
+            raise state.stop_ending.error
         return state.history
 
     def _announce_default_optimizer(self, entry: str) -> None:

@@ -1,5 +1,6 @@
 """Event handlers: the mixins, their base, the named stages (public face of
-:mod:`fitforge.core.events`) and the roles a handler declares (:mod:`fitforge.core.roles`).
+:mod:`fitforge.core.events`), the roles a handler declares (:mod:`fitforge.core.roles`), and the
+:class:`~fitforge.core.state.Ending` a stop may give the run (``state.request_stop(reason, ending=...)``).
 
 A handler is any object inheriting some of the mixins; it is called for an event if and only if it
 inherits that event's mixin (narrowed by ``handled_events`` when it declares them).
@@ -40,6 +41,7 @@ from fitforge.core.roles import (
     role_of,
     unwrapped,
 )
+from fitforge.core.state import Ending
 
 __all__ = [
     "Accumulating",
@@ -47,6 +49,7 @@ __all__ = [
     "BatchBegin",
     "BatchEnd",
     "Checkpointing",
+    "Ending",
     "EpochBegin",
     "EpochEnd",
     "EpochLines",

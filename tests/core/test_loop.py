@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fitforge import BatchProcessor
-from fitforge.events import BatchBegin, BatchEnd, EpochBegin, TrainBegin
+from fitforge.events import BatchBegin, BatchEnd, Ending, EpochBegin, TrainBegin
 from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
 from fitforge.handlers import ValidationHandler
 from fitforge.testing import RecordingHandler
@@ -112,6 +112,37 @@ def test_request_stop_at_batch_begin_still_completes_that_batch():
         ("train_end", "train", 1, 1, 6),
     ]
     assert history.stop_reason == "enough"
+
+
+class Outcome(Exception):
+    """How the run ended, raised by fit after a stop with an ending."""
+
+
+class EndAt(BatchEnd):
+    def __init__(self, step, *stops):
+        self.step, self.stops = step, stops  # (reason, ending or None), requested in turn
+
+    def batch_end(self, state):
+        if state.global_step == self.step:
+            for reason, ending in self.stops:
+                state.request_stop(reason, ending=ending)
+
+
+def test_a_stop_with_an_ending_ends_training_cleanly_then_raises_its_error(caplog):
+    caplog.set_level(logging.INFO, logger="fitforge")
+    rec, est, first = RecordingHandler(priority=500), make_estimator(), Outcome("first")
+    ender = EndAt(5, ("plain", None), ("ended", Ending("Ended", first)), ("later", Ending("Later", Outcome())))
+    with pytest.raises(Outcome) as raised:
+        est.fit(regression_batches(4), epochs=5, event_handlers=[ender, rec])
+    assert raised.value is first  # the first ending holds, and its reason replaced the plain stop's
+    assert rec.calls[-3:] == [
+        ("batch_end", "train", 1, 1, 5),
+        ("epoch_end", "train", 1, 1, 6),
+        ("train_end", "train", 1, 1, 6),
+    ]
+    assert est.history.epochs == 2 and est.history.stop_reason == "ended"
+    assert caplog.messages[-1].startswith("Ended in epoch 2/5 at batch 2 of 4 (2 epochs, 6 batches in ")
+    assert caplog.messages[-1].split("): ", 1)[1].startswith("ended. Final: train_loss=")
 
 
 def test_request_stop_in_train_begin_or_epoch_begin_runs_no_batch():

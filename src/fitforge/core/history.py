@@ -43,6 +43,9 @@ class History(Mapping):
         self._columns: dict[str, list[float]] = {}
         self._epochs = 0
         self._recorded: set[str] = set()  # keys recorded in the current row (nan may be a recorded value)
+        self._times: dict[
+            str, int
+        ] = {}  # key -> records into this object (a validation every n batches: several a row)
         self.stop_reason: str | None = None
         self.restored_epoch: int | None = None
         self.profile: str | None = None  # fit(profile=True)'s table of time per handler and event
@@ -75,6 +78,7 @@ class History(Mapping):
             column = self._columns[key] = [math.nan] * self._epochs
         column[-1] = int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else float(value)
         self._recorded.add(key)
+        self._times[key] = self._times.get(key, 0) + 1
 
     # -- reading ------------------------------------------------------------------------------------
     def __getitem__(self, key: str) -> list[float]:
@@ -105,6 +109,12 @@ class History(Mapping):
         """The value recorded for ``key`` in the current (last) row, or None if none was recorded
         there (a recorded nan is returned as nan: it is a value, e.g. of a diverged loss)."""
         return self._columns[key][-1] if key in self._recorded else None
+
+    def times_recorded(self, key: str) -> int:
+        """How many times ``key`` was recorded into this History (loading a state does not count):
+        a handler acting on each new value compares counts, since a validation every n batches
+        records several values into one row, and two of them may be equal."""
+        return self._times.get(key, 0)
 
     def __contains__(self, key: object) -> bool:
         return key in self._columns

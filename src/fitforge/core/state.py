@@ -99,6 +99,23 @@ class BatchOutput:
     step: Sequence[int | torch.optim.Optimizer] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a stop ends ``fit`` when the run's outcome is not a plain finish (see
+    :meth:`TrainState.request_stop`): training stops as any stop does (the batch's and the epoch's
+    handlers run, checkpoints are written, ``train_end`` runs), the closing log line opens with
+    ``word`` instead of "Finished", and then ``fit`` raises ``error`` for its caller to see how
+    the run ended. A pruned Optuna trial ends so: ``Ending("Pruned", optuna.TrialPruned(...))``.
+
+    Attributes:
+        word: the closing line's first word, e.g. ``"Pruned"``.
+        error: raised by ``fit`` once training stopped cleanly.
+    """
+
+    word: str
+    error: BaseException
+
+
 @dataclass(slots=True, eq=False)
 class TrainState:
     """The one object every hook receives.
@@ -162,6 +179,8 @@ class TrainState:
             epochs) leave it to that run.
         stop_requested / stop_reason: set by :meth:`request_stop`.
         stop_every_rank: a stop was requested with ``every_rank=True`` (see :meth:`request_stop`).
+        stop_ending: the :class:`Ending` of a stop that ends fit with an exception of its own (a
+            pruned trial's ``optuna.TrialPruned``), set by :meth:`request_stop`; else None.
         error: at ``train_end``, the exception that is ending fit (a handler's, the step's, a
             second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
             A ``train_end`` hook that fails once training is over sets it for the hooks after it.
@@ -207,6 +226,7 @@ class TrainState:
     stop_requested: bool = False
     stop_reason: str | None = None
     stop_every_rank: bool = False
+    stop_ending: Ending | None = None
     preempted: int | None = None
     error: BaseException | None = None
     training_over: bool = False
@@ -219,9 +239,16 @@ class TrainState:
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     logged: PendingValues = field(default_factory=PendingValues)
 
-    def request_stop(self, reason: str = "stop requested", every_rank: bool = False) -> None:
+    def request_stop(
+        self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None
+    ) -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
         ``train_end``. The first reason given is kept (and stored in ``history.stop_reason``).
+
+        ``ending``: the stop decides how the run ends (an :class:`Ending`): once training stopped
+        cleanly, ``fit`` raises ``ending.error`` instead of returning, and the closing log line
+        opens with ``ending.word``. The first ending given is kept, and its reason replaces the
+        reason of a plain stop requested before it: that is how the run ended.
 
         Under torch.distributed, a stop one rank requests at a batch end takes effect on every rank
         at the next stop agreement, a few batches later at most (see
@@ -229,8 +256,13 @@ class TrainState:
         requests this stop at this same batch (it was decided from values equal on every rank:
         counters, or values reduced across ranks), so the ranks agree on it at once; a rank that
         does not request it then leaves the collectives unpaired (a hang, or a
-        collective-mismatch error)."""
+        collective-mismatch error). A stop with an ``ending`` should be requested so on every
+        rank: the agreement carries that a stop was requested, not its ending, so a rank that did
+        not request it would return from ``fit`` where the others raise."""
         self.stop_every_rank = self.stop_every_rank or every_rank
+        if ending is not None and self.stop_ending is None:
+            self.stop_ending = ending
+            self.stop_reason = self.history.stop_reason = reason
         if not self.stop_requested:
             self.stop_requested = True
             self.stop_reason = reason

@@ -12,6 +12,7 @@ from fitforge.handlers.lr_scheduler import LRSchedulerHandler
 from fitforge.handlers.metric import MetricHandler
 from fitforge.handlers.mlflow import MLflowHandler
 from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
+from fitforge.handlers.optuna import OptunaPruningHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
 from fitforge.handlers.schedule import ScheduleHandler
 from fitforge.handlers.stopping import StoppingHandler
@@ -34,6 +35,7 @@ __all__ = [
     "MetricHandler",
     "NaNGuardHandler",
     "NonFiniteLossError",
+    "OptunaPruningHandler",
     "ProgressBarHandler",
     "ScheduleHandler",
     "StoppingHandler",

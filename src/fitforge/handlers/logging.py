@@ -16,7 +16,7 @@ from fitforge.core.roles import Checkpointing, EpochLines, NonFiniteGuarding, pl
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers.progress_bar import ProgressBarHandler
-from fitforge.reporting.closing import failed_line, finished_line, plural
+from fitforge.reporting.closing import ended_line, failed_line, finished_line, plural
 from fitforge.reporting.formatting import epoch_label, format_values, pass_label
 from fitforge.reporting.summary import model_summary
 
@@ -99,7 +99,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
     batches it trained (a resumed run logs the whole epoch when it finishes it). The closing line
     (:mod:`fitforge.reporting.closing`) gives the values of the epoch whose weights the net holds
     (the restored one after ``EarlyStoppingHandler(restore_best=True)``), or, when an exception
-    ends the fit, where it struck and what it was, never "Finished".
+    ends the fit, where it struck and what it was, never "Finished"; a stop with an ending (a
+    pruned trial) opens with its word: ``Pruned at the end of epoch 3/15 (...)``.
     Everything logged is flushed before ``fit`` returns.
 
     Args:
@@ -122,6 +123,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
         "epoch_finished",
         "preempted",
         "error",
+        "stop_ending",
         "prefix",
         "max_epochs",
         "max_batches",
@@ -201,8 +203,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
             flush_console()  # no line to build; what others wrote still comes before what follows fit
             return
         seconds = time.perf_counter() - self._started
-        # An exception ending fit is raised again after train_end: the line says where it struck.
-        line = finished_line if state.error is None else failed_line
+        # An exception ending fit is raised again after train_end: the line says where it struck. A
+        # stop with an ending (a pruned trial) is no failure: its word, then the values.
+        line = (
+            failed_line if state.error is not None else ended_line if state.stop_ending is not None else finished_line
+        )
         log.log(self.level, "%s", line(state, seconds))
         flush_console()  # before fit returns: what the caller prints next comes after these lines
 

@@ -5,7 +5,9 @@ weights the net holds: the last epoch's (``Final: ...``), or, after a restore
 (``EarlyStoppingHandler(restore_best=True)``), those of the restored epoch (``Restored epoch 121:
 ...``, numbered as the epoch lines are), since the last epoch's values would describe weights that
 are gone. A fit that an exception ended never says ``Finished``: it says where it failed (the
-epoch, the batch, the batches completed and optimizer steps taken) and what was raised.
+epoch, the batch, the batches completed and optimizer steps taken) and what was raised. A stop
+with an ending (:class:`~fitforge.core.state.Ending`: a pruned trial) says its word, where it
+stopped and why, then the values as ``Finished`` does: ``Pruned at the end of epoch 3/15 (...)``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ def finished_line(state: TrainState, seconds: float) -> str:
             f"{plural(epochs, 'epoch')}, {plural(steps, 'batch')}; the run stands at "
             f"{plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} ({reason})."
         )
+    return _with_values(line, state)
+
+
+def ended_line(state: TrainState, seconds: float) -> str:
+    """``Pruned at the end of epoch 3/15 (3 epochs, 12 batches in 0.1s): <the stop's reason>.
+    Final: val_loss=...``: a stop with an ending (``state.stop_ending``), said with its word."""
+    ending = state.stop_ending
+    word = ending.word if ending is not None else "Stopped"
+    counts = f"{plural(state.history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s"
+    return _with_values(f"{word} {_position(state)} ({counts}): {state.history.stop_reason}.", state)
+
+
+def _with_values(line: str, state: TrainState) -> str:
+    """``line`` and the values of the epoch whose weights the net holds (see the module's docstring)."""
+    history = state.history
     restored = history.restored_epoch
     if restored is not None:
         values = _row(history, restored)
@@ -63,6 +80,11 @@ def where(state: TrainState) -> str:
     """Where in the run the loop was: before an epoch, at its start or end, or at a batch."""
     if state.training_over:  # a train_end hook failed (a final checkpoint, a tracker...)
         return "at the end of training"
+    return _position(state)
+
+
+def _position(state: TrainState) -> str:
+    """Where the epochs were when the loop left them (see :func:`where`)."""
     label = epoch_label(state).replace("Epoch", "epoch")
     if state.history.epochs <= state.epoch:  # the epoch's row is not open: it has not begun
         return f"before {label}"
