@@ -98,6 +98,12 @@ class Estimator:
         strategy_options: keyword arguments for the wrapper, e.g. ``{"find_unused_parameters": True}``
             for DDP, or ``{"shard": (Block,), "reshard_after_forward": False}`` for FSDP.
 
+    Attributes:
+        run_config: the resolved config of a run started from one (``fitforge fit --config``, see
+            docs/cli.md), as plain JSON values; None otherwise. Checkpoints keep it (key ``config``)
+            and the loggers record it with the run's parameters (``config.model.init_args.hidden``...,
+            :func:`~fitforge.reporting.hparams.run_params`). Set it yourself to record your own.
+
     Under ``torchrun`` each rank takes the device of its ``LOCAL_RANK`` (when ``device`` is None or
     ``"cuda"``), fit, evaluate and predict split their DataLoaders across ranks, metrics are reduced
     over all ranks, and only rank 0 writes logs and checkpoints. ``net`` stays the unwrapped module
@@ -156,6 +162,7 @@ class Estimator:
         self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
         self.train_net = parallelize(self.net, self.optimizers, self.device, self.strategy, strategy_options, wrapper)
         self.history = History()  # every epoch of every fit (each fit returns its own History)
+        self.run_config: dict[str, Any] | None = None
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:

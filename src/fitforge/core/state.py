@@ -51,6 +51,7 @@ class EstimatorLike(Protocol):
     train_metrics: list[Any]  # MetricSlot objects (fitforge.metrics, a layer above the core)
     val_metrics: list[Any]
     batch_processor: StepProcessor
+    run_config: dict[str, Any] | None  # the resolved config of a run started from one (fitforge.cli)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer: ...
