@@ -4,9 +4,10 @@
 global and optimizer steps), the gradients of an unfinished accumulation group (made the same on
 every rank first by the :class:`~fitforge.core.roles.Accumulating` handler: rank 0's are saved), the history, the
 random generators (every rank's, under torch.distributed), the data order, every stateful
-handler's state, and the config of a run started from one (``config``: ``estimator.run_config``,
-plain values; read back by :func:`fitforge.cli.recorded_config`). :func:`resume` puts them back. It runs once every handler's ``train_begin`` has
-run and before the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.
+handler's state, and the config of a run started from one (``config``:
+``estimator.run_config``, plain values; read back by :func:`fitforge.cli.recorded_config`).
+:func:`resume` puts them back. It runs once every handler's ``train_begin`` has run and before
+the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.
 """
 
 from __future__ import annotations
