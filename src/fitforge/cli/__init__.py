@@ -12,6 +12,11 @@ Example:
     {'val_loss': 0.01}
 """
 
+try:  # an optional extra: say which, rather than "No module named 'jsonargparse'"
+    import jsonargparse  # noqa: F401
+except ImportError as error:
+    raise ImportError('the fitforge command line needs jsonargparse: pip install "fitforge[cli]"') from error
+
 from fitforge.cli.commands import main, run
 from fitforge.cli.recorded import recorded_config
 

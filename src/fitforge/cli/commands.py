@@ -50,7 +50,7 @@ def run(args: list[str] | None = None) -> Any:
         shown = config.clone()
         shown.pop("config", None)
         shown.pop("print_config", None)
-        print(subparser.dump(shown, skip_none=False, skip_validation=True), end="")
+        print(subparser.dump(shown, skip_unset=False, skip_validation=True), end="")
         return recordable(subparser, config)
     if config.seed is None:  # drawn once and recorded, so that the recorded config builds the same run
         config.seed = random.SystemRandom().randrange(2**31)
@@ -74,7 +74,7 @@ def main(args: list[str] | None = None) -> int:
 
 def recordable(parser: ArgumentParser, config: Namespace) -> dict[str, Any]:
     """The run's sections of ``config`` as plain JSON values: what the run records."""
-    whole = json.loads(parser.dump(config, format="json", skip_none=False, skip_validation=True))
+    whole = json.loads(parser.dump(config, format="json", skip_unset=False, skip_validation=True))
     return {key: whole.get(key) for key in RUN_SECTIONS}
 
 
@@ -92,7 +92,7 @@ def _check_data_arguments(config: Namespace, command: str) -> ArgumentParser:
         checked = data_parser.parse_object(dict(config.data.args))
     except ArgumentError as error:
         raise config_error(error, data_parser, command, prefix="data.args.") from None
-    config.data.args = json.loads(data_parser.dump(checked, format="json", skip_none=False))
+    config.data.args = json.loads(data_parser.dump(checked, format="json", skip_unset=False))
     return data_parser
 
 

@@ -23,12 +23,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
+from jsonargparse import ActionConfigFile, ArgumentParser  # an optional extra, checked by fitforge.cli
 from torch import nn
-
-try:  # an optional extra: say which, not just "No module named"
-    from jsonargparse import ActionConfigFile, ArgumentParser
-except ImportError as error:  # pragma: no cover - exercised with jsonargparse hidden, in a test
-    raise ImportError('the fitforge command line needs jsonargparse: pip install "fitforge[cli]"') from error
 
 from fitforge.cli.recorded import RecordedConfig
 from fitforge.core.events import EventHandler
