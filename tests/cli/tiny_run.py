@@ -49,3 +49,9 @@ class CrashAfter(EpochEnd):
     def epoch_end(self, state) -> None:
         if os.environ.get("FITFORGE_TEST_CRASH") and state.epoch + 1 == self.epochs:
             os._exit(3)
+
+
+def misnamed_data() -> dict:
+    """A data function with a misspelt key, ``val_dat``."""
+    data = line_data()
+    return {"train_data": data["train_data"], "val_dat": data["val_data"]}
