@@ -36,15 +36,16 @@ def run(args: list[str] | None = None) -> Any:
         ConfigError: a wrong key (with the nearest valid one), type or value in the config, before
             anything is built.
     """
-    parser = command_parser()
+    parser, commands = command_parser()
     argv = sys.argv[1:] if args is None else list(args)
     try:
         parsed = parser.parse_args(argv)
     except ArgumentError as error:
-        raise config_error(error, _command_parser(parser, argv), argv[0] if argv else "") from None
+        named = argv[0] if argv and argv[0] in commands else ""
+        raise config_error(error, commands.get(named, parser), named) from None
     command = parsed.command
     config: Namespace = parsed[command]
-    subparser = _command_parser(parser, [command])
+    subparser = commands[command]
     data_parser = _check_data_arguments(config, command)
     if config.print_config:  # the config with the command's own options, as --config would take it back
         shown = config.clone()
@@ -76,13 +77,6 @@ def recordable(parser: ArgumentParser, config: Namespace) -> dict[str, Any]:
     """The run's sections of ``config`` as plain JSON values: what the run records."""
     whole = json.loads(parser.dump(config, format="json", skip_unset=False, skip_validation=True))
     return {key: whole.get(key) for key in RUN_SECTIONS}
-
-
-def _command_parser(parser: ArgumentParser, argv: list[str]) -> ArgumentParser:
-    """The parser of the command ``argv`` starts with (the top one for none)."""
-    commands = parser._subcommands_action  # jsonargparse keeps the subcommands' parsers here
-    chosen = commands.choices.get(argv[0]) if commands is not None and argv else None
-    return chosen if isinstance(chosen, ArgumentParser) else parser
 
 
 def _check_data_arguments(config: Namespace, command: str) -> ArgumentParser:

@@ -65,14 +65,19 @@ _METRICS = _metric_type()
 _TYPED_HERE = {"loss": LOSSES, "val_loss": LOSSES, "train_metrics": _METRICS, "val_metrics": _METRICS}
 
 
-def command_parser() -> ArgumentParser:
-    """``fitforge`` with its three commands, each parsing a whole run's config."""
+def command_parser() -> tuple[ArgumentParser, dict[str, ArgumentParser]]:
+    """``fitforge`` with its three commands, and each command's parser (of a whole run's config)."""
     top = _new_parser(prog="fitforge", description="Train, evaluate and predict from a config (docs/cli.md).")
     commands = top.add_subcommands(dest="command", required=True)
-    commands.add_subcommand("fit", _fit_parser(), help="train the model")
-    commands.add_subcommand("evaluate", _evaluate_parser(), help="the loss and metrics of a checkpoint")
-    commands.add_subcommand("predict", _predict_parser(), help="write the predictions of a checkpoint to a file")
-    return top
+    parsers = {"fit": _fit_parser(), "evaluate": _evaluate_parser(), "predict": _predict_parser()}
+    helps = {
+        "fit": "train the model",
+        "evaluate": "the loss and metrics of a checkpoint",
+        "predict": "write the predictions of a checkpoint to a file",
+    }
+    for name, parser in parsers.items():
+        commands.add_subcommand(name, parser, help=helps[name])
+    return top, parsers
 
 
 def _new_parser(**kwargs: Any) -> ArgumentParser:
