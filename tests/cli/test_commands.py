@@ -127,6 +127,13 @@ def test_evaluate_and_predict_a_checkpoint(tmp_path, marker, capsys):
     assert torch.equal(torch.load(tmp_path / "out/preds.pt", weights_only=True), predictions)
 
 
+def test_a_missing_checkpoint_fails_before_anything_is_built(tmp_path, marker):
+    config = write_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"fitforge evaluate: --checkpoint nope\.pt: no such file; nothing was built"):
+        run(["evaluate", "--config", str(config), "--checkpoint", "nope.pt"])
+    assert not marker.exists()
+
+
 def test_a_split_the_data_function_does_not_return_is_named(tmp_path, marker):
     config = write_config(tmp_path)
     run(["fit", "--config", str(config), "--fit.epochs", "1"])

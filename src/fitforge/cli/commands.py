@@ -53,6 +53,8 @@ def run(args: list[str] | None = None) -> Any:
         shown.pop("print_config", None)
         print(subparser.dump(shown, skip_unset=False, skip_validation=True), end="")
         return recordable(subparser, config)
+    if command != "fit" and not Path(config.checkpoint).is_file():
+        raise ConfigError(f"fitforge {command}: --checkpoint {config.checkpoint}: no such file; nothing was built")
     if config.seed is None:  # drawn once and recorded, so that the recorded config builds the same run
         config.seed = random.SystemRandom().randrange(2**31)
     if command == "fit":
@@ -94,23 +96,23 @@ def _fit(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace)
     recorded = recordable(parser, config)  # the run's config as given: a resume sets resume_from_checkpoint itself
     if config.from_checkpoint is not None:
         resume_from(config, config.from_checkpoint)
-    run = build(parser, data_parser, config)
-    run.estimator.run_config = recorded
-    if "train_data" not in run.data:
+    built = build(parser, data_parser, config)
+    built.estimator.run_config = recorded
+    if "train_data" not in built.data:
         raise ConfigError(
-            f"fitforge fit needs train_data, but the data function returned {', '.join(run.data)} only; "
+            f"fitforge fit needs train_data, but the data function returned {', '.join(built.data)} only; "
             "return a dict with 'train_data' (and 'val_data' to validate), or the training data alone"
         )
-    return run.estimator.fit(
-        run.data["train_data"], val_data=run.data.get("val_data"), event_handlers=run.handlers, **vars(config.fit)
+    return built.estimator.fit(
+        built.data["train_data"], val_data=built.data.get("val_data"), event_handlers=built.handlers, **vars(config.fit)
     )
 
 
 def _evaluate(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> dict[str, float]:
-    run = build(parser, data_parser, config, handlers=False)
-    data = data_of(run, config.split, "evaluate", config.data.function)
-    run.estimator.load_checkpoint(config.checkpoint, optimizers=False)
-    metrics = run.estimator.evaluate(data, batch_size=config.fit.batch_size, prefix=config.split)
+    built = build(parser, data_parser, config, handlers=False)
+    data = data_of(built, config.split, "evaluate", config.data.function)
+    built.estimator.load_checkpoint(config.checkpoint, optimizers=False)
+    metrics = built.estimator.evaluate(data, batch_size=config.fit.batch_size, prefix=config.split)
     text = json.dumps(metrics, indent=2)
     print(text)  # the command's result, on stdout for a shell to read (logs go to stderr)
     if config.output is not None:
@@ -120,10 +122,10 @@ def _evaluate(parser: ArgumentParser, data_parser: ArgumentParser, config: Names
 
 
 def _predict(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> Any:
-    run = build(parser, data_parser, config, handlers=False)
-    data = data_of(run, config.split, "predict", config.data.function)
-    run.estimator.load_checkpoint(config.checkpoint, optimizers=False)
-    predictions = run.estimator.predict(data, batch_size=config.fit.batch_size)
+    built = build(parser, data_parser, config, handlers=False)
+    data = data_of(built, config.split, "predict", config.data.function)
+    built.estimator.load_checkpoint(config.checkpoint, optimizers=False)
+    predictions = built.estimator.predict(data, batch_size=config.fit.batch_size)
     output = Path(config.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     save_atomic(predictions, output)  # a crash never leaves half a file under the name
