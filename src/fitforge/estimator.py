@@ -99,6 +99,12 @@ class Estimator:
         strategy_options: keyword arguments for the wrapper, e.g. ``{"find_unused_parameters": True}``
             for DDP, or ``{"shard": (Block,), "reshard_after_forward": False}`` for FSDP.
 
+    Attributes:
+        run_config: the resolved config of a run started from one (``fitforge fit --config``, see
+            docs/cli.md), as plain JSON values; None otherwise. Checkpoints keep it (key ``config``)
+            and the loggers record it with the run's parameters (``config.model.init_args.hidden``...,
+            :func:`~fitforge.reporting.hparams.run_params`). Set it yourself to record your own.
+
     Under ``torchrun`` each rank takes the device of its ``LOCAL_RANK`` (when ``device`` is None or
     ``"cuda"``), fit, evaluate and predict split their DataLoaders across ranks, metrics are reduced
     over all ranks, and only rank 0 writes logs and checkpoints. ``net`` stays the unwrapped module
@@ -159,6 +165,7 @@ class Estimator:
         self.history = History()  # every epoch of every fit (each fit returns its own History)
         # The last fit's EMAHandler (a WeightAveraging role): evaluate and predict use its weights.
         self.weight_average: WeightAveraging | None = None
+        self.run_config: dict[str, Any] | None = None
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:

@@ -69,6 +69,12 @@ class CheckpointError(FitforgeValueError):
     """A checkpoint cannot be read, or does not fit the estimator it is loaded into."""
 
 
+class ConfigError(FitforgeValueError):
+    """A run's config (``fitforge fit --config``, :mod:`fitforge.cli`) has a wrong key, type or value,
+    found before anything is built; the message names the key, what was expected and the nearest
+    valid key."""
+
+
 def describe(value: object) -> str:
     """A short description of a received value for error messages: its type and, if small, its repr."""
     text = " ".join(repr(value).split())  # one line, even for a tensor's repr

@@ -37,6 +37,16 @@ def linear_data(
     )
 
 
+def linear_splits(n: int = 256, batch_size: int = 32, seed: int = 0) -> dict[str, DataLoader]:
+    """``{"train_data": ..., "val_data": ...}`` of y = 2x + 3: shuffled training batches of ``n``
+    samples and ``n // 4`` validation samples (what a data function of ``fitforge fit`` returns,
+    see docs/cli.md)."""
+    return {
+        "train_data": linear_data(n, batch_size, seed=seed, shuffle=True),
+        "val_data": linear_data(n // 4, batch_size, seed=seed + 1),
+    }
+
+
 def linear_problem(lr: float = 0.1, seed: int = 0, **estimator_kwargs: Any):
     """``(estimator, train_loader, val_loader)`` for y = 2x + 3: a Linear(1, 1) net, MSE loss, SGD.
 

@@ -111,3 +111,29 @@ def test_last_values_skip_nan_and_empty_keys():
         if epoch == 0:
             history.record("never", math.inf)
     assert last_values(history) == {"train_loss": 1.0, "val_loss": 1.5}
+
+
+def test_a_run_config_is_recorded_as_flat_params():
+    estimator, train, _ = linear_problem()
+    estimator.run_config = {
+        "seed": 0,
+        "model": {"class_path": "torch.nn.Linear", "init_args": {"in_features": 1, "bias": True}},
+        "handlers": [{"class_path": "x.H", "init_args": {}}],
+        "fit": {"epochs": 1, "batches": None, "lrs": [0.1, 0.2], "empty": []},
+    }
+    params = params_of(estimator, train)
+    config = {key: value for key, value in params.items() if key.startswith("config.")}
+    assert config == {
+        "config.seed": 0,
+        "config.model.class_path": "torch.nn.Linear",
+        "config.model.init_args.in_features": 1,
+        "config.model.init_args.bias": True,
+        "config.handlers.0.class_path": "x.H",
+        "config.handlers.0.init_args": "{}",
+        "config.fit.epochs": 1,
+        "config.fit.batches": "null",
+        "config.fit.lrs.0": 0.1,
+        "config.fit.lrs.1": 0.2,
+        "config.fit.empty": "[]",
+    }
+    assert params["model"] == "Linear"  # the run's own params stay

@@ -3,9 +3,11 @@
 :func:`training_state` collects the counters (completed epochs, batch position in the epoch,
 global and optimizer steps), the gradients of an unfinished accumulation group (made the same on
 every rank first by the :class:`~fitforge.core.roles.Accumulating` handler: rank 0's are saved), the history, the
-random generators (every rank's, under torch.distributed), the data order and every stateful
-handler's state. :func:`resume` puts them back. It runs once every handler's ``train_begin`` has
-run and before the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.
+random generators (every rank's, under torch.distributed), the data order, every stateful
+handler's state, and the config of a run started from one (``config``:
+``estimator.run_config``, plain values; read back by :func:`fitforge.cli.recorded_config`).
+:func:`resume` puts them back. It runs once every handler's ``train_begin`` has run and before
+the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.
 """
 
 from __future__ import annotations
@@ -64,7 +66,14 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
         **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
         "data_order": {} if order is None else order.state_dict(),
         "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(state.handlers).items()},
+        **_config_entry(state),
     }
+
+
+def _config_entry(state: TrainState) -> dict[str, Any]:
+    """``{"config": ...}`` for a run started from a config; nothing for others (and test doubles)."""
+    config = getattr(state.estimator, "run_config", None)
+    return {} if config is None else {"config": config}
 
 
 def _order_changed(order: DataOrder | None, saved: dict[str, Any]) -> bool:

@@ -52,6 +52,7 @@ class EstimatorLike(Protocol):
     val_metrics: list[Any]
     batch_processor: StepProcessor
     weight_average: Any  # the fit's WeightAveraging handler (EMA), whose weights evaluation uses; or None
+    run_config: dict[str, Any] | None  # the resolved config of a run started from one (fitforge.cli)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer: ...

@@ -1,11 +1,13 @@
 """The hyperparameters of a run, as plain values, for the loggers (MLflow, TensorBoard, CSV).
 
 :func:`run_params` reads them from the state at ``train_begin``: the model, the optimizers and
-their main settings, the data's batch size, the length of the run, precision, device and ranks.
+their main settings, the data's batch size, the length of the run, precision, device and ranks;
+and, for a run started from a config (``estimator.run_config``), every value of that config.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +35,8 @@ def run_params(state: TrainState) -> dict[str, ParamValue]:
     second one's are ``optimizer_1``, ``lr_1``... Then ``batch_size`` (of a ``DataLoader`` given as
     ``train_data``; absent for other data), ``epochs`` or ``batches`` (whichever fit was given),
     ``precision`` (``"32-true"`` for full precision), ``device``, ``strategy`` and ``world_size``.
-    A value that is not known is left out, never None.
+    A value that is not known is left out, never None. A run started from a config adds its every
+    value under ``config.`` (:func:`config_params`).
 
     Args:
         state: the fit's state at (or after) ``train_begin``.
@@ -60,7 +63,38 @@ def run_params(state: TrainState) -> dict[str, ParamValue]:
     params["device"] = str(estimator.device)
     params["strategy"] = getattr(estimator, "strategy", None)
     params["world_size"] = world_size()
+    params.update(config_params(getattr(estimator, "run_config", None)))
     return {key: value for key, value in params.items() if value is not None}
+
+
+def config_params(config: Mapping[str, Any] | None, prefix: str = "config") -> dict[str, ParamValue]:
+    """A nested config as flat parameters: ``{"model": {"init_args": {"hidden": 8}}}`` gives
+    ``{"config.model.init_args.hidden": 8}``, list items by index (``config.handlers.0.class_path``).
+
+    Flat keys rather than one JSON value: every logger takes them as they are (MLflow params,
+    TensorBoard hparams, CSV's params.json), MLflow can filter and compare runs by each, and no
+    value nears MLflow's 6000 characters a param (a whole config would). A null, an empty list or
+    an empty dict is kept in its JSON spelling (``"null"``, ``"[]"``, ``"{}"``), so that every key
+    the config sets is recorded.
+    """
+    if config is None:
+        return {}
+    flat: dict[str, ParamValue] = {}
+
+    def walk(key: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for name, item in value.items():
+                walk(f"{key}.{name}", item)
+        elif isinstance(value, (list, tuple)) and value:
+            for index, item in enumerate(value):
+                walk(f"{key}.{index}", item)
+        elif isinstance(value, (str, int, float, bool)):
+            flat[key] = value
+        else:
+            flat[key] = json.dumps(value, default=str)
+
+    walk(prefix, config)
+    return flat
 
 
 def _loss_name(loss: Any) -> str | None:

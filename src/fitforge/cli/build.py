@@ -1,0 +1,108 @@
+"""From a checked config to a run's objects: the seed, the data, the model, the estimator, the handlers.
+
+The data function returns what the commands train, evaluate and predict on:
+
+- a dict with any of the keys :data:`DATA_KEYS`: ``train_data`` (what ``fit`` trains on, needed by
+  ``fit``), ``val_data`` (``fit``'s validation data, and what ``evaluate`` and ``predict`` read by
+  default), ``test_data`` and ``predict_data`` (for ``--split test`` / ``--split predict``); each
+  value anything ``Estimator.fit`` takes as data: a DataLoader, a list of batches, arrays ``(X, y)``
+  (batched by ``fit.batch_size``);
+- or anything else, which is ``train_data`` alone (a DataLoader...). A tuple is not a pair of
+  splits: ``(X, y)`` arrays are data too, so splits always come in a dict.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jsonargparse import ArgumentParser, Namespace
+
+from fitforge.core.events import EventHandler
+from fitforge.estimator import Estimator
+from fitforge.exceptions import ConfigError, describe
+
+DATA_KEYS = ("train_data", "val_data", "test_data", "predict_data")
+
+
+@dataclass
+class Run:
+    """A run's objects, built from its config in a fixed order (seed, model, data) so a config
+    builds the same run every time."""
+
+    estimator: Estimator
+    data: dict[str, Any]
+    handlers: list[EventHandler]
+
+
+def data_arguments(config: Namespace) -> ArgumentParser:
+    """A parser of the data function's arguments, from its signature: checks ``data.args``."""
+    parser = ArgumentParser(exit_on_error=False, allow_abbrev=False, print_config=None)
+    parser.add_function_arguments(config.data.function, as_group=False)
+    return parser
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's, numpy's (when installed) and torch's generators (every device's)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy is installed wherever the tests run
+        pass
+
+
+def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace, handlers: bool = True) -> Run:
+    """The run of a checked ``config`` (its ``data.args`` checked by ``data_parser``, from
+    :func:`data_arguments`); ``handlers=False`` leaves the handlers out (evaluate and predict run
+    none of fit's)."""
+    seed_everything(config.seed)
+    if not handlers:
+        config = config.clone()
+        config.handlers = []
+    objects = parser.instantiate(config)
+    arguments = dict(vars(objects.estimator))
+    optimizer = arguments.pop("optimizer")
+    net = objects.model
+    if callable(optimizer):  # a torch.optim class given by class_path: jsonargparse leaves out params
+        optimizer = optimizer(net.parameters())
+    data_args = data_parser.instantiate(data_parser.parse_object(config.data.args))
+    data = split_data(config.data.function(**vars(data_args)), config.data.function)
+    estimator = Estimator(net, optimizer=optimizer, **arguments)
+    return Run(estimator, data, list(objects.handlers))
+
+
+def split_data(returned: Any, function: Any) -> dict[str, Any]:
+    """The data function's result as a dict of :data:`DATA_KEYS` (see the module docstring)."""
+    if not isinstance(returned, Mapping):
+        return {"train_data": returned}
+    wrong = [key for key in returned if key not in DATA_KEYS]
+    if wrong:
+        nearest = difflib.get_close_matches(str(wrong[0]), DATA_KEYS, n=1)
+        hint = f" (did you mean '{nearest[0]}'?)" if nearest else ""
+        raise ConfigError(
+            f"the data function {_name(function)} returned a dict with the key {wrong[0]!r}{hint}; its keys "
+            f"must be among {', '.join(DATA_KEYS)}"
+        )
+    return dict(returned)
+
+
+def data_of(run: Run, split: str, command: str, function: Any) -> Any:
+    """``<split>_data`` of the run's data, or an error naming what the data function returned."""
+    key = f"{split}_data"
+    if key not in run.data:
+        raise ConfigError(
+            f"fitforge {command} reads {key} (--split {split}), but the data function {_name(function)} "
+            f"returned {', '.join(run.data)} only; return a dict with {key!r}, or pick another --split"
+        )
+    return run.data[key]
+
+
+def _name(function: Any) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', describe(function))}"

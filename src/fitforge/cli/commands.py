@@ -1,0 +1,133 @@
+"""``fitforge fit|evaluate|predict``: parse and check the whole config, then build and run.
+
+Everything that can be wrong in a config is found before anything is built: jsonargparse checks
+every key and type against the signatures while parsing (importing the classes named, never
+instantiating them), then the data function's arguments are checked against its signature.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+from argparse import ArgumentError
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ArgumentParser, Namespace
+
+from fitforge.checkpoint.files import save_atomic
+from fitforge.cli.build import build, data_arguments, data_of
+from fitforge.cli.parser import RUN_SECTIONS, command_parser
+from fitforge.cli.resume import resume_from
+from fitforge.cli.suggest import config_error
+from fitforge.exceptions import ConfigError
+
+log = logging.getLogger("fitforge")
+
+
+def run(args: list[str] | None = None) -> Any:
+    """Run a command as the console would (``run(["fit", "--config", "cfg.yaml"])``) and return its
+    result: ``fit`` the History, ``evaluate`` the metrics dict, ``predict`` the predictions;
+    ``--print_config`` prints the resolved config and returns it (a dict), having built nothing.
+
+    Raises:
+        ConfigError: a wrong key (with the nearest valid one), type or value in the config, before
+            anything is built.
+    """
+    parser, commands = command_parser()
+    argv = sys.argv[1:] if args is None else list(args)
+    try:
+        parsed = parser.parse_args(argv)
+    except ArgumentError as error:
+        named = argv[0] if argv and argv[0] in commands else ""
+        raise config_error(error, commands.get(named, parser), named) from None
+    command = parsed.command
+    config: Namespace = parsed[command]
+    subparser = commands[command]
+    data_parser = _check_data_arguments(config, command)
+    if config.print_config:  # the config with the command's own options, as --config would take it back
+        shown = config.clone()
+        shown.pop("config", None)
+        shown.pop("print_config", None)
+        print(subparser.dump(shown, skip_unset=False, skip_validation=True), end="")
+        return recordable(subparser, config)
+    if command != "fit" and not Path(config.checkpoint).is_file():
+        raise ConfigError(f"fitforge {command}: --checkpoint {config.checkpoint}: no such file; nothing was built")
+    if config.seed is None:  # drawn once and recorded, so that the recorded config builds the same run
+        config.seed = random.SystemRandom().randrange(2**31)
+    if command == "fit":
+        return _fit(subparser, data_parser, config)
+    return (
+        _evaluate(subparser, data_parser, config) if command == "evaluate" else _predict(subparser, data_parser, config)
+    )
+
+
+def main(args: list[str] | None = None) -> int:
+    """The console script ``fitforge`` (and ``python -m fitforge``): a config error is printed,
+    not raised, and the exit status is 2 (as for any command line mistake); 0 after a run."""
+    try:
+        run(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def recordable(parser: ArgumentParser, config: Namespace) -> dict[str, Any]:
+    """The run's sections of ``config`` as plain JSON values: what the run records."""
+    whole = json.loads(parser.dump(config, format="json", skip_unset=False, skip_validation=True))
+    return {key: whole.get(key) for key in RUN_SECTIONS}
+
+
+def _check_data_arguments(config: Namespace, command: str) -> ArgumentParser:
+    """Check ``data.args`` against the data function's signature and fill in its defaults."""
+    data_parser = data_arguments(config)
+    try:
+        checked = data_parser.parse_object(dict(config.data.args))
+    except ArgumentError as error:
+        raise config_error(error, data_parser, command, prefix="data.args.") from None
+    config.data.args = json.loads(data_parser.dump(checked, format="json", skip_unset=False))
+    return data_parser
+
+
+def _fit(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> Any:
+    recorded = recordable(parser, config)  # the run's config as given: a resume sets resume_from_checkpoint itself
+    if config.from_checkpoint is not None:
+        resume_from(config, config.from_checkpoint)
+    built = build(parser, data_parser, config)
+    built.estimator.run_config = recorded
+    if "train_data" not in built.data:
+        raise ConfigError(
+            f"fitforge fit needs train_data, but the data function returned {', '.join(built.data)} only; "
+            "return a dict with 'train_data' (and 'val_data' to validate), or the training data alone"
+        )
+    return built.estimator.fit(
+        built.data["train_data"], val_data=built.data.get("val_data"), event_handlers=built.handlers, **vars(config.fit)
+    )
+
+
+def _evaluate(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> dict[str, float]:
+    built = build(parser, data_parser, config, handlers=False)
+    data = data_of(built, config.split, "evaluate", config.data.function)
+    built.estimator.load_checkpoint(config.checkpoint, optimizers=False)
+    metrics = built.estimator.evaluate(data, batch_size=config.fit.batch_size, prefix=config.split)
+    text = json.dumps(metrics, indent=2)
+    print(text)  # the command's result, on stdout for a shell to read (logs go to stderr)
+    if config.output is not None:
+        Path(config.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.output).write_text(text + "\n")
+    return metrics
+
+
+def _predict(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> Any:
+    built = build(parser, data_parser, config, handlers=False)
+    data = data_of(built, config.split, "predict", config.data.function)
+    built.estimator.load_checkpoint(config.checkpoint, optimizers=False)
+    predictions = built.estimator.predict(data, batch_size=config.fit.batch_size)
+    output = Path(config.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    save_atomic(predictions, output)  # a crash never leaves half a file under the name
+    log.info("fitforge predict: wrote the predictions of %s to %s", config.checkpoint, output)
+    return predictions

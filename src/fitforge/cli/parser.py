@@ -1,0 +1,140 @@
+"""The parser of ``fitforge fit|evaluate|predict``: jsonargparse, one section per part of a run.
+
+A run's config has the sections of :data:`RUN_SECTIONS` (see docs/cli.md for an example):
+
+- ``seed``: seeds python's, numpy's and torch's generators before anything is built (None: one
+  is drawn, and recorded with the run so that the config reproduces it);
+- ``model``: ``class_path`` + ``init_args`` of any ``torch.nn.Module``;
+- ``data``: ``function`` (an import path) + ``args``, the function returning the run's data
+  (:mod:`fitforge.cli.build` says what it may return);
+- ``estimator``: the :class:`~fitforge.Estimator`'s arguments but the net (``loss`` and the
+  metrics by ``class_path`` or import path, ``optimizer`` by name or ``class_path`` of a
+  ``torch.optim`` class without ``params``);
+- ``fit``: ``Estimator.fit``'s arguments but the data and the handlers;
+- ``handlers``: a list of ``class_path`` + ``init_args`` of event handlers.
+
+The types come from the signatures where those are typed, so jsonargparse checks every key and
+value of a config against them while parsing, before anything is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+from jsonargparse import ActionConfigFile, ArgumentParser  # an optional extra, checked by fitforge.cli
+from torch import nn
+
+from fitforge.cli.recorded import RecordedConfig
+from fitforge.core.events import EventHandler
+from fitforge.core.options import OPTIMIZERS
+from fitforge.estimator import Estimator
+from fitforge.metrics.base import SumCountMetric
+from fitforge.metrics.resolve import NAMES
+
+RUN_SECTIONS = ("seed", "model", "data", "estimator", "fit", "handlers")  # what a run's config holds and records
+SPLITS = Literal["train", "val", "test", "predict"]
+
+# Union members are tried in order: a module class_path before any callable (a class is callable
+# too, and would be kept uninstantiated); a name first, as a Literal of the known ones, not a str:
+# a str would take a misspelt class_path given on the command line as a name (failing only once
+# the run is built), and serialize any value (a list of metrics as the text of a list).
+_LOSS: Any = nn.Module | Callable
+LOSSES: Any = _LOSS | list[_LOSS] | dict[str, _LOSS] | None
+_OPTIMIZER_NAME: Any = Literal[tuple(OPTIMIZERS)]
+OPTIMIZER: Any = _OPTIMIZER_NAME | Callable[[Iterable], torch.optim.Optimizer] | None
+# top<k>_accuracy for k up to 10 by name; TopKAccuracy by class_path for any k
+_METRIC_NAME: Any = Literal[tuple(NAMES) + tuple(f"top{k}_accuracy" for k in range(1, 11))]
+
+
+def _metric_type() -> Any:
+    """A metric by name or by ``class_path`` (a built-in metric class, or a torchmetrics one when
+    installed), or a list of them, or a dict of them by output."""
+    one: Any = _METRIC_NAME | SumCountMetric
+    try:
+        import torchmetrics
+
+        one = one | torchmetrics.Metric
+    except ImportError:  # pragma: no cover - torchmetrics is installed wherever the tests run
+        pass
+    return one | list[one] | dict[int | str, one | list[one]] | None
+
+
+_METRICS = _metric_type()
+_TYPED_HERE = {"loss": LOSSES, "val_loss": LOSSES, "train_metrics": _METRICS, "val_metrics": _METRICS}
+
+
+def command_parser() -> tuple[ArgumentParser, dict[str, ArgumentParser]]:
+    """``fitforge`` with its three commands, and each command's parser (of a whole run's config)."""
+    top = _new_parser(prog="fitforge", description="Train, evaluate and predict from a config (docs/cli.md).")
+    commands = top.add_subcommands(dest="command", required=True)
+    parsers = {"fit": _fit_parser(), "evaluate": _evaluate_parser(), "predict": _predict_parser()}
+    helps = {
+        "fit": "train the model",
+        "evaluate": "the loss and metrics of a checkpoint",
+        "predict": "write the predictions of a checkpoint to a file",
+    }
+    for name, parser in parsers.items():
+        commands.add_subcommand(name, parser, help=helps[name])
+    return top, parsers
+
+
+def _new_parser(**kwargs: Any) -> ArgumentParser:
+    # Errors raise (fitforge.cli.suggest adds the nearest key); no abbreviated options (--fit.epoch
+    # must not quietly mean --fit.epochs); our own --print_config, printed once the data's
+    # arguments are resolved too (jsonargparse's prints before that).
+    return ArgumentParser(exit_on_error=False, allow_abbrev=False, print_config=None, **kwargs)
+
+
+def run_parser(description: str = "") -> ArgumentParser:
+    """A parser of the run's sections, with ``--config`` and ``--print_config``."""
+    parser = _new_parser(description=description)
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML or JSON config (several: later ones win)")
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the resolved config and exit, having built nothing"
+    )
+    parser.add_argument("--seed", type=int | None, default=None, help="the generators' seed (None: draw one)")
+    parser.add_subclass_arguments(nn.Module, "model", required=True, help="the model: class_path and init_args")
+    parser.add_argument("--data.function", type=Callable, required=True, help="the import path of the data function")
+    parser.add_argument("--data.args", type=dict[str, Any], default={}, help="the data function's arguments")
+    parser.add_class_arguments(
+        Estimator, "estimator", skip={"net", "val_net", "optimizer", *_TYPED_HERE}, instantiate=False
+    )
+    for name, kind in _TYPED_HERE.items():  # typed Any in the signature: typed here, so that parsing checks them
+        parser.add_argument(f"--estimator.{name}", type=kind, default=None, required=name == "loss")
+    parser.add_argument(
+        "--estimator.optimizer",
+        type=OPTIMIZER,
+        default=None,
+        help="a name ('adam', 'sgd'...) or the class_path and init_args of a torch.optim class (without params)",
+    )
+    parser.add_method_arguments(Estimator, "fit", "fit", skip={"train_data", "val_data", "event_handlers"})
+    parser.add_argument("--handlers", type=list[EventHandler], default=[], help="event handlers: class_path, init_args")
+    return parser
+
+
+def _fit_parser() -> ArgumentParser:
+    parser = run_parser("Train the model of a config.")
+    parser.add_argument(
+        "--from_checkpoint",
+        action=RecordedConfig,
+        help="resume the run recorded in this checkpoint, from its config (options after this one override it)",
+    )
+    return parser
+
+
+def _evaluate_parser() -> ArgumentParser:
+    parser = run_parser("Evaluate a checkpoint of the config's model on one of its data's splits.")
+    parser.add_argument("--checkpoint", type=str, required=True, help="the checkpoint whose weights to evaluate")
+    parser.add_argument("--split", type=SPLITS, default="val", help="the data to evaluate: <split>_data")
+    parser.add_argument("--output", type=str | None, default=None, help="also write the metrics to this JSON file")
+    return parser
+
+
+def _predict_parser() -> ArgumentParser:
+    parser = run_parser("Predict with a checkpoint of the config's model, to a file.")
+    parser.add_argument("--checkpoint", type=str, required=True, help="the checkpoint whose weights predict")
+    parser.add_argument("--split", type=SPLITS, default="val", help="the data to predict: <split>_data")
+    parser.add_argument("--output", type=str, required=True, help="the file the predictions go to (torch.save)")
+    return parser

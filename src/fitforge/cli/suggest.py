@@ -1,0 +1,84 @@
+"""A config's mistake as a :class:`~fitforge.exceptions.ConfigError`, with the nearest valid key.
+
+jsonargparse names a wrong key (``Option 'fit.epoch' is not accepted``, ``unrecognized arguments:
+--fit.epoch 3``, a class's ``Option 'hiden' is not accepted``) and a wrong type (``Parser key
+"fit.epochs": Expected a <class 'int'>. Got value: x``), but suggests nothing: this module adds
+"did you mean" from the keys that were possible there, once for every command.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from collections.abc import Iterable
+
+from jsonargparse import ArgumentParser
+from jsonargparse import Namespace as _Namespace
+
+from fitforge.exceptions import ConfigError
+
+_UNKNOWN = re.compile(
+    r"Option '([^']+)' is not accepted|does not accept option '([^']+)'|unrecognized arguments: --?([^\s=]+)",
+    re.IGNORECASE,
+)
+_CLASS = re.compile(r"class_path[ =]'([^']+)'")
+_SECTION = re.compile(r'Parser key "([^"]+)"')
+
+
+def config_error(error: Exception, parser: ArgumentParser, command: str, prefix: str = "") -> ConfigError:
+    """``error`` (jsonargparse's, from parsing with ``parser``) told with the nearest valid key.
+    ``prefix`` is where ``parser``'s keys sit in the whole config (``"data.args."``)."""
+    who = f"fitforge {command}".rstrip()
+    message = _SECTION.sub(lambda found: f'Parser key "{prefix}{found.group(1)}"', str(error).strip())
+    unknown = _UNKNOWN.search(message)
+    if unknown is None:
+        return ConfigError(f"{who}: a wrong value in the config, nothing was built: {message}")
+    key = next(group for group in unknown.groups() if group)
+    within = _CLASS.search(message)
+    if within is not None:  # a key of a class's init_args: the class's parameters are the choices
+        section = _SECTION.search(message)
+        choices = parameters(within.group(1))
+        nearest = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+        return ConfigError(
+            f"{who}: the config's key '{key}' of {within.group(1)}"
+            f"{f' (under {section.group(1)!r})' if section else ''} is not accepted{_did_you_mean(nearest)}; "
+            f"it takes: {', '.join(choices) or 'no arguments'}. Nothing was built"
+        )
+    keys = [name for name in _keys(parser) if name not in ("config", "print_config")]
+    nearest = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    parent = key.rpartition(".")[0]
+    siblings = [name for name in keys if name.rpartition(".")[0] == parent] or [k for k in keys if "." not in k]
+    return ConfigError(
+        f"{who}: the config's key '{prefix}{key}' is not accepted{_did_you_mean(nearest, prefix)}; "
+        f"expected one of: {', '.join(prefix + name for name in siblings)}. Nothing was built"
+    )
+
+
+def _did_you_mean(nearest: list[str], prefix: str = "") -> str:
+    return f" (did you mean '{prefix}{nearest[0]}'?)" if nearest else ""
+
+
+def _keys(parser: ArgumentParser) -> list[str]:
+    """Every key a config may set in ``parser`` (dotted, as on the command line)."""
+    return _flat(parser.get_defaults())
+
+
+def _flat(namespace: _Namespace) -> list[str]:
+    keys = []
+    for key in namespace.keys():  # noqa: SIM118 - a Namespace is not iterable: keys() gives the dotted keys
+        keys.append(key)
+        if "." in key:  # its sections too (a misspelt "fitt:" is nearest to "fit")
+            keys.extend(key.rsplit(".", depth)[0] for depth in range(1, key.count(".") + 1))
+    return list(dict.fromkeys(keys))
+
+
+def parameters(class_path: str) -> list[str]:
+    """The names a class (or function) given by import path takes; [] when it does not import."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        target = getattr(__import__(module, fromlist=[name]), name)
+        parameters: Iterable[inspect.Parameter] = inspect.signature(target).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
