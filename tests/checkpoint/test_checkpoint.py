@@ -10,7 +10,7 @@ from torch import nn
 from fitforge import TrainState
 from fitforge.checkpoint.files import CheckpointError, load_checkpoint, restore_weights, save_atomic
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers import CheckpointHandler
+from fitforge.handlers import CheckpointHandler, LambdaHandler
 from fitforge.testing import RecordingHandler, linear_problem
 from helpers import make_estimator
 
@@ -40,9 +40,10 @@ def test_epoch_and_batch_checkpoints_are_named_by_completed_epochs_and_batches(t
 def test_rotation_keeps_the_newest_and_deletes_by_exact_name(tmp_path):
     estimator, train, _ = linear_problem()
     foreign = tmp_path / "model-epoch0batch10.pt"  # shares the prefix of epoch0batch1: must survive
-    foreign.write_bytes(b"not ours")
+    # written once training runs (a fit refuses to start beside another run's files)
+    write_foreign = LambdaHandler(batch_begin=lambda state: state.global_step == 0 and foreign.write_bytes(b"not ours"))
     saver = CheckpointHandler(tmp_path, epoch_period=None, batch_period=1, max_checkpoints=2)
-    estimator.fit(train, batches=4, event_handlers=[saver])
+    estimator.fit(train, batches=4, event_handlers=[saver, write_foreign])
     assert names(tmp_path) == ["model-epoch0batch10.pt", "model-epoch0batch3.pt", "model-epoch0batch4.pt"]
     assert [p.name for p in saver.saved] == ["model-epoch0batch3.pt", "model-epoch0batch4.pt"]
     assert foreign.read_bytes() == b"not ours"
@@ -291,45 +292,71 @@ def test_files_get_the_usual_permissions_and_other_prefixes_temporaries_survive(
     assert (tmp_path / "model-epoch1batch8.pt").stat().st_mode & 0o777 == 0o666 & ~mask
 
 
-def used_folder_warnings(caplog):
-    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "already holds" in r.getMessage()]
+def contents(folder):
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
 
-def test_a_fresh_run_in_a_folder_of_an_earlier_run_warns_that_they_would_mix(tmp_path, caplog):
-    estimator, train, _ = linear_problem()  # 8 batches per epoch
-    estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path)])
-    caplog.clear()
-    estimator, train, _ = linear_problem()
-    with caplog.at_level("WARNING", logger="fitforge"):
+def test_a_fresh_run_beside_an_earlier_runs_files_is_refused_and_leaves_them_byte_identical(tmp_path):
+    estimator, train, val = linear_problem()  # 8 batches per epoch
+    estimator.fit(
+        train, val_data=val, epochs=2, event_handlers=[CheckpointHandler(tmp_path, monitor="val_loss", save_best=True)]
+    )
+    before = contents(tmp_path)
+    estimator, train, val = linear_problem()
+    with pytest.raises(FitforgeValueError) as refused:
         estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
-    [warned] = used_folder_warnings(caplog)
-    assert f"{tmp_path} already holds 2 checkpoint(s) of an earlier run (newest: model-epoch2batch16.pt)" in warned
-    assert "this run starts from scratch" in warned
-    assert "To continue that run pass resume_from_checkpoint=True" in warned
+    message = str(refused.value)
+    assert f"{tmp_path} already holds 3 checkpoint file(s) of an earlier run" in message
+    assert "(model-epoch1batch8.pt, model-epoch2batch16.pt, model-best.pt)" in message
+    assert "To continue that run pass resume_from_checkpoint=True; to replace its files pass overwrite=True" in message
+    assert contents(tmp_path) == before and estimator.history.epochs == 0  # refused before training
 
 
-def test_a_second_phase_of_one_estimator_is_told_to_save_apart_not_to_resume(tmp_path, caplog):
+def test_a_best_only_folder_is_kept_from_a_run_that_finds_nothing_to_resume(tmp_path):
+    estimator, train, val = linear_problem()
+    best_only = dict(monitor="val_loss", save_best=True, epoch_period=None)
+    estimator.fit(train, val_data=val, epochs=3, event_handlers=[CheckpointHandler(tmp_path, **best_only)])
+    before = contents(tmp_path)
+    assert list(before) == ["model-best.pt"]
+    for resume in (False, True):
+        estimator, train, val = linear_problem(lr=0.5)  # a worse first epoch would replace the best
+        saver = CheckpointHandler(tmp_path, resume_from_checkpoint=resume, **best_only)
+        with pytest.raises(FitforgeValueError, match="already holds 1 checkpoint file") as refused:
+            estimator.fit(train, val_data=val, epochs=1, event_handlers=[saver])
+        assert ("found no checkpoint to resume from beside them" in str(refused.value)) == resume
+        assert contents(tmp_path) == before
+
+
+def test_overwrite_deletes_the_earlier_runs_files_before_training(tmp_path, caplog):
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path, batch_period=4)])
+    estimator, train, _ = linear_problem()
+    with caplog.at_level("WARNING", logger="fitforge"):
+        estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path, overwrite=True)])
+    assert "overwrite=True: deleting the 4 checkpoint file(s) of an earlier run" in caplog.text
+    assert names(tmp_path) == ["model-epoch1batch8.pt"]  # this run's alone: a resume cannot pick the other's
+    with pytest.raises(FitforgeTypeError, match="overwrite must be True or False"):
+        CheckpointHandler(tmp_path, overwrite="yes")
+
+
+def test_a_second_phase_of_one_estimator_is_told_to_save_apart_not_to_resume(tmp_path):
     estimator, train, _ = linear_problem()
     estimator.fit(train, epochs=2, event_handlers=[CheckpointHandler(tmp_path)])
-    with caplog.at_level("WARNING", logger="fitforge"):
+    with pytest.raises(FitforgeValueError) as refused:
         estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path)])  # fine-tuning, phase 2
-    [warned] = used_folder_warnings(caplog)
-    assert "this fit goes on from the estimator's 2 epoch(s) but numbers its files from epoch 0" in warned
-    assert "Give each fit its own model_prefix (or model_dir)" in warned and "resume_from_checkpoint" not in warned
+    message = str(refused.value)
+    assert "this fit goes on from the estimator's 2 epoch(s) but names its files from epoch 0" in message
+    assert "Give each fit its own model_prefix (or model_dir)" in message and "resume_from_checkpoint" not in message
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path, model_prefix="phase2")])
 
 
-def test_a_resume_another_prefix_an_empty_folder_or_another_rank_does_not_warn(tmp_path, caplog, monkeypatch):
+def test_a_resume_another_prefix_or_an_empty_folder_is_not_refused(tmp_path):
     estimator, train, _ = linear_problem()
     estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "run")])
-    with caplog.at_level("WARNING", logger="fitforge"):
-        for handler in (
-            CheckpointHandler(tmp_path / "run", resume_from_checkpoint=True),
-            CheckpointHandler(tmp_path / "run", model_prefix="other"),
-            CheckpointHandler(tmp_path / "empty"),
-        ):
-            estimator, train, _ = linear_problem()
-            estimator.fit(train, epochs=2, event_handlers=[handler])
-        monkeypatch.setattr("fitforge.core.coordinator.Alone.main", False)  # as if rank 1: the main rank warns alone
+    for handler in (
+        CheckpointHandler(tmp_path / "run", resume_from_checkpoint=True),
+        CheckpointHandler(tmp_path / "run", model_prefix="other"),
+        CheckpointHandler(tmp_path / "empty"),
+    ):
         estimator, train, _ = linear_problem()
-        estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "run")])
-    assert used_folder_warnings(caplog) == []
+        estimator.fit(train, epochs=2, event_handlers=[handler])

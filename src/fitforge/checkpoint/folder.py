@@ -91,6 +91,17 @@ class CheckpointFolder:
                 found.append(((int(match[1]), int(match[2])), path))
         return [path for _, path in sorted(found)]
 
+    def earlier_files(self) -> list[Path]:
+        """Every checkpoint file of this prefix in the folder: the regular ones, oldest first, then the
+        single ones (best, nonfinite)."""
+        return self.regular_files() + [path for path in map(self.single, SINGLES) if path.is_file()]
+
+    def remove(self, files: list[Path]) -> None:
+        """Delete ``files`` and the FSDP shard folders they name."""
+        for path in files:
+            path.unlink(missing_ok=True)
+        self._remove_unnamed_shards()
+
     def prepare(self) -> None:
         """Create the folder, remove what an interrupted save left, and check it is writable."""
         try:

@@ -68,8 +68,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             ``epochs=5`` means five in all, so a run that already reached it trains no more. See
             :mod:`fitforge.checkpoint.resume` for what is restored, and docs/checkpoints.md for when the
             continuation is bitwise exact (a mid-epoch checkpoint continues at its batch).
-            Without it, a fit in a folder that holds checkpoints of its prefix already warns: one
-            folder and prefix hold one run.
+        overwrite: a run that does not resume (or finds nothing to resume from) in a folder that
+            holds checkpoint files of its prefix (periodic, best or non-finite ones, of an earlier
+            run or an earlier fit of this estimator) would replace them, so it is refused before
+            training, naming the ways out: resume that run, use another ``model_dir`` or
+            ``model_prefix``, or pass ``overwrite=True``, which deletes the earlier run's files
+            (logged) before training. One folder and prefix hold one run.
 
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
     batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
@@ -117,6 +121,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         max_checkpoints: int = 5,
         resume_from_checkpoint: bool = False,
         save_non_finite: bool = False,
+        overwrite: bool = False,
     ) -> None:
         if not isinstance(model_dir, (str, os.PathLike)):
             raise FitforgeTypeError(f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)}")
@@ -143,6 +148,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self.max_checkpoints = max_checkpoints
         self.resume_from_checkpoint = check_flag("CheckpointHandler", "resume_from_checkpoint", resume_from_checkpoint)
         self.save_non_finite = check_flag("CheckpointHandler", "save_non_finite", save_non_finite)
+        self.overwrite = check_flag("CheckpointHandler", "overwrite", overwrite)
         self.saved: list[Path] = []
         self.best: float | None = None
         self.best_path: Path | None = None
@@ -163,33 +169,53 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._warn_if_inexact(state)
         if self.resume_from_checkpoint:
             self._resume(state)
-        elif state.ranks.main:  # the main rank's folder is the one the run saves to
-            self._warn_if_used(state.epochs_before)
+        if self.resumed_from is None:  # a run of its own: nothing of an earlier one is replaced unasked
+            resuming = self.resume_from_checkpoint
+            state.ranks.on_main(lambda: self._refuse_if_used(state.epochs_before, resuming), FitforgeValueError)
 
-    def _warn_if_used(self, epochs_before: int) -> None:
-        """A run that does not resume, writing where an earlier run's checkpoints are: its files, named
-        from epoch 0 on, would replace those of the same name and sit beside the others, and a later
-        resume would pick the newest by epoch and batch, whichever run wrote it."""
-        earlier = self._folder.regular_files()
+    def _refuse_if_used(self, epochs_before: int, resuming: bool) -> None:
+        """A run that does not continue the run whose files are in the folder (it does not resume, or
+        found nothing to resume from) would replace them: its files are named from epoch 0, and its
+        first best is saved whatever an earlier best was. Refused before training, unless
+        ``overwrite``: then the earlier run's files are deleted first, so that they neither mix with
+        this run's nor are picked by a later resume."""
+        earlier = self._folder.earlier_files()
         if not earlier:
+            return
+        shown = ", ".join(path.name for path in earlier[-3:]) + (
+            f" and {len(earlier) - 3} more" if len(earlier) > 3 else ""
+        )
+        if self.overwrite:
+            log.warning(
+                "CheckpointHandler: overwrite=True: deleting the %d checkpoint file(s) of an earlier run in %s (%s)",
+                len(earlier),
+                self._folder.path,
+                shown,
+            )
+            self._folder.remove(earlier)
             return
         if epochs_before:  # a later phase of the same estimator (fine-tuning): resuming would skip it
             advice = (
-                f"this fit goes on from the estimator's {epochs_before} epoch(s) but numbers its files from epoch 0, "
-                "so they would replace and mix with those. Give each fit its own model_prefix (or model_dir)"
+                f"this fit goes on from the estimator's {epochs_before} epoch(s) but names its files from epoch 0, so "
+                "it would replace them. Give each fit its own model_prefix (or model_dir), or pass overwrite=True to "
+                "replace them"
+            )
+        elif resuming:  # only best (or non-finite) files: nothing to resume from, and a best to lose
+            advice = (
+                "resume_from_checkpoint=True found no checkpoint to resume from beside them, so this run starts from "
+                "scratch and would replace them with its own. Save periodic checkpoints (epoch_period, batch_period) "
+                "to be able to resume a run; pass overwrite=True to replace them, or use another model_dir or "
+                "model_prefix to keep them"
             )
         else:
             advice = (
-                "this run starts from scratch and saves beside them, replacing those of the same name, and a resume "
-                "picks the newest by epoch and batch, whichever run wrote it. To continue that run pass "
-                "resume_from_checkpoint=True; to keep the runs apart use an empty model_dir or another model_prefix"
+                "this run starts from scratch and would replace them. To continue that run pass "
+                "resume_from_checkpoint=True; to replace its files pass overwrite=True; to keep them use another "
+                "model_dir or model_prefix"
             )
-        log.warning(
-            "CheckpointHandler: %s already holds %d checkpoint(s) of an earlier run (newest: %s); %s",
-            self._folder.path,
-            len(earlier),
-            earlier[-1].name,
-            advice,
+        raise FitforgeValueError(
+            f"CheckpointHandler: {self._folder.path} already holds {len(earlier)} checkpoint file(s) of an earlier run "
+            f"({shown}); {advice}"
         )
 
     def _warn_if_inexact(self, state: TrainState) -> None:
