@@ -13,10 +13,11 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
+from fitforge.checkpoint.locations import ObjectPath, is_url, local_path
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError
 
@@ -111,21 +112,32 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Read a checkpoint written by :class:`~fitforge.handlers.CheckpointHandler`.
+def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "cpu") -> dict:
+    """Read a checkpoint written by :class:`~fitforge.handlers.CheckpointHandler`: a local path, or
+    the URL of a committed checkpoint in an object store (:mod:`fitforge.checkpoint.objects`).
 
     Raises:
         FileNotFoundError: no file at ``path``.
         CheckpointError: the file is empty, truncated, corrupt, not a fitforge checkpoint, or of a
-            newer format version.
+            newer format version; an object not committed.
     """
-    path = Path(path)
+    if isinstance(path, ObjectPath) or is_url(path):
+        from fitforge.checkpoint.objects import load_url  # imports fsspec: only for a URL
+
+        return load_url(str(path), map_location=map_location)
+    path = local_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty")
+    return parse_checkpoint(path, path, map_location)
+
+
+def parse_checkpoint(source: Path | BinaryIO, path: Path | str, map_location: Any = "cpu") -> dict:
+    """Load the checkpoint in ``source`` (called ``path`` in messages) and verify its format version
+    and checksum."""
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
         raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err})") from err
     version = checkpoint.get("format_version") if isinstance(checkpoint, dict) else None
@@ -146,7 +158,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
 
 
 def restore_weights(
-    estimator: EstimatorLike, checkpoint: dict | str | os.PathLike, optimizers: bool = True, folder: Path | None = None
+    estimator: EstimatorLike,
+    checkpoint: dict | str | os.PathLike | ObjectPath,
+    optimizers: bool = True,
+    folder: Path | None = None,
 ) -> dict:
     """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
 
@@ -154,11 +169,13 @@ def restore_weights(
     the missing and unexpected parameter names. The load is all or nothing: when an optimizer's or
     the scaler's state does not fit, the net's weights and the optimizers' states loaded so far are
     put back. The weights of a sharded (FSDP) checkpoint are in the folder its file names, beside
-    the file (``folder``, when ``checkpoint`` is a dict already loaded).
+    the file (``folder``, when ``checkpoint`` is a dict already loaded). ``checkpoint`` may be the
+    URL of a committed checkpoint in an object store (never a sharded one).
     """
     source = "the checkpoint"
     if not isinstance(checkpoint, dict):
-        folder, source = Path(checkpoint).parent, f"checkpoint {checkpoint}"
+        folder = None if isinstance(checkpoint, ObjectPath) or is_url(checkpoint) else local_path(checkpoint).parent
+        source = f"checkpoint {checkpoint}"
         # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
         # optimizer state as each optimizer expects (a CUDA step counter would sync every step).
         checkpoint = load_checkpoint(checkpoint, map_location="cpu")
