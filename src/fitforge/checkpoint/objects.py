@@ -73,6 +73,7 @@ def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
     try:
         marker = json.loads(fs.cat_file(key + COMMIT_SUFFIX))
     except FileNotFoundError:
+        fs.invalidate_cache(key)  # a listing cached before another process uploaded would hide the object
         if not fs.exists(key):
             raise FileNotFoundError(f"no checkpoint at {url}") from None
         raise CheckpointError(
