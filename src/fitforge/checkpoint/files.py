@@ -9,19 +9,19 @@ checkpoint holds tensors and plain python values only and cannot run code when l
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from fitforge.checkpoint.format import FORMAT_VERSION as FORMAT_VERSION  # where callers have imported it from
+from fitforge.checkpoint.format import content_digest, parse_checkpoint
 from fitforge.checkpoint.locations import ObjectPath, is_url, local_path
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError
 
-FORMAT_VERSION = 1
 TEMP_SUFFIX = ".tmp"
 
 
@@ -66,32 +66,6 @@ def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
     return save_atomic({**checkpoint, "checksum": content_digest(checkpoint)}, path)
 
 
-def content_digest(value: Any) -> str:
-    """A BLAKE2b digest of a checkpoint's contents: every tensor's dtype, shape and bytes, and every
-    other value's repr, walked in a fixed order (dict keys sorted)."""
-    digest = hashlib.blake2b(digest_size=16)
-
-    def walk(item: Any) -> None:
-        if isinstance(item, torch.Tensor):
-            flat = item.detach().to("cpu").contiguous().reshape(-1)
-            digest.update(f"T{flat.dtype}{tuple(item.shape)}".encode())
-            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-        elif isinstance(item, dict):
-            digest.update(f"D{len(item)}".encode())
-            for key in sorted(item, key=repr):
-                digest.update(repr(key).encode())
-                walk(item[key])
-        elif isinstance(item, (list, tuple)):
-            digest.update(f"L{len(item)}".encode())
-            for element in item:
-                walk(element)
-        else:
-            digest.update(repr(item).encode())
-
-    walk(value)
-    return digest.hexdigest()
-
-
 def _umask() -> int:
     mask = os.umask(0)  # the only portable way to read it is to set it
     os.umask(mask)
@@ -131,30 +105,6 @@ def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "c
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty")
     return parse_checkpoint(path, path, map_location)
-
-
-def parse_checkpoint(source: Path | BinaryIO, path: Path | str, map_location: Any = "cpu") -> dict:
-    """Load the checkpoint in ``source`` (called ``path`` in messages) and verify its format version
-    and checksum."""
-    try:
-        checkpoint = torch.load(source, map_location=map_location, weights_only=True)
-    except Exception as err:  # torch raises several types for truncated or foreign files
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err})") from err
-    version = checkpoint.get("format_version") if isinstance(checkpoint, dict) else None
-    if not isinstance(version, int):
-        raise CheckpointError(f"{path} is not a fitforge checkpoint (no format_version)")
-    if version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format version {version}; this fitforge reads up to "
-            f"{FORMAT_VERSION}: upgrade fitforge"
-        )
-    expected = checkpoint.pop("checksum", None)  # files from before checksums have none
-    if expected is not None and content_digest(checkpoint) != expected:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its contents no longer match the checksum written "
-            "with them (bytes changed on disk)"
-        )
-    return checkpoint
 
 
 def restore_weights(

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from fitforge.checkpoint.files import content_digest, parse_checkpoint
+from fitforge.checkpoint.format import content_digest, parse_checkpoint
 from fitforge.checkpoint.locations import ObjectPath
 from fitforge.exceptions import CheckpointError
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, restore_weights
+from fitforge.checkpoint.files import CheckpointError, restore_weights
 from fitforge.checkpoint.folder import EXTENSION, SHARDS, CheckpointFolder, describe_tensors
+from fitforge.checkpoint.format import FORMAT_VERSION
 from fitforge.checkpoint.locations import Location
 from fitforge.checkpoint.resume import check_resumable, fit_data_order, training_state
 from fitforge.core.arguments import check_flag, check_positive
