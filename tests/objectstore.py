@@ -4,6 +4,7 @@ checkpoints go to a URL, and a real S3-compatible server (moto's server mode) on
 from __future__ import annotations
 
 import contextlib
+import urllib.request
 from collections.abc import Iterator
 
 import fsspec
@@ -65,6 +66,8 @@ def local_s3(buckets: tuple[str, ...] = ("bucket",)) -> Iterator[str]:
     try:
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"
+        # moto keeps its buckets in the process, across servers: start from none.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).close()
         fs = s3(endpoint)
         for bucket in buckets:
             fs.mkdir(bucket)

@@ -151,3 +151,29 @@ def test_fsdp_to_an_object_store_is_refused_at_fit_start(url):
     with pytest.raises(FitforgeValueError, match=r"FSDP's sharded checkpoints cannot be saved to an object store"):
         saver.train_begin(TrainState(estimator=estimator))
     assert not memory.exists(folder_of(url))  # refused before anything was written
+
+
+def test_broken_markers_and_failed_uploads_are_clear_checkpoint_errors(url, monkeypatch):
+    from fitforge.checkpoint import objects
+
+    train(url, epochs=1, epoch_period=None)  # one save, after 4 batches
+    folder = folder_of(url)
+    memory.pipe_file(f"{folder}/model-epoch0batch4.pt.commit", b"not json")
+    with pytest.raises(CheckpointError, match="the commit marker of .* is unreadable"):
+        load_checkpoint(f"{url}/model-epoch0batch4.pt")
+    memory.pipe_file(f"{folder}/model-epoch0batch4.pt.commit", b"[]")
+    with pytest.raises(CheckpointError, match="is not a fitforge marker"):
+        load_checkpoint(f"{url}/model-epoch0batch4.pt")
+    memory.pipe_file(f"{folder}/model-epoch0batch4.pt.commit", b'{"size": 1, "blake2b": "0"}')
+    memory.rm_file(f"{folder}/model-epoch0batch4.pt")
+    with pytest.raises(CheckpointError, match="is committed but its object is gone"):
+        load_checkpoint(f"{url}/model-epoch0batch4.pt")
+
+    def unreachable(fs, key, data):
+        raise ConnectionError("the store is unreachable")  # an OSError, as s3fs raises them
+
+    monkeypatch.setattr(objects, "upload", unreachable)
+    with pytest.raises(
+        CheckpointError, match=r"cannot upload memory://.*model-epoch0batch4.pt: the store is unreachable"
+    ):
+        train(url, epochs=1, epoch_period=None)

@@ -57,7 +57,7 @@ def upload(fs: Any, key: str, data: bytes) -> None:
 def write_object(fs: Any, key: str, checkpoint: dict) -> None:
     """Save ``checkpoint`` (with its content checksum, as local files have) as the object ``key``,
     then commit it (see the module docstring for the order and why)."""
-    buffer = io.BytesIO()  # built in memory first: an upload never waits on torch.save
+    buffer = io.BytesIO()  # built in memory first, so the object goes up in one piece, not as torch.save writes
     torch.save({**checkpoint, "checksum": content_digest(checkpoint)}, buffer)
     data = buffer.getvalue()
     remove(fs, key + COMMIT_SUFFIX)  # an earlier marker must not vouch for the bytes going up now
@@ -68,7 +68,7 @@ def write_object(fs: Any, key: str, checkpoint: dict) -> None:
 
 def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
     """Load the committed checkpoint ``key``; a CheckpointError when it is not committed, does not
-    match its marker, or does not load (see :func:`~fitforge.checkpoint.files.parse_checkpoint`)."""
+    match its marker, or does not load (see :func:`~fitforge.checkpoint.format.parse_checkpoint`)."""
     url = fs.unstrip_protocol(key)
     try:
         marker = json.loads(fs.cat_file(key + COMMIT_SUFFIX))
@@ -81,6 +81,8 @@ def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
         ) from None
     except ValueError as err:
         raise CheckpointError(f"the commit marker of {url} is unreadable ({err})") from err
+    if not isinstance(marker, dict):
+        raise CheckpointError(f"the commit marker of {url} is not a fitforge marker")
     try:
         data = fs.cat_file(key)
     except FileNotFoundError:
