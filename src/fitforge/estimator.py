@@ -478,7 +478,9 @@ class Estimator:
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
         """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file
-        written by :class:`~fitforge.handlers.CheckpointHandler`; return the checkpoint's dict
+        written by :class:`~fitforge.handlers.CheckpointHandler` (a path, or the fsspec URL of a
+        committed checkpoint in an object store, e.g. ``s3://bucket/run/model-best.pt``, with the
+        environment's credentials); return the checkpoint's dict
         (``epochs_completed``, ``global_step``, ``history``...). Loads with ``weights_only=True``.
 
         Raises:

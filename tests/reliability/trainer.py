@@ -2,7 +2,8 @@
 
     python trainer.py --dir DIR --log LOG [--out OUT] [--epochs 4] [--workers 0] [--fault SPEC]
 
-It always resumes from the newest loadable checkpoint in DIR, as a re-run of a crashed job would.
+It always resumes from the newest loadable checkpoint in DIR (a folder, or an object-store URL such
+as ``s3://bucket/run``), as a re-run of a crashed job would.
 LOG gets one JSON line per event, each written with a single unbuffered ``os.write`` so that a
 SIGKILL loses none: ``start`` (what train_begin found), ``step`` (each completed batch's loss as
 ``float.hex``), ``fault`` (written right before the fault is injected) and ``end``. OUT gets the
@@ -17,6 +18,9 @@ Faults are scheduled by training progress, never by time. SPEC is one of:
                                   loaded, and fit resumes from it before stopping)
     tear:N                        the N-th checkpoint write stops half way (flushed, fsynced), SIGKILL
     enospc:N                      the N-th checkpoint write fails half way with ENOSPC
+    upload-kill:N                 the N-th upload to an object store puts the whole object under its
+                                  name, then SIGKILL before its commit marker
+    upload-tear:N                 the same, with only the first half of the object's bytes uploaded
 """
 
 from __future__ import annotations
@@ -54,8 +58,15 @@ class Journal:
         os.write(self.fd, (json.dumps(entry) + "\n").encode())
 
 
-def checkpoint_names(folder: Path) -> list[str]:
-    return sorted(path.name for path in folder.iterdir())
+def checkpoint_names(folder: str) -> list[str]:
+    """The names in a folder, or in an object-store folder (listed afresh: fsspec caches listings)."""
+    if "://" not in folder:
+        return sorted(path.name for path in Path(folder).iterdir())
+    from fsspec.core import url_to_fs
+
+    fs, key = url_to_fs(folder)
+    fs.invalidate_cache()
+    return sorted(entry.rsplit("/", 1)[-1] for entry in fs.ls(key, detail=False)) if fs.exists(key) else []
 
 
 class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
@@ -66,7 +77,7 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
 
     priority = 950
 
-    def __init__(self, journal: Journal, folder: Path, fault: str) -> None:
+    def __init__(self, journal: Journal, folder: str, fault: str) -> None:
         self.journal, self.folder, self.fault = journal, folder, fault
         self.signal = self.where = self.at = None
         if fault.startswith(("kill@", "term@")):
@@ -131,9 +142,31 @@ def break_checkpoint_writes(spec: str, journal: Journal) -> None:
     torch.save = save  # fitforge.checkpoint.files.torch is this torch module
 
 
+def break_uploads(spec: str, journal: Journal) -> None:
+    """Replace the object upload as fitforge.checkpoint.objects calls it: the N-th upload puts the
+    whole object (upload-kill) or its first half (upload-tear) under its final name, then the
+    process is killed, after the data and before the commit marker."""
+    from fitforge.checkpoint import objects
+
+    kind, number = spec.split(":")
+    real_upload, calls = objects.upload, {"n": 0}
+
+    def upload(fs, key: str, data: bytes) -> None:
+        calls["n"] += 1
+        if calls["n"] < int(number):
+            return real_upload(fs, key, data)
+        written = data if kind == "upload-kill" else data[: len(data) // 2]
+        real_upload(fs, key, written)
+        completed = int(re.search(r"batch(\d+)", key)[1])
+        journal.write(event="fault", spec=spec, key=key, completed=completed, written=len(written), size=len(data))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    objects.upload = upload
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--dir", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--out")
     parser.add_argument("--epochs", type=int, default=4)
@@ -154,6 +187,8 @@ def main() -> None:
     journal = Journal(args.log)
     if args.fault.startswith(("tear:", "enospc:")):
         break_checkpoint_writes(args.fault, journal)
+    if args.fault.startswith("upload-"):
+        break_uploads(args.fault, journal)
     saver = CheckpointHandler(
         args.dir,
         batch_period=BATCH_PERIOD,

@@ -1,4 +1,5 @@
-"""Checkpointing and resume: atomic versioned files, the folder's naming and rotation, the training
+"""Checkpointing and resume: atomic versioned files (in a local folder, or committed objects in an
+object store named by an fsspec URL), the folder's naming and rotation, the training
 state a checkpoint holds and resuming from it. (The data order it saves is the input side's,
 :mod:`fitforge.inputs.order`; the signals that stop a fit are the run's, :mod:`fitforge.core.preemption`.)
 

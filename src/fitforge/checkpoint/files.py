@@ -9,7 +9,6 @@ checkpoint holds tensors and plain python values only and cannot run code when l
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -17,10 +16,12 @@ from typing import Any
 
 import torch
 
+from fitforge.checkpoint.format import FORMAT_VERSION as FORMAT_VERSION  # where callers have imported it from
+from fitforge.checkpoint.format import content_digest, parse_checkpoint
+from fitforge.checkpoint.locations import ObjectPath, is_url, local_path
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError
 
-FORMAT_VERSION = 1
 TEMP_SUFFIX = ".tmp"
 
 
@@ -65,32 +66,6 @@ def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
     return save_atomic({**checkpoint, "checksum": content_digest(checkpoint)}, path)
 
 
-def content_digest(value: Any) -> str:
-    """A BLAKE2b digest of a checkpoint's contents: every tensor's dtype, shape and bytes, and every
-    other value's repr, walked in a fixed order (dict keys sorted)."""
-    digest = hashlib.blake2b(digest_size=16)
-
-    def walk(item: Any) -> None:
-        if isinstance(item, torch.Tensor):
-            flat = item.detach().to("cpu").contiguous().reshape(-1)
-            digest.update(f"T{flat.dtype}{tuple(item.shape)}".encode())
-            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-        elif isinstance(item, dict):
-            digest.update(f"D{len(item)}".encode())
-            for key in sorted(item, key=repr):
-                digest.update(repr(key).encode())
-                walk(item[key])
-        elif isinstance(item, (list, tuple)):
-            digest.update(f"L{len(item)}".encode())
-            for element in item:
-                walk(element)
-        else:
-            digest.update(repr(item).encode())
-
-    walk(value)
-    return digest.hexdigest()
-
-
 def _umask() -> int:
     mask = os.umask(0)  # the only portable way to read it is to set it
     os.umask(mask)
@@ -111,42 +86,32 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Read a checkpoint written by :class:`~fitforge.handlers.CheckpointHandler`.
+def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "cpu") -> dict:
+    """Read a checkpoint written by :class:`~fitforge.handlers.CheckpointHandler`: a local path, or
+    the URL of a committed checkpoint in an object store (:mod:`fitforge.checkpoint.objects`).
 
     Raises:
         FileNotFoundError: no file at ``path``.
         CheckpointError: the file is empty, truncated, corrupt, not a fitforge checkpoint, or of a
-            newer format version.
+            newer format version; an object not committed.
     """
-    path = Path(path)
+    if isinstance(path, ObjectPath) or is_url(path):
+        from fitforge.checkpoint.objects import load_url  # imports fsspec: only for a URL
+
+        return load_url(str(path), map_location=map_location)
+    path = local_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty")
-    try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # torch raises several types for truncated or foreign files
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err})") from err
-    version = checkpoint.get("format_version") if isinstance(checkpoint, dict) else None
-    if not isinstance(version, int):
-        raise CheckpointError(f"{path} is not a fitforge checkpoint (no format_version)")
-    if version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format version {version}; this fitforge reads up to "
-            f"{FORMAT_VERSION}: upgrade fitforge"
-        )
-    expected = checkpoint.pop("checksum", None)  # files from before checksums have none
-    if expected is not None and content_digest(checkpoint) != expected:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its contents no longer match the checksum written "
-            "with them (bytes changed on disk)"
-        )
-    return checkpoint
+    return parse_checkpoint(path, path, map_location)
 
 
 def restore_weights(
-    estimator: EstimatorLike, checkpoint: dict | str | os.PathLike, optimizers: bool = True, folder: Path | None = None
+    estimator: EstimatorLike,
+    checkpoint: dict | str | os.PathLike | ObjectPath,
+    optimizers: bool = True,
+    folder: Path | None = None,
 ) -> dict:
     """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
 
@@ -154,11 +119,13 @@ def restore_weights(
     the missing and unexpected parameter names. The load is all or nothing: when an optimizer's or
     the scaler's state does not fit, the net's weights and the optimizers' states loaded so far are
     put back. The weights of a sharded (FSDP) checkpoint are in the folder its file names, beside
-    the file (``folder``, when ``checkpoint`` is a dict already loaded).
+    the file (``folder``, when ``checkpoint`` is a dict already loaded). ``checkpoint`` may be the
+    URL of a committed checkpoint in an object store (never a sharded one).
     """
     source = "the checkpoint"
     if not isinstance(checkpoint, dict):
-        folder, source = Path(checkpoint).parent, f"checkpoint {checkpoint}"
+        folder = None if isinstance(checkpoint, ObjectPath) or is_url(checkpoint) else local_path(checkpoint).parent
+        source = f"checkpoint {checkpoint}"
         # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
         # optimizer state as each optimizer expects (a CUDA step counter would sync every step).
         checkpoint = load_checkpoint(checkpoint, map_location="cpu")

@@ -1,5 +1,7 @@
 """CheckpointFolder: the files of one CheckpointHandler in its ``model_dir`` — names, listing, atomic
-commits (FSDP shard folders included), rotation and the cleanup of what a crash left behind."""
+commits (FSDP shard folders included), rotation and the cleanup of what a crash left behind. The
+bytes go through its :class:`~fitforge.checkpoint.storage.Files`: a local folder, or an object store
+named by a URL (no FSDP shards there)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,12 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from fitforge.checkpoint.files import TEMP_SUFFIX, check_fits, load_checkpoint, restore_weights, save_checkpoint
+from fitforge.checkpoint.files import TEMP_SUFFIX, check_fits, restore_weights
+from fitforge.checkpoint.locations import Location, ObjectPath
+from fitforge.checkpoint.objects import ObjectFiles
+from fitforge.checkpoint.storage import LocalFiles, open_files
 from fitforge.core.finite import non_finite_checkpoint
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError, FitforgeValueError
@@ -31,10 +37,16 @@ def describe_tensors(tensors: list[str], shown: int = 4) -> str:
 
 class CheckpointFolder:
     """``<prefix>-epoch<E>batch<B>.pt`` (regular, rotated) and ``<prefix>-<kind>.pt`` (single) files
-    in ``path``; an FSDP checkpoint's shards in a ``.dcp`` folder its file names, beside it."""
+    in ``where`` (a path, or an fsspec URL with its ``storage_options``); an FSDP checkpoint's shards
+    in a ``.dcp`` folder its file names, beside it (local folders only)."""
 
-    def __init__(self, path: Path, prefix: str) -> None:
-        self.path, self.prefix = path, prefix
+    def __init__(
+        self, where: str | os.PathLike | ObjectPath, prefix: str, storage_options: dict[str, Any] | None = None
+    ) -> None:
+        self.files, self.prefix = open_files(where, storage_options), prefix
+        self.path: Location = self.files.root
+        # The local folder, where FSDP shard folders live (None: an object store, which has none).
+        self.local = self.files.path if isinstance(self.files, LocalFiles) else None
 
     def newest_loadable(
         self,
@@ -55,17 +67,17 @@ class CheckpointFolder:
         reasons = []
         for path in reversed(files):
             try:
-                checkpoint = load_checkpoint(path)
+                checkpoint = self.files.read(path.name)
                 poisoned = non_finite_checkpoint(checkpoint, estimator.net)  # older versions wrote such files
                 if poisoned:
                     raise CheckpointError(f"its weights or optimizer state hold nan/inf ({describe_tensors(poisoned)})")
                 if check is not None:
                     check(checkpoint)
                 if read_only:  # the other ranks load too: judge whether it fits without loading it
-                    check_fits(estimator, checkpoint, self.path)
+                    check_fits(estimator, checkpoint, self.local)
                     loaded.append(checkpoint)
                 else:
-                    loaded.append(restore_weights(estimator, checkpoint, folder=self.path))
+                    loaded.append(restore_weights(estimator, checkpoint, folder=self.local))
             except CheckpointError as err:
                 log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
                 reasons.append(f"{path.name}: {err}")
@@ -76,87 +88,120 @@ class CheckpointFolder:
             f"can be loaded ({'; '.join(reasons)}); move them away to train from scratch"
         )
 
-    def regular(self, epochs: int, batches: int) -> Path:
-        return self.path / f"{self.prefix}-epoch{epochs}batch{batches}{EXTENSION}"
+    def regular(self, epochs: int, batches: int) -> Location:
+        return self.files.location(f"{self.prefix}-epoch{epochs}batch{batches}{EXTENSION}")
 
-    def single(self, kind: str) -> Path:
-        return self.path / f"{self.prefix}-{kind}{EXTENSION}"
+    def single(self, kind: str) -> Location:
+        return self.files.location(f"{self.prefix}-{kind}{EXTENSION}")
 
-    def regular_files(self) -> list[Path]:
+    def exists(self, location: Location) -> bool:
+        """Whether a (committed) checkpoint is at ``location``."""
+        return self.files.exists(location.name)
+
+    def regular_files(self) -> list[Location]:
         """The regular checkpoints, oldest first (by completed epochs, then batches)."""
         found = []
-        for path in self.path.glob(f"{self.prefix}-epoch*batch*{EXTENSION}"):
-            match = _REGULAR.fullmatch(path.name[len(self.prefix) :])
+        for name in self.files.names(f"{self.prefix}-epoch*batch*{EXTENSION}"):
+            match = _REGULAR.fullmatch(name[len(self.prefix) :])
             if match:
-                found.append(((int(match[1]), int(match[2])), path))
-        return [path for _, path in sorted(found)]
+                found.append(((int(match[1]), int(match[2])), name))
+        return [self.files.location(name) for _, name in sorted(found)]
 
-    def earlier_files(self) -> list[Path]:
-        """Every checkpoint file of this prefix in the folder: the regular ones, oldest first, then the
+    def earlier_files(self) -> list[Location]:
+        """Every (committed) checkpoint of this prefix here: the regular ones, oldest first, then the
         single ones (best, nonfinite)."""
-        return self.regular_files() + [path for path in map(self.single, SINGLES) if path.is_file()]
+        return self.regular_files() + [location for location in map(self.single, SINGLES) if self.exists(location)]
 
-    def remove(self, files: list[Path]) -> None:
-        """Delete ``files`` and the FSDP shard folders they name."""
-        for path in files:
-            path.unlink(missing_ok=True)
-        self._remove_unnamed_shards()
+    def remove(self, locations: list[Location]) -> None:
+        """Delete the checkpoints at ``locations`` (by exact name) and the FSDP shard folders they name."""
+        for location in locations:
+            self.files.delete(location.name)
+        if self.local is not None:
+            self._remove_unnamed_shards(self.local)
 
     def prepare(self) -> None:
         """Create the folder, remove what an interrupted save left, and check it is writable."""
+        if isinstance(self.files, ObjectFiles):
+            self._prepare_objects(self.files)
+            return
+        folder = self._local_folder()
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
             for pattern in (f"{self.prefix}-epoch", *(f"{self.prefix}-{kind}" for kind in SINGLES)):
-                for leftover in self.path.glob(f".{pattern}*{TEMP_SUFFIX}"):
+                for leftover in folder.glob(f".{pattern}*{TEMP_SUFFIX}"):
                     if leftover.is_dir():  # the shards of an interrupted FSDP save
                         shutil.rmtree(leftover)
                     else:  # a temporary file of a save interrupted by a crash
                         leftover.unlink(missing_ok=True)
-            self._remove_unnamed_shards()
-            probe = self.path / f".{self.prefix}-probe{TEMP_SUFFIX}"
+            self._remove_unnamed_shards(folder)
+            probe = folder / f".{self.prefix}-probe{TEMP_SUFFIX}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as err:
             raise FitforgeValueError(
-                f"CheckpointHandler: model_dir {str(self.path)!r} is not a writable folder "
+                f"CheckpointHandler: model_dir {str(folder)!r} is not a writable folder "
                 f"({err.strerror or err}); pass a folder you can write to"
             ) from err
 
-    def _remove_unnamed_shards(self) -> None:
+    def _prepare_objects(self, files: ObjectFiles) -> None:
+        """In an object store: delete the uploads no marker commits (a crash during a save or a
+        rotation) and check that the store can be written (the bucket exists, the credentials allow)."""
+        patterns = (f"{self.prefix}-epoch*batch*{EXTENSION}", *(f"{self.prefix}-{kind}{EXTENSION}" for kind in SINGLES))
+        try:
+            removed = files.remove_uncommitted(patterns)
+            files.probe(f".{self.prefix}-probe{TEMP_SUFFIX}")
+        except (OSError, ValueError) as err:  # botocore's errors reach us as OSErrors through s3fs
+            raise FitforgeValueError(
+                f"CheckpointHandler: model_dir {str(self.path)!r} cannot be written ({type(err).__name__}: {err}); "
+                "check that the bucket exists and the credentials allow writing (see docs/checkpoints.md)"
+            ) from err
+        if removed:
+            log.info(
+                "CheckpointHandler: removed %d uncommitted upload(s) from %s: %s", len(removed), self.path, removed
+            )
+
+    def _remove_unnamed_shards(self, folder: Path) -> None:
         """Delete FSDP shard folders whose checkpoint file is gone (a crash during a rotation)."""
-        for folder in self.path.glob(f"{self.prefix}-epoch*batch*pos*{SHARDS}"):
-            if not (self.path / f"{folder.name[: folder.name.rindex('pos')]}{EXTENSION}").exists():
-                shutil.rmtree(folder)
+        for shards in folder.glob(f"{self.prefix}-epoch*batch*pos*{SHARDS}"):
+            if not (folder / f"{shards.name[: shards.name.rindex('pos')]}{EXTENSION}").exists():
+                shutil.rmtree(shards)
         for kind in SINGLES:
-            if not self.single(kind).exists():
-                for folder in self.path.glob(f"{self.prefix}-{kind}-epoch*{SHARDS}"):
-                    shutil.rmtree(folder)
+            if not (folder / f"{self.prefix}-{kind}{EXTENSION}").exists():
+                for shards in folder.glob(f"{self.prefix}-{kind}-epoch*{SHARDS}"):
+                    shutil.rmtree(shards)
+
+    def _local_folder(self) -> Path:
+        if self.local is None:
+            raise CheckpointError(f"FSDP's sharded checkpoints cannot be written to an object store ({self.path})")
+        return self.local
 
     def temporary_shards(self, name: str) -> Path:
         """Where the shards a checkpoint will name ``name`` are written before :meth:`commit`."""
-        return self.path / f".{name}{TEMP_SUFFIX}"
+        return self._local_folder() / f".{name}{TEMP_SUFFIX}"
 
-    def commit(self, checkpoint: dict, path: Path, shards: Path | None, stale: str = "") -> None:
+    def commit(self, checkpoint: dict, path: Location, shards: Path | None, stale: str = "") -> None:
         """Put the shards under their name, then write the file that names them (atomic: the file is
         the last thing written, so a crash before it leaves the previous checkpoint in force), then
         delete the folders matching ``stale`` that the file no longer names."""
         if shards is None:
-            save_checkpoint(checkpoint, path)
+            self.files.write(checkpoint, path.name)
             return
-        final = self.path / checkpoint["sharded"]
+        folder = self._local_folder()
+        final = folder / checkpoint["sharded"]
         if final.exists():  # a leftover no file names (a crash after its rename)
             shutil.rmtree(final)
         os.replace(shards, final)
-        save_checkpoint(checkpoint, path)
-        for old in self.path.glob(stale):
+        self.files.write(checkpoint, path.name)
+        for old in folder.glob(stale):
             if old.name != final.name:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def rotate(self, saved: list[Path], keep: int) -> None:
+    def rotate(self, saved: list[Location], keep: int) -> None:
         """Delete the oldest of ``saved`` (and their shards) until ``keep`` remain: by exact name,
-        once the newest is durable."""
+        once the newest is durable (committed)."""
         while len(saved) > keep:
             old = saved.pop(0)
-            old.unlink(missing_ok=True)
-            for folder in self.path.glob(f"{old.stem}pos*{SHARDS}"):
-                shutil.rmtree(folder, ignore_errors=True)
+            self.files.delete(old.name)
+            if self.local is not None:
+                for folder in self.local.glob(f"{old.name.removesuffix(EXTENSION)}pos*{SHARDS}"):
+                    shutil.rmtree(folder, ignore_errors=True)

@@ -7,11 +7,14 @@ import os
 import re
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from fitforge.checkpoint.files import FORMAT_VERSION, CheckpointError, restore_weights
-from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
+from fitforge.checkpoint.files import CheckpointError, restore_weights
+from fitforge.checkpoint.folder import EXTENSION, SHARDS, CheckpointFolder, describe_tensors
+from fitforge.checkpoint.format import FORMAT_VERSION
+from fitforge.checkpoint.locations import Location
 from fitforge.checkpoint.resume import check_resumable, fit_data_order, training_state
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
@@ -47,7 +50,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     non-finite value (nan, inf, -inf) is never best.
 
     Args:
-        model_dir: folder for the files (created if needed; must be writable, checked at fit start).
+        model_dir: folder for the files (created if needed; must be writable, checked at fit start),
+            or an fsspec URL of an object-store folder (``s3://bucket/run``, ``memory://run``; needs
+            ``pip install "fitforge[cloud]"``), where a checkpoint counts once its upload is
+            committed (:mod:`fitforge.checkpoint.objects`). ``file://`` URLs are local folders.
         model_prefix: file name prefix.
         monitor: the history key judging "best", e.g. ``"val_accuracy"`` (needed for ``save_best``).
         save_best: also keep ``<prefix>-best.pt``.
@@ -74,6 +80,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             training, naming the ways out: resume that run, use another ``model_dir`` or
             ``model_prefix``, or pass ``overwrite=True``, which deletes the earlier run's files
             (logged) before training. One folder and prefix hold one run.
+        storage_options: for a URL ``model_dir``, the options of its fsspec filesystem (s3fs's
+            ``key``, ``secret``, ``endpoint_url``...); None: the store's own defaults (environment
+            variables such as ``AWS_ACCESS_KEY_ID`` and ``AWS_ENDPOINT_URL``, config files).
 
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
     batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
@@ -122,9 +131,17 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         resume_from_checkpoint: bool = False,
         save_non_finite: bool = False,
         overwrite: bool = False,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(model_dir, (str, os.PathLike)):
-            raise FitforgeTypeError(f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)}")
+            raise FitforgeTypeError(
+                f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)} (or an fsspec URL "
+                "such as 's3://bucket/run')"
+            )
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise FitforgeTypeError(
+                f"CheckpointHandler: storage_options must be a dict or None, got {describe(storage_options)}"
+            )
         if not isinstance(model_prefix, str) or not re.fullmatch(r"[\w.-]+", model_prefix):
             raise FitforgeValueError(
                 f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
@@ -141,23 +158,30 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
                 "save_best is False; set at least one of them"
             )
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
-        self.model_dir, self.model_prefix, self.monitor = Path(model_dir), model_prefix, monitor
-        self._folder = CheckpointFolder(self.model_dir, model_prefix)
+        self._folder = CheckpointFolder(model_dir, model_prefix, storage_options)
+        self.model_dir: Location = self._folder.path  # a Path, or the URL of an object-store folder
+        self.model_prefix, self.monitor = model_prefix, monitor
         self.save_best = check_flag("CheckpointHandler", "save_best", save_best)
         self.epoch_period, self.batch_period = epoch_period, batch_period
         self.max_checkpoints = max_checkpoints
         self.resume_from_checkpoint = check_flag("CheckpointHandler", "resume_from_checkpoint", resume_from_checkpoint)
         self.save_non_finite = check_flag("CheckpointHandler", "save_non_finite", save_non_finite)
         self.overwrite = check_flag("CheckpointHandler", "overwrite", overwrite)
-        self.saved: list[Path] = []
+        self.saved: list[Location] = []
         self.best: float | None = None
-        self.best_path: Path | None = None
+        self.best_path: Location | None = None
         self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) saved or started from
         self._refused = 0  # saves of non-finite states in this run
         self._picked: dict | None = None  # the checkpoint train_begin chose to resume from
-        self.resumed_from: Path | None = None
+        self.resumed_from: Location | None = None
 
     def train_begin(self, state: TrainState) -> None:
+        if state.estimator.strategy == "fsdp" and self._folder.local is None:
+            raise FitforgeValueError(
+                f"CheckpointHandler: FSDP's sharded checkpoints cannot be saved to an object store (model_dir "
+                f"{str(self.model_dir)!r}): fitforge commits a sharded checkpoint by renaming its folder, which an "
+                "object store cannot do. Save to a local or shared folder (and copy it to the store afterwards)"
+            )
         state.ranks.on_main(self._folder.prepare, FitforgeValueError)
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
@@ -251,10 +275,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         )
         if name is None:
             return
-        path = self.model_dir / name
+        path = self._folder.files.location(name)
         if several:
             try:
-                loaded = [restore_weights(state.estimator, loaded[0] if loaded else path, folder=self.model_dir)]
+                checkpoint = loaded[0] if loaded else self._folder.files.read(name)
+                loaded = [restore_weights(state.estimator, checkpoint, folder=self._folder.local)]
             except FileNotFoundError as err:
                 raise CheckpointError(
                     f"rank {ranks.rank} cannot find {path}, which rank 0 resumes from: model_dir must be "
@@ -262,7 +287,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
                 ) from err
         self._restore(state, loaded[0], path, self._folder.regular_files())
 
-    def _restore(self, state: TrainState, checkpoint: dict, path: Path, files: list[Path]) -> None:
+    def _restore(self, state: TrainState, checkpoint: dict, path: Location, files: list[Location]) -> None:
         self._picked, self.resumed_from = checkpoint, path  # fit resumes once every train_begin ran
         # Newer unreadable files leave the rotation's count (only rank 0, which writes, rotates).
         self.saved = files[: files.index(path) + 1] if path in files else [path]
@@ -325,7 +350,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             return
         self._last = key
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
-        shards = self._save_shards(state, checkpoint, f"{path.stem}pos{key[2]}{SHARDS}")
+        stem = path.name.removesuffix(EXTENSION)
+        shards = self._save_shards(state, checkpoint, f"{stem}pos{key[2]}{SHARDS}")
         state.ranks.on_main(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Path | None:
@@ -340,8 +366,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         checkpoint["sharded"] = name
         return temporary
 
-    def _write_and_rotate(self, checkpoint: dict, path: Path, shards: Path | None) -> None:
-        self._folder.commit(checkpoint, path, shards, stale=f"{path.stem}pos*{SHARDS}")
+    def _write_and_rotate(self, checkpoint: dict, path: Location, shards: Path | None) -> None:
+        self._folder.commit(checkpoint, path, shards, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
@@ -372,7 +398,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             self.best_path.name,
         )
 
-    def _save_single(self, state: TrainState, kind: str, epochs: int, batches: int, extra: dict) -> Path:
+    def _save_single(self, state: TrainState, kind: str, epochs: int, batches: int, extra: dict) -> Location:
         """Write ``<prefix>-<kind>.pt`` (``best``, ``nonfinite``: one file each, replaced at each
         save); under FSDP its shards go to a folder named for the state, the stale ones removed."""
         checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
@@ -437,8 +463,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         return "saved" if self.save_best else None
 
     def best_checkpoint(self) -> Path | None:
-        """The best checkpoint this fit saved (``best_path``), if any."""
-        return self.best_path if self.save_best else None
+        """The local file of the best checkpoint this fit saved (``best_path``), if any (None in an
+        object store: ``best_path`` is its URL)."""
+        return self.best_path if self.save_best and isinstance(self.best_path, Path) else None
 
     def state_dict(self) -> dict:
         """The best monitored value so far (the files to rotate are found in ``model_dir``)."""
@@ -447,7 +474,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     def load_state_dict(self, state: dict) -> None:
         self.best = state["best"]
         best_path = self._folder.single("best")
-        self.best_path = best_path if self.best is not None and best_path.is_file() else None
+        self.best_path = best_path if self.best is not None and self._folder.exists(best_path) else None
 
     def __repr__(self) -> str:
         return f"CheckpointHandler({str(self.model_dir)!r}, monitor={self.monitor!r})"

@@ -1,0 +1,179 @@
+"""Checkpoints as objects in a store named by an fsspec URL (``s3://bucket/run``, ``memory://run``).
+
+Object stores have no atomic rename, so a checkpoint is *committed* by a second, small object
+written last: ``<name>.commit``, a JSON record of the data object's size and BLAKE2b digest. The
+data object is built in memory and uploaded whole under its final name first. A checkpoint counts
+only when its marker exists and describes the bytes under its name exactly, so a kill at any instant
+leaves either a committed checkpoint or an uncommitted object that is never read:
+
+- killed during or after the data upload, before the marker: an object without a marker (a store
+  that shows a half-written object shows it without a marker; S3 shows none until the upload ends);
+- replacing a checkpoint (``<prefix>-best.pt``): the old marker is deleted before the new bytes go
+  up, so a marker never vouches for bytes it was not written for (and its digest would catch it);
+- deleting (rotation): the marker first, then the data. A crash between leaves data without a
+  marker: uncommitted, removed at the next start. A marker without its data is never listed.
+
+fsspec and the store's own package (s3fs for ``s3://``) are the optional extra ``fitforge[cloud]``;
+credentials and endpoints come from the usual places (environment variables such as
+``AWS_ACCESS_KEY_ID`` and ``AWS_ENDPOINT_URL``, the store's config files) or ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import io
+import json
+from typing import Any
+
+import torch
+
+from fitforge.checkpoint.format import content_digest, parse_checkpoint
+from fitforge.checkpoint.locations import ObjectPath
+from fitforge.exceptions import CheckpointError
+
+COMMIT_SUFFIX = ".commit"
+
+
+def open_store(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path in it; a clear ImportError when fsspec, or the
+    package of the URL's store (s3fs for ``s3://``), is not installed."""
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError as err:
+        raise ImportError(f'a checkpoint URL ({url!r}) needs fsspec: pip install "fitforge[cloud]"') from err
+    try:
+        return url_to_fs(url, **(storage_options or {}))
+    except ImportError as err:  # fsspec names the package the protocol needs (s3fs, gcsfs...)
+        raise ImportError(f'a checkpoint URL ({url!r}) needs {err}: pip install "fitforge[cloud]"') from err
+
+
+def upload(fs: Any, key: str, data: bytes) -> None:
+    """Put ``data`` under ``key`` in one piece (the reliability tests replace it to kill mid-upload)."""
+    fs.pipe_file(key, data)
+
+
+def write_object(fs: Any, key: str, checkpoint: dict) -> None:
+    """Save ``checkpoint`` (with its content checksum, as local files have) as the object ``key``,
+    then commit it (see the module docstring for the order and why)."""
+    buffer = io.BytesIO()  # built in memory first, so the object goes up in one piece, not as torch.save writes
+    torch.save({**checkpoint, "checksum": content_digest(checkpoint)}, buffer)
+    data = buffer.getvalue()
+    remove(fs, key + COMMIT_SUFFIX)  # an earlier marker must not vouch for the bytes going up now
+    upload(fs, key, data)
+    marker = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
+    fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(marker).encode())
+
+
+def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
+    """Load the committed checkpoint ``key``; a CheckpointError when it is not committed, does not
+    match its marker, or does not load (see :func:`~fitforge.checkpoint.format.parse_checkpoint`)."""
+    url = fs.unstrip_protocol(key)
+    try:
+        marker = json.loads(fs.cat_file(key + COMMIT_SUFFIX))
+    except FileNotFoundError:
+        fs.invalidate_cache(key)  # a listing cached before another process uploaded would hide the object
+        if not fs.exists(key):
+            raise FileNotFoundError(f"no checkpoint at {url}") from None
+        raise CheckpointError(
+            f"checkpoint {url} is not committed (no {key.rsplit('/', 1)[-1]}{COMMIT_SUFFIX}): its upload did not finish"
+        ) from None
+    except ValueError as err:
+        raise CheckpointError(f"the commit marker of {url} is unreadable ({err})") from err
+    if not isinstance(marker, dict):
+        raise CheckpointError(f"the commit marker of {url} is not a fitforge marker")
+    try:
+        data = fs.cat_file(key)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {url} is committed but its object is gone") from None
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+    if (len(data), digest) != (marker.get("size"), marker.get("blake2b")):
+        raise CheckpointError(
+            f"checkpoint {url} does not match its commit marker ({len(data)} bytes, {marker.get('size')} "
+            "committed): an upload that did not finish, or bytes changed in the store"
+        )
+    return parse_checkpoint(io.BytesIO(data), url, map_location)
+
+
+def delete_object(fs: Any, key: str) -> None:
+    """Uncommit, then delete (a crash between leaves an uncommitted object, never a marker alone)."""
+    remove(fs, key + COMMIT_SUFFIX)
+    remove(fs, key)
+
+
+def remove(fs: Any, key: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(key)
+
+
+def names(fs: Any, folder: str) -> list[str]:
+    """The names of the objects in ``folder`` (none when it does not exist), listed afresh: another
+    process may have written since (fsspec caches listings)."""
+    fs.invalidate_cache(folder)
+    try:
+        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(folder, detail=False)]
+    except FileNotFoundError:
+        return []
+
+
+def load_url(url: str, storage_options: dict[str, Any] | None = None, map_location: Any = "cpu") -> dict:
+    """Load the committed checkpoint at ``url`` (see :func:`read_object`)."""
+    fs, key = open_store(url, storage_options)
+    return read_object(fs, key, map_location)
+
+
+class ObjectFiles:
+    """Checkpoints in an object-store folder (the :class:`~fitforge.checkpoint.storage.Files` role),
+    committed by markers (see the module docstring)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.fs, self.key = open_store(url, storage_options)
+        self.key = self.key.rstrip("/")
+        self.root = ObjectPath(self.fs.unstrip_protocol(self.key))
+
+    def location(self, name: str) -> ObjectPath:
+        return self.root / name
+
+    def names(self, pattern: str) -> list[str]:
+        present = set(names(self.fs, self.key))
+        return [name for name in present if fnmatch.fnmatchcase(name, pattern) and name + COMMIT_SUFFIX in present]
+
+    def write(self, checkpoint: dict, name: str) -> None:
+        try:
+            write_object(self.fs, f"{self.key}/{name}", checkpoint)
+        except OSError as err:
+            raise CheckpointError(
+                f"cannot upload {self.root / name}: {err}; the checkpoints committed before are intact"
+            ) from err
+
+    def read(self, name: str) -> dict:
+        return read_object(self.fs, f"{self.key}/{name}")
+
+    def exists(self, name: str) -> bool:
+        return name in self.names(name)
+
+    def delete(self, name: str) -> None:
+        delete_object(self.fs, f"{self.key}/{name}")
+
+    def remove_uncommitted(self, patterns: tuple[str, ...]) -> list[str]:
+        """Delete the objects matching ``patterns`` that no marker commits (what a crash in the
+        middle of a save left), and markers without their object; return their names."""
+        present = set(names(self.fs, self.key))
+        uncommitted = [
+            name
+            for name in present
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns) and name + COMMIT_SUFFIX not in present
+        ]
+        orphans = [
+            name for name in present if name.endswith(COMMIT_SUFFIX) and name[: -len(COMMIT_SUFFIX)] not in present
+        ]
+        strays = uncommitted + orphans
+        for name in strays:
+            remove(self.fs, f"{self.key}/{name}")
+        return strays
+
+    def probe(self, name: str) -> None:
+        """Write and delete an empty object ``name``: fails (an OSError) where the store cannot be written."""
+        self.fs.pipe_file(f"{self.key}/{name}", b"")
+        self.fs.rm_file(f"{self.key}/{name}")

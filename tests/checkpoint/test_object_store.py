@@ -1,0 +1,189 @@
+"""Checkpoints in an object store (fsspec's ``memory://``): committed by a marker written last,
+rotated, resumed exactly; what a crash in the middle of an upload leaves is never picked; errors."""
+
+import importlib
+import json
+import sys
+import uuid
+
+import fsspec
+import pytest
+import torch
+
+from fitforge.checkpoint.files import CheckpointError, load_checkpoint
+from fitforge.exceptions import FitforgeValueError
+from fitforge.handlers import CheckpointHandler
+from fitforge.testing import linear_problem
+from objectstore import assert_same, listing, train
+
+memory = fsspec.filesystem("memory")
+
+
+@pytest.fixture
+def url():
+    """A fresh folder in fsspec's process-wide memory store, emptied afterwards."""
+    folder = f"/run-{uuid.uuid4().hex[:8]}"
+    yield f"memory://{folder}"
+    if memory.exists(folder):
+        memory.rm(folder, recursive=True)
+
+
+def folder_of(url: str) -> str:
+    return url.removeprefix("memory://")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    return train(f"memory:///whole-{uuid.uuid4().hex[:8]}", epochs=3)[0]
+
+
+def test_saves_commit_rotate_and_resume_exactly(url, uninterrupted):
+    _, saver = train(url, epochs=2, max_checkpoints=2)  # saves after 4, 6, 8, 12 batches
+    assert listing(memory, folder_of(url)) == [
+        "model-epoch1batch8.pt",
+        "model-epoch1batch8.pt.commit",
+        "model-epoch2batch12.pt",
+        "model-epoch2batch12.pt.commit",
+    ]
+    assert [p.name for p in saver.saved] == ["model-epoch1batch8.pt", "model-epoch2batch12.pt"]
+    marker = json.loads(memory.cat_file(f"{folder_of(url)}/model-epoch2batch12.pt.commit"))
+    assert marker["size"] == len(memory.cat_file(f"{folder_of(url)}/model-epoch2batch12.pt"))
+    assert load_checkpoint(saver.saved[-1])["global_step"] == 12  # by its location, or its URL
+    assert load_checkpoint(f"{url}/model-epoch2batch12.pt")["epochs_completed"] == 2
+    weights, resumed = train(url, epochs=3, seed=123, resume_from_checkpoint=True)  # another init: all restored
+    assert (
+        resumed.resumed_from.name == "model-epoch2batch12.pt" and str(resumed.model_dir) == f"memory://{folder_of(url)}"
+    )
+    assert_same(weights, uninterrupted)
+
+
+def test_resumes_in_the_middle_of_an_epoch(url, uninterrupted):
+    train(url, epochs=1)  # saves after 4 and 6 batches
+    memory.rm_file(f"{folder_of(url)}/model-epoch1batch6.pt.commit")  # as if killed before this commit
+    weights, resumed = train(url, epochs=3, resume_from_checkpoint=True)
+    assert resumed.resumed_from.name == "model-epoch0batch4.pt"
+    assert_same(weights, uninterrupted)
+
+
+def test_an_upload_without_its_commit_is_never_picked_and_is_removed_at_the_next_start(url, caplog):
+    train(url, epochs=1, epoch_period=None, max_checkpoints=5)  # one save, after 4 batches
+    folder = folder_of(url)
+    committed = memory.cat_file(f"{folder}/model-epoch0batch4.pt")
+    memory.pipe_file(f"{folder}/model-epoch1batch6.pt", committed[: len(committed) // 2])  # half-uploaded, newer
+    memory.pipe_file(f"{folder}/model-best.pt", committed)  # whole, but never committed
+    memory.pipe_file(f"{folder}/model-epoch9batch9.pt.commit", b"{}")  # a marker whose object is gone
+    with pytest.raises(CheckpointError, match=r"model-epoch1batch6.pt is not committed .*upload did not finish"):
+        load_checkpoint(f"{url}/model-epoch1batch6.pt")
+    caplog.set_level("INFO", logger="fitforge")
+    _, resumed = train(url, epochs=1, resume_from_checkpoint=True, epoch_period=None)
+    assert resumed.resumed_from.name == "model-epoch0batch4.pt"
+    assert "removed 3 uncommitted upload(s)" in caplog.text
+    assert "model-epoch1batch6.pt" not in listing(memory, folder) and "model-best.pt" not in listing(memory, folder)
+
+
+def test_a_checkpoint_that_no_longer_matches_its_marker_is_skipped(url):
+    train(url, epochs=1, epoch_period=None)  # one save, after 4 batches
+    folder = folder_of(url)
+    # A crash after the new bytes went up under an old marker (the marker is removed first, so only
+    # bytes changed in the store can do this): the digest refuses them.
+    memory.pipe_file(f"{folder}/model-epoch0batch4.pt", memory.cat_file(f"{folder}/model-epoch0batch4.pt") + b"x")
+    with pytest.raises(CheckpointError, match=r"none of the 1 checkpoint\(s\) .* does not match its commit marker"):
+        train(url, epochs=1, resume_from_checkpoint=True)
+
+
+def test_the_best_checkpoint_is_replaced_by_uncommit_upload_commit(url):
+    estimator, train_data, val_data = linear_problem()
+    saver = CheckpointHandler(url, monitor="val_loss", save_best=True, epoch_period=None)
+    estimator.fit(train_data, val_data=val_data, epochs=3, event_handlers=[saver])
+    assert listing(memory, folder_of(url)) == ["model-best.pt", "model-best.pt.commit"]
+    best = load_checkpoint(saver.best_path)
+    assert best["best"]["value"] == saver.best and saver.best_checkpoint() is None  # not a local file
+    restored = CheckpointHandler(url, monitor="val_loss", save_best=True)
+    restored.load_state_dict(saver.state_dict())
+    assert restored.best_path == saver.best_path
+
+
+def test_estimator_load_checkpoint_takes_a_url(url):
+    estimator, train_data, _ = linear_problem()
+    estimator.fit(train_data, epochs=1, event_handlers=[CheckpointHandler(url)])
+    other, _, _ = linear_problem(seed=5)
+    checkpoint = other.load_checkpoint(f"{url}/model-epoch1batch8.pt")
+    assert checkpoint["global_step"] == 8
+    assert torch.equal(other.net.weight, estimator.net.weight)
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at memory://.*/model-epoch9batch9.pt"):
+        other.load_checkpoint(f"{url}/model-epoch9batch9.pt")
+
+
+def test_file_urls_are_local_folders(tmp_path):
+    estimator, train_data, _ = linear_problem()
+    saver = CheckpointHandler(f"file://{tmp_path}", epoch_period=1)
+    estimator.fit(train_data, epochs=1, event_handlers=[saver])
+    assert saver.model_dir == tmp_path and sorted(p.name for p in tmp_path.iterdir()) == ["model-epoch1batch8.pt"]
+    assert load_checkpoint(f"file://{tmp_path}/model-epoch1batch8.pt")["global_step"] == 8
+
+
+def test_a_missing_fsspec_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fsspec", None)  # import fsspec now raises ImportError
+    monkeypatch.setitem(sys.modules, "fsspec.core", None)
+    with pytest.raises(ImportError, match=r"'s3://bucket/run'.* needs fsspec: pip install \"fitforge\[cloud\]\""):
+        CheckpointHandler("s3://bucket/run")
+
+
+def test_a_missing_store_package_names_the_extra(monkeypatch):
+    registry = importlib.import_module("fsspec.registry")  # the module (fsspec.registry is its read-only view)
+    monkeypatch.delitem(registry._registry, "s3", raising=False)  # so that fsspec imports s3fs again
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    with pytest.raises(ImportError, match=r"needs .*s3fs.*: pip install \"fitforge\[cloud\]\""):
+        CheckpointHandler("s3://bucket/run")
+
+
+def test_storage_options_with_a_local_folder_are_an_error(tmp_path):
+    with pytest.raises(FitforgeValueError, match="storage_options are for an fsspec URL"):
+        CheckpointHandler(tmp_path, storage_options={"key": "k"})
+
+
+def test_fsdp_to_an_object_store_is_refused_at_fit_start(url):
+    from fitforge import TrainState
+
+    estimator, _, _ = linear_problem()
+    estimator.strategy = "fsdp"  # what train_begin reads; no process group is needed to refuse
+    saver = CheckpointHandler(url)
+    with pytest.raises(FitforgeValueError, match=r"FSDP's sharded checkpoints cannot be saved to an object store"):
+        saver.train_begin(TrainState(estimator=estimator))
+    assert not memory.exists(folder_of(url))  # refused before anything was written
+
+
+def test_broken_markers_and_failed_uploads_are_clear_checkpoint_errors(url, monkeypatch):
+    from fitforge.checkpoint import objects
+
+    train(url, epochs=1, epoch_period=None)  # one save, after 4 batches
+    folder = folder_of(url)
+    memory.pipe_file(f"{folder}/model-epoch0batch4.pt.commit", b"not json")
+    with pytest.raises(CheckpointError, match="the commit marker of .* is unreadable"):
+        load_checkpoint(f"{url}/model-epoch0batch4.pt")
+    memory.pipe_file(f"{folder}/model-epoch0batch4.pt.commit", b"[]")
+    with pytest.raises(CheckpointError, match="is not a fitforge marker"):
+        load_checkpoint(f"{url}/model-epoch0batch4.pt")
+    memory.pipe_file(f"{folder}/model-epoch0batch4.pt.commit", b'{"size": 1, "blake2b": "0"}')
+    memory.rm_file(f"{folder}/model-epoch0batch4.pt")
+    with pytest.raises(CheckpointError, match="is committed but its object is gone"):
+        load_checkpoint(f"{url}/model-epoch0batch4.pt")
+
+    def unreachable(fs, key, data):
+        raise ConnectionError("the store is unreachable")  # an OSError, as s3fs raises them
+
+    monkeypatch.setattr(objects, "upload", unreachable)
+    with pytest.raises(
+        CheckpointError, match=r"cannot upload memory://.*model-epoch0batch4.pt: the store is unreachable"
+    ):
+        train(url, epochs=1, epoch_period=None)
+
+
+def test_a_fresh_run_beside_an_earlier_runs_objects_is_refused_and_overwrite_replaces_them(url):
+    train(url, epochs=1)
+    before = {name: memory.cat_file(f"{folder_of(url)}/{name}") for name in listing(memory, folder_of(url))}
+    with pytest.raises(FitforgeValueError, match=r"already holds 2 checkpoint file\(s\) of an earlier run"):
+        train(url, epochs=1)
+    assert {name: memory.cat_file(f"{folder_of(url)}/{name}") for name in listing(memory, folder_of(url))} == before
+    train(url, epochs=1, batch_period=8, overwrite=True)  # deletes the earlier run's objects first
+    assert listing(memory, folder_of(url)) == ["model-epoch1batch6.pt", "model-epoch1batch6.pt.commit"]

@@ -1,0 +1,89 @@
+"""SIGKILL in the middle of checkpoint uploads to S3 (a real S3-compatible server on the loopback,
+moto's server mode), between the data upload and its commit marker, scheduled by the save's number:
+the object left is never picked, the re-run resumes from the previous committed checkpoint, and
+the run ends bitwise equal to the uninterrupted one. The kills are chained, as in test_kill9."""
+
+from __future__ import annotations
+
+import pytest
+from harness import (
+    FIGURES,
+    STEPS,
+    assert_same_losses,
+    assert_same_weights,
+    event,
+    injected,
+    journal,
+    losses,
+    run_trainer,
+    survived,
+    torn,
+    weights,
+)
+
+from fitforge.checkpoint.files import CheckpointError
+from fitforge.checkpoint.objects import ObjectFiles, load_url
+from objectstore import listing, local_s3, s3, s3_environment, storage_options
+
+URL = "s3://bucket/kill9"
+# (fault, the save it kills, the newest committed checkpoint then). Saves after 3, 6, 8, 9, 12,
+# 15, 16, 18... batches: the first run's fifth save is at 12; the re-run (from 9) saves 12, 15, 16, 18.
+FAULTS = [("upload-kill:5", 12, 9), ("upload-tear:4", 18, 16)]
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    with local_s3() as address:
+        yield address
+
+
+def committed_steps(files: ObjectFiles) -> list[int]:
+    return sorted(int(name.split("batch")[1].removesuffix(".pt")) for name in files.names("model-epoch*batch*.pt"))
+
+
+def test_sigkill_between_upload_and_commit_resumes_from_the_previous_commit_bitwise(endpoint, reference, tmp_path):
+    fs, files = s3(endpoint), ObjectFiles(URL, storage_options(endpoint))
+    env = s3_environment(endpoint)  # the trainer reaches the server through botocore's variables
+    lost = {}
+    for i, (spec, killed, newest) in enumerate(FAULTS):
+        injected(f"{spec} s3")
+        rc, _, _ = run_trainer(URL, tmp_path / f"kill{i}.jsonl", fault=spec, expect_rc=None, env=env)
+        entries = journal(tmp_path / f"kill{i}.jsonl")
+        fault = event(entries, "fault")
+        assert rc == -9 and fault is not None and fault["completed"] == killed and event(entries, "end") is None
+        stray = fault["key"].rsplit("/", 1)[-1]
+        left = listing(fs, "bucket/kill9")
+        assert stray in left and f"{stray}.commit" not in left  # uploaded (whole or half), never committed
+        assert (
+            fs.size(fault["key"])
+            == fault["written"]
+            == (fault["size"] if spec.startswith("upload-kill") else fault["size"] // 2)
+        )
+        with pytest.raises(CheckpointError, match="is not committed"):
+            load_url(f"{URL}/{stray}", storage_options(endpoint))
+        steps = committed_steps(files)
+        assert steps[-1] == newest and killed not in steps
+        unreadable = []
+        for step in steps:
+            try:
+                files.read(next(n for n in files.names(f"model-epoch*batch{step}.pt")))
+            except CheckpointError:
+                unreadable.append(step)
+        assert torn(unreadable) == []
+        lost[spec] = killed - newest
+        assert_same_losses(losses(entries), reference[0].losses)
+
+    final = tmp_path / "final.jsonl"
+    run_trainer(URL, final, out=tmp_path / "out.pt", env=env)
+    entries = journal(final)
+    start = event(entries, "start")
+    assert start["resume_step"] == FAULTS[-1][2] and not any(
+        name.startswith("model-epoch2batch18") for name in start["files"]
+    )
+    assert sorted(losses(entries)) == list(range(FAULTS[-1][2], STEPS))
+    assert_same_losses(losses(entries), reference[0].losses)
+    assert_same_weights(weights(tmp_path / "out.pt"), reference[0].weights)
+    assert len(committed_steps(files)) == 3  # max_checkpoints: the rotation deleted the older ones
+    FIGURES["lost"]["SIGKILL mid-upload to S3"] = lost
+    for spec, _, _ in FAULTS:
+        survived(f"{spec} s3")
