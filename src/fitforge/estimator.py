@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -18,7 +20,7 @@ from fitforge.core.arguments import check_flag
 from fitforge.core.batches import rows_of
 from fitforge.core.coordinator import Alone
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler
+from fitforge.core.events import EventHandler, handler_name
 from fitforge.core.history import History, numbered_key
 from fitforge.core.learning_rate import set_learning_rate
 from fitforge.core.loop import pass_batches, run_fit, run_pass
@@ -56,6 +58,7 @@ from fitforge.tools.lr_find import LRFindResult, lr_find
 from fitforge.tools.profiler import profiled
 
 _DONE = object()  # the end of a pass that predict_batches steps through
+log = logging.getLogger("fitforge")
 
 
 class Estimator:
@@ -286,6 +289,11 @@ class Estimator:
         )
         dispatcher = plan.dispatcher
         averaging = players(dispatcher.handlers, WeightAveraging)
+        if len(averaging) > 1:
+            raise FitforgeValueError(
+                f"fit: {len(averaging)} handlers average the weights ({', '.join(map(handler_name, averaging))}), "
+                "and evaluation runs with one average: pass one"
+            )
         self.weight_average = averaging[0] if averaging else None  # a later fit without one evaluates its own weights
         # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
         several = world_size() > 1
@@ -488,7 +496,19 @@ class Estimator:
             fitforge.checkpoint.files.CheckpointError: an unreadable file, or one of another architecture
                 (the message lists the missing and unexpected keys) or optimizer setup.
         """
-        return restore_weights(self, path, optimizers)
+        checkpoint = restore_weights(self, path, optimizers)
+        average = self.weight_average
+        if average is not None:  # evaluation runs with the average: the checkpoint's, not the last fit's
+            saved = checkpoint.get("handlers", {}).get(handler_name(average))
+            if saved is None:
+                log.info(
+                    "load_checkpoint: %s holds no average of the weights: evaluate and predict use its weights",
+                    Path(str(path)).name,
+                )
+                self.weight_average = None
+            else:
+                cast(EventHandler, average).load_state_dict(saved)
+        return checkpoint
 
     def describe_loop(
         self,

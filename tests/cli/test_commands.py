@@ -219,3 +219,31 @@ def test_without_jsonargparse_the_error_names_the_extra(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError, match=r'pip install "fitforge\[cli\]"'):
         importlib.import_module("fitforge.cli")
+
+
+def test_evaluate_and_predict_use_the_average_of_an_ema_run(tmp_path, marker):
+    ema = {"class_path": "fitforge.handlers.EMAHandler", "init_args": {"decay": 0.5}}
+    config = write_config(tmp_path, handlers=[*BASE["handlers"], ema])
+    history = run(["fit", "--config", str(config)])
+    checkpoint = str(tmp_path / "ckpt" / "model-epoch3batch12.pt")
+    metrics = run(["evaluate", "--config", str(config), "--checkpoint", checkpoint])
+    assert metrics["val_loss"] == pytest.approx(history["val_loss"][-1], rel=1e-6)  # the average, as fit judged it
+    raw = run(["evaluate", "--config", str(write_config(tmp_path, "raw.yaml")), "--checkpoint", checkpoint])
+    assert raw["val_loss"] != pytest.approx(metrics["val_loss"], rel=1e-6)
+
+
+def test_a_value_a_config_cannot_hold_is_left_out_of_the_record(tmp_path, marker, caplog):
+    config = write_config(tmp_path, data={"function": "tiny_run.line_data_with_transform", "args": {"n": 64}})
+    with caplog.at_level("WARNING", logger="fitforge"):
+        run(["fit", "--config", str(config), "--fit.epochs", "1"])
+    recorded = recorded_config(tmp_path / "ckpt" / "model-epoch1batch4.pt")
+    assert "transform" not in recorded["data"]["args"] and recorded["data"]["args"]["n"] == 64
+
+
+def test_an_error_found_once_the_run_is_built_is_printed_without_a_traceback(tmp_path, marker, capsys):
+    config = write_config(tmp_path)
+    assert main(["fit", "--config", str(config), "--fit.epochs", "1"]) == 0
+    assert main(["fit", "--config", str(config), "--fit.epochs", "1"]) == 1  # the folder holds that run's files
+    err = capsys.readouterr().err
+    assert "error: FitforgeValueError: CheckpointHandler:" in err and "already holds" in err
+    assert "Traceback" not in err

@@ -55,3 +55,10 @@ def misnamed_data() -> dict:
     """A data function with a misspelt key, ``val_dat``."""
     data = line_data()
     return {"train_data": data["train_data"], "val_dat": data["val_data"]}
+
+
+def line_data_with_transform(n: int = 64, transform=lambda x: x) -> dict:
+    """line_data with a default no config can hold (a lambda): the run takes it, the record leaves it out."""
+    data = line_data(n)
+    assert callable(transform)
+    return data

@@ -271,3 +271,63 @@ def test_under_fsdp_the_average_is_sharded_saved_with_the_shards_and_resumed(tmp
         assert all(torch.equal(v.full_tensor(), reference[k]) for k, v in resumed.net.state_dict().items())
     finally:
         dist.destroy_process_group()
+
+
+class HandAverageAtEpochEnd(HandAverage):
+    """HandAverage that also looks at epoch end, where a trailing accumulation group steps."""
+
+    def epoch_end(self, state):
+        self.batch_end(state)
+
+
+def test_a_step_at_epoch_end_is_averaged_too():
+    from fitforge.events import EpochEnd
+
+    class Hand(HandAverageAtEpochEnd, EpochEnd):
+        pass
+
+    estimator, _, (X, y) = problem(n=16 * 23)
+    train = DataLoader(TensorDataset(X, y), batch_size=16)  # 23 batches: 5 groups of 4, then one of 3
+    hand, ema = Hand(estimator.net, 0.9, every=2), EMAHandler(decay=0.9, every=2)
+    estimator.fit(train, epochs=2, event_handlers=[ema, hand, GradientUpdateHandler(accumulate=4)])
+    assert hand.seen == 12 and ema.updates == 6
+    averaged = ema.averaged_state_dict()
+    for key, value in hand.average.items():
+        torch.testing.assert_close(averaged[key], value, rtol=1e-6, atol=1e-6)
+
+
+def test_the_average_of_bfloat16_weights_is_kept_in_float32_and_moves():
+    estimator, train, _ = problem(batch_norm=False)
+    estimator.net.to(torch.bfloat16)
+    estimator.optimizers = [torch.optim.SGD(estimator.net.parameters(), lr=0.2)]
+    X, y = train.dataset.tensors
+    data = DataLoader(TensorDataset(X.to(torch.bfloat16), y), batch_size=16)
+    start = {k: v.float().clone() for k, v in estimator.net.state_dict().items()}
+    ema = EMAHandler(decay=0.999)
+    estimator.fit(data, epochs=2, event_handlers=[ema])
+    assert all(average.dtype == torch.float32 for average in ema._averages)
+    moved = [not torch.equal(ema._averages[i], start[name]) for i, name in enumerate(ema._names)]
+    assert all(moved)  # in bfloat16, 0.001 * (weight - average) rounds to no change
+    assert ema.averaged_state_dict()["0.weight"].dtype == torch.bfloat16  # swapped into the net as its dtype
+
+
+def test_load_checkpoint_loads_its_average_or_evaluates_the_loaded_weights(tmp_path, caplog):
+    estimator, train, _ = problem()
+    ema = EMAHandler(decay=0.5)
+    estimator.fit(train, epochs=3, event_handlers=[ema, CheckpointHandler(tmp_path, max_checkpoints=3)])
+    first = torch.load(tmp_path / "model-epoch1batch10.pt", weights_only=True)
+    estimator.load_checkpoint(tmp_path / "model-epoch1batch10.pt")
+    expected = hand_copy(estimator, first["handlers"]["EMAHandler"]["averages"]).evaluate(train)
+    assert estimator.evaluate(train) == pytest.approx(expected, rel=1e-6)  # epoch 1's average, not epoch 3's
+    plain, _, _ = problem()
+    plain.fit(train, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "plain")])
+    with caplog.at_level("INFO", logger="fitforge"):
+        estimator.load_checkpoint(tmp_path / "plain" / "model-epoch1batch10.pt")
+    assert "holds no average of the weights" in caplog.text and estimator.weight_average is None
+    assert estimator.evaluate(train) == pytest.approx(plain.evaluate(train), rel=1e-6)
+
+
+def test_two_averaging_handlers_are_refused_before_training():
+    estimator, train, _ = problem()
+    with pytest.raises(FitforgeValueError, match=r"2 handlers average the weights \(EMAHandler, EMAHandler\)"):
+        estimator.fit(train, epochs=1, event_handlers=[EMAHandler(), EMAHandler(0.9)])

@@ -14,6 +14,7 @@ The data function returns what the commands train, evaluate and predict on:
 from __future__ import annotations
 
 import difflib
+import importlib
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from fitforge.core.events import EventHandler
+from fitforge.core.roles import WeightAveraging, players
 from fitforge.estimator import Estimator
 from fitforge.exceptions import ConfigError, describe
 
@@ -63,9 +65,9 @@ def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace
     :func:`data_arguments`); ``handlers=False`` leaves the handlers out (evaluate and predict run
     none of fit's)."""
     seed_everything(config.seed)
-    if not handlers:
+    if not handlers:  # but an EMAHandler: evaluation runs with the average a checkpoint holds, as in fit
         config = config.clone()
-        config.handlers = []
+        config.handlers = [handler for handler in config.handlers if _averages_weights(handler.class_path)]
     objects = parser.instantiate(config)
     arguments = dict(vars(objects.estimator))
     optimizer = arguments.pop("optimizer")
@@ -75,7 +77,19 @@ def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace
     data_args = data_parser.instantiate(data_parser.parse_object(config.data.args))
     data = split_data(config.data.function(**vars(data_args)), config.data.function)
     estimator = Estimator(net, optimizer=optimizer, **arguments)
+    if not handlers:
+        for average in players(objects.handlers, WeightAveraging)[:1]:
+            average.attach(estimator)  # load_checkpoint then loads the checkpoint's average into it
+            estimator.weight_average = average
+        return Run(estimator, data, [])
     return Run(estimator, data, list(objects.handlers))
+
+
+def _averages_weights(class_path: str) -> bool:
+    """Whether the handler class at ``class_path`` (checked importable by the parser) averages weights."""
+    module, _, name = class_path.rpartition(".")
+    handler_class = getattr(importlib.import_module(module), name, None)
+    return isinstance(handler_class, type) and issubclass(handler_class, WeightAveraging)
 
 
 def split_data(returned: Any, function: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from fitforge.cli.build import build, data_arguments, data_of
 from fitforge.cli.parser import RUN_SECTIONS, command_parser
 from fitforge.cli.resume import resume_from
 from fitforge.cli.suggest import config_error
-from fitforge.exceptions import ConfigError
+from fitforge.exceptions import ConfigError, FitforgeTypeError, FitforgeValueError
 
 log = logging.getLogger("fitforge")
 
@@ -66,19 +66,50 @@ def run(args: list[str] | None = None) -> Any:
 
 def main(args: list[str] | None = None) -> int:
     """The console script ``fitforge`` (and ``python -m fitforge``): a config error is printed,
-    not raised, and the exit status is 2 (as for any command line mistake); 0 after a run."""
+    not raised, and the exit status is 2 (as for any command line mistake); fitforge's own errors
+    found once the run is built (a bad value, a refused checkpoint folder) are printed too, exit
+    status 1 (their messages name the fix; a traceback would only bury it); 0 after a run."""
     try:
         run(args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except (FitforgeValueError, FitforgeTypeError) as error:
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
 def recordable(parser: ArgumentParser, config: Namespace) -> dict[str, Any]:
     """The run's sections of ``config`` as plain JSON values: what the run records."""
     whole = json.loads(parser.dump(config, format="json", skip_unset=False, skip_validation=True))
-    return {key: whole.get(key) for key in RUN_SECTIONS}
+    return {key: without_unserializable(whole.get(key), key) for key in RUN_SECTIONS}
+
+
+_UNSERIALIZABLE = "Unable to serialize"  # what jsonargparse dumps for a value a config cannot hold
+
+
+def without_unserializable(value: Any, key: str) -> Any:
+    """``value`` without the entries jsonargparse could not write (an object as an untyped default,
+    a lambda), each logged: recorded, they would come back as that text in a resumed run; left out,
+    their defaults apply again."""
+    if isinstance(value, dict):
+        kept = {}
+        for name, item in value.items():
+            if isinstance(item, str) and item.startswith(_UNSERIALIZABLE):
+                log.warning(
+                    "fitforge: %s.%s (%s) cannot be written in a config: it is not recorded, and a run started "
+                    "from the recorded config takes its default; give it a type (a class path) to record it",
+                    key,
+                    name,
+                    item.removeprefix(_UNSERIALIZABLE).strip(),
+                )
+                continue
+            kept[name] = without_unserializable(item, f"{key}.{name}")
+        return kept
+    if isinstance(value, list):
+        return [without_unserializable(item, f"{key}.{i}") for i, item in enumerate(value)]
+    return value
 
 
 def _check_data_arguments(config: Namespace, command: str) -> ArgumentParser:
@@ -88,7 +119,14 @@ def _check_data_arguments(config: Namespace, command: str) -> ArgumentParser:
         checked = data_parser.parse_object(dict(config.data.args))
     except ArgumentError as error:
         raise config_error(error, data_parser, command, prefix="data.args.") from None
-    config.data.args = json.loads(data_parser.dump(checked, format="json", skip_unset=False))
+    given = set(config.data.args)
+    dumped = json.loads(data_parser.dump(checked, format="json", skip_unset=False))
+    # a default the config cannot hold (a lambda) stays the function's own default
+    config.data.args = {
+        name: value
+        for name, value in dumped.items()
+        if name in given or not (isinstance(value, str) and value.startswith(_UNSERIALIZABLE))
+    }
     return data_parser
 
 

@@ -244,6 +244,9 @@ class WeightAveraging:
     def load_averaged(self, weights: dict[str, Any]) -> None:
         """Copy ``weights`` (a ``state_dict`` of the net) into the average."""
 
+    def attach(self, estimator: EstimatorLike) -> None:
+        """Track ``estimator.net`` outside fit, so that a checkpoint's average can be loaded into it."""
+
 
 @contextmanager
 def averaged_weights(estimator: EstimatorLike) -> Iterator[WeightAveraging | None]:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fitforge.core.arguments import check_flag, check_positive
-from fitforge.core.events import BatchEnd, EpochBegin, Stage, TrainBegin
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainBegin
 from fitforge.core.roles import WeightAveraging
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import hold_shards
@@ -20,13 +20,15 @@ log = logging.getLogger("fitforge")
 _BUFFERS = ("average", "live")
 
 
-class EMAHandler(TrainBegin, EpochBegin, BatchEnd, WeightAveraging):
+class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     """Keep an exponential moving average of the net's weights, and evaluate with it, as Keras's
     ``use_ema``, Lightning's ``EMAWeightAveraging`` and Ignite's ``EMAHandler`` do.
 
     After every ``every``-th optimizer step, each averaged tensor becomes
     ``decay * average + (1 - decay) * weight``, on the weights' device with no host read; the
-    average starts from the weights the fit starts with. The raw weights keep training. While
+    average starts from the weights the fit starts with. An average of low-precision weights
+    (bfloat16, float16) is kept in float32: in bfloat16, ``(1 - decay) * (weight - average)`` rounds
+    to nothing and the average would never move. The raw weights keep training. While
     ``evaluate_averaged`` is True (the switch: set it at any time), the validation in fit,
     ``Estimator.evaluate``, ``predict``, ``predict_batches`` and the best checkpoint
     (``CheckpointHandler(save_best=True)``) put the averaged weights into the net for their
@@ -37,7 +39,9 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, WeightAveraging):
 
     Periodic checkpoints hold the raw weights and the average (this handler's state), so a resumed
     run continues both exactly; under FSDP the average is sharded as the weights are and saved with
-    their shards. A second fit of the same estimator continues the average.
+    their shards. A second fit of the same estimator continues the average. ``estimator.load_checkpoint``
+    loads a checkpoint's average into the last fit's EMAHandler (a checkpoint without one: evaluation
+    then runs with the loaded weights, logged).
 
     Args:
         decay: the weight of the old average at each update, in [0, 1) (0.999: about the last
@@ -91,7 +95,14 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, WeightAveraging):
         return self.evaluate_averaged
 
     def train_begin(self, state: TrainState) -> None:
-        estimator = state.estimator
+        self.attach(state.estimator)
+        self._seen = state.optimizer_steps
+
+    def attach(self, estimator: Any) -> None:
+        """Track ``estimator.net``: start an average of its weights, unless this handler holds one of
+        the same net already (a second fit continues it). A checkpoint's average can then be loaded
+        into it (``load_state_dict``, or ``estimator.load_checkpoint`` once this is the estimator's
+        ``weight_average``)."""
         net = estimator.net
         self._sharded = estimator.strategy == "fsdp"
         if self._sharded:
@@ -101,30 +112,42 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, WeightAveraging):
         same = (
             net is self._net
             and names == self._names
-            and all(a.shape == t.shape and a.dtype == t.dtype for a, (_, t) in zip(self._averages, tracked))
+            and all(a.shape == t.shape for a, (_, t) in zip(self._averages, tracked))
         )
         self._live = [_local(t.detach()) for _, t in tracked]
         if not same:  # a first fit, or another net: start afresh (a resume loads the average next)
             self._net, self._names = net, names
-            self._averages = [t.detach().clone() for _, t in tracked]
+            self._averages = [t.detach().to(_average_dtype(t.dtype), copy=True) for _, t in tracked]
             self._local_averages = [_local(a) for a in self._averages]
             self._pending, self.updates = True, 0
-        self._seen = state.optimizer_steps
+        # the live tensors as the average's dtype, for the lerp: a cast per step for low-precision weights only
+        self._cast = any(a.dtype != t.dtype for a, t in zip(self._local_averages, self._live))
 
     def epoch_begin(self, state: TrainState) -> None:
         if self._pending:  # after any resume restored the weights: the average starts from the run's start
             self._pending = False
+            if state.resumed:
+                log.info("EMAHandler: the checkpoint resumed from holds no average: it starts from its weights")
             torch._foreach_copy_(self._local_averages, self._live)
 
     def batch_end(self, state: TrainState) -> None:
         steps = state.optimizer_steps
-        if steps == self._seen:  # no step this batch (accumulating, or a skipped one): nothing new
-            return
+        if steps != self._seen:  # else no step this batch (accumulating, or a skipped one): nothing new
+            self._update(steps)
+
+    def epoch_end(self, state: TrainState) -> None:
+        steps = state.optimizer_steps
+        if steps != self._seen:  # a trailing partial accumulation group is stepped at epoch end
+            self._update(steps)
+
+    def _update(self, steps: int) -> None:
+        due = steps // self.every > self._seen // self.every  # an every-th step was taken since the last look
         self._seen = steps
-        if steps % self.every:
+        if not due:
             return
+        live = [t.to(a.dtype) for t, a in zip(self._live, self._local_averages)] if self._cast else self._live
         # average + (1 - decay) * (weight - average): decay * average + (1 - decay) * weight, fused
-        torch._foreach_lerp_(self._local_averages, self._live, 1.0 - self.decay)
+        torch._foreach_lerp_(self._local_averages, live, 1.0 - self.decay)
         self.updates += 1
 
     def swap_in(self) -> None:
@@ -174,6 +197,8 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, WeightAveraging):
         return {"averages": averages, "updates": self.updates, "seen": self._seen, "pending": self._pending}
 
     def load_state_dict(self, state: dict) -> None:
+        if self._net is None:
+            raise FitforgeValueError("EMAHandler: load_state_dict before any fit: call attach(estimator) first")
         averages = state["averages"]
         if not self._sharded:
             missing = [name for name in self._names if name not in averages]
@@ -200,6 +225,11 @@ def _tracked(net: nn.Module, buffers: str) -> list[tuple[str, torch.Tensor]]:
             (name, b) for name, b in net.named_buffers() if b.is_floating_point() and bool(torch.isfinite(b).all())
         ]
     return tracked
+
+
+def _average_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for low-precision floating-point weights, else their own dtype."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -87,8 +87,8 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
         self._by_batch = any(
             setup.mid_epoch for v in players(state.handlers, Validating) if (setup := v.validation_setup()) is not None
         )
-        if state.ranks.main:
-            self._check_trial(state)
+        # on rank 0, its error shared: the other ranks must not wait in a collective rank 0 never reaches
+        state.ranks.on_main(lambda: self._check_trial(state), FitforgeValueError)
 
     def batch_end(self, state: TrainState) -> None:
         if self._by_batch:  # else nothing to do per batch: values come at epoch ends
