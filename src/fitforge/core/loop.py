@@ -35,7 +35,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 
 from fitforge.core.events import Event
 from fitforge.core.history import numbered_key
-from fitforge.core.rng import restore_rng_states, rng_states
+from fitforge.core.rng import torch_rng_snapshot
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError, PassAbandoned
@@ -198,12 +198,12 @@ def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, No
     the batch's outputs over there). A pass closed early ends there, without ``epoch_end``.
 
     Within a fit (``run.watch``), a signal abandons the pass before its next batch: it raises
-    PassAbandoned before ``epoch_end``, with the random generators as they were at its start (the
+    PassAbandoned before ``epoch_end``, with torch's random generators as they were at its start (the
     fit's checkpoint holds the state of its last training batch; the resumed run redoes the pass)."""
     data, _ = run.data.epoch(state)
     state.batch_idx, cancelled = -1, False
     watch = run.watch
-    kept = None if watch is None else rng_states()
+    kept = None if watch is None else torch_rng_snapshot()
     abandoned = False
     try:
         run.dispatcher.fire(Event.EPOCH_BEGIN, state)
@@ -224,7 +224,8 @@ def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, No
         try:
             watch.end(abandoned)  # every process, at the same point: the pass is dropped by all or by none
         except PassAbandoned:
-            restore_rng_states(kept or {})
+            if kept is not None:
+                kept.restore()
             raise
     if state.batch_idx < 0 and not (cancelled or state.stop_requested or run.allow_empty):
         raise _empty(run.name, state)
