@@ -14,7 +14,9 @@ A CheckpointHandler then saves that state at the epoch end that follows.
 **In a validation** (any pass run within the fit) the ranks' batches may differ in number, so no
 collective can pair up between them: a rank that received a signal leaves the pass at its next
 batch and posts a :class:`~fitforge.distributed.signal_notice.SignalNotice` in the group's store;
-the others see it between their batches and leave too. At the pass's end every rank, whether it
+the others see it between their batches and leave too (under FSDP, whose forward is a collective
+and whose shares have equal lengths, the ranks reduce the signal after every batch of the pass
+instead, and leave at the same one). At the pass's end every rank, whether it
 left or finished, reduces ``[signal, left]`` (:meth:`StopAgreement.end_pass`): when any rank left,
 every rank drops the pass, sets ``state.preempted`` and stops at this same point (the batch's other
 ``batch_end`` hooks run, a checkpoint saves, and the batch's stop needs no further agreement).
@@ -94,6 +96,8 @@ class StopAgreement(Collective):
     def abandons_pass(self, state: TrainState) -> bool:
         if state.preempted is not None:  # agreed already, on every rank: all leave at once
             return True
+        if state.estimator.strategy == "fsdp":  # its forward is a collective: the ranks leave at the same batch
+            return bool(reduce_ints([self._signalled], "max")[0])  # (its shares are padded to equal lengths)
         if self._signalled:
             self._notice.post()
             return True
