@@ -306,12 +306,12 @@ class Estimator:
             )
             set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
             preemption.attach(state, coordinator)
-            self.pass_watch = PassWatch(coordinator, state)  # a validation within this fit stops at a signal
+            outer, self.pass_watch = self.pass_watch, PassWatch(coordinator, state)  # validations stop at a signal
             try:
                 with profiled(dispatcher, state.history, plan.profile):
                     run_fit(state, run)
             finally:
-                self.pass_watch = None
+                self.pass_watch = outer  # None, unless a handler runs a fit within a fit
                 self._add_to_history(state)
         raise_if_preempted(state)
         if state.stop_ending is not None:  # e.g. optuna.TrialPruned, raised once the run ended cleanly

@@ -136,21 +136,21 @@ def test_a_signal_in_the_last_batch_leaves_the_epoch_end_to_the_resumed_run(tmp_
     assert_resumes_exactly(tmp_path, whole)
 
 
-def fake_scontrol(folder):
+def fake_scontrol(folder, status=0):
+    """An ``scontrol`` that writes its arguments to ``folder/called`` and exits with ``status``."""
     script = folder / "scontrol"
-    script.write_text(f'#!/bin/sh\necho "$@" > {folder / "called"}\n')
+    script.write_text(f'#!/bin/sh\necho "$@" > {folder / "called"}\nexit {status}\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return folder / "called"
 
 
-@pytest.mark.parametrize("slurm", ["requeued", "no scontrol", "no slurm"])
-def test_sigusr1_saves_then_requeues_a_slurm_job_or_exits_138(tmp_path, monkeypatch, whole, slurm):
+@pytest.mark.parametrize("slurm", ["requeued", "requeue fails", "no scontrol", "no slurm"])
+def test_sigusr1_saves_then_requeues_a_slurm_job_or_exits_138(tmp_path, monkeypatch, whole, slurm, caplog):
     bin_folder = tmp_path / "bin"
     bin_folder.mkdir()
-    called = fake_scontrol(bin_folder)
-    monkeypatch.setenv(
-        "PATH", f"{bin_folder}{os.pathsep}{os.environ['PATH']}" if slurm == "requeued" else "/nonexistent"
-    )
+    called = fake_scontrol(bin_folder, status=1 if slurm == "requeue fails" else 0)
+    scontrol_there = slurm in ("requeued", "requeue fails")
+    monkeypatch.setenv("PATH", f"{bin_folder}{os.pathsep}{os.environ['PATH']}" if scontrol_there else "/nonexistent")
     if slurm == "no slurm":
         monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     else:
@@ -160,8 +160,10 @@ def test_sigusr1_saves_then_requeues_a_slurm_job_or_exits_138(tmp_path, monkeypa
         train(tmp_path / "run", extra=[Arm(val, signal.SIGUSR1, at=7)], val=val)
     assert exit_.value.code == (0 if slurm == "requeued" else 138)
     assert (called.read_text().split() if called.exists() else None) == (
-        ["requeue", "4242"] if slurm == "requeued" else None
+        ["requeue", "4242"] if scontrol_there else None
     )
+    if slurm in ("requeue fails", "no scontrol"):
+        assert "not requeued" in caplog.text
     assert saved(tmp_path / "run") == ["model-epoch1batch8.pt"]
     monkeypatch.undo()
     assert_resumes_exactly(tmp_path / "run", whole)

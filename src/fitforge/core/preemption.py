@@ -136,7 +136,12 @@ def _requeued(state: TrainState) -> bool:
         log.warning("scontrol requeue %s failed (%s): the job is not requeued", job, error)
         return False
     if done.returncode != 0:
-        log.warning("scontrol requeue %s failed (exit status %d): %s", job, done.returncode, done.stderr.strip())
+        log.warning(
+            "scontrol requeue %s failed (exit status %d): %s; the job is not requeued",
+            job,
+            done.returncode,
+            done.stderr.strip(),
+        )
         return False
     log.warning("SLURM job %s requeued after SIGUSR1: it resumes from the checkpoint when it runs again", job)
     return True
