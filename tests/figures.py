@@ -27,10 +27,9 @@ def summary_lines() -> list[str]:
         )
     if FIGURES["save_latency"]:
         latencies = FIGURES["save_latency"]
-        slowest = max(latencies, key=latencies.get)
+        each = ", ".join(f"{name} {seconds:.2f}" for name, seconds in latencies.items())
         lines.append(
-            f"checkpoint committed after a signal: {len(latencies)} signals, slowest {latencies[slowest]:.2f} s "
-            f"({slowest})"
+            f"checkpoint committed after a signal (s, at most 2): slowest {max(latencies.values()):.2f}; {each}"
         )
     if FIGURES["poisoned"] is not None:
         lines.append(f"poisoned checkpoints written (non-finite weights or optimizer state): {FIGURES['poisoned']}")
