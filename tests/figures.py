@@ -12,6 +12,7 @@ FIGURES: dict = {
     "finite_kept": None,  # after a run went non-finite, a finite checkpoint is still on disk
     "bad_inputs": {},  # bad-input case -> rejected before the first optimizer step
     "elastic": None,  # a torchrun elastic restart resumed exactly
+    "save_latency": {},  # signal -> seconds from the signal to its checkpoint committed (reliability suite)
 }
 
 
@@ -23,6 +24,12 @@ def summary_lines() -> list[str]:
         lines += [f"steps lost per kill ({name}): {steps}" for name, steps in FIGURES["lost"].items()]
         lines.append(
             f"torn checkpoints seen (files under a checkpoint name that do not load after a crash): {FIGURES['torn']}"
+        )
+    if FIGURES["save_latency"]:
+        latencies = FIGURES["save_latency"]
+        each = ", ".join(f"{name} {seconds:.2f}" for name, seconds in latencies.items())
+        lines.append(
+            f"checkpoint committed after a signal (s, at most 2): slowest {max(latencies.values()):.2f}; {each}"
         )
     if FIGURES["poisoned"] is not None:
         lines.append(f"poisoned checkpoints written (non-finite weights or optimizer state): {FIGURES['poisoned']}")

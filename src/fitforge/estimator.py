@@ -18,7 +18,7 @@ from fitforge.checks.pipeline import PredictPlan, before_fit, before_predict, ev
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
 from fitforge.core.batches import rows_of
-from fitforge.core.coordinator import Alone
+from fitforge.core.coordinator import Alone, PassWatch
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler, handler_name
 from fitforge.core.history import History, numbered_key
@@ -35,7 +35,7 @@ from fitforge.core.options import (
     warn_default_optimizer,
 )
 from fitforge.core.prediction import Predictions
-from fitforge.core.preemption import preemptible, raise_if_preempted
+from fitforge.core.preemption import Preemption, preemptible, raise_if_preempted
 from fitforge.core.processor import (
     BatchProcessor,
     bound_step,
@@ -169,6 +169,7 @@ class Estimator:
         # The last fit's EMAHandler (a WeightAveraging role): evaluate and predict use its weights.
         self.weight_average: WeightAveraging | None = None
         self.run_config: dict[str, Any] | None = None
+        self.pass_watch: PassWatch | None = None  # during fit: what its validations ask between batches
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:
@@ -257,9 +258,11 @@ class Estimator:
 
         The fit's epochs are also appended to ``estimator.history``, and logs number epochs across fits.
 
-        SIGTERM or SIGINT during fit stops training after the current batch: a CheckpointHandler
-        saves the state, ``train_end`` runs, then SIGTERM exits with status 143 (``SystemExit``)
-        and SIGINT raises ``KeyboardInterrupt``; a second signal acts at once.
+        SIGTERM, SIGUSR1 or SIGINT during fit (its checks included) stops training after the current
+        batch, or a validation after its current batch (the resumed run redoes it): a
+        CheckpointHandler saves the state, ``train_end`` runs, then SIGTERM exits with status 143
+        (``SystemExit``), SIGUSR1 requeues a SLURM job and exits with 0 (138 without SLURM) and
+        SIGINT raises ``KeyboardInterrupt``; a second signal acts at once (see docs/checkpoints.md).
 
         A stop with an ending (``state.request_stop(reason, ending=Ending(word, error))``, e.g.
         OptunaPruningHandler's ``optuna.TrialPruned``) ends training as any stop does, then raises
@@ -274,54 +277,57 @@ class Estimator:
                 shapes or dtypes at the first batch, before any optimizer step.
         """
         self._announce_default_optimizer("fit")
-        plan = before_fit(
-            self,
-            train_data,
-            val_data,
-            epochs,
-            batches,
-            event_handlers,
-            default_handlers,
-            check_access,
-            profile,
-            batch_size,
-            validation_split,
-        )
-        dispatcher = plan.dispatcher
-        averaging = players(dispatcher.handlers, WeightAveraging)
-        if len(averaging) > 1:
-            raise FitforgeValueError(
-                f"fit: {len(averaging)} handlers average the weights ({', '.join(map(handler_name, averaging))}), "
-                "and evaluation runs with one average: pass one"
+        preemption = Preemption()
+        with preemptible(preemption):  # from the checks on: a signal there stops the fit before its first batch
+            plan = before_fit(
+                self,
+                train_data,
+                val_data,
+                epochs,
+                batches,
+                event_handlers,
+                default_handlers,
+                check_access,
+                profile,
+                batch_size,
+                validation_split,
             )
-        self.weight_average = averaging[0] if averaging else None  # a later fit without one evaluates its own weights
-        # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
-        several = world_size() > 1
-        coordinator = StopAgreement(isinstance(self.train_net, DistributedDataParallel)) if several else Alone()
-        order = DataOrder(plan.train_data)
-        run = RunContext(
-            dispatcher, plan.step, order, "train_data", coordinator, prepare=(resume_picked,), check=plan.check
-        )
-        state = TrainState(
-            self,
-            "train",
-            max_epochs=plan.epochs,
-            max_batches=plan.batches,
-            num_batches=plan.num_batches,
-            handlers=tuple(dispatcher.handlers),
-            run=run,
-            ranks=coordinator,
-            epochs_before=self.history.epochs,
-        )
-        set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
-        try:
-            with (
-                profiled(dispatcher, state.history, plan.profile),
-                preemptible(state, coordinator),
-            ):
-                run_fit(state, run)
-        finally:
-            self._add_to_history(state)
+            dispatcher = plan.dispatcher
+            averaging = players(dispatcher.handlers, WeightAveraging)
+            if len(averaging) > 1:
+                raise FitforgeValueError(
+                    f"fit: {len(averaging)} handlers average the weights ({', '.join(map(handler_name, averaging))}), "
+                    "and evaluation runs with one average: pass one"
+                )
+            # A later fit without one evaluates its own weights.
+            self.weight_average = averaging[0] if averaging else None
+            # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
+            several = world_size() > 1
+            coordinator = StopAgreement(isinstance(self.train_net, DistributedDataParallel)) if several else Alone()
+            order = DataOrder(plan.train_data)
+            run = RunContext(
+                dispatcher, plan.step, order, "train_data", coordinator, prepare=(resume_picked,), check=plan.check
+            )
+            state = TrainState(
+                self,
+                "train",
+                max_epochs=plan.epochs,
+                max_batches=plan.batches,
+                num_batches=plan.num_batches,
+                handlers=tuple(dispatcher.handlers),
+                run=run,
+                ranks=coordinator,
+                epochs_before=self.history.epochs,
+            )
+            set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
+            preemption.attach(state, coordinator)
+            outer, self.pass_watch = self.pass_watch, PassWatch(coordinator, state)  # validations stop at a signal
+            try:
+                with profiled(dispatcher, state.history, plan.profile):
+                    run_fit(state, run)
+            finally:
+                self.pass_watch = outer  # None, unless a handler runs a fit within a fit
+                self._add_to_history(state)
         raise_if_preempted(state)
         if state.stop_ending is not None:  # e.g. optuna.TrialPruned, raised once the run ended cleanly
             raise state.stop_ending.error

@@ -62,11 +62,19 @@ class Evaluation:
         estimator = self.estimator
         state = TrainState(estimator, "validate", num_batches=self.num_batches, prefix=self.prefix, ranks=self.ranks)
         run = RunContext(
-            self.dispatcher, self.step, OnePass(self.val_data), "val_data", allow_empty=self.sharded, check=self.check
+            self.dispatcher,
+            self.step,
+            OnePass(self.val_data),
+            "val_data",
+            allow_empty=self.sharded,
+            check=self.check,
+            watch=estimator.pass_watch,  # within a fit: a signal abandons the pass (PassAbandoned)
         )
         if self.check is not None:
             estimator.arm_loss_checks("validate")
-        with inference(estimator.val_net, estimator.strategy != "fsdp", estimator.weight_average):
-            run_pass(state, run)
-        self.check = run.check  # cleared once a pass read a batch
+        try:
+            with inference(estimator.val_net, estimator.strategy != "fsdp", estimator.weight_average):
+                run_pass(state, run)
+        finally:
+            self.check = run.check  # cleared once a pass read a batch
         return dict(state.metrics)

@@ -21,6 +21,13 @@ class CancelFit(Exception):
     """End training now; ``train_end`` handlers still run (``epoch_end`` does not)."""
 
 
+class PassAbandoned(BaseException):
+    """A pass within a fit (a validation) was left unfinished because a signal asks the fit to stop
+    (see :mod:`fitforge.core.coordinator`): it reports nothing, the fit's loop catches it and saves
+    the state of the last training batch. A BaseException, so that a handler's ``except Exception``
+    does not take it for a failure of its own."""
+
+
 class FitforgeTypeError(TypeError):
     """An argument has the wrong type (the message names it, what was given and what was expected)."""
 

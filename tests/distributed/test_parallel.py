@@ -29,7 +29,7 @@ from fitforge.checkpoint.files import (
     save_checkpoint,
 )
 from fitforge.core.coordinator import Alone
-from fitforge.core.preemption import preemptible
+from fitforge.core.preemption import Preemption, preemptible
 from fitforge.core.processes import OneProcess
 from fitforge.core.state import TrainState
 from fitforge.distributed import data_split as sharding
@@ -210,8 +210,9 @@ class Remember(Alone):
 
 
 def test_with_several_ranks_a_signal_waits_for_the_agreement():
-    state, agreement = TrainState(make_estimator()), Remember()
-    with preemptible(state, agreement):
+    state, agreement, preemption = TrainState(make_estimator()), Remember(), Preemption()
+    preemption.attach(state, agreement)
+    with preemptible(preemption):
         os.kill(os.getpid(), signal.SIGTERM)
         assert agreement.signals == [signal.SIGTERM] and state.preempted is None and not state.stop_requested
         with pytest.raises(SystemExit) as exit_info:

@@ -34,9 +34,7 @@ EPOCH_END_SAVES = (8, 16, 24, 32)
 _REGULAR = re.compile(r"model-epoch(\d+)batch(\d+)\.pt")
 
 
-def run_process(
-    cmd: Sequence[str], timeout: float = TIMEOUT, env: dict[str, str] | None = None
-) -> tuple[int, str, str]:
+def run_process(cmd: Sequence[str], timeout: float = TIMEOUT, env: dict | None = None) -> tuple[int, str, str]:
     """Run ``cmd`` (with ``env`` added to the environment); returns (rc, stdout, stderr). Its own
     process group, killed once it ended: a SIGKILLed trainer leaves DataLoader workers behind, which
     would otherwise linger for seconds. Output goes to files, not pipes, for the same reason (the
@@ -65,16 +63,18 @@ def run_trainer(
     fault: str = "",
     expect_rc: int | None = 0,
     wrap: Callable[[list[str]], list[str]] | None = None,
-    env: dict[str, str] | None = None,
+    args: Sequence[str] = (),
+    env: dict | None = None,
 ) -> tuple[int, str, str]:
     """Run trainer.py on checkpoint folder ``folder`` (a path or a URL; ``wrap`` may put a command
-    in front, ``env`` adds to its environment); returns (rc, stdout, stderr), asserting ``rc ==
-    expect_rc`` unless it is None."""
-    cmd = [sys.executable, str(TRAINER), "--dir", str(folder), "--log", str(log), "--workers", str(workers)]
+    in front, ``args`` are added to trainer.py's, ``env`` adds to its environment); returns (rc,
+    stdout, stderr), asserting ``rc == expect_rc`` unless it is None."""
+    cmd = [sys.executable, str(TRAINER), "--dir", str(folder), "--journal", str(log), "--workers", str(workers)]
     if out is not None:
         cmd += ["--out", str(out)]
     if fault:
         cmd += ["--fault", fault]
+    cmd += list(args)
     rc, stdout, stderr = run_process(wrap(cmd) if wrap else cmd, env=env)
     if expect_rc is not None:
         assert rc == expect_rc, f"{' '.join(cmd)}: exit status {rc}, expected {expect_rc}\n{stderr[-4000:]}"

@@ -26,7 +26,7 @@ from harness import (
 
 POINTS = {
     "term@begin:10": 11,  # mid-epoch, mid-step: the batch finishes, 11 batches completed
-    "term@begin:23": 24,  # the last batch of epoch 3: its epoch end saves
+    "term@begin:23": 24,  # the last batch of epoch 3: its batch end saves, its epoch end is the resumed run's
     "term@epoch_end:16": 16,  # at epoch 2's end, after the CheckpointHandler's epoch_end saved
 }  # spec -> completed batches when training stops
 

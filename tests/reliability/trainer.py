@@ -1,13 +1,18 @@
 """A tiny deterministic training run for the fault-injection tests, run in its own process.
 
-    python trainer.py --dir DIR --log LOG [--out OUT] [--epochs 4] [--workers 0] [--fault SPEC]
+    python trainer.py --dir DIR --journal LOG [--out OUT] [--epochs 4] [--workers 0] [--fault SPEC]
+                      [--val SECONDS] [--fault-rank R]
 
 It always resumes from the newest loadable checkpoint in DIR (a folder, or an object-store URL such
 as ``s3://bucket/run``), as a re-run of a crashed job would.
 LOG gets one JSON line per event, each written with a single unbuffered ``os.write`` so that a
 SIGKILL loses none: ``start`` (what train_begin found), ``step`` (each completed batch's loss as
-``float.hex``), ``fault`` (written right before the fault is injected) and ``end``. OUT gets the
-final weights (``torch.save(net.state_dict())``).
+``float.hex``), ``fault`` (written right before the fault is injected, with its time), ``committed``
+(a checkpoint file committed: its name and time) and ``end``; with ``--val``, ``val`` (each
+validation that completed: the batches completed before it and its loss). OUT gets the final
+weights (``torch.save(net.state_dict())``). ``--val SECONDS`` adds a validation whose batches take
+SECONDS each (see validating.py). Under torchrun each rank writes LOG.rank<r> (and OUT.rank<r>),
+and ``--fault-rank R`` injects the fault on rank R only.
 
 Faults are scheduled by training progress, never by time. SPEC is one of:
     kill@begin:S  kill@end:S      SIGKILL at batch_begin / batch_end of global step S (0-based)
@@ -16,6 +21,12 @@ Faults are scheduled by training progress, never by time. SPEC is one of:
                                   CheckpointHandler's epoch_end
     term@train_begin              SIGTERM in train_begin, after CheckpointHandler's (its checkpoint is
                                   loaded, and fit resumes from it before stopping)
+    term@val:S  usr1@val:S        SIGTERM / SIGUSR1 in the second batch of the validation after S
+                                  completed batches (with --val)
+    term@check                    SIGTERM in the check before training, as it reads the first validation
+                                  sample (with --val)
+    term@epoch_hook:S             SIGTERM in an epoch_end hook at the user's priority (after validation,
+                                  before the CheckpointHandler's), at the epoch end after S batches
     tear:N                        the N-th checkpoint write stops half way (flushed, fsynced), SIGKILL
     enospc:N                      the N-th checkpoint write fails half way with ENOSPC
     upload-kill:N                 the N-th upload to an object store puts the whole object under its
@@ -33,19 +44,23 @@ import logging
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from validating import rank_suffix, validation
 
 from fitforge import Estimator
+from fitforge.checkpoint.folder import CheckpointFolder
 from fitforge.events import BatchBegin, BatchEnd, EpochEnd, TrainBegin
-from fitforge.handlers import CheckpointHandler
+from fitforge.handlers import CheckpointHandler, LambdaHandler
 
 SAMPLES, BATCH_SIZE = 64, 8  # 8 batches an epoch
 BATCH_PERIOD, EPOCH_PERIOD, MAX_CHECKPOINTS = 3, 1, 3  # saves after 3, 6, [8], 9, 12, 15, [16], 18... batches
 real_save = torch.save  # the outputs are written with it even when a fault replaces torch.save
+SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr1": signal.SIGUSR1}
 
 
 class Journal:
@@ -61,7 +76,7 @@ class Journal:
 def checkpoint_names(folder: str) -> list[str]:
     """The names in a folder, or in an object-store folder (listed afresh: fsspec caches listings)."""
     if "://" not in folder:
-        return sorted(path.name for path in Path(folder).iterdir())
+        return sorted(path.name for path in Path(folder).iterdir()) if Path(folder).exists() else []
     from fsspec.core import url_to_fs
 
     fs, key = url_to_fs(folder)
@@ -77,18 +92,19 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
 
     priority = 950
 
-    def __init__(self, journal: Journal, folder: str, fault: str) -> None:
+    def __init__(self, journal: Journal, folder: str, fault: str, here: bool = True) -> None:
         self.journal, self.folder, self.fault = journal, folder, fault
         self.signal = self.where = self.at = None
-        if fault.startswith(("kill@", "term@")):
+        if fault.startswith(("kill@", "term@", "usr1@")) and here:  # here: the fault's rank is this one
             action, place = fault.split("@")
-            self.signal = signal.SIGKILL if action == "kill" else signal.SIGTERM
+            self.signal = SIGNALS[action]
             self.where, _, at = place.partition(":")
             self.at = int(at) if at else None
 
-    def _inject(self, completed: int) -> None:
+    def inject(self, completed: int) -> None:
         # The marker: proof that the fault fired, with the folder as it is at that instant.
-        self.journal.write(event="fault", spec=self.fault, completed=completed, files=checkpoint_names(self.folder))
+        files = checkpoint_names(self.folder)
+        self.journal.write(event="fault", spec=self.fault, completed=completed, files=files, t=time.time())
         os.kill(os.getpid(), self.signal)
 
     def train_begin(self, state) -> None:
@@ -101,20 +117,36 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
             resume_step=None if resumed is None else int(re.search(r"batch(\d+)", resumed.name)[1]),
         )
         if self.where == "train_begin":
-            self._inject(0)
+            self.inject(0)
 
     def batch_begin(self, state) -> None:
         if self.where == "begin" and state.global_step == self.at:
-            self._inject(state.global_step)  # a kill loses this batch; a SIGTERM lets it finish
+            self.inject(state.global_step)  # a kill loses this batch; a SIGTERM lets it finish
 
     def batch_end(self, state) -> None:
         self.journal.write(step=state.global_step, loss=state.output.loss.item().hex())
         if self.where == "end" and state.global_step == self.at:
-            self._inject(state.global_step + 1)
+            self.inject(state.global_step + 1)
 
     def epoch_end(self, state) -> None:
         if self.where == "epoch_end" and state.global_step == self.at:
-            self._inject(state.global_step)
+            self.inject(state.global_step)
+
+    def in_epoch_hook(self, state) -> None:
+        if self.where == "epoch_hook" and state.global_step == self.at:
+            self.inject(state.global_step)
+            time.sleep(0.5)  # the hook goes on a while after the signal came
+
+
+def journal_commits(journal: Journal) -> None:
+    """A ``committed`` line, timed, once each checkpoint file is committed (renamed into place)."""
+    commit = CheckpointFolder.commit
+
+    def committed(self, checkpoint, path, *args, **kwargs):
+        commit(self, checkpoint, path, *args, **kwargs)
+        journal.write(event="committed", name=path.name, t=time.time())
+
+    CheckpointFolder.commit = committed
 
 
 def break_checkpoint_writes(spec: str, journal: Journal) -> None:
@@ -167,11 +199,13 @@ def break_uploads(spec: str, journal: Journal) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", required=True)
-    parser.add_argument("--log", required=True)
+    parser.add_argument("--journal", required=True)
     parser.add_argument("--out")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--fault", default="")
+    parser.add_argument("--val", type=float, default=None)
+    parser.add_argument("--fault-rank", type=int, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)  # fitforge's warnings (skipped checkpoints) reach stderr
     torch.set_num_threads(1)
@@ -184,7 +218,8 @@ def main() -> None:
     estimator = Estimator(
         net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device="cpu"
     )
-    journal = Journal(args.log)
+    journal = Journal(args.journal + rank_suffix())
+    journal_commits(journal)
     if args.fault.startswith(("tear:", "enospc:")):
         break_checkpoint_writes(args.fault, journal)
     if args.fault.startswith("upload-"):
@@ -196,9 +231,20 @@ def main() -> None:
         max_checkpoints=MAX_CHECKPOINTS,
         resume_from_checkpoint=True,
     )
-    estimator.fit(data, epochs=args.epochs, event_handlers=[saver, Recorder(journal, args.dir, args.fault)])
+    here = args.fault_rank is None or args.fault_rank == int(os.environ.get("RANK", "0"))
+    recorder = Recorder(journal, args.dir, args.fault, here)
+    handlers = [saver, recorder, LambdaHandler(epoch_end=recorder.in_epoch_hook)]
+    if args.val is not None:
+        where, at = recorder.where, recorder.at
+        fault_at = 0 if where == "check" else at if where == "val" else None
+        handlers += validation(args.val, fault_at, recorder.inject, journal.write)
+    try:
+        estimator.fit(data, epochs=args.epochs, event_handlers=handlers)
+    except SystemExit as exit_:  # a signal's exit status, timed (a launcher may kill a rank once another exited)
+        journal.write(event="exit", code=exit_.code, t=time.time())
+        raise
     if args.out:
-        real_save(net.state_dict(), args.out)
+        real_save(net.state_dict(), args.out + rank_suffix())
     journal.write(event="end")
 
 

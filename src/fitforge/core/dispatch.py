@@ -30,7 +30,7 @@ from fitforge.core.events import (
     unwrapped,
 )
 from fitforge.core.roles import ROLES, missing_roles
-from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, describe
+from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, PassAbandoned, describe
 
 if TYPE_CHECKING:  # pragma: no cover
     from fitforge.core.state import TrainState
@@ -217,10 +217,16 @@ class Dispatcher:
         return f"{owner!r}.{event.value} returned True"
 
     def fire(
-        self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...] = ()
+        self,
+        event: Event,
+        state: TrainState,
+        ignore: tuple[type[BaseException], ...] = (),
+        abandoned: Callable[[TrainState], None] | None = None,
     ) -> BaseException | None:
         """Call every hook of ``event``; a truthy return from batch_end/epoch_end requests a stop.
-        An ``ignore``-d exception ends only the hook that raised it; the first one caught is returned."""
+        An ``ignore``-d exception ends only the hook that raised it; the first one caught is returned.
+        With ``abandoned``, a pass a signal abandoned in a hook (:class:`PassAbandoned`) ends that
+        hook too, and ``abandoned(state)`` runs before the next one; without, it propagates."""
         caught = None
         stops = event in STOPPING_EVENTS
         for hook in self.hooks[event]:
@@ -229,6 +235,10 @@ class Dispatcher:
                     state.request_stop(self.stop_reason(event, hook))
             except ignore as signal:
                 caught = caught or signal
+            except PassAbandoned:
+                if abandoned is None:
+                    raise
+                abandoned(state)
         return caught
 
     def fire_teardown(

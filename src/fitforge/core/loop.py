@@ -16,6 +16,14 @@ ending anyway, and the other handlers, stopping included, must still see it); in
 every cancel does. In evaluate and predict, which are one pass, ``CancelFit`` ends the pass like
 ``CancelEpoch``. None escapes. A cancel that ends a batch, an epoch or training before the
 optimizer step clears the gradients that batch made.
+
+Preemption (:mod:`fitforge.core.preemption`): a signal sets ``state.preempted`` and requests a stop.
+An epoch whose batches a signal ended (its last one included) is suspended: its ``epoch_end``
+hooks leave the epoch to the resumed run. A pass within the fit (a validation) stops at its next
+batch (:class:`~fitforge.exceptions.PassAbandoned`, see :class:`~fitforge.core.coordinator.PassWatch`):
+in a ``batch_end`` hook the batch's other hooks still run (a checkpoint saves the batch's state);
+in an ``epoch_end`` hook the epoch becomes suspended for the hooks after it; elsewhere the other
+hooks of the event run.
 """
 
 from __future__ import annotations
@@ -27,20 +35,32 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 
 from fitforge.core.events import Event
 from fitforge.core.history import numbered_key
+from fitforge.core.rng import torch_rng_snapshot
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
-from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
+from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError, PassAbandoned
 
 log = logging.getLogger("fitforge")
 _CANCELS = (CancelBatch, CancelEpoch, CancelFit)
 _ENDS_EPOCH = (CancelEpoch, CancelBatch)
+_ENDS_HOOK = (*_CANCELS, PassAbandoned)  # in train_end: an abandoned pass ends its hook only
+
+
+def _go_on(state: TrainState) -> None:
+    """After a pass abandoned in a hook: the stop is requested already, the other hooks run."""
+
+
+def _suspend_epoch(state: TrainState) -> None:
+    """After a pass abandoned in an ``epoch_end`` hook: the epoch is not over (its validation is
+    not), so the hooks after it leave it to the resumed run, which runs its end again."""
+    state.epoch_finished = False
 
 
 def run_fit(state: TrainState, run: RunContext) -> None:
     """Train until a stop is requested; ``train_end`` runs however training ends."""
     dispatcher = run.dispatcher
     try:
-        cancelled = dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS)
+        cancelled = dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS, _go_on)
         if cancelled:
             state.request_stop("cancelled in train_begin")
         run.coordinator.agree_on_stop(state)
@@ -61,18 +81,18 @@ def run_fit(state: TrainState, run: RunContext) -> None:
             run.coordinator.agree_on_stop(state)
             if not state.stop_requested:
                 state.epoch += 1
-    except _CANCELS as signal:
+    except (*_CANCELS, PassAbandoned) as signal:  # PassAbandoned: in batch_begin or a step (rare)
         _clear_gradients(state)
         state.request_stop(f"{type(signal).__name__} raised" + (f": {signal}" if str(signal) else ""))
     except BaseException as error:
         state.error = error
         state.request_stop(f"failed: {type(error).__name__}")
         state.preempted = None  # a failure (a second signal included) is no clean stop to checkpoint
-        dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS)
+        dispatcher.fire_teardown(Event.TRAIN_END, state, _ENDS_HOOK)
         run.data.close()
         raise
     state.training_over = True
-    failure = dispatcher.fire_teardown(Event.TRAIN_END, state, _CANCELS, failing=False)
+    failure = dispatcher.fire_teardown(Event.TRAIN_END, state, _ENDS_HOOK, failing=False)
     run.data.close()
     if failure is not None:
         raise failure
@@ -88,7 +108,7 @@ def run_train_epoch(state: TrainState, run: RunContext) -> bool:
     steps_before, started = state.global_step, time.perf_counter()
     ran_out = cancelled = False
     try:
-        run.dispatcher.fire(Event.EPOCH_BEGIN, state)
+        run.dispatcher.fire(Event.EPOCH_BEGIN, state, abandoned=_go_on)
         run.coordinator.agree_on_stop(state)  # a stop requested in epoch_begin on one rank holds for all
         ran_out = not state.stop_requested and _train_batches(state, run, data, first)
     except _ENDS_EPOCH:
@@ -97,13 +117,15 @@ def run_train_epoch(state: TrainState, run: RunContext) -> bool:
     read = state.batch_idx + 1  # the epoch's batches read so far, by this fit and a resumed one
     if read == 0 and not (cancelled or state.stop_requested):
         raise _empty(run.name, state)
-    state.epoch_finished = (
+    # Preempted, even after the epoch's last batch, the epoch is suspended: a signal's save must not
+    # wait for its end (a long validation), which the resumed run does.
+    state.epoch_finished = state.preempted is None and (
         cancelled or (ran_out and read > 0) or (state.num_batches is not None and read >= state.num_batches)
     )
     state.history.record("epoch_time", time.perf_counter() - started)
     for i, optimizer in enumerate(state.estimator.optimizers):
         state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
-    run.dispatcher.fire(Event.EPOCH_END, state, _ENDS_EPOCH)
+    run.dispatcher.fire(Event.EPOCH_END, state, _ENDS_EPOCH, _suspend_epoch)
     return state.global_step == steps_before and (cancelled or read > first)
 
 
@@ -150,11 +172,18 @@ def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable]
     except CancelFit:
         if not run.coordinator.holds_cancels:
             raise
-        for later in ends[ends.index(hook) + 1 :]:  # a held cancel: the batch ends as on the other ranks
-            with contextlib.suppress(CancelFit):
-                if later(state):
-                    state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, later))
+        _end_batch(state, run, ends[ends.index(hook) + 1 :], CancelFit)  # held: the batch ends as on the other ranks
         raise
+    except PassAbandoned:  # a signal abandoned a pass (a validation): the batch ends, its save included
+        _end_batch(state, run, ends[ends.index(hook) + 1 :], PassAbandoned)
+
+
+def _end_batch(state: TrainState, run: RunContext, hooks: Sequence[Callable], quiet: type[BaseException]) -> None:
+    """The ``batch_end`` hooks after one that raised ``quiet``, which ends only its own hook there."""
+    for later in hooks:
+        with contextlib.suppress(quiet):
+            if later(state):
+                state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, later))
 
 
 def run_pass(state: TrainState, run: RunContext) -> None:
@@ -166,20 +195,38 @@ def run_pass(state: TrainState, run: RunContext) -> None:
 
 def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, None]:
     """:func:`run_pass` one batch at a time: it pauses after each batch (``predict_batches`` hands
-    the batch's outputs over there). A pass closed early ends there, without ``epoch_end``."""
+    the batch's outputs over there). A pass closed early ends there, without ``epoch_end``.
+
+    Within a fit (``run.watch``), a signal abandons the pass before its next batch: it raises
+    PassAbandoned before ``epoch_end``, with torch's random generators as they were at its start (the
+    fit's checkpoint holds the state of its last training batch; the resumed run redoes the pass)."""
     data, _ = run.data.epoch(state)
     state.batch_idx, cancelled = -1, False
+    watch = run.watch
+    kept = None if watch is None else torch_rng_snapshot()
+    abandoned = False
     try:
         run.dispatcher.fire(Event.EPOCH_BEGIN, state)
-        for batch_idx, batch in enumerate(() if state.stop_requested else data):
+        abandoned = watch is not None and watch.abandons()
+        for batch_idx, batch in enumerate(() if state.stop_requested or abandoned else data):
             state.batch_idx, state.batch = batch_idx, batch
             with contextlib.suppress(CancelBatch):
                 run_batch(state, run)
             yield
             if state.stop_requested:
                 break
+            if watch is not None and watch.abandons():
+                abandoned = True
+                break
     except _CANCELS:
         cancelled = True
+    if watch is not None:
+        try:
+            watch.end(abandoned)  # every process, at the same point: the pass is dropped by all or by none
+        except PassAbandoned:
+            if kept is not None:
+                kept.restore()
+            raise
     if state.batch_idx < 0 and not (cancelled or state.stop_requested or run.allow_empty):
         raise _empty(run.name, state)
     state.epoch_finished = cancelled or (state.batch_idx >= 0 and not state.stop_requested)

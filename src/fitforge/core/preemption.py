@@ -1,17 +1,28 @@
-"""Preemption: SIGTERM or SIGINT during ``fit`` stops training cleanly at the next batch boundary.
+"""Preemption: SIGTERM, SIGUSR1 or SIGINT during ``fit`` stops training cleanly and promptly.
 
 The signal only sets ``state.preempted`` and requests a stop, so the batch under way finishes
-(its optimizer step included). A CheckpointHandler then writes the state whatever its periods,
-``train_end`` runs, and :func:`raise_if_preempted` ends ``fit``: SIGTERM with ``SystemExit(143)``
-(128 + 15, the exit status schedulers such as SLURM and Kubernetes expect), SIGINT with
-``KeyboardInterrupt``. A second signal while stopping acts at once. Signals can be caught only in
-the main thread; ``fit`` in another thread leaves them alone.
+(its optimizer step included), and a validation under way stops at its next batch (abandoned:
+it records nothing, and the resumed run does it again; see :mod:`fitforge.core.loop`). A
+CheckpointHandler then writes the state whatever its periods, ``train_end`` runs, and
+:func:`raise_if_preempted` ends ``fit`` as the signal asked:
+
+- SIGTERM: ``SystemExit(143)`` (128 + 15, the exit status schedulers such as SLURM and Kubernetes expect);
+- SIGUSR1 (SLURM's advance warning, ``#SBATCH --signal=USR1@90``): under SLURM (``SLURM_JOB_ID`` set)
+  with ``scontrol`` on the PATH, the main process runs ``scontrol requeue $SLURM_JOB_ID`` and every
+  process ends with ``SystemExit(0)``; otherwise (or when the requeue fails) ``SystemExit(138)``
+  (128 + 10, as the signal's default action would report);
+- SIGINT: ``KeyboardInterrupt``.
+
+A second signal while stopping acts at once. The handlers are installed from the checks before
+training on (a signal there stops the fit before its first batch); signals can be caught only in
+the main thread, so ``fit`` in another thread leaves them alone.
 
 Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
 rank that stops alone leaves the others waiting in a collective. So the signal goes to the fit's
 coordinator: in one process it stops at once; under torch.distributed the
 :class:`~fitforge.distributed.stop_agreement.StopAgreement` reduces it across ranks at its next
-agreement (within a few batches) and sets ``preempted`` on every rank at the same batch end.
+agreement (within a few batches, or a validation batch) and sets ``preempted`` on every rank at the
+same point.
 """
 
 from __future__ import annotations
@@ -19,8 +30,11 @@ from __future__ import annotations
 # signal.signal and signal.getsignal wrap _signal's and turn every int into an enum member on the way
 # (most of their cost, at every fit); the raw functions take and give the same handlers as ints.
 import _signal  # type: ignore[import-not-found]  # CPython's C module under signal; typeshed has no stub
+import logging
 import os
+import shutil
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,8 +43,11 @@ from typing import Any
 from fitforge.core.coordinator import Coordinator
 from fitforge.core.state import TrainState
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+log = logging.getLogger("fitforge")
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 _NUMBERS = tuple(int(signum) for signum in SIGNALS)
+REQUEUED = 0  # the exit status after SIGUSR1 once the job is requeued: the job did what it should
+REQUEUE_TIMEOUT = 60  # seconds scontrol may take (the controller may be busy; the grace time is longer)
 
 
 def _act_now(signum: int) -> None:
@@ -47,25 +64,43 @@ def _pass_on(signum: int, handler: Any, frame: Any) -> None:
         os.kill(os.getpid(), signum)
 
 
+class Preemption:
+    """The signals one fit received, for its coordinator: held until :meth:`attach` names the fit's
+    state and coordinator (a signal during the checks before training), then passed on at once."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._target: tuple[TrainState, Coordinator] | None = None
+
+    def attach(self, state: TrainState, coordinator: Coordinator) -> None:
+        self._target = (state, coordinator)
+        if self.received:
+            coordinator.signal_received(state, self.received[0])
+
+    def receive(self, signum: int) -> None:
+        if self.received:
+            _act_now(signum)
+        self.received.append(signum)
+        if self._target is not None:
+            state, coordinator = self._target
+            coordinator.signal_received(state, signum)
+
+
 @contextmanager
-def preemptible(state: TrainState, coordinator: Coordinator) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGINT go to ``coordinator.signal_received`` (which stops
-    training at the next batch boundary, on every rank); a second signal acts at once."""
+def preemptible(preemption: Preemption) -> Iterator[None]:
+    """Within the block, SIGTERM, SIGUSR1 and SIGINT go to ``preemption`` (which stops training at
+    the next batch boundary, on every rank); a second signal acts at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     pid = os.getpid()
-    received: list[int] = []
 
     def handle(signum: int, frame: Any) -> None:
         if os.getpid() != pid:  # a forked DataLoader worker inherited this handler: act as before fit
             _pass_on(signum, previous[signum], frame)
             return
-        if received:
-            _act_now(signum)
-        received.append(signum)
-        coordinator.signal_received(state, signum)
+        preemption.receive(signum)
 
     previous = {signum: _signal.getsignal(signum) for signum in _NUMBERS}
     for signum in _NUMBERS:
@@ -78,6 +113,35 @@ def preemptible(state: TrainState, coordinator: Coordinator) -> Iterator[None]:
 
 
 def raise_if_preempted(state: TrainState) -> None:
-    """End ``fit`` as the signal asked, once training stopped cleanly."""
+    """End ``fit`` as the signal asked, once training stopped cleanly (see the module docstring)."""
+    if state.preempted == signal.SIGUSR1 and os.environ.get("SLURM_JOB_ID"):
+        raise SystemExit(REQUEUED if _requeued(state) else 128 + signal.SIGUSR1)
     if state.preempted is not None:
         _act_now(state.preempted)
+
+
+def _requeued(state: TrainState) -> bool:
+    """Whether the SLURM job is requeued: the main process asks ``scontrol`` (the others trust it)."""
+    job, scontrol = os.environ["SLURM_JOB_ID"], shutil.which("scontrol")
+    if scontrol is None:
+        log.warning("received SIGUSR1 under SLURM job %s, but scontrol is not on the PATH: not requeued", job)
+        return False
+    if not state.ranks.main:
+        return True
+    try:
+        done = subprocess.run(
+            [scontrol, "requeue", job], capture_output=True, text=True, timeout=REQUEUE_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning("scontrol requeue %s failed (%s): the job is not requeued", job, error)
+        return False
+    if done.returncode != 0:
+        log.warning(
+            "scontrol requeue %s failed (exit status %d): %s; the job is not requeued",
+            job,
+            done.returncode,
+            done.stderr.strip(),
+        )
+        return False
+    log.warning("SLURM job %s requeued after SIGUSR1: it resumes from the checkpoint when it runs again", job)
+    return True

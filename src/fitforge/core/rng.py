@@ -75,3 +75,22 @@ class torch_rng_kept:
         torch.default_generator.set_state(self.cpu)
         if self.cuda is not None:
             torch.cuda.set_rng_state(self.cuda, self.device)
+
+
+class torch_rng_snapshot:
+    """torch's generators now (the CPU one, and the CUDA devices' once CUDA is initialised), put
+    back by :meth:`restore`: what a validation a signal abandoned drew is undone. Taken at the
+    start of every validation within a fit, so torch's only (about a microsecond): a DataLoader's
+    seeds, dropout and torchvision's transforms draw from them. Python's ``random`` and numpy's
+    generator would cost 40 times as much (numpy's state getter alone about 30 us)."""
+
+    __slots__ = ("cpu", "cuda")
+
+    def __init__(self) -> None:
+        self.cpu = torch.default_generator.get_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        torch.default_generator.set_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)

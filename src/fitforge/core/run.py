@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from fitforge.core.coordinator import Alone, Coordinator
+from fitforge.core.coordinator import Alone, Coordinator, PassWatch
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.modules import switch_training
 from fitforge.core.state import TrainState
@@ -52,6 +52,8 @@ class RunContext:
         check: the step of the run's first batch, with the checks before the first optimizer step
             (:mod:`fitforge.checks.first_batch`); the loop calls it instead of ``step`` until a batch
             went through it, then clears it. None: nothing to check.
+        watch: in a pass run within a fit (a validation), the fit's coordinator, asked between
+            batches whether a signal abandons the pass; None in a fit, and in a pass outside one.
     """
 
     dispatcher: Dispatcher
@@ -62,6 +64,7 @@ class RunContext:
     prepare: Sequence[Callable[[TrainState], None]] = ()
     allow_empty: bool = False
     check: Step | None = None
+    watch: PassWatch | None = None
 
 
 class inference:

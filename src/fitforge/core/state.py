@@ -175,9 +175,10 @@ class TrainState:
         epoch_finished: at ``epoch_end``, whether the run is through with the epoch: it went
             through all its data, or a ``CancelEpoch`` ended it (the next epoch follows); False when
             a stop (``batches=N``, a signal, a handler) cut it short before its last batch.
-        epoch_suspended: at ``epoch_end``, whether a signal cut the epoch short: a resumed run will
-            finish it, so handlers that judge whole epochs (validation, early stopping, logs of
-            epochs) leave it to that run.
+        epoch_suspended: at ``epoch_end``, whether a signal came before the epoch was through: in
+            its batches (its last one included), or in an ``epoch_end`` hook whose validation it
+            abandoned. A resumed run will end it, so handlers that judge whole epochs
+            (validation, early stopping, logs of epochs) leave it to that run.
         stop_requested / stop_reason: set by :meth:`request_stop`.
         stop_every_rank: a stop was requested with ``every_rank=True`` (see :meth:`request_stop`).
         stop_ending: the :class:`Ending` of a stop that ends fit with an exception of its own (a
@@ -186,8 +187,9 @@ class TrainState:
             second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
             A ``train_end`` hook that fails once training is over sets it for the hooks after it.
         training_over: the epochs are over and ``train_end`` runs for a run no exception ended.
-        preempted: the signal number (SIGTERM or SIGINT) that asked fit to stop, else None. Under
-            torch.distributed every rank sets it at the same batch end, whichever rank got the signal.
+        preempted: the signal number (SIGTERM, SIGUSR1 or SIGINT) that asked fit to stop, else None.
+            Under torch.distributed every rank sets it at the same point (a batch end, or the end of
+            a validation it abandoned), whichever rank got the signal.
         resumed: whether this fit continues from a checkpoint (set after ``train_begin``, before
             the first ``epoch_begin``).
         resumed_at: where it continued, ``(epochs completed, global_step)`` of the checkpoint;

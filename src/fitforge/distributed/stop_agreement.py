@@ -11,6 +11,16 @@ interval it proposes. When any rank got a signal, every rank sets ``state.preemp
 when any rank requested a stop, every rank stops; a CancelFit raised on one rank is raised on all.
 A CheckpointHandler then saves that state at the epoch end that follows.
 
+**In a validation** (any pass run within the fit) the ranks' batches may differ in number, so no
+collective can pair up between them: a rank that received a signal leaves the pass at its next
+batch and posts a :class:`~fitforge.distributed.signal_notice.SignalNotice` in the group's store;
+the others see it between their batches and leave too (under FSDP, whose forward is a collective
+and whose shares have equal lengths, the ranks reduce the signal after every batch of the pass
+instead, and leave at the same one). At the pass's end every rank, whether it
+left or finished, reduces ``[signal, left]`` (:meth:`StopAgreement.end_pass`): when any rank left,
+every rank drops the pass, sets ``state.preempted`` and stops at this same point (the batch's other
+``batch_end`` hooks run, a checkpoint saves, and the batch's stop needs no further agreement).
+
 **Stop latency.** A stop that one rank requests between agreement points takes effect on every
 rank at the next one: the batches between are trained on every rank, and when the epoch's data runs out
 first, training stops after that epoch's end. A stop that every rank requests at the
@@ -46,6 +56,7 @@ import torch.distributed as dist
 
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import Collective, cpu_group, reduce_ints
+from fitforge.distributed.signal_notice import SignalNotice
 from fitforge.exceptions import CancelFit, FitforgeValueError
 
 log = logging.getLogger("fitforge")
@@ -70,16 +81,38 @@ class StopAgreement(Collective):
         self._proposal = 1  # this rank's proposal for the next interval
         self._since = 0  # training batches since the last agreement
         self._agreed_at = time.perf_counter()  # when the last agreement ended
+        self._notice = SignalNotice()  # a signal told to the other ranks in a validation
 
     def signal_received(self, state: TrainState, signum: int) -> None:
         """Remember the signal for the next agreement, which stops every rank at the same batch."""
         self._signalled = signum
         log.warning(
-            "received %s: every rank stops at the next stop agreement, within %d batches (saved by a "
-            "CheckpointHandler, if any); send it again to stop at once",
+            "received %s: every rank stops at the next stop agreement, within %d batches or at the next "
+            "validation batch (saved by a CheckpointHandler, if any); send it again to stop at once",
             signal.Signals(signum).name,
             self._interval,
         )
+
+    def abandons_pass(self, state: TrainState) -> bool:
+        if state.preempted is not None:  # agreed already, on every rank: all leave at once
+            return True
+        if state.estimator.strategy == "fsdp":  # its forward is a collective: the ranks leave at the same batch
+            return bool(reduce_ints([self._signalled], "max")[0])  # (its shares are padded to equal lengths)
+        if self._signalled:
+            self._notice.post()
+            return True
+        return self._notice.seen()
+
+    def end_pass(self, state: TrainState, abandoned: bool) -> bool:
+        if state.preempted is not None:  # every rank left at its first look: no collective needed
+            return True
+        signum, left = reduce_ints([self._signalled, int(abandoned)], "max")
+        if signum not in _SIGNALS or left not in (0, 1) or (left and not signum):
+            raise _out_of_step()
+        if signum:  # a pass every rank finished (the signal came after its last batch) is kept
+            self._preempt(state, signum)
+            state.request_stop(state.stop_reason or "preempted", every_rank=True)  # agreed: stop at this batch
+        return bool(left)
 
     def agree_on_stop(self, state: TrainState) -> None:
         """Reduce this rank's signal, stop request and held CancelFit now; stop every rank if any asked."""
@@ -111,20 +144,29 @@ class StopAgreement(Collective):
     def _apply(self, state: TrainState, flags: list[int]) -> None:
         signum, stop, cancel_fit, interval = flags[0], flags[1], flags[2], -flags[3]
         if signum not in _SIGNALS or stop not in (0, 1) or cancel_fit not in (0, 1) or interval < 1:
-            raise FitforgeValueError(
-                "the ranks got out of step (their collectives no longer pair up): a CancelBatch or CancelEpoch "
-                "raised on some ranks only, or a handler that skips work on some ranks, is the usual cause; "
-                "decide such things alike on every rank (from values reduced across ranks)"
-            )
+            raise _out_of_step()
         self._interval = interval
         if cancel_fit:
             held, self._held = self._held, None
             raise held if held is not None else CancelFit("CancelFit raised on another rank")
-        if signum and state.preempted is None:
-            state.preempted = signum
-            state.request_stop(f"preempted by {signal.Signals(signum).name} (on at least one rank)")
+        if signum:
+            self._preempt(state, signum)
         elif stop and not state.stop_requested:
             state.request_stop("another rank requested a stop")
+
+    @staticmethod
+    def _preempt(state: TrainState, signum: int) -> None:
+        if state.preempted is None:
+            state.preempted = signum
+            state.request_stop(f"preempted by {signal.Signals(signum).name} (on at least one rank)")
+
+
+def _out_of_step() -> FitforgeValueError:
+    return FitforgeValueError(
+        "the ranks got out of step (their collectives no longer pair up): a CancelBatch or CancelEpoch "
+        "raised on some ranks only, or a handler that skips work on some ranks, is the usual cause; "
+        "decide such things alike on every rank (from values reduced across ranks)"
+    )
 
 
 def _check_replicas(state: TrainState) -> None:

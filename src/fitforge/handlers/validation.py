@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from fitforge.core.arguments import check_flag, check_positive
-from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage, TrainBegin
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, EventHandler, Stage, TrainBegin
 from fitforge.core.roles import Validating, ValidationSetup
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
-class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
+class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
     """Run ``eval_fn(val_data, event_handlers=...)`` and merge its dict into the epoch's history row.
 
     Args:
@@ -24,6 +24,11 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
         check_first: before training, evaluate a batch of the first few samples of ``val_data``
             (:func:`fitforge.checks.validation.check_first_val_batch`), so that a mistake in the validation
             data or metrics fails in a second, not after an epoch; False skips it.
+
+    A signal that stops the fit (SIGTERM, SIGUSR1, SIGINT) abandons a validation under way at its
+    next batch: nothing of it is recorded. One of ``batch_period`` is owed, and its checkpoint says
+    so: the resumed run does it at its first ``epoch_begin``, before its first batch. One at an
+    epoch end is done by the resumed run's end of that epoch.
     """
 
     priority = Stage.VALIDATE  # after MetricHandler's training values: the stages order the two
@@ -66,6 +71,7 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
         self.checked_first = False  # whether this fit checks val_data's first batch fully (check_first)
         self._evaluation: Callable[[], dict] | None = None  # this fit's validations, set up before training
         self._validated_at: int | None = None
+        self._owed: int | None = None  # a batch_period validation a signal abandoned (completed batches)
 
     def validation_setup(self) -> ValidationSetup:
         """What fit checks and sets up before training: ``val_data``, and an evaluation of it
@@ -78,17 +84,23 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
         self._evaluation, self.checked_first = evaluation, checked
 
     def train_begin(self, state: TrainState) -> None:
-        self._validated_at = None
+        self._validated_at = self._owed = None
         run, self._evaluation = self._evaluation, None  # this fit's: a later fit sets up its own
         if run is None:
             self._evaluate = self.eval_fn or state.estimator.evaluate
             return
         self._evaluate = lambda val_data, event_handlers: run()
 
+    def epoch_begin(self, state: TrainState) -> None:
+        if self._owed is not None:  # resumed after a signal abandoned it: where it was due, before the next batch
+            self.validate(state)
+            self._validated_at, self._owed = self._owed, None
+
     def batch_end(self, state: TrainState) -> None:
         if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
+            self._owed = state.global_step + 1  # completed batches once this one counts; owed until it is done
             self.validate(state)
-            self._validated_at = state.global_step + 1  # completed batches once this one counts
+            self._validated_at, self._owed = self._owed, None
 
     def epoch_end(self, state: TrainState) -> None:
         if state.epoch_suspended:
@@ -98,11 +110,12 @@ class ValidationHandler(TrainBegin, BatchEnd, EpochEnd, Validating):
             self.validate(state)
 
     def state_dict(self) -> dict:
-        """When it last validated (so a resumed epoch does not validate the same weights twice)."""
-        return {"validated_at": self._validated_at}
+        """When it last validated (so a resumed epoch does not validate the same weights twice), and
+        the validation a signal abandoned, if any (the resumed run does it)."""
+        return {"validated_at": self._validated_at, "owed": self._owed}
 
     def load_state_dict(self, state: dict) -> None:
-        self._validated_at = state["validated_at"]
+        self._validated_at, self._owed = state["validated_at"], state.get("owed")  # no "owed": an older checkpoint
 
     def validate(self, state: TrainState) -> dict[str, float]:
         """Evaluate now and merge the result into ``state.metrics`` and the current history row."""

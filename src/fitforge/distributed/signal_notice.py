@@ -1,0 +1,62 @@
+"""A signal one rank received, told to the other ranks without a collective.
+
+A validation's batches may differ in number between ranks (their shares of the data differ), so
+no collective can pair up between them. A rank that received SIGTERM (or SIGUSR1, SIGINT) in a
+validation sets a key in the process group's store (the TCP store torchrun's ranks met through);
+the others look for it between their validation batches, at most every :attr:`SignalNotice.poll_seconds`
+(one round trip to the store, no device read), and every rank then leaves the validation for
+the collective that ends it (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
+Without a store (a group made without one) a signalled rank leaves its validation alone and
+the others learn of the signal at that collective, after their own batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+log = logging.getLogger("fitforge")
+_FITS = itertools.count()  # every rank runs the same fits in the same order: the same key on every rank
+
+
+def _default_store() -> Any:
+    try:  # torch keeps the default group's store behind a private name, as it does the group itself
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError) as error:
+        log.debug("no store to tell the other ranks of a signal in a validation: %s", error)
+        return None
+
+
+class SignalNotice:
+    """The key of one fit of several ranks in the default group's store: set by a rank that received
+    a signal, looked for by the others between the batches of a validation."""
+
+    poll_seconds = 0.1  # between two looks at the store: a validation batch of 0.1 s or more looks after each
+
+    def __init__(self) -> None:
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted job may keep the store
+        self.key = f"fitforge/signal/{restart}/{next(_FITS)}"
+        self._store = _default_store()
+        self._posted = self._seen = False
+        self._looked = -float("inf")
+
+    def post(self) -> None:
+        """Tell the other ranks (once)."""
+        if not self._posted and self._store is not None:
+            self._store.set(self.key, "1")
+        self._posted = True
+
+    def seen(self) -> bool:
+        """Whether another rank posted it (a look at the store, at most every ``poll_seconds``)."""
+        if self._seen or self._store is None:
+            return self._seen
+        now = time.perf_counter()
+        if now - self._looked >= self.poll_seconds:
+            self._looked = now
+            self._seen = bool(self._store.check([self.key]))
+        return self._seen
