@@ -66,6 +66,7 @@ def run_trainer(
     expect_rc: int | None = 0,
     wrap: Callable[[list[str]], list[str]] | None = None,
     env: dict[str, str] | None = None,
+    async_save: bool = False,
 ) -> tuple[int, str, str]:
     """Run trainer.py on checkpoint folder ``folder`` (a path or a URL; ``wrap`` may put a command
     in front, ``env`` adds to its environment); returns (rc, stdout, stderr), asserting ``rc ==
@@ -75,6 +76,8 @@ def run_trainer(
         cmd += ["--out", str(out)]
     if fault:
         cmd += ["--fault", fault]
+    if async_save:
+        cmd.append("--async-save")
     rc, stdout, stderr = run_process(wrap(cmd) if wrap else cmd, env=env)
     if expect_rc is not None:
         assert rc == expect_rc, f"{' '.join(cmd)}: exit status {rc}, expected {expect_rc}\n{stderr[-4000:]}"
