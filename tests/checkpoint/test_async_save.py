@@ -188,3 +188,14 @@ def test_the_host_copy_is_independent_of_training_and_keeps_ties_and_types():
 def test_async_save_must_be_a_bool(tmp_path):
     with pytest.raises(FitforgeTypeError, match="async_save must be True or False, got int 1"):
         CheckpointHandler(tmp_path, async_save=1)
+
+
+def test_a_later_host_copy_reuses_the_earlier_copys_memory():
+    weights = OrderedDict(a=torch.ones(3), b=torch.ones(2, 2))
+    buffers: dict = {}
+    first = host_copy({"model": weights}, buffers)
+    weights["a"].add_(1)
+    weights["b"] = torch.zeros(4)  # another shape: new memory
+    second = host_copy({"model": weights}, buffers)
+    assert second["model"]["a"] is first["model"]["a"] and torch.equal(second["model"]["a"], torch.full((3,), 2.0))
+    assert second["model"]["b"] is not first["model"]["b"] and torch.equal(second["model"]["b"], torch.zeros(4))

@@ -21,40 +21,49 @@ import torch
 log = logging.getLogger("fitforge")
 
 
-def host_copy(value: Any) -> Any:
+def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> Any:
     """``value`` (a checkpoint: nested dicts, lists and tuples of tensors and plain values) with
-    every tensor copied to new CPU memory, and every container rebuilt (training appends to the
-    history's lists in place too). A tensor met twice (tied weights) is copied once, as
+    every tensor copied to CPU memory of its own, and every container rebuilt (training appends to
+    the history's lists in place too). A tensor met twice (tied weights) is copied once, as
     ``torch.save`` would store it once. CUDA tensors go to pinned memory without blocking, with one
-    synchronization once every copy is queued."""
+    synchronization once every copy is queued.
+
+    ``buffers`` (by place in ``value``) are the tensors of an earlier copy that nothing reads any
+    more: a tensor of the same shape, dtype and strides is copied into its buffer rather than into
+    new memory, which is several times faster (no page faults, no pinning); the dict is updated
+    with the tensors of this copy."""
     copies: dict[int, torch.Tensor] = {}
+    kept = {} if buffers is None else buffers
     on_cuda = False
 
-    def copy(item: Any) -> Any:
+    def copy_tensor(item: torch.Tensor, place: tuple) -> torch.Tensor:
         nonlocal on_cuda
+        target = kept.get(place)
+        if target is None or (target.dtype, target.shape, target.stride()) != (item.dtype, item.shape, item.stride()):
+            # The layout of a dense tensor is kept (as torch.save would store it); others become contiguous.
+            target = torch.empty_like(item, device="cpu", pin_memory=item.is_cuda)
+        on_cuda = on_cuda or item.is_cuda
+        target.copy_(item.detach(), non_blocking=item.is_cuda)
+        kept[place] = target
+        return target
+
+    def copy(item: Any, place: tuple) -> Any:
         if isinstance(item, torch.Tensor):
-            seen = copies.get(id(item))
-            if seen is None:
-                if item.is_cuda:
-                    on_cuda = True
-                    seen = torch.empty_like(item, device="cpu", pin_memory=True)
-                    seen.copy_(item.detach(), non_blocking=True)
-                else:
-                    seen = item.detach().clone()
-                copies[id(item)] = seen
-            return seen
+            if id(item) not in copies:
+                copies[id(item)] = copy_tensor(item, place)
+            return copies[id(item)]
         if isinstance(item, dict):
             rebuilt = type(item)() if type(item) is not dict else {}
             for key, element in item.items():
-                rebuilt[key] = copy(element)
+                rebuilt[key] = copy(element, (*place, key))
             return rebuilt
         if isinstance(item, list):
-            return [copy(element) for element in item]
+            return [copy(element, (*place, i)) for i, element in enumerate(item)]
         if isinstance(item, tuple) and not hasattr(item, "_fields"):  # a namedtuple keeps its own fields
-            return tuple(copy(element) for element in item)
+            return tuple(copy(element, (*place, i)) for i, element in enumerate(item))
         return item  # numbers, strings, None, dtypes, sizes: immutable
 
-    copied = copy(value)
+    copied = copy(value, ())
     if on_cuda:  # the non-blocking copies must land before the writer reads them
         torch.cuda.synchronize()
     return copied
@@ -67,6 +76,9 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._name = ""
+        # The previous copy's tensors, reused by the next copy once its write ended: the host holds
+        # one copy of the state between saves, and copying into memory already touched is fast.
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
     @property
     def busy(self) -> bool:
@@ -87,7 +99,7 @@ class BackgroundWriter:
         """Wait for the previous write (raising its error), copy ``checkpoint`` to the host (the
         only part that blocks training), then run ``write(copy)`` in the background."""
         self.wait()
-        copied = host_copy(checkpoint)
+        copied = host_copy(checkpoint, self._buffers)
         self._name = name
 
         def run() -> None:
