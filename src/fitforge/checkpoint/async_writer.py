@@ -95,6 +95,11 @@ class BackgroundWriter:
             log.error("CheckpointHandler: the background save of %s failed: %s", self._name, error)
             raise error
 
+    def close(self) -> None:
+        """Wait for the write in flight (raising its error), then free the host copy."""
+        self._buffers = {}
+        self.wait()
+
     def submit(self, write: Callable[[dict], None], checkpoint: dict, name: str) -> None:
         """Wait for the previous write (raising its error), copy ``checkpoint`` to the host (the
         only part that blocks training), then run ``write(copy)`` in the background."""

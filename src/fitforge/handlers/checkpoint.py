@@ -350,7 +350,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         if state.preempted is not None and state.phase == "train":
             self._save_regular(state, _completed_epochs(state), state.global_step)
         if self._writer is not None:  # the end of fit: the last save is on disk, or its error raised here
-            state.ranks.on_main(self._writer.wait, CheckpointError)
+            state.ranks.on_main(self._writer.close, CheckpointError)
         if self._refused > 1:
             log.warning(
                 "CheckpointHandler: %d saves were not written, their state holding nan/inf; the newest "
