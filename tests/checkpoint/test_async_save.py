@@ -4,6 +4,7 @@ error is raised at the next save or at train_end. No timing is asserted: a write
 training thread moves on proves the write runs beside training."""
 
 import os
+import signal
 import threading
 from collections import OrderedDict
 
@@ -76,13 +77,13 @@ class HeldWriter:
     """Replaces the local file write: each write is held until the training thread begins the batch
     after the saved state (or train_end), recording when writes start and end."""
 
-    def __init__(self, monkeypatch, fail_at: int | None = None) -> None:
+    def __init__(self, monkeypatch, fail_at: int | None = None, timeout: float = 30) -> None:
         self.events: list[tuple[str, int]] = []
         self.started = self.in_flight = self.most_in_flight = 0
         self.batches_begun, self.ended = 0, False
         self.moved_on: list[bool] = []  # per write: training began the next batch while it was held
         self.condition = threading.Condition()
-        self.fail_at = fail_at
+        self.fail_at, self.timeout = fail_at, timeout
         self.real = storage.save_checkpoint
         monkeypatch.setattr(storage, "save_checkpoint", self.save)
 
@@ -93,7 +94,7 @@ class HeldWriter:
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
             self.events.append(("start", checkpoint["global_step"]))
             held = self.condition.wait_for(
-                lambda: self.batches_begun > checkpoint["global_step"] or self.ended, timeout=30
+                lambda: self.batches_begun > checkpoint["global_step"] or self.ended, timeout=self.timeout
             )
             self.moved_on.append(held)
         try:
@@ -152,6 +153,19 @@ def test_a_failed_background_write_is_raised_at_the_next_save_or_train_end(
     assert f"the background save of {failed[fail_at - 1]} failed: cannot write" in caplog.text
     kept = [name for name in failed[: len(writer.moved_on)] if name != failed[fail_at - 1]]
     assert sorted(p.name for p in tmp_path.iterdir()) == kept  # no temporary file, the others intact
+
+
+def test_a_preemption_save_waits_for_the_write_in_flight_and_is_written_before_fit_stops(tmp_path, monkeypatch):
+    writer = HeldWriter(monkeypatch, timeout=0.5)  # a write held in the training thread gives up after 0.5 s
+    signal_at_batch_5 = LambdaHandler(
+        batch_end=lambda state: os.kill(os.getpid(), signal.SIGTERM) if state.global_step == 4 else None
+    )
+    with pytest.raises(SystemExit) as stopped:
+        run(tmp_path, epochs=2, async_save=True, handlers=[writer.handler(), signal_at_batch_5])
+    assert stopped.value.code == 143
+    # The save after 4 batches ended before the preemption save began, which training did not outrun.
+    assert writer.events == [("start", 4), ("end", 4), ("start", 5), ("end", 5)] and writer.moved_on[-1] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-epoch0batch4.pt", "model-epoch0batch5.pt"]
 
 
 def test_a_full_disk_under_async_save_leaves_no_temporary_and_older_files_intact(tmp_path, monkeypatch):
