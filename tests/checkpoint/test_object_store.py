@@ -57,6 +57,19 @@ def test_saves_commit_rotate_and_resume_exactly(url, uninterrupted):
     assert_same(weights, uninterrupted)
 
 
+def test_async_saves_upload_commit_rotate_and_resume_exactly(url, uninterrupted):
+    train(url, epochs=2, max_checkpoints=2, async_save=True)  # uploaded by a background thread
+    assert listing(memory, folder_of(url)) == [
+        "model-epoch1batch8.pt",
+        "model-epoch1batch8.pt.commit",
+        "model-epoch2batch12.pt",
+        "model-epoch2batch12.pt.commit",
+    ]
+    weights, resumed = train(url, epochs=3, seed=123, resume_from_checkpoint=True, async_save=True)
+    assert resumed.resumed_from.name == "model-epoch2batch12.pt"
+    assert_same(weights, uninterrupted)
+
+
 def test_resumes_in_the_middle_of_an_epoch(url, uninterrupted):
     train(url, epochs=1)  # saves after 4 and 6 batches
     memory.rm_file(f"{folder_of(url)}/model-epoch1batch6.pt.commit")  # as if killed before this commit

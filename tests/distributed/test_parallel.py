@@ -53,6 +53,7 @@ from fitforge.handlers import (
 )
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
+from fitforge.testing import RecordingHandler
 from helpers import make_estimator, regression_batches
 
 GLOO = dist.is_available() and dist.is_gloo_available()
@@ -383,6 +384,16 @@ def test_fsdp_refuses_an_optimizer_that_already_stepped_and_a_unit_that_is_no_mo
         Estimator(net, nn.MSELoss(), optimizer=optimizer, device="cpu", strategy="fsdp")
     with pytest.raises(FitforgeTypeError, match="must be nn.Module classes"):
         fsdp_estimator(strategy_options={"shard": ("Linear",)})
+
+
+@needs_fsdp
+def test_async_saves_of_sharded_state_are_refused_at_fit_start(one_rank_group, tmp_path):
+    recorder = RecordingHandler()
+    with pytest.raises(FitforgeValueError, match=r"async_save=True cannot save FSDP's sharded state.*async_save=False"):
+        fsdp_estimator().fit(
+            regression_batches(4), epochs=1, event_handlers=[CheckpointHandler(tmp_path, async_save=True), recorder]
+        )
+    assert "batch_begin" not in recorder.events
 
 
 @needs_fsdp

@@ -12,7 +12,9 @@ initialises the group and wraps the net and samplers itself), model_dir (a check
 by runs), kill_at / kill_rank (that rank kills itself with SIGKILL after that batch, in torchrun's
 first round only, for an elastic restart to resume from the newest checkpoint), agree_every (the
 ranks agree on stops every that many batches, after the first; without it, as often as fit chooses),
-finetune (the first layer frozen for a first fit of one epoch, then unfrozen for the fit measured).
+finetune (the first layer frozen for a first fit of one epoch, then unfrozen for the fit measured),
+async_save (CheckpointHandler(async_save=True)), fail_write (rank 0's n-th checkpoint write fails
+with a CheckpointError, as a full disk would; the error lands in each rank's result as "error").
 """
 
 import json
@@ -79,6 +81,7 @@ handlers = [
         config.get("model_dir", folder / "checkpoints"),
         batch_period=config.get("batch_period"),
         resume_from_checkpoint=config.get("resume", False),
+        async_save=config.get("async_save", False),
     ),
     CSVLoggerHandler(folder / "log.csv", append=config.get("resume", False)),
 ]
@@ -112,6 +115,19 @@ if config.get("stop_at") is not None and me == 1:
             )
         )
     )
+if config.get("fail_write") and me == 0:
+    from fitforge.checkpoint import storage
+    from fitforge.exceptions import CheckpointError
+
+    real_write, writes = storage.save_checkpoint, []
+
+    def failing_write(checkpoint, path):
+        writes.append(path)
+        if len(writes) == config["fail_write"]:
+            raise CheckpointError(f"cannot write {path}: No space left on device (injected)")
+        return real_write(checkpoint, path)
+
+    storage.save_checkpoint = failing_write
 restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 if config.get("kill_at") is not None and me == config.get("kill_rank", 1) and restarts == 0:
 
@@ -157,6 +173,9 @@ try:
         result["dropped_predict"] = None if dropped is None else dropped.tolist()
 except SystemExit as stop:
     result["exit"] = stop.code
+    raise
+except Exception as err:
+    result["error"] = f"{type(err).__name__}: {err}"
     raise
 finally:
     result.update(ended)

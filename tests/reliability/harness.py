@@ -65,6 +65,7 @@ def run_trainer(
     wrap: Callable[[list[str]], list[str]] | None = None,
     args: Sequence[str] = (),
     env: dict | None = None,
+    async_save: bool = False,
 ) -> tuple[int, str, str]:
     """Run trainer.py on checkpoint folder ``folder`` (a path or a URL; ``wrap`` may put a command
     in front, ``args`` are added to trainer.py's, ``env`` adds to its environment); returns (rc,
@@ -75,6 +76,8 @@ def run_trainer(
     if fault:
         cmd += ["--fault", fault]
     cmd += list(args)
+    if async_save:
+        cmd.append("--async-save")
     rc, stdout, stderr = run_process(wrap(cmd) if wrap else cmd, env=env)
     if expect_rc is not None:
         assert rc == expect_rc, f"{' '.join(cmd)}: exit status {rc}, expected {expect_rc}\n{stderr[-4000:]}"

@@ -1,6 +1,6 @@
 """A tiny deterministic training run for the fault-injection tests, run in its own process.
 
-    python trainer.py --dir DIR --journal LOG [--out OUT] [--epochs 4] [--workers 0] [--fault SPEC]
+    python trainer.py --dir DIR --journal LOG [--out OUT] [--epochs 4] [--workers 0] [--async-save] [--fault SPEC]
                       [--val SECONDS] [--fault-rank R]
 
 It always resumes from the newest loadable checkpoint in DIR (a folder, or an object-store URL such
@@ -32,6 +32,13 @@ Faults are scheduled by training progress, never by time. SPEC is one of:
     upload-kill:N                 the N-th upload to an object store puts the whole object under its
                                   name, then SIGKILL before its commit marker
     upload-tear:N                 the same, with only the first half of the object's bytes uploaded
+    save-kill:B:P                 in the write of the checkpoint after B batches (in the background
+                                  with --async-save), SIGKILL once P per mille of its bytes are in
+                                  its temporary file (flushed)
+    save-kill:B:committed         SIGKILL right after that checkpoint is committed, before the rotation
+    train-kill:S:P                the write of the checkpoint after S batches stops after P per mille
+                                  of its bytes and stays in flight; the training thread SIGKILLs at
+                                  batch_begin of step S (a kill while a background save is in flight)
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -95,6 +103,8 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
     def __init__(self, journal: Journal, folder: str, fault: str, here: bool = True) -> None:
         self.journal, self.folder, self.fault = journal, folder, fault
         self.signal = self.where = self.at = None
+        if fault.startswith("train-kill:") and here:  # batch_begin of step S, once that save is in flight
+            self.signal, self.where, self.at = signal.SIGKILL, "begin", int(fault.split(":")[1])
         if fault.startswith(("kill@", "term@", "usr1@")) and here:  # here: the fault's rank is this one
             action, place = fault.split("@")
             self.signal = SIGNALS[action]
@@ -121,6 +131,8 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
 
     def batch_begin(self, state) -> None:
         if self.where == "begin" and state.global_step == self.at:
+            if self.fault.startswith("train-kill:"):  # the save before this batch is written in part, and held
+                assert IN_FLIGHT.wait(timeout=60), "the save to kill during never started"
             self.inject(state.global_step)  # a kill loses this batch; a SIGTERM lets it finish
 
     def batch_end(self, state) -> None:
@@ -174,6 +186,53 @@ def break_checkpoint_writes(spec: str, journal: Journal) -> None:
     torch.save = save  # fitforge.checkpoint.files.torch is this torch module
 
 
+IN_FLIGHT = threading.Event()  # train-kill: the held save has written its part
+
+
+def kill_during_saves(spec: str, journal: Journal) -> None:
+    """Replace torch.save as fitforge.checkpoint.files calls it (and the commit as storage calls
+    it), so that the write of the checkpoint after B batches is killed part way, or right after its
+    commit, or held part way for the training thread to kill (see the module docstring)."""
+    from fitforge.checkpoint import storage
+
+    kind, step, stage = spec.split(":")
+    target = int(step)
+
+    def save(obj, file, *args, **kwargs):
+        if obj.get("global_step") != target or stage == "committed":
+            return real_save(obj, file, *args, **kwargs)
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        written = len(data) * int(stage) // 1000
+        file.write(data[:written])
+        file.flush()
+        # train-kill: the fault is the training thread's kill, which the Recorder journals; this is its setup
+        journal.write(
+            event="held" if kind == "train-kill" else "fault",
+            spec=spec,
+            thread=threading.current_thread().name,
+            written=written,
+            size=len(data),
+        )
+        if kind == "train-kill":
+            IN_FLIGHT.set()
+            threading.Event().wait()  # in flight until the training thread kills the process
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    real_commit = storage.save_checkpoint
+
+    def commit(checkpoint, path):
+        real_commit(checkpoint, path)
+        if checkpoint["global_step"] == target:
+            journal.write(event="fault", spec=spec, thread=threading.current_thread().name, committed=Path(path).name)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = save  # fitforge.checkpoint.files.torch is this torch module
+    if stage == "committed":
+        storage.save_checkpoint = commit
+
+
 def break_uploads(spec: str, journal: Journal) -> None:
     """Replace the object upload as fitforge.checkpoint.objects calls it: the N-th upload puts the
     whole object (upload-kill) or its first half (upload-tear) under its final name, then the
@@ -206,6 +265,7 @@ def main() -> None:
     parser.add_argument("--fault", default="")
     parser.add_argument("--val", type=float, default=None)
     parser.add_argument("--fault-rank", type=int, default=None)
+    parser.add_argument("--async-save", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)  # fitforge's warnings (skipped checkpoints) reach stderr
     torch.set_num_threads(1)
@@ -224,12 +284,15 @@ def main() -> None:
         break_checkpoint_writes(args.fault, journal)
     if args.fault.startswith("upload-"):
         break_uploads(args.fault, journal)
+    if args.fault.startswith(("save-kill:", "train-kill:")):
+        kill_during_saves(args.fault, journal)
     saver = CheckpointHandler(
         args.dir,
         batch_period=BATCH_PERIOD,
         epoch_period=EPOCH_PERIOD,
         max_checkpoints=MAX_CHECKPOINTS,
         resume_from_checkpoint=True,
+        async_save=args.async_save,
     )
     here = args.fault_rank is None or args.fault_rank == int(os.environ.get("RANK", "0"))
     recorder = Recorder(journal, args.dir, args.fault, here)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fitforge.checkpoint.async_writer import BackgroundWriter
 from fitforge.checkpoint.files import CheckpointError, restore_weights
 from fitforge.checkpoint.folder import EXTENSION, SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.format import FORMAT_VERSION
@@ -83,6 +85,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         storage_options: for a URL ``model_dir``, the options of its fsspec filesystem (s3fs's
             ``key``, ``secret``, ``endpoint_url``...); None: the store's own defaults (environment
             variables such as ``AWS_ACCESS_KEY_ID`` and ``AWS_ENDPOINT_URL``, config files).
+        async_save: save without stalling training: at a save the state is copied to the host (new
+            CPU tensors; the only time training waits), then written, committed and rotated by a
+            background thread while training goes on. It costs one host copy of the state. One
+            save is in flight at most: the next save, a preemption save and ``train_end`` wait for
+            it, and its error is raised there (the same ``CheckpointError``). Not with
+            ``strategy="fsdp"`` (refused at fit start). See docs/checkpoints.md.
 
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
     batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
@@ -132,6 +140,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         save_non_finite: bool = False,
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
+        async_save: bool = False,
     ) -> None:
         if not isinstance(model_dir, (str, os.PathLike)):
             raise FitforgeTypeError(
@@ -167,6 +176,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self.resume_from_checkpoint = check_flag("CheckpointHandler", "resume_from_checkpoint", resume_from_checkpoint)
         self.save_non_finite = check_flag("CheckpointHandler", "save_non_finite", save_non_finite)
         self.overwrite = check_flag("CheckpointHandler", "overwrite", overwrite)
+        self.async_save = check_flag("CheckpointHandler", "async_save", async_save)
+        # Rank 0's writes in flight (the other ranks only build the state, so never use it).
+        self._writer = BackgroundWriter() if async_save else None
         self.saved: list[Location] = []
         self.best: float | None = None
         self.best_path: Location | None = None
@@ -176,6 +188,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self.resumed_from: Location | None = None
 
     def train_begin(self, state: TrainState) -> None:
+        if state.estimator.strategy == "fsdp" and self.async_save:
+            raise FitforgeValueError(
+                "CheckpointHandler: async_save=True cannot save FSDP's sharded state: every rank writes its shards "
+                "with torch.distributed.checkpoint, which fitforge runs synchronously. Pass async_save=False with "
+                'strategy="fsdp" (see docs/checkpoints.md)'
+            )
         if state.estimator.strategy == "fsdp" and self._folder.local is None:
             raise FitforgeValueError(
                 f"CheckpointHandler: FSDP's sharded checkpoints cannot be saved to an object store (model_dir "
@@ -331,6 +349,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         # A signal that came after this epoch's save (in a later epoch_end hook) still loses nothing.
         if state.preempted is not None and state.phase == "train":
             self._save_regular(state, _completed_epochs(state), state.global_step)
+        if self._writer is not None:  # the end of fit: the last save is on disk, or its error raised here
+            state.ranks.on_main(self._writer.close, CheckpointError)
         if self._refused > 1:
             log.warning(
                 "CheckpointHandler: %d saves were not written, their state holding nan/inf; the newest "
@@ -352,7 +372,23 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
         stem = path.name.removesuffix(EXTENSION)
         shards = self._save_shards(state, checkpoint, f"{stem}pos{key[2]}{SHARDS}")
-        state.ranks.on_main(lambda: self._write_and_rotate(checkpoint, path, shards), CheckpointError)
+        self._write(state, path, checkpoint, lambda saved: self._write_and_rotate(saved, path, shards))
+
+    def _write(self, state: TrainState, path: Location, checkpoint: dict, write: Callable[[dict], None]) -> None:
+        """``write(checkpoint)`` on rank 0, every rank sharing its error; with ``async_save`` in the
+        background, after the previous write (whose error, if any, is raised here on every rank). A
+        preemption save is written before returning: the process exits after it."""
+        writer = self._writer
+
+        def now() -> None:
+            if writer is not None:
+                writer.wait()
+            write(checkpoint)
+
+        if writer is None or state.preempted is not None:
+            state.ranks.on_main(now, CheckpointError)
+        else:
+            state.ranks.on_main(lambda: writer.submit(write, checkpoint, path.name), CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Path | None:
         """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
@@ -408,7 +444,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}pos{position}{SHARDS}"
         )
         stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
-        state.ranks.on_main(lambda: self._folder.commit(checkpoint, path, shards, stale=stale), CheckpointError)
+        self._write(state, path, checkpoint, lambda saved: self._folder.commit(saved, path, shards, stale=stale))
         return path
 
     def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
