@@ -85,12 +85,14 @@ def test_an_upload_without_its_commit_is_never_picked_and_is_removed_at_the_next
     memory.pipe_file(f"{folder}/model-epoch1batch6.pt", committed[: len(committed) // 2])  # half-uploaded, newer
     memory.pipe_file(f"{folder}/model-best.pt", committed)  # whole, but never committed
     memory.pipe_file(f"{folder}/model-epoch9batch9.pt.commit", b"{}")  # a marker whose object is gone
+    memory.pipe_file(f"{folder}/other-epoch1batch1.pt.commit", b"{}")  # another prefix's: not this run's to clean
     with pytest.raises(CheckpointError, match=r"model-epoch1batch6.pt is not committed .*upload did not finish"):
         load_checkpoint(f"{url}/model-epoch1batch6.pt")
-    caplog.set_level("INFO", logger="fitforge")
+    caplog.set_level("WARNING", logger="fitforge")
     _, resumed = train(url, epochs=1, resume_from_checkpoint=True, epoch_period=None)
     assert resumed.resumed_from.name == "model-epoch0batch4.pt"
-    assert "removed 3 uncommitted upload(s)" in caplog.text
+    assert "removed 3 uncommitted object(s) of prefix 'model'" in caplog.text
+    assert "other-epoch1batch1.pt.commit" in listing(memory, folder)
     assert "model-epoch1batch6.pt" not in listing(memory, folder) and "model-best.pt" not in listing(memory, folder)
 
 
@@ -146,7 +148,9 @@ def test_a_missing_store_package_names_the_extra(monkeypatch):
     registry = importlib.import_module("fsspec.registry")  # the module (fsspec.registry is its read-only view)
     monkeypatch.delitem(registry._registry, "s3", raising=False)  # so that fsspec imports s3fs again
     monkeypatch.setitem(sys.modules, "s3fs", None)
-    with pytest.raises(ImportError, match=r"needs .*s3fs.*: pip install \"fitforge\[cloud\]\""):
+    with pytest.raises(
+        ImportError, match=r'needs a package that is not installed: pip install "fitforge\[cloud\]" \(s3fs\)'
+    ):
         CheckpointHandler("s3://bucket/run")
 
 
@@ -200,3 +204,8 @@ def test_a_fresh_run_beside_an_earlier_runs_objects_is_refused_and_overwrite_rep
     assert {name: memory.cat_file(f"{folder_of(url)}/{name}") for name in listing(memory, folder_of(url))} == before
     train(url, epochs=1, batch_period=8, overwrite=True)  # deletes the earlier run's objects first
     assert listing(memory, folder_of(url)) == ["model-epoch1batch6.pt", "model-epoch1batch6.pt.commit"]
+
+
+def test_an_unknown_url_scheme_names_the_model_dir_and_the_known_ones():
+    with pytest.raises(FitforgeValueError, match=r"the checkpoint URL 's4://bucket/run' names no storage fsspec knows"):
+        CheckpointHandler("s4://bucket/run")

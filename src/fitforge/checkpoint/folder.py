@@ -155,9 +155,14 @@ class CheckpointFolder:
                 f"CheckpointHandler: model_dir {str(self.path)!r} cannot be written ({type(err).__name__}: {err}); "
                 "check that the bucket exists and the credentials allow writing (see docs/checkpoints.md)"
             ) from err
-        if removed:
-            log.info(
-                "CheckpointHandler: removed %d uncommitted upload(s) from %s: %s", len(removed), self.path, removed
+        if removed:  # a warning: an object copied in by hand, without its marker, is gone too
+            log.warning(
+                "CheckpointHandler: removed %d uncommitted object(s) of prefix %r from %s (interrupted uploads, or "
+                "commit markers without their object; see docs/checkpoints.md#object-storage): %s",
+                len(removed),
+                self.prefix,
+                self.path,
+                removed,
             )
 
     def _remove_unnamed_shards(self, folder: Path) -> None:

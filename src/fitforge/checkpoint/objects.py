@@ -31,7 +31,7 @@ import torch
 
 from fitforge.checkpoint.format import content_digest, parse_checkpoint
 from fitforge.checkpoint.locations import ObjectPath
-from fitforge.exceptions import CheckpointError
+from fitforge.exceptions import CheckpointError, FitforgeValueError
 
 COMMIT_SUFFIX = ".commit"
 
@@ -45,8 +45,14 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> tuple
         raise ImportError(f'a checkpoint URL ({url!r}) needs fsspec: pip install "fitforge[cloud]"') from err
     try:
         return url_to_fs(url, **(storage_options or {}))
-    except ImportError as err:  # fsspec names the package the protocol needs (s3fs, gcsfs...)
-        raise ImportError(f'a checkpoint URL ({url!r}) needs {err}: pip install "fitforge[cloud]"') from err
+    except ImportError as err:  # fsspec's message names the package the protocol needs (s3fs, gcsfs...)
+        advice = 'pip install "fitforge[cloud]" (s3fs)' if url.startswith(("s3://", "s3a://")) else str(err)
+        raise ImportError(f"the checkpoint URL {url!r} needs a package that is not installed: {advice}") from err
+    except ValueError as err:  # "Protocol not known: s4"
+        raise FitforgeValueError(
+            f"the checkpoint URL {url!r} names no storage fsspec knows ({err}); use a local folder, or a URL such as "
+            "s3://bucket/run, gs://bucket/run, memory://run or file:///path"
+        ) from err
 
 
 def upload(fs: Any, key: str, data: bytes) -> None:
@@ -165,8 +171,12 @@ class ObjectFiles:
             for name in present
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns) and name + COMMIT_SUFFIX not in present
         ]
-        orphans = [
-            name for name in present if name.endswith(COMMIT_SUFFIX) and name[: -len(COMMIT_SUFFIX)] not in present
+        orphans = [  # of this prefix's names only: another run's markers are none of this run's business
+            name
+            for name in present
+            if name.endswith(COMMIT_SUFFIX)
+            and name[: -len(COMMIT_SUFFIX)] not in present
+            and any(fnmatch.fnmatchcase(name[: -len(COMMIT_SUFFIX)], pattern) for pattern in patterns)
         ]
         strays = uncommitted + orphans
         for name in strays:
