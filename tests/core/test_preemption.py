@@ -4,7 +4,6 @@ raise KeyboardInterrupt; resuming loses no step."""
 import os
 import signal
 import threading
-import time
 
 import pytest
 import torch
@@ -145,27 +144,6 @@ def test_fit_in_another_thread_leaves_signals_alone(tmp_path):
     worker.start()
     worker.join()
     assert probe.handler is before
-
-
-def test_a_dataloader_worker_keeps_its_own_reaction_to_sigterm(tmp_path):
-    import multiprocessing
-
-    class KillWorker(BatchBegin):  # a forked worker inherits fit's handler, which must act as before fit there
-        def batch_begin(self, state):
-            if state.global_step == 1:
-                # Killed while it holds the lock of the loader's done event (for a moment, when it checks
-                # the event), the worker would leave the loader waiting on it for ever: kill it once it
-                # has prefetched and waits for indices, holding no lock the loader takes.
-                time.sleep(0.3)
-                for child in multiprocessing.active_children():
-                    os.kill(child.pid, signal.SIGTERM)
-                    child.join(10)
-
-    torch.manual_seed(0)
-    estimator = Estimator(nn.Linear(6, 3), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
-    data = DataLoader(TensorDataset(X, Y), batch_size=2, num_workers=1)
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly|killed by signal"):
-        estimator.fit(data, epochs=1, event_handlers=[KillWorker()])
 
 
 def test_a_preempted_partial_epoch_is_saved_before_its_epoch_end_handlers_run(tmp_path, tmp_path_factory):

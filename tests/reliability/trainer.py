@@ -1,7 +1,7 @@
 """A tiny deterministic training run for the fault-injection tests, run in its own process.
 
     python trainer.py --dir DIR --journal LOG [--out OUT] [--epochs 4] [--workers 0] [--async-save] [--fault SPEC]
-                      [--val SECONDS] [--fault-rank R]
+                      [--val SECONDS] [--val-workers N] [--fault-rank R]
 
 It always resumes from the newest loadable checkpoint in DIR (a folder, or an object-store URL such
 as ``s3://bucket/run``), as a re-run of a crashed job would.
@@ -22,7 +22,9 @@ Faults are scheduled by training progress, never by time. SPEC is one of:
     term@train_begin              SIGTERM in train_begin, after CheckpointHandler's (its checkpoint is
                                   loaded, and fit resumes from it before stopping)
     term@val:S  usr1@val:S        SIGTERM / SIGUSR1 in the second batch of the validation after S
-                                  completed batches (with --val)
+                                  completed batches (with --val; with --val-workers, in worker 0's)
+    termpg@... usr1pg@...         as term@... and usr1@..., sent to the whole process group (DataLoader
+                                  workers included) by another process, as a scheduler sends it
     term@check                    SIGTERM in the check before training, as it reads the first validation
                                   sample (with --val)
     term@epoch_hook:S             SIGTERM in an epoch_end hook at the user's priority (after validation,
@@ -51,6 +53,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -69,6 +72,7 @@ SAMPLES, BATCH_SIZE = 64, 8  # 8 batches an epoch
 BATCH_PERIOD, EPOCH_PERIOD, MAX_CHECKPOINTS = 3, 1, 3  # saves after 3, 6, [8], 9, 12, 15, [16], 18... batches
 real_save = torch.save  # the outputs are written with it even when a fault replaces torch.save
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr1": signal.SIGUSR1}
+GROUP = "pg"  # termpg@..., usr1pg@...: the signal goes to the whole process group, from another process
 
 
 class Journal:
@@ -105,9 +109,11 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
         self.signal = self.where = self.at = None
         if fault.startswith("train-kill:") and here:  # batch_begin of step S, once that save is in flight
             self.signal, self.where, self.at = signal.SIGKILL, "begin", int(fault.split(":")[1])
-        if fault.startswith(("kill@", "term@", "usr1@")) and here:  # here: the fault's rank is this one
+        self.group = False
+        if fault.startswith(("kill@", "term@", "usr1@", "termpg@", "usr1pg@")) and here:  # here: the fault's rank
             action, place = fault.split("@")
-            self.signal = SIGNALS[action]
+            self.group = action.endswith(GROUP)
+            self.signal = SIGNALS[action.removesuffix(GROUP)]
             self.where, _, at = place.partition(":")
             self.at = int(at) if at else None
 
@@ -115,7 +121,10 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
         # The marker: proof that the fault fired, with the folder as it is at that instant.
         files = checkpoint_names(self.folder)
         self.journal.write(event="fault", spec=self.fault, completed=completed, files=files, t=time.time())
-        os.kill(os.getpid(), self.signal)
+        if self.group:  # as a scheduler does: DataLoader workers included, sent by a process not their parent
+            subprocess.run(["kill", "-s", self.signal.name[3:], "--", f"-{os.getpgid(0)}"], start_new_session=True)
+        else:
+            os.kill(os.getpid(), self.signal)
 
     def train_begin(self, state) -> None:
         # After CheckpointHandler's train_begin: the leftovers are cleaned and the checkpoint chosen.
@@ -264,6 +273,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--fault", default="")
     parser.add_argument("--val", type=float, default=None)
+    parser.add_argument("--val-workers", type=int, default=0)
     parser.add_argument("--fault-rank", type=int, default=None)
     parser.add_argument("--async-save", action="store_true")
     args = parser.parse_args()
@@ -300,7 +310,7 @@ def main() -> None:
     if args.val is not None:
         where, at = recorder.where, recorder.at
         fault_at = 0 if where == "check" else at if where == "val" else None
-        handlers += validation(args.val, fault_at, recorder.inject, journal.write)
+        handlers += validation(args.val, fault_at, recorder.inject, journal.write, args.val_workers)
     try:
         estimator.fit(data, epochs=args.epochs, event_handlers=handlers)
     except SystemExit as exit_:  # a signal's exit status, timed (a launcher may kill a rank once another exited)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from fitforge.core.events import Stage
 from fitforge.events import BatchEnd, EpochBegin, EpochEnd
@@ -52,7 +52,9 @@ class SlowValSet(Dataset):
             self.countdown -= 1
             if self.countdown == 0:
                 self.countdown = None
-                self.inject(self.completed)
+                worker = get_worker_info()  # under workers, each counts its own reads: worker 0 injects
+                if worker is None or worker.id == 0:
+                    self.inject(self.completed)
         return self.x[i], self.y[i]
 
 
@@ -93,12 +95,14 @@ class Reported(EpochEnd):
         self.write(val=self.val.completed, loss=state.metrics["val_loss"].hex())
 
 
-def validation(seconds_per_batch: float, fault_at: int | None, inject: Callable[[int], None], write) -> list:
+def validation(
+    seconds_per_batch: float, fault_at: int | None, inject: Callable[[int], None], write, workers: int = 0
+) -> list:
     """The handlers of a validating run: [ValidationHandler, Clock]."""
     val = SlowValSet(seconds_per_batch, inject)
     if fault_at == 0:  # the check before training reads the set's first samples
         val.arm(1)
-    loader = DataLoader(val, batch_size=8)
+    loader = DataLoader(val, batch_size=8, num_workers=workers)
     handler = ValidationHandler(loader, batch_period=VAL_PERIOD, event_handlers=[Reported(val, write)])
     return [handler, Clock(val, fault_at or None)]
 

@@ -15,7 +15,9 @@ CheckpointHandler then writes the state whatever its periods, ``train_end`` runs
 
 A second signal while stopping acts at once. The handlers are installed from the checks before
 training on (a signal there stops the fit before its first batch); signals can be caught only in
-the main thread, so ``fit`` in another thread leaves them alone.
+the main thread, so ``fit`` in another thread leaves them alone. The DataLoader workers a fit
+starts leave the signals to it (:mod:`fitforge.core.worker_shield`): a scheduler that signals the
+whole process group does not kill them before the save.
 
 Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
 rank that stops alone leaves the others waiting in a collective. So the signal goes to the fit's
@@ -42,6 +44,7 @@ from typing import Any
 
 from fitforge.core.coordinator import Coordinator
 from fitforge.core.state import TrainState
+from fitforge.core.worker_shield import shielding
 
 log = logging.getLogger("fitforge")
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -106,7 +109,8 @@ def preemptible(preemption: Preemption) -> Iterator[None]:
     for signum in _NUMBERS:
         _signal.signal(signum, handle)
     try:
-        yield
+        with shielding():  # the loaders' workers leave the signals to this process
+            yield
     finally:
         for signum, handler in previous.items():
             _signal.signal(signum, signal.SIG_DFL if handler is None else handler)

@@ -29,12 +29,15 @@ from typing import Any, TypeGuard
 import torch
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
+from fitforge.core.worker_shield import shielded
+
 _PROFILED = "enumerate(DataLoader)#fitforge.indexed_batches"  # the profiler's name for reading a batch
 
 
 def indexed_batches(data: Iterable) -> Iterable:
-    """``data``'s batches: read by indexing where :func:`readable` says so, else ``data`` itself."""
-    return _IndexedBatches(data) if readable(data) else data
+    """``data``'s batches: read by indexing where :func:`readable` says so, else ``data`` itself
+    (a loader's workers shielded from preemption signals within a fit, see :func:`shielded`)."""
+    return _IndexedBatches(data) if readable(data) else shielded(data)
 
 
 def readable(data: object) -> TypeGuard[DataLoader]:

@@ -38,6 +38,7 @@ from torch.utils.data import (
 from fitforge.core.batches import loader_options, sampler_of
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
+from fitforge.core.worker_shield import shielded
 from fitforge.distributed.ranks import broadcast_from_main, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 
@@ -177,7 +178,7 @@ class DataOrder:
         """The data's iterator after reading and discarding ``start`` batches, the random
         generators left as they were (the checkpoint restored them to after those batches)."""
         states = rng_states()
-        iterator = iter(self.data)
+        iterator = iter(shielded(self.data))
         for _ in itertools.islice(iterator, start):
             pass
         restore_rng_states(states)
