@@ -72,28 +72,48 @@ def test_async_saves_upload_commit_rotate_and_resume_exactly(url, uninterrupted)
 
 def test_resumes_in_the_middle_of_an_epoch(url, uninterrupted):
     train(url, epochs=1)  # saves after 4 and 6 batches
-    memory.rm_file(f"{folder_of(url)}/model-epoch1batch6.pt.commit")  # as if killed before this commit
+    newest = f"{folder_of(url)}/model-epoch1batch6.pt"
+    memory.rm_file(f"{newest}.commit")  # as if killed in its upload: cut short, no commit
+    memory.pipe_file(newest, memory.cat_file(newest)[:100])
     weights, resumed = train(url, epochs=3, resume_from_checkpoint=True)
     assert resumed.resumed_from.name == "model-epoch0batch4.pt"
     assert_same(weights, uninterrupted)
 
 
-def test_an_upload_without_its_commit_is_never_picked_and_is_removed_at_the_next_start(url, caplog):
+def test_an_upload_cut_short_is_never_picked_and_is_removed_at_the_next_start(url, caplog):
     train(url, epochs=1, epoch_period=None, max_checkpoints=5)  # one save, after 4 batches
     folder = folder_of(url)
     committed = memory.cat_file(f"{folder}/model-epoch0batch4.pt")
     memory.pipe_file(f"{folder}/model-epoch1batch6.pt", committed[: len(committed) // 2])  # half-uploaded, newer
-    memory.pipe_file(f"{folder}/model-best.pt", committed)  # whole, but never committed
     memory.pipe_file(f"{folder}/model-epoch9batch9.pt.commit", b"{}")  # a marker whose object is gone
     memory.pipe_file(f"{folder}/other-epoch1batch1.pt.commit", b"{}")  # another prefix's: not this run's to clean
+    memory.pipe_file(f"{folder}/other-epoch1batch1.pt", b"torn")
     with pytest.raises(CheckpointError, match=r"model-epoch1batch6.pt is not committed .*upload did not finish"):
         load_checkpoint(f"{url}/model-epoch1batch6.pt")
     caplog.set_level("WARNING", logger="fitforge")
     _, resumed = train(url, epochs=1, resume_from_checkpoint=True, epoch_period=None)
     assert resumed.resumed_from.name == "model-epoch0batch4.pt"
-    assert "removed 3 uncommitted object(s) of prefix 'model'" in caplog.text
-    assert "other-epoch1batch1.pt.commit" in listing(memory, folder)
-    assert "model-epoch1batch6.pt" not in listing(memory, folder) and "model-best.pt" not in listing(memory, folder)
+    assert "removed 2 uncommitted object(s) of prefix 'model'" in caplog.text
+    assert "model-epoch1batch6.pt', 'model-epoch9batch9.pt.commit']" in caplog.text
+    left = listing(memory, folder)
+    assert "other-epoch1batch1.pt.commit" in left and "other-epoch1batch1.pt" in left
+    assert "model-epoch1batch6.pt" not in left and "model-epoch9batch9.pt.commit" not in left
+
+
+def test_a_whole_checkpoint_without_its_marker_is_committed_and_resumed_from(url, uninterrupted, tmp_path, caplog):
+    # Copied into the store by hand from a local run (no marker), or uploaded whole by a run killed
+    # before its commit: its contents verify, so the next start commits it instead of deleting it.
+    train(str(tmp_path), epochs=2)  # the same run, on a local disk
+    local = tmp_path / "model-epoch2batch12.pt"
+    folder = folder_of(url)
+    memory.pipe_file(f"{folder}/model-epoch2batch12.pt", local.read_bytes())
+    memory.pipe_file(f"{folder}/model-best.pt", local.read_bytes())
+    caplog.set_level("INFO", logger="fitforge")
+    weights, resumed = train(url, epochs=3, seed=123, resume_from_checkpoint=True)
+    assert resumed.resumed_from.name == "model-epoch2batch12.pt"
+    assert "committed 2 whole checkpoint(s) of prefix 'model'" in caplog.text and "removed" not in caplog.text
+    assert "model-best.pt.commit" in listing(memory, folder)  # kept, and committed
+    assert_same(weights, uninterrupted)
 
 
 def test_a_checkpoint_that_no_longer_matches_its_marker_is_skipped(url):

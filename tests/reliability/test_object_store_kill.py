@@ -1,7 +1,8 @@
 """SIGKILL in the middle of checkpoint uploads to S3 (a real S3-compatible server on the loopback,
 moto's server mode), between the data upload and its commit marker, scheduled by the save's number:
-the object left is never picked, the re-run resumes from the previous committed checkpoint, and
-the run ends bitwise equal to the uninterrupted one. The kills are chained, as in test_kill9."""
+the object left is never loaded uncommitted. Cut short, the re-run deletes it and resumes from the
+previous committed checkpoint; uploaded whole, the re-run verifies it, commits it and resumes from
+it. The run ends bitwise equal to the uninterrupted one. The kills are chained, as in test_kill9."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from fitforge.checkpoint.objects import ObjectFiles, load_url
 from objectstore import listing, local_s3, s3, s3_environment, storage_options
 
 URL = "s3://bucket/kill9"
-# (fault, the save it kills, the newest committed checkpoint then). Saves after 3, 6, 8, 9, 12,
-# 15, 16, 18... batches: the first run's fifth save is at 12; the re-run (from 9) saves 12, 15, 16, 18.
-FAULTS = [("upload-kill:5", 12, 9), ("upload-tear:4", 18, 16)]
+# (fault, the save it kills, the newest committed checkpoint then, the next run's resume). Saves after
+# 3, 6, 8, 9, 12, 15, 16, 18, 21... batches: the first run's fifth save is at 12, uploaded whole; the
+# re-run commits it, resumes from it and saves 15, 16, 18, then 21, cut short.
+FAULTS = [("upload-kill:5", 12, 9, 12), ("upload-tear:4", 21, 18, 18)]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_sigkill_between_upload_and_commit_resumes_from_the_previous_commit_bitw
     fs, files = s3(endpoint), ObjectFiles(URL, storage_options(endpoint))
     env = s3_environment(endpoint)  # the trainer reaches the server through botocore's variables
     lost = {}
-    for i, (spec, killed, newest) in enumerate(FAULTS):
+    for i, (spec, killed, newest, resumed) in enumerate(FAULTS):
         injected(f"{spec} s3")
         rc, _, _ = run_trainer(URL, tmp_path / f"kill{i}.jsonl", fault=spec, expect_rc=None, env=env)
         entries = journal(tmp_path / f"kill{i}.jsonl")
@@ -70,20 +72,22 @@ def test_sigkill_between_upload_and_commit_resumes_from_the_previous_commit_bitw
             except CheckpointError:
                 unreadable.append(step)
         assert torn(unreadable) == []
-        lost[spec] = killed - newest
+        lost[spec] = killed - resumed
         assert_same_losses(losses(entries), reference[0].losses)
+        if i:  # this run started after the previous kill: it resumed as that kill's entry says
+            assert event(entries, "start")["resume_step"] == FAULTS[i - 1][3]
 
     final = tmp_path / "final.jsonl"
     run_trainer(URL, final, out=tmp_path / "out.pt", env=env)
     entries = journal(final)
     start = event(entries, "start")
-    assert start["resume_step"] == FAULTS[-1][2] and not any(
-        name.startswith("model-epoch2batch18") for name in start["files"]
+    assert start["resume_step"] == FAULTS[-1][3] and not any(
+        name.startswith("model-epoch2batch21") for name in start["files"]
     )
-    assert sorted(losses(entries)) == list(range(FAULTS[-1][2], STEPS))
+    assert sorted(losses(entries)) == list(range(FAULTS[-1][3], STEPS))
     assert_same_losses(losses(entries), reference[0].losses)
     assert_same_weights(weights(tmp_path / "out.pt"), reference[0].weights)
     assert len(committed_steps(files)) == 3  # max_checkpoints: the rotation deleted the older ones
     FIGURES["lost"]["SIGKILL mid-upload to S3"] = lost
-    for spec, _, _ in FAULTS:
+    for spec, *_ in FAULTS:
         survived(f"{spec} s3")

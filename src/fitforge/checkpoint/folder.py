@@ -144,20 +144,30 @@ class CheckpointFolder:
             ) from err
 
     def _prepare_objects(self, files: ObjectFiles) -> None:
-        """In an object store: delete the uploads no marker commits (a crash during a save or a
-        rotation) and check that the store can be written (the bucket exists, the credentials allow)."""
+        """In an object store: settle the objects no marker commits (a whole checkpoint is committed,
+        a cut upload deleted; see :meth:`ObjectFiles.settle_uncommitted`) and check that the store
+        can be written (the bucket exists, the credentials allow)."""
         patterns = (f"{self.prefix}-epoch*batch*{EXTENSION}", *(f"{self.prefix}-{kind}{EXTENSION}" for kind in SINGLES))
         try:
-            removed = files.remove_uncommitted(patterns)
+            committed, removed = files.settle_uncommitted(patterns)
             files.probe(f".{self.prefix}-probe{TEMP_SUFFIX}")
         except (OSError, ValueError) as err:  # botocore's errors reach us as OSErrors through s3fs
             raise FitforgeValueError(
                 f"CheckpointHandler: model_dir {str(self.path)!r} cannot be written ({type(err).__name__}: {err}); "
                 "check that the bucket exists and the credentials allow writing (see docs/checkpoints.md)"
             ) from err
-        if removed:  # a warning: an object copied in by hand, without its marker, is gone too
+        if committed:
+            log.info(
+                "CheckpointHandler: committed %d whole checkpoint(s) of prefix %r in %s that had no commit marker "
+                "(copied in, or uploaded by a run stopped before its commit; their contents verified): %s",
+                len(committed),
+                self.prefix,
+                self.path,
+                committed,
+            )
+        if removed:
             log.warning(
-                "CheckpointHandler: removed %d uncommitted object(s) of prefix %r from %s (interrupted uploads, or "
+                "CheckpointHandler: removed %d uncommitted object(s) of prefix %r from %s (uploads cut short, or "
                 "commit markers without their object; see docs/checkpoints.md#object-storage): %s",
                 len(removed),
                 self.prefix,

@@ -11,7 +11,11 @@ leaves either a committed checkpoint or an uncommitted object that is never read
 - replacing a checkpoint (``<prefix>-best.pt``): the old marker is deleted before the new bytes go
   up, so a marker never vouches for bytes it was not written for (and its digest would catch it);
 - deleting (rotation): the marker first, then the data. A crash between leaves data without a
-  marker: uncommitted, removed at the next start. A marker without its data is never listed.
+  marker: uncommitted. A marker without its data is never listed.
+
+At the next start, an uncommitted object that is a whole checkpoint (it loads, and its contents
+match the checksum written with them: an upload whose commit was cut, or a checkpoint copied into
+the store by hand) is committed; any other (an upload cut short) is deleted.
 
 fsspec and the store's own package (s3fs for ``s3://``) are the optional extra ``fitforge[cloud]``;
 credentials and endpoints come from the usual places (environment variables such as
@@ -68,8 +72,12 @@ def write_object(fs: Any, key: str, checkpoint: dict) -> None:
     data = buffer.getvalue()
     remove(fs, key + COMMIT_SUFFIX)  # an earlier marker must not vouch for the bytes going up now
     upload(fs, key, data)
-    marker = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
-    fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(marker).encode())
+    fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(_marker(data)).encode())
+
+
+def _marker(data: bytes) -> dict[str, Any]:
+    """The commit marker of an object holding ``data``."""
+    return {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
 
 
 def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
@@ -162,26 +170,38 @@ class ObjectFiles:
     def delete(self, name: str) -> None:
         delete_object(self.fs, f"{self.key}/{name}")
 
-    def remove_uncommitted(self, patterns: tuple[str, ...]) -> list[str]:
-        """Delete the objects matching ``patterns`` that no marker commits (what a crash in the
-        middle of a save left), and markers without their object; return their names."""
+    def settle_uncommitted(self, patterns: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """The objects matching ``patterns`` that no marker commits: each whole checkpoint among them
+        (it loads, its contents match their checksum: copied in by hand, or uploaded by a run killed
+        before its commit) is committed; the others (an upload cut short) are deleted, as are markers
+        without their object. Returns (committed, deleted) names."""
         present = set(names(self.fs, self.key))
-        uncommitted = [
-            name
-            for name in present
-            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns) and name + COMMIT_SUFFIX not in present
-        ]
-        orphans = [  # of this prefix's names only: another run's markers are none of this run's business
-            name
-            for name in present
-            if name.endswith(COMMIT_SUFFIX)
-            and name[: -len(COMMIT_SUFFIX)] not in present
-            and any(fnmatch.fnmatchcase(name[: -len(COMMIT_SUFFIX)], pattern) for pattern in patterns)
-        ]
-        strays = uncommitted + orphans
+
+        def ours(name: str) -> bool:  # of this prefix's names only: another run's objects are none of ours
+            return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+        adopted: list[str] = []
+        strays: list[str] = []
+        for name in sorted(present):
+            if ours(name) and name + COMMIT_SUFFIX not in present:
+                (adopted if self._commit_if_whole(name) else strays).append(name)
+            elif name.endswith(COMMIT_SUFFIX):
+                data_name = name.removesuffix(COMMIT_SUFFIX)
+                if data_name not in present and ours(data_name):
+                    strays.append(name)
         for name in strays:
             remove(self.fs, f"{self.key}/{name}")
-        return strays
+        return adopted, strays
+
+    def _commit_if_whole(self, name: str) -> bool:
+        key = f"{self.key}/{name}"
+        data = self.fs.cat_file(key)
+        try:
+            parse_checkpoint(io.BytesIO(data), str(self.root / name))
+        except CheckpointError:
+            return False
+        self.fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(_marker(data)).encode())
+        return True
 
     def probe(self, name: str) -> None:
         """Write and delete an empty object ``name``: fails (an OSError) where the store cannot be written."""
