@@ -53,7 +53,6 @@ from fitforge.handlers import (
 )
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
-from fitforge.testing import RecordingHandler
 from helpers import make_estimator, regression_batches
 
 GLOO = dist.is_available() and dist.is_gloo_available()
@@ -387,13 +386,46 @@ def test_fsdp_refuses_an_optimizer_that_already_stepped_and_a_unit_that_is_no_mo
 
 
 @needs_fsdp
-def test_async_saves_of_sharded_state_are_refused_at_fit_start(one_rank_group, tmp_path):
-    recorder = RecordingHandler()
-    with pytest.raises(FitforgeValueError, match=r"async_save=True cannot save FSDP's sharded state.*async_save=False"):
-        fsdp_estimator().fit(
-            regression_batches(4), epochs=1, event_handlers=[CheckpointHandler(tmp_path, async_save=True), recorder]
+def test_async_saves_of_sharded_state_write_what_synchronous_saves_write(one_rank_group, tmp_path, monkeypatch):
+    from fitforge.distributed import shard_writer
+
+    backgrounds = []  # DCP's futures: async_save ran, and each save's shards were written by its end
+    real = shard_writer.save_sharded_async
+
+    def counted(*args):
+        backgrounds.append(real(*args))
+        return backgrounds[-1]
+
+    monkeypatch.setattr(shard_writer, "save_sharded_async", counted)
+    folders = {}
+    for mode in ("sync", "async"):
+        folders[mode] = tmp_path / mode
+        saver = CheckpointHandler(
+            folders[mode], batch_period=3, monitor="train_loss", save_best=True, async_save=mode == "async"
         )
-    assert "batch_begin" not in recorder.events
+        fsdp_estimator(strategy_options={"shard": (nn.Linear,)}).fit(
+            regression_batches(4), epochs=2, event_handlers=[saver]
+        )
+    names = sorted(p.name for p in folders["sync"].iterdir())
+    assert names == sorted(p.name for p in folders["async"].iterdir()) and "model-epoch2batch8pos0.dcp" in names
+    assert len(backgrounds) >= 4 and all(future.done() and future.exception() is None for future in backgrounds)
+    for name in (n for n in names if n.endswith(".pt")):
+        loaded = []
+        for mode in ("sync", "async"):
+            plain = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
+            plain.optimizers = [torch.optim.Adam(plain.net.parameters(), lr=0.05)]
+            checkpoint = plain.load_checkpoint(folders[mode] / name)  # one process reads the shards
+            loaded.append((checkpoint["global_step"], plain.net.state_dict(), plain.optimizer.state_dict()["state"]))
+        (step, weights, optimizer), (async_step, async_weights, async_optimizer) = loaded
+        assert step == async_step and all(torch.equal(weights[k], async_weights[k]) for k in weights)
+        assert all(torch.equal(optimizer[0][k], async_optimizer[0][k]) for k in ("exp_avg", "exp_avg_sq"))
+    # The saves' own gloo group is gone with the fit; the resumed run continues from the async one.
+    resumed = fsdp_estimator(strategy_options={"shard": (nn.Linear,)})
+    saver = CheckpointHandler(folders["async"], resume_from_checkpoint=True, async_save=True)
+    resumed.fit(regression_batches(4), epochs=3, event_handlers=[saver])
+    assert (
+        saver.resumed_from.name == "model-epoch2batch8.pt" and (folders["async"] / "model-epoch3batch12.pt").is_file()
+    )
 
 
 @needs_fsdp

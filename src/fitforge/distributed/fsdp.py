@@ -14,13 +14,15 @@ A checkpoint's weights, optimizer states (and an open accumulation group's gradi
 EMAHandler's average) are written by every rank, each its shard, with
 ``torch.distributed.checkpoint.save`` into a folder beside the checkpoint file; the file, written by
 rank 0 once every shard is on disk, names the folder. DCP loads the folder into any number of
-ranks, or into one process without a process group.
+ranks, or into one process without a process group. With ``CheckpointHandler(async_save=True)``
+the shards go through DCP's ``async_save`` (:func:`save_sharded_async`).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -147,6 +149,18 @@ def save_sharded(estimator: EstimatorLike, folder: Path, grads: bool) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.save(_state(estimator, grads), checkpoint_id=str(folder))
+
+
+def save_sharded_async(estimator: EstimatorLike, folder: Path, grads: bool, group: Any) -> Future:
+    """:func:`save_sharded` through DCP's ``async_save``: the state is staged (copied to CPU memory)
+    before this returns, and torch's background thread writes the shards while training goes on.
+    ``group`` is a gloo group of the save's own: DCP's collectives in that thread must neither need a
+    GPU backend nor interleave with training's on the default group. Every rank's future ends once
+    the save's metadata is written, so also every rank's shards."""
+    import torch.distributed.checkpoint as dcp
+
+    saving = dcp.async_save(_state(estimator, grads), checkpoint_id=str(folder), process_group=group)
+    return cast(Future, saving)  # a response object comes only with an async stager, which this does not pass
 
 
 def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads: bool) -> dict[str, torch.Tensor]:

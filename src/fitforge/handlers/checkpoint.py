@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Checkpointing, Monitoring, averaged_weights
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
+from fitforge.distributed.shard_writer import ShardWriter
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
@@ -90,8 +92,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             CPU tensors; the only time training waits), then written, committed and rotated by a
             background thread while training goes on. It costs one host copy of the state. One
             save is in flight at most: the next save, a preemption save and ``train_end`` wait for
-            it, and its error is raised there (the same ``CheckpointError``). Not with
-            ``strategy="fsdp"`` (refused at fit start). See docs/checkpoints.md.
+            it, and its error is raised there (the same ``CheckpointError``). With
+            ``strategy="fsdp"`` every rank's shards go through torch's
+            ``torch.distributed.checkpoint.async_save`` (staged to CPU memory, then written by its
+            background thread over a gloo group of the saves' own), and rank 0 commits the file
+            once they are written. See docs/checkpoints.md.
 
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
     batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
@@ -187,14 +192,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._refused = 0  # saves of non-finite states in this run
         self._picked: dict | None = None  # the checkpoint train_begin chose to resume from
         self.resumed_from: Location | None = None
+        self._shards: ShardWriter | None = None  # every rank's sharded saves in flight (FSDP with async_save)
 
     def train_begin(self, state: TrainState) -> None:
         if state.estimator.strategy == "fsdp" and self.async_save:
-            raise FitforgeValueError(
-                "CheckpointHandler: async_save=True cannot save FSDP's sharded state: every rank writes its shards "
-                "with torch.distributed.checkpoint, which fitforge runs synchronously. Pass async_save=False with "
-                'strategy="fsdp" (see docs/checkpoints.md)'
-            )
+            self._shards = ShardWriter()
         if state.estimator.strategy == "fsdp" and self._folder.local is None:
             raise FitforgeValueError(
                 f"CheckpointHandler: FSDP's sharded checkpoints cannot be saved to an object store (model_dir "
@@ -308,6 +310,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         # A signal that came after this epoch's save (in a later epoch_end hook) still loses nothing.
         if state.preempted is not None and state.phase == "train":
             self._save_regular(state, _completed_epochs(state), state.global_step)
+        if self._shards is not None:  # every rank's shards written (their error is rank 0's too, raised next)
+            self._shards.close()
+            self._shards = None
         if self._writer is not None:  # the end of fit: the last save is on disk, or its error raised here
             state.ranks.on_main(self._writer.close, CheckpointError)
         if self._refused > 1:
@@ -330,13 +335,21 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._last = key
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
         stem = path.name.removesuffix(EXTENSION)
-        shards = self._save_shards(state, checkpoint, f"{stem}pos{key[2]}{SHARDS}")
-        self._write(state, path, checkpoint, lambda saved: self._write_and_rotate(saved, path, shards))
+        shards, written = self._save_shards(state, checkpoint, f"{stem}pos{key[2]}{SHARDS}")
+        self._write(state, path, checkpoint, lambda saved: self._write_and_rotate(saved, path, shards), written)
 
-    def _write(self, state: TrainState, path: Location, checkpoint: dict, write: Callable[[dict], None]) -> None:
+    def _write(
+        self,
+        state: TrainState,
+        path: Location,
+        checkpoint: dict,
+        write: Callable[[dict], None],
+        shards_written: Future | None = None,
+    ) -> None:
         """``write(checkpoint)`` on rank 0, every rank sharing its error; with ``async_save`` in the
-        background, after the previous write (whose error, if any, is raised here on every rank). A
-        preemption save is written before returning: the process exits after it."""
+        background, after the previous write (whose error, if any, is raised here on every rank) and
+        after ``shards_written`` (DCP's background save of the shards the file names). A preemption
+        save is written before returning: the process exits after it."""
         writer = self._writer
 
         def now() -> None:
@@ -344,22 +357,39 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
                 writer.wait()
             write(checkpoint)
 
+        def once_sharded(saved: dict) -> None:
+            if shards_written is not None:
+                shards_written.result()  # DCP's error, if any, is the save's
+            write(saved)
+
         if writer is None or state.preempted is not None:
             state.ranks.on_main(now, CheckpointError)
         else:
-            state.ranks.on_main(lambda: writer.submit(write, checkpoint, path.name), CheckpointError)
+            state.ranks.on_main(lambda: writer.submit(once_sharded, checkpoint, path.name), CheckpointError)
 
-    def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Path | None:
+    def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> tuple[Path | None, Future | None]:
         """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
         the checkpoint names as ``name`` (rank 0 renames it once every shard is written). Names
         are unique per state (file name and batch position), so a save never overwrites the
-        shards a file on disk names."""
+        shards a file on disk names. The folder, and with ``async_save`` (not preempted) the
+        future of DCP's background save, which the file's write waits for."""
         if state.estimator.strategy != "fsdp":
-            return None
+            return None, None
         temporary = self._folder.temporary_shards(name)
-        save_sharded(state.estimator, temporary, grads=bool(state.accumulated_batches))
         checkpoint["sharded"] = name
-        return temporary
+        grads = bool(state.accumulated_batches)
+        shards = self._shards
+        if shards is None:
+            save_sharded(state.estimator, temporary, grads)
+            return temporary, None
+        # One save in flight: the previous one's shards, then its file (its error raised on every rank).
+        shards.wait()
+        assert self._writer is not None  # async_save
+        state.ranks.on_main(self._writer.wait, CheckpointError)
+        if state.preempted is not None:  # the process exits after this save: written before returning
+            save_sharded(state.estimator, temporary, grads)
+            return temporary, None
+        return temporary, shards.submit(state.estimator, temporary, grads)
 
     def _write_and_rotate(self, checkpoint: dict, path: Location, shards: Path | None) -> None:
         self._folder.commit(checkpoint, path, shards, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
@@ -399,11 +429,13 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
         position = 0 if epochs > state.epoch else state.batch_idx + 1
         path = self._folder.single(kind)
-        shards = self._save_shards(
+        shards, written = self._save_shards(
             state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}pos{position}{SHARDS}"
         )
         stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
-        self._write(state, path, checkpoint, lambda saved: self._folder.commit(saved, path, shards, stale=stale))
+        self._write(
+            state, path, checkpoint, lambda saved: self._folder.commit(saved, path, shards, stale=stale), written
+        )
         return path
 
     def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:

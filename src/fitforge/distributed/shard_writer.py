@@ -1,0 +1,42 @@
+"""One rank's sharded (FSDP) checkpoint saves in the background, through DCP's ``async_save``
+(``CheckpointHandler(async_save=True)`` with ``strategy="fsdp"``)."""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch.distributed as dist
+
+from fitforge.core.state import EstimatorLike
+from fitforge.distributed.fsdp import save_sharded_async
+
+
+class ShardWriter:
+    """This rank's sharded saves, one in flight, over a gloo group of their own: made here, so on
+    every rank at the same point (the CheckpointHandler's ``train_begin``), and destroyed by
+    :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")
+        self._in_flight: Future | None = None
+
+    def submit(self, estimator: EstimatorLike, folder: Path, grads: bool) -> Future:
+        """Stage this rank's shards (the only part that blocks training) and write them to
+        ``folder`` in DCP's background thread; the future ends once every rank's are written."""
+        self._in_flight = save_sharded_async(estimator, folder, grads, self.group)
+        return self._in_flight
+
+    def wait(self) -> None:
+        """Wait for this rank's save in flight. Its error is not raised here: DCP fails the save on
+        every rank, and rank 0's write of the checkpoint file, which waits for the same save, raises
+        it on every rank (the handler's next save or ``train_end``)."""
+        future, self._in_flight = self._in_flight, None
+        if future is not None:
+            with contextlib.suppress(Exception):
+                future.result()
+
+    def close(self) -> None:
+        self.wait()
+        dist.destroy_process_group(self.group)
