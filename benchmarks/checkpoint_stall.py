@@ -10,6 +10,7 @@ the wait in ``train_end`` for the last write is printed apart. Nothing is assert
     python benchmarks/checkpoint_stall.py                 # CPU, 3 x Linear(4096, 4096), 3 saves each
     python benchmarks/checkpoint_stall.py --quick         # a tiny net: checks that it runs
     python benchmarks/checkpoint_stall.py --device cuda   # where a GPU is lent
+    python benchmarks/checkpoint_stall.py --fsdp          # strategy="fsdp" on one gloo rank: DCP's async_save
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tempfile
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from fitforge import Estimator
@@ -54,14 +56,15 @@ class TimedCheckpoint(CheckpointHandler):
         self.end_wait = time.perf_counter() - started
 
 
-def measure(width: int, layers: int, saves: int, period: int, batch: int, device: str) -> dict:
+def measure(width: int, layers: int, saves: int, period: int, batch: int, device: str, strategy: str = "auto") -> dict:
     logging.getLogger("fitforge").setLevel(logging.ERROR)
     results: dict = {}
     for variant in ("sync", "async"):
         torch.manual_seed(0)
         net = nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
         parameters = sum(p.numel() for p in net.parameters())
-        estimator = Estimator(net, nn.MSELoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-4), device=device)
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+        estimator = Estimator(net, nn.MSELoss(), optimizer=optimizer, device=device, strategy=strategy)
         data = [(torch.randn(batch, width), torch.randn(batch, width)) for _ in range(saves * period)]
         with tempfile.TemporaryDirectory() as folder:
             saver = TimedCheckpoint(folder, epoch_period=None, batch_period=period, async_save=variant == "async")
@@ -75,13 +78,20 @@ def measure(width: int, layers: int, saves: int, period: int, batch: int, device
             }
     results["ratio"] = results["async"]["median_ms"] / results["sync"]["median_ms"]
     state_mb = parameters * 3 * 4 / 1e6  # weights and Adam's two moments, float32
-    return {"parameters": parameters, "state_mb": state_mb, "device": device, "torch": torch.__version__, **results}
+    return {
+        "parameters": parameters,
+        "state_mb": state_mb,
+        "device": device,
+        "strategy": strategy,
+        "torch": torch.__version__,
+        **results,
+    }
 
 
 def table(result: dict) -> str:
     lines = [
         f"{result['parameters'] / 1e6:.1f}M parameters, Adam (~{result['state_mb']:.0f} MB of state), "
-        f"{result['device']}, torch {result['torch']}",
+        f"{result['device']}, strategy {result['strategy']}, torch {result['torch']}",
         "",
         "| save | stall per save, median (ms) | each save (ms) | train_end waits (ms) |",
         "|---|---|---|---|",
@@ -103,11 +113,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="a tiny net, to check that it runs")
+    parser.add_argument("--fsdp", action="store_true", help='strategy="fsdp" on a one-rank gloo process group')
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.width, args.layers, args.saves, args.period, args.batch = 32, 2, 2, 2, 4
-    result = measure(args.width, args.layers, args.saves, args.period, args.batch, args.device)
+    strategy = "auto"
+    if args.fsdp:  # one rank of its own: the saves go through torch.distributed.checkpoint
+        store = tempfile.mkdtemp()
+        dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
+        strategy = "fsdp"
+    result = measure(args.width, args.layers, args.saves, args.period, args.batch, args.device, strategy)
+    if args.fsdp:
+        dist.destroy_process_group()
     print(json.dumps(result, indent=2) if args.json else table(result))
 
 
