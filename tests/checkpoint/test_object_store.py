@@ -2,6 +2,7 @@
 rotated, resumed exactly; what a crash in the middle of an upload leaves is never picked; errors."""
 
 import importlib
+import io
 import json
 import sys
 import uuid
@@ -86,6 +87,9 @@ def test_an_upload_cut_short_is_never_picked_and_is_removed_at_the_next_start(ur
     committed = memory.cat_file(f"{folder}/model-epoch0batch4.pt")
     memory.pipe_file(f"{folder}/model-epoch1batch6.pt", committed[: len(committed) // 2])  # half-uploaded, newer
     memory.pipe_file(f"{folder}/model-epoch9batch9.pt.commit", b"{}")  # a marker whose object is gone
+    unverifiable = io.BytesIO()
+    torch.save({"format_version": 1, "global_step": 99}, unverifiable)  # loads, but has no checksum
+    memory.pipe_file(f"{folder}/model-epoch9batch99.pt", unverifiable.getvalue())
     memory.pipe_file(f"{folder}/other-epoch1batch1.pt.commit", b"{}")  # another prefix's: not this run's to clean
     memory.pipe_file(f"{folder}/other-epoch1batch1.pt", b"torn")
     with pytest.raises(CheckpointError, match=r"model-epoch1batch6.pt is not committed .*upload did not finish"):
@@ -93,8 +97,8 @@ def test_an_upload_cut_short_is_never_picked_and_is_removed_at_the_next_start(ur
     caplog.set_level("WARNING", logger="fitforge")
     _, resumed = train(url, epochs=1, resume_from_checkpoint=True, epoch_period=None)
     assert resumed.resumed_from.name == "model-epoch0batch4.pt"
-    assert "removed 2 uncommitted object(s) of prefix 'model'" in caplog.text
-    assert "model-epoch1batch6.pt', 'model-epoch9batch9.pt.commit']" in caplog.text
+    assert "removed 3 uncommitted object(s) of prefix 'model'" in caplog.text
+    assert "'model-epoch1batch6.pt', 'model-epoch9batch9.pt.commit', 'model-epoch9batch99.pt']" in caplog.text
     left = listing(memory, folder)
     assert "other-epoch1batch1.pt.commit" in left and "other-epoch1batch1.pt" in left
     assert "model-epoch1batch6.pt" not in left and "model-epoch9batch9.pt.commit" not in left

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import signal
 import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset, get_worker_info
 
 from fitforge import Estimator
-from fitforge.core.worker_shield import ShieldedWorkerInit, shielded, shielding
+from fitforge.core.worker_shield import ShieldedWorkerInit, shield_worker, shielded, shielding
 
 X = torch.randn(32, 6, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(1))
@@ -63,29 +68,43 @@ def test_workers_in_training_and_validation_outlive_signals_from_another_process
     assert train.worker_init_fn is mark and val.worker_init_fn is None  # given back after each start
 
 
-def test_a_sigterm_from_the_fit_s_own_process_still_ends_a_worker():
-    import multiprocessing
-    import time
+def _shielded_child(exiting, done, ready) -> None:
+    shield_worker(exiting, done)
+    ready.set()
+    while True:
+        time.sleep(0.05)
 
-    from fitforge.events import BatchBegin
 
-    class KillWorker(BatchBegin):  # as the loader's shutdown of a stuck worker does
-        def batch_begin(self, state):
-            if state.global_step == 1:
-                # Killed while it holds the lock of the loader's done event (for a moment, when it checks
-                # the event), the worker would leave the loader waiting on it for ever: kill it once it
-                # has prefetched and waits for indices, holding no lock the loader takes.
-                time.sleep(0.3)
-                for child in multiprocessing.active_children():
-                    os.kill(child.pid, signal.SIGTERM)
-                    child.join(10)
-                    assert child.exitcode == 0  # torch's worker exits so on its parent's SIGTERM
+@pytest.mark.parametrize("release", ["done", "exiting"])
+def test_a_shielded_worker_obeys_sigterm_only_once_its_loader_or_the_main_process_lets_it_go(release):
+    context = multiprocessing.get_context("fork")
+    events = {"exiting": context.Event(), "done": context.Event()}
+    ready = context.Event()
+    child = context.Process(target=_shielded_child, args=(events["exiting"], events["done"], ready), daemon=True)
+    child.start()
+    assert ready.wait(10)
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # a scheduler's, or this process's
+        os.kill(child.pid, signum)
+    child.join(0.5)
+    assert child.is_alive()
+    events[release].set()  # the loader shuts it down, or this process exits
+    os.kill(child.pid, signal.SIGTERM)
+    child.join(10)
+    assert child.exitcode == 0
 
-    torch.manual_seed(0)
-    estimator = Estimator(nn.Linear(6, 3), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
-    data = DataLoader(TensorDataset(X, Y), batch_size=2, num_workers=1)
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"):
-        estimator.fit(data, epochs=1, event_handlers=[KillWorker()])
+
+@pytest.mark.integration  # a fresh interpreter per start method
+@pytest.mark.parametrize(
+    "start", [("fork", "1"), ("spawn", "0"), ("forkserver", "1", "preload")], ids=lambda a: "-".join(a)
+)
+def test_shielded_workers_of_every_start_method_train_and_let_the_interpreter_exit(start):
+    # Each worker gets SIGTERM, SIGUSR1 and SIGINT from another process at its first sample; persistent
+    # workers stay alive to the interpreter's exit, where multiprocessing terminates and joins them.
+    script = Path(__file__).with_name("worker_shield_run.py")
+    done = subprocess.run([sys.executable, str(script), *start], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["trained", "2", "exits"]
+    assert "killed by signal" not in done.stderr
 
 
 def test_outside_a_fit_a_loader_s_workers_are_its_own():
@@ -93,7 +112,7 @@ def test_outside_a_fit_a_loader_s_workers_are_its_own():
     assert shielded(loader) is loader
     with shielding():
         passes = shielded(loader)
-        assert passes is not loader and shielded(DataLoader(TensorDataset(X, Y))) is not None
+        assert isinstance(passes, Iterable) and passes is not loader
         assert shielded([1, 2]) == [1, 2]  # no workers to shield
         in_process = DataLoader(TensorDataset(X, Y), batch_size=4)
         assert shielded(in_process) is in_process
@@ -101,8 +120,8 @@ def test_outside_a_fit_a_loader_s_workers_are_its_own():
 
 
 def test_the_shielded_init_pickles_for_spawned_workers():
-    again = pickle.loads(pickle.dumps(ShieldedWorkerInit(None)))
-    assert isinstance(again, ShieldedWorkerInit) and again.own is None
+    again = pickle.loads(pickle.dumps(ShieldedWorkerInit(print, None)))
+    assert isinstance(again, ShieldedWorkerInit) and again.own is print
 
 
 def test_a_spawned_worker_is_shielded_too(tmp_path):

@@ -37,6 +37,7 @@ from fitforge.distributed import fsdp
 from fitforge.distributed.ranks import broadcast_from_main, gather_to_main, run_on_main_and_share
 from fitforge.distributed.stop_agreement import StopAgreement, _check_replicas
 from fitforge.distributed.strategy import rank_device
+from fitforge.events import BatchEnd
 from fitforge.exceptions import (
     CancelBatch,
     CancelFit,
@@ -426,6 +427,47 @@ def test_async_saves_of_sharded_state_write_what_synchronous_saves_write(one_ran
     assert (
         saver.resumed_from.name == "model-epoch2batch8.pt" and (folders["async"] / "model-epoch3batch12.pt").is_file()
     )
+
+
+@needs_fsdp
+def test_a_preemption_save_of_sharded_state_waits_for_the_async_one_in_flight(one_rank_group, tmp_path):
+    class Term(BatchEnd):
+        def batch_end(self, state):
+            if state.global_step == 4:  # right after the async save of 3 batches started
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    saver = CheckpointHandler(tmp_path, batch_period=3, async_save=True)
+    with pytest.raises(SystemExit) as exit_:
+        fsdp_estimator().fit(regression_batches(4), epochs=3, event_handlers=[saver, Term()])
+    assert exit_.value.code == 143
+    assert sorted(p.name for p in tmp_path.iterdir())[-2:] == ["model-epoch1batch5.pt", "model-epoch1batch5pos1.dcp"]
+    resumed = fsdp_estimator()
+    saver = CheckpointHandler(tmp_path, resume_from_checkpoint=True, async_save=True)
+    resumed.fit(regression_batches(4), epochs=3, event_handlers=[saver])
+    assert saver.resumed_from.name == "model-epoch1batch5.pt" and resumed.history.epochs == 3
+
+
+@needs_fsdp
+def test_a_failed_async_save_of_sharded_state_raises_a_checkpoint_error(one_rank_group, tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    real, writes = FileSystemWriter.write_data, []
+
+    def failing(self, plan, planner):
+        writes.append(self.path)
+        if len(writes) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", failing)
+    saver = CheckpointHandler(tmp_path, batch_period=3, epoch_period=None, async_save=True)
+    with pytest.raises(
+        CheckpointError,
+        match=r"cannot write the shards model-epoch1batch6pos2\.dcp: rank 0: OSError: \[Errno 28\] No space left",
+    ):
+        fsdp_estimator().fit(regression_batches(4), epochs=3, event_handlers=[saver])
+    assert load_checkpoint(tmp_path / "model-epoch0batch3.pt")["global_step"] == 3  # the one before, intact
+    assert not (tmp_path / "model-epoch1batch6.pt").exists()
 
 
 @needs_fsdp

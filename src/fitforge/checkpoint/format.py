@@ -40,9 +40,11 @@ def content_digest(value: Any) -> str:
     return digest.hexdigest()
 
 
-def parse_checkpoint(source: Path | BinaryIO, path: Path | str, map_location: Any = "cpu") -> dict:
+def parse_checkpoint(
+    source: Path | BinaryIO, path: Path | str, map_location: Any = "cpu", require_checksum: bool = False
+) -> dict:
     """Load the checkpoint in ``source`` (called ``path`` in messages) and verify its format version
-    and checksum."""
+    and checksum (``require_checksum``: refuse one without a checksum, written before checksums)."""
     try:
         checkpoint = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
@@ -56,6 +58,8 @@ def parse_checkpoint(source: Path | BinaryIO, path: Path | str, map_location: An
             f"{FORMAT_VERSION}: upgrade fitforge"
         )
     expected = checkpoint.pop("checksum", None)  # files from before checksums have none
+    if expected is None and require_checksum:
+        raise CheckpointError(f"checkpoint {path} has no checksum: its contents cannot be verified")
     if expected is not None and content_digest(checkpoint) != expected:
         raise CheckpointError(
             f"checkpoint {path} is corrupt: its contents no longer match the checksum written "

@@ -10,12 +10,13 @@ leaves either a committed checkpoint or an uncommitted object that is never read
   that shows a half-written object shows it without a marker; S3 shows none until the upload ends);
 - replacing a checkpoint (``<prefix>-best.pt``): the old marker is deleted before the new bytes go
   up, so a marker never vouches for bytes it was not written for (and its digest would catch it);
-- deleting (rotation): the marker first, then the data. A crash between leaves data without a
-  marker: uncommitted. A marker without its data is never listed.
+- deleting (rotation, ``overwrite=True``): the data first, then the marker. A crash between leaves
+  a marker without its data, which is never listed, and is removed at the next start.
 
 At the next start, an uncommitted object that is a whole checkpoint (it loads, and its contents
 match the checksum written with them: an upload whose commit was cut, or a checkpoint copied into
-the store by hand) is committed; any other (an upload cut short) is deleted.
+the store by hand) is committed; any other (an upload cut short, or a file without a checksum) is
+deleted.
 
 fsspec and the store's own package (s3fs for ``s3://``) are the optional extra ``fitforge[cloud]``;
 credentials and endpoints come from the usual places (environment variables such as
@@ -111,9 +112,11 @@ def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
 
 
 def delete_object(fs: Any, key: str) -> None:
-    """Uncommit, then delete (a crash between leaves an uncommitted object, never a marker alone)."""
-    remove(fs, key + COMMIT_SUFFIX)
+    """Delete, then uncommit: a crash between leaves a marker alone, which counts for nothing and is
+    removed at the next start (the other order would leave a whole checkpoint without its marker,
+    which the next start commits again)."""
     remove(fs, key)
+    remove(fs, key + COMMIT_SUFFIX)
 
 
 def remove(fs: Any, key: str) -> None:
@@ -172,8 +175,8 @@ class ObjectFiles:
 
     def settle_uncommitted(self, patterns: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """The objects matching ``patterns`` that no marker commits: each whole checkpoint among them
-        (it loads, its contents match their checksum: copied in by hand, or uploaded by a run killed
-        before its commit) is committed; the others (an upload cut short) are deleted, as are markers
+        (it loads, and has a checksum its contents match: copied in by hand, or uploaded by a run
+        killed before its commit) is committed; the others (an upload cut short) are deleted, as are markers
         without their object. Returns (committed, deleted) names."""
         present = set(names(self.fs, self.key))
 
@@ -197,7 +200,7 @@ class ObjectFiles:
         key = f"{self.key}/{name}"
         data = self.fs.cat_file(key)
         try:
-            parse_checkpoint(io.BytesIO(data), str(self.root / name))
+            parse_checkpoint(io.BytesIO(data), str(self.root / name), require_checksum=True)
         except CheckpointError:
             return False
         self.fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(_marker(data)).encode())

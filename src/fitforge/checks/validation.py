@@ -23,6 +23,7 @@ from fitforge.core.events import EventHandler
 from fitforge.core.rng import torch_rng_kept
 from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike, TrainState
+from fitforge.core.worker_shield import shielded
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 
 CHECKED_SAMPLES = 2  # enough for shapes, dtypes and the metrics' updates; BatchNorm in eval mode takes 1
@@ -47,7 +48,7 @@ def first_samples(data: Iterable) -> Any:
             first = (tensor[:CHECKED_SAMPLES] for tensor in data.dataset.tensors)
             return [tensor.clone(memory_format=torch.contiguous_format) for tensor in first]
         return data.collate_fn([data.dataset[i] for i in range(min(CHECKED_SAMPLES, size))])
-    return next(iter(data), None)
+    return next(iter(shielded(data)), None)  # workers may start: they leave preemption signals to fit
 
 
 def check_first_val_batch(

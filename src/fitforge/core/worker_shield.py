@@ -8,31 +8,41 @@ before its save, and the work since the last checkpoint is lost.
 
 During a fit the main process reacts to these signals (:mod:`fitforge.core.preemption`) and shuts
 its workers down itself, as the loader does at the end of every pass. So a worker that a loader
-starts while fit reads it (train and validation data, see :func:`shielded`) leaves the signals to
-the main process: it ignores SIGUSR1 and SIGINT, and obeys SIGTERM as torch's workers do only when
-its parent sent it (the loader's shutdown of a worker that does not stop in time): it exits then;
-a SIGTERM from anyone else is the scheduler's to the main process, and the worker serves on until
-the main process shuts it down. A worker whose main process died (SIGKILL after the grace time)
+starts while fit reads it (train and validation data, see :func:`shielded`) leaves SIGTERM,
+SIGUSR1 and SIGINT to the main process: its handlers do nothing, except that SIGTERM ends it, as
+torch's worker ends, once its loader shuts it down (the loader's done event is set: a worker that
+does not stop in time gets SIGTERM then) or once the main process exits (multiprocessing then
+terminates its daemonic children). A worker whose main process died (SIGKILL after the grace time)
 exits on its own within seconds, as torch's workers do.
 
-The worker's reaction comes from ``worker_init_fn``: while fit starts a loader's workers, the
-loader's own ``worker_init_fn`` is wrapped in :class:`ShieldedWorkerInit` (which calls it after),
-and given back at once. Workers started outside a fit, or before it (persistent workers from an
-earlier pass), react as torch's do.
+How: while fit starts a loader's workers (``iter(loader)``), the main thread blocks the three
+signals, so that a worker begins with them blocked: in every thread it starts before its
+``worker_init_fn`` too (``import torch`` under the spawn start method starts one). The signals sent
+meanwhile wait, and none is lost: the main process's come when the block ends. The loader's own
+``worker_init_fn`` is wrapped in :class:`ShieldedWorkerInit`, which installs the worker's handlers
+and unblocks the signals in its main thread, then calls the loader's own, and it is given back to
+the loader at once. Handlers installed from Python (not "ignore") are reset by ``exec``, so programs a
+dataset runs react to signals as usual. Workers started outside a fit, or before it (persistent
+workers of an earlier pass), react as torch's do; persistent workers started within a fit stay
+shielded for their life.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.util
 import os
 import signal
-import threading
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from torch.utils.data import DataLoader
 
+SIGNALS = {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT}
 _active = 0  # fits under way in this process's main thread that shield their loaders' workers
+_exiting: dict[str, Any] = {}  # start method -> an Event set when this process exits (workers then obey SIGTERM)
 
 
 @contextmanager
@@ -65,40 +75,57 @@ class _ShieldedPasses:
         loader = self.loader
         own = loader.worker_init_fn
         if not isinstance(own, ShieldedWorkerInit):  # a fit within a fit: shielded already
-            loader.worker_init_fn = ShieldedWorkerInit(own)
+            loader.worker_init_fn = ShieldedWorkerInit(own, _exit_event(loader.multiprocessing_context))
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         try:
             return iter(loader)  # starts the workers (a persistent loader's first pass only)
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
             loader.worker_init_fn = own
+
+
+def _exit_event(context: Any) -> Any:
+    """The Event, of the workers' start method (``context``: a loader's ``multiprocessing_context``),
+    set when this process exits: before multiprocessing terminates its children at exit, a
+    finalizer of priority 0 runs first."""
+    if isinstance(context, str) or context is None:
+        context = multiprocessing.get_context(context)
+    method = context.get_start_method()
+    if method not in _exiting:
+        _exiting[method] = context.Event()
+        multiprocessing.util.Finalize(None, _exiting[method].set, exitpriority=0)
+    return _exiting[method]
 
 
 class ShieldedWorkerInit:
     """A worker's ``worker_init_fn`` during a fit: :func:`shield_worker`, then the loader's own.
     Picklable (for the spawn and forkserver start methods) when the loader's own is."""
 
-    def __init__(self, own: Callable[[int], None] | None) -> None:
-        self.own = own
+    def __init__(self, own: Callable[[int], None] | None, exiting: Any) -> None:
+        self.own, self.exiting = own, exiting
 
     def __call__(self, worker_id: int) -> None:
-        shield_worker()
+        # Called by torch's worker loop, whose ``done_event`` the loader sets when it shuts its workers down.
+        done = sys._getframe(1).f_locals.get("done_event")
+        shield_worker(self.exiting, done)
         if self.own is not None:
             self.own(worker_id)
 
 
-def shield_worker() -> None:
-    """In a DataLoader worker (after torch set its own signal handlers): leave SIGUSR1 and SIGINT to
-    the main process, and SIGTERM too unless the parent sends it (then exit at once, as torch's
-    worker would). SIGTERM is blocked in this thread, and so in the threads it starts, and one thread
-    waits for it to read who sent it: a signal handler cannot tell."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    parent = os.getppid()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_answer_sigterm, args=(parent,), name="fitforge-worker-sigterm", daemon=True).start()
+def shield_worker(exiting: Any, done: Any = None) -> None:
+    """In a DataLoader worker (after torch set its own signal handlers): SIGUSR1 and SIGINT do
+    nothing, and SIGTERM ends the worker only once ``done`` (its loader's shutdown) or ``exiting``
+    (the main process's exit) is set; then the signals are unblocked in this thread."""
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if exiting.is_set() or (done is not None and done.is_set()):
+            os._exit(0)  # torch's worker exits so on its loader's SIGTERM: nothing of it is left to run
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGUSR1, _leave_to_the_main_process)
+    signal.signal(signal.SIGINT, _leave_to_the_main_process)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
-def _answer_sigterm(parent: int) -> None:
-    while True:
-        sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
-        if sender == parent:
-            os._exit(0)  # torch's worker exits so on its parent's SIGTERM: nothing of it is left to run
+def _leave_to_the_main_process(signum: int, frame: Any) -> None:
+    """The main process of the fit saves and then shuts this worker down."""

@@ -11,6 +11,30 @@ import torch.distributed as dist
 
 from fitforge.core.state import EstimatorLike
 from fitforge.distributed.fsdp import save_sharded_async
+from fitforge.exceptions import CheckpointError
+
+
+def _dcp_failure() -> type[BaseException]:
+    # DCP's CheckpointException derives from BaseException: an ``except Exception`` lets it through.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def shards_written(future: Future, name: str) -> None:
+    """Wait for DCP's save of the shards named ``name``; its failure as the CheckpointError a save raises."""
+    try:
+        future.result()
+    except (Exception, _dcp_failure()) as err:
+        failures = getattr(err, "failures", None)  # DCP's: rank -> (its exception, its traceback)
+        causes = (
+            "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, (e, _) in sorted(failures.items()))
+            if isinstance(failures, dict) and failures
+            else f"{type(err).__name__}: {err}"
+        )
+        raise CheckpointError(
+            f"cannot write the shards {name}: {causes}; the checkpoints saved before are intact"
+        ) from err
 
 
 class ShardWriter:
@@ -34,9 +58,11 @@ class ShardWriter:
         it on every rank (the handler's next save or ``train_end``)."""
         future, self._in_flight = self._in_flight, None
         if future is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, _dcp_failure()):
                 future.result()
 
     def close(self) -> None:
-        self.wait()
-        dist.destroy_process_group(self.group)
+        try:
+            self.wait()
+        finally:
+            dist.destroy_process_group(self.group)

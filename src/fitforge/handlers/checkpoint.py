@@ -27,7 +27,7 @@ from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Checkpointing, Monitoring, averaged_weights
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
-from fitforge.distributed.shard_writer import ShardWriter
+from fitforge.distributed.shard_writer import ShardWriter, shards_written
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
@@ -195,6 +195,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._shards: ShardWriter | None = None  # every rank's sharded saves in flight (FSDP with async_save)
 
     def train_begin(self, state: TrainState) -> None:
+        if self._shards is not None:  # a fit that ended without its train_end
+            self._shards.close()
+            self._shards = None
         if state.estimator.strategy == "fsdp" and self.async_save:
             self._shards = ShardWriter()
         if state.estimator.strategy == "fsdp" and self._folder.local is None:
@@ -344,11 +347,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         path: Location,
         checkpoint: dict,
         write: Callable[[dict], None],
-        shards_written: Future | None = None,
+        sharding: tuple[Future, str] | None = None,
     ) -> None:
         """``write(checkpoint)`` on rank 0, every rank sharing its error; with ``async_save`` in the
         background, after the previous write (whose error, if any, is raised here on every rank) and
-        after ``shards_written`` (DCP's background save of the shards the file names). A preemption
+        after ``sharding`` (DCP's background save of the shards the file names, and their folder). A preemption
         save is written before returning: the process exits after it."""
         writer = self._writer
 
@@ -358,8 +361,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             write(checkpoint)
 
         def once_sharded(saved: dict) -> None:
-            if shards_written is not None:
-                shards_written.result()  # DCP's error, if any, is the save's
+            if sharding is not None:
+                shards_written(*sharding)  # DCP's error, if any, is the save's
             write(saved)
 
         if writer is None or state.preempted is not None:
@@ -367,7 +370,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         else:
             state.ranks.on_main(lambda: writer.submit(once_sharded, checkpoint, path.name), CheckpointError)
 
-    def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> tuple[Path | None, Future | None]:
+    def _save_shards(
+        self, state: TrainState, checkpoint: dict, name: str
+    ) -> tuple[Path | None, tuple[Future, str] | None]:
         """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
         the checkpoint names as ``name`` (rank 0 renames it once every shard is written). Names
         are unique per state (file name and batch position), so a save never overwrites the
@@ -389,7 +394,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         if state.preempted is not None:  # the process exits after this save: written before returning
             save_sharded(state.estimator, temporary, grads)
             return temporary, None
-        return temporary, shards.submit(state.estimator, temporary, grads)
+        return temporary, (shards.submit(state.estimator, temporary, grads), name)
 
     def _write_and_rotate(self, checkpoint: dict, path: Location, shards: Path | None) -> None:
         self._folder.commit(checkpoint, path, shards, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
