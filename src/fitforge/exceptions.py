@@ -25,7 +25,13 @@ class PassAbandoned(BaseException):
     """A pass within a fit (a validation) was left unfinished because a signal asks the fit to stop
     (see :mod:`fitforge.core.coordinator`): it reports nothing, the fit's loop catches it and saves
     the state of the last training batch. A BaseException, so that a handler's ``except Exception``
-    does not take it for a failure of its own."""
+    does not take it for a failure of its own.
+
+    ``unread`` holds the pass's data iterator until the error is handled: dropping a DataLoader's
+    iterator shuts its workers down, which waits for the batches they are reading, and the save
+    must not wait for that."""
+
+    unread: object = None
 
 
 class FitforgeTypeError(TypeError):

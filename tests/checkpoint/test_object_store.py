@@ -97,11 +97,27 @@ def test_an_upload_cut_short_is_never_picked_and_is_removed_at_the_next_start(ur
     caplog.set_level("WARNING", logger="fitforge")
     _, resumed = train(url, epochs=1, resume_from_checkpoint=True, epoch_period=None)
     assert resumed.resumed_from.name == "model-epoch0batch4.pt"
-    assert "removed 3 uncommitted object(s) of prefix 'model'" in caplog.text
-    assert "'model-epoch1batch6.pt', 'model-epoch9batch9.pt.commit', 'model-epoch9batch99.pt']" in caplog.text
+    assert "removed 2 uncommitted object(s) of prefix 'model'" in caplog.text
+    assert "['model-epoch1batch6.pt', 'model-epoch9batch9.pt.commit']" in caplog.text
+    # Whole, but no fitforge checkpoint (no checksum): left in place, and skipped by the resume.
+    assert "1 file(s) under checkpoint names of prefix 'model' that are not fitforge checkpoints" in caplog.text
+    assert "model-epoch9batch99.pt is not a fitforge checkpoint" in caplog.text
     left = listing(memory, folder)
     assert "other-epoch1batch1.pt.commit" in left and "other-epoch1batch1.pt" in left
     assert "model-epoch1batch6.pt" not in left and "model-epoch9batch9.pt.commit" not in left
+    assert memory.cat_file(f"{folder}/model-epoch9batch99.pt") == unverifiable.getvalue()
+
+
+def test_a_foreign_file_under_a_checkpoint_name_is_an_earlier_run_s_never_replaced_unasked(url):
+    folder = folder_of(url)
+    mine = io.BytesIO()
+    torch.save({"weight": torch.ones(3)}, mine)  # the user's own file, named as a best checkpoint
+    memory.pipe_file(f"{folder}/model-best.pt", mine.getvalue())
+    with pytest.raises(
+        FitforgeValueError, match=r"already holds 1 checkpoint file\(s\) of an earlier run \(model-best.pt\)"
+    ):
+        train(url, epochs=1, monitor="train_loss", save_best=True)
+    assert memory.cat_file(f"{folder}/model-best.pt") == mine.getvalue()
 
 
 def test_a_whole_checkpoint_without_its_marker_is_committed_and_resumed_from(url, uninterrupted, tmp_path, caplog):

@@ -131,3 +131,45 @@ def test_a_spawned_worker_is_shielded_too(tmp_path):
     weights, _ = fitted(train, None, epochs=1)
     plain, _ = fitted(DataLoader(TensorDataset(X, Y), batch_size=8), None, epochs=1)
     assert all(torch.equal(weights[k], plain[k]) for k in weights)
+
+
+class WaitsForTheSave(Dataset):
+    """A validation set read by 2 workers: its first sample sends the fit SIGTERM; batch 3 (worker 1's
+    second) waits for a checkpoint to appear in ``folder`` and notes whether one did."""
+
+    def __init__(self, folder) -> None:
+        self.folder, self.fit = folder, os.getpid()
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int):
+        if i == 0 and get_worker_info() is not None:  # not in the check before training
+            os.kill(self.fit, signal.SIGTERM)
+        if i == 12:
+            for _ in range(150):
+                if any(self.folder.glob("*.pt")):
+                    (self.folder.parent / "seen").touch()
+                    break
+                time.sleep(0.1)
+        return X[i], Y[i]
+
+
+@pytest.mark.parametrize("period, saved", [(2, "model-epoch0batch2.pt"), (None, "model-epoch0batch8.pt")])
+def test_a_signal_in_a_validation_saves_before_its_workers_are_shut_down(tmp_path, period, saved):
+    # Dropping the abandoned validation's iterator shuts its workers down, which waits for the batch
+    # each is reading: the save must come first (here a worker's batch waits for the save itself).
+    from fitforge.handlers import CheckpointHandler, ValidationHandler
+
+    folder = tmp_path / "checkpoints"
+    val = DataLoader(WaitsForTheSave(folder), batch_size=4, num_workers=2)
+    estimator = Estimator(nn.Linear(6, 3), nn.CrossEntropyLoss(), optimizer="sgd", device="cpu")
+    validation = ValidationHandler(
+        val, batch_period=period, epoch_period=None if period else 1
+    )  # mid-epoch, or its end
+    handlers = [validation, CheckpointHandler(folder)]
+    with pytest.raises(SystemExit) as exit_:
+        estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=4), epochs=1, event_handlers=handlers)
+    assert exit_.value.code == 143
+    assert [p.name for p in folder.glob("*.pt")] == [saved]
+    assert (tmp_path / "seen").exists()  # the save came while the worker was still reading

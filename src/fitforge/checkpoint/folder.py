@@ -149,7 +149,7 @@ class CheckpointFolder:
         can be written (the bucket exists, the credentials allow)."""
         patterns = (f"{self.prefix}-epoch*batch*{EXTENSION}", *(f"{self.prefix}-{kind}{EXTENSION}" for kind in SINGLES))
         try:
-            committed, removed = files.settle_uncommitted(patterns)
+            committed, removed, foreign = files.settle_uncommitted(patterns)
             files.probe(f".{self.prefix}-probe{TEMP_SUFFIX}")
         except (OSError, ValueError) as err:  # botocore's errors reach us as OSErrors through s3fs
             raise FitforgeValueError(
@@ -164,6 +164,16 @@ class CheckpointFolder:
                 self.prefix,
                 self.path,
                 committed,
+            )
+        if foreign:
+            log.warning(
+                "CheckpointHandler: %s holds %d file(s) under checkpoint names of prefix %r that are not fitforge "
+                "checkpoints (no commit marker, no fitforge checksum): %s. They are left as they are, never resumed "
+                "from, and count as an earlier run's files",
+                self.path,
+                len(foreign),
+                self.prefix,
+                foreign,
             )
         if removed:
             log.warning(

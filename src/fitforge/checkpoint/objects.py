@@ -30,6 +30,7 @@ import fnmatch
 import hashlib
 import io
 import json
+import zipfile
 from typing import Any
 
 import torch
@@ -148,13 +149,20 @@ class ObjectFiles:
         self.fs, self.key = open_store(url, storage_options)
         self.key = self.key.rstrip("/")
         self.root = ObjectPath(self.fs.unstrip_protocol(self.key))
+        self.foreign: set[str] = set()  # whole objects under checkpoint names that are no fitforge checkpoint
 
     def location(self, name: str) -> ObjectPath:
         return self.root / name
 
     def names(self, pattern: str) -> list[str]:
+        """The committed checkpoints matching ``pattern``, and the foreign objects under such names
+        (see :meth:`settle_uncommitted`): they are files of an earlier run, never replaced unasked."""
         present = set(names(self.fs, self.key))
-        return [name for name in present if fnmatch.fnmatchcase(name, pattern) and name + COMMIT_SUFFIX in present]
+        return [
+            name
+            for name in present
+            if fnmatch.fnmatchcase(name, pattern) and (name + COMMIT_SUFFIX in present or name in self.foreign)
+        ]
 
     def write(self, checkpoint: dict, name: str) -> None:
         try:
@@ -165,6 +173,11 @@ class ObjectFiles:
             ) from err
 
     def read(self, name: str) -> dict:
+        if name in self.foreign:
+            raise CheckpointError(
+                f"{self.root / name} is not a fitforge checkpoint (a whole file without a fitforge checksum, "
+                "not written by a fitforge save); it is left as it is"
+            )
         return read_object(self.fs, f"{self.key}/{name}")
 
     def exists(self, name: str) -> bool:
@@ -173,11 +186,12 @@ class ObjectFiles:
     def delete(self, name: str) -> None:
         delete_object(self.fs, f"{self.key}/{name}")
 
-    def settle_uncommitted(self, patterns: tuple[str, ...]) -> tuple[list[str], list[str]]:
-        """The objects matching ``patterns`` that no marker commits: each whole checkpoint among them
-        (it loads, and has a checksum its contents match: copied in by hand, or uploaded by a run
-        killed before its commit) is committed; the others (an upload cut short) are deleted, as are markers
-        without their object. Returns (committed, deleted) names."""
+    def settle_uncommitted(self, patterns: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+        """The objects matching ``patterns`` that no marker commits: each whole fitforge checkpoint among
+        them (it loads, and has a checksum its contents match: copied in by hand, or uploaded by a run
+        killed before its commit) is committed; an upload cut short (not a whole file) is deleted, as
+        are markers without their object; any other whole file is foreign, left as it is, and counts
+        as an earlier run's file. Returns the (committed, deleted, foreign) names."""
         present = set(names(self.fs, self.key))
 
         def ours(name: str) -> bool:  # of this prefix's names only: another run's objects are none of ours
@@ -187,24 +201,33 @@ class ObjectFiles:
         strays: list[str] = []
         for name in sorted(present):
             if ours(name) and name + COMMIT_SUFFIX not in present:
-                (adopted if self._commit_if_whole(name) else strays).append(name)
+                verdict = self._settle(name)
+                if verdict == "foreign":
+                    self.foreign.add(name)
+                else:
+                    (adopted if verdict == "committed" else strays).append(name)
             elif name.endswith(COMMIT_SUFFIX):
                 data_name = name.removesuffix(COMMIT_SUFFIX)
                 if data_name not in present and ours(data_name):
                     strays.append(name)
         for name in strays:
             remove(self.fs, f"{self.key}/{name}")
-        return adopted, strays
+        return adopted, strays, sorted(self.foreign)
 
-    def _commit_if_whole(self, name: str) -> bool:
+    def _settle(self, name: str) -> str:
+        """Commit the uncommitted object ``name`` if it is a whole fitforge checkpoint ("committed");
+        else "cut" (not a whole file: torch.save writes a zip archive, whose directory comes last)
+        or "foreign"."""
         key = f"{self.key}/{name}"
         data = self.fs.cat_file(key)
+        if not zipfile.is_zipfile(io.BytesIO(data)):
+            return "cut"
         try:
             parse_checkpoint(io.BytesIO(data), str(self.root / name), require_checksum=True)
         except CheckpointError:
-            return False
+            return "foreign"
         self.fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(_marker(data)).encode())
-        return True
+        return "committed"
 
     def probe(self, name: str) -> None:
         """Write and delete an empty object ``name``: fails (an OSError) where the store cannot be written."""

@@ -229,16 +229,19 @@ class Dispatcher:
         hook too, and ``abandoned(state)`` runs before the next one; without, it propagates."""
         caught = None
         stops = event in STOPPING_EVENTS
+        held = None  # an abandoned pass's data, kept past the later hooks (a save): see PassAbandoned.unread
         for hook in self.hooks[event]:
             try:
                 if hook(state) and stops:
                     state.request_stop(self.stop_reason(event, hook))
             except ignore as signal:
                 caught = caught or signal
-            except PassAbandoned:
+            except PassAbandoned as abandoning:
                 if abandoned is None:
                     raise
+                held = abandoning.unread
                 abandoned(state)
+        del held
         return caught
 
     def fire_teardown(

@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from typing import Any
 
+from fitforge.core.coordinator import PassWatch
 from fitforge.core.events import Event
 from fitforge.core.history import numbered_key
 from fitforge.core.rng import torch_rng_snapshot
@@ -205,10 +207,12 @@ def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, No
     watch = run.watch
     kept = None if watch is None else torch_rng_snapshot()
     abandoned = False
+    batches: Iterator[Any] = iter(())
     try:
         run.dispatcher.fire(Event.EPOCH_BEGIN, state)
         abandoned = watch is not None and watch.abandons()
-        for batch_idx, batch in enumerate(() if state.stop_requested or abandoned else data):
+        batches = iter(() if state.stop_requested or abandoned else data)
+        for batch_idx, batch in enumerate(batches):
             state.batch_idx, state.batch = batch_idx, batch
             with contextlib.suppress(CancelBatch):
                 run_batch(state, run)
@@ -220,17 +224,25 @@ def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, No
                 break
     except _CANCELS:
         cancelled = True
-    if watch is not None:
-        try:
-            watch.end(abandoned)  # every process, at the same point: the pass is dropped by all or by none
-        except PassAbandoned:
-            if kept is not None:
-                kept.restore()
-            raise
+    if watch is not None and kept is not None:
+        _end_watched_pass(watch, abandoned, kept, batches)
     if state.batch_idx < 0 and not (cancelled or state.stop_requested or run.allow_empty):
         raise _empty(run.name, state)
     state.epoch_finished = cancelled or (state.batch_idx >= 0 and not state.stop_requested)
     run.dispatcher.fire(Event.EPOCH_END, state, _CANCELS)
+
+
+def _end_watched_pass(watch: PassWatch, abandoned: bool, kept: torch_rng_snapshot, batches: Iterator) -> None:
+    """Every process, at the same point: the pass is dropped by all (PassAbandoned, torch's random
+    generators put back as ``kept`` them) or by none."""
+    try:
+        watch.end(abandoned)
+    except PassAbandoned as abandoning:
+        kept.restore()
+        # The data's iterator goes with the error, past the save that handles it: a loader's workers
+        # are shut down once it is dropped, which waits for the batches they are reading.
+        abandoning.unread = batches
+        raise
 
 
 def _empty(name: str, state: TrainState) -> FitforgeValueError:

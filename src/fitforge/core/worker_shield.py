@@ -29,6 +29,7 @@ shielded for their life.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import multiprocessing.util
 import os
@@ -124,6 +125,9 @@ def shield_worker(exiting: Any, done: Any = None) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGUSR1, _leave_to_the_main_process)
     signal.signal(signal.SIGINT, _leave_to_the_main_process)
+    # A worker that ends by returning (spawn, forkserver) runs the interpreter's exit, which puts the
+    # default actions back for its last second: block the signals from its exit on instead.
+    atexit.register(signal.pthread_sigmask, signal.SIG_BLOCK, SIGNALS)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
