@@ -75,10 +75,13 @@ class _ShieldedPasses:
     def __iter__(self) -> Iterator[Any]:
         loader = self.loader
         own = loader.worker_init_fn
-        if not isinstance(own, ShieldedWorkerInit):  # a fit within a fit: shielded already
-            loader.worker_init_fn = ShieldedWorkerInit(own, _exit_event(loader.multiprocessing_context))
+        # Blocked first: a helper process started from here on (multiprocessing's resource tracker,
+        # which the spawn start method's Event starts, and which ignores SIGINT and SIGTERM only)
+        # starts with the signals blocked too.
         before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         try:
+            if not isinstance(own, ShieldedWorkerInit):  # a fit within a fit: shielded already
+                loader.worker_init_fn = ShieldedWorkerInit(own, _exit_event(loader.multiprocessing_context))
             return iter(loader)  # starts the workers (a persistent loader's first pass only)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
