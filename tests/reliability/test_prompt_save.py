@@ -139,6 +139,7 @@ def test_a_signal_in_the_check_before_training_leaves_the_resumed_state_as_it_is
     )
     entries = journal(tmp_path / "check.jsonl")
     assert rc == 143 and event(entries, "fault")["completed"] == 0 and "received SIGTERM" in stderr
+    assert "(preempted by SIGTERM)" in stderr  # the closing line
     assert not losses(entries) and {path.name: path.read_bytes() for path in checkpoints.iterdir()} == before
     run_trainer(checkpoints, tmp_path / "final.jsonl", out=tmp_path / "out.pt", args=["--val", "0"])
     ref_entries, ref_weights = single["reference"]

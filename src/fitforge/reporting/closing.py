@@ -13,6 +13,7 @@ stopped and why, then the values as ``Finished`` does: ``Pruned at the end of ep
 from __future__ import annotations
 
 import math
+import signal
 
 from fitforge.core.history import History, is_speed
 from fitforge.core.state import TrainState
@@ -32,6 +33,10 @@ def finished_line(state: TrainState, seconds: float) -> str:
     after 1 epoch, 4 batches; the run stands at 3 epochs, 12 batches (reached epochs=3). ...``."""
     history = state.history
     reason = history.stop_reason or "completed"
+    if state.preempted is not None and not reason.startswith(
+        "preempted"
+    ):  # e.g. a resume's history replaced its reason
+        reason = f"preempted by {signal.Signals(state.preempted).name}"
     if state.resumed_at is None:
         line = (
             f"Finished: {plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s "
