@@ -249,3 +249,20 @@ def test_a_fresh_run_beside_an_earlier_runs_objects_is_refused_and_overwrite_rep
 def test_an_unknown_url_scheme_names_the_model_dir_and_the_known_ones():
     with pytest.raises(FitforgeValueError, match=r"the checkpoint URL 's4://bucket/run' names no storage fsspec knows"):
         CheckpointHandler("s4://bucket/run")
+
+
+def test_an_endpoint_that_cannot_be_reached_is_a_clear_error_before_training():
+    pytest.importorskip("s3fs")
+    estimator, data, _ = linear_problem()
+    options = {
+        "key": "x",
+        "secret": "x",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:1", "region_name": "us-east-1"},  # nothing listens
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+    }
+    saver = CheckpointHandler("s3://bucket/run", storage_options=options)
+    with pytest.raises(
+        FitforgeValueError, match=r"cannot be written \(EndpointConnectionError: .*endpoint is reachable"
+    ):
+        estimator.fit(data, epochs=1, event_handlers=[saver])
+    assert estimator.history.epochs == 0

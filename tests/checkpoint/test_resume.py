@@ -2,6 +2,7 @@
 to the same target, exactly as the uninterrupted run at epoch boundaries; corrupt files skipped."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -169,7 +170,6 @@ def test_a_checksum_catches_changed_tensor_bytes_and_old_files_without_one_still
 
 
 def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_intact(tmp_path, monkeypatch):
-    import os
 
     import fitforge.checkpoint.files as checkpoint_io
 
@@ -192,6 +192,23 @@ def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_in
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["model-epoch1batch6.pt"]  # no temporary file left behind
     checkpoint_io.load_checkpoint(tmp_path / "model-epoch1batch6.pt")
+
+
+def test_a_folder_that_cannot_be_written_mid_run_is_a_checkpoint_error(tmp_path, monkeypatch):
+    import fitforge.checkpoint.files as checkpoint_io
+    from fitforge.checkpoint.files import save_atomic
+
+    with pytest.raises(CheckpointError, match=r"cannot write .*/gone/a.pt: No such file or directory; make the"):
+        save_atomic({"w": torch.ones(2)}, tmp_path / "gone" / "a.pt")  # a folder removed (or made read-only)
+
+    def refused(*args):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(checkpoint_io.os, "replace", refused)
+    with pytest.raises(CheckpointError, match=r"cannot write .*b.pt: Permission denied \(the files already"):
+        save_atomic({"w": torch.ones(2)}, tmp_path / "b.pt")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
 
 
 def test_rerunning_a_run_that_stopped_early_trains_no_more(tmp_path):

@@ -28,7 +28,13 @@ TEMP_SUFFIX = ".tmp"
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (see the module docstring); returns the path."""
     path = Path(path)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    except OSError as err:  # a folder made read-only, or removed, during the run
+        raise CheckpointError(
+            f"cannot write {path}: {err.strerror or err}; make the folder writable or save elsewhere "
+            "(the files already there are intact)"
+        ) from err
     try:
         with os.fdopen(fd, "wb") as file:
             torch.save(obj, file)
@@ -43,6 +49,10 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
             raise CheckpointError(
                 f"cannot write {path}: {full.strerror or 'no space left on the device'}; free "
                 "space or save elsewhere (the files already there are intact)"
+            ) from err
+        if isinstance(err, OSError):
+            raise CheckpointError(
+                f"cannot write {path}: {err.strerror or err} (the files already there are intact)"
             ) from err
         raise
     _fsync_dir(path.parent)

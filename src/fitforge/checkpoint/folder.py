@@ -151,10 +151,11 @@ class CheckpointFolder:
         try:
             committed, removed, foreign = files.settle_uncommitted(patterns)
             files.probe(f".{self.prefix}-probe{TEMP_SUFFIX}")
-        except (OSError, ValueError) as err:  # botocore's errors reach us as OSErrors through s3fs
+        except Exception as err:  # s3fs's OSErrors, and botocore's own (an endpoint it cannot reach)
             raise FitforgeValueError(
                 f"CheckpointHandler: model_dir {str(self.path)!r} cannot be written ({type(err).__name__}: {err}); "
-                "check that the bucket exists and the credentials allow writing (see docs/checkpoints.md)"
+                "check that the bucket exists, its endpoint is reachable and the credentials allow writing "
+                "(see docs/checkpoints.md)"
             ) from err
         if committed:
             log.info(
