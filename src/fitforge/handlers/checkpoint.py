@@ -84,7 +84,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             run or an earlier fit of this estimator) would replace them, so it is refused before
             training, naming the ways out: resume that run, use another ``model_dir`` or
             ``model_prefix``, or pass ``overwrite=True``, which deletes the earlier run's files
-            (logged) before training. One folder and prefix hold one run.
+            (logged) before training. A run that resumes continues those files, whatever
+            ``overwrite`` says. One folder and prefix hold one run.
         storage_options: for a URL ``model_dir``, the options of its fsspec filesystem (s3fs's
             ``key``, ``secret``, ``endpoint_url``...); None: the store's own defaults (environment
             variables such as ``AWS_ACCESS_KEY_ID`` and ``AWS_ENDPOINT_URL``, config files).
