@@ -312,12 +312,13 @@ def test_a_fresh_run_beside_an_earlier_runs_files_is_refused_and_leaves_them_byt
     assert contents(tmp_path) == before and estimator.history.epochs == 0  # refused before training
 
 
-def test_a_best_only_folder_is_kept_from_a_run_that_finds_nothing_to_resume(tmp_path):
+def test_a_best_only_folder_is_kept_from_a_run_that_finds_nothing_to_resume(tmp_path, caplog):
     estimator, train, val = linear_problem()
     best_only = dict(monitor="val_loss", save_best=True, epoch_period=None)
     estimator.fit(train, val_data=val, epochs=3, event_handlers=[CheckpointHandler(tmp_path, **best_only)])
     before = contents(tmp_path)
     assert list(before) == ["model-best.pt"]
+    caplog.set_level("INFO", logger="fitforge")
     for resume in (False, True):
         estimator, train, val = linear_problem(lr=0.5)  # a worse first epoch would replace the best
         saver = CheckpointHandler(tmp_path, resume_from_checkpoint=resume, **best_only)
@@ -325,6 +326,8 @@ def test_a_best_only_folder_is_kept_from_a_run_that_finds_nothing_to_resume(tmp_
             estimator.fit(train, val_data=val, epochs=1, event_handlers=[saver])
         assert ("found no checkpoint to resume from beside them" in str(refused.value)) == resume
         assert contents(tmp_path) == before
+    assert "no periodic checkpoint to resume from in" in caplog.text and "(only ['model-best.pt'])" in caplog.text
+    assert "training from scratch" not in caplog.text  # it does not: it is refused
 
 
 def test_overwrite_deletes_the_earlier_runs_files_before_training(tmp_path, caplog):

@@ -62,7 +62,11 @@ class CheckpointFolder:
         than a CheckpointError) refuses the resume with nothing changed."""
         files = self.regular_files()
         if not files:
-            log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.path)
+            singles = [location.name for location in self.earlier_files()]  # best, nonfinite: no state to go on from
+            if singles:
+                log.info("CheckpointHandler: no periodic checkpoint to resume from in %s (only %s)", self.path, singles)
+            else:
+                log.info("CheckpointHandler: no checkpoint in %s: training from scratch", self.path)
             return None
         reasons = []
         for path in reversed(files):
