@@ -13,8 +13,9 @@ by runs), kill_at / kill_rank (that rank kills itself with SIGKILL after that ba
 first round only, for an elastic restart to resume from the newest checkpoint), agree_every (the
 ranks agree on stops every that many batches, after the first; without it, as often as fit chooses),
 finetune (the first layer frozen for a first fit of one epoch, then unfrozen for the fit measured),
-async_save (CheckpointHandler(async_save=True)), fail_write (rank 0's n-th checkpoint write fails
-with a CheckpointError, as a full disk would; the error lands in each rank's result as "error").
+async_save (CheckpointHandler(async_save=True)), batch_seconds (each batch sleeps that long),
+fail_write (rank 0's n-th checkpoint write fails with a CheckpointError, as a full disk would; the
+error lands in each rank's result as "error").
 """
 
 import json
@@ -92,6 +93,10 @@ if config.get("sigterm_at") is not None and me == config.get("sigterm_rank", 1):
             os.kill(os.getpid(), signal.SIGTERM)  # this rank only: the others learn of it by the reduced flag
 
     handlers.append(LambdaHandler(batch_end=terminate))
+if config.get("batch_seconds"):  # slow batches: a test signals a launcher while training goes on
+    import time
+
+    handlers.append(LambdaHandler(batch_end=lambda state: time.sleep(config["batch_seconds"])))
 if config.get("cancel_fit_at") is not None and me == 1:
 
     def cancel(state):
