@@ -2,11 +2,15 @@
 one rank each, meeting through a c10d rendezvous on the loopback address, as two machines would
 (``--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:PORT``). It trains like one process,
 global rank 0 alone writes the checkpoints, and a SIGTERM to one node's agent makes both ranks save
-once and exit with 143."""
+once and exit with 143. Kubernetes launches too, as their operators set them up: Kubeflow's
+PyTorchJob starts ``python train.py`` in each pod with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and
+RANK set (no LOCAL_RANK); Kubeflow Trainer's torch runtime starts ``torchrun train.py`` with its
+arguments in PET_* variables."""
 
 import json
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -56,7 +60,33 @@ def runs(tmp_path_factory) -> dict:
         time.sleep(0.05)
     agents[1].send_signal(signal.SIGTERM)
     stopped = [finish(agent) for agent in agents]
-    return {"root": root, "single": single, "nodes": nodes, "stopped": stopped}
+    return {"root": root, "single": single, "nodes": nodes, "stopped": stopped, **kubernetes(root, config)}
+
+
+def kubernetes(root: Path, config: dict) -> dict:
+    """Two "pods" as PyTorchJob starts them, and two as Kubeflow Trainer's torch runtime does."""
+    port, agents_port = free_port(), free_port()
+    script = [SCRIPT, None, json.dumps({**config, "per_rank_dirs": True})]
+    pods = []
+    for rank in (0, 1):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank)}
+        pods.append(start([sys.executable, *_at(script, root / "pytorchjob")], env))
+    trainer = []
+    for node in (0, 1):
+        env = {
+            "PET_NNODES": "2",
+            "PET_NPROC_PER_NODE": "1",
+            "PET_NODE_RANK": str(node),
+            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": str(agents_port),
+        }
+        trainer.append(start([*RUN, *_at(script, root / "trainjob")], env))
+    return {"pytorchjob": [finish(pod) for pod in pods], "trainjob": [finish(agent) for agent in trainer]}
+
+
+def _at(script: list, out: Path) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    return [script[0], str(out), script[2]]
 
 
 def test_two_nodes_with_a_c10d_rendezvous_train_like_one_process_and_rank_0_alone_saves(runs):
@@ -83,3 +113,16 @@ def test_sigterm_to_one_node_s_agent_saves_once_and_both_ranks_exit_143(runs):
     newest = max((root / "rank0" / "checkpoints").glob("*.pt"), key=lambda p: load_checkpoint(p)["global_step"])
     assert load_checkpoint(newest)["global_step"] == ranks[0]["steps"]  # the state the ranks stopped at
     assert not any((root / "rank1" / "checkpoints").glob("*"))
+
+
+@pytest.mark.parametrize("job", ["pytorchjob", "trainjob"])
+def test_kubernetes_launches_train_like_one_process(runs, job):
+    for pod in runs[job]:
+        ok(pod)
+    root = runs["root"]
+    (single,) = results(root / "one", 1)
+    ranks = results(root / job, 2)
+    assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["params"] == ranks[1]["params"]
+    assert max_difference(ranks[0]["params"], single["params"]) <= 1e-6
+    assert any((root / job / "rank0" / "checkpoints").glob("*.pt"))
+    assert not any((root / job / "rank1" / "checkpoints").glob("*"))
