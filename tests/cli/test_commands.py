@@ -127,6 +127,30 @@ def test_evaluate_and_predict_a_checkpoint(tmp_path, marker, capsys):
     assert torch.equal(torch.load(tmp_path / "out/preds.pt", weights_only=True), predictions)
 
 
+def test_evaluate_and_predict_a_checkpoint_alone_with_the_config_it_recorded(tmp_path, marker, monkeypatch):
+    config = write_config(tmp_path)
+    history = run(["fit", "--config", str(config)])
+    checkpoint = str(tmp_path / "ckpt" / "model-epoch3batch12.pt")
+    config.unlink()  # the checkpoint alone: its run's config is recorded in it
+    metrics = run(["evaluate", "--checkpoint", checkpoint])
+    assert metrics["val_loss"] == pytest.approx(history["val_loss"][-1], rel=1e-6)
+    test = run(["evaluate", f"--checkpoint={checkpoint}", "--split", "test"])  # options still apply
+    assert test["test_loss"] == pytest.approx(metrics["val_loss"])
+    predictions = run(["predict", "--checkpoint", checkpoint, "--output", "preds.pt"])
+    assert predictions.shape == (32, 1)
+
+
+def test_a_checkpoint_without_a_recorded_config_still_needs_one(tmp_path, marker):
+    from fitforge.handlers import CheckpointHandler
+    from fitforge.testing import linear_problem
+
+    estimator, data, _ = linear_problem()
+    estimator.fit(data, epochs=1, event_handlers=[CheckpointHandler(tmp_path / "plain")])
+    checkpoint = str(next((tmp_path / "plain").glob("*.pt")))
+    with pytest.raises(ConfigError, match=r"arguments are required: .*evaluate\.estimator\.loss, evaluate\.model"):
+        run(["evaluate", "--checkpoint", checkpoint])
+
+
 def test_a_missing_checkpoint_fails_before_anything_is_built(tmp_path, marker):
     config = write_config(tmp_path)
     with pytest.raises(ConfigError, match=r"fitforge evaluate: --checkpoint nope\.pt: no such file; nothing was built"):

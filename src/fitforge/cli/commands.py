@@ -20,9 +20,10 @@ from jsonargparse import ArgumentParser, Namespace
 from fitforge.checkpoint.files import save_atomic
 from fitforge.cli.build import build, data_arguments, data_of
 from fitforge.cli.parser import RUN_SECTIONS, command_parser
+from fitforge.cli.recorded import recorded_config
 from fitforge.cli.resume import resume_from
 from fitforge.cli.suggest import config_error
-from fitforge.exceptions import ConfigError, FitforgeTypeError, FitforgeValueError
+from fitforge.exceptions import CheckpointError, ConfigError, FitforgeTypeError, FitforgeValueError
 
 log = logging.getLogger("fitforge")
 
@@ -37,7 +38,7 @@ def run(args: list[str] | None = None) -> Any:
             anything is built.
     """
     parser, commands = command_parser()
-    argv = sys.argv[1:] if args is None else list(args)
+    argv = _with_recorded_config(sys.argv[1:] if args is None else list(args))
     try:
         parsed = parser.parse_args(argv)
     except ArgumentError as error:
@@ -62,6 +63,26 @@ def run(args: list[str] | None = None) -> Any:
     return (
         _evaluate(subparser, data_parser, config) if command == "evaluate" else _predict(subparser, data_parser, config)
     )
+
+
+def _with_recorded_config(argv: list[str]) -> list[str]:
+    """``evaluate`` or ``predict`` given a ``--checkpoint`` but no ``--config``: the config recorded
+    in the checkpoint, if it holds one (its run was started from a config), goes first, so that the
+    checkpoint alone names the model and data and the other options override it."""
+    if not argv or argv[0] not in ("evaluate", "predict") or any(a.split("=")[0] == "--config" for a in argv):
+        return argv
+    for i, option in enumerate(argv):
+        path = option.partition("=")[2] if option.startswith("--checkpoint=") else None
+        if option == "--checkpoint" and i + 1 < len(argv):
+            path = argv[i + 1]
+        if path is not None and Path(path).is_file():
+            try:
+                recorded = recorded_config(path)
+            except (ConfigError, CheckpointError):  # no config there: the usual errors name what is missing
+                return argv
+            log.info("fitforge %s: the config recorded in %s", argv[0], path)
+            return [argv[0], "--config", json.dumps(recorded), *argv[1:]]
+    return argv
 
 
 def main(args: list[str] | None = None) -> int:
