@@ -134,8 +134,9 @@ def test_a_spawned_worker_is_shielded_too(tmp_path):
 
 
 class WaitsForTheSave(Dataset):
-    """A validation set read by 2 workers: its first sample sends the fit SIGTERM; batch 3 (worker 1's
-    second) waits for a checkpoint to appear in ``folder`` and notes whether one did."""
+    """A validation set read by 2 workers: its first sample sends the fit SIGTERM; batch 1 (worker 1's
+    first, under way while the fit abandons the validation after batch 0) waits for a checkpoint to
+    appear in ``folder`` and notes whether one did."""
 
     def __init__(self, folder) -> None:
         self.folder, self.fit = folder, os.getpid()
@@ -146,7 +147,7 @@ class WaitsForTheSave(Dataset):
     def __getitem__(self, i: int):
         if i == 0 and get_worker_info() is not None:  # not in the check before training
             os.kill(self.fit, signal.SIGTERM)
-        if i == 12:
+        if i == 4:
             for _ in range(150):
                 if any(self.folder.glob("*.pt")):
                     (self.folder.parent / "seen").touch()
