@@ -78,12 +78,17 @@ def launch(
     return finish(start([*prefix, script, str(out), json.dumps(config)], ELASTIC if elastic else None))
 
 
+def free_port() -> int:
+    """A TCP port free on the loopback address now (for a rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def launch_two_nodes(out: Path, config: dict) -> list[subprocess.CompletedProcess]:
     """Two launchers, one process each, meeting at a loopback rendezvous as two machines would."""
     out.mkdir(parents=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     nodes = [
         start(
             [

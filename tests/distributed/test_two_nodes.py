@@ -9,21 +9,14 @@ arguments in PET_* variables."""
 
 import json
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_data_parallel import BASE, RUN, SCRIPT, finish, launch, max_difference, ok, results, start
+from test_data_parallel import BASE, RUN, SCRIPT, finish, free_port, launch, max_difference, ok, results, start
 
 from fitforge.checkpoint.files import load_checkpoint
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def two_nodes(out: Path, config: dict) -> list:
@@ -66,11 +59,13 @@ def runs(tmp_path_factory) -> dict:
 def kubernetes(root: Path, config: dict) -> dict:
     """Two "pods" as PyTorchJob starts them, and two as Kubeflow Trainer's torch runtime does."""
     port, agents_port = free_port(), free_port()
-    script = [SCRIPT, None, json.dumps({**config, "per_rank_dirs": True})]
+    arguments = json.dumps({**config, "per_rank_dirs": True})
+    for job in ("pytorchjob", "trainjob"):
+        (root / job).mkdir()
     pods = []
     for rank in (0, 1):
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank)}
-        pods.append(start([sys.executable, *_at(script, root / "pytorchjob")], env))
+        pods.append(start([sys.executable, SCRIPT, str(root / "pytorchjob"), arguments], env))
     trainer = []
     for node in (0, 1):
         env = {
@@ -80,13 +75,8 @@ def kubernetes(root: Path, config: dict) -> dict:
             "PET_MASTER_ADDR": "127.0.0.1",
             "PET_MASTER_PORT": str(agents_port),
         }
-        trainer.append(start([*RUN, *_at(script, root / "trainjob")], env))
+        trainer.append(start([*RUN, SCRIPT, str(root / "trainjob"), arguments], env))
     return {"pytorchjob": [finish(pod) for pod in pods], "trainjob": [finish(agent) for agent in trainer]}
-
-
-def _at(script: list, out: Path) -> list[str]:
-    out.mkdir(parents=True, exist_ok=True)
-    return [script[0], str(out), script[2]]
 
 
 def test_two_nodes_with_a_c10d_rendezvous_train_like_one_process_and_rank_0_alone_saves(runs):
