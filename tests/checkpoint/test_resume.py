@@ -112,14 +112,14 @@ def run_with_early_stopping(folder, epochs, seed=0, resume=False):
     from fitforge.handlers import EarlyStoppingHandler
 
     stopper = EarlyStoppingHandler("train_loss", patience=1, restore_best=True)
-    # lr 0.2: the training loss is best at epoch 2 and worse at epoch 3, where patience 1 stops the run
+    # lr 0.2: the training loss is best at epoch 3 and worse at epoch 4, where patience 1 stops the run
     weights, history = run(folder, epochs, seed, resume, lr=0.2, handlers=[stopper])
     return weights, stopper, history
 
 
 def test_early_stopping_state_and_best_weights_ride_in_checkpoints(tmp_path):
     weights, stopper, history = run_with_early_stopping(tmp_path / "whole", epochs=5)
-    assert len(history["train_loss"]) == 3 and stopper.best_epoch == 1  # stopped early, best weights restored
+    assert len(history["train_loss"]) == 4 and stopper.best_epoch == 2  # stopped early, best weights restored
     run_with_early_stopping(tmp_path / "cut", epochs=2)
     resumed_weights, resumed, resumed_history = run_with_early_stopping(
         tmp_path / "cut", epochs=5, seed=123, resume=True
@@ -212,8 +212,8 @@ def test_a_folder_that_cannot_be_written_mid_run_is_a_checkpoint_error(tmp_path,
 
 
 def test_rerunning_a_run_that_stopped_early_trains_no_more(tmp_path):
-    weights, _, history = run_with_early_stopping(tmp_path, epochs=5)  # stops after epoch 3
+    weights, _, history = run_with_early_stopping(tmp_path, epochs=5)  # stops after epoch 4
     again_weights, _, again_history = run_with_early_stopping(tmp_path, epochs=5, seed=123, resume=True)
-    assert again_history["train_loss"] == history["train_loss"] and len(again_history["train_loss"]) == 3
+    assert again_history["train_loss"] == history["train_loss"] and len(again_history["train_loss"]) == 4
     assert again_history.stop_reason == "already stopped: " + history.stop_reason
     assert_same(again_weights, weights)  # restore_best still put the best epoch's weights back

@@ -362,35 +362,49 @@ class Samples(BatchEnd):
         self.seen.setdefault(state.epoch, []).extend(rows)
 
 
-def fit_with_batch_size(folder, batch_size, resume, crash=None):
+def fit_with_batch_size(folder, batch_size, resume, crash=None, generator=None):
     torch.manual_seed(0)
     net = nn.Linear(6, 3)
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     samples = Samples()
     handlers = [samples, CheckpointHandler(folder, batch_period=1, resume_from_checkpoint=resume)]
-    data = DataLoader(TensorDataset(X, Y), batch_size=batch_size, shuffle=True)
+    data = DataLoader(TensorDataset(X, Y), batch_size=batch_size, shuffle=True, generator=generator)
     with contextlib.suppress(RuntimeError):  # the crash
         estimator.fit(data, epochs=2, event_handlers=handlers + ([crash] if crash else []), default_handlers=False)
     return samples.seen
 
 
-def test_a_resume_with_another_batch_size_continues_at_the_same_sample(tmp_path, caplog):
+@pytest.mark.parametrize("batch_size", [4, 5])
+def test_a_resume_with_another_batch_size_continues_at_the_same_sample(tmp_path, caplog, batch_size):
     whole = fit_with_batch_size(tmp_path / "whole", 8, resume=False)
     crashed = fit_with_batch_size(tmp_path / "run", 8, resume=False, crash=Crash(at=8))  # 2 batches into epoch 2
     assert crashed[1] == whole[1][:16]
     with caplog.at_level(logging.INFO, logger="fitforge"):
-        resumed = fit_with_batch_size(tmp_path / "run", 4, resume=True)
-    assert resumed[1] == whole[1][16:]  # the rest of the same order, in batches of 4: no sample skipped or repeated
-    assert "batch size changed from 8 to 4 since the checkpoint: epoch 2 continues after its first 16 samples" in (
-        caplog.text
-    )
+        resumed = fit_with_batch_size(tmp_path / "run", batch_size, resume=True)
+    assert resumed[1] == whole[1][16:]  # the rest of the same order in the new batches: none skipped or repeated
+    assert (
+        "the checkpoint was written 16 sample(s) into epoch 2 by 1 rank(s) in batches of 8; epoch 2 goes on from "
+        f"that sample of its order on 1 rank(s) in batches of {batch_size}"
+    ) in caplog.text
+
+
+def test_an_own_generators_order_continues_with_a_batch_size_that_ends_at_the_same_sample(tmp_path):
+    def generator():
+        return torch.Generator().manual_seed(7)
+
+    whole = fit_with_batch_size(tmp_path / "whole", 8, resume=False, generator=generator())
+    fit_with_batch_size(tmp_path / "run", 8, resume=False, crash=Crash(at=8), generator=generator())
+    resumed = fit_with_batch_size(tmp_path / "run", 4, resume=True, generator=generator())
+    assert resumed[1] == whole[1][16:]
 
 
 def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused_changing_nothing(tmp_path):
-    fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8))
+    fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8), generator=torch.Generator().manual_seed(7))
     message = (
         r"the checkpoint stopped 2 batch\(es\) of 8 \(sample 16\) into epoch 2, but train_data now has batches of "
-        r"5, which cannot continue at that sample: resume with batch_size=8"
+        r"5, which cannot continue at that sample \(train_data's order is not one for every number of ranks: its "
+        r"RandomSampler draws from a generator of yours, which the ranks' split does not use\): resume with "
+        r"batch_size=8"
     )
     torch.manual_seed(0)
     net = nn.Linear(6, 3)
@@ -398,8 +412,9 @@ def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused
     estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=1, default_handlers=False)  # a notebook cell
     weights, files = net.weight.detach().clone(), {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     resumer = CheckpointHandler(tmp_path, batch_period=1, resume_from_checkpoint=True)
+    own = DataLoader(TensorDataset(X, Y), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7))
     with pytest.raises(FitforgeValueError, match=message):
-        estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=5), epochs=2, event_handlers=[resumer])
+        estimator.fit(own, epochs=2, event_handlers=[resumer])
     assert net.weight.equal(weights) and estimator.history.epochs == 1  # nothing loaded, nothing lost
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
 

@@ -500,33 +500,67 @@ def test_fsdp_checkpoints_round_trip_through_dcp_folders(one_rank_group, tmp_pat
         plain.load_checkpoint(tmp_path / "model-epoch2batch8.pt")
 
 
-def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_restarts_a_shuffled_epoch(tmp_path, caplog):
-    data = TensorDataset(torch.rand(12, 1), torch.rand(12, 1))
-    estimator = make_estimator()
-    estimator.fit(
-        DataLoader(data, batch_size=4, shuffle=True),
-        batches=5,
-        event_handlers=[CheckpointHandler(tmp_path, batch_period=5, epoch_period=None)],
-    )
-    path = tmp_path / "model-epoch1batch5.pt"
+class Rows(BatchEnd):
+    """The first feature of every sample trained, by epoch (the data below holds its index there)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def batch_end(self, state):
+        self.seen.setdefault(state.epoch, []).extend(int(v) for v in state.batch[0][:, 0])
+
+
+def fit_rows(folder, loader, resume=False, **target):
+    torch.manual_seed(0)  # the fit's seed, and so its order
+    rows = Rows()
+    saver = CheckpointHandler(folder, batch_period=4, epoch_period=None, resume_from_checkpoint=resume)
+    make_estimator().fit(loader, event_handlers=[rows, saver], default_handlers=False, **target)
+    return rows.seen
+
+
+def as_if_two_ranks_wrote(path):
     checkpoint = load_checkpoint(path)
-    assert checkpoint["position"] == 2 and checkpoint["data_order"] == {
-        **checkpoint["data_order"],
-        "world": 1,
-        "shuffled": True,
-    }
-    checkpoint["data_order"]["world"] = 2  # as if two ranks had written it
+    checkpoint["data_order"]["world"] = 2  # two ranks of batches of 4: the checkpoint is 16 samples into epoch 2
     save_checkpoint(checkpoint, path)
-    resumed = make_estimator()
-    with caplog.at_level(logging.WARNING, logger="fitforge"):
-        history = resumed.fit(
-            DataLoader(data, batch_size=4, shuffle=True),
-            epochs=2,
-            event_handlers=[CheckpointHandler(tmp_path, resume_from_checkpoint=True)],
-        )
-    assert "written by 2 rank(s) 2 batch(es) into epoch 2 of a shuffled order" in caplog.text
-    assert "epoch 2 starts again (its 2 trained batch(es) are trained twice)" in caplog.text
-    assert len(history["train_loss"]) == 2 and (tmp_path / "model-epoch2batch6.pt").is_file()
+
+
+def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_goes_on_at_its_sample(tmp_path, caplog):
+    data = TensorDataset(torch.arange(24.0).unsqueeze(1), torch.rand(24, 1))
+    whole = fit_rows(tmp_path / "whole", DataLoader(data, batch_size=4, shuffle=True), epochs=2)
+    fit_rows(tmp_path / "run", DataLoader(data, batch_size=4, shuffle=True), batches=8)  # 2 batches into epoch 2
+    as_if_two_ranks_wrote(tmp_path / "run" / "model-epoch1batch8.pt")
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        resumed = fit_rows(tmp_path / "run", DataLoader(data, batch_size=4, shuffle=True), resume=True, epochs=2)
+    # One order for every number of ranks: the one process's epoch goes on after the 16 samples the two ranks read.
+    assert resumed == {1: whole[1][16:]}
+    assert "written 16 sample(s) into epoch 2 by 2 rank(s) in batches of 4; epoch 2 goes on" in caplog.text
+    assert (tmp_path / "run" / "model-epoch1batch12.pt").is_file()  # 16 samples: 4 batches of this fit, then 2
+
+
+class OwnOrder(torch.utils.data.Sampler):
+    def __init__(self, size):
+        self.size = size
+
+    def __iter__(self):
+        return iter(reversed(range(self.size)))
+
+    def __len__(self):
+        return self.size
+
+
+def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_with_a_users_sampler_is_refused(tmp_path):
+    data = TensorDataset(torch.arange(24.0).unsqueeze(1), torch.rand(24, 1))
+    fit_rows(tmp_path, DataLoader(data, batch_size=4, sampler=OwnOrder(24)), batches=8)
+    as_if_two_ranks_wrote(tmp_path / "model-epoch1batch8.pt")
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    message = (
+        r"written 16 sample\(s\) into epoch 2 by 2 rank\(s\), and this fit runs on 1, where the rest of that epoch "
+        r"cannot be found: train_data's order is not one for every number of ranks: its sampler OwnOrder is your "
+        r"own. Resume on 2 rank\(s\) to finish the epoch, or from a checkpoint written at an epoch's end"
+    )
+    with pytest.raises(FitforgeValueError, match=message):
+        fit_rows(tmp_path, DataLoader(data, batch_size=4, sampler=OwnOrder(24)), resume=True, epochs=2)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files  # nothing written over
 
 
 @needs_fsdp

@@ -76,50 +76,75 @@ def _config_entry(state: TrainState) -> dict[str, Any]:
     return {} if config is None else {"config": config}
 
 
-def _order_changed(order: DataOrder | None, saved: dict[str, Any]) -> bool:
-    """Whether a shuffled epoch's order differs from the checkpoint's: written by another number of
-    ranks (a DistributedSampler's order depends on it, a RandomSampler's is another one)."""
-    shuffled = saved.get("shuffled", False) or (order is not None and order.shuffled)
-    return shuffled and saved.get("world", 1) != world_size()
+def _why_not_placed(order: DataOrder, saved: dict[str, Any]) -> str | None:
+    """Why the rest of the checkpoint's epoch cannot be split anew for this fit (None when it can)."""
+    if order.unplaceable is not None:
+        return f"train_data's order is not one for every number of ranks: {order.unplaceable}"
+    if not saved.get("placeable", not saved.get("shuffled", False)):
+        return "the run that wrote it drew its order from a sampler or generator of its own"
+    if saved.get("shuffled", False) != order.shuffled:
+        return "its epoch was " + ("shuffled and train_data is not" if order.shuffled is False else "not shuffled")
+    return None
 
 
-def _rebatched(order: DataOrder, saved: dict[str, Any], position: int, epoch: int, quiet: bool = False) -> int:
-    """The position, in this fit's batches, of a checkpoint written ``position`` batches into epoch
-    ``epoch`` with batches of another size (per rank; all ranks' batches together count): the same
-    sample, when this fit's batches can end there (the sampler's order does not depend on the batch
-    size), else a FitforgeValueError (raised by :func:`check_resumable` before anything is loaded)."""
+def continuation(
+    order: DataOrder, saved: dict[str, Any], position: int, epoch: int, quiet: bool = False
+) -> tuple[int, int | None]:
+    """Where this fit goes on in epoch ``epoch``, which a checkpoint (its data order ``saved``) left
+    after ``position`` batches: ``(position in this fit's batches, None)`` when its batches are the
+    checkpoint's, or end at the same sample (another batch size, the same order); ``(position, sample)``
+    when the rest of the epoch is split anew after ``sample`` samples of its order (another number of
+    ranks or batch size, see :mod:`fitforge.inputs.placement`; the position is then a count of whole
+    batches of this fit). A FitforgeValueError when neither is exact (:func:`check_resumable` raises it
+    before anything is loaded)."""
     old, new = saved.get("batch_size"), order.batch_size
-    old_step, new_step = (old or 0) * saved.get("world", 1), (new or 0) * world_size()  # samples per step
-    if old is None or new is None or old_step == new_step:
-        return position
-    samples = position * old_step
-    if samples % new_step:
+    old_world, (placed_samples, placed_at) = saved.get("world", 1), saved.get("offset", (0, 0))
+    if old is None or new is None:  # batches without a size (a list): every rank reads all of them
+        return position, None
+    same_split = old_world == world_size() and not placed_samples
+    if same_split and old == new:
+        return position, None
+    old_step, new_step = old * old_world, new * world_size()  # samples per step, all ranks together
+    samples = placed_samples + (position - placed_at) * old_step
+    why = _why_not_placed(order, saved)
+    if why is None:
+        if not quiet:
+            log.info(
+                "the checkpoint was written %d sample(s) into epoch %d by %d rank(s) in batches of %d; epoch %d goes "
+                "on from that sample of its order on %d rank(s) in batches of %d",
+                samples,
+                epoch + 1,
+                old_world,
+                old,
+                epoch + 1,
+                world_size(),
+                new,
+            )
+        return samples // new_step, samples
+    if same_split and not samples % new_step:  # the sampler's order does not depend on the batch size
+        return samples // new_step, None
+    if same_split:
         raise FitforgeValueError(
             f"the checkpoint stopped {position} batch(es) of {old_step} (sample {samples}) into epoch {epoch + 1}, "
-            f"but train_data now has batches of {new_step}, which cannot continue at that sample: resume with "
-            f"batch_size={old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint "
+            f"but train_data now has batches of {new_step}, which cannot continue at that sample ({why}): resume "
+            f"with batch_size={old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint "
             "written at an epoch's end"
         )
-    if not quiet:
-        log.info(
-            "train_data's batch size changed from %d to %d since the checkpoint: epoch %d continues after its first "
-            "%d samples (%d batches of %d)",
-            old_step,
-            new_step,
-            epoch + 1,
-            samples,
-            samples // new_step,
-            new_step,
-        )
-    return samples // new_step
+    raise FitforgeValueError(
+        f"the checkpoint was written {samples} sample(s) into epoch {epoch + 1} by {old_world} rank(s), and this fit "
+        f"runs on {world_size()}, where the rest of that epoch cannot be found: {why}. Resume on {old_world} "
+        "rank(s) to finish the epoch, or from a checkpoint written at an epoch's end (CheckpointHandler's "
+        "epoch_period), or train from a DataLoader with shuffle=True or False and no sampler or generator of "
+        "your own, whose order fitforge continues on any number of ranks"
+    )
 
 
 def check_resumable(state: TrainState, checkpoint: dict[str, Any]) -> None:
     """Refuse, before its weights are loaded, a checkpoint this fit cannot continue exactly: one
-    written part-way through an epoch, with batches this fit's cannot end at (see :func:`_rebatched`)."""
+    written part-way through an epoch that this fit cannot continue at its sample (see :func:`continuation`)."""
     order, position = fit_data_order(state), checkpoint.get("position", 0)
-    if position and order is not None and not _order_changed(order, checkpoint.get("data_order", {})):
-        _rebatched(order, checkpoint.get("data_order", {}), position, checkpoint["epochs_completed"], quiet=True)
+    if position and order is not None:
+        continuation(order, checkpoint.get("data_order", {}), position, checkpoint["epochs_completed"], quiet=True)
 
 
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
@@ -134,31 +159,18 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     state.optimizer_steps = checkpoint.get("optimizer_steps", 0)
     state.accumulated_batches = checkpoint.get("accumulated_batches", 0)
     grads = checkpoint.get("grads", {})
-    if position and _order_changed(order, checkpoint.get("data_order", {})):
-        log.warning(
-            "the checkpoint was written by %d rank(s) %d batch(es) into epoch %d of a shuffled order; on %d "
-            "rank(s) the epoch's order is another one, so its position cannot be found: epoch %d starts "
-            "again (its %d trained batch(es) are trained twice)",
-            checkpoint["data_order"].get("world", 1),
-            position,
-            state.epoch + 1,
-            world_size(),
-            state.epoch + 1,
-            state.global_step - epoch_start_step,
-        )
-        state.global_step = epoch_start_step
-        position = 0
-        state.accumulated_batches, grads = 0, {}
-    if position and order is not None:  # batches of another size: the same sample, counted in the new batches
-        rebatched = _rebatched(order, checkpoint.get("data_order", {}), position, state.epoch)
-        state.global_step, position = state.global_step + rebatched - position, rebatched
+    sample = None
+    if position and order is not None:  # another split of the epoch: the same sample, counted in the new batches
+        moved, sample = continuation(order, checkpoint.get("data_order", {}), position, state.epoch)
+        state.global_step, position = state.global_step + moved - position, moved
+    mid_epoch = position > 0 or bool(sample)
     # The restored state is the one after the checkpoint's last batch: a stop before any batch of
     # this fit (a signal while restoring) then saves that same state, or nothing, never another.
     state.batch_idx = position - 1
     for name, parameter in state.estimator.net.named_parameters():
         parameter.grad = grads[name].to(parameter.device) if name in grads else None
     history = checkpoint["history"]
-    if history["epochs"] > state.epoch and not position:  # a row of an epoch that reruns from its start
+    if history["epochs"] > state.epoch and not mid_epoch:  # a row of an epoch that reruns from its start
         history = {
             **history,
             "epochs": state.epoch,
@@ -170,8 +182,8 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     same_ranks = isinstance(rank_rngs, list) and len(rank_rngs) == world_size()
     restore_rng_states(rank_rngs[rank()] if same_ranks else checkpoint.get("rng", {}))  # type: ignore[index]
     if order is not None:
-        order.load_state_dict(checkpoint.get("data_order", {}), mid_epoch=position > 0)
-        order.resume_at(position, epoch_start_step)
+        order.load_state_dict(checkpoint.get("data_order", {}), mid_epoch=mid_epoch)
+        order.resume_at(position, epoch_start_step, sample)
     saved = checkpoint.get("handlers", {})
     for key, handler in stateful_handlers(state.handlers).items():
         if key in saved:

@@ -14,6 +14,12 @@ drawn again (indices only, no data is loaded) and a loader for the remaining one
 original's place for that epoch. A list or tuple of batches is sliced. Anything else has no
 positions: its first batches are read and discarded (with the random generators' states kept),
 and :attr:`DataOrder.problem` says why exactness then depends on the data.
+
+A shuffled ``RandomSampler``'s generator and the ``DistributedSampler`` fitforge puts in its place
+under torch.distributed draw one order, the same for any number of ranks (see
+:mod:`fitforge.inputs.placement`): an epoch interrupted on some number of ranks, or with some batch
+size, continues on another from the sample it reached (:meth:`DataOrder.resume_at` with a
+``sample``). :attr:`DataOrder.unplaceable` says why a loader's order cannot be continued so.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from fitforge.core.batches import loader_options, sampler_of
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.core.worker_shield import shielded
-from fitforge.distributed.ranks import broadcast_from_main, world_size
+from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
+from fitforge.inputs.placement import epoch_permutation, rank_remainder
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
 
@@ -69,7 +76,11 @@ class DataOrder:
 
     Attributes:
         problem: None when a position can be restored exactly by index, else why not (for a warning).
+        unplaceable: None when the order is one for every number of ranks and batch size
+            (:mod:`fitforge.inputs.placement`), else why not (for a refusal).
         seed: the seed of the generators given to the loader (None when it needed none).
+        offset: ``(samples, position)``: the current epoch's batches from ``position`` on go on
+            after ``samples`` samples of its order (``(0, 0)`` unless a resume placed it).
     """
 
     def __init__(self, data: Iterable) -> None:
@@ -82,7 +93,13 @@ class DataOrder:
         self.shuffled = False  # whether the order is random (a position then depends on the sampler)
         self.epoch_start_step = 0  # global_step when the current epoch began
         self._resume_position = 0  # where the next epoch starts: set by a resume
+        self._resume_sample: int | None = None  # the sample it starts from, when placed anew
+        self.offset = (0, 0)
+        self._legacy_seeding = False  # a checkpoint from before one order for every world size
+        self.unplaceable: str | None = None
         self.problem = self._inspect(data)
+        if self.unplaceable is None:
+            self.unplaceable = self.problem
         if self._managed:  # every rank draws (their generators stay alike); rank 0's seed is everyone's
             self.seed = broadcast_from_main(_draw_seed())
 
@@ -113,6 +130,7 @@ class DataOrder:
             return f"its batch_sampler {type(loader.batch_sampler).__name__} is not torch's BatchSampler"
         sampler = sampler_of(loader)  # a batch_sampler= of the user's holds its own (loader.sampler is then unused)
         self.shuffled = type(sampler) in _SEEDED_SAMPLERS or getattr(sampler, "shuffle", False) is True
+        self.unplaceable = _why_unplaceable(loader, sampler)
         if type(sampler) is DistributedSampler:  # its order is a function of its seed and set_epoch
             self._epoch_samplers.append(sampler)
             if getattr(sampler, "fitforge_seeded", False):  # seeded from the fit's seed by data_split
@@ -128,24 +146,50 @@ class DataOrder:
             return "it has its own generator and persistent workers, whose seeds are drawn only once"
         return None
 
+    @property
+    def order_seed(self) -> int:
+        """The seed of every epoch's order (:mod:`fitforge.inputs.placement`); set only with :attr:`seed`."""
+        return epoch_seed(self.seed, 0, "shard")  # type: ignore[arg-type]
+
     def epoch(self, state: TrainState) -> tuple[Iterable, int]:
         """The data of ``state.epoch`` and the position of its first batch: where a resume
         continues (:meth:`resume_at`), else 0 (then the epoch starts at ``state.global_step``)."""
         start, self._resume_position = self._resume_position, 0
-        if not start:
+        sample, self._resume_sample = self._resume_sample, None
+        if not start and not sample:
             self.epoch_start_step = state.global_step
-        return indexed_batches(self.batches_of(state.epoch, start)), start
+        self.offset = (sample, start) if sample else (0, 0)
+        data = self._placed(state.epoch, sample) if sample else self.batches_of(state.epoch, start)
+        return indexed_batches(data), start
 
-    def resume_at(self, position: int, epoch_start_step: int) -> None:
+    def resume_at(self, position: int, epoch_start_step: int, sample: int | None = None) -> None:
         """Make the next epoch continue after its first ``position`` batches (read before a
-        checkpoint), an epoch that began at global step ``epoch_start_step``."""
+        checkpoint), an epoch that began at global step ``epoch_start_step``; with ``sample``, from
+        that sample of the epoch's order, split across this fit's ranks and batches anew (its batches
+        are then numbered from ``position``)."""
         self._resume_position, self.epoch_start_step = position, epoch_start_step
+        self._resume_sample = sample
+
+    def _placed(self, epoch: int, sample: int) -> DataLoader:
+        """A loader for this rank's share of ``epoch`` after its first ``sample`` samples."""
+        self.batches_of(epoch)  # the generators, as the epoch's start leaves them
+        loader: DataLoader = self.data  # type: ignore[assignment]
+        batches: BatchSampler = loader.batch_sampler  # type: ignore[assignment]  # torch's: unplaceable otherwise
+        order = epoch_permutation(len(loader.dataset), self.shuffled, self.order_seed, epoch)  # type: ignore[arg-type]
+        rest = rank_remainder(order, sample, world_size(), rank())
+        batched = list(BatchSampler(rest, batches.batch_size, batches.drop_last))
+        workers = torch.Generator()
+        workers.set_state(loader.generator.get_state())  # given one in _inspect, as in _remainder
+        draw_worker_seed(loader)
+        return DataLoader(loader.dataset, batch_sampler=batched, **loader_options(loader, workers))
 
     def batches_of(self, epoch: int, start: int = 0) -> Iterable:
         """The data of ``epoch``, from batch position ``start``."""
         for role, (owner, generator) in self._managed.items():
             if role == "shard":  # one seed for the whole fit: set_epoch varies the order
-                owner.seed = epoch_seed(self.seed, 0, role)  # type: ignore[arg-type]
+                owner.seed = self.order_seed
+            elif role == "sampler" and type(owner) is RandomSampler and not self._legacy_seeding:
+                generator.manual_seed(self.order_seed + epoch)  # the DistributedSampler's order of the epoch
             else:
                 generator.manual_seed(epoch_seed(self.seed, epoch, role))  # type: ignore[arg-type]
         for sampler in self._epoch_samplers:
@@ -206,6 +250,8 @@ class DataOrder:
             "shuffled": self.shuffled,
             "start": list(self._start),
             "now": [generator.get_state() for generator in self._own],
+            "placeable": self.unplaceable is None and not self._legacy_seeding,
+            "offset": list(self.offset),
         }
 
     def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:
@@ -213,10 +259,32 @@ class DataOrder:
         resumed (``mid_epoch``) or as they were when the checkpoint was written."""
         if state.get("seed") is not None and self._managed:
             self.seed = int(state["seed"])
+        # Written before one order for every world size: one process drew its own shuffled order.
+        self._legacy_seeding = bool(state) and "placeable" not in state and state.get("world", 1) == 1
         saved: Sequence[torch.Tensor] = state.get("start" if mid_epoch else "now", [])
         if len(saved) == len(self._own):
             for generator, generator_state in zip(self._own, saved):
                 generator.set_state(generator_state)
+
+
+def _why_unplaceable(loader: DataLoader, sampler: Any) -> str | None:
+    """Why the order of ``loader`` (map-style, torch's batching) is not one for every number of ranks
+    (None when it is: a plain unshuffled or shuffled loader, or the split fitforge made of one)."""
+    if type(loader.batch_sampler) is not BatchSampler:
+        return "it has no batch size (batch_size=None)"
+    if type(sampler) is SequentialSampler:
+        return None
+    if type(sampler) is DistributedSampler:
+        if getattr(sampler, "fitforge_seeded", False):
+            return None
+        return "its DistributedSampler is your own, split for a set number of ranks"
+    if type(sampler) is RandomSampler:
+        if sampler.replacement or sampler.num_samples != len(sampler.data_source):
+            return "its RandomSampler draws with replacement or another number of samples than the dataset's"
+        if sampler.generator is not None:
+            return "its RandomSampler draws from a generator of yours, which the ranks' split does not use"
+        return None
+    return f"its sampler {type(sampler).__name__} is your own"
 
 
 class OnePass:
