@@ -398,6 +398,21 @@ def test_an_own_generators_order_continues_with_a_batch_size_that_ends_at_the_sa
     assert resumed[1] == whole[1][16:]
 
 
+def test_a_checkpoint_from_before_one_order_for_every_world_size_resumes_in_its_own_order(tmp_path):
+    from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
+    from fitforge.inputs.order import epoch_seed
+
+    fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8))
+    path = tmp_path / "model-epoch1batch8.pt"
+    checkpoint = load_checkpoint(path)
+    for key in ("placeable", "offset"):  # what an older fitforge wrote
+        del checkpoint["data_order"][key]
+    save_checkpoint(checkpoint, path)
+    resumed = fit_with_batch_size(tmp_path, 8, resume=True)
+    older = torch.Generator().manual_seed(epoch_seed(checkpoint["data_order"]["seed"], 1, "sampler"))
+    assert resumed[1] == torch.randperm(48, generator=older).tolist()[16:]  # the order it was trained in
+
+
 def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused_changing_nothing(tmp_path):
     fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8), generator=torch.Generator().manual_seed(7))
     message = (
