@@ -14,6 +14,7 @@ from fitforge.handlers.mlflow import MLflowHandler
 from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
 from fitforge.handlers.optuna import OptunaPruningHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
+from fitforge.handlers.ray_train import RayTrainReportHandler
 from fitforge.handlers.schedule import ScheduleHandler
 from fitforge.handlers.stopping import StoppingHandler
 from fitforge.handlers.tensorboard import TensorBoardHandler
@@ -37,6 +38,7 @@ __all__ = [
     "NonFiniteLossError",
     "OptunaPruningHandler",
     "ProgressBarHandler",
+    "RayTrainReportHandler",
     "ScheduleHandler",
     "StoppingHandler",
     "TensorBoardHandler",

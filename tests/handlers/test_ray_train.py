@@ -1,0 +1,69 @@
+"""RayTrainReportHandler in Ray Train's local mode (ScalingConfig(num_workers=0): the training function
+runs in this process with the real ray.train API, no cluster), and its refusals. The cluster, the
+workers and the restart after a killed worker are in tests/distributed/test_ray.py."""
+
+import pytest
+import torch
+from torch import nn
+
+from fitforge import Estimator
+from fitforge.exceptions import FitforgeValueError
+
+pytest.importorskip("ray.train", reason="RayTrainReportHandler needs Ray Train (pip install 'fitforge[ray]')")
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from fitforge.handlers import RayTrainReportHandler
+
+
+def estimator():
+    net = nn.Linear(3, 1)
+    return Estimator(net, nn.MSELoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def data():
+    x = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
+    return x, x.sum(1, keepdim=True)
+
+
+def test_each_epoch_and_each_save_is_reported_and_the_staging_folder_goes(tmp_path):
+    seen: dict = {}
+
+    def train(config):
+        handler = RayTrainReportHandler(batch_period=3)
+        seen["history"] = estimator().fit(data(), batch_size=8, epochs=2, event_handlers=[handler])
+        seen["folder"] = handler.model_dir
+        seen["saved"] = [path.name for path in handler.saved]
+
+    trainer = TorchTrainer(
+        train, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path))
+    )
+    result = trainer.fit()
+    history = seen["history"]
+    assert result.error is None and result.checkpoint is not None
+    assert result.metrics["epoch"] == 2 and result.metrics["global_step"] == 8
+    assert result.metrics["train_loss"] == history["train_loss"][-1]
+    assert seen["saved"][-1] == "model-epoch2batch8.pt"
+    assert not seen["folder"].exists()  # the temporary staging folder is removed at the end of fit
+
+
+def test_a_folder_of_yours_keeps_its_files(tmp_path):
+    def train(config):
+        estimator().fit(data(), batch_size=8, epochs=1, event_handlers=[RayTrainReportHandler(tmp_path / "mine")])
+
+    TorchTrainer(
+        train, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path))
+    ).fit()
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["model-epoch1batch4.pt"]
+
+
+def test_options_it_sets_itself_are_refused():
+    for option in ("resume_from_checkpoint", "async_save"):
+        with pytest.raises(FitforgeValueError, match=f"RayTrainReportHandler: {option} is not an option here"):
+            RayTrainReportHandler(**{option: True})
+
+
+def test_an_object_store_folder_is_refused_at_fit_start():
+    pytest.importorskip("fsspec")
+    with pytest.raises(FitforgeValueError, match="RayTrainReportHandler: model_dir must be a local folder"):
+        estimator().fit(data(), batch_size=8, epochs=1, event_handlers=[RayTrainReportHandler("memory://ray-run")])
