@@ -520,7 +520,7 @@ def fit_rows(folder, loader, resume=False, **target):
 
 def as_if_two_ranks_wrote(path):
     checkpoint = load_checkpoint(path)
-    checkpoint["data_order"]["world"] = 2  # two ranks of batches of 4: the checkpoint is 16 samples into epoch 2
+    checkpoint["data_order"]["world"] = 2  # with batches of 4: 16 samples into epoch 2
     save_checkpoint(checkpoint, path)
 
 
@@ -561,6 +561,16 @@ def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_with_a_users_sampler_
     with pytest.raises(FitforgeValueError, match=message):
         fit_rows(tmp_path, DataLoader(data, batch_size=4, sampler=OwnOrder(24)), resume=True, epochs=2)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files  # nothing written over
+
+
+def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_over_single_samples_is_refused(tmp_path):
+    data = TensorDataset(torch.arange(6.0).unsqueeze(1), torch.rand(6, 1))
+    saver = CheckpointHandler(tmp_path, batch_period=4, epoch_period=None)
+    make_estimator().fit(DataLoader(data, batch_size=None), batches=8, event_handlers=[saver], default_handlers=False)
+    as_if_two_ranks_wrote(tmp_path / "model-epoch1batch8.pt")
+    resumer = CheckpointHandler(tmp_path, batch_period=4, epoch_period=None, resume_from_checkpoint=True)
+    with pytest.raises(FitforgeValueError, match=r"2 batch\(es\) into epoch 2 by 2 rank\(s\).*it has no batch size"):
+        make_estimator().fit(DataLoader(data, batch_size=None), epochs=2, event_handlers=[resumer])
 
 
 @needs_fsdp

@@ -99,9 +99,11 @@ def continuation(
     before anything is loaded)."""
     old, new = saved.get("batch_size"), order.batch_size
     old_world, (placed_samples, placed_at) = saved.get("world", 1), saved.get("offset", (0, 0))
-    if old is None or new is None:  # batches without a size (a list): every rank reads all of them
-        return position, None
     same_split = old_world == world_size() and not placed_samples
+    if old is None or new is None:  # batches without a size
+        if same_split or isinstance(order.data, (list, tuple)):  # a list is not split: every rank reads it all
+            return position, None
+        raise _not_found(position, epoch, old_world, order.unplaceable or "train_data has no batch size")
     if same_split and old == new:
         return position, None
     old_step, new_step = old * old_world, new * world_size()  # samples per step, all ranks together
@@ -130,8 +132,12 @@ def continuation(
             f"with batch_size={old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint "
             "written at an epoch's end"
         )
-    raise FitforgeValueError(
-        f"the checkpoint was written {samples} sample(s) into epoch {epoch + 1} by {old_world} rank(s), and this fit "
+    raise _not_found(samples, epoch, old_world, why, "sample(s)")
+
+
+def _not_found(read: int, epoch: int, old_world: int, why: str, unit: str = "batch(es)") -> FitforgeValueError:
+    return FitforgeValueError(
+        f"the checkpoint was written {read} {unit} into epoch {epoch + 1} by {old_world} rank(s), and this fit "
         f"runs on {world_size()}, where the rest of that epoch cannot be found: {why}. Resume on {old_world} "
         "rank(s) to finish the epoch, or from a checkpoint written at an epoch's end (CheckpointHandler's "
         "epoch_period), or train from a DataLoader with shuffle=True or False and no sampler or generator of "
