@@ -405,18 +405,21 @@ def test_a_checkpoint_from_before_one_order_for_every_world_size_resumes_in_its_
     fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8))
     path = tmp_path / "model-epoch1batch8.pt"
     checkpoint = load_checkpoint(path)
-    for key in ("placeable", "offset"):  # what an older fitforge wrote
+    for key in ("placeable", "offset", "legacy_seeding", "split"):  # keys an older fitforge did not write
         del checkpoint["data_order"][key]
     save_checkpoint(checkpoint, path)
-    resumed = fit_with_batch_size(tmp_path, 8, resume=True)
     older = torch.Generator().manual_seed(epoch_seed(checkpoint["data_order"]["seed"], 1, "sampler"))
-    assert resumed[1] == torch.randperm(48, generator=older).tolist()[16:]  # the order it was trained in
+    order = torch.randperm(48, generator=older).tolist()  # the order it was trained in
+    resumed = fit_with_batch_size(tmp_path, 8, resume=True, crash=Crash(at=10))
+    assert resumed[1] == order[16:32]
+    again = fit_with_batch_size(tmp_path, 8, resume=True)  # from a checkpoint the resumed run wrote
+    assert again[1] == order[32:]
 
 
 def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused_changing_nothing(tmp_path):
     fit_with_batch_size(tmp_path, 8, resume=False, crash=Crash(at=8), generator=torch.Generator().manual_seed(7))
     message = (
-        r"the checkpoint stopped 2 batch\(es\) of 8 \(sample 16\) into epoch 2, but train_data now has batches of "
+        r"the checkpoint stopped 16 sample\(s\) into epoch 2 \(in batches of 8\), but train_data now has batches of "
         r"5, which cannot continue at that sample \(train_data's order is not one for every number of ranks: its "
         r"RandomSampler draws from a generator of yours, which the ranks' split does not use\): resume with "
         r"batch_size=8"

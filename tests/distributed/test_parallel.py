@@ -504,23 +504,26 @@ class Rows(BatchEnd):
     """The first feature of every sample trained, by epoch (the data below holds its index there)."""
 
     def __init__(self):
-        self.seen = {}
+        self.seen, self.steps = {}, []
 
     def batch_end(self, state):
         self.seen.setdefault(state.epoch, []).extend(int(v) for v in state.batch[0][:, 0])
+        self.steps.append(state.global_step)
 
 
-def fit_rows(folder, loader, resume=False, **target):
+def fit_rows(folder, loader, resume=False, steps=None, **target):
     torch.manual_seed(0)  # the fit's seed, and so its order
     rows = Rows()
     saver = CheckpointHandler(folder, batch_period=4, epoch_period=None, resume_from_checkpoint=resume)
     make_estimator().fit(loader, event_handlers=[rows, saver], default_handlers=False, **target)
+    if steps is not None:
+        steps.extend(rows.steps)
     return rows.seen
 
 
 def as_if_two_ranks_wrote(path):
     checkpoint = load_checkpoint(path)
-    checkpoint["data_order"]["world"] = 2  # with batches of 4: 16 samples into epoch 2
+    checkpoint["data_order"].update(world=2, split=2)  # with batches of 4: 16 samples into epoch 2
     save_checkpoint(checkpoint, path)
 
 
@@ -529,12 +532,15 @@ def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_goes_on_at_its_sample
     whole = fit_rows(tmp_path / "whole", DataLoader(data, batch_size=4, shuffle=True), epochs=2)
     fit_rows(tmp_path / "run", DataLoader(data, batch_size=4, shuffle=True), batches=8)  # 2 batches into epoch 2
     as_if_two_ranks_wrote(tmp_path / "run" / "model-epoch1batch8.pt")
+    steps: list = []
     with caplog.at_level(logging.INFO, logger="fitforge"):
-        resumed = fit_rows(tmp_path / "run", DataLoader(data, batch_size=4, shuffle=True), resume=True, epochs=2)
+        resumed = fit_rows(
+            tmp_path / "run", DataLoader(data, batch_size=4, shuffle=True), resume=True, steps=steps, epochs=2
+        )
     # One order for every number of ranks: the one process's epoch goes on after the 16 samples the two ranks read.
     assert resumed == {1: whole[1][16:]}
     assert "written 16 sample(s) into epoch 2 by 2 rank(s) in batches of 4; epoch 2 goes on" in caplog.text
-    assert (tmp_path / "run" / "model-epoch1batch12.pt").is_file()  # 16 samples: 4 batches of this fit, then 2
+    assert steps == [8, 9]  # the run's step count goes on: it counts steps trained, whatever their size
 
 
 class OwnOrder(torch.utils.data.Sampler):

@@ -2,6 +2,9 @@
 runs in this process with the real ray.train API, no cluster), and its refusals. The cluster, the
 workers and the restart after a killed worker are in tests/distributed/test_ray.py."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -30,10 +33,11 @@ def test_each_epoch_and_each_save_is_reported_and_the_staging_folder_goes(tmp_pa
     seen: dict = {}
 
     def train(config):
-        handler = RayTrainReportHandler(batch_period=3)
+        handler = RayTrainReportHandler(batch_period=3, monitor="train_loss", save_best=True)
         seen["history"] = estimator().fit(data(), batch_size=8, epochs=2, event_handlers=[handler])
         seen["folder"] = handler.model_dir
         seen["saved"] = [path.name for path in handler.saved]
+        seen["best"] = handler.best_checkpoint().exists()  # kept after fit, for handlers reading it at train_end
 
     trainer = TorchTrainer(
         train, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path))
@@ -43,8 +47,8 @@ def test_each_epoch_and_each_save_is_reported_and_the_staging_folder_goes(tmp_pa
     assert result.error is None and result.checkpoint is not None
     assert result.metrics["epoch"] == 2 and result.metrics["global_step"] == 8
     assert result.metrics["train_loss"] == history["train_loss"][-1]
-    assert seen["saved"][-1] == "model-epoch2batch8.pt"
-    assert not seen["folder"].exists()  # the temporary staging folder is removed at the end of fit
+    assert seen["saved"][-1] == "model-epoch2batch8.pt" and seen["best"]
+    assert not seen["folder"].exists()  # the temporary staging folder went with its handler
 
 
 def test_a_folder_of_yours_keeps_its_files(tmp_path):
@@ -61,6 +65,27 @@ def test_options_it_sets_itself_are_refused():
     for option in ("resume_from_checkpoint", "async_save"):
         with pytest.raises(FitforgeValueError, match=f"RayTrainReportHandler: {option} is not an option here"):
             RayTrainReportHandler(**{option: True})
+
+
+OUTSIDE = """
+import torch
+from torch import nn
+from fitforge import Estimator
+from fitforge.handlers import RayTrainReportHandler
+net = nn.Linear(3, 1)
+x = torch.randn(16, 3)
+Estimator(net, nn.MSELoss()).fit((x, x.sum(1, keepdim=True)), batch_size=8, epochs=1, event_handlers=[RayTrainReportHandler()])
+"""
+
+
+def test_a_fit_outside_ray_train_is_refused_with_what_to_use():
+    # In a fresh process: Ray's local mode, run above, leaves a training context in this one.
+    done = subprocess.run([sys.executable, "-c", OUTSIDE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert (
+        "FitforgeValueError: RayTrainReportHandler runs inside Ray Train: in the training function of a "
+        "TorchTrainer (train_loop_per_worker); outside Ray, save and resume with CheckpointHandler"
+    ) in done.stderr
 
 
 def test_an_object_store_folder_is_refused_at_fit_start():

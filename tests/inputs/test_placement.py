@@ -52,3 +52,14 @@ def test_a_rest_that_does_not_divide_is_padded_with_the_epochs_first_samples():
 
 def test_a_rest_past_the_data_is_empty():
     assert rank_remainder(list(range(6)), 6, 2, 1) == []
+
+
+def test_a_placed_resume_counts_from_its_sample_before_its_epoch_starts():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fitforge.inputs.order import DataOrder
+
+    order = DataOrder(DataLoader(TensorDataset(torch.arange(24.0)), batch_size=4, shuffle=True))
+    order.resume_at(3, 6, sample=10)  # a save now (a signal while restoring) must hold the sample, not 3 batches of 4
+    assert order.state_dict()["offset"] == [10, 3]
+    order.close()

@@ -87,52 +87,49 @@ def _why_not_placed(order: DataOrder, saved: dict[str, Any]) -> str | None:
     return None
 
 
-def continuation(
-    order: DataOrder, saved: dict[str, Any], position: int, epoch: int, quiet: bool = False
-) -> tuple[int, int | None]:
-    """Where this fit goes on in epoch ``epoch``, which a checkpoint (its data order ``saved``) left
-    after ``position`` batches: ``(position in this fit's batches, None)`` when its batches are the
-    checkpoint's, or end at the same sample (another batch size, the same order); ``(position, sample)``
-    when the rest of the epoch is split anew after ``sample`` samples of its order (another number of
-    ranks or batch size, see :mod:`fitforge.inputs.placement`; the position is then a count of whole
-    batches of this fit). A FitforgeValueError when neither is exact (:func:`check_resumable` raises it
-    before anything is loaded)."""
+def continuation(order: DataOrder, saved: dict[str, Any], position: int, epoch: int, quiet: bool = False) -> int | None:
+    """How this fit goes on in epoch ``epoch``, which a checkpoint (its data order ``saved``) left
+    after ``position`` batches: None when its batches are the checkpoint's (it goes on at that
+    position), else the number of samples of the epoch's order already read, after which the rest
+    of the epoch is batched anew (another number of ranks or batch size, see
+    :mod:`fitforge.inputs.placement`; in batches of another size only, for an order fitforge did not
+    draw, when they can end at that sample). A FitforgeValueError when neither is exact
+    (:func:`check_resumable` raises it before anything is loaded). The run's step count goes on
+    as it is: it counts the steps trained, whatever their size."""
     old, new = saved.get("batch_size"), order.batch_size
     old_world, (placed_samples, placed_at) = saved.get("world", 1), saved.get("offset", (0, 0))
-    same_split = old_world == world_size() and not placed_samples
+    same_world = old_world == world_size()
     if old is None or new is None:  # batches without a size
-        if same_split or isinstance(order.data, (list, tuple)):  # a list is not split: every rank reads it all
-            return position, None
+        if same_world or isinstance(order.data, (list, tuple)):  # a list is not split: every rank reads it all
+            return None
         raise _not_found(position, epoch, old_world, order.unplaceable or "train_data has no batch size")
-    if same_split and old == new:
-        return position, None
-    old_step, new_step = old * old_world, new * world_size()  # samples per step, all ranks together
-    samples = placed_samples + (position - placed_at) * old_step
+    if same_world and old == new and not placed_samples:
+        return None
+    new_step = new * order.split  # samples per step, all ranks together
+    samples = placed_samples + (position - placed_at) * old * saved.get("split", old_world)
     why = _why_not_placed(order, saved)
-    if why is None:
-        if not quiet:
-            log.info(
-                "the checkpoint was written %d sample(s) into epoch %d by %d rank(s) in batches of %d; epoch %d goes "
-                "on from that sample of its order on %d rank(s) in batches of %d",
-                samples,
-                epoch + 1,
-                old_world,
-                old,
-                epoch + 1,
-                world_size(),
-                new,
-            )
-        return samples // new_step, samples
-    if same_split and not samples % new_step:  # the sampler's order does not depend on the batch size
-        return samples // new_step, None
-    if same_split:
+    if why is not None and not same_world:
+        raise _not_found(samples, epoch, old_world, why, "sample(s)")
+    if why is not None and samples % new_step:
         raise FitforgeValueError(
-            f"the checkpoint stopped {position} batch(es) of {old_step} (sample {samples}) into epoch {epoch + 1}, "
-            f"but train_data now has batches of {new_step}, which cannot continue at that sample ({why}): resume "
-            f"with batch_size={old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint "
+            f"the checkpoint stopped {samples} sample(s) into epoch {epoch + 1} (in batches of {old}), but "
+            f"train_data now has batches of {new}, which cannot continue at that sample ({why}): resume with "
+            f"batch_size={old} (or one that divides {samples}) to finish the epoch, or resume from a checkpoint "
             "written at an epoch's end"
         )
-    raise _not_found(samples, epoch, old_world, why, "sample(s)")
+    if not quiet:
+        log.info(
+            "the checkpoint was written %d sample(s) into epoch %d by %d rank(s) in batches of %d; epoch %d goes on "
+            "from that sample of its order on %d rank(s) in batches of %d",
+            samples,
+            epoch + 1,
+            old_world,
+            old,
+            epoch + 1,
+            world_size(),
+            new,
+        )
+    return samples
 
 
 def _not_found(read: int, epoch: int, old_world: int, why: str, unit: str = "batch(es)") -> FitforgeValueError:
@@ -166,10 +163,9 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     state.accumulated_batches = checkpoint.get("accumulated_batches", 0)
     grads = checkpoint.get("grads", {})
     sample = None
-    if position and order is not None:  # another split of the epoch: the same sample, counted in the new batches
-        moved, sample = continuation(order, checkpoint.get("data_order", {}), position, state.epoch)
-        state.global_step, position = state.global_step + moved - position, moved
-    mid_epoch = position > 0 or bool(sample)
+    if position and order is not None:  # another split of the epoch: it goes on from the same sample
+        sample = continuation(order, checkpoint.get("data_order", {}), position, state.epoch)
+    mid_epoch = position > 0
     # The restored state is the one after the checkpoint's last batch: a stop before any batch of
     # this fit (a signal while restoring) then saves that same state, or nothing, never another.
     state.batch_idx = position - 1

@@ -147,6 +147,13 @@ class DataOrder:
         return None
 
     @property
+    def split(self) -> int:
+        """How many ranks share each step's samples: the world size for a ``DistributedSampler``'s
+        split, 1 for data every rank reads whole."""
+        sampler = sampler_of(self.data) if isinstance(self.data, DataLoader) else None
+        return world_size() if isinstance(sampler, DistributedSampler) else 1
+
+    @property
     def order_seed(self) -> int:
         """The seed of every epoch's order (:mod:`fitforge.inputs.placement`); set only with :attr:`seed`."""
         return epoch_seed(self.seed, 0, "shard")  # type: ignore[arg-type]
@@ -156,19 +163,26 @@ class DataOrder:
         continues (:meth:`resume_at`), else 0 (then the epoch starts at ``state.global_step``)."""
         start, self._resume_position = self._resume_position, 0
         sample, self._resume_sample = self._resume_sample, None
-        if not start and not sample:
+        if not start:
             self.epoch_start_step = state.global_step
-        self.offset = (sample, start) if sample else (0, 0)
-        data = self._placed(state.epoch, sample) if sample else self.batches_of(state.epoch, start)
+        self.offset = (sample, start) if sample is not None else (0, 0)
+        if sample is None:
+            data = self.batches_of(state.epoch, start)
+        elif self.unplaceable is None:
+            data = self._placed(state.epoch, sample)
+        else:  # the same order in batches of another size, which end at that sample (checked by the resume)
+            data = self.batches_of(state.epoch, sample // ((self.batch_size or 1) * self.split))
         return indexed_batches(data), start
 
     def resume_at(self, position: int, epoch_start_step: int, sample: int | None = None) -> None:
         """Make the next epoch continue after its first ``position`` batches (read before a
-        checkpoint), an epoch that began at global step ``epoch_start_step``; with ``sample``, from
-        that sample of the epoch's order, split across this fit's ranks and batches anew (its batches
-        are then numbered from ``position``)."""
+        checkpoint), an epoch that began at global step ``epoch_start_step``; with ``sample``, after
+        that many samples of the epoch's order, split across this fit's ranks and batches anew (its
+        batches are numbered on from ``position``)."""
         self._resume_position, self.epoch_start_step = position, epoch_start_step
         self._resume_sample = sample
+        if sample is not None:  # a save before the epoch starts (a signal while restoring) counts from here too
+            self.offset = (sample, position)
 
     def _placed(self, epoch: int, sample: int) -> DataLoader:
         """A loader for this rank's share of ``epoch`` after its first ``sample`` samples."""
@@ -246,11 +260,13 @@ class DataOrder:
         return {
             "seed": self.seed,
             "world": world_size(),
+            "split": self.split,
             "batch_size": self.batch_size,
             "shuffled": self.shuffled,
             "start": list(self._start),
             "now": [generator.get_state() for generator in self._own],
             "placeable": self.unplaceable is None and not self._legacy_seeding,
+            "legacy_seeding": self._legacy_seeding,
             "offset": list(self.offset),
         }
 
@@ -260,7 +276,9 @@ class DataOrder:
         if state.get("seed") is not None and self._managed:
             self.seed = int(state["seed"])
         # Written before one order for every world size: one process drew its own shuffled order.
-        self._legacy_seeding = bool(state) and "placeable" not in state and state.get("world", 1) == 1
+        self._legacy_seeding = bool(state) and state.get(
+            "legacy_seeding", "placeable" not in state and state.get("world", 1) == 1
+        )
         saved: Sequence[torch.Tensor] = state.get("start" if mid_epoch else "now", [])
         if len(saved) == len(self._own):
             for generator, generator_state in zip(self._own, saved):
