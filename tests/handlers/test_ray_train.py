@@ -74,7 +74,8 @@ from fitforge import Estimator
 from fitforge.handlers import RayTrainReportHandler
 net = nn.Linear(3, 1)
 x = torch.randn(16, 3)
-Estimator(net, nn.MSELoss()).fit((x, x.sum(1, keepdim=True)), batch_size=8, epochs=1, event_handlers=[RayTrainReportHandler()])
+handlers = [RayTrainReportHandler()]
+Estimator(net, nn.MSELoss()).fit((x, x.sum(1, keepdim=True)), batch_size=8, epochs=1, event_handlers=handlers)
 """
 
 
