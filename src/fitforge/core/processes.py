@@ -25,11 +25,13 @@ class Processes(Protocol):
         rank: this process's index (0 alone).
         main: this process reports and writes for all (rank 0).
         several: more than one process runs the fit.
+        size: how many processes run it.
     """
 
     rank: int
     main: bool
     several: bool
+    size: int
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on at least one process (a collective)."""
@@ -42,6 +44,9 @@ class Processes(Protocol):
     def max_(self, tensor: torch.Tensor) -> None:
         """Every process's ``tensor`` replaced by the elementwise largest, on its device (a collective)."""
 
+    def sum_(self, tensor: torch.Tensor) -> None:
+        """Every process's ``tensor`` replaced by the elementwise sum, on its device (a collective)."""
+
     def on_main(self, fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
         """``fn()`` run by the main process, its result (or its error) on every process (a collective)."""
         ...
@@ -50,7 +55,7 @@ class Processes(Protocol):
 class OneProcess:
     """The processes of a fit in one process: every answer is this process's own."""
 
-    rank, main, several = 0, True, False
+    rank, main, several, size = 0, True, False, 1
 
     def any(self, flag: bool) -> bool:
         return flag
@@ -59,6 +64,9 @@ class OneProcess:
         return value
 
     def max_(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def sum_(self, tensor: torch.Tensor) -> None:
         pass
 
     def on_main(self, fn: Callable[[], Any], error_type: type[Exception] = RuntimeError) -> Any:

@@ -246,9 +246,22 @@ class BatchProcessor:
         torchrun, else the net): an override must too, or the ranks' gradients are not averaged."""
         inputs, label = self.to_device(state, batch)
         estimator = state.estimator
+        if state.count_items is not None:  # accumulated batches weigh by their items
+            return self._fit_counted(state, inputs, label)
         pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, inputs, label)
         self.backward(loss)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
+
+    def _fit_counted(self, state: TrainState, inputs: Inputs, label: Any) -> BatchOutput:
+        """``fit_batch`` backpropagating the batch's sum, ``loss * items``: the count of the items its
+        mean loss averages over, passed to a model that computes its loss as ``num_items_in_batch``
+        (see :mod:`fitforge.core.item_counts`)."""
+        estimator, counter = state.estimator, state.count_items
+        items = counter.count(inputs, label)
+        given = {**inputs, "num_items_in_batch": items} if counter.to_model and type(inputs) is dict else inputs
+        pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, given, label)
+        self.backward(loss * items)
+        return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs), items=items)
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss with ``val_net``/``val_loss`` (called under ``torch.inference_mode``)."""

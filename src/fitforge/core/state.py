@@ -87,6 +87,9 @@ class BatchOutput:
             on odd ones (or ``step=[opt_d]`` / ``step=[opt_g]``). The gradients the batch left on
             the parameters of an optimizer it does not step are discarded, gradient accumulation
             counts each optimizer's own batches (see GradientUpdateHandler). Only fit reads it.
+        items: how many items the batch's mean loss averages over (a 0-d tensor on the device), when
+            the step backpropagated ``loss * items`` so that accumulated batches weigh by their items
+            (see :mod:`fitforge.core.item_counts`); None otherwise.
 
     In ``predict`` only ``pred`` and ``batch_size`` are set (``data=()``, ``label=None``, no loss).
     """
@@ -98,6 +101,7 @@ class BatchOutput:
     losses: tuple = ()
     batch_size: int = 0
     step: Sequence[int | torch.optim.Optimizer] | None = None
+    items: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,9 @@ class TrainState:
             e.g. for a checkpoint to save the state of every handler that has ``state_dict``.
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
         accumulated_batches: batches whose gradients wait for the next optimizer step.
+        count_items: the :class:`~fitforge.core.item_counts.ItemCounter` the default ``fit_batch``
+            weighs each batch's loss by (set by GradientUpdateHandler with ``accumulate > 1`` when
+            the loss's items can be counted), else None.
         epoch_finished: at ``epoch_end``, whether the run is through with the epoch: it went
             through all its data, or a ``CancelEpoch`` ended it (the next epoch follows); False when
             a stop (``batches=N``, a signal, a handler) cut it short before its last batch.
@@ -226,6 +233,7 @@ class TrainState:
     epoch_finished: bool = False
     optimizer_steps: int = 0
     accumulated_batches: int = 0
+    count_items: Any = None
     stop_requested: bool = False
     stop_reason: str | None = None
     stop_every_rank: bool = False

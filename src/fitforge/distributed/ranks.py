@@ -152,6 +152,7 @@ class Collective:
     def __init__(self) -> None:
         self.rank = rank()
         self.main = self.rank == 0
+        self.size = world_size()
 
     def any(self, flag: bool) -> bool:
         return any_rank(flag)
@@ -161,6 +162,9 @@ class Collective:
 
     def max_(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+
+    def sum_(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
 
     def on_main(self, fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
         return run_on_main_and_share(fn, error_type)

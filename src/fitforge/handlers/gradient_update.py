@@ -4,15 +4,23 @@ accumulation group all-reduces its gradients once (:mod:`fitforge.distributed.gr
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
+from fitforge.core.item_counts import ItemCounter, item_counter
 from fitforge.core.optimizer_choice import OptimizerChoice
+from fitforge.core.processor import BatchProcessor
 from fitforge.core.roles import Accumulating, FirstBatchCheck
 from fitforge.core.state import TrainState
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
-from fitforge.exceptions import FitforgeValueError
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+
+log = logging.getLogger("fitforge")
 
 
 def step_optimizers(
@@ -86,12 +94,30 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
     gradients. Several optimizers, FSDP, sparse gradients and ``sync_each_batch=True`` sync every
     batch (see docs/distributed.md).
 
+    Accumulation that equals the big batch: when the loss is a mean over items fitforge can count
+    (``CrossEntropyLoss``/``NLLLoss`` with ``reduction="mean"``, with or without ``ignore_index``
+    or class weights; a Hugging Face model's own loss, given ``num_items_in_batch``; see
+    :mod:`fitforge.core.item_counts`), each batch's loss is weighed by its items: the default
+    ``fit_batch`` backpropagates ``loss * items`` and the step divides the group's gradients by
+    the group's items (summed over the ranks under DDP/FSDP). One step then equals one step on the
+    group's batches concatenated, however their padding differs; batches of equal counts give what
+    the plain mean gives. The counts stay on the device (no host read). With a loss it cannot count
+    (or several optimizers, or a ``fit_batch`` of your own) the batches weigh alike, as before,
+    and one info line at fit start says so and how to count them (``items=``). A ``fit_batch`` of
+    your own can weigh its batches too: backpropagate ``loss * items`` and return
+    ``BatchOutput(..., items=items)``.
+
     Args:
         accumulate: step once every this many batches; the summed gradients are divided by the
-            number of batches in the group, so with a mean-reduced loss a group of N batches of B
-            samples steps like one batch of N*B. A trailing partial group (the end of an epoch, or a
-            stop) is stepped too, divided by its own size; not when SIGTERM/SIGINT stopped training
-            mid-epoch, as the group goes on when the run resumes. ``state.optimizer_steps`` counts steps.
+            number of batches in the group (or by its items, above), so with a mean-reduced loss a
+            group of N batches of B samples steps like one batch of N*B. A trailing partial group
+            (the end of an epoch, or a stop) is stepped too, divided by its own size; not when
+            SIGTERM/SIGINT stopped training mid-epoch, as the group goes on when the run resumes.
+            ``state.optimizer_steps`` counts steps.
+        items: with ``accumulate > 1``, how each batch's items are counted: ``"auto"`` (the losses
+            above), a function ``(inputs, label) -> count`` (a tensor on the device: the number of
+            items the batch's mean loss averages over) for a loss of your own, or None to weigh the
+            batches alike.
         clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this
             value before each step (``torch.nn.utils.clip_grad_norm_``).
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
@@ -122,7 +148,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         "output",
         "shared.found_inf",
     )
-    writes = ("accumulated_batches", "optimizer_steps")
+    writes = ("accumulated_batches", "optimizer_steps", "count_items")
 
     def __init__(
         self,
@@ -130,8 +156,15 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         clip_norm: float | None = None,
         clip_value: float | None = None,
         sync_each_batch: bool = False,
+        items: Callable[[Any, Any], torch.Tensor] | str | None = "auto",
     ) -> None:
         check_positive("GradientUpdateHandler", "accumulate", accumulate)
+        if items is not None and items != "auto" and not callable(items):
+            raise FitforgeTypeError(
+                f"GradientUpdateHandler: items must be 'auto', None or a function (inputs, label) -> the batch's "
+                f"item count (a tensor), got {describe(items)}"
+            )
+        self.items = items
         check_positive("GradientUpdateHandler", "clip_norm", clip_norm, (int, float), allow_none=True)
         check_positive("GradientUpdateHandler", "clip_value", clip_value, (int, float), allow_none=True)
         self.accumulate, self.clip_norm, self.clip_value = accumulate, clip_norm, clip_value
@@ -141,6 +174,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         self._open: list[int] = []  # per optimizer: batches in its open accumulation group
         self._skipped: list[int] = []  # per optimizer: optimizer_steps it took no part in
         self._deferred: GradientSync | None = None  # DDP's all-reduce, when a group's last batch alone syncs
+        self._items: torch.Tensor | None = None  # the open group's item count (on the device), when counted
+        self._ranks = 1  # the number of ranks of the fit (set at train_begin)
 
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler
@@ -166,6 +201,33 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         # to know whether it completes a group.
         defers = self.accumulate > 1 and not self.sync_each_batch and len(self._optimizers) == 1
         self._deferred = deferrable(state.estimator.train_net) if defers else None
+        self._items, self._ranks = None, state.ranks.size
+        state.count_items = self._counter(state) if self.accumulate > 1 else None
+
+    def _counter(self, state: TrainState) -> ItemCounter | None:
+        """What the default fit_batch counts each batch's items with (None: the batches weigh alike,
+        said in one info line, with the way to count them)."""
+        if self.items is None:
+            return None
+        counter, why = (
+            (ItemCounter(self.items), "")
+            if callable(self.items)
+            else item_counter(state.estimator.loss, state.estimator.net)
+        )
+        if len(self._optimizers) > 1:
+            counter, why = None, "several optimizers step"
+        elif type(state.estimator.batch_processor).fit_batch is not BatchProcessor.fit_batch:
+            counter, why = None, "a fit_batch of your own runs the step (return BatchOutput(items=...) from it)"
+        if counter is None:
+            log.info(
+                "GradientUpdateHandler: accumulate=%d averages its %d batches' losses alike, not weighted by their "
+                "items: %s. To weigh them (one step then equals one on the concatenated batches), pass "
+                "GradientUpdateHandler(items=lambda inputs, label: <the batch's item count, a tensor>)",
+                self.accumulate,
+                self.accumulate,
+                why,
+            )
+        return counter
 
     def batch_begin(self, state: TrainState) -> None:
         """Under DDP, whether this batch's backward all-reduces: it completes a group, or is the
@@ -193,6 +255,9 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         chosen = self._choice.every if choice is None else self._choice.resolve(choice, state)
         if state.accumulated_batches != max(counts):
             self._sync(state)
+        items = state.output.items
+        if items is not None:  # the group's items, summed on the device
+            self._items = items if self._items is None else self._items + items
         due = []
         for i in chosen:
             counts[i] += 1
@@ -217,6 +282,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self.step(state, [i for i, count in enumerate(self._open) if count])
 
     def train_end(self, state: TrainState) -> None:
+        state.count_items = None
         if self._deferred is not None:  # also when an error ends training: evaluate and later fits sync
             self._deferred.restore()
 
@@ -226,12 +292,18 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         number of ranks) resumes with. The group's last all-reduce then gives what it would have."""
         if self._deferred is not None and state.accumulated_batches:
             self._deferred.average()
+        ranks = state.ranks
+        if self._items is not None and ranks.several:  # each rank's share of the group's items, as its gradients
+            ranks.sum_(self._items)
+            self._items = self._items / ranks.size
 
     def _sync(self, state: TrainState) -> None:
         """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch cleared the
         gradients (or a resume dropped them); a count from a checkpoint that predates per-optimizer
         groups is one group that every optimizer shared."""
         self._open[:] = [state.accumulated_batches] * len(self._open)
+        if not state.accumulated_batches:
+            self._items = None
 
     def step(self, state: TrainState, optimizers: list[int] | None = None) -> None:
         """Average the accumulated gradients of the optimizers ``optimizers`` (indices; None: all),
@@ -242,7 +314,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         if scaler is not None and clipping:
             for i in due:
                 scaler.unscale_(self._optimizers[i])  # clip true gradients, not scaled ones
-        self._average(due)
+        self._average(due, state)
         params = self._choice.params_of(due)
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
@@ -264,8 +336,12 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         state.accumulated_batches = max(self._open)
         state.optimizer_steps += 1
 
-    def _average(self, due: list[int]) -> None:
-        """Divide each group's summed gradients by its batch count (a shared parameter once)."""
+    def _average(self, due: list[int], state: TrainState) -> None:
+        """Divide each group's summed gradients by its batch count (a shared parameter once), or,
+        when its batches' items were counted, by the items of the group on every rank."""
+        if self._items is not None:
+            self._divide_by_items(due, state)
+            return
         seen: set[int] = set()
         for i in due:
             count = self._open[i]
@@ -275,14 +351,28 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             if count > 1 and params:
                 torch._foreach_div_([p.grad for p in params], count)
 
+    def _divide_by_items(self, due: list[int], state: TrainState) -> None:
+        """The group's gradients of summed losses over its item count: DDP and FSDP average the
+        ranks' gradients, so the count is summed over the ranks and the mean undone."""
+        items, self._items, ranks = self._items, None, state.ranks
+        grads = [p.grad for p in self._choice.params_of(due) if p.grad is not None]
+        if not grads or items is None:
+            return
+        items = torch.as_tensor(items, dtype=torch.float32, device=grads[0].device)
+        if ranks.several:
+            ranks.sum_(items)
+        torch._foreach_mul_(grads, ranks.size / items)
+
     def steps_per_optimizer(self, state: TrainState) -> list[int]:
         """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run,
         resumed runs included: ``state.optimizer_steps`` less the steps it took no part in."""
         return [state.optimizer_steps - skipped for skipped in self._skipped]
 
     def state_dict(self) -> dict:
-        """Each optimizer's open group (batch count) and the optimizer steps it took no part in."""
-        return {"accumulated": list(self._open), "skipped_steps": list(self._skipped)}
+        """Each optimizer's open group (batch count), the optimizer steps it took no part in, and the
+        open group's item count when counted."""
+        own = {"accumulated": list(self._open), "skipped_steps": list(self._skipped)}
+        return own if self._items is None else {**own, "items": float(self._items), "ranks": self._ranks}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (an empty state, from a checkpoint that predates it, keeps
@@ -296,3 +386,14 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
                 f"but the estimator has {len(self._open)}; resume with the optimizers it was written with"
             )
         self._open[:], self._skipped[:] = accumulated, skipped
+        items = state.get("items")
+        self._items = None if items is None or not max(accumulated) else torch.tensor(items)
+        saved_ranks = state.get("ranks", self._ranks)
+        if self._items is not None and saved_ranks != self._ranks:
+            # Every rank holds the group's mean gradients and items per rank of the ranks that saved them; on
+            # this number of ranks their sums over the ranks must stay the same.
+            share = saved_ranks / self._ranks
+            self._items = self._items * share
+            grads = [p.grad for p in self._choice.params_of(list(self._choice.every)) if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, share)

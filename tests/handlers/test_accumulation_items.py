@@ -1,0 +1,172 @@
+"""GradientUpdateHandler(accumulate=k) over batches of different numbers of counted items (tokens
+that are not padding) steps as one batch of them all: each batch's loss is weighed by its items."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from fitforge import Estimator
+from fitforge.core.item_counts import item_counter
+from fitforge.exceptions import FitforgeTypeError
+from fitforge.handlers import GradientUpdateHandler
+from fitforge.testing import HostReadCounter
+
+PAD, VOCAB, CLASSES = -100, 11, 5
+LENGTHS = [(3, 1), (9, 4), (5, 5), (7, 2)]  # per batch of 2 sequences: padded length, last real tokens of the 2nd
+
+
+class Tagger(nn.Module):
+    """One class per token, each from its own token alone: padding changes no other position."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.out = nn.Embedding(VOCAB, 8), nn.Linear(8, CLASSES)
+
+    def forward(self, tokens):
+        return self.out(self.embed(tokens)).permute(0, 2, 1)  # (N, C, L), as CrossEntropyLoss takes it
+
+
+def tagged_batches():
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for length, real in LENGTHS:
+        tokens = torch.randint(0, VOCAB, (2, length), generator=generator)
+        tags = torch.randint(0, CLASSES, (2, length), generator=generator)
+        tags[1, real:] = PAD  # the second sequence is shorter
+        batches.append((tokens, tags))
+    return batches
+
+
+def padded_together(batches, pad_input=0):
+    width = max(tokens.shape[1] for tokens, _ in batches)
+    tokens = torch.cat([nn.functional.pad(t, (0, width - t.shape[1]), value=pad_input) for t, _ in batches])
+    tags = torch.cat([nn.functional.pad(y, (0, width - y.shape[1]), value=PAD) for _, y in batches])
+    return tokens, tags
+
+
+def weights_after(net, loss, batches, handler):
+    estimator = Estimator(net, loss, device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.5))
+    estimator.fit(batches, epochs=1, event_handlers=[handler], default_handlers=False)
+    return {name: value.detach().clone() for name, value in net.state_dict().items()}
+
+
+def assert_close(a, b, rel=1e-6):
+    for name in b:
+        assert torch.allclose(a[name], b[name], rtol=rel, atol=1e-7), name
+
+
+@pytest.mark.parametrize("weight", [None, torch.tensor([1.0, 2.0, 0.5, 3.0, 1.5])])
+def test_four_batches_of_different_padded_lengths_step_as_their_concatenation(weight):
+    batches = tagged_batches()
+    loss = nn.CrossEntropyLoss(ignore_index=PAD, weight=weight)
+    accumulated = weights_after(Tagger(), loss, batches, GradientUpdateHandler(accumulate=4))
+    one_step = weights_after(Tagger(), loss, [padded_together(batches)], GradientUpdateHandler())
+    assert_close(accumulated, one_step)
+    unweighted = weights_after(Tagger(), loss, batches, GradientUpdateHandler(accumulate=4, items=None))
+    assert not torch.allclose(unweighted["out.weight"], one_step["out.weight"], rtol=1e-3)  # the flaw it mends
+
+
+def test_a_count_of_your_own_weighs_the_batches(caplog):
+    batches = tagged_batches()
+
+    def masked_loss(pred, tags):  # a mean over the tags that are not padding, written by hand
+        kept = tags != PAD
+        return nn.functional.cross_entropy(pred.permute(0, 2, 1)[kept], tags[kept])
+
+    def tags_of(inputs, label):
+        return (label != PAD).sum()
+
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        counted = weights_after(Tagger(), masked_loss, batches, GradientUpdateHandler(accumulate=4, items=tags_of))
+    assert "averages its 4 batches' losses alike" not in caplog.text
+    one_step = weights_after(Tagger(), masked_loss, [padded_together(batches)], GradientUpdateHandler())
+    assert_close(counted, one_step)
+
+
+def test_a_loss_it_cannot_count_keeps_equal_weights_and_says_how_to_count(caplog):
+    net = nn.Linear(3, 1)
+    batches = [(torch.randn(n, 3), torch.randn(n, 1)) for n in (2, 4)]
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        weights_after(net, nn.MSELoss(), batches, GradientUpdateHandler(accumulate=2))
+    assert (
+        "GradientUpdateHandler: accumulate=2 averages its 2 batches' losses alike, not weighted by their items: its "
+        "loss MSELoss is not a mean over items fitforge can count. To weigh them (one step then equals one on the "
+        "concatenated batches), pass GradientUpdateHandler(items=lambda inputs, label: <the batch's item count, "
+        "a tensor>)"
+    ) in caplog.text
+
+
+def test_counting_reads_nothing_to_the_host():
+    def reads(groups):
+        net = Tagger()
+        loss = nn.CrossEntropyLoss(ignore_index=PAD)
+        estimator = Estimator(net, loss, device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+        handlers = [GradientUpdateHandler(accumulate=4)]
+        with HostReadCounter() as counter:
+            estimator.fit(tagged_batches() * groups, epochs=1, event_handlers=handlers, default_handlers=False)
+        return counter.count
+
+    assert reads(1) == reads(3)  # reads of the fit's start and end, none per batch or per step
+
+
+def test_items_must_be_auto_none_or_a_function():
+    with pytest.raises(FitforgeTypeError, match="GradientUpdateHandler: items must be 'auto', None or a function"):
+        GradientUpdateHandler(accumulate=2, items=3)
+
+
+def test_the_counts_of_the_losses_it_knows():
+    label = torch.tensor([[1, 2, PAD], [0, PAD, PAD]])
+    counter, _ = item_counter(nn.CrossEntropyLoss(ignore_index=PAD), nn.Linear(1, 1))
+    assert counter.count(None, label) == 3
+    weighted, _ = item_counter(nn.NLLLoss(weight=torch.tensor([2.0, 1.0, 0.5]), ignore_index=PAD), nn.Linear(1, 1))
+    assert weighted.count(None, label) == 1.0 + 0.5 + 2.0  # torch's denominator: the weights of classes 1, 2, 0
+    soft, _ = item_counter(nn.CrossEntropyLoss(), nn.Linear(1, 1))
+    assert soft.count(None, torch.rand(4, 3, 5)) == 20  # probabilities: every sample and position
+    summed, why = item_counter(nn.CrossEntropyLoss(reduction="sum"), nn.Linear(1, 1))
+    assert summed is None and why == "its CrossEntropyLoss has reduction='sum', not a mean"
+    own, why = item_counter(None, nn.Linear(1, 1))
+    assert own is None and "computes its loss, and its forward takes no num_items_in_batch" in why
+
+
+def tiny_causal_lm():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()  # the tiny vocabulary's eos id warning
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=1, n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def text_batches():
+    """Dicts of 2 right-padded sequences of different lengths: labels are the tokens, -100 on padding."""
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for length, real in LENGTHS:
+        tokens = torch.randint(0, VOCAB, (2, length), generator=generator)
+        mask = torch.ones(2, length, dtype=torch.long)
+        mask[1, real:] = 0
+        batches.append({"input_ids": tokens, "attention_mask": mask, "labels": tokens.masked_fill(mask == 0, PAD)})
+    return batches
+
+
+def test_a_causal_lms_own_loss_weighs_its_batches_by_their_predicted_tokens():
+    batches = text_batches()
+    width = max(batch["input_ids"].shape[1] for batch in batches)
+    together = {
+        key: torch.cat(
+            [
+                nn.functional.pad(b[key], (0, width - b[key].shape[1]), value=PAD if key == "labels" else 0)
+                for b in batches
+            ]
+        )
+        for key in batches[0]
+    }
+    accumulated = weights_after(tiny_causal_lm(), None, batches, GradientUpdateHandler(accumulate=4))
+    one_step = weights_after(tiny_causal_lm(), None, [together], GradientUpdateHandler())
+    assert_close(accumulated, one_step)
+    unweighted = weights_after(tiny_causal_lm(), None, batches, GradientUpdateHandler(accumulate=4, items=None))
+    assert any(not torch.allclose(unweighted[k], one_step[k], rtol=1e-4) for k in one_step)
