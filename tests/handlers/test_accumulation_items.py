@@ -1,6 +1,7 @@
 """GradientUpdateHandler(accumulate=k) over batches of different numbers of counted items (tokens
 that are not padding) steps as one batch of them all: each batch's loss is weighed by its items."""
 
+import contextlib
 import logging
 
 import pytest
@@ -170,3 +171,101 @@ def test_a_causal_lms_own_loss_weighs_its_batches_by_their_predicted_tokens():
     assert_close(accumulated, one_step)
     unweighted = weights_after(tiny_causal_lm(), None, batches, GradientUpdateHandler(accumulate=4, items=None))
     assert any(not torch.allclose(unweighted[k], one_step[k], rtol=1e-4) for k in one_step)
+
+
+def test_a_window_of_padding_alone_leaves_the_weights_finite():
+    batches = [(tokens, torch.full_like(tags, PAD)) for tokens, tags in tagged_batches()[:2]]
+    weights = weights_after(Tagger(), nn.CrossEntropyLoss(ignore_index=PAD), batches, GradientUpdateHandler(2))
+    assert all(torch.isfinite(value).all() for value in weights.values())
+
+
+def test_class_weights_with_an_ignore_index_past_the_classes_count():
+    counter, _ = item_counter(nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0]), ignore_index=255), nn.Linear(1, 1))
+    assert counter.count(None, torch.tensor([[0, 255], [1, 1]])) == 5.0
+
+
+def test_a_module_with_a_module_attribute_is_not_taken_for_a_wrapper():
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = tiny_causal_lm()
+
+        def forward(self, **batch):
+            return self.module(**batch)
+
+    counter, why = item_counter(None, Holder())
+    assert counter is None and "Holder computes its loss" in why
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "shifted"),
+    [("ForCausalLM", True), ("ForConditionalGeneration", True), ("ForMaskedLM", False), ("ForCTC", None)],
+)
+def test_a_hugging_face_models_count_follows_its_loss_type(loss_type, shifted):
+    model = tiny_causal_lm()
+    model.loss_type = loss_type
+    counter, why = item_counter(None, model)
+    label = torch.tensor([[5, 6, PAD], [7, PAD, PAD]])
+    if shifted is None:
+        assert counter is None and "(ForCTC) does not divide by num_items_in_batch" in why
+    else:
+        assert counter.to_model and counter.count(None, label) == (1 if shifted else 3)  # shifted: 6 alone
+    assert tiny_causal_lm().loss_type is None  # GPT-2: none, so Hugging Face's causal default
+
+
+def test_a_batch_without_a_label_tensor_is_not_counted():
+    counter, _ = item_counter(None, tiny_causal_lm())
+    assert counter.count(None, None) is None and counter.count(None, torch.tensor([1, 2])) is None  # 1-D: no shift
+
+
+def test_a_fit_batch_of_your_own_that_counts_steps_on_the_mean_at_accumulate_1():
+    from fitforge import BatchProcessor
+
+    class Counting(BatchProcessor):
+        def fit_batch(self, state, batch):
+            inputs, label = self.to_device(state, batch)
+            pred = state.estimator.train_net(*inputs)
+            loss = state.estimator.compute_loss(pred, label)[0]
+            items = (label != PAD).sum()
+            self.backward(loss * items)
+            return BatchOutput(inputs, label, pred, loss, (loss,), label.shape[0], items=items)
+
+    from fitforge.core.state import BatchOutput
+
+    batches = tagged_batches()[:1]
+    loss = nn.CrossEntropyLoss(ignore_index=PAD)
+    plain = weights_after(Tagger(), loss, batches, GradientUpdateHandler())
+    net = Tagger()
+    estimator = Estimator(net, loss, device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.5))
+    estimator.batch_processor = Counting()
+    estimator.fit(batches, epochs=1, event_handlers=[GradientUpdateHandler()], default_handlers=False)
+    assert_close(dict(net.state_dict()), plain)
+
+
+def test_a_group_resumed_from_a_run_that_did_not_count_ends_uncounted(tmp_path):
+    from fitforge.handlers import CheckpointHandler
+    from helpers import Crash
+
+    batches, loss = tagged_batches(), nn.CrossEntropyLoss(ignore_index=PAD)
+
+    def fit(items, resume, crash=None):
+        net = Tagger()
+        estimator = Estimator(net, loss, device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.5))
+        saver = CheckpointHandler(tmp_path, batch_period=1, resume_from_checkpoint=resume)
+        handlers = [GradientUpdateHandler(2, items=items), saver, *([crash] if crash else [])]
+        with contextlib.suppress(RuntimeError):  # the crash
+            estimator.fit(batches, epochs=1, event_handlers=handlers, default_handlers=False)
+        return dict(net.state_dict())
+
+    fit(None, False, Crash(at=1))  # a group of 2 open after batch 1, its gradient a batch mean
+    resumed = fit("auto", True)
+    net = Tagger()  # by hand: the first group's batch means averaged, the second weighed by tokens
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    sum(loss(net(t), y) for t, y in batches[:2]).div(2).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    summed = nn.CrossEntropyLoss(ignore_index=PAD, reduction="sum")
+    tokens = sum(int((y != PAD).sum()) for _, y in batches[2:])
+    sum(summed(net(t), y) for t, y in batches[2:]).div(tokens).backward()
+    optimizer.step()
+    assert_close(resumed, dict(net.state_dict()))

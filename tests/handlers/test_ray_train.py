@@ -2,6 +2,7 @@
 runs in this process with the real ray.train API, no cluster), and its refusals. The cluster, the
 workers and the restart after a killed worker are in tests/distributed/test_ray.py."""
 
+import gc
 import subprocess
 import sys
 
@@ -48,6 +49,7 @@ def test_each_epoch_and_each_save_is_reported_and_the_staging_folder_goes(tmp_pa
     assert result.metrics["epoch"] == 2 and result.metrics["global_step"] == 8
     assert result.metrics["train_loss"] == history["train_loss"][-1]
     assert seen["saved"][-1] == "model-epoch2batch8.pt" and seen["best"]
+    gc.collect()  # the handler, gone with the fit's objects
     assert not seen["folder"].exists()  # the temporary staging folder went with its handler
 
 

@@ -12,10 +12,12 @@ DDP). The count stays on the device: no host read.
 - ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` with ``reduction="mean"``: the targets not equal to
   ``ignore_index``, each counted by its class ``weight`` when one is given (torch's denominator);
   for probability targets of ``CrossEntropyLoss``, every sample (and position).
-- a model's own loss (``Estimator(loss=None)``) whose ``forward`` accepts ``num_items_in_batch``
-  (Hugging Face models): the labels not equal to -100, after the one-token shift of a causal LM
-  (``loss_type`` ``"ForCausalLM"``, or none: Hugging Face's default). The count is passed to the
-  model as ``num_items_in_batch``, so its loss is its sum over them divided by that count.
+- a model's own loss (``Estimator(loss=None)``) that divides by ``num_items_in_batch``: a Hugging
+  Face model whose loss type's function takes it (causal LM, masked LM, conditional generation,
+  semantic segmentation), or a net whose ``forward`` names it. The count is the labels not equal
+  to -100, after the one-token shift of a causal LM's loss; it is passed to the model as
+  ``num_items_in_batch``, so its loss is its sum over them divided by that count. A batch without
+  a label tensor is not counted.
 
 Any other loss is not counted (a counter of your own: ``GradientUpdateHandler(items=...)``).
 """
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 _IGNORED_LABEL = -100  # Hugging Face's label of a position that has no loss
 
@@ -42,7 +45,7 @@ class ItemCounter:
         to_model: whether the count goes to the net as ``num_items_in_batch``.
     """
 
-    count: Callable[[Any, Any], torch.Tensor]
+    count: Callable[[Any, Any], torch.Tensor | None]
     to_model: bool = False
 
 
@@ -71,40 +74,55 @@ class _TargetCount:
         kept = label != self.ignore_index
         if self.weight is None:
             return kept.sum().to(torch.float32)
-        return (self.weight.to(label.device)[label.clamp(min=0)] * kept).sum()
+        classes = label.masked_fill(~kept, 0)  # ignore_index may be any value, 255 or -100
+        return (self.weight.to(label.device)[classes] * kept).sum()
 
 
 def _model_counter(net: nn.Module) -> tuple[ItemCounter | None, str]:
-    model = getattr(net, "module", net)  # a DDP wrapper's model
-    if not _accepts_items(model):
-        return None, f"the net {type(model).__name__} computes its loss, and its forward takes no num_items_in_batch"
-    # A Hugging Face model without a loss type of its own computes a causal LM's loss (its default).
-    causal = getattr(model, "loss_type", None) in (None, "ForCausalLM") and _from_hugging_face(model)
-    return ItemCounter(_causal_labels if causal else _labels, to_model=True), ""
+    model = net.module if isinstance(net, DistributedDataParallel) else net
+    name = type(model).__name__
+    if _from_hugging_face(model):
+        return _hugging_face_counter(model)
+    try:
+        named = "num_items_in_batch" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        named = False
+    if not named:
+        return None, f"the net {name} computes its loss, and its forward takes no num_items_in_batch"
+    return ItemCounter(_labels, to_model=True), ""
 
 
 def _from_hugging_face(model: nn.Module) -> bool:
     return hasattr(type(model), "loss_function")  # PreTrainedModel's: the loss its forward computes
 
 
-def _accepts_items(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes ``num_items_in_batch``: by name, or (a Hugging Face model)
-    through ``**kwargs`` unless the model says it passes none to its loss (``accepts_loss_kwargs``)."""
+def _hugging_face_counter(model: nn.Module) -> tuple[ItemCounter | None, str]:
+    """A Hugging Face model's counter: its loss type's function (causal LM when it has none, as
+    ``loss_function`` does) must divide by ``num_items_in_batch``; a causal LM's shifts the labels."""
+    name = type(model).__name__
+    if "_loss_function" in vars(model) or getattr(model, "accepts_loss_kwargs", True) is False:
+        return None, f"the net {name} computes its loss with a function of its own"
+    parameters = inspect.signature(model.forward).parameters
+    if "num_items_in_batch" not in parameters and all(p.kind is not p.VAR_KEYWORD for p in parameters.values()):
+        return None, f"the net {name}'s forward takes no num_items_in_batch"
     try:
-        parameters = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-    if "num_items_in_batch" in parameters:
-        return True
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    return takes_kwargs and _from_hugging_face(model) and bool(getattr(model, "accepts_loss_kwargs", True))
+        from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+    except ImportError:
+        return None, f"the net {name}'s loss functions could not be imported from transformers"
+    loss_type = getattr(model, "loss_type", None)
+    function: Any = LOSS_MAPPING.get(loss_type if loss_type in LOSS_MAPPING else "ForCausalLM")
+    if function is None or "num_items_in_batch" not in inspect.signature(function).parameters:
+        return None, f"the net {name}'s loss ({loss_type}) does not divide by num_items_in_batch"
+    return ItemCounter(_causal_labels if function is ForCausalLMLoss else _labels, to_model=True), ""
 
 
-def _labels(inputs: Any, label: Any) -> torch.Tensor:
-    return (label != _IGNORED_LABEL).sum()
+def _labels(inputs: Any, label: Any) -> torch.Tensor | None:
+    return (label != _IGNORED_LABEL).sum() if isinstance(label, torch.Tensor) else None
 
 
-def _causal_labels(inputs: Any, label: Any) -> torch.Tensor:
+def _causal_labels(inputs: Any, label: Any) -> torch.Tensor | None:
+    if not isinstance(label, torch.Tensor) or label.dim() < 2:
+        return None
     return (label[..., 1:] != _IGNORED_LABEL).sum()
 
 

@@ -258,6 +258,10 @@ class BatchProcessor:
         (see :mod:`fitforge.core.item_counts`)."""
         estimator, counter = state.estimator, state.count_items
         items = counter.count(inputs, label)
+        if items is None:  # nothing to count in this batch (no label): it weighs as a plain mean
+            pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, inputs, label)
+            self.backward(loss)
+            return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
         given = {**inputs, "num_items_in_batch": items} if counter.to_model and type(inputs) is dict else inputs
         pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, given, label)
         self.backward(loss * items)

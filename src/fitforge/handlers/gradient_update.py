@@ -175,7 +175,10 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         self._skipped: list[int] = []  # per optimizer: optimizer_steps it took no part in
         self._deferred: GradientSync | None = None  # DDP's all-reduce, when a group's last batch alone syncs
         self._items: torch.Tensor | None = None  # the open group's item count (on the device), when counted
-        self._ranks = 1  # the number of ranks of the fit (set at train_begin)
+        self._ranks = 1  # the ranks whose gradients DDP or FSDP average (set at train_begin)
+        self._counting: ItemCounter | None = None  # this fit's counter (None: the batches weigh alike)
+        self._uncounted_until_step = False  # a resumed group of batches that were not counted is still open
+        self._state: TrainState | None = None  # the fit's state, for a resume to change its counting
 
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler
@@ -201,8 +204,12 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         # to know whether it completes a group.
         defers = self.accumulate > 1 and not self.sync_each_batch and len(self._optimizers) == 1
         self._deferred = deferrable(state.estimator.train_net) if defers else None
-        self._items, self._ranks = None, state.ranks.size
-        state.count_items = self._counter(state) if self.accumulate > 1 else None
+        estimator = state.estimator
+        # DDP and FSDP average the ranks' gradients: a group's items are then summed over the ranks.
+        averaged = state.ranks.several and (estimator.train_net is not estimator.net or estimator.strategy == "fsdp")
+        self._items, self._ranks = None, state.ranks.size if averaged else 1
+        self._counting = self._counter(state) if self.accumulate > 1 else None
+        state.count_items, self._state = self._counting, state
 
     def _counter(self, state: TrainState) -> ItemCounter | None:
         """What the default fit_batch counts each batch's items with (None: the batches weigh alike,
@@ -245,8 +252,9 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._choice.resolve(state.output.step, state)
 
     def batch_end(self, state) -> None:  # untyped: state.output is set at batch_end
-        if self._step_only and state.output.step is None:  # the common case (no accumulation, clipping,
-            for optimizer in self._optimizers:  # fp16 scaler or choice of optimizers), kept short
+        output = state.output
+        if self._step_only and output.step is None and output.items is None:  # the common case (no accumulation,
+            for optimizer in self._optimizers:  # clipping, fp16 scaler, choice of optimizers or counts), kept short
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             state.optimizer_steps += 1
@@ -257,6 +265,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._sync(state)
         items = state.output.items
         if items is not None:  # the group's items, summed on the device
+            items = torch.as_tensor(items, dtype=torch.float32)
             self._items = items if self._items is None else self._items + items
         due = []
         for i in chosen:
@@ -282,7 +291,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self.step(state, [i for i, count in enumerate(self._open) if count])
 
     def train_end(self, state: TrainState) -> None:
-        state.count_items = None
+        state.count_items, self._state = None, None
         if self._deferred is not None:  # also when an error ends training: evaluate and later fits sync
             self._deferred.restore()
 
@@ -292,10 +301,9 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         number of ranks) resumes with. The group's last all-reduce then gives what it would have."""
         if self._deferred is not None and state.accumulated_batches:
             self._deferred.average()
-        ranks = state.ranks
-        if self._items is not None and ranks.several:  # each rank's share of the group's items, as its gradients
-            ranks.sum_(self._items)
-            self._items = self._items / ranks.size
+        if self._items is not None and self._ranks > 1:  # each rank's share of the group's items, as its gradients
+            state.ranks.sum_(self._items)
+            self._items = self._items / self._ranks
 
     def _sync(self, state: TrainState) -> None:
         """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch cleared the
@@ -335,6 +343,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
                 self._skipped[i] += 1
         state.accumulated_batches = max(self._open)
         state.optimizer_steps += 1
+        if self._uncounted_until_step:  # the group resumed from a run that did not count: counted from the next
+            self._uncounted_until_step, state.count_items = False, self._counting
 
     def _average(self, due: list[int], state: TrainState) -> None:
         """Divide each group's summed gradients by its batch count (a shared parameter once), or,
@@ -354,14 +364,15 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
     def _divide_by_items(self, due: list[int], state: TrainState) -> None:
         """The group's gradients of summed losses over its item count: DDP and FSDP average the
         ranks' gradients, so the count is summed over the ranks and the mean undone."""
-        items, self._items, ranks = self._items, None, state.ranks
+        items, self._items = self._items, None
         grads = [p.grad for p in self._choice.params_of(due) if p.grad is not None]
         if not grads or items is None:
             return
         items = torch.as_tensor(items, dtype=torch.float32, device=grads[0].device)
-        if ranks.several:
-            ranks.sum_(items)
-        torch._foreach_mul_(grads, ranks.size / items)
+        if self._ranks > 1:
+            state.ranks.sum_(items)
+        # A group without items (every label padding) has zero gradients: they stay zero.
+        torch._foreach_mul_(grads, torch.where(items > 0, self._ranks / items, 0.0))
 
     def steps_per_optimizer(self, state: TrainState) -> list[int]:
         """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run,
@@ -388,12 +399,19 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         self._open[:], self._skipped[:] = accumulated, skipped
         items = state.get("items")
         self._items = None if items is None or not max(accumulated) else torch.tensor(items)
+        grads = [p.grad for p in self._choice.params_of(list(self._choice.every)) if p.grad is not None]
+        if max(accumulated) and self._items is None and self._counting is not None and self._state is not None:
+            # An open group of batches that weighed alike: it ends so, and the next group is counted.
+            self._uncounted_until_step, self._state.count_items = True, None
+        if self._items is not None and self._counting is None:  # a counted group, in a run that does not count
+            if grads:  # its summed losses' gradients as those of batch means: it ends weighing its batches alike
+                torch._foreach_mul_(grads, max(accumulated) / float(self._items))
+            self._items = None
         saved_ranks = state.get("ranks", self._ranks)
         if self._items is not None and saved_ranks != self._ranks:
             # Every rank holds the group's mean gradients and items per rank of the ranks that saved them; on
             # this number of ranks their sums over the ranks must stay the same.
             share = saved_ranks / self._ranks
             self._items = self._items * share
-            grads = [p.grad for p in self._choice.params_of(list(self._choice.every)) if p.grad is not None]
             if grads:
                 torch._foreach_mul_(grads, share)
