@@ -134,9 +134,9 @@ def test_a_spawned_worker_is_shielded_too(tmp_path):
 
 
 class WaitsForTheSave(Dataset):
-    """A validation set read by 2 workers: its first sample sends the fit SIGTERM; batch 1 (worker 1's
-    first, under way while the fit abandons the validation after batch 0) waits for a checkpoint to
-    appear in ``folder`` and notes whether one did."""
+    """A validation set read by 2 workers: batch 1 (worker 1's first) waits for a checkpoint to appear
+    in ``folder`` and notes whether one did; once it is under way, the first sample (worker 0's) sends
+    the fit SIGTERM, so the fit abandons the validation while batch 1 is being read."""
 
     def __init__(self, folder) -> None:
         self.folder, self.fit = folder, os.getpid()
@@ -146,9 +146,14 @@ class WaitsForTheSave(Dataset):
 
     def __getitem__(self, i: int):
         if i == 0 and get_worker_info() is not None:  # not in the check before training
+            for _ in range(300):  # workers start slowly on a busy machine
+                if (self.folder.parent / "reading").exists():
+                    break
+                time.sleep(0.05)
             os.kill(self.fit, signal.SIGTERM)
         if i == 4:
-            for _ in range(150):
+            (self.folder.parent / "reading").touch()
+            for _ in range(300):
                 if any(self.folder.glob("*.pt")):
                     (self.folder.parent / "seen").touch()
                     break
