@@ -186,6 +186,15 @@ class FirstBatchCheck:
         """Raise to refuse the run."""
 
 
+class StateConfirming:
+    """Vouches for the training state before a checkpoint saves it: a CheckpointHandler calls
+    :meth:`confirm_state` on every rank right before each save; it may put another state in place
+    (a spike guard restores its last good weights), which is the one saved."""
+
+    def confirm_state(self, state: TrainState) -> None:
+        """Make the state about to be saved one fit to save."""
+
+
 class KeyRecording:
     """Records history keys known before training (``train_loss``, ``val_accuracy``...)."""
 
@@ -271,6 +280,7 @@ _NAMES = {
     Stopping: ("stopped_epoch", "run_limits", "ended_run"),
     Checkpointing: ("take_resume_checkpoint", "best_checkpoint"),
     FirstBatchCheck: ("check_first_batch",),
+    StateConfirming: ("confirm_state",),
     KeyRecording: ("history_keys",),
     Accumulating: ("share_open_group", "steps_per_optimizer"),
     EpochLines: ("shows_epoch_lines",),

@@ -16,6 +16,7 @@ from fitforge.handlers.optuna import OptunaPruningHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler
 from fitforge.handlers.ray_train import RayTrainReportHandler
 from fitforge.handlers.schedule import ScheduleHandler
+from fitforge.handlers.spike_guard import LossSpikeError, SpikeGuardHandler
 from fitforge.handlers.stopping import StoppingHandler
 from fitforge.handlers.tensorboard import TensorBoardHandler
 from fitforge.handlers.throttle import throttle
@@ -32,6 +33,7 @@ __all__ = [
     "LambdaHandler",
     "LivePlotHandler",
     "LoggingHandler",
+    "LossSpikeError",
     "MLflowHandler",
     "MetricHandler",
     "NaNGuardHandler",
@@ -40,6 +42,7 @@ __all__ = [
     "ProgressBarHandler",
     "RayTrainReportHandler",
     "ScheduleHandler",
+    "SpikeGuardHandler",
     "StoppingHandler",
     "TensorBoardHandler",
     "ThroughputHandler",

@@ -24,13 +24,19 @@ from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.monitor import Monitor
-from fitforge.core.roles import Checkpointing, Monitoring, averaged_weights
+from fitforge.core.roles import Checkpointing, Monitoring, StateConfirming, averaged_weights, players
 from fitforge.core.state import TrainState
 from fitforge.distributed.fsdp import save_sharded
 from fitforge.distributed.shard_writer import ShardWriter, shards_written
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
+
+
+def _confirm(state: TrainState) -> None:
+    """Let the guards vouch for the state about to be saved (a spike guard may restore good weights)."""
+    for guard in players(state.handlers, StateConfirming):
+        guard.confirm_state(state)
 
 
 def _completed_epochs(state: TrainState) -> int:
@@ -334,6 +340,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         if self._last == key:
             return
         path = self._folder.regular(epochs, batches)
+        _confirm(state)
         if self._refuses_non_finite(state, path.name, epochs, batches):
             return
         self._last = key
@@ -410,6 +417,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         if value is None or monitor is None or not monitor.improved(value, self.best):
             return
         epochs = _completed_epochs(state)
+        _confirm(state)
         if self._refuses_non_finite(state, self._folder.single("best").name, epochs, state.global_step):
             return
         previous, self.best = self.best, value

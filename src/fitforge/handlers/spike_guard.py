@@ -1,0 +1,198 @@
+"""SpikeGuardHandler: recover from a loss spike by going back to the last good weights."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import deque
+from typing import Any
+
+import torch
+
+from fitforge.core.arguments import check_positive
+from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.roles import KeyRecording, StateConfirming
+from fitforge.core.state import TrainState
+from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
+
+log = logging.getLogger("fitforge")
+_NONE = 2**62  # "no spike since the last check"
+KEY = "spike_recoveries"  # the history key: recoveries in each epoch
+
+
+class LossSpikeError(FitforgeValueError):
+    """The training loss spiked more often than ``SpikeGuardHandler(max_recoveries=...)`` allows."""
+
+
+class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfirming, KeyRecording):
+    """Recover from a loss spike: go back to the last good weights, skip the bad batch, optionally
+    lower the learning rate, and go on.
+
+    A batch spikes when its training loss is not finite, or is above ``factor`` times the median
+    of the last ``window`` losses that did not spike (judged once ``window // 2`` of them are
+    known). The test runs on the device every batch, after the backward; the decision is read to
+    the host every ``check_every`` batches (one host read there, none per batch) and right before
+    a checkpoint is saved, and under torch.distributed the ranks agree (every rank recovers at the
+    same batch). At a check with no spike since the last one, the weights, the optimizers' states
+    (and the fp16 scaler's) are snapshotted on the device, when ``snapshot_every`` optimizer steps
+    have passed since the last snapshot. At a check that finds a spike:
+
+    - the snapshot is put back, so the steps since it, the spiked one among them, are undone (the
+      batches trained since the snapshot are not trained again: one recovery drops at most
+      ``snapshot_every + check_every`` batches);
+    - the batch being checked is skipped (no step; at a checkpoint, the restored state is saved);
+    - with ``lr_factor``, every optimizer's learning rate is multiplied by it (an LR schedule that
+      sets the rate from its own base rates overrides it);
+    - one warning names the spiked batch, and the epoch's count goes to the history
+      (``spike_recoveries``).
+
+    After ``max_recoveries`` recoveries in a run, the next spike raises a :class:`LossSpikeError`
+    naming the batches. A checkpoint never holds a spiked state: the guard checks before each
+    save. Off by default: add it to ``event_handlers``.
+
+    Args:
+        factor: how many times the running median a loss must exceed to spike.
+        window: how many recent losses the median is taken over.
+        snapshot_every: optimizer steps between snapshots (taken at checks without a spike).
+        check_every: batches between two reads of the decision (1: every batch, a host read each).
+        lr_factor: multiply the learning rates by this at each recovery (None: leave them).
+        max_recoveries: recoveries allowed in a run; the next spike raises.
+
+    Example:
+        >>> guard = SpikeGuardHandler(factor=4.0, lr_factor=0.5)
+        >>> estimator.fit(train, epochs=10, event_handlers=[guard])  # doctest: +SKIP
+    """
+
+    priority = Stage.GUARD + 10  # after NaNGuardHandler's verdict, before the optimizer step
+    reads = ("phase", "output", "epoch", "batch_idx", "global_step", "optimizer_steps", "estimator", "history")
+    writes = ("accumulated_batches",)
+
+    def __init__(
+        self,
+        factor: float = 4.0,
+        window: int = 32,
+        snapshot_every: int = 32,
+        check_every: int = 8,
+        lr_factor: float | None = None,
+        max_recoveries: int = 5,
+    ) -> None:
+        check_positive("SpikeGuardHandler", "factor", factor, (int, float))
+        check_positive("SpikeGuardHandler", "window", window)
+        check_positive("SpikeGuardHandler", "snapshot_every", snapshot_every)
+        check_positive("SpikeGuardHandler", "check_every", check_every)
+        check_positive("SpikeGuardHandler", "lr_factor", lr_factor, (int, float), allow_none=True)
+        if not isinstance(max_recoveries, int) or isinstance(max_recoveries, bool) or max_recoveries < 0:
+            raise FitforgeTypeError(
+                f"SpikeGuardHandler: max_recoveries must be an int >= 0, got {describe(max_recoveries)}"
+            )
+        if factor <= 1:
+            raise FitforgeValueError(f"SpikeGuardHandler: factor must be above 1 (times the median), got {factor}")
+        self.factor, self.window, self.snapshot_every = float(factor), window, snapshot_every
+        self.check_every, self.lr_factor, self.max_recoveries = check_every, lr_factor, max_recoveries
+        self.recoveries: list[tuple[int, int]] = []  # (epoch, batch), from 1, of each recovery's spiked batch
+        self._epoch_recoveries = 0
+        self._snapshot: dict[str, Any] | None = None
+        self._snapshot_step = 0
+        self._batches = 0
+
+    def history_keys(self, estimator: Any, phase: str) -> list[str]:
+        return [KEY] if phase == "train" else []
+
+    def train_begin(self, state: TrainState) -> None:
+        device = state.estimator.device
+        self._losses = torch.zeros(self.window, device=device)  # recent losses that did not spike
+        self._known = 0  # how many of them are real (the window fills first)
+        self._first = torch.full((), _NONE, dtype=torch.int64, device=device)  # first spiked batch since the check
+        self._recent: deque[tuple[int, int, int]] = deque(maxlen=2 * self.check_every)  # batch -> (epoch, batch)
+        self.recoveries, self._epoch_recoveries, self._batches = [], 0, 0
+        self._snapshot, self._snapshot_step = None, 0
+
+    def backward_end(self, state: TrainState) -> None:
+        if state.phase != "train" or state.output is None or state.output.loss is None:
+            return
+        if self._snapshot is None:  # the state the run starts from (a resumed one's too): good by definition
+            self._take_snapshot(state)
+        loss = state.output.loss.detach().float()
+        spiked = ~torch.isfinite(loss)
+        if self._known >= max(1, self.window // 2):
+            median = self._losses[: min(self._known, self.window)].median()
+            spiked = spiked | (loss > self.factor * median)
+        position = self._known % self.window
+        kept = self._losses[(position - 1) % self.window] if self._known else loss.new_zeros(())
+        self._losses[position] = torch.where(spiked, kept, loss)  # a spike leaves the window: the last good loss again
+        self._known += 1
+        self._recent.append((self._batches, state.epoch + 1, state.batch_idx + 1))
+        this = torch.full_like(self._first, self._batches)  # a count of this fit's batches: cancelled ones too
+        self._first = torch.where(spiked, torch.minimum(self._first, this), self._first)
+        self._batches += 1
+        if self._batches % self.check_every == 0 and self._check(state):
+            raise CancelBatch  # the spiked state was put back: this batch takes no step either
+
+    def confirm_state(self, state: TrainState) -> None:
+        """Before a checkpoint: check now, so that a spiked state is never saved."""
+        if state.phase == "train" and self._snapshot is not None:
+            self._check(state)
+
+    def _check(self, state: TrainState) -> bool:
+        """Read the decision (every rank agrees on the earliest spike); recover from a spike, or
+        snapshot a good state. Whether it recovered."""
+        first = state.ranks.min_int(int(self._first))
+        self._first.fill_(_NONE)
+        if first == _NONE:
+            if self._snapshot is None or state.optimizer_steps - self._snapshot_step >= self.snapshot_every:
+                self._take_snapshot(state)
+            return False
+        self._recover(state, first)
+        return True
+
+    def _take_snapshot(self, state: TrainState) -> None:
+        estimator = state.estimator
+        self._snapshot = {
+            "net": {name: value.detach().clone() for name, value in estimator.net.state_dict().items()},
+            "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
+            "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
+        }
+        self._snapshot_step = state.optimizer_steps
+
+    def _recover(self, state: TrainState, first: int) -> None:
+        where = next(((epoch, batch) for count, epoch, batch in self._recent if count == first), (0, 0))
+        self.recoveries.append(where)
+        if len(self.recoveries) > self.max_recoveries:
+            named = ", ".join(f"epoch {epoch} batch {batch}" for epoch, batch in self.recoveries)
+            raise LossSpikeError(
+                f"SpikeGuardHandler: the training loss spiked {len(self.recoveries)} times, more than "
+                f"max_recoveries={self.max_recoveries}, at {named}: look at those batches' data, lower the "
+                "learning rate, or raise factor or max_recoveries"
+            )
+        assert self._snapshot is not None  # taken at the first batch
+        estimator = state.estimator
+        estimator.net.load_state_dict(self._snapshot["net"])
+        for optimizer, saved in zip(estimator.optimizers, self._snapshot["optimizers"]):
+            optimizer.load_state_dict(copy.deepcopy(saved))  # the snapshot stays as it was for the next time
+        if estimator.scaler is not None and self._snapshot["scaler"] is not None:
+            estimator.scaler.load_state_dict(self._snapshot["scaler"])
+        for parameter in estimator.net.parameters():
+            parameter.grad = None
+        state.accumulated_batches = 0
+        if self.lr_factor is not None:
+            for optimizer in estimator.optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] *= self.lr_factor
+        self._epoch_recoveries += 1
+        log.warning(
+            "SpikeGuardHandler: the training loss spiked at epoch %d batch %d; back to the weights of "
+            "optimizer step %d%s (recovery %d of at most %d)",
+            *where,
+            self._snapshot_step,
+            "" if self.lr_factor is None else f", learning rates x{self.lr_factor}",
+            len(self.recoveries),
+            self.max_recoveries,
+        )
+
+    def epoch_end(self, state: TrainState) -> None:
+        if state.phase == "train":
+            state.history.record(KEY, float(self._epoch_recoveries))
+            self._epoch_recoveries = 0
+
+    def train_end(self, state: TrainState) -> None:
+        self._snapshot = None  # the device memory of the copies

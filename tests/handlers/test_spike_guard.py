@@ -1,0 +1,106 @@
+"""SpikeGuardHandler: injected bad batches spike the loss; the guard goes back to the last good
+weights each time, never checkpoints a spiked state, ends near a clean run, and gives up past
+max_recoveries, naming the batches; its decision is read every few batches, not every batch."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from fitforge import Estimator
+from fitforge.checkpoint.files import load_checkpoint
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import CheckpointHandler, LossSpikeError, SpikeGuardHandler
+from fitforge.testing import HostReadCounter
+
+SPIKED = (150, 260, 380)  # the bad batches' positions
+BATCHES, BATCH = 480, 64
+
+
+def problem():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(BATCHES * BATCH + 400, 8, generator=generator)
+    y = (x[:, :3].sum(1) > 0).long() + (x[:, 3] > 1).long()
+    batches = [(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(BATCHES)]
+    return batches, (x[-400:], y[-400:])
+
+
+def spiked(batches):
+    """Inputs scaled by 1e3 and labels scrambled in the batches at ``SPIKED``."""
+    bad = list(batches)
+    for i in SPIKED:
+        x, y = bad[i]
+        bad[i] = (x * 1e3, y.flip(0))
+    return bad
+
+
+def estimator():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    return Estimator(
+        net, nn.CrossEntropyLoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    )
+
+
+def val_loss(est, val):
+    return est.evaluate([val])["val_loss"]
+
+
+def test_three_spikes_are_recovered_from_and_the_run_ends_near_a_clean_one(tmp_path, caplog):
+    batches, val = problem()
+    clean = estimator()
+    clean.fit(batches, epochs=1, default_handlers=False)
+    guarded, guard = estimator(), SpikeGuardHandler(snapshot_every=8)  # a snapshot at every check without a spike
+    saver = CheckpointHandler(tmp_path, batch_period=4, max_checkpoints=1000)
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        history = guarded.fit(spiked(batches), epochs=1, event_handlers=[guard, saver], default_handlers=False)
+    assert guard.recoveries == [(1, i + 1) for i in SPIKED]  # each bad batch, named from 1
+    assert history["spike_recoveries"] == [3.0]
+    assert caplog.text.count("SpikeGuardHandler: the training loss spiked at epoch 1 batch") == 3
+    assert abs(val_loss(guarded, val) - val_loss(clean, val)) <= 0.02 * val_loss(clean, val)
+    unguarded = estimator()
+    unguarded.fit(spiked(batches), epochs=1, default_handlers=False)
+    assert not val_loss(unguarded, val) <= 1.02 * val_loss(clean, val)  # the spikes hurt without the guard
+    # Never a spiked state in a checkpoint: every one is as good as the start, at least.
+    start = val_loss(estimator(), val)
+    for path in sorted(tmp_path.glob("*.pt")):
+        probe = estimator()
+        probe.net.load_state_dict(load_checkpoint(path)["model"])
+        assert val_loss(probe, val) < start, path.name
+
+
+def test_past_max_recoveries_the_run_fails_naming_the_batches():
+    batches, _ = problem()
+    with pytest.raises(
+        LossSpikeError,
+        match=r"spiked 3 times, more than max_recoveries=2, at epoch 1 batch 151, epoch 1 batch 261, epoch 1 batch 381",
+    ):
+        estimator().fit(
+            spiked(batches), epochs=1, event_handlers=[SpikeGuardHandler(max_recoveries=2)], default_handlers=False
+        )
+
+
+def test_lr_factor_lowers_the_rate_at_each_recovery():
+    batches, _ = problem()
+    est = estimator()
+    est.fit(spiked(batches), epochs=1, event_handlers=[SpikeGuardHandler(lr_factor=0.5)], default_handlers=False)
+    assert est.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05 * 0.5**3)
+
+
+def test_the_decision_is_read_every_few_batches_not_every_batch():
+    batches, _ = problem()
+
+    def reads(n):
+        with HostReadCounter() as counter:
+            estimator().fit(batches[:n], epochs=1, event_handlers=[SpikeGuardHandler()], default_handlers=False)
+        return counter.count
+
+    assert reads(64) - reads(32) == 4  # one read per 8 batches (check_every's default)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(FitforgeValueError, match="factor must be above 1"):
+        SpikeGuardHandler(factor=0.5)
+    with pytest.raises(FitforgeTypeError, match="max_recoveries must be an int >= 0"):
+        SpikeGuardHandler(max_recoveries=-1)
