@@ -192,7 +192,9 @@ def test_every_built_in_handler_keeps_to_its_declaration_in_a_real_fit(tmp_path)
     assert len(history["train_loss"]) == 3
     described = estimator.describe_loop([resumed])
     checkpoint_line = next(line for line in described.splitlines() if line.startswith("  CheckpointHandler: reads "))
-    assert checkpoint_line.endswith("; writes -")  # the resume happens after train_begin, not through the state
+    # The resume happens after train_begin, not through the state; a guard asked before a save
+    # (SpikeGuardHandler) may drop an open accumulation group.
+    assert checkpoint_line.endswith("; writes accumulated_batches")
     assert all(": full access" not in line for line in described.splitlines())  # all built-ins declare
 
 

@@ -35,6 +35,20 @@ def spiked(batches):
     return bad
 
 
+class SpikedOnce:
+    """``batches``, with the spiked ones in the first pass only: later epochs are clean."""
+
+    def __init__(self, batches):
+        self.batches, self.passes = batches, 0
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        self.passes += 1
+        return iter(spiked(self.batches) if self.passes == 1 else self.batches)
+
+
 def estimator():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
@@ -50,17 +64,17 @@ def val_loss(est, val):
 def test_three_spikes_are_recovered_from_and_the_run_ends_near_a_clean_one(tmp_path, caplog):
     batches, val = problem()
     clean = estimator()
-    clean.fit(batches, epochs=1, default_handlers=False)
+    clean.fit(batches, epochs=2, default_handlers=False)
     guarded, guard = estimator(), SpikeGuardHandler(snapshot_every=8)  # a snapshot at every check without a spike
     saver = CheckpointHandler(tmp_path, batch_period=4, max_checkpoints=1000)
     with caplog.at_level(logging.WARNING, logger="fitforge"):
-        history = guarded.fit(spiked(batches), epochs=1, event_handlers=[guard, saver], default_handlers=False)
+        history = guarded.fit(SpikedOnce(batches), epochs=2, event_handlers=[guard, saver], default_handlers=False)
     assert guard.recoveries == [(1, i + 1) for i in SPIKED]  # each bad batch, named from 1
-    assert history["spike_recoveries"] == [3.0]
+    assert history["spike_recoveries"] == [3.0, 0.0]
     assert caplog.text.count("SpikeGuardHandler: the training loss spiked at epoch 1 batch") == 3
     assert abs(val_loss(guarded, val) - val_loss(clean, val)) <= 0.02 * val_loss(clean, val)
     unguarded = estimator()
-    unguarded.fit(spiked(batches), epochs=1, default_handlers=False)
+    unguarded.fit(SpikedOnce(batches), epochs=2, default_handlers=False)
     assert not val_loss(unguarded, val) <= 1.02 * val_loss(clean, val)  # the spikes hurt without the guard
     # Never a spiked state in a checkpoint: every one is as good as the start, at least.
     start = val_loss(estimator(), val)
@@ -104,3 +118,38 @@ def test_bad_arguments_are_refused():
         SpikeGuardHandler(factor=0.5)
     with pytest.raises(FitforgeTypeError, match="max_recoveries must be an int >= 0"):
         SpikeGuardHandler(max_recoveries=-1)
+
+
+def test_a_spike_in_the_epochs_last_batches_is_caught_at_its_end():
+    batches, _ = problem()
+    bad = list(batches)
+    x, y = bad[-2]
+    bad[-2] = (x * 1e3, y.flip(0))  # after the epoch's last check (every 8 batches)
+    guard = SpikeGuardHandler()
+    history = estimator().fit(bad, epochs=1, event_handlers=[guard], default_handlers=False)
+    assert guard.recoveries == [(1, BATCHES - 1)] and history["spike_recoveries"] == [1.0]
+
+
+def test_a_loss_that_can_be_negative_is_judged_only_when_not_finite():
+    def shifted(pred, label):  # a negative log-likelihood can be below 0
+        return nn.functional.cross_entropy(pred, label) - 3.0
+
+    batches, _ = problem()
+    est = estimator()
+    est.loss = shifted
+    guard = SpikeGuardHandler()
+    est.fit(batches[:100], epochs=1, event_handlers=[guard], default_handlers=False)
+    assert guard.recoveries == []
+
+
+def test_an_averaged_copy_of_the_weights_goes_back_too():
+    from fitforge.handlers import EMAHandler
+
+    batches, val = problem()
+    bad = list(batches[:200])
+    x, y = bad[100]
+    bad[100] = (x * float("nan"), y)
+    est = estimator()
+    handlers = [SpikeGuardHandler(), EMAHandler(decay=0.9)]
+    est.fit(bad, epochs=1, event_handlers=handlers, default_handlers=False, check_access=True)
+    assert torch.isfinite(torch.tensor(val_loss(est, val)))  # evaluated with the average

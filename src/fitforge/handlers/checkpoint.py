@@ -137,7 +137,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         "epochs_before",
         "num_batches",
     )
-    writes = ()  # resuming happens after train_begin (fitforge.checkpoint.resume), not through the state
+    # Resuming happens after train_begin (fitforge.checkpoint.resume), not through the state; a guard
+    # it asks before a save (StateConfirming) may put good weights back and drop an open group.
+    writes = ("accumulated_batches",)
 
     def __init__(
         self,

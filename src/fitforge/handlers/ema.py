@@ -62,7 +62,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     """
 
     priority = Stage.AVERAGE  # right after the optimizer step: validation and checkpoints see this step's average
-    reads = ("estimator", "optimizer_steps")
+    reads = ("estimator", "optimizer_steps", "resumed")
     writes = ()
 
     def __init__(

@@ -11,7 +11,7 @@ import torch
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import KeyRecording, StateConfirming
+from fitforge.core.roles import KeyRecording, StateConfirming, WeightAveraging, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 
@@ -64,8 +64,18 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
     """
 
     priority = Stage.GUARD + 10  # after NaNGuardHandler's verdict, before the optimizer step
-    reads = ("phase", "output", "epoch", "batch_idx", "global_step", "optimizer_steps", "estimator", "history")
-    writes = ("accumulated_batches",)
+    reads = (
+        "phase",
+        "output",
+        "epoch",
+        "batch_idx",
+        "global_step",
+        "optimizer_steps",
+        "estimator",
+        "history",
+        "handlers",
+    )
+    writes = ("accumulated_batches", "history")
 
     def __init__(
         self,
@@ -114,9 +124,9 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             self._take_snapshot(state)
         loss = state.output.loss.detach().float()
         spiked = ~torch.isfinite(loss)
-        if self._known >= max(1, self.window // 2):
+        if self._judges():  # a median at or below 0 (a loss that can be negative) judges nothing
             median = self._losses[: min(self._known, self.window)].median()
-            spiked = spiked | (loss > self.factor * median)
+            spiked = spiked | ((median > 0) & (loss > self.factor * median))
         position = self._known % self.window
         kept = self._losses[(position - 1) % self.window] if self._known else loss.new_zeros(())
         self._losses[position] = torch.where(spiked, kept, loss)  # a spike leaves the window: the last good loss again
@@ -127,6 +137,10 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
         self._batches += 1
         if self._batches % self.check_every == 0 and self._check(state):
             raise CancelBatch  # the spiked state was put back: this batch takes no step either
+
+    def _judges(self) -> bool:
+        """Whether enough losses are known to judge one against their median."""
+        return self._known >= max(1, self.window // 2)
 
     def confirm_state(self, state: TrainState) -> None:
         """Before a checkpoint: check now, so that a spiked state is never saved."""
@@ -139,7 +153,9 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
         first = state.ranks.min_int(int(self._first))
         self._first.fill_(_NONE)
         if first == _NONE:
-            if self._snapshot is None or state.optimizer_steps - self._snapshot_step >= self.snapshot_every:
+            # Only a state the median could judge is a good one (the first batch's aside).
+            due = state.optimizer_steps - self._snapshot_step >= self.snapshot_every
+            if self._snapshot is None or (due and self._judges()):
                 self._take_snapshot(state)
             return False
         self._recover(state, first)
@@ -147,10 +163,12 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
 
     def _take_snapshot(self, state: TrainState) -> None:
         estimator = state.estimator
+        self._snapshot = None  # the old copies go first: at most one snapshot in memory
         self._snapshot = {
             "net": {name: value.detach().clone() for name, value in estimator.net.state_dict().items()},
             "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
             "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
+            "averages": [copy.deepcopy(_stateful(a).state_dict()) for a in players(state.handlers, WeightAveraging)],
         }
         self._snapshot_step = state.optimizer_steps
 
@@ -168,7 +186,12 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
         estimator = state.estimator
         estimator.net.load_state_dict(self._snapshot["net"])
         for optimizer, saved in zip(estimator.optimizers, self._snapshot["optimizers"]):
+            rates = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
             optimizer.load_state_dict(copy.deepcopy(saved))  # the snapshot stays as it was for the next time
+            for group, now in zip(optimizer.param_groups, rates):  # the rates go on as the schedule set them
+                group.update(now)
+        for averaging, saved in zip(players(state.handlers, WeightAveraging), self._snapshot["averages"]):
+            _stateful(averaging).load_state_dict(copy.deepcopy(saved))  # an EMA's average goes back too
         if estimator.scaler is not None and self._snapshot["scaler"] is not None:
             estimator.scaler.load_state_dict(self._snapshot["scaler"])
         for parameter in estimator.net.parameters():
@@ -191,8 +214,25 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase == "train":
+            if self._snapshot is not None and self._batches:  # the epoch's last batches, before validation
+                self._check(state)
             state.history.record(KEY, float(self._epoch_recoveries))
             self._epoch_recoveries = 0
 
     def train_end(self, state: TrainState) -> None:
+        if state.phase == "train" and self._snapshot is not None and self._batches:
+            self._check(state)  # a later save (a signal's) then saves this state: no batch runs in between
         self._snapshot = None  # the device memory of the copies
+
+    def state_dict(self) -> dict:
+        """The recent losses (the median's window), how many are known, and the recoveries so far."""
+        return {"losses": self._losses.tolist(), "known": self._known, "recoveries": list(self.recoveries)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._losses.copy_(torch.tensor(state["losses"], dtype=self._losses.dtype))
+        self._known, self.recoveries = state["known"], [(int(e), int(b)) for e, b in state["recoveries"]]
+
+
+def _stateful(handler: Any) -> Any:
+    """A handler as the event handler it is (every handler has ``state_dict``/``load_state_dict``)."""
+    return handler
