@@ -25,6 +25,7 @@ Any other loss is not counted (a counter of your own: ``GradientUpdateHandler(it
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from fitforge.core.processor import BatchProcessor
+
+log = logging.getLogger("fitforge")
 _IGNORED_LABEL = -100  # Hugging Face's label of a position that has no loss
 
 
@@ -47,6 +51,30 @@ class ItemCounter:
 
     count: Callable[[Any, Any], torch.Tensor | None]
     to_model: bool = False
+
+
+def fit_counter(items: Any, estimator: Any, accumulate: int) -> ItemCounter | None:
+    """The counter a fit's default ``fit_batch`` weighs its batches with, for
+    ``GradientUpdateHandler(accumulate, items=items)``: ``items`` of the user's, or the loss's own
+    (``"auto"``); None (said in one info line, with the way to count) when there is none, when
+    several optimizers step, or when a ``fit_batch`` of the user's runs the step."""
+    if items is None:
+        return None
+    counter, why = (ItemCounter(items), "") if callable(items) else item_counter(estimator.loss, estimator.net)
+    if len(estimator.optimizers) > 1:
+        counter, why = None, "several optimizers step"
+    elif type(estimator.batch_processor).fit_batch is not BatchProcessor.fit_batch:
+        counter, why = None, "a fit_batch of your own runs the step (return BatchOutput(items=...) from it)"
+    if counter is None:
+        log.info(
+            "GradientUpdateHandler: accumulate=%d averages its %d batches' losses alike, not weighted by their "
+            "items: %s. To weigh them (one step then equals one on the concatenated batches), pass "
+            "GradientUpdateHandler(items=lambda inputs, label: <the batch's item count, a tensor>)",
+            accumulate,
+            accumulate,
+            why,
+        )
+    return counter
 
 
 def item_counter(loss: Any, net: nn.Module) -> tuple[ItemCounter | None, str]:

@@ -4,7 +4,6 @@ accumulation group all-reduces its gradients once (:mod:`fitforge.distributed.gr
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -12,15 +11,12 @@ import torch
 
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
-from fitforge.core.item_counts import ItemCounter, item_counter
+from fitforge.core.item_counts import ItemCounter, fit_counter
 from fitforge.core.optimizer_choice import OptimizerChoice
-from fitforge.core.processor import BatchProcessor
 from fitforge.core.roles import Accumulating, FirstBatchCheck
 from fitforge.core.state import TrainState
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-
-log = logging.getLogger("fitforge")
 
 
 def step_optimizers(
@@ -208,33 +204,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         # DDP and FSDP average the ranks' gradients: a group's items are then summed over the ranks.
         averaged = state.ranks.several and (estimator.train_net is not estimator.net or estimator.strategy == "fsdp")
         self._items, self._ranks = None, state.ranks.size if averaged else 1
-        self._counting = self._counter(state) if self.accumulate > 1 else None
+        self._counting = fit_counter(self.items, state.estimator, self.accumulate) if self.accumulate > 1 else None
         state.count_items, self._state = self._counting, state
-
-    def _counter(self, state: TrainState) -> ItemCounter | None:
-        """What the default fit_batch counts each batch's items with (None: the batches weigh alike,
-        said in one info line, with the way to count them)."""
-        if self.items is None:
-            return None
-        counter, why = (
-            (ItemCounter(self.items), "")
-            if callable(self.items)
-            else item_counter(state.estimator.loss, state.estimator.net)
-        )
-        if len(self._optimizers) > 1:
-            counter, why = None, "several optimizers step"
-        elif type(state.estimator.batch_processor).fit_batch is not BatchProcessor.fit_batch:
-            counter, why = None, "a fit_batch of your own runs the step (return BatchOutput(items=...) from it)"
-        if counter is None:
-            log.info(
-                "GradientUpdateHandler: accumulate=%d averages its %d batches' losses alike, not weighted by their "
-                "items: %s. To weigh them (one step then equals one on the concatenated batches), pass "
-                "GradientUpdateHandler(items=lambda inputs, label: <the batch's item count, a tensor>)",
-                self.accumulate,
-                self.accumulate,
-                why,
-            )
-        return counter
 
     def batch_begin(self, state: TrainState) -> None:
         """Under DDP, whether this batch's backward all-reduces: it completes a group, or is the
