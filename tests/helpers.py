@@ -87,3 +87,38 @@ class NanGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * math.nan
+
+
+# Token tagging with padding, for accumulation weighted by items (tests/handlers, tests/distributed).
+PAD, VOCAB, CLASSES = -100, 11, 5  # the ignored label, the tokens, the tags
+LENGTHS = [(3, 1), (9, 4), (5, 5), (7, 2)]  # per batch of 2 sequences: padded length, last real tokens of the 2nd
+
+
+class Tagger(nn.Module):
+    """One class per token, each from its own token alone: padding changes no other position."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.out = nn.Embedding(VOCAB, 8), nn.Linear(8, CLASSES)
+
+    def forward(self, tokens):
+        return self.out(self.embed(tokens)).permute(0, 2, 1)  # (N, C, L), as CrossEntropyLoss takes it
+
+
+def tagged_batches():
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for length, real in LENGTHS:
+        tokens = torch.randint(0, VOCAB, (2, length), generator=generator)
+        tags = torch.randint(0, CLASSES, (2, length), generator=generator)
+        tags[1, real:] = PAD  # the second sequence is shorter
+        batches.append((tokens, tags))
+    return batches
+
+
+def padded_together(batches, pad_input=0):
+    width = max(tokens.shape[1] for tokens, _ in batches)
+    tokens = torch.cat([nn.functional.pad(t, (0, width - t.shape[1]), value=pad_input) for t, _ in batches])
+    tags = torch.cat([nn.functional.pad(y, (0, width - y.shape[1]), value=PAD) for _, y in batches])
+    return tokens, tags

@@ -1,6 +1,6 @@
 """Run under torchrun: each rank accumulates its own 2 of 4 tagged batches of different padded
 lengths (GradientUpdateHandler(accumulate=2): one step for the 4), and writes OUT/result-rank<r>.json
-with the final weights. Also importable: the net and the batches, for the one-process reference."""
+with the final weights. Also importable: the estimator, for the one-process reference."""
 
 import json
 import os
@@ -10,31 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-PAD, VOCAB, CLASSES = -100, 11, 5
-LENGTHS = [(3, 1), (9, 4), (5, 5), (7, 2)]  # per batch of 2 sequences: padded length, real tokens of the 2nd
-
-
-class Tagger(nn.Module):
-    """One class per token, each from its own token alone: padding changes no other position."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed, self.out = nn.Embedding(VOCAB, 8), nn.Linear(8, CLASSES)
-
-    def forward(self, tokens):
-        return self.out(self.embed(tokens)).permute(0, 2, 1)  # (N, C, L), as CrossEntropyLoss takes it
-
-
-def tagged_batches():
-    generator = torch.Generator().manual_seed(1)
-    batches = []
-    for length, real in LENGTHS:
-        tokens = torch.randint(0, VOCAB, (2, length), generator=generator)
-        tags = torch.randint(0, CLASSES, (2, length), generator=generator)
-        tags[1, real:] = PAD
-        batches.append((tokens, tags))
-    return batches
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for its helpers when run by torchrun
+from helpers import PAD, Tagger, tagged_batches
 
 
 def estimator_of(net):

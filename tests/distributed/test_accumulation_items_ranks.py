@@ -7,9 +7,9 @@ from pathlib import Path
 import items_run as script
 import torch
 from test_data_parallel import RUN, finish, ok, start
-from torch import nn
 
 from fitforge.handlers import GradientUpdateHandler
+from helpers import Tagger, padded_together, tagged_batches
 
 SCRIPT = str(Path(__file__).resolve().parent / "items_run.py")
 
@@ -17,14 +17,9 @@ SCRIPT = str(Path(__file__).resolve().parent / "items_run.py")
 def test_two_ranks_accumulating_step_as_one_process_on_the_whole_window(tmp_path):
     ok(finish(start([*RUN, "--standalone", "--nproc_per_node=2", SCRIPT, str(tmp_path), "{}"])))
     ranks = [json.loads((tmp_path / f"result-rank{r}.json").read_text()) for r in range(2)]
-    batches = script.tagged_batches()
-    width = max(tokens.shape[1] for tokens, _ in batches)
-    tokens = torch.cat([nn.functional.pad(t, (0, width - t.shape[1])) for t, _ in batches])
-    tags = torch.cat([nn.functional.pad(y, (0, width - y.shape[1]), value=script.PAD) for _, y in batches])
-    net = script.Tagger()
-    script.estimator_of(net).fit(
-        [(tokens, tags)], epochs=1, event_handlers=[GradientUpdateHandler()], default_handlers=False
-    )
+    net = Tagger()
+    whole = [padded_together(tagged_batches())]
+    script.estimator_of(net).fit(whole, epochs=1, event_handlers=[GradientUpdateHandler()], default_handlers=False)
     for weights in ranks:
         for name, value in net.state_dict().items():
             assert torch.allclose(torch.tensor(weights[name]), value, rtol=1e-6, atol=1e-7), name
