@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from fitforge.core.arguments import check_positive
-from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.events import BackwardEnd, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
 from fitforge.core.roles import KeyRecording, StateConfirming, WeightAveraging, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
@@ -161,6 +161,11 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
         self._recover(state, first)
         return True
 
+    @staticmethod
+    def _averaging(state: TrainState) -> list[EventHandler]:
+        """The handlers keeping an average of the weights (an EMA's), as the handlers they are."""
+        return [h for h in players(state.handlers, WeightAveraging) if isinstance(h, EventHandler)]
+
     def _take_snapshot(self, state: TrainState) -> None:
         estimator = state.estimator
         self._snapshot = None  # the old copies go first: at most one snapshot in memory
@@ -168,7 +173,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             "net": {name: value.detach().clone() for name, value in estimator.net.state_dict().items()},
             "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
             "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
-            "averages": [copy.deepcopy(_stateful(a).state_dict()) for a in players(state.handlers, WeightAveraging)],
+            "averages": [copy.deepcopy(a.state_dict()) for a in self._averaging(state)],
         }
         self._snapshot_step = state.optimizer_steps
 
@@ -190,8 +195,8 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             optimizer.load_state_dict(copy.deepcopy(saved))  # the snapshot stays as it was for the next time
             for group, now in zip(optimizer.param_groups, rates):  # the rates go on as the schedule set them
                 group.update(now)
-        for averaging, saved in zip(players(state.handlers, WeightAveraging), self._snapshot["averages"]):
-            _stateful(averaging).load_state_dict(copy.deepcopy(saved))  # an EMA's average goes back too
+        for averaging, saved in zip(self._averaging(state), self._snapshot["averages"]):
+            averaging.load_state_dict(copy.deepcopy(saved))  # an EMA's average goes back too
         if estimator.scaler is not None and self._snapshot["scaler"] is not None:
             estimator.scaler.load_state_dict(self._snapshot["scaler"])
         for parameter in estimator.net.parameters():
@@ -231,8 +236,3 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
     def load_state_dict(self, state: dict) -> None:
         self._losses.copy_(torch.tensor(state["losses"], dtype=self._losses.dtype))
         self._known, self.recoveries = state["known"], [(int(e), int(b)) for e, b in state["recoveries"]]
-
-
-def _stateful(handler: Any) -> Any:
-    """A handler as the event handler it is (every handler has ``state_dict``/``load_state_dict``)."""
-    return handler
