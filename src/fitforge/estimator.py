@@ -10,7 +10,6 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.resume import resume_picked
@@ -18,7 +17,7 @@ from fitforge.checks.pipeline import PredictPlan, before_fit, before_predict, ev
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
 from fitforge.core.batches import rows_of
-from fitforge.core.coordinator import Alone, PassWatch
+from fitforge.core.coordinator import PassWatch
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler, handler_name
 from fitforge.core.history import History, numbered_key
@@ -43,12 +42,11 @@ from fitforge.core.processor import (
     check_batch_processor,
 )
 from fitforge.core.roles import WeightAveraging, players
-from fitforge.core.run import RunContext, inference
+from fitforge.core.run import RunContext
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions
-from fitforge.distributed.ranks import on_this_rank, processes, rank, world_size
-from fitforge.distributed.stop_agreement import StopAgreement
-from fitforge.distributed.strategy import check_strategy, parallelize, rank_device
+from fitforge.distributed.ranks import on_this_rank, processes, rank
+from fitforge.distributed.strategy import Strategy, resolve_strategy
 from fitforge.evaluation import Evaluation
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, run_keys
@@ -93,14 +91,16 @@ class Estimator:
         channels_last: keep the net's 4-D weights and the 4-D inputs of every batch in
             channels-last memory order (N, H, W, C strides): faster convolutions for CNNs on CUDA,
             notably under mixed precision. Shapes, results and ``state_dict`` keys are unchanged.
-        strategy: how several processes train (see docs/distributed.md). ``"auto"`` (default):
-            data-parallel (``DistributedDataParallel``) when launched by ``torchrun`` with several
-            processes, else one process; ``"ddp"``: data-parallel, an error without a launcher;
-            ``"fsdp"``: sharded data-parallel with FSDP2 ``fully_shard`` for models too big for one
-            device (see :mod:`fitforge.distributed.fsdp`); ``"none"`` (or None): fitforge neither wraps the net
-            nor splits the data.
-        strategy_options: keyword arguments for the wrapper, e.g. ``{"find_unused_parameters": True}``
-            for DDP, or ``{"shard": (Block,), "reshard_after_forward": False}`` for FSDP.
+        strategy: how several processes train (see docs/distributed.md): a
+            :class:`fitforge.distributed.Strategy` (one of your own, see docs/extending.md), or a
+            name. ``"auto"`` (default): data-parallel (``DistributedDataParallel``) when launched by
+            ``torchrun`` with several processes, else one process; ``"ddp"``: data-parallel, an
+            error without a launcher; ``"fsdp"``: sharded data-parallel with FSDP2 ``fully_shard``
+            for models too big for one device (see :mod:`fitforge.distributed.fsdp`); ``"none"``
+            (or None): fitforge neither wraps the net nor splits the data.
+        strategy_options: for a strategy given by name, keyword arguments for its wrapper, e.g.
+            ``{"find_unused_parameters": True}`` for DDP, or ``{"shard": (Block,),
+            "reshard_after_forward": False}`` for FSDP.
 
     Attributes:
         run_config: the resolved config of a run started from one (``fitforge fit --config``, see
@@ -134,15 +134,12 @@ class Estimator:
         precision: str | None = None,
         compile: bool | dict = False,
         channels_last: bool = False,
-        strategy: str | None = "auto",
+        strategy: str | Strategy | None = "auto",
         strategy_options: dict | None = None,
     ) -> None:
-        self.strategy = check_strategy(strategy, strategy_options)
-        net = check_net(net)
-        wrapper = net if isinstance(net, DistributedDataParallel) else None  # the user's own DDP
-        if wrapper is not None:
-            net = wrapper.module
-        self.device = resolve_device(rank_device(device, self.strategy))
+        self.strategy = resolve_strategy(strategy, strategy_options)
+        net = self.strategy.adopt(check_net(net))
+        self.device = resolve_device(self.strategy.device(device))
         # Host-to-GPU copies need not block: from pinned memory they overlap compute, and from
         # pageable memory CUDA stages them before returning, so the batch can never change under them.
         self.non_blocking = self.device.type == "cuda"
@@ -164,7 +161,7 @@ class Estimator:
         check_output_indices(self.val_metrics, self._val_loss.keys, "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
         self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
-        self.train_net = parallelize(self.net, self.optimizers, self.device, self.strategy, strategy_options, wrapper)
+        self.train_net = self.strategy.wrap(self.net, self.optimizers, self.device)
         self.history = History()  # every epoch of every fit (each fit returns its own History)
         # The last fit's EMAHandler (a WeightAveraging role): evaluate and predict use its weights.
         self.weight_average: WeightAveraging | None = None
@@ -186,7 +183,7 @@ class Estimator:
     @property
     def splits_data(self) -> bool:
         """Whether fit, evaluate and predict split their data across torch.distributed ranks."""
-        return self.strategy != "none" and world_size() > 1
+        return self.strategy.splits_data
 
     def output_keys(self, phase: str = "train") -> tuple[int | str, ...]:
         """The outputs the loss(es) of ``phase`` (``"validate"``: ``val_loss``) read: by position
@@ -301,9 +298,7 @@ class Estimator:
                 )
             # A later fit without one evaluates its own weights.
             self.weight_average = averaging[0] if averaging else None
-            # Several ranks run this fit: they stop together (see fitforge.distributed.stop_agreement).
-            several = world_size() > 1
-            coordinator = StopAgreement(isinstance(self.train_net, DistributedDataParallel)) if several else Alone()
+            coordinator = self.strategy.coordinator(self)  # several ranks stop together
             order = DataOrder(plan.train_data)
             run = RunContext(
                 dispatcher, plan.step, order, "train_data", coordinator, prepare=(resume_picked,), check=plan.check
@@ -398,7 +393,7 @@ class Estimator:
         return None.
         """
         predictions, state, run, plan = self._prediction(data, event_handlers, batch_size)
-        with inference(self.val_net, self.strategy != "fsdp", self.weight_average):
+        with self.strategy.evaluating(self.val_net, self.weight_average):
             run_pass(state, run)
         joined = predictions.joined(self.device)
         if plan.sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
@@ -429,7 +424,7 @@ class Estimator:
         passing = pass_batches(state, run)
         try:
             while True:
-                with inference(self.val_net, self.strategy != "fsdp", self.weight_average):
+                with self.strategy.evaluating(self.val_net, self.weight_average):
                     more = next(passing, _DONE) is not _DONE
                 yield from predictions.take()
                 if not more:

@@ -17,7 +17,7 @@ from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler
 from fitforge.core.loop import run_pass
 from fitforge.core.processor import bound_step
-from fitforge.core.run import RunContext, Step, inference
+from fitforge.core.run import RunContext, Step
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import on_this_rank, processes
 from fitforge.inputs.order import OnePass
@@ -73,7 +73,7 @@ class Evaluation:
         if self.check is not None:
             estimator.arm_loss_checks("validate")
         try:
-            with inference(estimator.val_net, estimator.strategy != "fsdp", estimator.weight_average):
+            with estimator.strategy.evaluating(estimator.val_net, estimator.weight_average):
                 run_pass(state, run)
         finally:
             self.check = run.check  # cleared once a pass read a batch

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fitforge.checkpoint.files import CheckpointError, load_checkpoint
+from fitforge.distributed import FSDPStrategy
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers import CheckpointHandler
 from fitforge.testing import linear_problem
@@ -203,7 +204,7 @@ def test_fsdp_to_an_object_store_is_refused_at_fit_start(url):
     from fitforge import TrainState
 
     estimator, _, _ = linear_problem()
-    estimator.strategy = "fsdp"  # what train_begin reads; no process group is needed to refuse
+    estimator.strategy = FSDPStrategy()  # what train_begin reads; no process group is needed to refuse
     saver = CheckpointHandler(url)
     with pytest.raises(FitforgeValueError, match=r"FSDP's sharded checkpoints cannot be saved to an object store"):
         saver.train_begin(TrainState(estimator=estimator))

@@ -7,7 +7,7 @@ aborts the rank (SIGABRT, "terminate called without an active exception")."""
 import torch
 import torch.distributed as dist
 
-from fitforge.distributed.strategy import init_process_group
+from fitforge.distributed.process_group import init_process_group
 
 init_process_group(torch.device("cpu"))
 group = dist.group.WORLD

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fitforge.distributed import strategy as parallel
+from fitforge.distributed import process_group as parallel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the threads are seen through /proc")
 

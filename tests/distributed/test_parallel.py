@@ -36,7 +36,7 @@ from fitforge.distributed import data_split as sharding
 from fitforge.distributed import fsdp
 from fitforge.distributed.ranks import broadcast_from_main, gather_to_main, run_on_main_and_share
 from fitforge.distributed.stop_agreement import StopAgreement, _check_replicas
-from fitforge.distributed.strategy import rank_device
+from fitforge.distributed.strategy import resolve_strategy
 from fitforge.events import BatchEnd
 from fitforge.exceptions import (
     CancelBatch,
@@ -88,7 +88,7 @@ def test_asking_for_several_processes_without_a_launcher_says_how_to_launch(stra
 def test_one_process_trains_the_net_itself(strategy):
     estimator = make_estimator(strategy=strategy)
     assert estimator.train_net is estimator.net and not estimator.splits_data
-    assert estimator.strategy == ("none" if strategy is None else strategy)
+    assert estimator.strategy.name == ("none" if strategy is None else strategy)
 
 
 def test_under_a_launcher_each_rank_takes_its_local_device(monkeypatch):
@@ -101,18 +101,18 @@ def test_under_a_launcher_each_rank_takes_its_local_device(monkeypatch):
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert rank_device(None, "auto") == "cuda:1"
-    assert rank_device("cuda", "ddp") == "cuda:1"
-    assert rank_device(torch.device("cuda"), "auto") == "cuda:1"
+    assert resolve_strategy("auto", None).device(None) == "cuda:1"
+    assert resolve_strategy("ddp", None).device("cuda") == "cuda:1"
+    assert resolve_strategy("auto", None).device(torch.device("cuda")) == "cuda:1"
     with pytest.warns(UserWarning, match="every rank of this machine uses that one GPU"):
-        assert rank_device("cuda:0", "auto") == "cuda:0"  # an explicit index is the user's choice
-    assert rank_device(None, "none") is None
+        assert resolve_strategy("auto", None).device("cuda:0") == "cuda:0"  # an explicit index is the user's choice
+    assert resolve_strategy("none", None).device(None) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert rank_device(None, "auto") == "cpu"
+    assert resolve_strategy("auto", None).device(None) == "cpu"
     monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node=1 still names the rank's device
-    assert rank_device(None, "auto") == "cpu"
+    assert resolve_strategy("auto", None).device(None) == "cpu"
     monkeypatch.delenv("RANK")  # not launched: the device as given
-    assert rank_device(None, "auto") is None
+    assert resolve_strategy("auto", None).device(None) is None
 
 
 # -- data splitting --------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def test_a_cancel_fit_is_held_until_the_agreement(one_rank_group, monkeypatch):
 def test_a_cancel_fit_at_a_batch_end_is_held_with_its_batch_finished_and_counted(one_rank_group, monkeypatch):
     monkeypatch.setattr(StopAgreement, "_propose", lambda self, batch_seconds: 4)
     monkeypatch.setattr("fitforge.distributed.stop_agreement._check_replicas", lambda state: None)
-    monkeypatch.setattr("fitforge.estimator.world_size", lambda: 2)  # as if another rank ran this fit too
+    monkeypatch.setattr("fitforge.distributed.strategy.world_size", lambda: 2)  # as if another rank ran this fit too
     net = nn.Linear(1, 1)
     estimator = Estimator(
         DistributedDataParallel(net), nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu"
@@ -323,7 +323,7 @@ def test_a_fit_on_a_group_agrees_at_its_points_and_checks_the_replicas_once(one_
     monkeypatch.setattr(
         "fitforge.distributed.stop_agreement._check_replicas", lambda state: checks.append(state.optimizer_steps)
     )
-    monkeypatch.setattr("fitforge.estimator.world_size", lambda: 2)  # as if another rank ran this fit too
+    monkeypatch.setattr("fitforge.distributed.strategy.world_size", lambda: 2)  # as if another rank ran this fit too
     net = nn.Linear(1, 1)
     wrapper = DistributedDataParallel(net)
     estimator = Estimator(wrapper, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
@@ -631,12 +631,12 @@ def test_an_explicit_gpu_under_torchrun_warns_that_every_rank_shares_it(monkeypa
     }.items():
         monkeypatch.setenv(name, value)
     with pytest.warns(UserWarning, match="every rank of this machine uses that one GPU"):
-        assert rank_device("cuda:0", "auto") == "cuda:0"
+        assert resolve_strategy("auto", None).device("cuda:0") == "cuda:0"
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_a_wrong_ddp_option_is_named(one_rank_group, monkeypatch):
-    monkeypatch.setattr("fitforge.distributed.strategy._several", lambda: True)
+    monkeypatch.setattr("fitforge.distributed.strategy.several_processes", lambda: True)
     monkeypatch.setattr("fitforge.distributed.strategy.world_size", lambda: 2)  # as if several ranks: DDP wraps
     with pytest.raises(FitforgeTypeError, match="not all arguments of DistributedDataParallel"):
         make_estimator(strategy_options={"find_unused": True})

@@ -12,6 +12,7 @@ from fitforge import Estimator
 from fitforge.core.state import TrainState
 from fitforge.distributed.signal_notice import SignalNotice
 from fitforge.distributed.stop_agreement import StopAgreement
+from fitforge.distributed.strategy import resolve_strategy
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 def fit_state(strategy="auto"):
     estimator = Estimator(nn.Linear(2, 2), nn.MSELoss(), optimizer="sgd", device="cpu")
-    estimator.strategy = strategy
+    estimator.strategy = resolve_strategy(strategy, None)
     return TrainState(estimator, "train")
 
 

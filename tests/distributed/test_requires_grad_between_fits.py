@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from fitforge import Estimator
-from fitforge.distributed import fsdp, strategy
+from fitforge.distributed import ddp, fsdp, strategy
 from fitforge.exceptions import FitforgeValueError
 from helpers import regression_batches
 
@@ -71,7 +71,7 @@ def test_unfreezing_after_the_net_was_wrapped_wraps_it_again_with_its_options(dd
     estimator.net[0].requires_grad_(True)
     estimator.fit(regression_batches(), epochs=1, default_handlers=False)
     assert estimator.train_net is not first and not torch.equal(before, flat(estimator.net[0]))
-    assert strategy._SYNCED[estimator.train_net] == (frozenset(id(p) for p in estimator.net.parameters()), {})
+    assert ddp._SYNCED[estimator.train_net] == (frozenset(id(p) for p in estimator.net.parameters()), {})
 
 
 def test_a_net_frozen_whole_when_the_estimator_was_built_is_wrapped_by_the_first_fit_that_trains_it(

@@ -185,7 +185,7 @@ except Exception as err:
 finally:
     result.update(ended)
     weights = net.state_dict()
-    if estimator.strategy == "fsdp":  # each rank holds shards: gather the full tensors (a collective)
+    if estimator.strategy.sharded:  # each rank holds shards: gather the full tensors (a collective)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,

@@ -142,10 +142,8 @@ def restore_weights(
     if "sharded" in checkpoint:
         return _restore_sharded(estimator, checkpoint, optimizers, folder)
     check_fits(estimator, checkpoint, folder, optimizers, source)
-    if getattr(estimator, "strategy", None) == "fsdp":  # full weights, each rank keeping its shard
-        from fitforge.distributed.fsdp import load_full_weights
-
-        load_full_weights(estimator.net, checkpoint["model"])
+    if estimator.strategy.sharded:  # whole weights, each rank keeping its shard (check_fits refused optimizers)
+        estimator.strategy.load_weights(estimator.net, checkpoint["model"])
         return checkpoint
     previous = _current_state(estimator, optimizers)
     try:
@@ -171,7 +169,7 @@ def _current_state(estimator: EstimatorLike, optimizers: bool) -> dict:
 
 
 def _load_state(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, source: str) -> None:
-    estimator.net.load_state_dict(checkpoint["model"])
+    estimator.strategy.load_weights(estimator.net, checkpoint["model"])
     if not optimizers:
         return
     for optimizer, state in zip(estimator.optimizers, checkpoint.get("optimizers", [])):
@@ -214,7 +212,7 @@ def check_fits(
             f"{source} holds {len(saved)} optimizer state(s) but the estimator has "
             f"{len(estimator.optimizers)} optimizer(s); pass optimizers=False to load weights only"
         )
-    if getattr(estimator, "strategy", None) == "fsdp":
+    if estimator.strategy.sharded:
         raise CheckpointError(
             "this checkpoint of an unsharded run holds optimizer states that cannot be sharded here; "
             "load its weights only (estimator.load_checkpoint(path, optimizers=False)) and train on"
@@ -249,24 +247,14 @@ def _mismatch(net: torch.nn.Module, weights: dict) -> str:
 
 def _restore_sharded(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:
     """Load the weights (optimizer states, gradients) a sharded checkpoint keeps in its DCP folder."""
-    from torch.distributed.checkpoint.api import (
-        CheckpointException,  # a BaseException: named to be caught
-    )
-
-    from fitforge.distributed.fsdp import load_sharded
-
     shards = Path(folder or ".") / checkpoint["sharded"]
     try:
-        checkpoint["grads"] = load_sharded(
+        checkpoint["grads"] = estimator.strategy.load_shards(
             estimator, shards, optimizers, grads=bool(checkpoint.get("accumulated_batches"))
         )
     except FileNotFoundError as err:
         raise CheckpointError(
             f"the sharded weights of this checkpoint are missing: {err}; keep the .dcp folder "
             "beside the checkpoint file"
-        ) from err
-    except (RuntimeError, ValueError, KeyError, CheckpointException) as err:
-        raise CheckpointError(
-            f"the sharded checkpoint {shards} does not fit this net or its optimizers: {type(err).__name__}: {err}"
         ) from err
     return checkpoint

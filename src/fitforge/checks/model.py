@@ -10,15 +10,13 @@ from fitforge.checks.forward_errors import same_device
 from fitforge.checks.untrained import warn_untrained
 from fitforge.core.modules import tensors_of
 from fitforge.core.state import EstimatorLike
-from fitforge.distributed.fsdp import hold_shards
-from fitforge.distributed.strategy import follow_trainable
 from fitforge.exceptions import DeviceMismatchError
 
 
 def check_placement(estimator: EstimatorLike, *nets: str) -> None:
     """The named nets (``"net"``, ``"val_net"``) must still be on the device the Estimator placed
-    them on. Not under FSDP, which places (and may offload) the shards itself."""
-    if estimator.strategy == "fsdp":
+    them on. Not under an engine that places them itself (FSDP, which may offload the shards)."""
+    if not estimator.strategy.places_net:
         return
     checked: list[nn.Module] = []
     for name in nets:
@@ -32,12 +30,11 @@ def check_trainable(estimator: EstimatorLike) -> None:
     """Once per fit, as ``requires_grad`` may have changed since the last (freeze, fit, unfreeze, fit):
     warn of trainable parameters that no optimizer holds (:mod:`fitforge.checks.untrained`), comparing
     the parameters the optimizers hold (under FSDP the shards, held again by the units first), and
-    make DDP's wrapper follow the parameters that train now (:func:`~fitforge.distributed.strategy.follow_trainable`).
-    One pass over the parameters; no cost per batch."""
-    if estimator.strategy == "fsdp":
-        hold_shards(estimator.net)
+    make the engine's wrapper follow the parameters that train now (DDP's:
+    :func:`~fitforge.distributed.ddp.follow_trainable`). One pass over the parameters; no cost per batch."""
+    estimator.strategy.prepare_fit(estimator)
     warn_untrained(estimator.net, estimator.optimizers)
-    estimator.train_net = follow_trainable(estimator.train_net, estimator.net, estimator.device)
+    estimator.strategy.follow_trainable(estimator)
 
 
 def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:

@@ -165,7 +165,7 @@ def evaluation_of(
     num_batches = check_data(data, name, passes) if judged is None else judged[0]
     sharded = False
     if estimator.splits_data:
-        data, sharded = shard_eval(data, padded=estimator.strategy == "fsdp")
+        data, sharded = shard_eval(data, padded=estimator.strategy.collective_forward)
         num_batches = len(data) if sharded else num_batches  # type: ignore[arg-type]
     if not placed:
         check_placement(estimator, "val_net")
@@ -199,7 +199,7 @@ def before_predict(
     num_batches = check_data(data, "data", passes=1)
     sharded = False
     if estimator.splits_data:
-        data, sharded = shard_eval(data, padded=estimator.strategy == "fsdp")
+        data, sharded = shard_eval(data, padded=estimator.strategy.collective_forward)
         num_batches = len(data) if sharded else num_batches
     else:
         data = in_dataset_order(data)

@@ -21,7 +21,6 @@ from fitforge.checks.first_batch import check_handlers, explained_step
 from fitforge.core.batches import check_finite, sampler_of
 from fitforge.core.events import EventHandler
 from fitforge.core.rng import torch_rng_kept
-from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.core.worker_shield import shielded
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
@@ -68,7 +67,7 @@ def check_first_val_batch(
         return False
     with (
         torch_rng_kept(estimator.device),
-        inference(estimator.val_net, estimator.strategy != "fsdp", estimator.weight_average),
+        estimator.strategy.evaluating(estimator.val_net, estimator.weight_average),
     ):
         batch = first_samples(val_data)
         if batch is None:

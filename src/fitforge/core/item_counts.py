@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from fitforge.core.processor import BatchProcessor
 
@@ -106,8 +105,7 @@ class _TargetCount:
         return (self.weight.to(label.device)[classes] * kept).sum()
 
 
-def _model_counter(net: nn.Module) -> tuple[ItemCounter | None, str]:
-    model = net.module if isinstance(net, DistributedDataParallel) else net
+def _model_counter(model: nn.Module) -> tuple[ItemCounter | None, str]:
     name = type(model).__name__
     if _from_hugging_face(model):
         return _hugging_face_counter(model)

@@ -46,7 +46,7 @@ class EstimatorLike(Protocol):
     autocast_dtype: torch.dtype | None
     non_blocking: bool
     channels_last: bool
-    strategy: str
+    strategy: Any  # a fitforge.distributed.Strategy (a layer above the core): the engine
     loss: Any  # the loss(es) as the user gave them: a module, a callable, a list or a dict by output name
     train_metrics: list[Any]  # MetricSlot objects (fitforge.metrics, a layer above the core)
     val_metrics: list[Any]

@@ -1,9 +1,21 @@
-"""torch.distributed: ranks and collectives, launch and process group, the net's data-parallel
-wrapper (DDP, FSDP), data split across ranks, and the stop agreement behind the loop's coordinator.
+"""torch.distributed: the engines of a fit (:class:`Strategy`: one process, DDP, FSDP2, or one of
+your own), ranks and collectives, launch and process group, data split across ranks, and the stop
+agreement behind the loop's coordinator. Only this package imports ``torch.distributed``.
 
 It may import :mod:`fitforge.core` and :mod:`fitforge.exceptions`.
 """
 
 from fitforge.distributed.ranks import initialized, launched, local_rank, rank, world_size
+from fitforge.distributed.strategy import DDPStrategy, Distributed, FSDPStrategy, Strategy
 
-__all__ = ["initialized", "launched", "local_rank", "rank", "world_size"]
+__all__ = [
+    "DDPStrategy",
+    "Distributed",
+    "FSDPStrategy",
+    "Strategy",
+    "initialized",
+    "launched",
+    "local_rank",
+    "rank",
+    "world_size",
+]

@@ -29,7 +29,7 @@ from torch import nn
 
 from fitforge.core.state import EstimatorLike
 from fitforge.distributed.ranks import world_size
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValueError
 
 
 def _fully_shard() -> Any:
@@ -166,6 +166,7 @@ def save_sharded_async(estimator: EstimatorLike, folder: Path, grads: bool, grou
 def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads: bool) -> dict[str, torch.Tensor]:
     """Load ``folder`` into the estimator's net (and optimizers); return the saved gradients by name."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named to be caught
     from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,
         set_state_dict,
@@ -178,13 +179,18 @@ def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads
         del state["optim"]
     if "averages" in state and not _holds(folder, "averages."):  # saved before the run averaged: it starts anew
         del state["averages"]
-    dcp.load(state, checkpoint_id=str(folder))
-    if optimizers:
-        set_state_dict(
-            estimator.net, estimator.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-    else:
-        set_model_state_dict(estimator.net, state["model"])
+    try:
+        dcp.load(state, checkpoint_id=str(folder))
+        if optimizers:
+            set_state_dict(
+                estimator.net, estimator.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
+        else:
+            set_model_state_dict(estimator.net, state["model"])
+    except (RuntimeError, ValueError, KeyError, CheckpointException) as err:
+        raise CheckpointError(
+            f"the sharded checkpoint {folder} does not fit this net or its optimizers: {type(err).__name__}: {err}"
+        ) from err
     return state.get("grads", {})
 
 

@@ -121,6 +121,11 @@ def reduce_ints(values: Sequence[int], op: str) -> list[int]:
     return packed.tolist()
 
 
+def sum_over_ranks(tensor: torch.Tensor) -> None:
+    """Replace ``tensor`` by its sum over all ranks, in place, on the default group (a collective)."""
+    dist.all_reduce(tensor)
+
+
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on at least one rank (a collective: every rank must ask)."""
     return bool(reduce_ints([int(flag)], "max")[0])

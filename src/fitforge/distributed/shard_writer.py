@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -46,11 +47,12 @@ class ShardWriter:
         self.group = dist.new_group(backend="gloo")
         self._in_flight: Future | None = None
 
-    def submit(self, estimator: EstimatorLike, folder: Path, grads: bool) -> Future:
+    def submit(self, estimator: EstimatorLike, folder: Path, grads: bool, name: str) -> Callable[[], None]:
         """Stage this rank's shards (the only part that blocks training) and write them to
-        ``folder`` in DCP's background thread; the future ends once every rank's are written."""
-        self._in_flight = save_sharded_async(estimator, folder, grads, self.group)
-        return self._in_flight
+        ``folder`` in DCP's background thread. Returns the wait for every rank's shards (named
+        ``name`` in its error: a CheckpointError)."""
+        future = self._in_flight = save_sharded_async(estimator, folder, grads, self.group)
+        return lambda: shards_written(future, name)
 
     def wait(self) -> None:
         """Wait for this rank's save in flight. Its error is not raised here: DCP fails the save on

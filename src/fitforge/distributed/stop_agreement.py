@@ -96,7 +96,7 @@ class StopAgreement(Collective):
     def abandons_pass(self, state: TrainState) -> bool:
         if state.preempted is not None:  # agreed already, on every rank: all leave at once
             return True
-        if state.estimator.strategy == "fsdp":  # its forward is a collective: the ranks leave at the same batch
+        if state.estimator.strategy.collective_forward:  # every rank runs each forward: all leave at one batch
             return bool(reduce_ints([self._signalled], "max")[0])  # (its shares are padded to equal lengths)
         if self._signalled:
             self._notice.post()

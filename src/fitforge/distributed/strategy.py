@@ -1,268 +1,312 @@
-"""Several processes under ``torchrun``: the process group, each rank's device, and the wrapped net.
+"""The engine of a fit: a :class:`Strategy` owns everything that differs between ways of training
+on one or several processes, so the rest of fitforge asks it and never tests which engine runs.
 
-``Estimator(strategy="auto")`` (the default) trains data-parallel when the script was launched
-with several processes (``WORLD_SIZE > 1``): it initialises the default process group unless the
-script did (NCCL for CUDA devices, with gloo beside it for host values; gloo on the CPU), gives each
-rank the CUDA device of its ``LOCAL_RANK``, and wraps the net in ``DistributedDataParallel``.
-``estimator.net`` stays the user's module, so weights, checkpoints and ``state_dict`` keys are
-those of one process; ``estimator.train_net`` is the wrapper ``fit``'s forward goes through.
-``strategy="none"`` leaves all of this to the script; ``strategy="ddp"`` asks for DDP explicitly
-and ``strategy="fsdp"`` for sharded training (:mod:`fitforge.distributed.fsdp`), both an error without a
-launcher. See docs/distributed.md.
+``Estimator(strategy=...)`` takes a name or an instance; ``estimator.strategy`` is the instance.
 
-At exit, fitforge destroys the group it made and waits for gloo's worker threads to go idle
-(:func:`release_at_exit`), so that a job that finished exits with 0 on every rank.
+- ``"auto"`` (the default, :class:`~fitforge.distributed.ddp.DDPStrategy` that needs no launcher):
+  data-parallel with ``DistributedDataParallel`` when the script was launched with several
+  processes (``WORLD_SIZE > 1``), else one process;
+- ``"ddp"`` (:class:`~fitforge.distributed.ddp.DDPStrategy`): data-parallel, an error without a launcher;
+- ``"fsdp"`` (:class:`~fitforge.distributed.fsdp.FSDPStrategy`): sharded data-parallel (FSDP2);
+- ``"none"`` or None (:class:`Strategy` itself): fitforge neither wraps the net nor splits the data.
+
+Under a launcher, the engines that take part in it initialise the default process group unless the
+script did (NCCL for CUDA devices, with gloo beside it for host values; gloo on the CPU) and give
+each rank the CUDA device of its ``LOCAL_RANK``. ``estimator.net`` stays the user's module, so
+weights, checkpoints and ``state_dict`` keys are those of one process; ``estimator.train_net`` is
+what ``fit``'s forward goes through. A new engine is one subclass (docs/extending.md). See
+docs/distributed.md.
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
-import os
-import sys
-import time
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from fitforge.distributed.fsdp import shard
-from fitforge.distributed.ranks import initialized, launched, local_rank, rank, world_size
+from fitforge.core.coordinator import Alone, Coordinator
+from fitforge.core.run import inference
+from fitforge.core.state import EstimatorLike
+from fitforge.distributed import fsdp
+from fitforge.distributed.ddp import adopt_wrapper, follow_trainable, trains_through_wrapper, wrap_ddp
+from fitforge.distributed.gradient_sync import GradientSync, deferrable
+from fitforge.distributed.process_group import (
+    init_process_group,
+    quiet_other_ranks,
+    release_at_exit,
+    several_processes,
+)
+from fitforge.distributed.ranks import initialized, launched, local_rank, world_size
+from fitforge.distributed.shard_writer import ShardWriter
+from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
-STRATEGIES = ("auto", "ddp", "fsdp", "none")
-log = logging.getLogger("fitforge")
+
+class Strategy:
+    """One process, or ranks the script manages itself (``strategy="none"``): the net trains as it
+    is and every rank reads all of its data. The base of every engine: a subclass overrides what
+    its engine changes.
+
+    Attributes:
+        name: the engine's name, as runs record it (``"none"``, ``"auto"``, ``"ddp"``, ``"fsdp"``...).
+        inference_mode: whether evaluation runs under ``torch.inference_mode`` (False: ``no_grad``,
+            for engines that keep tensors made in a forward for the next one, as FSDP does).
+        collective_forward: whether every rank must run each forward (FSDP's gathers the parameters
+            from every rank): evaluation data is then padded to the same number of batches on every
+            rank, and a signal makes every rank leave a validation at the same batch.
+        places_net: whether the net stays on the estimator's device (checked at each fit).
+        sharded: whether checkpoints hold the weights and optimizer states as every rank's shards
+            (:meth:`save_shards`, :meth:`load_shards`) rather than in the checkpoint itself.
+    """
+
+    name = "none"
+    inference_mode = True
+    collective_forward = False
+    places_net = True
+    sharded = False
+    _wrapper: nn.Module | None = None  # a DistributedDataParallel the user made (see adopt)
+
+    # -- set-up, in the Estimator's constructor ------------------------------------------------------
+    def adopt(self, net: nn.Module) -> nn.Module:
+        """The module the Estimator holds as ``net``: a ``DistributedDataParallel`` the user made is
+        unwrapped (and kept, to train through: :meth:`wrap`)."""
+        net, self._wrapper = adopt_wrapper(net)
+        return net
+
+    def device(self, device: Any) -> Any:
+        """This rank's device, given the Estimator's ``device`` argument (None: picked later)."""
+        return device
+
+    def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
+        """What ``fit``'s forward goes through (``estimator.train_net``); the optimizers were built on
+        ``net``'s parameters and have not stepped."""
+        if initialized():  # a group the script made: fitforge's collectives run on its threads too
+            release_at_exit(destroy=False)
+        return net if self._wrapper is None else self._wrapper
+
+    @property
+    def splits_data(self) -> bool:
+        """Whether fit, evaluate and predict split their data across the ranks."""
+        return False
+
+    # -- each fit -------------------------------------------------------------------------------------
+    def prepare_fit(self, estimator: EstimatorLike) -> None:
+        """Before a fit's checks compare the net's parameters with the optimizers' (see
+        :func:`fitforge.checks.model.check_trainable`): make the net hold the parameters the
+        optimizers step (:meth:`hold_shards`)."""
+        self.hold_shards(estimator.net)
+
+    def follow_trainable(self, estimator: EstimatorLike) -> None:
+        """Once per fit, after ``requires_grad`` may have changed: make ``train_net`` train the
+        parameters that require grad now (see :func:`follow_trainable`)."""
+        estimator.train_net = follow_trainable(estimator.train_net, estimator.net, estimator.device)
+
+    def hold_shards(self, net: nn.Module) -> None:
+        """Make ``net`` hold the parameters the optimizers step (a sharded engine may keep gathered
+        ones after a forward). Nothing for an engine without shards."""
+
+    def coordinator(self, estimator: EstimatorLike) -> Coordinator:
+        """What makes the ranks of one fit stop together (:mod:`fitforge.distributed.stop_agreement`)."""
+        if world_size() == 1:
+            return Alone()
+        return StopAgreement(check_replicas=trains_through_wrapper(estimator.train_net))
+
+    def gradient_sync(self, estimator: EstimatorLike) -> GradientSync | None:
+        """Under accumulation: the switch that lets only a group's last backward average the
+        gradients over the ranks (``no_sync`` for the others), or None where every backward does
+        (see :mod:`fitforge.distributed.gradient_sync`)."""
+        return deferrable(estimator.train_net)
+
+    def averages_gradients(self, estimator: EstimatorLike) -> bool:
+        """Whether the backward averages the gradients over the ranks (so a group's item count is
+        summed over them)."""
+        return estimator.train_net is not estimator.net
+
+    def evaluating(self, net: nn.Module, average: Any = None) -> inference:
+        """The block in which ``net`` evaluates: eval mode without gradients (see
+        :class:`fitforge.core.run.inference`), with ``average``'s weights when it evaluates with them."""
+        return inference(net, self.inference_mode, average)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def model_state(self, estimator: EstimatorLike) -> dict[str, Any]:
+        """The weights and optimizer states a checkpoint holds (with the fp16 GradScaler's)."""
+        return {
+            "model": estimator.net.state_dict(),
+            "optimizers": [optimizer.state_dict() for optimizer in estimator.optimizers],
+            "optimizer_classes": [type(optimizer).__name__ for optimizer in estimator.optimizers],
+            **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
+        }
+
+    def load_weights(self, net: nn.Module, weights: dict[str, Any]) -> None:
+        """Load a whole ``state_dict`` into ``net``."""
+        net.load_state_dict(weights)
+
+    def save_shards(self, estimator: EstimatorLike, folder: Path, grads: bool) -> None:
+        """Every rank writes its shards into ``folder``: the engines that
+        are :attr:`sharded`."""
+        raise NotImplementedError(f"{type(self).__name__} writes no shards")
+
+    def shard_writer(self) -> Any:
+        """A writer of shards in the background (made on every rank at the same point), for
+        ``CheckpointHandler(async_save=True)``: the engines that are :attr:`sharded`."""
+        raise NotImplementedError(f"{type(self).__name__} writes no shards")
+
+    def load_shards(
+        self, estimator: EstimatorLike, folder: Path, optimizers: bool, grads: bool
+    ) -> dict[str, torch.Tensor]:
+        """Load the shards in ``folder`` (any engine reads a sharded checkpoint: DCP loads it into any
+        number of ranks); the saved gradients by parameter name."""
+        return fsdp.load_sharded(estimator, folder, optimizers, grads)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
 
-def _warnings_and_up(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING
+class Distributed(Strategy):
+    """The base of engines that take part in a launch (``torchrun``, SLURM, Ray): each rank on its
+    own device, the default process group made unless the script made it, the data split across
+    the ranks. ``required``: an error when the script was not launched with several processes
+    (``False``: train in one process then)."""
+
+    required = True
+
+    def device(self, device: Any) -> Any:
+        """Under a launcher (or a group of several processes), ``None`` or ``"cuda"`` becomes
+        ``cuda:<LOCAL_RANK>`` where CUDA exists (``None`` is the CPU otherwise)."""
+        if not (launched() or several_processes()):
+            return device
+        if device is None:
+            return f"cuda:{local_rank()}" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda" and device.index is None):
+            return f"cuda:{local_rank()}"
+        if several_processes() and str(device).startswith("cuda:") and str(device) != f"cuda:{local_rank()}":
+            warnings.warn(
+                f"device={str(device)!r} under torchrun: every rank of this machine uses that one GPU; pass "
+                f"device=None or 'cuda' for each rank's own (cuda:LOCAL_RANK)",
+                UserWarning,
+                stacklevel=3,
+            )
+        return device
+
+    def launch(self, device: torch.device) -> bool:
+        """Whether this run has several processes; the process group made when it has (an error
+        when the engine is :attr:`required` and there is no launcher)."""
+        if initialized():
+            release_at_exit(destroy=False)
+        if not self.required and not several_processes():
+            return False
+        if not initialized() and not launched():
+            raise FitforgeValueError(
+                f"strategy={self.name!r} needs several processes started by a launcher: run the "
+                "script with torchrun --nproc_per_node=N (see docs/distributed.md), or pass "
+                "strategy='auto' to train in one process when not launched"
+            )
+        init_process_group(device)
+        quiet_other_ranks()
+        return True
+
+    @property
+    def splits_data(self) -> bool:
+        return world_size() > 1
 
 
-def quiet_other_ranks() -> None:
-    """Off rank 0, fitforge's log keeps warnings and errors only: rank 0 reports for all."""
-    if rank() != 0 and _warnings_and_up not in log.filters:
-        log.addFilter(_warnings_and_up)
+class DDPStrategy(Distributed):
+    """Data-parallel training with ``DistributedDataParallel``: every rank holds the whole net and
+    its gradients are averaged over the ranks in the backward (once per accumulation group, see
+    :mod:`fitforge.distributed.gradient_sync`). ``options`` go to ``DistributedDataParallel``
+    (e.g. ``find_unused_parameters=True``). ``DDPStrategy(required=False)`` is ``"auto"``: one
+    process when the script was not launched with several."""
+
+    def __init__(self, required: bool = True, **options: Any) -> None:
+        self.required, self.options = required, options
+        self.name = "ddp" if required else "auto"
+
+    def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
+        if self._wrapper is not None:
+            return super().wrap(net, optimizers, device)
+        if not self.launch(device) or world_size() == 1:
+            return net
+        return wrap_ddp(net, device, self.options)
+
+    def __repr__(self) -> str:
+        return f"DDPStrategy(required={self.required}, **{self.options!r})"
 
 
-def check_strategy(strategy: Any, options: Any) -> str:
-    """The strategy's name ("none" for None), checked with its options."""
-    name = "none" if strategy is None else strategy
-    if name not in STRATEGIES:
-        raise FitforgeValueError(
-            f"strategy must be one of {', '.join(map(repr, STRATEGIES))} or None, got {strategy!r}"
-        )
+class FSDPStrategy(Distributed):
+    """Sharded data-parallel training with FSDP2's ``fully_shard`` (see
+    :mod:`fitforge.distributed.fsdp`): each rank holds a shard of every parameter, gradient and
+    optimizer state, and checkpoints hold every rank's shards, written through
+    ``torch.distributed.checkpoint``. ``shard``: the classes of the units to shard (a transformer's
+    blocks; else the root's children that hold parameters); ``options`` go to ``fully_shard``
+    (e.g. ``reshard_after_forward=False``)."""
+
+    name = "fsdp"
+    collective_forward = True
+    inference_mode = False  # FSDP keeps the parameters it gathers for the next forward: no inference tensors
+    places_net = False  # it places (and may offload) the shards itself
+    sharded = True
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
+        if self._wrapper is not None:
+            raise FitforgeValueError(
+                "strategy='fsdp' shards the net itself: give the Estimator the module, not a DistributedDataParallel"
+            )
+        self.launch(device)
+        return fsdp.shard(net, optimizers, device, self.options)
+
+    def hold_shards(self, net: nn.Module) -> None:
+        fsdp.hold_shards(net)
+
+    def averages_gradients(self, estimator: EstimatorLike) -> bool:
+        return True
+
+    def model_state(self, estimator: EstimatorLike) -> dict[str, Any]:
+        return {"grads": {}}  # weights, optimizer states and an open group's gradients: in the shards
+
+    def load_weights(self, net: nn.Module, weights: dict[str, Any]) -> None:
+        fsdp.load_full_weights(net, weights)  # each rank keeps its shard of the whole weights
+
+    def save_shards(self, estimator: EstimatorLike, folder: Path, grads: bool) -> None:
+        fsdp.save_sharded(estimator, folder, grads)
+
+    def shard_writer(self) -> ShardWriter:
+        return ShardWriter()
+
+    def __repr__(self) -> str:
+        return f"FSDPStrategy(**{self.options!r})"
+
+
+NAMES = ("auto", "ddp", "fsdp", "none")
+
+
+def resolve_strategy(strategy: Any, options: Any) -> Strategy:
+    """The engine ``Estimator(strategy=..., strategy_options=...)`` asks for: an instance as it is, a
+    name made with its options (None is ``"none"``)."""
     if options is not None and not isinstance(options, dict):
         raise FitforgeTypeError(
-            f"strategy_options must be a dict of keyword arguments for {name}, got {describe(options)}"
+            f"strategy_options must be a dict of keyword arguments for {strategy}, got {describe(options)}"
         )
-    return name
-
-
-def _several() -> bool:
-    """Whether this run has several processes: launched so, or a group of several already made."""
-    return (initialized() and world_size() > 1) or (launched() and int(os.environ["WORLD_SIZE"]) > 1)
-
-
-def rank_device(device: Any, strategy: str) -> Any:
-    """Under a launcher (or a group of several processes), the device of this rank: ``None`` or
-    ``"cuda"`` becomes ``cuda:<LOCAL_RANK>`` where CUDA exists (``None`` is the CPU otherwise)."""
-    if strategy == "none" or not (launched() or _several()):
-        return device
-    if device is None:
-        return f"cuda:{local_rank()}" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda" and device.index is None):
-        return f"cuda:{local_rank()}"
-    if _several() and str(device).startswith("cuda:") and str(device) != f"cuda:{local_rank()}":
-        warnings.warn(
-            f"device={str(device)!r} under torchrun: every rank of this machine uses that one GPU; pass "
-            f"device=None or 'cuda' for each rank's own (cuda:LOCAL_RANK)",
-            UserWarning,
-            stacklevel=3,
-        )
-    return device
-
-
-def init_process_group(device: torch.device) -> None:
-    """The default group, unless the script made one: NCCL for CUDA tensors and gloo for host ones
-    on a CUDA device, gloo on the CPU. Rendezvous comes from torchrun's variables."""
-    if initialized():
-        return
-    if device.type == "cuda":
-        torch.cuda.set_device(device if device.index is not None else local_rank())
-        dist.init_process_group("cpu:gloo,cuda:nccl")
-    else:
-        dist.init_process_group("gloo")
-    release_at_exit(destroy=True)  # ours to release: NCCL warns of a group left at exit
-
-
-_AT_EXIT = {"registered": False, "destroy": False}
-_GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads
-
-
-def release_at_exit(destroy: bool) -> None:
-    """At interpreter exit, destroy the default group (``destroy``: fitforge made it), then wait for
-    gloo's worker threads to go idle. Registered once per process.
-
-    A gloo worker frees a collective's tensors after the caller's ``wait`` returned. A tensor that
-    Python already let go of needs the GIL for that, and Python ends a thread that asks for the GIL
-    while the interpreter shuts down with ``pthread_exit``, whose unwinding through C++ is a
-    ``std::terminate``: a SIGABRT ("terminate called without an active exception") of a rank that
-    had finished. ``destroy_process_group`` does not stop the workers while a DDP wrapper or an FSDP
-    mesh still holds the group, so the wait is what prevents it, and it is done for a group the
-    script made too."""
-    _AT_EXIT["destroy"] = _AT_EXIT["destroy"] or destroy
-    if not _AT_EXIT["registered"]:
-        _AT_EXIT["registered"] = True
-        atexit.register(_release)
-
-
-def _release() -> None:
-    if _AT_EXIT["destroy"] and initialized():
-        dist.destroy_process_group()
-    settle_gloo_workers()
-
-
-def settle_gloo_workers(timeout: float = 2.0) -> bool:
-    """Wait until no gloo worker thread of this process is running or waiting for the GIL: each is
-    blocked, and did not wake, through a pause twice the GIL's switch interval during which this
-    thread left the GIL free. A thread waiting for the GIL wakes at least once per interval, so it
-    cannot pass for idle. Whether they settled within ``timeout`` seconds; True where the threads
-    cannot be seen (not Linux, or a torch that does not name them)."""
-    workers = _threads_named(_GLOO_WORKER)
-    pause = 2 * sys.getswitchinterval()
-    deadline = time.monotonic() + timeout
-    while workers:
-        before = [_activity(task) for task in workers]
-        time.sleep(pause)  # the GIL is free meanwhile: a worker that waits for it takes it
-        after = [_activity(task) for task in workers]
-        if all(old is None or (old == new and old[0] == "S") for old, new in zip(before, after)):
-            return True
-        if time.monotonic() > deadline:
-            return False
-    return True
-
-
-def _threads_named(name: str) -> list[Path]:
-    try:
-        tasks = list(Path("/proc/self/task").iterdir())
-    except OSError:
-        return []
-    named = []
-    for task in tasks:
-        try:
-            if (task / "comm").read_text().strip() == name:
-                named.append(task)
-        except OSError:
-            continue  # the thread ended meanwhile
-    return named
-
-
-def _activity(task: Path) -> tuple[str, list[int]] | None:
-    """A thread's scheduler state (``S``: blocked) and its context switch counts; None once it ended."""
-    try:
-        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        status = (task / "status").read_text().splitlines()
-    except (OSError, IndexError):
-        return None
-    return state, [int(line.split()[1]) for line in status if "ctxt_switches:" in line]
-
-
-def parallelize(
-    net: nn.Module,
-    optimizers: list[torch.optim.Optimizer],
-    device: torch.device,
-    strategy: str,
-    options: dict | None,
-    wrapper: DistributedDataParallel | None,
-) -> nn.Module:
-    """The module ``fit``'s forward goes through: ``wrapper`` (a DDP the user made), a new DDP
-    wrapper around ``net``, ``net`` sharded in place (FSDP, see :mod:`fitforge.distributed.fsdp`), or ``net``
-    itself (one process, or ``strategy="none"``)."""
-    if initialized():  # a group the script made: fitforge's collectives run on its threads too
-        release_at_exit(destroy=False)
-    if wrapper is not None:
-        _SYNCED[wrapper] = (_trainable_ids(net), None)  # as the user wrapped it, presumably
-        return wrapper
-    if strategy == "none":
-        return net
-    if strategy == "auto" and not _several():
-        return net
-    if not initialized() and not launched():
-        raise FitforgeValueError(
-            f"strategy={strategy!r} needs several processes started by a launcher: run the "
-            "script with torchrun --nproc_per_node=N (see docs/distributed.md), or pass "
-            "strategy='auto' to train in one process when not launched"
-        )
-    init_process_group(device)
+    if isinstance(strategy, Strategy):
+        if options:
+            raise FitforgeValueError(
+                f"strategy_options are for a strategy given by name; {strategy!r} is an instance: give its "
+                "options to its constructor"
+            )
+        return strategy
+    options = options or {}
+    if strategy in ("auto", "ddp"):
+        return DDPStrategy(required=strategy == "ddp", **options)
     if strategy == "fsdp":
-        quiet_other_ranks()
-        return shard(net, optimizers, device, options)
-    if world_size() == 1:
-        return net
-    quiet_other_ranks()
-    if not any(p.requires_grad for p in net.parameters()):
-        # Nothing to train (an estimator for evaluate and predict; a backbone frozen whole): DDP
-        # refuses such a net. The first fit with something to train wraps it (follow_trainable).
-        _SYNCED[net] = (frozenset(), options or {})
-        return net
-    return _ddp(net, device, options or {})
-
-
-def _ddp(net: nn.Module, device: torch.device, options: dict) -> DistributedDataParallel:
-    device_ids = [device.index] if device.type == "cuda" else None
-    try:
-        wrapper = DistributedDataParallel(net, device_ids=device_ids, **options)
-    except TypeError as err:
-        raise FitforgeTypeError(
-            f"strategy_options {options!r} are not all arguments of DistributedDataParallel: {err}"
-        ) from err
-    _SYNCED[wrapper] = (_trainable_ids(net), options)
-    return wrapper
-
-
-# DDP synchronises the gradients of the parameters that required grad when it was made, and only
-# those. Per wrapper: their ids, and the options fitforge made it with (None: the user's wrapper).
-_SYNCED: weakref.WeakKeyDictionary[nn.Module, tuple[frozenset[int], dict | None]] = weakref.WeakKeyDictionary()
-
-
-def _trainable_ids(net: nn.Module) -> frozenset[int]:
-    return frozenset(id(p) for p in net.parameters() if p.requires_grad)
-
-
-def follow_trainable(train_net: nn.Module, net: nn.Module, device: torch.device) -> nn.Module:
-    """The module fit's forward goes through, for the parameters that train now (checked at each fit).
-
-    A parameter unfrozen since the DDP wrapper was made would train apart on each rank (DDP never
-    averages its gradient), and one frozen since makes DDP wait for a gradient that never comes
-    ("Expected to have finished reduction"). A wrapper fitforge made is made anew with the same
-    options, on every rank (each runs this fit); a comm hook registered on the old one is not carried
-    over. A net left unwrapped because nothing in it trained is wrapped by the first fit that trains
-    it. For a wrapper the user made, this is an error that says what to do.
-    """
-    made = _SYNCED.get(train_net)
-    if made is None:
-        return train_net  # one process, FSDP (which follows requires_grad itself), or no strategy
-    synced, options = made
-    trainable = _trainable_ids(net)
-    if trainable == synced or not trainable:  # nothing to train: fit's own error follows
-        return train_net
-    changed = [name for name, p in net.named_parameters() if (id(p) in trainable) != (id(p) in synced)]
-    if options is None:
-        raise FitforgeValueError(
-            f"the DistributedDataParallel wrapper given as net synchronises the gradients of the parameters that "
-            f"required grad when it was made, and {len(changed)} changed since ({', '.join(changed[:5])}): wrap the "
-            "net again after changing requires_grad and build a new Estimator with it, or give the Estimator the net "
-            "itself: it wraps it again when they change"
-        )
-    log.info(
-        "%d parameter(s) were frozen or unfrozen since the net was prepared for several processes (%s): "
-        "wrapping it in DistributedDataParallel anew, so that their gradients are averaged over the ranks",
-        len(changed),
-        ", ".join(changed[:5]),
+        return FSDPStrategy(**options)
+    if strategy in ("none", None):
+        return Strategy()
+    raise FitforgeValueError(
+        f"strategy must be one of {', '.join(map(repr, NAMES))}, None or a fitforge.distributed.Strategy, "
+        f"got {describe(strategy)}"
     )
-    return _ddp(net, device, options)

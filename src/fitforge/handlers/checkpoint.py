@@ -6,7 +6,6 @@ import logging
 import os
 import re
 from collections.abc import Callable
-from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,6 @@ from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Checkpointing, Monitoring, StateConfirming, averaged_weights, players
 from fitforge.core.state import TrainState
-from fitforge.distributed.fsdp import save_sharded
-from fitforge.distributed.shard_writer import ShardWriter, shards_written
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
@@ -201,15 +198,16 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._refused = 0  # saves of non-finite states in this run
         self._picked: dict | None = None  # the checkpoint train_begin chose to resume from
         self.resumed_from: Location | None = None
-        self._shards: ShardWriter | None = None  # every rank's sharded saves in flight (FSDP with async_save)
+        self._shards: Any = None  # every rank's sharded saves in flight (the engine's shard_writer, with async_save)
 
     def train_begin(self, state: TrainState) -> None:
         if self._shards is not None:  # a fit that ended without its train_end
             self._shards.close()
             self._shards = None
-        if state.estimator.strategy == "fsdp" and self.async_save:
-            self._shards = ShardWriter()
-        if state.estimator.strategy == "fsdp" and self._folder.local is None:
+        strategy = state.estimator.strategy
+        if strategy.sharded and self.async_save:
+            self._shards = strategy.shard_writer()
+        if strategy.sharded and self._folder.local is None:
             raise FitforgeValueError(
                 f"CheckpointHandler: FSDP's sharded checkpoints cannot be saved to an object store (model_dir "
                 f"{str(self.model_dir)!r}): fitforge commits a sharded checkpoint by renaming its folder, which an "
@@ -357,7 +355,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         path: Location,
         checkpoint: dict,
         write: Callable[[dict], None],
-        sharding: tuple[Future, str] | None = None,
+        sharding: Callable[[], None] | None = None,
     ) -> None:
         """``write(checkpoint)`` on rank 0, every rank sharing its error; with ``async_save`` in the
         background, after the previous write (whose error, if any, is raised here on every rank) and
@@ -372,7 +370,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
 
         def once_sharded(saved: dict) -> None:
             if sharding is not None:
-                shards_written(*sharding)  # DCP's error, if any, is the save's
+                sharding()  # waits for the shards: their error, if any, is the save's
             write(saved)
 
         if writer is None or state.preempted is not None:
@@ -382,29 +380,30 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
 
     def _save_shards(
         self, state: TrainState, checkpoint: dict, name: str
-    ) -> tuple[Path | None, tuple[Future, str] | None]:
+    ) -> tuple[Path | None, Callable[[], None] | None]:
         """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
         the checkpoint names as ``name`` (rank 0 renames it once every shard is written). Names
         are unique per state (file name and batch position), so a save never overwrites the
         shards a file on disk names. The folder, and with ``async_save`` (not preempted) the
         future of DCP's background save, which the file's write waits for."""
-        if state.estimator.strategy != "fsdp":
+        strategy = state.estimator.strategy
+        if not strategy.sharded:
             return None, None
         temporary = self._folder.temporary_shards(name)
         checkpoint["sharded"] = name
         grads = bool(state.accumulated_batches)
         shards = self._shards
         if shards is None:
-            save_sharded(state.estimator, temporary, grads)
+            strategy.save_shards(state.estimator, temporary, grads)
             return temporary, None
         # One save in flight: the previous one's shards, then its file (its error raised on every rank).
         shards.wait()
         assert self._writer is not None  # async_save
         state.ranks.on_main(self._writer.wait, CheckpointError)
         if state.preempted is not None:  # the process exits after this save: written before returning
-            save_sharded(state.estimator, temporary, grads)
+            strategy.save_shards(state.estimator, temporary, grads)
             return temporary, None
-        return temporary, (shards.submit(state.estimator, temporary, grads), name)
+        return temporary, shards.submit(state.estimator, temporary, grads, name)
 
     def _write_and_rotate(self, checkpoint: dict, path: Location, shards: Path | None) -> None:
         self._folder.commit(checkpoint, path, shards, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
@@ -488,18 +487,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
         """The dict written to a file: the weights, the optimizers' states (and the fp16 GradScaler's
         under ``precision="16-mixed"``) and the :func:`~fitforge.checkpoint.resume.training_state`. Under
-        FSDP the weights, optimizer states and gradients go to a sharded folder instead."""
-        estimator = state.estimator
-        if estimator.strategy == "fsdp":
-            return {"format_version": FORMAT_VERSION, **training_state(state, epochs, batches), "grads": {}}
-        return {
-            "format_version": FORMAT_VERSION,
-            "model": estimator.net.state_dict(),
-            "optimizers": [optimizer.state_dict() for optimizer in estimator.optimizers],
-            "optimizer_classes": [type(optimizer).__name__ for optimizer in estimator.optimizers],
-            **({} if estimator.scaler is None else {"scaler": estimator.scaler.state_dict()}),
-            **training_state(state, epochs, batches),
-        }
+        FSDP the weights, optimizer states and gradients go to a sharded folder instead (the
+        engine's :meth:`~fitforge.distributed.Strategy.model_state`)."""
+        training = training_state(state, epochs, batches)
+        return {"format_version": FORMAT_VERSION, **training, **state.estimator.strategy.model_state(state.estimator)}
 
     def best_weights(self) -> str | None:
         """``"saved"`` with ``save_best``: ``<prefix>-best.pt`` holds the best weights by ``monitor``."""

@@ -13,7 +13,6 @@ from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainBegin
 from fitforge.core.roles import WeightAveraging
 from fitforge.core.state import TrainState
-from fitforge.distributed.fsdp import hold_shards
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
@@ -86,6 +85,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         self._kept: list[torch.Tensor] | None = None  # the trained weights while the average is swapped in
         self._swapped = 0
         self._sharded = False
+        self._hold: Any = None  # the engine's hold_shards: units gathered by a forward read their shards again
         self._pending = False  # start the average from the weights the first epoch starts with
         self._seen = 0  # the optimizer steps at the last batch_end
 
@@ -104,9 +104,8 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         into it (``load_state_dict``, or ``estimator.load_checkpoint`` once this is the estimator's
         ``weight_average``)."""
         net = estimator.net
-        self._sharded = estimator.strategy == "fsdp"
-        if self._sharded:
-            hold_shards(net)  # the sharded parameters, which the optimizers step
+        self._sharded, self._hold = estimator.strategy.sharded, estimator.strategy.hold_shards
+        self._hold(net)  # the sharded parameters, which the optimizers step
         tracked = _tracked(net, self.buffers)
         names = [name for name, _ in tracked]
         same = (
@@ -154,8 +153,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         if not self._averages:
             return
         if self._swapped == 0:
-            if self._sharded:  # a unit left gathered by a forward would not read its shards again
-                hold_shards(self._net)  # type: ignore[arg-type]
+            self._hold(self._net)  # a unit left gathered by a forward would not read its shards again
             self._kept = [t.clone() for t in self._live]
             torch._foreach_copy_(self._live, self._local_averages)
         self._swapped += 1  # nested: an evaluate() run from a handler during a validation
@@ -165,8 +163,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
             return
         self._swapped -= 1
         if self._swapped == 0 and self._kept is not None:
-            if self._sharded:
-                hold_shards(self._net)  # type: ignore[arg-type]
+            self._hold(self._net)
             torch._foreach_copy_(self._live, self._kept)
             self._kept = None
 

@@ -15,7 +15,6 @@ from fitforge.core.item_counts import ItemCounter, fit_counter
 from fitforge.core.optimizer_choice import OptimizerChoice
 from fitforge.core.roles import Accumulating, FirstBatchCheck
 from fitforge.core.state import TrainState
-from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
@@ -169,7 +168,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self.handled_events = (Event.TRAIN_BEGIN, Event.BATCH_END, Event.EPOCH_END)
         self._open: list[int] = []  # per optimizer: batches in its open accumulation group
         self._skipped: list[int] = []  # per optimizer: optimizer_steps it took no part in
-        self._deferred: GradientSync | None = None  # DDP's all-reduce, when a group's last batch alone syncs
+        self._deferred: Any = None  # DDP's all-reduce, when a group's last batch alone syncs
         self._items: torch.Tensor | None = None  # the open group's item count (on the device), when counted
         self._ranks = 1  # the ranks whose gradients DDP or FSDP average (set at train_begin)
         self._counting: ItemCounter | None = None  # this fit's counter (None: the batches weigh alike)
@@ -199,10 +198,10 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         # One optimizer only: a batch chooses the optimizers it steps after its forward, too late
         # to know whether it completes a group.
         defers = self.accumulate > 1 and not self.sync_each_batch and len(self._optimizers) == 1
-        self._deferred = deferrable(state.estimator.train_net) if defers else None
         estimator = state.estimator
+        self._deferred = estimator.strategy.gradient_sync(estimator) if defers else None
         # DDP and FSDP average the ranks' gradients: a group's items are then summed over the ranks.
-        averaged = state.ranks.several and (estimator.train_net is not estimator.net or estimator.strategy == "fsdp")
+        averaged = state.ranks.several and estimator.strategy.averages_gradients(estimator)
         self._items, self._ranks = None, state.ranks.size if averaged else 1
         self._counting = fit_counter(self.items, state.estimator, self.accumulate) if self.accumulate > 1 else None
         state.count_items, self._state = self._counting, state

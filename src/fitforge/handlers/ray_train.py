@@ -97,7 +97,7 @@ class RayTrainReportHandler(CheckpointHandler):
         self._deferring = False  # in epoch_end or train_end, which report their save themselves
 
     def train_begin(self, state: TrainState) -> None:
-        if state.estimator.strategy == "fsdp":
+        if state.estimator.strategy.sharded:
             raise FitforgeValueError(
                 "RayTrainReportHandler: with strategy='fsdp' a checkpoint is a folder of every rank's shards, which "
                 "this handler does not report to Ray; train with DDP (strategy='auto'), or save with a "

@@ -13,9 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from fitforge.distributed.ranks import collective_device, gather_to_main, rank, world_size
+from fitforge.distributed.ranks import collective_device, gather_to_main, rank, sum_over_ranks, world_size
 from fitforge.metrics.base import SumCountMetric
 
 
@@ -36,7 +35,7 @@ def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
         packed[2 * i + 1] = (
             metric._count.to(device, torch.float64) if isinstance(metric._count, torch.Tensor) else float(metric._count)
         )
-    dist.all_reduce(packed)
+    sum_over_ranks(packed)
     for i, metric in enumerate(metrics):
         dtype = metric._sum.dtype if metric._sum is not None else torch.float64
         metric._sum = packed[2 * i].to(dtype)

@@ -61,7 +61,7 @@ def run_params(state: TrainState) -> dict[str, ParamValue]:
     params["epochs"], params["batches"] = state.max_epochs, state.max_batches
     params["precision"] = getattr(estimator, "precision", None) or "32-true"
     params["device"] = str(estimator.device)
-    params["strategy"] = getattr(estimator, "strategy", None)
+    params["strategy"] = getattr(getattr(estimator, "strategy", None), "name", None)
     params["world_size"] = world_size()
     params.update(config_params(getattr(estimator, "run_config", None)))
     return {key: value for key, value in params.items() if value is not None}

@@ -1,0 +1,121 @@
+"""The process group of several processes: made once (unless the script made it) and released at exit.
+
+At exit, fitforge destroys the group it made and waits for gloo's worker threads to go idle
+(:func:`release_at_exit`), so that a job that finished exits with 0 on every rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from fitforge.distributed.ranks import initialized, launched, local_rank, rank, world_size
+
+log = logging.getLogger("fitforge")
+
+
+def _warnings_and_up(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
+
+
+def quiet_other_ranks() -> None:
+    """Off rank 0, fitforge's log keeps warnings and errors only: rank 0 reports for all."""
+    if rank() != 0 and _warnings_and_up not in log.filters:
+        log.addFilter(_warnings_and_up)
+
+
+def several_processes() -> bool:
+    """Whether this run has several processes: launched so, or a group of several already made."""
+    return (initialized() and world_size() > 1) or (launched() and int(os.environ["WORLD_SIZE"]) > 1)
+
+
+def init_process_group(device: torch.device) -> None:
+    """The default group, unless the script made one: NCCL for CUDA tensors and gloo for host ones
+    on a CUDA device, gloo on the CPU. Rendezvous comes from torchrun's variables."""
+    if initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device if device.index is not None else local_rank())
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        dist.init_process_group("gloo")
+    release_at_exit(destroy=True)  # ours to release: NCCL warns of a group left at exit
+
+
+_AT_EXIT = {"registered": False, "destroy": False}
+_GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads
+
+
+def release_at_exit(destroy: bool) -> None:
+    """At interpreter exit, destroy the default group (``destroy``: fitforge made it), then wait for
+    gloo's worker threads to go idle. Registered once per process.
+
+    A gloo worker frees a collective's tensors after the caller's ``wait`` returned. A tensor that
+    Python already let go of needs the GIL for that, and Python ends a thread that asks for the GIL
+    while the interpreter shuts down with ``pthread_exit``, whose unwinding through C++ is a
+    ``std::terminate``: a SIGABRT ("terminate called without an active exception") of a rank that
+    had finished. ``destroy_process_group`` does not stop the workers while a DDP wrapper or an FSDP
+    mesh still holds the group, so the wait is what prevents it, and it is done for a group the
+    script made too."""
+    _AT_EXIT["destroy"] = _AT_EXIT["destroy"] or destroy
+    if not _AT_EXIT["registered"]:
+        _AT_EXIT["registered"] = True
+        atexit.register(_release)
+
+
+def _release() -> None:
+    if _AT_EXIT["destroy"] and initialized():
+        dist.destroy_process_group()
+    settle_gloo_workers()
+
+
+def settle_gloo_workers(timeout: float = 2.0) -> bool:
+    """Wait until no gloo worker thread of this process is running or waiting for the GIL: each is
+    blocked, and did not wake, through a pause twice the GIL's switch interval during which this
+    thread left the GIL free. A thread waiting for the GIL wakes at least once per interval, so it
+    cannot pass for idle. Whether they settled within ``timeout`` seconds; True where the threads
+    cannot be seen (not Linux, or a torch that does not name them)."""
+    workers = _threads_named(_GLOO_WORKER)
+    pause = 2 * sys.getswitchinterval()
+    deadline = time.monotonic() + timeout
+    while workers:
+        before = [_activity(task) for task in workers]
+        time.sleep(pause)  # the GIL is free meanwhile: a worker that waits for it takes it
+        after = [_activity(task) for task in workers]
+        if all(old is None or (old == new and old[0] == "S") for old, new in zip(before, after)):
+            return True
+        if time.monotonic() > deadline:
+            return False
+    return True
+
+
+def _threads_named(name: str) -> list[Path]:
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        return []
+    named = []
+    for task in tasks:
+        try:
+            if (task / "comm").read_text().strip() == name:
+                named.append(task)
+        except OSError:
+            continue  # the thread ended meanwhile
+    return named
+
+
+def _activity(task: Path) -> tuple[str, list[int]] | None:
+    """A thread's scheduler state (``S``: blocked) and its context switch counts; None once it ended."""
+    try:
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        status = (task / "status").read_text().splitlines()
+    except (OSError, IndexError):
+        return None
+    return state, [int(line.split()[1]) for line in status if "ctxt_switches:" in line]
