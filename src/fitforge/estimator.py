@@ -518,4 +518,5 @@ class Estimator:
         default_handlers: bool = True,
     ) -> str:
         """The handlers each event of ``fit`` with these arguments calls, in order, as text."""
-        return Dispatcher(on_this_rank(fit_handlers(event_handlers, val_data, default_handlers))).describe()
+        handlers = fit_handlers(event_handlers, val_data, default_handlers) + self.strategy.fit_handlers()
+        return Dispatcher(on_this_rank(handlers)).describe()

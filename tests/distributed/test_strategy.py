@@ -89,3 +89,23 @@ def test_an_engine_of_ones_own_is_what_fit_evaluate_and_predict_go_through():
         evaluated = strategy.evaluated
         estimator.predict(torch.ones(4, 1))
         assert strategy.evaluated == evaluated + 1
+
+
+def test_an_engine_adds_its_own_handlers_to_every_fit_and_they_are_checkpointed(tmp_path):
+    from fitforge.checkpoint.files import load_checkpoint
+    from fitforge.handlers import CheckpointHandler, LambdaHandler
+
+    class Scheduled(Strategy):
+        def __init__(self):
+            self.steps = []
+            self.handler = LambdaHandler(batch_end=lambda state: self.steps.append(state.global_step))
+
+        def fit_handlers(self):
+            return [self.handler]
+
+    strategy = Scheduled()
+    estimator = Estimator(nn.Linear(1, 1), nn.MSELoss(), optimizer="sgd", device="cpu", strategy=strategy)
+    assert "LambdaHandler" in estimator.describe_loop()
+    estimator.fit(regression_batches(), epochs=2, event_handlers=[CheckpointHandler(tmp_path)])
+    assert strategy.steps == [0, 1, 2, 3, 4, 5]
+    assert "LambdaHandler" in load_checkpoint(tmp_path / "model-epoch2batch6.pt")["handlers"]

@@ -84,7 +84,7 @@ def before_fit(
     num_batches = check_data(train_data, "train_data", passes)
     checked = {} if val_data is None else {id(val_data): check_data(val_data, "val_data", passes)}
     check_placement(estimator, "net", "val_net")
-    handlers = fit_handlers(event_handlers, val_data, default_handlers)
+    handlers = fit_handlers(event_handlers, val_data, default_handlers) + estimator.strategy.fit_handlers()
     console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
     for stopper in players(handlers, Stopping):  # first: the validations' data is read once with epochs=1
         limits = stopper.run_limits()

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from fitforge.core.coordinator import Alone, Coordinator
+from fitforge.core.events import EventHandler
 from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike
 from fitforge.distributed import fsdp
@@ -103,6 +104,12 @@ class Strategy:
         """Once per fit, after ``requires_grad`` may have changed: make ``train_net`` train the
         parameters that require grad now (see :func:`follow_trainable`)."""
         estimator.train_net = follow_trainable(estimator.train_net, estimator.net, estimator.device)
+
+    def fit_handlers(self) -> list[EventHandler]:
+        """Handlers this engine adds to every fit, beside the user's (a schedule of its own, such as
+        a periodic synchronisation of the ranks); their ``state_dict`` goes into checkpoints as
+        every handler's does. None by default."""
+        return []
 
     def hold_shards(self, net: nn.Module) -> None:
         """Make ``net`` hold the parameters the optimizers step (a sharded engine may keep gathered
