@@ -7,3 +7,15 @@ It may import :mod:`fitforge.metrics`, :mod:`fitforge.inputs`, :mod:`fitforge.di
 :mod:`fitforge.core` and :mod:`fitforge.exceptions`. ``CheckpointHandler`` itself lives with the other built-in handlers
 (:mod:`fitforge.handlers.checkpoint`), so that ``fitforge.handlers`` exports it.
 """
+
+from fitforge.checkpoint.format import checkpoint_bytes, checkpoint_from_bytes
+from fitforge.checkpoint.objects import FsspecCheckpointIO
+from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO
+
+__all__ = [
+    "CheckpointIO",
+    "FsspecCheckpointIO",
+    "LocalCheckpointIO",
+    "checkpoint_bytes",
+    "checkpoint_from_bytes",
+]

@@ -18,11 +18,9 @@ import torch
 
 from fitforge.checkpoint.format import FORMAT_VERSION as FORMAT_VERSION  # where callers have imported it from
 from fitforge.checkpoint.format import content_digest, parse_checkpoint
-from fitforge.checkpoint.locations import ObjectPath, is_url, local_path
+from fitforge.checkpoint.locations import TEMP_SUFFIX, ObjectPath, is_url, local_path
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError
-
-TEMP_SUFFIX = ".tmp"
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:

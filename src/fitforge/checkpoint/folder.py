@@ -1,31 +1,28 @@
-"""CheckpointFolder: the files of one CheckpointHandler in its ``model_dir`` — names, listing, atomic
-commits (FSDP shard folders included), rotation and the cleanup of what a crash left behind. The
-bytes go through its :class:`~fitforge.checkpoint.storage.Files`: a local folder, or an object store
-named by a URL (no FSDP shards there)."""
+"""CheckpointFolder: the checkpoints of one CheckpointHandler in its store — names, listing, commits
+(FSDP shard folders included), rotation and the cleanup of what a crash left behind. The bytes go
+through its :class:`~fitforge.checkpoint.storage.CheckpointIO`: a local folder, an object store named
+by a URL (no FSDP shards there), or a store of one's own."""
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from fitforge.checkpoint.files import TEMP_SUFFIX, check_fits, restore_weights
-from fitforge.checkpoint.locations import Location, ObjectPath
-from fitforge.checkpoint.objects import ObjectFiles
-from fitforge.checkpoint.storage import LocalFiles, open_files
+from fitforge.checkpoint.files import check_fits, restore_weights
+from fitforge.checkpoint.locations import EXTENSION, SINGLES, TEMP_SUFFIX, Location, ObjectPath
+from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO
 from fitforge.core.finite import non_finite_checkpoint
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError, FitforgeValueError
 
 log = logging.getLogger("fitforge")
 
-EXTENSION = ".pt"
 SHARDS = ".dcp"  # the folder of an FSDP checkpoint's shards: the file's name with this suffix
-SINGLES = ("best", "nonfinite")  # one file each, replaced at each save: <prefix>-best.pt, <prefix>-nonfinite.pt
 _REGULAR = re.compile(r"-epoch(\d+)batch(\d+)" + re.escape(EXTENSION))
 
 
@@ -36,17 +33,26 @@ def describe_tensors(tensors: list[str], shown: int = 4) -> str:
 
 
 class CheckpointFolder:
-    """``<prefix>-epoch<E>batch<B>.pt`` (regular, rotated) and ``<prefix>-<kind>.pt`` (single) files
-    in ``where`` (a path, or an fsspec URL with its ``storage_options``); an FSDP checkpoint's shards
-    in a ``.dcp`` folder its file names, beside it (local folders only)."""
+    """``<prefix>-epoch<E>batch<B>.pt`` (regular, rotated) and ``<prefix>-<kind>.pt`` (single)
+    checkpoints in ``io``; an FSDP checkpoint's shards in a ``.dcp`` folder its file names, beside
+    it (in a local folder only)."""
 
-    def __init__(
-        self, where: str | os.PathLike | ObjectPath, prefix: str, storage_options: dict[str, Any] | None = None
-    ) -> None:
-        self.files, self.prefix = open_files(where, storage_options), prefix
-        self.path: Location = self.files.root
-        # The local folder, where FSDP shard folders live (None: an object store, which has none).
-        self.local = self.files.path if isinstance(self.files, LocalFiles) else None
+    def __init__(self, io: CheckpointIO, prefix: str) -> None:
+        self.files, self.prefix = io, prefix
+        # The local folder, where FSDP shard folders live (None: a store without one).
+        self.local = io.path if isinstance(io, LocalCheckpointIO) else None
+        root = self.local or getattr(io, "root", None)  # a store's own: its repr names it
+        self.path: Location = root if isinstance(root, (Path, ObjectPath)) else ObjectPath(repr(io))
+        self.label = f"model_dir {str(self.path)!r}" if root is not None else f"io {self.path}"  # in messages
+
+    def location(self, name: str) -> Location:
+        """Where the checkpoint ``name`` is, as ``saved`` and messages name it."""
+        locate = getattr(self.files, "location", None)
+        return locate(name) if callable(locate) else self.path / name
+
+    def names(self, pattern: str) -> list[str]:
+        """The stored checkpoints whose names match the glob ``pattern``."""
+        return fnmatch.filter(self.files.names(), pattern)
 
     def newest_loadable(
         self,
@@ -93,23 +99,23 @@ class CheckpointFolder:
         )
 
     def regular(self, epochs: int, batches: int) -> Location:
-        return self.files.location(f"{self.prefix}-epoch{epochs}batch{batches}{EXTENSION}")
+        return self.location(f"{self.prefix}-epoch{epochs}batch{batches}{EXTENSION}")
 
     def single(self, kind: str) -> Location:
-        return self.files.location(f"{self.prefix}-{kind}{EXTENSION}")
+        return self.location(f"{self.prefix}-{kind}{EXTENSION}")
 
     def exists(self, location: Location) -> bool:
         """Whether a (committed) checkpoint is at ``location``."""
-        return self.files.exists(location.name)
+        return location.name in self.files.names()
 
     def regular_files(self) -> list[Location]:
         """The regular checkpoints, oldest first (by completed epochs, then batches)."""
         found = []
-        for name in self.files.names(f"{self.prefix}-epoch*batch*{EXTENSION}"):
+        for name in self.names(f"{self.prefix}-epoch*batch*{EXTENSION}"):
             match = _REGULAR.fullmatch(name[len(self.prefix) :])
             if match:
                 found.append(((int(match[1]), int(match[2])), name))
-        return [self.files.location(name) for _, name in sorted(found)]
+        return [self.location(name) for _, name in sorted(found)]
 
     def earlier_files(self) -> list[Location]:
         """Every (committed) checkpoint of this prefix here: the regular ones, oldest first, then the
@@ -124,71 +130,25 @@ class CheckpointFolder:
             self._remove_unnamed_shards(self.local)
 
     def prepare(self) -> None:
-        """Create the folder, remove what an interrupted save left, and check it is writable."""
-        if isinstance(self.files, ObjectFiles):
-            self._prepare_objects(self.files)
-            return
-        folder = self._local_folder()
+        """Ready the store (its IO's ``prepare``: create it, settle what an interrupted save left,
+        check it can be written) and remove the shard folders no checkpoint names."""
+        prepare = getattr(self.files, "prepare", None)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for pattern in (f"{self.prefix}-epoch", *(f"{self.prefix}-{kind}" for kind in SINGLES)):
-                for leftover in folder.glob(f".{pattern}*{TEMP_SUFFIX}"):
-                    if leftover.is_dir():  # the shards of an interrupted FSDP save
-                        shutil.rmtree(leftover)
-                    else:  # a temporary file of a save interrupted by a crash
-                        leftover.unlink(missing_ok=True)
-            self._remove_unnamed_shards(folder)
-            probe = folder / f".{self.prefix}-probe{TEMP_SUFFIX}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as err:
+            if callable(prepare):
+                prepare(self.prefix)
+        except Exception as err:  # OSErrors; botocore's own (an endpoint it cannot reach); a store's own
+            if self.local is not None and isinstance(err, OSError):
+                raise FitforgeValueError(
+                    f"CheckpointHandler: {self.label} is not a writable folder ({err.strerror or err}); pass a "
+                    "folder you can write to"
+                ) from err
             raise FitforgeValueError(
-                f"CheckpointHandler: model_dir {str(folder)!r} is not a writable folder "
-                f"({err.strerror or err}); pass a folder you can write to"
+                f"CheckpointHandler: {self.label} cannot be written ({type(err).__name__}: {err}); check that it "
+                "exists and can be written (for an object store: that the bucket exists, its endpoint is reachable "
+                "and the credentials allow writing; see docs/checkpoints.md)"
             ) from err
-
-    def _prepare_objects(self, files: ObjectFiles) -> None:
-        """In an object store: settle the objects no marker commits (a whole checkpoint is committed,
-        a cut upload deleted; see :meth:`ObjectFiles.settle_uncommitted`) and check that the store
-        can be written (the bucket exists, the credentials allow)."""
-        patterns = (f"{self.prefix}-epoch*batch*{EXTENSION}", *(f"{self.prefix}-{kind}{EXTENSION}" for kind in SINGLES))
-        try:
-            committed, removed, foreign = files.settle_uncommitted(patterns)
-            files.probe(f".{self.prefix}-probe{TEMP_SUFFIX}")
-        except Exception as err:  # s3fs's OSErrors, and botocore's own (an endpoint it cannot reach)
-            raise FitforgeValueError(
-                f"CheckpointHandler: model_dir {str(self.path)!r} cannot be written ({type(err).__name__}: {err}); "
-                "check that the bucket exists, its endpoint is reachable and the credentials allow writing "
-                "(see docs/checkpoints.md)"
-            ) from err
-        if committed:
-            log.info(
-                "CheckpointHandler: committed %d whole checkpoint(s) of prefix %r in %s that had no commit marker "
-                "(copied in, or uploaded by a run stopped before its commit; their contents verified): %s",
-                len(committed),
-                self.prefix,
-                self.path,
-                committed,
-            )
-        if foreign:
-            log.warning(
-                "CheckpointHandler: %s holds %d file(s) under checkpoint names of prefix %r that are not fitforge "
-                "checkpoints (no commit marker, no fitforge checksum): %s. They are left as they are, never resumed "
-                "from, and count as an earlier run's files",
-                self.path,
-                len(foreign),
-                self.prefix,
-                foreign,
-            )
-        if removed:
-            log.warning(
-                "CheckpointHandler: removed %d uncommitted object(s) of prefix %r from %s (uploads cut short, or "
-                "commit markers without their object; see docs/checkpoints.md#object-storage): %s",
-                len(removed),
-                self.prefix,
-                self.path,
-                removed,
-            )
+        if self.local is not None:
+            self._remove_unnamed_shards(self.local)
 
     def _remove_unnamed_shards(self, folder: Path) -> None:
         """Delete FSDP shard folders whose checkpoint file is gone (a crash during a rotation)."""
@@ -214,14 +174,14 @@ class CheckpointFolder:
         the last thing written, so a crash before it leaves the previous checkpoint in force), then
         delete the folders matching ``stale`` that the file no longer names."""
         if shards is None:
-            self.files.write(checkpoint, path.name)
+            self.files.write(path.name, checkpoint)
             return
         folder = self._local_folder()
         final = folder / checkpoint["sharded"]
         if final.exists():  # a leftover no file names (a crash after its rename)
             shutil.rmtree(final)
         os.replace(shards, final)
-        self.files.write(checkpoint, path.name)
+        self.files.write(path.name, checkpoint)
         for old in folder.glob(stale):
             if old.name != final.name:
                 shutil.rmtree(old, ignore_errors=True)

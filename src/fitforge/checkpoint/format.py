@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -38,6 +39,21 @@ def content_digest(value: Any) -> str:
 
     walk(value)
     return digest.hexdigest()
+
+
+def checkpoint_bytes(checkpoint: dict) -> bytes:
+    """``checkpoint`` as the bytes of a checkpoint file, with a ``checksum`` of its contents that
+    :func:`checkpoint_from_bytes` verifies: what a :class:`~fitforge.checkpoint.CheckpointIO` of
+    one's own may store."""
+    buffer = io.BytesIO()
+    torch.save({**checkpoint, "checksum": content_digest(checkpoint)}, buffer)
+    return buffer.getvalue()
+
+
+def checkpoint_from_bytes(data: bytes, name: str) -> dict:
+    """The checkpoint in ``data`` (called ``name`` in messages), its format and checksum verified:
+    a :class:`~fitforge.exceptions.CheckpointError` when they are wrong."""
+    return parse_checkpoint(io.BytesIO(data), name)
 
 
 def parse_checkpoint(

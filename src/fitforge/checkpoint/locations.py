@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+EXTENSION = ".pt"
+TEMP_SUFFIX = ".tmp"  # a file (or folder) being written, renamed into place once whole
+SINGLES = ("best", "nonfinite")  # one file each, replaced at each save: <prefix>-best.pt, <prefix>-nonfinite.pt
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]+://")  # two letters at least: "C:\\" is a Windows drive
 
 
@@ -29,8 +32,9 @@ def local_path(where: str | os.PathLike) -> Path:
 
 @dataclass(frozen=True)
 class ObjectPath:
-    """The URL of an object (or of a folder of objects) in a store. It has the ``name`` a
-    :class:`~pathlib.Path` has, so code reading a checkpoint's name works for both."""
+    """The URL of an object (or of a folder of objects) in a store, or where a
+    :class:`~fitforge.checkpoint.storage.CheckpointIO` of one's own keeps one (``<its repr>/<name>``).
+    It has the ``name`` a :class:`~pathlib.Path` has, so code reading a checkpoint's name works for both."""
 
     url: str
 
@@ -46,3 +50,8 @@ class ObjectPath:
 
 
 Location = Path | ObjectPath  # where one checkpoint file is
+
+
+def checkpoint_patterns(prefix: str) -> tuple[str, ...]:
+    """The glob patterns of the checkpoint names of ``prefix``: the regular ones, then the single ones."""
+    return (f"{prefix}-epoch*batch*{EXTENSION}", *(f"{prefix}-{kind}{EXTENSION}" for kind in SINGLES))

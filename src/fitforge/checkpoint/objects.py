@@ -30,14 +30,15 @@ import fnmatch
 import hashlib
 import io
 import json
+import logging
 import zipfile
 from typing import Any
 
-import torch
-
-from fitforge.checkpoint.format import content_digest, parse_checkpoint
-from fitforge.checkpoint.locations import ObjectPath
+from fitforge.checkpoint.format import checkpoint_bytes, parse_checkpoint
+from fitforge.checkpoint.locations import TEMP_SUFFIX, ObjectPath, checkpoint_patterns
 from fitforge.exceptions import CheckpointError, FitforgeValueError
+
+log = logging.getLogger("fitforge")
 
 COMMIT_SUFFIX = ".commit"
 
@@ -69,9 +70,7 @@ def upload(fs: Any, key: str, data: bytes) -> None:
 def write_object(fs: Any, key: str, checkpoint: dict) -> None:
     """Save ``checkpoint`` (with its content checksum, as local files have) as the object ``key``,
     then commit it (see the module docstring for the order and why)."""
-    buffer = io.BytesIO()  # built in memory first, so the object goes up in one piece, not as torch.save writes
-    torch.save({**checkpoint, "checksum": content_digest(checkpoint)}, buffer)
-    data = buffer.getvalue()
+    data = checkpoint_bytes(checkpoint)  # built in memory first: the object goes up in one piece
     remove(fs, key + COMMIT_SUFFIX)  # an earlier marker must not vouch for the bytes going up now
     upload(fs, key, data)
     fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(_marker(data)).encode())
@@ -141,9 +140,9 @@ def load_url(url: str, storage_options: dict[str, Any] | None = None, map_locati
     return read_object(fs, key, map_location)
 
 
-class ObjectFiles:
-    """Checkpoints in an object-store folder (the :class:`~fitforge.checkpoint.storage.Files` role),
-    committed by markers (see the module docstring)."""
+class FsspecCheckpointIO:
+    """Checkpoints in an object-store folder named by an fsspec URL (a
+    :class:`~fitforge.checkpoint.storage.CheckpointIO`), committed by markers (see the module docstring)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.fs, self.key = open_store(url, storage_options)
@@ -154,17 +153,13 @@ class ObjectFiles:
     def location(self, name: str) -> ObjectPath:
         return self.root / name
 
-    def names(self, pattern: str) -> list[str]:
-        """The committed checkpoints matching ``pattern``, and the foreign objects under such names
-        (see :meth:`settle_uncommitted`): they are files of an earlier run, never replaced unasked."""
+    def names(self) -> list[str]:
+        """The committed checkpoints, and the foreign objects under checkpoint names (see
+        :meth:`settle_uncommitted`): they are files of an earlier run, never replaced unasked."""
         present = set(names(self.fs, self.key))
-        return [
-            name
-            for name in present
-            if fnmatch.fnmatchcase(name, pattern) and (name + COMMIT_SUFFIX in present or name in self.foreign)
-        ]
+        return [name for name in present if name + COMMIT_SUFFIX in present or name in self.foreign]
 
-    def write(self, checkpoint: dict, name: str) -> None:
+    def write(self, name: str, checkpoint: dict) -> None:
         try:
             write_object(self.fs, f"{self.key}/{name}", checkpoint)
         except OSError as err:
@@ -180,11 +175,46 @@ class ObjectFiles:
             )
         return read_object(self.fs, f"{self.key}/{name}")
 
-    def exists(self, name: str) -> bool:
-        return name in self.names(name)
-
     def delete(self, name: str) -> None:
         delete_object(self.fs, f"{self.key}/{name}")
+
+    def prepare(self, prefix: str) -> None:
+        """Settle the objects of ``prefix``'s checkpoint names that no marker commits (a whole
+        checkpoint is committed, a cut upload deleted: :meth:`settle_uncommitted`), then check that the
+        store can be written (the bucket exists, the credentials allow)."""
+        committed, removed, foreign = self.settle_uncommitted(checkpoint_patterns(prefix))
+        self.probe(f".{prefix}-probe{TEMP_SUFFIX}")
+        if committed:
+            log.info(
+                "CheckpointHandler: committed %d whole checkpoint(s) of prefix %r in %s that had no commit marker "
+                "(copied in, or uploaded by a run stopped before its commit; their contents verified): %s",
+                len(committed),
+                prefix,
+                self.root,
+                committed,
+            )
+        if foreign:
+            log.warning(
+                "CheckpointHandler: %s holds %d file(s) under checkpoint names of prefix %r that are not fitforge "
+                "checkpoints (no commit marker, no fitforge checksum): %s. They are left as they are, never resumed "
+                "from, and count as an earlier run's files",
+                self.root,
+                len(foreign),
+                prefix,
+                foreign,
+            )
+        if removed:
+            log.warning(
+                "CheckpointHandler: removed %d uncommitted object(s) of prefix %r from %s (uploads cut short, or "
+                "commit markers without their object; see docs/checkpoints.md#object-storage): %s",
+                len(removed),
+                prefix,
+                self.root,
+                removed,
+            )
+
+    def __repr__(self) -> str:
+        return f"FsspecCheckpointIO({str(self.root)!r})"
 
     def settle_uncommitted(self, patterns: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
         """The objects matching ``patterns`` that no marker commits: each whole fitforge checkpoint among

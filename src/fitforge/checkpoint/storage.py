@@ -1,73 +1,119 @@
-"""The storage behind a :class:`~fitforge.checkpoint.folder.CheckpointFolder`: how one checkpoint
-file is written, read, listed and deleted. :class:`LocalFiles` (a folder on disk, written
-atomically by rename) and :class:`~fitforge.checkpoint.objects.ObjectFiles` (an object store,
-written then committed by a marker) play the same :class:`Files` role; naming, rotation and the
-choice of the checkpoint to resume from are the folder's, the same for both."""
+"""Where checkpoints are kept: the :class:`CheckpointIO` protocol, and a local folder as one.
+
+A ``CheckpointHandler`` decides when to save and which checkpoint is best; its IO stores each
+checkpoint whole under a name. fitforge has two: :class:`LocalCheckpointIO` (a folder, written
+atomically by rename) and :class:`~fitforge.checkpoint.objects.FsspecCheckpointIO` (an object store
+named by an fsspec URL, written then committed by a marker). A store of one's own is one class
+with the four methods (docs/extending.md).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
-from fitforge.checkpoint.locations import Location, ObjectPath, is_url, local_path
-from fitforge.checkpoint.objects import ObjectFiles  # fsspec itself is imported for a URL only
-from fitforge.exceptions import FitforgeValueError
+from fitforge.checkpoint.locations import SINGLES, TEMP_SUFFIX, ObjectPath, is_url, local_path
+from fitforge.checkpoint.objects import FsspecCheckpointIO  # fsspec itself is imported for a URL only
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
-class Files(Protocol):
-    """Checkpoint files in one folder, by name. Only committed files are listed, read or existing:
-    a crash in the middle of a write never shows."""
+@runtime_checkable
+class CheckpointIO(Protocol):
+    """Checkpoints stored by name: what a ``CheckpointHandler(io=...)`` saves, rotates and resumes through.
 
-    @property
-    def root(self) -> Location:
-        """The folder, as messages name it."""
+    A checkpoint is a dict of tensors and plain Python values (it loads with
+    ``torch.load(weights_only=True)``); :func:`~fitforge.checkpoint.format.checkpoint_bytes` and
+    :func:`~fitforge.checkpoint.format.checkpoint_from_bytes` turn it into bytes and back, with a
+    checksum. Names are file names (``model-epoch2batch40.pt``, ``model-best.pt``).
+
+    Optional, found when present: ``prepare(prefix)`` (called on rank 0 at fit start: create the
+    store, settle what an interrupted write of checkpoints named ``<prefix>-*`` left, fail with an
+    error where it cannot be written) and ``location(name)`` (how ``CheckpointHandler.saved`` and
+    messages name a checkpoint: a ``Path``, a URL; else ``<repr of the io>/<name>``).
+    """
+
+    def write(self, name: str, checkpoint: dict) -> None:
+        """Store ``checkpoint`` under ``name``, replacing the one there, whole or not at all: after a
+        crash at any instant, ``names()`` lists the previous checkpoint or this one, never a torn one."""
         ...
 
-    def location(self, name: str) -> Location: ...
-    def names(self, pattern: str) -> list[str]:
-        """The committed files whose names match the glob ``pattern``."""
+    def read(self, name: str) -> dict:
+        """The checkpoint ``name``: FileNotFoundError when there is none, a
+        :class:`~fitforge.exceptions.CheckpointError` when it cannot be read whole."""
         ...
 
-    def write(self, checkpoint: dict, name: str) -> None: ...
-    def read(self, name: str) -> dict: ...
-    def exists(self, name: str) -> bool: ...
-    def delete(self, name: str) -> None: ...
+    def names(self) -> list[str]:
+        """The names of the checkpoints stored (in any order)."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove the checkpoint ``name`` (nothing when there is none)."""
+        ...
 
 
-class LocalFiles:
+class LocalCheckpointIO:
     """A local folder: a file is written to a temporary file, fsynced and renamed over its name
     (:func:`~fitforge.checkpoint.files.save_atomic`), so every file under a name is committed."""
 
-    def __init__(self, path: Path) -> None:
-        self.root = self.path = path
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = local_path(path)
 
     def location(self, name: str) -> Path:
         return self.path / name
 
-    def names(self, pattern: str) -> list[str]:
-        return [path.name for path in self.path.glob(pattern)]
+    def names(self) -> list[str]:
+        try:
+            return [entry.name for entry in self.path.iterdir() if not entry.name.startswith(".") and entry.is_file()]
+        except FileNotFoundError:
+            return []
 
-    def write(self, checkpoint: dict, name: str) -> None:
+    def write(self, name: str, checkpoint: dict) -> None:
         save_checkpoint(checkpoint, self.path / name)
 
     def read(self, name: str) -> dict:
         return load_checkpoint(self.path / name)
 
-    def exists(self, name: str) -> bool:
-        return (self.path / name).is_file()
-
     def delete(self, name: str) -> None:
         (self.path / name).unlink(missing_ok=True)
 
+    def prepare(self, prefix: str) -> None:
+        """Create the folder, remove the temporary files (and shard folders) of interrupted saves of
+        ``prefix``, and check it is writable (an OSError where not)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for name in (f"{prefix}-epoch", *(f"{prefix}-{kind}" for kind in SINGLES)):  # not another prefix's
+            for leftover in self.path.glob(f".{name}*{TEMP_SUFFIX}"):
+                if leftover.is_dir():  # the shards of an interrupted sharded save
+                    shutil.rmtree(leftover)
+                else:  # a temporary file of a save interrupted by a crash
+                    leftover.unlink(missing_ok=True)
+        probe = self.path / f".{prefix}-probe{TEMP_SUFFIX}"
+        probe.write_bytes(b"")
+        probe.unlink()
 
-def open_files(where: str | os.PathLike | ObjectPath, storage_options: dict[str, Any] | None = None) -> Files:
-    """The files of folder ``where``: a local path (or ``file://`` URL), or an fsspec URL."""
+    def __repr__(self) -> str:
+        return f"LocalCheckpointIO({str(self.path)!r})"
+
+
+def open_io(where: str | os.PathLike | ObjectPath, storage_options: dict[str, Any] | None = None) -> CheckpointIO:
+    """The IO of folder ``where``: a local path (or ``file://`` URL), or an fsspec URL."""
     if isinstance(where, ObjectPath) or is_url(where):
-        return ObjectFiles(str(where), storage_options)
+        return FsspecCheckpointIO(str(where), storage_options)
     if storage_options:
         raise FitforgeValueError(
             f"storage_options are for an fsspec URL, but {str(where)!r} is a local path; leave them out"
         )
-    return LocalFiles(local_path(where))
+    return LocalCheckpointIO(where)
+
+
+def check_io(io: Any, owner: str) -> CheckpointIO:
+    """``io`` when it has the four methods of a :class:`CheckpointIO`; a clear error naming what it lacks."""
+    missing = [method for method in ("write", "read", "names", "delete") if not callable(getattr(io, method, None))]
+    if missing:
+        raise FitforgeTypeError(
+            f"{owner}: io must be a CheckpointIO (methods write(name, checkpoint), read(name), names(), delete(name)); "
+            f"{describe(io)} lacks {', '.join(missing)}"
+        )
+    return io

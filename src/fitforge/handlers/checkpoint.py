@@ -15,10 +15,11 @@ import torch
 from fitforge.checkpoint.async_writer import BackgroundWriter
 from fitforge.checkpoint.earlier_run import keep_earlier_run
 from fitforge.checkpoint.files import CheckpointError, restore_weights
-from fitforge.checkpoint.folder import EXTENSION, SHARDS, CheckpointFolder, describe_tensors
+from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.format import FORMAT_VERSION
-from fitforge.checkpoint.locations import Location
+from fitforge.checkpoint.locations import EXTENSION, Location
 from fitforge.checkpoint.resume import check_resumable, fit_data_order, training_state
+from fitforge.checkpoint.storage import CheckpointIO, check_io, open_io
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_state, only_buffers
@@ -62,6 +63,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             or an fsspec URL of an object-store folder (``s3://bucket/run``, ``memory://run``; needs
             ``pip install "fitforge[cloud]"``), where a checkpoint counts once its upload is
             committed (:mod:`fitforge.checkpoint.objects`). ``file://`` URLs are local folders.
+            Give either ``model_dir`` or ``io``.
         model_prefix: file name prefix.
         monitor: the history key judging "best", e.g. ``"val_accuracy"`` (needed for ``save_best``).
         save_best: also keep ``<prefix>-best.pt``.
@@ -101,6 +103,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             ``torch.distributed.checkpoint.async_save`` (staged to CPU memory, then written by its
             background thread over a gloo group of the saves' own), and rank 0 commits the file
             once they are written. See docs/checkpoints.md.
+        io: a :class:`~fitforge.checkpoint.CheckpointIO` to keep the checkpoints in instead of
+            ``model_dir``: a store of one's own (a database, a service), one class with
+            ``write(name, checkpoint)``, ``read(name)``, ``names()`` and ``delete(name)`` (see
+            docs/extending.md). Everything above holds through it: names, rotation, best,
+            resume, the refusal of an earlier run's checkpoints.
 
     A SIGTERM or SIGINT during fit (see ``Estimator.fit``) makes it save the state at the next
     batch boundary, whatever ``epoch_period`` and ``batch_period`` say.
@@ -140,7 +147,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
 
     def __init__(
         self,
-        model_dir: str | os.PathLike,
+        model_dir: str | os.PathLike | None = None,
         model_prefix: str = "model",
         monitor: str | None = None,
         save_best: bool = False,
@@ -153,8 +160,16 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
         async_save: bool = False,
+        io: CheckpointIO | None = None,
     ) -> None:
-        if not isinstance(model_dir, (str, os.PathLike)):
+        if (model_dir is None) == (io is None):
+            raise FitforgeValueError(
+                "CheckpointHandler: give a model_dir (a folder or an fsspec URL) or an io (a CheckpointIO), "
+                + ("not both" if io is not None else "got neither")
+            )
+        if io is not None:
+            io = check_io(io, "CheckpointHandler")
+        elif not isinstance(model_dir, (str, os.PathLike)):
             raise FitforgeTypeError(
                 f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)} (or an fsspec URL "
                 "such as 's3://bucket/run')"
@@ -179,8 +194,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
                 "save_best is False; set at least one of them"
             )
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
-        self._folder = CheckpointFolder(model_dir, model_prefix, storage_options)
-        self.model_dir: Location = self._folder.path  # a Path, or the URL of an object-store folder
+        if io is not None and storage_options is not None:
+            raise FitforgeValueError("CheckpointHandler: storage_options are for a model_dir URL; give them to your io")
+        self.io: CheckpointIO = open_io(model_dir, storage_options) if io is None else io  # type: ignore[arg-type]
+        self._folder = CheckpointFolder(self.io, model_prefix)
+        self.model_dir: Location = self._folder.path  # a Path, or the URL of an object-store folder or an io
         self.model_prefix, self.monitor = model_prefix, monitor
         self.save_best = check_flag("CheckpointHandler", "save_best", save_best)
         self.epoch_period, self.batch_period = epoch_period, batch_period
@@ -209,8 +227,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             self._shards = strategy.shard_writer()
         if strategy.sharded and self._folder.local is None:
             raise FitforgeValueError(
-                f"CheckpointHandler: FSDP's sharded checkpoints cannot be saved to an object store (model_dir "
-                f"{str(self.model_dir)!r}): fitforge commits a sharded checkpoint by renaming its folder, which an "
+                f"CheckpointHandler: FSDP's sharded checkpoints cannot be saved to an object store "
+                f"({self._folder.label}): fitforge commits a sharded checkpoint by renaming its folder, which an "
                 "object store cannot do. Save to a local or shared folder (and copy it to the store afterwards)"
             )
         state.ranks.on_main(self._folder.prepare, FitforgeValueError)
@@ -264,7 +282,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         )
         if name is None:
             return
-        path = self._folder.files.location(name)
+        path = self._folder.location(name)
         if several:
             try:
                 checkpoint = loaded[0] if loaded else self._folder.files.read(name)
@@ -511,4 +529,5 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self.best_path = best_path if self.best is not None and self._folder.exists(best_path) else None
 
     def __repr__(self) -> str:
-        return f"CheckpointHandler({str(self.model_dir)!r}, monitor={self.monitor!r})"
+        where = f"io={self.io!r}" if self._folder.label.startswith("io") else repr(str(self.model_dir))
+        return f"CheckpointHandler({where}, monitor={self.monitor!r})"

@@ -10,7 +10,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from fitforge.checkpoint.folder import EXTENSION
+from fitforge.checkpoint.locations import EXTENSION
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.checkpoint import CheckpointHandler
