@@ -25,6 +25,7 @@ from fitforge.core.events import (
     Wrapping,
 )
 from fitforge.core.roles import (
+    Accompanied,
     Accumulating,
     Checkpointing,
     EpochLines,
@@ -45,6 +46,7 @@ from fitforge.core.roles import (
 from fitforge.core.state import Ending
 
 __all__ = [
+    "Accompanied",
     "Accumulating",
     "BackwardEnd",
     "BatchBegin",

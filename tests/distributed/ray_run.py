@@ -4,8 +4,9 @@ fit used Ray's process group) and OUT/reported.json (what Ray kept: the last met
 
 Usage: ray_run.py OUT CONFIG_JSON, where CONFIG_JSON holds epochs, and optionally kill_at (in the
 first attempt, worker 1 kills itself with SIGKILL after that global step; Ray restarts the group,
-FailureConfig(max_failures=1)), batch_period, and workers (default 2). The same script with
-workers 0 trains in this process without Ray (the reference).
+FailureConfig(max_failures=1)), batch_period, workers (default 2), and beside (the checkpoints saved
+by a CheckpointHandler of the script's, in OUT/checkpoints, beside a RayTrainReportHandler that
+reports them). The same script with workers 0 trains in this process without Ray (the reference).
 """
 
 import json
@@ -46,9 +47,16 @@ def train(config: dict) -> dict:
     handlers: list = []
     saver = None
     if config.get("workers"):
-        from fitforge.handlers import RayTrainReportHandler
+        from fitforge.handlers import CheckpointHandler, RayTrainReportHandler
 
-        saver = RayTrainReportHandler(batch_period=config.get("batch_period"))
+        if config.get("beside"):  # a CheckpointHandler of the user's, which the Ray handler reports
+            folder = Path(config["out"]) / "checkpoints"
+            handlers.append(
+                CheckpointHandler(folder, batch_period=config.get("batch_period"), resume_from_checkpoint=True)
+            )
+            saver = RayTrainReportHandler()
+        else:
+            saver = RayTrainReportHandler(batch_period=config.get("batch_period"))
         handlers.append(saver)
         marker = Path(config["out"]) / "killed"
         if config.get("kill_at") is not None and rank() == 1 and not marker.exists():

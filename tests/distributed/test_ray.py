@@ -44,10 +44,13 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     configs = {
         "one": {"epochs": EPOCHS},  # one process, no Ray
         "ray": {"epochs": EPOCHS, "workers": 2},
+        # [CheckpointHandler(folder, resume_from_checkpoint=True), RayTrainReportHandler()], as Ray's
+        # Lightning integration puts RayTrainReportCallback beside ModelCheckpoint.
+        "beside": {"epochs": EPOCHS, "workers": 2, "beside": True},
         # Worker 1 dies in batch 10 (epoch 2); the last checkpoint reported is of batch 8.
-        "killed": {"epochs": EPOCHS, "workers": 2, "kill_at": 9, "batch_period": 4},
+        "killed": {"epochs": EPOCHS, "workers": 2, "kill_at": 9, "batch_period": 4, "beside": True},
     }
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=len(configs)) as pool:
         futures = {name: pool.submit(launch, root / name, config) for name, config in configs.items()}
         return {name: future.result() for name, future in futures.items()}
 
@@ -63,6 +66,13 @@ def test_fit_in_a_torch_trainer_uses_rays_process_group_and_trains_like_one_proc
     assert run["history"].keys() == one["history"].keys()
     for key, values in run["history"].items():
         assert values == pytest.approx(one["history"][key], rel=1e-6)
+
+
+def test_beside_a_checkpoint_handler_of_ones_own_it_reports_its_files_and_trains_like_one_process(runs):
+    run, one = runs["beside"], runs["one"]
+    assert max_difference(run["params"], one["params"]) <= 1e-6
+    assert run["reported"]["checkpoint"] == [f"model-epoch{EPOCHS}batch{6 * EPOCHS}.pt"]
+    assert run["reported"]["metrics"]["train_loss"] == run["history"]["train_loss"][-1]
 
 
 def test_each_epochs_metrics_and_checkpoint_are_reported_to_ray(runs):

@@ -95,3 +95,34 @@ def test_an_object_store_folder_is_refused_at_fit_start():
     pytest.importorskip("fsspec")
     with pytest.raises(FitforgeValueError, match="RayTrainReportHandler: model_dir must be a local folder"):
         estimator().fit(data(), batch_size=8, epochs=1, event_handlers=[RayTrainReportHandler("memory://ray-run")])
+
+
+def test_beside_a_checkpoint_handler_of_yours_it_reports_its_saves_and_adds_none(tmp_path):
+    from fitforge.handlers import CheckpointHandler
+
+    seen: dict = {}
+
+    def train(config):
+        mine = CheckpointHandler(tmp_path / "mine", batch_period=3, resume_from_checkpoint=True)
+        reporter = RayTrainReportHandler()
+        est = estimator()
+        assert "CheckpointHandler" in est.describe_loop([mine, reporter])
+        est.fit(data(), batch_size=8, epochs=2, event_handlers=[mine, reporter])
+        seen["saved"], seen["reported"] = [p.name for p in mine.saved], [p.name for p in reporter.saved]
+
+    result = TorchTrainer(
+        train, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path / "ray"))
+    ).fit()
+    assert result.error is None and result.checkpoint is not None and seen["saved"] == seen["reported"]
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir())[-1] == "model-epoch2batch8.pt"
+
+
+def test_options_beside_a_checkpoint_handler_of_yours_and_shared_prefixes_are_refused(tmp_path):
+    from fitforge.handlers import CheckpointHandler
+
+    mine = CheckpointHandler(tmp_path / "mine")
+    with pytest.raises(FitforgeValueError, match=r"has a CheckpointHandler of yours.*\(batch_period\)"):
+        estimator().fit(data(), batch_size=8, epochs=1, event_handlers=[mine, RayTrainReportHandler(batch_period=2)])
+    twins = [CheckpointHandler(tmp_path / "a"), CheckpointHandler(tmp_path / "b"), RayTrainReportHandler()]
+    with pytest.raises(FitforgeValueError, match=r"share a model_prefix \(\['model', 'model'\]\)"):
+        estimator().fit(data(), batch_size=8, epochs=1, event_handlers=twins)

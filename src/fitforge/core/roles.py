@@ -163,8 +163,32 @@ class Stopping:
         return False
 
 
+@dataclass(frozen=True)
+class SavedCheckpoints:
+    """Where a :class:`Checkpointing` handler keeps its checkpoints and what it saved, for a handler
+    that reports them elsewhere (Ray Train's). ``io``: its ``fitforge.checkpoint.CheckpointIO``;
+    ``prefix``: the names' prefix; ``resumes``: it resumes from its newest at fit start;
+    ``in_background``: it writes after returning; ``last``: the newest regular checkpoint this fit
+    saved, on every rank (``saved``: rank 0's rotation list); ``best``, ``best_value``: the best one."""
+
+    io: Any
+    root: Any
+    prefix: str
+    resumes: bool
+    in_background: bool
+    saved: list[Any]
+    last: Any
+    best: Any
+    best_value: float | None
+    resumed_from: Any
+
+
 class Checkpointing:
     """Saves the run's state so that a later fit resumes it."""
+
+    def saved_checkpoints(self) -> SavedCheckpoints | None:
+        """Where it keeps checkpoints and what it saved (None: it does not say)."""
+        return None
 
     def take_resume_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint picked in ``train_begin`` (weights and optimizer states already loaded),
@@ -214,6 +238,14 @@ class Accumulating:
     def steps_per_optimizer(self, state: TrainState) -> list[int]:
         """The optimizer steps each optimizer took this run."""
         return [state.optimizer_steps] * len(state.estimator.optimizers)
+
+
+class Accompanied:
+    """Needs other handlers beside it in a fit: each of :meth:`companions` joins the fit unless the
+    fit has a handler of its class already (as the default handlers do)."""
+
+    def companions(self) -> list[EventHandler]:
+        return []
 
 
 class EpochLines:
@@ -278,12 +310,13 @@ _NAMES = {
     Monitoring: ("monitor", "save_best", "restore_best", "best_weights"),
     Validating: ("validation_setup", "use_evaluation"),
     Stopping: ("stopped_epoch", "run_limits", "ended_run"),
-    Checkpointing: ("take_resume_checkpoint", "best_checkpoint"),
+    Checkpointing: ("take_resume_checkpoint", "best_checkpoint", "saved_checkpoints"),
     FirstBatchCheck: ("check_first_batch",),
     StateConfirming: ("confirm_state",),
     KeyRecording: ("history_keys",),
     Accumulating: ("share_open_group", "steps_per_optimizer"),
     EpochLines: ("shows_epoch_lines",),
+    Accompanied: ("companions",),
     WeightAveraging: ("swap_in", "swap_out", "evaluates_averaged"),
 }
 _CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}

@@ -24,7 +24,14 @@ from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.monitor import Monitor
-from fitforge.core.roles import Checkpointing, Monitoring, StateConfirming, averaged_weights, players
+from fitforge.core.roles import (
+    Checkpointing,
+    Monitoring,
+    SavedCheckpoints,
+    StateConfirming,
+    averaged_weights,
+    players,
+)
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -209,7 +216,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self.async_save = check_flag("CheckpointHandler", "async_save", async_save)
         # Rank 0's writes in flight (the other ranks only build the state, so never use it).
         self._writer = BackgroundWriter() if async_save else None
-        self.saved: list[Location] = []
+        self.saved: list[Location] = []  # rank 0's, which writes and rotates
+        self.last_saved: Location | None = None  # the newest regular checkpoint this fit saved, on every rank
         self.best: float | None = None
         self.best_path: Location | None = None
         self._last: tuple[int, int, int] | None = None  # (epochs, batches, position) saved or started from
@@ -237,6 +245,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
         # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
         self.saved, self.best, self.best_path, self._last = [], None, None, (0, 0, 0)
+        self.last_saved = None
         self._picked, self.resumed_from = None, None
         self._refused = 0
         self._warn_if_inexact(state)
@@ -366,6 +375,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         stem = path.name.removesuffix(EXTENSION)
         shards, written = self._save_shards(state, checkpoint, f"{stem}pos{key[2]}{SHARDS}")
         self._write(state, path, checkpoint, lambda saved: self._write_and_rotate(saved, path, shards), written)
+        self.last_saved = path
 
     def _write(
         self,
@@ -509,6 +519,20 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         engine's :meth:`~fitforge.distributed.Strategy.model_state`)."""
         training = training_state(state, epochs, batches)
         return {"format_version": FORMAT_VERSION, **training, **state.estimator.strategy.model_state(state.estimator)}
+
+    def saved_checkpoints(self) -> SavedCheckpoints:
+        return SavedCheckpoints(
+            self.io,
+            self.model_dir,
+            self.model_prefix,
+            self.resume_from_checkpoint,
+            self.async_save,
+            self.saved,
+            self.last_saved,
+            self.best_path,
+            self.best,
+            self.resumed_from,
+        )
 
     def best_weights(self) -> str | None:
         """``"saved"`` with ``save_best``: ``<prefix>-best.pt`` holds the best weights by ``monitor``."""

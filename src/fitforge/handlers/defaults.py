@@ -7,7 +7,7 @@ from typing import Any
 
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import EventHandler, acts_as
-from fitforge.core.roles import KeyRecording, Validating, players
+from fitforge.core.roles import Accompanied, KeyRecording, Validating, players
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
@@ -43,7 +43,9 @@ def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = Tr
     given (an explicit request); metrics, logging and the progress bar run only if passed."""
     if not isinstance(default_handlers, bool):
         raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
+    given = user_handlers(event_handlers)
     defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler()]
+    defaults += [companion for handler in players(given, Accompanied) for companion in handler.companions()]
     if default_handlers:
         defaults += [MetricHandler(), ThroughputHandler(flops=False)]
     if val_data is not None:
@@ -52,7 +54,7 @@ def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = Tr
         defaults.append(LoggingHandler())
         if interactive():
             defaults.append(ProgressBarHandler())
-    return with_defaults(user_handlers(event_handlers), defaults)
+    return with_defaults(given, defaults)
 
 
 def evaluate_handlers(event_handlers: Any) -> list[EventHandler]:

@@ -1,4 +1,5 @@
-"""RayTrainReportHandler: checkpoints and metrics reported to Ray Train, and a restart resumed from them."""
+"""RayTrainReportHandler: what the fit's checkpoint handlers save, and each epoch's metrics, reported to
+Ray Train; a fit that Ray restarts resumed from Ray's checkpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from fitforge.checkpoint.locations import EXTENSION
+from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
+from fitforge.checkpoint.locations import EXTENSION, Location
+from fitforge.checkpoint.storage import LocalCheckpointIO
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
+from fitforge.core.roles import Accompanied, Checkpointing, SavedCheckpoints, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.checkpoint import CheckpointHandler
@@ -27,46 +32,48 @@ def _ray_train() -> Any:
     return ray.train
 
 
-class RayTrainReportHandler(CheckpointHandler):
-    """Checkpoints and each epoch's metrics reported to Ray Train's ``ray.train.report``, and a fit
-    that Ray restarts resumed from ``ray.train.get_checkpoint()``, for a fit run inside a Ray
-    ``TorchTrainer``'s ``train_loop_per_worker``.
+class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Accompanied):
+    """Each epoch's metrics, and every checkpoint the fit's :class:`CheckpointHandler` s save, reported
+    to Ray Train's ``ray.train.report``; a fit that Ray restarts resumed from ``ray.train.get_checkpoint()``.
+    For a fit run inside a Ray ``TorchTrainer``'s ``train_loop_per_worker``.
 
-    It is a :class:`CheckpointHandler` (same arguments, same files, same exact resume) whose
-    ``model_dir`` is this worker's local staging folder; Ray keeps the checkpoints
+    It reports what the fit's checkpoint handlers write, so it works beside yours
+    (``[CheckpointHandler("ckpt", resume_from_checkpoint=True), RayTrainReportHandler()]``, in any
+    store) or alone: a fit without a CheckpointHandler gets one of its own, which saves into
+    ``model_dir``, resumes, and takes ``options``. Ray keeps the checkpoints
     (``RunConfig(storage_path=...)``, ``CheckpointConfig(num_to_keep=...)``). Every save is reported
-    as a Ray checkpoint holding its ``.pt`` file (and ``<prefix>-best.pt`` when ``save_best``
-    replaced it since the last report). Each epoch end reports the epoch's history row (every
-    finite value: ``train_loss``, ``val_*``, ``lr``...) with ``epoch`` (completed epochs) and
-    ``global_step``, with that epoch's files when they were saved. A save in the middle of an epoch
-    (``batch_period``, a preemption) is reported with ``epoch`` and ``global_step``. Every worker
-    calls ``ray.train.report`` at the same points, as Ray requires; rank 0 attaches the files.
+    as a Ray checkpoint holding its ``.pt`` file (and ``<prefix>-best.pt`` when the best was replaced
+    since the last report). Each epoch end reports the epoch's history row (every finite value:
+    ``train_loss``, ``val_*``, ``lr``...) with ``epoch`` (completed epochs) and ``global_step``, with
+    that epoch's files when they were saved; a save in the middle of an epoch (``batch_period``, a
+    preemption) is reported with ``epoch`` and ``global_step``. Every worker calls
+    ``ray.train.report`` at the same points, as Ray requires; rank 0 attaches the files.
 
     At fit start, when Ray has a checkpoint (a worker group restarted after a failure, with
-    ``FailureConfig(max_failures=...)``), every worker copies its files into ``model_dir`` and the
-    fit resumes from the newest checkpoint there, exactly as
-    ``CheckpointHandler(resume_from_checkpoint=True)`` does (mid-epoch, on another number of
-    workers too). Without one, training starts from scratch. A later fit in the same worker process
-    (after this process reported) does not take Ray's checkpoint: it is that process's own.
+    ``FailureConfig(max_failures=...)``), every worker puts its files into the store of each
+    checkpoint handler that resumes, and the fit resumes from the newest checkpoint there (mid-epoch,
+    on another number of workers too). A later fit in the same worker process (after this process
+    reported) does not take Ray's checkpoint: it is that process's own.
 
     Ray's ``TorchTrainer`` sets up the process group before the loop runs; fit uses it as it is
     (DDP, the data split, rank 0 writing), as under torchrun. Needs the optional extra:
     ``pip install "fitforge[ray]"``.
 
     Args:
-        model_dir: the local staging folder (None: a temporary folder, removed when the handler is
-            garbage-collected or the process exits). A folder of your own keeps the files, and its
-            newest checkpoint is resumed from: use a new folder per run.
-        **options: :class:`CheckpointHandler`'s other arguments (``epoch_period``, ``batch_period``,
+        model_dir: the local folder of the CheckpointHandler it adds to a fit that has none (None: a
+            temporary folder, removed when the handler is garbage-collected or the process exits).
+        **options: that CheckpointHandler's other arguments (``epoch_period``, ``batch_period``,
             ``max_checkpoints``, ``model_prefix``, ``monitor``, ``save_best``...), except
             ``resume_from_checkpoint`` (always on) and ``async_save`` (a checkpoint is reported once
-            written).
+            written). Beside a CheckpointHandler of yours, give them to yours.
 
     Raises:
         ImportError: Ray Train is not installed.
         FitforgeValueError: ``resume_from_checkpoint`` or ``async_save`` given; at fit start,
             ``strategy="fsdp"`` (its checkpoints are folders of every rank's shards, which this
-            handler does not report), a ``model_dir`` URL, or a fit outside a Ray Train training function.
+            handler does not report), a ``model_dir`` URL, ``options`` beside a CheckpointHandler of
+            yours, two checkpoint handlers of one ``model_prefix``, a restart from Ray's checkpoint
+            that no checkpoint handler resumes, or a fit outside a Ray Train training function.
 
     Example:
         >>> def train_loop_per_worker(config):
@@ -80,6 +87,8 @@ class RayTrainReportHandler(CheckpointHandler):
         >>> trainer.fit()  # doctest: +SKIP
     """
 
+    priority = Stage.PERSIST + 1  # after the checkpoint handlers' saves, which it reports
+
     def __init__(self, model_dir: str | os.PathLike | None = None, **options: Any) -> None:
         self._train = _ray_train()
         for refused in ("resume_from_checkpoint", "async_save"):
@@ -89,31 +98,75 @@ class RayTrainReportHandler(CheckpointHandler):
                     "(and the newest in model_dir), and reports each checkpoint once it is written"
                 )
         folder = tempfile.mkdtemp(prefix="fitforge-ray-") if model_dir is None else model_dir
-        super().__init__(folder, resume_from_checkpoint=True, **options)
+        self._options = options
+        self._own = CheckpointHandler(folder, resume_from_checkpoint=True, **options)  # for a fit without one
         if model_dir is None:  # kept while the handler lives (a later handler may read its best file)
             weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
-        self._reported: Path | None = None  # the checkpoint saved since the last report
-        self._best_saved = False  # the best checkpoint was replaced since the last report
-        self._deferring = False  # in epoch_end or train_end, which report their save themselves
+        self._sources: list[Checkpointing] = [self._own]  # the fit's checkpoint handlers
+        self._seen: list[tuple[Location | None, float | None]] = []  # per source: newest saved, best, reported
+
+    def _first(self) -> SavedCheckpoints:
+        """What the checkpoint handler it reports (its own, or the first of the fit's) saved."""
+        return _told(self._sources[0])
+
+    @property
+    def model_dir(self) -> Location:
+        return self._first().root
+
+    @property
+    def saved(self) -> list[Location]:
+        return self._first().saved
+
+    @property
+    def resumed_from(self) -> Location | None:
+        return self._first().resumed_from
+
+    def best_checkpoint(self) -> Path | None:
+        return self._sources[0].best_checkpoint()
+
+    def companions(self) -> list[EventHandler]:
+        return [self._own, _RaysCheckpointPlacer(self)]
 
     def train_begin(self, state: TrainState) -> None:
+        self._seen = []
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if not self._seen:  # the first epoch: what the handlers hold once they resumed counts as reported
+            self._seen = [(told.last, told.best_value) for told in map(_told, self._sources)]
+
+    def _take_in(self, state: TrainState) -> None:
+        """Before the checkpoint handlers' ``train_begin``: find them, check them, and put Ray's files in
+        the stores of those that resume."""
+        sources = [s for s in players(state.handlers, Checkpointing) if s.saved_checkpoints() is not None]
+        told = [_told(source) for source in sources]
+        if self._own in sources and not isinstance(self._own.io, LocalCheckpointIO):
+            raise FitforgeValueError(
+                f"RayTrainReportHandler: model_dir must be a local folder (a staging folder for Ray), got "
+                f"{str(self._own.model_dir)!r}; Ray uploads to RunConfig(storage_path=...)"
+            )
+        if self._own not in sources and self._options:
+            raise FitforgeValueError(
+                f"RayTrainReportHandler: the fit has a CheckpointHandler of yours, which saves what is reported: give "
+                f"it the options given here ({', '.join(self._options)})"
+            )
+        prefixes = [source.prefix for source in told]
+        if len(set(prefixes)) < len(prefixes):
+            raise FitforgeValueError(
+                f"RayTrainReportHandler: the fit's CheckpointHandlers share a model_prefix ({prefixes}), and Ray keeps "
+                "their files in one folder: give each its own model_prefix"
+            )
+        if any(source.in_background for source in told):
+            raise FitforgeValueError(
+                "RayTrainReportHandler reports each checkpoint once it is written: give the fit's CheckpointHandler "
+                "async_save=False"
+            )
         if state.estimator.strategy.sharded:
             raise FitforgeValueError(
                 "RayTrainReportHandler: with strategy='fsdp' a checkpoint is a folder of every rank's shards, which "
                 "this handler does not report to Ray; train with DDP (strategy='auto'), or save with a "
                 "CheckpointHandler on shared storage"
             )
-        if self._folder.local is None:
-            raise FitforgeValueError(
-                f"RayTrainReportHandler: model_dir must be a local folder (a staging folder for Ray), got "
-                f"{str(self.model_dir)!r}; Ray uploads to RunConfig(storage_path=...)"
-            )
-        self._take_rays_checkpoint(self._folder.local)
-        self._reported, self._best_saved = None, False
-        super().train_begin(state)
-
-    def _take_rays_checkpoint(self, folder: Path) -> None:
-        """Copy the files of Ray's latest reported checkpoint (if any) into ``folder``."""
+        self._sources = sources
         try:
             checkpoint = self._train.get_checkpoint()
         except RuntimeError as err:  # Ray's "cannot be used outside of a Ray Train training function"
@@ -123,36 +176,27 @@ class RayTrainReportHandler(CheckpointHandler):
             ) from err
         if checkpoint is None or _reported_here:  # an earlier fit's of this worker: not one to resume
             return
-        folder.mkdir(parents=True, exist_ok=True)
+        resuming = [source for source in told if source.resumes]
+        if not resuming:
+            raise FitforgeValueError(
+                "RayTrainReportHandler: Ray restarted this run from its last checkpoint, and no CheckpointHandler of "
+                "the fit resumes: pass resume_from_checkpoint=True to yours"
+            )
         with checkpoint.as_directory() as directory:
-            for file in Path(directory).glob(f"{self.model_prefix}-*{EXTENSION}"):
-                if not (folder / file.name).exists():  # workers sharing a folder: each copy lands whole
-                    with (
-                        file.open("rb") as source,
-                        tempfile.NamedTemporaryFile(dir=folder, prefix=".copy-", delete=False) as copy,
-                    ):
-                        shutil.copyfileobj(source, copy)
-                    os.replace(copy.name, folder / file.name)
+            for source in resuming:
+                if isinstance(source.io, LocalCheckpointIO):  # its train_begin, which makes it, runs next
+                    source.io.path.mkdir(parents=True, exist_ok=True)
+                present = set(source.io.names())
+                for file in Path(directory).glob(f"{source.prefix}-*{EXTENSION}"):
+                    if file.name not in present:  # workers sharing a folder: each write lands whole
+                        source.io.write(file.name, load_checkpoint(file))
 
-    def _save_regular(self, state: TrainState, epochs: int, batches: int) -> None:
-        written = self._last
-        super()._save_regular(state, epochs, batches)
-        if self._last != written and self._folder.local is not None:  # saved (every rank gets here together)
-            self._reported = self._folder.local / self._folder.regular(epochs, batches).name
-            if not self._deferring:  # a batch's save (batch_period, a signal): reported now
-                self._report(state, {"epoch": epochs, "global_step": batches})
-
-    def _save_if_best(self, state: TrainState) -> None:
-        best = self.best
-        super()._save_if_best(state)
-        self._best_saved = self._best_saved or self.best is not best
+    def batch_end(self, state: TrainState) -> None:
+        saved = self._new_saves()
+        if saved:  # a batch's save (batch_period, a signal): reported now
+            self._report(state, {"epoch": state.epoch, "global_step": state.global_step + 1}, saved)
 
     def epoch_end(self, state: TrainState) -> None:
-        self._deferring = True  # the epoch's save goes with the epoch's metrics
-        try:
-            super().epoch_end(state)
-        finally:
-            self._deferring = False
         if state.phase != "train":
             return
         metrics: dict[str, Any] = {}
@@ -162,34 +206,59 @@ class RayTrainReportHandler(CheckpointHandler):
         self._report(state, {**metrics, "epoch": state.history.epochs, "global_step": state.global_step})
 
     def train_end(self, state: TrainState) -> None:
-        self._deferring = True
-        try:
-            super().train_end(state)
-        finally:
-            self._deferring = False
-        if self._reported is not None:  # a signal's save after the last report: Ray keeps it too
-            self._report(state, {"epoch": state.history.epochs, "global_step": state.global_step})
+        saved = self._new_saves()
+        if saved:  # a signal's save after the last report: Ray keeps it too
+            self._report(state, {"epoch": state.history.epochs, "global_step": state.global_step}, saved)
 
-    def _report(self, state: TrainState, metrics: dict[str, Any]) -> None:
-        """``ray.train.report`` on every worker; rank 0 attaches the files saved since the last report
-        (the regular checkpoint, the best one)."""
+    def _new_saves(self) -> list[tuple[SavedCheckpoints, Location]]:
+        """The checkpoints saved since the last report (the newest regular one, and the best one
+        when replaced), each with what its handler told; marked as reported."""
+        new: list[tuple[SavedCheckpoints, Location]] = []
+        for i, source in enumerate(map(_told, self._sources if self._seen else ())):
+            if source.last is not None and source.last != self._seen[i][0]:
+                new.append((source, source.last))
+            if source.best_value != self._seen[i][1] and source.best is not None:
+                new.append((source, source.best))
+            self._seen[i] = (source.last, source.best_value)
+        return new
+
+    def _report(self, state: TrainState, metrics: dict[str, Any], saved: list | None = None) -> None:
+        """``ray.train.report`` on every worker; rank 0 attaches the files saved since the last report."""
         global _reported_here
         _reported_here = True
-        saved = [self._reported] if self._reported is not None else []
-        if self._best_saved and isinstance(self.best_path, Path):
-            saved.append(self.best_path)
-        self._reported, self._best_saved = None, False
-        files = [path for path in saved if path.exists()] if state.ranks.rank == 0 else []
-        if not files:
+        saved = self._new_saves() if saved is None else saved
+        if not saved or state.ranks.rank != 0:
             self._train.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="fitforge-ray-report-") as staging:
-            for path in files:
-                try:
-                    os.link(path, Path(staging) / path.name)  # no copy: a file is replaced, never written again
-                except OSError:
-                    shutil.copy2(path, Path(staging) / path.name)
+            for source, location in saved:
+                target = Path(staging) / location.name
+                if isinstance(location, Path):
+                    try:
+                        os.link(location, target)  # no copy: a file is replaced, never written again
+                    except OSError:
+                        shutil.copy2(location, target)
+                else:  # a store's: read through its io
+                    save_checkpoint(source.io.read(location.name), target)
             self._train.report(metrics, checkpoint=self._train.Checkpoint.from_directory(staging))
+
+
+class _RaysCheckpointPlacer(TrainBegin):
+    """Puts Ray's checkpoint into the stores of the fit's checkpoint handlers before they resume."""
+
+    priority = Stage.PERSIST - 1
+
+    def __init__(self, reporter: RayTrainReportHandler) -> None:
+        self.reporter = reporter
+
+    def train_begin(self, state: TrainState) -> None:
+        self.reporter._take_in(state)
+
+
+def _told(source: Checkpointing) -> SavedCheckpoints:
+    told = source.saved_checkpoints()
+    assert told is not None  # the sources are those that tell
+    return told
 
 
 def _finite(value: object) -> bool:
