@@ -204,3 +204,26 @@ def test_a_distributed_data_parallel_net_is_refused(one_rank_group):
     net = DistributedDataParallel(nn.Linear(2, 1))
     with pytest.raises(FitforgeValueError, match="not a DistributedDataParallel"):
         Estimator(net, nn.MSELoss(), optimizer="sgd", device="cpu", strategy=DiLoCoStrategy(sync_every=3))
+
+
+def test_a_resume_from_a_checkpoint_without_a_round_starts_one_at_the_resumed_weights(tmp_path):
+    from fitforge.handlers import LambdaHandler
+
+    _, plain = fit_one_process(4, "none", tmp_path)  # its newest checkpoint: after 4 steps, no DiLoCo state
+    anchors: list = []
+
+    def first_anchor(state):
+        if not anchors:
+            anchors.extend(a.clone() for h in state.handlers if isinstance(h, DiLoCoHandler) for a in h.anchor)
+
+    net = script.build_net()
+    estimator = Estimator(
+        net, nn.MSELoss(), optimizer=script.inner_optimizer(net), device="cpu", strategy=DiLoCoStrategy(sync_every=3)
+    )
+    loader = DataLoader(TensorDataset(*script.data()), batch_size=script.RANK_BATCH, shuffle=False)
+    handlers = [
+        CheckpointHandler(tmp_path, batch_period=2, resume_from_checkpoint=True),
+        LambdaHandler(batch_begin=first_anchor),
+    ]
+    estimator.fit(loader, batches=6, event_handlers=handlers, default_handlers=False)
+    assert anchors and all(torch.equal(a, p) for a, p in zip(anchors, plain.parameters()))

@@ -34,7 +34,7 @@ def test_an_instance_is_the_estimators_strategy_and_its_options_are_its_own():
     assert estimator.strategy is strategy and strategy.options == {"find_unused_parameters": True}
     with pytest.raises(FitforgeValueError, match="give its options to its constructor"):
         Estimator(nn.Linear(1, 1), nn.MSELoss(), device="cpu", strategy=Strategy(), strategy_options={"x": 1})
-    with pytest.raises(FitforgeValueError, match=r"or a fitforge.distributed.Strategy, got the class DDPStrategy"):
+    with pytest.raises(FitforgeTypeError, match=r"pass strategy=DDPStrategy\(...\), not the class"):
         Estimator(nn.Linear(1, 1), nn.MSELoss(), device="cpu", strategy=DDPStrategy)
     with pytest.raises(FitforgeTypeError, match="strategy_options must be a dict"):
         resolve_strategy("ddp", ["find_unused_parameters"])

@@ -41,14 +41,36 @@ class CheckpointFolder:
         self.files, self.prefix = io, prefix
         # The local folder, where FSDP shard folders live (None: a store without one).
         self.local = io.path if isinstance(io, LocalCheckpointIO) else None
-        root = self.local or getattr(io, "root", None)  # a store's own: its repr names it
-        self.path: Location = root if isinstance(root, (Path, ObjectPath)) else ObjectPath(repr(io))
+        url = getattr(io, "root", None)  # an fsspec folder's URL (a store of one's own: its repr names it)
+        root = self.local if self.local is not None else url if isinstance(url, ObjectPath) else None
+        self.path: Location = root if root is not None else ObjectPath(repr(io))
         self.label = f"model_dir {str(self.path)!r}" if root is not None else f"io {self.path}"  # in messages
 
     def location(self, name: str) -> Location:
         """Where the checkpoint ``name`` is, as ``saved`` and messages name it."""
         locate = getattr(self.files, "location", None)
         return locate(name) if callable(locate) else self.path / name
+
+    def read(self, name: str) -> dict:
+        """The checkpoint ``name``: FileNotFoundError when there is none; any other failure of the
+        store (a store of one's own may raise its own errors) a CheckpointError naming it."""
+        try:
+            return self.files.read(name)
+        except (CheckpointError, FileNotFoundError):
+            raise
+        except Exception as err:
+            raise CheckpointError(f"{name} cannot be read from {self.label}: {type(err).__name__}: {err}") from err
+
+    def _write(self, name: str, checkpoint: dict) -> None:
+        try:
+            self.files.write(name, checkpoint)
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointError(
+                f"cannot write {name} to {self.label}: {type(err).__name__}: {err}; the checkpoints saved before "
+                "are intact"
+            ) from err
 
     def names(self, pattern: str) -> list[str]:
         """The stored checkpoints whose names match the glob ``pattern``."""
@@ -77,7 +99,7 @@ class CheckpointFolder:
         reasons = []
         for path in reversed(files):
             try:
-                checkpoint = self.files.read(path.name)
+                checkpoint = self.read(path.name)
                 poisoned = non_finite_checkpoint(checkpoint, estimator.net)  # older versions wrote such files
                 if poisoned:
                     raise CheckpointError(f"its weights or optimizer state hold nan/inf ({describe_tensors(poisoned)})")
@@ -174,14 +196,14 @@ class CheckpointFolder:
         the last thing written, so a crash before it leaves the previous checkpoint in force), then
         delete the folders matching ``stale`` that the file no longer names."""
         if shards is None:
-            self.files.write(path.name, checkpoint)
+            self._write(path.name, checkpoint)
             return
         folder = self._local_folder()
         final = folder / checkpoint["sharded"]
         if final.exists():  # a leftover no file names (a crash after its rename)
             shutil.rmtree(final)
         os.replace(shards, final)
-        self.files.write(path.name, checkpoint)
+        self._write(path.name, checkpoint)
         for old in folder.glob(stale):
             if old.name != final.name:
                 shutil.rmtree(old, ignore_errors=True)

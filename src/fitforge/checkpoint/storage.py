@@ -111,6 +111,8 @@ def open_io(where: str | os.PathLike | ObjectPath, storage_options: dict[str, An
 def check_io(io: Any, owner: str) -> CheckpointIO:
     """``io`` when it has the four methods of a :class:`CheckpointIO`; a clear error naming what it lacks."""
     missing = [method for method in ("write", "read", "names", "delete") if not callable(getattr(io, method, None))]
+    if isinstance(io, type):
+        raise FitforgeTypeError(f"{owner}: io must be an instance: pass io={io.__name__}(...), not the class")
     if missing:
         raise FitforgeTypeError(
             f"{owner}: io must be a CheckpointIO (methods write(name, checkpoint), read(name), names(), delete(name)); "

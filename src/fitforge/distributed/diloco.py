@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fitforge.core.coordinator import Alone, Coordinator
-from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.distributed.stop_agreement import StopAgreement
@@ -126,7 +126,7 @@ class DiLoCoStrategy(Distributed):
         )
 
 
-class DiLoCoHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
+class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """The outer loop of one fit: counts optimizer steps and runs the outer step every ``sync_every``."""
 
     priority = Stage.STEP + 50  # after the optimizer step, before an EMA (AVERAGE) or a checkpoint sees the weights
@@ -150,6 +150,17 @@ class DiLoCoHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self.anchor = [p.detach().clone() for p in self.params]
         self.outer = self.strategy.outer_optimizer(self.anchor)
         self.steps, self.seen = 0, state.optimizer_steps
+        self.started = self.restored = False  # the round starts at the first epoch, after a resume
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if self.started:
+            return
+        self.started = True
+        if not self.restored:  # resumed from a checkpoint without a round of its own (or none): one starts here
+            with torch.no_grad():
+                for anchor, param in zip(self.anchor, self.params):
+                    anchor.copy_(param)
+            self.seen = state.optimizer_steps
 
     def batch_end(self, state: TrainState) -> None:
         self._follow(state)
@@ -223,7 +234,7 @@ class DiLoCoHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             for anchor, name in zip(self.anchor, self.names):
                 anchor.copy_(state["anchor"][name])
         self.outer.load_state_dict(state["outer"])
-        self.steps, self.seen = state["steps"], state["seen"]
+        self.steps, self.seen, self.restored = state["steps"], state["seen"], True
         if state["world"] == world:  # else a round's end: the weights are the anchor, inner states rank 0's
             own = state["ranks"][rank()]
             self.estimator.net.load_state_dict(own["weights"])

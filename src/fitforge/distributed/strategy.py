@@ -129,8 +129,8 @@ class Strategy:
 
     def averages_gradients(self, estimator: EstimatorLike) -> bool:
         """Whether the backward averages the gradients over the ranks (so a group's item count is
-        summed over them)."""
-        return estimator.train_net is not estimator.net
+        summed over them): through a DDP wrapper."""
+        return trains_through_wrapper(estimator.train_net)
 
     def evaluating(self, net: nn.Module, average: Any = None) -> inference:
         """The block in which ``net`` evaluates: eval mode without gradients (see
@@ -215,6 +215,12 @@ class Distributed(Strategy):
         quiet_other_ranks()
         return True
 
+    def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
+        """Join the launch (:meth:`launch`), then train the net as it is; an engine that wraps the
+        net overrides this, calling :meth:`launch` first."""
+        self.launch(device)
+        return super().wrap(net, optimizers, device)
+
     @property
     def splits_data(self) -> bool:
         return world_size() > 1
@@ -232,14 +238,15 @@ class DDPStrategy(Distributed):
         self.name = "ddp" if required else "auto"
 
     def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
-        if self._wrapper is not None:
+        if self._wrapper is not None:  # the user's own, trained through as it is
             return super().wrap(net, optimizers, device)
         if not self.launch(device) or world_size() == 1:
             return net
         return wrap_ddp(net, device, self.options)
 
     def __repr__(self) -> str:
-        return f"DDPStrategy(required={self.required}, **{self.options!r})"
+        options = "".join(f", {key}={value!r}" for key, value in self.options.items())
+        return f"DDPStrategy(required={self.required}{options})"
 
 
 class FSDPStrategy(Distributed):
@@ -286,7 +293,7 @@ class FSDPStrategy(Distributed):
         return ShardWriter()
 
     def __repr__(self) -> str:
-        return f"FSDPStrategy(**{self.options!r})"
+        return f"FSDPStrategy({', '.join(f'{key}={value!r}' for key, value in self.options.items())})"
 
 
 NAMES = ("auto", "ddp", "fsdp", "none")
@@ -313,7 +320,9 @@ def resolve_strategy(strategy: Any, options: Any) -> Strategy:
         return FSDPStrategy(**options)
     if strategy in ("none", None):
         return Strategy()
+    if isinstance(strategy, type) and issubclass(strategy, Strategy):
+        raise FitforgeTypeError(f"strategy must be an instance: pass strategy={strategy.__name__}(...), not the class")
     raise FitforgeValueError(
-        f"strategy must be one of {', '.join(map(repr, NAMES))}, None or a fitforge.distributed.Strategy, "
-        f"got {describe(strategy)}"
+        f"strategy must be one of {', '.join(map(repr, NAMES))}, None or a fitforge.distributed.Strategy instance "
+        f"(e.g. DiLoCoStrategy(sync_every=...)), got {describe(strategy)}"
     )

@@ -201,7 +201,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
                 "save_best is False; set at least one of them"
             )
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
-        if io is not None and storage_options is not None:
+        if io is not None and storage_options:
             raise FitforgeValueError("CheckpointHandler: storage_options are for a model_dir URL; give them to your io")
         self.io: CheckpointIO = open_io(model_dir, storage_options) if io is None else io  # type: ignore[arg-type]
         self._folder = CheckpointFolder(self.io, model_prefix)
@@ -294,7 +294,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         path = self._folder.location(name)
         if several:
             try:
-                checkpoint = loaded[0] if loaded else self._folder.files.read(name)
+                checkpoint = loaded[0] if loaded else self._folder.read(name)
                 loaded = [restore_weights(state.estimator, checkpoint, folder=self._folder.local)]
             except FileNotFoundError as err:
                 raise CheckpointError(
@@ -541,7 +541,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     def best_checkpoint(self) -> Path | None:
         """The local file of the best checkpoint this fit saved (``best_path``), if any (None in an
         object store: ``best_path`` is its URL)."""
-        return self.best_path if self.save_best and isinstance(self.best_path, Path) else None
+        local = self.save_best and self._folder.local is not None
+        return self.best_path if local and isinstance(self.best_path, Path) else None
 
     def state_dict(self) -> dict:
         """The best monitored value so far (the files to rotate are found in ``model_dir``)."""

@@ -98,7 +98,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
                     "(and the newest in model_dir), and reports each checkpoint once it is written"
                 )
         folder = tempfile.mkdtemp(prefix="fitforge-ray-") if model_dir is None else model_dir
-        self._options = options
+        self._options = options if model_dir is None else {"model_dir": model_dir, **options}  # for the refusal below
         self._own = CheckpointHandler(folder, resume_from_checkpoint=True, **options)  # for a fit without one
         if model_dir is None:  # kept while the handler lives (a later handler may read its best file)
             weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
@@ -120,6 +120,10 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
     @property
     def resumed_from(self) -> Location | None:
         return self._first().resumed_from
+
+    @property
+    def best_path(self) -> Location | None:
+        return self._first().best
 
     def best_checkpoint(self) -> Path | None:
         return self._sources[0].best_checkpoint()
@@ -147,7 +151,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
         if self._own not in sources and self._options:
             raise FitforgeValueError(
                 f"RayTrainReportHandler: the fit has a CheckpointHandler of yours, which saves what is reported: give "
-                f"it the options given here ({', '.join(self._options)})"
+                f"it the arguments given here ({', '.join(self._options)})"
             )
         prefixes = [source.prefix for source in told]
         if len(set(prefixes)) < len(prefixes):
@@ -184,12 +188,11 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
             )
         with checkpoint.as_directory() as directory:
             for source in resuming:
-                if isinstance(source.io, LocalCheckpointIO):  # its train_begin, which makes it, runs next
-                    source.io.path.mkdir(parents=True, exist_ok=True)
                 present = set(source.io.names())
                 for file in Path(directory).glob(f"{source.prefix}-*{EXTENSION}"):
-                    if file.name not in present:  # workers sharing a folder: each write lands whole
-                        source.io.write(file.name, load_checkpoint(file))
+                    if file.name not in present:  # workers sharing a store: each write lands whole
+                        _place(file, source.io)
+        state.ranks.any(False)  # every rank's files placed before rank 0 looks for the newest
 
     def batch_end(self, state: TrainState) -> None:
         saved = self._new_saves()
@@ -233,7 +236,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
         with tempfile.TemporaryDirectory(prefix="fitforge-ray-report-") as staging:
             for source, location in saved:
                 target = Path(staging) / location.name
-                if isinstance(location, Path):
+                if isinstance(source.io, LocalCheckpointIO) and isinstance(location, Path):
                     try:
                         os.link(location, target)  # no copy: a file is replaced, never written again
                     except OSError:
@@ -253,6 +256,18 @@ class _RaysCheckpointPlacer(TrainBegin):
 
     def train_begin(self, state: TrainState) -> None:
         self.reporter._take_in(state)
+
+
+def _place(file: Path, io: Any) -> None:
+    """Put Ray's checkpoint ``file`` into ``io``: a local folder gets its bytes (copied, then renamed
+    into place), another store the checkpoint read from it."""
+    if not isinstance(io, LocalCheckpointIO):
+        io.write(file.name, load_checkpoint(file))
+        return
+    io.path.mkdir(parents=True, exist_ok=True)  # its handler's train_begin, which makes it, runs next
+    with file.open("rb") as source, tempfile.NamedTemporaryFile(dir=io.path, prefix=".copy-", delete=False) as copy:
+        shutil.copyfileobj(source, copy)
+    os.replace(copy.name, io.path / file.name)
 
 
 def _told(source: Checkpointing) -> SavedCheckpoints:
