@@ -88,6 +88,18 @@ def test_a_torn_or_missing_checkpoint_in_the_io_is_skipped_on_resume(tmp_path):
         checkpoint_from_bytes(b"torn", "model-epoch2batch16.pt")
 
 
+def test_fsdp_into_an_io_without_folder_path_is_refused_at_fit_start(tmp_path):
+    from fitforge import TrainState
+    from fitforge.distributed import FSDPStrategy
+
+    estimator, _, _ = linear_problem()
+    estimator.strategy = FSDPStrategy()  # what train_begin reads; no process group is needed to refuse
+    io = SQLiteIO(tmp_path / "checkpoints.db")
+    with pytest.raises(FitforgeValueError, match=r"FSDP's sharded checkpoints .* give your CheckpointIO a folder_path"):
+        CheckpointHandler(io=io).train_begin(TrainState(estimator=estimator))
+    assert io.names() == []  # refused before anything was written
+
+
 def test_an_io_must_be_given_alone_and_have_the_four_methods(tmp_path):
     with pytest.raises(FitforgeValueError, match=r"or an io \(a CheckpointIO\), not both"):
         CheckpointHandler(tmp_path, io=SQLiteIO(tmp_path / "c.db"))

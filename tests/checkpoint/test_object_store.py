@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from fitforge.checkpoint.files import CheckpointError, load_checkpoint
-from fitforge.distributed import FSDPStrategy
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers import CheckpointHandler
 from fitforge.testing import linear_problem
@@ -198,17 +197,6 @@ def test_a_missing_store_package_names_the_extra(monkeypatch):
 def test_storage_options_with_a_local_folder_are_an_error(tmp_path):
     with pytest.raises(FitforgeValueError, match="storage_options are for an fsspec URL"):
         CheckpointHandler(tmp_path, storage_options={"key": "k"})
-
-
-def test_fsdp_to_an_object_store_is_refused_at_fit_start(url):
-    from fitforge import TrainState
-
-    estimator, _, _ = linear_problem()
-    estimator.strategy = FSDPStrategy()  # what train_begin reads; no process group is needed to refuse
-    saver = CheckpointHandler(url)
-    with pytest.raises(FitforgeValueError, match=r"FSDP's sharded checkpoints cannot be saved to an object store"):
-        saver.train_begin(TrainState(estimator=estimator))
-    assert not memory.exists(folder_of(url))  # refused before anything was written
 
 
 def test_broken_markers_and_failed_uploads_are_clear_checkpoint_errors(url, monkeypatch):

@@ -430,6 +430,47 @@ def test_async_saves_of_sharded_state_write_what_synchronous_saves_write(one_ran
 
 
 @needs_fsdp
+@pytest.mark.parametrize("async_save", [False, True])
+def test_sharded_checkpoints_go_to_an_fsspec_url_and_resume_from_it(one_rank_group, async_save):
+    import fsspec
+
+    url = f"memory:///fsdp-{async_save}"
+    memory = fsspec.filesystem("memory")
+
+    def fit(epochs, resume=False):
+        torch.manual_seed(0)
+        estimator = fsdp_estimator(strategy_options={"shard": (nn.Linear,)})
+        saver = CheckpointHandler(
+            url, batch_period=3, max_checkpoints=2, resume_from_checkpoint=resume, async_save=async_save
+        )
+        estimator.fit(regression_batches(4), epochs=epochs, event_handlers=[saver])
+        return {k: v.full_tensor() for k, v in estimator.net.state_dict().items()}, saver
+
+    try:
+        whole, _ = fit(3)
+        memory.rm(url, recursive=True)
+        fit(2)
+        names = sorted(entry.rsplit("/", 1)[-1] for entry in memory.ls(url, detail=False))
+        assert names == [
+            "model-epoch1batch6.pt",
+            "model-epoch1batch6.pt.commit",
+            "model-epoch1batch6pos2.dcp",
+            "model-epoch2batch8.pt",
+            "model-epoch2batch8.pt.commit",
+            "model-epoch2batch8pos0.dcp",
+        ]  # rotated: the shards of the checkpoints deleted went with them
+        plain = make_estimator(net=nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1)))
+        plain.optimizers = [torch.optim.Adam(plain.net.parameters(), lr=0.05)]
+        assert plain.load_checkpoint(f"{url}/model-epoch2batch8.pt")["global_step"] == 8  # one process reads them
+        resumed, saver = fit(3, resume=True)
+        assert saver.resumed_from.name == "model-epoch2batch8.pt"
+        assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+    finally:
+        if memory.exists(url):
+            memory.rm(url, recursive=True)
+
+
+@needs_fsdp
 def test_a_preemption_save_of_sharded_state_waits_for_the_async_one_in_flight(one_rank_group, tmp_path):
     class Term(BatchEnd):
         def batch_end(self, state):

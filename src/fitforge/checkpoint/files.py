@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,37 @@ def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "c
     return parse_checkpoint(path, path, map_location)
 
 
+Shards = Callable[[str], tuple[str | os.PathLike, dict]]  # a shard folder's name -> its path or URL, and options
+Folder = Path | str | Shards | None  # where a sharded checkpoint's shard folders are
+
+
+def shards_in(folder: Folder) -> Shards:
+    """Where the shard folders named in the checkpoints of ``folder`` are: beside them in a local folder
+    or under a URL (the store's options from the environment), or as a CheckpointFolder says."""
+    if callable(folder):
+        return folder
+    base = Path(".") if folder is None else folder
+    if is_url(base):
+        return lambda name: (f"{str(base).rstrip('/')}/{name}", {})
+    return lambda name: (local_path(base) / name, {})
+
+
+def _has_metadata(where: str | os.PathLike, options: dict) -> bool:
+    """Whether the shard folder ``where`` holds DCP's metadata (written last: its shards are whole)."""
+    if isinstance(where, os.PathLike):
+        return (Path(where) / ".metadata").is_file()
+    from fitforge.checkpoint.objects import open_store  # imports fsspec: only for a URL
+
+    fs, key = open_store(str(where), options)
+    fs.invalidate_cache(key)
+    return bool(fs.exists(f"{key}/.metadata"))
+
+
 def restore_weights(
     estimator: EstimatorLike,
     checkpoint: dict | str | os.PathLike | ObjectPath,
     optimizers: bool = True,
-    folder: Path | None = None,
+    folder: Folder = None,
 ) -> dict:
     """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
 
@@ -127,12 +154,13 @@ def restore_weights(
     the missing and unexpected parameter names. The load is all or nothing: when an optimizer's or
     the scaler's state does not fit, the net's weights and the optimizers' states loaded so far are
     put back. The weights of a sharded (FSDP) checkpoint are in the folder its file names, beside
-    the file (``folder``, when ``checkpoint`` is a dict already loaded). ``checkpoint`` may be the
-    URL of a committed checkpoint in an object store (never a sharded one).
+    the file (in ``folder``, a local folder or a URL, when ``checkpoint`` is a dict already loaded).
+    ``checkpoint`` may be the URL of a committed checkpoint in an object store.
     """
     source = "the checkpoint"
     if not isinstance(checkpoint, dict):
-        folder = None if isinstance(checkpoint, ObjectPath) or is_url(checkpoint) else local_path(checkpoint).parent
+        url = isinstance(checkpoint, ObjectPath) or is_url(checkpoint)
+        folder = str(checkpoint).rsplit("/", 1)[0] if url else local_path(checkpoint).parent  # type: ignore[arg-type]
         source = f"checkpoint {checkpoint}"
         # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
         # optimizer state as each optimizer expects (a CUDA step counter would sync every step).
@@ -185,7 +213,7 @@ def _load_state(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, so
 def check_fits(
     estimator: EstimatorLike,
     checkpoint: dict,
-    folder: Path | None,
+    folder: Folder,
     optimizers: bool = True,
     source: str = "the checkpoint",
 ) -> None:
@@ -193,7 +221,7 @@ def check_fits(
     load into ``estimator`` (read only: names and shapes of the weights, the number of optimizers, a
     sharded checkpoint's folder)."""
     if "sharded" in checkpoint:
-        if not (Path(folder or ".") / checkpoint["sharded"] / ".metadata").is_file():
+        if not _has_metadata(*shards_in(folder)(checkpoint["sharded"])):
             raise CheckpointError(
                 f"the sharded weights of {source} are missing: no folder {checkpoint['sharded']} "
                 "with DCP metadata beside it"
@@ -243,12 +271,12 @@ def _mismatch(net: torch.nn.Module, weights: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _restore_sharded(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, folder: Path | None) -> dict:
+def _restore_sharded(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, folder: Folder) -> dict:
     """Load the weights (optimizer states, gradients) a sharded checkpoint keeps in its DCP folder."""
-    shards = Path(folder or ".") / checkpoint["sharded"]
+    where, options = shards_in(folder)(checkpoint["sharded"])
     try:
         checkpoint["grads"] = estimator.strategy.load_shards(
-            estimator, shards, optimizers, grads=bool(checkpoint.get("accumulated_batches"))
+            estimator, where, optimizers, grads=bool(checkpoint.get("accumulated_batches")), storage_options=options
         )
     except FileNotFoundError as err:
         raise CheckpointError(

@@ -1,7 +1,7 @@
 """CheckpointFolder: the checkpoints of one CheckpointHandler in its store — names, listing, commits
 (FSDP shard folders included), rotation and the cleanup of what a crash left behind. The bytes go
 through its :class:`~fitforge.checkpoint.storage.CheckpointIO`: a local folder, an object store named
-by a URL (no FSDP shards there), or a store of one's own."""
+by a URL, or a store of one's own."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import fnmatch
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 
 from fitforge.checkpoint.files import check_fits, restore_weights
-from fitforge.checkpoint.locations import EXTENSION, SINGLES, TEMP_SUFFIX, Location, ObjectPath
+from fitforge.checkpoint.locations import EXTENSION, SINGLES, Location, ObjectPath
 from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO
 from fitforge.core.finite import non_finite_checkpoint
 from fitforge.core.state import EstimatorLike
@@ -35,16 +33,16 @@ def describe_tensors(tensors: list[str], shown: int = 4) -> str:
 class CheckpointFolder:
     """``<prefix>-epoch<E>batch<B>.pt`` (regular, rotated) and ``<prefix>-<kind>.pt`` (single)
     checkpoints in ``io``; an FSDP checkpoint's shards in a ``.dcp`` folder its file names, beside
-    it (in a local folder only)."""
+    it (in an io with ``folder_path``)."""
 
     def __init__(self, io: CheckpointIO, prefix: str) -> None:
         self.files, self.prefix = io, prefix
-        # The local folder, where FSDP shard folders live (None: a store without one).
-        self.local = io.path if isinstance(io, LocalCheckpointIO) else None
+        local = io.path if isinstance(io, LocalCheckpointIO) else None
         url = getattr(io, "root", None)  # an fsspec folder's URL (a store of one's own: its repr names it)
-        root = self.local if self.local is not None else url if isinstance(url, ObjectPath) else None
+        root = local if local is not None else url if isinstance(url, ObjectPath) else None
         self.path: Location = root if root is not None else ObjectPath(repr(io))
         self.label = f"model_dir {str(self.path)!r}" if root is not None else f"io {self.path}"  # in messages
+        self.local = local is not None
 
     def location(self, name: str) -> Location:
         """Where the checkpoint ``name`` is, as ``saved`` and messages name it."""
@@ -106,10 +104,10 @@ class CheckpointFolder:
                 if check is not None:
                     check(checkpoint)
                 if read_only:  # the other ranks load too: judge whether it fits without loading it
-                    check_fits(estimator, checkpoint, self.local)
+                    check_fits(estimator, checkpoint, self.shards)
                     loaded.append(checkpoint)
                 else:
-                    loaded.append(restore_weights(estimator, checkpoint, folder=self.local))
+                    loaded.append(restore_weights(estimator, checkpoint, folder=self.shards))
             except CheckpointError as err:
                 log.warning("CheckpointHandler: skipping checkpoint %s: %s", path.name, err)
                 reasons.append(f"{path.name}: {err}")
@@ -148,8 +146,7 @@ class CheckpointFolder:
         """Delete the checkpoints at ``locations`` (by exact name) and the FSDP shard folders they name."""
         for location in locations:
             self.files.delete(location.name)
-        if self.local is not None:
-            self._remove_unnamed_shards(self.local)
+        self._remove_unnamed_shards()
 
     def prepare(self) -> None:
         """Ready the store (its IO's ``prepare``: create it, settle what an interrupted save left,
@@ -159,7 +156,7 @@ class CheckpointFolder:
             if callable(prepare):
                 prepare(self.prefix)
         except Exception as err:  # OSErrors; botocore's own (an endpoint it cannot reach); a store's own
-            if self.local is not None and isinstance(err, OSError):
+            if self.local and isinstance(err, OSError):
                 raise FitforgeValueError(
                     f"CheckpointHandler: {self.label} is not a writable folder ({err.strerror or err}); pass a "
                     "folder you can write to"
@@ -169,44 +166,42 @@ class CheckpointFolder:
                 "exists and can be written (for an object store: that the bucket exists, its endpoint is reachable "
                 "and the credentials allow writing; see docs/checkpoints.md)"
             ) from err
-        if self.local is not None:
-            self._remove_unnamed_shards(self.local)
+        self._remove_unnamed_shards()
 
-    def _remove_unnamed_shards(self, folder: Path) -> None:
-        """Delete FSDP shard folders whose checkpoint file is gone (a crash during a rotation)."""
-        for shards in folder.glob(f"{self.prefix}-epoch*batch*pos*{SHARDS}"):
-            if not (folder / f"{shards.name[: shards.name.rindex('pos')]}{EXTENSION}").exists():
-                shutil.rmtree(shards)
+    @property
+    def holds_shards(self) -> bool:
+        """Whether the store can hold FSDP's shard folders (its IO has ``folder_path``)."""
+        return callable(getattr(self.files, "folder_path", None))
+
+    def shards(self, name: str) -> tuple[str | os.PathLike, dict]:
+        """Where the shard folder ``name`` is (a local path or an fsspec URL) and the store's options."""
+        if not self.holds_shards:
+            raise CheckpointError(f"FSDP's sharded checkpoints cannot be kept in {self.label}: it has no folder_path")
+        return self.files.folder_path(name), dict(getattr(self.files, "storage_options", None) or {})  # type: ignore[attr-defined]
+
+    def _remove_unnamed_shards(self) -> None:
+        """Delete FSDP shard folders whose checkpoint is gone (a crash during a rotation or a save)."""
+        present = set(self.files.names())
+        unnamed = [
+            name
+            for name in fnmatch.filter(present, f"{self.prefix}-epoch*batch*pos*{SHARDS}")
+            if f"{name[: name.rindex('pos')]}{EXTENSION}" not in present
+        ]
         for kind in SINGLES:
-            if not (folder / f"{self.prefix}-{kind}{EXTENSION}").exists():
-                for shards in folder.glob(f"{self.prefix}-{kind}-epoch*{SHARDS}"):
-                    shutil.rmtree(shards)
+            if f"{self.prefix}-{kind}{EXTENSION}" not in present:
+                unnamed += fnmatch.filter(present, f"{self.prefix}-{kind}-epoch*{SHARDS}")
+        for name in unnamed:
+            self.files.delete(name)
 
-    def _local_folder(self) -> Path:
-        if self.local is None:
-            raise CheckpointError(f"FSDP's sharded checkpoints cannot be written to an object store ({self.path})")
-        return self.local
-
-    def temporary_shards(self, name: str) -> Path:
-        """Where the shards a checkpoint will name ``name`` are written before :meth:`commit`."""
-        return self._local_folder() / f".{name}{TEMP_SUFFIX}"
-
-    def commit(self, checkpoint: dict, path: Location, shards: Path | None, stale: str = "") -> None:
-        """Put the shards under their name, then write the file that names them (atomic: the file is
-        the last thing written, so a crash before it leaves the previous checkpoint in force), then
-        delete the folders matching ``stale`` that the file no longer names."""
-        if shards is None:
-            self._write(path.name, checkpoint)
-            return
-        folder = self._local_folder()
-        final = folder / checkpoint["sharded"]
-        if final.exists():  # a leftover no file names (a crash after its rename)
-            shutil.rmtree(final)
-        os.replace(shards, final)
+    def commit(self, checkpoint: dict, path: Location, stale: str = "") -> None:
+        """Write the checkpoint (its shards, if any, are written already: the file is the last thing
+        written, so a crash before it leaves the previous checkpoint in force), then delete the shard
+        folders matching ``stale`` that it no longer names."""
         self._write(path.name, checkpoint)
-        for old in folder.glob(stale):
-            if old.name != final.name:
-                shutil.rmtree(old, ignore_errors=True)
+        if "sharded" in checkpoint:
+            for old in self.names(stale):
+                if old != checkpoint["sharded"]:
+                    self.files.delete(old)
 
     def rotate(self, saved: list[Location], keep: int) -> None:
         """Delete the oldest of ``saved`` (and their shards) until ``keep`` remain: by exact name,
@@ -214,6 +209,5 @@ class CheckpointFolder:
         while len(saved) > keep:
             old = saved.pop(0)
             self.files.delete(old.name)
-            if self.local is not None:
-                for folder in self.local.glob(f"{old.name.removesuffix(EXTENSION)}pos*{SHARDS}"):
-                    shutil.rmtree(folder, ignore_errors=True)
+            for folder in self.names(f"{old.name.removesuffix(EXTENSION)}pos*{SHARDS}"):
+                self.files.delete(folder)

@@ -124,14 +124,14 @@ def remove(fs: Any, key: str) -> None:
         fs.rm_file(key)
 
 
-def names(fs: Any, folder: str) -> list[str]:
-    """The names of the objects in ``folder`` (none when it does not exist), listed afresh: another
-    process may have written since (fsspec caches listings)."""
+def entries(fs: Any, folder: str) -> dict[str, str]:
+    """The names of the objects in ``folder`` and their types ("file", "directory"; none when it does
+    not exist), listed afresh: another process may have written since (fsspec caches listings)."""
     fs.invalidate_cache(folder)
     try:
-        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(folder, detail=False)]
+        return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry["type"] for entry in fs.ls(folder, detail=True)}
     except FileNotFoundError:
-        return []
+        return {}
 
 
 def load_url(url: str, storage_options: dict[str, Any] | None = None, map_location: Any = "cpu") -> dict:
@@ -146,18 +146,26 @@ class FsspecCheckpointIO:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.fs, self.key = open_store(url, storage_options)
-        self.key = self.key.rstrip("/")
+        self.key, self.storage_options = self.key.rstrip("/"), dict(storage_options or {})
         self.root = ObjectPath(self.fs.unstrip_protocol(self.key))
         self.foreign: set[str] = set()  # whole objects under checkpoint names that are no fitforge checkpoint
 
     def location(self, name: str) -> ObjectPath:
         return self.root / name
 
+    def folder_path(self, name: str) -> str:
+        return str(self.root / name)
+
     def names(self) -> list[str]:
-        """The committed checkpoints, and the foreign objects under checkpoint names (see
-        :meth:`settle_uncommitted`): they are files of an earlier run, never replaced unasked."""
-        present = set(names(self.fs, self.key))
-        return [name for name in present if name + COMMIT_SUFFIX in present or name in self.foreign]
+        """The committed checkpoints, the foreign objects under checkpoint names (see
+        :meth:`settle_uncommitted`: files of an earlier run, never replaced unasked) and the folders
+        (FSDP's shards)."""
+        present = entries(self.fs, self.key)
+        return [
+            name
+            for name, kind in present.items()
+            if kind == "directory" or name + COMMIT_SUFFIX in present or name in self.foreign
+        ]
 
     def write(self, name: str, checkpoint: dict) -> None:
         try:
@@ -176,7 +184,11 @@ class FsspecCheckpointIO:
         return read_object(self.fs, f"{self.key}/{name}")
 
     def delete(self, name: str) -> None:
-        delete_object(self.fs, f"{self.key}/{name}")
+        key = f"{self.key}/{name}"
+        if self.fs.isdir(key):  # the shards of a sharded checkpoint
+            self.fs.rm(key, recursive=True)
+        else:
+            delete_object(self.fs, key)
 
     def prepare(self, prefix: str) -> None:
         """Settle the objects of ``prefix``'s checkpoint names that no marker commits (a whole
@@ -222,7 +234,7 @@ class FsspecCheckpointIO:
         killed before its commit) is committed; an upload cut short (not a whole file) is deleted, as
         are markers without their object; any other whole file is foreign, left as it is, and counts
         as an earlier run's file. Returns the (committed, deleted, foreign) names."""
-        present = set(names(self.fs, self.key))
+        present = set(entries(self.fs, self.key))
 
         def ours(name: str) -> bool:  # of this prefix's names only: another run's objects are none of ours
             return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)

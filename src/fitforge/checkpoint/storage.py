@@ -31,8 +31,11 @@ class CheckpointIO(Protocol):
 
     Optional, found when present: ``prepare(prefix)`` (called on rank 0 at fit start: create the
     store, settle what an interrupted write of checkpoints named ``<prefix>-*`` left, fail with an
-    error where it cannot be written) and ``location(name)`` (how ``CheckpointHandler.saved`` and
-    messages name a checkpoint: a ``Path``, a URL; else ``<repr of the io>/<name>``).
+    error where it cannot be written), ``location(name)`` (how ``CheckpointHandler.saved`` and
+    messages name a checkpoint: a ``Path``, a URL; else ``<repr of the io>/<name>``) and
+    ``folder_path(name)`` (a local path or an fsspec URL where a folder ``name`` is written directly,
+    for FSDP's shards through ``torch.distributed.checkpoint``, with the io's ``storage_options``;
+    ``names()`` lists such folders and ``delete(name)`` removes them).
     """
 
     def write(self, name: str, checkpoint: dict) -> None:
@@ -64,9 +67,12 @@ class LocalCheckpointIO:
     def location(self, name: str) -> Path:
         return self.path / name
 
+    def folder_path(self, name: str) -> Path:
+        return self.path / name
+
     def names(self) -> list[str]:
         try:
-            return [entry.name for entry in self.path.iterdir() if not entry.name.startswith(".") and entry.is_file()]
+            return [entry.name for entry in self.path.iterdir() if not entry.name.startswith(".")]
         except FileNotFoundError:
             return []
 
@@ -77,7 +83,11 @@ class LocalCheckpointIO:
         return load_checkpoint(self.path / name)
 
     def delete(self, name: str) -> None:
-        (self.path / name).unlink(missing_ok=True)
+        target = self.path / name
+        if target.is_dir():  # the shards of a sharded checkpoint
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
 
     def prepare(self, prefix: str) -> None:
         """Create the folder, remove the temporary files (and shard folders) of interrupted saves of

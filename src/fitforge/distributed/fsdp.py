@@ -12,14 +12,15 @@ given (built on the old ones, and not stepped yet) are pointed at the new parame
 
 A checkpoint's weights, optimizer states (and an open accumulation group's gradients, and an
 EMAHandler's average) are written by every rank, each its shard, with
-``torch.distributed.checkpoint.save`` into a folder beside the checkpoint file; the file, written by
-rank 0 once every shard is on disk, names the folder. DCP loads the folder into any number of
-ranks, or into one process without a process group. With ``CheckpointHandler(async_save=True)``
-the shards go through DCP's ``async_save`` (:func:`save_sharded_async`).
+``torch.distributed.checkpoint.save`` into a folder beside the checkpoint file (a local folder, or
+an fsspec URL); the file, written by rank 0 once every shard is written, names the folder. DCP
+loads the folder into any number of ranks, or into one process without a process group. With
+``CheckpointHandler(async_save=True)`` the shards go through DCP's ``async_save``.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
@@ -30,6 +31,29 @@ from torch import nn
 from fitforge.core.state import EstimatorLike
 from fitforge.distributed.ranks import world_size
 from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValueError
+
+Where = str | os.PathLike  # a shard folder: a local path, or an fsspec URL
+
+
+def _storage(folder: Where, options: dict, write: bool) -> Any:
+    """DCP's writer (or reader) of ``folder``: its local file system's, or fsspec's for a URL."""
+    import torch.distributed.checkpoint as dcp
+
+    if isinstance(folder, os.PathLike):
+        return dcp.FileSystemWriter(folder) if write else dcp.FileSystemReader(folder)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    return FsspecWriter(folder, **options) if write else FsspecReader(folder, **options)
+
+
+def _exists(folder: Where, options: dict) -> bool:
+    if isinstance(folder, os.PathLike):
+        return Path(folder).is_dir()
+    from fsspec.core import url_to_fs
+
+    fs, key = url_to_fs(folder, **options)
+    fs.invalidate_cache(key)
+    return bool(fs.isdir(key))
 
 
 def _fully_shard() -> Any:
@@ -144,14 +168,14 @@ def _state(estimator: EstimatorLike, grads: bool) -> dict[str, Any]:
     return state
 
 
-def save_sharded(estimator: EstimatorLike, folder: Path, grads: bool) -> None:
+def save_sharded(estimator: EstimatorLike, folder: Where, grads: bool, options: dict) -> None:
     """Every rank writes its shard of the weights and optimizer states (and gradients) to ``folder``."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_state(estimator, grads), checkpoint_id=str(folder))
+    dcp.save(_state(estimator, grads), storage_writer=_storage(folder, options, write=True))
 
 
-def save_sharded_async(estimator: EstimatorLike, folder: Path, grads: bool, group: Any) -> Future:
+def save_sharded_async(estimator: EstimatorLike, folder: Where, grads: bool, options: dict, group: Any) -> Future:
     """:func:`save_sharded` through DCP's ``async_save``: the state is staged (copied to CPU memory)
     before this returns, and torch's background thread writes the shards while training goes on.
     ``group`` is a gloo group of the save's own: DCP's collectives in that thread must neither need a
@@ -159,11 +183,14 @@ def save_sharded_async(estimator: EstimatorLike, folder: Path, grads: bool, grou
     the save's metadata is written, so also every rank's shards."""
     import torch.distributed.checkpoint as dcp
 
-    saving = dcp.async_save(_state(estimator, grads), checkpoint_id=str(folder), process_group=group)
+    writer = _storage(folder, options, write=True)
+    saving = dcp.async_save(_state(estimator, grads), storage_writer=writer, process_group=group)
     return cast(Future, saving)  # a response object comes only with an async stager, which this does not pass
 
 
-def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads: bool) -> dict[str, torch.Tensor]:
+def load_sharded(
+    estimator: EstimatorLike, folder: Where, optimizers: bool, grads: bool, options: dict
+) -> dict[str, torch.Tensor]:
     """Load ``folder`` into the estimator's net (and optimizers); return the saved gradients by name."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named to be caught
@@ -172,15 +199,17 @@ def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads
         set_state_dict,
     )
 
-    if not folder.is_dir():
+    if not _exists(folder, options):
         raise FileNotFoundError(f"no sharded checkpoint folder at {folder}")
     state = _state(estimator, grads)
     if not optimizers:
         del state["optim"]
-    if "averages" in state and not _holds(folder, "averages."):  # saved before the run averaged: it starts anew
-        del state["averages"]
+    reader = _storage(folder, options, write=False)
+    saved = reader.read_metadata().state_dict_metadata if "averages" in state else {}
+    if "averages" in state and not any(key.startswith("averages.") for key in saved):  # saved before averaging
+        del state["averages"]  # the run's average starts anew
     try:
-        dcp.load(state, checkpoint_id=str(folder))
+        dcp.load(state, storage_reader=reader)
         if optimizers:
             set_state_dict(
                 estimator.net, estimator.optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -192,11 +221,3 @@ def load_sharded(estimator: EstimatorLike, folder: Path, optimizers: bool, grads
             f"the sharded checkpoint {folder} does not fit this net or its optimizers: {type(err).__name__}: {err}"
         ) from err
     return state.get("grads", {})
-
-
-def _holds(folder: Path, prefix: str) -> bool:
-    """Whether the DCP folder holds entries whose names start with ``prefix``."""
-    import torch.distributed.checkpoint as dcp
-
-    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
-    return any(key.startswith(prefix) for key in metadata.state_dict_metadata)

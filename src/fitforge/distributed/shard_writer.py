@@ -6,12 +6,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 
 import torch.distributed as dist
 
 from fitforge.core.state import EstimatorLike
-from fitforge.distributed.fsdp import save_sharded_async
+from fitforge.distributed.fsdp import Where, save_sharded_async
 from fitforge.exceptions import CheckpointError
 
 
@@ -47,11 +46,13 @@ class ShardWriter:
         self.group = dist.new_group(backend="gloo")
         self._in_flight: Future | None = None
 
-    def submit(self, estimator: EstimatorLike, folder: Path, grads: bool, name: str) -> Callable[[], None]:
+    def submit(
+        self, estimator: EstimatorLike, folder: Where, grads: bool, name: str, storage_options: dict
+    ) -> Callable[[], None]:
         """Stage this rank's shards (the only part that blocks training) and write them to
         ``folder`` in DCP's background thread. Returns the wait for every rank's shards (named
         ``name`` in its error: a CheckpointError)."""
-        future = self._in_flight = save_sharded_async(estimator, folder, grads, self.group)
+        future = self._in_flight = save_sharded_async(estimator, folder, grads, storage_options, self.group)
         return lambda: shards_written(future, name)
 
     def wait(self) -> None:

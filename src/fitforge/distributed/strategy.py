@@ -21,7 +21,6 @@ docs/distributed.md.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike
 from fitforge.distributed import fsdp
 from fitforge.distributed.ddp import adopt_wrapper, follow_trainable, trains_through_wrapper, wrap_ddp
+from fitforge.distributed.fsdp import Where
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.distributed.process_group import (
     init_process_group,
@@ -151,9 +151,9 @@ class Strategy:
         """Load a whole ``state_dict`` into ``net``."""
         net.load_state_dict(weights)
 
-    def save_shards(self, estimator: EstimatorLike, folder: Path, grads: bool) -> None:
-        """Every rank writes its shards into ``folder``: the engines that
-        are :attr:`sharded`."""
+    def save_shards(self, estimator: EstimatorLike, folder: Where, grads: bool, storage_options: dict) -> None:
+        """Every rank writes its shards into ``folder`` (a local path, or an fsspec URL opened with
+        ``storage_options``): the engines that are :attr:`sharded`."""
         raise NotImplementedError(f"{type(self).__name__} writes no shards")
 
     def shard_writer(self) -> Any:
@@ -162,11 +162,11 @@ class Strategy:
         raise NotImplementedError(f"{type(self).__name__} writes no shards")
 
     def load_shards(
-        self, estimator: EstimatorLike, folder: Path, optimizers: bool, grads: bool
+        self, estimator: EstimatorLike, folder: Where, optimizers: bool, grads: bool, storage_options: dict
     ) -> dict[str, torch.Tensor]:
         """Load the shards in ``folder`` (any engine reads a sharded checkpoint: DCP loads it into any
         number of ranks); the saved gradients by parameter name."""
-        return fsdp.load_sharded(estimator, folder, optimizers, grads)
+        return fsdp.load_sharded(estimator, folder, optimizers, grads, storage_options)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -286,8 +286,8 @@ class FSDPStrategy(Distributed):
     def load_weights(self, net: nn.Module, weights: dict[str, Any]) -> None:
         fsdp.load_full_weights(net, weights)  # each rank keeps its shard of the whole weights
 
-    def save_shards(self, estimator: EstimatorLike, folder: Path, grads: bool) -> None:
-        fsdp.save_sharded(estimator, folder, grads)
+    def save_shards(self, estimator: EstimatorLike, folder: Where, grads: bool, storage_options: dict) -> None:
+        fsdp.save_sharded(estimator, folder, grads, storage_options)
 
     def shard_writer(self) -> ShardWriter:
         return ShardWriter()

@@ -233,11 +233,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         strategy = state.estimator.strategy
         if strategy.sharded and self.async_save:
             self._shards = strategy.shard_writer()
-        if strategy.sharded and self._folder.local is None:
+        if strategy.sharded and not self._folder.holds_shards:
             raise FitforgeValueError(
-                f"CheckpointHandler: FSDP's sharded checkpoints cannot be saved to an object store "
-                f"({self._folder.label}): fitforge commits a sharded checkpoint by renaming its folder, which an "
-                "object store cannot do. Save to a local or shared folder (and copy it to the store afterwards)"
+                f"CheckpointHandler: FSDP's sharded checkpoints are folders of every rank's shards, which "
+                f"{self._folder.label} cannot hold: give your CheckpointIO a folder_path(name) (a local path or an "
+                "fsspec URL for the folder named name; see docs/extending.md), or save to a folder or URL"
             )
         state.ranks.on_main(self._folder.prepare, FitforgeValueError)
         if self._monitor is not None:
@@ -295,7 +295,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         if several:
             try:
                 checkpoint = loaded[0] if loaded else self._folder.read(name)
-                loaded = [restore_weights(state.estimator, checkpoint, folder=self._folder.local)]
+                loaded = [restore_weights(state.estimator, checkpoint, folder=self._folder.shards)]
             except FileNotFoundError as err:
                 raise CheckpointError(
                     f"rank {ranks.rank} cannot find {path}, which rank 0 resumes from: model_dir must be "
@@ -373,8 +373,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self._last = key
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
         stem = path.name.removesuffix(EXTENSION)
-        shards, written = self._save_shards(state, checkpoint, f"{stem}pos{key[2]}{SHARDS}")
-        self._write(state, path, checkpoint, lambda saved: self._write_and_rotate(saved, path, shards), written)
+        written = self._save_shards(state, checkpoint, f"{stem}pos{key[2]}{SHARDS}")
+        self._write(state, path, checkpoint, lambda saved: self._write_and_rotate(saved, path), written)
         self.last_saved = path
 
     def _write(
@@ -406,35 +406,34 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         else:
             state.ranks.on_main(lambda: writer.submit(once_sharded, checkpoint, path.name), CheckpointError)
 
-    def _save_shards(
-        self, state: TrainState, checkpoint: dict, name: str
-    ) -> tuple[Path | None, Callable[[], None] | None]:
-        """Under FSDP, every rank writes its shard of the weights into a temporary folder, which
-        the checkpoint names as ``name`` (rank 0 renames it once every shard is written). Names
-        are unique per state (file name and batch position), so a save never overwrites the
-        shards a file on disk names. The folder, and with ``async_save`` (not preempted) the
-        future of DCP's background save, which the file's write waits for."""
+    def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Callable[[], None] | None:
+        """Under FSDP, every rank writes its shard of the weights into the folder ``name``, which the
+        checkpoint names (its file, written once every shard is, commits them). Names are unique
+        per state (file name and batch position), so a save never writes into the shards a
+        checkpoint in force names. With ``async_save`` (not preempted): the wait for DCP's
+        background save, which the file's write waits for."""
         strategy = state.estimator.strategy
         if not strategy.sharded:
-            return None, None
-        temporary = self._folder.temporary_shards(name)
+            return None
         checkpoint["sharded"] = name
-        grads = bool(state.accumulated_batches)
-        shards = self._shards
-        if shards is None:
-            strategy.save_shards(state.estimator, temporary, grads)
-            return temporary, None
-        # One save in flight: the previous one's shards, then its file (its error raised on every rank).
-        shards.wait()
+        where, options = self._folder.shards(name)
+        grads, shards = bool(state.accumulated_batches), self._shards
+        if shards is None or state.preempted is not None:  # preempted: the process exits after this save
+            if shards is not None:
+                self._wait_for_saves(state)
+            strategy.save_shards(state.estimator, where, grads, options)
+            return None
+        self._wait_for_saves(state)  # one save in flight: the previous one's shards, then its file
+        return shards.submit(state.estimator, where, grads, name, options)
+
+    def _wait_for_saves(self, state: TrainState) -> None:
+        """Wait for the save in flight: its shards, then its file (its error raised on every rank)."""
+        self._shards.wait()
         assert self._writer is not None  # async_save
         state.ranks.on_main(self._writer.wait, CheckpointError)
-        if state.preempted is not None:  # the process exits after this save: written before returning
-            strategy.save_shards(state.estimator, temporary, grads)
-            return temporary, None
-        return temporary, shards.submit(state.estimator, temporary, grads, name)
 
-    def _write_and_rotate(self, checkpoint: dict, path: Location, shards: Path | None) -> None:
-        self._folder.commit(checkpoint, path, shards, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
+    def _write_and_rotate(self, checkpoint: dict, path: Location) -> None:
+        self._folder.commit(checkpoint, path, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
@@ -472,13 +471,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
         position = 0 if epochs > state.epoch else state.batch_idx + 1
         path = self._folder.single(kind)
-        shards, written = self._save_shards(
+        written = self._save_shards(
             state, checkpoint, f"{self.model_prefix}-{kind}-epoch{epochs}batch{batches}pos{position}{SHARDS}"
         )
         stale = f"{self.model_prefix}-{kind}-epoch*{SHARDS}"
-        self._write(
-            state, path, checkpoint, lambda saved: self._folder.commit(saved, path, shards, stale=stale), written
-        )
+        self._write(state, path, checkpoint, lambda saved: self._folder.commit(saved, path, stale=stale), written)
         return path
 
     def _refuses_non_finite(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
@@ -541,7 +538,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     def best_checkpoint(self) -> Path | None:
         """The local file of the best checkpoint this fit saved (``best_path``), if any (None in an
         object store: ``best_path`` is its URL)."""
-        local = self.save_best and self._folder.local is not None
+        local = self.save_best and self._folder.local
         return self.best_path if local and isinstance(self.best_path, Path) else None
 
     def state_dict(self) -> dict:
