@@ -26,7 +26,7 @@ def test_saves_rotate_and_resume_from_s3_exactly(endpoint, tmp_path):
     ]
     assert str(saver.saved[-1]) == "s3://bucket/run/model-epoch2batch12.pt"
     local = load_checkpoint(tmp_path / "model-epoch2batch12.pt")
-    remote = saver._folder.files.read("model-epoch2batch12.pt")
+    remote = saver.io.read("model-epoch2batch12.pt")
     assert_same(remote["model"], local["model"])  # the same state, whichever store holds it
     weights, resumed = train("s3://bucket/run", epochs=3, seed=7, resume_from_checkpoint=True, storage_options=options)
     assert resumed.resumed_from.name == "model-epoch2batch12.pt"

@@ -1,18 +1,20 @@
-"""Saves that do not stall training: the state is copied to the host, then a background thread
-serializes, writes, commits and rotates it while training goes on
-(``CheckpointHandler(async_save=True)``).
+"""Saves that do not stall training: :class:`AsyncCheckpointIO` wraps any
+:class:`~fitforge.checkpoint.storage.CheckpointIO` so that a write copies the checkpoint to the host
+and a background thread writes it, then does what was asked after it (rotation's deletes), in order,
+while training goes on (``CheckpointHandler(async_save=True)``).
 
 The copy is needed on the CPU too: the optimizer step writes into the weights and the optimizer's
 state in place, so the tensors a state dict references change under a writer that reads them
-later. One write is in flight at most: the next one, and :meth:`BackgroundWriter.wait`, wait for
-it first, so the host holds one copy of the state besides the training's own. The writer's error
-is kept and raised by the next ``submit`` or ``wait`` (in the training thread), never lost.
+later. The background error is kept and raised by the next :meth:`AsyncCheckpointIO.wait` (or
+read, listing) in the training thread, never lost; what was queued after a failed write is dropped,
+so no older checkpoint is deleted for a newer one that is not there.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -69,50 +71,97 @@ def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> A
     return copied
 
 
-class BackgroundWriter:
-    """Runs one write at a time in a background thread; its error comes back at the next call."""
+class AsyncCheckpointIO:
+    """``io``, written in the background: :meth:`write` returns once the checkpoint is copied to the
+    host, and :meth:`delete` and :meth:`after` queue behind it; :meth:`read`, :meth:`names` and
+    ``prepare`` wait for the queue first. One caller thread (rank 0's training thread). The caller
+    bounds the copies: a write while the queue is busy makes a new host copy rather than reuse the
+    last one's memory, so wait before each save (as ``CheckpointHandler`` does) to hold one."""
 
-    def __init__(self) -> None:
+    # Found on the io when it has them (see CheckpointIO): ``getattr`` sees them here only then.
+    _OPTIONAL = ("location", "folder_path", "storage_options", "root", "path")
+
+    def __init__(self, io: Any) -> None:
+        self.io = io
+        self._queue: deque[tuple[Callable[[], None], str]] = deque()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._name = ""
-        # The previous copy's tensors, reused by the next copy once its write ended: the host holds
+        self._error: tuple[BaseException, str] | None = None
+        # The last copy's tensors, reused by the next copy once its write ended: the host holds
         # one copy of the state between saves, and copying into memory already touched is fast.
         self._buffers: dict[tuple, torch.Tensor] = {}
 
+    def __getattr__(self, name: str) -> Any:
+        if name in AsyncCheckpointIO._OPTIONAL:
+            return getattr(self.io, name)
+        raise AttributeError(name)
+
     @property
     def busy(self) -> bool:
-        """Whether a write is in flight."""
-        return self._thread is not None and self._thread.is_alive()
+        """Whether something is queued or running."""
+        return self._thread is not None
+
+    def write(self, name: str, checkpoint: dict) -> None:
+        copied = host_copy(checkpoint, None if self.busy else self._buffers)
+        self.after(lambda: self.io.write(name, copied), name)
+
+    def delete(self, name: str) -> None:
+        self.after(lambda: self.io.delete(name), name)
+
+    def read(self, name: str) -> dict:
+        self.wait()
+        return self.io.read(name)
+
+    def names(self) -> list[str]:
+        self.wait()
+        return self.io.names()
+
+    def prepare(self, prefix: str) -> None:
+        self.wait()
+        prepare = getattr(self.io, "prepare", None)
+        if callable(prepare):
+            prepare(prefix)
+
+    def after(self, task: Callable[[], None], name: str = "") -> None:
+        """Run ``task`` in the background once what is queued before it is done (``name``: which
+        save it is part of, for the log of its error)."""
+        with self._lock:
+            self._queue.append((task, name))
+            if self._thread is None:
+                # Not a daemon: an interpreter that exits still finishes the writes it started.
+                self._thread = threading.Thread(target=self._run, name=f"fitforge-save-{name}")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._thread = None
+                    return
+                task, name = self._queue.popleft()
+            try:
+                task()
+            except BaseException as err:  # kept for the training thread: a thread's error is otherwise only printed
+                with self._lock:
+                    self._error = (err, name)
+                    self._queue.clear()  # nothing after a failed write: rotation would delete a good checkpoint
+                    self._thread = None
+                return
 
     def wait(self) -> None:
-        """Wait for the write in flight, if any; raise its error (once)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        error, self._error = self._error, None
-        if error is not None:  # the same error a synchronous save raises; the log says which save it was
-            log.error("CheckpointHandler: the background save of %s failed: %s", self._name, error)
-            raise error
+        """Wait for what is queued; raise the error of what failed (once)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        failed, self._error = self._error, None
+        if failed is not None:  # the same error a synchronous save raises; the log says which save it was
+            log.error("CheckpointHandler: the background save of %s failed: %s", failed[1], failed[0])
+            raise failed[0]
 
     def close(self) -> None:
-        """Wait for the write in flight (raising its error), then free the host copy."""
+        """Wait for what is queued (raising its error), then free the host copy."""
         self._buffers = {}
         self.wait()
 
-    def submit(self, write: Callable[[dict], None], checkpoint: dict, name: str) -> None:
-        """Wait for the previous write (raising its error), copy ``checkpoint`` to the host (the
-        only part that blocks training), then run ``write(copy)`` in the background."""
-        self.wait()
-        copied = host_copy(checkpoint, self._buffers)
-        self._name = name
-
-        def run() -> None:
-            try:
-                write(copied)
-            except BaseException as err:  # kept for the training thread: a thread's error is otherwise only printed
-                self._error = err
-
-        # Not a daemon: an interpreter that exits still finishes the write it started.
-        self._thread = threading.Thread(target=run, name=f"fitforge-save-{name}")
-        self._thread.start()
+    def __repr__(self) -> str:
+        return f"AsyncCheckpointIO({self.io!r})"

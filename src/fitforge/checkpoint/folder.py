@@ -10,7 +10,9 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from functools import partial
 
+from fitforge.checkpoint.async_writer import AsyncCheckpointIO
 from fitforge.checkpoint.files import check_fits, restore_weights
 from fitforge.checkpoint.locations import EXTENSION, SINGLES, Location, ObjectPath
 from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO
@@ -35,8 +37,12 @@ class CheckpointFolder:
     checkpoints in ``io``; an FSDP checkpoint's shards in a ``.dcp`` folder its file names, beside
     it (in an io with ``folder_path``)."""
 
-    def __init__(self, io: CheckpointIO, prefix: str) -> None:
-        self.files, self.prefix = io, prefix
+    def __init__(self, io: CheckpointIO, prefix: str, background: bool = False) -> None:
+        # With ``background``, writes (and what follows them: rotation) go through an
+        # AsyncCheckpointIO; ``store`` is the io itself, which the background tasks use.
+        self.background = AsyncCheckpointIO(io) if background else None
+        self.files: CheckpointIO = io if self.background is None else self.background
+        self.store, self.prefix = io, prefix
         local = io.path if isinstance(io, LocalCheckpointIO) else None
         url = getattr(io, "root", None)  # an fsspec folder's URL (a store of one's own: its repr names it)
         root = local if local is not None else url if isinstance(url, ObjectPath) else None
@@ -193,21 +199,31 @@ class CheckpointFolder:
         for name in unnamed:
             self.files.delete(name)
 
+    def _then(self, task: Callable[[], None]) -> None:
+        """Run ``task`` after the writes in flight (in the background), or now."""
+        if self.background is not None:
+            self.background.after(task)
+        else:
+            task()
+
+    def _delete_matching(self, pattern: str, keep: str = "") -> None:
+        for name in fnmatch.filter(self.store.names(), pattern):
+            if name != keep:
+                self.store.delete(name)
+
     def commit(self, checkpoint: dict, path: Location, stale: str = "") -> None:
         """Write the checkpoint (its shards, if any, are written already: the file is the last thing
         written, so a crash before it leaves the previous checkpoint in force), then delete the shard
         folders matching ``stale`` that it no longer names."""
         self._write(path.name, checkpoint)
         if "sharded" in checkpoint:
-            for old in self.names(stale):
-                if old != checkpoint["sharded"]:
-                    self.files.delete(old)
+            self._then(partial(self._delete_matching, stale, keep=checkpoint["sharded"]))
 
     def rotate(self, saved: list[Location], keep: int) -> None:
         """Delete the oldest of ``saved`` (and their shards) until ``keep`` remain: by exact name,
         once the newest is durable (committed)."""
         while len(saved) > keep:
-            old = saved.pop(0)
-            self.files.delete(old.name)
-            for folder in self.names(f"{old.name.removesuffix(EXTENSION)}pos*{SHARDS}"):
-                self.files.delete(folder)
+            old = saved.pop(0).name
+            self.files.delete(old)
+            if self.holds_shards:
+                self._then(partial(self._delete_matching, f"{old.removesuffix(EXTENSION)}pos*{SHARDS}"))

@@ -13,14 +13,18 @@ the first ``epoch_begin``, so restored state wins over fresh state whatever the 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
+from fitforge.checkpoint.files import restore_weights
+from fitforge.checkpoint.folder import CheckpointFolder
+from fitforge.checkpoint.locations import Location
 from fitforge.core.events import EventHandler, handler_name, numbered_names
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.roles import Accumulating, Checkpointing, Stopping, players, role_of
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
-from fitforge.exceptions import FitforgeValueError
+from fitforge.exceptions import CheckpointError, FitforgeValueError
 from fitforge.inputs.order import DataOrder
 
 log = logging.getLogger("fitforge")
@@ -197,6 +201,43 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
     elif state.max_batches is not None and state.global_step >= state.max_batches:
         state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")
+
+
+def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], Location] | None:
+    """At a resuming handler's ``train_begin``: the newest checkpoint in ``folder`` that loads and
+    this fit can continue, and where it is (None: there is none), its weights and optimizer states
+    loaded. Rank 0 picks; every other rank loads the same one."""
+    loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
+    ranks = state.ranks
+    several = ranks.several  # loading weights may be a collective (FSDP): rank 0 only reads the file
+    name = ranks.on_main(
+        lambda: folder.newest_loadable(state.estimator, loaded, several, partial(check_resumable, state)),
+        CheckpointError,
+    )
+    if name is None:
+        return None
+    path = folder.location(name)
+    if several:
+        try:
+            checkpoint = loaded[0] if loaded else folder.read(name)
+            loaded = [restore_weights(state.estimator, checkpoint, folder=folder.shards)]
+        except FileNotFoundError as err:
+            raise CheckpointError(
+                f"rank {ranks.rank} cannot find {path}, which rank 0 resumes from: model_dir must be "
+                "a folder every rank can read (a shared filesystem across machines)"
+            ) from err
+    checkpoint = loaded[0]
+    position = checkpoint.get("position", 0)
+    log.info(
+        "CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)",
+        path.name,
+        checkpoint["epochs_completed"],
+        checkpoint["global_step"],
+        f"; epoch {checkpoint['epochs_completed'] + 1} continues after its first {position} batch(es)"
+        if position
+        else "",
+    )
+    return checkpoint, path
 
 
 def resume_picked(state: TrainState) -> None:

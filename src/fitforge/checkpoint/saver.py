@@ -1,0 +1,198 @@
+"""CheckpointWriter: how a ``CheckpointHandler``'s checkpoints are built and written, once the handler
+decided to save. Every rank builds the state (it holds every rank's generators and running sums);
+under FSDP every rank writes its shards first; rank 0 writes the checkpoint, commits and rotates,
+and every rank fails with its error. With ``async_save`` the writes go through an
+:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO` (and FSDP's shards through the engine's
+``shard_writer``), one save in flight. A state holding nan or inf is never written under a
+checkpoint name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
+from fitforge.checkpoint.format import FORMAT_VERSION
+from fitforge.checkpoint.locations import EXTENSION, Location
+from fitforge.checkpoint.resume import training_state
+from fitforge.checkpoint.storage import CheckpointIO
+from fitforge.core.finite import non_finite_state, only_buffers
+from fitforge.core.roles import StateConfirming, players
+from fitforge.core.state import TrainState
+from fitforge.exceptions import CheckpointError, FitforgeValueError
+
+log = logging.getLogger("fitforge")
+
+
+def _position(state: TrainState, epochs: int) -> int:
+    """The batches of the current epoch a state after ``epochs`` completed epochs has read (0 at its end)."""
+    return 0 if epochs > state.epoch else state.batch_idx + 1
+
+
+class CheckpointWriter:
+    """The checkpoints of one handler in ``io``, named ``<prefix>-...``; ``keep`` regular ones."""
+
+    def __init__(self, io: CheckpointIO, prefix: str, keep: int, background: bool, save_non_finite: bool) -> None:
+        self.folder = CheckpointFolder(io, prefix, background)
+        self.prefix, self.keep, self.save_non_finite = prefix, keep, save_non_finite
+        self.saved: list[Location] = []  # rank 0's, which writes and rotates
+        self.last_saved: Location | None = None  # the newest regular checkpoint this fit saved, on every rank
+        # (epochs, batches, position) saved or started from: the same state is not written twice.
+        self.last: tuple[int, int, int] | None = None
+        self._refused = 0  # saves of non-finite states in this fit
+        self._shards: Any = None  # every rank's sharded saves in flight (the engine's shard_writer, with async_save)
+
+    def start(self, state: TrainState) -> None:
+        """At fit start: check the store holds what the engine saves, ready it, forget the last fit."""
+        if self._shards is not None:  # a fit that ended without its train_end
+            self._shards.close()
+            self._shards = None
+        strategy = state.estimator.strategy
+        if strategy.sharded and not self.folder.holds_shards:
+            raise FitforgeValueError(
+                f"CheckpointHandler: FSDP's sharded checkpoints are folders of every rank's shards, which "
+                f"{self.folder.label} cannot hold: give your CheckpointIO a folder_path(name) (a local path or an "
+                "fsspec URL for the folder named name; see docs/extending.md), or save to a folder or URL"
+            )
+        if strategy.sharded and self.folder.background is not None:
+            self._shards = strategy.shard_writer()
+        state.ranks.on_main(self.folder.prepare, FitforgeValueError)
+        # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
+        # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
+        self.saved, self.last_saved, self.last, self._refused = [], None, (0, 0, 0), 0
+
+    def resumed(self, checkpoint: dict, path: Location) -> None:
+        """The fit goes on from ``checkpoint`` at ``path``: newer unreadable files leave the rotation."""
+        files = self.folder.regular_files()
+        self.saved = files[: files.index(path) + 1] if path in files else [path]
+        self.last = (checkpoint["epochs_completed"], checkpoint["global_step"], checkpoint.get("position", 0))
+
+    def regular(self, state: TrainState, epochs: int, batches: int) -> None:
+        """Save ``<prefix>-epoch<epochs>batch<batches>.pt`` and rotate."""
+        # The same state is not written twice (a preempted batch's save, then its epoch's end); a
+        # state with the same counters but another position (after a CancelBatch) is.
+        key = (epochs, batches, _position(state, epochs))
+        path = self.folder.regular(epochs, batches)
+        if self.last == key or not self.writable(state, path.name, epochs, batches):
+            return
+        self.last = key
+        checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
+        written = self._save_shards(state, checkpoint, f"{path.name.removesuffix(EXTENSION)}pos{key[2]}{SHARDS}")
+        self._write(state, lambda: self._commit_and_rotate(checkpoint, path), written)
+        self.last_saved = path
+
+    def _commit_and_rotate(self, checkpoint: dict, path: Location) -> None:
+        self.folder.commit(checkpoint, path, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
+        if path in self.saved:
+            self.saved.remove(path)
+        self.saved.append(path)
+        self.folder.rotate(self.saved, self.keep)
+
+    def single(self, state: TrainState, kind: str, epochs: int, batches: int, extra: dict) -> Location:
+        """Write ``<prefix>-<kind>.pt`` (``best``, ``nonfinite``: one file each, replaced at each
+        save); under FSDP its shards go to a folder named for the state, the stale ones removed."""
+        checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
+        path = self.folder.single(kind)
+        shards = f"{self.prefix}-{kind}-epoch{epochs}batch{batches}pos{_position(state, epochs)}{SHARDS}"
+        written = self._save_shards(state, checkpoint, shards)
+        stale = f"{self.prefix}-{kind}-epoch*{SHARDS}"
+        self._write(state, lambda: self.folder.commit(checkpoint, path, stale=stale), written)
+        return path
+
+    def _write(self, state: TrainState, commit: Callable[[], None], written: Callable[[], None] | None) -> None:
+        """``commit()`` on rank 0, every rank sharing its error; in the background with ``async_save``,
+        after the previous save (whose error, if any, is raised here on every rank) and after
+        ``written`` (the wait for DCP's background save of the shards). A preemption save is
+        written before returning: the process exits after it."""
+        background = self.folder.background
+
+        def now() -> None:
+            if background is not None:
+                background.wait()
+                if written is not None:
+                    background.after(written)  # the shards' error, if any, is the save's
+            commit()
+            if background is not None and state.preempted is not None:
+                background.wait()
+
+        state.ranks.on_main(now, CheckpointError)
+
+    def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Callable[[], None] | None:
+        """Under FSDP, every rank writes its shard of the weights into the folder ``name``, which the
+        checkpoint names (its file, written once every shard is, commits them). Names are unique
+        per state (file name and batch position), so a save never writes into the shards a
+        checkpoint in force names. With ``async_save`` (not preempted): the wait for DCP's
+        background save, which the file's write waits for."""
+        strategy = state.estimator.strategy
+        if not strategy.sharded:
+            return None
+        checkpoint["sharded"] = name
+        where, options = self.folder.shards(name)
+        grads, shards = bool(state.accumulated_batches), self._shards
+        if shards is not None:  # one save in flight: the previous one's shards, then its file
+            shards.wait()
+            state.ranks.on_main(self.folder.background.wait, CheckpointError)  # type: ignore[union-attr]
+        if shards is None or state.preempted is not None:  # preempted: the process exits after this save
+            strategy.save_shards(state.estimator, where, grads, options)
+            return None
+        return shards.submit(state.estimator, where, grads, name, options)
+
+    def writable(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
+        """Let the guards vouch for the state (a spike guard may restore good weights), then whether
+        it may be saved as ``name``: not when its weights or optimizer state hold a nan or an inf
+        (every rank judges its own tensors, and all agree); with ``save_non_finite`` it is written
+        as ``<prefix>-nonfinite.pt`` instead. One warning per fit, then DEBUG lines, and a count
+        when training ends."""
+        for guard in players(state.handlers, StateConfirming):
+            guard.confirm_state(state)
+        poisoned = non_finite_state(state.estimator)
+        if not state.ranks.any(bool(poisoned)):
+            return True
+        self._refused += 1
+        if self.save_non_finite and self._refused == 1:  # the first non-finite state is the telling one
+            self.single(state, "nonfinite", epochs, batches, {"non_finite": poisoned})
+        if self._refused > 1:
+            log.debug("CheckpointHandler: not saving %s (nan/inf in %s)", name, describe_tensors(poisoned))
+            return False
+        kept = self.saved[-1].name if self.saved else "none (no finite state was saved in this run)"
+        cause = (
+            "a batch with nan/inf reached the forward (no guard can undo that): clean the data"
+            if only_buffers(poisoned, state.estimator.net)
+            else "training diverged: add a NaNGuardHandler to skip or stop such steps, or lower the learning rate"
+        )
+        kept_apart = f"; kept as {self.prefix}-nonfinite.pt for inspection" if self.save_non_finite else ""
+        log.warning(
+            "CheckpointHandler: not saving %s: nan/inf in %s; %s. The newest checkpoint stays %s%s",
+            name,
+            describe_tensors(poisoned) or "another rank's state",
+            cause,
+            kept,
+            kept_apart,
+        )
+        return False
+
+    def finish(self, state: TrainState) -> None:
+        """At train_end: every save written (or its error raised), and the count of refused saves."""
+        if self._shards is not None:  # every rank's shards written (their error is rank 0's too, raised next)
+            self._shards.close()
+            self._shards = None
+        if self.folder.background is not None:  # the last save is written, or its error raised here
+            state.ranks.on_main(self.folder.background.close, CheckpointError)
+        if self._refused > 1:
+            log.warning(
+                "CheckpointHandler: %d saves were not written, their state holding nan/inf; the newest "
+                "checkpoint is %s",
+                self._refused,
+                self.saved[-1].name if self.saved else "none",
+            )
+
+    @staticmethod
+    def checkpoint(state: TrainState, epochs: int, batches: int) -> dict:
+        """The dict written: the weights, the optimizers' states (and the fp16 GradScaler's under
+        ``precision="16-mixed"``) and the :func:`~fitforge.checkpoint.resume.training_state`. Under
+        FSDP the weights, optimizer states and gradients go to a sharded folder instead (the
+        engine's :meth:`~fitforge.distributed.Strategy.model_state`)."""
+        training = training_state(state, epochs, batches)
+        return {"format_version": FORMAT_VERSION, **training, **state.estimator.strategy.model_state(state.estimator)}
