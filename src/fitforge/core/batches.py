@@ -1,14 +1,13 @@
 """Batches: unpacking, device transfer, batch-size inference, the nan/inf check, and what a DataLoader
 is built from (its sampler, its loading options).
 
-A training batch is a pair ``(data, label)``: ``data`` a tensor or a tuple of tensors (passed to
-the net as positional arguments), ``label`` a tensor, a tuple of tensors (one per loss, by position)
-or a dict of tensors (one per output name, for a dict ``loss``); or a
-dict (any Mapping, e.g. a ``transformers`` ``BatchEncoding``) of the net's keyword arguments with
-the label under ``"labels"`` or ``"label"``. A batch of data alone is *label-less*: a tensor, a
-1-tuple or 1-list ``(data,)`` (what a ``TensorDataset(X)`` gives), or a dict without a label key;
-its label is None, for a net that computes its own loss from its inputs (``Estimator(loss=None)``).
-Other formats: subclass :class:`~fitforge.BatchProcessor` and override ``unpack``.
+A training batch is a pair ``(data, label)``: ``data`` a tensor or a tuple of tensors (the net's
+positional arguments), ``label`` a tensor, a tuple of tensors (one per loss, by position) or a dict
+of tensors (one per output name, for a dict ``loss``); or a dict (any Mapping, e.g. a
+``BatchEncoding``) of the net's keyword arguments with the label under ``"labels"`` or ``"label"``.
+A batch of data alone is *label-less*: a tensor, ``(data,)`` (what a ``TensorDataset(X)`` gives), or
+a dict without a label key; its label is None, for a net that computes its own loss
+(``Estimator(loss=None)``). Other formats: override ``BatchProcessor.unpack``.
 """
 
 from __future__ import annotations
@@ -96,8 +95,9 @@ def unpack_batch(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[
         data, label = batch
         if type(data) is torch.Tensor and type(label) is torch.Tensor:
             return (data,), label
-    if isinstance(batch, Mapping):
-        return unpack_features(batch, label_keys)
+    if isinstance(batch, Mapping):  # a dict batch: the net's keyword inputs, and the label if it has one
+        key = next((key for key in label_keys if key in batch), None)
+        return {k: v for k, v in batch.items() if k != key}, (None if key is None else batch[key])
     if isinstance(batch, torch.Tensor):
         return (batch,), None
     if isinstance(batch, _SEQUENCES) and len(batch) == 1 and _tensors(batch[0]):
@@ -137,14 +137,6 @@ def _holds_lists(batch: Any) -> bool:
     )
 
 
-def unpack_features(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[dict[str, Any], Any]:
-    """Split a dict batch (``{"input_ids": ..., "attention_mask": ..., "labels": ...}``) into the
-    net's keyword inputs and the label, found under the first of ``label_keys`` it has (None: it
-    has none, a label-less batch)."""
-    key = next((key for key in label_keys if key in batch), None)
-    return {k: v for k, v in batch.items() if k != key}, (None if key is None else batch[key])
-
-
 def label_key_of(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> str:
     """The first of ``label_keys`` in a dict batch; a clear error when it has none."""
     for key in label_keys:
@@ -161,9 +153,8 @@ def label_key_of(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> st
 def unpack_inputs(
     batch: Any, unpack: Callable[[Any], tuple] | None = None, label_keys: tuple[str, ...] = LABEL_KEYS
 ) -> Inputs:
-    """The inputs of a predict batch: a bare tensor, ``(data,)``, a dict batch without its label (under
-    one of ``label_keys``), or a ``(data, label)`` pair's data; a processor that overrides ``unpack``
-    passes it, to split anything but a bare tensor or ``(data,)``."""
+    """The inputs of a predict batch: a bare tensor, ``(data,)``, a dict batch without its label, or
+    a ``(data, label)`` pair's data; ``unpack``, a processor's override, splits anything else."""
     if isinstance(batch, torch.Tensor):
         return (batch,)
     if isinstance(batch, Mapping) and unpack is None:  # predict: the label, if any, is dropped
@@ -204,8 +195,8 @@ def batch_size_of(inputs: Inputs) -> int:
 
 
 def check_finite(batch: Any, name: str) -> None:
-    """Reject nan and inf in a batch's floating tensors (data and labels), naming each part that holds
-    some and how many. One host read per floating tensor, so it checks a run's first batch only."""
+    """Reject nan and inf in a batch's floating tensors, naming each part that holds some and how
+    many. One host read per floating tensor: for a run's first batch only."""
     if type(batch) in _SEQUENCES and len(batch) == 2 and all(type(part) is torch.Tensor for part in batch):
         parts = [(path, t) for path, t in zip(("data", "label"), batch) if t.is_floating_point()]  # the usual pair
     else:
@@ -225,9 +216,8 @@ def check_finite(batch: Any, name: str) -> None:
 
 
 def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every value of ``tensor`` is finite: one reduction and one read when its sum is finite
-    (a nan or an inf makes the sum nan or inf), the elementwise test only when the sum is not (it
-    may have overflowed, in float16 above all)."""
+    """Whether every value of ``tensor`` is finite: one reduction and one read when its sum is finite,
+    the elementwise test only when it is not (the sum may have overflowed, in float16 above all)."""
     return math.isfinite(float(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 

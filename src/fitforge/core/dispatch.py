@@ -42,8 +42,8 @@ _EVENTS = tuple(Event)  # built once: iterating an Enum, and its .value, run Pyt
 
 
 def check_handler(handler: object, argument: str = "event_handlers") -> None:
-    """Raise a clear error unless ``handler`` is an instance inheriting at least one event mixin,
-    with an int ``priority`` and a tuple of classes as ``run_after``."""
+    """Raise a clear error unless ``handler`` is an instance of an event mixin, with an int
+    ``priority`` and a tuple of classes as ``run_after``."""
     if isinstance(handler, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
         raise FitforgeTypeError(
             f"{argument} got a learning-rate scheduler ({type(handler).__name__}), not a handler; wrap it: "
@@ -127,23 +127,15 @@ _ORDERS: dict[tuple, Plan] = {}  # the handlers' descriptions -> their plan, for
 _MAX_ORDERS = 256
 
 
-def _description(handler: EventHandler) -> tuple:
-    """What the order of ``handler`` among others depends on (its events follow from its class and
+def _description(h: EventHandler) -> tuple:
+    """What the order of handler ``h`` among others depends on (its events follow from its class and
     ``handled_events``; its access and ``run_after`` from its declarations)."""
-    return (
-        type(handler),
-        type(unwrapped(handler)),
-        handler.priority,
-        handler.reads,
-        handler.writes,
-        handler.run_after,
-        handler.handled_events,
-    )
+    return (type(h), type(unwrapped(h)), h.priority, h.reads, h.writes, h.run_after, h.handled_events)
 
 
 def _plan(handlers: Sequence[EventHandler]) -> Plan:
-    """The order of ``handlers`` (see :func:`_order`) and the events of each in that order,
-    both functions of the handlers' descriptions: remembered for later fits."""
+    """The order of ``handlers`` and the events of each in that order, remembered for later fits
+    with the same kinds of handlers (a fit's fixed cost; unhashable declarations are ordered afresh)."""
     try:
         key: tuple | None = tuple(_description(h) for h in handlers)
         plan = _ORDERS.get(key)  # type: ignore[arg-type]
@@ -158,11 +150,7 @@ def _plan(handlers: Sequence[EventHandler]) -> Plan:
 
 
 def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
-    """The positions of ``handlers`` in their order: sorted by ``priority`` (stable), then moved
-    after those named in their ``run_after`` and declared readers of a field after its declared
-    writers (see :mod:`fitforge.core.access`). The order is a function of the handlers'
-    descriptions, so a fit with the same kinds of handlers as an earlier one reuses its order (a
-    fit's fixed cost; declarations held in lists, which cannot be a key, are ordered afresh)."""
+    """The positions of ``handlers`` in their order (see the module docstring)."""
     after = access_edges(handlers)  # i -> must run after these
     for i, handler in enumerate(handlers):
         classes = tuple(handler.run_after or ())
@@ -224,9 +212,8 @@ class Dispatcher:
         abandoned: Callable[[TrainState], None] | None = None,
     ) -> BaseException | None:
         """Call every hook of ``event``; a truthy return from batch_end/epoch_end requests a stop.
-        An ``ignore``-d exception ends only the hook that raised it; the first one caught is returned.
-        With ``abandoned``, a pass a signal abandoned in a hook (:class:`PassAbandoned`) ends that
-        hook too, and ``abandoned(state)`` runs before the next one; without, it propagates."""
+        An ``ignore``-d exception ends only its hook; the first one caught is returned. With
+        ``abandoned``, a :class:`PassAbandoned` ends its hook too, then ``abandoned(state)`` runs."""
         caught = None
         stops = event in STOPPING_EVENTS
         held = None  # an abandoned pass's data, kept past the later hooks (a save): see PassAbandoned.unread
@@ -247,12 +234,9 @@ class Dispatcher:
     def fire_teardown(
         self, event: Event, state: TrainState, ignore: tuple[type[BaseException], ...], failing: bool = True
     ) -> Exception | None:
-        """Call every hook of ``event`` even when some fail, so every handler can clean up.
-
-        While an exception is ending the run (``failing``), each hook's failure is logged and the
-        original exception propagates unchanged; otherwise the first failure is returned for the
-        caller to raise once every hook ran (later ones are logged), and set as ``state.error``
-        for the hooks after it."""
+        """Call every hook of ``event`` even when some fail, so every handler can clean up. While an
+        exception ends the run (``failing``), failures are logged; otherwise the first is returned
+        for the caller to raise (later ones are logged), and set as ``state.error`` for later hooks."""
         first = None
         for owner, hook in zip(self.owners[event], self.hooks[event]):
             try:

@@ -25,12 +25,10 @@ class History(Mapping):
     """Per-epoch records.
 
     Attributes:
-        restored_epoch: the 1-based epoch (a row of this History) whose weights the estimator holds
-            after a restore, e.g. ``EarlyStoppingHandler(restore_best=True)`` going back to its best
-            epoch; None when the weights are those of the last epoch. ``history.rows()[n - 1]``
-            (``n = restored_epoch``) holds the values that match the weights (``evaluate`` agrees
-            with its ``val_*``), not the last row. A new epoch clears it, as training moves the
-            weights on; checkpoints keep it.
+        restored_epoch: the 1-based epoch whose weights the estimator holds after a restore (e.g.
+            ``EarlyStoppingHandler(restore_best=True)``), so ``history.rows()[restored_epoch - 1]``
+            holds the values matching the weights; None for the last epoch's weights. A new epoch
+            clears it; checkpoints keep it.
         stop_reason: why training stopped (``"reached epochs=5"``, early stopping's reason...).
 
     Example:
@@ -43,9 +41,7 @@ class History(Mapping):
         self._columns: dict[str, list[float]] = {}
         self._epochs = 0
         self._recorded: set[str] = set()  # keys recorded in the current row (nan may be a recorded value)
-        self._times: dict[
-            str, int
-        ] = {}  # key -> records into this object (a validation every n batches: several a row)
+        self._times: dict[str, int] = {}  # key -> records (a validation every n batches: several a row)
         self.stop_reason: str | None = None
         self.restored_epoch: int | None = None
         self.profile: str | None = None  # fit(profile=True)'s table of time per handler and event
@@ -66,8 +62,7 @@ class History(Mapping):
             self.new_epoch()
 
     def record(self, key: str, value: float) -> None:
-        """Set ``key`` for the current (last) epoch; later records in the same epoch overwrite. An
-        integer (a count of tokens, of recoveries) is kept as an int, so that it prints as one."""
+        """Set ``key`` for the current (last) epoch, overwriting; an integer is kept as an int."""
         if self._epochs == 0:
             raise RuntimeError(
                 "History.record() before the first epoch: history has rows only in fit, from epoch_begin on; in "
@@ -106,14 +101,12 @@ class History(Mapping):
         return default
 
     def current(self, key: str) -> float | None:
-        """The value recorded for ``key`` in the current (last) row, or None if none was recorded
-        there (a recorded nan is returned as nan: it is a value, e.g. of a diverged loss)."""
+        """The value recorded for ``key`` in the current row (a recorded nan included), else None."""
         return self._columns[key][-1] if key in self._recorded else None
 
     def times_recorded(self, key: str) -> int:
         """How many times ``key`` was recorded into this History (loading a state does not count):
-        a handler acting on each new value compares counts, since a validation every n batches
-        records several values into one row, and two of them may be equal."""
+        a handler acting on each new value compares counts, as one row may get several equal ones."""
         return self._times.get(key, 0)
 
     def __contains__(self, key: object) -> bool:
@@ -139,12 +132,10 @@ class History(Mapping):
         self.restored_epoch = restored if restored is not None and restored <= self._epochs else None
 
     def extend(self, other: History) -> None:
-        """Append ``other``'s rows after these (a key either lacks is nan in the other's rows); its
-        ``stop_reason`` becomes this one's. ``Estimator.history`` grows this way fit after fit.
-
-        ``restored_epoch`` follows the weights: ``other``'s, renumbered among the joined rows; None
-        when ``other`` has rows but restored none (its last epoch's weights); kept when ``other``
-        has no row (a fit that trained no epoch left the weights as they were)."""
+        """Append ``other``'s rows after these (a key either lacks is nan in the other's rows) and
+        take its ``stop_reason``: ``Estimator.history`` grows so fit after fit. ``restored_epoch``
+        follows the weights: ``other``'s, renumbered; None when ``other`` has rows but restored
+        none; kept when ``other`` has no row."""
         if other.restored_epoch is not None:
             self.restored_epoch = self._epochs + other.restored_epoch
         elif other._epochs:
@@ -176,11 +167,8 @@ class History(Mapping):
     def plot(self, path: str | Path | None = None, keys: list[str] | None = None):
         """Plot the loss and each metric (train and validation on one panel) with matplotlib.
 
-        The figure is shown once: in a Jupyter notebook it is taken out of pyplot's figures before
-        it is returned, so it renders as the cell's value only (``history.plot()`` as a cell's last
-        line; after ``fig = history.plot()``, a cell ending in ``fig``). Elsewhere it stays among
-        pyplot's figures, so ``plt.show()`` opens it. Saved to ``path``, it is closed. The
-        matplotlib backend is left as it is.
+        In a Jupyter notebook the figure is taken out of pyplot's figures, so it renders once, as
+        the cell's value; elsewhere ``plt.show()`` opens it. Saved to ``path``, it is closed.
 
         Args:
             path: where to save a PNG; None only returns the figure.
@@ -209,8 +197,7 @@ class History(Mapping):
         return finish_figure(fig, path)
 
     def __repr__(self) -> str:
-        """The epochs and each key's latest value; after a restore, the restored epoch's values
-        (those of the weights the net holds), as the closing log line gives them."""
+        """The epochs and each key's latest value (after a restore, the restored epoch's)."""
         restored = self.restored_epoch
         if restored is None:
             values = [f"{k}={self.last(k):.4g}" for k in self._columns]
@@ -250,9 +237,8 @@ def draw_history(fig: Any, history: History, names: list[str]) -> None:
 
 
 def finish_figure(fig: Any, path: str | Path | None) -> Any:
-    """Lay out ``fig`` (made with pyplot); save it to ``path`` as a PNG when given. Returns it,
-    closed (out of pyplot's figures) when saved, where an open figure would only hold memory, and
-    in a notebook, where pyplot would show it a second time besides the cell's value."""
+    """Lay out ``fig`` (made with pyplot) and save it to ``path`` as a PNG when given. Returns it,
+    closed when saved (an open figure only holds memory) and in a notebook (else shown twice)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -264,8 +250,8 @@ def finish_figure(fig: Any, path: str | Path | None) -> Any:
 
 
 def is_speed(name: str) -> bool:
-    """Whether a key or metric name is a speed (``train_samples_per_s``, ``mfu``): how fast an epoch
-    ran rather than how the model does, which summaries and plots leave out unless asked."""
+    """Whether a key or metric name is a speed (``train_samples_per_s``, ``mfu``), which summaries
+    and plots leave out unless asked."""
     return name.endswith(("_per_s", "mfu"))
 
 

@@ -4,13 +4,10 @@ loss a model computes itself.
 ``LossSet(loss, weights)`` computes the weighted total and each part; ``ModelLoss`` (``loss=None``)
 reads the ``loss`` of the model's output. By position (a loss or a list of them), counts must agree:
 one output, one label and one loss each, or tuples of equal length. By name (``loss`` a dict such as
-``{"cls": nn.CrossEntropyLoss(), "reg": nn.MSELoss()}``), the net returns a dict of outputs and the
-label is a dict, each holding every name of ``loss``; extra items are left alone. A net's dict output
-is named outputs only when ``loss`` is a dict: with ``loss=None`` it is a model's own output (its
-``loss`` and ``logits``), and a single loss gets the whole dict (or ``BatchProcessor(output_key=...)``'s
-item). Each loss is known by its output's *key*: its position (an int) or its name (a str). A loss
-that fails on its inputs is re-raised as a :class:`~fitforge.exceptions.LossInputError` naming
-shapes, dtypes and a likely fix.
+``{"cls": nn.CrossEntropyLoss(), "reg": nn.MSELoss()}``), the net's output and the label are dicts
+holding every name of ``loss`` (extra items are left alone); only then is a dict output read as named
+outputs. Each loss is known by its output's *key*: its position (an int) or its name (a str). A loss
+that fails on its inputs is re-raised as a :class:`~fitforge.exceptions.LossInputError` with a fix.
 """
 
 from __future__ import annotations
@@ -44,16 +41,12 @@ def _name(fn: Callable) -> str:
     return type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", type(fn).__name__)
 
 
-def part_key(key: OutputKey) -> str:
-    """The history name of the loss of output ``key``: ``loss_0``, ``loss_1``... by position,
-    ``<output>_loss`` by name (``cls_loss``)."""
-    return f"{key}_loss" if isinstance(key, str) else f"loss_{key}"
-
-
 def part_keys(keys: Sequence[OutputKey]) -> tuple[str, ...]:
-    """The history names of each loss of ``keys`` (a loss set's): none for a single loss by position,
-    whose mean is the loss itself."""
-    return () if tuple(keys) == (0,) else tuple(part_key(key) for key in keys)
+    """The history names of each loss of ``keys``: ``loss_0``, ``loss_1``... by position, ``cls_loss``
+    by name; none for a single loss by position, whose mean is the loss itself."""
+    if tuple(keys) == (0,):
+        return ()
+    return tuple(f"{key}_loss" if isinstance(key, str) else f"loss_{key}" for key in keys)
 
 
 def check_output_names(given: Iterable[Any], keys: Sequence[OutputKey], argument: str, fix: str) -> None:
@@ -239,12 +232,11 @@ class LossSet:
         self._shapes_checked = False
 
     def check_shapes(self, pred: Any, label: Any) -> None:
-        """Refuse what a loss would take silently or fail on obscurely (run on the first call only):
+        """Refuse what a loss would take silently or fail on obscurely (on the first call only):
         shapes an elementwise loss would broadcast, integer labels for an elementwise loss (MSELoss
-        promotes them, BCELoss fails, HuberLoss fails only in backward), class labels out of range
-        (on a GPU a device-side assert that ruins the process; one host read, once per run). On the
-        CPU torch's own losses check the range themselves and raise, which ``_failure`` explains the
-        same way: no read there."""
+        promotes them, HuberLoss fails only in backward), class labels out of range (on a GPU a
+        device-side assert that ruins the process; one host read). On the CPU torch's own losses
+        raise on those, which ``_failure`` explains the same way: no read there."""
         preds, labels = self._pair(pred, label)
         for i, (fn, p, y) in enumerate(zip(self.fns, preds, labels)):
             if not tensors(p, y):
@@ -301,9 +293,8 @@ class LossSet:
 
 
 class ModelLoss:
-    """``loss=None``: the loss the model computed itself, read from its output's ``loss`` (an
-    attribute, as in a ``transformers`` ``ModelOutput``, or a key of a dict). The same interface as
-    :class:`LossSet`, with one loss."""
+    """``loss=None``: the model's own loss, its output's ``loss`` (an attribute, as in a
+    ``ModelOutput``, or a key of a dict); :class:`LossSet`'s interface, with one loss."""
 
     fns: tuple = (None,)  # one loss, which the model computes
     keys: tuple[OutputKey, ...] = (0,)

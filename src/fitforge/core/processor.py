@@ -1,17 +1,14 @@
 """BatchProcessor: one batch in, one :class:`~fitforge.BatchOutput` out.
 
-``fit_batch`` does forward, loss and backward — not the optimizer step, which belongs to
-:class:`~fitforge.handlers.GradientUpdateHandler` so handlers can act between backward and step.
-Subclass it for models whose step is not ``net(*data)`` then ``loss(pred, label)``: seq2seq with
-teacher forcing, detection with anchor matching, GANs, several optimizers.
+``fit_batch`` does forward, loss and backward; the optimizer step belongs to
+:class:`~fitforge.handlers.GradientUpdateHandler`, so handlers can act between the two. Subclass it
+for other steps: seq2seq with teacher forcing, detection with anchor matching, GANs.
 
 The contract of a custom step (``fit_batch`` written whole), which the default keeps too:
 
-- **Mixed precision needs no code.** An overridden ``fit_batch``, ``evaluate_batch`` or
-  ``predict_batch`` is called under the estimator's autocast (``precision="bf16-mixed"`` or
-  ``"16-mixed"``), so ``forward`` and ``estimator.compute_loss`` inside it run in the low precision;
-  :meth:`BatchProcessor.backward` leaves autocast for the backward and, under ``"16-mixed"``,
-  scales the loss with the estimator's GradScaler. Call ``self.backward(loss)``, not ``loss.backward()``.
+- **Mixed precision needs no code**: an overridden step runs under the estimator's autocast;
+  call ``self.backward(loss)``, not ``loss.backward()`` (it leaves autocast and, under
+  ``"16-mixed"``, scales the loss with the estimator's GradScaler).
 - **DDP**: forward through ``state.estimator.train_net`` (``forward`` does, given it).
 - **Named values**: ``state.log(name, value)`` adds ``train_<name>``/``val_<name>`` to the History;
   declare the names in :attr:`BatchProcessor.logs` so monitors and CSV columns know them up front.
@@ -50,19 +47,15 @@ _MODEL_OUTPUT_KEY = "logits"  # what metrics and predict read of a model that co
 
 
 class BatchProcessor:
-    """The default per-batch step; override any method to customise it.
-
-    ``to_device`` is the step ``fit_batch`` and ``evaluate_batch`` share after unpacking (``predict``
-    uses ``inputs_to_device``): override it to turn labels into training targets on the device, e.g.
-    to match boxes to anchors in a detector.
+    """The default per-batch step; override any method to customise it, e.g. ``to_device`` (which
+    ``fit_batch`` and ``evaluate_batch`` share) to match a detector's boxes to anchors on the device.
 
     Args:
         host_inputs: positions of inputs to leave on the host instead of moving them to the device,
             e.g. ``(1,)`` for the lengths ``pack_padded_sequence`` reads on the CPU (moving them to a
             GPU and back would wait for the device every batch).
-        allow_nonfinite: accept nan and inf in the data and labels, for a net or loss that handles
-            them on purpose (missing values, masked targets). By default the first batch of fit and
-            of its validation data is checked for them before its forward.
+        allow_nonfinite: accept nan and inf in the data and labels (by default the first batch of
+            fit and of its validation data is checked), for a net or loss that handles them on purpose.
         label_key: the key of a dict batch's label; by default ``"labels"``, else ``"label"``.
         output_key: the item of the net's output (a key of a dict or ``transformers`` ``ModelOutput``,
             or an attribute) that metrics, ``predict`` and a given loss receive. With
@@ -76,10 +69,9 @@ class BatchProcessor:
     Attributes:
         logs: the names the steps give ``state.log(name, value)``, declared so that
             ``train_<name>``/``val_<name>`` are known before training (monitors, CSV columns).
-        record_loss: False leaves the loss the steps return out of ``train_loss``/``val_loss``
-            (and the per-loss means): for a step whose loss means another thing batch by batch
-            (a GAN's discriminator and generator taking turns), which reports its losses by name
-            with ``state.log`` instead. The loss still trains and is still checked.
+        record_loss: False leaves the steps' loss out of ``train_loss``/``val_loss`` (and the
+            per-loss means), for a step whose loss means another thing batch by batch (a GAN's
+            turns), which logs its losses by name instead. The loss still trains and is checked.
     """
 
     host_inputs: tuple[int, ...] = ()
@@ -129,8 +121,7 @@ class BatchProcessor:
     _autocast_device: str | None = None  # its device type under mixed precision, else None
 
     def bind(self, estimator: EstimatorLike) -> None:
-        """Take the fp16 scaler (``backward`` scales with it) and the autocast device of the
-        estimator that runs this processor (fit, evaluate and predict call it)."""
+        """Take the fp16 scaler and the autocast device of the estimator that runs this processor."""
         self._scaler = estimator.scaler
         self._autocast_device = None if estimator.autocast_dtype is None else estimator.device.type
 
@@ -163,11 +154,9 @@ class BatchProcessor:
         return moved
 
     def unpack(self, batch: Any) -> tuple[Inputs, Any]:
-        """Split a batch into ``(inputs, label)``: a ``(data, label)`` pair gives a tuple of inputs;
-        a dict batch gives its keyword inputs (passed as ``net(**features)``) and the label under
-        ``label_key`` (by default ``"labels"``, else ``"label"``); data alone (a tensor, ``(data,)``,
-        a dict without the label's key) gives the label None, for a net that computes its own loss
-        (``Estimator(loss=None)``). Override for other batch formats."""
+        """Split a batch into ``(inputs, label)``: a tuple of inputs from a ``(data, label)`` pair, or
+        a dict batch's keyword inputs and the label under ``label_keys``; data alone gives the label
+        None (see :mod:`fitforge.core.batches`). Override for other batch formats."""
         return unpack_batch(batch, self.label_keys)
 
     def to_device(self, state: TrainState, batch: Any) -> tuple[Inputs, Any]:
@@ -193,9 +182,8 @@ class BatchProcessor:
         return net(**inputs) if type(inputs) is dict else net(*inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss``: outside autocast, and scaled by the estimator's GradScaler under
-        ``precision="16-mixed"`` (GradientUpdateHandler unscales before the step and skips a step
-        whose gradients hold inf or nan). A clear error when the loss cannot carry a gradient."""
+        """Backpropagate ``loss`` outside autocast, scaled by the estimator's GradScaler under
+        ``precision="16-mixed"``; a clear error when the loss cannot carry a gradient."""
         scaler, device = self._scaler, self._autocast_device
         try:
             if device is not None and torch.is_autocast_enabled(device):  # a custom step: not its backward
@@ -223,9 +211,8 @@ class BatchProcessor:
         return _FULL_PRECISION if dtype is None else torch.autocast(state.estimator.device.type, dtype=dtype)
 
     def prediction(self, state: TrainState, output: Any) -> Any:
-        """What metrics, ``predict`` and a given loss receive of the net's ``output``: the output itself,
-        or its ``output_key`` item when it is a dict or an object such as a ``ModelOutput``
-        (``"logits"`` by default with ``Estimator(loss=None)``)."""
+        """What metrics, ``predict`` and a given loss receive of the net's ``output``: the output
+        itself, or its ``output_key`` item when it is a dict or an object such as a ``ModelOutput``."""
         if isinstance(output, (torch.Tensor, tuple, list)):
             return output
         key = self.output_key or (_MODEL_OUTPUT_KEY if state.estimator.loss is None else None)
@@ -241,30 +228,18 @@ class BatchProcessor:
 
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput:
         """Forward and loss (under the precision's autocast), then backward on one training batch.
-
-        The forward goes through ``estimator.train_net`` (the DistributedDataParallel wrapper under
-        torchrun, else the net): an override must too, or the ranks' gradients are not averaged."""
+        The forward goes through ``estimator.train_net`` (DDP's wrapper under torchrun): an override
+        must too, or the ranks' gradients are not averaged."""
         inputs, label = self.to_device(state, batch)
-        estimator = state.estimator
-        if state.count_items is not None:  # accumulated batches weigh by their items
-            return self._fit_counted(state, inputs, label)
-        pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, inputs, label)
-        self.backward(loss)
-        return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
-
-    def _fit_counted(self, state: TrainState, inputs: Inputs, label: Any) -> BatchOutput:
-        """``fit_batch`` backpropagating the batch's sum, ``loss * items``: the count of the items its
-        mean loss averages over, passed to a model that computes its loss as ``num_items_in_batch``
-        (see :mod:`fitforge.core.item_counts`)."""
-        estimator, counter = state.estimator, state.count_items
-        items = counter.count(inputs, label)
-        if items is None:  # nothing to count in this batch (no label): it weighs as a plain mean
-            pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, inputs, label)
-            self.backward(loss)
-            return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs))
-        given = {**inputs, "num_items_in_batch": items} if counter.to_model and type(inputs) is dict else inputs
+        estimator, counter, given = state.estimator, state.count_items, inputs
+        # Accumulated batches weigh by their items: the step backpropagates the batch's sum, ``loss * items``,
+        # and a model that computes its loss gets the count as ``num_items_in_batch`` (see
+        # :mod:`fitforge.core.item_counts`). A batch with nothing to count (no label) weighs as a plain mean.
+        items = None if counter is None else counter.count(inputs, label)
+        if items is not None and counter.to_model and type(inputs) is dict:
+            given = {**inputs, "num_items_in_batch": items}
         pred, loss, losses = self._forward_loss(state, estimator.train_net, estimator.compute_loss, given, label)
-        self.backward(loss * items)
+        self.backward(loss if items is None else loss * items)
         return BatchOutput(inputs, label, pred, loss, losses, batch_size_of(inputs), items=items)
 
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput:
@@ -328,12 +303,9 @@ def _keys(output: Any) -> str:
 
 
 def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callable[[TrainState, Any], Any]:
-    """``processor.<method>`` (``fit_batch``, ``evaluate_batch`` or ``predict_batch``) as a run calls it.
-
-    The processor learns the estimator's fp16 scaler (``backward`` scales with it), and a step the
-    processor's class wrote itself runs under the estimator's autocast, so a custom ``fit_batch``
-    keeps mixed precision without code of its own. The default steps enter autocast themselves,
-    around the forward and loss only, and are returned as they are."""
+    """``processor.<method>`` (``fit_batch``, ``evaluate_batch`` or ``predict_batch``) as a run calls
+    it, bound to the estimator; a step the processor's class wrote itself runs under the estimator's
+    autocast (the default steps enter it themselves, around the forward and loss only)."""
     if isinstance(processor, BatchProcessor):
         processor.bind(estimator)
     step = getattr(processor, method)
@@ -349,8 +321,7 @@ def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callabl
 
 def check_outputs(pred: Any, batch_idx: int) -> Any:
     """A net's output must be a tensor, a tuple/list of tensors (returned as a tuple) or a dict by
-    output name (returned as a dict of its tensors: other items, extras training leaves alone too,
-    are left out)."""
+    output name (returned as a dict of its tensors only)."""
     if isinstance(pred, torch.Tensor):
         return pred
     if isinstance(pred, (tuple, list)) and pred and all(isinstance(p, torch.Tensor) for p in pred):
