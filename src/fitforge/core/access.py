@@ -8,13 +8,10 @@ assigning it or changing the object in it (``history.record(...)`` writes ``hist
 neither keeps full access.
 
 At fit start, once: among declared handlers of one priority that share an event, a writer of a
-field runs before its readers (a priority you set is kept: it says when a handler must run, e.g.
-before the optimizer step), and two writers of one field must be ordered by priority or
-``run_after`` (else a :class:`~fitforge.exceptions.HandlerOrderError` names both, the field and the
-fix). Only a real conflict is reported: handlers of one class, and writers of ``stop_requested``
-(the first reason wins), need no order, and neither do handlers the stages (priorities) already
-order. These reader-after-writer edges join ``run_after``'s in the one topological sort of
-:mod:`fitforge.core.dispatch`, where stages (``priority``) break ties. The ordering is free;
+field runs before its readers (priorities are kept), and two writers of one field must be ordered
+by priority or ``run_after``, else a :class:`~fitforge.exceptions.HandlerOrderError` names both
+(handlers of one class, and writers of ``stop_requested``, need no order). These edges join
+``run_after``'s in the topological sort of :mod:`fitforge.core.dispatch`. The ordering is free;
 enforcing the declarations is a debug mode (``fit(check_access=True)``, see
 :mod:`fitforge.tools.access_guard`).
 """
@@ -42,8 +39,7 @@ class Access:
     writes: frozenset[str]
 
     def allows(self, name: str, write: bool = False) -> bool:
-        names = self.writes if write else self.reads | self.writes
-        return name in names or (name.startswith("shared.") and "shared" in names)
+        return _covered(name, self.writes if write else self.reads | self.writes)
 
 
 def declared_access(handler: object) -> Access | None:

@@ -1,20 +1,16 @@
 """How the loop learns about stops that other processes decided: the :class:`Coordinator` interface,
 which also answers what handlers ask of the other processes (:class:`~fitforge.core.processes.Processes`).
 
-The loop calls the coordinator at fixed points of a fit: after ``train_begin``, ``epoch_begin`` and
-``epoch_end`` (:meth:`~Coordinator.agree_on_stop`) and after each training batch
-(:meth:`~Coordinator.after_batch`, which says whether training stops there); fit's signal handler
-calls it when SIGTERM, SIGUSR1 or SIGINT asks the fit to stop (:meth:`~Coordinator.signal_received`,
-see :mod:`fitforge.core.preemption`). In one process there is nobody to agree with:
-:class:`Alone` turns a signal into a stop and stops where this process asked. Under
-torch.distributed, :class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop
-at the same batch.
+The loop calls the coordinator at fixed points of a fit (after ``train_begin``, ``epoch_begin``,
+``epoch_end`` and each training batch), and fit's signal handler when a signal asks the fit to stop
+(see :mod:`fitforge.core.preemption`). In one process, :class:`Alone` turns a signal into a stop
+and stops where this process asked; under torch.distributed,
+:class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop at the same batch.
 
-A pass run within the fit (a validation, an evaluate a handler calls) asks the fit's coordinator
-through a :class:`PassWatch` between its batches whether a signal abandons it
-(:meth:`~Coordinator.abandons_pass`), and at its end whether any process abandoned it
-(:meth:`~Coordinator.end_pass`): then it raises :class:`~fitforge.exceptions.PassAbandoned`
-instead of reporting a partial result, and the fit saves without waiting for the rest of the pass.
+A pass run within the fit (a validation) asks the fit's coordinator through a :class:`PassWatch`
+whether a signal abandons it; if any process abandoned it, it raises
+:class:`~fitforge.exceptions.PassAbandoned` instead of reporting a partial result, and the fit saves
+without waiting for the rest of the pass.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ class Coordinator(Processes, Protocol):
     """Agreement on stops between the processes that run one fit.
 
     ``holds_cancels``: a CancelFit raised at a batch end is held until the processes agree (the
-    loop then runs the batch's remaining ``batch_end`` hooks and counts the batch, so that this
-    process stays in step with the others); False: it ends the fit at once."""
+    loop finishes and counts the batch, in step with the others); False: it ends the fit at once."""
 
     holds_cancels: bool
 
@@ -45,8 +40,7 @@ class Coordinator(Processes, Protocol):
 
     def after_batch(self, state: TrainState, cancel: CancelFit | None = None) -> bool:
         """After a training batch (also a cancelled one): whether training stops here, on every
-        process. ``cancel``: the CancelFit this batch raised; raised from here when the fit ends
-        with it now (otherwise held until the processes agree, and this returns False)."""
+        process. ``cancel``, the CancelFit this batch raised, is raised here once the fit ends with it."""
         ...
 
     def signal_received(self, state: TrainState, signum: int) -> None:
@@ -54,13 +48,12 @@ class Coordinator(Processes, Protocol):
 
     def abandons_pass(self, state: TrainState) -> bool:
         """Between two batches of a pass within the fit (``state``: the fit's): whether a signal
-        asks this process to leave the pass now (cheap: a pass asks after every batch)."""
+        asks this process to leave the pass now (cheap: asked after every batch)."""
         ...
 
     def end_pass(self, state: TrainState, abandoned: bool) -> bool:
-        """At the end of a pass within the fit, on every process (whether it ran all its batches or
-        ``abandoned`` it): whether any process abandoned it. Then ``state.preempted`` is set on
-        every process and the pass is dropped everywhere, at the same point."""
+        """At the end of a pass within the fit, on every process: whether any process abandoned it
+        (then ``state.preempted`` is set, and the pass dropped, on every process)."""
         ...
 
 

@@ -1,18 +1,15 @@
 """Event handlers: a handler is an object inheriting some of the seven mixins (Gluon's six and
 FluxTraining.jl's ``BackwardEnd``).
 
-It is called for an event if and only if it inherits that event's mixin (and, when it declares
-``handled_events``, lists the event there), so a handler costs nothing on events it does not use.
-Each hook takes the :class:`~fitforge.TrainState` and may return a truthy value from
-``batch_end``/``epoch_end`` to request a stop.
+It is called for an event only if it inherits that event's mixin (and, when it declares
+``handled_events``, lists the event there: how ``LambdaHandler`` and ``throttle(...)`` narrow theirs),
+so a handler costs nothing on events it does not use. Each hook takes the
+:class:`~fitforge.TrainState` and may return a truthy value from ``batch_end``/``epoch_end`` to
+request a stop.
 
-Ordering: lower ``priority`` runs first. The built-ins take named :class:`Stage` values (guard,
-step, metrics, validate, user, schedule, persist, report, stop); a plain int between them works too.
-``run_after`` names handler classes this handler must run after whatever their priorities. Ties
-keep the order handlers were given in.
-
-A handler that inherits a mixin for generality (``LambdaHandler``, ``throttle(...)``) narrows the
-events it is called for with ``handled_events``; otherwise the mixins decide.
+Ordering: lower ``priority`` runs first (the built-ins take named :class:`Stage` values; any int
+works); ``run_after`` names handler classes to run after whatever their priorities; ties keep the
+order handlers were given in.
 
 Example:
     >>> class PrintLoss(EpochEnd):
@@ -34,9 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 class Event(Enum):
     """The events, in the order they first fire in a fit. ``value`` is the hook's method name.
 
-    ``backward_end`` (from FluxTraining.jl) fires in training only, after the batch processor's
-    step (forward, loss, backward) and before ``batch_end``, whose first handler steps the
-    optimizers: the place to inspect or change gradients (the NaN guard judges them there)."""
+    ``backward_end`` fires in training only, after the batch processor's step and before
+    ``batch_end``, whose first handler steps the optimizers: the place to inspect gradients."""
 
     TRAIN_BEGIN = "train_begin"
     EPOCH_BEGIN = "epoch_begin"
@@ -55,9 +51,8 @@ HOOK_NAMES = {event: event.value for event in Event}  # event -> its method's na
 
 
 class Stage(IntEnum):
-    """Where the built-in handlers run among the handlers of one event (lower first).
-
-    A ``priority`` may be a Stage or any int: ``Stage.STEP - 1`` runs just before the optimizer step."""
+    """Where the built-in handlers run among the handlers of one event (lower first). A ``priority``
+    may be a Stage or any int: ``Stage.STEP - 1`` runs just before the optimizer step."""
 
     GUARD = -3000  # NaNGuardHandler: judge the batch before anything uses it
     STEP = -2000  # GradientUpdateHandler: clip and step, so later handlers see the updated weights
@@ -163,9 +158,8 @@ MIXINS: dict[Event, type[EventHandler]] = {
 
 
 class Wrapping:
-    """A handler that wraps another and plays its roles (``throttle(...)``): ``handler`` is the
-    wrapped one, where :func:`fitforge.core.roles.role_of` finds the roles; a wrapper of a user's
-    handler of a default's class replaces that default too."""
+    """A handler that wraps another (``handler``) and plays its roles (``throttle(...)``); a wrapper
+    of a handler of a default's class replaces that default too."""
 
     handler: EventHandler
 

@@ -1,11 +1,10 @@
 """Non-finite (nan, inf) values in gradients, weights and optimizer states.
 
-Two uses with two costs. :class:`GradientCheck` runs every batch for NaNGuardHandler: it ORs
-"some gradient is not finite" into a device flag with the primitive GradScaler uses
-(``_amp_foreach_non_finite_check_and_unscale_`` with a scale of 1: no host read, one fused
-kernel per device and dtype). :func:`non_finite_state` runs when a checkpoint is saved, which
-reads the host anyway: it names every parameter and optimizer-state tensor holding a nan or an
-inf, and every buffer holding a nan (an inf in a buffer can be meant: a causal mask of -inf).
+:class:`GradientCheck` runs every batch for NaNGuardHandler: it ORs "some gradient is not finite"
+into a device flag with GradScaler's primitive (a scale of 1: no host read, one fused kernel per
+device and dtype). :func:`non_finite_state` runs when a checkpoint is saved, which reads the host
+anyway: it names every parameter and optimizer-state tensor holding a nan or an inf, and every
+buffer holding a nan (an inf in a buffer can be meant: a causal mask of -inf).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ class GradientCheck:
 
     def update(self, found: torch.Tensor) -> None:
         """Set ``found`` (a float32 0-d tensor on the estimator's device) to 1 if a gradient is not
-        finite; leave it otherwise. Gradients are multiplied by 1 in place: unchanged."""
+        finite (gradients are multiplied by 1 in place: unchanged)."""
         for params in self._groups:
             grads = [_local(p.grad._values() if p.grad.is_sparse else p.grad) for p in params if p.grad is not None]
             if not grads:
@@ -56,8 +55,8 @@ def _floating(value: Any) -> bool:
 
 
 def _bad(value: torch.Tensor, strict: bool) -> torch.Tensor:
-    """0-d: whether ``value`` holds a nan, or with ``strict`` also an inf. A buffer may hold an inf
-    on purpose (a causal attention mask of -inf); a nan in one (BatchNorm statistics) is damage."""
+    """0-d: whether ``value`` holds a nan, or with ``strict`` also an inf (a buffer may hold an inf
+    on purpose)."""
     if value.dtype in _EXTREMES_DTYPES and value.numel():
         # The extremes judge the whole tensor in one pass with no tensor-sized temporary (a nan makes
         # both nan, an inf is one of them): ~20x faster than isfinite(value).all() on a CPU, and this
@@ -70,9 +69,9 @@ _EXTREMES_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def non_finite_state(estimator: EstimatorLike) -> list[str]:
-    """The names of the net's parameters and the optimizers' state tensors that hold a nan or an
-    inf, and of its buffers that hold a nan (``"0.weight"``, ``"optimizer 0: 0.weight exp_avg"``),
-    in this process (under FSDP: its shards). Reads one flag per tensor to the host."""
+    """The names of the net's parameters and optimizer states holding a nan or an inf, and buffers
+    holding a nan (``"0.weight"``, ``"optimizer 0: 0.weight exp_avg"``), in this process (under
+    FSDP: its shards)."""
     net = estimator.net
     params = {name for name, _ in net.named_parameters()}
     names, flags = [], []
@@ -95,9 +94,8 @@ def non_finite_state(estimator: EstimatorLike) -> list[str]:
 
 
 def non_finite_checkpoint(checkpoint: dict, net: torch.nn.Module | None = None) -> list[str]:
-    """As :func:`non_finite_state` for a loaded checkpoint dict (its ``model`` and ``optimizers``);
-    ``net`` tells parameters from buffers (without it every tensor is judged as a parameter). A
-    sharded checkpoint keeps its weights elsewhere and is not judged here."""
+    """As :func:`non_finite_state` for a loaded checkpoint dict (not a sharded one); ``net`` tells
+    parameters from buffers (without it every tensor is judged as a parameter)."""
     params = None if net is None else {name for name, _ in net.named_parameters()}
     found = [
         name

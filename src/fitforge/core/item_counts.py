@@ -1,11 +1,9 @@
 """How many items a batch's mean loss averages over, so that accumulated batches weigh as one big batch.
 
 With a loss that is a mean over counted items (tokens that are not padding, say), the mean of
-``k`` micro-batch means is not the mean over their concatenation: a short micro-batch weighs as
-much as a long one. :class:`~fitforge.handlers.GradientUpdateHandler` (``accumulate > 1``) makes
-them equal: the default ``fit_batch`` backpropagates ``loss * items`` (the batch's sum) and the
-step divides the accumulated gradients by the window's item count (on every rank together under
-DDP). The count stays on the device: no host read.
+``k`` micro-batch means is not the mean over their concatenation. With ``accumulate > 1`` the
+default ``fit_batch`` backpropagates ``loss * items`` and :class:`~fitforge.handlers.GradientUpdateHandler`
+divides the accumulated gradients by the window's item count (summed over ranks), on the device.
 
 :func:`item_counter` finds the count of the losses whose denominator is known:
 
@@ -13,11 +11,9 @@ DDP). The count stays on the device: no host read.
   ``ignore_index``, each counted by its class ``weight`` when one is given (torch's denominator);
   for probability targets of ``CrossEntropyLoss``, every sample (and position).
 - a model's own loss (``Estimator(loss=None)``) that divides by ``num_items_in_batch``: a Hugging
-  Face model whose loss type's function takes it (causal LM, masked LM, conditional generation,
-  semantic segmentation), or a net whose ``forward`` names it. The count is the labels not equal
-  to -100, after the one-token shift of a causal LM's loss; it is passed to the model as
-  ``num_items_in_batch``, so its loss is its sum over them divided by that count. A batch without
-  a label tensor is not counted.
+  Face model whose loss type's function takes it, or a net whose ``forward`` names it. The count,
+  passed to the model as ``num_items_in_batch``, is the labels not equal to -100 (after a causal
+  LM's one-token shift). A batch without a label tensor is not counted.
 
 Any other loss is not counted (a counter of your own: ``GradientUpdateHandler(items=...)``).
 """
@@ -55,8 +51,8 @@ class ItemCounter:
 def fit_counter(items: Any, estimator: Any, accumulate: int) -> ItemCounter | None:
     """The counter a fit's default ``fit_batch`` weighs its batches with, for
     ``GradientUpdateHandler(accumulate, items=items)``: ``items`` of the user's, or the loss's own
-    (``"auto"``); None (said in one info line, with the way to count) when there is none, when
-    several optimizers step, or when a ``fit_batch`` of the user's runs the step."""
+    (``"auto"``); None, said in an info line, when there is none, several optimizers step, or a
+    ``fit_batch`` of the user's runs the step."""
     if items is None:
         return None
     counter, why = (ItemCounter(items), "") if callable(items) else item_counter(estimator.loss, estimator.net)
@@ -107,7 +103,7 @@ class _TargetCount:
 
 def _model_counter(model: nn.Module) -> tuple[ItemCounter | None, str]:
     name = type(model).__name__
-    if _from_hugging_face(model):
+    if hasattr(type(model), "loss_function"):  # PreTrainedModel's: the loss its forward computes
         return _hugging_face_counter(model)
     try:
         named = "num_items_in_batch" in inspect.signature(model.forward).parameters
@@ -116,10 +112,6 @@ def _model_counter(model: nn.Module) -> tuple[ItemCounter | None, str]:
     if not named:
         return None, f"the net {name} computes its loss, and its forward takes no num_items_in_batch"
     return ItemCounter(_labels, to_model=True), ""
-
-
-def _from_hugging_face(model: nn.Module) -> bool:
-    return hasattr(type(model), "loss_function")  # PreTrainedModel's: the loss its forward computes
 
 
 def _hugging_face_counter(model: nn.Module) -> tuple[ItemCounter | None, str]:

@@ -1,10 +1,8 @@
 """Setting the learning rate of the estimator's optimizers between fits (:meth:`Estimator.set_lr`).
 
-A fine-tuning phase trains on at a lower rate: the rate is written into every parameter group's
-``lr``, and into its ``initial_lr`` where a scheduler recorded one. torch's schedulers take their
-base rates from ``initial_lr`` (a scheduler built with ``last_epoch=-1`` keeps an ``initial_lr``
-already there), so without it a scheduler built for the next phase (``LambdaLR``, cosine
-annealing, warm-up) would start from the previous phase's rate.
+The rate is written into every parameter group's ``lr``, and into its ``initial_lr`` where a
+scheduler recorded one: torch's schedulers take their base rates from an ``initial_lr`` already
+there, so a scheduler built for the next phase would otherwise start from the previous one's rate.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ OWNER = "set_lr"
 
 def set_learning_rate(optimizers: Sequence[torch.optim.Optimizer], lr: Any, optimizer: Any = None) -> None:
     """Set ``lr`` in every parameter group of ``optimizers[optimizer]`` (an index or one of them),
-    or of every optimizer when ``optimizer`` is None. ``lr``: a number >= 0, or a list of them, one
-    per parameter group of the one optimizer chosen (discriminative rates: a backbone's group lower
-    than a head's). Everything is checked before any group changes."""
+    or of every optimizer when ``optimizer`` is None. ``lr``: a number >= 0, or one per parameter
+    group of the one optimizer chosen. Everything is checked before any group changes."""
     chosen = _chosen(optimizers, optimizer)
     if isinstance(lr, (list, tuple)):
         if len(chosen) != 1:

@@ -1,9 +1,8 @@
 """Named values a step or a handler logs with :meth:`TrainState.log <fitforge.TrainState.log>`.
 
 ``state.log(name, value)`` checks its arguments and appends ``(name, value)`` to the state's
-:class:`PendingValues`; the run's MetricHandler takes them from there (it averages them per epoch
-and publishes ``train_<name>``/``val_<name>``). The core only holds them: what they become is the
-MetricHandler's business, a layer above.
+:class:`PendingValues`; the run's MetricHandler, a layer above, averages them per epoch and
+publishes ``train_<name>``/``val_<name>``.
 """
 
 from __future__ import annotations

@@ -4,26 +4,22 @@
     epoch:  epoch_begin; batches; epoch_end (also for a partial epoch)
     batch:  batch_begin; step (forward, loss, backward); batch_end
 
-Everything optional lives in handlers, and everything about other processes behind the run's
-coordinator (which does nothing in one process). The loop never reads a device value: handlers
-decide when values reach the host.
+Everything optional lives in handlers, everything about other processes behind the run's
+coordinator. The loop never reads a device value: handlers decide when values reach the host.
 
 A cancel raised outside its own scope acts on the nearest enclosing one: ``CancelBatch`` in
-``epoch_begin`` ends the epoch, any cancel in ``train_begin`` ends training, but only after every
-``train_begin`` hook ran, so every handler that gets ``train_end`` was initialised. In
-``epoch_end`` a ``CancelEpoch``/``CancelBatch`` ends only the hook that raised it (the epoch is
-ending anyway, and the other handlers, stopping included, must still see it); in ``train_end``
-every cancel does. In evaluate and predict, which are one pass, ``CancelFit`` ends the pass like
-``CancelEpoch``. None escapes. A cancel that ends a batch, an epoch or training before the
-optimizer step clears the gradients that batch made.
+``epoch_begin`` ends the epoch; any cancel in ``train_begin`` ends training once every
+``train_begin`` hook ran (every handler that gets ``train_end`` was initialised). In ``epoch_end``
+a ``CancelEpoch``/``CancelBatch`` ends only its hook (the other handlers must still see the
+epoch end); in ``train_end`` every cancel does. In evaluate and predict ``CancelFit`` ends the pass
+like ``CancelEpoch``. None escapes. A cancel before the optimizer step clears the batch's gradients.
 
 Preemption (:mod:`fitforge.core.preemption`): a signal sets ``state.preempted`` and requests a stop.
-An epoch whose batches a signal ended (its last one included) is suspended: its ``epoch_end``
-hooks leave the epoch to the resumed run. A pass within the fit (a validation) stops at its next
-batch (:class:`~fitforge.exceptions.PassAbandoned`, see :class:`~fitforge.core.coordinator.PassWatch`):
-in a ``batch_end`` hook the batch's other hooks still run (a checkpoint saves the batch's state);
-in an ``epoch_end`` hook the epoch becomes suspended for the hooks after it; elsewhere the other
-hooks of the event run.
+An epoch a signal ended (after its last batch too) is suspended: its ``epoch_end`` hooks leave it
+to the resumed run. A pass within the fit (a validation) stops at its next batch
+(:class:`~fitforge.exceptions.PassAbandoned`): in a ``batch_end`` hook the batch's other hooks
+still run (a checkpoint saves the batch's state); in an ``epoch_end`` hook the epoch becomes
+suspended for the hooks after it; elsewhere the event's other hooks run.
 """
 
 from __future__ import annotations
@@ -101,9 +97,8 @@ def run_fit(state: TrainState, run: RunContext) -> None:
 
 
 def run_train_epoch(state: TrainState, run: RunContext) -> bool:
-    """One training epoch: ``epoch_begin``, the batches, ``epoch_end`` (also for a partial epoch).
-    Sets ``state.epoch_finished`` for ``epoch_end``'s handlers. Returns whether the epoch stalled:
-    it read batches (or was cancelled) and completed none."""
+    """One training epoch (``state.epoch_finished`` set for ``epoch_end``). Returns whether it
+    stalled: it read batches (or was cancelled) and completed none."""
     data, first = run.data.epoch(state)
     state.history.open_epoch(state.epoch)
     state.batch_idx, state.epoch_finished = first - 1, False
@@ -196,12 +191,10 @@ def run_pass(state: TrainState, run: RunContext) -> None:
 
 
 def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, None]:
-    """:func:`run_pass` one batch at a time: it pauses after each batch (``predict_batches`` hands
-    the batch's outputs over there). A pass closed early ends there, without ``epoch_end``.
-
-    Within a fit (``run.watch``), a signal abandons the pass before its next batch: it raises
-    PassAbandoned before ``epoch_end``, with torch's random generators as they were at its start (the
-    fit's checkpoint holds the state of its last training batch; the resumed run redoes the pass)."""
+    """:func:`run_pass`, pausing after each batch (``predict_batches`` hands its outputs over
+    there); closed early, it ends without ``epoch_end``. Within a fit (``run.watch``), a signal
+    abandons the pass before its next batch: PassAbandoned before ``epoch_end``, with torch's random
+    generators as they were at its start (the resumed run redoes the pass)."""
     data, _ = run.data.epoch(state)
     state.batch_idx, cancelled = -1, False
     watch = run.watch

@@ -1,11 +1,9 @@
 """Walking a net's modules cheaply, for what every fit does a few times: switching train/eval mode,
 checking where the tensors live, looking at which parameters train.
 
-torch's own walks (``net.modules()``, ``net.parameters()``, ``net.train()``) are nested generators
-that build every qualified name and set ``training`` through ``Module.__setattr__``: on a small net
-they cost more than the fit's batch itself. Here a module's children are read from its
-``_modules`` dict, and ``training`` is written straight into the modules that do not customise
-how it is set.
+torch's own walks build every qualified name and set ``training`` through ``Module.__setattr__``:
+on a small net they cost more than a batch. Here children are read from ``_modules``, and
+``training`` is written straight into modules that do not customise how it is set.
 """
 
 from __future__ import annotations
@@ -42,10 +40,9 @@ def tensors_of(net: nn.Module) -> Iterator[torch.Tensor]:
 
 
 def _plain(module: nn.Module) -> bool:
-    """Whether ``module`` sets its mode as ``nn.Module`` does: torch's ``train`` (on its class and not
-    set on the instance), torch's ``__setattr__``, and no ``training`` property (``torch.compile``'s
-    wrapper has one). Looked up at each call: a class may be patched after a fit (dynamo patches
-    ``__setattr__``)."""
+    """Whether ``module`` sets its mode as ``nn.Module`` does: torch's ``train`` and ``__setattr__``,
+    no ``training`` property (``torch.compile``'s wrapper has one). Looked up at each call: dynamo
+    may patch ``__setattr__`` after a fit."""
     cls = type(module)
     if cls.train is not _TRAIN or cls.__setattr__ is not _SETATTR or "train" in module.__dict__:
         return False
@@ -63,8 +60,7 @@ def _plain_modules(net: nn.Module) -> list[nn.Module] | None:
 
 def switch_training(net: nn.Module, mode: bool) -> Callable[[], None]:
     """:func:`set_training`, returning what puts the modes back: each module's own flag where none
-    customises ``train`` (a ``val_net`` in eval mode around the training ``net`` then hands it back in
-    train mode), else ``net.train`` of the mode ``net`` was in."""
+    customises ``train``, else ``net.train`` of the mode ``net`` was in."""
     modules = _plain_modules(net)
     if modules is None:
         was_training = net.training
@@ -86,8 +82,7 @@ def switch_training(net: nn.Module, mode: bool) -> Callable[[], None]:
 
 
 def set_training(net: nn.Module, mode: bool) -> None:
-    """``net.train(mode)``: the same flags set, directly when no module customises ``train`` (a
-    module that keeps its BatchNorm frozen does), else through ``net.train(mode)`` itself."""
+    """``net.train(mode)``, setting the flags directly when no module customises ``train``."""
     modules = _plain_modules(net)
     if modules is None:
         net.train(mode)

@@ -53,9 +53,8 @@ def resolve_device(device: Any) -> torch.device:
 
 
 def _optimized_parameters(net: nn.Module) -> list[nn.Parameter]:
-    """Every parameter of ``net``, frozen ones included, when some are trainable: an optimizer skips
-    a parameter without a gradient, so one unfrozen later (fine-tuning's second phase) trains with
-    no new optimizer. A net with none trainable is an error."""
+    """Every parameter of ``net``, frozen ones included (an optimizer skips a parameter without a
+    gradient, so one unfrozen later trains with no new optimizer); an error when none trains."""
     params = list(net.parameters())
     if not any(p.requires_grad for p in params):
         raise FitforgeValueError(
@@ -66,9 +65,7 @@ def _optimized_parameters(net: nn.Module) -> list[nn.Parameter]:
 
 def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optimizer]:
     """An optimizer, a list of them, a name ('adam', 'sgd', ...) or None: Adam (lr 1e-3) over the
-    net's parameters (frozen ones included, see :func:`_optimized_parameters`), or no optimizer for a net with
-    none trainable (an estimator for evaluation and prediction only). Training with the default
-    warns then (:func:`warn_default_optimizer`)."""
+    net's parameters, or no optimizer for a net with none trainable (for evaluation and prediction)."""
     if optimizer is None:
         params = list(net.parameters())
         return [torch.optim.Adam(params, lr=1e-3)] if any(p.requires_grad for p in params) else []
@@ -105,9 +102,8 @@ def warn_default_optimizer(
     optimizers: list[torch.optim.Optimizer], net: nn.Module, wrapped: bool, entry: str
 ) -> list[torch.optim.Optimizer]:
     """Before ``entry`` (fit, lr_find) trains with the optimizer chosen for ``optimizer=None``: a
-    warning, and the optimizers to train with. A net that was frozen when the Estimator was built
-    (for evaluation and prediction, which need none) gets its Adam now, over its parameters; with
-    none trainable, the error of a net with nothing to train."""
+    warning, and the optimizers to train with (a net frozen when the Estimator was built gets its
+    Adam now)."""
     if not optimizers:
         params = _optimized_parameters(net)  # raises: nothing to train
         if wrapped:  # the wrapper was made for a frozen net
@@ -151,12 +147,9 @@ PRECISIONS = {None: None, "32": None, "32-true": None, "bf16-mixed": torch.bfloa
 
 
 def resolve_precision(precision: Any, device: torch.device) -> tuple[torch.dtype | None, Any]:
-    """``(autocast dtype or None, GradScaler or None)`` for a precision name.
-
-    ``"bf16-mixed"`` runs forward and loss under ``torch.autocast`` in bfloat16 (no scaler needed:
-    bfloat16 has float32's range); ``"16-mixed"`` in float16 with a ``GradScaler`` so that small
-    gradients do not underflow; ``None``/``"32"`` is full precision.
-    """
+    """``(autocast dtype or None, GradScaler or None)`` for a precision name: ``"bf16-mixed"`` (no
+    scaler: bfloat16 has float32's range), ``"16-mixed"`` (a GradScaler, so small gradients do not
+    underflow), or full precision (``None``/``"32"``)."""
     if isinstance(precision, str) or precision is None:
         key = precision.lower() if isinstance(precision, str) else None
         if key in PRECISIONS:
@@ -168,12 +161,9 @@ def resolve_precision(precision: Any, device: torch.device) -> tuple[torch.dtype
 
 
 def compile_net(net: nn.Module, options: Any) -> nn.Module:
-    """Compile ``net.forward`` with ``torch.compile(**options)`` (``options`` True or a dict of its
-    keyword arguments), falling back to eager with a warning where it cannot compile.
-
-    The compiled function replaces ``forward`` on the instance only, so the module, its parameters
-    and its ``state_dict`` keys (and so checkpoints) stay those of the eager net.
-    """
+    """Compile ``net.forward`` with ``torch.compile(**options)`` (``options`` True or a dict), falling
+    back to eager with a warning. Only the instance's ``forward`` is replaced, so the module and its
+    ``state_dict`` keys (and so checkpoints) stay those of the eager net."""
     if options is False or options is None:
         return net
     if options is not True and not isinstance(options, dict):

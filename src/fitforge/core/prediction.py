@@ -1,11 +1,10 @@
 """predict's outputs, moved to the host batch by batch: a tensor, a tuple of tensors for several
 outputs, or a dict of tensors for a net returning named outputs.
 
-``predict`` joins them. Where the number of rows is known in advance (a DataLoader over a sized
-dataset), each batch is copied into tensors of the whole size as it comes, so a prediction needs
-its output's memory once, not twice (a list of batches and their concatenation); otherwise, and
-on a GPU (whose copies to the host are asynchronous), the batches are concatenated at the end.
-``predict_batches`` hands each batch's outputs over as they come and keeps none.
+``predict`` joins them. Where the number of rows is known in advance, each batch is copied into
+tensors of the whole size as it comes, so a prediction needs its output's memory once, not twice;
+otherwise, and from a GPU, the batches are concatenated at the end. ``predict_batches`` hands each
+batch's outputs over as they come and keeps none.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ from fitforge.core.state import BatchOutput, TrainState
 class Predictions:
     """Wraps a ``predict_batch`` step: each batch's outputs go to the CPU (asynchronously from CUDA,
     so a large prediction never fills the device); :meth:`joined` gives them all, :meth:`take`
-    the ones not taken yet.
-
-    """
+    the ones not taken yet."""
 
     def __init__(self, predict_batch: Step, asynchronous: bool, device: torch.device | None = None) -> None:
         self.predict_batch, self.asynchronous, self.device = predict_batch, asynchronous, device
@@ -35,8 +32,7 @@ class Predictions:
         self._buffer: _Buffer | None = None
 
     def expect_rows(self, rows: int | None) -> None:
-        """Keep the outputs in tensors of ``rows`` rows, written batch by batch (see the module
-        docstring; a guess that proves wrong falls back to concatenating). Not from CUDA."""
+        """Keep the outputs in tensors of ``rows`` rows (a wrong guess falls back to concatenating)."""
         self._rows = None if self.asynchronous or not rows else rows
 
     def step(self, state: TrainState, batch: Any) -> BatchOutput:
@@ -60,8 +56,8 @@ class Predictions:
         return False
 
     def take(self) -> list[Any]:
-        """The outputs of the batches since the last call, in order (synchronised from CUDA), as
-        ordinary tensors (call it outside inference mode): what ``predict`` returns, batch by batch."""
+        """The outputs of the batches since the last call, as ordinary tensors (call it outside
+        inference mode)."""
         if self.asynchronous and self.outputs:  # the copies went on the estimator's device's stream
             torch.cuda.current_stream(self.device).synchronize()
         taken, self.outputs = self.outputs, []
@@ -120,15 +116,13 @@ class _Buffer:
         return True
 
     def joined(self) -> Any:
-        """The rows filled so far, in the outputs' structure (copied out when fewer than the tensors
-        hold, so that no unused storage stays with them)."""
+        """The rows filled so far, in the outputs' structure (copied out when fewer than allocated)."""
         whole = all(len(tensor) == self.filled for tensor in self.tensors)
         return self.rebuild([tensor if whole else tensor[: self.filled].clone() for tensor in self.tensors])
 
 
 def _ordinary(output: Any) -> Any:
-    """``output`` with its inference tensors (made under ``torch.inference_mode``) copied into ordinary
-    ones, which autograd and in-place edits take."""
+    """``output`` with its inference tensors copied into ordinary ones, which autograd takes."""
     parts, rebuild = _flat(output)
     return rebuild([part.clone() if part.is_inference() else part for part in parts])
 

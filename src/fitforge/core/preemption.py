@@ -1,10 +1,9 @@
 """Preemption: SIGTERM, SIGUSR1 or SIGINT during ``fit`` stops training cleanly and promptly.
 
 The signal only sets ``state.preempted`` and requests a stop, so the batch under way finishes
-(its optimizer step included), and a validation under way stops at its next batch (abandoned:
-it records nothing, and the resumed run does it again; see :mod:`fitforge.core.loop`). A
-CheckpointHandler then writes the state whatever its periods, ``train_end`` runs, and
-:func:`raise_if_preempted` ends ``fit`` as the signal asked:
+(its optimizer step included), and a validation under way is abandoned at its next batch (the
+resumed run does it again; see :mod:`fitforge.core.loop`). A CheckpointHandler then writes the
+state whatever its periods, ``train_end`` runs, and :func:`raise_if_preempted` ends ``fit``:
 
 - SIGTERM: ``SystemExit(143)`` (128 + 15, the exit status schedulers such as SLURM and Kubernetes expect);
 - SIGUSR1 (SLURM's advance warning, ``#SBATCH --signal=USR1@90``): under SLURM (``SLURM_JOB_ID`` set)
@@ -14,17 +13,14 @@ CheckpointHandler then writes the state whatever its periods, ``train_end`` runs
 - SIGINT: ``KeyboardInterrupt``.
 
 A second signal while stopping acts at once. The handlers are installed from the checks before
-training on (a signal there stops the fit before its first batch); signals can be caught only in
-the main thread, so ``fit`` in another thread leaves them alone. The DataLoader workers a fit
-starts leave the signals to it (:mod:`fitforge.core.worker_shield`): a scheduler that signals the
-whole process group does not kill them before the save.
+training on; ``fit`` outside the main thread (where signals cannot be caught) leaves them alone.
+The DataLoader workers a fit starts leave the signals to it (:mod:`fitforge.core.worker_shield`),
+so a signal to the whole process group does not kill them before the save.
 
-Under torch.distributed a signal may reach one rank only, or the ranks in different batches, and a
-rank that stops alone leaves the others waiting in a collective. So the signal goes to the fit's
-coordinator: in one process it stops at once; under torch.distributed the
-:class:`~fitforge.distributed.stop_agreement.StopAgreement` reduces it across ranks at its next
-agreement (within a few batches, or a validation batch) and sets ``preempted`` on every rank at the
-same point.
+Under torch.distributed a signal may reach one rank only, and a rank that stops alone leaves the
+others waiting in a collective. So the signal goes to the fit's coordinator: in one process it stops
+at once; under torch.distributed the :class:`~fitforge.distributed.stop_agreement.StopAgreement`
+reduces it across ranks within a few batches and sets ``preempted`` on every rank at the same point.
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ def _pass_on(signum: int, handler: Any, frame: Any) -> None:
 
 
 class Preemption:
-    """The signals one fit received, for its coordinator: held until :meth:`attach` names the fit's
-    state and coordinator (a signal during the checks before training), then passed on at once."""
+    """The signals one fit received, passed on to its coordinator (held until :meth:`attach`)."""
 
     def __init__(self) -> None:
         self.received: list[int] = []

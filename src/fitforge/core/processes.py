@@ -1,11 +1,10 @@
 """What a handler may ask of the other processes of a fit: ``state.ranks``.
 
 A handler whose decision must be the same on every process (a checkpoint written once, a batch
-skipped everywhere, a throttle's clock) asks here, and holds no rank logic itself. In one process
-:class:`OneProcess` answers at once; under torch.distributed the fit's coordinator
-(:class:`fitforge.distributed.stop_agreement.StopAgreement`), or in an evaluate or predict pass a
-:class:`fitforge.distributed.ranks.Collective`, answers with collectives, which every rank must
-reach at the same point (an evaluation's shares may differ in length: ask at its epoch ends).
+skipped everywhere) asks here, and holds no rank logic itself. :class:`OneProcess` answers at once;
+under torch.distributed (:class:`fitforge.distributed.stop_agreement.StopAgreement` in a fit,
+:class:`fitforge.distributed.ranks.Collective` in a pass) the answers are collectives, which every
+rank must reach at the same point (an evaluation's shares may differ in length: ask at its epoch ends).
 """
 
 from __future__ import annotations

@@ -55,8 +55,7 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 class torch_rng_kept:
     """torch's CPU generator, and ``device``'s when it is a CUDA device, left after the block as they
-    were before it: ``torch.random.fork_rng(devices=...)`` for one device, without its checks (a
-    third of the cost, at every fit's check before training). Entered once (a new one per block)."""
+    were before it: ``torch.random.fork_rng`` for one device, at a third of the cost. Entered once."""
 
     __slots__ = ("cpu", "cuda", "device")
 
@@ -79,10 +78,9 @@ class torch_rng_kept:
 
 class torch_rng_snapshot:
     """torch's generators now (the CPU one, and the CUDA devices' once CUDA is initialised), put
-    back by :meth:`restore`: what a validation a signal abandoned drew is undone. Taken at the
-    start of every validation within a fit, so torch's only (about a microsecond): a DataLoader's
-    seeds, dropout and torchvision's transforms draw from them. Python's ``random`` and numpy's
-    generator would cost 40 times as much (numpy's state getter alone about 30 us)."""
+    back by :meth:`restore`, to undo what a validation a signal abandoned drew. Taken at every
+    validation, so torch's only (about a microsecond; Python's and numpy's would cost 40 times as
+    much): a DataLoader's seeds, dropout and torchvision's transforms draw from them."""
 
     __slots__ = ("cpu", "cuda")
 

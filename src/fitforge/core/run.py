@@ -1,7 +1,5 @@
 """The machinery of one fit that handlers do not read: a :class:`RunContext`.
 
-It holds the dispatcher, the step, the training data epoch by epoch, the coordinator of several
-processes, and what runs between ``train_begin`` and the first epoch (resuming from a checkpoint).
 The Estimator assembles it; the loop only calls it. ``state.run`` points to it during fit, for
 fitforge's own checkpointing (which saves and restores the data order).
 """
@@ -25,8 +23,7 @@ Step = Callable[[TrainState, Any], Any]  # (state, batch) -> the batch's output
 
 class EpochData(Protocol):
     """The data of each epoch (:class:`fitforge.inputs.order.DataOrder` in fit,
-    :class:`fitforge.inputs.order.OnePass` in evaluate and predict): batches as the loop reads them
-    (by indexing where :mod:`fitforge.inputs.indexed` can)."""
+    :class:`fitforge.inputs.order.OnePass` in evaluate and predict)."""
 
     def epoch(self, state: TrainState) -> tuple[Iterable, int]:
         """The data of ``state.epoch`` and the position of its first batch (0, except in an
@@ -50,10 +47,10 @@ class RunContext:
         prepare: called once after every ``train_begin`` and before the first epoch (a resume).
         allow_empty: a pass of no batch is no error (a rank's share of evaluation data may be empty).
         check: the step of the run's first batch, with the checks before the first optimizer step
-            (:mod:`fitforge.checks.first_batch`); the loop calls it instead of ``step`` until a batch
-            went through it, then clears it. None: nothing to check.
-        watch: in a pass run within a fit (a validation), the fit's coordinator, asked between
-            batches whether a signal abandons the pass; None in a fit, and in a pass outside one.
+            (:mod:`fitforge.checks.first_batch`), called instead of ``step`` until a batch went
+            through it. None: nothing to check.
+        watch: in a pass run within a fit (a validation), asked between batches whether a signal
+            abandons the pass; None otherwise.
     """
 
     dispatcher: Dispatcher
@@ -68,13 +65,12 @@ class RunContext:
 
 
 class inference:
-    """Eval mode under ``torch.inference_mode`` (``no_grad`` with ``inference_mode=False``: FSDP keeps
-    the parameters it gathers for the next forward, which must not be inference tensors) for a
-    block; the modes the net's modules were in are restored after (see :func:`switch_training`).
-    With ``average`` (the estimator's :class:`~fitforge.core.roles.WeightAveraging` handler), the
-    block runs with its averaged weights when it evaluates with them. Entered once (a new one per
-    block). A class rather than a generator, whose wrapping costs more than twice as much: this is
-    entered at every validation."""
+    """Eval mode under ``torch.inference_mode`` for a block (``no_grad`` with ``inference_mode=False``:
+    FSDP keeps the parameters it gathers for the next forward, which must not be inference tensors);
+    the modules' modes are restored after. With ``average`` (a
+    :class:`~fitforge.core.roles.WeightAveraging` handler) that evaluates averaged, the block runs
+    with its averaged weights. Entered once. A class, not a generator (half the cost, at every
+    validation)."""
 
     __slots__ = ("average", "grad", "net", "restore")
 

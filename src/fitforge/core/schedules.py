@@ -23,11 +23,10 @@ class WarmupCosineLR(LRScheduler):
     """Linear warm-up from 0 to each parameter group's learning rate over ``warmup_steps`` steps,
     then a cosine decay to ``min_lr``, reached exactly at step ``total_steps - 1`` (the last).
 
-    Step ``k`` (0-based: the rate the ``k``-th optimizer step uses, after ``k`` calls of
-    ``step()``) has the rate ``lr * k / warmup_steps`` while ``k < warmup_steps``, then
-    ``min_lr + (lr - min_lr) * (1 + cos(pi * (k - warmup_steps) / (total_steps - 1 - warmup_steps))) / 2``:
-    the peak ``lr`` at step ``warmup_steps``. Stepped past its last step it stays at ``min_lr``.
-    Its state (``state_dict``) holds the lengths and rates, so a resume continues exactly.
+    Step ``k`` (0-based, after ``k`` calls of ``step()``) has the rate ``lr * k / warmup_steps``
+    while ``k < warmup_steps``, then
+    ``min_lr + (lr - min_lr) * (1 + cos(pi * (k - warmup_steps) / (total_steps - 1 - warmup_steps))) / 2``,
+    and ``min_lr`` past the last step. Its ``state_dict`` holds the lengths and rates.
 
     Args:
         optimizer: whose groups' ``lr`` (``initial_lr`` when set, as torch's schedulers read it)
@@ -84,9 +83,8 @@ def _rate(value: object) -> bool:
 
 
 def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -> int:
-    """The optimizer steps a fit takes (the first limit reached of ``epochs`` and ``batches``, a
-    trailing accumulation group at each epoch end a step of its own); ``fix`` says how to give the
-    length to ``who`` (a schedule) where it cannot be known."""
+    """The optimizer steps a fit takes (a trailing accumulation group at each epoch end a step of its
+    own); ``fix`` says how to give the length to ``who`` (a schedule) where it cannot be known."""
     accumulate = next((h.accumulate for h in players(state.handlers, Accumulating)), 1)
     per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
     lengths = []
@@ -116,8 +114,8 @@ def own_steps(state: TrainState, counter: Accumulating | None, index: int) -> in
 
 
 def warn_taking_turns(who: str, index: int, steps: int, state: TrainState, total: int) -> None:
-    """Say, once, that a schedule spanning every optimizer step of the fit will end part-way for an
-    optimizer that steps on some batches only, and how to size it."""
+    """Warn (once) that a schedule spanning every step of the fit ends part-way for an optimizer that steps
+    on some batches only."""
     log.warning(
         "%s: optimizer %d stepped %d of the fit's first %d optimizer steps (optimizers taking turns), but the "
         "schedule spans all %d of the fit's steps, so it will end part-way; give total_steps=N (this "

@@ -1,30 +1,25 @@
 """DataLoader workers that outlive a preemption signal sent to the whole process group during a fit.
 
-A scheduler that preempts a job signals every process in it: SLURM at its time limit or on
-``scancel`` (the job step's processes, whatever their group), a terminal's Ctrl-C (the foreground
-process group). The DataLoader's worker processes get the signal too, and left to torch's and
-Python's reactions they die of it; the fit then fails with "DataLoader worker ... killed by signal"
-before its save, and the work since the last checkpoint is lost.
+A scheduler that preempts a job signals every process in it (SLURM at its time limit or on
+``scancel``, a terminal's Ctrl-C), the DataLoader's workers too, which die of it: the fit then fails
+with "DataLoader worker ... killed by signal" before its save, and the work since the last
+checkpoint is lost.
 
 During a fit the main process reacts to these signals (:mod:`fitforge.core.preemption`) and shuts
-its workers down itself, as the loader does at the end of every pass. So a worker that a loader
-starts while fit reads it (train and validation data, see :func:`shielded`) leaves SIGTERM,
-SIGUSR1 and SIGINT to the main process: its handlers do nothing, except that SIGTERM ends it, as
-torch's worker ends, once its loader shuts it down (the loader's done event is set: a worker that
-does not stop in time gets SIGTERM then) or once the main process exits (multiprocessing then
-terminates its daemonic children). A worker whose main process died (SIGKILL after the grace time)
-exits on its own within seconds, as torch's workers do.
+its workers down itself. So a worker that a loader starts while fit reads it (see :func:`shielded`)
+leaves SIGTERM, SIGUSR1 and SIGINT to the main process: its handlers do nothing, except that SIGTERM
+ends it, as torch's worker ends, once its loader shuts it down (the loader's done event is set) or
+once the main process exits. A worker whose main process died exits on its own within seconds, as
+torch's workers do.
 
 How: while fit starts a loader's workers (``iter(loader)``), the main thread blocks the three
-signals, so that a worker begins with them blocked: in every thread it starts before its
-``worker_init_fn`` too (``import torch`` under the spawn start method starts one). The signals sent
-meanwhile wait, and none is lost: the main process's come when the block ends. The loader's own
-``worker_init_fn`` is wrapped in :class:`ShieldedWorkerInit`, which installs the worker's handlers
-and unblocks the signals in its main thread, then calls the loader's own, and it is given back to
-the loader at once. Handlers installed from Python (not "ignore") are reset by ``exec``, so programs a
-dataset runs react to signals as usual. Workers started outside a fit, or before it (persistent
-workers of an earlier pass), react as torch's do; persistent workers started within a fit stay
-shielded for their life.
+signals, so that a worker begins with them blocked, in every thread it starts before its
+``worker_init_fn`` too (``import torch`` under spawn starts one); signals sent meanwhile wait, none
+lost. The loader's ``worker_init_fn`` is wrapped, for that moment only, in :class:`ShieldedWorkerInit`,
+which installs the worker's handlers and unblocks the signals, then calls the loader's own.
+``exec`` resets handlers installed from Python, so programs a dataset runs react to signals as
+usual. Workers started outside a fit, or before it (persistent workers of an earlier pass), react
+as torch's do; persistent workers started within a fit stay shielded for their life.
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ _exiting: dict[str, Any] = {}  # start method -> an Event set when this process 
 @contextmanager
 def shielding() -> Iterator[None]:
     """Within the block, the workers :func:`shielded` loaders start leave preemption signals to
-    this process (see the module docstring)."""
+    this process."""
     global _active
     _active += 1
     try:
@@ -89,9 +84,8 @@ class _ShieldedPasses:
 
 
 def _exit_event(context: Any) -> Any:
-    """The Event, of the workers' start method (``context``: a loader's ``multiprocessing_context``),
-    set when this process exits: before multiprocessing terminates its children at exit, a
-    finalizer of priority 0 runs first."""
+    """The Event, of the start method of ``context`` (a loader's ``multiprocessing_context``), set
+    when this process exits (by a finalizer of priority 0: before multiprocessing ends its children)."""
     if isinstance(context, str) or context is None:
         context = multiprocessing.get_context(context)
     method = context.get_start_method()
@@ -117,9 +111,9 @@ class ShieldedWorkerInit:
 
 
 def shield_worker(exiting: Any, done: Any = None) -> None:
-    """In a DataLoader worker (after torch set its own signal handlers): SIGUSR1 and SIGINT do
-    nothing, and SIGTERM ends the worker only once ``done`` (its loader's shutdown) or ``exiting``
-    (the main process's exit) is set; then the signals are unblocked in this thread."""
+    """In a DataLoader worker (after torch set its own handlers): SIGUSR1 and SIGINT do nothing, and
+    SIGTERM ends the worker only once ``done`` (its loader's shutdown) or ``exiting`` (the main
+    process's exit) is set; then the signals are unblocked in this thread."""
 
     def on_sigterm(signum: int, frame: Any) -> None:
         if exiting.is_set() or (done is not None and done.is_set()):
