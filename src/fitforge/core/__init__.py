@@ -14,7 +14,6 @@
 - small shared parts: arguments, options, modules, rng, finite, learning_rate, monitor (a watched
   key, min/max, the best so far), optimizer_choice (which optimizers a batch steps).
 
-It may import only :mod:`fitforge.exceptions`: it knows no handler and no checkpoint format, and
-other processes only through interfaces whose single-process implementations do nothing.
-What it needs of the Estimator is the :class:`~fitforge.core.state.EstimatorLike` protocol.
+It may import only :mod:`fitforge.exceptions`: it knows no handler and no checkpoint format, other
+processes only through interfaces, and the Estimator through :class:`~fitforge.core.state.EstimatorLike`.
 """

@@ -1,11 +1,10 @@
 """Declared state access (FluxTraining.jl's ``stateaccess``): which TrainState fields a handler reads
-and writes, the order that follows from it, and a guard that enforces it.
+and writes, and the order that follows from it.
 
-A handler declares ``reads`` and/or ``writes``: tuples of TrainState field names (``"metrics"``,
-``"history"``...) or ``"shared.<key>"`` (``"shared"`` covers every key). Writing a field means
-assigning it or changing the object in it (``history.record(...)`` writes ``history``);
-``state.request_stop()`` writes ``stop_requested`` (with the stop's reason). A handler that declares
-neither keeps full access.
+A handler declares ``reads`` and/or ``writes``: tuples of TrainState field names (``"metrics"``...)
+or ``"shared.<key>"`` (``"shared"`` covers every key). Writing a field means assigning it or changing
+the object in it (``history.record(...)`` writes ``history``; ``state.request_stop()``
+``stop_requested``). A handler that declares neither keeps full access.
 
 At fit start, once: among declared handlers of one priority that share an event, a writer of a
 field runs before its readers (priorities are kept), and two writers of one field must be ordered

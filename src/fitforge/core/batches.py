@@ -240,8 +240,7 @@ def _floating_parts(value: Any, path: str | None = None) -> Iterator[tuple[str, 
 
 
 def rows_of(data: object) -> int | None:
-    """The samples a pass over ``data`` yields, where a DataLoader batching a sized sampler tells
-    (``drop_last`` counted); None for anything else."""
+    """The samples a pass over a DataLoader with a sized sampler yields (``drop_last`` counted), else None."""
     if not isinstance(data, torch.utils.data.DataLoader) or data.batch_size is None:
         return None
     try:

@@ -186,8 +186,7 @@ class Dispatcher:
     """Per-event lists of hooks, built once; calling an event is a plain loop over one list."""
 
     def __init__(self, handlers: Sequence[EventHandler], guard: Guard | None = None) -> None:
-        """``guard``: wraps the hook of a handler that declares its state access (a debug mode,
-        see :mod:`fitforge.tools.access_guard`); None calls every hook as it is."""
+        """``guard`` wraps the hooks of handlers that declare their access (:mod:`fitforge.tools.access_guard`)."""
         order, handled = _plan(handlers)
         self.handlers = [handlers[i] for i in order]
         self.owners: dict[Event, list[EventHandler]] = {event: [] for event in _EVENTS}
@@ -251,8 +250,7 @@ class Dispatcher:
         return first
 
     def describe(self) -> str:
-        """The handlers of each event in call order, one event per line; then what each handler
-        declares it reads and writes of the state."""
+        """The handlers of each event in call order, one event per line; then each one's state access."""
         lines = []
         for event in Event:
             names = [f"{handler_name(h)}({priority_name(h.priority)})" for h in self.owners[event]]

@@ -74,10 +74,8 @@ def priority_name(priority: int) -> str:
 
 class EventHandler:
     """Base of every handler: ordering attributes and optional state (de)serialisation.
-
-    ``main_rank_only = True`` marks a handler that only reports (logs, progress bars, files): under
-    torch.distributed only rank 0 runs it, so several processes write one log, not one each.
-    """
+    ``main_rank_only = True`` marks a handler that only reports (logs, files): under
+    torch.distributed only rank 0 runs it."""
 
     priority: int = Stage.USER
     run_after: tuple[type, ...] = ()
@@ -182,8 +180,7 @@ def acts_as(handler: object, classes: type | tuple[type, ...]) -> bool:
 
 
 def handler_name(handler: object) -> str:
-    """The class name; for a wrapper such as ``throttle(...)``, with the wrapped class's appended
-    (``ThrottledLoggingHandler``)."""
+    """The class name, a wrapper's with the wrapped class's appended (``ThrottledLoggingHandler``)."""
     inner = unwrapped(handler)
     name = type(handler).__name__
     return name if inner is handler else name + type(inner).__name__
@@ -204,8 +201,7 @@ _EVENTS_OF: dict[tuple, tuple[Event, ...]] = {}  # (class, handled_events) -> ev
 
 
 def events_of(handler: object) -> list[Event]:
-    """The events ``handler`` is called for: those whose mixin it inherits, narrowed by its
-    ``handled_events`` when it declares them."""
+    """The events ``handler`` is called for: its mixins', narrowed by any ``handled_events``."""
     declared = handler.handled_events if isinstance(handler, EventHandler) else None
     try:
         key = (type(handler), None if declared is None else tuple(declared))

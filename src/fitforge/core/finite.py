@@ -55,8 +55,7 @@ def _floating(value: Any) -> bool:
 
 
 def _bad(value: torch.Tensor, strict: bool) -> torch.Tensor:
-    """0-d: whether ``value`` holds a nan, or with ``strict`` also an inf (a buffer may hold an inf
-    on purpose)."""
+    """0-d: whether ``value`` holds a nan, or with ``strict`` also an inf (a buffer may hold one on purpose)."""
     if value.dtype in _EXTREMES_DTYPES and value.numel():
         # The extremes judge the whole tensor in one pass with no tensor-sized temporary (a nan makes
         # both nan, an inf is one of them): ~20x faster than isfinite(value).all() on a CPU, and this

@@ -46,7 +46,6 @@ class History(Mapping):
         self.restored_epoch: int | None = None
         self.profile: str | None = None  # fit(profile=True)'s table of time per handler and event
 
-    # -- writing (used by the loop and handlers) --------------------------------------------------
     def new_epoch(self) -> None:
         """Open a row for a new epoch; every key gets ``nan`` until recorded."""
         self._epochs += 1
@@ -75,7 +74,6 @@ class History(Mapping):
         self._recorded.add(key)
         self._times[key] = self._times.get(key, 0) + 1
 
-    # -- reading ------------------------------------------------------------------------------------
     def __getitem__(self, key: str) -> list[float]:
         try:
             return list(self._columns[key])
@@ -165,18 +163,13 @@ class History(Mapping):
         return path
 
     def plot(self, path: str | Path | None = None, keys: list[str] | None = None):
-        """Plot the loss and each metric (train and validation on one panel) with matplotlib.
-
-        In a Jupyter notebook the figure is taken out of pyplot's figures, so it renders once, as
+        """Plot the loss and each metric (train and validation on one panel) with matplotlib, and
+        return the Figure. In a notebook it is taken out of pyplot's figures, so it renders once, as
         the cell's value; elsewhere ``plt.show()`` opens it. Saved to ``path``, it is closed.
 
         Args:
             path: where to save a PNG; None only returns the figure.
-            keys: metric names without prefix (default: every ``train_``/``val_`` name but the
-                speeds, ``samples_per_s`` and the like).
-
-        Returns:
-            the matplotlib Figure.
+            keys: metric names without prefix (default: every ``train_``/``val_`` name but speeds).
 
         Raises:
             ImportError: matplotlib is not installed (``pip install fitforge[plot]``).

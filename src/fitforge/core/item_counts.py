@@ -7,9 +7,8 @@ divides the accumulated gradients by the window's item count (summed over ranks)
 
 :func:`item_counter` finds the count of the losses whose denominator is known:
 
-- ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` with ``reduction="mean"``: the targets not equal to
-  ``ignore_index``, each counted by its class ``weight`` when one is given (torch's denominator);
-  for probability targets of ``CrossEntropyLoss``, every sample (and position).
+- ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` with ``reduction="mean"``: torch's denominator (see
+  :class:`_TargetCount`).
 - a model's own loss (``Estimator(loss=None)``) that divides by ``num_items_in_batch``: a Hugging
   Face model whose loss type's function takes it, or a net whose ``forward`` names it. The count,
   passed to the model as ``num_items_in_batch``, is the labels not equal to -100 (after a causal
@@ -37,12 +36,8 @@ _IGNORED_LABEL = -100  # Hugging Face's label of a position that has no loss
 
 @dataclass(frozen=True)
 class ItemCounter:
-    """``count(inputs, label)``: the batch's item count, a 0-d tensor on the device.
-
-    Attributes:
-        count: the counting function.
-        to_model: whether the count goes to the net as ``num_items_in_batch``.
-    """
+    """``count(inputs, label)``: the batch's item count, a 0-d tensor on the device;
+    ``to_model``: whether the count goes to the net as ``num_items_in_batch``."""
 
     count: Callable[[Any, Any], torch.Tensor | None]
     to_model: bool = False
@@ -73,8 +68,7 @@ def fit_counter(items: Any, estimator: Any, accumulate: int) -> ItemCounter | No
 
 
 def item_counter(loss: Any, net: nn.Module) -> tuple[ItemCounter | None, str]:
-    """The counter of ``loss`` (the estimator's, None for the net's own) and, when there is none,
-    why not (for the info line at fit start)."""
+    """The counter of ``loss`` (the estimator's, None for the net's own), or None and why not."""
     if loss is None:
         return _model_counter(net)
     if isinstance(loss, (nn.CrossEntropyLoss, nn.NLLLoss)):
@@ -85,8 +79,8 @@ def item_counter(loss: Any, net: nn.Module) -> tuple[ItemCounter | None, str]:
 
 
 class _TargetCount:
-    """The denominator of a mean cross-entropy: targets not equal to ``ignore_index`` (by class
-    ``weight``); every sample (and position) for probability targets."""
+    """The denominator of a mean cross-entropy (torch's): targets not equal to ``ignore_index``, each
+    counted by its class ``weight`` when given; every sample (and position) for probability targets."""
 
     def __init__(self, ignore_index: int, weight: torch.Tensor | None) -> None:
         self.ignore_index, self.weight = ignore_index, weight

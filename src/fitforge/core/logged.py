@@ -23,7 +23,7 @@ class PendingValues(list):
 
     Attributes:
         collected: a MetricHandler takes the values (set at its first ``epoch_begin``); until then
-            ``state.log`` drops them, so a run without one keeps nothing.
+            ``state.log`` drops them.
         dropping: the drop was reported (or needs no report): later values are dropped silently.
     """
 

@@ -98,9 +98,8 @@ def sequence_fix(which: str, fn: Callable, pred: torch.Tensor, label: torch.Tens
 
 
 def elementwise_fix(pred: torch.Tensor, label: torch.Tensor) -> str:
-    """How to give an elementwise loss pred and label of one shape: a view where they differ only by
-    dimensions of size 1, one-hot labels or a classification loss for class scores and class indices,
-    else the output's shape."""
+    """How to give an elementwise loss pred and label of one shape: a view, one-hot labels or a
+    classification loss for class scores and indices, else the output's shape."""
     if [d for d in pred.shape if d != 1] == [d for d in label.shape if d != 1]:
         return f"make them equal (e.g. label.view({', '.join(str(d) for d in pred.shape)}) or squeeze the output)"
     if class_indices(pred, label):

@@ -83,9 +83,8 @@ class Monitor:
         return self.resolved_mode
 
     def improved(self, value: float, best: float | None) -> bool:
-        """Whether ``value`` beats ``best`` by more than ``min_delta``. A non-finite value never does:
-        an infinite loss (or accuracy) comes from a diverged epoch, and as a best it could never be
-        beaten. A non-finite ``best`` (from an older checkpoint) counts as none."""
+        """Whether ``value`` beats ``best`` by more than ``min_delta``. A non-finite value (a diverged
+        epoch's) never does, and a non-finite ``best`` (from an older checkpoint) counts as none."""
         if not math.isfinite(value):
             return False
         if best is None or not math.isfinite(best):

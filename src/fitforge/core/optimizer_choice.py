@@ -13,10 +13,8 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 class OptimizerChoice:
     """The estimator's optimizers, their parameters, and what ``BatchOutput.step`` may name.
-
-    A parameter held by several optimizers is *shared*; ``shared`` says whether there is one, so that
-    the common case (each parameter in one optimizer) discards gradients with plain ``zero_grad``.
-    """
+    ``shared``: some parameter is held by several optimizers (else gradients are discarded with
+    plain ``zero_grad``)."""
 
     def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.optimizers = list(optimizers)
@@ -71,8 +69,7 @@ class OptimizerChoice:
         key = tuple(indices)
         union = self._union.get(key)
         if union is None:
-            union = list({id(p): p for i in key for p in self.params[i]}.values())
-            self._union[key] = union
+            union = self._union[key] = list({id(p): p for i in key for p in self.params[i]}.values())
         return union
 
     def discard(self, idle: Iterable[int], live: Sequence[int]) -> None:

@@ -1,9 +1,8 @@
 """The dense peak FLOP rates of common accelerators, for model FLOPs utilisation (MFU).
 
 Figures are the vendors' datasheet peaks for dense matrix maths (no structured sparsity), per
-device, in FLOP/s. ``fp32`` is plain float32; ``tf32`` what float32 matrix products reach when
-torch lets them use TF32 (``torch.set_float32_matmul_precision("high")``). A device that is not
-listed (a CPU, a GPU not in the table) has no known peak: give ``peak_flops=`` yourself.
+device, in FLOP/s; ``tf32`` is what float32 matrix products reach when torch lets them use TF32.
+A device not listed (a CPU included) has no known peak: give ``peak_flops=`` yourself.
 """
 
 from __future__ import annotations

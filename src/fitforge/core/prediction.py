@@ -56,16 +56,14 @@ class Predictions:
         return False
 
     def take(self) -> list[Any]:
-        """The outputs of the batches since the last call, as ordinary tensors (call it outside
-        inference mode)."""
+        """The outputs of the batches since the last call, as ordinary tensors (call outside inference mode)."""
         if self.asynchronous and self.outputs:  # the copies went on the estimator's device's stream
             torch.cuda.current_stream(self.device).synchronize()
         taken, self.outputs = self.outputs, []
         return [_ordinary(output) for output in taken]
 
     def joined(self, device: torch.device) -> Any:
-        """Every batch's outputs concatenated (a tuple for several outputs, a dict for named ones);
-        None for no batch."""
+        """Every batch's outputs concatenated (a tuple or dict for several outputs); None for no batch."""
         if self.asynchronous:  # the one sync of a prediction: the copies must have landed
             torch.cuda.synchronize(device)
         if self._buffer is not None:

@@ -6,10 +6,9 @@ resumed run does it again; see :mod:`fitforge.core.loop`). A CheckpointHandler t
 state whatever its periods, ``train_end`` runs, and :func:`raise_if_preempted` ends ``fit``:
 
 - SIGTERM: ``SystemExit(143)`` (128 + 15, the exit status schedulers such as SLURM and Kubernetes expect);
-- SIGUSR1 (SLURM's advance warning, ``#SBATCH --signal=USR1@90``): under SLURM (``SLURM_JOB_ID`` set)
-  with ``scontrol`` on the PATH, the main process runs ``scontrol requeue $SLURM_JOB_ID`` and every
-  process ends with ``SystemExit(0)``; otherwise (or when the requeue fails) ``SystemExit(138)``
-  (128 + 10, as the signal's default action would report);
+- SIGUSR1 (SLURM's advance warning, ``#SBATCH --signal=USR1@90``): under SLURM, the main process
+  runs ``scontrol requeue $SLURM_JOB_ID`` and every process ends with ``SystemExit(0)``; without
+  SLURM, or when the requeue fails, ``SystemExit(138)`` (128 + 10, the signal's default status);
 - SIGINT: ``KeyboardInterrupt``.
 
 A second signal while stopping acts at once. The handlers are installed from the checks before
@@ -17,10 +16,9 @@ training on; ``fit`` outside the main thread (where signals cannot be caught) le
 The DataLoader workers a fit starts leave the signals to it (:mod:`fitforge.core.worker_shield`),
 so a signal to the whole process group does not kill them before the save.
 
-Under torch.distributed a signal may reach one rank only, and a rank that stops alone leaves the
-others waiting in a collective. So the signal goes to the fit's coordinator: in one process it stops
-at once; under torch.distributed the :class:`~fitforge.distributed.stop_agreement.StopAgreement`
-reduces it across ranks within a few batches and sets ``preempted`` on every rank at the same point.
+A signal may reach one rank only, and a rank that stops alone leaves the others waiting, so it goes
+to the fit's coordinator (:class:`~fitforge.distributed.stop_agreement.StopAgreement` under
+torch.distributed), which sets ``preempted`` on every rank at the same point.
 """
 
 from __future__ import annotations

@@ -51,20 +51,18 @@ class BatchProcessor:
     ``fit_batch`` and ``evaluate_batch`` share) to match a detector's boxes to anchors on the device.
 
     Args:
-        host_inputs: positions of inputs to leave on the host instead of moving them to the device,
-            e.g. ``(1,)`` for the lengths ``pack_padded_sequence`` reads on the CPU (moving them to a
-            GPU and back would wait for the device every batch).
+        host_inputs: positions of inputs to leave on the host, e.g. ``(1,)`` for the lengths
+            ``pack_padded_sequence`` reads on the CPU (a round trip would wait for the GPU).
         allow_nonfinite: accept nan and inf in the data and labels (by default the first batch of
             fit and of its validation data is checked), for a net or loss that handles them on purpose.
         label_key: the key of a dict batch's label; by default ``"labels"``, else ``"label"``.
-        output_key: the item of the net's output (a key of a dict or ``transformers`` ``ModelOutput``,
-            or an attribute) that metrics, ``predict`` and a given loss receive. With
-            ``Estimator(loss=None)`` it defaults to ``"logits"``; otherwise to the whole output.
+        output_key: the item (a key or an attribute) of the net's output that metrics, ``predict``
+            and a given loss receive; by default ``"logits"`` with ``Estimator(loss=None)``, else
+            the whole output.
 
-    With ``Estimator(net, loss=None)`` the net computes its own loss, as a Hugging Face model given
-    ``labels`` does: the training loss is its output's ``loss`` (an attribute or a key); a dict batch
-    keeps its label among the features (``net(**features)`` gets ``labels=``), and a ``(data, label)``
-    pair passes the label as the last argument (``net(*data, label)``).
+    With ``Estimator(net, loss=None)`` the net computes its own loss (its output's ``loss``), as a
+    Hugging Face model does: a dict batch keeps its label among the features, and a
+    ``(data, label)`` pair passes it as the last argument (``net(*data, label)``).
 
     Attributes:
         logs: the names the steps give ``state.log(name, value)``, declared so that
@@ -161,8 +159,7 @@ class BatchProcessor:
 
     def to_device(self, state: TrainState, batch: Any) -> tuple[Inputs, Any]:
         """``unpack`` the batch and move inputs (except ``host_inputs``) and label to the estimator's
-        device: non-blocking on CUDA, so batches from a ``DataLoader(pin_memory=True)`` copy while
-        the GPU computes; 4-D inputs in channels-last order when the estimator asks for it."""
+        device (non-blocking on CUDA; 4-D inputs channels-last when the estimator asks for it)."""
         inputs, label = self.unpack(batch) if self._unpack_overridden else unpack_batch(batch, self.label_keys)
         estimator = state.estimator
         device = estimator.device
@@ -232,9 +229,8 @@ class BatchProcessor:
         must too, or the ranks' gradients are not averaged."""
         inputs, label = self.to_device(state, batch)
         estimator, counter, given = state.estimator, state.count_items, inputs
-        # Accumulated batches weigh by their items: the step backpropagates the batch's sum, ``loss * items``,
-        # and a model that computes its loss gets the count as ``num_items_in_batch`` (see
-        # :mod:`fitforge.core.item_counts`). A batch with nothing to count (no label) weighs as a plain mean.
+        # Accumulated batches weigh by their items (fitforge.core.item_counts): backpropagate ``loss * items``, and
+        # a model gets the count as ``num_items_in_batch``; a batch with nothing to count weighs as a plain mean.
         items = None if counter is None else counter.count(inputs, label)
         if items is not None and counter.to_model and type(inputs) is dict:
             given = {**inputs, "num_items_in_batch": items}
@@ -278,8 +274,7 @@ class BatchProcessor:
         return self._inputs_to(unpack_inputs(batch, unpack, self.label_keys), state.estimator)
 
     def predict_batch(self, state: TrainState, batch: Any) -> Any:
-        """The ``val_net`` outputs for a batch of inputs (a ``(data, label)`` pair or bare data): the
-        output's ``output_key`` item for a net that returns a dict or a ``ModelOutput``."""
+        """The ``val_net`` outputs (their :meth:`prediction`) for a ``(data, label)`` pair or bare data."""
         inputs = self.inputs_to_device(state, batch)
         with self.autocast(state):
             return self.prediction(state, self.forward(state.estimator.val_net, inputs, None))

@@ -26,8 +26,7 @@ class EpochData(Protocol):
     :class:`fitforge.inputs.order.OnePass` in evaluate and predict)."""
 
     def epoch(self, state: TrainState) -> tuple[Iterable, int]:
-        """The data of ``state.epoch`` and the position of its first batch (0, except in an
-        epoch a resume continues)."""
+        """The data of ``state.epoch`` and the position of its first batch (0 unless resumed)."""
         ...
 
     def close(self) -> None:
@@ -41,8 +40,7 @@ class RunContext:
     Attributes:
         dispatcher: the run's handlers, ordered, with their hooks per event.
         step: called per batch: the processor's ``fit_batch`` (or the pass's step).
-        data: the data, epoch by epoch.
-        name: what the data is called in errors (``"train_data"``, ``"val_data"``...).
+        data: the data, epoch by epoch; ``name``: what it is called in errors (``"train_data"``...).
         coordinator: agreement on stops with other processes (:class:`Alone` in one process).
         prepare: called once after every ``train_begin`` and before the first epoch (a resume).
         allow_empty: a pass of no batch is no error (a rank's share of evaluation data may be empty).

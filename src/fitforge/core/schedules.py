@@ -29,8 +29,7 @@ class WarmupCosineLR(LRScheduler):
     and ``min_lr`` past the last step. Its ``state_dict`` holds the lengths and rates.
 
     Args:
-        optimizer: whose groups' ``lr`` (``initial_lr`` when set, as torch's schedulers read it)
-            are the peaks.
+        optimizer: whose groups' ``lr`` (``initial_lr`` when set) are the peaks.
         warmup_steps: steps of the warm-up (0: none, the decay starts at the peak).
         total_steps: steps of the whole schedule; at least ``warmup_steps + 2``.
         min_lr: the rate at the last step, one for all groups or one per group.
@@ -102,8 +101,7 @@ def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -
 
 
 def step_counter(state: TrainState) -> Accumulating | None:
-    """What counts each optimizer's steps where there are several (they may take turns); None with
-    one optimizer, or none to count: then every optimizer step is each optimizer's."""
+    """What counts each optimizer's steps where there are several (they may take turns), else None."""
     updaters = players(state.handlers, Accumulating)
     return updaters[0] if len(state.estimator.optimizers) > 1 and updaters else None
 

@@ -2,15 +2,12 @@
 
 A scheduler that preempts a job signals every process in it (SLURM at its time limit or on
 ``scancel``, a terminal's Ctrl-C), the DataLoader's workers too, which die of it: the fit then fails
-with "DataLoader worker ... killed by signal" before its save, and the work since the last
-checkpoint is lost.
+with "DataLoader worker ... killed by signal" before its save.
 
 During a fit the main process reacts to these signals (:mod:`fitforge.core.preemption`) and shuts
 its workers down itself. So a worker that a loader starts while fit reads it (see :func:`shielded`)
-leaves SIGTERM, SIGUSR1 and SIGINT to the main process: its handlers do nothing, except that SIGTERM
-ends it, as torch's worker ends, once its loader shuts it down (the loader's done event is set) or
-once the main process exits. A worker whose main process died exits on its own within seconds, as
-torch's workers do.
+leaves SIGTERM, SIGUSR1 and SIGINT to the main process, except that SIGTERM ends it once its loader
+shuts it down or the main process exits (one whose main process died exits on its own, as torch's do).
 
 How: while fit starts a loader's workers (``iter(loader)``), the main thread blocks the three
 signals, so that a worker begins with them blocked, in every thread it starts before its
@@ -43,8 +40,7 @@ _exiting: dict[str, Any] = {}  # start method -> an Event set when this process 
 
 @contextmanager
 def shielding() -> Iterator[None]:
-    """Within the block, the workers :func:`shielded` loaders start leave preemption signals to
-    this process."""
+    """Within the block, the workers :func:`shielded` loaders start leave preemption signals to this process."""
     global _active
     _active += 1
     try:
