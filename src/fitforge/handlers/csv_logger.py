@@ -1,5 +1,5 @@
-"""CSVLoggerHandler: one CSV row per training epoch, written and flushed at each epoch end, and
-the run's hyperparameters in a JSON file beside it."""
+"""CSVLoggerHandler: one CSV row per training epoch, written and flushed at each epoch end, and the run's
+hyperparameters in a JSON file beside it."""
 
 from __future__ import annotations
 
@@ -25,36 +25,33 @@ log = logging.getLogger("fitforge")
 class CSVLoggerHandler(TrainBegin, EpochEnd):
     """Write the history row of every training epoch to a CSV file as the epoch ends.
 
-    Columns: ``epoch`` (counted from 1), then the history keys: those recorded by the first epoch,
-    followed by the keys the run's metric and validation handlers will produce later (so validation
-    every second epoch does not change the header; its other rows hold ``nan``). A key that
-    appears later anyway (a custom ``eval_fn``, a handler recording its own values) adds a column:
-    the file is rewritten once, atomically, with ``nan`` in the earlier rows. Each row is flushed
-    and fsynced when written, so a crash loses at most the epoch under way.
+    Columns: ``epoch`` (counted from 1), then the history keys: those recorded by the first epoch, followed by the
+    keys the run's metric and validation handlers will produce later (so validation every second epoch does not
+    change the header; its other rows hold ``nan``). A key that appears later anyway (a custom ``eval_fn``, a
+    handler recording its own values) adds a column: the file is rewritten once, atomically, with ``nan`` in the
+    earlier rows. Each row is flushed and fsynced when written, so a crash loses at most the epoch under way.
 
-    Resuming (``CheckpointHandler(resume_from_checkpoint=True)``) continues the file: the rows of
-    the epochs after the file's last one are appended (from the restored history, so rows the
-    interrupted run had no time to write are filled in), and an epoch the file already has is
-    never written twice (a row written before a crash, for an epoch the resumed run redoes, stays
-    as first written). A partial epoch ended by SIGTERM/SIGINT is written when the resumed run
-    ends it; one ended by a stop is written as it is. Only ``fit`` writes (not ``evaluate``).
+    Resuming (``CheckpointHandler(resume_from_checkpoint=True)``) continues the file: the rows of the epochs after
+    the file's last one are appended (from the restored history, so rows the interrupted run had no time to write
+    are filled in), and an epoch the file already has is never written twice (a row written before a crash, for an
+    epoch the resumed run redoes, stays as first written). A partial epoch ended by SIGTERM/SIGINT is written when
+    the resumed run ends it; one ended by a stop is written as it is. Only ``fit`` writes (not ``evaluate``).
 
-    The run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`: model, optimizer,
-    lr, batch size, epochs, precision...) go to a JSON object beside the log, ``<name>.params.json``
-    (``log.csv`` -> ``log.params.json``), written atomically at ``train_begin`` and replaced by
-    each fit (a resumed or appending one included): the CSV itself stays plain rows for any reader.
+    The run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`: model, optimizer, lr, batch size,
+    epochs, precision...) go to a JSON object beside the log, ``<name>.params.json`` (``log.csv`` ->
+    ``log.params.json``), written atomically at ``train_begin`` and replaced by each fit (a resumed or appending one
+    included): the CSV itself stays plain rows for any reader.
 
     Args:
         path: the CSV file (its folder is created if needed).
-        append: in a fresh (not resumed) run, add this run's rows, epochs from 1, after those of an
-            existing file whose first column is ``epoch`` (Keras's ``append``); False (default)
-            overwrites the file at the run's first epoch end (never before: a run that resumes
-            continues it).
+        append: in a fresh (not resumed) run, add this run's rows, epochs from 1, after those of an existing file
+            whose first column is ``epoch`` (Keras's ``append``); False (default) overwrites the file at the run's
+            first epoch end (never before: a run that resumes continues it).
 
     Raises:
         FitforgeTypeError: ``path`` is not a path or ``append`` not a bool.
-        FitforgeValueError: ``path`` is a folder or its folder is not writable (at fit start), or
-            a file to continue is not such a log.
+        FitforgeValueError: ``path`` is a folder or its folder is not writable (at fit start), or a file to continue
+            is not such a log.
 
     Example:
         >>> from fitforge.handlers.csv_logger import CSVLoggerHandler

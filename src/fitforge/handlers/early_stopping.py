@@ -18,25 +18,25 @@ log = logging.getLogger("fitforge")
 class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping):
     """Stop training when ``monitor`` has not improved for ``patience`` epochs.
 
-    Semantics of Keras and Gluon: each epoch that does not beat the best by more than ``min_delta``
-    counts one; training stops when the count reaches ``patience`` (``patience=0`` or ``1`` stops at
-    the first epoch that does not improve). An epoch that produced no value for the key (validation
-    every second epoch) neither counts nor resets, so patience then counts validations. A non-finite
-    value (nan, inf, -inf: a diverged epoch) never improves, so it is never the best (nor the
-    weights ``restore_best`` brings back). With ``baseline``, epochs count as not improving until one beats it.
+    Semantics of Keras and Gluon: each epoch that does not beat the best by more than ``min_delta`` counts one;
+    training stops when the count reaches ``patience`` (``patience=0`` or ``1`` stops at the first epoch that does
+    not improve). An epoch that produced no value for the key (validation every second epoch) neither counts nor
+    resets, so patience then counts validations. A non-finite value (nan, inf, -inf: a diverged epoch) never
+    improves, so it is never the best (nor the weights ``restore_best`` brings back). With ``baseline``, epochs
+    count as not improving until one beats it.
 
     Args:
         monitor: a history key, e.g. ``"val_loss"`` or ``"val_accuracy"``.
         min_delta: the smallest change that counts as an improvement.
         patience: epochs without improvement before stopping.
-        mode: ``"min"``, ``"max"`` or ``"auto"`` (loss/error-like keys minimise, accuracy-like keys
-            maximise; a metric object's ``higher_is_better`` wins).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (loss/error-like keys minimise, accuracy-like keys maximise; a
+            metric object's ``higher_is_better`` wins).
         baseline: a value the monitor must beat; until it does, epochs count as not improving.
-        restore_best: when training ends, load the net's weights of the best epoch (kept on
-            the host meanwhile, and in checkpoints); nothing is restored when no epoch beat
-            ``baseline``, nor when SIGTERM/SIGINT stopped training (the run is not over: it resumes
-            from the checkpoint of its current weights). ``history.restored_epoch`` then names the
-            epoch (1-based) whose weights the net holds, and the closing log line its values.
+        restore_best: when training ends, load the net's weights of the best epoch (kept on the host meanwhile, and
+            in checkpoints); nothing is restored when no epoch beat ``baseline``, nor when SIGTERM/SIGINT stopped
+            training (the run is not over: it resumes from the checkpoint of its current weights).
+            ``history.restored_epoch`` then names the epoch (1-based) whose weights the net holds, and the closing
+            log line its values.
         restore_best_weights: Keras's name for ``restore_best``.
 
     Example:

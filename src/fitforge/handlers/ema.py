@@ -20,38 +20,35 @@ _BUFFERS = ("average", "live")
 
 
 class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
-    """Keep an exponential moving average of the net's weights, and evaluate with it, as Keras's
-    ``use_ema``, Lightning's ``EMAWeightAveraging`` and Ignite's ``EMAHandler`` do.
+    """Keep an exponential moving average of the net's weights, and evaluate with it, as Keras's ``use_ema``,
+    Lightning's ``EMAWeightAveraging`` and Ignite's ``EMAHandler`` do.
 
     After every ``every``-th optimizer step, each averaged tensor becomes
-    ``decay * average + (1 - decay) * weight``, on the weights' device with no host read; the
-    average starts from the weights the fit starts with. An average of low-precision weights
-    (bfloat16, float16) is kept in float32: in bfloat16, ``(1 - decay) * (weight - average)`` rounds
-    to nothing and the average would never move. The raw weights keep training. While
-    ``evaluate_averaged`` is True (the switch: set it at any time), the validation in fit,
-    ``Estimator.evaluate``, ``predict``, ``predict_batches`` and the best checkpoint
-    (``CheckpointHandler(save_best=True)``) put the averaged weights into the net for their
-    duration and the trained ones back after, so ``val_*`` values, early stopping and "best" judge
-    the averaged weights; ``EarlyStoppingHandler(restore_best=True)`` then puts the best average
-    back into the average. After fit, ``evaluate`` and ``predict`` keep using the last fit's
-    average; a later fit without an EMAHandler evaluates its own weights.
+    ``decay * average + (1 - decay) * weight``, on the weights' device with no host read; the average starts from
+    the weights the fit starts with. An average of low-precision weights (bfloat16, float16) is kept in float32: in
+    bfloat16, ``(1 - decay) * (weight - average)`` rounds to nothing and the average would never move. The raw
+    weights keep training. While ``evaluate_averaged`` is True (the switch: set it at any time), the validation in
+    fit, ``Estimator.evaluate``, ``predict``, ``predict_batches`` and the best checkpoint
+    (``CheckpointHandler(save_best=True)``) put the averaged weights into the net for their duration and the trained
+    ones back after, so ``val_*`` values, early stopping and "best" judge the averaged weights;
+    ``EarlyStoppingHandler(restore_best=True)`` then puts the best average back into the average. After fit,
+    ``evaluate`` and ``predict`` keep using the last fit's average; a later fit without an EMAHandler evaluates its
+    own weights.
 
-    Periodic checkpoints hold the raw weights and the average (this handler's state), so a resumed
-    run continues both exactly; under FSDP the average is sharded as the weights are and saved with
-    their shards. A second fit of the same estimator continues the average. ``estimator.load_checkpoint``
-    loads a checkpoint's average into the last fit's EMAHandler (a checkpoint without one: evaluation
-    then runs with the loaded weights, logged).
+    Periodic checkpoints hold the raw weights and the average (this handler's state), so a resumed run continues
+    both exactly; under FSDP the average is sharded as the weights are and saved with their shards. A second fit of
+    the same estimator continues the average. ``estimator.load_checkpoint`` loads a checkpoint's average into the
+    last fit's EMAHandler (a checkpoint without one: evaluation then runs with the loaded weights, logged).
 
     Args:
-        decay: the weight of the old average at each update, in [0, 1) (0.999: about the last
-            1,000 updates count).
-        every: update after every n-th optimizer step (with gradient accumulation, a step is one
-            per ``accumulate`` batches).
-        buffers: ``"average"``, average floating-point buffers (BatchNorm's running statistics)
-            as the weights, or ``"live"``: evaluate with the trained net's own. Integer buffers, and
-            buffers holding a nan or inf at fit start (a causal mask of -inf), are always live.
-        evaluate_averaged: evaluation uses the average (False: the raw weights; the average is
-            still kept, for :meth:`averaged_state_dict`).
+        decay: the weight of the old average at each update, in [0, 1) (0.999: about the last 1,000 updates count).
+        every: update after every n-th optimizer step (with gradient accumulation, a step is one per ``accumulate``
+            batches).
+        buffers: ``"average"``, average floating-point buffers (BatchNorm's running statistics) as the weights, or
+            ``"live"``: evaluate with the trained net's own. Integer buffers, and buffers holding a nan or inf at
+            fit start (a causal mask of -inf), are always live.
+        evaluate_averaged: evaluation uses the average (False: the raw weights; the average is still kept, for
+            :meth:`averaged_state_dict`).
 
     Example:
         >>> ema = EMAHandler(decay=0.999)
@@ -99,10 +96,9 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         self._seen = state.optimizer_steps
 
     def attach(self, estimator: Any) -> None:
-        """Track ``estimator.net``: start an average of its weights, unless this handler holds one of
-        the same net already (a second fit continues it). A checkpoint's average can then be loaded
-        into it (``load_state_dict``, or ``estimator.load_checkpoint`` once this is the estimator's
-        ``weight_average``)."""
+        """Track ``estimator.net``: start an average of its weights, unless this handler holds one of the same net
+        already (a second fit continues it). A checkpoint's average can then be loaded into it (``load_state_dict``,
+        or ``estimator.load_checkpoint`` once this is the estimator's ``weight_average``)."""
         net = estimator.net
         self._sharded, self._hold = estimator.strategy.sharded, estimator.strategy.hold_shards
         self._hold(net)  # the sharded parameters, which the optimizers step
@@ -181,15 +177,15 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
             self.swap_out()
 
     def load_averaged(self, weights: dict[str, Any]) -> None:
-        """Copy ``weights`` (a ``state_dict`` of the net, e.g. the best epoch's averaged weights) into
-        the average."""
+        """Copy ``weights`` (a ``state_dict`` of the net, e.g. the best epoch's averaged weights) into the
+        average."""
         for name, average in zip(self._names, self._averages):
             if name in weights:
                 average.copy_(weights[name])
 
     def state_dict(self) -> dict:
-        """The average by name (under FSDP it is saved with the weights' shards instead), the updates
-        made and the optimizer steps last seen."""
+        """The average by name (under FSDP it is saved with the weights' shards instead), the updates made and the
+        optimizer steps last seen."""
         averages = {} if self._sharded else dict(zip(self._names, self._averages))
         return {"averages": averages, "updates": self.updates, "seen": self._seen, "pending": self._pending}
 
@@ -214,8 +210,8 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
 
 
 def _tracked(net: nn.Module, buffers: str) -> list[tuple[str, torch.Tensor]]:
-    """The tensors averaged: every parameter, then (``buffers="average"``) the floating-point buffers
-    that are finite at fit start (averaging a -inf mask would give nan)."""
+    """The tensors averaged: every parameter, then (``buffers="average"``) the floating-point buffers that are
+    finite at fit start (averaging a -inf mask would give nan)."""
     tracked: list[tuple[str, torch.Tensor]] = list(net.named_parameters())
     if buffers == "average":
         tracked += [

@@ -1,6 +1,5 @@
-"""GradientUpdateHandler: the optimizer step after the batch processor's backward, with optional
-gradient accumulation and clipping, for every optimizer or those a batch chooses; under DDP, an
-accumulation group all-reduces its gradients once (:mod:`fitforge.distributed.gradient_sync`)."""
+"""GradientUpdateHandler: the optimizer step after the backward, with optional accumulation and clipping, for every
+optimizer or those a batch chooses; under DDP a group all-reduces once (:mod:`fitforge.distributed.gradient_sync`)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,9 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 def step_optimizers(
     optimizers: list, scaler: torch.amp.GradScaler | None, found_inf: torch.Tensor | None = None
 ) -> None:
-    """Step every optimizer (through the fp16 scaler, which skips a step on inf/nan gradients),
-    zero its gradients, then update the scaler. ``found_inf``: a device flag (float 0-d) on which
-    fused optimizers skip their update on the device, as they do for GradScaler (NaNGuardHandler's)."""
+    """Step every optimizer (through the fp16 scaler, which skips a step on inf/nan gradients), zero its gradients,
+    then update the scaler. ``found_inf``: a device flag (float 0-d, NaNGuardHandler's) on which fused optimizers
+    skip their update on the device, as they do for GradScaler."""
     for optimizer in optimizers:
         if scaler is not None:
             scaler.step(optimizer)
@@ -49,84 +48,76 @@ def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
 class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd, Accumulating, FirstBatchCheck):
     """Step the optimizers, then ``zero_grad(set_to_none=True)``.
 
-    It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a
-    handler that must read the gradients before the step does so at ``backward_end``. Clipping
-    happens in the step itself, right after the fp16 scaler's unscale (the two must not be split:
-    a batch cancelled between them would leave the scaler unscaled). A flag in
-    ``state.shared["found_inf"]`` when training starts (NaNGuardHandler's, for fused optimizers) is
-    passed to every step: a step whose flag is set is skipped on the device.
+    It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a handler that must read
+    the gradients before the step does so at ``backward_end``. Clipping happens in the step itself, right after the
+    fp16 scaler's unscale (split, a batch cancelled between the two would leave the scaler unscaled). A flag in
+    ``state.shared["found_inf"]`` when training starts (NaNGuardHandler's, for fused optimizers) is passed to every
+    step: a step whose flag is set is skipped on the device.
 
-    Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some
-    (indices into ``estimator.optimizers``, or the optimizers): a GAN returns ``step=[0]`` on the
-    discriminator's batches and ``step=[1]`` on the generator's. Then:
+    Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some (indices into
+    ``estimator.optimizers``, or the optimizers): a GAN returns ``step=[0]`` on the discriminator's batches and
+    ``step=[1]`` on the generator's. Then:
 
-    - each optimizer counts its own accumulation group (the batches that chose it), and steps
-      when the group is full; at an epoch end every trailing group steps. Clipping covers the
-      parameters of the optimizers stepping together (one norm for them all, as with
-      ``step=None``); under fp16 the scaler unscales and steps those, and updates once per
-      batch that stepped any.
-    - the gradients a batch leaves on an optimizer it does not step (the generator's backward
-      reaches the discriminator) are discarded, unless that optimizer has a group open
-      (``accumulate > 1``, batches of the two interleaved): they then join its group, so such a
-      processor should keep its backward away from those parameters (``requires_grad_(False)``
-      or ``detach``). Under fp16 an open group is rescaled when the scale changes.
-    - a parameter held by two optimizers is updated by the first of them (in
-      ``estimator.optimizers`` order) stepping on a batch: its ``zero_grad`` clears the gradient
-      before the next one steps; it is never discarded while one of its optimizers steps or
-      has a group open, and a group's mean divides it once. Give each parameter to one optimizer.
-    - ``state.optimizer_steps`` counts the batches (and epoch-end trailing groups) on which at
-      least one optimizer stepped: with one optimizer, its steps. :meth:`steps_per_optimizer`
-      counts each optimizer's; a batch-interval LRSchedulerHandler follows its own optimizer's.
-    - ``state.accumulated_batches`` is the largest open group (0: no gradient waits); the
-      per-optimizer counts are this handler's state, saved in checkpoints.
+    - each optimizer counts its own accumulation group (the batches that chose it) and steps when it is full; at an
+      epoch end every trailing group steps. Clipping covers the parameters of the optimizers stepping together (one
+      norm, as with ``step=None``); under fp16 the scaler unscales and steps those, and updates once per batch that
+      stepped any.
+    - the gradients a batch leaves on an optimizer it does not step (the generator's backward reaches the
+      discriminator) are discarded, unless that optimizer has a group open (``accumulate > 1``, batches of the two
+      interleaved): they then join its group, so keep such a backward away from those parameters
+      (``requires_grad_(False)`` or ``detach``). Under fp16 an open group is rescaled when the scale changes.
+    - a parameter held by two optimizers is updated by the first of them (in ``estimator.optimizers`` order)
+      stepping on a batch: its ``zero_grad`` clears the gradient before the next one steps; it is never discarded
+      while one of its optimizers steps or has a group open, and a group's mean divides it once. Give each parameter
+      to one optimizer.
+    - ``state.optimizer_steps`` counts the batches (and epoch-end trailing groups) on which at least one optimizer
+      stepped: with one optimizer, its steps. :meth:`steps_per_optimizer` counts each optimizer's; a batch-interval
+      LRSchedulerHandler follows its own optimizer's.
+    - ``state.accumulated_batches`` is the largest open group (0: no gradient waits); the per-optimizer counts are
+      this handler's state, saved in checkpoints.
 
-    Under DDP (``estimator.train_net`` a ``DistributedDataParallel``) with ``accumulate > 1`` and
-    one optimizer, only the batch that completes a group all-reduces the gradients (DDP's
-    ``no_sync`` for the others, set at ``batch_begin``): so does the last batch of an epoch of
-    known length and the last of ``batches=N``. A group that ends otherwise (a stop, data without
-    ``len``) is averaged over the ranks before its step, and an open group before a checkpoint
-    saves it (:meth:`share_open_group`), so every rank steps, and resumes, with the same
-    gradients. Several optimizers, FSDP, sparse gradients and ``sync_each_batch=True`` sync every
-    batch (see docs/distributed.md).
+    Under DDP (``estimator.train_net`` a ``DistributedDataParallel``) with ``accumulate > 1`` and one optimizer,
+    only the batch that completes a group all-reduces the gradients (DDP's ``no_sync`` for the others, set at
+    ``batch_begin``), as do the last batch of an epoch of known length and the last of ``batches=N``. A group that
+    ends otherwise (a stop, data without ``len``) is averaged over the ranks before its step, and an open group
+    before a checkpoint saves it (:meth:`share_open_group`), so every rank steps, and resumes, with the same
+    gradients. Several optimizers, FSDP, sparse gradients and ``sync_each_batch=True`` sync every batch (see
+    docs/distributed.md).
 
     Accumulation that equals the big batch: when the loss is a mean over items fitforge can count
-    (``CrossEntropyLoss``/``NLLLoss`` with ``reduction="mean"``, with or without ``ignore_index``
-    or class weights; a Hugging Face model's own loss, given ``num_items_in_batch``; see
-    :mod:`fitforge.core.item_counts`), each batch's loss is weighed by its items: the default
-    ``fit_batch`` backpropagates ``loss * items`` and the step divides the group's gradients by
-    the group's items (summed over the ranks under DDP/FSDP). One step then equals one step on the
-    group's batches concatenated, however their padding differs; batches of equal counts give what
-    the plain mean gives. The counts stay on the device (no host read). With a loss it cannot count
-    (or several optimizers, or a ``fit_batch`` of your own) the batches weigh alike, as before,
-    and one info line at fit start says so and how to count them (``items=``). A ``fit_batch`` of
-    your own can weigh its batches too: backpropagate ``loss * items`` and return
-    ``BatchOutput(..., items=items)``.
+    (``CrossEntropyLoss``/``NLLLoss`` with ``reduction="mean"``, with or without ``ignore_index`` or class weights;
+    a Hugging Face model's own loss, given ``num_items_in_batch``; see :mod:`fitforge.core.item_counts`), each
+    batch's loss is weighed by its items: the default ``fit_batch`` backpropagates ``loss * items`` and the step
+    divides the group's gradients by the group's items (summed over the ranks under DDP/FSDP). One step then equals
+    one step on the group's batches concatenated, however their padding differs; batches of equal counts give what
+    the plain mean gives. The counts stay on the device (no host read). With a loss it cannot count (or several
+    optimizers, or a ``fit_batch`` of your own) the batches weigh alike, and one info line at fit start says so and
+    how to count them (``items=``). A ``fit_batch`` of your own can weigh its batches too: backpropagate
+    ``loss * items`` and return ``BatchOutput(..., items=items)``.
+
+    A ``CancelBatch`` clears the gradients of every group accumulated so far (the loop cannot tell one batch's share
+    from the others').
 
     Args:
-        accumulate: step once every this many batches; the summed gradients are divided by the
-            number of batches in the group (or by its items, above), so with a mean-reduced loss a
-            group of N batches of B samples steps like one batch of N*B. A trailing partial group
-            (the end of an epoch, or a stop) is stepped too, divided by its own size; not when
-            SIGTERM/SIGINT stopped training mid-epoch, as the group goes on when the run resumes.
-            ``state.optimizer_steps`` counts steps.
-        items: with ``accumulate > 1``, how each batch's items are counted: ``"auto"`` (the losses
-            above), a function ``(inputs, label) -> count`` (a tensor on the device: the number of
-            items the batch's mean loss averages over) for a loss of your own, or None to weigh the
-            batches alike.
-        clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this
-            value before each step (``torch.nn.utils.clip_grad_norm_``).
+        accumulate: step once every this many batches; the summed gradients are divided by the number of batches in
+            the group (or by its items, above), so with a mean-reduced loss a group of N batches of B samples steps
+            like one batch of N*B. A trailing partial group (an epoch's end, or a stop) is stepped too, divided by
+            its own size; not when SIGTERM/SIGINT stopped training mid-epoch: the group goes on when the run
+            resumes. ``state.optimizer_steps`` counts steps.
+        items: with ``accumulate > 1``, how each batch's items are counted: ``"auto"`` (the losses above), a
+            function ``(inputs, label) -> count`` (a tensor on the device: the number of items the batch's mean loss
+            averages over) for a loss of your own, or None to weigh the batches alike.
+        clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this value before each
+            step (``torch.nn.utils.clip_grad_norm_``).
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
-        sync_each_batch: under DDP, all-reduce the gradients in every batch's backward, not only
-            in a group's last (for a handler that must see averaged gradients at every
-            ``backward_end``; the result is the same, at ``accumulate - 1`` more all-reduces per step).
-
-    A ``CancelBatch`` clears the gradients of every group accumulated so far (the loop cannot
-    tell one batch's share from the others').
+        sync_each_batch: under DDP, all-reduce the gradients in every batch's backward, not only in a group's last
+            (for a handler that must see averaged gradients at every ``backward_end``; the result is the same, at
+            ``accumulate - 1`` more all-reduces per step).
 
     Raises:
-        FitforgeTypeError, FitforgeValueError: a ``BatchOutput.step`` that is not a non-empty list
-            of indices into ``estimator.optimizers`` or of its optimizers, at that batch (the
-            first one's in the sanity check), before any optimizer steps.
+        FitforgeTypeError, FitforgeValueError: a ``BatchOutput.step`` that is not a non-empty list of indices into
+            ``estimator.optimizers`` or of its optimizers, at that batch (the first one's in the sanity check),
+            before any optimizer steps.
     """
 
     priority = Stage.STEP
@@ -178,13 +169,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler
         self._found_inf = state.shared.get("found_inf")
-        self._step_only = (
-            self.accumulate == 1
-            and self.clip_norm is None
-            and self.clip_value is None
-            and self._scaler is None
-            and self._found_inf is None
-        )
+        extras = (self.clip_norm, self.clip_value, self._scaler, self._found_inf)
+        self._step_only = self.accumulate == 1 and all(extra is None for extra in extras)
         self._optimizers = list(state.estimator.optimizers)
         self._choice = OptimizerChoice(self._optimizers)
         for optimizer, params in zip(self._optimizers, self._choice.params):
@@ -207,8 +193,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         state.count_items, self._state = self._counting, state
 
     def batch_begin(self, state: TrainState) -> None:
-        """Under DDP, whether this batch's backward all-reduces: it completes a group, or is the
-        last of the epoch or of ``batches=N`` (every rank decides alike from the same counts)."""
+        """Under DDP, whether this batch's backward all-reduces: it completes a group, or is the last of the epoch
+        or of ``batches=N`` (every rank decides alike from the same counts)."""
         if self._deferred is not None:
             self._deferred.before_batch(
                 state.accumulated_batches + 1 >= self.accumulate
@@ -266,9 +252,9 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._deferred.restore()
 
     def share_open_group(self, state: TrainState) -> None:
-        """Before a checkpoint saves an open group's gradients (every rank, at the same point): under
-        DDP, average them over the ranks, so that rank 0's file holds gradients every rank (and any
-        number of ranks) resumes with. The group's last all-reduce then gives what it would have."""
+        """Before a checkpoint saves an open group's gradients (every rank, at the same point): under DDP, average
+        them over the ranks, so that rank 0's file holds gradients every rank (and any number of ranks) resumes
+        with. The group's last all-reduce then gives what it would have."""
         if self._deferred is not None and state.accumulated_batches:
             self._deferred.average()
         if self._items is not None and self._ranks > 1:  # each rank's share of the group's items, as its gradients
@@ -276,17 +262,17 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._items = self._items / self._ranks
 
     def _sync(self, state: TrainState) -> None:
-        """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch cleared the
-        gradients (or a resume dropped them); a count from a checkpoint that predates per-optimizer
-        groups is one group that every optimizer shared."""
+        """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch cleared the gradients
+        (or a resume dropped them); a count from a checkpoint that predates per-optimizer groups is one group that
+        every optimizer shared."""
         self._open[:] = [state.accumulated_batches] * len(self._open)
         if not state.accumulated_batches:
             self._items = None
 
     def step(self, state: TrainState, optimizers: list[int] | None = None) -> None:
-        """Average the accumulated gradients of the optimizers ``optimizers`` (indices; None: all),
-        clip them, step and zero them. Under fp16 the GradScaler unscales before clipping and skips
-        the step when a gradient is inf or nan."""
+        """Average the accumulated gradients of the optimizers ``optimizers`` (indices; None: all), clip them, step
+        and zero them. Under fp16 the GradScaler unscales before clipping and skips the step when a gradient is inf
+        or nan."""
         due = list(self._choice.every) if optimizers is None else optimizers
         scaler, clipping = self._scaler, self.clip_norm is not None or self.clip_value is not None
         if scaler is not None and clipping:
@@ -317,8 +303,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._uncounted_until_step, state.count_items = False, self._counting
 
     def _average(self, due: list[int], state: TrainState) -> None:
-        """Divide each group's summed gradients by its batch count (a shared parameter once), or,
-        when its batches' items were counted, by the items of the group on every rank."""
+        """Divide each group's summed gradients by its batch count (a shared parameter once), or, when its batches'
+        items were counted, by the items of the group on every rank."""
         if self._items is not None:
             self._divide_by_items(due, state)
             return
@@ -332,8 +318,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
                 torch._foreach_div_([p.grad for p in params], count)
 
     def _divide_by_items(self, due: list[int], state: TrainState) -> None:
-        """The group's gradients of summed losses over its item count: DDP and FSDP average the
-        ranks' gradients, so the count is summed over the ranks and the mean undone."""
+        """The group's gradients of summed losses over its item count: DDP and FSDP average the ranks' gradients, so
+        the count is summed over the ranks and the mean undone."""
         items, self._items = self._items, None
         grads = [p.grad for p in self._choice.params_of(due) if p.grad is not None]
         if not grads or items is None:
@@ -345,19 +331,19 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         torch._foreach_mul_(grads, torch.where(items > 0, self._ranks / items, 0.0))
 
     def steps_per_optimizer(self, state: TrainState) -> list[int]:
-        """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run,
-        resumed runs included: ``state.optimizer_steps`` less the steps it took no part in."""
+        """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run, resumed runs
+        included: ``state.optimizer_steps`` less the steps it took no part in."""
         return [state.optimizer_steps - skipped for skipped in self._skipped]
 
     def state_dict(self) -> dict:
-        """Each optimizer's open group (batch count), the optimizer steps it took no part in, and the
-        open group's item count when counted."""
+        """Each optimizer's open group (batch count), the optimizer steps it took no part in, and the open group's
+        item count when counted."""
         own = {"accumulated": list(self._open), "skipped_steps": list(self._skipped)}
         return own if self._items is None else {**own, "items": float(self._items), "ranks": self._ranks}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` (an empty state, from a checkpoint that predates it, keeps
-        every optimizer on ``state.optimizer_steps``, as all of them stepped together then)."""
+        """Restore :meth:`state_dict` (an empty state, from a checkpoint that predates it, keeps every optimizer on
+        ``state.optimizer_steps``, as all of them stepped together then)."""
         accumulated, skipped = state.get("accumulated"), state.get("skipped_steps")
         if accumulated is None or skipped is None:
             return

@@ -6,16 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from fitforge.core.events import (
-    BackwardEnd,
-    BatchBegin,
-    BatchEnd,
-    EpochBegin,
-    EpochEnd,
-    Event,
-    TrainBegin,
-    TrainEnd,
-)
+from fitforge.core.events import BackwardEnd, BatchBegin, BatchEnd, EpochBegin, EpochEnd, Event, TrainBegin, TrainEnd
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
@@ -48,21 +39,21 @@ def _check_function(event: Event, fn: Any) -> None:
 class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
     """Call plain functions ``fn(state)`` on the events given, and only on those.
 
-    The class inherits every mixin and each instance declares the events it has a function for
-    (``handled_events``), so events without a function cost nothing. A truthy return from the
-    ``batch_end``/``epoch_end`` function requests a stop, as for any handler.
+    The class inherits every mixin and each instance declares the events it has a function for (``handled_events``),
+    so events without a function cost nothing. A truthy return from the ``batch_end``/``epoch_end`` function
+    requests a stop, as for any handler.
 
     Args:
-        train_begin, epoch_begin, batch_begin, backward_end, batch_end, epoch_end, train_end: a
-            function taking the ``TrainState``, by keyword; at least one.
+        train_begin, epoch_begin, batch_begin, backward_end, batch_end, epoch_end, train_end: a function taking the
+            ``TrainState``, by keyword; at least one.
         priority: the order among handlers (lower first; 0 is the user default).
         run_after: handler classes this one must run after.
-        reads, writes: optional declarations of the TrainState fields (or ``"shared.<key>"``) the
-            functions read and write; None (the default) leaves them undeclared (full access).
+        reads, writes: optional declarations of the TrainState fields (or ``"shared.<key>"``) the functions read and
+            write; None (the default) leaves them undeclared (full access).
 
     Raises:
-        FitforgeTypeError: a function is not callable or does not take one argument, or a
-            function was passed positionally.
+        FitforgeTypeError: a function is not callable or does not take one argument, or a function was passed
+            positionally.
         FitforgeValueError: no function was given.
 
     Example:

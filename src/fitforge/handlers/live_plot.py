@@ -23,19 +23,18 @@ DEFAULT_PATH = "fitforge-live.png"
 class LivePlotHandler(TrainBegin, EpochEnd):
     """Redraw :meth:`History.plot`'s panels (train and val curves per metric) after every epoch.
 
-    In a Jupyter notebook the figure shows under the cell and is replaced in place each epoch
-    (IPython's ``display`` with a ``display_id``); each fit draws in its own cell's output.
-    Elsewhere (a script, a terminal, a job) it is written to the PNG file ``path``, replaced
-    whole each epoch (a viewer that reloads the file follows the run; a reader never sees half a
-    file). In a notebook a ``path`` is written too. Drawing takes a fraction of a second per
-    epoch and reads only the History, so nothing from the device.
+    In a Jupyter notebook the figure shows under the cell and is replaced in place each epoch (IPython's ``display``
+    with a ``display_id``); each fit draws in its own cell's output. Elsewhere (a script, a terminal, a job) it is
+    written to the PNG file ``path``, replaced whole each epoch (a viewer that reloads the file follows the run; a
+    reader never sees half a file). In a notebook a ``path`` is written too. Drawing takes a fraction of a second
+    per epoch and reads only the History, so nothing from the device.
 
     Args:
-        path: the PNG file. None: none in a notebook, else ``fitforge-live.png`` in the current
-            directory (logged at fit start).
-        keys: metric names without prefix (``["loss", "accuracy"]``), as for ``History.plot``;
-            None: every ``train_``/``val_`` name but the speeds (``samples_per_s``...). A name
-            appears from the first epoch that records it (validation every second epoch, say).
+        path: the PNG file. None: none in a notebook, else ``fitforge-live.png`` in the current directory (logged at
+            fit start).
+        keys: metric names without prefix (``["loss", "accuracy"]``), as for ``History.plot``; None: every
+            ``train_``/``val_`` name but the speeds (``samples_per_s``...). A name appears from the first epoch that
+            records it (validation every second epoch, say).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'fitforge[plot]'``).

@@ -34,8 +34,8 @@ def _configured_above() -> bool:
 
 
 class _TqdmStream(logging.Handler):
-    """Writes through ``tqdm.write`` so log lines do not tear a progress bar apart. It stands in
-    only while the application has configured no logging, so lines never print twice."""
+    """Writes through ``tqdm.write`` so log lines do not tear a progress bar apart. It stands in only while the
+    application has configured no logging, so lines never print twice."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if _configured_above():
@@ -61,10 +61,9 @@ def ensure_console_output() -> None:
 
 
 def flush_console() -> None:
-    """Push out what was logged: the streams of the handlers that fitforge's records reach (its
-    logger's and those above it), and ``sys.stderr``, where the stand-in writes through ``tqdm.write``
-    without flushing. In a notebook each stream is sent on its own timer, so an unflushed last line
-    would show after what the cell prints next."""
+    """Push out what was logged: the streams of the handlers that fitforge's records reach (its logger's and those
+    above it), and ``sys.stderr``, where the stand-in writes through ``tqdm.write`` without flushing. In a notebook
+    each stream is sent on its own timer, so an unflushed last line would show after what the cell prints next."""
     logger: logging.Logger | None = log
     while logger is not None:
         for handler in logger.handlers:
@@ -76,10 +75,10 @@ def flush_console() -> None:
 
 
 def console_output_for(handlers: Iterable[object]) -> None:
-    """:func:`ensure_console_output` now if ``handlers`` (those a fit runs in this process) hold a
-    LoggingHandler: ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged
-    before the LoggingHandler's ``train_begin`` (a checkpoint's "resuming from ..." or "training
-    from scratch", a monitor's mode) show in a fresh process too."""
+    """:func:`ensure_console_output` now if ``handlers`` (those a fit runs in this process) hold a LoggingHandler:
+    ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged before the LoggingHandler's
+    ``train_begin`` (a checkpoint's "resuming from ..." or "training from scratch", a monitor's mode) show in a
+    fresh process too."""
     if plays(handlers, EpochLines):
         ensure_console_output()
 
@@ -90,18 +89,16 @@ _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch los
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
-    The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`:
-    parameters, size, device, precision) and one with the fit's length. A line shows every value
-    recorded in its epoch, a non-finite one too (``train_loss=nan``); the first epoch with a
-    non-finite loss also logs a warning. Values read as :mod:`fitforge.reporting.formatting` says
-    (4 significant digits). Epochs are numbered over the estimator's fits (a second ``fit(epochs=2)``
-    after 5 epochs logs epochs 6/7 and 7/7), and an epoch cut short is marked ``partial``, with the
-    batches it trained (a resumed run logs the whole epoch when it finishes it). The closing line
-    (:mod:`fitforge.reporting.closing`) gives the values of the epoch whose weights the net holds
-    (the restored one after ``EarlyStoppingHandler(restore_best=True)``), or, when an exception
-    ends the fit, where it struck and what it was, never "Finished"; a stop with an ending (a
-    pruned trial) opens with its word: ``Pruned at the end of epoch 3/15 (...)``.
-    Everything logged is flushed before ``fit`` returns.
+    The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`: parameters,
+    size, device, precision) and one with the fit's length. A line shows every value recorded in its epoch, a
+    non-finite one too (``train_loss=nan``); the first epoch with a non-finite loss also logs a warning. Values read
+    as :mod:`fitforge.reporting.formatting` says (4 significant digits). Epochs are numbered over the estimator's
+    fits (a second ``fit(epochs=2)`` after 5 epochs logs epochs 6/7 and 7/7), and an epoch cut short is marked
+    ``partial``, with the batches it trained (a resumed run logs the whole epoch when it finishes it). The closing
+    line (:mod:`fitforge.reporting.closing`) gives the values of the epoch whose weights the net holds (the restored
+    one after ``EarlyStoppingHandler(restore_best=True)``), or, when an exception ends the fit, where it struck and
+    what it was, never "Finished"; a stop with an ending (a pruned trial) opens with its word:
+    ``Pruned at the end of epoch 3/15 (...)``. Everything logged is flushed before ``fit`` returns.
 
     Args:
         log_interval: "epoch", or log running values every n batches (a host read each time).
@@ -146,8 +143,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
         self._warned = False
 
     def shows_epoch_lines(self) -> bool:
-        """Whether its epoch lines reach the log now: a progress bar then clears each finished bar,
-        which the epoch's line replaces."""
+        """Whether its epoch lines reach the log now: a progress bar then clears each finished bar, which the
+        epoch's line replaces."""
         return log.isEnabledFor(self.level)
 
     def train_begin(self, state: TrainState) -> None:

@@ -34,28 +34,27 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
-    ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by
-    a stop or by SIGTERM/SIGINT is not: a resumed run finishes it and steps then), after the
-    metrics and validation (``Stage.SCHEDULE``) and before CheckpointHandler (``Stage.PERSIST``), so
-    checkpoints hold the stepped scheduler. ``interval="batch"`` steps once per step of the
-    scheduler's optimizer, after GradientUpdateHandler's (with ``accumulate=N``, once per N batches;
-    with several optimizers and batches that choose which to step (``BatchOutput.step``), only
-    after the batches that stepped this one, e.g. a GAN generator's). ``ReduceLROnPlateau``
-    steps with the value ``monitor`` has in this epoch's history row; an epoch without one
-    (validation every second epoch) does not step it. A ``OneCycleLR`` you size yourself is checked
-    at the fit's first epoch, before its first step: too short for the fit's steps is an error
-    naming both numbers, and one stepped per epoch that would stop before its peak a warning.
+    ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by a stop or by
+    SIGTERM/SIGINT is not: a resumed run finishes it and steps then), after the metrics and validation
+    (``Stage.SCHEDULE``) and before CheckpointHandler (``Stage.PERSIST``), so checkpoints hold the stepped
+    scheduler. ``interval="batch"`` steps once per step of the scheduler's optimizer, after GradientUpdateHandler's
+    (with ``accumulate=N``, once per N batches; with several optimizers and batches that choose which to step
+    (``BatchOutput.step``), only after the batches that stepped this one, e.g. a GAN generator's).
+    ``ReduceLROnPlateau`` steps with the value ``monitor`` has in this epoch's history row; an epoch without one
+    (validation every second epoch) does not step it. A ``OneCycleLR`` you size yourself is checked at the fit's
+    first epoch, before its first step: too short for the fit's steps is an error naming both numbers, and one
+    stepped per epoch that would stop before its peak a warning.
 
-    History: the loop records ``lr`` (``lr_<i>`` for further optimizers: each one's first parameter
-    group) at every epoch end; when this handler steps at an epoch end it records them again, so
-    ``history["lr"][e]`` is always the learning rate *after* epoch ``e``'s steps, the one epoch
-    ``e + 1`` starts with. The scheduler's state rides in checkpoints, so a resume continues exactly.
+    History: the loop records ``lr`` (``lr_<i>`` for further optimizers: each one's first parameter group) at every
+    epoch end; when this handler steps at an epoch end it records them again, so ``history["lr"][e]`` is always the
+    learning rate *after* epoch ``e``'s steps, the one epoch ``e + 1`` starts with. The scheduler's state rides in
+    checkpoints, so a resume continues exactly.
 
     Args:
         scheduler: a ``torch.optim.lr_scheduler`` instance built on one of the estimator's optimizers.
         interval: ``"epoch"`` or ``"batch"``.
-        monitor: the history key ``ReduceLROnPlateau`` steps with, e.g. ``"val_loss"`` (needed for
-            it, and only for it). Its ``mode`` must agree with which way the key improves.
+        monitor: the history key ``ReduceLROnPlateau`` steps with, e.g. ``"val_loss"`` (needed for it, and only for
+            it). Its ``mode`` must agree with which way the key improves.
 
     Example:
         >>> sched = torch.optim.lr_scheduler.StepLR(estimator.optimizer, step_size=10, gamma=0.5)
@@ -135,17 +134,16 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
     def one_cycle(cls, max_lr: float | list[float], optimizer: int = 0, **onecycle_kwargs: Any) -> LRSchedulerHandler:
         """A ``OneCycleLR`` over the whole fit, stepped per optimizer step (the beginner's choice).
 
-        It is built at fit start for ``estimator.optimizers[optimizer]``, with ``total_steps``
-        the fit's optimizer steps (``epochs`` x batches per epoch, or ``batches``, divided by
-        GradientUpdateHandler's ``accumulate``) unless ``onecycle_kwargs`` gives the length (with
-        optimizers stepped by turns, ``BatchOutput.step``, one optimizer's count of steps is not
-        known in advance: give ``total_steps``). ``cycle_momentum`` defaults to whether the
-        optimizer has a momentum or betas setting (SGD always has one, even at 0: as in torch, the
+        It is built at fit start for ``estimator.optimizers[optimizer]``, with ``total_steps`` the fit's optimizer
+        steps (``epochs`` x batches per epoch, or ``batches``, divided by GradientUpdateHandler's ``accumulate``)
+        unless ``onecycle_kwargs`` gives the length (with optimizers stepped by turns, ``BatchOutput.step``, one
+        optimizer's count of steps is not known in advance: give ``total_steps``). ``cycle_momentum`` defaults to
+        whether the optimizer has a momentum or betas setting (SGD always has one, even at 0: as in torch, the
         momentum then cycles between 0.85 and 0.95; pass ``cycle_momentum=False`` to keep plain SGD).
 
         Raises:
-            FitforgeValueError: at fit start, when the length cannot be known (data without
-                ``len()`` and ``epochs=N``: pass ``batches=N`` to fit or ``total_steps`` here).
+            FitforgeValueError: at fit start, when the length cannot be known (data without ``len()`` and
+                ``epochs=N``: pass ``batches=N`` to fit or ``total_steps`` here).
         """
         values = max_lr if isinstance(max_lr, (list, tuple)) else [max_lr]
         if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
@@ -168,38 +166,33 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
 
     @classmethod
     def warmup_cosine(
-        cls,
-        warmup: int | float,
-        min_lr: float | list[float] = 0.0,
-        optimizer: int = 0,
-        total_steps: int | None = None,
+        cls, warmup: int | float, min_lr: float | list[float] = 0.0, optimizer: int = 0, total_steps: int | None = None
     ) -> LRSchedulerHandler:
-        """Linear warm-up from 0 to each parameter group's ``lr``, then cosine decay to ``min_lr``,
-        reached exactly at the fit's last optimizer step (a :class:`~fitforge.core.schedules.WarmupCosineLR`
-        stepped per optimizer step, the schedule of most transformer recipes).
+        """Linear warm-up from 0 to each parameter group's ``lr``, then cosine decay to ``min_lr``, reached exactly
+        at the fit's last optimizer step (a :class:`~fitforge.core.schedules.WarmupCosineLR` stepped per optimizer
+        step, the schedule of most transformer recipes).
 
-        It is built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer
-        steps counted as :meth:`one_cycle` counts them (``epochs`` x batches per epoch, or ``batches``,
-        divided by GradientUpdateHandler's ``accumulate``, rounded up per epoch). The rate of the
-        first step is 0 and that of step ``warmup`` the peak. Checkpointed and resumed exactly.
+        It is built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer steps counted as
+        :meth:`one_cycle` counts them (``epochs`` x batches per epoch, or ``batches``, divided by
+        GradientUpdateHandler's ``accumulate``, rounded up per epoch). The rate of the first step is 0 and that of
+        step ``warmup`` the peak. Checkpointed and resumed exactly.
 
         Args:
-            warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps
-                (a float in (0, 1), rounded down).
-            min_lr: the rate at the last step (one per parameter group, or one for all), below the
-                rate it decays from.
+            warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps (a float in (0,
+                1), rounded down).
+            min_lr: the rate at the last step (one per parameter group, or one for all), below the rate it decays
+                from.
             optimizer: the index of the optimizer in ``estimator.optimizers``.
-            total_steps: the optimizer's steps in the fit, where they cannot be counted: with
-                several optimizers stepped by turns (``BatchOutput.step``), each steps on some
-                batches only (without it, a warning says so after the first steps).
+            total_steps: the optimizer's steps in the fit, where they cannot be counted: with several optimizers
+                stepped by turns (``BatchOutput.step``), each steps on some batches only (without it, a warning says
+                so after the first steps).
 
-        A later fit without a schedule trains at the rate this one left (``min_lr``): call
-        ``estimator.set_lr(...)`` first. A fit that fails before its first step leaves the rates
-        as they were.
+        A later fit without a schedule trains at the rate this one left (``min_lr``): call ``estimator.set_lr(...)``
+        first. A fit that fails before its first step leaves the rates as they were.
 
         Raises:
-            FitforgeValueError: at fit start, when the fit's length cannot be known (data without
-                ``len()`` and ``epochs=N``: pass ``batches=N``) or leaves no step after the warm-up.
+            FitforgeValueError: at fit start, when the fit's length cannot be known (data without ``len()`` and
+                ``epochs=N``: pass ``batches=N``) or leaves no step after the warm-up.
         """
         integer = isinstance(warmup, numbers.Integral) and not isinstance(warmup, bool)
         fraction = isinstance(warmup, float) and 0 <= warmup < 1
@@ -267,9 +260,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 self._check_cycle_length(state)
 
     def _check_cycle_length(self, state: TrainState) -> None:
-        """A OneCycleLR the user sized must fit the steps this fit will take: too few crash in a
-        later epoch (torch's "Tried to step"), and one per epoch of a cycle sized in batches never
-        reaches ``max_lr``. Checked when the fit's length is known (epochs and a data length)."""
+        """A OneCycleLR the user sized must fit the steps this fit will take: too few crash in a later epoch
+        (torch's "Tried to step"), and one per epoch of a cycle sized in batches never reaches ``max_lr``. Checked
+        when the fit's length is known (epochs and a data length)."""
         total, done = self.scheduler.total_steps, self.scheduler.last_epoch
         if self.interval == "batch":
             if self._updater is not None:
@@ -325,9 +318,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
 
     def train_end(self, state: TrainState) -> None:
-        """A fit that took no step with a schedule it built (it failed at its first batch, say) gives
-        the optimizer its rates back: the schedule's first rate (0 for a warm-up) would else stay
-        for the next fit."""
+        """A fit that took no step with a schedule it built (it failed at its first batch, say) gives the optimizer
+        its rates back: the schedule's first rate (0 for a warm-up) would else stay for the next fit."""
         rates, self._rates = self._rates, None
         stepped = self._steps_seen is not None and self._own_steps(state) > self._started_at
         if rates is None or state.resumed or stepped:
@@ -350,8 +342,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         self._steps_seen, self._batches_seen = steps, state.optimizer_steps
 
     def _warn_if_turns(self, state: TrainState, steps: int) -> None:
-        """A schedule sized to every optimizer step, whose optimizer steps only on some batches
-        (optimizers taking turns), would end part-way: say so once, with the fix."""
+        """A schedule sized to every optimizer step, whose optimizer steps only on some batches (optimizers taking
+        turns), would end part-way: say so once, with the fix."""
         recipe = self._recipe
         if recipe is None or recipe.sized or state.optimizer_steps < 2 or steps == state.optimizer_steps:
             return

@@ -15,12 +15,7 @@ from fitforge.core.roles import FirstBatchCheck, KeyRecording
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
-from fitforge.metrics.base import (
-    SumCountMetric,
-    load_metric_state,
-    merge_metric_state,
-    metric_state,
-)
+from fitforge.metrics.base import SumCountMetric, load_metric_state, merge_metric_state, metric_state
 from fitforge.metrics.builtin import is_builtin
 from fitforge.metrics.named import NamedMeans, declared_names
 from fitforge.metrics.reduction import own_share, rank_states, reduced_sums, several_ranks
@@ -44,41 +39,36 @@ def _run_of(state: TrainState) -> tuple:
 
 
 class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchCheck):
-    """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several
-    (``<prefix>loss_<i>``) or they are named (``<prefix><output>_loss``), ``<prefix><metric name>``
-    for every metric, and ``<prefix><name>`` for every named value logged with
-    ``state.log(name, value)`` (its mean over the epoch's calls).
+    """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several (``<prefix>loss_<i>``) or
+    they are named (``<prefix><output>_loss``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>``
+    for every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
 
     Updates stay on the device; values reach the host at epoch end (or when a handler calls
     ``state.running_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate (or what
     ``evaluate(data, prefix=...)`` asks: ``test_`` for ``"test"``).
 
     Args:
-        metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's
-            ``train_metrics`` in fit and ``val_metrics`` in evaluate.
+        metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's ``train_metrics`` in
+            fit and ``val_metrics`` in evaluate.
 
-    Under torch.distributed (a process group initialised, e.g. by ``torchrun``) the sums are
-    reduced across ranks at epoch end, so every rank records the values of the whole data
-    (torchmetrics metrics sync themselves in ``compute``); running values stay per rank. A
-    checkpoint holds every rank's running sums: the same number of ranks takes its own back, and
-    fewer or more ranks resume their total on rank 0.
+    Under torch.distributed (a process group initialised, e.g. by ``torchrun``) the sums are reduced across ranks at
+    epoch end, so every rank records the values of the whole data (torchmetrics metrics sync themselves in
+    ``compute``); running values stay per rank. A checkpoint holds every rank's running sums: the same number of
+    ranks takes its own back, and fewer or more ranks resume their total on rank 0.
 
-    Its state (:meth:`state_dict`) is the epoch's running sums, so a checkpoint written mid-epoch
-    resumes them: the resumed epoch's values cover all its batches. That holds for the built-in
-    metrics, torchmetrics metrics and named values; another metric restarts its sums at the resume
-    (with a warning).
+    Its state (:meth:`state_dict`) is the epoch's running sums, so a checkpoint written mid-epoch resumes them: the
+    resumed epoch's values cover all its batches. That holds for the built-in metrics, torchmetrics metrics and
+    named values; another metric restarts its sums at the resume (with a warning).
 
-    Named values: ``state.log`` appends to the state's pending list, which this handler empties into
-    a mean per name at its ``batch_end`` (and at ``epoch_end``, ``state_dict`` and ``compute``, for
-    values logged by handlers that run after it). Names a batch processor declares in ``logs`` have
-    keys from the start (:meth:`history_keys`); a value logged in ``epoch_end`` after this handler
-    counts in the next epoch. Under torch.distributed the means are reduced with the other sums, so
-    every rank must log the same names.
+    Named values: ``state.log`` appends to the state's pending list, which this handler empties into a mean per name
+    at its ``batch_end`` (and at ``epoch_end``, ``state_dict`` and ``compute``, for values logged by handlers that
+    run after it). Names a batch processor declares in ``logs`` have keys from the start (:meth:`history_keys`); a
+    value logged in ``epoch_end`` after this handler counts in the next epoch. Under torch.distributed the means are
+    reduced with the other sums, so every rank must log the same names.
 
-    Default metrics (inferred from the loss, not asked for) that the step's label cannot feed, e.g.
-    a GAN step returning ``BatchOutput(label=None)``, are left out of the estimator's metrics with
-    an info line, at the first batch; a metric asked for that fails on a missing label is an error
-    naming it, before the first optimizer step.
+    Default metrics (inferred from the loss, not asked for) that the step's label cannot feed, e.g. a GAN step
+    returning ``BatchOutput(label=None)``, are left out of the estimator's metrics with an info line, at the first
+    batch; a metric asked for that fails on a missing label is an error naming it, before the first optimizer step.
     """
 
     priority = Stage.METRICS
@@ -102,8 +92,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         return self._resolved
 
     def history_keys(self, estimator, phase: str) -> list[str]:
-        """The keys this handler produces for ``estimator`` in ``phase`` ("train" or "validate"),
-        those of the names the batch processor declares in ``logs`` included (checked here)."""
+        """The keys this handler produces for ``estimator`` in ``phase`` ("train" or "validate"), those of the names
+        the batch processor declares in ``logs`` included (checked here)."""
         prefix = _PREFIX.get(phase, phase + "_")
         named = self._named_means(estimator, phase, prefix)
         reserved = [name for name in named.reserved if name not in self._unrecorded(estimator, phase)]
@@ -183,17 +173,16 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
                 self._cannot_update(state, slot, pred, label, err, first)
 
     def check_first_batch(self, state: TrainState) -> None:
-        """Update throw-away copies of the metrics with the first batch's output, so that a metric
-        that cannot take it fails before the optimizer step, with ``batch_end``'s message (or, for
-        a default metric, is left out); names logged so far are checked too.
+        """Update throw-away copies of the metrics with the first batch's output, so that a metric that cannot take
+        it fails before the optimizer step, with ``batch_end``'s message (or, for a default metric, is left out);
+        names logged so far are checked too.
 
-        The copies are computed too: a metric must give one number (not a per-class tensor or a
-        dict). fitforge calls it once per run, after the first batch's step and before any ``batch_end``
-        hook (and on the first validation batch before training); ``batch_end`` still makes the one
-        real update per batch. A metric that cannot be copied is left to its first real update; a
-        built-in metric is checked by the batch's shapes, dtypes and devices, or where they do not
-        suffice its copy computes the batch statistics, which is what can fail (see
-        :func:`fitforge.metrics.trial.trial_update`).
+        The copies are computed too: a metric must give one number (not a per-class tensor or a dict). fitforge
+        calls it once per run, after the first batch's step and before any ``batch_end`` hook (and on the first
+        validation batch before training); ``batch_end`` still makes the one real update per batch. A metric that
+        cannot be copied is left to its first real update; a built-in metric is checked by the batch's shapes,
+        dtypes and devices, or where they do not suffice its copy computes the batch statistics, which is what can
+        fail (see :func:`fitforge.metrics.trial.trial_update`).
         """
         estimator, out = state.estimator, state.output
         assert out is not None  # the first batch's output, set before this call
@@ -217,8 +206,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
     def _cannot_update(
         self, state: TrainState, slot: MetricSlot, pred: Any, label: Any, err: Exception, first: bool
     ) -> None:
-        """A metric failed on a batch: a default one is left out if the label cannot feed it (none,
-        or the first batch's cannot); otherwise raise, naming a missing label if that is the cause."""
+        """A metric failed on a batch: a default one is left out if the label cannot feed it (none, or the first
+        batch's cannot); otherwise raise, naming a missing label if that is the cause."""
         if not (slot.inferred and (label is None or first)):
             if pred is None and state.estimator.loss is None:  # a net that returned its loss alone
                 raise FitforgeValueError(
@@ -247,8 +236,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         )
 
     def state_dict(self) -> dict:
-        """The running sums of the current (or last) epoch: the loss mean(s) and every metric's;
-        under torch.distributed, every rank's (``{"ranks": [...]}`` on rank 0, a collective)."""
+        """The running sums of the current (or last) epoch: the loss mean(s) and every metric's; under
+        torch.distributed, every rank's (``{"ranks": [...]}`` on rank 0, a collective)."""
         if self._configured_for is None:
             return {}
         if self._open and self._inbox:  # values logged after this batch's batch_end belong to the sums
@@ -311,9 +300,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
             slot.metric.to(device)
 
     def compute(self) -> dict[str, float]:
-        """The epoch-so-far values, keyed as in history (reads device values to the host). On a
-        torch.distributed rank they are this rank's own: a torchmetrics metric is computed without
-        its cross-rank sync, a collective that ranks without this reader would never join."""
+        """The epoch-so-far values, keyed as in history (reads device values to the host). On a torch.distributed
+        rank they are this rank's own: a torchmetrics metric is computed without its cross-rank sync, a collective
+        that ranks without this reader would never join."""
         if self._open and self._inbox:
             self._named.take(self._inbox, self._device)
         return self._values(local=several_ranks())

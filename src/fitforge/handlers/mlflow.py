@@ -1,5 +1,5 @@
-"""MLflowHandler: a run's parameters, its epochs' history and its best checkpoint in MLflow
-tracking (optional extra)."""
+"""MLflowHandler: a run's parameters, its epochs' history and its best checkpoint in MLflow tracking (optional
+extra)."""
 
 from __future__ import annotations
 
@@ -22,41 +22,39 @@ _BATCH = 100  # params per log_batch call (MLflow's limit)
 
 
 class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
-    """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status
-    (and optionally the best checkpoint) at the end.
+    """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status (and optionally
+    the best checkpoint) at the end.
 
-    At ``train_begin`` the handler starts a run, or joins the active one (a fit inside ``with
-    mlflow.start_run():``, with ``tracking_uri`` None or that run's), and logs
-    :func:`~fitforge.reporting.hparams.run_params` (model, optimizer, lr, batch size, epochs,
-    precision...) with ``params`` on top as the run's parameters. At each training epoch end every
-    finite value of the epoch's history row (``train_loss``, ``val_*``, ``lr``, ``epoch_time``...)
-    becomes a metric with the epoch number (from 1) as its step; an epoch cut short by SIGTERM/SIGINT
-    is left to the resumed run, as in the CSV and TensorBoard logs. At ``train_end`` a run it started
-    ends ``FINISHED``; ``KILLED`` when a SIGTERM/SIGINT (or ``KeyboardInterrupt``) ended the fit;
-    ``FAILED`` when an exception did. A run it joined is left open for its owner to end. The run's id
-    is ``run_id`` (kept after fit), to log more into it with ``mlflow.MlflowClient``.
+    At ``train_begin`` the handler starts a run, or joins the active one (a fit inside ``with mlflow.start_run():``,
+    with ``tracking_uri`` None or that run's), and logs :func:`~fitforge.reporting.hparams.run_params` (model,
+    optimizer, lr, batch size, epochs, precision...) with ``params`` on top as the run's parameters. At each
+    training epoch end every finite value of the epoch's history row (``train_loss``, ``val_*``, ``lr``,
+    ``epoch_time``...) becomes a metric with the epoch number (from 1) as its step; an epoch cut short by
+    SIGTERM/SIGINT is left to the resumed run, as in the CSV and TensorBoard logs. At ``train_end`` a run it started
+    ends ``FINISHED``; ``KILLED`` when a SIGTERM/SIGINT (or ``KeyboardInterrupt``) ended the fit; ``FAILED`` when an
+    exception did. A run it joined is left open for its owner to end. The run's id is ``run_id`` (kept after fit),
+    to log more into it with ``mlflow.MlflowClient``.
 
-    Only rank 0 logs under torch.distributed. Needs the optional extra: ``pip install
-    'fitforge[mlflow]'`` (``mlflow-skinny`` and the SQLite store's ``sqlalchemy`` and ``alembic``;
-    the full ``mlflow`` package works as well and adds the UI server: ``mlflow ui``).
+    Only rank 0 logs under torch.distributed. Needs the optional extra: ``pip install 'fitforge[mlflow]'``
+    (``mlflow-skinny`` and the SQLite store's ``sqlalchemy`` and ``alembic``; the full ``mlflow`` package works as
+    well and adds the UI server: ``mlflow ui``).
 
     Args:
-        tracking_uri: where runs are stored: ``"sqlite:///mlflow.db"``, ``"http://host:5000"``...
-            None: MLflow's default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``).
-        experiment_name: the experiment of a new run, created if needed. None:
-            ``MLFLOW_EXPERIMENT_NAME``, else ``MLFLOW_EXPERIMENT_ID``, else MLflow's Default.
+        tracking_uri: where runs are stored: ``"sqlite:///mlflow.db"``, ``"http://host:5000"``... None: MLflow's
+            default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``).
+        experiment_name: the experiment of a new run, created if needed. None: ``MLFLOW_EXPERIMENT_NAME``, else
+            ``MLFLOW_EXPERIMENT_ID``, else MLflow's Default.
         run_name: the new run's name (None: MLflow makes one up).
         params: more parameters (str keys; str, int, float or bool values), merged over the run's own.
         tags: tags of a new run (str to str).
         log_best_checkpoint: at ``train_end``, upload the best checkpoint of the fit's
-            ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt``
-            (the ``.pt`` file; under FSDP its folder of shards is not uploaded). A fit without such
-            a handler fails at its start.
+            ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt`` (the ``.pt``
+            file; under FSDP its folder of shards is not uploaded). A fit without such a handler fails at its start.
 
     Raises:
         ImportError: mlflow is not installed.
-        FitforgeTypeError / FitforgeValueError: a bad argument; at fit start, ``log_best_checkpoint``
-            without a ``CheckpointHandler(save_best=True)``.
+        FitforgeTypeError / FitforgeValueError: a bad argument; at fit start, ``log_best_checkpoint`` without a
+            ``CheckpointHandler(save_best=True)``.
 
     Example:
         >>> from fitforge.handlers import CheckpointHandler, MLflowHandler

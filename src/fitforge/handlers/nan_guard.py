@@ -22,66 +22,61 @@ _POLICIES = ("stop", "skip", "raise")
 
 
 class NonFiniteLossError(FitforgeValueError):
-    """The training loss (or a gradient) was nan or infinite and ``NaNGuardHandler(policy="raise")``
-    was asked to fail."""
+    """The training loss (or a gradient) was nan or infinite and ``NaNGuardHandler(policy="raise")`` was asked to
+    fail."""
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer`` skips a step on a device flag (``found_inf``) and leaves its state as it
-    was: fused Adam and AdamW. Not fused SGD: a skipped first step leaves its momentum buffers
-    uninitialised (``empty_like``), and on CUDA a skipped step still moves them."""
+    """Whether ``optimizer`` skips a step on a device flag (``found_inf``) and leaves its state as it was: fused
+    Adam and AdamW. Not fused SGD: a skipped first step leaves its momentum buffers uninitialised (``empty_like``),
+    and on CUDA a skipped step still moves them."""
     return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(
         getattr(optimizer, "_step_supports_amp_scaling", False)
     )
 
 
 class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stopping):
-    """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and
-    never let the optimizer step on such a batch.
+    """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and never let the
+    optimizer step on such a batch.
 
-    Every batch, after the backward and before GradientUpdateHandler's step, it decides on the
-    device whether the loss or any gradient of the optimizers' parameters is not finite. Bringing
-    that to the host waits for the device (a sync), so what each policy costs is stated:
+    Every batch, after the backward and before GradientUpdateHandler's step, it decides on the device whether the
+    loss or any gradient of the optimizers' parameters is not finite. Bringing that to the host waits for the device
+    (a sync), so what each policy costs is stated:
 
-    - The step is guarded under every policy. When every optimizer can skip its update on the
-      device (``fused=True`` Adam and AdamW: the ``found_inf`` mechanism GradScaler uses; not
-      fused SGD, whose skipped first step leaves its momentum uninitialised), the guard hands its
-      flag to GradientUpdateHandler (``state.shared["found_inf"]``) and reads nothing per batch: a
-      bad batch's update is skipped on the device. Any other optimizer needs the answer on the
-      host: **one host read per batch** (free on the CPU, a sync on a GPU), and a bad batch is
-      cancelled (``CancelBatch``: no step, gradients cleared) whatever the
-      policy. Under ``precision="16-mixed"`` the GradScaler already skips every step whose
-      gradients are not finite (overflow of the scaled gradients is routine there), so the guard
-      watches the loss only.
-    - ``"stop"`` (default): request a stop whose reason (in ``history.stop_reason``) names the first
-      bad batch (epoch and batch counted from 1, and ``state.global_step``) and the loss value. On
-      the device-skip path the first bad batch is recorded on the device and read at epoch end
-      (**one host read per epoch**), so the stop comes at the end of that epoch, its bad steps
-      skipped; with ``check_every=n`` the record is also read every n batches and the guard acts at
-      once (that batch is cancelled). On the host-read path it acts at the first bad batch.
-    - ``"raise"``: like ``"stop"``, but fail with a :class:`NonFiniteLossError` (a ``ValueError``)
-      naming the batch and the value; ``train_end`` still runs for every handler.
-    - ``"skip"``: cancel every bad batch (``CancelBatch``: no step, gradients cleared, not counted
-      towards ``batches=N`` nor in the epoch's metrics) and go on. Deciding per batch needs the
-      value per batch: **one host read per batch**. With gradient accumulation, a skipped batch
-      clears the gradients of its whole group so far. A warning at each epoch end says how many
-      were skipped.
+    - The step is guarded under every policy. When every optimizer can skip its update on the device (``fused=True``
+      Adam and AdamW: the ``found_inf`` mechanism GradScaler uses; not fused SGD, whose skipped first step leaves
+      its momentum uninitialised), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``)
+      and reads nothing per batch: a bad batch's update is skipped on the device. Any other optimizer needs the
+      answer on the host: **one host read per batch** (free on the CPU, a sync on a GPU), and a bad batch is
+      cancelled (``CancelBatch``: no step, gradients cleared) whatever the policy. Under ``precision="16-mixed"``
+      the GradScaler already skips every step whose gradients are not finite (overflow of the scaled gradients is
+      routine there), so the guard watches the loss only.
+    - ``"stop"`` (default): request a stop whose reason (in ``history.stop_reason``) names the first bad batch
+      (epoch and batch counted from 1, and ``state.global_step``) and the loss value. On the device-skip path the
+      first bad batch is recorded on the device and read at epoch end (**one host read per epoch**), so the stop
+      comes at the end of that epoch, its bad steps skipped; with ``check_every=n`` the record is also read every n
+      batches and the guard acts at once (that batch is cancelled). On the host-read path it acts at the first bad
+      batch.
+    - ``"raise"``: like ``"stop"``, but fail with a :class:`NonFiniteLossError` (a ``ValueError``) naming the batch
+      and the value; ``train_end`` still runs for every handler.
+    - ``"skip"``: cancel every bad batch (``CancelBatch``: no step, gradients cleared, not counted towards
+      ``batches=N`` nor in the epoch's metrics) and go on. Deciding per batch needs the value per batch: **one host
+      read per batch**. With gradient accumulation, a skipped batch clears the gradients of its whole group so far.
+      A warning at each epoch end says how many were skipped.
 
-    A parameter that a step on finite gradients made non-finite shows in the next batch's loss or
-    gradients; a CheckpointHandler never saves it. A step the user takes inside ``fit_batch`` is
-    not guarded (it comes before the guard runs).
+    A parameter that a step on finite gradients made non-finite shows in the next batch's loss or gradients; a
+    CheckpointHandler never saves it. A step the user takes inside ``fit_batch`` is not guarded (it comes before the
+    guard runs).
 
-    It runs at ``backward_end`` (in training only), so before any ``batch_end`` handler: the
-    optimizer step (GradientUpdateHandler) and the metrics never see a bad batch it cancels. A run
-    it stopped counts as finished: resuming from a checkpoint written after the stop trains no
-    more (like EarlyStoppingHandler). Its record rides in checkpoints, so a run preempted
-    after a bad batch reports it when the resumed epoch ends.
+    It runs at ``backward_end`` (in training only), so before any ``batch_end`` handler: the optimizer step
+    (GradientUpdateHandler) and the metrics never see a bad batch it cancels. A run it stopped counts as finished:
+    resuming from a checkpoint written after the stop trains no more (like EarlyStoppingHandler). Its record rides
+    in checkpoints, so a run preempted after a bad batch reports it when the resumed epoch ends.
 
     Args:
         policy: ``"stop"``, ``"skip"`` or ``"raise"``.
-        check_every: for "stop"/"raise" on the device-skip path, also read the record every n
-            batches and act at once (None: only at epoch end). "skip" reads every batch anyway (only
-            None or 1 allowed).
+        check_every: for "stop"/"raise" on the device-skip path, also read the record every n batches and act at
+            once (None: only at epoch end). "skip" reads every batch anyway (only None or 1 allowed).
 
     Raises:
         FitforgeTypeError / FitforgeValueError: a bad ``policy`` or ``check_every``.
@@ -175,8 +170,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
             raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")  # no optimizer step for this batch
 
     def _check(self, loss: torch.Tensor, ranks: Processes) -> torch.Tensor:
-        """This batch's flag on the device, with no host read: 1 when the loss or a gradient is not
-        finite. Under several ranks on the device-skip path, every rank's (one device all-reduce)."""
+        """This batch's flag on the device, with no host read: 1 when the loss or a gradient is not finite. Under
+        several ranks on the device-skip path, every rank's (one device all-reduce)."""
         found = self._found
         finite = torch.isfinite(loss) if loss.dim() == 0 else torch.isfinite(loss).all()
         found.copy_(~finite)
@@ -187,8 +182,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
         return found
 
     def _record(self, state: TrainState, bad: torch.Tensor, loss: torch.Tensor) -> None:
-        """Remember, on the device, the first bad batch since the last read and its loss (a few
-        in-place operations on 0-d tensors: this runs every batch on the device-skip path)."""
+        """Remember, on the device, the first bad batch since the last read and its loss (a few in-place operations
+        on 0-d tensors: this runs every batch on the device-skip path)."""
         first = bad.bool().logical_and_(self._first == _NONE)
         self._first.masked_fill_(first, state.global_step * _SHIFT + state.batch_idx)
         self._value.masked_fill_(first, loss.reshape(-1)[0].float())
@@ -208,8 +203,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
             self._act(state)  # a preempted partial epoch is judged when the resumed run ends it
 
     def _act(self, state: TrainState) -> bool:
-        """Read the record (one host read; two when there is a bad batch) and act on it. Under
-        torch.distributed the ranks agree on the first bad batch of any rank (one all-reduce)."""
+        """Read the record (one host read; two when there is a bad batch) and act on it. Under torch.distributed the
+        ranks agree on the first bad batch of any rank (one all-reduce)."""
         own = int(self._first)
         code = state.ranks.min_int(own)
         if code == _NONE:

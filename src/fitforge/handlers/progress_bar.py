@@ -1,16 +1,14 @@
 """ProgressBarHandler: a tqdm bar per epoch, refreshed at a throttled interval.
 
-What a finished epoch leaves on screen is one line (as in Keras): the bar is shown while the
-epoch runs; at its end it is cleared when a LoggingHandler's epoch line (the same numbers) takes
-its place, else it stays as the epoch's line. The running values after the bar are cut, whole
-``key=value`` pairs at a time, to what fits the terminal's width, so they never squeeze the bar.
-Output that is not a terminal (a file, a pipe, a CI log) gets no redrawn bar and no carriage
-return: nothing while the epoch runs, then the finished line only when the bar is the epoch's line
-(else the LoggingHandler's line is the one line), as Keras writes when piped. In a Jupyter notebook
-(``file=None``) each bar is a cell output of its own, redrawn in place, that keeps the finished line
-as text or is emptied for the log line (:mod:`fitforge.reporting.notebook_output`): tqdm's widget
-while the epoch runs when ``ipywidgets`` is installed, a text bar otherwise (and no "IProgress not
-found" warning).
+What a finished epoch leaves on screen is one line (as in Keras): the bar is shown while the epoch runs; at its end
+it is cleared when a LoggingHandler's epoch line (the same numbers) takes its place, else it stays as the epoch's
+line. The running values after the bar are cut, whole ``key=value`` pairs at a time, to what fits the terminal's
+width, so they never squeeze the bar. Output that is not a terminal (a file, a pipe, a CI log) gets no redrawn bar
+and no carriage return: nothing while the epoch runs, then the finished line only when the bar is the epoch's line
+(else the LoggingHandler's line is the one line), as Keras writes when piped. In a Jupyter notebook (``file=None``)
+each bar is a cell output of its own, redrawn in place, that keeps the finished line as text or is emptied for the
+log line (:mod:`fitforge.reporting.notebook_output`): tqdm's widget while the epoch runs when ``ipywidgets`` is
+installed, a text bar otherwise (and no "IProgress not found" warning).
 """
 
 from __future__ import annotations
@@ -60,18 +58,18 @@ class _Sink:
 class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """Show a progress bar with the running loss and metrics.
 
-    Only every ``refresh_seconds`` does it move the bar and read running values from the device,
-    so its cost per batch is a clock read. Added by default only on a terminal or in a notebook.
-    See the module docstring for what a finished epoch leaves on screen.
+    Only every ``refresh_seconds`` does it move the bar and read running values from the device, so its cost per
+    batch is a clock read. Added by default only on a terminal or in a notebook. See the module docstring for what a
+    finished epoch leaves on screen.
 
     Args:
         refresh_seconds: the throttle interval.
-        leave: keep each finished training bar as the epoch's line. None (the default): keep it
-            unless a LoggingHandler of the fit prints the epoch's line (its lines are enabled).
-        file: the stream to draw on; None: ``sys.stderr`` at each epoch, or in a notebook, a cell
-            output of each bar's own (a stream given there draws as it would anywhere).
-        ncols: the width in columns; None: the terminal's, followed as it changes (in a
-            notebook: tqdm's default bar, the values uncut).
+        leave: keep each finished training bar as the epoch's line. None (the default): keep it unless a
+            LoggingHandler of the fit prints the epoch's line (its lines are enabled).
+        file: the stream to draw on; None: ``sys.stderr`` at each epoch, or in a notebook, a cell output of each
+            bar's own (a stream given there draws as it would anywhere).
+        ncols: the width in columns; None: the terminal's, followed as it changes (in a notebook: tqdm's default
+            bar, the values uncut).
     """
 
     priority = Stage.REPORT
@@ -157,8 +155,8 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
 
 def fitted(bar: Any, values: dict[str, float], width: int | None) -> str:
-    """``values`` as the bar's postfix: whole ``key=value`` pairs, as many as leave the bar at least
-    10 cells in ``width`` columns (all of them when the width is unknown)."""
+    """``values`` as the bar's postfix: whole ``key=value`` pairs, as many as leave the bar at least 10 cells in
+    ``width`` columns (all of them when the width is unknown)."""
     pairs = [f"{key}={format_value(value)}" for key, value in values.items()]
     if width is None:
         return " ".join(pairs)

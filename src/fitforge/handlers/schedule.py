@@ -1,5 +1,5 @@
-"""ScheduleHandler: any optimizer hyper-parameter (momentum, weight decay, Adam's betas...) as a
-function of training progress."""
+"""ScheduleHandler: any optimizer hyper-parameter (momentum, weight decay, Adam's betas...) as a function of
+training progress."""
 
 from __future__ import annotations
 
@@ -22,29 +22,28 @@ _ENTRY = re.compile(r"^(?P<key>[A-Za-z_]\w*)(\[(?P<index>\d+)\])?$")  # "momentu
 
 
 class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
-    """Set optimizer hyper-parameters from functions of training progress, as fastai's and Ignite's
-    schedulers do for any of them (torch's own schedule only the learning rate).
+    """Set optimizer hyper-parameters from functions of training progress, as fastai's and Ignite's schedulers do
+    for any of them (torch's own schedule only the learning rate).
 
-    Each function maps the progress of the fit, a float from 0 (its first optimizer step) to 1 (its
-    last), counted in optimizer steps as :meth:`LRSchedulerHandler.warmup_cosine` counts them
-    (``epochs`` x batches per epoch, or ``batches``, over ``accumulate``), to the value the next
-    step uses. A key names a param-group setting (``"momentum"``, ``"weight_decay"``) or an entry of
-    a tuple one by index (``"betas[0]"``, Adam's first beta). The values are a function of the
-    optimizer steps taken, so a resumed fit continues exactly; an unknown key fails at fit start,
-    naming the optimizer's keys.
+    Each function maps the progress of the fit, a float from 0 (its first optimizer step) to 1 (its last), counted
+    in optimizer steps as :meth:`LRSchedulerHandler.warmup_cosine` counts them (``epochs`` x batches per epoch, or
+    ``batches``, over ``accumulate``), to the value the next step uses. A key names a param-group setting
+    (``"momentum"``, ``"weight_decay"``) or an entry of a tuple one by index (``"betas[0]"``, Adam's first beta).
+    The values are a function of the optimizer steps taken, so a resumed fit continues exactly; an unknown key fails
+    at fit start, naming the optimizer's keys.
 
     Args:
         schedules: ``{key: function(progress) -> value}`` (a real number).
-        interval: ``"batch"``, a new value before every optimizer step, or ``"epoch"``, one at each
-            epoch's start (from the steps taken before it: the last epoch's progress is below 1).
+        interval: ``"batch"``, a new value before every optimizer step, or ``"epoch"``, one at each epoch's start
+            (from the steps taken before it: the last epoch's progress is below 1).
         optimizer: the index of the optimizer in ``estimator.optimizers``.
         groups: the indices of the param groups to set (None: all).
-        total_steps: the optimizer's steps in the fit, where they cannot be counted: with several
-            optimizers stepped by turns (``BatchOutput.step``) each steps on some batches only
-            (without it, a warning says so after the first steps).
+        total_steps: the optimizer's steps in the fit, where they cannot be counted: with several optimizers stepped
+            by turns (``BatchOutput.step``) each steps on some batches only (without it, a warning says so after the
+            first steps).
 
-    A setting another handler schedules too (``LRSchedulerHandler.one_cycle`` cycles the momentum
-    unless ``cycle_momentum=False``) is written by both: schedule each setting in one place.
+    A setting another handler schedules too (``LRSchedulerHandler.one_cycle`` cycles the momentum unless
+    ``cycle_momentum=False``) is written by both: schedule each setting in one place.
 
     Example:
         >>> cosine = lambda p: 0.85 + 0.1 * (1 - math.cos(math.pi * p)) / 2   # 0.85 -> 0.95

@@ -25,30 +25,28 @@ class LossSpikeError(FitforgeValueError):
 
 
 class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfirming, KeyRecording):
-    """Recover from a loss spike: go back to the last good weights, skip the bad batch, optionally
-    lower the learning rate, and go on.
+    """Recover from a loss spike: go back to the last good weights, skip the bad batch, optionally lower the
+    learning rate, and go on.
 
-    A batch spikes when its training loss is not finite, or is above ``factor`` times the median
-    of the last ``window`` losses that did not spike (judged once ``window // 2`` of them are
-    known). The test runs on the device every batch, after the backward; the decision is read to
-    the host every ``check_every`` batches (one host read there, none per batch) and right before
-    a checkpoint is saved, and under torch.distributed the ranks agree (every rank recovers at the
-    same batch). At a check with no spike since the last one, the weights, the optimizers' states
-    (and the fp16 scaler's) are snapshotted on the device, when ``snapshot_every`` optimizer steps
-    have passed since the last snapshot. At a check that finds a spike:
+    A batch spikes when its training loss is not finite, or is above ``factor`` times the median of the last
+    ``window`` losses that did not spike (judged once ``window // 2`` of them are known). The test runs on the
+    device every batch, after the backward; the decision is read to the host every ``check_every`` batches (one host
+    read there, none per batch) and right before a checkpoint is saved, and under torch.distributed the ranks agree
+    (every rank recovers at the same batch). At a check with no spike since the last one, the weights, the
+    optimizers' states (and the fp16 scaler's) are snapshotted on the device, when ``snapshot_every`` optimizer
+    steps have passed since the last snapshot. At a check that finds a spike:
 
-    - the snapshot is put back, so the steps since it, the spiked one among them, are undone (the
-      batches trained since the snapshot are not trained again: one recovery drops at most
-      ``snapshot_every + check_every`` batches);
+    - the snapshot is put back, so the steps since it, the spiked one among them, are undone (the batches trained
+      since the snapshot are not trained again: one recovery drops at most ``snapshot_every + check_every``
+      batches);
     - the batch being checked is skipped (no step; at a checkpoint, the restored state is saved);
-    - with ``lr_factor``, every optimizer's learning rate is multiplied by it (an LR schedule that
-      sets the rate from its own base rates overrides it);
-    - one warning names the spiked batch, and the epoch's count goes to the history
-      (``spike_recoveries``).
+    - with ``lr_factor``, every optimizer's learning rate is multiplied by it (an LR schedule that sets the rate
+      from its own base rates overrides it);
+    - one warning names the spiked batch, and the epoch's count goes to the history (``spike_recoveries``).
 
-    After ``max_recoveries`` recoveries in a run, the next spike raises a :class:`LossSpikeError`
-    naming the batches. A checkpoint never holds a spiked state: the guard checks before each
-    save. Off by default: add it to ``event_handlers``.
+    After ``max_recoveries`` recoveries in a run, the next spike raises a :class:`LossSpikeError` naming the
+    batches. A checkpoint never holds a spiked state: the guard checks before each save. Off by default: add it to
+    ``event_handlers``.
 
     Args:
         factor: how many times the running median a loss must exceed to spike.
@@ -148,8 +146,8 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             self._check(state)
 
     def _check(self, state: TrainState) -> bool:
-        """Read the decision (every rank agrees on the earliest spike); recover from a spike, or
-        snapshot a good state. Whether it recovered."""
+        """Read the decision (every rank agrees on the earliest spike); recover from a spike, or snapshot a good
+        state. Whether it recovered."""
         first = state.ranks.min_int(int(self._first))
         self._first.fill_(_NONE)
         if first == _NONE:

@@ -1,5 +1,5 @@
-"""ThroughputHandler: samples (and tokens) per second of each training epoch; with FLOPs counted,
-FLOP/s and model FLOPs utilisation (MFU)."""
+"""ThroughputHandler: samples (and tokens) per second of each training epoch; with FLOPs counted, FLOP/s and model
+FLOPs utilisation (MFU)."""
 
 from __future__ import annotations
 
@@ -33,24 +33,21 @@ log = logging.getLogger("fitforge")
 
 
 class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd, KeyRecording):
-    """Record each training epoch's throughput in the History (and so in the epoch's line and every
-    logger): ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold tokens
-    (the non-padding tokens of an ``attention_mask``, else every token of integer ``input_ids``).
+    """Record each training epoch's throughput in the History (and so in the epoch's line and every logger):
+    ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold tokens (the non-padding tokens of an
+    ``attention_mask``, else every token of integer ``input_ids``).
 
-    The time is the epoch's training time, from its ``epoch_begin`` to its ``epoch_end`` (on a GPU,
-    once the device is through with the epoch's batches: one wait per epoch), before validation.
-    Nothing is read to the host per batch: tokens are summed on the device. Under
-    torch.distributed the figures are the whole job's (every rank's samples over the slowest
-    rank's time: the same on every rank).
+    The time is the epoch's training time, from its ``epoch_begin`` to its ``epoch_end`` (on a GPU, once the device
+    is through with the epoch's batches: one wait per epoch), before validation. Nothing is read to the host per
+    batch: tokens are summed on the device. Under torch.distributed the figures are the whole job's (every rank's
+    samples over the slowest rank's time: the same on every rank).
 
-    ``fit`` runs one by default, counting samples and tokens only. Pass ``ThroughputHandler()``
-    yourself to add ``train_flops_per_s``: the FLOPs of one training step (forward and backward)
-    are counted once, on the first batch, with torch's FLOP counter
-    (:class:`torch.utils.flop_counter.FlopCounterMode`), and taken to be every batch's. With a
-    device peak, from ``peak_flops`` or the table of common GPUs
-    (:mod:`fitforge.core.peak_flops`, dense, for the estimator's precision), it adds
-    ``train_mfu``: the FLOP/s of one device over its peak. Where the peak is not known (a CPU)
-    MFU is left out, with one info line.
+    ``fit`` runs one by default, counting samples and tokens only. Pass ``ThroughputHandler()`` yourself to add
+    ``train_flops_per_s``: the FLOPs of one training step (forward and backward) are counted once, on the first
+    batch, with torch's FLOP counter (:class:`torch.utils.flop_counter.FlopCounterMode`), and taken to be every
+    batch's. With a device peak, from ``peak_flops`` or the table of common GPUs (:mod:`fitforge.core.peak_flops`,
+    dense, for the estimator's precision), it adds ``train_mfu``: the FLOP/s of one device over its peak. Where the
+    peak is not known (a CPU) MFU is left out, with one info line.
 
     Args:
         flops: count the FLOPs of a step (FLOP/s, and MFU where the peak is known).
@@ -188,8 +185,8 @@ def _maths_dtype(estimator: Any) -> torch.dtype | None:
 
 
 def _tokens(inputs: Mapping[str, Any]) -> torch.Tensor | int | None:
-    """A dict batch's tokens: the non-padding ones of its attention mask (summed on the device), else
-    every token of integer ``input_ids`` (counted from the shape); None for a batch of no tokens."""
+    """A dict batch's tokens: the non-padding ones of its attention mask (summed on the device), else every token of
+    integer ``input_ids`` (counted from the shape); None for a batch of no tokens."""
     mask = inputs.get("attention_mask")
     if isinstance(mask, torch.Tensor):
         return mask.sum(dtype=torch.int64)  # a float mask counts alike

@@ -15,32 +15,24 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
     """Run ``eval_fn(val_data, event_handlers=...)`` and merge its dict into the epoch's history row.
 
     Args:
-        val_data: re-iterable validation batches, or arrays ``(X, y)`` (batched by 32; as they are
-            for an ``eval_fn``).
+        val_data: re-iterable validation batches, or arrays ``(X, y)`` (batched by 32; as they are for an
+            ``eval_fn``).
         eval_fn: returns ``{"val_loss": ..., ...}``; default ``estimator.evaluate``.
         epoch_period: validate at the end of every n-th epoch (None: never at epoch end).
         batch_period: also validate after every n-th training batch (None: never mid-epoch).
         event_handlers: handlers for the evaluation run (never fit's).
         check_first: before training, evaluate a batch of the first few samples of ``val_data``
-            (:func:`fitforge.checks.validation.check_first_val_batch`), so that a mistake in the validation
-            data or metrics fails in a second, not after an epoch; False skips it.
+            (:func:`fitforge.checks.validation.check_first_val_batch`), so that a mistake in the validation data or
+            metrics fails in a second, not after an epoch; False skips it.
 
-    A signal that stops the fit (SIGTERM, SIGUSR1, SIGINT) abandons a validation under way at its
-    next batch: nothing of it is recorded. One of ``batch_period`` is owed, and its checkpoint says
-    so: the resumed run does it at its first ``epoch_begin``, before its first batch. One at an
-    epoch end is done by the resumed run's end of that epoch.
+    A signal that stops the fit (SIGTERM, SIGUSR1, SIGINT) abandons a validation under way at its next batch:
+    nothing of it is recorded. One of ``batch_period`` is owed, and its checkpoint says so: the resumed run does it
+    at its first ``epoch_begin``, before its first batch. One at an epoch end is done by the resumed run's end of
+    that epoch.
     """
 
     priority = Stage.VALIDATE  # after MetricHandler's training values: the stages order the two
-    reads = (
-        "estimator",
-        "epoch",
-        "global_step",
-        "preempted",
-        "epoch_finished",
-        "batch_idx",
-        "num_batches",
-    )
+    reads = ("estimator", "epoch", "global_step", "preempted", "epoch_finished", "batch_idx", "num_batches")
     writes = ("metrics", "history")
 
     def __init__(
@@ -74,8 +66,8 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
         self._owed: int | None = None  # a batch_period validation a signal abandoned (completed batches)
 
     def validation_setup(self) -> ValidationSetup:
-        """What fit checks and sets up before training: ``val_data``, and an evaluation of it
-        unless an ``eval_fn`` evaluates it."""
+        """What fit checks and sets up before training: ``val_data``, and an evaluation of it unless an ``eval_fn``
+        evaluates it."""
         return ValidationSetup(
             self.val_data, tuple(self.event_handlers), self.check_first, bool(self.batch_period), self.eval_fn is None
         )
@@ -110,8 +102,8 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
             self.validate(state)
 
     def state_dict(self) -> dict:
-        """When it last validated (so a resumed epoch does not validate the same weights twice), and
-        the validation a signal abandoned, if any (the resumed run does it)."""
+        """When it last validated (so a resumed epoch does not validate the same weights twice), and the validation
+        a signal abandoned, if any (the resumed run does it)."""
         return {"validated_at": self._validated_at, "owed": self._owed}
 
     def load_state_dict(self, state: dict) -> None:
