@@ -25,22 +25,20 @@ log = logging.getLogger("fitforge")
 class CSVLoggerHandler(TrainBegin, EpochEnd):
     """Write the history row of every training epoch to a CSV file as the epoch ends.
 
-    Columns: ``epoch`` (counted from 1), then the history keys: those recorded by the first epoch, followed by the
-    keys the run's metric and validation handlers will produce later (so validation every second epoch does not
-    change the header; its other rows hold ``nan``). A key that appears later anyway (a custom ``eval_fn``, a
-    handler recording its own values) adds a column: the file is rewritten once, atomically, with ``nan`` in the
-    earlier rows. Each row is flushed and fsynced when written, so a crash loses at most the epoch under way.
+    Columns: ``epoch`` (from 1), then the history keys recorded by the first epoch and those the run's metric and
+    validation handlers will produce later (validation every second epoch keeps the header; its other rows hold
+    ``nan``). A key that appears later anyway (a custom ``eval_fn``, a handler's own values) adds a column: the file
+    is rewritten once, atomically, with ``nan`` in the earlier rows. Each row is flushed and fsynced when written, so
+    a crash loses at most the epoch under way. Only ``fit`` writes (not ``evaluate``).
 
-    Resuming (``CheckpointHandler(resume_from_checkpoint=True)``) continues the file: the rows of the epochs after
-    the file's last one are appended (from the restored history, so rows the interrupted run had no time to write
-    are filled in), and an epoch the file already has is never written twice (a row written before a crash, for an
-    epoch the resumed run redoes, stays as first written). A partial epoch ended by SIGTERM/SIGINT is written when
-    the resumed run ends it; one ended by a stop is written as it is. Only ``fit`` writes (not ``evaluate``).
+    Resuming (``CheckpointHandler(resume_from_checkpoint=True)``) continues the file: the epochs after its last row
+    are appended from the restored history (filling in rows the interrupted run had no time to write), and an epoch
+    the file has is never written twice (a row written before a crash stays as first written). A partial epoch ended
+    by SIGTERM/SIGINT is written when the resumed run ends it; one ended by a stop is written as it is.
 
     The run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`: model, optimizer, lr, batch size,
     epochs, precision...) go to a JSON object beside the log, ``<name>.params.json`` (``log.csv`` ->
-    ``log.params.json``), written atomically at ``train_begin`` and replaced by each fit (a resumed or appending one
-    included): the CSV itself stays plain rows for any reader.
+    ``log.params.json``), written atomically at ``train_begin`` by each fit: the CSV stays plain rows.
 
     Args:
         path: the CSV file (its folder is created if needed).
@@ -181,8 +179,4 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
 
 def _current_row(history: History) -> dict[str, float]:
     """The current epoch's row (nan for keys it has no value for), without copying the columns."""
-    row = {}
-    for key in history:
-        value = history.current(key)
-        row[key] = math.nan if value is None else value
-    return row
+    return {key: math.nan if (value := history.current(key)) is None else value for key in history}

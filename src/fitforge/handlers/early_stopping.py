@@ -18,12 +18,10 @@ log = logging.getLogger("fitforge")
 class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping):
     """Stop training when ``monitor`` has not improved for ``patience`` epochs.
 
-    Semantics of Keras and Gluon: each epoch that does not beat the best by more than ``min_delta`` counts one;
-    training stops when the count reaches ``patience`` (``patience=0`` or ``1`` stops at the first epoch that does
-    not improve). An epoch that produced no value for the key (validation every second epoch) neither counts nor
-    resets, so patience then counts validations. A non-finite value (nan, inf, -inf: a diverged epoch) never
-    improves, so it is never the best (nor the weights ``restore_best`` brings back). With ``baseline``, epochs
-    count as not improving until one beats it.
+    As in Keras and Gluon, each epoch that does not beat the best by more than ``min_delta`` counts one; training
+    stops when the count reaches ``patience`` (0 or 1: at the first epoch that does not improve). An epoch without a
+    value for the key (validation every second epoch) neither counts nor resets: patience then counts validations. A
+    non-finite value (a diverged epoch) never improves, so it is never the best (nor the weights restored).
 
     Args:
         monitor: a history key, e.g. ``"val_loss"`` or ``"val_accuracy"``.
@@ -33,10 +31,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
             metric object's ``higher_is_better`` wins).
         baseline: a value the monitor must beat; until it does, epochs count as not improving.
         restore_best: when training ends, load the net's weights of the best epoch (kept on the host meanwhile, and
-            in checkpoints); nothing is restored when no epoch beat ``baseline``, nor when SIGTERM/SIGINT stopped
-            training (the run is not over: it resumes from the checkpoint of its current weights).
-            ``history.restored_epoch`` then names the epoch (1-based) whose weights the net holds, and the closing
-            log line its values.
+            in checkpoints), named by ``history.restored_epoch`` (1-based) and the closing log line; not when no
+            epoch beat ``baseline``, nor when SIGTERM/SIGINT stopped training (the run resumes from its checkpoint).
         restore_best_weights: Keras's name for ``restore_best``.
 
     Example:
@@ -125,12 +121,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
             return
         self._active = False
         best_epoch = self.best_epoch
-        if (
-            self._best_weights is not None
-            and best_epoch is not None
-            and best_epoch != state.epoch
-            and state.preempted is None
-        ):
+        if self._best_weights is not None and best_epoch not in (None, state.epoch) and state.preempted is None:
             average = state.estimator.weight_average
             if average is not None and average.evaluates_averaged:  # evaluation runs with the average: the
                 average.load_averaged(self._best_weights)  # best one goes back there; the raw weights train on

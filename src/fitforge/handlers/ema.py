@@ -23,27 +23,24 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     """Keep an exponential moving average of the net's weights, and evaluate with it, as Keras's ``use_ema``,
     Lightning's ``EMAWeightAveraging`` and Ignite's ``EMAHandler`` do.
 
-    After every ``every``-th optimizer step, each averaged tensor becomes
-    ``decay * average + (1 - decay) * weight``, on the weights' device with no host read; the average starts from
-    the weights the fit starts with. An average of low-precision weights (bfloat16, float16) is kept in float32: in
-    bfloat16, ``(1 - decay) * (weight - average)`` rounds to nothing and the average would never move. The raw
-    weights keep training. While ``evaluate_averaged`` is True (the switch: set it at any time), the validation in
-    fit, ``Estimator.evaluate``, ``predict``, ``predict_batches`` and the best checkpoint
-    (``CheckpointHandler(save_best=True)``) put the averaged weights into the net for their duration and the trained
-    ones back after, so ``val_*`` values, early stopping and "best" judge the averaged weights;
-    ``EarlyStoppingHandler(restore_best=True)`` then puts the best average back into the average. After fit,
-    ``evaluate`` and ``predict`` keep using the last fit's average; a later fit without an EMAHandler evaluates its
-    own weights.
+    After every ``every``-th optimizer step, each averaged tensor becomes ``decay * average + (1 - decay) * weight``
+    on the weights' device (no host read), starting from the fit's first weights; the raw weights keep training. An
+    average of bfloat16/float16 weights is kept in float32, where ``(1 - decay) * (weight - average)`` does not round
+    to nothing. While ``evaluate_averaged`` is True (set it at any time), the validation in fit,
+    ``Estimator.evaluate``, ``predict``, ``predict_batches`` and the best checkpoint
+    (``CheckpointHandler(save_best=True)``) swap the averaged weights into the net for their duration, so ``val_*``
+    values, early stopping and "best" judge the average; ``EarlyStoppingHandler(restore_best=True)`` puts the best
+    average back into the average. After fit, ``evaluate`` and ``predict`` keep using the last fit's average; a later
+    fit without an EMAHandler evaluates its own weights.
 
     Periodic checkpoints hold the raw weights and the average (this handler's state), so a resumed run continues
-    both exactly; under FSDP the average is sharded as the weights are and saved with their shards. A second fit of
-    the same estimator continues the average. ``estimator.load_checkpoint`` loads a checkpoint's average into the
-    last fit's EMAHandler (a checkpoint without one: evaluation then runs with the loaded weights, logged).
+    both exactly; under FSDP the average is sharded as the weights and saved with their shards. A second fit of the
+    same estimator continues the average. ``estimator.load_checkpoint`` loads a checkpoint's average into the last
+    fit's EMAHandler (a checkpoint without one: evaluation runs with the loaded weights, logged).
 
     Args:
         decay: the weight of the old average at each update, in [0, 1) (0.999: about the last 1,000 updates count).
-        every: update after every n-th optimizer step (with gradient accumulation, a step is one per ``accumulate``
-            batches).
+        every: update after every n-th optimizer step (with accumulation, one per ``accumulate`` batches).
         buffers: ``"average"``, average floating-point buffers (BatchNorm's running statistics) as the weights, or
             ``"live"``: evaluate with the trained net's own. Integer buffers, and buffers holding a nan or inf at
             fit start (a causal mask of -inf), are always live.

@@ -48,71 +48,62 @@ def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
 class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd, Accumulating, FirstBatchCheck):
     """Step the optimizers, then ``zero_grad(set_to_none=True)``.
 
-    It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights; a handler that must read
-    the gradients before the step does so at ``backward_end``. Clipping happens in the step itself, right after the
-    fp16 scaler's unscale (split, a batch cancelled between the two would leave the scaler unscaled). A flag in
-    ``state.shared["found_inf"]`` when training starts (NaNGuardHandler's, for fused optimizers) is passed to every
-    step: a step whose flag is set is skipped on the device.
+    It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights (read the gradients before
+    the step at ``backward_end``). Clipping happens in the step, right after the fp16 scaler's unscale (split, a batch
+    cancelled between the two would leave the scaler unscaled). A ``state.shared["found_inf"]`` flag at training
+    start (NaNGuardHandler's, for fused optimizers) is passed to every step: the device skips a step it flags.
 
     Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some (indices into
     ``estimator.optimizers``, or the optimizers): a GAN returns ``step=[0]`` on the discriminator's batches and
     ``step=[1]`` on the generator's. Then:
 
-    - each optimizer counts its own accumulation group (the batches that chose it) and steps when it is full; at an
-      epoch end every trailing group steps. Clipping covers the parameters of the optimizers stepping together (one
-      norm, as with ``step=None``); under fp16 the scaler unscales and steps those, and updates once per batch that
-      stepped any.
+    - each optimizer counts its own accumulation group (the batches that chose it), stepped when full and at an
+      epoch end. Clipping takes one norm over the optimizers stepping together; under fp16 the scaler unscales and
+      steps those, and updates once per batch that stepped any.
     - the gradients a batch leaves on an optimizer it does not step (the generator's backward reaches the
-      discriminator) are discarded, unless that optimizer has a group open (``accumulate > 1``, batches of the two
-      interleaved): they then join its group, so keep such a backward away from those parameters
-      (``requires_grad_(False)`` or ``detach``). Under fp16 an open group is rescaled when the scale changes.
+      discriminator) are discarded, unless that optimizer has a group open (``accumulate > 1``, interleaved
+      batches): they then join its group, so keep such a backward off those parameters (``requires_grad_(False)``
+      or ``detach``). Under fp16 an open group is rescaled when the scale changes.
     - a parameter held by two optimizers is updated by the first of them (in ``estimator.optimizers`` order)
-      stepping on a batch: its ``zero_grad`` clears the gradient before the next one steps; it is never discarded
-      while one of its optimizers steps or has a group open, and a group's mean divides it once. Give each parameter
-      to one optimizer.
-    - ``state.optimizer_steps`` counts the batches (and epoch-end trailing groups) on which at least one optimizer
-      stepped: with one optimizer, its steps. :meth:`steps_per_optimizer` counts each optimizer's; a batch-interval
-      LRSchedulerHandler follows its own optimizer's.
+      stepping on a batch, whose ``zero_grad`` clears it before the next one steps; it is never discarded while one
+      of its optimizers steps or has a group open, and a group's mean divides it once. Better: one optimizer each.
+    - ``state.optimizer_steps`` counts the batches (and epoch-end trailing groups) on which any optimizer stepped;
+      :meth:`steps_per_optimizer` counts each optimizer's (a batch-interval LRSchedulerHandler follows its own).
     - ``state.accumulated_batches`` is the largest open group (0: no gradient waits); the per-optimizer counts are
       this handler's state, saved in checkpoints.
 
-    Under DDP (``estimator.train_net`` a ``DistributedDataParallel``) with ``accumulate > 1`` and one optimizer,
-    only the batch that completes a group all-reduces the gradients (DDP's ``no_sync`` for the others, set at
-    ``batch_begin``), as do the last batch of an epoch of known length and the last of ``batches=N``. A group that
-    ends otherwise (a stop, data without ``len``) is averaged over the ranks before its step, and an open group
-    before a checkpoint saves it (:meth:`share_open_group`), so every rank steps, and resumes, with the same
-    gradients. Several optimizers, FSDP, sparse gradients and ``sync_each_batch=True`` sync every batch (see
-    docs/distributed.md).
+    Under DDP (``estimator.train_net`` a ``DistributedDataParallel``) with ``accumulate > 1`` and one optimizer, only
+    a group's last batch all-reduces the gradients (DDP's ``no_sync`` for the others, set at ``batch_begin``), as do
+    the last batch of an epoch of known length and of ``batches=N``. A group that ends otherwise (a stop, data
+    without ``len``) is averaged over the ranks before its step, and an open group before a checkpoint saves it
+    (:meth:`share_open_group`), so every rank steps, and resumes, with the same gradients. Several optimizers, FSDP,
+    sparse gradients and ``sync_each_batch=True`` sync every batch (see docs/distributed.md).
 
     Accumulation that equals the big batch: when the loss is a mean over items fitforge can count
     (``CrossEntropyLoss``/``NLLLoss`` with ``reduction="mean"``, with or without ``ignore_index`` or class weights;
-    a Hugging Face model's own loss, given ``num_items_in_batch``; see :mod:`fitforge.core.item_counts`), each
-    batch's loss is weighed by its items: the default ``fit_batch`` backpropagates ``loss * items`` and the step
-    divides the group's gradients by the group's items (summed over the ranks under DDP/FSDP). One step then equals
-    one step on the group's batches concatenated, however their padding differs; batches of equal counts give what
-    the plain mean gives. The counts stay on the device (no host read). With a loss it cannot count (or several
-    optimizers, or a ``fit_batch`` of your own) the batches weigh alike, and one info line at fit start says so and
-    how to count them (``items=``). A ``fit_batch`` of your own can weigh its batches too: backpropagate
-    ``loss * items`` and return ``BatchOutput(..., items=items)``.
+    a Hugging Face model's own loss, given ``num_items_in_batch``; see :mod:`fitforge.core.item_counts`), the
+    default ``fit_batch`` backpropagates ``loss * items`` and the step divides the group's gradients by its items
+    (summed over the ranks under DDP/FSDP), on the device: one step equals one on the group's batches concatenated,
+    however their padding differs. Otherwise (or with several optimizers, or a ``fit_batch`` of your own) the
+    batches weigh alike, and an info line at fit start says how to count them (``items=``). A ``fit_batch`` of your
+    own weighs its batches by backpropagating ``loss * items`` and returning ``BatchOutput(..., items=items)``.
 
-    A ``CancelBatch`` clears the gradients of every group accumulated so far (the loop cannot tell one batch's share
-    from the others').
+    A ``CancelBatch`` clears the gradients of every open group (the loop cannot tell one batch's share apart).
 
     Args:
-        accumulate: step once every this many batches; the summed gradients are divided by the number of batches in
-            the group (or by its items, above), so with a mean-reduced loss a group of N batches of B samples steps
-            like one batch of N*B. A trailing partial group (an epoch's end, or a stop) is stepped too, divided by
-            its own size; not when SIGTERM/SIGINT stopped training mid-epoch: the group goes on when the run
-            resumes. ``state.optimizer_steps`` counts steps.
-        items: with ``accumulate > 1``, how each batch's items are counted: ``"auto"`` (the losses above), a
-            function ``(inputs, label) -> count`` (a tensor on the device: the number of items the batch's mean loss
-            averages over) for a loss of your own, or None to weigh the batches alike.
+        accumulate: step once every this many batches, dividing the summed gradients by the group's batches (or
+            items, above): with a mean-reduced loss, N batches of B samples step like one batch of N*B. A trailing
+            partial group (an epoch's end, or a stop) is stepped too, divided by its own size; not when
+            SIGTERM/SIGINT stopped training mid-epoch: the group goes on when the run resumes.
+        items: with ``accumulate > 1``, how a batch's items are counted: ``"auto"`` (the losses above), a function
+            ``(inputs, label) -> count`` (a device tensor: the items the batch's mean loss averages over) for a loss
+            of your own, or None to weigh the batches alike.
         clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this value before each
             step (``torch.nn.utils.clip_grad_norm_``).
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
-        sync_each_batch: under DDP, all-reduce the gradients in every batch's backward, not only in a group's last
-            (for a handler that must see averaged gradients at every ``backward_end``; the result is the same, at
-            ``accumulate - 1`` more all-reduces per step).
+        sync_each_batch: under DDP, all-reduce in every batch's backward, not only in a group's last (for a handler
+            that must see averaged gradients at every ``backward_end``; same result, ``accumulate - 1`` more
+            all-reduces per step).
 
     Raises:
         FitforgeTypeError, FitforgeValueError: a ``BatchOutput.step`` that is not a non-empty list of indices into

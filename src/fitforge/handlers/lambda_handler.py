@@ -52,8 +52,7 @@ class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, E
             write; None (the default) leaves them undeclared (full access).
 
     Raises:
-        FitforgeTypeError: a function is not callable or does not take one argument, or a function was passed
-            positionally.
+        FitforgeTypeError: a function is not callable, does not take one argument, or was passed positionally.
         FitforgeValueError: no function was given.
 
     Example:

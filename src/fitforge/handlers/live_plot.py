@@ -23,11 +23,10 @@ DEFAULT_PATH = "fitforge-live.png"
 class LivePlotHandler(TrainBegin, EpochEnd):
     """Redraw :meth:`History.plot`'s panels (train and val curves per metric) after every epoch.
 
-    In a Jupyter notebook the figure shows under the cell and is replaced in place each epoch (IPython's ``display``
-    with a ``display_id``); each fit draws in its own cell's output. Elsewhere (a script, a terminal, a job) it is
-    written to the PNG file ``path``, replaced whole each epoch (a viewer that reloads the file follows the run; a
-    reader never sees half a file). In a notebook a ``path`` is written too. Drawing takes a fraction of a second
-    per epoch and reads only the History, so nothing from the device.
+    In a Jupyter notebook the figure shows under the cell, replaced in place each epoch (IPython's ``display`` with a
+    ``display_id``; each fit in its own cell's output). Elsewhere it is written to the PNG file ``path``, replaced
+    whole each epoch (a viewer reloading it follows the run, never seeing half a file); in a notebook a ``path`` is
+    written too. Drawing reads only the History (nothing from the device): a fraction of a second per epoch.
 
     Args:
         path: the PNG file. None: none in a notebook, else ``fitforge-live.png`` in the current directory (logged at

@@ -34,21 +34,18 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
-    ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by a stop or by
-    SIGTERM/SIGINT is not: a resumed run finishes it and steps then), after the metrics and validation
-    (``Stage.SCHEDULE``) and before CheckpointHandler (``Stage.PERSIST``), so checkpoints hold the stepped
-    scheduler. ``interval="batch"`` steps once per step of the scheduler's optimizer, after GradientUpdateHandler's
-    (with ``accumulate=N``, once per N batches; with several optimizers and batches that choose which to step
-    (``BatchOutput.step``), only after the batches that stepped this one, e.g. a GAN generator's).
-    ``ReduceLROnPlateau`` steps with the value ``monitor`` has in this epoch's history row; an epoch without one
-    (validation every second epoch) does not step it. A ``OneCycleLR`` you size yourself is checked at the fit's
-    first epoch, before its first step: too short for the fit's steps is an error naming both numbers, and one
-    stepped per epoch that would stop before its peak a warning.
+    ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by a stop or a signal
+    steps when a resumed run finishes it), after the metrics and validation (``Stage.SCHEDULE``) and before
+    CheckpointHandler (``Stage.PERSIST``), so checkpoints hold the stepped scheduler. ``interval="batch"`` steps once
+    per step of the scheduler's optimizer, after GradientUpdateHandler's (with ``accumulate=N``, once per N batches;
+    with optimizers chosen per batch, ``BatchOutput.step``, only after the batches that stepped this one).
+    ``ReduceLROnPlateau`` steps with ``monitor``'s value in this epoch's history row; an epoch without one does not
+    step it. A ``OneCycleLR`` you size yourself is checked before the fit's first step: too short for the fit is an
+    error naming both numbers, and one stepped per epoch that would stop before its peak a warning.
 
     History: the loop records ``lr`` (``lr_<i>`` for further optimizers: each one's first parameter group) at every
-    epoch end; when this handler steps at an epoch end it records them again, so ``history["lr"][e]`` is always the
-    learning rate *after* epoch ``e``'s steps, the one epoch ``e + 1`` starts with. The scheduler's state rides in
-    checkpoints, so a resume continues exactly.
+    epoch end, and this handler again after stepping there, so ``history["lr"][e]`` is the rate *after* epoch ``e``'s
+    steps, the one epoch ``e + 1`` starts with. The scheduler's state rides in checkpoints: a resume continues exactly.
 
     Args:
         scheduler: a ``torch.optim.lr_scheduler`` instance built on one of the estimator's optimizers.
@@ -134,12 +131,11 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
     def one_cycle(cls, max_lr: float | list[float], optimizer: int = 0, **onecycle_kwargs: Any) -> LRSchedulerHandler:
         """A ``OneCycleLR`` over the whole fit, stepped per optimizer step (the beginner's choice).
 
-        It is built at fit start for ``estimator.optimizers[optimizer]``, with ``total_steps`` the fit's optimizer
-        steps (``epochs`` x batches per epoch, or ``batches``, divided by GradientUpdateHandler's ``accumulate``)
-        unless ``onecycle_kwargs`` gives the length (with optimizers stepped by turns, ``BatchOutput.step``, one
-        optimizer's count of steps is not known in advance: give ``total_steps``). ``cycle_momentum`` defaults to
-        whether the optimizer has a momentum or betas setting (SGD always has one, even at 0: as in torch, the
-        momentum then cycles between 0.85 and 0.95; pass ``cycle_momentum=False`` to keep plain SGD).
+        Built at fit start for ``estimator.optimizers[optimizer]``, with ``total_steps`` the fit's optimizer steps
+        (``epochs`` x batches per epoch, or ``batches``, over GradientUpdateHandler's ``accumulate``) unless
+        ``onecycle_kwargs`` gives the length (needed with optimizers stepped by turns, ``BatchOutput.step``).
+        ``cycle_momentum`` defaults to whether the optimizer has a momentum or betas setting (SGD always has one, even
+        at 0: as in torch, it then cycles between 0.85 and 0.95; ``cycle_momentum=False`` keeps plain SGD).
 
         Raises:
             FitforgeValueError: at fit start, when the length cannot be known (data without ``len()`` and
@@ -172,23 +168,19 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         at the fit's last optimizer step (a :class:`~fitforge.core.schedules.WarmupCosineLR` stepped per optimizer
         step, the schedule of most transformer recipes).
 
-        It is built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer steps counted as
-        :meth:`one_cycle` counts them (``epochs`` x batches per epoch, or ``batches``, divided by
-        GradientUpdateHandler's ``accumulate``, rounded up per epoch). The rate of the first step is 0 and that of
-        step ``warmup`` the peak. Checkpointed and resumed exactly.
+        Built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer steps counted as by
+        :meth:`one_cycle` (rounded up per epoch). The first step's rate is 0, step ``warmup``'s the peak.
+        Checkpointed and resumed exactly. A later fit without a schedule trains at the rate this one left
+        (``min_lr``): call ``estimator.set_lr(...)`` first. A fit that fails before its first step leaves the rates.
 
         Args:
-            warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps (a float in (0,
-                1), rounded down).
-            min_lr: the rate at the last step (one per parameter group, or one for all), below the rate it decays
-                from.
+            warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps (a float in
+                (0, 1), rounded down).
+            min_lr: the rate at the last step (one per parameter group, or one for all), below the starting rate.
             optimizer: the index of the optimizer in ``estimator.optimizers``.
-            total_steps: the optimizer's steps in the fit, where they cannot be counted: with several optimizers
-                stepped by turns (``BatchOutput.step``), each steps on some batches only (without it, a warning says
-                so after the first steps).
-
-        A later fit without a schedule trains at the rate this one left (``min_lr``): call ``estimator.set_lr(...)``
-        first. A fit that fails before its first step leaves the rates as they were.
+            total_steps: the optimizer's steps in the fit, where they cannot be counted: with optimizers stepped by
+                turns (``BatchOutput.step``) each steps on some batches only (without it, a warning after the first
+                steps says so).
 
         Raises:
             FitforgeValueError: at fit start, when the fit's length cannot be known (data without ``len()`` and

@@ -43,32 +43,28 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
     they are named (``<prefix><output>_loss``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>``
     for every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
 
-    Updates stay on the device; values reach the host at epoch end (or when a handler calls
-    ``state.running_metrics()``). The prefix is ``train_`` in fit and ``val_`` in evaluate (or what
-    ``evaluate(data, prefix=...)`` asks: ``test_`` for ``"test"``).
+    Updates stay on the device; values reach the host at epoch end (or at ``state.running_metrics()``). The prefix
+    is ``train_`` in fit and ``val_`` in evaluate (``test_`` for ``evaluate(data, prefix="test")``).
 
     Args:
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's ``train_metrics`` in
             fit and ``val_metrics`` in evaluate.
 
-    Under torch.distributed (a process group initialised, e.g. by ``torchrun``) the sums are reduced across ranks at
-    epoch end, so every rank records the values of the whole data (torchmetrics metrics sync themselves in
-    ``compute``); running values stay per rank. A checkpoint holds every rank's running sums: the same number of
-    ranks takes its own back, and fewer or more ranks resume their total on rank 0.
-
-    Its state (:meth:`state_dict`) is the epoch's running sums, so a checkpoint written mid-epoch resumes them: the
-    resumed epoch's values cover all its batches. That holds for the built-in metrics, torchmetrics metrics and
-    named values; another metric restarts its sums at the resume (with a warning).
+    Under torch.distributed the sums are reduced across ranks at epoch end, so every rank records the whole data's
+    values (torchmetrics metrics sync themselves in ``compute``); running values stay per rank. Its state
+    (:meth:`state_dict`) is the epoch's running sums, every rank's, so a checkpoint written mid-epoch resumes them
+    (the same number of ranks each its own, other numbers their total on rank 0) and the resumed epoch's values
+    cover all its batches; a metric neither built-in nor torchmetrics restarts its sums (with a warning).
 
     Named values: ``state.log`` appends to the state's pending list, which this handler empties into a mean per name
-    at its ``batch_end`` (and at ``epoch_end``, ``state_dict`` and ``compute``, for values logged by handlers that
-    run after it). Names a batch processor declares in ``logs`` have keys from the start (:meth:`history_keys`); a
-    value logged in ``epoch_end`` after this handler counts in the next epoch. Under torch.distributed the means are
-    reduced with the other sums, so every rank must log the same names.
+    at its ``batch_end`` (and at ``epoch_end``, ``state_dict`` and ``compute``, for handlers that run after it); a
+    value logged in ``epoch_end`` after this handler counts in the next epoch. Names a batch processor declares in
+    ``logs`` have keys from the start (:meth:`history_keys`). Under torch.distributed every rank must log the same
+    names.
 
-    Default metrics (inferred from the loss, not asked for) that the step's label cannot feed, e.g. a GAN step
-    returning ``BatchOutput(label=None)``, are left out of the estimator's metrics with an info line, at the first
-    batch; a metric asked for that fails on a missing label is an error naming it, before the first optimizer step.
+    Default metrics (inferred from the loss) that the step's label cannot feed, e.g. a GAN step's
+    ``BatchOutput(label=None)``, are left out at the first batch with an info line; a metric asked for that fails on
+    a missing label is an error naming it, before the first optimizer step.
     """
 
     priority = Stage.METRICS
@@ -174,15 +170,15 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
 
     def check_first_batch(self, state: TrainState) -> None:
         """Update throw-away copies of the metrics with the first batch's output, so that a metric that cannot take
-        it fails before the optimizer step, with ``batch_end``'s message (or, for a default metric, is left out);
-        names logged so far are checked too.
+        it fails before the optimizer step, with ``batch_end``'s message (a default metric is left out); names
+        logged so far are checked too. The copies are computed too: a metric must give one number (not a per-class
+        tensor or a dict).
 
-        The copies are computed too: a metric must give one number (not a per-class tensor or a dict). fitforge
-        calls it once per run, after the first batch's step and before any ``batch_end`` hook (and on the first
-        validation batch before training); ``batch_end`` still makes the one real update per batch. A metric that
-        cannot be copied is left to its first real update; a built-in metric is checked by the batch's shapes,
-        dtypes and devices, or where they do not suffice its copy computes the batch statistics, which is what can
-        fail (see :func:`fitforge.metrics.trial.trial_update`).
+        fitforge calls it once per run, after the first batch's step and before any ``batch_end`` hook (and on the
+        first validation batch before training); ``batch_end`` still makes the one real update per batch. A metric
+        that cannot be copied waits for its first real update; a built-in one is checked by the batch's shapes,
+        dtypes and devices, its copy computing the batch statistics only where they do not suffice
+        (:func:`fitforge.metrics.trial.trial_update`).
         """
         estimator, out = state.estimator, state.output
         assert out is not None  # the first batch's output, set before this call

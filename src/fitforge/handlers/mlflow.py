@@ -25,19 +25,16 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
     """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status (and optionally
     the best checkpoint) at the end.
 
-    At ``train_begin`` the handler starts a run, or joins the active one (a fit inside ``with mlflow.start_run():``,
-    with ``tracking_uri`` None or that run's), and logs :func:`~fitforge.reporting.hparams.run_params` (model,
-    optimizer, lr, batch size, epochs, precision...) with ``params`` on top as the run's parameters. At each
-    training epoch end every finite value of the epoch's history row (``train_loss``, ``val_*``, ``lr``,
-    ``epoch_time``...) becomes a metric with the epoch number (from 1) as its step; an epoch cut short by
-    SIGTERM/SIGINT is left to the resumed run, as in the CSV and TensorBoard logs. At ``train_end`` a run it started
-    ends ``FINISHED``; ``KILLED`` when a SIGTERM/SIGINT (or ``KeyboardInterrupt``) ended the fit; ``FAILED`` when an
-    exception did. A run it joined is left open for its owner to end. The run's id is ``run_id`` (kept after fit),
-    to log more into it with ``mlflow.MlflowClient``.
+    At ``train_begin`` it starts a run, or joins the active one (a fit inside ``with mlflow.start_run():``, with
+    ``tracking_uri`` None or that run's), and logs :func:`~fitforge.reporting.hparams.run_params` (model, optimizer,
+    lr, batch size, epochs, precision...), ``params`` on top. At each training epoch end every finite value of the
+    history row (``train_loss``, ``val_*``, ``lr``, ``epoch_time``...) is a metric whose step is the epoch (from 1);
+    an epoch cut short by SIGTERM/SIGINT is left to the resumed run. At ``train_end`` a run it started ends
+    ``FINISHED``, ``KILLED`` (SIGTERM/SIGINT or ``KeyboardInterrupt``) or ``FAILED`` (an exception); a run it joined
+    is left to its owner. ``run_id`` (kept after fit) names the run, to log more with ``mlflow.MlflowClient``.
 
-    Only rank 0 logs under torch.distributed. Needs the optional extra: ``pip install 'fitforge[mlflow]'``
-    (``mlflow-skinny`` and the SQLite store's ``sqlalchemy`` and ``alembic``; the full ``mlflow`` package works as
-    well and adds the UI server: ``mlflow ui``).
+    Only rank 0 logs under torch.distributed. Needs ``pip install 'fitforge[mlflow]'`` (``mlflow-skinny``, with
+    ``sqlalchemy`` and ``alembic`` for the SQLite store; the full ``mlflow`` adds the UI server, ``mlflow ui``).
 
     Args:
         tracking_uri: where runs are stored: ``"sqlite:///mlflow.db"``, ``"http://host:5000"``... None: MLflow's

@@ -39,39 +39,31 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
     """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and never let the
     optimizer step on such a batch.
 
-    Every batch, after the backward and before GradientUpdateHandler's step, it decides on the device whether the
-    loss or any gradient of the optimizers' parameters is not finite. Bringing that to the host waits for the device
-    (a sync), so what each policy costs is stated:
+    Every batch, after the backward and before GradientUpdateHandler's step (``backward_end``, in training only: the
+    step and the metrics never see a batch it cancels), it decides on the device whether the loss or any gradient of
+    the optimizers' parameters is not finite. Reading that on the host waits for the device (a sync); the costs:
 
     - The step is guarded under every policy. When every optimizer can skip its update on the device (``fused=True``
-      Adam and AdamW: the ``found_inf`` mechanism GradScaler uses; not fused SGD, whose skipped first step leaves
-      its momentum uninitialised), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``)
-      and reads nothing per batch: a bad batch's update is skipped on the device. Any other optimizer needs the
-      answer on the host: **one host read per batch** (free on the CPU, a sync on a GPU), and a bad batch is
-      cancelled (``CancelBatch``: no step, gradients cleared) whatever the policy. Under ``precision="16-mixed"``
-      the GradScaler already skips every step whose gradients are not finite (overflow of the scaled gradients is
-      routine there), so the guard watches the loss only.
-    - ``"stop"`` (default): request a stop whose reason (in ``history.stop_reason``) names the first bad batch
-      (epoch and batch counted from 1, and ``state.global_step``) and the loss value. On the device-skip path the
-      first bad batch is recorded on the device and read at epoch end (**one host read per epoch**), so the stop
-      comes at the end of that epoch, its bad steps skipped; with ``check_every=n`` the record is also read every n
-      batches and the guard acts at once (that batch is cancelled). On the host-read path it acts at the first bad
-      batch.
+      Adam and AdamW, through GradScaler's ``found_inf``; not fused SGD, whose skipped first step leaves its momentum
+      uninitialised), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``) and reads
+      nothing per batch. Any other optimizer needs **one host read per batch** (free on the CPU), and a bad batch is
+      cancelled (``CancelBatch``: no step, gradients cleared) whatever the policy. Under ``precision="16-mixed"`` the
+      GradScaler already skips steps on non-finite gradients (routine there), so the guard watches the loss only.
+    - ``"stop"`` (default): request a stop whose reason (``history.stop_reason``) names the first bad batch (epoch
+      and batch from 1, and ``state.global_step``) and the loss value. On the device-skip path that batch is recorded
+      on the device and read at epoch end (**one host read per epoch**), so the stop comes at the end of that epoch,
+      its bad steps skipped; ``check_every=n`` also reads it every n batches, acting at once (cancelling that batch).
+      On the host-read path it acts at the first bad batch.
     - ``"raise"``: like ``"stop"``, but fail with a :class:`NonFiniteLossError` (a ``ValueError``) naming the batch
       and the value; ``train_end`` still runs for every handler.
     - ``"skip"``: cancel every bad batch (``CancelBatch``: no step, gradients cleared, not counted towards
-      ``batches=N`` nor in the epoch's metrics) and go on. Deciding per batch needs the value per batch: **one host
-      read per batch**. With gradient accumulation, a skipped batch clears the gradients of its whole group so far.
-      A warning at each epoch end says how many were skipped.
+      ``batches=N`` nor in the epoch's metrics; with accumulation, its whole group so far is cleared) and go on:
+      **one host read per batch**, and a warning at each epoch end with the count.
 
-    A parameter that a step on finite gradients made non-finite shows in the next batch's loss or gradients; a
-    CheckpointHandler never saves it. A step the user takes inside ``fit_batch`` is not guarded (it comes before the
-    guard runs).
-
-    It runs at ``backward_end`` (in training only), so before any ``batch_end`` handler: the optimizer step
-    (GradientUpdateHandler) and the metrics never see a bad batch it cancels. A run it stopped counts as finished:
-    resuming from a checkpoint written after the stop trains no more (like EarlyStoppingHandler). Its record rides
-    in checkpoints, so a run preempted after a bad batch reports it when the resumed epoch ends.
+    A parameter that a step on finite gradients made non-finite shows in the next batch; a CheckpointHandler never
+    saves it. A step taken inside ``fit_batch`` comes before the guard and is not guarded. A run it stopped counts as
+    finished (resuming after the stop trains no more, as for EarlyStoppingHandler); its record rides in checkpoints,
+    so a run preempted after a bad batch reports it when the resumed epoch ends.
 
     Args:
         policy: ``"stop"``, ``"skip"`` or ``"raise"``.
@@ -130,13 +122,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
         self._clear()
         self._found = torch.zeros((), device=self._device)  # this batch is bad (float: what optimizers take)
         optimizers = estimator.optimizers
-        self._gradients = (
-            None
-            if estimator.scaler is not None
-            else GradientCheck(
-                p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]
-            )
-        )
+        params = (p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"])
+        self._gradients = None if estimator.scaler is not None else GradientCheck(params)
         on_device = all(_skips_on_device(optimizer) for optimizer in optimizers)
         self._read_every_batch = self.policy == "skip" or (self._gradients is not None and not on_device)
         if self._gradients is not None and not self._read_every_batch:

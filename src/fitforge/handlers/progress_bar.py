@@ -1,14 +1,13 @@
 """ProgressBarHandler: a tqdm bar per epoch, refreshed at a throttled interval.
 
-What a finished epoch leaves on screen is one line (as in Keras): the bar is shown while the epoch runs; at its end
-it is cleared when a LoggingHandler's epoch line (the same numbers) takes its place, else it stays as the epoch's
-line. The running values after the bar are cut, whole ``key=value`` pairs at a time, to what fits the terminal's
-width, so they never squeeze the bar. Output that is not a terminal (a file, a pipe, a CI log) gets no redrawn bar
-and no carriage return: nothing while the epoch runs, then the finished line only when the bar is the epoch's line
-(else the LoggingHandler's line is the one line), as Keras writes when piped. In a Jupyter notebook (``file=None``)
-each bar is a cell output of its own, redrawn in place, that keeps the finished line as text or is emptied for the
-log line (:mod:`fitforge.reporting.notebook_output`): tqdm's widget while the epoch runs when ``ipywidgets`` is
-installed, a text bar otherwise (and no "IProgress not found" warning).
+A finished epoch leaves one line on screen (as in Keras): the bar, shown while the epoch runs, is cleared at its end
+for a LoggingHandler's epoch line (the same numbers), else stays as the epoch's line. The running values after the
+bar are cut, whole ``key=value`` pairs at a time, to the terminal's width, so they never squeeze the bar. Output
+that is no terminal (a file, a pipe, a CI log) gets no redraws and no carriage return: nothing while the epoch runs,
+then the finished bar only when it is the epoch's line, as Keras writes when piped. In a Jupyter notebook
+(``file=None``) each bar is a cell output of its own, redrawn in place, kept as text or emptied for the log line
+(:mod:`fitforge.reporting.notebook_output`): tqdm's widget while the epoch runs when ``ipywidgets`` is installed,
+else a text bar (and no "IProgress not found" warning).
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
     """Set optimizer hyper-parameters from functions of training progress, as fastai's and Ignite's schedulers do
     for any of them (torch's own schedule only the learning rate).
 
-    Each function maps the progress of the fit, a float from 0 (its first optimizer step) to 1 (its last), counted
-    in optimizer steps as :meth:`LRSchedulerHandler.warmup_cosine` counts them (``epochs`` x batches per epoch, or
-    ``batches``, over ``accumulate``), to the value the next step uses. A key names a param-group setting
-    (``"momentum"``, ``"weight_decay"``) or an entry of a tuple one by index (``"betas[0]"``, Adam's first beta).
-    The values are a function of the optimizer steps taken, so a resumed fit continues exactly; an unknown key fails
-    at fit start, naming the optimizer's keys.
+    Each function maps the fit's progress, from 0 (its first optimizer step) to 1 (its last), in optimizer steps
+    counted as :meth:`LRSchedulerHandler.warmup_cosine` counts them, to the value the next step uses; a resumed fit
+    continues exactly. A key names a param-group setting (``"momentum"``, ``"weight_decay"``) or a tuple entry by
+    index (``"betas[0]"``, Adam's first beta); an unknown key fails at fit start, naming the optimizer's keys. A
+    setting another handler schedules too (``LRSchedulerHandler.one_cycle`` cycles the momentum unless
+    ``cycle_momentum=False``) is written by both: schedule each setting in one place.
 
     Args:
         schedules: ``{key: function(progress) -> value}`` (a real number).
@@ -38,12 +38,9 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
             (from the steps taken before it: the last epoch's progress is below 1).
         optimizer: the index of the optimizer in ``estimator.optimizers``.
         groups: the indices of the param groups to set (None: all).
-        total_steps: the optimizer's steps in the fit, where they cannot be counted: with several optimizers stepped
-            by turns (``BatchOutput.step``) each steps on some batches only (without it, a warning says so after the
-            first steps).
-
-    A setting another handler schedules too (``LRSchedulerHandler.one_cycle`` cycles the momentum unless
-    ``cycle_momentum=False``) is written by both: schedule each setting in one place.
+        total_steps: the optimizer's steps in the fit, where they cannot be counted: with optimizers stepped by
+            turns (``BatchOutput.step``) each steps on some batches only (without it, a warning after the first
+            steps says so).
 
     Example:
         >>> cosine = lambda p: 0.85 + 0.1 * (1 - math.cos(math.pi * p)) / 2   # 0.85 -> 0.95

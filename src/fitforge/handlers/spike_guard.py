@@ -28,25 +28,23 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
     """Recover from a loss spike: go back to the last good weights, skip the bad batch, optionally lower the
     learning rate, and go on.
 
-    A batch spikes when its training loss is not finite, or is above ``factor`` times the median of the last
-    ``window`` losses that did not spike (judged once ``window // 2`` of them are known). The test runs on the
-    device every batch, after the backward; the decision is read to the host every ``check_every`` batches (one host
-    read there, none per batch) and right before a checkpoint is saved, and under torch.distributed the ranks agree
-    (every rank recovers at the same batch). At a check with no spike since the last one, the weights, the
-    optimizers' states (and the fp16 scaler's) are snapshotted on the device, when ``snapshot_every`` optimizer
-    steps have passed since the last snapshot. At a check that finds a spike:
+    A batch spikes when its training loss is not finite, or above ``factor`` times the median of the last ``window``
+    losses that did not spike (judged once ``window // 2`` are known). The test runs on the device every batch,
+    after the backward; the decision is read every ``check_every`` batches (a host read there, none per batch) and
+    before each checkpoint save (so a checkpoint never holds a spiked state), and under torch.distributed every rank
+    recovers at the same batch. A check without a spike snapshots the weights and the optimizers' (and fp16
+    scaler's) states on the device, once ``snapshot_every`` optimizer steps passed since the last snapshot. A check
+    that finds a spike:
 
-    - the snapshot is put back, so the steps since it, the spiked one among them, are undone (the batches trained
-      since the snapshot are not trained again: one recovery drops at most ``snapshot_every + check_every``
-      batches);
-    - the batch being checked is skipped (no step; at a checkpoint, the restored state is saved);
-    - with ``lr_factor``, every optimizer's learning rate is multiplied by it (an LR schedule that sets the rate
-      from its own base rates overrides it);
-    - one warning names the spiked batch, and the epoch's count goes to the history (``spike_recoveries``).
+    - puts the snapshot back, undoing the steps since it, the spiked one among them (their batches are not trained
+      again: a recovery drops at most ``snapshot_every + check_every`` batches);
+    - skips the batch being checked (no step; at a checkpoint, the restored state is saved);
+    - with ``lr_factor``, multiplies every optimizer's learning rate by it (an LR schedule that sets the rate from
+      its own base rates overrides it);
+    - logs a warning naming the spiked batch, and counts it in the epoch's ``spike_recoveries`` history value.
 
     After ``max_recoveries`` recoveries in a run, the next spike raises a :class:`LossSpikeError` naming the
-    batches. A checkpoint never holds a spiked state: the guard checks before each save. Off by default: add it to
-    ``event_handlers``.
+    batches. Off by default: add it to ``event_handlers``.
 
     Args:
         factor: how many times the running median a loss must exceed to spike.

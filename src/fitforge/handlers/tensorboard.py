@@ -17,26 +17,22 @@ from fitforge.reporting.hparams import ParamValue, last_values, run_params
 class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Write every history value of each training epoch as a TensorBoard scalar.
 
-    At each epoch end, each key recorded in the epoch's history row (``train_loss``, ``val_*``, ``lr``/``lr_<i>``,
-    ``epoch_time``, your own) becomes a scalar with the key as its tag and the epoch number (from 1, counted over
-    the estimator's fits as the log numbers them) as its step; an epoch without a value for a key (validation every
-    second epoch) writes none. The writer is flushed at every epoch end and closed at ``train_end``. Only ``fit``
-    writes; a partial epoch ended by SIGTERM/SIGINT is written when the resumed run ends it.
+    At each epoch end, each key of the epoch's history row (``train_loss``, ``val_*``, ``lr``/``lr_<i>``,
+    ``epoch_time``, your own) is a scalar tagged with the key, its step the epoch (from 1, over the estimator's fits,
+    as the log numbers them); a key without a value that epoch writes none. The writer is flushed every epoch and
+    closed at ``train_end``. Only ``fit`` writes; an epoch cut short by SIGTERM/SIGINT is left to the resumed run.
 
-    At ``train_end`` the run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`, read at
-    ``train_begin``: model, optimizer, lr, batch size, epochs, precision...) go to the HParams tab, with each
-    history key as a metric column showing its last value, so runs written to sibling folders (``runs/lr0.1``,
-    ``runs/lr0.01`` under ``--logdir runs``) compare in one table.
-
-    Needs the optional extra: ``pip install 'fitforge[tensorboard]'``. Then ``tensorboard --logdir <log_dir>``.
+    At ``train_end`` the run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params` at ``train_begin``:
+    model, optimizer, lr, batch size, epochs, precision...) go to the HParams tab, each history key a metric column
+    of its last value, so runs in sibling folders (``runs/lr0.1``, ``runs/lr0.01`` under ``--logdir runs``) compare
+    in one table. Needs ``pip install 'fitforge[tensorboard]'``; then ``tensorboard --logdir <log_dir>``.
 
     Args:
         log_dir: the folder of the event files (created if needed).
         histograms: also write a histogram of every parameter of the net at each epoch end (``weights/<name>``;
             copies the weights to the host each epoch).
-        log_every_n_batches: also write the running epoch-so-far loss and metrics every n training batches (tags
-            ``batch/<key>``, step = completed batches). Each time is a host read (``state.running_metrics()``); None
-            (default) never does, and the handler is then not called per batch at all.
+        log_every_n_batches: also write the running loss and metrics every n training batches (tags ``batch/<key>``,
+            step = completed batches), a host read each time; None (default): never, and no call per batch at all.
 
     Raises:
         ImportError: tensorboard is not installed.

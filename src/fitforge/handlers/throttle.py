@@ -74,8 +74,7 @@ def _agreeing(state: TrainState) -> Processes | None:
 
 
 class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
-    """The handler :func:`throttle` returns; it is called for exactly the wrapped handler's events, and plays the
-    wrapped handler's roles (:mod:`fitforge.core.roles` finds them through it)."""
+    """The handler :func:`throttle` returns: called for the wrapped handler's events, it plays that handler's roles."""
 
     def __init__(
         self,
@@ -86,12 +85,8 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
         clock: Callable[[], float],
     ) -> None:
         self.handler = handler
-        self.every_n_batches, self.every_n_epochs, self.seconds, self.clock = (
-            every_n_batches,
-            every_n_epochs,
-            seconds,
-            clock,
-        )
+        self.every_n_batches, self.every_n_epochs = every_n_batches, every_n_epochs
+        self.seconds, self.clock = seconds, clock
         # Its own place in the order and declared access: the wrapped handler's, and what it reads to decide.
         self.priority, self.run_after = handler.priority, tuple(handler.run_after or ())
         reads, writes = handler.reads, handler.writes
@@ -176,38 +171,35 @@ def throttle(
     ``every_n_epochs`` epochs, and/or each kind at most once per ``seconds``.
 
     - Batches: in training, the hooks run for the batches with ``(state.global_step + 1) % n == 0`` (the n-th,
-      2n-th... batch of the run, counted as ``batches=N`` counts them, so the cadence goes on across epochs and
-      resumes); in evaluate/predict, by the batch's position in the pass.
-    - Epochs: the hooks run for training epochs with ``(state.epoch + 1) % n == 0``; the one epoch of an
-      evaluate/predict pass always passes through.
-    - ``seconds``: a batch's (or an epoch's) hooks run if at least ``seconds`` passed on ``clock`` since the last
-      batch (epoch) let through; the first always is. With ``every_n_*`` too, both must hold.
+      2n-th... of the run, as ``batches=N`` counts them: the cadence goes on across epochs and resumes); in
+      evaluate/predict, by the batch's position in the pass.
+    - Epochs: training epochs with ``(state.epoch + 1) % n == 0``; an evaluate/predict pass's one epoch always runs.
+    - ``seconds``: a batch's (epoch's) hooks run if at least ``seconds`` passed on ``clock`` since the last batch
+      (epoch) let through; the first always is. With ``every_n_*`` too, both must hold.
     - ``batch_begin`` and ``batch_end`` of one batch (``epoch_begin``/``epoch_end`` of one epoch) run together or
-      not at all. ``train_begin``/``train_end`` always pass through. A skipped ``batch_end``/``epoch_end`` returns
-      None (no stop request).
+      not at all; ``train_begin``/``train_end`` always run. A skipped ``batch_end``/``epoch_end`` returns None.
 
-    The wrapper is called for exactly the wrapped handler's events, keeps its ``priority``, ``run_after`` and
-    ``reads``/``writes`` (adding the fields it reads to decide: phase, epoch, batch_idx, global_step), and forwards
-    ``state_dict``/``load_state_dict`` (the wrapped state rides in checkpoints under the key
-    ``Throttled<ClassName>``). The wrapped handler is ``wrapper.handler``; the wrapper plays its roles (a monitor, a
-    validation, a checkpoint: see :mod:`fitforge.core.roles`), with nothing forwarded by name. It is not an instance
-    of the wrapped class, but fit treats it as one where it matters: ``throttle(LoggingHandler(...))`` replaces the
-    default LoggingHandler, and ``run_after=(LoggingHandler,)`` orders a handler after the wrapper.
+    The wrapper (``Throttled``) is called for exactly the wrapped handler's events, keeps its ``priority``,
+    ``run_after`` and ``reads``/``writes`` (plus phase, epoch, batch_idx, global_step, which it reads to decide), and
+    forwards ``state_dict``/``load_state_dict`` (checkpoint key ``Throttled<ClassName>``). ``wrapper.handler`` is the
+    wrapped handler, whose roles (a monitor, a validation, a checkpoint: :mod:`fitforge.core.roles`) the wrapper
+    plays, with nothing forwarded by name. fit treats it as the wrapped class where it matters:
+    ``throttle(LoggingHandler(...))`` replaces the default LoggingHandler, ``run_after=(LoggingHandler,)`` orders a
+    handler after the wrapper.
 
     Args:
         handler: an event handler instance.
         every_n_batches: run the batch hooks every n batches.
         every_n_epochs: run the epoch hooks every n epochs.
         seconds: run each kind of hook at most once per this many seconds. Under torch.distributed the ranks' clocks
-            are reconciled each time (a host all-reduce), unless the handler reports from rank 0 only: a checkpoint
-            every N minutes then saves on every rank at once.
+            are reconciled each time (a host all-reduce) unless the handler reports from rank 0 only, so that, e.g.,
+            a checkpoint every N minutes saves on every rank at once.
         clock: a function returning seconds (``time.monotonic``); inject a fake one in tests.
 
     Raises:
         FitforgeTypeError: ``handler`` is not a handler instance, an option has the wrong type, or ``clock`` is not
             callable.
-        FitforgeValueError: no option was given, an option is not positive, or an option throttles hooks the handler
-            does not have.
+        FitforgeValueError: no option was given or one is not positive, or it throttles hooks the handler lacks.
 
     Example:
         >>> from fitforge.handlers import LoggingHandler

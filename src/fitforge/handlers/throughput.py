@@ -37,17 +37,15 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
     ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold tokens (the non-padding tokens of an
     ``attention_mask``, else every token of integer ``input_ids``).
 
-    The time is the epoch's training time, from its ``epoch_begin`` to its ``epoch_end`` (on a GPU, once the device
-    is through with the epoch's batches: one wait per epoch), before validation. Nothing is read to the host per
-    batch: tokens are summed on the device. Under torch.distributed the figures are the whole job's (every rank's
-    samples over the slowest rank's time: the same on every rank).
+    The time is the epoch's training time, ``epoch_begin`` to ``epoch_end`` (on a GPU, once the device is through
+    with its batches: one wait per epoch), before validation; tokens are summed on the device, with no host read per
+    batch. Under torch.distributed the figures are the whole job's: every rank's samples over the slowest rank's time.
 
     ``fit`` runs one by default, counting samples and tokens only. Pass ``ThroughputHandler()`` yourself to add
-    ``train_flops_per_s``: the FLOPs of one training step (forward and backward) are counted once, on the first
-    batch, with torch's FLOP counter (:class:`torch.utils.flop_counter.FlopCounterMode`), and taken to be every
-    batch's. With a device peak, from ``peak_flops`` or the table of common GPUs (:mod:`fitforge.core.peak_flops`,
-    dense, for the estimator's precision), it adds ``train_mfu``: the FLOP/s of one device over its peak. Where the
-    peak is not known (a CPU) MFU is left out, with one info line.
+    ``train_flops_per_s``: the FLOPs of one training step (forward and backward) are counted on the first batch with
+    :class:`torch.utils.flop_counter.FlopCounterMode` and taken to be every batch's. With a device peak (``peak_flops``
+    or the dense table of common GPUs for the estimator's precision, :mod:`fitforge.core.peak_flops`) it adds
+    ``train_mfu``, one device's FLOP/s over its peak; an unknown peak (a CPU) leaves MFU out, with one info line.
 
     Args:
         flops: count the FLOPs of a step (FLOP/s, and MFU where the peak is known).
@@ -132,11 +130,7 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
 
     def batch_end(self, state: TrainState) -> None:
         out: Any = state.output
-        inputs = out.data
-        if type(inputs) is dict:  # a dict batch may hold tokens
-            self._tally.add(out.batch_size, _tokens(inputs))
-        else:
-            self._tally.add(out.batch_size)
+        self._tally.add(out.batch_size, _tokens(out.data) if type(out.data) is dict else None)  # a dict may hold tokens
         self._batches += 1
 
     def epoch_end(self, state: TrainState) -> None:

@@ -25,10 +25,9 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
             (:func:`fitforge.checks.validation.check_first_val_batch`), so that a mistake in the validation data or
             metrics fails in a second, not after an epoch; False skips it.
 
-    A signal that stops the fit (SIGTERM, SIGUSR1, SIGINT) abandons a validation under way at its next batch:
-    nothing of it is recorded. One of ``batch_period`` is owed, and its checkpoint says so: the resumed run does it
-    at its first ``epoch_begin``, before its first batch. One at an epoch end is done by the resumed run's end of
-    that epoch.
+    A signal that stops the fit (SIGTERM, SIGUSR1, SIGINT) abandons a validation under way at its next batch,
+    recording nothing of it. The resumed run does an owed ``batch_period`` one (its checkpoint says so) at its first
+    ``epoch_begin``, and an epoch end's one when it ends that epoch.
     """
 
     priority = Stage.VALIDATE  # after MetricHandler's training values: the stages order the two
