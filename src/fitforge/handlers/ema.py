@@ -181,8 +181,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
                 average.copy_(weights[name])
 
     def state_dict(self) -> dict:
-        """The average by name (under FSDP it is saved with the weights' shards instead), the updates made and the
-        optimizer steps last seen."""
+        """The average by name (under FSDP, saved with the weights' shards instead), the updates and the steps seen."""
         averages = {} if self._sharded else dict(zip(self._names, self._averages))
         return {"averages": averages, "updates": self.updates, "seen": self._seen, "pending": self._pending}
 

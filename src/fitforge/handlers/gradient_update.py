@@ -21,8 +21,7 @@ def step_optimizers(
     optimizers: list, scaler: torch.amp.GradScaler | None, found_inf: torch.Tensor | None = None
 ) -> None:
     """Step every optimizer (through the fp16 scaler, which skips a step on inf/nan gradients), zero its gradients,
-    then update the scaler. ``found_inf``: a device flag (float 0-d, NaNGuardHandler's) on which fused optimizers
-    skip their update on the device, as they do for GradScaler."""
+    then update the scaler. Fused optimizers skip their update on ``found_inf``, a device flag (float 0-d)."""
     for optimizer in optimizers:
         if scaler is not None:
             scaler.step(optimizer)
@@ -165,15 +164,13 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         self._optimizers = list(state.estimator.optimizers)
         self._choice = OptimizerChoice(self._optimizers)
         for optimizer, params in zip(self._optimizers, self._choice.params):
-            # torch's zero_grad with no gradient to clear does nothing, at the cost of a profiler
-            # record and a pass over the groups: skipped then (an optimizer's own zero_grad always runs).
+            # nothing to clear: skip torch's zero_grad (a profiler record and a pass); an optimizer's own always runs
             own = type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad
             if own or any(p.grad is not None for p in params):
                 optimizer.zero_grad(set_to_none=True)
         state.accumulated_batches = 0
         self._open, self._skipped = [0] * len(self._optimizers), [0] * len(self._optimizers)
-        # One optimizer only: a batch chooses the optimizers it steps after its forward, too late
-        # to know whether it completes a group.
+        # One optimizer only: a batch picks its optimizers after its forward, too late to know if it ends a group.
         defers = self.accumulate > 1 and not self.sync_each_batch and len(self._optimizers) == 1
         estimator = state.estimator
         self._deferred = estimator.strategy.gradient_sync(estimator) if defers else None
@@ -243,9 +240,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._deferred.restore()
 
     def share_open_group(self, state: TrainState) -> None:
-        """Before a checkpoint saves an open group's gradients (every rank, at the same point): under DDP, average
-        them over the ranks, so that rank 0's file holds gradients every rank (and any number of ranks) resumes
-        with. The group's last all-reduce then gives what it would have."""
+        """Before a checkpoint saves an open group (every rank, at the same point): under DDP, average its gradients
+        over the ranks, for any number of ranks to resume with; the group's last all-reduce then gives the same."""
         if self._deferred is not None and state.accumulated_batches:
             self._deferred.average()
         if self._items is not None and self._ranks > 1:  # each rank's share of the group's items, as its gradients
@@ -253,17 +249,15 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._items = self._items / self._ranks
 
     def _sync(self, state: TrainState) -> None:
-        """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch cleared the gradients
-        (or a resume dropped them); a count from a checkpoint that predates per-optimizer groups is one group that
-        every optimizer shared."""
+        """Follow a change of ``accumulated_batches`` made elsewhere: 0 after a CancelBatch (or a resume) dropped the
+        gradients; a count from a checkpoint older than per-optimizer groups is one group every optimizer shared."""
         self._open[:] = [state.accumulated_batches] * len(self._open)
         if not state.accumulated_batches:
             self._items = None
 
     def step(self, state: TrainState, optimizers: list[int] | None = None) -> None:
-        """Average the accumulated gradients of the optimizers ``optimizers`` (indices; None: all), clip them, step
-        and zero them. Under fp16 the GradScaler unscales before clipping and skips the step when a gradient is inf
-        or nan."""
+        """Average, clip, step and zero the gradients of the optimizers ``optimizers`` (indices; None: all). Under
+        fp16 the GradScaler unscales before clipping and skips the step when a gradient is inf or nan."""
         due = list(self._choice.every) if optimizers is None else optimizers
         scaler, clipping = self._scaler, self.clip_norm is not None or self.clip_value is not None
         if scaler is not None and clipping:
@@ -327,8 +321,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         return [state.optimizer_steps - skipped for skipped in self._skipped]
 
     def state_dict(self) -> dict:
-        """Each optimizer's open group (batch count), the optimizer steps it took no part in, and the open group's
-        item count when counted."""
+        """Each optimizer's open group (batches), the steps it took no part in, and the group's items if counted."""
         own = {"accumulated": list(self._open), "skipped_steps": list(self._skipped)}
         return own if self._items is None else {**own, "items": float(self._items), "ranks": self._ranks}
 
@@ -356,8 +349,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._items = None
         saved_ranks = state.get("ranks", self._ranks)
         if self._items is not None and saved_ranks != self._ranks:
-            # Every rank holds the group's mean gradients and items per rank of the ranks that saved them; on
-            # this number of ranks their sums over the ranks must stay the same.
+            # Shares per rank of the ranks that saved them: their sums over this number of ranks must stay the same.
             share = saved_ranks / self._ranks
             self._items = self._items * share
             if grads:

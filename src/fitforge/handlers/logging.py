@@ -61,9 +61,8 @@ def ensure_console_output() -> None:
 
 
 def flush_console() -> None:
-    """Push out what was logged: the streams of the handlers that fitforge's records reach (its logger's and those
-    above it), and ``sys.stderr``, where the stand-in writes through ``tqdm.write`` without flushing. In a notebook
-    each stream is sent on its own timer, so an unflushed last line would show after what the cell prints next."""
+    """Flush the streams of the handlers fitforge's records reach, and ``sys.stderr`` (the stand-in's ``tqdm.write``
+    does not flush): in a notebook an unflushed last line would show after what the cell prints next."""
     logger: logging.Logger | None = log
     while logger is not None:
         for handler in logger.handlers:
@@ -90,15 +89,14 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
     The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`: parameters,
-    size, device, precision) and one with the fit's length. A line shows every value recorded in its epoch, a
-    non-finite one too (``train_loss=nan``); the first epoch with a non-finite loss also logs a warning. Values read
-    as :mod:`fitforge.reporting.formatting` says (4 significant digits). Epochs are numbered over the estimator's
-    fits (a second ``fit(epochs=2)`` after 5 epochs logs epochs 6/7 and 7/7), and an epoch cut short is marked
-    ``partial``, with the batches it trained (a resumed run logs the whole epoch when it finishes it). The closing
-    line (:mod:`fitforge.reporting.closing`) gives the values of the epoch whose weights the net holds (the restored
-    one after ``EarlyStoppingHandler(restore_best=True)``), or, when an exception ends the fit, where it struck and
-    what it was, never "Finished"; a stop with an ending (a pruned trial) opens with its word:
-    ``Pruned at the end of epoch 3/15 (...)``. Everything logged is flushed before ``fit`` returns.
+    size, device, precision) and one with the fit's length. An epoch's line shows every value recorded in it, a
+    non-finite one too (``train_loss=nan``; a first non-finite loss also warns), as :mod:`fitforge.reporting.formatting`
+    writes them (4 significant digits). Epochs are numbered over the estimator's fits (a second ``fit(epochs=2)``
+    after 5 epochs logs 6/7 and 7/7); one cut short is marked ``partial``, with the batches it trained (a resumed run
+    logs the whole epoch when it finishes it). The closing line (:mod:`fitforge.reporting.closing`) gives the values
+    of the epoch whose weights the net holds (the restored one after ``EarlyStoppingHandler(restore_best=True)``),
+    or where an exception struck and what it was, never "Finished"; a stop with an ending (a pruned trial) opens
+    with its word: ``Pruned at the end of epoch 3/15 (...)``. Everything logged is flushed before ``fit`` returns.
 
     Args:
         log_interval: "epoch", or log running values every n batches (a host read each time).
@@ -143,8 +141,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
         self._warned = False
 
     def shows_epoch_lines(self) -> bool:
-        """Whether its epoch lines reach the log now: a progress bar then clears each finished bar, which the
-        epoch's line replaces."""
+        """Whether its epoch lines reach the log now (a progress bar then clears each finished bar for them)."""
         return log.isEnabledFor(self.level)
 
     def train_begin(self, state: TrainState) -> None:
@@ -170,8 +167,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
             log.log(self.level, "[%s] %s", pass_label(state), format_values(state.metrics))
             flush_console()  # evaluate's one line, out before it returns
             return
-        # The values recorded in this epoch: a key without one (no validation this epoch) is left
-        # out, a recorded nan (a diverged loss) is shown.
+        # This epoch's values: a key without one (no validation) is left out, a recorded nan (diverged) is shown.
         history = state.history
         row = {key: value for key in history if (value := history.current(key)) is not None}
         seconds = row.pop("epoch_time", math.nan)
@@ -200,8 +196,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
             flush_console()  # no line to build; what others wrote still comes before what follows fit
             return
         seconds = time.perf_counter() - self._started
-        # An exception ending fit is raised again after train_end: the line says where it struck. A
-        # stop with an ending (a pruned trial) is no failure: its word, then the values.
+        # An exception is raised again after train_end (the line says where); a stop with an ending is no failure.
         line = (
             failed_line if state.error is not None else ended_line if state.stop_ending is not None else finished_line
         )

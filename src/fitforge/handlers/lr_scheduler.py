@@ -252,9 +252,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 self._check_cycle_length(state)
 
     def _check_cycle_length(self, state: TrainState) -> None:
-        """A OneCycleLR the user sized must fit the steps this fit will take: too few crash in a later epoch
-        (torch's "Tried to step"), and one per epoch of a cycle sized in batches never reaches ``max_lr``. Checked
-        when the fit's length is known (epochs and a data length)."""
+        """A OneCycleLR the user sized must fit this fit's steps (epochs and a data length known): too few crash in
+        a later epoch (torch's "Tried to step"), and one per epoch of a cycle sized in batches never reaches max_lr."""
         total, done = self.scheduler.total_steps, self.scheduler.last_epoch
         if self.interval == "batch":
             if self._updater is not None:
@@ -293,8 +292,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
             )
 
     def batch_end(self, state: TrainState) -> None:
-        # Only with interval="batch" (see handled_events): an int compare per batch; a CancelBatch after
-        # the optimizer step is caught up next time.
+        # interval="batch" only (handled_events): an int compare per batch; a CancelBatch after the step catches up.
         if state.optimizer_steps != self._batches_seen:
             self._follow_steps(state)
 
@@ -350,8 +348,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         if value is None:
             return False
         before = [group["lr"] for group in self.scheduler.optimizer.param_groups]
-        # nan counts as an epoch without improvement; an infinite value would become a best no
-        # later epoch beats (or, the wrong way round, cut the rate at once): it counts as nan.
+        # nan counts as no improvement; so does inf, else a best never beaten (or, the wrong way round, a cut at once).
         self.scheduler.step(value if math.isfinite(value) else math.nan)
         after = [group["lr"] for group in self.scheduler.optimizer.param_groups]
         if after != before:
@@ -368,9 +365,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         if getattr(self.scheduler, "_step_count", 0) > 1:
             self.scheduler.step()
             return
-        # Its first step: torch warns unless this process stepped the optimizer already, which a run
-        # resumed at an epoch's end (or whose first epoch was all cancelled) has not. Steps follow
-        # optimizer steps here by construction, so the warning would only mislead.
+        # Its first step: torch warns unless this process stepped the optimizer already, which a run resumed at an
+        # epoch's end (or whose first epoch was all cancelled) has not; steps follow optimizer steps here anyway.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
             self.scheduler.step()

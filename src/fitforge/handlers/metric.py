@@ -296,9 +296,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
             slot.metric.to(device)
 
     def compute(self) -> dict[str, float]:
-        """The epoch-so-far values, keyed as in history (reads device values to the host). On a torch.distributed
-        rank they are this rank's own: a torchmetrics metric is computed without its cross-rank sync, a collective
-        that ranks without this reader would never join."""
+        """The epoch-so-far values, keyed as in history (a host read). Under torch.distributed, this rank's own: a
+        torchmetrics metric skips its cross-rank sync, a collective the ranks without this reader would never join."""
         if self._open and self._inbox:
             self._named.take(self._inbox, self._device)
         return self._values(local=several_ranks())

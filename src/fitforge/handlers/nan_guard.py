@@ -27,9 +27,8 @@ class NonFiniteLossError(FitforgeValueError):
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer`` skips a step on a device flag (``found_inf``) and leaves its state as it was: fused
-    Adam and AdamW. Not fused SGD: a skipped first step leaves its momentum buffers uninitialised (``empty_like``),
-    and on CUDA a skipped step still moves them."""
+    """Whether ``optimizer`` skips a step on a device flag (``found_inf``), its state untouched: fused Adam and AdamW.
+    Not fused SGD: a skipped first step leaves its momentum ``empty_like``, and on CUDA a skipped step moves it."""
     return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(
         getattr(optimizer, "_step_supports_amp_scaling", False)
     )

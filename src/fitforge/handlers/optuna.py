@@ -100,8 +100,7 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
         if recorded == self._seen or value is None:
             return
         self._seen = recorded
-        # Rank 0 asks Optuna; its verdict reaches every rank at this same point (the ranks validate
-        # together), so every rank requests the stop at this batch and the agreement holds at once.
+        # Rank 0 asks Optuna; its verdict reaches every rank here (they validate together): all stop at this batch.
         verdict = state.ranks.on_main(lambda: self._judge(value, step), FitforgeValueError)
         if verdict is None or not verdict[0]:
             return

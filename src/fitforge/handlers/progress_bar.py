@@ -57,9 +57,8 @@ class _Sink:
 class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """Show a progress bar with the running loss and metrics.
 
-    Only every ``refresh_seconds`` does it move the bar and read running values from the device, so its cost per
-    batch is a clock read. Added by default only on a terminal or in a notebook. See the module docstring for what a
-    finished epoch leaves on screen.
+    It moves the bar and reads running values from the device only every ``refresh_seconds`` (a clock read per
+    batch). Added by default on a terminal or in a notebook; the module docstring says what an epoch leaves on screen.
 
     Args:
         refresh_seconds: the throttle interval.
@@ -173,6 +172,5 @@ def fitted(bar: Any, values: dict[str, float], width: int | None) -> str:
 
 
 def _lines_elsewhere(state: TrainState) -> bool:
-    """Whether a handler of the fit prints each epoch's line now (a LoggingHandler: see
-    :class:`~fitforge.core.roles.EpochLines`)."""
+    """Whether a handler of the fit (a LoggingHandler) prints each epoch's line now (see ``EpochLines``)."""
     return any(lines.shows_epoch_lines() for lines in players(state.handlers, EpochLines))

@@ -144,8 +144,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             self._check(state)
 
     def _check(self, state: TrainState) -> bool:
-        """Read the decision (every rank agrees on the earliest spike); recover from a spike, or snapshot a good
-        state. Whether it recovered."""
+        """Read the decision (every rank agrees on the earliest spike): recover (True) or snapshot a good state."""
         first = state.ranks.min_int(int(self._first))
         self._first.fill_(_NONE)
         if first == _NONE:

@@ -111,8 +111,7 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def train_end(self, state: TrainState) -> None:
         if self.writer is not None:
-            # The summaries alone (not SummaryWriter.add_hparams, which writes the metrics again as
-            # scalars in a folder of their own): the HParams tab reads the metrics' scalars of this run.
+            # Not add_hparams (it writes the metrics again in another folder): the HParams tab reads this run's scalars.
             for summary in self._hparams(self._params, last_values(state.history)):
                 self.writer.file_writer.add_summary(summary)
         self._close()

@@ -49,8 +49,7 @@ class _Gate:
         if self.seconds is not None:
             now = self.clock()
             due = now - self.last >= self.seconds
-            # Each rank's clock: in training (every rank at the same batch) the ranks agree, a
-            # collective; evaluation shares may differ in length, so each rank decides there (None).
+            # Training: the ranks agree (a collective); evaluation shares may differ in length: each rank decides.
             if self.agree and ranks is not None and ranks.several:
                 due = ranks.any(due)
             if not due:
@@ -98,16 +97,14 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
         self._gates()
 
     def _gates(self) -> None:
-        # A handler every rank runs (a checkpoint: a collective) must be let through on every rank
-        # at once; a rank-0 reporter decides alone.
+        # A handler every rank runs (a checkpoint: a collective) passes on every rank at once; a rank-0 one alone.
         agree = not self.main_rank_only
         self._batch = _Gate(self.every_n_batches, self.seconds, self.clock, agree)
         self._epoch = _Gate(self.every_n_epochs, self.seconds, self.clock, agree)
 
     @staticmethod
     def _batch_position(state: TrainState) -> int:
-        # global_step in training (a run-wide count that resumes with the run); in evaluate/predict,
-        # whose global_step stays 0, the batch's position in the pass
+        # global_step in training (run-wide, resumed); in evaluate/predict (global_step 0) the position in the pass
         return state.global_step if state.phase == "train" else state.batch_idx
 
     def train_begin(self, state: TrainState) -> None:
@@ -123,8 +120,7 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
             self._hooks[Event.BATCH_BEGIN](state)
 
     def backward_end(self, state: TrainState) -> None:
-        # Between batch_begin and batch_end (training only): it follows batch_begin's decision for
-        # this batch, or decides when the wrapped handler has no batch_begin; batch_end follows it.
+        # Training only: follow batch_begin's decision (or decide, without a batch_begin); batch_end follows this one.
         gate = self._batch
         due = gate.pending if Event.BATCH_BEGIN in self._hooks else gate.open(self._batch_position(state), state.ranks)
         gate.pending = due if Event.BATCH_END in self._hooks else None

@@ -65,8 +65,7 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
         self._owed: int | None = None  # a batch_period validation a signal abandoned (completed batches)
 
     def validation_setup(self) -> ValidationSetup:
-        """What fit checks and sets up before training: ``val_data``, and an evaluation of it unless an ``eval_fn``
-        evaluates it."""
+        """What fit checks and sets up before training: ``val_data``, and its evaluation unless ``eval_fn`` does it."""
         return ValidationSetup(
             self.val_data, tuple(self.event_handlers), self.check_first, bool(self.batch_period), self.eval_fn is None
         )
