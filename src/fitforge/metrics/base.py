@@ -29,11 +29,10 @@ class Metric(Protocol):
 class SumCountMetric:
     """A mean of per-sample values: ``sum`` accumulates on the device.
 
-    Subclasses implement :meth:`batch_stats` returning ``(sum tensor, count)`` for one batch and
-    may override :meth:`finish` to transform the mean (e.g. a square root for RMSE). ``count`` is a
-    python int when the shapes give it (``label.numel()``), or a device tensor when it depends on
-    the values (non-padding tokens, positive anchors), so that counting never reads a value to the
-    host: a tensor count is accumulated on the device like the sum.
+    Subclasses implement :meth:`batch_stats` returning ``(sum tensor, count)`` for one batch and may
+    override :meth:`finish` to transform the mean (e.g. a square root for RMSE). ``count`` is a python
+    int when the shapes give it (``label.numel()``), else a device tensor (non-padding tokens...),
+    accumulated on the device like the sum, so that counting never reads a value to the host.
     """
 
     name = "metric"
@@ -47,10 +46,9 @@ class SumCountMetric:
         raise NotImplementedError
 
     def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
-        """Whether the shapes of ``pred`` and ``label`` (plain tensors of dtypes and a device every
-        operation takes) show that :meth:`batch_stats` takes them, raising its error where they do
-        not fit; False where only running it can tell. fitforge's own metrics answer for theirs (see
-        :func:`fitforge.metrics.builtin.takes_batch`); for others it is never asked."""
+        """Whether the shapes of ``pred`` and ``label`` show that :meth:`batch_stats` takes them, raising
+        its error where they do not fit; False where only running it can tell. Asked of fitforge's own
+        metrics only (:func:`fitforge.metrics.builtin.takes_batch`)."""
         return False
 
     def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
@@ -61,13 +59,8 @@ class SumCountMetric:
         # The first batch sets device and dtype: integer counts stay exact int64; float sums use
         # float64 on CPU (cheap there) and float32 on accelerators. Later batches add in place.
         if self._sum is None:
-            dtype = (
-                torch.int64
-                if not total.is_floating_point()
-                else torch.float64
-                if total.device.type == "cpu"
-                else torch.float32
-            )
+            floating = torch.float64 if total.device.type == "cpu" else torch.float32
+            dtype = floating if total.is_floating_point() else torch.int64
             self._sum = torch.zeros((), dtype=dtype, device=total.device)
         if weight == 1:
             self._sum.add_(total)
@@ -91,9 +84,8 @@ class SumCountMetric:
         return mean
 
     def value(self) -> float:
-        """:meth:`compute` read to the host as a float (what the History records). A plain mean of a
-        CPU sum and an int count is divided on the host: the same float64 division as ``compute``,
-        without its two tensor operations."""
+        """:meth:`compute` as a float (what the History records); a plain mean of a CPU sum and an int
+        count is divided on the host, the same float64 division without two tensor operations."""
         total, count = self._sum, self._count
         if (
             total is not None
@@ -168,9 +160,8 @@ def merge_metric_state(metric: Any, state: dict[str, Any]) -> None:
 
 
 class Tally(SumCountMetric):
-    """A count and a total of a run's batches (samples, and tokens where the batches hold some) that
-    :func:`fitforge.metrics.reduction.reduced_sums` totals over ranks like any sum. A total given as
-    a tensor stays on its device (nothing is read per batch); one given as an int on the host."""
+    """A count and a total of a run's batches (samples, tokens) that :func:`~fitforge.metrics.reduction.reduced_sums`
+    totals over ranks like any sum. A tensor total stays on its device, an int one on the host."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -189,8 +180,7 @@ class Tally(SumCountMetric):
 
     def fold(self, device: torch.device | str = "cpu") -> None:
         """Put the host part of the total into the sum (before a reduction or a read), on the sum's
-        device or else ``device`` (the one the ranks' collectives take: an NCCL group takes no CPU
-        tensor)."""
+        device or else ``device`` (the collectives' one: an NCCL group takes no CPU tensor)."""
         if self._host_total:
             on = device if self._sum is None else self._sum.device
             extra = torch.tensor(self._host_total, dtype=torch.int64, device=on)

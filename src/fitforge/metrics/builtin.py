@@ -16,30 +16,18 @@ def is_builtin(metric: object) -> bool:
 
 # Dtypes every operation of the built-in metrics takes on these devices (not uint16-64, float8, quantized...).
 _PLAIN_DTYPES = frozenset(
-    {
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
+    {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool}
+    | {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 )
 _PLAIN_DEVICES = frozenset(("cpu", "cuda", "meta"))
 
 
 def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
     """For a built-in ``metric`` (:func:`is_builtin`): whether the batch's shapes, dtypes and devices
-    alone show that its ``batch_stats`` takes the batch, raising ``batch_stats``'s own error where
-    the shapes do not fit. False where only running ``batch_stats`` can tell (tensors on two devices
-    or on another backend than the CPU and CUDA, sparse ones, dtypes some operation does not take, a
-    threshold that is not a number): the first batch's trial then runs it. Reads metadata only: no
-    torch operation, and the metric's state is left alone. Each class answers for its own
-    ``batch_stats`` in ``_takes``, for tensors of the dtypes and devices checked here."""
+    alone show that ``batch_stats`` takes it, raising its error where the shapes do not fit. False
+    where only running it can tell (two devices, another backend, sparse tensors, unusual dtypes, a
+    threshold that is not a number): the first batch's trial then runs it. Reads metadata only (no
+    torch operation, the state left alone); each class answers for its ``batch_stats`` in ``_takes``."""
     if not (
         type(pred) is torch.Tensor
         and type(label) is torch.Tensor
@@ -70,11 +58,8 @@ def _same_shape(metric: SumCountMetric, pred: torch.Tensor, label: torch.Tensor)
 
 
 class Mean(SumCountMetric):
-    """Sample-weighted running mean of a per-batch scalar (used for the loss).
-
-    ``update(value, weight)`` adds ``value * weight``: pass a batch-mean loss and the batch size to
-    get the mean over samples, as a hand-written loop over the whole dataset would.
-    """
+    """Sample-weighted running mean of a per-batch scalar (used for the loss): ``update(value, weight)``
+    adds ``value * weight``, so a batch-mean loss and the batch size give the mean over samples."""
 
     name = "mean"
     higher_is_better = False
@@ -143,8 +128,8 @@ class Accuracy(SumCountMetric):
         return not (kind == "one-hot" and label.dtype is torch.bool)  # argmax of bool labels is not implemented
 
     def _kind_of(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[str, bool]:
-        """The kind of the batch ("scores", "one-hot" or "indices") and whether the correct
-        predictions must be masked by ``ignore_index``; raises on shapes that do not fit."""
+        """The batch's kind ("scores", "one-hot", "indices") and whether the correct predictions must be
+        masked by ``ignore_index``; raises on shapes that do not fit."""
         kind, classes = "indices", None
         if pred.is_floating_point():  # scores: the class is their argmax over dim 1
             if pred.dim() < 2 or pred.shape[1] == 1:
@@ -208,10 +193,8 @@ class TopKAccuracy(SumCountMetric):
 
 
 class BinaryAccuracy(SumCountMetric):
-    """Fraction of correct binary predictions: ``pred > threshold`` against labels in {0, 1}.
-
-    With ``logits=True`` the threshold applies after a sigmoid (for ``BCEWithLogitsLoss`` outputs).
-    """
+    """Fraction of correct binary predictions: ``pred > threshold`` against labels in {0, 1}; with
+    ``logits=True`` the threshold applies after a sigmoid (for ``BCEWithLogitsLoss`` outputs)."""
 
     name = "binary_accuracy"
     higher_is_better = True

@@ -37,10 +37,9 @@ class NamedMeans:
 
     Args:
         prefix: ``"train_"`` or ``"val_"``, for the keys and the messages.
-        declared: names known up front (each has a mean from the start; an epoch without a value
-            publishes none).
-        reserved: ``{name: what records it}`` for the names the loss and metrics of the phase
-            already use (``{"loss": "the loss mean"}``); logging one of them is refused.
+        declared: names with a mean from the start (an epoch without a value publishes none).
+        reserved: ``{name: what records it}`` for names the phase's loss and metrics use
+            (``{"loss": "the loss mean"}``); logging one of them is refused.
     """
 
     def __init__(self, prefix: str, declared: Iterable[str] = (), reserved: Mapping[str, str] | None = None) -> None:
@@ -90,8 +89,8 @@ class NamedMeans:
         return [self.means[name] for name in sorted(self.means)]
 
     def values(self) -> dict[str, float]:
-        """The means as floats keyed ``<prefix><name>`` (a host read); a name with no value in this
-        epoch (declared, but logged in the other phase only) is left out rather than recorded as nan."""
+        """The means as floats keyed ``<prefix><name>`` (a host read); a name without a value this epoch
+        is left out, not recorded as nan."""
         return {self.prefix + name: mean.value() for name, mean in self.means.items() if mean._count}
 
     def state_dict(self) -> dict[str, dict]:

@@ -1,9 +1,9 @@
 """Loss and metric sums totalled over torch.distributed ranks at epoch end (one ``all_reduce``), and
 their running state saved and resumed across ranks.
 
-Each rank accumulates its own share of the loss and metric sums, so every rank logs, monitors and
-returns the values of the whole data once they are reduced. Running (mid-epoch) values stay per
-rank, because rank-0 handlers such as a progress bar read them alone.
+Each rank accumulates its own share, so every rank logs, monitors and returns the whole data's
+values once reduced. Running (mid-epoch) values stay per rank: rank-0 handlers (a progress bar)
+read them alone.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from fitforge.metrics.base import SumCountMetric
 
 @contextmanager
 def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
-    """Within the block each metric holds its sum and count totalled over all ranks (one
-    ``all_reduce``); after it, this rank's own again (a checkpoint written later in the epoch's end
-    keeps every rank's share, not totals it would count twice)."""
+    """Within the block each metric holds its sum and count totalled over all ranks (one ``all_reduce``);
+    after it, this rank's own again (a later checkpoint keeps each rank's share, not totals twice)."""
     if world_size() == 1 or not metrics:
         yield
         return
@@ -60,8 +59,8 @@ def rank_states(own: dict, to_host: Callable[[Any], Any]) -> dict:
 
 
 def own_share(saved: dict) -> list[dict] | None:
-    """The saved states this rank resumes: its own when the checkpoint has one per rank; with
-    another number of ranks, rank 0 carries every saved state (the total) and the others none."""
+    """The saved states this rank resumes: its own when there is one per rank; with another number of
+    ranks, rank 0 carries every saved state (the total) and the others none."""
     ranks = saved.get("ranks", [saved] if saved else [])
     if len(ranks) == world_size():
         return [ranks[rank()]] if ranks else None

@@ -1,15 +1,15 @@
 """Turn a user's metric specification into named metric slots, and infer a default from the loss.
 
 Specifications: None (a default for the loss), a name (``"accuracy"``, ``"top5_accuracy"``,
-``"binary_accuracy"``, ``"mse"``, ``"rmse"``, ``"mae"``), a metric object (built-in or any
-torchmetrics ``Metric``), a list of those, a dict ``{name: metric}`` to choose the history names,
-or a dict ``{output_index: spec}`` for multi-output nets: a metric given by kind (a name or an
-object) then ends in ``_<index>`` (``accuracy_1``), a name chosen in a dict is kept as is
-(``{0: {"cls_acc": "accuracy"}}`` gives ``cls_acc``), suffixed only when several outputs use it.
+``"binary_accuracy"``, ``"mse"``, ``"rmse"``, ``"mae"``), a metric object (built-in or torchmetrics),
+a list of those, a dict ``{name: metric}`` choosing the history names, or ``{output_index: spec}``
+for multi-output nets: a metric given by kind (name or object) then ends in ``_<index>``
+(``accuracy_1``); a name chosen in a dict (``{0: {"cls_acc": "accuracy"}}``) is kept, suffixed
+only when several outputs use it.
 
-With ``loss`` a dict by output name (named outputs), the specification is a dict by output name,
-``{"cls": ["accuracy"], "reg": {"err": "mae"}}``, and every history name starts with its output's
-(``cls_accuracy``, ``reg_err``); None gives each output the default of its own loss.
+With ``loss`` a dict by output name, the specification is one too (``{"cls": ["accuracy"], "reg":
+{"err": "mae"}}``) and each history name starts with its output's (``cls_accuracy``, ``reg_err``);
+None gives each output its own loss's default.
 """
 
 from __future__ import annotations
@@ -47,12 +47,11 @@ _TOPK = re.compile(r"top(\d+)_acc(uracy)?")
 
 @dataclass
 class MetricSlot:
-    """A metric with the name its values get in history and the output/label it reads.
+    """A metric with its history name and the output/label it reads.
 
-    ``output``: the key of that output and label: its position (an int), or its name for a net that
-    returns a dict of named outputs. ``inferred``: a default chosen for the loss, not asked for; a
-    run whose step returns no label (or one it cannot take) leaves it out instead of failing (see
-    :class:`~fitforge.handlers.MetricHandler`).
+    ``output``: that output's position (an int), or its name for a net returning named outputs.
+    ``inferred``: a default chosen for the loss, not asked for; a run whose step returns no label it
+    can take leaves it out instead of failing (see :class:`~fitforge.handlers.MetricHandler`).
     """
 
     name: str
@@ -116,19 +115,15 @@ def _as_metric(spec: Any, argument: str) -> Metric:
 
 
 def _flat(spec: Any, argument: str, output: OutputKey = 0, suffix: str = "", prefix: str = "") -> list[MetricSlot]:
-    """The slots of one output's ``spec``: names chosen in a dict get ``prefix``, the names of metrics
-    given by kind (a name or an object) ``prefix`` and ``suffix``."""
+    """The slots of one output's ``spec``: names chosen in a dict get ``prefix``, those of metrics given
+    by kind (a name or an object) ``prefix`` and ``suffix``."""
     if isinstance(spec, dict):
         bad = [k for k in spec if not isinstance(k, str) or not k]
         if bad:
             raise FitforgeTypeError(f"{argument}: metric names in a dict must be non-empty strs, got keys {bad}")
         return [MetricSlot(prefix + name, _as_metric(m, argument), output) for name, m in spec.items()]
-    items = spec if isinstance(spec, (list, tuple)) else [spec]
-    slots = []
-    for item in items:
-        metric = _as_metric(item, argument)
-        slots.append(MetricSlot(prefix + metric_name(metric) + suffix, metric, output))
-    return slots
+    metrics = [_as_metric(item, argument) for item in (spec if isinstance(spec, (list, tuple)) else [spec])]
+    return [MetricSlot(prefix + metric_name(metric) + suffix, metric, output) for metric in metrics]
 
 
 def _by_position(spec: dict, argument: str) -> list[MetricSlot]:

@@ -1,5 +1,5 @@
-"""The first batch's trial of a metric: a throw-away copy updated once (so a metric that cannot take
-the batch fails before the first optimizer step), and the check that a metric gives one number."""
+"""The first batch's trial of a metric: a throw-away copy updated once, so a metric that cannot take
+the batch fails before the first optimizer step; and the check that it gives one number."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from fitforge.metrics.resolve import MetricSlot
 
 
 def trial_copy(metric: Any) -> Any:
-    """A throw-away copy of ``metric`` for the first batch's trial. fitforge's own metrics keep their
-    running state in the attributes ``reset()`` rebinds, so a shallow copy, reset, is one that shares
-    nothing the trial changes (a deep copy costs several times more, at every fit); any other metric
-    is copied deeply."""
+    """A throw-away copy of ``metric`` for the first batch's trial: for fitforge's own metrics, whose
+    state is what ``reset()`` rebinds, a reset shallow copy (a deep copy costs several times more at
+    every fit); any other metric is copied deeply."""
     if is_builtin(metric):
         trial = object.__new__(type(metric))  # copy.copy without its pickling protocol
         trial.__dict__.update(metric.__dict__)
@@ -28,13 +27,11 @@ def trial_copy(metric: Any) -> Any:
 
 
 def trial_update(metric: Any, pred: Any, label: Any, device: torch.device) -> Any | None:
-    """Try ``metric`` on the first batch, leaving its running state alone. Returns the updated trial
-    copy whose value is still to be checked (:func:`check_trial_value`), or None when nothing is left
-    to check: a built-in metric is answered by the batch's shapes, dtypes and devices where they
-    suffice (:func:`~fitforge.metrics.builtin.takes_batch`), else a reset copy computes the batch's
-    statistics (its checks of shapes and dtypes included); adding them to a 0-d sum, it gives one
-    number by construction; a metric that cannot be copied (one holding a lock or a file) is left to
-    its first real update. Raises what the update raises."""
+    """Try ``metric`` on the first batch, its running state left alone, raising what the update raises.
+    Returns the updated trial copy whose value :func:`check_trial_value` is still to check, or None:
+    for a built-in metric (one number by construction), answered by the batch's metadata where it
+    suffices (:func:`~fitforge.metrics.builtin.takes_batch`), else by a reset copy's ``batch_stats``;
+    for a metric that cannot be copied (holding a lock or a file), left to its first real update."""
     if is_builtin(metric) and type(metric).batch_stats is not SumCountMetric.batch_stats:
         if takes_batch(metric, pred, label):  # its shapes, dtypes and devices say so: no torch call
             return None
