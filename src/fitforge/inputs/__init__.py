@@ -6,7 +6,6 @@
   mid-epoch (:class:`~fitforge.inputs.order.DataOrder`), or one pass (:class:`~fitforge.inputs.order.OnePass`);
 - :mod:`~fitforge.inputs.indexed`: a DataLoader over a TensorDataset read by indexing its tensors.
 
-It may import :mod:`fitforge.distributed` (the seed every rank shares), :mod:`fitforge.core` (batch
-formats, random states) and :mod:`fitforge.exceptions`. A batch itself (its formats, unpacking,
-device transfer) is the core's vocabulary: :mod:`fitforge.core.batches`.
+It may import :mod:`fitforge.distributed`, :mod:`fitforge.core` and :mod:`fitforge.exceptions`. A
+batch itself (formats, unpacking, device transfer) is :mod:`fitforge.core.batches`'s.
 """

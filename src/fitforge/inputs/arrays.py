@@ -1,15 +1,13 @@
 """Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)``.
 
-``(X, y)`` (tensors or NumPy arrays with one row per sample) becomes a ``DataLoader`` over a
+``(X, y)`` (tensors or NumPy arrays, one row per sample) becomes a ``DataLoader`` over a
 ``TensorDataset``: shuffled for training, in order for evaluation and prediction. A bare ``X``
-gives batches of data alone: label-less for ``fit`` and ``evaluate`` (a net that computes its own
-loss, ``Estimator(loss=None)``), the inputs of ``predict``. For several outputs ``y`` may be
-several arrays, ``(X, (y1, y2))`` or ``(X, {"cls": y1, "reg": y2})`` (named outputs), batched
-into labels of the same shape. NumPy's
-floats become torch's default float (float32, as in Keras) and a 1-D integer array (class labels,
-often uint8) int64, which the losses take; tensors are used as they are. ``validation_split``
-holds out the *last* fraction of the samples before any shuffling, as Keras does, so the
-held-out part is the same in every run.
+gives batches of data alone: label-less for ``fit`` and ``evaluate`` (``Estimator(loss=None)``),
+the inputs of ``predict``. For several outputs ``y`` may be ``(y1, y2)`` or ``{"cls": y1, "reg":
+y2}``, batched into labels of that shape. NumPy floats become torch's default float (float32, as in
+Keras), a 1-D integer array (class labels, often uint8) int64, as the losses take them; tensors are
+used as they are. ``validation_split`` holds out the *last* fraction of the samples before any
+shuffling, as Keras does, so the held-out part is the same in every run.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ def _label_arrays(label: object) -> bool:
 
 
 def is_arrays(data: object) -> bool:
-    """Whether ``data`` is ``(X, y)``: a tuple or list of two arrays, rather than batches; ``y`` may
-    also be several arrays, a tuple ``(y1, y2)`` or a dict ``{"cls": y1, "reg": y2}`` (Keras's form
-    for several outputs)."""
+    """Whether ``data`` is ``(X, y)``, a tuple or list of two arrays rather than batches; ``y`` may be
+    several arrays, ``(y1, y2)`` or ``{"cls": y1, "reg": y2}`` (Keras's form for several outputs)."""
     return isinstance(data, (tuple, list)) and len(data) == 2 and _rows(data[0]) and _label_arrays(data[1])
 
 
@@ -63,8 +60,8 @@ def _flat(data: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Any]]:
 
 
 class LabelledArrays(Dataset):
-    """The rows of ``X`` with the rows of several label arrays: ``(x, (y1, y2))`` or ``(x, {"cls":
-    y1, ...})`` per sample, which the DataLoader collates into batches of the same shape."""
+    """The rows of ``X`` with those of several label arrays: ``(x, (y1, y2))`` or ``(x, {"cls": y1,
+    ...})`` per sample, collated into batches of the same shape."""
 
     def __init__(self, tensors: Sequence[torch.Tensor], shape: Callable[[Sequence[Any]], Any]) -> None:
         self.tensors, self.shape = tensors, shape
@@ -78,13 +75,7 @@ class LabelledArrays(Dataset):
 
 def _arrays_apart(train_data: object, val_data: object) -> bool:
     """Keras's ``fit(X, y)``: two arrays of as many rows, the second landing in ``val_data``."""
-    return (
-        is_array(train_data)
-        and is_array(val_data)
-        and len(train_data.shape) > 0  # type: ignore[attr-defined]
-        and len(val_data.shape) > 0  # type: ignore[attr-defined]
-        and train_data.shape[0] == val_data.shape[0]  # type: ignore[attr-defined]
-    )
+    return _rows(train_data) and _rows(val_data) and train_data.shape[0] == val_data.shape[0]  # type: ignore[attr-defined]
 
 
 def _tensor(item: Any, argument: str, name: str) -> torch.Tensor:
@@ -110,9 +101,9 @@ def _untakeable(item: Any, argument: str, name: str) -> str:
         first = None
     text = getattr(dtype, "kind", "") in ("U", "S") or isinstance(first, (str, bytes))
     if name == "X":
-        fix = "X.astype(numpy.float32)"
-        if text:
-            fix = "encode the text as numbers first (a tokenizer, or one-hot columns)"
+        fix = (
+            "encode the text as numbers first (a tokenizer, or one-hot columns)" if text else "X.astype(numpy.float32)"
+        )
     elif text:  # class names
         fix = f"number the class names: classes, codes = numpy.unique({name}, return_inverse=True), and pass codes"
     else:
@@ -124,8 +115,8 @@ def _untakeable(item: Any, argument: str, name: str) -> str:
 
 
 def _names(count: int, label: Any = None) -> list[str]:
-    """The names of ``(X, y)``'s ``count`` flat arrays in messages: X, y, or y[0], y['cls'] for several
-    (``label``: ``y``, a tuple or dict of arrays when there are several)."""
+    """The names in messages of ``(X, y)``'s ``count`` flat arrays: X, y, or y[0], y['cls'] for several
+    (``label``: ``y``)."""
     if isinstance(label, Mapping):
         return ["X", *(f"y[{key!r}]" for key in label)]
     if isinstance(label, (tuple, list)):
@@ -158,9 +149,8 @@ def check_batch_size(batch_size: Any) -> int:
 
 
 def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str, bare: bool = False) -> DataLoader:
-    """A DataLoader of ``(X, y)``'s rows (``X`` alone: batches ``[x]`` of data alone, or bare tensors
-    with ``bare``, for predict; ``y`` several arrays: batches ``(x, (y1, y2))`` or ``(x, {"cls":
-    y1, ...})``)."""
+    """A DataLoader of ``(X, y)``'s rows (``X`` alone: batches ``[x]``, or bare tensors with ``bare``
+    for predict; ``y`` several arrays: batches ``(x, (y1, y2))`` or ``(x, {"cls": y1, ...})``)."""
     if is_arrays(data) and not _rows(data[1]):
         flat, shape = _flat(data)
         dataset: Any = LabelledArrays(_tensors(flat, argument, _names(len(flat), data[1])), shape)
@@ -223,9 +213,8 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
 
 
 def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
-    """evaluate's ``(X, y)`` or ``X`` alone, or predict's lone ``X`` (``bare``: batches of bare
-    tensors), made into an ordered DataLoader; other data is returned as it is (for predict, a list
-    of tensors is a list of batches)."""
+    """evaluate's ``(X, y)`` or ``X``, or predict's ``X`` (``bare``: batches of bare tensors), as an
+    ordered DataLoader; other data is returned as it is (for predict a list of tensors is batches)."""
     arrays = _rows(data) or (not bare and is_arrays(data))
     if not arrays:
         if batch_size is not None:

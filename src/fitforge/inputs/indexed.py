@@ -1,22 +1,21 @@
 """Batches of a DataLoader over tensors in memory, read by indexing each tensor once per batch.
 
-A ``DataLoader`` over a ``TensorDataset`` makes a batch by reading its samples one by one (a Python
-call per sample) and stacking them with ``default_collate``: ~5 µs a sample on a CPU, the larger part
-of a step on a small net. When nothing can tell the difference, fit, evaluate and predict index
-each of the dataset's tensors once with the batch's indices instead: the same batches (the same
-values, dtypes and contiguous layout, in a list as ``default_collate`` gives), in the same order,
-with every random generator left where the loader's own iterator leaves it.
+A ``DataLoader`` over a ``TensorDataset`` reads a batch sample by sample (a Python call each) and
+stacks it with ``default_collate``: ~5 µs a sample on a CPU, most of a step on a small net. Where
+nothing can tell the difference, fit, evaluate and predict index each tensor once with the batch's
+indices instead: the same batches (values, dtypes, contiguous layout, in a list as
+``default_collate`` gives), in the same order, every random generator left where the loader's own
+iterator leaves it.
 
-Only a plain ``DataLoader`` (not a subclass) batching automatically (``batch_size`` not None) in
-this process (``num_workers=0``), with ``default_collate``, no pinned memory and no timeout, over a
-``TensorDataset`` whose tensors are plain ``torch.Tensor``, strided, on the CPU, not requiring
-grad and with a fresh contiguous tensor's strides, is read this way; any other data is iterated as
-it is. The batches still come from the loader's own ``batch_sampler``, whatever its sampler: a
-batch of indices that is not a list of plain ints is read sample by sample, as the loader reads it.
+Read this way: a plain ``DataLoader`` (no subclass) batching automatically, with ``num_workers=0``,
+``default_collate``, no pinned memory and no timeout, over a ``TensorDataset`` of plain, strided
+CPU tensors not requiring grad, with a fresh contiguous tensor's strides; any other data is iterated
+as it is. The batches come from the loader's own ``batch_sampler``: one that is not a list of plain
+ints is read sample by sample, as the loader reads it.
 
-What can tell: torch's profiler names the span of a read ``enumerate(DataLoader)#fitforge.indexed_batches``
-(the loader's is ``...#_SingleProcessDataLoaderIter.__next__``), and the worker seed the loader's
-iterator draws at each pass is drawn but not read to the host (one ``.item()`` fewer per pass).
+What can tell: torch's profiler names a read ``enumerate(DataLoader)#fitforge.indexed_batches``
+(the loader's: ``...#_SingleProcessDataLoaderIter.__next__``), and the worker seed of each pass is
+drawn but not read to the host (one ``.item()`` fewer per pass).
 """
 
 from __future__ import annotations
@@ -55,10 +54,9 @@ def readable(data: object) -> TypeGuard[DataLoader]:
 
 
 def _indexable(tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Tensors whose rows indexing copies as stacking them does: plain tensors (a subclass's
-    ``__torch_function__`` would see other calls), strided, on the CPU, with the strides of a fresh
-    contiguous tensor (stacking gives those; indexing keeps the source's, which may differ on a dim of
-    size 1), and not requiring grad (an indexed batch's ``grad_fn`` would be another op)."""
+    """Tensors whose rows indexing copies as stacking does: plain (a subclass's ``__torch_function__``
+    would see other calls), strided, on the CPU, with a fresh contiguous tensor's strides (indexing
+    keeps the source's, which may differ on a dim of size 1), not requiring grad (another ``grad_fn``)."""
     return all(
         type(tensor) is torch.Tensor
         and tensor.layout is torch.strided
@@ -78,10 +76,9 @@ def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 class _IndexedBatches:
-    """A :func:`readable` loader's batches. Each iteration is one pass, drawn as the loader's
-    iterator draws it: the batch sampler's iterator first, then the worker seed the iterator draws
-    from the loader's generator (unused in this process; drawn so that the generator moves on as
-    it does under the loader), then the indices batch by batch."""
+    """A :func:`readable` loader's batches, each iteration a pass drawn as the loader's iterator draws
+    it: the batch sampler's iterator, then the (unused) worker seed from the loader's generator, so
+    that it moves on as under the loader, then the indices batch by batch."""
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
@@ -104,10 +101,9 @@ _END = object()
 
 
 def _read(dataset: TensorDataset, indices_of: Iterator[Any], judged: tuple[torch.Tensor, ...]) -> Iterator[Any]:
-    """The batches of ``indices_of``, each read inside a profiler span where torch's profiler runs,
-    as the loader's reads are (the span covers drawing the indices too). The tensors are looked up
-    per batch (a handler may replace ``dataset.tensors`` during a pass) and judged when they are not
-    the ``judged`` ones, found indexable."""
+    """The batches of ``indices_of``, each read (indices drawn too) in a profiler span while torch's
+    profiler runs, as the loader's are. The tensors are looked up per batch (a handler may replace
+    ``dataset.tensors`` in a pass) and judged when they are not the ``judged`` (indexable) ones."""
     indexable = True
     while True:
         with torch.autograd.profiler.record_function(_PROFILED) if _profiling() else nullcontext():
@@ -127,9 +123,8 @@ def _profiling() -> bool:
 
 
 def _batch(dataset: TensorDataset, tensors: tuple[torch.Tensor, ...], indices: Any, indexable: bool) -> Any:
-    """The batch of ``indices`` (one batch sampler item): each of ``tensors`` (the dataset's) indexed
-    once where the indices are a non-empty list of plain ints and the tensors are ``indexable``, else
-    read sample by sample as the loader reads it, with the loader's result or error."""
+    """The batch of ``indices``: each of the dataset's ``tensors`` indexed once where the indices are a
+    non-empty list of plain ints and ``indexable``, else read sample by sample as the loader reads it."""
     if indexable and type(indices) is list and indices and all(type(i) is int for i in indices):
         try:  # a CPU tensor whatever torch's default device, in a fifth of torch.as_tensor's time
             index = torch.frombuffer(array("q", indices), dtype=torch.int64)

@@ -2,24 +2,22 @@
 
 For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``. A
 ``DistributedSampler`` is one already: fit calls its ``set_epoch(e)`` (and seeds one that
-:mod:`fitforge.distributed.data_split` made from the fit's seed, the same on every rank). Otherwise a
-loader (or its sampler) without a generator of its own gets one for the fit, reseeded at every
-epoch from the fit's seed (drawn once from torch's global generator, so ``torch.manual_seed``
-fixes it) and the epoch. The worker seeds and the shuffle have separate generators, so the
-order does not depend on whether persistent workers redraw their seed. A user's own generator
-is left alone; its state at each epoch's start is recorded instead.
+:mod:`fitforge.distributed.data_split` made from the fit's seed, alike on every rank). Otherwise a
+loader (or its sampler) without a generator of its own gets one, reseeded every epoch from the
+epoch and the fit's seed (drawn from torch's global generator, so ``torch.manual_seed`` fixes it).
+Worker seeds and shuffle have separate generators, so the order does not depend on whether
+persistent workers redraw their seed. A user's own generator is left alone; its state at each
+epoch's start is recorded instead.
 
 A resumed epoch starts at its batch position by index arithmetic: the epoch's index batches are
-drawn again (indices only, no data is loaded) and a loader for the remaining ones takes the
-original's place for that epoch. A list or tuple of batches is sliced. Anything else has no
-positions: its first batches are read and discarded (with the random generators' states kept),
-and :attr:`DataOrder.problem` says why exactness then depends on the data.
+drawn again (no data is loaded) and a loader for the rest takes the original's place for that
+epoch. A list or tuple of batches is sliced. Anything else has no positions: its first batches are
+read and discarded (random states kept), and :attr:`DataOrder.problem` says why.
 
 A shuffled ``RandomSampler``'s generator and the ``DistributedSampler`` fitforge puts in its place
-under torch.distributed draw one order, the same for any number of ranks (see
-:mod:`fitforge.inputs.placement`): an epoch interrupted on some number of ranks, or with some batch
-size, continues on another from the sample it reached (:meth:`DataOrder.resume_at` with a
-``sample``). :attr:`DataOrder.unplaceable` says why a loader's order cannot be continued so.
+draw one order for any number of ranks (:mod:`fitforge.inputs.placement`): an epoch interrupted on
+some number of ranks or batch size continues on another from the sample it reached
+(:meth:`DataOrder.resume_at` with ``sample``); :attr:`DataOrder.unplaceable` says why one cannot.
 """
 
 from __future__ import annotations
@@ -59,8 +57,8 @@ def epoch_seed(seed: int, epoch: int, role: str) -> int:
 
 
 def _draw_seed() -> int:
-    """A seed from torch's global generator, so ``torch.manual_seed`` fixes it: a hash of its state,
-    which one draw then advances for the next fit (no scalar is read from a tensor)."""
+    """A seed from torch's global generator (``torch.manual_seed`` fixes it): a hash of its state, then
+    advanced by one draw for the next fit (no scalar is read from a tensor)."""
     digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).digest()
     torch.empty((), dtype=torch.int64).random_()
     return int.from_bytes(digest, "little") >> 1
@@ -148,8 +146,7 @@ class DataOrder:
 
     @property
     def split(self) -> int:
-        """How many ranks share each step's samples: the world size for a ``DistributedSampler``'s
-        split, 1 for data every rank reads whole."""
+        """How many ranks share each step's samples: the world size under a ``DistributedSampler``, else 1."""
         sampler = sampler_of(self.data) if isinstance(self.data, DataLoader) else None
         return world_size() if isinstance(sampler, DistributedSampler) else 1
 
@@ -175,10 +172,9 @@ class DataOrder:
         return indexed_batches(data), start
 
     def resume_at(self, position: int, epoch_start_step: int, sample: int | None = None) -> None:
-        """Make the next epoch continue after its first ``position`` batches (read before a
-        checkpoint), an epoch that began at global step ``epoch_start_step``; with ``sample``, after
-        that many samples of the epoch's order, split across this fit's ranks and batches anew (its
-        batches are numbered on from ``position``)."""
+        """Make the next epoch (begun at global step ``epoch_start_step``) continue after its first
+        ``position`` batches; with ``sample``, after that many samples of its order, split across this
+        fit's ranks and batches anew (numbered on from ``position``)."""
         self._resume_position, self.epoch_start_step = position, epoch_start_step
         self._resume_sample = sample
         if sample is not None:  # a save before the epoch starts (a signal while restoring) counts from here too
@@ -218,9 +214,8 @@ class DataOrder:
         return self._skip(start)
 
     def _remainder(self, start: int) -> DataLoader:
-        """A loader for the epoch's batches from ``start`` on, drawn as the original loader draws
-        them: its worker seed first, then the sampler's order (which leaves every generator where
-        a whole epoch leaves it)."""
+        """A loader for the epoch's batches from ``start`` on, drawn as the original draws them: worker
+        seed, then the sampler's order (every generator left where a whole epoch leaves it)."""
         loader: DataLoader = self.data  # type: ignore[assignment]
         assert loader.generator is not None  # given one in _inspect when the user did not
         workers = torch.Generator()
@@ -233,8 +228,8 @@ class DataOrder:
         return DataLoader(loader.dataset, batch_size=None, sampler=rest, **options)
 
     def _skip(self, start: int) -> Iterable:
-        """The data's iterator after reading and discarding ``start`` batches, the random
-        generators left as they were (the checkpoint restored them to after those batches)."""
+        """The data's iterator after reading and discarding ``start`` batches, the random generators
+        left as the checkpoint restored them."""
         states = rng_states()
         iterator = iter(shielded(self.data))
         for _ in itertools.islice(iterator, start):
@@ -255,8 +250,7 @@ class DataOrder:
         return batches.batch_size if type(batches) is BatchSampler else None
 
     def state_dict(self) -> dict[str, Any]:
-        """The seed, the batch size, and the user's generators at the epoch's start and now
-        (tensors and ints only)."""
+        """The seed, batch size, and the user's generators at the epoch's start and now (tensors, ints)."""
         return {
             "seed": self.seed,
             "world": world_size(),
@@ -271,8 +265,8 @@ class DataOrder:
         }
 
     def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:
-        """Restore :meth:`state_dict`: the user's generators as at the start of the epoch being
-        resumed (``mid_epoch``) or as they were when the checkpoint was written."""
+        """Restore :meth:`state_dict`: the user's generators as at the resumed epoch's start
+        (``mid_epoch``) or as when the checkpoint was written."""
         if state.get("seed") is not None and self._managed:
             self.seed = int(state["seed"])
         # Written before one order for every world size: one process drew its own shuffled order.
@@ -286,8 +280,8 @@ class DataOrder:
 
 
 def _why_unplaceable(loader: DataLoader, sampler: Any) -> str | None:
-    """Why the order of ``loader`` (map-style, torch's batching) is not one for every number of ranks
-    (None when it is: a plain unshuffled or shuffled loader, or the split fitforge made of one)."""
+    """Why ``loader``'s order (map-style, torch's batching) is not one for every number of ranks; None
+    for a plain unshuffled or shuffled loader, or fitforge's split of one."""
     if type(loader.batch_sampler) is not BatchSampler:
         return "it has no batch size (batch_size=None)"
     if type(sampler) is SequentialSampler:

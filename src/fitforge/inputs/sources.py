@@ -42,11 +42,9 @@ def _loader_length(loader: torch.utils.data.DataLoader) -> int | None:
 
 
 def check_data(data: object, argument: str, passes: int | None) -> int | None:
-    """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many).
-
-    Returns ``len(data)`` when it has one, else None. Raises before training starts for a
-    non-iterable, an empty sized loader, or a one-shot iterator that would be read more than once.
-    """
+    """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many);
+    return ``len(data)`` or None. Raises for a non-iterable, an empty sized loader, or a one-shot
+    iterator that would be read more than once."""
     if type(data) is torch.utils.data.DataLoader:  # the usual case, checked every fit: re-iterable, no (X, Y)
         size = _loader_length(data)
         if size == 0:
