@@ -1,13 +1,13 @@
 """The learning-rate range test (Leslie Smith, 2015; fastai's ``lr_find``).
 
-Train for ``num_steps`` batches while the learning rate grows exponentially from ``start_lr`` to
-``end_lr``, record the smoothed loss at each, and stop early once the loss diverges. The loss falls
-fastest somewhat below the rate at which training blows up; that is a good maximum learning rate
-(e.g. for :meth:`LRSchedulerHandler.one_cycle <fitforge.handlers.lr_scheduler.LRSchedulerHandler.one_cycle>`).
+Train ``num_steps`` batches while the learning rate grows exponentially from ``start_lr`` to
+``end_lr``, recording the smoothed loss, until the loss diverges. The loss falls fastest somewhat
+below the rate at which training blows up: a good maximum learning rate (e.g. for
+:meth:`LRSchedulerHandler.one_cycle <fitforge.handlers.lr_scheduler.LRSchedulerHandler.one_cycle>`).
 
-The test changes nothing: the net's parameters, buffers and gradients, the optimizers' states and
-learning rates, the fp16 scaler, the train/eval mode of every module and the random generators are
-put back exactly afterwards, also when it fails midway.
+The test changes nothing: parameters, buffers, gradients, optimizer states and learning rates, the
+fp16 scaler, every module's train/eval mode and the random generators are put back exactly
+afterwards, also when it fails midway.
 
 Example:
     >>> result = lr_find(estimator, train_loader)          # doctest: +SKIP
@@ -67,17 +67,8 @@ class LRFindResult:
     diverged: bool = False
 
     def plot(self, path: str | Path | None = None):
-        """The smoothed loss against the learning rate (log scale), the suggestion marked.
-
-        Args:
-            path: where to save a PNG; None only returns the figure.
-
-        Returns:
-            the matplotlib Figure.
-
-        Raises:
-            ImportError: matplotlib is not installed (``pip install 'fitforge[plot]'``).
-        """
+        """The matplotlib Figure of the smoothed loss against the learning rate (log scale), the
+        suggestion marked, saved as a PNG to ``path`` unless None. ImportError without matplotlib."""
         try:
             import matplotlib.pyplot as plt
         except ImportError as err:
@@ -97,9 +88,8 @@ class LRFindResult:
         return finish_figure(fig, path)
 
     def loss_range(self) -> tuple[float, float] | None:
-        """The plot's loss axis: from a little below the lowest smoothed loss to half again above the
-        first one, so that the losses of a diverging sweep (often orders of magnitude higher) do not
-        squash the useful part of the curve flat. None without a finite smoothed loss."""
+        """The plot's loss axis: a little below the lowest smoothed loss to half again above the first,
+        so a diverging sweep's far higher losses do not squash the curve. None without a finite one."""
         finite = [loss for loss in self.losses if math.isfinite(loss)]
         if not finite:
             return None
@@ -128,15 +118,14 @@ def lr_find(
     diverge_factor: float = 4.0,
     batch_size: int | None = None,
 ) -> LRFindResult:
-    """Sweep the learning rate exponentially over ``num_steps`` training batches and report the loss.
+    """Sweep the learning rate exponentially over ``num_steps`` training batches; an :class:`LRFindResult`.
 
-    Every parameter group of every optimizer gets the step's rate. Each step runs the estimator's
-    batch processor (``fit_batch``: forward, loss, backward), then steps the optimizers (through the
-    fp16 GradScaler when there is one) and clears the gradients; GradientUpdateHandler's clipping
-    and accumulation are not applied. ``train_data`` is cycled when it has fewer batches. The loss
-    is read to the host once per step (the test needs it); the sweep stops when the smoothed loss
-    exceeds ``diverge_factor`` times the lowest so far (while that is positive), or a loss is not
-    finite. Everything the sweep changed is restored afterwards (see the module docstring).
+    Every parameter group of every optimizer gets the step's rate. Each step runs the batch
+    processor's ``fit_batch`` (forward, loss, backward), steps the optimizers (through the fp16
+    GradScaler if any) and clears the gradients; GradientUpdateHandler's clipping and accumulation
+    are not applied. ``train_data`` is cycled when it has fewer batches. The loss is read to the host
+    once per step; the sweep stops when the smoothed loss exceeds ``diverge_factor`` times the lowest
+    so far (while that is positive), or a loss is not finite. Everything is restored afterwards.
 
     Args:
         estimator: the :class:`~fitforge.Estimator` to test.
@@ -147,11 +136,7 @@ def lr_find(
         diverge_factor: the blow-up that stops the sweep (> 1; ``math.inf`` never stops).
         batch_size: the batch size of arrays (default 32), as in ``fit``.
 
-    Returns:
-        an :class:`LRFindResult` with ``lrs``, ``losses``, ``suggestion`` and ``plot()``.
-
-    Raises:
-        TypeError/ValueError: bad arguments or data, before any step.
+    Raises TypeError/ValueError for bad arguments or data, before any step.
     """
     _check_arguments(estimator, start_lr, end_lr, num_steps, smoothing, diverge_factor)
     train_data, _ = fit_loaders(train_data, None, batch_size, None)  # arrays (X, y), as fit takes them
@@ -182,12 +167,8 @@ def _check_arguments(
 ) -> None:
     if not all(hasattr(estimator, name) for name in ("net", "optimizers", "batch_processor")):
         raise FitforgeTypeError(f"lr_find: estimator must be a fitforge Estimator, got {describe(estimator)}")
-    for name, value in (
-        ("start_lr", start_lr),
-        ("end_lr", end_lr),
-        ("smoothing", smoothing),
-        ("diverge_factor", diverge_factor),
-    ):
+    numbers = {"start_lr": start_lr, "end_lr": end_lr, "smoothing": smoothing, "diverge_factor": diverge_factor}
+    for name, value in numbers.items():
         check_number("lr_find", name, value)
     if not 0 < start_lr < end_lr or math.isinf(end_lr):
         raise FitforgeValueError(
@@ -293,10 +274,9 @@ def _suggest(lrs: list[float], losses: list[float]) -> tuple[float | None, float
 
 def _snapshot(estimator: EstimatorLike) -> dict[str, Any]:
     net = estimator.net
-    params = _parameters(estimator)
     return {
         "weights": {k: v.detach().clone() for k, v in net.state_dict().items()},
-        "grads": [None if p.grad is None else p.grad.detach().clone() for p in params],
+        "grads": [None if p.grad is None else p.grad.detach().clone() for p in _parameters(estimator)],
         "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
         "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
         "modes": [(module, module.training) for module in net.modules()],
