@@ -1,6 +1,5 @@
-"""The checks before step 1: one pipeline (:mod:`fitforge.checks.pipeline`) that fit, evaluate and
-predict each call once, so that a mistake fails in a second with an error naming the argument, the
-batch and the fix, before any weight changes.
+"""The checks before step 1: one pipeline that fit, evaluate and predict each call once, so that a
+mistake fails in a second, before any weight changes, naming the argument, the batch and the fix.
 
 - :mod:`~fitforge.checks.pipeline`: the order of the checks, and what each entry point gets back;
 - :mod:`~fitforge.checks.model`: the net's placement and the parameters no optimizer holds;
@@ -9,7 +8,6 @@ batch and the fix, before any weight changes.
 - :mod:`~fitforge.checks.first_batch`: the first batch of a run, checked inside its step;
 - :mod:`~fitforge.checks.forward_errors`: a failure inside the net, explained.
 
-It may import every layer below the Estimator. Arguments of a handler or of the Estimator are still
-checked where they are given (their constructors); what needs the run's data, model and handlers
-together is checked here.
+It may import every layer below the Estimator. Arguments are checked where they are given (the
+constructors); what needs the run's data, model and handlers together is checked here.
 """

@@ -2,25 +2,24 @@
 an error naming the culprit.
 
 :func:`first_batch_check` gives the step the loop calls for a run's first batch (a fit, resumed or
-not, and each evaluate or predict pass until one reads a batch): every other batch goes through the
-step itself, so nothing here costs a batch after the first. On the first training batch, in order:
+not, and each evaluate or predict pass until one reads a batch); later batches cost nothing here.
+On the first training batch, in order:
 
-1. nan or inf in the batch's floating tensors (data and labels), before the forward, so that not even
-   BatchNorm's running statistics see them (one host read per tensor; ``BatchProcessor(
-   allow_nonfinite=True)`` skips it);
-2. the step; a ``RuntimeError`` raised inside a layer of the net becomes a ForwardError (a
-   DeviceMismatchError for devices) naming the layer, what it received and a fix (see
-   :mod:`fitforge.checks.forward_errors`). The loss checks counts, shapes, label dtypes and class
-   ranges on this call (``Estimator.arm_loss_checks``);
+1. nan or inf in the batch's floating tensors, before the forward, so that not even BatchNorm's
+   running statistics see them (a host read per tensor; ``BatchProcessor(allow_nonfinite=True)``
+   skips it);
+2. the step; a ``RuntimeError`` inside a layer of the net becomes a ForwardError (DeviceMismatchError
+   for devices) naming the layer, what it received and a fix (:mod:`fitforge.checks.forward_errors`).
+   The loss checks counts, shapes, label dtypes and class ranges on this call
+   (``Estimator.arm_loss_checks``);
 3. the estimator's checks of the output: a BatchOutput with a batch size, no 0-d label, a scalar loss;
 4. ``check_first_batch(state)`` of every handler playing :class:`~fitforge.core.roles.FirstBatchCheck`,
-   before any ``batch_end`` hook and so before the optimizer step: MetricHandler updates throw-away
-   copies of its metrics. A handler of your own may play it too, to refuse a run before its first
-   step (``state.phase`` is "train", or "validate" for the validation batch checked before training).
+   before the optimizer step: MetricHandler updates throw-away copies of its metrics; a handler of
+   your own may refuse a run there (``state.phase`` is "train", or "validate" for the validation
+   batch checked before training).
 
-evaluate and predict change no weight, so their first batch gets step 2 only; the first validation
-batch, evaluated once before training (:func:`fitforge.checks.validation.check_first_val_batch`),
-gets all four.
+evaluate and predict change no weight: their first batch gets step 2 only. The first validation
+batch, evaluated before training (:func:`fitforge.checks.validation.check_first_val_batch`), gets all four.
 """
 
 from __future__ import annotations
@@ -64,11 +63,11 @@ def first_batch_check(
 def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any) -> Any:
     """``step(state, batch)``, with an error raised inside the net explained (the original as ``__cause__``)."""
     estimator = state.estimator
+    net = estimator.net if state.phase == "train" else estimator.val_net
     try:
         return step(state, batch)
     except RuntimeError as error:
-        called = estimator.net if state.phase == "train" else estimator.val_net
-        explained = explain(error, (estimator.net, estimator.val_net), estimator.device, called)
+        explained = explain(error, (estimator.net, estimator.val_net), estimator.device, net)
         if explained is None:
             raise
         raise explained from error
@@ -77,7 +76,6 @@ def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], ba
         own_label = estimator.loss is None and _labelled(batch, keys)  # the label went to the net too
         if not (isinstance(batch, Mapping) or own_label) or "argument" not in str(error):
             raise
-        net = estimator.net if state.phase == "train" else estimator.val_net
         if own_label:  # a net that may not take it
             raise BatchFormatError(
                 f"with loss=None the net computes its own loss, so it is given the label (as labels=... "

@@ -2,11 +2,10 @@
 likely fix (a feature or channel count that does not match, tensors on different devices, data of
 another dtype than the weights).
 
-The layer is found in the error's traceback, as the innermost frame whose ``self`` is a module of the
-net, so nothing is hooked into the net: the forward runs as it always does, compiled or not, and
-only a failure pays for the search. What the net itself received, to tell "the data has 32 features"
-from "the layer before it outputs 32", is read in the same traceback: the arguments of torch's call
-of the net (:func:`net_arguments`).
+The layer is the innermost frame of the error's traceback whose ``self`` is a module of the net, so
+nothing is hooked into the net and only a failure pays for the search. What the net itself received
+(to tell "the data has 32 features" from "the layer before it outputs 32") is read in the same
+traceback: the arguments of torch's call of the net (:func:`net_arguments`).
 """
 
 from __future__ import annotations
@@ -35,10 +34,9 @@ _MODULE_CALLS: frozenset[CodeType] = frozenset(
 
 
 def net_arguments(error: BaseException, net: nn.Module) -> tuple:
-    """What the outermost call of ``net`` in ``error``'s traceback gave its forward: the positional
-    arguments, then the keyword arguments' values, as the forward pre-hooks left them (a hook may
-    cast the input, as FSDP's mixed precision does). () when the net's call is not in the traceback
-    (the error came from elsewhere, or the net was called as ``net.forward(...)``)."""
+    """The positional then keyword arguments the outermost call of ``net`` in ``error``'s traceback gave
+    its forward, as the pre-hooks left them (FSDP's mixed precision casts the input). () when that
+    call is not in the traceback (an error from elsewhere, or ``net.forward(...)`` called)."""
     found: tuple | None = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
         if frame.f_code in _MODULE_CALLS and frame.f_locals.get("self") is net:
@@ -62,12 +60,10 @@ def same_device(found: torch.device, device: torch.device) -> bool:
 def explain(
     error: RuntimeError, roots: Iterable[nn.Module], device: torch.device, called: nn.Module
 ) -> ForwardError | DeviceMismatchError | None:
-    """A :class:`ForwardError` (a :class:`DeviceMismatchError` for devices) naming the layer of
-    ``roots`` (the nets) that raised ``error``, or None when no layer of theirs raised it. ``called``:
-    the net the step called (its arguments, found in the traceback, are what "the net received").
-
-    Only plain ``RuntimeError`` is explained: its subclasses (out of memory, CUDA errors, not
-    implemented) mean something else, and fitforge's own errors are clear already."""
+    """A :class:`ForwardError` (:class:`DeviceMismatchError` for devices) naming the layer of ``roots``
+    (the nets) that raised ``error``, else None. ``called``: the net the step called (its arguments
+    are what "the net received"). Only a plain ``RuntimeError`` is explained: its subclasses (out of
+    memory, CUDA errors, not implemented) mean something else."""
     if type(error) is not RuntimeError:
         return None
     names: dict[int, str] = {}

@@ -27,19 +27,18 @@ def check_placement(estimator: EstimatorLike, *nets: str) -> None:
 
 
 def check_trainable(estimator: EstimatorLike) -> None:
-    """Once per fit, as ``requires_grad`` may have changed since the last (freeze, fit, unfreeze, fit):
-    warn of trainable parameters that no optimizer holds (:mod:`fitforge.checks.untrained`), comparing
-    the parameters the optimizers hold (under FSDP the shards, held again by the units first), and
-    make the engine's wrapper follow the parameters that train now (DDP's:
-    :func:`~fitforge.distributed.ddp.follow_trainable`). One pass over the parameters; no cost per batch."""
+    """Once per fit, as ``requires_grad`` may have changed (freeze, fit, unfreeze, fit): warn of
+    trainable parameters no optimizer holds (under FSDP the shards, held again by the units first),
+    and make the engine's wrapper follow those that train now
+    (:func:`~fitforge.distributed.ddp.follow_trainable`). One pass over the parameters."""
     estimator.strategy.prepare_fit(estimator)
     warn_untrained(estimator.net, estimator.optimizers)
     estimator.strategy.follow_trainable(estimator)
 
 
 def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
-    """Every parameter and buffer of ``net`` must be on ``device``, where the Estimator placed it: a
-    later ``net.to(...)`` would otherwise fail in the forward, or train a copy the optimizer never sees."""
+    """Every parameter and buffer of ``net`` must be on ``device``, where the Estimator placed it (after a
+    ``net.to(...)`` the forward fails, or trains a copy the optimizer never sees)."""
     if all(same_device(found, device) for found in {t.device for t in tensors_of(net)}):
         return  # every fit checks: the names (a slower walk of the modules) only for the error
     for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):

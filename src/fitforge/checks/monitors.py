@@ -16,10 +16,8 @@ from fitforge.handlers.defaults import by_own_means, run_keys, unknown_val_keys
 
 def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list[EventHandler]:
     """Every ``monitor`` attribute must name a key the run will produce. Returns the handlers that
-    monitor a key only a custom validation may produce (see :func:`check_monitor_order`).
-
-    Keys only a custom ``eval_fn`` can produce cannot be known now; those are checked at first use
-    (see :func:`fitforge.core.monitor.monitored_value`)."""
+    monitor a key only a custom ``eval_fn`` may produce (:func:`check_monitor_order`), which is checked
+    at first use (:func:`fitforge.core.monitor.monitored_value`)."""
     monitors = [(h, m) for h in handlers if (m := role_of(h, Monitoring)) is not None and isinstance(m.monitor, str)]
     keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
     custom_eval, left = unknown_val_keys(handlers), []
@@ -56,8 +54,7 @@ def check_monitor_order(epoch_end: Sequence[EventHandler], left: Sequence[EventH
 
 def _monitor_hint(key: str, keys: list[str], validates: bool, estimator: EstimatorLike | None = None) -> str:
     """The fixes for a monitored key the run will not produce: a validation to add; the loss a step
-    leaves out; else a near name (a typo), and a value logged by the step to declare (a near name
-    may be a different value)."""
+    leaves out; else a near name (a typo), and a logged value to declare."""
     if key.startswith("val_") and not validates:
         return "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
     processor = None if estimator is None else estimator.batch_processor

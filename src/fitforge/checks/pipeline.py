@@ -111,9 +111,8 @@ def _set_up_validations(
     checked: dict[int, int | None],
     epochs: int | None,
 ) -> None:
-    """Set up, once per fit and before training, the evaluation each validating handler asks for
-    (data, placement, handlers, step), and check its first batch through those very handlers and
-    step. The data of a handler that validates by its own means is checked only."""
+    """Set up, once per fit before training, the evaluation each validating handler asks for, and check
+    its first batch through its handlers and step; a handler validating by its own means: its data."""
     for validator in players(handlers, Validating):
         setup = validator.validation_setup()
         if setup is None:
@@ -140,8 +139,7 @@ def _set_up_validations(
 
 
 def _checked_before(estimator: EstimatorLike, evaluation: Evaluation, data: Iterable, name: str) -> bool:
-    handlers, step = evaluation.dispatcher.handlers, evaluation.step
-    return check_first_val_batch(estimator, data, name, handlers, step)
+    return check_first_val_batch(estimator, data, name, evaluation.dispatcher.handlers, evaluation.step)
 
 
 def evaluation_of(
@@ -157,9 +155,8 @@ def evaluation_of(
     checked: bool = False,
 ) -> tuple[Evaluation, Iterable]:
     """An :class:`~fitforge.evaluation.Evaluation` of ``val_data`` set up and checked, and the data
-    unsplit between ranks (what a check before training reads). ``judged``: the data was checked
-    already, ``(its length,)``; ``placed``: ``val_net``'s device was just checked; ``checked``: its
-    first batch was checked already."""
+    unsplit between ranks (for a check before training). Already checked: the data with ``judged``
+    (``(its length,)``), ``val_net``'s device with ``placed``, the first batch with ``checked``."""
     own_prefix = None if check_prefix(prefix) == "val" else prefix  # None: the phase's own, val
     data = unsplit = eval_loader(val_data, batch_size, "val_data")
     num_batches = check_data(data, name, passes) if judged is None else judged[0]
@@ -210,13 +207,8 @@ def before_predict(
 
 
 def check_prefix(prefix: object) -> str:
-    """``prefix`` must be a non-empty identifier-like str without a trailing ``_`` (``"val"``,
-    ``"test"``, ``"holdout_2"``): the keys are ``<prefix>_loss``, ``<prefix>_<metric>``. Returns it.
-
-    Raises:
-        FitforgeTypeError: not a str.
-        FitforgeValueError: empty, not identifier-like, or ending in ``_``.
-    """
+    """Return ``prefix``, a non-empty identifier-like str without a trailing ``_`` (``"val"``,
+    ``"holdout_2"``; the keys are ``<prefix>_loss``...); else FitforgeTypeError/FitforgeValueError."""
     if not isinstance(prefix, str):
         raise FitforgeTypeError(f"evaluate: prefix must be a str such as 'val' or 'test', got {describe(prefix)}")
     if not (prefix.isidentifier() and prefix.isascii() and prefix[0].isalpha() and not prefix.endswith("_")):

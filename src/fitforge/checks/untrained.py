@@ -1,9 +1,8 @@
 """Trainable parameters that no optimizer holds, named once at fit start.
 
-The usual fine-tuning idiom builds the optimizer over the parameters that train *now*
-(``Adam(p for p in net.parameters() if p.requires_grad)``); unfreezing the backbone later makes
-its parameters trainable, but no optimizer steps them, and nothing would say so. A frozen parameter
-(``requires_grad=False``) outside every optimizer is no mistake and goes unmentioned.
+Fine-tuning often builds the optimizer over the parameters that train *now* (``Adam(p for p in
+net.parameters() if p.requires_grad)``); a backbone unfrozen later trains, silently, in no
+optimizer. A frozen parameter outside every optimizer is no mistake and goes unmentioned.
 """
 
 from __future__ import annotations
@@ -67,9 +66,8 @@ def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer], 
 
 
 def _parameters_of(net: nn.Module, names: list[str], held: set[int]) -> str:
-    """Code for the parameters ``names``: the smallest module that holds them, when no optimizer
-    holds any of its parameters (``estimator.net.backbone.parameters()``), else the parameters
-    themselves: by name, or for many, as those trainable in no optimizer."""
+    """Code for the parameters ``names``: their smallest module when no optimizer holds any of its
+    parameters (``estimator.net.backbone.parameters()``), else them by name, or for many, a filter."""
     prefix = names[0].split(".")[:-1]
     for name in names[1:]:
         parts = name.split(".")[:-1]

@@ -29,9 +29,9 @@ CHECKED_SAMPLES = 2  # enough for shapes, dtypes and the metrics' updates; Batch
 
 
 def first_samples(data: Iterable) -> Any:
-    """A batch of ``data``'s first samples, cheaply: a DataLoader over a map-style dataset, with
-    torch's batching and an in-order or random sampler, collates ``CHECKED_SAMPLES`` samples here
-    (no worker starts, whatever ``num_workers``); other data gives its first batch (None: empty)."""
+    """A batch of ``data``'s first samples, cheaply: a DataLoader over a map-style dataset (torch's
+    batching, in-order or random sampler) collates ``CHECKED_SAMPLES`` here, starting no worker;
+    other data gives its first batch (None: empty)."""
     if (
         isinstance(data, DataLoader)
         and not isinstance(data.dataset, IterableDataset)
@@ -57,12 +57,10 @@ def check_first_val_batch(
     handlers: Sequence[EventHandler],
     step: Callable[[TrainState, Any], Any],
 ) -> bool:
-    """Evaluate a first batch of ``val_data`` once before training (eval mode, no grad, RNG state
-    restored): the checks of the first training batch (see :mod:`fitforge.checks.first_batch`), with
-    the metrics the evaluation will update (through ``handlers`` and ``step``, those of the
-    evaluation the check stands for). From a DataLoader over a map-style dataset the batch is collated from its
-    first :data:`CHECKED_SAMPLES` samples in this process: a forward on a few samples, and no
-    worker process started (see :func:`first_samples`). Returns whether it checked a batch."""
+    """Evaluate a first batch of ``val_data`` (:func:`first_samples`) once before training (eval mode,
+    no grad, RNG state restored) with the checks of the first training batch
+    (:mod:`fitforge.checks.first_batch`), through the evaluation's ``handlers`` and ``step``, so its
+    metrics too. Returns whether it checked a batch."""
     if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
         return False
     with (
