@@ -1,9 +1,8 @@
 """Runs from a config and the command line: ``fitforge fit|evaluate|predict`` (docs/cli.md).
 
-On jsonargparse, the parser LightningCLI stands on (the optional extra: ``pip install
-"fitforge[cli]"``). A YAML or JSON config names the model (``class_path`` + ``init_args``), the
-data (an importable function + its arguments), the Estimator's, ``fit``'s and the handlers'
-arguments; every value can be set on the command line too (``--fit.epochs 5``).
+On jsonargparse (the extra ``pip install "fitforge[cli]"``). A YAML or JSON config names the model
+(``class_path`` + ``init_args``), the data (an importable function + its arguments), and the
+Estimator's, ``fit``'s and the handlers' arguments; the command line sets any value (``--fit.epochs 5``).
 
 Example:
     >>> from fitforge.cli import run

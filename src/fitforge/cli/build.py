@@ -1,14 +1,11 @@
 """From a checked config to a run's objects: the seed, the data, the model, the estimator, the handlers.
 
-The data function returns what the commands train, evaluate and predict on:
-
-- a dict with any of the keys :data:`DATA_KEYS`: ``train_data`` (what ``fit`` trains on, needed by
-  ``fit``), ``val_data`` (``fit``'s validation data, and what ``evaluate`` and ``predict`` read by
-  default), ``test_data`` and ``predict_data`` (for ``--split test`` / ``--split predict``); each
-  value anything ``Estimator.fit`` takes as data: a DataLoader, a list of batches, arrays ``(X, y)``
-  (batched by ``fit.batch_size``);
-- or anything else, which is ``train_data`` alone (a DataLoader...). A tuple is not a pair of
-  splits: ``(X, y)`` arrays are data too, so splits always come in a dict.
+The data function returns either a dict with any of the keys :data:`DATA_KEYS`: ``train_data``
+(needed by ``fit``), ``val_data`` (``fit``'s validation, and what ``evaluate`` and ``predict`` read
+by default), ``test_data`` and ``predict_data`` (``--split test`` / ``--split predict``), each
+anything ``Estimator.fit`` takes as data (a DataLoader, a list of batches, arrays ``(X, y)`` batched
+by ``fit.batch_size``); or anything else, ``train_data`` alone. A tuple is not a pair of splits:
+``(X, y)`` arrays are data too, so splits always come in a dict.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ DATA_KEYS = ("train_data", "val_data", "test_data", "predict_data")
 
 @dataclass
 class Run:
-    """A run's objects, built from its config in a fixed order (seed, model, data) so a config
-    builds the same run every time."""
+    """A run's objects, built in a fixed order (seed, model, data): a config builds the same run."""
 
     estimator: Estimator
     data: dict[str, Any]
@@ -61,9 +57,8 @@ def seed_everything(seed: int) -> None:
 
 
 def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace, handlers: bool = True) -> Run:
-    """The run of a checked ``config`` (its ``data.args`` checked by ``data_parser``, from
-    :func:`data_arguments`); ``handlers=False`` leaves the handlers out (evaluate and predict run
-    none of fit's)."""
+    """The run of a checked ``config`` (``data.args`` checked by ``data_parser``); ``handlers=False``
+    leaves fit's handlers out, for evaluate and predict."""
     seed_everything(config.seed)
     if not handlers:  # but an EMAHandler: evaluation runs with the average a checkpoint holds, as in fit
         config = config.clone()

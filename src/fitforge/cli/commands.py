@@ -1,8 +1,8 @@
 """``fitforge fit|evaluate|predict``: parse and check the whole config, then build and run.
 
-Everything that can be wrong in a config is found before anything is built: jsonargparse checks
-every key and type against the signatures while parsing (importing the classes named, never
-instantiating them), then the data function's arguments are checked against its signature.
+A config's mistakes are found before anything is built: jsonargparse checks every key and type
+against the signatures while parsing (importing the classes, not instantiating them), then the data
+function's arguments are checked against its signature.
 """
 
 from __future__ import annotations
@@ -32,10 +32,7 @@ def run(args: list[str] | None = None) -> Any:
     """Run a command as the console would (``run(["fit", "--config", "cfg.yaml"])``) and return its
     result: ``fit`` the History, ``evaluate`` the metrics dict, ``predict`` the predictions;
     ``--print_config`` prints the resolved config and returns it (a dict), having built nothing.
-
-    Raises:
-        ConfigError: a wrong key (with the nearest valid one), type or value in the config, before
-            anything is built.
+    Raises ConfigError for a wrong key (naming the nearest valid one), type or value, before building.
     """
     parser, commands = command_parser()
     argv = _with_recorded_config(sys.argv[1:] if args is None else list(args))
@@ -58,17 +55,13 @@ def run(args: list[str] | None = None) -> Any:
         raise ConfigError(f"fitforge {command}: --checkpoint {config.checkpoint}: no such file; nothing was built")
     if config.seed is None:  # drawn once and recorded, so that the recorded config builds the same run
         config.seed = random.SystemRandom().randrange(2**31)
-    if command == "fit":
-        return _fit(subparser, data_parser, config)
-    return (
-        _evaluate(subparser, data_parser, config) if command == "evaluate" else _predict(subparser, data_parser, config)
-    )
+    runner = {"fit": _fit, "evaluate": _evaluate, "predict": _predict}[command]
+    return runner(subparser, data_parser, config)
 
 
 def _with_recorded_config(argv: list[str]) -> list[str]:
-    """``evaluate`` or ``predict`` given a ``--checkpoint`` but no ``--config``: the config recorded
-    in the checkpoint, if it holds one (its run was started from a config), goes first, so that the
-    checkpoint alone names the model and data and the other options override it."""
+    """``evaluate`` or ``predict`` given a ``--checkpoint`` but no ``--config``: the config recorded in
+    the checkpoint, if any, goes first, so it names the model and data and other options override it."""
     if not argv or argv[0] not in ("evaluate", "predict") or any(a.split("=")[0] == "--config" for a in argv):
         return argv
     for i, option in enumerate(argv):
@@ -86,10 +79,9 @@ def _with_recorded_config(argv: list[str]) -> list[str]:
 
 
 def main(args: list[str] | None = None) -> int:
-    """The console script ``fitforge`` (and ``python -m fitforge``): a config error is printed,
-    not raised, and the exit status is 2 (as for any command line mistake); fitforge's own errors
-    found once the run is built (a bad value, a refused checkpoint folder) are printed too, exit
-    status 1 (their messages name the fix; a traceback would only bury it); 0 after a run."""
+    """The console script ``fitforge`` (and ``python -m fitforge``): a config error is printed, exit
+    status 2 (as for any command line mistake); fitforge's own errors once the run is built are
+    printed too (their messages name the fix; a traceback would bury it), exit status 1; else 0."""
     try:
         run(args)
     except ConfigError as error:
@@ -111,9 +103,8 @@ _UNSERIALIZABLE = "Unable to serialize"  # what jsonargparse dumps for a value a
 
 
 def without_unserializable(value: Any, key: str) -> Any:
-    """``value`` without the entries jsonargparse could not write (an object as an untyped default,
-    a lambda), each logged: recorded, they would come back as that text in a resumed run; left out,
-    their defaults apply again."""
+    """``value`` without the entries jsonargparse could not write (an untyped object default, a lambda),
+    each logged: recorded, they would come back as that text in a resumed run; left out, defaults apply."""
     if isinstance(value, dict):
         kept = {}
         for name, item in value.items():

@@ -1,20 +1,16 @@
 """The parser of ``fitforge fit|evaluate|predict``: jsonargparse, one section per part of a run.
 
-A run's config has the sections of :data:`RUN_SECTIONS` (see docs/cli.md for an example):
+A run's config has the sections of :data:`RUN_SECTIONS` (docs/cli.md has an example):
 
-- ``seed``: seeds python's, numpy's and torch's generators before anything is built (None: one
-  is drawn, and recorded with the run so that the config reproduces it);
+- ``seed``: seeds python's, numpy's and torch's generators first (None: one is drawn and recorded);
 - ``model``: ``class_path`` + ``init_args`` of any ``torch.nn.Module``;
-- ``data``: ``function`` (an import path) + ``args``, the function returning the run's data
-  (:mod:`fitforge.cli.build` says what it may return);
-- ``estimator``: the :class:`~fitforge.Estimator`'s arguments but the net (``loss`` and the
-  metrics by ``class_path`` or import path, ``optimizer`` by name or ``class_path`` of a
-  ``torch.optim`` class without ``params``);
+- ``data``: ``function`` (an import path) + ``args``, returning the run's data (:mod:`fitforge.cli.build`);
+- ``estimator``: the :class:`~fitforge.Estimator`'s arguments but the net (``loss`` and metrics by
+  ``class_path`` or import path, ``optimizer`` by name or ``class_path`` without ``params``);
 - ``fit``: ``Estimator.fit``'s arguments but the data and the handlers;
 - ``handlers``: a list of ``class_path`` + ``init_args`` of event handlers.
 
-The types come from the signatures where those are typed, so jsonargparse checks every key and
-value of a config against them while parsing, before anything is built.
+The types come from the signatures, so jsonargparse checks every key and value while parsing.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ _METRIC_NAME: Any = Literal[tuple(NAMES) + tuple(f"top{k}_accuracy" for k in ran
 
 
 def _metric_type() -> Any:
-    """A metric by name or by ``class_path`` (a built-in metric class, or a torchmetrics one when
-    installed), or a list of them, or a dict of them by output."""
+    """A metric by name or ``class_path`` (built-in or torchmetrics), a list of them, or a dict by output."""
     one: Any = _METRIC_NAME | SumCountMetric
     try:
         import torchmetrics

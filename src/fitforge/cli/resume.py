@@ -1,10 +1,9 @@
 """``fitforge fit --from_checkpoint PATH``: the run recorded in PATH, continued as
 ``CheckpointHandler(resume_from_checkpoint=True)`` continues a run.
 
-The option applies the config recorded in PATH (:class:`~fitforge.cli.recorded.RecordedConfig`);
-here every handler of it that takes ``resume_from_checkpoint`` gets True, so the run resumes as
-it would from Python: from the newest checkpoint that loads in the handler's ``model_dir``, to
-the same target (``fit.epochs`` in all; ``--fit.epochs 10`` after the option trains further).
+The option applies PATH's recorded config (:class:`~fitforge.cli.recorded.RecordedConfig`); here each
+of its handlers taking ``resume_from_checkpoint`` gets True, so the run resumes as from Python: from
+the newest checkpoint that loads in ``model_dir``, to the same ``fit.epochs`` (unless overridden).
 """
 
 from __future__ import annotations

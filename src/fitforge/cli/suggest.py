@@ -1,9 +1,8 @@
 """A config's mistake as a :class:`~fitforge.exceptions.ConfigError`, with the nearest valid key.
 
 jsonargparse names a wrong key (``Option 'fit.epoch' is not accepted``, ``unrecognized arguments:
---fit.epoch 3``, a class's ``Option 'hiden' is not accepted``) and a wrong type (``Parser key
-"fit.epochs": Expected a <class 'int'>. Got value: x``), but suggests nothing: this module adds
-"did you mean" from the keys that were possible there, once for every command.
+--fit.epoch 3``) or type (``Parser key "fit.epochs": Expected a <class 'int'>. Got value: x``) but
+suggests nothing: this module adds "did you mean" from the keys possible there.
 """
 
 from __future__ import annotations
