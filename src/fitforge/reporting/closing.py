@@ -1,13 +1,11 @@
 """The closing line of a fit's log: how it ended, and the values that match the weights it left.
 
 A fit that ran to its end (or was stopped) logs ``Finished``, then the values of the epoch whose
-weights the net holds: the last epoch's (``Final: ...``), or, after a restore
-(``EarlyStoppingHandler(restore_best=True)``), those of the restored epoch (``Restored epoch 121:
-...``, numbered as the epoch lines are), since the last epoch's values would describe weights that
-are gone. A fit that an exception ended never says ``Finished``: it says where it failed (the
-epoch, the batch, the batches completed and optimizer steps taken) and what was raised. A stop
-with an ending (:class:`~fitforge.core.state.Ending`: a pruned trial) says its word, where it
-stopped and why, then the values as ``Finished`` does: ``Pruned at the end of epoch 3/15 (...)``.
+weights the net holds: the last epoch's (``Final: ...``), or after a restore
+(``EarlyStoppingHandler(restore_best=True)``) the restored epoch's (``Restored epoch 121: ...``).
+A fit an exception ended says where it failed (epoch, batch, batches completed, optimizer steps)
+and what was raised. A stop with an ending (:class:`~fitforge.core.state.Ending`: a pruned trial)
+says its word, where and why, then the values: ``Pruned at the end of epoch 3/15 (...)``.
 """
 
 from __future__ import annotations
@@ -33,9 +31,7 @@ def finished_line(state: TrainState, seconds: float) -> str:
     after 1 epoch, 4 batches; the run stands at 3 epochs, 12 batches (reached epochs=3). ...``."""
     history = state.history
     reason = history.stop_reason or "completed"
-    if state.preempted is not None and not reason.startswith(
-        "preempted"
-    ):  # e.g. a resume's history replaced its reason
+    if state.preempted is not None and not reason.startswith("preempted"):  # a resume's history replaced it
         reason = f"preempted by {signal.Signals(state.preempted).name}"
     if state.resumed_at is None:
         line = (

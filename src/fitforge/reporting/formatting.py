@@ -13,8 +13,8 @@ an int (a count)            as it is                        ``3``, ``120000``
 anything else               e-notation, 4 significant       ``1.234e-05``, ``1.235e+07``
 ==========================  ==============================  ===========================
 
-A value is never left out: a key with no value in an epoch (validation every second epoch) is
-absent from the dict the caller passes, so a ``nan`` here is a value (a diverged loss) and shows.
+A key without a value in an epoch is absent from the caller's dict, so a ``nan`` here is a value
+(a diverged loss) and shows.
 """
 
 from __future__ import annotations

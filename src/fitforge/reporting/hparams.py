@@ -1,8 +1,5 @@
-"""The hyperparameters of a run, as plain values, for the loggers (MLflow, TensorBoard, CSV).
-
-:func:`run_params` reads them from the state at ``train_begin``: the model, the optimizers and
-their main settings, the data's batch size, the length of the run, precision, device and ranks;
-and, for a run started from a config (``estimator.run_config``), every value of that config.
+"""The hyperparameters of a run, as plain values, for the loggers (MLflow, TensorBoard, CSV):
+:func:`run_params` reads them from the state at ``train_begin``.
 """
 
 from __future__ import annotations
@@ -26,20 +23,16 @@ _OPTIMIZER_SETTINGS = ("weight_decay", "momentum")  # besides lr and betas; kept
 
 
 def run_params(state: TrainState) -> dict[str, ParamValue]:
-    """The run's hyperparameters as plain values (str, int, float, bool), read at ``train_begin``.
+    """The run's hyperparameters as plain values (str, int, float, bool), from ``state`` at ``train_begin``.
 
     Keys: ``model`` (the net's class), ``parameters`` and ``trainable_parameters`` (shared ones
-    once), ``loss`` (its class or function name; names joined by ``,`` for several), ``optimizer``
-    (the class), ``lr`` (its first parameter group's, as the history's ``lr``), ``weight_decay``,
-    ``momentum`` and ``beta1``/``beta2`` where the optimizer has them; with several optimizers the
-    second one's are ``optimizer_1``, ``lr_1``... Then ``batch_size`` (of a ``DataLoader`` given as
-    ``train_data``; absent for other data), ``epochs`` or ``batches`` (whichever fit was given),
+    once), ``loss`` (class or function name; joined by ``,`` for several), ``optimizer`` (the class),
+    ``lr`` (its first parameter group's), ``weight_decay``, ``momentum`` and ``beta1``/``beta2`` where
+    it has them (the second optimizer's: ``optimizer_1``, ``lr_1``...); ``batch_size`` (of a
+    ``DataLoader`` as ``train_data``), ``epochs`` or ``batches`` (whichever fit was given),
     ``precision`` (``"32-true"`` for full precision), ``device``, ``strategy`` and ``world_size``.
-    A value that is not known is left out, never None. A run started from a config adds its every
-    value under ``config.`` (:func:`config_params`).
-
-    Args:
-        state: the fit's state at (or after) ``train_begin``.
+    An unknown value is left out, never None. A run started from a config adds its every value
+    under ``config.`` (:func:`config_params`).
 
     Example:
         >>> run_params(state)  # doctest: +SKIP
@@ -71,11 +64,9 @@ def config_params(config: Mapping[str, Any] | None, prefix: str = "config") -> d
     """A nested config as flat parameters: ``{"model": {"init_args": {"hidden": 8}}}`` gives
     ``{"config.model.init_args.hidden": 8}``, list items by index (``config.handlers.0.class_path``).
 
-    Flat keys rather than one JSON value: every logger takes them as they are (MLflow params,
-    TensorBoard hparams, CSV's params.json), MLflow can filter and compare runs by each, and no
-    value nears MLflow's 6000 characters a param (a whole config would). A null, an empty list or
-    an empty dict is kept in its JSON spelling (``"null"``, ``"[]"``, ``"{}"``), so that every key
-    the config sets is recorded.
+    Flat keys rather than one JSON value: every logger takes them as they are, MLflow can filter runs
+    by each, and none nears MLflow's 6000 characters a param. A null, empty list or empty dict is
+    kept in its JSON spelling (``"null"``, ``"[]"``, ``"{}"``), so every key the config sets is recorded.
     """
     if config is None:
         return {}
@@ -108,16 +99,14 @@ def _loss_name(loss: Any) -> str | None:
 def _optimizer_params(optimizer: torch.optim.Optimizer, index: int) -> dict[str, ParamValue]:
     group = optimizer.param_groups[0] if optimizer.param_groups else {}
     params: dict[str, ParamValue] = {numbered_key("optimizer", index): type(optimizer).__name__}
-    for name in ("lr", *_OPTIMIZER_SETTINGS):
-        value = _number(group.get(name))
-        if value is not None:
-            params[numbered_key(name, index)] = value
+    settings = [(name, group.get(name)) for name in ("lr", *_OPTIMIZER_SETTINGS)]
     betas = group.get("betas")
     if isinstance(betas, (tuple, list)) and len(betas) == 2:
-        for name, beta in zip(("beta1", "beta2"), betas):
-            value = _number(beta)
-            if value is not None:
-                params[numbered_key(name, index)] = value
+        settings += zip(("beta1", "beta2"), betas)
+    for name, setting in settings:
+        value = _number(setting)
+        if value is not None:
+            params[numbered_key(name, index)] = value
     return params
 
 

@@ -1,11 +1,9 @@
 """A progress bar in a Jupyter notebook: one cell output per bar, replaced in place as it redraws.
 
-An output shown with a ``display_id`` is replaced when it is updated, by the frontends (JupyterLab,
-the classic notebook, VS Code, Colab) and by headless runners (nbclient, papermill, ``nbconvert
---execute``) alike. So the saved notebook holds what each bar showed last, as text: its final line,
-or nothing when the epoch's log line took its place. The alternatives store worse: a text bar on
-stderr adds one output per redraw (carriage returns and all), and tqdm's widget bar stores a view
-whose state is not saved, so GitHub and nbconvert show it frozen at 0%.
+An output shown with a ``display_id`` is replaced when updated, by frontends (JupyterLab, VS Code,
+Colab...) and headless runners (nbclient, papermill, ``nbconvert --execute``) alike, so the saved
+notebook holds each bar's last text (or nothing, where the epoch's log line took its place). A text
+bar on stderr would store one output per redraw, and tqdm's widget a view GitHub shows frozen at 0%.
 
 With ``ipywidgets`` the cell shows tqdm's widget while the epoch runs, and text once it ends;
 without it, a text bar throughout (and never tqdm's "IProgress not found" warning).
@@ -17,13 +15,9 @@ from typing import Any
 
 
 class CellLine:
-    """One output of the running cell, holding a line of text that :meth:`show` replaces.
-
-    It is also a write-only text stream, the ``file`` of tqdm's text bar: what follows the last
-    carriage return of a write is the line a terminal would show, so it becomes the output's text.
-
-    Args:
-        widget: shown first instead of text (tqdm's widget bar), until the first :meth:`show`.
+    """One output of the running cell, a line of text that :meth:`show` replaces (a ``widget``, tqdm's
+    bar, is shown until then). Also a write-only stream, the ``file`` of tqdm's text bar: what follows
+    a write's last carriage return (the line a terminal would show) becomes the output's text.
     """
 
     encoding = "utf-8"  # tqdm draws its bar with block characters on a stream that takes them

@@ -33,14 +33,8 @@ def _module(net: object, caller: str) -> nn.Module:
 
 
 def parameter_counts(net: nn.Module) -> tuple[int, int]:
-    """``(total, trainable)``: the number of parameter elements of ``net``, and of those with
-    ``requires_grad``.
-
-    Args:
-        net: any ``torch.nn.Module``.
-
-    Raises:
-        FitforgeTypeError: ``net`` is not a module.
+    """``(total, trainable)``: the number of parameter elements of the module ``net``, and of those with
+    ``requires_grad``; FitforgeTypeError for another object.
 
     Example:
         >>> parameter_counts(nn.Linear(3, 2))
@@ -55,14 +49,9 @@ def parameter_counts(net: nn.Module) -> tuple[int, int]:
 
 
 def parameter_bytes(net: nn.Module) -> int:
-    """The bytes held by ``net``'s parameters and buffers (BatchNorm's running statistics...), each
-    tensor once, at its own dtype; gradients and optimizer state are not counted.
-
-    Args:
-        net: any ``torch.nn.Module``.
-
-    Raises:
-        FitforgeTypeError: ``net`` is not a module.
+    """The bytes held by the module ``net``'s parameters and buffers (BatchNorm's running statistics...),
+    each tensor once at its own dtype, without gradients and optimizer state; FitforgeTypeError for
+    another object.
 
     Example:
         >>> parameter_bytes(nn.Linear(3, 2))  # 8 float32 values
