@@ -1,9 +1,8 @@
 """The metric protocol and the on-device accumulator base of the built-in metrics.
 
 Any object with ``update(pred, label)``, ``compute()``, ``reset()`` and ``to(device)`` is a metric,
-so torchmetrics metrics work unchanged. Built-ins keep their sums as device tensors and python-int
-counts, so ``update`` never reads a value to the host; only ``compute`` (at epoch end) does that
-when its result is converted to a float.
+so torchmetrics metrics work unchanged. Built-ins keep device-tensor sums and python-int counts:
+``update`` never reads a value to the host, only ``compute``'s result converted to a float does.
 """
 
 from __future__ import annotations

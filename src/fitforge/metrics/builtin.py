@@ -71,18 +71,15 @@ class Mean(SumCountMetric):
 class Accuracy(SumCountMetric):
     """Fraction of correct class predictions.
 
-    ``pred`` is scores of shape (N, C, ...) compared by argmax over dim 1 with integer labels of
-    shape (N, ...), or with one-hot/probability labels of the scores' shape (argmax of both); or
-    class indices of the label's shape. Elementwise over extra dims (e.g. pixels or tokens). A
-    single score per sample (C == 1) is a binary problem: use ``BinaryAccuracy``.
+    ``pred`` is scores (N, C, ...) compared by argmax over dim 1 with integer labels (N, ...), or with
+    one-hot/probability labels of the scores' shape (argmax of both); or class indices of the label's
+    shape. Elementwise over extra dims (pixels, tokens). One score per sample (C == 1) is a binary
+    problem: use ``BinaryAccuracy``. Shapes are checked on the first batch after each ``reset``.
 
     Args:
-        ignore_index: a class-index label value left out of the count, e.g. the padding of sequences
-            (the ``ignore_index`` of ``CrossEntropyLoss``; one-hot labels have none). The count of
-            kept labels stays on the device. The default metric of a ``CrossEntropyLoss``/``NLLLoss``
-            takes the loss's ``ignore_index``; ``"accuracy"`` by name does not.
-
-    The shapes are checked on the first batch after each ``reset`` (every epoch), not on every batch.
+        ignore_index: a class-index label left out of the count (kept on the device), e.g. sequence
+            padding (``CrossEntropyLoss``'s ``ignore_index``; one-hot labels have none). The default
+            metric of a ``CrossEntropyLoss``/``NLLLoss`` takes the loss's; ``"accuracy"`` by name does not.
     """
 
     name = "accuracy"
