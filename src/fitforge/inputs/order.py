@@ -74,11 +74,11 @@ class DataOrder:
 
     Attributes:
         problem: None when a position can be restored exactly by index, else why not (for a warning).
-        unplaceable: None when the order is one for every number of ranks and batch size
-            (:mod:`fitforge.inputs.placement`), else why not (for a refusal).
+        unplaceable: None when the order is one for every number of ranks and batch size, else why
+            not (for a refusal).
         seed: the seed of the generators given to the loader (None when it needed none).
-        offset: ``(samples, position)``: the current epoch's batches from ``position`` on go on
-            after ``samples`` samples of its order (``(0, 0)`` unless a resume placed it).
+        offset: ``(samples, position)``: the epoch's batches from ``position`` on follow ``samples``
+            samples of its order (``(0, 0)`` unless a resume placed it).
     """
 
     def __init__(self, data: Iterable) -> None:

@@ -1,10 +1,9 @@
 """One order of an epoch's samples for every number of ranks, so that a run can go on from any sample.
 
 The order of epoch ``e`` is a permutation ``P`` of the dataset's ``N`` indices: ``0, 1, ..., N - 1``
-unshuffled, else ``torch.randperm(N)`` drawn from a generator seeded with ``order_seed + e``. That is
-what a ``RandomSampler`` given that generator draws in one process, and what a
-``DistributedSampler`` whose seed is ``order_seed`` draws on every rank under torch.distributed
-(fitforge seeds both so, see :mod:`fitforge.inputs.order`).
+unshuffled, else ``torch.randperm(N)`` from a generator seeded with ``order_seed + e``, as a
+``RandomSampler`` given it draws in one process and a ``DistributedSampler`` of seed ``order_seed``
+on every rank (fitforge seeds both so, see :mod:`fitforge.inputs.order`).
 
 On ``W`` ranks with ``b`` samples per rank's batch, step ``t`` of an epoch trains the samples
 ``P[t W b : (t + 1) W b]``; rank ``r`` takes those at positions ``r, r + W, r + 2 W, ...`` of that
