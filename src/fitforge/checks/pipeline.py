@@ -1,16 +1,14 @@
 """The checks before step 1, in the order they run: fit, evaluate and predict each call one function
-here, once per call, and get back what the run needs, every input judged once.
+here once and get back what the run needs, every input judged once.
 
 fit (:func:`before_fit`):
-    1. the data: arrays batched (``batch_size``, ``validation_split``), ``epochs``/``batches``,
-       ``train_data`` split between ranks and checked (re-iterable, not empty), ``val_data`` checked;
+    1. the data: arrays batched, ``epochs``/``batches``, ``train_data`` split between ranks and
+       checked (re-iterable, not empty), ``val_data`` checked;
     2. the model: still on the estimator's device;
-    3. the handlers: the user's checked, the defaults added; the stopping limits folded in;
-       trainable parameters an optimizer holds; each validation (a handler playing ``Validating``)
-       set up and its first batch evaluated; monitored keys the run will produce; the order
-       (cycles, unordered writers, a monitor before the validation of its key);
-    4. the first training batch: checked inside its step, before its optimizer step
-       (:mod:`fitforge.checks.first_batch`).
+    3. the handlers: the user's checked, the defaults added, the stopping limits folded in;
+       trainable parameters an optimizer holds; each validation set up and its first batch
+       evaluated; monitored keys; the order (cycles, unordered writers, a monitor before its validation);
+    4. the first training batch, checked inside its step (:mod:`fitforge.checks.first_batch`).
 evaluate (:func:`evaluation_of`): the prefix, the data, the placement of ``val_net``, the handlers;
 the first batch of the first pass explained.
 predict (:func:`before_predict`): the data, the placement, the handlers; the first batch explained.

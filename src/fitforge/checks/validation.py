@@ -42,8 +42,7 @@ def first_samples(data: Iterable) -> Any:
         if size == 0:
             return None
         if type(data.dataset) is TensorDataset and data.collate_fn is default_collate:
-            # What collating the first samples gives (a list of stacked, contiguous copies), as slices:
-            # no per-sample calls. Contiguous as the batches are, whatever the dataset's layout.
+            # What collating gives (a list of stacked contiguous copies), by slicing: no per-sample calls.
             first = (tensor[:CHECKED_SAMPLES] for tensor in data.dataset.tensors)
             return [tensor.clone(memory_format=torch.contiguous_format) for tensor in first]
         return data.collate_fn([data.dataset[i] for i in range(min(CHECKED_SAMPLES, size))])
