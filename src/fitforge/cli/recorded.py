@@ -15,12 +15,8 @@ from fitforge.exceptions import ConfigError
 
 def recorded_config(path: str | os.PathLike) -> dict[str, Any]:
     """The resolved config recorded in a checkpoint of a run started from one (its ``config`` key).
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        CheckpointError: the file is not a readable fitforge checkpoint.
-        ConfigError: the checkpoint holds no config (its run was not started from one).
-    """
+    Raises FileNotFoundError (no file), CheckpointError (no readable fitforge checkpoint) or
+    ConfigError (no config in it)."""
     config = load_checkpoint(path).get("config")
     if not isinstance(config, dict):
         raise ConfigError(
