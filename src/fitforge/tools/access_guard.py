@@ -1,8 +1,7 @@
-"""The declared-access guard, a debug mode: under ``fit(check_access=True)`` every handler that
-declares ``reads``/``writes`` (see :mod:`fitforge.core.access`) sees a :class:`GuardedState` that
-raises a :class:`~fitforge.exceptions.StateAccessError` on any undeclared read or write. It costs a
-wrapper call per hook and a check per field access.
-"""
+"""The declared-access guard, a debug mode: under ``fit(check_access=True)`` every handler declaring
+``reads``/``writes`` (:mod:`fitforge.core.access`) sees a :class:`GuardedState` that raises
+:class:`~fitforge.exceptions.StateAccessError` on any undeclared read or write (a wrapper call per
+hook and a check per field access)."""
 
 from __future__ import annotations
 

@@ -52,9 +52,8 @@ class LRFindResult:
         lrs: the learning rate of each step taken.
         losses: the smoothed (bias-corrected exponential moving average) loss at each step.
         raw_losses: each step's batch loss.
-        suggestion: the learning rate where the smoothed loss falls fastest (its steepest negative
-            slope against log(lr), searched up to the lowest loss); ``min_loss_lr / 10`` when the
-            loss never falls. None when no step was recorded.
+        suggestion: the learning rate of the smoothed loss's steepest fall against log(lr) (up to
+            the lowest loss); ``min_loss_lr / 10`` when it never falls; None without a step.
         min_loss_lr: the learning rate of the lowest smoothed loss.
         diverged: whether the sweep stopped early because the loss blew up.
     """

@@ -1,9 +1,6 @@
 """``fit(profile=True)``: the time each handler spends in each event (Ignite's HandlersTimeProfiler),
-so a slow handler shows up by name.
-
-Times are host wall-clock (``time.perf_counter``) around each hook call. On a GPU a hook that only
-launches work is timed for the launch; one that reads a device value also waits for the GPU, which
-is exactly the cost the profile should expose.
+so a slow handler shows up by name. Times are host wall-clock around each hook call: on a GPU, the
+launch, or also the wait of a hook reading a device value, the very cost to expose.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ class HandlerProfile:
 
     def instrument(self, dispatcher: Dispatcher) -> None:
         """Replace ``dispatcher``'s hooks by timed ones (the loop then calls those)."""
-        names = _names(dispatcher)
+        names = {id(h): name for h, name in zip(dispatcher.handlers, numbered_names(dispatcher.handlers))}
         for event in Event:
             dispatcher.hooks[event] = [
                 self._timed(names[id(owner)], event.value, hook)
@@ -69,11 +66,6 @@ class HandlerProfile:
             f"({handlers / self.total if self.total else 0.0:.1%})"
         )
         return "\n".join(lines)
-
-
-def _names(dispatcher: Dispatcher) -> dict[int, str]:
-    """Handler names for the table: the class name, numbered when a class appears twice."""
-    return {id(h): name for h, name in zip(dispatcher.handlers, numbered_names(dispatcher.handlers))}
 
 
 @contextmanager
