@@ -1,11 +1,9 @@
-"""An evaluation set up once and run as often as asked: ``Estimator.evaluate`` runs one, and a
-fit's ValidationHandler runs the same one at every validation.
+"""An evaluation set up once and run as often as asked: by ``Estimator.evaluate``, and by a fit's
+ValidationHandler at every validation.
 
-The checks before its first pass (:mod:`fitforge.checks`) set it up: the data (arrays batched, split
-between ranks under torch.distributed, checked), the net's placement, the handlers. Each pass then
-costs its batches, a fresh state and the pass's events. Until a pass reads a batch, the pass's
-first batch goes through ``first_check`` (an error in the net explained, see
-:mod:`fitforge.checks.first_batch`).
+The checks before its first pass (:mod:`fitforge.checks`) set it up (data, placement, handlers);
+each pass then costs its batches, a fresh state and its events. Until a pass reads a batch, the
+first batch goes through ``first_check`` (an error in the net explained).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Event handlers: the mixins, their base, the named stages (public face of
-:mod:`fitforge.core.events`), the roles a handler declares (:mod:`fitforge.core.roles`), and the
-:class:`~fitforge.core.state.Ending` a stop may give the run (``state.request_stop(reason, ending=...)``).
-
-A handler is any object inheriting some of the mixins; it is called for an event if and only if it
+"""Event handlers: the mixins, their base, the named stages (:mod:`fitforge.core.events`), the roles a
+handler declares (:mod:`fitforge.core.roles`), and the :class:`~fitforge.core.state.Ending` a stop may
+give (``state.request_stop(reason, ending=...)``). A handler is called for an event if and only if it
 inherits that event's mixin (narrowed by ``handled_events`` when it declares them).
 
 Example:

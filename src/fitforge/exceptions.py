@@ -22,14 +22,12 @@ class CancelFit(Exception):
 
 
 class PassAbandoned(BaseException):
-    """A pass within a fit (a validation) was left unfinished because a signal asks the fit to stop
-    (see :mod:`fitforge.core.coordinator`): it reports nothing, the fit's loop catches it and saves
-    the state of the last training batch. A BaseException, so that a handler's ``except Exception``
-    does not take it for a failure of its own.
+    """A pass within a fit (a validation) left unfinished because a signal asks the fit to stop
+    (:mod:`fitforge.core.coordinator`): the fit's loop catches it and saves the last training batch's
+    state. A BaseException, so a handler's ``except Exception`` does not take it for its own failure.
 
     ``unread`` holds the pass's data iterator until the error is handled: dropping a DataLoader's
-    iterator shuts its workers down, which waits for the batches they are reading, and the save
-    must not wait for that."""
+    iterator waits for its workers' batches, and the save must not wait for that."""
 
     unread: object = None
 
@@ -83,9 +81,8 @@ class CheckpointError(FitforgeValueError):
 
 
 class ConfigError(FitforgeValueError):
-    """A run's config (``fitforge fit --config``, :mod:`fitforge.cli`) has a wrong key, type or value,
-    found before anything is built; the message names the key, what was expected and the nearest
-    valid key."""
+    """A run's config (:mod:`fitforge.cli`) has a wrong key, type or value, found before anything is
+    built; the message names the key, what was expected and the nearest valid key."""
 
 
 def describe(value: object) -> str:

@@ -25,7 +25,7 @@ from fitforge.estimator import Estimator
 def linear_data(
     n: int = 256, batch_size: int = 32, noise: float = 0.0, seed: int = 0, shuffle: bool = False
 ) -> DataLoader:
-    """A DataLoader of ``y = 2x + 3 (+ noise)`` with x ~ U(-1, 1); shapes (N, 1) and (N, 1)."""
+    """A DataLoader of ``y = 2x + 3 (+ noise)`` with x ~ U(-1, 1), both of shape (N, 1)."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand(n, 1, generator=generator) * 2 - 1
     y = 2 * x + 3 + noise * torch.randn(n, 1, generator=generator)
@@ -38,9 +38,8 @@ def linear_data(
 
 
 def linear_splits(n: int = 256, batch_size: int = 32, seed: int = 0) -> dict[str, DataLoader]:
-    """``{"train_data": ..., "val_data": ...}`` of y = 2x + 3: shuffled training batches of ``n``
-    samples and ``n // 4`` validation samples (what a data function of ``fitforge fit`` returns,
-    see docs/cli.md)."""
+    """``{"train_data": ..., "val_data": ...}`` of y = 2x + 3, ``n`` shuffled and ``n // 4`` samples: what a
+    data function of ``fitforge fit`` returns (docs/cli.md)."""
     return {
         "train_data": linear_data(n, batch_size, seed=seed, shuffle=True),
         "val_data": linear_data(n // 4, batch_size, seed=seed + 1),
@@ -48,10 +47,8 @@ def linear_splits(n: int = 256, batch_size: int = 32, seed: int = 0) -> dict[str
 
 
 def linear_problem(lr: float = 0.1, seed: int = 0, **estimator_kwargs: Any):
-    """``(estimator, train_loader, val_loader)`` for y = 2x + 3: a Linear(1, 1) net, MSE loss, SGD.
-
-    It converges to weight ≈ 2, bias ≈ 3 in a few epochs, in well under a second.
-    """
+    """``(estimator, train_loader, val_loader)`` for y = 2x + 3: a Linear(1, 1) net, MSE loss, SGD;
+    it converges to weight ≈ 2, bias ≈ 3 in a few epochs, well under a second."""
     torch.manual_seed(seed)
     net = nn.Linear(1, 1)
     estimator_kwargs.setdefault("device", "cpu")
@@ -60,12 +57,9 @@ def linear_problem(lr: float = 0.1, seed: int = 0, **estimator_kwargs: Any):
 
 
 class RecordingHandler(TrainBegin, EpochBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd):
-    """Records every event it sees as ``(event, phase, epoch, batch_idx, global_step)`` in ``calls``.
-
-    ``events`` is the list of event names alone. Returns ``stop_at`` events' truthy value: e.g.
-    ``RecordingHandler(stop_on=("batch_end", 3))`` returns True from ``batch_end`` when
-    ``global_step == 3``.
-    """
+    """Records every event it sees as ``(event, phase, epoch, batch_idx, global_step)`` in ``calls``
+    (``events``: the names alone). ``RecordingHandler(stop_on=("batch_end", 3))`` returns True from
+    ``batch_end`` when ``global_step == 3``."""
 
     def __init__(self, priority: int = 0, stop_on: tuple[str, int] | None = None) -> None:
         self.priority = priority
@@ -101,9 +95,8 @@ class RecordingHandler(TrainBegin, EpochBegin, BatchBegin, BatchEnd, EpochEnd, T
 
 class HostReadCounter(TorchDispatchMode):
     """Count reads of tensor values to the host inside a ``with`` block: ``.item()``, ``float()``,
-    ``int()``, ``bool()`` and formatting of a tensor all dispatch ``aten._local_scalar_dense``, which
-    waits for the device on a GPU. (``.tolist()``/``.numpy()`` read CPU memory directly and are not
-    seen; on a GPU they need a ``.cpu()`` copy first.)
+    ``int()``, ``bool()`` and formatting dispatch ``aten._local_scalar_dense``, which waits for a GPU
+    (``.tolist()``/``.numpy()`` of CPU memory are not seen; a GPU tensor needs a ``.cpu()`` first).
 
     Example:
         >>> est, train, val = linear_problem()
