@@ -22,16 +22,10 @@ from fitforge.inputs.order import OnePass
 
 
 class Evaluation:
-    """Loss and metrics of ``estimator.val_net`` over ``val_data``, each time it is called.
-
-    Args:
-        estimator: whose ``val_net``, validation loss and batch processor run.
-        val_data: re-iterable batches, checked (this rank's share under torch.distributed).
-        num_batches: ``len(val_data)`` where it has one.
-        handlers: the passes' handlers (a MetricHandler among them).
-        prefix: the first word of the result's keys (None: the phase's own, ``val``).
-        sharded: ``val_data`` is this rank's share, which may be empty.
-        first_check: wraps the step for the first batch until a pass reads one (None: checked).
+    """Loss and metrics of ``estimator.val_net`` over ``val_data`` (checked re-iterable batches of
+    ``num_batches`` if known; with ``sharded``, this rank's share, maybe empty), each time it is called.
+    ``handlers``: the passes' (a MetricHandler among them); ``prefix``: the keys' first word (None:
+    ``val``); ``first_check`` wraps the step until a pass reads a batch (None: checked already).
     """
 
     def __init__(

@@ -180,8 +180,8 @@ def split_off(data: Any, fraction: Any) -> tuple[Any, Any]:
 
 
 def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_split: Any) -> tuple[Any, Any]:
-    """fit's ``(train_data, val_data)`` with arrays made into DataLoaders (other data is returned as
-    it is); ``batch_size`` and ``validation_split`` apply to arrays only."""
+    """fit's ``(train_data, val_data)``, arrays made into DataLoaders by ``batch_size`` and
+    ``validation_split`` (other data returned as it is)."""
     if _arrays_apart(train_data, val_data):
         raise FitforgeTypeError(
             "fit got the inputs and the labels as two arguments, but its second one is val_data: pass them "

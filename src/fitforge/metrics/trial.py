@@ -59,7 +59,7 @@ def check_trial_value(slot: MetricSlot, trial: Any) -> None:
 
 
 def one_number(describe: str, value: Any) -> None:
-    """A clear error when ``value`` (a metric's) is not one number (its shape only: no host read)."""
+    """A clear error when a metric's ``value`` is not one number (by its shape: no host read)."""
     if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
         return
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__

@@ -47,8 +47,7 @@ def format_values(values: dict[str, float]) -> str:
 
 
 def epoch_label(state: TrainState) -> str:
-    """``Epoch 6/8``: the epoch's number counted over the estimator's fits (``state.epochs_before``
-    epochs came before this fit), out of the last one this fit trains."""
+    """``Epoch 6/8``: the epoch's number over the estimator's fits, out of the last this fit trains."""
     before = state.epochs_before
     total = f"/{before + state.max_epochs}" if state.max_epochs else ""
     return f"Epoch {before + state.epoch + 1}{total}"

@@ -45,8 +45,8 @@ class CellLine:
 
 
 def notebook_bar(**options: Any) -> tuple[Any, CellLine]:
-    """A tqdm bar drawn in a new :class:`CellLine`: tqdm's widget when ``ipywidgets`` is installed,
-    else its text bar. ``options`` are tqdm's (``total``, ``desc``, ``mininterval``...)."""
+    """A tqdm bar (``options`` are tqdm's) drawn in a new :class:`CellLine`: tqdm's widget when
+    ``ipywidgets`` is installed, else its text bar."""
     from tqdm import notebook as widgets  # imports quietly: IProgress is None without ipywidgets
     from tqdm.std import tqdm as text_bar
 

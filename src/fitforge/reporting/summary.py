@@ -1,8 +1,7 @@
 """Sizes of a model: how many parameters it has (and trains), and how many bytes they take.
 
-Shared (tied) parameters count once, as ``net.parameters()`` yields them once. A lazy module's
-parameters that are not yet initialised (before its first forward) count as 0. Under FSDP the
-figures are those of this rank's shards.
+Shared (tied) parameters count once, as ``net.parameters()`` yields them; a lazy module's before its
+first forward count as 0. Under FSDP the figures are this rank's shards'.
 """
 
 from __future__ import annotations

@@ -97,8 +97,8 @@ class GuardedShared(MutableMapping):
 
 
 class ReadOnlyMetrics(dict):
-    """``state.metrics`` for a handler that reads it but does not declare writing it: a copy that
-    refuses changes with the access error (a plain dict otherwise, e.g. for ``json.dumps``)."""
+    """``state.metrics`` for a handler that reads but does not write it: a dict copy (for ``json.dumps``)
+    refusing changes with the access error."""
 
     def __init__(self, metrics: dict, guard: GuardedState) -> None:
         super().__init__(metrics)
