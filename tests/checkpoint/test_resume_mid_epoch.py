@@ -20,6 +20,7 @@ from torch.utils.data import (
 
 import fitforge.inputs.indexed
 from fitforge import Estimator
+from fitforge.checkpoint.resume import warn_if_inexact
 from fitforge.events import BatchEnd, FirstBatchCheck
 from fitforge.exceptions import CancelBatch, CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
@@ -242,7 +243,7 @@ def test_resuming_on_cuda_without_deterministic_algorithms_warns(tmp_path, caplo
             torch.use_deterministic_algorithms(deterministic)
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="fitforge"):
-                saver._warn_if_inexact(state)
+                warn_if_inexact(state, saver.batch_period is not None, saver.resume_from_checkpoint)
             assert ("resuming on CUDA without torch.use_deterministic_algorithms(True)" in caplog.text) != deterministic
     finally:
         torch.use_deterministic_algorithms(was)

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from test_data_parallel import BASE, FSDP, SCRIPT, finish, ok, results, start
 
 from objectstore import listing, local_s3, s3, s3_environment
-from test_data_parallel import BASE, FSDP, SCRIPT, finish, ok, results, start
 
 pytestmark = pytest.mark.skipif(not FSDP, reason=f"torch {torch.__version__} has no FSDP2 (fully_shard)")
 RUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]

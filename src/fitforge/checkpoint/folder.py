@@ -38,6 +38,11 @@ class CheckpointFolder:
     it (in an io with ``folder_path``)."""
 
     def __init__(self, io: CheckpointIO, prefix: str, background: bool = False) -> None:
+        if not isinstance(prefix, str) or not re.fullmatch(r"[\w.-]+", prefix):
+            raise FitforgeValueError(
+                f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
+                f"(letters, digits, '_', '-', '.'), got {prefix!r}"
+            )
         # With ``background``, writes (and what follows them: rotation) go through an
         # AsyncCheckpointIO; ``store`` is the io itself, which the background tasks use.
         self.background = AsyncCheckpointIO(io) if background else None

@@ -16,12 +16,14 @@ import logging
 from functools import partial
 from typing import Any
 
+import torch
+
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.folder import CheckpointFolder
 from fitforge.checkpoint.locations import Location
 from fitforge.core.events import EventHandler, handler_name, numbered_names
 from fitforge.core.rng import restore_rng_states, rng_states
-from fitforge.core.roles import Accumulating, Checkpointing, Stopping, players, role_of
+from fitforge.core.roles import Accumulating, Stopping, players, role_of
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import CheckpointError, FitforgeValueError
@@ -203,6 +205,25 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")
 
 
+def warn_if_inexact(state: TrainState, saves_mid_epoch: bool, resumes: bool) -> None:
+    """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
+    order = fit_data_order(state)
+    problem = None if order is None else order.problem
+    if problem is not None and (saves_mid_epoch or resumes):
+        log.warning(
+            "CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
+            "train_data by index: %s. It reads and discards the batches before the checkpoint, and "
+            "continues exactly only if train_data yields the same batches in the same order on every "
+            "pass (see docs/checkpoints.md)",
+            problem,
+        )
+    if resumes and state.estimator.device.type == "cuda" and not torch.are_deterministic_algorithms_enabled():
+        log.warning(
+            "CheckpointHandler: resuming on CUDA without torch.use_deterministic_algorithms(True): the "
+            "resumed run continues the same training, but not bit for bit (see docs/checkpoints.md)"
+        )
+
+
 def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], Location] | None:
     """At a resuming handler's ``train_begin``: the newest checkpoint in ``folder`` that loads and
     this fit can continue, and where it is (None: there is none), its weights and optimizer states
@@ -228,6 +249,8 @@ def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], L
             ) from err
     checkpoint = loaded[0]
     position = checkpoint.get("position", 0)
+    if state.run is not None:  # fit resumes from it once every train_begin ran
+        state.run.resume_from = checkpoint
     log.info(
         "CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)",
         path.name,
@@ -241,11 +264,8 @@ def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], L
 
 
 def resume_picked(state: TrainState) -> None:
-    """Run between ``train_begin`` and the first epoch: resume from the checkpoint a handler picked
-    (of several resuming handlers, the last one's, whose weights its train_begin loaded last)."""
-    picked = None
-    for source in players(state.handlers, Checkpointing):
-        checkpoint = source.take_resume_checkpoint()
-        picked = checkpoint if checkpoint is not None else picked
-    if picked is not None:
-        resume(state, picked)
+    """Run between ``train_begin`` and the first epoch: resume from the checkpoint a handler picked."""
+    checkpoint = None if state.run is None else state.run.resume_from
+    if checkpoint is not None:
+        state.run.resume_from = None  # type: ignore[union-attr]
+        resume(state, checkpoint)

@@ -13,10 +13,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from fitforge.checkpoint.earlier_run import keep_earlier_run
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.format import FORMAT_VERSION
 from fitforge.checkpoint.locations import EXTENSION, Location
-from fitforge.checkpoint.resume import training_state
+from fitforge.checkpoint.resume import pick, training_state
 from fitforge.checkpoint.storage import CheckpointIO
 from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.roles import StateConfirming, players
@@ -44,8 +45,10 @@ class CheckpointWriter:
         self._refused = 0  # saves of non-finite states in this fit
         self._shards: Any = None  # every rank's sharded saves in flight (the engine's shard_writer, with async_save)
 
-    def start(self, state: TrainState) -> None:
-        """At fit start: check the store holds what the engine saves, ready it, forget the last fit."""
+    def start(self, state: TrainState, resumes: bool, overwrite: bool) -> Location | None:
+        """At fit start: check the store holds what the engine saves and ready it; with ``resumes``,
+        pick the checkpoint the fit goes on from (where it is; None: none), else refuse (or with
+        ``overwrite`` delete) an earlier run's checkpoints: nothing of one is replaced unasked."""
         if self._shards is not None:  # a fit that ended without its train_end
             self._shards.close()
             self._shards = None
@@ -62,12 +65,16 @@ class CheckpointWriter:
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
         # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
         self.saved, self.last_saved, self.last, self._refused = [], None, (0, 0, 0), 0
-
-    def resumed(self, checkpoint: dict, path: Location) -> None:
-        """The fit goes on from ``checkpoint`` at ``path``: newer unreadable files leave the rotation."""
+        picked = pick(state, self.folder) if resumes else None
+        if picked is None:
+            run = (self.folder, state.epochs_before, resumes, overwrite)
+            state.ranks.on_main(lambda: keep_earlier_run(*run), FitforgeValueError)
+            return None
+        checkpoint, path = picked  # newer unreadable files leave the rotation
         files = self.folder.regular_files()
         self.saved = files[: files.index(path) + 1] if path in files else [path]
         self.last = (checkpoint["epochs_completed"], checkpoint["global_step"], checkpoint.get("position", 0))
+        return path
 
     def regular(self, state: TrainState, epochs: int, batches: int) -> None:
         """Save ``<prefix>-epoch<epochs>batch<batches>.pt`` and rotate."""

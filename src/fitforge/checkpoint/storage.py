@@ -118,6 +118,30 @@ def open_io(where: str | os.PathLike | ObjectPath, storage_options: dict[str, An
     return LocalCheckpointIO(where)
 
 
+def resolve_io(
+    model_dir: str | os.PathLike | None, io: Any, storage_options: dict[str, Any] | None, owner: str
+) -> CheckpointIO:
+    """Where a handler keeps its checkpoints: ``io`` (checked), or the folder or URL ``model_dir``
+    (opened with ``storage_options``); exactly one of the two."""
+    if (model_dir is None) == (io is None):
+        raise FitforgeValueError(
+            f"{owner}: give a model_dir (a folder or an fsspec URL) or an io (a CheckpointIO), "
+            + ("not both" if io is not None else "got neither")
+        )
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise FitforgeTypeError(f"{owner}: storage_options must be a dict or None, got {describe(storage_options)}")
+    if io is not None:
+        if storage_options:
+            raise FitforgeValueError(f"{owner}: storage_options are for a model_dir URL; give them to your io")
+        return check_io(io, owner)
+    if not isinstance(model_dir, (str, os.PathLike)):
+        raise FitforgeTypeError(
+            f"{owner}: model_dir must be a folder path, got {describe(model_dir)} (or an fsspec URL such as "
+            "'s3://bucket/run')"
+        )
+    return open_io(model_dir, storage_options)
+
+
 def check_io(io: Any, owner: str) -> CheckpointIO:
     """``io`` when it has the four methods of a :class:`CheckpointIO`; a clear error naming what it lacks."""
     missing = [method for method in ("write", "read", "names", "delete") if not callable(getattr(io, method, None))]

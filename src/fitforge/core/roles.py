@@ -190,11 +190,6 @@ class Checkpointing:
         """Where it keeps checkpoints and what it saved (None: it does not say)."""
         return None
 
-    def take_resume_checkpoint(self) -> dict[str, Any] | None:
-        """The checkpoint picked in ``train_begin`` (weights and optimizer states already loaded),
-        once; else None. fit resumes from it before the first epoch."""
-        return None
-
     def best_checkpoint(self) -> Path | None:
         """The file of the best weights saved this fit, if any."""
         return None
@@ -310,7 +305,7 @@ _NAMES = {
     Monitoring: ("monitor", "save_best", "restore_best", "best_weights"),
     Validating: ("validation_setup", "use_evaluation"),
     Stopping: ("stopped_epoch", "run_limits", "ended_run"),
-    Checkpointing: ("take_resume_checkpoint", "best_checkpoint", "saved_checkpoints"),
+    Checkpointing: ("best_checkpoint", "saved_checkpoints"),
     FirstBatchCheck: ("check_first_batch",),
     StateConfirming: ("confirm_state",),
     KeyRecording: ("history_keys",),

@@ -43,6 +43,8 @@ class RunContext:
         data: the data, epoch by epoch; ``name``: what it is called in errors (``"train_data"``...).
         coordinator: agreement on stops with other processes (:class:`Alone` in one process).
         prepare: called once after every ``train_begin`` and before the first epoch (a resume).
+        resume_from: the checkpoint the run resumes from, weights loaded, as a checkpoint handler's
+            ``train_begin`` picked it (of several, the last); ``prepare`` restores the rest.
         allow_empty: a pass of no batch is no error (a rank's share of evaluation data may be empty).
         check: the step of the run's first batch, with the checks before the first optimizer step
             (:mod:`fitforge.checks.first_batch`), called instead of ``step`` until a batch went
@@ -57,6 +59,7 @@ class RunContext:
     name: str
     coordinator: Coordinator = field(default_factory=Alone)
     prepare: Sequence[Callable[[TrainState], None]] = ()
+    resume_from: dict[str, Any] | None = None
     allow_empty: bool = False
     check: Step | None = None
     watch: PassWatch | None = None

@@ -33,6 +33,8 @@ class RunMachinery(Protocol):
         """The training data, epoch by epoch: a fitforge.inputs.order.DataOrder in fit."""
         ...
 
+    resume_from: dict[str, Any] | None  # the checkpoint fit resumes from (fitforge.checkpoint.resume)
+
 
 class EstimatorLike(Protocol):
     """What the layers below the Estimator use of it (``state.estimator``)."""

@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from fitforge.checkpoint.earlier_run import keep_earlier_run
 from fitforge.checkpoint.locations import Location
-from fitforge.checkpoint.resume import fit_data_order, pick
+from fitforge.checkpoint.resume import warn_if_inexact
 from fitforge.checkpoint.saver import CheckpointWriter
-from fitforge.checkpoint.storage import CheckpointIO, check_io, open_io
+from fitforge.checkpoint.storage import CheckpointIO, resolve_io
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Checkpointing, Monitoring, SavedCheckpoints, averaged_weights
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeValueError
 
 log = logging.getLogger("fitforge")
 
@@ -38,18 +34,16 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     best one by ``monitor`` when ``save_best``.
 
     Files are ``<model_prefix>-epoch<E>batch<B>.pt`` (E completed epochs, B completed batches in the
-    whole run: ``epoch2batch45`` is five batches into the third epoch of 20, also when a stop cut
-    it short there) and ``<model_prefix>-best.pt``. Each holds the weights, the optimizers' states,
-    the counters and the history (:func:`fitforge.checkpoint.files.load_checkpoint`), with a checksum
-    that loading verifies. Writes are atomic; the newest ``max_checkpoints`` regular files are kept,
-    older ones deleted by exact name once the new file is written. Best is judged at every epoch
-    end, whatever ``epoch_period``; a non-finite value is never best.
+    run: ``epoch2batch45`` is five batches into the third epoch of 20) and ``<model_prefix>-best.pt``,
+    each with the weights, optimizer states, counters and history, and a checksum loading verifies
+    (:func:`fitforge.checkpoint.files.load_checkpoint`). Writes are atomic; the newest
+    ``max_checkpoints`` regular files are kept, older ones deleted once the new one is written. Best
+    is judged at every epoch end; a non-finite value is never best.
 
     Args:
-        model_dir: folder for the files (created if needed; checked writable at fit start), or an
-            fsspec URL (``s3://bucket/run``, ``memory://run``; ``pip install "fitforge[cloud]"``),
-            where a checkpoint counts once its upload is committed (:mod:`fitforge.checkpoint.objects`).
-            ``file://`` URLs are local folders. Give either ``model_dir`` or ``io``.
+        model_dir: a folder (created if needed; checked writable at fit start) or an fsspec URL
+            (``s3://bucket/run``; ``pip install "fitforge[cloud]"``), where a checkpoint counts once
+            its upload is committed (:mod:`fitforge.checkpoint.objects`). Or give ``io``.
         model_prefix: file name prefix.
         monitor: the history key judging "best", e.g. ``"val_accuracy"`` (needed for ``save_best``).
         save_best: also keep ``<prefix>-best.pt``.
@@ -57,37 +51,29 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         epoch_period: save at the end of every n-th epoch (None: never at epoch end).
         batch_period: save after every n-th training batch (None: never mid-epoch).
         max_checkpoints: how many regular checkpoints to keep.
-        save_non_finite: a state whose weights or optimizer state hold a nan or an inf is never
-            written under a checkpoint name (it can neither be resumed from nor rotate a finite one
-            away); with True the run's first such state is kept as ``<prefix>-nonfinite.pt`` for
-            inspection. Buffers may hold an inf (a causal mask), not a nan. Judged at a save only.
-        resume_from_checkpoint: at fit start, continue from the newest checkpoint that loads (a
-            corrupt or unfitting one is skipped with a warning naming it and why; if none loads, a
-            ``CheckpointError``; if there is none, training starts from scratch, logged), to the
-            same target: ``epochs=5`` means five in all. See :mod:`fitforge.checkpoint.resume` and
-            docs/checkpoints.md for what is restored and when it is bitwise exact.
-        overwrite: a run that does not resume, in a store holding checkpoints of its prefix (of an
-            earlier run, or an earlier fit of this estimator), would replace them, so it is refused
-            before training, naming the ways out: resume, another ``model_dir`` or ``model_prefix``,
-            or ``overwrite=True``, which deletes them (logged) first. One folder and prefix hold one run.
+        save_non_finite: a state with a nan or an inf in its weights or optimizer state is never
+            saved under a checkpoint name; with True the run's first one is kept as
+            ``<prefix>-nonfinite.pt`` for inspection (buffers may hold an inf, not a nan).
+        resume_from_checkpoint: at fit start, continue from the newest checkpoint that loads (one
+            that does not is skipped with a warning; none loading is a ``CheckpointError``; none
+            there: from scratch, logged), to the same target (``epochs=5`` means five in all). See
+            :mod:`fitforge.checkpoint.resume` and docs/checkpoints.md.
+        overwrite: a run that does not resume, in a store holding checkpoints of its prefix, is
+            refused before training (resume, or use another ``model_dir`` or ``model_prefix``);
+            ``overwrite=True`` deletes them first (logged). One folder and prefix hold one run.
         storage_options: for a URL ``model_dir``, the options of its fsspec filesystem (s3fs's
-            ``key``, ``secret``, ``endpoint_url``...); None: the store's own defaults (environment
-            variables such as ``AWS_ENDPOINT_URL``, config files).
-        async_save: save without stalling training: the state is copied to the host (the only time
-            training waits), then written, committed and rotated in the background
-            (:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO` around the store). One save
-            is in flight at most: the next save, a preemption save and ``train_end`` wait for it,
-            and its error is raised there. Under FSDP every rank's shards go through DCP's
-            ``async_save``. See docs/checkpoints.md.
-        io: a :class:`~fitforge.checkpoint.CheckpointIO` to keep the checkpoints in instead of
-            ``model_dir``: a store of one's own, one class with ``write(name, checkpoint)``,
-            ``read(name)``, ``names()`` and ``delete(name)`` (docs/extending.md). Everything above
-            holds through it.
+            ``key``, ``endpoint_url``...); None: the store's defaults (``AWS_ENDPOINT_URL``...).
+        async_save: training waits only while the state is copied to the host; it is written and
+            rotated in the background (:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO`),
+            one save in flight: the next save, a preemption save and ``train_end`` wait for it and
+            raise its error. Under FSDP the shards go through DCP's ``async_save``.
+        io: a :class:`~fitforge.checkpoint.CheckpointIO` instead of ``model_dir``: a store of
+            one's own, one class with ``write``, ``read``, ``names`` and ``delete``
+            (docs/extending.md). Everything above holds through it.
 
-    A SIGTERM or SIGINT during fit makes it save the state at the next batch boundary. Under
-    torch.distributed every rank builds the checkpoint, rank 0 writes it and every rank fails with
-    its error; on resume rank 0 picks the file and every rank loads it, so ``model_dir`` must be
-    readable by every rank.
+    A SIGTERM or SIGINT during fit saves the state at the next batch boundary. Under
+    torch.distributed every rank builds the checkpoint and rank 0 writes it (every rank fails with
+    its error); on resume rank 0 picks the file and every rank loads it, from a shared ``model_dir``.
 
     Example:
         >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)
@@ -134,27 +120,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         async_save: bool = False,
         io: CheckpointIO | None = None,
     ) -> None:
-        if (model_dir is None) == (io is None):
-            raise FitforgeValueError(
-                "CheckpointHandler: give a model_dir (a folder or an fsspec URL) or an io (a CheckpointIO), "
-                + ("not both" if io is not None else "got neither")
-            )
-        if io is not None:
-            io = check_io(io, "CheckpointHandler")
-        elif not isinstance(model_dir, (str, os.PathLike)):
-            raise FitforgeTypeError(
-                f"CheckpointHandler: model_dir must be a folder path, got {describe(model_dir)} (or an fsspec URL "
-                "such as 's3://bucket/run')"
-            )
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise FitforgeTypeError(
-                f"CheckpointHandler: storage_options must be a dict or None, got {describe(storage_options)}"
-            )
-        if not isinstance(model_prefix, str) or not re.fullmatch(r"[\w.-]+", model_prefix):
-            raise FitforgeValueError(
-                f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
-                f"(letters, digits, '_', '-', '.'), got {model_prefix!r}"
-            )
+        self.io = resolve_io(model_dir, io, storage_options, "CheckpointHandler")
         check_positive("CheckpointHandler", "epoch_period", epoch_period, allow_none=True)
         check_positive("CheckpointHandler", "batch_period", batch_period, allow_none=True)
         check_positive("CheckpointHandler", "max_checkpoints", max_checkpoints)
@@ -166,9 +132,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
                 "save_best is False; set at least one of them"
             )
         self._monitor = None if monitor is None else Monitor(monitor, mode, owner="CheckpointHandler")
-        if io is not None and storage_options:
-            raise FitforgeValueError("CheckpointHandler: storage_options are for a model_dir URL; give them to your io")
-        self.io: CheckpointIO = open_io(model_dir, storage_options) if io is None else io  # type: ignore[arg-type]
         self.save_non_finite = check_flag("CheckpointHandler", "save_non_finite", save_non_finite)
         self.async_save = check_flag("CheckpointHandler", "async_save", async_save)
         self._writer = CheckpointWriter(self.io, model_prefix, max_checkpoints, async_save, save_non_finite)
@@ -182,7 +145,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         self.overwrite = check_flag("CheckpointHandler", "overwrite", overwrite)
         self.best: float | None = None
         self.best_path: Location | None = None
-        self._picked: dict | None = None  # the checkpoint train_begin chose to resume from
         self.resumed_from: Location | None = None
 
     @property
@@ -196,49 +158,11 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         return self._writer.last_saved
 
     def train_begin(self, state: TrainState) -> None:
-        self._writer.start(state)
         if self._monitor is not None:
             self._monitor.resolve(state.estimator)
-        self.best, self.best_path, self._picked, self.resumed_from = None, None, None, None
-        self._warn_if_inexact(state)
-        picked = pick(state, self._folder) if self.resume_from_checkpoint else None
-        if picked is not None:  # fit resumes from it once every train_begin ran
-            self._picked, self.resumed_from = picked
-            self._writer.resumed(*picked)
-        else:  # a run of its own: nothing of an earlier one is replaced unasked
-            resuming = self.resume_from_checkpoint
-            state.ranks.on_main(
-                lambda: keep_earlier_run(self._folder, state.epochs_before, resuming, self.overwrite),
-                FitforgeValueError,
-            )
-
-    def _warn_if_inexact(self, state: TrainState) -> None:
-        """Say, once per fit, which condition of an exact resume (docs/checkpoints.md) this run misses."""
-        order = fit_data_order(state)
-        problem = None if order is None else order.problem
-        if problem is not None and (self.batch_period or self.resume_from_checkpoint):
-            log.warning(
-                "CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
-                "train_data by index: %s. It reads and discards the batches before the checkpoint, and "
-                "continues exactly only if train_data yields the same batches in the same order on every "
-                "pass (see docs/checkpoints.md)",
-                problem,
-            )
-        if (
-            self.resume_from_checkpoint
-            and state.estimator.device.type == "cuda"
-            and not torch.are_deterministic_algorithms_enabled()
-        ):
-            log.warning(
-                "CheckpointHandler: resuming on CUDA without torch.use_deterministic_algorithms(True): the "
-                "resumed run continues the same training, but not bit for bit (see docs/checkpoints.md)"
-            )
-
-    def take_resume_checkpoint(self) -> dict | None:
-        """The checkpoint ``train_begin`` picked, for fit to resume from once every handler's
-        ``train_begin`` ran (see :func:`fitforge.checkpoint.resume.resume_picked`); once."""
-        picked, self._picked = self._picked, None
-        return picked
+        self.best, self.best_path = None, None
+        warn_if_inexact(state, bool(self.batch_period), self.resume_from_checkpoint)
+        self.resumed_from = self._writer.start(state, self.resume_from_checkpoint, self.overwrite)
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period
@@ -284,10 +208,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
             value,
             self.best_path.name,
         )
-
-    def checkpoint(self, state: TrainState, epochs: int, batches: int) -> dict:
-        """The dict a save writes (see :meth:`fitforge.checkpoint.saver.CheckpointWriter.checkpoint`)."""
-        return self._writer.checkpoint(state, epochs, batches)
 
     def saved_checkpoints(self) -> SavedCheckpoints:
         return SavedCheckpoints(
