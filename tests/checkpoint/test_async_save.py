@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fitforge.checkpoint.storage as storage
 from fitforge import Estimator
+from fitforge.checkpoint import checkpoint_bytes, checkpoint_from_bytes
 from fitforge.checkpoint.async_writer import host_copy
 from fitforge.checkpoint.files import CheckpointError, load_checkpoint
 from fitforge.exceptions import FitforgeTypeError
@@ -213,3 +214,61 @@ def test_a_later_host_copy_reuses_the_earlier_copys_memory():
     second = host_copy({"model": weights}, buffers)
     assert second["model"]["a"] is first["model"]["a"] and torch.equal(second["model"]["a"], torch.full((3,), 2.0))
     assert second["model"]["b"] is not first["model"]["b"] and torch.equal(second["model"]["b"], torch.zeros(4))
+
+
+class DictIO:
+    """A store of one's own, bytes in a dict; writing ``fail`` raises, as a full disk would."""
+
+    def __init__(self, fail=None):
+        self.stored, self.fail, self.thread_names = {}, fail, []
+
+    def write(self, name, checkpoint):
+        self.thread_names.append(threading.current_thread().name)
+        if name == self.fail:
+            raise OSError(f"no space left for {name}")
+        self.stored[name] = checkpoint_bytes(checkpoint)
+
+    def read(self, name):
+        return checkpoint_from_bytes(self.stored[name], name)
+
+    def names(self):
+        return list(self.stored)
+
+    def delete(self, name):
+        self.stored.pop(name, None)
+
+
+def test_async_checkpoint_io_wraps_any_store_in_order_and_a_failed_write_drops_what_follows(caplog):
+    from fitforge.checkpoint import AsyncCheckpointIO
+
+    store = DictIO(fail="new.pt")
+    io = AsyncCheckpointIO(store)
+    weights = torch.ones(3)
+    io.write("old.pt", {"format_version": 1, "w": weights})
+    weights.add_(1)  # training goes on: the write holds the host copy made when it was asked
+    io.delete("older.pt")
+    assert io.names() == ["old.pt"] and torch.equal(io.read("old.pt")["w"], torch.ones(3))
+    assert store.thread_names == ["fitforge-save-old.pt"]  # written in the background
+    io.write("new.pt", {"format_version": 1, "w": weights})
+    io.delete("old.pt")  # rotation after the new write: dropped, since that write failed
+    with pytest.raises(OSError, match="no space left for new.pt"):
+        io.wait()
+    assert "the background save of new.pt failed" in caplog.text
+    assert store.names() == ["old.pt"]  # the older checkpoint was not rotated away
+    io.wait()  # the error is raised once
+    assert not hasattr(io, "folder_path") and not hasattr(io, "location")  # only what the store has
+
+
+def test_async_save_through_a_store_of_ones_own_writes_what_a_synchronous_save_writes(tmp_path):
+    stores = {mode: DictIO() for mode in ("sync", "async")}
+    for mode, store in stores.items():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+        estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters()), device="cpu")
+        saver = CheckpointHandler(io=store, batch_period=4, max_checkpoints=2, async_save=mode == "async")
+        estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=2, event_handlers=[saver])
+    rotated = ["model-epoch1batch8.pt", "model-epoch2batch12.pt"]
+    assert sorted(stores["sync"].stored) == sorted(stores["async"].stored) == rotated
+    for name in stores["sync"].stored:
+        assert_equal(stores["async"].read(name), stores["sync"].read(name), name)
+    assert set(stores["async"].thread_names) != {"MainThread"}

@@ -8,11 +8,13 @@ It may import :mod:`fitforge.metrics`, :mod:`fitforge.inputs`, :mod:`fitforge.di
 (:mod:`fitforge.handlers.checkpoint`), so that ``fitforge.handlers`` exports it.
 """
 
+from fitforge.checkpoint.async_writer import AsyncCheckpointIO
 from fitforge.checkpoint.format import checkpoint_bytes, checkpoint_from_bytes
 from fitforge.checkpoint.objects import FsspecCheckpointIO
 from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO
 
 __all__ = [
+    "AsyncCheckpointIO",
     "CheckpointIO",
     "FsspecCheckpointIO",
     "LocalCheckpointIO",
