@@ -1,13 +1,12 @@
-"""Saves that do not stall training: :class:`AsyncCheckpointIO` wraps any
-:class:`~fitforge.checkpoint.storage.CheckpointIO` so that a write copies the checkpoint to the host
-and a background thread writes it, then does what was asked after it (rotation's deletes), in order,
-while training goes on (``CheckpointHandler(async_save=True)``).
+"""Saves that do not stall training (``CheckpointHandler(async_save=True)``):
+:class:`AsyncCheckpointIO` wraps any :class:`~fitforge.checkpoint.storage.CheckpointIO` so that a
+write copies the checkpoint to the host and a background thread writes it, then runs what was
+queued after it (rotation's deletes), in order, while training goes on.
 
-The copy is needed on the CPU too: the optimizer step writes into the weights and the optimizer's
-state in place, so the tensors a state dict references change under a writer that reads them
-later. The background error is kept and raised by the next :meth:`AsyncCheckpointIO.wait` (or
-read, listing) in the training thread, never lost; what was queued after a failed write is dropped,
-so no older checkpoint is deleted for a newer one that is not there.
+The copy is needed on the CPU too: the optimizer step writes into the weights and optimizer state
+in place, under a writer that reads them later. A background error is raised by the next
+:meth:`AsyncCheckpointIO.wait` in the training thread; what was queued after a failed write is
+dropped, so no older checkpoint is deleted for a newer one that is not there.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Checkpoints as objects in a store named by an fsspec URL (``s3://bucket/run``, ``memory://run``).
 
-Object stores have no atomic rename, so a checkpoint is *committed* by a second, small object
-written last: ``<name>.commit``, a JSON record of the data object's size and BLAKE2b digest. The
-data object is built in memory and uploaded whole under its final name first. A checkpoint counts
-only when its marker exists and describes the bytes under its name exactly, so a kill at any instant
-leaves either a committed checkpoint or an uncommitted object that is never read:
-
-- killed during or after the data upload, before the marker: an object without a marker (a store
-  that shows a half-written object shows it without a marker; S3 shows none until the upload ends);
-- replacing a checkpoint (``<prefix>-best.pt``): the old marker is deleted before the new bytes go
-  up, so a marker never vouches for bytes it was not written for (and its digest would catch it);
-- deleting (rotation, ``overwrite=True``): the data first, then the marker. A crash between leaves
-  a marker without its data, which is never listed, and is removed at the next start.
-
-At the next start, an uncommitted object that is a whole checkpoint (it loads, and its contents
-match the checksum written with them: an upload whose commit was cut, or a checkpoint copied into
-the store by hand) is committed; any other (an upload cut short, or a file without a checksum) is
-deleted.
+Object stores have no atomic rename, so a checkpoint is *committed* by a small object written after
+its data: ``<name>.commit``, the data's size and BLAKE2b digest. It counts only when its marker
+describes the bytes under its name exactly; a marker is deleted before new bytes replace its
+object, and after its object is deleted. So a kill at any instant leaves a committed checkpoint or
+an uncommitted object that is never read, which the next start commits when it is a whole
+checkpoint, else deletes or leaves (:meth:`FsspecCheckpointIO.settle_uncommitted`; each case:
+docs/checkpoints.md#object-storage).
 
 fsspec and the store's own package (s3fs for ``s3://``) are the optional extra ``fitforge[cloud]``;
 credentials and endpoints come from the usual places (environment variables such as
@@ -69,16 +59,17 @@ def upload(fs: Any, key: str, data: bytes) -> None:
 
 def write_object(fs: Any, key: str, checkpoint: dict) -> None:
     """Save ``checkpoint`` (with its content checksum, as local files have) as the object ``key``,
-    then commit it (see the module docstring for the order and why)."""
+    then commit it (the order: see the module docstring)."""
     data = checkpoint_bytes(checkpoint)  # built in memory first: the object goes up in one piece
     remove(fs, key + COMMIT_SUFFIX)  # an earlier marker must not vouch for the bytes going up now
     upload(fs, key, data)
-    fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(_marker(data)).encode())
+    _commit(fs, key, data)
 
 
-def _marker(data: bytes) -> dict[str, Any]:
-    """The commit marker of an object holding ``data``."""
-    return {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
+def _commit(fs: Any, key: str, data: bytes) -> None:
+    """Write the commit marker of the object ``key``, which holds ``data``."""
+    marker = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
+    fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(marker).encode())
 
 
 def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
@@ -109,14 +100,6 @@ def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
             "committed): an upload that did not finish, or bytes changed in the store"
         )
     return parse_checkpoint(io.BytesIO(data), url, map_location)
-
-
-def delete_object(fs: Any, key: str) -> None:
-    """Delete, then uncommit: a crash between leaves a marker alone, which counts for nothing and is
-    removed at the next start (the other order would leave a whole checkpoint without its marker,
-    which the next start commits again)."""
-    remove(fs, key)
-    remove(fs, key + COMMIT_SUFFIX)
 
 
 def remove(fs: Any, key: str) -> None:
@@ -187,8 +170,9 @@ class FsspecCheckpointIO:
         key = f"{self.key}/{name}"
         if self.fs.isdir(key):  # the shards of a sharded checkpoint
             self.fs.rm(key, recursive=True)
-        else:
-            delete_object(self.fs, key)
+        else:  # delete, then uncommit: the other order would leave a whole checkpoint the next start commits
+            remove(self.fs, key)
+            remove(self.fs, key + COMMIT_SUFFIX)
 
     def prepare(self, prefix: str) -> None:
         """Settle the objects of ``prefix``'s checkpoint names that no marker commits (a whole
@@ -268,7 +252,7 @@ class FsspecCheckpointIO:
             parse_checkpoint(io.BytesIO(data), str(self.root / name), require_checksum=True)
         except CheckpointError:
             return "foreign"
-        self.fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(_marker(data)).encode())
+        _commit(self.fs, key, data)
         return "committed"
 
     def probe(self, name: str) -> None:

@@ -1,10 +1,9 @@
 """Where checkpoints are kept: the :class:`CheckpointIO` protocol, and a local folder as one.
 
 A ``CheckpointHandler`` decides when to save and which checkpoint is best; its IO stores each
-checkpoint whole under a name. fitforge has two: :class:`LocalCheckpointIO` (a folder, written
-atomically by rename) and :class:`~fitforge.checkpoint.objects.FsspecCheckpointIO` (an object store
-named by an fsspec URL, written then committed by a marker). A store of one's own is one class
-with the four methods (docs/extending.md).
+checkpoint whole under a name: :class:`LocalCheckpointIO` (a folder, written atomically by rename),
+:class:`~fitforge.checkpoint.objects.FsspecCheckpointIO` (an object store named by an fsspec URL,
+committed by a marker), or a class of one's own with the four methods (docs/extending.md).
 """
 
 from __future__ import annotations

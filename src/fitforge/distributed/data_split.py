@@ -1,23 +1,13 @@
-"""Each rank's share of the data under torch.distributed, and ``predict``'s outputs put back in order.
+"""Each rank's share of the data under torch.distributed, and ``predict``'s outputs put back in order
+(docs/distributed.md#how-the-data-is-split).
 
 Training: a ``DataLoader`` whose sampler is not already a ``DistributedSampler`` is rebuilt over
-one (shuffled if the loader shuffled; its seed is the fit's, see :mod:`fitforge.inputs.order`), with
-the loader's batch size, workers and collation. Every rank then gets ``ceil(N / world)`` samples,
-so every rank runs the same number of batches, which data-parallel training needs (each backward
-is a collective): ``DistributedSampler`` pads the last share with samples from the start.
-
-Evaluation and prediction: rank ``r`` takes samples ``r, r + world, r + 2 world...`` in dataset
-order and nothing is repeated or dropped (``drop_last`` is not applied: it would drop a different
-tail on each rank), so the reduced metrics are those of the whole data, exactly. A rank whose share
-is empty (fewer samples than ranks) still joins the reductions. Under
-FSDP, whose forward is itself a collective, every rank must run as many batches as the others: the
-shares are padded there as in training (up to ``world - 1`` samples counted twice).
-
-In one process, ``predict`` also reads a shuffling loader in dataset order, so that its outputs
-are in the same order everywhere.
-
-Data that is not a ``DataLoader`` over a map-style dataset with torch's samplers is left as it is,
-with a warning in training: every rank then reads all of it.
+one (shuffled if the loader shuffled; its seed is the fit's, see :mod:`fitforge.inputs.order`), so
+every rank runs the same number of batches, which data-parallel training needs (each backward is
+a collective). Evaluation and prediction: rank ``r`` takes samples ``r, r + world, ...`` in dataset
+order, none repeated or dropped, so the reduced metrics are exact; under FSDP, whose forward is a
+collective too, the shares are padded as in training. Data that is not a ``DataLoader`` over a
+map-style dataset with torch's samplers is left as it is, with a warning in training.
 """
 
 from __future__ import annotations

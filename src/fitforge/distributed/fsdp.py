@@ -1,21 +1,12 @@
 """Sharded training (``strategy="fsdp"``): FSDP2's ``fully_shard`` and checkpoints through
-``torch.distributed.checkpoint`` (DCP).
+``torch.distributed.checkpoint`` (DCP); see docs/distributed.md#fsdp-models-too-big-for-one-gpu.
 
-Each rank holds a shard of every parameter, gradient and optimizer state; the forward gathers a
-unit's parameters when it runs and the backward reduce-scatters its gradients (averaged over ranks,
-as DDP does). The units are the classes given as ``strategy_options={"shard": (Block, ...)}`` (a
-transformer's blocks, typically), else the root's children that hold parameters; then the root.
-Other ``strategy_options`` go to ``fully_shard`` (e.g. ``reshard_after_forward``, ``mp_policy``).
-
-``fully_shard`` replaces the net's parameters by sharded ones, so the optimizers the Estimator was
-given (built on the old ones, and not stepped yet) are pointed at the new parameters by name.
-
-A checkpoint's weights, optimizer states (and an open accumulation group's gradients, and an
-EMAHandler's average) are written by every rank, each its shard, with
-``torch.distributed.checkpoint.save`` into a folder beside the checkpoint file (a local folder, or
-an fsspec URL); the file, written by rank 0 once every shard is written, names the folder. DCP
-loads the folder into any number of ranks, or into one process without a process group. With
-``CheckpointHandler(async_save=True)`` the shards go through DCP's ``async_save``.
+Each rank holds a shard of every parameter, gradient and optimizer state. The units are the classes
+given as ``strategy_options={"shard": (Block, ...)}``, else the root's children that hold
+parameters; then the root. Other ``strategy_options`` go to ``fully_shard``. A checkpoint's
+weights, optimizer states (an open accumulation group's gradients, an EMAHandler's average) are
+written by every rank, each its shard, into a folder beside the checkpoint file (a local folder or
+an fsspec URL); the file, written by rank 0 once every shard is, names the folder.
 """
 
 from __future__ import annotations
@@ -61,9 +52,7 @@ def _fully_shard() -> Any:
         from torch.distributed.fsdp import fully_shard  # torch >= 2.6
     except ImportError:
         try:
-            from torch.distributed._composable.fsdp import (
-                fully_shard,  # torch 2.4 and 2.5
-            )
+            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4 and 2.5
         except ImportError:  # pragma: no cover - torch without FSDP2
             return None
     return fully_shard
@@ -144,10 +133,7 @@ def shard(
 
 def load_full_weights(net: nn.Module, weights: dict[str, Any]) -> None:
     """Load an unsharded ``state_dict`` (every rank holds it whole) into the sharded ``net``."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(net, weights, options=StateDictOptions(full_state_dict=True))
 
@@ -194,10 +180,7 @@ def load_sharded(
     """Load ``folder`` into the estimator's net (and optimizers); return the saved gradients by name."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named to be caught
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     if not _exists(folder, options):
         raise FileNotFoundError(f"no sharded checkpoint folder at {folder}")

@@ -1,22 +1,14 @@
 """Gradient accumulation under DDP: only the last batch of a group all-reduces the gradients.
 
-DistributedDataParallel all-reduces the gradients in the backward of a forward that ran with its
-``require_backward_grad_sync`` flag set; ``DistributedDataParallel.no_sync()`` only clears that
-flag around a block, and DDP reads it at the forward (where it prepares its reducer for the
-backward). So :class:`GradientSync` sets it before each training batch, which costs no device
-sync: on for a batch that completes an accumulation group, off for the others, whose backwards
-add to this rank's own gradients. The group's last backward then averages the whole sum over the
-ranks: one all-reduce per optimizer step instead of one per batch.
+DDP reads its ``require_backward_grad_sync`` flag (which ``no_sync()`` clears) at the forward, so
+:class:`GradientSync` sets it before each training batch, which costs no device sync: on for a
+batch that completes an accumulation group, off for the others. A group that ends before such a
+batch (an unforeseen stop, an epoch of data without ``len``), or is saved while open, holds each
+rank's own gradients: :meth:`GradientSync.average` averages them, as DDP would have (averaging is
+linear, so averaging early and accumulating on gives the same gradients).
 
-A group that ends before such a batch (a stop no one could foresee, an epoch of data without
-``len``) and a group saved in a checkpoint while open hold each rank's own gradients:
-:meth:`GradientSync.average` averages them over the ranks, as DDP would have. Averaging is
-linear, so averaging a group early and accumulating on gives, at its last (synced) backward, the
-gradients of averaging it there; and after it, rank 0's gradients are every rank's.
-
-Only a DDP wrapper defers (:func:`deferrable`). Nets with sparse gradients (``nn.Embedding(sparse=True)``)
-sync every batch, as the averaging handles dense gradients only; so does FSDP, whose
-``fully_shard`` net is no DDP wrapper.
+Only a DDP wrapper defers (:func:`deferrable`); nets with sparse gradients sync every batch, as the
+averaging handles dense gradients only; so does FSDP, whose ``fully_shard`` net is no DDP wrapper.
 """
 
 from __future__ import annotations

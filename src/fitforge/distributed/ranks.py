@@ -1,15 +1,11 @@
 """torch.distributed helpers: launch detection, rank and world size, collectives of host values.
 
-Under ``torchrun`` (see :mod:`fitforge.distributed.strategy`) every rank runs the same script. Collectives
-(here: ``all_reduce``, ``broadcast_object_list``, ``gather_object``) must be reached by every rank
-in the same order, so each is called from a place every rank passes: an epoch end, a checkpoint
-save, the end of ``predict``. Reporting handlers (``main_rank_only``) run on rank 0 only and never
-reach one.
-
-Each rank accumulates its own share of the loss and metric sums. At epoch end MetricHandler reduces
-them with one ``all_reduce``, so every rank logs, monitors and returns the values of the whole data.
-Running (mid-epoch) values stay per rank, because rank-0 handlers such as a progress bar read them
-alone.
+Under ``torchrun`` every rank runs the same script, so each collective (here: ``all_reduce``,
+``broadcast_object_list``, ``gather_object``) is called from a place every rank passes in the same
+order: an epoch end, a checkpoint save, the end of ``predict``. Reporting handlers
+(``main_rank_only``) run on rank 0 only and never reach one. Each rank's loss and metric sums are
+reduced at epoch end (one ``all_reduce`` in MetricHandler); running (mid-epoch) values stay per
+rank, as rank-0 handlers such as a progress bar read them alone.
 """
 
 from __future__ import annotations

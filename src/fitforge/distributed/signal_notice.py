@@ -1,13 +1,11 @@
 """A signal one rank received, told to the other ranks without a collective.
 
-A validation's batches may differ in number between ranks (their shares of the data differ), so
-no collective can pair up between them. A rank that received SIGTERM (or SIGUSR1, SIGINT) in a
-validation sets a key in the process group's store (the TCP store torchrun's ranks met through);
-the others look for it between their validation batches, at most every :attr:`SignalNotice.poll_seconds`
-(one round trip to the store, no device read), and every rank then leaves the validation for
-the collective that ends it (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
-Without a store (a group made without one) a signalled rank leaves its validation alone and
-the others learn of the signal at that collective, after their own batches.
+A validation's batches may differ in number between ranks, so no collective can pair up between
+them. A rank that received a signal in a validation sets a key in the process group's store (the
+TCP store torchrun's ranks met through); the others look for it between their batches, at most
+every :attr:`SignalNotice.poll_seconds` (no device read), and every rank then leaves the validation
+for the collective that ends it (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
+Without a store, the others learn of the signal at that collective, after their own batches.
 """
 
 from __future__ import annotations

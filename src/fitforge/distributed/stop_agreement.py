@@ -1,44 +1,22 @@
-"""Under torch.distributed, every rank stops training at the same point.
+"""Under torch.distributed, every rank stops training at the same point (the whole story, and
+what it costs: docs/distributed.md#preemption).
 
-A rank that stops alone leaves the others waiting in a collective (the next backward, a metric
-reduction, a checkpoint): a deadlock. Stops come from per-rank sources (a signal that reached one
-rank, ``max_time`` on one rank's clock, a handler judging this rank's values), so the ranks agree
-on them at **agreement points**: after ``train_begin``, every ``epoch_begin`` and ``epoch_end``,
-and after every ``interval``-th training batch of an epoch.
-An agreement is one ``MAX`` all-reduce of four host integers over a gloo group (no GPU is synced):
-this rank's received signal, whether it requested a stop, whether it raised CancelFit, and the
-interval it proposes. When any rank got a signal, every rank sets ``state.preempted`` and stops;
-when any rank requested a stop, every rank stops; a CancelFit raised on one rank is raised on all.
-A CheckpointHandler then saves that state at the epoch end that follows.
+A rank that stops alone leaves the others waiting in a collective: a deadlock. Stops come from
+per-rank sources (a signal that reached one rank, ``max_time`` on one rank's clock, a handler
+judging this rank's values), so the ranks agree on them at **agreement points**: after
+``train_begin``, every ``epoch_begin`` and ``epoch_end``, and after every ``interval``-th training
+batch. An agreement is one ``MAX`` all-reduce of four host integers over a gloo group: this rank's
+signal, its stop request, whether it raised (and holds) a CancelFit, and the interval it proposes.
 
-**In a validation** (any pass run within the fit) the ranks' batches may differ in number, so no
-collective can pair up between them: a rank that received a signal leaves the pass at its next
-batch and posts a :class:`~fitforge.distributed.signal_notice.SignalNotice` in the group's store;
-the others see it between their batches and leave too (under FSDP, whose forward is a collective
-and whose shares have equal lengths, the ranks reduce the signal after every batch of the pass
-instead, and leave at the same one). At the pass's end every rank, whether it
-left or finished, reduces ``[signal, left]`` (:meth:`StopAgreement.end_pass`): when any rank left,
-every rank drops the pass, sets ``state.preempted`` and stops at this same point (the batch's other
-``batch_end`` hooks run, a checkpoint saves, and the batch's stop needs no further agreement).
+**In a validation** the ranks' batches may differ in number, so no collective can pair up between
+them: a signalled rank leaves the pass and posts a
+:class:`~fitforge.distributed.signal_notice.SignalNotice`, which the others see between their
+batches (under FSDP, whose forward is a collective, the ranks reduce the signal after every batch
+instead). At the pass's end every rank reduces ``[signal, left]`` (:meth:`StopAgreement.end_pass`).
 
-**Stop latency.** A stop that one rank requests between agreement points takes effect on every
-rank at the next one: the batches between are trained on every rank, and when the epoch's data runs out
-first, training stops after that epoch's end. A stop that every rank requests at the
-same batch (``request_stop(..., every_rank=True)``: ``batches=N``, a NaN guard's reduced verdict)
-is agreed on at once, at that batch. A CancelFit raised in a ``batch_end`` hook of one rank is
-held: that rank runs the batch's remaining ``batch_end`` hooks, counts the batch and trains on in
-step until the next agreement, where every rank raises it. (Raised anywhere else in a batch, before
-its backward, one rank alone would leave DDP's all-reduce unpaired: raise it on every rank there.)
-
-**The interval** bounds the stop latency in time, not in batches: an agreement costs about a
-millisecond (one tiny gloo all-reduce on loopback, ranks waiting for each other included), a whole
-step on a tiny model, and nothing next to a large model's step. It starts at 1; at each agreement
-after batches every rank proposes as many batches as fit in :attr:`~StopAgreement.max_latency`
-seconds at the pace since the last agreement (at least 1, at most :attr:`~StopAgreement.max_interval`),
-and the smallest proposal (the same on every rank) holds until the next agreement. So steps of
-0.25 s or more agree after every batch, and a stop waits at most about 0.25 s of training. Set
-``StopAgreement.max_interval = 1`` to agree after every batch always (a stop one rank requests then
-falls at the same batch from run to run).
+**The interval** bounds the stop latency in time: at each agreement every rank proposes as many
+batches as fit in :attr:`~StopAgreement.max_latency` seconds at the recent pace (at least 1, at
+most :attr:`~StopAgreement.max_interval`), and the smallest proposal holds until the next.
 
 After the first optimizer step it also checks once that the replicas' weights are still identical:
 a custom ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP,

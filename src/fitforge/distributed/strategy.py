@@ -1,20 +1,11 @@
 """The engine of a fit: a :class:`Strategy` owns everything that differs between ways of training
 on one or several processes, so the rest of fitforge asks it and never tests which engine runs.
 
-``Estimator(strategy=...)`` takes a name or an instance; ``estimator.strategy`` is the instance.
-
-- ``"auto"`` (the default, :class:`~fitforge.distributed.ddp.DDPStrategy` that needs no launcher):
-  data-parallel with ``DistributedDataParallel`` when the script was launched with several
-  processes (``WORLD_SIZE > 1``), else one process;
-- ``"ddp"`` (:class:`~fitforge.distributed.ddp.DDPStrategy`): data-parallel, an error without a launcher;
-- ``"fsdp"`` (:class:`~fitforge.distributed.fsdp.FSDPStrategy`): sharded data-parallel (FSDP2);
-- ``"none"`` or None (:class:`Strategy` itself): fitforge neither wraps the net nor splits the data.
-
-Under a launcher, the engines that take part in it initialise the default process group unless the
-script did (NCCL for CUDA devices, with gloo beside it for host values; gloo on the CPU) and give
-each rank the CUDA device of its ``LOCAL_RANK``. ``estimator.net`` stays the user's module, so
-weights, checkpoints and ``state_dict`` keys are those of one process; ``estimator.train_net`` is
-what ``fit``'s forward goes through. A new engine is one subclass (docs/extending.md). See
+``Estimator(strategy=...)`` takes an instance or a name (:func:`resolve_strategy`): ``"auto"`` (the
+default) and ``"ddp"`` are a :class:`DDPStrategy`, ``"fsdp"`` an :class:`FSDPStrategy`, ``"none"``
+(or None) the base :class:`Strategy`. ``estimator.net`` stays the user's module, so weights,
+checkpoints and ``state_dict`` keys are those of one process; ``estimator.train_net`` is what
+``fit``'s forward goes through. A new engine is one subclass (docs/extending.md); see
 docs/distributed.md.
 """
 
@@ -34,12 +25,7 @@ from fitforge.distributed import fsdp
 from fitforge.distributed.ddp import adopt_wrapper, follow_trainable, trains_through_wrapper, wrap_ddp
 from fitforge.distributed.fsdp import Where
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
-from fitforge.distributed.process_group import (
-    init_process_group,
-    quiet_other_ranks,
-    release_at_exit,
-    several_processes,
-)
+from fitforge.distributed.process_group import init_process_group, quiet_other_ranks, release_at_exit, several_processes
 from fitforge.distributed.ranks import initialized, launched, local_rank, world_size
 from fitforge.distributed.shard_writer import ShardWriter
 from fitforge.distributed.stop_agreement import StopAgreement
