@@ -219,6 +219,9 @@ def test_a_later_host_copy_reuses_the_earlier_copys_memory():
 class DictIO:
     """A store of one's own, bytes in a dict; writing ``fail`` raises, as a full disk would."""
 
+    def __repr__(self):
+        return "DictIO()"
+
     def __init__(self, fail=None):
         self.stored, self.fail, self.thread_names = {}, fail, []
 
@@ -250,13 +253,29 @@ def test_async_checkpoint_io_wraps_any_store_in_order_and_a_failed_write_drops_w
     assert io.names() == ["old.pt"] and torch.equal(io.read("old.pt")["w"], torch.ones(3))
     assert store.thread_names == ["fitforge-save-old.pt"]  # written in the background
     io.write("new.pt", {"format_version": 1, "w": weights})
-    io.delete("old.pt")  # rotation after the new write: dropped, since that write failed
-    with pytest.raises(OSError, match="no space left for new.pt"):
+    while io.busy:  # the failed write ended before the rotation's delete is asked: still not run
+        threading.Event().wait(0.01)
+    io.delete("old.pt")
+    io.write("newer.pt", {"format_version": 1, "w": weights})
+    with pytest.raises(CheckpointError, match=r"cannot write new.pt to DictIO\(\): OSError: no space left for new.pt"):
         io.wait()
     assert "the background save of new.pt failed" in caplog.text
-    assert store.names() == ["old.pt"]  # the older checkpoint was not rotated away
+    assert store.names() == ["old.pt"]  # the older checkpoint was not rotated away, nothing written after
     io.wait()  # the error is raised once
     assert not hasattr(io, "folder_path") and not hasattr(io, "location")  # only what the store has
+
+
+def test_a_store_given_wrapped_saves_in_the_background_as_async_save_does(tmp_path):
+    from fitforge.checkpoint import AsyncCheckpointIO
+
+    store = DictIO()
+    saver = CheckpointHandler(io=AsyncCheckpointIO(store), batch_period=4)
+    assert saver.async_save and saver.io is store
+    net = nn.Linear(6, 3)
+    run_with = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    run_with.fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=1, event_handlers=[saver])
+    assert sorted(store.stored) == ["model-epoch0batch4.pt", "model-epoch1batch6.pt"]  # written when fit returned
+    assert set(store.thread_names) != {"MainThread"}
 
 
 def test_async_save_through_a_store_of_ones_own_writes_what_a_synchronous_save_writes(tmp_path):

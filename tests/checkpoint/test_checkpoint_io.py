@@ -100,6 +100,16 @@ def test_fsdp_into_an_io_without_folder_path_is_refused_at_fit_start(tmp_path):
     assert io.names() == []  # refused before anything was written
 
 
+def test_a_resume_outside_a_fit_is_refused(tmp_path):
+    from fitforge import TrainState
+
+    io = SQLiteIO(tmp_path / "checkpoints.db")
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(io=io)])
+    with pytest.raises(FitforgeValueError, match="CheckpointHandler resumes within a fit"):
+        CheckpointHandler(io=io, resume_from_checkpoint=True).train_begin(TrainState(estimator=estimator))
+
+
 def test_an_io_must_be_given_alone_and_have_the_four_methods(tmp_path):
     with pytest.raises(FitforgeValueError, match=r"or an io \(a CheckpointIO\), not both"):
         CheckpointHandler(tmp_path, io=SQLiteIO(tmp_path / "c.db"))

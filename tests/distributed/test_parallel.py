@@ -471,6 +471,19 @@ def test_sharded_checkpoints_go_to_an_fsspec_url_and_resume_from_it(one_rank_gro
 
 
 @needs_fsdp
+def test_shards_that_cannot_be_written_are_a_checkpoint_error_naming_them(one_rank_group, tmp_path):
+    from fitforge.checkpoint import LocalCheckpointIO
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    io = LocalCheckpointIO(tmp_path / "run")
+    io.folder_path = lambda name: blocked / name  # under a file: no folder can be made there
+    with pytest.raises(CheckpointError, match=r"cannot write the shards model-epoch1batch4pos0.dcp: .*intact"):
+        fsdp_estimator().fit(regression_batches(4), epochs=1, event_handlers=[CheckpointHandler(io=io)])
+    assert io.names() == []  # no checkpoint names shards that are not there
+
+
+@needs_fsdp
 def test_a_preemption_save_of_sharded_state_waits_for_the_async_one_in_flight(one_rank_group, tmp_path):
     class Term(BatchEnd):
         def batch_end(self, state):

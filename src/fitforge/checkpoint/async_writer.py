@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from fitforge.exceptions import CheckpointError
+
 log = logging.getLogger("fitforge")
 
 
@@ -75,13 +77,15 @@ class AsyncCheckpointIO:
     host, and :meth:`delete` and :meth:`after` queue behind it; :meth:`read`, :meth:`names` and
     ``prepare`` wait for the queue first. One caller thread (rank 0's training thread). The caller
     bounds the copies: a write while the queue is busy makes a new host copy rather than reuse the
-    last one's memory, so wait before each save (as ``CheckpointHandler`` does) to hold one."""
+    last one's memory, so wait before each save (as ``CheckpointHandler`` does) to hold one. A
+    failed write is the ``CheckpointError`` a synchronous save raises (naming ``label``, else the
+    io); once a task failed, nothing more is queued until :meth:`wait` raised its error."""
 
     # Found on the io when it has them (see CheckpointIO): ``getattr`` sees them here only then.
     _OPTIONAL = ("location", "folder_path", "storage_options", "root", "path")
 
-    def __init__(self, io: Any) -> None:
-        self.io = io
+    def __init__(self, io: Any, label: str | None = None) -> None:
+        self.io, self.label = io, repr(io) if label is None else label
         self._queue: deque[tuple[Callable[[], None], str]] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -101,8 +105,22 @@ class AsyncCheckpointIO:
         return self._thread is not None
 
     def write(self, name: str, checkpoint: dict) -> None:
+        if self._error is not None:  # dropped: wait raises the error before anything else is written
+            return
         copied = host_copy(checkpoint, None if self.busy else self._buffers)
-        self.after(lambda: self.io.write(name, copied), name)
+
+        def write() -> None:
+            try:
+                self.io.write(name, copied)
+            except CheckpointError:
+                raise
+            except Exception as err:  # a store's own errors
+                raise CheckpointError(
+                    f"cannot write {name} to {self.label}: {type(err).__name__}: {err}; the checkpoints saved before "
+                    "are intact"
+                ) from err
+
+        self.after(write, name)
 
     def delete(self, name: str) -> None:
         self.after(lambda: self.io.delete(name), name)
@@ -125,6 +143,8 @@ class AsyncCheckpointIO:
         """Run ``task`` in the background once what is queued before it is done (``name``: which
         save it is part of, for the log of its error)."""
         with self._lock:
+            if self._error is not None:  # after a failure: nothing runs until wait raised it
+                return
             self._queue.append((task, name))
             if self._thread is None:
                 # Not a daemon: an interpreter that exits still finishes the writes it started.

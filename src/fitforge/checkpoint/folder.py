@@ -43,10 +43,6 @@ class CheckpointFolder:
                 f"CheckpointHandler: model_prefix must be a non-empty file-name prefix "
                 f"(letters, digits, '_', '-', '.'), got {prefix!r}"
             )
-        # With ``background``, writes (and what follows them: rotation) go through an
-        # AsyncCheckpointIO; ``store`` is the io itself, which the background tasks use.
-        self.background = AsyncCheckpointIO(io) if background else None
-        self.files: CheckpointIO = io if self.background is None else self.background
         self.store, self.prefix = io, prefix
         local = io.path if isinstance(io, LocalCheckpointIO) else None
         url = getattr(io, "root", None)  # an fsspec folder's URL (a store of one's own: its repr names it)
@@ -54,6 +50,11 @@ class CheckpointFolder:
         self.path: Location = root if root is not None else ObjectPath(repr(io))
         self.label = f"model_dir {str(self.path)!r}" if root is not None else f"io {self.path}"  # in messages
         self.local = local is not None
+        # With ``background``, writes (and what follows them: rotation) go through an
+        # AsyncCheckpointIO; ``store`` is the io itself, which the background tasks use.
+        self.background = AsyncCheckpointIO(io, self.label) if background else None
+        self.files: CheckpointIO = io if self.background is None else self.background
+        self._holds_shard_folders = False  # whether a rotation may have shard folders to delete
 
     def location(self, name: str) -> Location:
         """Where the checkpoint ``name`` is, as ``saved`` and messages name it."""
@@ -193,6 +194,7 @@ class CheckpointFolder:
     def _remove_unnamed_shards(self) -> None:
         """Delete FSDP shard folders whose checkpoint is gone (a crash during a rotation or a save)."""
         present = set(self.files.names())
+        self._holds_shard_folders = any(name.endswith(SHARDS) for name in present)
         unnamed = [
             name
             for name in fnmatch.filter(present, f"{self.prefix}-epoch*batch*pos*{SHARDS}")
@@ -222,6 +224,7 @@ class CheckpointFolder:
         folders matching ``stale`` that it no longer names."""
         self._write(path.name, checkpoint)
         if "sharded" in checkpoint:
+            self._holds_shard_folders = True
             self._then(partial(self._delete_matching, stale, keep=checkpoint["sharded"]))
 
     def rotate(self, saved: list[Location], keep: int) -> None:
@@ -230,5 +233,5 @@ class CheckpointFolder:
         while len(saved) > keep:
             old = saved.pop(0).name
             self.files.delete(old)
-            if self.holds_shards:
+            if self._holds_shard_folders:
                 self._then(partial(self._delete_matching, f"{old.removesuffix(EXTENSION)}pos*{SHARDS}"))

@@ -39,7 +39,9 @@ class CheckpointIO(Protocol):
 
     def write(self, name: str, checkpoint: dict) -> None:
         """Store ``checkpoint`` under ``name``, replacing the one there, whole or not at all: after a
-        crash at any instant, ``names()`` lists the previous checkpoint or this one, never a torn one."""
+        crash at any instant, ``names()`` lists the previous checkpoint or this one, never a torn one.
+        Serialize (or copy) it before returning: its tensors are the training's own, which go on
+        changing (``checkpoint_bytes`` does)."""
         ...
 
     def read(self, name: str) -> dict:

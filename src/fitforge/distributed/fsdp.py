@@ -34,7 +34,9 @@ def _storage(folder: Where, options: dict, write: bool) -> Any:
         return dcp.FileSystemWriter(folder) if write else dcp.FileSystemReader(folder)
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
-    return FsspecWriter(folder, **options) if write else FsspecReader(folder, **options)
+    # No fsync per file (fsspec's streams have none: torch would os.sync() the machine); the
+    # checkpoint's commit, written after the shards, is what makes them count.
+    return FsspecWriter(folder, sync_files=False, **options) if write else FsspecReader(folder, **options)
 
 
 def _exists(folder: Where, options: dict) -> bool:
@@ -154,11 +156,32 @@ def _state(estimator: EstimatorLike, grads: bool) -> dict[str, Any]:
     return state
 
 
+def dcp_failure() -> type[BaseException]:
+    # DCP's CheckpointException derives from BaseException: an ``except Exception`` lets it through.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def shards_failed(err: BaseException, name: str) -> CheckpointError:
+    """DCP's failure to save the shards ``name`` (every rank's cause) as the CheckpointError a save raises."""
+    failures = getattr(err, "failures", None)  # DCP's: rank -> (its exception, its traceback)
+    causes = (
+        "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, (e, _) in sorted(failures.items()))
+        if isinstance(failures, dict) and failures
+        else f"{type(err).__name__}: {err}"
+    )
+    return CheckpointError(f"cannot write the shards {name}: {causes}; the checkpoints saved before are intact")
+
+
 def save_sharded(estimator: EstimatorLike, folder: Where, grads: bool, options: dict) -> None:
     """Every rank writes its shard of the weights and optimizer states (and gradients) to ``folder``."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_state(estimator, grads), storage_writer=_storage(folder, options, write=True))
+    try:
+        dcp.save(_state(estimator, grads), storage_writer=_storage(folder, options, write=True))
+    except (Exception, dcp_failure()) as err:
+        raise shards_failed(err, str(folder).rstrip("/").rsplit("/", 1)[-1]) from err
 
 
 def save_sharded_async(estimator: EstimatorLike, folder: Where, grads: bool, options: dict, group: Any) -> Future:

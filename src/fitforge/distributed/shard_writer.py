@@ -10,31 +10,15 @@ from concurrent.futures import Future
 import torch.distributed as dist
 
 from fitforge.core.state import EstimatorLike
-from fitforge.distributed.fsdp import Where, save_sharded_async
-from fitforge.exceptions import CheckpointError
-
-
-def _dcp_failure() -> type[BaseException]:
-    # DCP's CheckpointException derives from BaseException: an ``except Exception`` lets it through.
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return CheckpointException
+from fitforge.distributed.fsdp import Where, dcp_failure, save_sharded_async, shards_failed
 
 
 def shards_written(future: Future, name: str) -> None:
     """Wait for DCP's save of the shards named ``name``; its failure as the CheckpointError a save raises."""
     try:
         future.result()
-    except (Exception, _dcp_failure()) as err:
-        failures = getattr(err, "failures", None)  # DCP's: rank -> (its exception, its traceback)
-        causes = (
-            "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, (e, _) in sorted(failures.items()))
-            if isinstance(failures, dict) and failures
-            else f"{type(err).__name__}: {err}"
-        )
-        raise CheckpointError(
-            f"cannot write the shards {name}: {causes}; the checkpoints saved before are intact"
-        ) from err
+    except (Exception, dcp_failure()) as err:
+        raise shards_failed(err, name) from err
 
 
 class ShardWriter:
@@ -61,7 +45,7 @@ class ShardWriter:
         it on every rank (the handler's next save or ``train_end``)."""
         future, self._in_flight = self._in_flight, None
         if future is not None:
-            with contextlib.suppress(Exception, _dcp_failure()):
+            with contextlib.suppress(Exception, dcp_failure()):
                 future.result()
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fitforge.checkpoint.async_writer import AsyncCheckpointIO
 from fitforge.checkpoint.locations import Location
 from fitforge.checkpoint.resume import warn_if_inexact
 from fitforge.checkpoint.saver import CheckpointWriter
@@ -121,6 +122,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         io: CheckpointIO | None = None,
     ) -> None:
         self.io = resolve_io(model_dir, io, storage_options, "CheckpointHandler")
+        if isinstance(self.io, AsyncCheckpointIO):  # a store written in the background: as async_save does
+            self.io, async_save = self.io.io, True
         check_positive("CheckpointHandler", "epoch_period", epoch_period, allow_none=True)
         check_positive("CheckpointHandler", "batch_period", batch_period, allow_none=True)
         check_positive("CheckpointHandler", "max_checkpoints", max_checkpoints)
