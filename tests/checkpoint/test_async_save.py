@@ -224,10 +224,13 @@ class DictIO:
 
     def __init__(self, fail=None):
         self.stored, self.fail, self.thread_names = {}, fail, []
+        self.go = threading.Event()  # the failing write waits for it
+        self.go.set()
 
     def write(self, name, checkpoint):
         self.thread_names.append(threading.current_thread().name)
         if name == self.fail:
+            assert self.go.wait(30)
             raise OSError(f"no space left for {name}")
         self.stored[name] = checkpoint_bytes(checkpoint)
 
@@ -252,14 +255,15 @@ def test_async_checkpoint_io_wraps_any_store_in_order_and_a_failed_write_drops_w
     io.delete("older.pt")
     assert io.names() == ["old.pt"] and torch.equal(io.read("old.pt")["w"], torch.ones(3))
     assert store.thread_names == ["fitforge-save-old.pt"]  # written in the background
+    store.go.clear()
     io.write("new.pt", {"format_version": 1, "w": weights})
-    while io.busy:  # the failed write ended before the rotation's delete is asked: still not run
+    io.delete("old.pt")  # the rotation after it: queued behind the write that fails, dropped with it
+    store.go.set()
+    while io.busy:
         threading.Event().wait(0.01)
-    io.delete("old.pt")
-    io.write("newer.pt", {"format_version": 1, "w": weights})
+    assert "the background save of new.pt failed" in caplog.text  # logged when it failed
     with pytest.raises(CheckpointError, match=r"cannot write new.pt to DictIO\(\): OSError: no space left for new.pt"):
-        io.wait()
-    assert "the background save of new.pt failed" in caplog.text
+        io.write("newer.pt", {"format_version": 1, "w": weights})  # the next call raises it first
     assert store.names() == ["old.pt"]  # the older checkpoint was not rotated away, nothing written after
     io.wait()  # the error is raised once
     assert not hasattr(io, "folder_path") and not hasattr(io, "location")  # only what the store has
@@ -291,3 +295,14 @@ def test_async_save_through_a_store_of_ones_own_writes_what_a_synchronous_save_w
     for name in stores["sync"].stored:
         assert_equal(stores["async"].read(name), stores["sync"].read(name), name)
     assert set(stores["async"].thread_names) != {"MainThread"}
+
+
+def test_a_failed_background_save_is_not_counted_as_saved_nor_rotates_the_last_one():
+    store = DictIO(fail="model-epoch0batch2.pt")
+    net = nn.Linear(6, 3)
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+    saver = CheckpointHandler(io=store, batch_period=1, max_checkpoints=1, async_save=True)
+    with pytest.raises(CheckpointError, match="cannot write model-epoch0batch2.pt"):
+        estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=1, event_handlers=[saver])
+    assert sorted(store.stored) == ["model-epoch0batch1.pt"]
+    assert [location.name for location in saver.saved] == ["model-epoch0batch1.pt"]

@@ -106,8 +106,11 @@ def test_a_resume_outside_a_fit_is_refused(tmp_path):
     io = SQLiteIO(tmp_path / "checkpoints.db")
     estimator, train, _ = linear_problem()
     estimator.fit(train, epochs=1, event_handlers=[CheckpointHandler(io=io)])
+    estimator, _, _ = linear_problem()
+    before = {key: value.clone() for key, value in estimator.net.state_dict().items()}
     with pytest.raises(FitforgeValueError, match="CheckpointHandler resumes within a fit"):
         CheckpointHandler(io=io, resume_from_checkpoint=True).train_begin(TrainState(estimator=estimator))
+    assert all(torch.equal(value, before[key]) for key, value in estimator.net.state_dict().items())  # untouched
 
 
 def test_an_io_must_be_given_alone_and_have_the_four_methods(tmp_path):

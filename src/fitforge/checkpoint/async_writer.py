@@ -105,8 +105,8 @@ class AsyncCheckpointIO:
         return self._thread is not None
 
     def write(self, name: str, checkpoint: dict) -> None:
-        if self._error is not None:  # dropped: wait raises the error before anything else is written
-            return
+        if self._error is not None:  # an earlier task failed: its error first
+            self.wait()
         copied = host_copy(checkpoint, None if self.busy else self._buffers)
 
         def write() -> None:
@@ -142,8 +142,10 @@ class AsyncCheckpointIO:
     def after(self, task: Callable[[], None], name: str = "") -> None:
         """Run ``task`` in the background once what is queued before it is done (``name``: which
         save it is part of, for the log of its error)."""
+        if self._error is not None:  # an earlier task failed: its error first
+            self.wait()
         with self._lock:
-            if self._error is not None:  # after a failure: nothing runs until wait raised it
+            if self._error is not None:  # it failed just now: nothing runs until wait raised it
                 return
             self._queue.append((task, name))
             if self._thread is None:
@@ -161,6 +163,7 @@ class AsyncCheckpointIO:
             try:
                 task()
             except BaseException as err:  # kept for the training thread: a thread's error is otherwise only printed
+                log.error("CheckpointHandler: the background save of %s failed: %s", name, err)
                 with self._lock:
                     self._error = (err, name)
                     self._queue.clear()  # nothing after a failed write: rotation would delete a good checkpoint
@@ -173,8 +176,7 @@ class AsyncCheckpointIO:
         if thread is not None:
             thread.join()
         failed, self._error = self._error, None
-        if failed is not None:  # the same error a synchronous save raises; the log says which save it was
-            log.error("CheckpointHandler: the background save of %s failed: %s", failed[1], failed[0])
+        if failed is not None:  # the same error a synchronous save raises (logged when it happened)
             raise failed[0]
 
     def close(self) -> None:

@@ -206,7 +206,7 @@ class CheckpointFolder:
         for name in unnamed:
             self.files.delete(name)
 
-    def _then(self, task: Callable[[], None]) -> None:
+    def then(self, task: Callable[[], None]) -> None:
         """Run ``task`` after the writes in flight (in the background), or now."""
         if self.background is not None:
             self.background.after(task)
@@ -225,7 +225,7 @@ class CheckpointFolder:
         self._write(path.name, checkpoint)
         if "sharded" in checkpoint:
             self._holds_shard_folders = True
-            self._then(partial(self._delete_matching, stale, keep=checkpoint["sharded"]))
+            self.then(partial(self._delete_matching, stale, keep=checkpoint["sharded"]))
 
     def rotate(self, saved: list[Location], keep: int) -> None:
         """Delete the oldest of ``saved`` (and their shards) until ``keep`` remain: by exact name,
@@ -234,4 +234,4 @@ class CheckpointFolder:
             old = saved.pop(0).name
             self.files.delete(old)
             if self._holds_shard_folders:
-                self._then(partial(self._delete_matching, f"{old.removesuffix(EXTENSION)}pos*{SHARDS}"))
+                self.then(partial(self._delete_matching, f"{old.removesuffix(EXTENSION)}pos*{SHARDS}"))

@@ -249,8 +249,7 @@ def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], L
             ) from err
     checkpoint = loaded[0]
     position = checkpoint.get("position", 0)
-    if state.run is None:
-        raise FitforgeValueError("CheckpointHandler resumes within a fit: call estimator.fit, not train_begin alone")
+    assert state.run is not None  # CheckpointWriter.start refuses a resume outside a fit
     state.run.resume_from = checkpoint  # fit resumes from it once every train_begin ran
     log.info(
         "CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fitforge.checkpoint.earlier_run import keep_earlier_run
@@ -53,6 +54,10 @@ class CheckpointWriter:
             self._shards.close()
             self._shards = None
         strategy = state.estimator.strategy
+        if resumes and state.run is None:
+            raise FitforgeValueError(
+                "CheckpointHandler resumes within a fit: call estimator.fit, not train_begin alone"
+            )
         if strategy.sharded and not self.folder.holds_shards:
             raise FitforgeValueError(
                 f"CheckpointHandler: FSDP's sharded checkpoints are folders of every rank's shards, which "
@@ -87,11 +92,14 @@ class CheckpointWriter:
         self.last = key
         checkpoint = self.checkpoint(state, epochs, batches)  # on every rank: it gathers their states
         written = self._save_shards(state, checkpoint, f"{path.name.removesuffix(EXTENSION)}pos{key[2]}{SHARDS}")
-        self._write(state, lambda: self._commit_and_rotate(checkpoint, path), written)
+        self._write(state, lambda: self._commit_and_rotate(checkpoint, path), written, path.name)
         self.last_saved = path
 
     def _commit_and_rotate(self, checkpoint: dict, path: Location) -> None:
         self.folder.commit(checkpoint, path, stale=f"{path.name.removesuffix(EXTENSION)}pos*{SHARDS}")
+        self.folder.then(partial(self._rotate, path))  # once it is written: a failed write is not kept
+
+    def _rotate(self, path: Location) -> None:
         if path in self.saved:
             self.saved.remove(path)
         self.saved.append(path)
@@ -105,10 +113,12 @@ class CheckpointWriter:
         shards = f"{self.prefix}-{kind}-epoch{epochs}batch{batches}pos{_position(state, epochs)}{SHARDS}"
         written = self._save_shards(state, checkpoint, shards)
         stale = f"{self.prefix}-{kind}-epoch*{SHARDS}"
-        self._write(state, lambda: self.folder.commit(checkpoint, path, stale=stale), written)
+        self._write(state, lambda: self.folder.commit(checkpoint, path, stale=stale), written, path.name)
         return path
 
-    def _write(self, state: TrainState, commit: Callable[[], None], written: Callable[[], None] | None) -> None:
+    def _write(
+        self, state: TrainState, commit: Callable[[], None], written: Callable[[], None] | None, name: str
+    ) -> None:
         """``commit()`` on rank 0, every rank sharing its error; in the background with ``async_save``,
         after the previous save (whose error, if any, is raised here on every rank) and after
         ``written`` (the wait for DCP's background save of the shards). A preemption save is
@@ -119,7 +129,7 @@ class CheckpointWriter:
             if background is not None:
                 background.wait()
                 if written is not None:
-                    background.after(written)  # the shards' error, if any, is the save's
+                    background.after(written, name)  # the shards' error, if any, is the save's
             commit()
             if background is not None and state.preempted is not None:
                 background.wait()

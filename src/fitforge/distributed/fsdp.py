@@ -178,8 +178,9 @@ def save_sharded(estimator: EstimatorLike, folder: Where, grads: bool, options: 
     """Every rank writes its shard of the weights and optimizer states (and gradients) to ``folder``."""
     import torch.distributed.checkpoint as dcp
 
+    state = _state(estimator, grads)
     try:
-        dcp.save(_state(estimator, grads), storage_writer=_storage(folder, options, write=True))
+        dcp.save(state, storage_writer=_storage(folder, options, write=True))
     except (Exception, dcp_failure()) as err:
         raise shards_failed(err, str(folder).rstrip("/").rsplit("/", 1)[-1]) from err
 

@@ -122,7 +122,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
         io: CheckpointIO | None = None,
     ) -> None:
         self.io = resolve_io(model_dir, io, storage_options, "CheckpointHandler")
-        if isinstance(self.io, AsyncCheckpointIO):  # a store written in the background: as async_save does
+        while isinstance(self.io, AsyncCheckpointIO):  # a store written in the background: as async_save does
             self.io, async_save = self.io.io, True
         check_positive("CheckpointHandler", "epoch_period", epoch_period, allow_none=True)
         check_positive("CheckpointHandler", "batch_period", batch_period, allow_none=True)
