@@ -1,7 +1,10 @@
-"""The model before a run: on the estimator's device, and every trainable parameter held by an
-optimizer (see :mod:`fitforge.checks.untrained`)."""
+"""The model before a run: on the estimator's device, every trainable parameter held by an
+optimizer (see :mod:`fitforge.checks.untrained`), and a precision the CPU runs fast."""
 
 from __future__ import annotations
+
+import logging
+import platform
 
 import torch
 from torch import nn
@@ -11,6 +14,32 @@ from fitforge.checks.untrained import warn_untrained
 from fitforge.core.modules import tensors_of
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import DeviceMismatchError
+
+log = logging.getLogger("fitforge")
+_NOTED: set[str] = set()  # the notes given in this process (each once)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (x86: AVX512-BF16 or AMX; other CPUs are not judged)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(check() for check in checks if check is not None)
+
+
+def note_slow_precision(estimator: EstimatorLike) -> None:
+    """Once per process: bf16 autocast on a CPU without bfloat16 instructions, which torch emulates
+    several times slower than float32."""
+    if estimator.autocast_dtype is not torch.bfloat16 or estimator.device.type != "cpu" or "bf16" in _NOTED:
+        return
+    _NOTED.add("bf16")
+    if not cpu_has_bf16():
+        log.warning(
+            "precision='bf16-mixed' on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): torch emulates "
+            "them, so training is likely several times slower than float32 (precision=None). Check a CPU with: "
+            'python -c "import torch; print(torch.cpu._is_avx512_bf16_supported(), '
+            'torch.cpu._is_amx_tile_supported())"'
+        )
 
 
 def check_placement(estimator: EstimatorLike, *nets: str) -> None:

@@ -4,7 +4,7 @@ here once and get back what the run needs, every input judged once.
 fit (:func:`before_fit`):
     1. the data: arrays batched, ``epochs``/``batches``, ``train_data`` split between ranks and
        checked (re-iterable, not empty), ``val_data`` checked;
-    2. the model: still on the estimator's device;
+    2. the model: still on the estimator's device; a precision the CPU runs fast;
     3. the handlers: the user's checked, the defaults added, the stopping limits folded in;
        trainable parameters an optimizer holds; each validation set up and its first batch
        evaluated; monitored keys; the order (cycles, unordered writers, a monitor before its validation);
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fitforge.checks.first_batch import first_batch_check
-from fitforge.checks.model import check_placement, check_trainable
+from fitforge.checks.model import check_placement, check_trainable, note_slow_precision
 from fitforge.checks.monitors import check_monitor_order, check_monitors
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.arguments import check_flag
@@ -82,6 +82,7 @@ def before_fit(
     num_batches = check_data(train_data, "train_data", passes)
     checked = {} if val_data is None else {id(val_data): check_data(val_data, "val_data", passes)}
     check_placement(estimator, "net", "val_net")
+    note_slow_precision(estimator)
     handlers = fit_handlers(event_handlers, val_data, default_handlers) + estimator.strategy.fit_handlers()
     console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
     for stopper in players(handlers, Stopping):  # first: the validations' data is read once with epochs=1
