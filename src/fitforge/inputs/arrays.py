@@ -6,7 +6,8 @@ gives batches of data alone: label-less for ``fit`` and ``evaluate`` (``Estimato
 the inputs of ``predict``. For several outputs ``y`` may be ``(y1, y2)`` or ``{"cls": y1, "reg":
 y2}``, batched into labels of that shape. NumPy floats become torch's default float (float32, as in
 Keras), a 1-D integer array (class labels, often uint8) int64, as the losses take them; tensors are
-used as they are. ``validation_split`` holds out the *last* fraction of the samples before any
+used as they are. A pandas DataFrame or Series is taken as its NumPy array (``.to_numpy()``), once its
+columns are checked to be numbers. ``validation_split`` holds out the *last* fraction of the samples before any
 shuffling, as Keras does, so the held-out part is the same in every run.
 """
 
@@ -71,6 +72,36 @@ class LabelledArrays(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self.shape([t[index] for t in self.tensors])
+
+
+def _from_pandas(item: Any, argument: str, name: str) -> Any:
+    """A pandas DataFrame or Series as its NumPy array (numeric or boolean columns only); anything else as it is."""
+    if type(item).__module__.partition(".")[0] != "pandas" or not hasattr(item, "to_numpy"):
+        return item
+    columns = item.dtypes.items() if hasattr(item, "columns") else [(item.name, item.dtype)]
+    other = [f"{column!r} ({dtype})" for column, dtype in columns if getattr(dtype, "kind", "O") not in "biuf"]
+    if other:
+        raise FitforgeTypeError(
+            f"{argument}: {name} has columns that are not numbers: {', '.join(other)}; encode them first "
+            "(pandas.get_dummies(df, columns=[...]) for categories, .astype('category').cat.codes for labels) or "
+            "drop them"
+        )
+    return item.to_numpy(copy=True)  # pandas may hand out a read-only view, which torch warns of
+
+
+def from_pandas(data: Any, argument: str) -> Any:
+    """``data`` with its pandas DataFrames and Series (``X``, ``y``, several ``y``) as NumPy arrays."""
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        return _from_pandas(data, argument, "X")
+    x, label = data
+    if isinstance(label, Mapping):
+        label = {key: _from_pandas(value, argument, f"y[{key!r}]") for key, value in label.items()}
+    elif isinstance(label, (tuple, list)):
+        label = type(label)(_from_pandas(value, argument, f"y[{i}]") for i, value in enumerate(label))
+    else:
+        label = _from_pandas(label, argument, "y")
+    pair = (_from_pandas(x, argument, "X"), label)
+    return list(pair) if isinstance(data, list) else pair
 
 
 def _arrays_apart(train_data: object, val_data: object) -> bool:
@@ -182,6 +213,7 @@ def split_off(data: Any, fraction: Any) -> tuple[Any, Any]:
 def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_split: Any) -> tuple[Any, Any]:
     """fit's ``(train_data, val_data)``, arrays made into DataLoaders by ``batch_size`` and
     ``validation_split`` (other data returned as it is)."""
+    train_data, val_data = from_pandas(train_data, "train_data"), from_pandas(val_data, "val_data")
     if _arrays_apart(train_data, val_data):
         raise FitforgeTypeError(
             "fit got the inputs and the labels as two arguments, but its second one is val_data: pass them "
@@ -215,6 +247,7 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
 def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
     """evaluate's ``(X, y)`` or ``X``, or predict's ``X`` (``bare``: batches of bare tensors), as an
     ordered DataLoader; other data is returned as it is (for predict a list of tensors is batches)."""
+    data = from_pandas(data, argument)
     arrays = _rows(data) or (not bare and is_arrays(data))
     if not arrays:
         if batch_size is not None:
