@@ -127,6 +127,23 @@ def test_evaluate_and_predict_a_checkpoint(tmp_path, marker, capsys):
     assert torch.equal(torch.load(tmp_path / "out/preds.pt", weights_only=True), predictions)
 
 
+def test_predict_reads_the_inputs_of_a_data_function_returning_arrays(tmp_path, marker):
+    from tiny_run import TinyNet, array_data
+
+    from fitforge import Estimator
+
+    data = {"function": "tiny_run.array_data", "args": {"n": 64}}
+    config = write_config(tmp_path, data=data, fit={"epochs": 2, "batch_size": 16})
+    run(["fit", "--config", str(config)])
+    checkpoint = str(tmp_path / "ckpt" / "model-epoch2batch8.pt")
+    predictions = run(["predict", "--config", str(config), "--checkpoint", checkpoint, "--output", "preds.pt"])
+    estimator = Estimator(TinyNet(hidden=8), torch.nn.MSELoss(), device="cpu", optimizer="sgd")
+    estimator.load_checkpoint(checkpoint, optimizers=False)
+    x_val, _ = array_data()["val_data"]
+    assert torch.equal(predictions, estimator.predict(x_val, batch_size=16))
+    assert torch.equal(torch.load(tmp_path / "preds.pt", weights_only=True), predictions)
+
+
 def test_evaluate_and_predict_a_checkpoint_alone_with_the_config_it_recorded(tmp_path, marker, monkeypatch):
     config = write_config(tmp_path)
     history = run(["fit", "--config", str(config)])

@@ -37,6 +37,14 @@ def line_data(n: int = 64, batch_size: int = 16, shuffle: bool = True) -> dict:
     return {"train_data": train, "val_data": val, "test_data": val}
 
 
+def array_data(n: int = 64) -> dict:
+    """The same line as NumPy arrays, ``(X, y)`` per split (fit batches them by ``fit.batch_size``)."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.rand(n, 1, generator=generator) * 2 - 1
+    x, y = x.numpy(), (2 * x + 3).numpy()
+    return {"train_data": (x, y), "val_data": (x[: n // 2], y[: n // 2])}
+
+
 class CrashAfter(EpochEnd):
     """Ends the process (as a kill would) after epoch ``epochs`` when ``FITFORGE_TEST_CRASH`` is
     set: after the checkpoint of that epoch is written (it runs after CheckpointHandler)."""

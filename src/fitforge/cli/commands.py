@@ -24,6 +24,7 @@ from fitforge.cli.recorded import recorded_config
 from fitforge.cli.resume import resume_from
 from fitforge.cli.suggest import config_error
 from fitforge.exceptions import CheckpointError, ConfigError, FitforgeTypeError, FitforgeValueError
+from fitforge.inputs.arrays import from_pandas, is_arrays
 
 log = logging.getLogger("fitforge")
 
@@ -173,7 +174,9 @@ def _evaluate(parser: ArgumentParser, data_parser: ArgumentParser, config: Names
 
 def _predict(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> Any:
     built = build(parser, data_parser, config, handlers=False)
-    data = data_of(built, config.split, "predict", config.data.function)
+    data = from_pandas(data_of(built, config.split, "predict", config.data.function), "predict_data")
+    if is_arrays(data):  # the (X, y) that fit and evaluate take: predict reads its inputs
+        data = data[0]
     built.estimator.load_checkpoint(config.checkpoint, optimizers=False)
     predictions = built.estimator.predict(data, batch_size=config.fit.batch_size)
     output = Path(config.output)
