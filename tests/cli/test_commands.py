@@ -127,6 +127,17 @@ def test_evaluate_and_predict_a_checkpoint(tmp_path, marker, capsys):
     assert torch.equal(torch.load(tmp_path / "out/preds.pt", weights_only=True), predictions)
 
 
+def test_a_second_run_into_the_same_folder_names_from_checkpoint_once(tmp_path, marker, capsys):
+    config = write_config(tmp_path)
+    assert main(["fit", "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["fit", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "--from_checkpoint ckpt/model-epoch3batch12.pt" in err and "resume_from_checkpoint" not in err
+    assert err.count("earlier run") == 1  # the run's closing line names the error's type only
+    assert "overwrite: true in the CheckpointHandler's init_args" in err
+
+
 def test_predict_reads_the_inputs_of_a_data_function_returning_arrays(tmp_path, marker):
     from tiny_run import TinyNet, array_data
 

@@ -6,9 +6,20 @@ from __future__ import annotations
 import logging
 
 from fitforge.checkpoint.folder import CheckpointFolder
+from fitforge.checkpoint.locations import Location
 from fitforge.exceptions import FitforgeValueError
 
 log = logging.getLogger("fitforge")
+
+
+class EarlierRunError(FitforgeValueError):
+    """A fit that would replace an earlier run's checkpoints, refused: ``found`` says what is there,
+    ``advice`` the ways out; ``files``: the regular ones, oldest first, when resuming would continue
+    that run (else empty)."""
+
+    def __init__(self, found: str, advice: str, files: list[Location]) -> None:
+        super().__init__(f"{found}; {advice}")
+        self.found, self.files = found, files
 
 
 def keep_earlier_run(folder: CheckpointFolder, epochs_before: int, resuming: bool, overwrite: bool) -> None:
@@ -51,7 +62,8 @@ def keep_earlier_run(folder: CheckpointFolder, epochs_before: int, resuming: boo
             "resume_from_checkpoint=True; to replace its files pass overwrite=True; to keep them use another "
             "model_dir or model_prefix"
         )
-    raise FitforgeValueError(
-        f"CheckpointHandler: {folder.path} already holds {len(earlier)} checkpoint file(s) of an earlier run "
-        f"({shown}); {advice}"
+    raise EarlierRunError(
+        f"CheckpointHandler: {folder.path} already holds {len(earlier)} checkpoint file(s) of an earlier run ({shown})",
+        advice,
+        folder.regular_files() if not (epochs_before or resuming) else [],
     )

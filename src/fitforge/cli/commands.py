@@ -17,6 +17,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
+from fitforge.checkpoint.earlier_run import EarlierRunError
 from fitforge.checkpoint.files import save_atomic
 from fitforge.cli.build import build, data_arguments, data_of
 from fitforge.cli.parser import RUN_SECTIONS, command_parser
@@ -154,9 +155,21 @@ def _fit(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace)
             f"fitforge fit needs train_data, but the data function returned {', '.join(built.data)} only; "
             "return a dict with 'train_data' (and 'val_data' to validate), or the training data alone"
         )
-    return built.estimator.fit(
-        built.data["train_data"], val_data=built.data.get("val_data"), event_handlers=built.handlers, **vars(config.fit)
-    )
+    try:
+        return built.estimator.fit(
+            built.data["train_data"],
+            val_data=built.data.get("val_data"),
+            event_handlers=built.handlers,
+            **vars(config.fit),
+        )
+    except EarlierRunError as error:
+        if not error.files:  # a later fit of the run, or a resume that found only a best file: as it says
+            raise
+        raise FitforgeValueError(
+            f"{error.found}; this run starts from scratch and would replace them. To continue that run: fitforge "
+            f"fit --config ... --from_checkpoint {error.files[-1]}; to replace its files: overwrite: true in the "
+            "CheckpointHandler's init_args; to keep them: another model_dir or model_prefix"
+        ) from None
 
 
 def _evaluate(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> dict[str, float]:

@@ -15,6 +15,7 @@ import signal
 
 from fitforge.core.history import History, is_speed
 from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.reporting.formatting import epoch_label, format_values
 
 _MESSAGE_LENGTH = 200  # an exception's message is cut here (its traceback follows in full)
@@ -74,7 +75,10 @@ def failed_line(state: TrainState, seconds: float) -> str:
     error = state.error
     verb = "Failed" if isinstance(error, Exception) else "Interrupted"
     counts = f"{plural(state.global_step, 'batch')} completed, {plural(state.optimizer_steps, 'optimizer step')} taken"
-    return f"{verb} {where(state)} ({counts}, {seconds:.1f}s): {raised(error)}"
+    # fitforge's own refusal at the start: its message (the fix) comes whole with the error raised next
+    place = where(state)
+    refused = isinstance(error, (FitforgeValueError, FitforgeTypeError)) and place.startswith("before epoch 1/")
+    return f"{verb} {place} ({counts}, {seconds:.1f}s): {type(error).__name__ if refused else raised(error)}"
 
 
 def where(state: TrainState) -> str:
