@@ -1,6 +1,7 @@
 """``python -m fitforge`` in fresh processes, as a user runs it: fit from a YAML config then evaluate
 its checkpoint; a config error's exit status and message; a run killed after epoch 2 resumed from
-its checkpoint's config alone, ending equal to an uninterrupted run."""
+its checkpoint's config alone, ending equal to an uninterrupted run. The ``fitforge`` console script
+imports the current folder's modules as ``python -m`` does."""
 
 from __future__ import annotations
 
@@ -89,3 +90,29 @@ def test_a_killed_run_resumed_from_its_checkpoints_config_alone_ends_as_an_unint
     assert all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
     assert a["history"]["columns"]["train_loss"] == b["history"]["columns"]["train_loss"]
     assert a["config"] == b["config"]  # recorded as given: resume_from_checkpoint stays False
+
+
+def test_the_console_script_imports_a_module_of_the_current_folder_and_names_one_it_cannot(tmp_path):
+    script = Path(sys.executable).parent / "fitforge"
+    if not script.exists():
+        pytest.skip("the fitforge console script is not installed beside this interpreter")
+    (tmp_path / "my_module.py").write_text((HERE / "tiny_run.py").read_text())  # in the folder, not on any path
+    data = {"function": "my_module.line_data", "args": {"n": 64}}
+    model = {"class_path": "my_module.TinyNet", "init_args": {"hidden": 8}}
+    config = write_config(tmp_path, model=model, data=data, fit={"epochs": 1})
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # a PYTHONPATH naming the fitforge under test stays
+
+    def console(*arguments):
+        return subprocess.run(
+            [str(script), *arguments], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300
+        )
+
+    trained = console("fit", "--config", str(config))
+    assert trained.returncode == 0, trained.stderr
+    assert (tmp_path / "ckpt" / "model-epoch1batch4.pt").is_file()
+    misspelt = write_config(tmp_path, "bad.yaml", model={**model, "class_path": "my_modle.TinyNet"}, data=data)
+    failed = console("fit", "--config", str(misspelt))
+    assert failed.returncode == 2
+    error = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert len(error) == 1 and error[0].startswith("error: fitforge fit: cannot import 'my_modle.TinyNet'")
+    assert f"no module named 'my_modle' in the current folder ({tmp_path})" in error[0]

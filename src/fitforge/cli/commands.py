@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import sys
 from argparse import ArgumentError
@@ -83,7 +84,10 @@ def _with_recorded_config(argv: list[str]) -> list[str]:
 def main(args: list[str] | None = None) -> int:
     """The console script ``fitforge`` (and ``python -m fitforge``): a config error is printed, exit
     status 2 (as for any command line mistake); fitforge's own errors once the run is built are
-    printed too (their messages name the fix; a traceback would bury it), exit status 1; else 0."""
+    printed too (their messages name the fix; a traceback would bury it), exit status 1; else 0.
+    The current folder is importable, as under ``python -m`` (a config names the user's modules)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         run(args)
     except ConfigError as error:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 import re
 from collections.abc import Iterable
 
@@ -23,6 +24,7 @@ _UNKNOWN = re.compile(
 )
 _CLASS = re.compile(r"class_path[ =]'([^']+)'")
 _SECTION = re.compile(r'Parser key "([^"]+)"')
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
 
 
 def config_error(error: Exception, parser: ArgumentParser, command: str, prefix: str = "") -> ConfigError:
@@ -30,7 +32,9 @@ def config_error(error: Exception, parser: ArgumentParser, command: str, prefix:
     ``prefix`` is where ``parser``'s keys sit in the whole config (``"data.args."``)."""
     who = f"fitforge {command}".rstrip()
     message = _SECTION.sub(lambda found: f'Parser key "{prefix}{found.group(1)}"', str(error).strip())
-    unknown = _UNKNOWN.search(message)
+    unknown, missing = _UNKNOWN.search(message), _NO_MODULE.search(message)
+    if missing is not None:
+        return _not_importable(who, message, missing.group(1))
     if unknown is None:
         return ConfigError(f"{who}: a wrong value in the config, nothing was built: {message}")
     key = next(group for group in unknown.groups() if group)
@@ -51,6 +55,18 @@ def config_error(error: Exception, parser: ArgumentParser, command: str, prefix:
     return ConfigError(
         f"{who}: the config's key '{prefix}{key}' is not accepted{_did_you_mean(nearest, prefix)}; "
         f"expected one of: {', '.join(prefix + name for name in siblings)}. Nothing was built"
+    )
+
+
+def _not_importable(who: str, message: str, module: str) -> ConfigError:
+    """One line for a ``class_path`` (or function) whose module does not import."""
+    section, named = _SECTION.search(message), _CLASS.search(message)
+    what = f"{named.group(1)!r}" if named else f"module {module!r}"
+    under = f" (under {section.group(1)!r})" if section else ""
+    return ConfigError(
+        f"{who}: cannot import {what}{under}: no module named {module!r} in the current folder ({os.getcwd()}) "
+        f"or on sys.path; check the name, or run from the folder that holds {module.split('.')[0]}.py (or add its "
+        "folder to PYTHONPATH). Nothing was built"
     )
 
 
