@@ -25,6 +25,10 @@ _UNKNOWN = re.compile(
 _CLASS = re.compile(r"class_path[ =]'([^']+)'")
 _SECTION = re.compile(r'Parser key "([^"]+)"')
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
+_GIVEN = re.compile(r"(?:Given|Got) value: (.*?)(?:\. Got value:.*)?$", re.MULTILINE)
+_EXPECTED = re.compile(r"Expected a (.+?)(?:\. Got value:.*)?\s*$", re.MULTILINE)
+_LITERAL = re.compile(r"Literal\[([^\]]*)\]")
+_TYPE = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
 
 
 def config_error(error: Exception, parser: ArgumentParser, command: str, prefix: str = "") -> ConfigError:
@@ -36,7 +40,9 @@ def config_error(error: Exception, parser: ArgumentParser, command: str, prefix:
     if missing is not None:
         return _not_importable(who, message, missing.group(1))
     if unknown is None:
-        return ConfigError(f"{who}: a wrong value in the config, nothing was built: {message}")
+        return _wrong_value(who, message) or ConfigError(
+            f"{who}: a wrong value in the config, nothing was built: {message}"
+        )
     key = next(group for group in unknown.groups() if group)
     within = _CLASS.search(message)
     if within is not None:  # a key of a class's init_args: the class's parameters are the choices
@@ -67,6 +73,33 @@ def _not_importable(who: str, message: str, module: str) -> ConfigError:
         f"{who}: cannot import {what}{under}: no module named {module!r} in the current folder ({os.getcwd()}) "
         f"or on sys.path; check the name, or run from the folder that holds {module.split('.')[0]}.py (or add its "
         "folder to PYTHONPATH). Nothing was built"
+    )
+
+
+def _wrong_value(who: str, message: str) -> ConfigError | None:
+    """jsonargparse's account of a value no type of a key takes (a union's every type, nested), told
+    in one line: the key, the value, what it takes, the nearest choice. None where it is not one."""
+    keys, given = _SECTION.findall(message), _GIVEN.search(message)
+    if not keys or given is None:
+        return None
+    nested = ".init_args." if "init_args" in message else "."
+    key = keys[0] + "".join(nested + inner for inner in keys[1:])
+    start = message.rfind(f'Parser key "{keys[-1]}"')
+    end = _GIVEN.search(message, start)
+    innermost = message[start : None if end is None else end.end()]  # what the deepest key expects
+    literal = _LITERAL.search(innermost)
+    choices = [choice.strip().strip("'\"") for choice in literal.group(1).split(",")] if literal else []
+    takes = [f"one of {', '.join(choices[:8])}{', ...' if len(choices) > 8 else ''}"] if choices else []
+    kinds = [kind.group(1) for kind in map(_TYPE.fullmatch, _EXPECTED.findall(innermost)) if kind is not None]
+    takes += [f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}" for kind in kinds if kind != "NoneType"]
+    if "a class path" in innermost or "Callable" in innermost:
+        takes.append("an import path (a class or function)")
+    takes += ["null"] if "NoneType" in kinds else []
+    value = given.group(1).strip()
+    nearest = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    return ConfigError(
+        f"{who}: the config's {key} = {value!r} is not valid{_did_you_mean(nearest)}; it takes "
+        f"{' or '.join(dict.fromkeys(takes)) or 'another value'}. Nothing was built"
     )
 
 
