@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,6 +156,29 @@ def test_a_wrong_value_on_the_command_line_is_one_line_with_the_nearest_choice(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0] and err[0].endswith("Nothing was built")
     assert not marker.exists()
+
+
+@pytest.mark.integration  # fresh interpreters, to see what they import
+def test_a_torchmetrics_metric_in_the_config_is_parsed_and_trains_with_torchmetrics_imported_only_then(
+    tmp_path, marker
+):
+    code = (
+        "import sys; from fitforge.cli.commands import _parsed; "
+        "_parsed(['fit', '--config', sys.argv[1]]); print('torchmetrics' in sys.modules)"
+    )
+    estimator = {**BASE["estimator"], "train_metrics": ["mse"]}
+    lean = write_config(tmp_path, "lean.yaml", estimator=estimator)
+    metric = {"class_path": "torchmetrics.regression.MeanSquaredError"}
+    rich = write_config(tmp_path, "rich.yaml", estimator={**estimator, "train_metrics": [metric]}, fit={"epochs": 1})
+    for config, imported in ((lean, "False"), (rich, "True")):
+        here = str(Path(__file__).parent)  # tiny_run
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(config)], capture_output=True, text=True, cwd=tmp_path, env=env
+        )
+        assert done.stdout.strip() == imported, done.stderr
+    history = run(["fit", "--config", str(rich)])
+    assert history["train_mean_squared_error"][0] > 0
 
 
 def test_a_second_run_into_the_same_folder_names_from_checkpoint_once(tmp_path, marker, capsys):

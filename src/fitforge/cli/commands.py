@@ -7,6 +7,7 @@ function's arguments are checked against its signature.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -37,13 +38,8 @@ def run(args: list[str] | None = None) -> Any:
     ``--print_config`` prints the resolved config and returns it (a dict), having built nothing.
     Raises ConfigError for a wrong key (naming the nearest valid one), type or value, before building.
     """
-    parser, commands = command_parser()
     argv = _with_recorded_config(sys.argv[1:] if args is None else list(args))
-    try:
-        parsed = parser.parse_args(argv)
-    except ArgumentError as error:
-        named = argv[0] if argv and argv[0] in commands else ""
-        raise config_error(error, commands.get(named, parser), named) from None
+    commands, parsed = _parsed(argv)
     command = parsed.command
     config: Namespace = parsed[command]
     subparser = commands[command]
@@ -60,6 +56,24 @@ def run(args: list[str] | None = None) -> Any:
         config.seed = random.SystemRandom().randrange(2**31)
     runner = {"fit": _fit, "evaluate": _evaluate, "predict": _predict}[command]
     return runner(subparser, data_parser, config)
+
+
+def _parsed(argv: list[str]) -> tuple[dict[str, ArgumentParser], Namespace]:
+    """The command's parsers and ``argv`` parsed. torchmetrics takes seconds to import, so metrics are
+    parsed without it first; one the parser refuses may be a torchmetrics metric: then once more with it."""
+    parser, commands = command_parser()
+    try:
+        return commands, parser.parse_args(argv)
+    except ArgumentError as error:
+        refused = error
+    if "_metrics" in str(refused) and importlib.util.find_spec("torchmetrics"):
+        parser, commands = command_parser(torchmetrics=True)
+        try:
+            return commands, parser.parse_args(argv)
+        except ArgumentError as error:
+            refused = error
+    named = argv[0] if argv and argv[0] in commands else ""
+    raise config_error(refused, commands.get(named, parser), named) from None
 
 
 def _with_recorded_config(argv: list[str]) -> list[str]:

@@ -44,27 +44,25 @@ OPTIMIZER: Any = _OPTIMIZER_NAME | Callable[[Iterable], torch.optim.Optimizer] |
 _METRIC_NAME: Any = Literal[tuple(NAMES) + tuple(f"top{k}_accuracy" for k in range(1, 11))]
 
 
-def _metric_type() -> Any:
-    """A metric by name or ``class_path`` (built-in or torchmetrics), a list of them, or a dict by output."""
+def _typed_here(torchmetrics: bool) -> dict[str, Any]:
+    """The Estimator's arguments typed Any in its signature, typed here so that parsing checks them. A
+    metric is a name or ``class_path`` (built-in, or with ``torchmetrics`` a torchmetrics one: an
+    import of seconds, so only when asked), a list of them, or a dict by output."""
     one: Any = _METRIC_NAME | SumCountMetric
-    try:
-        import torchmetrics
+    if torchmetrics:
+        import torchmetrics as package
 
-        one = one | torchmetrics.Metric
-    except ImportError:  # pragma: no cover - torchmetrics is installed wherever the tests run
-        pass
-    return one | list[one] | dict[int | str, one | list[one]] | None
-
-
-_METRICS = _metric_type()
-_TYPED_HERE = {"loss": LOSSES, "val_loss": LOSSES, "train_metrics": _METRICS, "val_metrics": _METRICS}
+        one = one | package.Metric
+    metrics = one | list[one] | dict[int | str, one | list[one]] | None
+    return {"loss": LOSSES, "val_loss": LOSSES, "train_metrics": metrics, "val_metrics": metrics}
 
 
-def command_parser() -> tuple[ArgumentParser, dict[str, ArgumentParser]]:
-    """``fitforge`` with its three commands, and each command's parser (of a whole run's config)."""
+def command_parser(torchmetrics: bool = False) -> tuple[ArgumentParser, dict[str, ArgumentParser]]:
+    """``fitforge`` with its three commands, and each command's parser (of a whole run's config);
+    ``torchmetrics``: metrics may be torchmetrics ones."""
     top = _new_parser(prog="fitforge", description="Train, evaluate and predict from a config (docs/cli.md).")
     commands = top.add_subcommands(dest="command", required=True)
-    parsers = {"fit": _fit_parser(), "evaluate": _evaluate_parser(), "predict": _predict_parser()}
+    parsers = {name: _command_parser(name, torchmetrics) for name in ("fit", "evaluate", "predict")}
     helps = {
         "fit": "train the model",
         "evaluate": "the loss and metrics of a checkpoint",
@@ -82,7 +80,7 @@ def _new_parser(**kwargs: Any) -> ArgumentParser:
     return ArgumentParser(exit_on_error=False, allow_abbrev=False, print_config=None, **kwargs)
 
 
-def run_parser(description: str = "") -> ArgumentParser:
+def run_parser(description: str = "", torchmetrics: bool = False) -> ArgumentParser:
     """A parser of the run's sections, with ``--config`` and ``--print_config``."""
     parser = _new_parser(description=description)
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML or JSON config (several: later ones win)")
@@ -93,10 +91,11 @@ def run_parser(description: str = "") -> ArgumentParser:
     parser.add_subclass_arguments(nn.Module, "model", required=True, help="the model: class_path and init_args")
     parser.add_argument("--data.function", type=Callable, required=True, help="the import path of the data function")
     parser.add_argument("--data.args", type=dict[str, Any], default={}, help="the data function's arguments")
+    typed_here = _typed_here(torchmetrics)
     parser.add_class_arguments(
-        Estimator, "estimator", skip={"net", "val_net", "optimizer", *_TYPED_HERE}, instantiate=False
+        Estimator, "estimator", skip={"net", "val_net", "optimizer", *typed_here}, instantiate=False
     )
-    for name, kind in _TYPED_HERE.items():  # typed Any in the signature: typed here, so that parsing checks them
+    for name, kind in typed_here.items():
         parser.add_argument(f"--estimator.{name}", type=kind, default=None, required=name == "loss")
     parser.add_argument(
         "--estimator.optimizer",
@@ -109,27 +108,32 @@ def run_parser(description: str = "") -> ArgumentParser:
     return parser
 
 
-def _fit_parser() -> ArgumentParser:
-    parser = run_parser("Train the model of a config.")
-    parser.add_argument(
-        "--from_checkpoint",
-        action=RecordedConfig,
-        help="resume the run recorded in this checkpoint, from its config (options after this one override it)",
+def _command_parser(command: str, torchmetrics: bool) -> ArgumentParser:
+    """The parser of ``fitforge <command>``: a run's sections and the command's own options."""
+    if command == "fit":
+        parser = run_parser("Train the model of a config.", torchmetrics)
+        parser.add_argument(
+            "--from_checkpoint",
+            action=RecordedConfig,
+            help="resume the run recorded in this checkpoint, from its config (options after this one override it)",
+        )
+        return parser
+    evaluate = command == "evaluate"
+    parser = run_parser(
+        "Evaluate a checkpoint of the config's model on one of its data's splits."
+        if evaluate
+        else "Predict with a checkpoint of the config's model, to a file.",
+        torchmetrics,
     )
-    return parser
-
-
-def _evaluate_parser() -> ArgumentParser:
-    parser = run_parser("Evaluate a checkpoint of the config's model on one of its data's splits.")
-    parser.add_argument("--checkpoint", type=str, required=True, help="the checkpoint whose weights to evaluate")
-    parser.add_argument("--split", type=SPLITS, default="val", help="the data to evaluate: <split>_data")
-    parser.add_argument("--output", type=str | None, default=None, help="also write the metrics to this JSON file")
-    return parser
-
-
-def _predict_parser() -> ArgumentParser:
-    parser = run_parser("Predict with a checkpoint of the config's model, to a file.")
-    parser.add_argument("--checkpoint", type=str, required=True, help="the checkpoint whose weights predict")
-    parser.add_argument("--split", type=SPLITS, default="val", help="the data to predict: <split>_data")
-    parser.add_argument("--output", type=str, required=True, help="the file the predictions go to (torch.save)")
+    parser.add_argument(
+        "--checkpoint",
+        type=str,
+        required=True,
+        help=f"the checkpoint whose weights {'to evaluate' if evaluate else 'predict'}",
+    )
+    parser.add_argument("--split", type=SPLITS, default="val", help=f"the data to {command}: <split>_data")
+    if evaluate:
+        parser.add_argument("--output", type=str | None, default=None, help="also write the metrics to this JSON file")
+    else:
+        parser.add_argument("--output", type=str, required=True, help="the file the predictions go to (torch.save)")
     return parser
