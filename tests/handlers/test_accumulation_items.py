@@ -55,11 +55,16 @@ def test_a_count_of_your_own_weighs_the_batches(caplog):
     assert_close(counted, one_step)
 
 
-def test_a_loss_it_cannot_count_keeps_equal_weights_and_says_how_to_count(caplog):
+def test_a_loss_it_cannot_count_keeps_equal_weights_and_says_how_to_count_once(caplog, monkeypatch):
+    from fitforge.core import item_counts
+
+    monkeypatch.setattr(item_counts, "_SAID", set())
     net = nn.Linear(3, 1)
     batches = [(torch.randn(n, 3), torch.randn(n, 1)) for n in (2, 4)]
     with caplog.at_level(logging.INFO, logger="fitforge"):
-        weights_after(net, nn.MSELoss(), batches, GradientUpdateHandler(accumulate=2))
+        for _ in range(2):  # a second fit (a run fitting in turns, a study's trials) is not told again
+            weights_after(net, nn.MSELoss(), batches, GradientUpdateHandler(accumulate=2))
+    assert caplog.text.count("averages its 2 batches' losses alike") == 1
     assert (
         "GradientUpdateHandler: accumulate=2 averages its 2 batches' losses alike, not weighted by their items: its "
         "loss MSELoss is not a mean over items fitforge can count. To weigh them (one step then equals one on the "

@@ -32,6 +32,7 @@ from fitforge.core.processor import BatchProcessor
 
 log = logging.getLogger("fitforge")
 _IGNORED_LABEL = -100  # Hugging Face's label of a position that has no loss
+_SAID: set[str] = set()  # the reasons the info line gave in this process: each once
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def fit_counter(items: Any, estimator: Any, accumulate: int) -> ItemCounter | No
     """The counter a fit's default ``fit_batch`` weighs its batches with, for
     ``GradientUpdateHandler(accumulate, items=items)``: ``items`` of the user's, or the loss's own
     (``"auto"``); None, said in an info line, when there is none, several optimizers step, or a
-    ``fit_batch`` of the user's runs the step."""
+    ``fit_batch`` of the user's runs the step (said once per process and reason)."""
     if items is None:
         return None
     counter, why = (ItemCounter(items), "") if callable(items) else item_counter(estimator.loss, estimator.net)
@@ -55,7 +56,8 @@ def fit_counter(items: Any, estimator: Any, accumulate: int) -> ItemCounter | No
         counter, why = None, "several optimizers step"
     elif type(estimator.batch_processor).fit_batch is not BatchProcessor.fit_batch:
         counter, why = None, "a fit_batch of your own runs the step (return BatchOutput(items=...) from it)"
-    if counter is None:
+    if counter is None and why not in _SAID:
+        _SAID.add(why)
         log.info(
             "GradientUpdateHandler: accumulate=%d averages its %d batches' losses alike, not weighted by their "
             "items: %s. To weigh them (one step then equals one on the concatenated batches), pass "
