@@ -153,3 +153,14 @@ def test_an_averaged_copy_of_the_weights_goes_back_too():
     handlers = [SpikeGuardHandler(), EMAHandler(decay=0.9)]
     est.fit(bad, epochs=1, event_handlers=handlers, default_handlers=False, check_access=True)
     assert torch.isfinite(torch.tensor(val_loss(est, val)))  # evaluated with the average
+
+
+def test_the_undone_batches_count_in_no_training_value():
+    batches, _ = problem()
+    clean = estimator().fit(batches, epochs=2)
+    guarded = estimator().fit(SpikedOnce(batches), epochs=2, event_handlers=[SpikeGuardHandler(snapshot_every=8)])
+    assert guarded["spike_recoveries"] == [3.0, 0.0]
+    for epoch in (0, 1):  # the spiked batches' losses (about 1e3 times the others) left the epoch's mean
+        assert abs(guarded["train_loss"][epoch] - clean["train_loss"][epoch]) <= 0.05 * clean["train_loss"][epoch]
+    unguarded = estimator().fit(SpikedOnce(batches), epochs=1)
+    assert unguarded["train_loss"][0] > 2 * clean["train_loss"][0]  # what the guard leaves out

@@ -254,6 +254,18 @@ class NonFiniteGuarding:
     """Acts on nan or inf losses (stops, skips or raises): a diverged run needs no hint to add one."""
 
 
+class RunningSums:
+    """Keeps running sums of the epoch's training batches (the metrics'), which a handler that undoes
+    batches (SpikeGuardHandler) sets back, so that undone batches count in no training value."""
+
+    def mark_sums(self) -> Any:
+        """A copy of the sums as they are now (on their device: no host read)."""
+        return None
+
+    def rewind_sums(self, mark: Any) -> None:
+        """Set the sums back to ``mark`` (None: those of no batch of the epoch)."""
+
+
 class WeightAveraging:
     """Keeps averaged weights of ``estimator.net`` (an exponential moving average) that the net is
     evaluated with. fit makes the run's handler playing it ``estimator.weight_average``; while its
@@ -313,6 +325,7 @@ _NAMES = {
     EpochLines: ("shows_epoch_lines",),
     Accompanied: ("companions",),
     WeightAveraging: ("swap_in", "swap_out", "evaluates_averaged"),
+    RunningSums: ("mark_sums", "rewind_sums"),
 }
 _CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
 ROLES = (*_NAMES, NonFiniteGuarding)

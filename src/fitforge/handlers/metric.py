@@ -11,7 +11,7 @@ import torch
 from fitforge.core.batches import shape_of
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
 from fitforge.core.loss import part_keys
-from fitforge.core.roles import FirstBatchCheck, KeyRecording
+from fitforge.core.roles import FirstBatchCheck, KeyRecording, RunningSums
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
@@ -38,7 +38,7 @@ def _run_of(state: TrainState) -> tuple:
     return (id(state.estimator), state.phase, state.prefix)
 
 
-class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchCheck):
+class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchCheck, RunningSums):
     """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several (``<prefix>loss_<i>``) or
     they are named (``<prefix><output>_loss``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>``
     for every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
@@ -126,15 +126,18 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         self._device = estimator.device
         self._configured_for = _run_of(state)
 
-    def epoch_begin(self, state: TrainState) -> None:
-        if self._configured_for != _run_of(state):
-            self._configure(state)
+    def _reset(self) -> None:
         self._loss.reset()
         for mean in self._parts:
             mean.reset()
         for slot in self.slots:
             slot.metric.reset()
         self._named.reset()
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if self._configured_for != _run_of(state):
+            self._configure(state)
+        self._reset()
         if self._pending is not None:
             if state.batch_idx >= 0:  # at epoch_begin: a resume continues this epoch, and its sums
                 self._resume(self._pending, state.estimator.device)
@@ -247,6 +250,30 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         }
         return rank_states(own, _on_host)
 
+    def mark_sums(self) -> Any:
+        """A copy of the epoch's running sums (cloned on their device), for :meth:`rewind_sums`."""
+        return {
+            "loss": self._loss.state_dict(),
+            "parts": [mean.state_dict() for mean in self._parts],
+            "metrics": [metric_state(slot.metric) for slot in self.slots],
+            "named": self._named.state_dict(),
+        }
+
+    def rewind_sums(self, mark: Any) -> None:
+        """Set the sums back to ``mark`` (None: no batch of the epoch); a metric whose state fitforge
+        cannot read starts the epoch anew."""
+        self._reset()
+        if mark is None:
+            return
+        mark = _cloned(mark)  # the mark may be rewound to again
+        self._loss.load_state_dict(mark["loss"])
+        for mean, saved in zip(self._parts, mark["parts"]):
+            mean.load_state_dict(saved)
+        for slot, saved in zip(self.slots, mark["metrics"]):
+            if saved is not None:
+                load_metric_state(slot.metric, saved)
+        self._named.load([mark["named"]], self._device)
+
     def load_state_dict(self, state: dict) -> None:
         """Keep the sums for the next ``epoch_begin``, which resumes them if it continues an epoch."""
         self._pending = own_share(state)
@@ -337,6 +364,17 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
 
 
 _UPDATE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _cloned(value: Any) -> Any:
+    """``value`` with every tensor in its dicts and lists cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {key: _cloned(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_cloned(item) for item in value]
+    return value
 
 
 def _picked(value: Any, slot: MetricSlot, what: str) -> Any:

@@ -11,7 +11,7 @@ import torch
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BackwardEnd, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import KeyRecording, StateConfirming, WeightAveraging, players
+from fitforge.core.roles import KeyRecording, RunningSums, StateConfirming, WeightAveraging, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 
@@ -41,6 +41,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
     - skips the batch being checked (no step; at a checkpoint, the restored state is saved);
     - with ``lr_factor``, multiplies every optimizer's learning rate by it (an LR schedule that sets the rate from
       its own base rates overrides it);
+    - sets the epoch's training metrics back to the snapshot (the undone batches count in no ``train_`` value);
     - logs a warning naming the spiked batch, and counts it in the epoch's ``spike_recoveries`` history value.
 
     After ``max_recoveries`` recoveries in a run, the next spike raises a :class:`LossSpikeError` naming the
@@ -169,6 +170,8 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
             "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
             "averages": [copy.deepcopy(a.state_dict()) for a in self._averaging(state)],
+            "sums": [(sums, sums.mark_sums()) for sums in players(state.handlers, RunningSums)],
+            "epoch": state.epoch,
         }
         self._snapshot_step = state.optimizer_steps
 
@@ -192,6 +195,9 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
                 group.update(now)
         for averaging, saved in zip(self._averaging(state), self._snapshot["averages"]):
             averaging.load_state_dict(copy.deepcopy(saved))  # an EMA's average goes back too
+        same_epoch = self._snapshot["epoch"] == state.epoch  # else every batch of this epoch is undone
+        for sums, mark in self._snapshot["sums"]:  # the undone batches count in no training value
+            sums.rewind_sums(mark if same_epoch else None)
         if estimator.scaler is not None and self._snapshot["scaler"] is not None:
             estimator.scaler.load_state_dict(self._snapshot["scaler"])
         for parameter in estimator.net.parameters():
