@@ -146,6 +146,23 @@ def test_evaluate_and_predict_a_checkpoint(tmp_path, marker, capsys):
             "the config's estimator.train_metrics = 'acuracy' is not valid (did you mean 'accuracy'?); it takes one of",
         ),
         (["--estimator.optimizer", "adamm"], "estimator.optimizer = 'adamm' is not valid (did you mean 'adam'?)"),
+        (
+            ["--model.init_args.hidden", "eight"],
+            "the config's model.init_args.hidden = 'eight' is not valid; it takes an int.",
+        ),
+        (
+            ["--estimator.loss", "{class_path: torch.nn.CrossEntropyLoss, init_args: {label_smoothing: lots}}"],
+            "the config's estimator.loss.init_args.label_smoothing = 'lots' is not valid; it takes a float.",
+        ),
+        (
+            ["--estimator.loss", "torch.nn.MSELos"],
+            "estimator.loss = 'torch.nn.MSELos' does not fit: module 'torch.nn' has no attribute 'MSELos' "
+            "(did you mean 'torch.nn.MSELoss'?)",
+        ),
+        (
+            ["--model", "tiny_run.line_data"],
+            "model = 'tiny_run.line_data' is not valid; it takes the class_path of a Module",
+        ),
     ],
 )
 def test_a_wrong_value_on_the_command_line_is_one_line_with_the_nearest_choice(

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.exceptions import FitforgeTypeError
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 
 rng = np.random.default_rng(0)
 FRAME = pd.DataFrame(rng.normal(size=(40, 3)), columns=["a", "b", "c"])
@@ -55,3 +55,15 @@ def test_a_column_that_is_not_numbers_is_named():
         estimator().fit((X, Y), val_data=(X, Y.map({0: "no", 1: "yes"})), batch_size=8, epochs=1)
     with pytest.raises(FitforgeTypeError, match="X has columns that are not numbers: 'city'"):
         estimator().predict(frame)
+
+
+def test_mixed_and_nullable_columns_are_one_array_of_their_common_type_and_missing_values_are_refused():
+    frame = pd.DataFrame(
+        {"a": X["a"], "count": range(40), "flag": [True, False] * 20, "n": pd.array(range(40), dtype="Int64")}
+    )
+    model = Estimator(nn.Linear(4, 2), nn.CrossEntropyLoss(), device="cpu", optimizer="sgd")
+    history = model.fit((frame, Y), batch_size=8, epochs=1)
+    assert len(history["train_loss"]) == 1 and history["train_loss"][0] == history["train_loss"][0]  # not nan
+    frame.loc[3, "n"] = pd.NA
+    with pytest.raises(FitforgeValueError, match=r"X has missing values \(NA\) in its nullable columns \['n'\]"):
+        model.fit((frame, Y), batch_size=8, epochs=1)

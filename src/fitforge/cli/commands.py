@@ -100,8 +100,8 @@ def main(args: list[str] | None = None) -> int:
     status 2 (as for any command line mistake); fitforge's own errors once the run is built are
     printed too (their messages name the fix; a traceback would bury it), exit status 1; else 0.
     The current folder is importable, as under ``python -m`` (a config names the user's modules)."""
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    if not getattr(sys.flags, "safe_path", False) and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # last: a file here never shadows an installed package
     try:
         run(args)
     except ConfigError as error:
@@ -181,7 +181,7 @@ def _fit(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace)
             **vars(config.fit),
         )
     except EarlierRunError as error:
-        if not error.files:  # a later fit of the run, or a resume that found only a best file: as it says
+        if not error.files or not isinstance(error.files[-1], Path):  # as it says (a store: no path to give)
             raise
         raise FitforgeValueError(
             f"{error.found}; this run starts from scratch and would replace them. To continue that run: fitforge "
@@ -206,7 +206,7 @@ def _evaluate(parser: ArgumentParser, data_parser: ArgumentParser, config: Names
 def _predict(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> Any:
     built = build(parser, data_parser, config, handlers=False)
     data = from_pandas(data_of(built, config.split, "predict", config.data.function), "predict_data")
-    if is_arrays(data):  # the (X, y) that fit and evaluate take: predict reads its inputs
+    if isinstance(data, tuple) and is_arrays(data):  # the (X, y) fit and evaluate take (a list: batches)
         data = data[0]
     built.estimator.load_checkpoint(config.checkpoint, optimizers=False)
     predictions = built.estimator.predict(data, batch_size=config.fit.batch_size)

@@ -8,9 +8,11 @@ suggests nothing: this module adds "did you mean" from the keys possible there.
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 import os
 import re
+import sys
 from collections.abc import Iterable
 
 from jsonargparse import ArgumentParser
@@ -29,6 +31,9 @@ _GIVEN = re.compile(r"(?:Given|Got) value: (.*?)(?:\. Got value:.*)?$", re.MULTI
 _EXPECTED = re.compile(r"Expected a (.+?)(?:\. Got value:.*)?\s*$", re.MULTILINE)
 _LITERAL = re.compile(r"Literal\[([^\]]*)\]")
 _TYPE = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
+_CLASS_PROBLEM = re.compile(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)")
+_SUBCLASS = re.compile(r"(?:does not correspond to a subclass of|Not a valid subclass of) (\w+)")
+_NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 
 
 def config_error(error: Exception, parser: ArgumentParser, command: str, prefix: str = "") -> ConfigError:
@@ -39,6 +44,10 @@ def config_error(error: Exception, parser: ArgumentParser, command: str, prefix:
     unknown, missing = _UNKNOWN.search(message), _NO_MODULE.search(message)
     if missing is not None:
         return _not_importable(who, message, missing.group(1))
+    problem = _CLASS_PROBLEM.search(message)
+    inner = problem is not None and problem.group(2).lstrip().startswith("Parser key")  # one of its arguments
+    if problem is not None and not inner and (unknown is None or not unknown.group(0).startswith("Option")):
+        return _class_problem(who, message, *problem.groups())
     if unknown is None:
         return _wrong_value(who, message) or ConfigError(
             f"{who}: a wrong value in the config, nothing was built: {message}"
@@ -48,6 +57,10 @@ def config_error(error: Exception, parser: ArgumentParser, command: str, prefix:
     if within is not None:  # a key of a class's init_args: the class's parameters are the choices
         section = _SECTION.search(message)
         choices = parameters(within.group(1))
+        if key in choices:  # a parameter it takes, given a value it does not (another branch said "not accepted")
+            return _wrong_value(who, message[message.find(f'Parser key "{key}"') :], section) or ConfigError(
+                f"{who}: a wrong value in the config, nothing was built: {message}"
+            )
         nearest = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
         return ConfigError(
             f"{who}: the config's key '{key}' of {within.group(1)}"
@@ -69,30 +82,57 @@ def _not_importable(who: str, message: str, module: str) -> ConfigError:
     section, named = _SECTION.search(message), _CLASS.search(message)
     what = f"{named.group(1)!r}" if named else f"module {module!r}"
     under = f" (under {section.group(1)!r})" if section else ""
+    top = module.split(".")[0]
+    if named is not None and not named.group(1).startswith(top):  # its module imports one that is missing
+        return ConfigError(
+            f"{who}: cannot import {what}{under}: it imports {module!r}, which is not installed. Nothing was built"
+        )
+    here = os.getcwd() in sys.path or "" in sys.path
     return ConfigError(
-        f"{who}: cannot import {what}{under}: no module named {module!r} in the current folder ({os.getcwd()}) "
-        f"or on sys.path; check the name, or run from the folder that holds {module.split('.')[0]}.py (or add its "
-        "folder to PYTHONPATH). Nothing was built"
+        f"{who}: cannot import {what}{under}: no module named {module!r} "
+        f"{f'in the current folder ({os.getcwd()}) or ' if here else ''}on sys.path; check the name, or run from "
+        f"the folder that holds {top}.py (or add its folder to PYTHONPATH). Nothing was built"
     )
 
 
-def _wrong_value(who: str, message: str) -> ConfigError | None:
+def _class_problem(who: str, message: str, class_path: str, reason: str) -> ConfigError:
+    """One line for a ``class_path`` that imports but does not fit: jsonargparse's reason, and the
+    nearest name of its module when it has no such name."""
+    section = _SECTION.search(message)
+    missing, nearest = _NO_ATTRIBUTE.search(reason), []
+    if missing is not None:
+        try:
+            names = dir(importlib.import_module(missing.group(1)))
+        except Exception:
+            names = []
+        nearest = [f"{missing.group(1)}.{name}" for name in difflib.get_close_matches(missing.group(2), names, n=1)]
+    return ConfigError(
+        f"{who}: the config's {section.group(1) if section else 'class_path'} = {class_path!r} does not fit: "
+        f"{reason.strip().rstrip('.')}{_did_you_mean(nearest)}. Nothing was built"
+    )
+
+
+def _wrong_value(who: str, message: str, section: re.Match | None = None) -> ConfigError | None:
     """jsonargparse's account of a value no type of a key takes (a union's every type, nested), told
-    in one line: the key, the value, what it takes, the nearest choice. None where it is not one."""
-    keys, given = _SECTION.findall(message), _GIVEN.search(message)
-    if not keys or given is None:
+    in one line: the key, the value, what it takes, the nearest choice. None where it is not one.
+    ``section``: the key of the class whose argument it is, when ``message`` starts inside it."""
+    keys = list(dict.fromkeys(([section.group(1)] if section else []) + _SECTION.findall(message)))
+    if not keys:
         return None
-    nested = ".init_args." if "init_args" in message else "."
+    nested = ".init_args." if "init_args" in message or "class_path" in message or section else "."
     key = keys[0] + "".join(nested + inner for inner in keys[1:])
     start = message.rfind(f'Parser key "{keys[-1]}"')
-    end = _GIVEN.search(message, start)
-    innermost = message[start : None if end is None else end.end()]  # what the deepest key expects
+    given = _GIVEN.search(message, max(start, 0))  # the deepest key's value
+    if given is None:
+        return None
+    innermost = message[max(start, 0) : given.end()]  # what the deepest key expects
     literal = _LITERAL.search(innermost)
     choices = [choice.strip().strip("'\"") for choice in literal.group(1).split(",")] if literal else []
     takes = [f"one of {', '.join(choices[:8])}{', ...' if len(choices) > 8 else ''}"] if choices else []
     kinds = [kind.group(1) for kind in map(_TYPE.fullmatch, _EXPECTED.findall(innermost)) if kind is not None]
     takes += [f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}" for kind in kinds if kind != "NoneType"]
-    if "a class path" in innermost or "Callable" in innermost:
+    takes += [f"the class_path of a {base} subclass" for base in dict.fromkeys(_SUBCLASS.findall(innermost))]
+    if "Callable" in innermost or ("a class path" in innermost and not _SUBCLASS.search(innermost)):
         takes.append("an import path (a class or function)")
     takes += ["null"] if "NoneType" in kinds else []
     value = given.group(1).strip()

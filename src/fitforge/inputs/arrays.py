@@ -18,6 +18,7 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -74,19 +75,39 @@ class LabelledArrays(Dataset):
         return self.shape([t[index] for t in self.tensors])
 
 
+def _pandas(item: Any) -> bool:
+    """Whether ``item`` is a pandas DataFrame, Series or array (or of a subclass, geopandas' say)."""
+    return any(kind.__module__.partition(".")[0] == "pandas" for kind in type(item).__mro__) and hasattr(
+        item, "to_numpy"
+    )
+
+
 def _from_pandas(item: Any, argument: str, name: str) -> Any:
-    """A pandas DataFrame or Series as its NumPy array (numeric or boolean columns only); anything else as it is."""
-    if type(item).__module__.partition(".")[0] != "pandas" or not hasattr(item, "to_numpy"):
+    """A pandas DataFrame or Series as one NumPy array of its columns' common type (numeric or boolean
+    columns only, nullable ones without missing values); anything else as it is."""
+    if not _pandas(item):
         return item
-    columns = item.dtypes.items() if hasattr(item, "columns") else [(item.name, item.dtype)]
-    other = [f"{column!r} ({dtype})" for column, dtype in columns if getattr(dtype, "kind", "O") not in "biuf"]
+    columns = item.dtypes.items() if hasattr(item, "columns") else [(getattr(item, "name", None) or name, item.dtype)]
+    numbers: list[tuple[Any, Any, Any]] = []
+    other: list[tuple[Any, Any, Any]] = []
+    for column, dtype in columns:
+        plain = getattr(dtype, "numpy_dtype", dtype)  # a nullable column's (Int64, boolean, Float32)
+        (numbers if getattr(plain, "kind", "O") in "biuf" else other).append((column, dtype, plain))
     if other:
+        shown = ", ".join(f"{column!r} ({dtype})" for column, dtype, _ in other)
         raise FitforgeTypeError(
-            f"{argument}: {name} has columns that are not numbers: {', '.join(other)}; encode them first "
+            f"{argument}: {name} has columns that are not numbers: {shown}; encode them first "
             "(pandas.get_dummies(df, columns=[...]) for categories, .astype('category').cat.codes for labels) or "
             "drop them"
         )
-    return item.to_numpy(copy=True)  # pandas may hand out a read-only view, which torch warns of
+    missing = [column for column, dtype, plain in numbers if dtype is not plain]  # nullable: pd.NA is no number
+    if missing and bool(item.isna().to_numpy().any()):
+        raise FitforgeValueError(
+            f"{argument}: {name} has missing values (NA) in its nullable columns {missing}; fill them "
+            "(df.fillna(...)) or drop those rows first"
+        )
+    # One type for mixed columns (float, int, bool: float), as NumPy promotes them.
+    return item.to_numpy(dtype=numpy.result_type(*(plain for _, _, plain in numbers)), copy=True)
 
 
 def from_pandas(data: Any, argument: str) -> Any:

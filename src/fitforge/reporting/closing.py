@@ -77,7 +77,7 @@ def failed_line(state: TrainState, seconds: float) -> str:
     counts = f"{plural(state.global_step, 'batch')} completed, {plural(state.optimizer_steps, 'optimizer step')} taken"
     # fitforge's own refusal at the start: its message (the fix) comes whole with the error raised next
     place = where(state)
-    refused = isinstance(error, (FitforgeValueError, FitforgeTypeError)) and place.startswith("before epoch 1/")
+    refused = isinstance(error, (FitforgeValueError, FitforgeTypeError)) and place.startswith("before epoch")
     return f"{verb} {place} ({counts}, {seconds:.1f}s): {type(error).__name__ if refused else raised(error)}"
 
 
