@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fitforge.exceptions import CheckpointError
+from fitforge.checkpoint.storage import write_checked
 
 log = logging.getLogger("fitforge")
 
@@ -108,19 +108,7 @@ class AsyncCheckpointIO:
         if self._error is not None:  # an earlier task failed: its error first
             self.wait()
         copied = host_copy(checkpoint, None if self.busy else self._buffers)
-
-        def write() -> None:
-            try:
-                self.io.write(name, copied)
-            except CheckpointError:
-                raise
-            except Exception as err:  # a store's own errors
-                raise CheckpointError(
-                    f"cannot write {name} to {self.label}: {type(err).__name__}: {err}; the checkpoints saved before "
-                    "are intact"
-                ) from err
-
-        self.after(write, name)
+        self.after(lambda: write_checked(self.io, name, copied, self.label), name)
 
     def delete(self, name: str) -> None:
         self.after(lambda: self.io.delete(name), name)

@@ -15,7 +15,7 @@ from functools import partial
 from fitforge.checkpoint.async_writer import AsyncCheckpointIO
 from fitforge.checkpoint.files import check_fits, restore_weights
 from fitforge.checkpoint.locations import EXTENSION, SINGLES, Location, ObjectPath
-from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO
+from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO, write_checked
 from fitforge.core.finite import non_finite_checkpoint
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError, FitforgeValueError
@@ -72,15 +72,7 @@ class CheckpointFolder:
             raise CheckpointError(f"{name} cannot be read from {self.label}: {type(err).__name__}: {err}") from err
 
     def _write(self, name: str, checkpoint: dict) -> None:
-        try:
-            self.files.write(name, checkpoint)
-        except CheckpointError:
-            raise
-        except Exception as err:
-            raise CheckpointError(
-                f"cannot write {name} to {self.label}: {type(err).__name__}: {err}; the checkpoints saved before "
-                "are intact"
-            ) from err
+        write_checked(self.files, name, checkpoint, self.label)
 
     def names(self, pattern: str) -> list[str]:
         """The stored checkpoints whose names match the glob ``pattern``."""

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
 from fitforge.checkpoint.locations import SINGLES, TEMP_SUFFIX, ObjectPath, is_url, local_path
 from fitforge.checkpoint.objects import FsspecCheckpointIO  # fsspec itself is imported for a URL only
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValueError, describe
 
 
 @runtime_checkable
@@ -117,6 +117,19 @@ def open_io(where: str | os.PathLike | ObjectPath, storage_options: dict[str, An
             f"storage_options are for an fsspec URL, but {str(where)!r} is a local path; leave them out"
         )
     return LocalCheckpointIO(where)
+
+
+def write_checked(io: CheckpointIO, name: str, checkpoint: dict, label: str) -> None:
+    """``io.write(name, checkpoint)``, a store's own error (a database's, a service's) as the
+    CheckpointError that names the checkpoint and ``label`` (the store in messages)."""
+    try:
+        io.write(name, checkpoint)
+    except CheckpointError:
+        raise
+    except Exception as err:
+        raise CheckpointError(
+            f"cannot write {name} to {label}: {type(err).__name__}: {err}; the checkpoints saved before are intact"
+        ) from err
 
 
 def resolve_io(
