@@ -45,6 +45,11 @@ def fit_data_order(state: TrainState) -> DataOrder | None:
     return data if isinstance(data, DataOrder) else None
 
 
+def epoch_position(state: TrainState, epochs: int) -> int:
+    """The batches of the current epoch a state after ``epochs`` completed epochs has read (0 at its end)."""
+    return 0 if epochs > state.epoch else state.batch_idx + 1
+
+
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
     """Everything but weights, optimizers and scaler, after ``epochs`` completed epochs and
     ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
@@ -58,7 +63,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
     return {
         "epochs_completed": epochs,
         "global_step": batches,
-        "position": 0 if epochs > state.epoch else state.batch_idx + 1,
+        "position": epoch_position(state, epochs),
         "epoch_start_step": epoch_start_step if epochs <= state.epoch else batches,
         "optimizer_steps": state.optimizer_steps,
         "accumulated_batches": state.accumulated_batches,

@@ -18,7 +18,7 @@ from fitforge.checkpoint.earlier_run import keep_earlier_run
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.format import FORMAT_VERSION
 from fitforge.checkpoint.locations import EXTENSION, Location
-from fitforge.checkpoint.resume import pick, training_state
+from fitforge.checkpoint.resume import epoch_position, pick, training_state
 from fitforge.checkpoint.storage import CheckpointIO
 from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.roles import StateConfirming, players
@@ -26,11 +26,6 @@ from fitforge.core.state import TrainState
 from fitforge.exceptions import CheckpointError, FitforgeValueError
 
 log = logging.getLogger("fitforge")
-
-
-def _position(state: TrainState, epochs: int) -> int:
-    """The batches of the current epoch a state after ``epochs`` completed epochs has read (0 at its end)."""
-    return 0 if epochs > state.epoch else state.batch_idx + 1
 
 
 class CheckpointWriter:
@@ -85,7 +80,7 @@ class CheckpointWriter:
         """Save ``<prefix>-epoch<epochs>batch<batches>.pt`` and rotate."""
         # The same state is not written twice (a preempted batch's save, then its epoch's end); a
         # state with the same counters but another position (after a CancelBatch) is.
-        key = (epochs, batches, _position(state, epochs))
+        key = (epochs, batches, epoch_position(state, epochs))
         path = self.folder.regular(epochs, batches)
         if self.last == key or not self.writable(state, path.name, epochs, batches):
             return
@@ -110,7 +105,7 @@ class CheckpointWriter:
         save); under FSDP its shards go to a folder named for the state, the stale ones removed."""
         checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
         path = self.folder.single(kind)
-        shards = f"{self.prefix}-{kind}-epoch{epochs}batch{batches}pos{_position(state, epochs)}{SHARDS}"
+        shards = f"{self.prefix}-{kind}-epoch{epochs}batch{batches}pos{epoch_position(state, epochs)}{SHARDS}"
         written = self._save_shards(state, checkpoint, shards)
         stale = f"{self.prefix}-{kind}-epoch*{SHARDS}"
         self._write(state, lambda: self.folder.commit(checkpoint, path, stale=stale), written, path.name)
