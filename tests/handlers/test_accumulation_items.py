@@ -73,6 +73,36 @@ def test_a_loss_it_cannot_count_keeps_equal_weights_and_says_how_to_count_once(c
     ) in caplog.text
 
 
+class OwnLoss(nn.Module):
+    """A net computing its own mean loss (its forward takes no num_items_in_batch): not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.out = nn.Linear(3, 1)
+
+    def forward(self, x, y, attention_mask=None):
+        return {"loss": nn.functional.mse_loss(self.out(x), y)}
+
+
+@pytest.mark.parametrize(
+    ("batches", "told"),
+    [
+        ([{"x": torch.randn(4, 3), "y": torch.randn(4, 1)} for _ in range(4)], False),  # fixed-length blocks
+        ([{"x": torch.randn(n, 3), "y": torch.randn(n, 1)} for n in (4, 4, 2, 4)], True),  # shapes differ
+        ([{"x": torch.randn(4, 3), "y": torch.randn(4, 1), "attention_mask": torch.ones(4)}] * 4, True),  # padded
+    ],
+)
+def test_the_line_is_said_only_when_the_first_groups_batches_may_count_differently(batches, told, caplog, monkeypatch):
+    from fitforge.core import item_counts
+
+    monkeypatch.setattr(item_counts, "_SAID", set())
+    net = OwnLoss()
+    estimator = Estimator(net, None, device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        estimator.fit(batches, epochs=1, event_handlers=[GradientUpdateHandler(accumulate=4)], default_handlers=False)
+    assert ("averages its 4 batches' losses alike" in caplog.text) is told
+
+
 def test_counting_reads_nothing_to_the_host():
     def reads(groups):
         net = Tagger()

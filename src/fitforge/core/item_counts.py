@@ -44,29 +44,63 @@ class ItemCounter:
     to_model: bool = False
 
 
-def fit_counter(items: Any, estimator: Any, accumulate: int) -> ItemCounter | None:
+def fit_counter(items: Any, estimator: Any, accumulate: int) -> tuple[ItemCounter | None, str]:
     """The counter a fit's default ``fit_batch`` weighs its batches with, for
     ``GradientUpdateHandler(accumulate, items=items)``: ``items`` of the user's, or the loss's own
-    (``"auto"``); None, said in an info line, when there is none, several optimizers step, or a
-    ``fit_batch`` of the user's runs the step (said once per process and reason)."""
+    (``"auto"``); else None and why (empty for ``items=None``): no counter of the loss, several
+    optimizers step, or a ``fit_batch`` of the user's runs the step."""
     if items is None:
-        return None
+        return None, ""
     counter, why = (ItemCounter(items), "") if callable(items) else item_counter(estimator.loss, estimator.net)
     if len(estimator.optimizers) > 1:
-        counter, why = None, "several optimizers step"
-    elif type(estimator.batch_processor).fit_batch is not BatchProcessor.fit_batch:
-        counter, why = None, "a fit_batch of your own runs the step (return BatchOutput(items=...) from it)"
-    if counter is None and why not in _SAID:
-        _SAID.add(why)
+        return None, "several optimizers step"
+    if type(estimator.batch_processor).fit_batch is not BatchProcessor.fit_batch:
+        return None, "a fit_batch of your own runs the step (return BatchOutput(items=...) from it)"
+    return counter, why
+
+
+class UnweightedNote:
+    """The info line saying that a fit's accumulated batches weigh alike, and how to count them, once per
+    process and reason, when the fit's first group shows that their counts may differ: batches of
+    different shapes, or padded ones (an ``attention_mask``). Batches of one fixed shape (a fixed-length
+    LM's blocks) have the same count whatever the loss averages over: nothing to say. Shapes only: no
+    host read."""
+
+    def __init__(self, why: str, accumulate: int) -> None:
+        self.why, self.accumulate = why, accumulate
+        self._shapes: set[tuple] = set()
+        self._batches = 0
+        self._padded = False
+
+    def seen(self, output: Any) -> bool:
+        """Take one batch's output; True once the first group is seen (and the line said if it must be)."""
+        data, label = output.data, output.label
+        parts = list(data.values()) if isinstance(data, dict) else list(data)
+        parts += list(label.values()) if isinstance(label, dict) else list(_as_tuple(label))
+        self._shapes.add(tuple(getattr(part, "shape", None) for part in parts))
+        self._padded = self._padded or (isinstance(data, dict) and "attention_mask" in data)
+        self._batches += 1
+        if len(self._shapes) > 1 or self._padded:
+            self._say()
+            return True
+        return self._batches >= self.accumulate
+
+    def _say(self) -> None:
+        if self.why in _SAID:
+            return
+        _SAID.add(self.why)
         log.info(
             "GradientUpdateHandler: accumulate=%d averages its %d batches' losses alike, not weighted by their "
             "items: %s. To weigh them (one step then equals one on the concatenated batches), pass "
             "GradientUpdateHandler(items=lambda inputs, label: <the batch's item count, a tensor>)",
-            accumulate,
-            accumulate,
-            why,
+            self.accumulate,
+            self.accumulate,
+            self.why,
         )
-    return counter
+
+
+def _as_tuple(label: Any) -> tuple:
+    return tuple(label) if isinstance(label, (tuple, list)) else (label,)
 
 
 def item_counter(loss: Any, net: nn.Module) -> tuple[ItemCounter | None, str]:

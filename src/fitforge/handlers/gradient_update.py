@@ -10,7 +10,7 @@ import torch
 
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
-from fitforge.core.item_counts import ItemCounter, fit_counter
+from fitforge.core.item_counts import ItemCounter, UnweightedNote, fit_counter
 from fitforge.core.optimizer_choice import OptimizerChoice
 from fitforge.core.roles import Accumulating, FirstBatchCheck
 from fitforge.core.state import TrainState
@@ -84,7 +84,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
     default ``fit_batch`` backpropagates ``loss * items`` and the step divides the group's gradients by its items
     (summed over the ranks under DDP/FSDP), on the device: one step equals one on the group's batches concatenated,
     however their padding differs. Otherwise (or with several optimizers, or a ``fit_batch`` of your own) the
-    batches weigh alike, and an info line at fit start says how to count them (``items=``). A ``fit_batch`` of your
+    batches weigh alike, and an info line after the first group says how to count them (``items=``) when their
+    shapes differ or they are padded (an ``attention_mask``). A ``fit_batch`` of your
     own weighs its batches by backpropagating ``loss * items`` and returning ``BatchOutput(..., items=items)``.
 
     A ``CancelBatch`` clears the gradients of every open group (the loop cannot tell one batch's share apart).
@@ -155,6 +156,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         self._counting: ItemCounter | None = None  # this fit's counter (None: the batches weigh alike)
         self._uncounted_until_step = False  # a resumed group of batches that were not counted is still open
         self._state: TrainState | None = None  # the fit's state, for a resume to change its counting
+        self._note: UnweightedNote | None = None  # watches the first group of batches that weigh alike
 
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler
@@ -177,7 +179,10 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         # DDP and FSDP average the ranks' gradients: a group's items are then summed over the ranks.
         averaged = state.ranks.several and estimator.strategy.averages_gradients(estimator)
         self._items, self._ranks = None, state.ranks.size if averaged else 1
-        self._counting = fit_counter(self.items, state.estimator, self.accumulate) if self.accumulate > 1 else None
+        self._counting, why = (
+            fit_counter(self.items, state.estimator, self.accumulate) if self.accumulate > 1 else (None, "")
+        )
+        self._note = UnweightedNote(why, self.accumulate) if self._counting is None and why else None
         state.count_items, self._state = self._counting, state
 
     def batch_begin(self, state: TrainState) -> None:
@@ -203,6 +208,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
                 optimizer.zero_grad(set_to_none=True)
             state.optimizer_steps += 1
             return
+        if self._note is not None and self._note.seen(output):
+            self._note = None
         choice, counts = state.output.step, self._open
         chosen = self._choice.every if choice is None else self._choice.resolve(choice, state)
         if state.accumulated_batches != max(counts):
