@@ -310,6 +310,7 @@ class Estimator:
                 max_batches=plan.batches,
                 num_batches=plan.num_batches,
                 handlers=tuple(dispatcher.handlers),
+                services=plan.services,
                 run=run,
                 ranks=coordinator,
                 epochs_before=self.history.epochs,

@@ -13,7 +13,7 @@ import pytest
 import fitforge
 import fitforge.handlers
 from fitforge.core.events import EventHandler
-from fitforge.events import Checkpointing, EpochEnd, Monitoring, Stage, Stopping, TrainBegin, Validating, role_of
+from fitforge.events import EpochEnd, FirstBatchCheck, Monitoring, Stage, Stopping, TrainBegin, Validating, role_of
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, MonitorKeyError
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, StoppingHandler, ValidationHandler
 from fitforge.handlers.throttle import throttle
@@ -104,7 +104,7 @@ def test_a_wrapper_plays_the_roles_of_what_it_wraps():
     stopper = EarlyStoppingHandler("train_loss", restore_best=True)
     wrapped = throttle(throttle(stopper, every_n_epochs=2), every_n_epochs=3)
     assert role_of(wrapped, Monitoring) is stopper and role_of(wrapped, Stopping) is stopper
-    assert role_of(wrapped, Validating) is None and role_of(stopper, Checkpointing) is None
+    assert role_of(wrapped, Validating) is None and role_of(stopper, FirstBatchCheck) is None
     assert (
         role_of(CheckpointHandler("unused", monitor="val_loss", save_best=True), Monitoring).best_weights() == "saved"
     )

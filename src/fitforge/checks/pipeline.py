@@ -31,12 +31,13 @@ from fitforge.core.options import check_duration
 from fitforge.core.processor import bound_step
 from fitforge.core.roles import Stopping, Validating, players
 from fitforge.core.run import Step
+from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike
 from fitforge.distributed.data_split import in_dataset_order, shard_eval, shard_train
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.evaluation import Evaluation
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, user_handlers
+from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, fit_services, user_handlers
 from fitforge.handlers.logging import console_output_for
 from fitforge.handlers.stopping import tighter_limit
 from fitforge.inputs.arrays import eval_loader, fit_loaders
@@ -56,6 +57,7 @@ class FitPlan:
     step: Step
     check: Step
     profile: bool
+    services: Services
 
 
 def before_fit(
@@ -84,7 +86,8 @@ def before_fit(
     check_placement(estimator, "net", "val_net")
     note_slow_precision(estimator)
     handlers = fit_handlers(event_handlers, val_data, default_handlers) + estimator.strategy.fit_handlers()
-    console_output_for(on_this_rank(handlers))  # before anything in fit logs (a resume, a monitor's mode)
+    services = fit_services(on_this_rank(handlers), estimator)
+    console_output_for(services)  # before anything in fit logs (a resume, a monitor's mode)
     for stopper in players(handlers, Stopping):  # first: the validations' data is read once with epochs=1
         limits = stopper.run_limits()
         epochs, batches = tighter_limit(epochs, limits[0]), tighter_limit(batches, limits[1])
@@ -98,9 +101,8 @@ def before_fit(
     estimator.arm_loss_checks("train")
     step = bound_step(estimator.batch_processor, estimator, "fit_batch")
     check = first_batch_check(step, dispatcher.handlers, "train_data", "train")
-    return FitPlan(
-        train_data, num_batches, epochs, batches, dispatcher, step, check, check_flag("fit", "profile", profile)
-    )
+    profile = check_flag("fit", "profile", profile)
+    return FitPlan(train_data, num_batches, epochs, batches, dispatcher, step, check, profile, services)
 
 
 def _set_up_validations(

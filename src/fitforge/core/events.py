@@ -25,6 +25,7 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fitforge.core.services import Services
     from fitforge.core.state import TrainState
 
 
@@ -83,6 +84,10 @@ class EventHandler:
     handled_events: tuple[Event, ...] | None = None  # None: the events of the mixins inherited
     reads: tuple[str, ...] | None = None  # declared state access (see fitforge.core.access); None: full
     writes: tuple[str, ...] | None = None
+
+    def offer(self, services: Services) -> None:
+        """Offer what other handlers use to the run's :class:`~fitforge.core.services.Services` (fit calls it on
+        every handler once, before any ``train_begin``); read theirs through ``state.services`` in the hooks."""
 
     def state_dict(self) -> dict:
         """State to save in a checkpoint; stateless handlers return ``{}``."""

@@ -5,6 +5,8 @@ fitforge never asks a handler's class or looks for an attribute by name: it asks
 holds (:class:`Wrapping`, e.g. ``throttle(...)``), so a wrapper keeps the roles of what it wraps
 without forwarding anything. A handler of your own that inherits a role takes part as the built-in
 one does (the default handlers are still replaced by class: see ``fitforge.handlers.defaults``).
+What handlers share among themselves is no role: it passes through the run's services
+(:mod:`fitforge.core.services`).
 
 ==================  =====================================  ===========================================
 role                declared by (built-in)                 what fitforge does with it
@@ -17,17 +19,12 @@ Validating          ValidationHandler                      its ``val_*`` keys co
                                                            its evaluation (:meth:`validation_setup`)
 Stopping            Stopping, EarlyStopping, NaNGuard       its limits fold into the run's; a run it
                                                            had ended is over when resumed
-Checkpointing       CheckpointHandler                      resumes from the checkpoint it picked; an
-                                                           epoch cut short is one a resume finishes
 FirstBatchCheck     MetricHandler, GradientUpdateHandler   ``check_first_batch`` on the first batch,
                                                            before its optimizer step
 KeyRecording        MetricHandler                          the history keys it records, known before
                                                            training
 Accumulating        GradientUpdateHandler                  ``accumulate``; an open group made equal on
                                                            every rank before a checkpoint
-EpochLines          LoggingHandler                         prints each epoch's line (a progress bar
-                                                           then shows none; console output is set up)
-NonFiniteGuarding   NaNGuardHandler                        a diverged loss is watched already
 WeightAveraging     EMAHandler                             evaluation, prediction, validation and the
                                                            best checkpoint run with its averaged
                                                            weights (:func:`averaged_weights`)
@@ -46,7 +43,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fitforge.core.events import EventHandler, Wrapping, unwrapped
@@ -57,12 +53,9 @@ if TYPE_CHECKING:  # pragma: no cover
 R = TypeVar("R")
 __all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs them); named here too
     "Accumulating",
-    "Checkpointing",
-    "EpochLines",
     "FirstBatchCheck",
     "KeyRecording",
     "Monitoring",
-    "NonFiniteGuarding",
     "Stopping",
     "Validating",
     "ValidationSetup",
@@ -163,38 +156,6 @@ class Stopping:
         return False
 
 
-@dataclass(frozen=True)
-class SavedCheckpoints:
-    """Where a :class:`Checkpointing` handler keeps its checkpoints and what it saved, for a handler
-    that reports them elsewhere (Ray Train's). ``io``: its ``fitforge.checkpoint.CheckpointIO``;
-    ``prefix``: the names' prefix; ``resumes``: it resumes from its newest at fit start;
-    ``in_background``: it writes after returning; ``last``: the newest regular checkpoint this fit
-    saved, on every rank (``saved``: rank 0's rotation list); ``best``, ``best_value``: the best one."""
-
-    io: Any
-    root: Any
-    prefix: str
-    resumes: bool
-    in_background: bool
-    saved: list[Any]
-    last: Any
-    best: Any
-    best_value: float | None
-    resumed_from: Any
-
-
-class Checkpointing:
-    """Saves the run's state so that a later fit resumes it."""
-
-    def saved_checkpoints(self) -> SavedCheckpoints | None:
-        """Where it keeps checkpoints and what it saved (None: it does not say)."""
-        return None
-
-    def best_checkpoint(self) -> Path | None:
-        """The file of the best weights saved this fit, if any."""
-        return None
-
-
 class FirstBatchCheck:
     """Checks the run before its first optimizer step: :meth:`check_first_batch` is called once the
     first batch's output exists (``state.output``), before any ``batch_end`` hook, also on the
@@ -241,29 +202,6 @@ class Accompanied:
 
     def companions(self) -> list[EventHandler]:
         return []
-
-
-class EpochLines:
-    """Prints a line per epoch to the log."""
-
-    def shows_epoch_lines(self) -> bool:
-        return True
-
-
-class NonFiniteGuarding:
-    """Acts on nan or inf losses (stops, skips or raises): a diverged run needs no hint to add one."""
-
-
-class RunningSums:
-    """Keeps running sums of the epoch's training batches (the metrics'), which a handler that undoes
-    batches (SpikeGuardHandler) sets back, so that undone batches count in no training value."""
-
-    def mark_sums(self) -> Any:
-        """A copy of the sums as they are now (on their device: no host read)."""
-        return None
-
-    def rewind_sums(self, mark: Any) -> None:
-        """Set the sums back to ``mark`` (None: those of no batch of the epoch)."""
 
 
 class WeightAveraging:
@@ -317,18 +255,15 @@ _NAMES = {
     Monitoring: ("monitor", "save_best", "restore_best", "best_weights"),
     Validating: ("validation_setup", "use_evaluation"),
     Stopping: ("stopped_epoch", "run_limits", "ended_run"),
-    Checkpointing: ("best_checkpoint", "saved_checkpoints"),
     FirstBatchCheck: ("check_first_batch",),
     StateConfirming: ("confirm_state",),
     KeyRecording: ("history_keys",),
     Accumulating: ("share_open_group", "steps_per_optimizer"),
-    EpochLines: ("shows_epoch_lines",),
     Accompanied: ("companions",),
     WeightAveraging: ("swap_in", "swap_out", "evaluates_averaged"),
-    RunningSums: ("mark_sums", "rewind_sums"),
 }
 _CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
-ROLES = (*_NAMES, NonFiniteGuarding)
+ROLES = tuple(_NAMES)
 
 
 def missing_roles(handler: object) -> list[tuple[str, str]]:

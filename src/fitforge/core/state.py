@@ -13,6 +13,7 @@ import torch
 from fitforge.core.history import History
 from fitforge.core.logged import PendingValues, checked_value, dropped
 from fitforge.core.processes import ONE_PROCESS, Processes
+from fitforge.core.services import Services
 
 
 class StepProcessor(Protocol):
@@ -175,7 +176,9 @@ class TrainState:
         max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
         shared: a free dict for handlers to pass values to each other.
         handlers: the run's handlers in dispatch order (fit only; empty in evaluate and predict),
-            e.g. for a checkpoint to save the state of every handler that has ``state_dict``.
+            for fitforge's own checkpointing (a handler reads what others offer in ``services``).
+        services: what the run's handlers share (:class:`~fitforge.core.services.Services`): each offers
+            its part before ``train_begin``; empty in evaluate and predict.
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
         accumulated_batches: batches whose gradients wait for the next optimizer step.
         count_items: the :class:`~fitforge.core.item_counts.ItemCounter` the default ``fit_batch``
@@ -251,6 +254,7 @@ class TrainState:
     ranks: Processes = ONE_PROCESS
     metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     logged: PendingValues = field(default_factory=PendingValues)
+    services: Services = field(default_factory=Services)
 
     def request_stop(
         self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None

@@ -17,7 +17,8 @@ from fitforge.checkpoint.storage import CheckpointIO, resolve_io
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.monitor import Monitor
-from fitforge.core.roles import Checkpointing, Monitoring, SavedCheckpoints, averaged_weights
+from fitforge.core.roles import Monitoring, averaged_weights
+from fitforge.core.services import SavedCheckpoints, Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 
@@ -30,7 +31,7 @@ def _completed_epochs(state: TrainState) -> int:
     return state.epoch + 1 if state.epoch_finished else state.epoch
 
 
-class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing, Monitoring):
+class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Save the training state every ``epoch_period`` epochs and/or ``batch_period`` batches, and the
     best one by ``monitor`` when ``save_best``.
 
@@ -159,6 +160,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Checkpointing,
     def last_saved(self) -> Location | None:
         """The newest regular checkpoint this fit saved (on every rank)."""
         return self._writer.last_saved
+
+    def offer(self, services: Services) -> None:
+        services.checkpoints.append(self)  # what it saves, for the handlers that report it (Ray's, MLflow's)
 
     def train_begin(self, state: TrainState) -> None:
         if self._monitor is not None:

@@ -16,7 +16,6 @@ from fitforge.core.events import EpochEnd, Stage, TrainBegin
 from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.defaults import run_keys
 from fitforge.reporting.hparams import run_params
 
 log = logging.getLogger("fitforge")
@@ -65,7 +64,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         "phase",
         "epoch",
         "history",
-        "handlers",
+        "services",
         "estimator",
         "max_epochs",
         "max_batches",
@@ -111,7 +110,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         header, last = self._read() if resumed or self.append else (None, 0)
         if header is None:
             # Known now, not at train_begin: the first batch may have left out a default metric.
-            expected = run_keys(state.handlers, state.estimator)
+            expected = state.services.history_keys()
             keys = list(history) + [key for key in expected if key not in history]
             self._header = ["epoch", *keys]
             with self.path.open("w", newline="") as file:

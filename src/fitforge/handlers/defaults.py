@@ -6,8 +6,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fitforge.core.dispatch import check_handler
-from fitforge.core.events import EventHandler, acts_as
+from fitforge.core.events import EventHandler, acts_as, unwrapped
 from fitforge.core.roles import Accompanied, KeyRecording, Validating, players
+from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
@@ -50,10 +51,9 @@ def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = Tr
         defaults += [MetricHandler(), ThroughputHandler(flops=False)]
     if val_data is not None:
         defaults.append(ValidationHandler(val_data))
-    if default_handlers:
+    if default_handlers:  # the bar first: an epoch's bar closes before its log line (one priority, as given)
+        defaults += [ProgressBarHandler()] if interactive() else []
         defaults.append(LoggingHandler())
-        if interactive():
-            defaults.append(ProgressBarHandler())
     return with_defaults(given, defaults)
 
 
@@ -71,6 +71,21 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
             inner = players(evaluate_handlers(setup.event_handlers), KeyRecording)
             keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
     return keys + estimator.bookkeeping_keys()
+
+
+def fit_services(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> Services:
+    """The services of a fit with ``handlers`` (those of this process): what fit knows (the history keys, a
+    validation between batches), then what each handler offers (:meth:`EventHandler.offer`)."""
+    setups = [setup for validator in players(handlers, Validating) if (setup := validator.validation_setup())]
+    services = Services(
+        history_keys=lambda: run_keys(handlers, estimator),
+        keys_complete=not unknown_val_keys(handlers),
+        validates_mid_epoch=any(setup.mid_epoch for setup in setups),
+    )
+    for handler in handlers:
+        if isinstance(inner := unwrapped(handler), EventHandler):  # a wrapper's handler offers its own
+            inner.offer(services)
+    return services
 
 
 def unknown_val_keys(handlers: Sequence[EventHandler]) -> bool:

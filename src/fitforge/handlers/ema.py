@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from typing import Any
@@ -12,6 +13,7 @@ from torch import nn
 from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainBegin
 from fitforge.core.roles import WeightAveraging
+from fitforge.core.services import Services, Undoable
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -179,6 +181,13 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         for name, average in zip(self._names, self._averages):
             if name in weights:
                 average.copy_(weights[name])
+
+    def offer(self, services: Services) -> None:
+        """Its average, set back with the weights when batches are undone (SpikeGuardHandler's)."""
+        services.undoables.append(Undoable(lambda: copy.deepcopy(self.state_dict()), self._load_copy))
+
+    def _load_copy(self, state: dict) -> None:
+        self.load_state_dict(copy.deepcopy(state))  # the mark may be rewound to again
 
     def state_dict(self) -> dict:
         """The average by name (under FSDP, saved with the weights' shards instead), the updates and the steps seen."""

@@ -14,7 +14,6 @@ from fitforge.core.events import EpochEnd, Stage, TrainBegin
 from fitforge.core.history import default_plotted, draw_history, figure_size, in_notebook, metric_names
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
-from fitforge.handlers.defaults import run_keys, unknown_val_keys
 
 log = logging.getLogger("fitforge")
 DEFAULT_PATH = "fitforge-live.png"
@@ -45,7 +44,7 @@ class LivePlotHandler(TrainBegin, EpochEnd):
 
     priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 draws for all
-    reads = ("estimator", "phase", "history", "handlers")
+    reads = ("estimator", "phase", "history", "services")
 
     def __init__(self, path: str | os.PathLike | None = None, keys: list[str] | None = None) -> None:
         if path is not None and not isinstance(path, (str, os.PathLike)):
@@ -80,9 +79,9 @@ class LivePlotHandler(TrainBegin, EpochEnd):
     def _check_keys(self, state: TrainState) -> None:
         if self.keys is None:
             return
-        if unknown_val_keys(state.handlers):
+        if not state.services.keys_complete:
             return  # a custom validation's keys are known only once it ran
-        names = metric_names(run_keys(state.handlers, state.estimator))
+        names = metric_names(state.services.history_keys())
         unknown = [key for key in self.keys if key not in names]
         if unknown:
             raise FitforgeValueError(

@@ -7,15 +7,13 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterable
 
 from tqdm import tqdm
 
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import Checkpointing, EpochLines, NonFiniteGuarding, plays
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers.progress_bar import ProgressBarHandler
 from fitforge.reporting.closing import ended_line, failed_line, finished_line, plural
 from fitforge.reporting.formatting import epoch_label, format_values, pass_label
 from fitforge.reporting.summary import model_summary
@@ -73,19 +71,19 @@ def flush_console() -> None:
         sys.stderr.flush()
 
 
-def console_output_for(handlers: Iterable[object]) -> None:
-    """:func:`ensure_console_output` now if ``handlers`` (those a fit runs in this process) hold a LoggingHandler:
-    ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged before the LoggingHandler's
-    ``train_begin`` (a checkpoint's "resuming from ..." or "training from scratch", a monitor's mode) show in a
-    fresh process too."""
-    if plays(handlers, EpochLines):
+def console_output_for(services: Services) -> None:
+    """:func:`ensure_console_output` now if a handler of the fit in this process prints epoch lines (a
+    LoggingHandler): ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged before the
+    LoggingHandler's ``train_begin`` (a checkpoint's "resuming from ..." or "training from scratch", a monitor's
+    mode) show in a fresh process too."""
+    if services.epoch_lines:
         ensure_console_output()
 
 
 _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch loss (or skip such batches)"
 
 
-class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
+class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
     The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`: parameters,
@@ -104,7 +102,6 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
     """
 
     priority = Stage.REPORT
-    run_after = (ProgressBarHandler,)  # an epoch's bar closes before its log line
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
     reads = (
         "estimator",
@@ -125,7 +122,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
         "num_batches",
         "metrics",
         "history",
-        "handlers",
+        "services",
     )
 
     def __init__(self, log_interval: int | str = "epoch", level: int = logging.INFO) -> None:
@@ -139,6 +136,9 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
         self.level = level
         self._started = time.perf_counter()
         self._warned = False
+
+    def offer(self, services: Services) -> None:
+        services.epoch_lines.append(self.shows_epoch_lines)
 
     def shows_epoch_lines(self) -> bool:
         """Whether its epoch lines reach the log now (a progress bar then clears each finished bar for them)."""
@@ -183,7 +183,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, EpochLines):
         if not losses:
             return
         self._warned = True
-        guarded = plays(state.handlers, NonFiniteGuarding)
+        guarded = state.services.guards_nonfinite
         log.warning(
             "epoch %d: %s not finite; training may have diverged. Lower the learning rate%s",
             state.epoch + 1,
@@ -210,6 +210,6 @@ def _partial(state: TrainState) -> str:
         return ""
     done = f"{state.batch_idx + 1} of {state.num_batches}" if state.num_batches else f"{state.batch_idx + 1}"
     # A CheckpointHandler (a resume source) saved the epoch's state, which a resumed run finishes.
-    saved = plays(state.handlers, Checkpointing)
+    saved = bool(state.services.checkpoints)
     why = "" if state.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
     return f", partial: {done} batches{why}"

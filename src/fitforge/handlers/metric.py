@@ -11,7 +11,8 @@ import torch
 from fitforge.core.batches import shape_of
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
 from fitforge.core.loss import part_keys
-from fitforge.core.roles import FirstBatchCheck, KeyRecording, RunningSums
+from fitforge.core.roles import FirstBatchCheck, KeyRecording
+from fitforge.core.services import Services, Undoable
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
@@ -38,7 +39,7 @@ def _run_of(state: TrainState) -> tuple:
     return (id(state.estimator), state.phase, state.prefix)
 
 
-class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchCheck, RunningSums):
+class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchCheck):
     """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several (``<prefix>loss_<i>``) or
     they are named (``<prefix><output>_loss``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>``
     for every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
@@ -78,6 +79,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         self._configured_for: tuple | None = None
         self._pending: list[dict] | None = None  # running sums from a checkpoint (one per rank to merge)
         self._inbox: list = []  # the state's pending named values (state.logged), from epoch_begin on
+        self._epochs = 0  # epochs begun: a mark of another epoch's sums rewinds to none
 
     def _slots(self, estimator, phase: str) -> list[MetricSlot]:
         if self.metrics is None:
@@ -138,6 +140,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         if self._configured_for != _run_of(state):
             self._configure(state)
         self._reset()
+        self._epochs += 1
         if self._pending is not None:
             if state.batch_idx >= 0:  # at epoch_begin: a resume continues this epoch, and its sums
                 self._resume(self._pending, state.estimator.device)
@@ -250,9 +253,14 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         }
         return rank_states(own, _on_host)
 
+    def offer(self, services: Services) -> None:
+        """Its running sums, set back with the weights when batches are undone (SpikeGuardHandler's)."""
+        services.undoables.append(Undoable(self.mark_sums, self.rewind_sums))
+
     def mark_sums(self) -> Any:
         """A copy of the epoch's running sums (cloned on their device), for :meth:`rewind_sums`."""
         return {
+            "epoch": self._epochs,
             "loss": self._loss.state_dict(),
             "parts": [mean.state_dict() for mean in self._parts],
             "metrics": [metric_state(slot.metric) for slot in self.slots],
@@ -260,10 +268,10 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         }
 
     def rewind_sums(self, mark: Any) -> None:
-        """Set the sums back to ``mark`` (None: no batch of the epoch); a metric whose state fitforge
-        cannot read starts the epoch anew."""
+        """Set the sums back to ``mark``; to those of no batch when it was taken in an earlier epoch (every batch
+        of this one is undone). A metric whose state fitforge cannot read starts the epoch anew."""
         self._reset()
-        if mark is None:
+        if mark["epoch"] != self._epochs:
             return
         mark = _cloned(mark)  # the mark may be rewound to again
         self._loss.load_state_dict(mark["loss"])

@@ -12,7 +12,7 @@ from typing import Any
 
 from fitforge.core.arguments import check_flag
 from fitforge.core.events import EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import Checkpointing, Monitoring, players
+from fitforge.core.services import CheckpointSaver
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.reporting.hparams import ParamValue, check_params, run_params
@@ -67,7 +67,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         "phase",
         "estimator",
         "history",
-        "handlers",
+        "services",
         "max_epochs",
         "max_batches",
         "preempted",
@@ -192,10 +192,9 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
 
     @staticmethod
-    def _best_saver(state: TrainState) -> Checkpointing | None:
+    def _best_saver(state: TrainState) -> CheckpointSaver | None:
         """The handler saving the best checkpoint (a CheckpointHandler with ``save_best``)."""
-        savers = [m for m in players(state.handlers, Monitoring) if m.best_weights() == "saved"]
-        return next((s for s in savers if isinstance(s, Checkpointing)), None)
+        return next((s for s in state.services.checkpoints if s.best_weights() == "saved"), None)
 
     def __repr__(self) -> str:
         return f"MLflowHandler({self.tracking_uri!r}, experiment_name={self.experiment_name!r})"

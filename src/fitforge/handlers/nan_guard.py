@@ -11,7 +11,8 @@ from fitforge.core.arguments import check_positive
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin
 from fitforge.core.finite import GradientCheck
 from fitforge.core.processes import Processes
-from fitforge.core.roles import NonFiniteGuarding, Stopping
+from fitforge.core.roles import Stopping
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 
@@ -34,7 +35,7 @@ def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
-class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stopping):
+class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
     """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and never let the
     optimizer step on such a batch.
 
@@ -113,6 +114,9 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, NonFiniteGuarding, Stop
         self._read_every_batch = False
         self._found = torch.zeros(())
         self._clear()
+
+    def offer(self, services: Services) -> None:
+        services.guards_nonfinite = True  # a diverged loss needs no hint to add a guard
 
     def train_begin(self, state: TrainState) -> None:
         estimator = state.estimator

@@ -7,7 +7,7 @@ from typing import Any
 
 from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
 from fitforge.core.monitor import Monitor, infer_mode
-from fitforge.core.roles import Monitoring, Validating, players
+from fitforge.core.roles import Monitoring
 from fitforge.core.state import Ending, TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -59,7 +59,7 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
         >>> optuna.create_study(pruner=optuna.pruners.MedianPruner()).optimize(objective, n_trials=10)  # doctest: +SKIP
     """
 
-    reads = ("estimator", "epoch", "epochs_before", "global_step", "preempted", "epoch_finished", "history", "handlers")
+    reads = ("estimator", "epoch", "epochs_before", "global_step", "preempted", "epoch_finished", "history", "services")
     writes = ("stop_requested",)
 
     def __init__(self, trial: Any, monitor: str = "val_loss") -> None:
@@ -77,9 +77,7 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
 
     def train_begin(self, state: TrainState) -> None:
         self.pruned_at, self._seen = None, 0
-        self._by_batch = any(
-            setup.mid_epoch for v in players(state.handlers, Validating) if (setup := v.validation_setup()) is not None
-        )
+        self._by_batch = state.services.validates_mid_epoch
         # on rank 0, its error shared: the other ranks must not wait in a collective rank 0 never reaches
         state.ranks.on_main(lambda: self._check_trial(state), FitforgeValueError)
 

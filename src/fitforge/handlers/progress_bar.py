@@ -22,7 +22,6 @@ from tqdm.std import tqdm as text_bar
 from fitforge.core.arguments import check_non_negative, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.history import in_notebook
-from fitforge.core.roles import EpochLines, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.reporting.formatting import epoch_label, format_value, pass_label
@@ -72,7 +71,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "prefix", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "handlers")
+    reads = ("phase", "prefix", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "services")
 
     def __init__(
         self,
@@ -93,7 +92,9 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def epoch_begin(self, state: TrainState) -> None:
         self._close()
-        self._keep = state.phase == "train" and (self.leave if self.leave is not None else not _lines_elsewhere(state))
+        self._keep = state.phase == "train" and (
+            self.leave if self.leave is not None else not state.services.shows_epoch_lines()
+        )
         options = {
             "total": state.num_batches,
             "desc": epoch_label(state) if state.phase == "train" else pass_label(state),
@@ -169,8 +170,3 @@ def fitted(bar: Any, values: dict[str, float], width: int | None) -> str:
             return cut if len(cut) <= room else ""
         shown.append(pair)
     return " ".join(shown)
-
-
-def _lines_elsewhere(state: TrainState) -> bool:
-    """Whether a handler of the fit (a LoggingHandler) prints each epoch's line now (see ``EpochLines``)."""
-    return any(lines.shows_epoch_lines() for lines in players(state.handlers, EpochLines))

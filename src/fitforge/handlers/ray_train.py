@@ -15,7 +15,8 @@ from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
 from fitforge.checkpoint.locations import EXTENSION, Location
 from fitforge.checkpoint.storage import LocalCheckpointIO
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import Accompanied, Checkpointing, SavedCheckpoints, players
+from fitforge.core.roles import Accompanied
+from fitforge.core.services import CheckpointSaver, SavedCheckpoints
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers.checkpoint import CheckpointHandler
@@ -102,7 +103,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
         self._own = CheckpointHandler(folder, resume_from_checkpoint=True, **options)  # for a fit without one
         if model_dir is None:  # kept while the handler lives (a later handler may read its best file)
             weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
-        self._sources: list[Checkpointing] = [self._own]  # the fit's checkpoint handlers
+        self._sources: list[CheckpointSaver] = [self._own]  # the fit's checkpoint handlers
         self._seen: list[tuple[Location | None, float | None]] = []  # per source: newest saved, best, reported
 
     def _first(self) -> SavedCheckpoints:
@@ -141,7 +142,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
     def _take_in(self, state: TrainState) -> None:
         """Before the checkpoint handlers' ``train_begin``: find them, check them, and put Ray's files in
         the stores of those that resume."""
-        sources = [s for s in players(state.handlers, Checkpointing) if s.saved_checkpoints() is not None]
+        sources = [s for s in state.services.checkpoints if s.saved_checkpoints() is not None]
         told = [_told(source) for source in sources]
         if self._own in sources and not isinstance(self._own.io, LocalCheckpointIO):
             raise FitforgeValueError(
@@ -270,7 +271,7 @@ def _place(file: Path, io: Any) -> None:
     os.replace(copy.name, io.path / file.name)
 
 
-def _told(source: Checkpointing) -> SavedCheckpoints:
+def _told(source: CheckpointSaver) -> SavedCheckpoints:
     told = source.saved_checkpoints()
     assert told is not None  # the sources are those that tell
     return told

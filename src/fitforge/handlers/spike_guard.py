@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from fitforge.core.arguments import check_positive
-from fitforge.core.events import BackwardEnd, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import KeyRecording, RunningSums, StateConfirming, WeightAveraging, players
+from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.roles import KeyRecording, StateConfirming
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 
@@ -70,7 +70,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
         "optimizer_steps",
         "estimator",
         "history",
-        "handlers",
+        "services",
     )
     writes = ("accumulated_batches", "history")
 
@@ -157,11 +157,6 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
         self._recover(state, first)
         return True
 
-    @staticmethod
-    def _averaging(state: TrainState) -> list[EventHandler]:
-        """The handlers keeping an average of the weights (an EMA's), as the handlers they are."""
-        return [h for h in players(state.handlers, WeightAveraging) if isinstance(h, EventHandler)]
-
     def _take_snapshot(self, state: TrainState) -> None:
         estimator = state.estimator
         self._snapshot = None  # the old copies go first: at most one snapshot in memory
@@ -169,9 +164,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             "net": {name: value.detach().clone() for name, value in estimator.net.state_dict().items()},
             "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
             "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
-            "averages": [copy.deepcopy(a.state_dict()) for a in self._averaging(state)],
-            "sums": [(sums, sums.mark_sums()) for sums in players(state.handlers, RunningSums)],
-            "epoch": state.epoch,
+            "undone": [(undoable, undoable.mark()) for undoable in state.services.undoables],  # an EMA's, the sums
         }
         self._snapshot_step = state.optimizer_steps
 
@@ -193,11 +186,8 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
             optimizer.load_state_dict(copy.deepcopy(saved))  # the snapshot stays as it was for the next time
             for group, now in zip(optimizer.param_groups, rates):  # the rates go on as the schedule set them
                 group.update(now)
-        for averaging, saved in zip(self._averaging(state), self._snapshot["averages"]):
-            averaging.load_state_dict(copy.deepcopy(saved))  # an EMA's average goes back too
-        same_epoch = self._snapshot["epoch"] == state.epoch  # else every batch of this epoch is undone
-        for sums, mark in self._snapshot["sums"]:  # the undone batches count in no training value
-            sums.rewind_sums(mark if same_epoch else None)
+        for undoable, mark in self._snapshot["undone"]:  # an EMA's average; the sums, to count no undone batch
+            undoable.rewind(mark)
         if estimator.scaler is not None and self._snapshot["scaler"] is not None:
             estimator.scaler.load_state_dict(self._snapshot["scaler"])
         for parameter in estimator.net.parameters():

@@ -1,0 +1,95 @@
+"""What several handlers share, owned by the run: :class:`Services`, ``state.services`` in a fit.
+
+A handler never looks for another handler. What one offers and others use passes through the run:
+before any ``train_begin``, fit calls ``offer(services)`` on every handler (:meth:`EventHandler.offer
+<fitforge.core.events.EventHandler.offer>`, a no-op unless a handler defines it), and the hooks read
+the services through ``state.services``. fit fills in what it knows itself (the history keys, a
+validation between batches) before the handlers offer theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Undoable:
+    """State that a handler undoing batches (``SpikeGuardHandler``) sets back with the weights:
+    ``mark()`` copies it as it is now (on its device: no host read), ``rewind(mark)`` puts it back."""
+
+    mark: Callable[[], Any]
+    rewind: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class SavedCheckpoints:
+    """Where a checkpoint handler keeps its checkpoints and what it saved, for a handler
+    that reports them elsewhere (Ray Train's). ``io``: its ``fitforge.checkpoint.CheckpointIO``;
+    ``prefix``: the names' prefix; ``resumes``: it resumes from its newest at fit start;
+    ``in_background``: it writes after returning; ``last``: the newest regular checkpoint this fit
+    saved, on every rank (``saved``: rank 0's rotation list); ``best``, ``best_value``: the best one."""
+
+    io: Any
+    root: Any
+    prefix: str
+    resumes: bool
+    in_background: bool
+    saved: list[Any]
+    last: Any
+    best: Any
+    best_value: float | None
+    resumed_from: Any
+
+
+class CheckpointSaver(Protocol):
+    """A handler saving the run's checkpoints (``CheckpointHandler``), as other handlers see it."""
+
+    def saved_checkpoints(self) -> SavedCheckpoints | None:
+        """Where it keeps checkpoints and what it saved (a ``SavedCheckpoints``), None if it does not say."""
+        ...
+
+    def best_checkpoint(self) -> Path | None:
+        """The file of the best weights saved this fit, if any."""
+        ...
+
+    def best_weights(self) -> str | None:
+        """``"saved"`` when it keeps the best weights by its monitor in a checkpoint of their own."""
+        ...
+
+
+def _no_keys() -> list[str]:
+    return []
+
+
+@dataclass(eq=False)
+class Services:
+    """The services of one fit (empty in ``evaluate`` and ``predict``).
+
+    Attributes:
+        history_keys: the history keys the run records, as known now (fit's: the metrics', the
+            validation's and the declared logged names).
+        keys_complete: False when a validation of its own (an ``eval_fn``) records keys known only
+            once it ran.
+        validates_mid_epoch: a validation runs between training batches too (``batch_period``).
+        epoch_lines: per handler printing each epoch's line to the log, whether it does now (a
+            progress bar then shows none).
+        guards_nonfinite: a handler acts on nan or inf losses (a diverged run needs no hint to add one).
+        undoables: the state set back with the weights when batches are undone (metric sums,
+            averaged weights).
+        checkpoints: the handlers saving checkpoints, in the run's order.
+    """
+
+    history_keys: Callable[[], list[str]] = _no_keys
+    keys_complete: bool = True
+    validates_mid_epoch: bool = False
+    epoch_lines: list[Callable[[], bool]] = field(default_factory=list)
+    guards_nonfinite: bool = False
+    undoables: list[Undoable] = field(default_factory=list)
+    checkpoints: list[CheckpointSaver] = field(default_factory=list)
+
+    def shows_epoch_lines(self) -> bool:
+        """Whether a handler of the run prints each epoch's line now."""
+        return any(shows() for shows in self.epoch_lines)
