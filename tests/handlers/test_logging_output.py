@@ -17,6 +17,7 @@ from torch import nn
 from fitforge.events import BatchEnd, EpochBegin
 from fitforge.handlers import CheckpointHandler, LoggingHandler, NaNGuardHandler, ValidationHandler
 from fitforge.handlers import logging as logging_module
+from fitforge.handlers.defaults import fit_services
 from fitforge.reporting.formatting import format_value, format_values
 from helpers import make_estimator, regression_batches
 
@@ -168,9 +169,9 @@ def test_console_output_is_set_up_for_a_fit_with_a_logging_handler_only(monkeypa
     monkeypatch.setattr(logger, "handlers", [])
     monkeypatch.setattr(logger, "propagate", False)  # nothing configured anywhere
     monkeypatch.setattr(logger, "level", logging.NOTSET)
-    logging_module.console_output_for([NaNGuardHandler()])
+    logging_module.console_output_for(fit_services([NaNGuardHandler()], None))
     assert logger.handlers == []
-    logging_module.console_output_for([NaNGuardHandler(), LoggingHandler()])
+    logging_module.console_output_for(fit_services([NaNGuardHandler(), LoggingHandler()], None))
     assert len(logger.handlers) == 1 and logger.level == logging.INFO
     logger.info("CheckpointHandler: resuming from x")
     assert "resuming from x" in capsys.readouterr().err
