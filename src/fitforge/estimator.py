@@ -41,7 +41,7 @@ from fitforge.core.processor import (
     check_batch_output,
     check_batch_processor,
 )
-from fitforge.core.roles import WeightAveraging, players
+from fitforge.core.roles import WeightAveraging
 from fitforge.core.run import RunContext
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions
@@ -290,7 +290,7 @@ class Estimator:
                 validation_split,
             )
             dispatcher = plan.dispatcher
-            averaging = players(dispatcher.handlers, WeightAveraging)
+            averaging = plan.services.averages
             if len(averaging) > 1:
                 raise FitforgeValueError(
                     f"fit: {len(averaging)} handlers average the weights ({', '.join(map(handler_name, averaging))}), "

@@ -9,8 +9,8 @@ from torch import nn
 import fitforge
 from fitforge import Estimator
 from fitforge.core.services import Services, Undoable
-from fitforge.events import BatchEnd, TrainBegin
-from fitforge.handlers import SpikeGuardHandler
+from fitforge.events import BatchEnd, EpochEnd, Stage, TrainBegin
+from fitforge.handlers import EMAHandler, GradientUpdateHandler, SpikeGuardHandler
 
 HANDLERS = Path(fitforge.__file__).parent / "handlers"
 
@@ -73,3 +73,37 @@ def test_evaluate_and_predict_have_empty_services():
     net = nn.Linear(2, 1)
     Estimator(net, nn.MSELoss(), device="cpu").evaluate([(torch.ones(2, 2), torch.ones(2, 1))], event_handlers=[Look()])
     assert seen and not seen[0].undoables and not seen[0].checkpoints and not seen[0].epoch_lines
+
+
+class StepsAndAverage(BatchEnd, EpochEnd):
+    """A user's handler: the run's optimizer steps and EMA weights, read through the services; it runs
+    after the optimizer step because it reads what the step writes (its declared access), at the step's
+    own stage and given first."""
+
+    priority = Stage.STEP
+    reads = ("services", "optimizer_steps")
+
+    def __init__(self):
+        self.seen, self.per_optimizer, self.average = [], None, None
+
+    def batch_end(self, state):
+        self.seen.append(state.optimizer_steps)
+
+    def epoch_end(self, state):
+        self.per_optimizer = state.services.steps.steps_per_optimizer(state)
+        (average,) = state.services.averages
+        self.average = average.averaged_state_dict()
+
+
+def test_a_users_handler_reads_the_optimizer_steps_and_the_ema_weights_through_the_services():
+    torch.manual_seed(0)
+    batches = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(6)]
+    net = nn.Linear(3, 1)
+    est = Estimator(net, nn.MSELoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    user, ema = StepsAndAverage(), EMAHandler(decay=0.5)
+    handlers = [user, GradientUpdateHandler(accumulate=2), ema]
+    est.fit(batches, epochs=1, event_handlers=handlers, default_handlers=False, check_access=True)
+    assert user.seen == [0, 1, 1, 2, 2, 3]  # after each batch's step (a step every 2 batches)
+    assert user.per_optimizer == [3]
+    assert all(torch.equal(user.average[k], v) for k, v in ema.averaged_state_dict().items())
+    assert not torch.equal(user.average["weight"], net.weight)  # the average, not the trained weights

@@ -23,7 +23,7 @@ from fitforge.checkpoint.folder import CheckpointFolder
 from fitforge.checkpoint.locations import Location
 from fitforge.core.events import EventHandler, handler_name, numbered_names
 from fitforge.core.rng import restore_rng_states, rng_states
-from fitforge.core.roles import Accumulating, Stopping, players, role_of
+from fitforge.core.roles import Stopping, role_of
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import gather_to_main, rank, world_size
 from fitforge.exceptions import CheckpointError, FitforgeValueError
@@ -56,9 +56,8 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
     number of its batches already read (cancelled ones included), where a resume continues.
     Every rank calls it at the same point: it may average an open group's gradients over them."""
     net, order = state.estimator.net, fit_data_order(state)
-    if state.accumulated_batches:
-        for accumulating in players(state.handlers, Accumulating):  # its open group may differ per rank (DDP)
-            accumulating.share_open_group(state)
+    if state.accumulated_batches and state.services.steps is not None:  # its open group may differ per rank (DDP)
+        state.services.steps.share_open_group(state)
     epoch_start_step = 0 if order is None else order.epoch_start_step
     return {
         "epochs_completed": epochs,

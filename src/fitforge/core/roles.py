@@ -23,11 +23,6 @@ FirstBatchCheck     MetricHandler, GradientUpdateHandler   ``check_first_batch``
                                                            before its optimizer step
 KeyRecording        MetricHandler                          the history keys it records, known before
                                                            training
-Accumulating        GradientUpdateHandler                  ``accumulate``; an open group made equal on
-                                                           every rank before a checkpoint
-WeightAveraging     EMAHandler                             evaluation, prediction, validation and the
-                                                           best checkpoint run with its averaged
-                                                           weights (:func:`averaged_weights`)
 ==================  =====================================  ===========================================
 
 Example:
@@ -46,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fitforge.core.events import EventHandler, Wrapping, unwrapped
+from fitforge.core.services import Accumulating, WeightAveraging  # the types of two services, named here too
 
 if TYPE_CHECKING:  # pragma: no cover
     from fitforge.core.state import EstimatorLike, TrainState
@@ -183,55 +179,12 @@ class KeyRecording:
         return []
 
 
-class Accumulating:
-    """Steps the optimizers every ``accumulate`` batches."""
-
-    accumulate: int = 1
-
-    def share_open_group(self, state: TrainState) -> None:
-        """Make an open group's gradients equal on every rank before a checkpoint (a collective)."""
-
-    def steps_per_optimizer(self, state: TrainState) -> list[int]:
-        """The optimizer steps each optimizer took this run."""
-        return [state.optimizer_steps] * len(state.estimator.optimizers)
-
-
 class Accompanied:
     """Needs other handlers beside it in a fit: each of :meth:`companions` joins the fit unless the
     fit has a handler of its class already (as the default handlers do)."""
 
     def companions(self) -> list[EventHandler]:
         return []
-
-
-class WeightAveraging:
-    """Keeps averaged weights of ``estimator.net`` (an exponential moving average) that the net is
-    evaluated with. fit makes the run's handler playing it ``estimator.weight_average``; while its
-    ``evaluates_averaged`` is True, ``evaluate``, ``predict``, the validation in fit and the best
-    checkpoint put the averaged weights into the net for their duration (:meth:`swap_in`) and the
-    trained ones back after (:meth:`swap_out`). Both are no-ops until it holds an average."""
-
-    @property
-    def evaluates_averaged(self) -> bool:
-        """Whether evaluation runs with the averaged weights (the handler's switch)."""
-        return True
-
-    def swap_in(self) -> None:
-        """Put the averaged weights into the net, keeping the trained ones aside."""
-
-    def swap_out(self) -> None:
-        """Put the trained weights back."""
-
-    def sharded_averages(self) -> dict[str, Any]:
-        """Under FSDP, the averages by parameter name, sharded as the parameters (DTensors), saved
-        and loaded with the net's shards (:mod:`fitforge.distributed.fsdp`); else ``{}``."""
-        return {}
-
-    def load_averaged(self, weights: dict[str, Any]) -> None:
-        """Copy ``weights`` (a ``state_dict`` of the net) into the average."""
-
-    def attach(self, estimator: EstimatorLike) -> None:
-        """Track ``estimator.net`` outside fit, so that a checkpoint's average can be loaded into it."""
 
 
 @contextmanager
@@ -258,9 +211,7 @@ _NAMES = {
     FirstBatchCheck: ("check_first_batch",),
     StateConfirming: ("confirm_state",),
     KeyRecording: ("history_keys",),
-    Accumulating: ("share_open_group", "steps_per_optimizer"),
     Accompanied: ("companions",),
-    WeightAveraging: ("swap_in", "swap_out", "evaluates_averaged"),
 }
 _CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
 ROLES = tuple(_NAMES)

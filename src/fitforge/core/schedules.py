@@ -11,7 +11,7 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR
 
-from fitforge.core.roles import Accumulating, players
+from fitforge.core.roles import Accumulating
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -84,7 +84,8 @@ def _rate(value: object) -> bool:
 def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -> int:
     """The optimizer steps a fit takes (a trailing accumulation group at each epoch end a step of its
     own); ``fix`` says how to give the length to ``who`` (a schedule) where it cannot be known."""
-    accumulate = next((h.accumulate for h in players(state.handlers, Accumulating)), 1)
+    steps = state.services.steps
+    accumulate = 1 if steps is None else steps.accumulate
     per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
     lengths = []
     if state.max_epochs is not None and per_epoch is not None:
@@ -102,8 +103,7 @@ def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -
 
 def step_counter(state: TrainState) -> Accumulating | None:
     """What counts each optimizer's steps where there are several (they may take turns), else None."""
-    updaters = players(state.handlers, Accumulating)
-    return updaters[0] if len(state.estimator.optimizers) > 1 and updaters else None
+    return state.services.steps if len(state.estimator.optimizers) > 1 else None
 
 
 def own_steps(state: TrainState, counter: Accumulating | None, index: int) -> int:

@@ -15,6 +15,53 @@ from pathlib import Path
 from typing import Any, Protocol
 
 
+class Accumulating:
+    """Steps the optimizers every ``accumulate`` batches."""
+
+    accumulate: int = 1
+
+    def share_open_group(self, state: Any) -> None:
+        """Make an open group's gradients equal on every rank before a checkpoint (a collective)."""
+
+    def steps_per_optimizer(self, state: Any) -> list[int]:
+        """The optimizer steps each optimizer took this run."""
+        return [state.optimizer_steps] * len(state.estimator.optimizers)
+
+
+class WeightAveraging:
+    """Keeps averaged weights of ``estimator.net`` (an exponential moving average) that the net is
+    evaluated with. fit makes the run's handler playing it ``estimator.weight_average``; while its
+    ``evaluates_averaged`` is True, ``evaluate``, ``predict``, the validation in fit and the best
+    checkpoint put the averaged weights into the net for their duration (:meth:`swap_in`) and the
+    trained ones back after (:meth:`swap_out`). Both are no-ops until it holds an average."""
+
+    @property
+    def evaluates_averaged(self) -> bool:
+        """Whether evaluation runs with the averaged weights (the handler's switch)."""
+        return True
+
+    def swap_in(self) -> None:
+        """Put the averaged weights into the net, keeping the trained ones aside."""
+
+    def swap_out(self) -> None:
+        """Put the trained weights back."""
+
+    def averaged_state_dict(self) -> dict[str, Any]:
+        """The net's ``state_dict`` with the averaged weights (copies)."""
+        return {}
+
+    def sharded_averages(self) -> dict[str, Any]:
+        """Under FSDP, the averages by parameter name, sharded as the parameters (DTensors), saved
+        and loaded with the net's shards (:mod:`fitforge.distributed.fsdp`); else ``{}``."""
+        return {}
+
+    def load_averaged(self, weights: dict[str, Any]) -> None:
+        """Copy ``weights`` (a ``state_dict`` of the net) into the average."""
+
+    def attach(self, estimator: Any) -> None:
+        """Track ``estimator.net`` outside fit, so that a checkpoint's average can be loaded into it."""
+
+
 @dataclass(frozen=True)
 class Undoable:
     """State that a handler undoing batches (``SpikeGuardHandler``) sets back with the weights:
@@ -80,6 +127,10 @@ class Services:
         undoables: the state set back with the weights when batches are undone (metric sums,
             averaged weights).
         checkpoints: the handlers saving checkpoints, in the run's order.
+        steps: the optimizer stepping (GradientUpdateHandler): ``accumulate``, the steps each optimizer
+            took (``steps_per_optimizer(state)``), an open group shared before a checkpoint.
+        averages: the handlers keeping averaged weights (EMAHandler): ``averaged_state_dict()``; fit
+            evaluates with the one there is.
     """
 
     history_keys: Callable[[], list[str]] = _no_keys
@@ -89,6 +140,8 @@ class Services:
     guards_nonfinite: bool = False
     undoables: list[Undoable] = field(default_factory=list)
     checkpoints: list[CheckpointSaver] = field(default_factory=list)
+    steps: Accumulating | None = None
+    averages: list[WeightAveraging] = field(default_factory=list)
 
     def shows_epoch_lines(self) -> bool:
         """Whether a handler of the run prints each epoch's line now."""

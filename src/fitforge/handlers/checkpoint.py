@@ -92,6 +92,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         "global_step",
         "preempted",
         "handlers",
+        "services",
         "history",
         "metrics",
         "optimizer_steps",

@@ -183,7 +183,8 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
                 average.copy_(weights[name])
 
     def offer(self, services: Services) -> None:
-        """Its average, set back with the weights when batches are undone (SpikeGuardHandler's)."""
+        """Its average: the run's averaged weights, set back with the weights when batches are undone."""
+        services.averages.append(self)  # fit evaluates with it
         services.undoables.append(Undoable(lambda: copy.deepcopy(self.state_dict()), self._load_copy))
 
     def _load_copy(self, state: dict) -> None:

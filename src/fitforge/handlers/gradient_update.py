@@ -13,6 +13,7 @@ from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, T
 from fitforge.core.item_counts import ItemCounter, UnweightedNote, fit_counter
 from fitforge.core.optimizer_choice import OptimizerChoice
 from fitforge.core.roles import Accumulating, FirstBatchCheck
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -157,6 +158,9 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         self._uncounted_until_step = False  # a resumed group of batches that were not counted is still open
         self._state: TrainState | None = None  # the fit's state, for a resume to change its counting
         self._note: UnweightedNote | None = None  # watches the first group of batches that weigh alike
+
+    def offer(self, services: Services) -> None:
+        services.steps = self  # the run's optimizer stepping: schedules count its steps, checkpoints its groups
 
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler

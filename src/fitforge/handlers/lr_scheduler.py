@@ -71,7 +71,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         "num_batches",
         "max_epochs",
         "max_batches",
-        "handlers",
+        "services",
         "batch_idx",
         "epoch_finished",
         "resumed",

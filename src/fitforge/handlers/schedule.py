@@ -48,7 +48,7 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
     """
 
     priority = Stage.SCHEDULE
-    reads = ("estimator", "optimizer_steps", "num_batches", "max_epochs", "max_batches", "handlers", "batch_idx")
+    reads = ("estimator", "optimizer_steps", "num_batches", "max_epochs", "max_batches", "services", "batch_idx")
 
     def __init__(
         self,
