@@ -136,7 +136,7 @@ def test_the_check_before_training_runs_through_the_evaluation_it_stands_for(mon
     validation = Kept(regression_batches())
     estimator.fit(regression_batches(), epochs=2, event_handlers=[validation])
     assert validation.checked_first and validation._evaluation is None  # handed to the fit, which used it
-    assert seen == [validation.kept.dispatcher.handlers] and validation.kept.checked
+    assert seen == [validation.kept.services.first_batch_checks] and validation.kept.checked
     assert not checks  # the validation passes checked nothing again
 
 

@@ -19,7 +19,7 @@ from fitforge.core.arguments import check_flag
 from fitforge.core.batches import rows_of
 from fitforge.core.coordinator import PassWatch
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler, handler_name
+from fitforge.core.events import EventHandler, handler_name, offered
 from fitforge.core.history import History, numbered_key
 from fitforge.core.learning_rate import set_learning_rate
 from fitforge.core.loop import pass_batches, run_fit, run_pass
@@ -43,6 +43,7 @@ from fitforge.core.processor import (
 )
 from fitforge.core.roles import WeightAveraging
 from fitforge.core.run import RunContext
+from fitforge.core.services import Services
 from fitforge.core.state import BatchOutput, TrainState
 from fitforge.distributed.data_split import gather_predictions
 from fitforge.distributed.ranks import on_this_rank, processes, rank
@@ -217,7 +218,8 @@ class Estimator:
         does before training, so a mistake in the validation data fails in a second, not after an
         epoch (see :func:`fitforge.checks.validation.check_first_val_batch`)."""
         step = bound_step(self.batch_processor, self, "evaluate_batch")
-        check_first_val_batch(self, val_data, name, evaluate_handlers(event_handlers), step)
+        checks = offered(evaluate_handlers(event_handlers), Services()).first_batch_checks
+        check_first_val_batch(self, val_data, name, checks, step)
 
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""

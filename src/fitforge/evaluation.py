@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler
+from fitforge.core.events import EventHandler, offered
 from fitforge.core.loop import run_pass
 from fitforge.core.processor import bound_step
 from fitforge.core.run import RunContext, Step
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import on_this_rank, processes
 from fitforge.inputs.order import OnePass
@@ -36,13 +37,14 @@ class Evaluation:
         handlers: Sequence[EventHandler],
         prefix: str | None = None,
         sharded: bool = False,
-        first_check: Callable[[Step, Sequence[EventHandler]], Step] | None = None,
+        first_check: Callable[[Step, Sequence[Callable[[TrainState], None]]], Step] | None = None,
     ) -> None:
         self.estimator, self.val_data, self.num_batches = estimator, val_data, num_batches
         self.prefix, self.sharded = prefix, sharded
         self.dispatcher, self.ranks = Dispatcher(on_this_rank(handlers)), processes()
         self.step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
-        self.check = None if first_check is None else first_check(self.step, self.dispatcher.handlers)
+        self.services = offered(self.dispatcher.handlers, Services())  # each pass's, its first-batch checks among them
+        self.check = None if first_check is None else first_check(self.step, self.services.first_batch_checks)
 
     @property
     def checked(self) -> bool:
@@ -52,7 +54,14 @@ class Evaluation:
     def __call__(self) -> dict[str, float]:
         """One pass: ``{"val_loss": ..., "val_<metric>": ...}`` (``<prefix>_loss``...)."""
         estimator = self.estimator
-        state = TrainState(estimator, "validate", num_batches=self.num_batches, prefix=self.prefix, ranks=self.ranks)
+        state = TrainState(
+            estimator,
+            "validate",
+            num_batches=self.num_batches,
+            prefix=self.prefix,
+            ranks=self.ranks,
+            services=self.services,
+        )
         run = RunContext(
             self.dispatcher,
             self.step,

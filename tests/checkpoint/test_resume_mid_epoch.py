@@ -21,7 +21,7 @@ from torch.utils.data import (
 import fitforge.inputs.indexed
 from fitforge import Estimator
 from fitforge.checkpoint.resume import warn_if_inexact
-from fitforge.events import BatchEnd, FirstBatchCheck
+from fitforge.events import BatchEnd
 from fitforge.exceptions import CancelBatch, CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 from fitforge.inputs.order import DataOrder
@@ -334,9 +334,12 @@ def test_a_resume_at_the_end_of_an_epoch_of_unknown_length_trains_on(tmp_path):
 
 
 def test_the_first_batch_checks_run_for_a_fit_from_scratch_and_for_a_resumed_one(tmp_path):
-    class CountChecks(BatchEnd, FirstBatchCheck):
+    class CountChecks(BatchEnd):
         def __init__(self):
             self.checks = 0
+
+        def offer(self, services):
+            services.first_batch_checks.append(self.check_first_batch)
 
         def check_first_batch(self, state):
             self.checks += 1

@@ -13,7 +13,7 @@ import pytest
 import fitforge
 import fitforge.handlers
 from fitforge.core.events import EventHandler
-from fitforge.events import EpochEnd, FirstBatchCheck, Monitoring, Stage, Stopping, TrainBegin, Validating, role_of
+from fitforge.events import EpochEnd, KeyRecording, Monitoring, Stage, Stopping, TrainBegin, Validating, role_of
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, MonitorKeyError
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, StoppingHandler, ValidationHandler
 from fitforge.handlers.throttle import throttle
@@ -104,7 +104,7 @@ def test_a_wrapper_plays_the_roles_of_what_it_wraps():
     stopper = EarlyStoppingHandler("train_loss", restore_best=True)
     wrapped = throttle(throttle(stopper, every_n_epochs=2), every_n_epochs=3)
     assert role_of(wrapped, Monitoring) is stopper and role_of(wrapped, Stopping) is stopper
-    assert role_of(wrapped, Validating) is None and role_of(stopper, FirstBatchCheck) is None
+    assert role_of(wrapped, Validating) is None and role_of(stopper, KeyRecording) is None
     assert (
         role_of(CheckpointHandler("unused", monitor="val_loss", save_best=True), Monitoring).best_weights() == "saved"
     )
@@ -155,15 +155,6 @@ def test_training_values_come_before_validation_values_whoever_gives_the_metric_
 
 
 def test_a_handler_defining_a_role_s_name_without_the_role_is_warned_once():
-    from fitforge.events import BatchEnd
-
-    class Refuses(BatchEnd):  # meant to refuse the run, but does not inherit FirstBatchCheck
-        def check_first_batch(self, state):
-            raise ValueError("never called")
-
-        def batch_end(self, state):
-            pass
-
     class Watches(EpochEnd):
         def __init__(self):
             self.monitor = "val_los"
@@ -172,13 +163,11 @@ def test_a_handler_defining_a_role_s_name_without_the_role_is_warned_once():
             pass
 
     estimator, data, _ = linear_problem()
-    with pytest.warns(UserWarning, match=r"Refuses defines 'check_first_batch' but does not inherit the role Fir"):
-        estimator.fit(data, epochs=1, event_handlers=[Refuses()])
     with pytest.warns(UserWarning, match=r"Watches defines 'monitor' but does not inherit the role Monitoring"):
         estimator.fit(data, epochs=1, event_handlers=[Watches()])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        estimator.fit(data, epochs=1, event_handlers=[Refuses(), Watches()])  # once per class and name
+        estimator.fit(data, epochs=1, event_handlers=[Watches()])  # once per class and name
 
 
 def test_a_monitor_running_before_the_validation_of_its_key_is_refused_before_training():

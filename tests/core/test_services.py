@@ -63,7 +63,7 @@ def test_a_users_handler_offers_state_a_spike_recovery_sets_back():
     assert counter.batches < 39
 
 
-def test_evaluate_and_predict_have_empty_services():
+def test_an_evaluation_has_the_services_its_own_handlers_offer():
     seen = []
 
     class Look(BatchEnd):
@@ -72,7 +72,8 @@ def test_evaluate_and_predict_have_empty_services():
 
     net = nn.Linear(2, 1)
     Estimator(net, nn.MSELoss(), device="cpu").evaluate([(torch.ones(2, 2), torch.ones(2, 1))], event_handlers=[Look()])
-    assert seen and not seen[0].undoables and not seen[0].checkpoints and not seen[0].epoch_lines
+    # its MetricHandler's first-batch check and sums; nothing of a fit's
+    assert len(seen[0].first_batch_checks) == 1 and not seen[0].checkpoints and seen[0].steps is None
 
 
 class StepsAndAverage(BatchEnd, EpochEnd):

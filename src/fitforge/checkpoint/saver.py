@@ -21,7 +21,6 @@ from fitforge.checkpoint.locations import EXTENSION, Location
 from fitforge.checkpoint.resume import epoch_position, pick, training_state
 from fitforge.checkpoint.storage import CheckpointIO
 from fitforge.core.finite import non_finite_state, only_buffers
-from fitforge.core.roles import StateConfirming, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CheckpointError, FitforgeValueError
 
@@ -157,8 +156,8 @@ class CheckpointWriter:
         (every rank judges its own tensors, and all agree); with ``save_non_finite`` it is written
         as ``<prefix>-nonfinite.pt`` instead. One warning per fit, then DEBUG lines, and a count
         when training ends."""
-        for guard in players(state.handlers, StateConfirming):
-            guard.confirm_state(state)
+        for confirm in state.services.before_save:
+            confirm(state)
         poisoned = non_finite_state(state.estimator)
         if not state.ranks.any(bool(poisoned)):
             return True

@@ -13,10 +13,10 @@ On the first training batch, in order:
    The loss checks counts, shapes, label dtypes and class ranges on this call
    (``Estimator.arm_loss_checks``);
 3. the estimator's checks of the output: a BatchOutput with a batch size, no 0-d label, a scalar loss;
-4. ``check_first_batch(state)`` of every handler playing :class:`~fitforge.core.roles.FirstBatchCheck`,
-   before the optimizer step: MetricHandler updates throw-away copies of its metrics; a handler of
-   your own may refuse a run there (``state.phase`` is "train", or "validate" for the validation
-   batch checked before training).
+4. the checks the run's handlers offered (``services.first_batch_checks``), before the optimizer
+   step: MetricHandler updates throw-away copies of its metrics; a handler of your own may refuse a
+   run there (``state.phase`` is "train", or "validate" for the validation batch checked before
+   training).
 
 evaluate and predict change no weight: their first batch gets step 2 only. The first validation
 batch, evaluated before training (:func:`fitforge.checks.validation.check_first_val_batch`), gets all four.
@@ -32,13 +32,12 @@ from torch import Tensor, nn
 
 from fitforge.checks.forward_errors import explain
 from fitforge.core.batches import LABEL_KEYS, check_finite
-from fitforge.core.roles import FirstBatchCheck, players
 from fitforge.core.state import TrainState
 from fitforge.exceptions import BatchFormatError
 
 
 def first_batch_check(
-    step: Callable[[TrainState, Any], Any], handlers: Sequence[object], name: str, phase: str
+    step: Callable[[TrainState, Any], Any], checks: Sequence[Callable[[TrainState], None]], name: str, phase: str
 ) -> Callable[[TrainState, Any], Any]:
     """The step of a run's first batch of ``name``: ``step`` with the checks of the module docstring
     (training), or with an error in the net explained (evaluate, predict)."""
@@ -54,7 +53,7 @@ def first_batch_check(
         output = explained_step(state, step, batch)
         estimator.check_first_batch(output)
         state.output = output
-        check_handlers(state, handlers)
+        check_handlers(state, checks)
         return output
 
     return checked_training if phase == "train" else checked
@@ -117,8 +116,7 @@ def _signature(net: nn.Module) -> str:
         return "(...)"
 
 
-def check_handlers(state: TrainState, handlers: Sequence[object]) -> None:
-    """Call ``check_first_batch(state)`` of every handler that checks the first batch
-    (:class:`~fitforge.core.roles.FirstBatchCheck`; ``state.output`` is set)."""
-    for check in players(handlers, FirstBatchCheck):
-        check.check_first_batch(state)
+def check_handlers(state: TrainState, checks: Sequence[Callable[[TrainState], None]]) -> None:
+    """Call the first-batch checks the handlers offered (``state.output`` is set)."""
+    for check in checks:
+        check(state)

@@ -16,7 +16,7 @@ predict (:func:`before_predict`): the data, the placement, the handlers; the fir
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from fitforge.core.processor import bound_step
 from fitforge.core.roles import Stopping, Validating, players
 from fitforge.core.run import Step
 from fitforge.core.services import Services
-from fitforge.core.state import EstimatorLike
+from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.distributed.data_split import in_dataset_order, shard_eval, shard_train
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.evaluation import Evaluation
@@ -100,7 +100,7 @@ def before_fit(
         check_monitor_order(dispatcher.owners[Event.EPOCH_END], left)
     estimator.arm_loss_checks("train")
     step = bound_step(estimator.batch_processor, estimator, "fit_batch")
-    check = first_batch_check(step, dispatcher.handlers, "train_data", "train")
+    check = first_batch_check(step, services.first_batch_checks, "train_data", "train")
     profile = check_flag("fit", "profile", profile)
     return FitPlan(train_data, num_batches, epochs, batches, dispatcher, step, check, profile, services)
 
@@ -140,7 +140,7 @@ def _set_up_validations(
 
 
 def _checked_before(estimator: EstimatorLike, evaluation: Evaluation, data: Iterable, name: str) -> bool:
-    return check_first_val_batch(estimator, data, name, evaluation.dispatcher.handlers, evaluation.step)
+    return check_first_val_batch(estimator, data, name, evaluation.services.first_batch_checks, evaluation.step)
 
 
 def evaluation_of(
@@ -173,8 +173,8 @@ def evaluation_of(
     ), unsplit
 
 
-def _explained(step: Step, handlers: Sequence[EventHandler]) -> Step:
-    return first_batch_check(step, handlers, "val_data", "validate")
+def _explained(step: Step, checks: Sequence[Callable[[TrainState], None]]) -> Step:
+    return first_batch_check(step, checks, "val_data", "validate")
 
 
 @dataclass
@@ -203,7 +203,7 @@ def before_predict(
         data = in_dataset_order(data)
     check_placement(estimator, "val_net")
     dispatcher = Dispatcher(on_this_rank(user_handlers(event_handlers)))
-    check = first_batch_check(step, dispatcher.handlers, "data", "predict")
+    check = first_batch_check(step, (), "data", "predict")  # predict changes nothing: the step's errors explained
     return PredictPlan(data, num_batches, sharded, dispatcher, check)
 
 

@@ -19,7 +19,6 @@ from torch.utils.data import (
 
 from fitforge.checks.first_batch import check_handlers, explained_step
 from fitforge.core.batches import check_finite, sampler_of
-from fitforge.core.events import EventHandler
 from fitforge.core.rng import torch_rng_kept
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.core.worker_shield import shielded
@@ -53,13 +52,13 @@ def check_first_val_batch(
     estimator: EstimatorLike,
     val_data: Iterable,
     name: str,
-    handlers: Sequence[EventHandler],
+    checks: Sequence[Callable[[TrainState], None]],
     step: Callable[[TrainState, Any], Any],
 ) -> bool:
     """Evaluate a first batch of ``val_data`` (:func:`first_samples`) once before training (eval mode,
     no grad, RNG state restored) with the checks of the first training batch
-    (:mod:`fitforge.checks.first_batch`), through the evaluation's ``handlers`` and ``step``, so its
-    metrics too. Returns whether it checked a batch."""
+    (:mod:`fitforge.checks.first_batch`), through the evaluation's ``step`` and its handlers'
+    ``checks``, so its metrics too. Returns whether it checked a batch."""
     if isinstance(val_data, Iterator):  # a one-shot iterator cannot be peeked without losing a batch
         return False
     with (
@@ -76,7 +75,7 @@ def check_first_val_batch(
         try:
             state.output = explained_step(state, step, batch)
             estimator.check_first_batch(state.output, "evaluate_batch")
-            check_handlers(state, handlers)
+            check_handlers(state, checks)
         except (FitforgeValueError, FitforgeTypeError) as error:
             raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error
     return True

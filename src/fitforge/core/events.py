@@ -174,6 +174,15 @@ def unwrapped(handler: object) -> object:
     return handler
 
 
+def offered(handlers: Iterable[object], services: Services) -> Services:
+    """``services`` with what each of ``handlers`` offers (:meth:`EventHandler.offer`), in their order; a
+    wrapper's handler (``throttle(...)``) offers its own."""
+    for handler in handlers:
+        if isinstance(inner := unwrapped(handler), EventHandler):
+            inner.offer(services)
+    return services
+
+
 def hook_of(handler: object, event: Event) -> Callable[[TrainState], Any]:
     """The method of ``handler`` that ``event`` calls (``handler.batch_end`` for BATCH_END)."""
     return getattr(handler, HOOK_NAMES[event])

@@ -19,8 +19,6 @@ Validating          ValidationHandler                      its ``val_*`` keys co
                                                            its evaluation (:meth:`validation_setup`)
 Stopping            Stopping, EarlyStopping, NaNGuard       its limits fold into the run's; a run it
                                                            had ended is over when resumed
-FirstBatchCheck     MetricHandler, GradientUpdateHandler   ``check_first_batch`` on the first batch,
-                                                           before its optimizer step
 KeyRecording        MetricHandler                          the history keys it records, known before
                                                            training
 ==================  =====================================  ===========================================
@@ -44,12 +42,11 @@ from fitforge.core.events import EventHandler, Wrapping, unwrapped
 from fitforge.core.services import Accumulating, WeightAveraging  # the types of two services, named here too
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fitforge.core.state import EstimatorLike, TrainState
+    from fitforge.core.state import EstimatorLike
 
 R = TypeVar("R")
 __all__ = [  # Wrapping and unwrapped live with the events (the dispatcher needs them); named here too
     "Accumulating",
-    "FirstBatchCheck",
     "KeyRecording",
     "Monitoring",
     "Stopping",
@@ -152,25 +149,6 @@ class Stopping:
         return False
 
 
-class FirstBatchCheck:
-    """Checks the run before its first optimizer step: :meth:`check_first_batch` is called once the
-    first batch's output exists (``state.output``), before any ``batch_end`` hook, also on the
-    validation batch checked before training (``state.phase == "validate"``). Raise a clear error
-    to refuse the run."""
-
-    def check_first_batch(self, state: TrainState) -> None:
-        """Raise to refuse the run."""
-
-
-class StateConfirming:
-    """Vouches for the training state before a checkpoint saves it: a CheckpointHandler calls
-    :meth:`confirm_state` on every rank right before each save; it may put another state in place
-    (a spike guard restores its last good weights), which is the one saved."""
-
-    def confirm_state(self, state: TrainState) -> None:
-        """Make the state about to be saved one fit to save."""
-
-
 class KeyRecording:
     """Records history keys known before training (``train_loss``, ``val_accuracy``...)."""
 
@@ -208,8 +186,6 @@ _NAMES = {
     Monitoring: ("monitor", "save_best", "restore_best", "best_weights"),
     Validating: ("validation_setup", "use_evaluation"),
     Stopping: ("stopped_epoch", "run_limits", "ended_run"),
-    FirstBatchCheck: ("check_first_batch",),
-    StateConfirming: ("confirm_state",),
     KeyRecording: ("history_keys",),
     Accompanied: ("companions",),
 }

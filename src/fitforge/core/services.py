@@ -113,7 +113,7 @@ def _no_keys() -> list[str]:
 
 @dataclass(eq=False)
 class Services:
-    """The services of one fit (empty in ``evaluate`` and ``predict``).
+    """The services of one fit (an evaluation's: what its own handlers offer; none in ``predict``).
 
     Attributes:
         history_keys: the history keys the run records, as known now (fit's: the metrics', the
@@ -131,6 +131,12 @@ class Services:
             took (``steps_per_optimizer(state)``), an open group shared before a checkpoint.
         averages: the handlers keeping averaged weights (EMAHandler): ``averaged_state_dict()``; fit
             evaluates with the one there is.
+        first_batch_checks: called with the state on the run's first batch once its output exists
+            (``state.output``), before its optimizer step and any ``batch_end`` hook; also on the
+            validation batch checked before training (``state.phase == "validate"``). Raise a clear
+            error to refuse the run (MetricHandler's computes a copy of every metric there).
+        before_save: called with the state on every rank right before a checkpoint saves it; may
+            put another state in place (a spike guard's last good weights), which is the one saved.
     """
 
     history_keys: Callable[[], list[str]] = _no_keys
@@ -142,6 +148,8 @@ class Services:
     checkpoints: list[CheckpointSaver] = field(default_factory=list)
     steps: Accumulating | None = None
     averages: list[WeightAveraging] = field(default_factory=list)
+    first_batch_checks: list[Callable[[Any], None]] = field(default_factory=list)
+    before_save: list[Callable[[Any], None]] = field(default_factory=list)
 
     def shows_epoch_lines(self) -> bool:
         """Whether a handler of the run prints each epoch's line now."""

@@ -178,7 +178,7 @@ class TrainState:
         handlers: the run's handlers in dispatch order (fit only; empty in evaluate and predict),
             for fitforge's own checkpointing (a handler reads what others offer in ``services``).
         services: what the run's handlers share (:class:`~fitforge.core.services.Services`): each offers
-            its part before ``train_begin``; empty in evaluate and predict.
+            its part before ``train_begin`` (an evaluation's handlers, before its first pass).
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
         accumulated_batches: batches whose gradients wait for the next optimizer step.
         count_items: the :class:`~fitforge.core.item_counts.ItemCounter` the default ``fit_batch``

@@ -103,7 +103,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         "num_batches",
     )
     # Resuming happens after train_begin (fitforge.checkpoint.resume), not through the state; a guard
-    # it asks before a save (StateConfirming) may put good weights back and drop an open group.
+    # it asks before a save (services.before_save) may put good weights back and drop an open group.
     writes = ("accumulated_batches",)
 
     def __init__(

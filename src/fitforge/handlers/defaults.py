@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fitforge.core.dispatch import check_handler
-from fitforge.core.events import EventHandler, acts_as, unwrapped
+from fitforge.core.events import EventHandler, acts_as, offered
 from fitforge.core.roles import Accompanied, KeyRecording, Validating, players
 from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike
@@ -82,10 +82,7 @@ def fit_services(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> 
         keys_complete=not unknown_val_keys(handlers),
         validates_mid_epoch=any(setup.mid_epoch for setup in setups),
     )
-    for handler in handlers:
-        if isinstance(inner := unwrapped(handler), EventHandler):  # a wrapper's handler offers its own
-            inner.offer(services)
-    return services
+    return offered(handlers, services)
 
 
 def unknown_val_keys(handlers: Sequence[EventHandler]) -> bool:

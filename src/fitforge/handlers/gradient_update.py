@@ -12,7 +12,7 @@ from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.item_counts import ItemCounter, UnweightedNote, fit_counter
 from fitforge.core.optimizer_choice import OptimizerChoice
-from fitforge.core.roles import Accumulating, FirstBatchCheck
+from fitforge.core.roles import Accumulating
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -45,7 +45,7 @@ def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
     return None if scale is None else scale.clone()
 
 
-class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd, Accumulating, FirstBatchCheck):
+class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd, Accumulating):
     """Step the optimizers, then ``zero_grad(set_to_none=True)``.
 
     It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights (read the gradients before
@@ -161,6 +161,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
 
     def offer(self, services: Services) -> None:
         services.steps = self  # the run's optimizer stepping: schedules count its steps, checkpoints its groups
+        services.first_batch_checks.append(self.check_first_batch)
 
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler

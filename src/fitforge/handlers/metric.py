@@ -11,7 +11,7 @@ import torch
 from fitforge.core.batches import shape_of
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
 from fitforge.core.loss import part_keys
-from fitforge.core.roles import FirstBatchCheck, KeyRecording
+from fitforge.core.roles import KeyRecording
 from fitforge.core.services import Services, Undoable
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
@@ -39,7 +39,7 @@ def _run_of(state: TrainState) -> tuple:
     return (id(state.estimator), state.phase, state.prefix)
 
 
-class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchCheck):
+class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
     """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several (``<prefix>loss_<i>``) or
     they are named (``<prefix><output>_loss``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>``
     for every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
@@ -254,7 +254,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording, FirstBatchChec
         return rank_states(own, _on_host)
 
     def offer(self, services: Services) -> None:
-        """Its running sums, set back with the weights when batches are undone (SpikeGuardHandler's)."""
+        """Its first-batch check; its running sums, set back with the weights when batches are undone."""
+        services.first_batch_checks.append(self.check_first_batch)
         services.undoables.append(Undoable(self.mark_sums, self.rewind_sums))
 
     def mark_sums(self) -> Any:

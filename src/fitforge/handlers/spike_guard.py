@@ -11,7 +11,8 @@ import torch
 
 from fitforge.core.arguments import check_positive
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import KeyRecording, StateConfirming
+from fitforge.core.roles import KeyRecording
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
 
@@ -24,7 +25,7 @@ class LossSpikeError(FitforgeValueError):
     """The training loss spiked more often than ``SpikeGuardHandler(max_recoveries=...)`` allows."""
 
 
-class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfirming, KeyRecording):
+class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecording):
     """Recover from a loss spike: go back to the last good weights, skip the bad batch, optionally lower the
     learning rate, and go on.
 
@@ -138,6 +139,9 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, StateConfir
     def _judges(self) -> bool:
         """Whether enough losses are known to judge one against their median."""
         return self._known >= max(1, self.window // 2)
+
+    def offer(self, services: Services) -> None:
+        services.before_save.append(self.confirm_state)
 
     def confirm_state(self, state: TrainState) -> None:
         """Before a checkpoint: check now, so that a spiked state is never saved."""
