@@ -81,8 +81,8 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
 
 
 def _config_entry(state: TrainState) -> dict[str, Any]:
-    """``{"config": ...}`` for a run started from a config; nothing for others (and test doubles)."""
-    config = getattr(state.estimator, "run_config", None)
+    """``{"config": ...}`` for a run started from a config; nothing for others."""
+    config = state.estimator.run_config
     return {} if config is None else {"config": config}
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from fitforge.checks.forward_errors import explain
-from fitforge.core.batches import LABEL_KEYS, check_finite
+from fitforge.core.batches import check_finite
 from fitforge.core.state import TrainState
 from fitforge.exceptions import BatchFormatError
 
@@ -48,7 +48,7 @@ def first_batch_check(
     def checked_training(state: TrainState, batch: Any) -> Any:
         # A resumed fit is checked too: its metrics or handlers may differ from the run that saved.
         estimator = state.estimator
-        if not getattr(estimator.batch_processor, "allow_nonfinite", False):  # a processor of its own may lack it
+        if not estimator.batch_processor.allow_nonfinite:
             check_finite(batch, name)
         output = explained_step(state, step, batch)
         estimator.check_first_batch(output)
@@ -106,7 +106,7 @@ def _labelled(batch: Any, keys: tuple[str, ...]) -> bool:
 
 
 def _label_keys(estimator: Any) -> tuple[str, ...]:
-    return getattr(estimator.batch_processor, "label_keys", LABEL_KEYS)
+    return estimator.batch_processor.label_keys
 
 
 def _signature(net: nn.Module) -> str:

@@ -58,7 +58,7 @@ def _monitor_hint(key: str, keys: list[str], validates: bool, estimator: Estimat
     if key.startswith("val_") and not validates:
         return "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
     processor = None if estimator is None else estimator.batch_processor
-    if key in ("train_loss", "val_loss") and not getattr(processor, "record_loss", True):
+    if key in ("train_loss", "val_loss") and processor is not None and not processor.record_loss:
         return (
             f"The batch processor sets record_loss = False, which leaves its loss out of {key}: monitor a loss it "
             "logs by name (state.log), or record the loss"

@@ -68,7 +68,7 @@ def check_first_val_batch(
         batch = first_samples(val_data)
         if batch is None:
             return False  # empty: reported by check_data or at the first validation
-        if not getattr(estimator.batch_processor, "allow_nonfinite", False):
+        if not estimator.batch_processor.allow_nonfinite:
             check_finite(batch, name)
         estimator.arm_loss_checks("validate")
         state = TrainState(estimator, "validate", batch_idx=0, batch=batch)

@@ -304,7 +304,8 @@ def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callabl
     if isinstance(processor, BatchProcessor):
         processor.bind(estimator)
     step = getattr(processor, method)
-    if estimator.autocast_dtype is None or method not in getattr(processor, "_custom_steps", ()):
+    custom = processor._custom_steps if isinstance(processor, BatchProcessor) else frozenset()
+    if estimator.autocast_dtype is None or method not in custom:
         return step
 
     def under_autocast(state: TrainState, batch: Any) -> Any:

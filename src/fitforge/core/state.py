@@ -19,7 +19,10 @@ from fitforge.core.services import Services
 class StepProcessor(Protocol):
     """What the loop calls per batch (:class:`~fitforge.BatchProcessor` is the implementation)."""
 
-    allow_nonfinite: bool
+    allow_nonfinite: bool  # nan and inf accepted in the first batch's data
+    logs: tuple[str, ...]  # the names its steps give state.log
+    record_loss: bool  # False: its steps' loss is left out of train_loss/val_loss
+    label_keys: tuple[str, ...]  # the keys of a dict batch's label
 
     def fit_batch(self, state: TrainState, batch: Any) -> BatchOutput: ...
     def evaluate_batch(self, state: TrainState, batch: Any) -> BatchOutput: ...
@@ -56,6 +59,7 @@ class EstimatorLike(Protocol):
     batch_processor: StepProcessor
     weight_average: Any  # the fit's WeightAveraging handler (EMA), whose weights evaluation uses; or None
     run_config: dict[str, Any] | None  # the resolved config of a run started from one (fitforge.cli)
+    precision: str | None  # as given: None (float32), "bf16-mixed", "16-mixed"
 
     @property
     def optimizer(self) -> torch.optim.Optimizer: ...

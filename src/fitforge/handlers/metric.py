@@ -100,7 +100,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
     @staticmethod
     def _unrecorded(estimator: Any, phase: str) -> tuple[str, ...]:
         """The loss names a step that leaves its loss out (``BatchProcessor.record_loss = False``) does not record."""
-        if getattr(estimator.batch_processor, "record_loss", True):
+        if estimator.batch_processor.record_loss:
             return ()
         return ("loss", *part_keys(estimator.output_keys(phase)))
 
@@ -120,7 +120,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
             slot.metric.to(estimator.device)
         self._loss = Mean()
         outputs = estimator.output_keys(state.phase)
-        self._records_loss = getattr(estimator.batch_processor, "record_loss", True)
+        self._records_loss = estimator.batch_processor.record_loss
         self._part_keys = part_keys(outputs) if self._records_loss else ()
         self._parts = [Mean() for _ in self._part_keys]
         self._several = _BY_NAME if any(isinstance(key, str) for key in outputs) else _BY_POSITION

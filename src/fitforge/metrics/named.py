@@ -18,7 +18,7 @@ from fitforge.metrics.builtin import Mean
 
 def declared_names(processor: Any) -> tuple[str, ...]:
     """The names a batch processor declares in its ``logs`` attribute, checked."""
-    names = getattr(processor, "logs", ())
+    names = processor.logs
     if isinstance(names, str) or not isinstance(names, (tuple, list)):
         raise FitforgeTypeError(
             f"{type(processor).__name__}.logs must be a tuple of the names its steps give state.log, "

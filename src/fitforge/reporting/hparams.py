@@ -52,11 +52,11 @@ def run_params(state: TrainState) -> dict[str, ParamValue]:
         params.update(_optimizer_params(optimizer, i))
     params["batch_size"] = _batch_size(state)
     params["epochs"], params["batches"] = state.max_epochs, state.max_batches
-    params["precision"] = getattr(estimator, "precision", None) or "32-true"
+    params["precision"] = estimator.precision or "32-true"
     params["device"] = str(estimator.device)
-    params["strategy"] = getattr(getattr(estimator, "strategy", None), "name", None)
+    params["strategy"] = estimator.strategy.name
     params["world_size"] = world_size()
-    params.update(config_params(getattr(estimator, "run_config", None)))
+    params.update(config_params(estimator.run_config))
     return {key: value for key, value in params.items() if value is not None}
 
 

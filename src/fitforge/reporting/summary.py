@@ -67,7 +67,7 @@ def model_summary(estimator: EstimatorLike) -> str:
     net = estimator.net
     total, trainable = parameter_counts(net)
     dtype = next((p.dtype for p in net.parameters()), torch.get_default_dtype())
-    precision = getattr(estimator, "precision", None) or str(dtype).removeprefix("torch.")
+    precision = estimator.precision or str(dtype).removeprefix("torch.")
     lazy = " (and lazy ones not built yet)" if any(nn.parameter.is_lazy(p) for p in net.parameters()) else ""
     return (
         f"Model: {model_name(net)}, {total:,} parameters{lazy} ({trainable:,} trainable), "

@@ -139,7 +139,7 @@ def lr_find(
     """
     _check_arguments(estimator, start_lr, end_lr, num_steps, smoothing, diverge_factor)
     train_data, _ = fit_loaders(train_data, None, batch_size, None)  # arrays (X, y), as fit takes them
-    if getattr(estimator, "splits_data", False):
+    if estimator.splits_data:
         train_data = shard_train(train_data)
     check_data(train_data, "train_data", None)
     saved = _snapshot(estimator)
@@ -164,8 +164,10 @@ def lr_find(
 def _check_arguments(
     estimator: EstimatorLike, start_lr: Any, end_lr: Any, num_steps: Any, smoothing: Any, diverge_factor: Any
 ) -> None:
-    if not all(hasattr(estimator, name) for name in ("net", "optimizers", "batch_processor")):
-        raise FitforgeTypeError(f"lr_find: estimator must be a fitforge Estimator, got {describe(estimator)}")
+    try:
+        estimator.net, estimator.optimizers, estimator.batch_processor  # noqa: B018 (what an Estimator has)
+    except AttributeError:
+        raise FitforgeTypeError(f"lr_find: estimator must be a fitforge Estimator, got {describe(estimator)}") from None
     numbers = {"start_lr": start_lr, "end_lr": end_lr, "smoothing": smoothing, "diverge_factor": diverge_factor}
     for name, value in numbers.items():
         check_number("lr_find", name, value)
@@ -216,7 +218,7 @@ def _sweep(
     smoothing: float,
     diverge_factor: float,
 ) -> LRFindResult:
-    result, optimizers, scaler = LRFindResult(), list(estimator.optimizers), getattr(estimator, "scaler", None)
+    result, optimizers, scaler = LRFindResult(), list(estimator.optimizers), estimator.scaler
     fit_batch = bound_step(estimator.batch_processor, estimator, "fit_batch")
     choice = OptimizerChoice(optimizers)
     state = TrainState(estimator, "train", max_batches=num_steps)
