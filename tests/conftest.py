@@ -11,18 +11,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from figures import summary_lines
 
-# The fast tier (``make test-fast``) leaves these out: they start processes (reliability trainers,
-# torchrun ranks, notebook kernels, the logging of a fresh interpreter), train the examples, run the
-# docs' code or the benchmarks. ``make test`` runs everything.
-_INTEGRATION_FOLDERS = {"reliability", "distributed", "examples", "docs", "benchmarks"}
-_INTEGRATION_FILES = {"test_logging_output.py", "test_notebook_output.py"}
-
-
-def pytest_collection_modifyitems(items) -> None:
-    for item in items:
-        path = Path(str(item.fspath))
-        if path.parent.name in _INTEGRATION_FOLDERS or path.name in _INTEGRATION_FILES:
-            item.add_marker(pytest.mark.integration)
+# The fast tier (``make test-fast``, ``-m "not integration"``) promises no process and no server: a test
+# that starts one (trainers, torchrun ranks, Ray, moto servers, notebook kernels, DataLoader workers),
+# trains the examples, runs the docs' code or the benchmarks is marked integration in its own file.
 
 
 @pytest.fixture(autouse=True)

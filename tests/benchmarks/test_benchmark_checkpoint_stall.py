@@ -1,7 +1,11 @@
 """benchmarks/checkpoint_stall.py on a tiny net: both variants save the planned number of times and
 the table prints (no timing is asserted)."""
 
+import pytest
+
 from helpers import load_benchmark
+
+pytestmark = pytest.mark.integration  # runs the benchmarks
 
 
 def test_the_stall_benchmark_times_every_save_of_both_variants():

@@ -1,6 +1,10 @@
 """benchmarks/dispatch.py runs and reports a cost per handler call (no timing is asserted)."""
 
+import pytest
+
 from helpers import load_benchmark
+
+pytestmark = pytest.mark.integration  # runs the benchmarks
 
 
 def test_dispatch_benchmark_reports_every_count():

@@ -8,6 +8,8 @@ import pytest
 
 from helpers import load_benchmark
 
+pytestmark = pytest.mark.integration  # runs the benchmarks
+
 
 @pytest.fixture(scope="module")
 def fixed_cost():

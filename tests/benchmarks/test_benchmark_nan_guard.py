@@ -1,7 +1,11 @@
 """benchmarks/nan_guard.py on a tiny workload: every variant runs and the host reads per batch are as
 docs/checkpoints.md states (no timing is asserted)."""
 
+import pytest
+
 from helpers import load_benchmark
+
+pytestmark = pytest.mark.integration  # runs the benchmarks
 
 
 def test_the_guard_benchmark_counts_the_reads_each_policy_costs():

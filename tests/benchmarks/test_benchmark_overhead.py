@@ -8,6 +8,8 @@ import torch
 
 from helpers import load_benchmark
 
+pytestmark = pytest.mark.integration  # runs the benchmarks
+
 
 @pytest.fixture(scope="module")
 def overhead():

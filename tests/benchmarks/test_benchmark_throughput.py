@@ -7,6 +7,8 @@ import pytest
 
 from helpers import load_benchmark
 
+pytestmark = pytest.mark.integration  # runs the benchmarks
+
 
 @pytest.fixture(scope="module")
 def throughput():

@@ -7,6 +7,8 @@ from fitforge.checkpoint.files import load_checkpoint
 from fitforge.exceptions import FitforgeValueError
 from objectstore import assert_same, listing, local_s3, s3, storage_options, train
 
+pytestmark = pytest.mark.integration  # a moto S3 server on the loopback
+
 
 @pytest.fixture(scope="module")
 def endpoint():

@@ -129,6 +129,7 @@ def test_a_resume_on_cuda_is_exact_with_deterministic_algorithms(tmp_path, tmp_p
         torch.use_deterministic_algorithms(was)
 
 
+@pytest.mark.integration  # DataLoader worker processes
 def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
     whole = uninterrupted(tmp_path_factory, workers=2)
     assert whole[1] == uninterrupted(tmp_path_factory)[1]  # workers change nothing in the order

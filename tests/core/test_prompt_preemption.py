@@ -144,7 +144,15 @@ def fake_scontrol(folder, status=0):
     return folder / "called"
 
 
-@pytest.mark.parametrize("slurm", ["requeued", "requeue fails", "no scontrol", "no slurm"])
+@pytest.mark.parametrize(
+    "slurm",
+    [
+        pytest.param("requeued", marks=pytest.mark.integration),  # runs the stand-in scontrol
+        pytest.param("requeue fails", marks=pytest.mark.integration),
+        "no scontrol",
+        "no slurm",
+    ],
+)
 def test_sigusr1_saves_then_requeues_a_slurm_job_or_exits_138(tmp_path, monkeypatch, whole, slurm, caplog):
     bin_folder = tmp_path / "bin"
     bin_folder.mkdir()

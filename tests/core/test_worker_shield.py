@@ -54,6 +54,7 @@ def fitted(train, val, epochs=2):
     return estimator.net.state_dict(), history
 
 
+@pytest.mark.integration  # DataLoader workers, signalled by kill
 def test_workers_in_training_and_validation_outlive_signals_from_another_process(tmp_path):
     mark = init_marks(tmp_path)
     train = DataLoader(SignalledInWorkers(), batch_size=4, shuffle=True, num_workers=2, worker_init_fn=mark)
@@ -75,6 +76,7 @@ def _shielded_child(exiting, done, ready) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.integration  # a forked worker
 @pytest.mark.parametrize("release", ["done", "exiting"])
 def test_a_shielded_worker_obeys_sigterm_only_once_its_loader_or_the_main_process_lets_it_go(release):
     context = multiprocessing.get_context("fork")
@@ -124,6 +126,7 @@ def test_the_shielded_init_pickles_for_spawned_workers():
     assert isinstance(again, ShieldedWorkerInit) and again.own is print
 
 
+@pytest.mark.integration  # a spawned DataLoader worker
 def test_a_spawned_worker_is_shielded_too(tmp_path):
     train = DataLoader(
         SignalledInWorkers(), batch_size=8, num_workers=1, multiprocessing_context="spawn", persistent_workers=True
@@ -161,6 +164,7 @@ class WaitsForTheSave(Dataset):
         return X[i], Y[i]
 
 
+@pytest.mark.integration  # DataLoader workers
 @pytest.mark.parametrize("period, saved", [(2, "model-epoch0batch2.pt"), (None, "model-epoch0batch8.pt")])
 def test_a_signal_in_a_validation_saves_before_its_workers_are_shut_down(tmp_path, period, saved):
     # Dropping the abandoned validation's iterator shuts its workers down, which waits for the batch

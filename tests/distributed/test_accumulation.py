@@ -28,9 +28,12 @@ BENCHMARK = str(HERE.parents[1] / "benchmarks" / "accumulation.py")
 TIMEOUT = 240  # seconds for one launch; each takes 5-20 s on 2 busy cores
 STEPS = 6  # 2 epochs of 7 batches in groups of 3, 3 and 1
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
-)
+pytestmark = [
+    pytest.mark.integration,  # torchrun ranks
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
+    ),
+]
 
 
 def launch(

@@ -5,11 +5,14 @@ import json
 from pathlib import Path
 
 import items_run as script
+import pytest
 import torch
 from test_data_parallel import RUN, finish, ok, start
 
 from fitforge.handlers import GradientUpdateHandler
 from helpers import Tagger, padded_together, tagged_batches
+
+pytestmark = pytest.mark.integration  # torchrun ranks
 
 SCRIPT = str(Path(__file__).resolve().parent / "items_run.py")
 

@@ -14,6 +14,8 @@ from fitforge import Estimator
 from fitforge.checkpoint.files import load_checkpoint
 from fitforge.distributed import fsdp
 
+pytestmark = pytest.mark.integration  # torchrun ranks
+
 ASYNC = {**BASE, "batch_period": 3}  # 5 batches an epoch: saves after 3, 5, 6, 9, 10, 12 and 15
 
 

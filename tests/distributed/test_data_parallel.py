@@ -37,9 +37,12 @@ TIMEOUT = 240  # seconds for one launch; each takes 5-30 s on 2 busy cores
 # failed, and their gloo group can meet a dead peer or hang (see docs/distributed.md).
 ELASTIC = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
-)
+pytestmark = [
+    pytest.mark.integration,  # torchrun ranks
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
+    ),
+]
 
 
 def _env(extra: dict | None = None) -> dict:

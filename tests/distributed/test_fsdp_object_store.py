@@ -12,7 +12,10 @@ from test_data_parallel import BASE, FSDP, SCRIPT, finish, ok, results, start
 
 from objectstore import listing, local_s3, s3, s3_environment
 
-pytestmark = pytest.mark.skipif(not FSDP, reason=f"torch {torch.__version__} has no FSDP2 (fully_shard)")
+pytestmark = [
+    pytest.mark.integration,  # torchrun ranks and a moto S3 server
+    pytest.mark.skipif(not FSDP, reason=f"torch {torch.__version__} has no FSDP2 (fully_shard)"),
+]
 RUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 

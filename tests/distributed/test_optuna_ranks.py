@@ -17,9 +17,12 @@ pytest.importorskip("optuna")
 SCRIPT = str(Path(__file__).resolve().parent / "optuna_run.py")
 TIMEOUT = 240  # seconds for the launch; it takes 5-15 s on 2 busy cores
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
-)
+pytestmark = [
+    pytest.mark.integration,  # torchrun ranks
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
+    ),
+]
 
 
 def launch(out: Path) -> subprocess.CompletedProcess:

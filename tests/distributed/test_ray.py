@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.integration  # a local Ray cluster
+
 ray = pytest.importorskip("ray", reason="needs Ray Train: pip install 'fitforge[ray]'")
 
 SCRIPT = str(Path(__file__).resolve().parent / "ray_run.py")

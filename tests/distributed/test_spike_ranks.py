@@ -4,7 +4,10 @@
 import json
 from pathlib import Path
 
+import pytest
 from test_data_parallel import RUN, finish, ok, start
+
+pytestmark = pytest.mark.integration  # torchrun ranks
 
 SCRIPT = str(Path(__file__).resolve().parent / "spike_run.py")
 

@@ -18,6 +18,8 @@ from test_data_parallel import BASE, RUN, SCRIPT, finish, free_port, launch, max
 
 from fitforge.checkpoint.files import load_checkpoint
 
+pytestmark = pytest.mark.integration  # two torchrun agents meeting on the loopback
+
 
 def two_nodes(out: Path, config: dict) -> list:
     """Both agents started (not waited for), node 0 first; each rank's checkpoints go to ``out/rank<r>``."""

@@ -19,6 +19,8 @@ from torch import nn
 
 from fitforge.distributed import fsdp
 
+pytestmark = pytest.mark.integration  # torchrun ranks
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "world_change_run.py")
 

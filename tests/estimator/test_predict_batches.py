@@ -172,6 +172,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) * 1024)
 """
 
 
+@pytest.mark.integration  # a fresh process, for its own peak memory
 @pytest.mark.parametrize("mode", ["stream", "predict"])
 def test_peak_memory_of_500k_rows_measured_in_a_subprocess(mode):
     result = subprocess.run(

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # trains the examples
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -16,6 +16,8 @@ import torch
 
 from helpers import load_example
 
+pytestmark = pytest.mark.integration  # trains the examples
+
 idx = load_example("idx")
 fashion_mnist = load_example("fashion_mnist")
 

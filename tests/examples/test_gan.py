@@ -8,6 +8,8 @@ from fitforge import Estimator
 from fitforge.events import BatchBegin, BatchEnd, Stage
 from helpers import load_example
 
+pytestmark = pytest.mark.integration  # trains the examples
+
 
 def test_the_gan_learns_the_ring_and_logs_both_losses(tmp_path, capsys):
     pytest.importorskip("matplotlib")

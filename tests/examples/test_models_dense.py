@@ -11,6 +11,8 @@ import torch
 
 from helpers import load_example
 
+pytestmark = pytest.mark.integration  # trains the examples
+
 pytest.importorskip("torchmetrics")
 
 fcn = load_example("fcn_segmentation")

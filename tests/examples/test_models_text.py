@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from fitforge import Estimator
 from helpers import load_example
 
+pytestmark = pytest.mark.integration  # trains the examples
+
 EXAMPLES = ["birnn_sentiment", "textcnn_sentiment", "translator"]
 SENTIMENT_CHANCE = 0.5  # balanced labels; also the best any bag-of-words model can do on this corpus
 SENTIMENT_MARGIN = 0.25  # so a short training must reach a validation accuracy of 0.75

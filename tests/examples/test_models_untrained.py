@@ -14,6 +14,8 @@ import test_models_vision as vision
 
 from helpers import load_example
 
+pytestmark = pytest.mark.integration  # trains the examples
+
 pytest.importorskip("sklearn")
 pytest.importorskip("torchmetrics")
 

@@ -11,6 +11,8 @@ import pytest
 
 from helpers import load_example
 
+pytestmark = pytest.mark.integration  # trains the examples
+
 pytest.importorskip("sklearn")
 
 PREFIXES = {"alexnet": "alexnet", "resnet18": "resnet18", "logistic_regression": "logreg"}

@@ -154,6 +154,7 @@ def fresh_fit(tmp_path, epochs):
     return done.stderr
 
 
+@pytest.mark.integration  # a fresh interpreter's logging
 def test_the_resume_line_shows_in_a_fresh_process(tmp_path):
     first = fresh_fit(tmp_path, epochs=1)
     assert "no checkpoint in" in first and "training from scratch" in first

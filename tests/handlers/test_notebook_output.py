@@ -168,6 +168,7 @@ def texts(outputs):
     ]
 
 
+@pytest.mark.integration  # a notebook kernel
 @pytest.mark.parametrize("widgets", [False, True], ids=["without ipywidgets", "with ipywidgets"])
 def test_a_notebook_run_headlessly_stores_every_epoch_as_text(tmp_path, monkeypatch, widgets):
     nbformat = pytest.importorskip("nbformat")

@@ -81,6 +81,7 @@ Estimator(net, nn.MSELoss()).fit((x, x.sum(1, keepdim=True)), batch_size=8, epoc
 """
 
 
+@pytest.mark.integration  # a fresh interpreter, outside Ray Train
 def test_a_fit_outside_ray_train_is_refused_with_what_to_use():
     # In a fresh process: Ray's local mode, run above, leaves a training context in this one.
     done = subprocess.run([sys.executable, "-c", OUTSIDE], capture_output=True, text=True, timeout=120)

@@ -31,6 +31,8 @@ from harness import (
     weights,
 )
 
+pytestmark = pytest.mark.integration  # kills and restarts trainer processes (harness.py)
+
 SAVES = sorted(set(BATCH_END_SAVES + EPOCH_END_SAVES))  # completed batches of every checkpoint of a run
 CHAINS, KILLS = 2, 10
 

@@ -27,6 +27,8 @@ from harness import (
     weights,
 )
 
+pytestmark = pytest.mark.integration  # kills and restarts trainer processes (harness.py)
+
 KILL = "kill@begin:20"  # leaves the checkpoints of 15, 16 and 18 completed batches (max_checkpoints=3)
 
 

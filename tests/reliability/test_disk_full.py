@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import shutil
 
+import pytest
 from harness import (
     event,
     injected,
@@ -20,6 +21,8 @@ from harness import (
     torn,
     unreadable,
 )
+
+pytestmark = pytest.mark.integration  # mounts a tmpfs for the disk through unshare
 
 PAGE = 4096
 # In the namespace: mount the tmpfs on the folder, train, and copy the folder out before the

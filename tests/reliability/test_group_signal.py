@@ -27,6 +27,8 @@ from harness import (
     weights,
 )
 
+pytestmark = pytest.mark.integration  # signals trainer processes (harness.py)
+
 WORKERS = 2
 SLOW = 0.125  # seconds per validation batch once armed: 80 batches, a 10 s validation
 LATENCY = 2.0  # seconds from the signal to the checkpoint committed, at most

@@ -30,6 +30,8 @@ from harness import (
     weights,
 )
 
+pytestmark = pytest.mark.integration  # kills and restarts trainer processes (harness.py)
+
 # (where, global step): kill at batch_begin (the step is lost mid-way) or batch_end (after the
 # CheckpointHandler's batch_end) of that 0-based step. 8 batches an epoch; saves after 3, 6, 8, 9...
 FIXED = [

@@ -28,6 +28,8 @@ from fitforge.checkpoint.files import CheckpointError
 from fitforge.checkpoint.objects import FsspecCheckpointIO, load_url
 from objectstore import listing, local_s3, s3, s3_environment, storage_options
 
+pytestmark = pytest.mark.integration  # kills trainer processes that upload to a moto S3 server
+
 URL = "s3://bucket/kill9"
 # (fault, the save it kills, the newest committed checkpoint then, the next run's resume). Saves after
 # 3, 6, 8, 9, 12, 15, 16, 18, 21... batches: the first run's fifth save is at 12, uploaded whole; the

@@ -33,6 +33,8 @@ from harness import (
     weights,
 )
 
+pytestmark = pytest.mark.integration  # signals trainer processes (harness.py)
+
 SLOW = 0.125  # seconds per validation batch once the fault is armed: 80 batches, 10 s
 SLOW_PER_RANK = 0.25  # under torchrun each of 2 ranks reads 40 batches: 10 s
 LATENCY = 2.0  # seconds from the signal to the checkpoint committed, at most (issue 36)

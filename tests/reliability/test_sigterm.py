@@ -24,6 +24,8 @@ from harness import (
     weights,
 )
 
+pytestmark = pytest.mark.integration  # signals trainer processes (harness.py)
+
 POINTS = {
     "term@begin:10": 11,  # mid-epoch, mid-step: the batch finishes, 11 batches completed
     "term@begin:23": 24,  # the last batch of epoch 3: its batch end saves, its epoch end is the resumed run's

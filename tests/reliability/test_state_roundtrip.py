@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from harness import HERE, run_process
+
+pytestmark = pytest.mark.integration  # the load runs in a fresh process (roundtrip.py)
 
 COMPONENTS = {
     "weights",

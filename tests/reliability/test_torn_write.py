@@ -24,6 +24,8 @@ from harness import (
 
 from fitforge.checkpoint.files import CheckpointError, load_checkpoint
 
+pytestmark = pytest.mark.integration  # kills and restarts trainer processes (harness.py)
+
 # Saves 1-3 write 3, 6 and 8 (the end of epoch 1) completed batches; save 4 is 9's.
 TORN_SAVE, TORN_NAME, BEFORE = (
     4,
