@@ -1,6 +1,7 @@
 # make test: set up .venv (CPU torch under a constraint), run the linters and the suite with coverage.
-# make test-fast: same set-up, then the unit tests only (no process started, no example, doc or
-#                 benchmark), in about a minute: the inner loop. CI runs make test.
+# make test-fast: same set-up, then the tests not marked integration: none starts a process or a
+#                 server (tests/conftest.py fails one that does), trains the examples, runs the docs
+#                 or the benchmarks; about a minute on 2 cores, the inner loop. CI runs make test.
 # make demo: same set-up, then train the quickstart.
 # make examples: same set-up, then train the eight canonical models in turn (about 3 minutes in all).
 # make fashion-mnist: same set-up, install Debian's Fashion-MNIST if it can, then train on it (~12 min).
