@@ -13,19 +13,7 @@ from torch import nn
 
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.resume import resume_picked
-from fitforge.checks.pipeline import PredictPlan, before_fit, before_predict, evaluation_of
-from fitforge.checks.validation import check_first_val_batch
-from fitforge.core.arguments import check_flag
-from fitforge.core.batches import rows_of
-from fitforge.core.coordinator import PassWatch
-from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler, handler_name, offered
-from fitforge.core.history import History, numbered_key
-from fitforge.core.learning_rate import set_learning_rate
-from fitforge.core.loop import pass_batches, run_fit, run_pass
-from fitforge.core.loss import loss_sets
-from fitforge.core.modules import set_training
-from fitforge.core.options import (
+from fitforge.checks.options import (
     check_net,
     compile_net,
     resolve_device,
@@ -33,8 +21,15 @@ from fitforge.core.options import (
     resolve_precision,
     warn_default_optimizer,
 )
-from fitforge.core.prediction import Predictions
-from fitforge.core.preemption import Preemption, preemptible, raise_if_preempted
+from fitforge.checks.pipeline import PredictPlan, before_fit, before_predict, evaluation_of
+from fitforge.checks.validation import check_first_val_batch
+from fitforge.core.batches import rows_of
+from fitforge.core.coordinator import PassWatch
+from fitforge.core.dispatch import Dispatcher
+from fitforge.core.events import EventHandler, handler_name, offered
+from fitforge.core.history import History, numbered_key
+from fitforge.core.loop import pass_batches, run_fit, run_pass
+from fitforge.core.modules import set_training
 from fitforge.core.processor import (
     BatchProcessor,
     bound_step,
@@ -49,10 +44,14 @@ from fitforge.distributed.data_split import gather_predictions
 from fitforge.distributed.ranks import on_this_rank, processes, rank
 from fitforge.distributed.strategy import Strategy, resolve_strategy
 from fitforge.evaluation import Evaluation
-from fitforge.exceptions import FitforgeValueError
+from fitforge.exceptions import FitforgeValueError, check_flag
 from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, run_keys
 from fitforge.inputs.order import DataOrder, OnePass
+from fitforge.inputs.prediction import Predictions
+from fitforge.losses.loss import loss_sets
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
+from fitforge.optim.learning_rate import set_learning_rate
+from fitforge.signals.preemption import Preemption, preemptible, raise_if_preempted
 from fitforge.tools.lr_find import LRFindResult, lr_find
 from fitforge.tools.profiler import profiled
 
@@ -268,7 +267,7 @@ class Estimator:
         its ``error``; the fit's epochs are in ``estimator.history`` all the same.
 
         ``check_access=True`` (debug) makes handlers that declare ``reads``/``writes`` see a state
-        that raises ``StateAccessError`` on an undeclared access (:mod:`fitforge.core.access`).
+        that raises ``StateAccessError`` on an undeclared access (:mod:`fitforge.core.dispatch`).
         ``profile=True`` logs the time each handler spent in each event (``history.profile``).
 
         Raises:

@@ -2,10 +2,15 @@
 
 The three ``Cancel*`` signals are caught by the loop and never escape ``fit``/``evaluate``/``predict``.
 Configuration errors subclass ``TypeError`` or ``ValueError`` so ordinary ``except`` clauses work;
-their messages name the argument, what was received and what was expected.
+their messages name the argument, what was received and what was expected. The argument checks
+at the end raise them for every layer: one argument order ``(owner, name, value, ...)``, one message
+shape ("``owner: name must be ..., got ...``").
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any, cast
 
 
 class CancelBatch(Exception):
@@ -91,3 +96,47 @@ def describe(value: object) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}" if not isinstance(value, type) else f"the class {value.__name__}"
+
+
+def check_positive(
+    owner: str, name: str, value: Any, kinds: tuple[type, ...] = (int,), allow_none: bool = False
+) -> None:
+    """``value`` must be a positive instance of ``kinds`` (or None when ``allow_none``)."""
+    _check_count(owner, name, value, kinds, allow_none, zero_allowed=False)
+
+
+def check_non_negative(owner: str, name: str, value: Any, kinds: tuple[type, ...] = (int,)) -> None:
+    """``value`` must be an instance of ``kinds`` that is 0 or more."""
+    _check_count(owner, name, value, kinds, allow_none=False, zero_allowed=True)
+
+
+def _check_count(
+    owner: str, name: str, value: Any, kinds: tuple[type, ...], allow_none: bool, zero_allowed: bool
+) -> None:
+    if value is None and allow_none:
+        return
+    sign = "non-negative" if zero_allowed else "positive"
+    expected = f"a {sign} {'int' if kinds == (int,) else 'number'}{' or None' if allow_none else ''}"
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise FitforgeTypeError(f"{owner}: {name} must be {expected}, got {describe(value)}")
+    number = cast(float, value)  # a number by now; cast for the type checker
+    if math.isnan(number) or number < 0 or (number == 0 and not zero_allowed):
+        raise FitforgeValueError(f"{owner}: {name} must be {expected}, got {value!r}")
+
+
+def check_number(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
+    """``value`` must be a real number that is not nan (or None when ``allow_none``)."""
+    if value is None and allow_none:
+        return
+    expected = f"a number{' or None' if allow_none else ''}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FitforgeTypeError(f"{owner}: {name} must be {expected}, got {describe(value)}")
+    if math.isnan(value):
+        raise FitforgeValueError(f"{owner}: {name} must be {expected}, not nan")
+
+
+def check_flag(owner: str, name: str, value: Any) -> bool:
+    """``value`` must be a bool (not a truthy stand-in such as 1 or "yes"); returns it."""
+    if not isinstance(value, bool):
+        raise FitforgeTypeError(f"{owner}: {name} must be True or False, got {describe(value)}")
+    return value

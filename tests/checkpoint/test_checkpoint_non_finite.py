@@ -11,7 +11,7 @@ from torch import nn
 
 from fitforge import Estimator
 from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
-from fitforge.core.finite import non_finite_checkpoint, non_finite_state
+from fitforge.checkpoint.finite import non_finite_checkpoint, non_finite_state
 from fitforge.events import BatchEnd
 from fitforge.handlers import CheckpointHandler
 from fitforge.testing import linear_problem

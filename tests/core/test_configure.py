@@ -1,4 +1,4 @@
-"""Argument resolution and checks (core/options.py) and the loss set with its label hints (core/loss.py)."""
+"""Argument resolution and checks (checks/options.py) and the loss set with its label hints (losses/loss.py)."""
 
 import math
 import re
@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.core.loss import LossSet
-from fitforge.core.options import (
+from fitforge.checks.options import (
     check_duration,
     check_net,
     resolve_device,
@@ -18,6 +17,7 @@ from fitforge.core.options import (
     warn_default_optimizer,
 )
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError
+from fitforge.losses.loss import LossSet
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 

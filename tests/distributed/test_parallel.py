@@ -29,7 +29,6 @@ from fitforge.checkpoint.files import (
     save_checkpoint,
 )
 from fitforge.core.coordinator import Alone
-from fitforge.core.preemption import Preemption, preemptible
 from fitforge.core.processes import OneProcess
 from fitforge.core.state import TrainState
 from fitforge.distributed import data_split as sharding
@@ -54,6 +53,7 @@ from fitforge.handlers import (
 )
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
+from fitforge.signals.preemption import Preemption, preemptible
 from helpers import make_estimator, regression_batches
 
 GLOO = dist.is_available() and dist.is_gloo_available()

@@ -430,7 +430,7 @@ def test_monitor_naming_an_unknown_key_lists_the_available_keys():
 
 
 def test_monitor_of_a_key_only_a_custom_eval_fn_produces_is_checked_at_first_use():
-    from fitforge.core.monitor import monitored_value
+    from fitforge.metrics.monitor import monitored_value
 
     class Reads(Monitors):
         def epoch_end(self, state):

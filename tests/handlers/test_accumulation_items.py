@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.core.item_counts import item_counter
 from fitforge.exceptions import FitforgeTypeError
 from fitforge.handlers import GradientUpdateHandler
+from fitforge.optim.item_counts import item_counter
 from fitforge.testing import HostReadCounter
 from helpers import LENGTHS, PAD, VOCAB, Tagger, padded_together, tagged_batches
 
@@ -56,7 +56,7 @@ def test_a_count_of_your_own_weighs_the_batches(caplog):
 
 
 def test_a_loss_it_cannot_count_keeps_equal_weights_and_says_how_to_count_once(caplog, monkeypatch):
-    from fitforge.core import item_counts
+    from fitforge.optim import item_counts
 
     monkeypatch.setattr(item_counts, "_SAID", set())
     net = nn.Linear(3, 1)
@@ -93,7 +93,7 @@ class OwnLoss(nn.Module):
     ],
 )
 def test_the_line_is_said_only_when_the_first_groups_batches_may_count_differently(batches, told, caplog, monkeypatch):
-    from fitforge.core import item_counts
+    from fitforge.optim import item_counts
 
     monkeypatch.setattr(item_counts, "_SAID", set())
     net = OwnLoss()

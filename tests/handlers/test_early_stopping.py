@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fitforge import TrainState
-from fitforge.core.monitor import Monitor, infer_mode
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, MonitorKeyError
 from fitforge.handlers import EarlyStoppingHandler, ValidationHandler, throttle
 from fitforge.metrics import MeanSquaredError
+from fitforge.metrics.monitor import Monitor, infer_mode
 from fitforge.testing import linear_problem
 from helpers import make_estimator, regression_batches
 

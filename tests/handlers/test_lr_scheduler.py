@@ -422,7 +422,7 @@ def test_optimizers_taking_turns_get_a_warning_and_total_steps_sizes_the_schedul
 
 
 def test_warmup_cosine_lr_on_its_own():
-    from fitforge.core.schedules import WarmupCosineLR
+    from fitforge.optim.schedules import WarmupCosineLR
 
     optimizer = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
     scheduler = WarmupCosineLR(optimizer, warmup_steps=0, total_steps=3)

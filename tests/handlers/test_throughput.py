@@ -168,7 +168,7 @@ def test_argument_errors(kwargs, error, message):
 
 
 def test_the_peak_table_knows_common_gpus_by_name(monkeypatch):
-    from fitforge.core import peak_flops as peaks
+    from fitforge.reporting import peak_flops as peaks
 
     monkeypatch.setattr(peaks.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(peaks.torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")

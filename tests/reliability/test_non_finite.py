@@ -14,7 +14,7 @@ from torch import nn
 from figures import FIGURES
 from fitforge import Estimator
 from fitforge.checkpoint.files import CheckpointError, load_checkpoint
-from fitforge.core.finite import non_finite_checkpoint, non_finite_state
+from fitforge.checkpoint.finite import non_finite_checkpoint, non_finite_state
 from fitforge.events import BatchEnd, EpochEnd
 from fitforge.handlers import CheckpointHandler, NaNGuardHandler
 from fitforge.handlers.nan_guard import NonFiniteLossError

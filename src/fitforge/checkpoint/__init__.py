@@ -1,7 +1,7 @@
 """Checkpointing and resume: atomic versioned files (in a local folder, or committed objects in an
 object store named by an fsspec URL), the folder's naming and rotation, the training
 state a checkpoint holds and resuming from it. (The data order it saves is the input side's,
-:mod:`fitforge.inputs.order`; the signals that stop a fit are the run's, :mod:`fitforge.core.preemption`.)
+:mod:`fitforge.inputs.order`; the signals that stop a fit are the run's, :mod:`fitforge.signals.preemption`.)
 
 It may import :mod:`fitforge.metrics`, :mod:`fitforge.inputs`, :mod:`fitforge.distributed`,
 :mod:`fitforge.core` and :mod:`fitforge.exceptions`. ``CheckpointHandler`` itself lives with the other built-in handlers

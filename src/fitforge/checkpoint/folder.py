@@ -14,9 +14,9 @@ from functools import partial
 
 from fitforge.checkpoint.async_writer import AsyncCheckpointIO
 from fitforge.checkpoint.files import check_fits, restore_weights
+from fitforge.checkpoint.finite import non_finite_checkpoint
 from fitforge.checkpoint.locations import EXTENSION, SINGLES, Location, ObjectPath
 from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO, write_checked
-from fitforge.core.finite import non_finite_checkpoint
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError, FitforgeValueError
 

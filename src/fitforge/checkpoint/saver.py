@@ -15,12 +15,12 @@ from functools import partial
 from typing import Any
 
 from fitforge.checkpoint.earlier_run import keep_earlier_run
+from fitforge.checkpoint.finite import non_finite_state, only_buffers
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.format import FORMAT_VERSION
 from fitforge.checkpoint.locations import EXTENSION, Location
 from fitforge.checkpoint.resume import epoch_position, pick, training_state
 from fitforge.checkpoint.storage import CheckpointIO
-from fitforge.core.finite import non_finite_state, only_buffers
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CheckpointError, FitforgeValueError
 

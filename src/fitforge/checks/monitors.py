@@ -17,7 +17,7 @@ from fitforge.handlers.defaults import by_own_means, run_keys, unknown_val_keys
 def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list[EventHandler]:
     """Every ``monitor`` attribute must name a key the run will produce. Returns the handlers that
     monitor a key only a custom ``eval_fn`` may produce (:func:`check_monitor_order`), which is checked
-    at first use (:func:`fitforge.core.monitor.monitored_value`)."""
+    at first use (:func:`fitforge.metrics.monitor.monitored_value`)."""
     monitors = [(h, m) for h in handlers if (m := role_of(h, Monitoring)) is not None and isinstance(m.monitor, str)]
     keys = run_keys(handlers, estimator) if monitors else []  # every fit: the keys only when one is monitored
     custom_eval, left = unknown_val_keys(handlers), []

@@ -23,11 +23,10 @@ from typing import Any
 from fitforge.checks.first_batch import first_batch_check
 from fitforge.checks.model import check_placement, check_trainable, note_slow_precision
 from fitforge.checks.monitors import check_monitor_order, check_monitors
+from fitforge.checks.options import check_duration
 from fitforge.checks.validation import check_first_val_batch
-from fitforge.core.arguments import check_flag
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import Event, EventHandler
-from fitforge.core.options import check_duration
 from fitforge.core.processor import bound_step
 from fitforge.core.roles import Stopping, Validating, players
 from fitforge.core.run import Step
@@ -36,7 +35,7 @@ from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.distributed.data_split import in_dataset_order, shard_eval, shard_train
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.evaluation import Evaluation
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, fit_services, user_handlers
 from fitforge.handlers.logging import console_output_for
 from fitforge.handlers.stopping import tighter_limit

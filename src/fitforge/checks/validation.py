@@ -21,8 +21,8 @@ from fitforge.checks.first_batch import check_handlers, explained_step
 from fitforge.core.batches import check_finite, sampler_of
 from fitforge.core.rng import torch_rng_kept
 from fitforge.core.state import EstimatorLike, TrainState
-from fitforge.core.worker_shield import shielded
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.signals.worker_shield import shielded
 
 CHECKED_SAMPLES = 2  # enough for shapes, dtypes and the metrics' updates; BatchNorm in eval mode takes 1
 

@@ -22,9 +22,9 @@ import torch
 from jsonargparse import ActionConfigFile, ArgumentParser  # an optional extra, checked by fitforge.cli
 from torch import nn
 
+from fitforge.checks.options import OPTIMIZERS
 from fitforge.cli.recorded import RecordedConfig
 from fitforge.core.events import EventHandler
-from fitforge.core.options import OPTIMIZERS
 from fitforge.estimator import Estimator
 from fitforge.metrics.base import SumCountMetric
 from fitforge.metrics.resolve import NAMES

@@ -3,7 +3,7 @@ which also answers what handlers ask of the other processes (:class:`~fitforge.c
 
 The loop calls the coordinator at fixed points of a fit (after ``train_begin``, ``epoch_begin``,
 ``epoch_end`` and each training batch), and fit's signal handler when a signal asks the fit to stop
-(see :mod:`fitforge.core.preemption`). In one process, :class:`Alone` turns a signal into a stop
+(see :mod:`fitforge.signals.preemption`). In one process, :class:`Alone` turns a signal into a stop
 and stops where this process asked; under torch.distributed,
 :class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop at the same batch.
 

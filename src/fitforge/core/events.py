@@ -82,7 +82,7 @@ class EventHandler:
     run_after: tuple[type, ...] = ()
     main_rank_only: bool = False
     handled_events: tuple[Event, ...] | None = None  # None: the events of the mixins inherited
-    reads: tuple[str, ...] | None = None  # declared state access (see fitforge.core.access); None: full
+    reads: tuple[str, ...] | None = None  # declared state access (see fitforge.core.dispatch); None: full
     writes: tuple[str, ...] | None = None
 
     def offer(self, services: Services) -> None:

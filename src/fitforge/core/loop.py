@@ -14,7 +14,7 @@ a ``CancelEpoch``/``CancelBatch`` ends only its hook (the other handlers must st
 epoch end); in ``train_end`` every cancel does. In evaluate and predict ``CancelFit`` ends the pass
 like ``CancelEpoch``. None escapes. A cancel before the optimizer step clears the batch's gradients.
 
-Preemption (:mod:`fitforge.core.preemption`): a signal sets ``state.preempted`` and requests a stop.
+Preemption (:mod:`fitforge.signals.preemption`): a signal sets ``state.preempted`` and requests a stop.
 An epoch a signal ended (after its last batch too) is suspended: its ``epoch_end`` hooks leave it
 to the resumed run. A pass within the fit (a validation) stops at its next batch
 (:class:`~fitforge.exceptions.PassAbandoned`): in a ``batch_end`` hook the batch's other hooks

@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from fitforge.core.arguments import check_flag
 from fitforge.core.batches import (
     LABEL_KEYS,
     Inputs,
@@ -40,7 +39,7 @@ from fitforge.core.batches import (
     unpack_inputs,
 )
 from fitforge.core.state import BatchOutput, EstimatorLike, TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, check_flag, describe
 
 _FULL_PRECISION = nullcontext()  # reusable: a float32 batch creates no context object
 _MODEL_OUTPUT_KEY = "logits"  # what metrics and predict read of a model that computes its own loss
@@ -229,7 +228,7 @@ class BatchProcessor:
         must too, or the ranks' gradients are not averaged."""
         inputs, label = self.to_device(state, batch)
         estimator, counter, given = state.estimator, state.count_items, inputs
-        # Accumulated batches weigh by their items (fitforge.core.item_counts): backpropagate ``loss * items``, and
+        # Accumulated batches weigh by their items (fitforge.optim.item_counts): backpropagate ``loss * items``, and
         # a model gets the count as ``num_items_in_batch``; a batch with nothing to count weighs as a plain mean.
         items = None if counter is None else counter.count(inputs, label)
         if items is not None and counter.to_model and type(inputs) is dict:

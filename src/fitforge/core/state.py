@@ -96,7 +96,7 @@ class BatchOutput:
             counts each optimizer's own batches (see GradientUpdateHandler). Only fit reads it.
         items: how many items the batch's mean loss averages over (a 0-d tensor on the device), when
             the step backpropagated ``loss * items`` so that accumulated batches weigh by their items
-            (see :mod:`fitforge.core.item_counts`); None otherwise.
+            (see :mod:`fitforge.optim.item_counts`); None otherwise.
 
     In ``predict`` only ``pred`` and ``batch_size`` are set (``data=()``, ``label=None``, no loss).
     """
@@ -185,7 +185,7 @@ class TrainState:
             its part before ``train_begin`` (an evaluation's handlers, before its first pass).
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
         accumulated_batches: batches whose gradients wait for the next optimizer step.
-        count_items: the :class:`~fitforge.core.item_counts.ItemCounter` the default ``fit_batch``
+        count_items: the :class:`~fitforge.optim.item_counts.ItemCounter` the default ``fit_batch``
             weighs each batch's loss by (set by GradientUpdateHandler with ``accumulate > 1`` when
             the loss's items can be counted), else None.
         epoch_finished: at ``epoch_end``, whether the run is through with the epoch: it went

@@ -14,13 +14,12 @@ from fitforge.checkpoint.locations import Location
 from fitforge.checkpoint.resume import warn_if_inexact
 from fitforge.checkpoint.saver import CheckpointWriter
 from fitforge.checkpoint.storage import CheckpointIO, resolve_io
-from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Monitoring, averaged_weights
 from fitforge.core.services import SavedCheckpoints, Services
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeValueError
+from fitforge.exceptions import FitforgeValueError, check_flag, check_positive
+from fitforge.metrics.monitor import Monitor
 
 log = logging.getLogger("fitforge")
 

@@ -11,11 +11,10 @@ import math
 import os
 from pathlib import Path
 
-from fitforge.core.arguments import check_flag
 from fitforge.core.events import EpochEnd, Stage, TrainBegin
 from fitforge.core.history import History
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.reporting.hparams import run_params
 
 log = logging.getLogger("fitforge")

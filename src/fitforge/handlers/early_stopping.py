@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fitforge.core.arguments import check_flag, check_non_negative, check_number
 from fitforge.core.events import EpochEnd, TrainBegin, TrainEnd
-from fitforge.core.monitor import Monitor
 from fitforge.core.roles import Monitoring, Stopping, averaged_weights
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeValueError
+from fitforge.exceptions import FitforgeValueError, check_flag, check_non_negative, check_number
+from fitforge.metrics.monitor import Monitor
 
 log = logging.getLogger("fitforge")
 

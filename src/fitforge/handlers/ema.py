@@ -10,12 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainBegin
 from fitforge.core.roles import WeightAveraging
 from fitforge.core.services import Services, Undoable
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, check_positive, describe
 
 log = logging.getLogger("fitforge")
 _BUFFERS = ("average", "live")

@@ -8,14 +8,13 @@ from typing import Any
 
 import torch
 
-from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchBegin, BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
-from fitforge.core.item_counts import ItemCounter, UnweightedNote, fit_counter
-from fitforge.core.optimizer_choice import OptimizerChoice
 from fitforge.core.roles import Accumulating
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, check_positive, describe
+from fitforge.optim.item_counts import ItemCounter, UnweightedNote, fit_counter
+from fitforge.optim.optimizer_choice import OptimizerChoice
 
 
 def step_optimizers(
@@ -81,7 +80,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
 
     Accumulation that equals the big batch: when the loss is a mean over items fitforge can count
     (``CrossEntropyLoss``/``NLLLoss`` with ``reduction="mean"``, with or without ``ignore_index`` or class weights;
-    a Hugging Face model's own loss, given ``num_items_in_batch``; see :mod:`fitforge.core.item_counts`), the
+    a Hugging Face model's own loss, given ``num_items_in_batch``; see :mod:`fitforge.optim.item_counts`), the
     default ``fit_batch`` backpropagates ``loss * items`` and the step divides the group's gradients by its items
     (summed over the ranks under DDP/FSDP), on the device: one step equals one on the group's batches concatenated,
     however their padding differs. Otherwise (or with several optimizers, or a ``fit_batch`` of your own) the

@@ -13,9 +13,11 @@ from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau
 
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.history import numbered_key
-from fitforge.core.monitor import Monitor, infer_mode
 from fitforge.core.roles import Accumulating, Monitoring
-from fitforge.core.schedules import (
+from fitforge.core.state import TrainState
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.metrics.monitor import Monitor, infer_mode
+from fitforge.optim.schedules import (
     OneCycleRecipe,
     WarmupCosineRecipe,
     fit_steps,
@@ -24,8 +26,6 @@ from fitforge.core.schedules import (
     step_counter,
     warn_taking_turns,
 )
-from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
 _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optimizer", "max_lr"})
@@ -165,7 +165,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         cls, warmup: int | float, min_lr: float | list[float] = 0.0, optimizer: int = 0, total_steps: int | None = None
     ) -> LRSchedulerHandler:
         """Linear warm-up from 0 to each parameter group's ``lr``, then cosine decay to ``min_lr``, reached exactly
-        at the fit's last optimizer step (a :class:`~fitforge.core.schedules.WarmupCosineLR` stepped per optimizer
+        at the fit's last optimizer step (a :class:`~fitforge.optim.schedules.WarmupCosineLR` stepped per optimizer
         step, the schedule of most transformer recipes).
 
         Built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer steps counted as by

@@ -10,11 +10,11 @@ import torch
 
 from fitforge.core.batches import shape_of
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage
-from fitforge.core.loss import part_keys
 from fitforge.core.roles import KeyRecording
 from fitforge.core.services import Services, Undoable
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError
+from fitforge.losses.loss import part_keys
 from fitforge.metrics import Mean, MetricSlot, check_output_indices, resolve_metrics
 from fitforge.metrics.base import SumCountMetric, load_metric_state, merge_metric_state, metric_state
 from fitforge.metrics.builtin import is_builtin

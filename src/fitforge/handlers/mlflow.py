@@ -10,11 +10,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fitforge.core.arguments import check_flag
 from fitforge.core.events import EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.services import CheckpointSaver
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.reporting.hparams import ParamValue, check_params, run_params
 
 log = logging.getLogger("fitforge")

@@ -7,14 +7,13 @@ import math
 
 import torch
 
-from fitforge.core.arguments import check_positive
+from fitforge.checkpoint.finite import GradientCheck
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin
-from fitforge.core.finite import GradientCheck
 from fitforge.core.processes import Processes
 from fitforge.core.roles import Stopping
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
-from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, check_positive, describe
 
 log = logging.getLogger("fitforge")
 _NONE = 2**62  # "no non-finite loss so far"

@@ -6,10 +6,10 @@ import logging
 from typing import Any
 
 from fitforge.core.events import BatchEnd, EpochEnd, TrainBegin
-from fitforge.core.monitor import Monitor, infer_mode
 from fitforge.core.roles import Monitoring
 from fitforge.core.state import Ending, TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.metrics.monitor import Monitor, infer_mode
 
 log = logging.getLogger("fitforge")
 

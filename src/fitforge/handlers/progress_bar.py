@@ -19,11 +19,10 @@ from typing import Any, TextIO
 
 from tqdm.std import tqdm as text_bar
 
-from fitforge.core.arguments import check_non_negative, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.history import in_notebook
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, describe
+from fitforge.exceptions import FitforgeTypeError, check_non_negative, check_positive, describe
 from fitforge.reporting.formatting import epoch_label, format_value, pass_label
 from fitforge.reporting.notebook_output import CellLine, notebook_bar
 

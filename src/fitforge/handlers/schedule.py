@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from fitforge.core.events import BatchEnd, EpochBegin, Event, Stage, TrainBegin
-from fitforge.core.schedules import fit_steps, own_steps, scheduled_optimizer, step_counter, warn_taking_turns
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.optim.schedules import fit_steps, own_steps, scheduled_optimizer, step_counter, warn_taking_turns
 
 log = logging.getLogger("fitforge")
 _ENTRY = re.compile(r"^(?P<key>[A-Za-z_]\w*)(\[(?P<index>\d+)\])?$")  # "momentum", "betas[0]"

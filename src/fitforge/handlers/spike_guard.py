@@ -9,12 +9,11 @@ from typing import Any
 
 import torch
 
-from fitforge.core.arguments import check_positive
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.roles import KeyRecording
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
-from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, check_positive, describe
 
 log = logging.getLogger("fitforge")
 _NONE = 2**62  # "no spike since the last check"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from fitforge.core.arguments import check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin
 from fitforge.core.roles import Stopping
+from fitforge.exceptions import check_positive
 
 
 def tighter_limit(a: int | None, b: int | None) -> int | None:

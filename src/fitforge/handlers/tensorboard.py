@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, describe
+from fitforge.exceptions import FitforgeTypeError, check_flag, check_positive, describe
 from fitforge.reporting.hparams import ParamValue, last_values, run_params
 
 

@@ -7,7 +7,6 @@ import math
 import time
 from collections.abc import Callable
 
-from fitforge.core.arguments import check_positive
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import (
     BackwardEnd,
@@ -25,7 +24,7 @@ from fitforge.core.events import (
 )
 from fitforge.core.processes import Processes
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_positive, describe
 
 _BATCH = (Event.BATCH_BEGIN, Event.BACKWARD_END, Event.BATCH_END)
 _EPOCH = (Event.EPOCH_BEGIN, Event.EPOCH_END)

@@ -22,12 +22,12 @@ from fitforge.core.events import (
     TrainBegin,
     TrainEnd,
 )
-from fitforge.core.peak_flops import peak_flops, precision_of
 from fitforge.core.roles import KeyRecording
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.metrics.base import Tally
 from fitforge.metrics.reduction import reduced_sums
+from fitforge.reporting.peak_flops import peak_flops, precision_of
 
 log = logging.getLogger("fitforge")
 
@@ -44,7 +44,7 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
     ``fit`` runs one by default, counting samples and tokens only. Pass ``ThroughputHandler()`` yourself to add
     ``train_flops_per_s``: the FLOPs of one training step (forward and backward) are counted on the first batch with
     :class:`torch.utils.flop_counter.FlopCounterMode` and taken to be every batch's. With a device peak (``peak_flops``
-    or the dense table of common GPUs for the estimator's precision, :mod:`fitforge.core.peak_flops`) it adds
+    or the dense table of common GPUs for the estimator's precision, :mod:`fitforge.reporting.peak_flops`) it adds
     ``train_mfu``, one device's FLOP/s over its peak; an unknown peak (a CPU) leaves MFU out, with one info line.
 
     Args:

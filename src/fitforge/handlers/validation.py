@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from fitforge.core.arguments import check_flag, check_positive
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, EventHandler, Stage, TrainBegin
 from fitforge.core.roles import Validating, ValidationSetup
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, check_positive, describe
 
 
 class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):

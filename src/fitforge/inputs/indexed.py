@@ -28,7 +28,7 @@ from typing import Any, TypeGuard
 import torch
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from fitforge.core.worker_shield import shielded
+from fitforge.signals.worker_shield import shielded
 
 _PROFILED = "enumerate(DataLoader)#fitforge.indexed_batches"  # the profiler's name for reading a batch
 

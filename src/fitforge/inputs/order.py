@@ -42,10 +42,10 @@ from torch.utils.data import (
 from fitforge.core.batches import loader_options, sampler_of
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import TrainState
-from fitforge.core.worker_shield import shielded
 from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 from fitforge.inputs.placement import epoch_permutation, rank_remainder
+from fitforge.signals.worker_shield import shielded
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from torch import nn
 
-from fitforge.core.loss import OutputKey, check_output_names, part_keys
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.losses.loss import OutputKey, check_output_names, part_keys
 from fitforge.metrics.base import Metric
 from fitforge.metrics.builtin import (
     Accuracy,

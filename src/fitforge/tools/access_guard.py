@@ -1,5 +1,5 @@
 """The declared-access guard, a debug mode: under ``fit(check_access=True)`` every handler declaring
-``reads``/``writes`` (:mod:`fitforge.core.access`) sees a :class:`GuardedState` that raises
+``reads``/``writes`` (:mod:`fitforge.core.dispatch`) sees a :class:`GuardedState` that raises
 :class:`~fitforge.exceptions.StateAccessError` on any undeclared read or write (a wrapper call per
 hook and a check per field access)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-from fitforge.core.access import FIELDS, Access
+from fitforge.core.dispatch import FIELDS, Access
 from fitforge.core.history import History
 from fitforge.core.state import TrainState
 from fitforge.exceptions import StateAccessError

@@ -28,18 +28,17 @@ from typing import Any
 
 import torch
 
-from fitforge.core.arguments import check_number
 from fitforge.core.history import finish_figure
-from fitforge.core.optimizer_choice import OptimizerChoice
 from fitforge.core.processor import bound_step
 from fitforge.core.rng import restore_rng_states, rng_states
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.distributed.data_split import shard_train
 from fitforge.distributed.ranks import mean_over_ranks
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_number, describe
 from fitforge.handlers.gradient_update import step_optimizers
 from fitforge.inputs.arrays import fit_loaders
 from fitforge.inputs.sources import check_data
+from fitforge.optim.optimizer_choice import OptimizerChoice
 
 log = logging.getLogger("fitforge")
 

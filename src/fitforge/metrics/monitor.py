@@ -7,9 +7,8 @@ import logging
 import math
 from typing import Any
 
-from fitforge.core.arguments import check_number
 from fitforge.core.state import EstimatorLike, TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, MonitorKeyError, describe
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, MonitorKeyError, check_number, describe
 
 log = logging.getLogger("fitforge")
 

@@ -18,7 +18,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from fitforge.core.loss_hints import (
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
+from fitforge.losses.hints import (
     CLASSIFIERS,
     ELEMENTWISE,
     class_indices,
@@ -32,7 +33,6 @@ from fitforge.core.loss_hints import (
     spec,
     tensors,
 )
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, LossInputError, describe
 
 OutputKey = int | str  # an output's position, or its name in a dict of outputs
 

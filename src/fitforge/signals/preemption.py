@@ -13,7 +13,7 @@ state whatever its periods, ``train_end`` runs, and :func:`raise_if_preempted` e
 
 A second signal while stopping acts at once. The handlers are installed from the checks before
 training on; ``fit`` outside the main thread (where signals cannot be caught) leaves them alone.
-The DataLoader workers a fit starts leave the signals to it (:mod:`fitforge.core.worker_shield`),
+The DataLoader workers a fit starts leave the signals to it (:mod:`fitforge.signals.worker_shield`),
 so a signal to the whole process group does not kill them before the save.
 
 A signal may reach one rank only, and a rank that stops alone leaves the others waiting, so it goes
@@ -38,7 +38,7 @@ from typing import Any
 
 from fitforge.core.coordinator import Coordinator
 from fitforge.core.state import TrainState
-from fitforge.core.worker_shield import shielding
+from fitforge.signals.worker_shield import shielding
 
 log = logging.getLogger("fitforge")
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)

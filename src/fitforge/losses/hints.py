@@ -1,5 +1,5 @@
 """What a loss's inputs that do not fit it mean, and how to fix them: the messages of
-:class:`fitforge.core.loss.LossSet` and :class:`~fitforge.core.loss.ModelLoss`, and the shape tests
+:class:`fitforge.losses.loss.LossSet` and :class:`~fitforge.losses.loss.ModelLoss`, and the shape tests
 they rest on."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A scheduler that preempts a job signals every process in it (SLURM at its time l
 ``scancel``, a terminal's Ctrl-C), the DataLoader's workers too, which die of it: the fit then fails
 with "DataLoader worker ... killed by signal" before its save.
 
-During a fit the main process reacts to these signals (:mod:`fitforge.core.preemption`) and shuts
+During a fit the main process reacts to these signals (:mod:`fitforge.signals.preemption`) and shuts
 its workers down itself. So a worker that a loader starts while fit reads it (see :func:`shielded`)
 leaves SIGTERM, SIGUSR1 and SIGINT to the main process, except that SIGTERM ends it once its loader
 shuts it down or the main process exits (one whose main process died exits on its own, as torch's do).

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset, get_worker_info
 
 from fitforge import Estimator
-from fitforge.core.worker_shield import ShieldedWorkerInit, shield_worker, shielded, shielding
+from fitforge.signals.worker_shield import ShieldedWorkerInit, shield_worker, shielded, shielding
 
 X = torch.randn(32, 6, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 3, (32,), generator=torch.Generator().manual_seed(1))
