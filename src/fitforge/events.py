@@ -1,5 +1,6 @@
 """Event handlers: the mixins, their base, the named stages (:mod:`fitforge.core.events`), the roles a
-handler declares (:mod:`fitforge.core.roles`), and the :class:`~fitforge.core.state.Ending` a stop may
+handler declares (:mod:`fitforge.core.roles`), the run's services handlers share
+(:mod:`fitforge.core.services`: ``Services``, ``Undoable``), and the :class:`~fitforge.core.state.Ending` a stop may
 give (``state.request_stop(reason, ending=...)``). A handler is called for an event if and only if it
 inherits that event's mixin (narrowed by ``handled_events`` when it declares them).
 
@@ -36,6 +37,7 @@ from fitforge.core.roles import (
     role_of,
     unwrapped,
 )
+from fitforge.core.services import Services, Undoable
 from fitforge.core.state import Ending
 
 __all__ = [
@@ -51,10 +53,12 @@ __all__ = [
     "EventHandler",
     "KeyRecording",
     "Monitoring",
+    "Services",
     "Stage",
     "Stopping",
     "TrainBegin",
     "TrainEnd",
+    "Undoable",
     "Validating",
     "ValidationSetup",
     "WeightAveraging",
@@ -64,3 +68,22 @@ __all__ = [
     "role_of",
     "unwrapped",
 ]
+
+# Roles that became the run's services (issue 47): an old import says where each went.
+_BECAME = {
+    "FirstBatchCheck": "offer the check: services.first_batch_checks.append(self.check_first_batch)",
+    "StateConfirming": "offer it: services.before_save.append(self.confirm_state)",
+    "Checkpointing": "offer the handler: services.checkpoints.append(self)",
+    "EpochLines": "offer it: services.epoch_lines.append(self.shows_epoch_lines)",
+    "NonFiniteGuarding": "offer it: services.guards_nonfinite = True",
+    "RunningSums": "offer the sums: services.undoables.append(Undoable(mark, rewind))",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _BECAME:
+        raise ImportError(
+            f"fitforge.events.{name} is no longer a role: what handlers share is the run's services; in your "
+            f"handler's offer(self, services), {_BECAME[name]} (docs/handlers.md, Services)"
+        )
+    raise AttributeError(f"module 'fitforge.events' has no attribute {name!r}")

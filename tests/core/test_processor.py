@@ -124,6 +124,21 @@ def test_a_duck_typed_processor_is_called_as_it_is():
     assert bound_step(duck, estimator(nn.Linear(4, 1), "bf16-mixed"), "fit_batch") == duck.fit_batch
 
 
+def test_a_duck_typed_processor_must_have_what_the_loop_reads():
+    from fitforge.core.processor import check_batch_processor
+    from fitforge.exceptions import FitforgeTypeError
+
+    class Duck:
+        def fit_batch(self, state, batch): ...
+        def evaluate_batch(self, state, batch): ...
+        def predict_batch(self, state, batch): ...
+
+    with pytest.raises(FitforgeTypeError, match="lacks allow_nonfinite, logs, record_loss, label_keys: subclass"):
+        check_batch_processor(Duck())
+    Duck.allow_nonfinite, Duck.logs, Duck.record_loss, Duck.label_keys = False, (), True, ("label",)
+    assert isinstance(check_batch_processor(Duck()), Duck)
+
+
 def test_backward_of_a_non_tensor_is_explained():
     from fitforge.exceptions import LossInputError
 

@@ -8,8 +8,7 @@ from torch import nn
 
 import fitforge
 from fitforge import Estimator
-from fitforge.core.services import Services, Undoable
-from fitforge.events import BatchEnd, EpochEnd, Stage, TrainBegin
+from fitforge.events import BatchEnd, EpochEnd, Services, Stage, TrainBegin, Undoable
 from fitforge.handlers import EMAHandler, GradientUpdateHandler, SpikeGuardHandler
 
 HANDLERS = Path(fitforge.__file__).parent / "handlers"
@@ -108,3 +107,27 @@ def test_a_users_handler_reads_the_optimizer_steps_and_the_ema_weights_through_t
     assert user.per_optimizer == [3]
     assert all(torch.equal(user.average[k], v) for k, v in ema.averaged_state_dict().items())
     assert not torch.equal(user.average["weight"], net.weight)  # the average, not the trained weights
+
+
+def test_a_former_role_s_method_without_an_offer_is_warned_once_and_an_old_import_says_where_it_went():
+    import warnings
+
+    import pytest
+
+    class Refuses(BatchEnd):  # a handler written for the FirstBatchCheck role
+        def check_first_batch(self, state):
+            raise ValueError("never called")
+
+        def batch_end(self, state):
+            pass
+
+    net = nn.Linear(2, 1)
+    est = Estimator(net, nn.MSELoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    data = [(torch.ones(2, 2), torch.ones(2, 1))]
+    with pytest.warns(UserWarning, match=r"Refuses defines 'check_first_batch' but offers nothing.*first_batch_checks"):
+        est.fit(data, epochs=1, event_handlers=[Refuses()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est.fit(data, epochs=1, event_handlers=[Refuses()])  # once per class and name
+    with pytest.raises(ImportError, match="FirstBatchCheck is no longer a role.*first_batch_checks"):
+        from fitforge.events import FirstBatchCheck  # noqa: F401

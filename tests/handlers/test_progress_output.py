@@ -84,6 +84,8 @@ def test_leave_keeps_the_bar_beside_the_line(monkeypatch):
     shown = screen(console.getvalue())
     assert sum(line.startswith("Epoch ") for line in shown) == 2
     assert sum(line.startswith("[Epoch ") for line in shown) == 2
+    kinds = [line[:8] for line in shown if line.startswith(("Epoch ", "[Epoch "))]
+    assert kinds == ["Epoch 1/", "[Epoch 1", "Epoch 2/", "[Epoch 2"]  # each bar ends above its line
 
 
 def test_without_epoch_lines_the_finished_bar_is_the_epochs_line(monkeypatch):

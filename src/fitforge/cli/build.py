@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from fitforge.core.events import EventHandler
-from fitforge.core.roles import WeightAveraging, players
+from fitforge.core.events import EventHandler, offered
+from fitforge.core.roles import WeightAveraging
+from fitforge.core.services import Services
 from fitforge.estimator import Estimator
 from fitforge.exceptions import ConfigError, describe
 
@@ -73,7 +74,7 @@ def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace
     data = split_data(config.data.function(**vars(data_args)), config.data.function)
     estimator = Estimator(net, optimizer=optimizer, **arguments)
     if not handlers:
-        for average in players(objects.handlers, WeightAveraging)[:1]:
+        for average in offered(objects.handlers, Services()).averages[:1]:  # as fit would choose it
             average.attach(estimator)  # load_checkpoint then loads the checkpoint's average into it
             estimator.weight_average = average
         return Run(estimator, data, [])

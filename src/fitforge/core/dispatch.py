@@ -38,7 +38,7 @@ from fitforge.core.events import (
     priority_name,
     unwrapped,
 )
-from fitforge.core.roles import ROLES, missing_roles
+from fitforge.core.roles import ROLES, missing_roles, unoffered
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, PassAbandoned, describe
 
@@ -204,6 +204,16 @@ def _warn_missing_roles(handler: EventHandler) -> None:
                 f"{type(handler).__name__} defines {name!r} but does not inherit the role {role} (from "
                 f"fitforge.events), so fitforge will not use it: inherit {role} beside its event mixins, "
                 f"e.g. class {type(handler).__name__}(..., {role})",
+                UserWarning,
+                stacklevel=_outside_fitforge(),
+            )
+    for name, offer in unoffered(handler):
+        if (type(handler), name) not in _WARNED:
+            _WARNED.add((type(handler), name))
+            warnings.warn(
+                f"{type(handler).__name__} defines {name!r} but offers nothing, so fitforge will not use it "
+                f"(roles became the run's services): define def offer(self, services): {offer} "
+                "(docs/handlers.md, Services)",
                 UserWarning,
                 stacklevel=_outside_fitforge(),
             )

@@ -355,10 +355,22 @@ def check_batch_output(output: Any, method: str) -> None:
         )
 
 
+_DECLARED = ("fit_batch", "evaluate_batch", "predict_batch", "allow_nonfinite", "logs", "record_loss", "label_keys")
+
+
 def check_batch_processor(processor: Any) -> Any:
-    """A BatchProcessor instance, or anything with its three step methods."""
-    steps = ("fit_batch", "evaluate_batch", "predict_batch")
-    if isinstance(processor, type) or not all(callable(getattr(processor, m, None)) for m in steps):
-        hint = f"; pass an instance: {processor.__name__}()" if isinstance(processor, type) else ""
-        raise FitforgeTypeError(f"batch_processor must be a BatchProcessor instance, got {describe(processor)}{hint}")
+    """A BatchProcessor instance, or anything with what the loop reads of one (``StepProcessor``: its three
+    steps and four attributes)."""
+    if isinstance(processor, type):
+        raise FitforgeTypeError(
+            f"batch_processor must be a BatchProcessor instance, got {describe(processor)}; pass an instance: "
+            f"{processor.__name__}()"
+        )
+    if not isinstance(processor, BatchProcessor):
+        missing = [name for name in _DECLARED if name not in dir(processor)]
+        if missing:
+            raise FitforgeTypeError(
+                f"batch_processor must be a BatchProcessor instance, got {describe(processor)}, which lacks "
+                f"{', '.join(missing)}: subclass fitforge.BatchProcessor, which has them all"
+            )
     return processor

@@ -30,7 +30,7 @@ class Accumulating:
 
 class WeightAveraging:
     """Keeps averaged weights of ``estimator.net`` (an exponential moving average) that the net is
-    evaluated with. fit makes the run's handler playing it ``estimator.weight_average``; while its
+    evaluated with. fit makes the one offered to ``services.averages`` ``estimator.weight_average``; while its
     ``evaluates_averaged`` is True, ``evaluate``, ``predict``, the validation in fit and the best
     checkpoint put the averaged weights into the net for their duration (:meth:`swap_in`) and the
     trained ones back after (:meth:`swap_out`). Both are no-ops until it holds an average."""
@@ -123,18 +123,21 @@ class Services:
         validates_mid_epoch: a validation runs between training batches too (``batch_period``).
         epoch_lines: per handler printing each epoch's line to the log, whether it does now (a
             progress bar then shows none).
+        bars: the progress bars' epoch ends, which a handler printing an epoch's line calls first, so
+            that the epoch's bar ends above the line (a second call does nothing).
         guards_nonfinite: a handler acts on nan or inf losses (a diverged run needs no hint to add one).
         undoables: the state set back with the weights when batches are undone (metric sums,
             averaged weights).
-        checkpoints: the handlers saving checkpoints, in the run's order.
+        checkpoints: the handlers saving checkpoints, in the order they offered (the fit's handlers
+            as given, defaults first).
         steps: the optimizer stepping (GradientUpdateHandler): ``accumulate``, the steps each optimizer
             took (``steps_per_optimizer(state)``), an open group shared before a checkpoint.
         averages: the handlers keeping averaged weights (EMAHandler): ``averaged_state_dict()``; fit
             evaluates with the one there is.
         first_batch_checks: called with the state on the run's first batch once its output exists
-            (``state.output``), before its optimizer step and any ``batch_end`` hook; also on the
-            validation batch checked before training (``state.phase == "validate"``). Raise a clear
-            error to refuse the run (MetricHandler's computes a copy of every metric there).
+            (``state.output``), before its optimizer step and any ``batch_end`` hook (an evaluation's:
+            on the validation batch checked before training, ``state.phase == "validate"``). Raise a
+            clear error to refuse the run (MetricHandler's computes a copy of every metric there).
         before_save: called with the state on every rank right before a checkpoint saves it; may
             put another state in place (a spike guard's last good weights), which is the one saved.
     """
@@ -143,6 +146,7 @@ class Services:
     keys_complete: bool = True
     validates_mid_epoch: bool = False
     epoch_lines: list[Callable[[], bool]] = field(default_factory=list)
+    bars: list[Callable[[Any], None]] = field(default_factory=list)
     guards_nonfinite: bool = False
     undoables: list[Undoable] = field(default_factory=list)
     checkpoints: list[CheckpointSaver] = field(default_factory=list)

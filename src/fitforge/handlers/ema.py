@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from typing import Any
@@ -184,10 +183,16 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     def offer(self, services: Services) -> None:
         """Its average: the run's averaged weights, set back with the weights when batches are undone."""
         services.averages.append(self)  # fit evaluates with it
-        services.undoables.append(Undoable(lambda: copy.deepcopy(self.state_dict()), self._load_copy))
+        services.undoables.append(Undoable(self._mark, self._rewind))
 
-    def _load_copy(self, state: dict) -> None:
-        self.load_state_dict(copy.deepcopy(state))  # the mark may be rewound to again
+    def _mark(self) -> tuple[list[torch.Tensor], tuple]:
+        """Copies of the average (its shards under FSDP, which ``state_dict`` leaves out) and its counters."""
+        return [average.detach().clone() for average in self._averages], (self.updates, self._seen, self._pending)
+
+    def _rewind(self, mark: tuple[list[torch.Tensor], tuple]) -> None:
+        averages, (self.updates, self._seen, self._pending) = mark
+        for average, saved in zip(self._averages, averages):  # copied: the mark may be rewound to again
+            average.copy_(saved)
 
     def state_dict(self) -> dict:
         """The average by name (under FSDP, saved with the weights' shards instead), the updates and the steps seen."""

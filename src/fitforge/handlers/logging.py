@@ -162,6 +162,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             log.log(self.level, "[%s Batch %d] %s", epoch_label(state), state.batch_idx + 1, format_values(values))
 
     def epoch_end(self, state: TrainState) -> None:
+        for end_bar in state.services.bars:  # the epoch's bar ends above its line, whatever the handlers' order
+            end_bar(state)
         if state.phase != "train":  # inside evaluate: its values, no history row
             ensure_console_output()  # evaluate has no train_begin
             log.log(self.level, "[%s] %s", pass_label(state), format_values(state.metrics))

@@ -21,6 +21,7 @@ from tqdm.std import tqdm as text_bar
 
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Stage, TrainEnd
 from fitforge.core.history import in_notebook
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, check_non_negative, check_positive, describe
 from fitforge.reporting.formatting import epoch_label, format_value, pass_label
@@ -88,6 +89,9 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self.refresh_seconds, self.leave, self.file, self.ncols = refresh_seconds, leave, file, ncols
         self._bar: Any = None
         self._cell: CellLine | None = None  # the bar's output in a notebook
+
+    def offer(self, services: Services) -> None:
+        services.bars.append(self.epoch_end)  # a handler printing an epoch's line ends the bar first
 
     def epoch_begin(self, state: TrainState) -> None:
         self._close()

@@ -63,8 +63,8 @@ class UnweightedNote:
     """The info line saying that a fit's accumulated batches weigh alike, and how to count them, once per
     process and reason, when the fit's first group shows that their counts may differ: batches of
     different shapes, or padded ones (an ``attention_mask``). Batches of one fixed shape (a fixed-length
-    LM's blocks) have the same count whatever the loss averages over: nothing to say. Shapes only: no
-    host read."""
+    LM's blocks) count alike for a loss over every sample or token: nothing to say. Shapes only (no host
+    read), and the first group only: ignored labels (-100) or a short last batch are not looked for."""
 
     def __init__(self, why: str, accumulate: int) -> None:
         self.why, self.accumulate = why, accumulate
