@@ -310,7 +310,6 @@ class Estimator:
                 max_epochs=plan.epochs,
                 max_batches=plan.batches,
                 num_batches=plan.num_batches,
-                handlers=tuple(dispatcher.handlers),
                 services=plan.services,
                 run=run,
                 ranks=coordinator,

@@ -130,7 +130,7 @@ def test_only_whole_training_epochs_are_written(tmp_path):
     estimator.evaluate(val, event_handlers=[CSVLoggerHandler(path)])
     assert not path.exists()
     logger = CSVLoggerHandler(path)
-    state = TrainState(estimator, handlers=(logger,))
+    state = TrainState(estimator)
     logger.train_begin(state)
     state.history.new_epoch()
     state.preempted, state.num_batches, state.batch_idx = 15, 8, 3  # SIGTERM mid-epoch: it resumes later

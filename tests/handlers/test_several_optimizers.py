@@ -187,7 +187,7 @@ class Record(BatchEnd):
         self.seen = seen
 
     def batch_end(self, state):
-        updater = next(h for h in state.handlers if isinstance(h, GradientUpdateHandler))
+        updater = state.services.steps
         self.seen.append((state.optimizer_steps, state.accumulated_batches, updater.steps_per_optimizer(state)))
 
 

@@ -128,7 +128,7 @@ class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):
 
     def train_begin(self, state) -> None:
         # After CheckpointHandler's train_begin: the leftovers are cleaned and the checkpoint chosen.
-        saver = next(h for h in state.handlers if isinstance(h, CheckpointHandler))
+        saver = next(h for h in state.services.checkpoints if isinstance(h, CheckpointHandler))
         resumed = saver.resumed_from  # named <prefix>-epoch<E>batch<B>.pt: B batches completed
         self.journal.write(
             event="start",

@@ -13,6 +13,7 @@ the first ``epoch_begin``, so restored state wins over fresh state whatever the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -32,7 +33,7 @@ from fitforge.inputs.order import DataOrder
 log = logging.getLogger("fitforge")
 
 
-def stateful_handlers(handlers: tuple[object, ...]) -> dict[str, EventHandler]:
+def stateful_handlers(handlers: Sequence[object]) -> dict[str, EventHandler]:
     """The handlers (each has ``state_dict``/``load_state_dict``, ``{}`` when stateless), keyed by
     class name (``#2``, ``#3``... for the second and later of one class, in dispatch order)."""
     stateful = [h for h in handlers if isinstance(h, EventHandler)]
@@ -75,7 +76,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
         "rng": rng_states(),
         **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
         "data_order": {} if order is None else order.state_dict(),
-        "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(state.handlers).items()},
+        "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(_handlers(state)).items()},
         **_config_entry(state),
     }
 
@@ -197,10 +198,10 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         order.load_state_dict(checkpoint.get("data_order", {}), mid_epoch=mid_epoch)
         order.resume_at(position, epoch_start_step, sample)
     saved = checkpoint.get("handlers", {})
-    for key, handler in stateful_handlers(state.handlers).items():
+    for key, handler in stateful_handlers(_handlers(state)).items():
         if key in saved:
             handler.load_state_dict(saved[key])
-    finished = [h for h in state.handlers if (s := role_of(h, Stopping)) is not None and s.ended_run()]  # e.g. early
+    finished = [h for h in _handlers(state) if (s := role_of(h, Stopping)) is not None and s.ended_run()]  # e.g. early
     if finished:
         state.request_stop(f"already stopped: {history.get('stop_reason') or handler_name(finished[0])}")
     elif state.max_epochs is not None and state.epoch >= state.max_epochs:
@@ -273,3 +274,8 @@ def resume_picked(state: TrainState) -> None:
     if checkpoint is not None:
         state.run.resume_from = None  # type: ignore[union-attr]
         resume(state, checkpoint)
+
+
+def _handlers(state: TrainState) -> Sequence[object]:
+    """The fit's handlers (its run's: a checkpoint is of a fit)."""
+    return () if state.run is None else state.run.handlers

@@ -15,6 +15,7 @@ from torch import nn
 
 from fitforge.core.coordinator import Alone, Coordinator, PassWatch
 from fitforge.core.dispatch import Dispatcher
+from fitforge.core.events import EventHandler
 from fitforge.core.modules import switch_training
 from fitforge.core.state import TrainState
 
@@ -63,6 +64,11 @@ class RunContext:
     allow_empty: bool = False
     check: Step | None = None
     watch: PassWatch | None = None
+
+    @property
+    def handlers(self) -> list[EventHandler]:
+        """The run's handlers in dispatch order."""
+        return self.dispatcher.handlers
 
 
 class inference:

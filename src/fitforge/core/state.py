@@ -39,6 +39,11 @@ class RunMachinery(Protocol):
 
     resume_from: dict[str, Any] | None  # the checkpoint fit resumes from (fitforge.checkpoint.resume)
 
+    @property
+    def handlers(self) -> Sequence[object]:
+        """The run's handlers in dispatch order, for fitforge's checkpoints (a handler reads ``state.services``)."""
+        ...
+
 
 class EstimatorLike(Protocol):
     """What the layers below the Estimator use of it (``state.estimator``)."""
@@ -179,8 +184,6 @@ class TrainState:
         max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
         max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
         shared: a free dict for handlers to pass values to each other.
-        handlers: the run's handlers in dispatch order (fit only; empty in evaluate and predict),
-            for fitforge's own checkpointing (a handler reads what others offer in ``services``).
         services: what the run's handlers share (:class:`~fitforge.core.services.Services`): each offers
             its part before ``train_begin`` (an evaluation's handlers, before its first pass).
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
@@ -238,7 +241,6 @@ class TrainState:
     metrics: dict[str, float] = field(default_factory=dict)
     history: History = field(default_factory=History)
     shared: dict[str, Any] = field(default_factory=dict)
-    handlers: tuple = ()
     epoch_finished: bool = False
     optimizer_steps: int = 0
     accumulated_batches: int = 0

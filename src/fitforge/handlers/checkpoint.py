@@ -90,7 +90,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         "epoch",
         "global_step",
         "preempted",
-        "handlers",
         "services",
         "history",
         "metrics",
