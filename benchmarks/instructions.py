@@ -128,7 +128,7 @@ def pieces(overhead) -> dict:
     batch = first_samples(val)
     state = TrainState(est, "validate", batch_idx=0, batch=batch)
     state.output = evaluation.step(state, batch)
-    handlers = evaluation.dispatcher.handlers
+    checks = evaluation.services.first_batch_checks  # the evaluation's handlers' first-batch checks
 
     def armed_step() -> None:
         est.arm_loss_checks("validate")
@@ -159,7 +159,7 @@ def pieces(overhead) -> dict:
         "fit, default handlers (this estimator again)": lambda: est.fit(train, val_data=val, epochs=1),
         "hand-written loop + validation": lambda: overhead.hand_loop(net, opt, criterion, train, val, 1),
         "validation check before training": lambda: check_first_val_batch(
-            est, val, "val_data", handlers, evaluation.step
+            est, val, "val_data", checks, evaluation.step
         ),
         "  its step: forward and loss of 2 samples": lambda: evaluation.step(state, batch),
         "  its step under inference_mode (as the check runs it)": in_inference_mode(
@@ -168,11 +168,11 @@ def pieces(overhead) -> dict:
         "  its step with the loss's first-call checks": armed_step,
         "  its first 2 samples": lambda: first_samples(val),
         "  its nan/inf check": lambda: check_finite(batch, "val_data"),
-        "  its metric trials (handlers' check_first_batch)": lambda: check_handlers(state, handlers),
+        "  its metric trials (handlers' check_first_batch)": lambda: check_handlers(state, checks),
         "  its kept random state (a torch_rng_kept block)": lambda: block(torch_rng_kept(est.device)),
         "  its eval mode and inference_mode (an inference block)": lambda: block(inference(est.val_net)),
         "B's CNN: validation check before training": lambda: check_first_val_batch(
-            cnn_est, cnn_val, "val_data", cnn_evaluation.dispatcher.handlers, cnn_evaluation.step
+            cnn_est, cnn_val, "val_data", cnn_evaluation.services.first_batch_checks, cnn_evaluation.step
         ),
         "  its step under inference_mode": in_inference_mode(lambda: cnn_evaluation.step(cnn_state, cnn_batch)),
         "validation set-up (Estimator.evaluation)": lambda: est.evaluation(val, []),
