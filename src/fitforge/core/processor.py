@@ -227,7 +227,9 @@ class BatchProcessor:
         The forward goes through ``estimator.train_net`` (DDP's wrapper under torchrun): an override
         must too, or the ranks' gradients are not averaged."""
         inputs, label = self.to_device(state, batch)
-        estimator, counter, given = state.estimator, state.count_items, inputs
+        steps = state.services.steps  # the stepping counts items with accumulation, when it can
+        counter: Any = None if steps is None else steps.count_items
+        estimator, given = state.estimator, inputs
         # Accumulated batches weigh by their items (fitforge.optim.item_counts): backpropagate ``loss * items``, and
         # a model gets the count as ``num_items_in_batch``; a batch with nothing to count weighs as a plain mean.
         items = None if counter is None else counter.count(inputs, label)

@@ -19,6 +19,7 @@ class Accumulating:
     """Steps the optimizers every ``accumulate`` batches."""
 
     accumulate: int = 1
+    count_items: Any = None  # an ItemCounter (fitforge.optim.item_counts) the default fit_batch weighs losses by
 
     def share_open_group(self, state: Any) -> None:
         """Make an open group's gradients equal on every rank before a checkpoint (a collective)."""
@@ -138,6 +139,9 @@ class Services:
             (``state.output``), before its optimizer step and any ``batch_end`` hook (an evaluation's:
             on the validation batch checked before training, ``state.phase == "validate"``). Raise a
             clear error to refuse the run (MetricHandler's computes a copy of every metric there).
+        step_skips: the device flags (float 0-d, 1: skip) that fused optimizer steps skip on, as their
+            offerers set them at their ``train_begin`` (NaNGuardHandler's, at ``Stage.GUARD``); the
+            stepping reads them at its own, after.
         before_save: called with the state on every rank right before a checkpoint saves it; may
             put another state in place (a spike guard's last good weights), which is the one saved.
     """
@@ -154,6 +158,7 @@ class Services:
     averages: list[WeightAveraging] = field(default_factory=list)
     first_batch_checks: list[Callable[[Any], None]] = field(default_factory=list)
     before_save: list[Callable[[Any], None]] = field(default_factory=list)
+    step_skips: list[Callable[[], Any]] = field(default_factory=list)
 
     def shows_epoch_lines(self) -> bool:
         """Whether a handler of the run prints each epoch's line now."""

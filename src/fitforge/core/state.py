@@ -188,9 +188,6 @@ class TrainState:
             its part before ``train_begin`` (an evaluation's handlers, before its first pass).
         optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
         accumulated_batches: batches whose gradients wait for the next optimizer step.
-        count_items: the :class:`~fitforge.optim.item_counts.ItemCounter` the default ``fit_batch``
-            weighs each batch's loss by (set by GradientUpdateHandler with ``accumulate > 1`` when
-            the loss's items can be counted), else None.
         epoch_finished: at ``epoch_end``, whether the run is through with the epoch: it went
             through all its data, or a ``CancelEpoch`` ended it (the next epoch follows); False when
             a stop (``batches=N``, a signal, a handler) cut it short before its last batch.
@@ -244,7 +241,6 @@ class TrainState:
     epoch_finished: bool = False
     optimizer_steps: int = 0
     accumulated_batches: int = 0
-    count_items: Any = None
     stop_requested: bool = False
     stop_reason: str | None = None
     stop_every_rank: bool = False

@@ -49,8 +49,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
 
     It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights (read the gradients before
     the step at ``backward_end``). Clipping happens in the step, right after the fp16 scaler's unscale (split, a batch
-    cancelled between the two would leave the scaler unscaled). A ``state.shared["found_inf"]`` flag at training
-    start (NaNGuardHandler's, for fused optimizers) is passed to every step: the device skips a step it flags.
+    cancelled between the two would leave the scaler unscaled). A flag offered in ``services.step_skips``
+    (NaNGuardHandler's, for fused optimizers) is passed to every step: the device skips a step it flags.
 
     Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some (indices into
     ``estimator.optimizers``, or the optimizers): a GAN returns ``step=[0]`` on the discriminator's batches and
@@ -123,9 +123,9 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         "global_step",
         "max_batches",
         "output",
-        "shared.found_inf",
+        "services",
     )
-    writes = ("accumulated_batches", "optimizer_steps", "count_items")
+    writes = ("accumulated_batches", "optimizer_steps")
 
     def __init__(
         self,
@@ -155,7 +155,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         self._ranks = 1  # the ranks whose gradients DDP or FSDP average (set at train_begin)
         self._counting: ItemCounter | None = None  # this fit's counter (None: the batches weigh alike)
         self._uncounted_until_step = False  # a resumed group of batches that were not counted is still open
-        self._state: TrainState | None = None  # the fit's state, for a resume to change its counting
+        self._fitting = False  # between train_begin and train_end: a resume changes the counting
+        self.count_items: ItemCounter | None = None  # what the default fit_batch weighs each batch's loss by
         self._note: UnweightedNote | None = None  # watches the first group of batches that weigh alike
 
     def offer(self, services: Services) -> None:
@@ -164,7 +165,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
 
     def train_begin(self, state: TrainState) -> None:
         self._scaler = state.estimator.scaler
-        self._found_inf = state.shared.get("found_inf")
+        flags = [flag for skip in state.services.step_skips if (flag := skip()) is not None]
+        self._found_inf = flags[0] if flags else None
         extras = (self.clip_norm, self.clip_value, self._scaler, self._found_inf)
         self._step_only = self.accumulate == 1 and all(extra is None for extra in extras)
         self._optimizers = list(state.estimator.optimizers)
@@ -187,7 +189,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             fit_counter(self.items, state.estimator, self.accumulate) if self.accumulate > 1 else (None, "")
         )
         self._note = UnweightedNote(why, self.accumulate) if self._counting is None and why else None
-        state.count_items, self._state = self._counting, state
+        self.count_items, self._fitting = self._counting, True
 
     def batch_begin(self, state: TrainState) -> None:
         """Under DDP, whether this batch's backward all-reduces: it completes a group, or is the last of the epoch
@@ -246,7 +248,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self.step(state, [i for i, count in enumerate(self._open) if count])
 
     def train_end(self, state: TrainState) -> None:
-        state.count_items, self._state = None, None
+        self.count_items, self._fitting = None, False
         if self._deferred is not None:  # also when an error ends training: evaluate and later fits sync
             self._deferred.restore()
 
@@ -296,7 +298,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         state.accumulated_batches = max(self._open)
         state.optimizer_steps += 1
         if self._uncounted_until_step:  # the group resumed from a run that did not count: counted from the next
-            self._uncounted_until_step, state.count_items = False, self._counting
+            self._uncounted_until_step, self.count_items = False, self._counting
 
     def _average(self, due: list[int], state: TrainState) -> None:
         """Divide each group's summed gradients by its batch count (a shared parameter once), or, when its batches'
@@ -351,9 +353,9 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         items = state.get("items")
         self._items = None if items is None or not max(accumulated) else torch.tensor(items)
         grads = [p.grad for p in self._choice.params_of(list(self._choice.every)) if p.grad is not None]
-        if max(accumulated) and self._items is None and self._counting is not None and self._state is not None:
+        if max(accumulated) and self._items is None and self._counting is not None and self._fitting:
             # An open group of batches that weighed alike: it ends so, and the next group is counted.
-            self._uncounted_until_step, self._state.count_items = True, None
+            self._uncounted_until_step, self.count_items = True, None
         if self._items is not None and self._counting is None:  # a counted group, in a run that does not count
             if grads:  # its summed losses' gradients as those of batch means: it ends weighing its batches alike
                 torch._foreach_mul_(grads, max(accumulated) / float(self._items))

@@ -44,7 +44,7 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
 
     - The step is guarded under every policy. When every optimizer can skip its update on the device (``fused=True``
       Adam and AdamW, through GradScaler's ``found_inf``; not fused SGD, whose skipped first step leaves its momentum
-      uninitialised), the guard hands its flag to GradientUpdateHandler (``state.shared["found_inf"]``) and reads
+      uninitialised), the guard offers its flag to the optimizer stepping (``services.step_skips``) and reads
       nothing per batch. Any other optimizer needs **one host read per batch** (free on the CPU), and a bad batch is
       cancelled (``CancelBatch``: no step, gradients cleared) whatever the policy. Under ``precision="16-mixed"`` the
       GradScaler already skips steps on non-finite gradients (routine there), so the guard watches the loss only.
@@ -92,7 +92,7 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
         "epoch_finished",
         "num_batches",
     )
-    writes = ("stop_requested", "shared.found_inf")
+    writes = ("stop_requested",)
 
     def __init__(self, policy: str = "stop", check_every: int | None = None) -> None:
         if not isinstance(policy, str):
@@ -116,6 +116,11 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
 
     def offer(self, services: Services) -> None:
         services.guards_nonfinite = True  # a diverged loss needs no hint to add a guard
+        services.step_skips.append(self._skip_flag)  # read at the stepping's train_begin, after this one's
+
+    def _skip_flag(self) -> torch.Tensor | None:
+        """The device flag a fused step skips on, when the guard decides on the device (see the class docstring)."""
+        return self._found if self._gradients is not None and not self._read_every_batch else None
 
     def train_begin(self, state: TrainState) -> None:
         estimator = state.estimator
@@ -128,9 +133,7 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
         self._gradients = None if estimator.scaler is not None else GradientCheck(params)
         on_device = all(_skips_on_device(optimizer) for optimizer in optimizers)
         self._read_every_batch = self.policy == "skip" or (self._gradients is not None and not on_device)
-        if self._gradients is not None and not self._read_every_batch:
-            state.shared["found_inf"] = self._found  # GradientUpdateHandler's fused step skips on it
-        elif self._read_every_batch and self.policy != "skip" and self._device.type != "cpu":
+        if self._read_every_batch and self.policy != "skip" and self._device.type != "cpu":
             log.info(
                 "NaNGuardHandler: %s cannot skip its step on the device, so the guard reads one flag per "
                 "batch (a device sync); a fused Adam or AdamW (fused=True) avoids it",
