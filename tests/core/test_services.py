@@ -109,25 +109,8 @@ def test_a_users_handler_reads_the_optimizer_steps_and_the_ema_weights_through_t
     assert not torch.equal(user.average["weight"], net.weight)  # the average, not the trained weights
 
 
-def test_a_former_role_s_method_without_an_offer_is_warned_once_and_an_old_import_says_where_it_went():
-    import warnings
-
+def test_an_old_role_import_says_what_to_offer_instead():
     import pytest
 
-    class Refuses(BatchEnd):  # a handler written for the FirstBatchCheck role
-        def check_first_batch(self, state):
-            raise ValueError("never called")
-
-        def batch_end(self, state):
-            pass
-
-    net = nn.Linear(2, 1)
-    est = Estimator(net, nn.MSELoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
-    data = [(torch.ones(2, 2), torch.ones(2, 1))]
-    with pytest.warns(UserWarning, match=r"Refuses defines 'check_first_batch' but offers nothing.*first_batch_checks"):
-        est.fit(data, epochs=1, event_handlers=[Refuses()])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        est.fit(data, epochs=1, event_handlers=[Refuses()])  # once per class and name
     with pytest.raises(ImportError, match="FirstBatchCheck is no longer a role.*first_batch_checks"):
         from fitforge.events import FirstBatchCheck  # noqa: F401

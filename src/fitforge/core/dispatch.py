@@ -38,7 +38,7 @@ from fitforge.core.events import (
     priority_name,
     unwrapped,
 )
-from fitforge.core.roles import ROLES, missing_roles, unoffered
+from fitforge.core.roles import ROLES, missing_roles
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, PassAbandoned, describe
 
@@ -196,28 +196,17 @@ _WARNED: set[tuple[type, str]] = set()
 
 
 def _warn_missing_roles(handler: EventHandler) -> None:
-    """Once per class and name: a role's name defined without the role (fitforge asks roles), or a former
-    role's method without an offer (it became a service)."""
-    cls = type(handler).__name__
-    found = [
-        (
-            name,
-            f"does not inherit the role {role} (from fitforge.events), so fitforge will not use it: inherit "
-            f"{role} beside its event mixins, e.g. class {cls}(..., {role})",
-        )
-        for name, role in missing_roles(handler)
-    ] + [
-        (
-            name,
-            f"offers nothing, so fitforge will not use it (roles became the run's services): define def "
-            f"offer(self, services): {offer} (docs/handlers.md, Services)",
-        )
-        for name, offer in unoffered(handler)
-    ]
-    for name, why in found:
+    """Once per class and name: a role's name defined without the role (fitforge asks roles)."""
+    for name, role in missing_roles(handler):
         if (type(handler), name) not in _WARNED:
             _WARNED.add((type(handler), name))
-            warnings.warn(f"{cls} defines {name!r} but {why}", UserWarning, stacklevel=_outside_fitforge())
+            warnings.warn(
+                f"{type(handler).__name__} defines {name!r} but does not inherit the role {role} (from "
+                f"fitforge.events), so fitforge will not use it: inherit {role} beside its event mixins, "
+                f"e.g. class {type(handler).__name__}(..., {role})",
+                UserWarning,
+                stacklevel=_outside_fitforge(),
+            )
 
 
 def _outside_fitforge() -> int:

@@ -191,30 +191,6 @@ _NAMES = {
 }
 _CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
 ROLES = tuple(_NAMES)
-# What were roles' methods before the run's services: a user's class defining one without its own
-# ``offer`` is never called now (see :func:`unoffered`); the service to offer it to.
-_OFFERED = {
-    "check_first_batch": "services.first_batch_checks.append(self.check_first_batch)",
-    "confirm_state": "services.before_save.append(self.confirm_state)",
-    "mark_sums": "services.undoables.append(Undoable(mark, rewind))",
-    "shows_epoch_lines": "services.epoch_lines.append(self.shows_epoch_lines)",
-    "saved_checkpoints": "services.checkpoints.append(self)",
-    "swap_in": "services.averages.append(self)",
-    "share_open_group": "services.steps = self",
-}
-
-
-def unoffered(handler: object) -> list[tuple[str, str]]:
-    """``(name, what to offer)`` for each former role method a user's class of ``handler`` defines
-    while no class of the user's defines ``offer``."""
-    cls = type(handler)
-    if cls not in _UNOFFERED:  # once per class
-        own = {name for k in cls.__mro__ if not k.__module__.startswith("fitforge.") for name in vars(k)}
-        _UNOFFERED[cls] = [] if "offer" in own else [(name, _OFFERED[name]) for name in _OFFERED if name in own]
-    return _UNOFFERED[cls]
-
-
-_UNOFFERED: dict[type, list[tuple[str, str]]] = {}
 
 
 def missing_roles(handler: object) -> list[tuple[str, str]]:
