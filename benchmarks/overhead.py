@@ -282,12 +282,15 @@ def measure_peak(variant: str, w: Workload, train: DataLoader, val: DataLoader, 
             time.sleep(0.0002)
 
     sampler = threading.Thread(target=sample, daemon=True)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # the sampler gets its turns in a run shorter than the default 5 ms slice
     sampler.start()
     try:
         run()
     finally:
         running[0] = False
         sampler.join()
+        sys.setswitchinterval(switch)
     return max(peak[0], in_use()) - before
 
 

@@ -257,7 +257,7 @@ def test_estimator_load_checkpoint_restores_weights_and_returns_the_counters(tmp
 def test_describe_loop_names_handlers_by_class(tmp_path):
     estimator, _, _ = linear_problem()
     text = estimator.describe_loop([CheckpointHandler(tmp_path, monitor="train_loss")])
-    assert "StoppingHandler(stop)" in text and "CheckpointHandler(persist)" in text and "monitor=" not in text
+    assert "StoppingHandler(report)" in text and "CheckpointHandler(persist)" in text and "monitor=" not in text
 
 
 def test_a_partial_last_epoch_is_named_by_the_epochs_it_completed(tmp_path):

@@ -195,8 +195,8 @@ def test_describe_loop_lists_each_event_in_call_order():
     assert list(lines) == [e.value for e in Event]
     assert "  RecordingHandler: full access (undeclared)" in access.splitlines()
     assert lines["batch_end"] == (
-        "GradientUpdateHandler(step) -> MetricHandler(metrics) -> ThroughputHandler(throughput) -> "
-        "RecordingHandler(10) -> LoggingHandler(report) -> StoppingHandler(stop)"
+        "GradientUpdateHandler(step) -> MetricHandler(metrics) -> ThroughputHandler(metrics) -> "
+        "RecordingHandler(10) -> LoggingHandler(report) -> StoppingHandler(report)"
     )
     assert lines["batch_begin"] == "RecordingHandler(10)"
     assert "ValidationHandler" in est.describe_loop([ValidationHandler(regression_batches())])

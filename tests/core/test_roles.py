@@ -114,7 +114,7 @@ def test_a_wrapper_plays_the_roles_of_what_it_wraps():
 class ScoreValidation(TrainBegin, EpochEnd, Validating):
     """A user's own validation: it records val_score by its own means."""
 
-    priority = Stage.VALIDATE  # with the built-in validation: before the handlers that read this epoch's values
+    priority = Stage.METRICS + 1  # after the built-in validation, before the handlers that read this epoch's values
 
     def train_begin(self, state):
         self.scores = []
@@ -174,7 +174,9 @@ def test_a_monitor_running_before_the_validation_of_its_key_is_refused_before_tr
     estimator, data, _ = linear_problem()
     late = type("LateScore", (ScoreValidation,), {"priority": 0})
     stopper = EarlyStoppingHandler("val_score", mode="max")
-    with pytest.raises(HandlerOrderError, match=r"runs before it at epoch_end.*give LateScore priority=Stage.VALIDATE"):
+    with pytest.raises(
+        HandlerOrderError, match=r"runs before it at epoch_end.*give LateScore priority=Stage.METRICS \+ 1"
+    ):
         estimator.fit(data, epochs=1, event_handlers=[stopper, late()])
     estimator.fit(
         data, epochs=1, event_handlers=[late(), EarlyStoppingHandler("val_score", mode="max")]

@@ -468,12 +468,12 @@ def test_default_handlers_false_adds_only_stopping_and_gradient_update():
     est = make_estimator()
     text = est.describe_loop(default_handlers=False)
     assert "MetricHandler" not in text and "LoggingHandler" not in text and "ValidationHandler" not in text
-    assert "batch_end    GradientUpdateHandler(step) -> StoppingHandler(stop)" in text
+    assert "batch_end    GradientUpdateHandler(step) -> StoppingHandler(report)" in text
     history = est.fit(regression_batches(), epochs=2, default_handlers=False)
     assert set(history) == {"epoch_time", "lr"} and est.net.weight.grad is None
     # val_data is an explicit request: validation still runs (with evaluate's own metrics)
     text = est.describe_loop(val_data=regression_batches(), default_handlers=False)
-    assert "GradientUpdateHandler(step) -> ValidationHandler(validate) -> StoppingHandler(stop)" in text
+    assert "GradientUpdateHandler(step) -> ValidationHandler(metrics) -> StoppingHandler(report)" in text
     history = est.fit(regression_batches(), val_data=regression_batches(), epochs=2, default_handlers=False)
     assert set(history) == {"epoch_time", "lr", "val_loss", "val_mae"}
     with pytest.raises(FitforgeTypeError, match="default_handlers must be True or False, got str 'no'"):

@@ -315,7 +315,7 @@ def test_fp16_an_overflow_skips_that_step_and_rescales_the_other_optimizers_open
 
 
 class LRs(BatchEnd):
-    priority = Stage.SCHEDULE + 1
+    priority = Stage.PERSIST + 1
 
     def __init__(self):
         self.seen = []

@@ -62,7 +62,7 @@ class Clock(EpochBegin, BatchEnd, EpochEnd):
     """Right before ValidationHandler: tells the set how many batches are completed, and arms it
     for a fault in the validation after ``at`` completed batches."""
 
-    priority = Stage.VALIDATE - 1
+    priority = Stage.METRICS - 1
 
     def __init__(self, val: SlowValSet, at: int | None) -> None:
         self.val, self.at = val, at

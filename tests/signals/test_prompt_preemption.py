@@ -48,7 +48,7 @@ class Arm(BatchBegin, EpochEnd):
     """Arms the validation set at batch_begin of step ``at`` (its validations read after), or at
     ``epoch_end`` before the validation (``at="epoch_end:<batches>"``), for its ``after_reads``-th read."""
 
-    priority = Stage.VALIDATE - 1
+    priority = Stage.METRICS - 1
 
     def __init__(self, val, signum, at, after_reads=10):
         self.val, self.signum, self.at, self.after_reads = val, signum, at, after_reads

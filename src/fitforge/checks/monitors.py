@@ -48,7 +48,7 @@ def check_monitor_order(epoch_end: Sequence[EventHandler], left: Sequence[EventH
             raise HandlerOrderError(
                 f"{handler!r} monitors {monitoring.monitor!r}, which only a validation of your own such as "
                 f"{custom[0]!r} records, but runs before it at epoch_end, so it would never see the epoch's "
-                f"value: give {type(custom[0]).__name__} priority=Stage.VALIDATE (from fitforge.events)"
+                f"value: give {type(custom[0]).__name__} priority=Stage.METRICS + 1 (from fitforge.events)"
             )
 
 

@@ -6,9 +6,10 @@ field before its readers" among handlers of one priority, and among handlers fre
 cycle is an error naming the handlers in it.
 
 Declared state access (FluxTraining.jl's ``stateaccess``): a handler declares ``reads`` and/or
-``writes``, tuples of TrainState field names (``"metrics"``...) or ``"shared.<key>"`` (``"shared"``
-covers every key). Writing a field means assigning it or changing the object in it
-(``history.record(...)`` writes ``history``; ``state.request_stop()`` ``stop_requested``). A handler
+``writes``, tuples of TrainState field names (``"metrics"``...), ``"shared.<key>"`` or
+``"services.<name>"`` (``"shared"`` and ``"services"`` cover every key). Writing a field means assigning it
+or changing the object in it (``history.record(...)`` writes ``history``; ``state.request_stop()``
+``stop_requested``). A handler
 that declares neither keeps full access. At fit start, once: among declared handlers of one priority
 that share an event, a writer of a field runs before its readers (priorities are kept), and two
 writers of one field must be ordered by priority or ``run_after``, else a
@@ -74,20 +75,26 @@ def declared_access(handler: object) -> Access | None:
                 f"e.g. ('epoch', 'shared.lr'), got {names!r}"
             )
         for name in names:
-            if not (isinstance(name, str) and (name in FIELDS or (name.startswith("shared.") and len(name) > 7))):
+            if not (isinstance(name, str) and (name in FIELDS or _keyed(name) is not None)):
                 raise FitforgeTypeError(
                     f"{handler!r}.{attribute} names {name!r}, which is no TrainState field; "
-                    f"use one of {sorted(FIELDS)} or 'shared.<key>'"
+                    f"use one of {sorted(FIELDS)}, 'shared.<key>' or 'services.<name>'"
                 )
     return Access(frozenset(reads or ()), frozenset(writes or ()))
 
 
+def _keyed(name: str) -> str | None:
+    """``shared`` for ``shared.<key>``, ``services`` for ``services.<name>``; else None."""
+    field, dot, key = name.partition(".")
+    return field if dot and key and field in ("shared", "services") else None
+
+
 def _covered(name: str, names: frozenset[str]) -> bool:
-    return name in names or (name.startswith("shared.") and "shared" in names)
+    return name in names or _keyed(name) in names
 
 
 def _common(a: frozenset[str], b: frozenset[str]) -> set[str]:
-    """The fields both name (``shared`` and ``shared.<key>`` overlap)."""
+    """The fields both name (``shared`` and ``shared.<key>`` overlap, as ``services`` and its names)."""
     return {n for n in a if _covered(n, b)} | {n for n in b if _covered(n, a)}
 
 

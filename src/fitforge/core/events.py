@@ -53,19 +53,15 @@ HOOK_NAMES = {event: event.value for event in Event}  # event -> its method's na
 
 class Stage(IntEnum):
     """Where the built-in handlers run among the handlers of one event (lower first). A ``priority``
-    may be a Stage or any int: ``Stage.STEP - 1`` runs just before the optimizer step."""
+    may be a Stage or any int: ``Stage.STEP - 1`` runs just before the optimizer step. Within a stage the
+    order comes from declared access (a writer of a field before its readers) and ``run_after``."""
 
-    GUARD = -3000  # NaNGuardHandler: judge the batch before anything uses it
+    GUARD = -3000  # NaNGuardHandler, SpikeGuardHandler: judge the batch before anything uses it
     STEP = -2000  # GradientUpdateHandler: clip and step, so later handlers see the updated weights
-    AVERAGE = -1900  # EMAHandler: average the weights just stepped, before anything evaluates or saves them
-    METRICS = -1000  # MetricHandler: this epoch's training values for every handler after it
-    THROUGHPUT = -950  # ThroughputHandler: the epoch's training time ends after the metrics' read, before validation
-    VALIDATE = -900  # ValidationHandler: the val_ values, after the training ones, before the user's handlers
+    METRICS = -1000  # MetricHandler, ThroughputHandler, EMAHandler, then ValidationHandler: the epoch's values
     USER = 0  # the default
-    SCHEDULE = 100  # LRSchedulerHandler: after the user's handlers, before the checkpoint
-    PERSIST = 900  # CheckpointHandler: the state after every update of the epoch
-    REPORT = 1000  # ProgressBar, Logging, CSVLogger, TensorBoard: the row is complete
-    STOP = 2000  # StoppingHandler: a limit reached stops after every other handler saw the batch
+    PERSIST = 900  # LRSchedulerHandler, ScheduleHandler, then CheckpointHandler: the state after every update
+    REPORT = 1000  # ProgressBar, Logging, CSVLogger, TensorBoard, StoppingHandler: the row is complete
 
 
 def priority_name(priority: int) -> str:

@@ -26,7 +26,7 @@ KeyRecording        MetricHandler                          the history keys it r
 Example:
     >>> from fitforge.events import EpochEnd
     >>> class MyValidation(EpochEnd, Validating):
-    ...     priority = -900  # Stage.VALIDATE: before the handlers that read this epoch's values
+    ...     priority = -999  # Stage.METRICS + 1: before the handlers that read this epoch's values
     ...     def epoch_end(self, state):
     ...         state.metrics["val_score"] = 1.0   # counts for EarlyStoppingHandler("val_score")
 """
@@ -126,7 +126,7 @@ class Validating:
     estimator, sets it up (a first batch evaluated, so that a mistake fails in a second) and hands
     it to :meth:`use_evaluation`. A handler that validates by its own means returns None, or a
     setup with ``by_estimator=False``; the keys it records are checked at their first use. Give it
-    ``priority = Stage.VALIDATE``, beside the built-in validation, so that the handlers watching its
+    ``priority = Stage.METRICS + 1``, after the built-in validation, so that the handlers watching its
     keys run after it."""
 
     def validation_setup(self) -> ValidationSetup | None:

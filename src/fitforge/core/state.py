@@ -171,7 +171,7 @@ class TrainState:
     batch. It returns a new dict and leaves ``metrics`` as the table says.
     ``num_batches`` is ``len(data)`` when the data has a length, else None. "this epoch" for
     ``metrics`` at ``epoch_end`` holds for handlers that run after MetricHandler and
-    ValidationHandler (a priority above ``Stage.VALIDATE``); earlier ones still see the last epoch's values.
+    ValidationHandler (a priority above ``Stage.METRICS``); earlier ones still see the last epoch's values.
 
     In ``evaluate`` (also when ValidationHandler runs it inside fit) the state is the pass's own:
     ``epoch`` and ``global_step`` stay 0, ``history`` has no rows (do not record into it), and

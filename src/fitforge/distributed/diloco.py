@@ -129,7 +129,9 @@ class DiLoCoStrategy(Distributed):
 class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """The outer loop of one fit: counts optimizer steps and runs the outer step every ``sync_every``."""
 
-    priority = Stage.STEP + 50  # after the optimizer step, before an EMA (AVERAGE) or a checkpoint sees the weights
+    priority = (
+        Stage.STEP
+    )  # after the optimizer step (it reads optimizer_steps), before an EMA or a checkpoint sees the weights
     reads = ("estimator", "optimizer_steps", "error", "preempted")
     writes = ()
 

@@ -45,7 +45,7 @@ def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = Tr
     if not isinstance(default_handlers, bool):
         raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
     given = user_handlers(event_handlers)
-    defaults: list[EventHandler] = [StoppingHandler(), GradientUpdateHandler()]
+    defaults: list[EventHandler] = [GradientUpdateHandler()]
     defaults += [companion for handler in players(given, Accompanied) for companion in handler.companions()]
     if default_handlers:
         defaults += [MetricHandler(), ThroughputHandler(flops=False)]
@@ -54,6 +54,7 @@ def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = Tr
     if default_handlers:  # the bar first: an epoch's bar closes before its log line (one priority, as given)
         defaults += [ProgressBarHandler()] if interactive() else []
         defaults.append(LoggingHandler())
+    defaults.append(StoppingHandler())  # last of the defaults at REPORT: the reports of a batch before its stop
     return with_defaults(given, defaults)
 
 

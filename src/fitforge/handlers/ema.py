@@ -54,7 +54,9 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         >>> torch.save(ema.averaged_state_dict(), "ema.pt")                       # doctest: +SKIP
     """
 
-    priority = Stage.AVERAGE  # right after the optimizer step: validation and checkpoints see this step's average
+    priority = (
+        Stage.METRICS
+    )  # after the step (and DiLoCo's outer one): validation (after it) and checkpoints see the average
     reads = ("estimator", "optimizer_steps", "resumed")
     writes = ()
 

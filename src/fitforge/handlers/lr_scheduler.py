@@ -35,8 +35,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
     ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by a stop or a signal
-    steps when a resumed run finishes it), after the metrics and validation (``Stage.SCHEDULE``) and before
-    CheckpointHandler (``Stage.PERSIST``), so checkpoints hold the stepped scheduler. ``interval="batch"`` steps once
+    steps when a resumed run finishes it), after the metrics and validation, before CheckpointHandler (both at
+    ``Stage.PERSIST``: the checkpoint reads the history this handler writes), so checkpoints hold the stepped
+    scheduler. ``interval="batch"`` steps once
     per step of the scheduler's optimizer, after GradientUpdateHandler's (with ``accumulate=N``, once per N batches;
     with optimizers chosen per batch, ``BatchOutput.step``, only after the batches that stepped this one).
     ``ReduceLROnPlateau`` steps with ``monitor``'s value in this epoch's history row; an epoch without one does not
@@ -62,7 +63,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         >>> handler = LRSchedulerHandler.warmup_cosine(warmup=0.1)   # 10% warm-up, then cosine to 0
     """
 
-    priority = Stage.SCHEDULE
+    priority = Stage.PERSIST  # after validation; before CheckpointHandler, which reads the history it writes
     reads = (
         "estimator",
         "metrics",

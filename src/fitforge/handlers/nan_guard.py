@@ -92,7 +92,7 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
         "epoch_finished",
         "num_batches",
     )
-    writes = ("stop_requested",)
+    writes = ("stop_requested", "services.step_skips")
 
     def __init__(self, policy: str = "stop", check_every: int | None = None) -> None:
         if not isinstance(policy, str):

@@ -47,8 +47,9 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
         >>> ScheduleHandler({"momentum": cosine, "weight_decay": lambda p: 1e-4 * (1 - p)})  # doctest: +SKIP
     """
 
-    priority = Stage.SCHEDULE
-    reads = ("estimator", "optimizer_steps", "num_batches", "max_epochs", "max_batches", "services", "batch_idx")
+    priority = Stage.PERSIST
+    reads = ("optimizer_steps", "num_batches", "max_epochs", "max_batches", "services", "batch_idx")
+    writes = ("estimator",)  # its optimizers' settings: a checkpoint (after it) holds the values set
 
     def __init__(
         self,

@@ -60,7 +60,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         >>> estimator.fit(train, epochs=10, event_handlers=[guard])  # doctest: +SKIP
     """
 
-    priority = Stage.GUARD + 10  # after NaNGuardHandler's verdict, before the optimizer step
+    priority = Stage.GUARD  # after NaNGuardHandler's verdict (it writes services.step_skips), before the step
     reads = (
         "phase",
         "output",

@@ -23,7 +23,7 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd, Stopping):
         max_time: stop at the first batch or epoch end after this many seconds of training.
     """
 
-    priority = Stage.STOP
+    priority = Stage.REPORT  # a limit reached stops once every handler saw the batch (the loop asks after it)
     reads = ("epoch", "global_step", "max_epochs", "max_batches")
     writes = ("stop_requested",)
 

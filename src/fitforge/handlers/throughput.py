@@ -56,7 +56,8 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
         step_flops: the FLOPs of one training step on this rank, once counted (None before).
     """
 
-    priority = Stage.THROUGHPUT  # after the metrics' read at epoch end, before validation
+    priority = Stage.METRICS
+    run_after = (KeyRecording,)  # after MetricHandler's read at epoch end; validation runs after it
     reads = ("estimator", "phase", "output", "history")
     writes = ("history",)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, EventHandler, Stage, TrainBegin
-from fitforge.core.roles import Validating, ValidationSetup
+from fitforge.core.roles import KeyRecording, Validating, ValidationSetup, WeightAveraging
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, check_positive, describe
 
@@ -29,7 +29,8 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
     ``epoch_begin``, and an epoch end's one when it ends that epoch.
     """
 
-    priority = Stage.VALIDATE  # after MetricHandler's training values: the stages order the two
+    priority = Stage.METRICS
+    run_after = (KeyRecording, WeightAveraging)  # after the training values and this step's weight average
     reads = ("estimator", "epoch", "global_step", "preempted", "epoch_finished", "batch_idx", "num_batches")
     writes = ("metrics", "history")
 

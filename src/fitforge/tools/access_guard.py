@@ -43,10 +43,10 @@ class GuardedState:
             return getattr(state, name)
         if name not in FIELDS:
             return getattr(state, name)
-        if name == "shared":  # each key is checked on use
-            if not any(n == "shared" or n.startswith("shared.") for n in access.reads | access.writes):
+        if name in ("shared", "services"):  # a shared key is checked on use; a service's name is for the order only
+            if not any(n == name or n.startswith(name + ".") for n in access.reads | access.writes):
                 raise self._deny(name, False)
-            return GuardedShared(state.shared, self)
+            return GuardedShared(state.shared, self) if name == "shared" else state.services
         if not access.allows(name):
             raise self._deny(name, False)
         value = getattr(state, name)
