@@ -90,7 +90,9 @@ def fit(data: TensorDataset, batch: int, epochs: int, agreement: str = "adaptive
         with mock.patch.object(StopAgreement, "max_interval", 1):
             history = estimator.fit(loader, epochs=epochs, default_handlers=False, event_handlers=handlers)
     else:
-        never = mock.patch.object(StopAgreement, "after_batch", lambda self, state, cancel=None: state.stop_requested)
+        never = mock.patch.object(
+            StopAgreement, "after_batch", lambda self, state, cancel=None: state.run.stop_requested
+        )
         with never:
             history = estimator.fit(loader, epochs=epochs, default_handlers=False, event_handlers=handlers)
     return history["train_loss"][-1]

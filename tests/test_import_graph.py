@@ -48,7 +48,7 @@ def test_at_most_eight_modules_sit_at_the_top_of_the_package():
 
 
 def test_handlers_hold_no_rank_logic():
-    """A handler asks ``state.ranks`` (fitforge.core.processes) for what every rank must share;
+    """A handler asks ``state.run.ranks`` (fitforge.core.processes) for what every rank must share;
     only fitforge.distributed (and the metrics' cross-rank sums) speaks torch.distributed."""
     import ast
     from pathlib import Path

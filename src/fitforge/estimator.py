@@ -39,7 +39,7 @@ from fitforge.core.processor import (
 from fitforge.core.roles import WeightAveraging
 from fitforge.core.run import RunContext
 from fitforge.core.services import Services
-from fitforge.core.state import BatchOutput, TrainState
+from fitforge.core.state import BatchOutput, RunControl, TrainState
 from fitforge.distributed.data_split import gather_predictions
 from fitforge.distributed.ranks import on_this_rank, processes, rank
 from fitforge.distributed.strategy import Strategy, resolve_strategy
@@ -262,7 +262,7 @@ class Estimator:
         (``SystemExit``), SIGUSR1 requeues a SLURM job and exits with 0 (138 without SLURM) and
         SIGINT raises ``KeyboardInterrupt``; a second signal acts at once (see docs/checkpoints.md).
 
-        A stop with an ending (``state.request_stop(reason, ending=Ending(word, error))``, e.g.
+        A stop with an ending (``state.run.stop(reason, ending=Ending(word, error))``, e.g.
         OptunaPruningHandler's ``optuna.TrialPruned``) ends training as any stop does, then raises
         its ``error``; the fit's epochs are in ``estimator.history`` all the same.
 
@@ -307,13 +307,10 @@ class Estimator:
             state = TrainState(
                 self,
                 "train",
-                max_epochs=plan.epochs,
-                max_batches=plan.batches,
                 num_batches=plan.num_batches,
                 services=plan.services,
-                run=run,
-                ranks=coordinator,
-                epochs_before=self.history.epochs,
+                run=RunControl(plan.epochs, plan.batches, self.history.epochs, ranks=coordinator),
+                _loop=run,
             )
             set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
             preemption.attach(state, coordinator)
@@ -325,8 +322,8 @@ class Estimator:
                 self.pass_watch = outer  # None, unless a handler runs a fit within a fit
                 self._add_to_history(state)
         raise_if_preempted(state)
-        if state.stop_ending is not None:  # e.g. optuna.TrialPruned, raised once the run ended cleanly
-            raise state.stop_ending.error
+        if state.run.stop_ending is not None:  # e.g. optuna.TrialPruned, raised once the run ended cleanly
+            raise state.run.stop_ending.error
         return state.history
 
     def _announce_default_optimizer(self, entry: str) -> None:
@@ -338,9 +335,9 @@ class Estimator:
         """Append a fit's epochs to ``history``; a resumed fit's History holds its run's epochs already.
         A fit that failed before completing a batch (a bad batch, a misnamed output) adds nothing:
         fixed and run again, it starts at epoch 1, not after an epoch of nan."""
-        if state.error is not None and state.global_step == 0 and not state.resumed:
+        if state.run.error is not None and state.global_step == 0 and not state.run.resumed:
             return
-        if state.resumed:
+        if state.run.resumed:
             self.history = History()
         self.history.extend(state.history)
 
@@ -442,7 +439,7 @@ class Estimator:
         plan = before_predict(self, data, event_handlers, batch_size, predictions.step)
         if not stream:  # predict keeps every output: into tensors of the whole size where it is known
             predictions.expect_rows(rows_of(plan.data))
-        state = TrainState(self, "predict", num_batches=plan.num_batches, ranks=processes())
+        state = TrainState(self, "predict", num_batches=plan.num_batches, run=RunControl(ranks=processes()))
         run = RunContext(
             plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=plan.check
         )

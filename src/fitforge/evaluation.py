@@ -17,7 +17,7 @@ from fitforge.core.loop import run_pass
 from fitforge.core.processor import bound_step
 from fitforge.core.run import RunContext, Step
 from fitforge.core.services import Services
-from fitforge.core.state import TrainState
+from fitforge.core.state import RunControl, TrainState
 from fitforge.distributed.ranks import on_this_rank, processes
 from fitforge.inputs.order import OnePass
 
@@ -59,8 +59,8 @@ class Evaluation:
             "validate",
             num_batches=self.num_batches,
             prefix=self.prefix,
-            ranks=self.ranks,
             services=self.services,
+            run=RunControl(ranks=self.ranks),
         )
         run = RunContext(
             self.dispatcher,

@@ -1,7 +1,8 @@
 """Event handlers: the mixins, their base, the named stages (:mod:`fitforge.core.events`), the roles a
 handler declares (:mod:`fitforge.core.roles`), the run's services handlers share
-(:mod:`fitforge.core.services`: ``Services``, ``Undoable``), and the :class:`~fitforge.core.state.Ending` a stop may
-give (``state.request_stop(reason, ending=...)``). A handler is called for an event if and only if it
+(:mod:`fitforge.core.services`: ``Services``, ``Undoable``), ``state.run``
+(:class:`~fitforge.core.state.RunControl`), and the :class:`~fitforge.core.state.Ending` a stop may
+give (``state.run.stop(reason, ending=...)``). A handler is called for an event if and only if it
 inherits that event's mixin (narrowed by ``handled_events`` when it declares them).
 
 Example:
@@ -38,7 +39,7 @@ from fitforge.core.roles import (
     unwrapped,
 )
 from fitforge.core.services import Services, Undoable
-from fitforge.core.state import Ending
+from fitforge.core.state import Ending, RunControl
 
 __all__ = [
     "Accompanied",
@@ -53,6 +54,7 @@ __all__ = [
     "EventHandler",
     "KeyRecording",
     "Monitoring",
+    "RunControl",
     "Services",
     "Stage",
     "Stopping",

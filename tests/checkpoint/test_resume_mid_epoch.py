@@ -237,7 +237,7 @@ def test_resuming_on_cuda_without_deterministic_algorithms_warns(tmp_path, caplo
     from types import SimpleNamespace
 
     saver = CheckpointHandler(tmp_path, resume_from_checkpoint=True)
-    state = SimpleNamespace(run=None, estimator=SimpleNamespace(device=torch.device("cuda")))
+    state = SimpleNamespace(_loop=None, estimator=SimpleNamespace(device=torch.device("cuda")))
     was = torch.are_deterministic_algorithms_enabled()
     try:
         for deterministic in (False, True):
@@ -303,7 +303,7 @@ def test_a_stop_before_the_first_batch_of_a_resumed_epoch_writes_nothing(tmp_pat
 
     class StopAtEpochBegin(EpochBegin):
         def epoch_begin(self, state):
-            state.request_stop("stopped before the first batch")
+            state.run.stop("stopped before the first batch")
 
     estimator, train, _ = linear_problem()
     estimator.fit(train, batches=5, event_handlers=[CheckpointHandler(tmp_path, batch_period=5, max_checkpoints=1)])
@@ -451,7 +451,7 @@ def test_a_resumed_fit_numbers_epochs_as_its_checkpoint_and_restarts_the_estimat
 
     class Epochs(BatchEnd):
         def batch_end(self, state):
-            seen.append((state.epochs_before, state.epoch))
+            seen.append((state.run.epochs_before, state.epoch))
 
     resumer = CheckpointHandler(tmp_path, resume_from_checkpoint=True)
     estimator.fit(data, epochs=3, event_handlers=[resumer, Epochs()], default_handlers=False)

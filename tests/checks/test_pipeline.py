@@ -48,7 +48,7 @@ def test_evaluate_and_predict_passes_ask_the_ranks_of_their_own_run():
 
     class Asks(EpochEnd):
         def epoch_end(self, state):
-            seen.append(state.ranks)
+            seen.append(state.run.ranks)
 
     estimator = make_estimator()
     estimator.evaluate(regression_batches(), event_handlers=[Asks()])

@@ -54,13 +54,13 @@ def fit_with(*handlers, check_access=True):
         (lambda s: s.history.record("x", 1.0), "Probe tried to write state.history"),
         (lambda s: s.metrics.update(x=1.0), "Probe tried to write state.metrics"),
         (lambda s: setattr(s.history, "stop_reason", "x"), "Probe tried to write state.history"),
-        (lambda s: s.request_stop("why"), "Probe tried to write state.stop_requested"),
+        (lambda s: s.run.stop("why"), "Probe tried to write state.run"),
         (lambda s: s.shared.get("other"), "Probe tried to read state.shared.other"),
         (lambda s: s.shared.__setitem__("mine", 2), "Probe tried to write state.shared.mine"),
     ],
 )
 def test_an_undeclared_read_or_write_raises_naming_the_handler_and_the_field(action, message):
-    probe = Probe(action, reads=("history", "metrics", "shared.mine"))
+    probe = Probe(action, reads=("history", "metrics", "shared.mine", "run"))
     with pytest.raises((StateAccessError, AttributeError), match=message.replace("(", r"\(").replace(")", r"\)")):
         fit_with(probe)
 
@@ -236,7 +236,7 @@ def test_a_priority_you_set_is_kept_and_commuting_or_same_class_writers_need_no_
             pass
 
     class MyStop(EpochEnd):  # writes stop_requested at EarlyStopping's priority: the first reason wins
-        writes = ("stop_requested",)
+        writes = ("run",)
 
         def epoch_end(self, state):
             pass

@@ -238,7 +238,7 @@ def test_dispatcher_fire_requests_a_stop_for_a_truthy_batch_end():
 
     state = TrainState(make_estimator())
     Dispatcher([RecordingHandler(stop_on=("batch_end", 0))]).fire(Event.BATCH_END, state)
-    assert state.stop_reason == "RecordingHandler.batch_end returned True"
+    assert state.run.stop_reason == "RecordingHandler.batch_end returned True"
 
 
 def test_declared_events_must_be_events():

@@ -99,7 +99,7 @@ class StopAt(BatchBegin):
 
     def batch_begin(self, state):
         if state.global_step == self.step:
-            state.request_stop("enough")
+            state.run.stop("enough")
 
 
 def test_request_stop_at_batch_begin_still_completes_that_batch():
@@ -125,7 +125,7 @@ class EndAt(BatchEnd):
     def batch_end(self, state):
         if state.global_step == self.step:
             for reason, ending in self.stops:
-                state.request_stop(reason, ending=ending)
+                state.run.stop(reason, ending=ending)
 
 
 def test_a_stop_with_an_ending_ends_training_cleanly_then_raises_its_error(caplog):
@@ -152,11 +152,11 @@ def test_request_stop_in_train_begin_or_epoch_begin_runs_no_batch():
 
         def train_begin(self, state):
             if self.where == "train_begin":
-                state.request_stop("no")
+                state.run.stop("no")
 
         def epoch_begin(self, state):
             if self.where == "epoch_begin":
-                state.request_stop("no")
+                state.run.stop("no")
 
     rec = RecordingHandler()
     make_estimator().fit(regression_batches(2), epochs=3, event_handlers=[StopIn("train_begin"), rec])
@@ -446,7 +446,7 @@ def test_stop_requested_then_batch_cancelled_still_stops():
     class StopThenCancel(BatchEnd):
         def batch_end(self, state):
             if state.global_step == 1:
-                state.request_stop("stop")
+                state.run.stop("stop")
                 raise CancelBatch
 
     rec = RecordingHandler(priority=-5000)

@@ -111,7 +111,7 @@ def test_tensor_values_are_detached_and_may_mix_with_numbers():
         priority = -1500  # before MetricHandler takes the value
 
         def batch_end(self, state):
-            seen.extend(value for _, value in state.logged)
+            seen.extend(value for _, value in state.services.logged)
 
     history = make_estimator(batch_processor=Mixed()).fit(TRAIN, epochs=1, event_handlers=[Peek()])
     assert history["train_mixed"] == pytest.approx([(3 + 1 + 3) / 3])
@@ -142,16 +142,16 @@ def test_bad_names_and_values_are_refused(name, value, error, message):
 def test_one_element_tensors_of_any_shape_and_integer_dtype_are_taken():
     est = make_estimator()
     state = TrainState(est)
-    state.logged.collected = True
+    state.services.logged.collected = True
     state.log("a", torch.tensor([[2]]))
     state.log("b", torch.tensor([1.5], requires_grad=True))
-    (_, a), (_, b) = state.logged
+    (_, a), (_, b) = state.services.logged
     assert a.shape == () and a.dtype == torch.get_default_dtype() and b.shape == () and not b.requires_grad
 
 
 class LogCount(TrainEnd):
     def train_end(self, state):
-        self.left = len(state.logged)
+        self.left = len(state.services.logged)
 
 
 def test_without_a_metric_handler_the_values_are_dropped_with_one_warning(caplog):

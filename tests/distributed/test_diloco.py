@@ -214,7 +214,7 @@ def test_a_resume_from_a_checkpoint_without_a_round_starts_one_at_the_resumed_we
 
     def first_anchor(state):
         if not anchors:
-            anchors.extend(a.clone() for h in state.run.handlers if isinstance(h, DiLoCoHandler) for a in h.anchor)
+            anchors.extend(a.clone() for h in state._loop.handlers if isinstance(h, DiLoCoHandler) for a in h.anchor)
 
     net = script.build_net()
     estimator = Estimator(

@@ -215,7 +215,7 @@ def test_with_several_ranks_a_signal_waits_for_the_agreement():
     preemption.attach(state, agreement)
     with preemptible(preemption):
         os.kill(os.getpid(), signal.SIGTERM)
-        assert agreement.signals == [signal.SIGTERM] and state.preempted is None and not state.stop_requested
+        assert agreement.signals == [signal.SIGTERM] and state.run.preempted is None and not state.run.stop_requested
         with pytest.raises(SystemExit) as exit_info:
             os.kill(os.getpid(), signal.SIGTERM)  # a second one acts at once
     assert exit_info.value.code == 143
@@ -225,12 +225,12 @@ def test_with_several_ranks_a_signal_waits_for_the_agreement():
 def test_the_agreement_turns_a_signal_into_a_stop_at_the_batch_end(one_rank_group):
     state, agreement = TrainState(make_estimator()), StopAgreement(check_replicas=False)
     assert not agreement.after_batch(state)  # the first interval is one batch: agreed, nothing asked
-    assert state.preempted is None and not state.stop_requested
+    assert state.run.preempted is None and not state.run.stop_requested
     agreement._interval = 1
     agreement.signal_received(state, signal.SIGTERM)
-    assert state.preempted is None  # only at the agreement
+    assert state.run.preempted is None  # only at the agreement
     assert agreement.after_batch(state)
-    assert state.preempted == signal.SIGTERM and "preempted by SIGTERM" in state.stop_reason
+    assert state.run.preempted == signal.SIGTERM and "preempted by SIGTERM" in state.run.stop_reason
 
 
 def agreeing_every(interval, monkeypatch):
@@ -252,10 +252,10 @@ def test_a_stop_one_rank_requests_waits_for_the_next_agreement(one_rank_group, m
     agreement, reduced = agreeing_every(4, monkeypatch)
     state = TrainState(make_estimator())
     assert not agreement.after_batch(state)
-    state.request_stop("this rank's own reason")  # in batch 2: the others learn it at batch 4
+    state.run.stop("this rank's own reason")  # in batch 2: the others learn it at batch 4
     assert not agreement.after_batch(state) and not agreement.after_batch(state) and reduced == []
     assert agreement.after_batch(state)
-    assert reduced == [[0, 1, 0, -4]] and state.stop_reason == "this rank's own reason"
+    assert reduced == [[0, 1, 0, -4]] and state.run.stop_reason == "this rank's own reason"
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
@@ -263,10 +263,10 @@ def test_a_stop_every_rank_requests_is_agreed_at_once(one_rank_group, monkeypatc
     agreement, reduced = agreeing_every(4, monkeypatch)
     state = TrainState(make_estimator())
     assert not agreement.after_batch(state)
-    state.request_stop("this rank's own reason")
-    state.request_stop("reached batches=2", every_rank=True)  # counts even after another request
+    state.run.stop("this rank's own reason")
+    state.run.stop("reached batches=2", every_rank=True)  # counts even after another request
     assert agreement.after_batch(state) and len(reduced) == 1
-    assert state.stop_reason == "this rank's own reason"
+    assert state.run.stop_reason == "this rank's own reason"
 
 
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
@@ -697,7 +697,7 @@ def test_a_wrong_ddp_option_is_named(one_rank_group, monkeypatch):
 
 
 class OtherRanks(OneProcess):
-    """As if other ranks ran the fit beside this one: their answers to state.ranks scripted."""
+    """As if other ranks ran the fit beside this one: their answers to state.run.ranks scripted."""
 
     several = True
 
@@ -713,7 +713,7 @@ class OtherRanks(OneProcess):
 
 
 def on_ranks(state, ranks):
-    state.ranks = ranks
+    state.run.ranks = ranks
     return state
 
 
@@ -728,7 +728,7 @@ def test_nan_guard_and_time_throttles_follow_the_other_ranks():
     stopper = NaNGuardHandler()
     stopper.train_begin(state)
     stopper.epoch_end(state)
-    assert "loss of another rank at epoch 1" in state.stop_reason
+    assert "loss of another rank at epoch 1" in state.run.stop_reason
     ranks = OtherRanks(any_answer=True)
     clock = iter([0.0, 1.0, 2.0, 3.0])
     saver = throttle(LambdaHandler(batch_end=lambda s: None), seconds=10, clock=lambda: next(clock))
@@ -758,7 +758,7 @@ def test_ranks_out_of_step_and_nan_weights_are_told_apart(one_rank_group):
 @pytest.mark.skipif(not GLOO, reason="needs torch.distributed with gloo")
 def test_a_fused_guard_reduces_its_flag_over_the_ranks_and_checkpoints_agree(one_rank_group, monkeypatch, tmp_path):
     # As if several ranks: the guard's device flag goes through an all-reduce (so every rank skips a
-    # step any rank found bad), and the checkpoint's non-finite verdict through state.ranks.any.
+    # step any rank found bad), and the checkpoint's non-finite verdict through state.run.ranks.any.
     reduced = []
     monkeypatch.setattr(Alone, "several", True)
     monkeypatch.setattr(Alone, "max_", lambda self, t: reduced.append(t) or dist.all_reduce(t, op=dist.ReduceOp.MAX))

@@ -32,23 +32,23 @@ def test_a_signalled_rank_leaves_the_pass_and_tells_the_others_through_the_store
     other.key = agreement._notice.key
     assert not agreement.abandons_pass(state) and not other.seen()
     agreement.signal_received(state, signal.SIGTERM)
-    assert state.preempted is None  # only at the pass's end, agreed
+    assert state.run.preempted is None  # only at the pass's end, agreed
     assert agreement.abandons_pass(state) and other.seen()
     assert agreement.end_pass(state, abandoned=True)
-    assert state.preempted == signal.SIGTERM and state.stop_requested and state.stop_every_rank
+    assert state.run.preempted == signal.SIGTERM and state.run.stop_requested and state.run.stop_every_rank
 
 
 def test_a_pass_every_rank_finished_is_kept_though_a_signal_came_after_its_last_batch(one_rank_group):
     state, agreement = fit_state(), StopAgreement(check_replicas=False)
-    assert not agreement.end_pass(state, abandoned=False) and state.preempted is None
+    assert not agreement.end_pass(state, abandoned=False) and state.run.preempted is None
     agreement.signal_received(state, signal.SIGUSR1)
     assert not agreement.end_pass(state, abandoned=False)  # the values stand; the fit stops at this batch
-    assert state.preempted == signal.SIGUSR1 and state.stop_every_rank
+    assert state.run.preempted == signal.SIGUSR1 and state.run.stop_every_rank
 
 
 def test_once_agreed_every_rank_leaves_at_its_first_look_without_a_collective(one_rank_group, monkeypatch):
     state, agreement = fit_state(), StopAgreement(check_replicas=False)
-    state.preempted = signal.SIGTERM
+    state.run.preempted = signal.SIGTERM
     monkeypatch.setattr("fitforge.distributed.stop_agreement.reduce_ints", lambda *args: pytest.fail("a collective"))
     assert agreement.abandons_pass(state) and agreement.end_pass(state, abandoned=True)
 

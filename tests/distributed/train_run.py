@@ -108,7 +108,7 @@ if config.get("stop_at_epoch_begin") is not None and me == 1:
     handlers.append(
         LambdaHandler(
             epoch_begin=lambda state: (
-                state.request_stop("rank 1 at epoch_begin") if state.epoch == config["stop_at_epoch_begin"] else None
+                state.run.stop("rank 1 at epoch_begin") if state.epoch == config["stop_at_epoch_begin"] else None
             )
         )
     )
@@ -116,7 +116,7 @@ if config.get("stop_at") is not None and me == 1:
     handlers.append(
         LambdaHandler(
             batch_end=lambda state: (
-                state.request_stop("rank 1's own reason") if state.global_step == config["stop_at"] else None
+                state.run.stop("rank 1's own reason") if state.global_step == config["stop_at"] else None
             )
         )
     )
@@ -151,7 +151,7 @@ def first_epoch_begin(state):  # the step a resumed run went on from
 handlers.append(
     LambdaHandler(
         epoch_begin=first_epoch_begin,
-        train_end=lambda state: ended.update(steps=state.global_step, reason=state.stop_reason),
+        train_end=lambda state: ended.update(steps=state.global_step, reason=state.run.stop_reason),
     )
 )
 

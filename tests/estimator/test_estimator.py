@@ -521,7 +521,7 @@ def test_stop_reason_records_cancel_fit_and_failures():
             raise KeyError("x")
 
         def train_end(self, state):
-            recorder.append(state.stop_reason)
+            recorder.append(state.run.stop_reason)
 
     with pytest.raises(KeyError):
         make_estimator().fit(regression_batches(), epochs=2, event_handlers=[Fail()])
@@ -715,7 +715,7 @@ def test_logs_number_epochs_across_fits(caplog):
 
     class Epochs(EpochEnd):
         def epoch_end(self, state):
-            seen.append((state.epochs_before, state.epoch))
+            seen.append((state.run.epochs_before, state.epoch))
 
     est.fit(regression_batches(), epochs=2, event_handlers=[Epochs()])
     est.fit(regression_batches(), epochs=1, event_handlers=[Epochs()])

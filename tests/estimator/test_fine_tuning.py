@@ -31,7 +31,7 @@ def test_freeze_fit_unfreeze_set_lr_fit_trains_the_backbone_in_the_second_fit_on
         optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
     estimator = Estimator(net, nn.MSELoss(), optimizer=optimizer, device="cpu")
     epochs = []
-    numbered = LambdaHandler(epoch_end=lambda state: epochs.append(state.epochs_before + state.epoch + 1))
+    numbered = LambdaHandler(epoch_end=lambda state: epochs.append(state.run.epochs_before + state.epoch + 1))
     weights = [(flat(backbone), flat(head))]
     with caplog.at_level(logging.WARNING, logger="fitforge"), warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")

@@ -133,7 +133,7 @@ def test_only_whole_training_epochs_are_written(tmp_path):
     state = TrainState(estimator)
     logger.train_begin(state)
     state.history.new_epoch()
-    state.preempted, state.num_batches, state.batch_idx = 15, 8, 3  # SIGTERM mid-epoch: it resumes later
+    state.run.preempted, state.num_batches, state.batch_idx = 15, 8, 3  # SIGTERM mid-epoch: it resumes later
     logger.epoch_end(state)
     assert not path.exists()
 

@@ -27,7 +27,7 @@ def feed(handler, values, key="val_loss", estimator=None):
         if value is not None:
             state.history.record(key, value)
         handler.epoch_end(state)
-        if state.stop_requested:
+        if state.run.stop_requested:
             return epoch
     return None
 
@@ -85,7 +85,7 @@ def test_stop_reason_and_state_dict_round_trip():
         state.history.new_epoch()
         state.history.record("val_loss", value)
         handler.epoch_end(state)
-    assert state.stop_reason == "early stopping: val_loss did not improve for 1 epoch(s) (best 1 at epoch 1)"
+    assert state.run.stop_reason == "early stopping: val_loss did not improve for 1 epoch(s) (best 1 at epoch 1)"
     copy = EarlyStoppingHandler("val_loss", patience=1)
     copy.load_state_dict(handler.state_dict())
     assert copy.state_dict() == {"best": 1.0, "best_epoch": 0, "wait": 1, "stopped_epoch": 1, "best_weights": None}
@@ -220,7 +220,7 @@ def test_the_stop_message_without_any_value_or_with_an_unbeaten_baseline():
     state.history.new_epoch()
     state.history.record("val_loss", math.nan)
     handler.epoch_end(state)
-    assert state.stop_reason.endswith("(best no value)")
+    assert state.run.stop_reason.endswith("(best no value)")
     handler = EarlyStoppingHandler("val_loss", patience=1, baseline=0.1)
     assert feed(handler, [0.5]) == 0
 

@@ -214,7 +214,7 @@ def test_an_interrupted_epoch_is_marked_partial(caplog, tmp_path):
     class Stop(BatchEnd):
         def batch_end(self, state):
             if state.epoch == 0 and state.batch_idx == 1:
-                state.request_stop("enough")
+                state.run.stop("enough")
 
     with caplog.at_level(logging.INFO, logger="fitforge"):
         with pytest.raises(KeyboardInterrupt):

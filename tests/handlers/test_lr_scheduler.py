@@ -16,7 +16,7 @@ from torch.optim import lr_scheduler as S
 from torch.utils.data import DataLoader, TensorDataset
 
 from fitforge import BatchOutput, BatchProcessor, Estimator, TrainState
-from fitforge.events import BatchBegin, BatchEnd
+from fitforge.events import BatchBegin, BatchEnd, RunControl
 from fitforge.exceptions import (
     CancelBatch,
     FitforgeTypeError,
@@ -92,9 +92,9 @@ def feed(handler, values, estimator, key="val_loss", **epoch_state):
         state.epoch = epoch
         state.history.new_epoch()
         handler.epoch_begin(state)
-        state.batch_idx, state.epoch_finished = 7, True
+        state.batch_idx, state.run.epoch_finished = 7, True
         for name, setting in epoch_state.items():
-            setattr(state, name, setting)
+            setattr(state if name == "batch_idx" else state.run, name, setting)
         if value is not None:
             state.history.record(key, value)
         handler.epoch_end(state)
@@ -515,7 +515,7 @@ def test_state_dict_round_trip_and_a_one_cycle_state_loaded_before_fit():
     assert fresh.state_dict() == {"scheduler": None, "optimizer_steps": None}
     fresh.load_state_dict(saved)  # kept until train_begin builds the scheduler
     estimator, _, _ = linear_problem()
-    fresh.train_begin(TrainState(estimator, max_epochs=1, num_batches=8))
+    fresh.train_begin(TrainState(estimator, num_batches=8, run=RunControl(max_epochs=1)))
     assert fresh.scheduler.last_epoch == 7 and fresh._steps_seen == 8
     assert repr(fresh) == "LRSchedulerHandler(OneCycleLR, interval='batch')"
 

@@ -221,9 +221,9 @@ def test_the_record_rides_in_the_state_dict():
     restored = NaNGuardHandler()
     restored.train_begin(state)
     restored.load_state_dict(saved)
-    state.epoch_finished = True
+    state.run.epoch_finished = True
     restored.epoch_end(state)
-    assert state.stop_reason == "NaNGuardHandler: loss inf at epoch 1, batch 3 (global step 9)"
+    assert state.run.stop_reason == "NaNGuardHandler: loss inf at epoch 1, batch 3 (global step 9)"
     assert restored.state_dict()["stopped_epoch"] == 0
 
 

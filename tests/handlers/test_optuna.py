@@ -105,7 +105,7 @@ def test_after_a_prune_train_end_ran_and_the_checkpoints_are_intact(tmp_path, li
     handlers = [
         OptunaPruningHandler(trial),
         CheckpointHandler(tmp_path, max_checkpoints=10),
-        LambdaHandler(train_end=lambda state: ended.append((state.epoch, state.error))),
+        LambdaHandler(train_end=lambda state: ended.append((state.epoch, state.run.error))),
     ]
     with pytest.raises(optuna.TrialPruned, match="Optuna pruned trial 7 at step 2"):
         estimator.fit(TRAIN, val_data=VAL, epochs=EPOCHS, event_handlers=handlers, check_access=True)

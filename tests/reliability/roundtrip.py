@@ -92,7 +92,7 @@ def snapshot(state, parts: dict) -> dict:
                 "batch_idx": state.batch_idx,
                 "optimizer_steps": state.optimizer_steps,
             },
-            "data_order_seed": state.run.data.seed,
+            "data_order_seed": state._loop.data.seed,
             "next_batch": state.batch,
         }
     )

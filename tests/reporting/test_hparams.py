@@ -82,7 +82,7 @@ def test_loss_names():
     estimator.loss = [nn.MSELoss(), mse]
     assert params_of(estimator, train)["loss"] == "MSELoss,mse"
     estimator.loss = None  # the model computes its own loss: nothing to say
-    state = SimpleNamespace(estimator=estimator, max_epochs=1, max_batches=None, run=None)
+    state = SimpleNamespace(estimator=estimator, run=SimpleNamespace(max_epochs=1, max_batches=None), _loop=None)
     assert "loss" not in run_params(state) and "batch_size" not in run_params(state)  # no fit: no data
 
 

@@ -42,7 +42,7 @@ def stateful_handlers(handlers: Sequence[object]) -> dict[str, EventHandler]:
 
 def fit_data_order(state: TrainState) -> DataOrder | None:
     """The fit's data order (None in evaluate and predict)."""
-    data = None if state.run is None else state.run.data
+    data = None if state._loop is None else state._loop.data
     return data if isinstance(data, DataOrder) else None
 
 
@@ -166,8 +166,8 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     counters, history, generators, data order and handler states; a stop when its target is reached."""
     order = fit_data_order(state)
     state.epoch, state.global_step = checkpoint["epochs_completed"], checkpoint["global_step"]
-    state.resumed, state.epochs_before = True, 0  # the checkpoint's history counts the run's epochs
-    state.resumed_at = (state.epoch, state.global_step)
+    state.run.resumed, state.run.epochs_before = True, 0  # the checkpoint's history counts the run's epochs
+    state.run.resumed_at = (state.epoch, state.global_step)
     position = checkpoint.get("position", 0)
     epoch_start_step = checkpoint.get("epoch_start_step", state.global_step - position)
     state.optimizer_steps = checkpoint.get("optimizer_steps", 0)
@@ -203,11 +203,11 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
             handler.load_state_dict(saved[key])
     finished = [h for h in _handlers(state) if (s := role_of(h, Stopping)) is not None and s.ended_run()]  # e.g. early
     if finished:
-        state.request_stop(f"already stopped: {history.get('stop_reason') or handler_name(finished[0])}")
-    elif state.max_epochs is not None and state.epoch >= state.max_epochs:
-        state.request_stop(f"already trained: {state.epoch} of epochs={state.max_epochs} completed")
-    elif state.max_batches is not None and state.global_step >= state.max_batches:
-        state.request_stop(f"already trained: {state.global_step} of batches={state.max_batches} completed")
+        state.run.stop(f"already stopped: {history.get('stop_reason') or handler_name(finished[0])}")
+    elif state.run.max_epochs is not None and state.epoch >= state.run.max_epochs:
+        state.run.stop(f"already trained: {state.epoch} of epochs={state.run.max_epochs} completed")
+    elif state.run.max_batches is not None and state.global_step >= state.run.max_batches:
+        state.run.stop(f"already trained: {state.global_step} of batches={state.run.max_batches} completed")
 
 
 def warn_if_inexact(state: TrainState, saves_mid_epoch: bool, resumes: bool) -> None:
@@ -234,7 +234,7 @@ def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], L
     this fit can continue, and where it is (None: there is none), its weights and optimizer states
     loaded. Rank 0 picks; every other rank loads the same one."""
     loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
-    ranks = state.ranks
+    ranks = state.run.ranks
     several = ranks.several  # loading weights may be a collective (FSDP): rank 0 only reads the file
     name = ranks.on_main(
         lambda: folder.newest_loadable(state.estimator, loaded, several, partial(check_resumable, state)),
@@ -254,8 +254,8 @@ def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], L
             ) from err
     checkpoint = loaded[0]
     position = checkpoint.get("position", 0)
-    assert state.run is not None  # CheckpointWriter.start refuses a resume outside a fit
-    state.run.resume_from = checkpoint  # fit resumes from it once every train_begin ran
+    assert state._loop is not None  # CheckpointWriter.start refuses a resume outside a fit
+    state._loop.resume_from = checkpoint  # fit resumes from it once every train_begin ran
     log.info(
         "CheckpointHandler: resuming from %s (%d epoch(s) and %d batch(es) completed%s)",
         path.name,
@@ -270,12 +270,12 @@ def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], L
 
 def resume_picked(state: TrainState) -> None:
     """Run between ``train_begin`` and the first epoch: resume from the checkpoint a handler picked."""
-    checkpoint = None if state.run is None else state.run.resume_from
+    checkpoint = None if state._loop is None else state._loop.resume_from
     if checkpoint is not None:
-        state.run.resume_from = None  # type: ignore[union-attr]
+        state._loop.resume_from = None  # type: ignore[union-attr]
         resume(state, checkpoint)
 
 
 def _handlers(state: TrainState) -> Sequence[object]:
     """The fit's handlers (its run's: a checkpoint is of a fit)."""
-    return () if state.run is None else state.run.handlers
+    return () if state._loop is None else state._loop.handlers

@@ -48,7 +48,7 @@ class CheckpointWriter:
             self._shards.close()
             self._shards = None
         strategy = state.estimator.strategy
-        if resumes and state.run is None:
+        if resumes and state._loop is None:
             raise FitforgeValueError(
                 "CheckpointHandler resumes within a fit: call estimator.fit, not train_begin alone"
             )
@@ -60,14 +60,14 @@ class CheckpointWriter:
             )
         if strategy.sharded and self.folder.background is not None:
             self._shards = strategy.shard_writer()
-        state.ranks.on_main(self.folder.prepare, FitforgeValueError)
+        state.run.ranks.on_main(self.folder.prepare, FitforgeValueError)
         # A fresh run starts from the state of no batch: stopped before its first batch (a signal in
         # train_begin), it has nothing to save. A resumed run's starting state is its checkpoint's.
         self.saved, self.last_saved, self.last, self._refused = [], None, (0, 0, 0), 0
         picked = pick(state, self.folder) if resumes else None
         if picked is None:
-            run = (self.folder, state.epochs_before, resumes, overwrite)
-            state.ranks.on_main(lambda: keep_earlier_run(*run), FitforgeValueError)
+            run = (self.folder, state.run.epochs_before, resumes, overwrite)
+            state.run.ranks.on_main(lambda: keep_earlier_run(*run), FitforgeValueError)
             return None
         checkpoint, path = picked  # newer unreadable files leave the rotation
         files = self.folder.regular_files()
@@ -125,10 +125,10 @@ class CheckpointWriter:
                 if written is not None:
                     background.after(written, name)  # the shards' error, if any, is the save's
             commit()
-            if background is not None and state.preempted is not None:
+            if background is not None and state.run.preempted is not None:
                 background.wait()
 
-        state.ranks.on_main(now, CheckpointError)
+        state.run.ranks.on_main(now, CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Callable[[], None] | None:
         """Under FSDP, every rank writes its shard of the weights into the folder ``name``, which the
@@ -144,8 +144,8 @@ class CheckpointWriter:
         grads, shards = bool(state.accumulated_batches), self._shards
         if shards is not None:  # one save in flight: the previous one's shards, then its file
             shards.wait()
-            state.ranks.on_main(self.folder.background.wait, CheckpointError)  # type: ignore[union-attr]
-        if shards is None or state.preempted is not None:  # preempted: the process exits after this save
+            state.run.ranks.on_main(self.folder.background.wait, CheckpointError)  # type: ignore[union-attr]
+        if shards is None or state.run.preempted is not None:  # preempted: the process exits after this save
             strategy.save_shards(state.estimator, where, grads, options)
             return None
         return shards.submit(state.estimator, where, grads, name, options)
@@ -159,7 +159,7 @@ class CheckpointWriter:
         for confirm in state.services.before_save:
             confirm(state)
         poisoned = non_finite_state(state.estimator)
-        if not state.ranks.any(bool(poisoned)):
+        if not state.run.ranks.any(bool(poisoned)):
             return True
         self._refused += 1
         if self.save_non_finite and self._refused == 1:  # the first non-finite state is the telling one
@@ -190,7 +190,7 @@ class CheckpointWriter:
             self._shards.close()
             self._shards = None
         if self.folder.background is not None:  # the last save is written, or its error raised here
-            state.ranks.on_main(self.folder.background.close, CheckpointError)
+            state.run.ranks.on_main(self.folder.background.close, CheckpointError)
         if self._refused > 1:
             log.warning(
                 "CheckpointHandler: %d saves were not written, their state holding nan/inf; the newest "

@@ -3,7 +3,7 @@
 - the loop and its run: :mod:`~fitforge.core.loop` (fit, epoch, batch scopes), :mod:`~fitforge.core.run`
   (what one run holds), :mod:`~fitforge.core.coordinator` (agreement with other processes, behind an
   interface), :mod:`~fitforge.core.processes` (what handlers may ask of the other processes,
-  ``state.ranks``);
+  ``state.run.ranks``);
 - events and handlers: :mod:`~fitforge.core.events` (mixins, stages), :mod:`~fitforge.core.roles`
   (what a handler declares it is), :mod:`~fitforge.core.services` (what handlers share),
   :mod:`~fitforge.core.dispatch` (order, declared state access);

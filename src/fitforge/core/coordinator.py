@@ -53,7 +53,7 @@ class Coordinator(Processes, Protocol):
 
     def end_pass(self, state: TrainState, abandoned: bool) -> bool:
         """At the end of a pass within the fit, on every process: whether any process abandoned it
-        (then ``state.preempted`` is set, and the pass dropped, on every process)."""
+        (then ``state.run.preempted`` is set, and the pass dropped, on every process)."""
         ...
 
 
@@ -84,18 +84,18 @@ class Alone(OneProcess):
     def after_batch(self, state: TrainState, cancel: CancelFit | None = None) -> bool:
         if cancel is not None:
             raise cancel
-        return state.stop_requested
+        return state.run.stop_requested
 
     def abandons_pass(self, state: TrainState) -> bool:
-        return state.preempted is not None
+        return state.run.preempted is not None
 
     def end_pass(self, state: TrainState, abandoned: bool) -> bool:
         return abandoned
 
     def signal_received(self, state: TrainState, signum: int) -> None:
         name = signal.Signals(signum).name
-        state.preempted = signum
-        state.request_stop(f"preempted by {name}")
+        state.run.preempted = signum
+        state.run.stop(f"preempted by {name}")
         log.warning(
             "received %s: training stops at the end of this batch, or of this validation batch (saved by a "
             "CheckpointHandler, if any); send it again to stop at once",

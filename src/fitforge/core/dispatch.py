@@ -7,14 +7,14 @@ cycle is an error naming the handlers in it.
 
 Declared state access (FluxTraining.jl's ``stateaccess``): a handler declares ``reads`` and/or
 ``writes``, tuples of TrainState field names (``"metrics"``...), ``"shared.<key>"`` or
-``"services.<name>"`` (``"shared"`` and ``"services"`` cover every key). Writing a field means assigning it
-or changing the object in it (``history.record(...)`` writes ``history``; ``state.request_stop()``
-``stop_requested``). A handler
-that declares neither keeps full access. At fit start, once: among declared handlers of one priority
-that share an event, a writer of a field runs before its readers (priorities are kept), and two
-writers of one field must be ordered by priority or ``run_after``, else a
-:class:`~fitforge.exceptions.HandlerOrderError` names both (handlers of one class, and writers of
-``stop_requested``, need no order). The ordering is free; enforcing the declarations is a debug mode
+``"services.<name>"`` (``"shared"`` and ``"services"`` cover every key). Writing a field means
+assigning it or changing the object in it (``history.record(...)`` writes ``history``;
+``state.run.stop()`` writes ``run``). A handler that declares neither keeps full access. At fit
+start, once: among declared handlers of one priority that share an event, a writer of a field runs
+before its readers (priorities are kept), and two writers of one field must be ordered by priority
+or ``run_after``, else a :class:`~fitforge.exceptions.HandlerOrderError` names both (handlers of
+one class, and writers of ``run``, need no order: a stop takes effect once the event's handlers
+ran, so it orders nothing). The ordering is free; enforcing the declarations is a debug mode
 (``fit(check_access=True)``, see :mod:`fitforge.tools.access_guard`)."""
 
 from __future__ import annotations
@@ -43,10 +43,8 @@ from fitforge.core.roles import ROLES, missing_roles
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, PassAbandoned, describe
 
-# The dataclass's fields but its plumbing, and the properties handlers set.
-FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState)) - {"metric_sources", "run", "logged", "ranks"} | {
-    "restored_epoch"
-}
+# The dataclass's fields but its machinery (private), and the property handlers set.
+FIELDS = frozenset(f.name for f in dataclasses.fields(TrainState) if not f.name.startswith("_")) | {"restored_epoch"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +96,7 @@ def _common(a: frozenset[str], b: frozenset[str]) -> set[str]:
     return {n for n in a if _covered(n, b)} | {n for n in b if _covered(n, a)}
 
 
-_COMMUTING = frozenset({"stop_requested"})  # writers need no order: the first stop's reason is kept
+_COMMUTING = frozenset({"run"})  # stops: no order among them (the first reason is kept), nor before readers
 
 
 def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
@@ -122,7 +120,7 @@ def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
                     _check_ordered(handlers[i], handlers[j], min(conflict))
                 continue
             same_priority = handlers[i].priority == handlers[j].priority
-            if same_priority and _common(writer.writes, other.reads):
+            if same_priority and _common(writer.writes - _COMMUTING, other.reads):
                 after[j].add(i)
     return after
 
@@ -331,7 +329,7 @@ class Dispatcher:
         for hook in self.hooks[event]:
             try:
                 if hook(state) and stops:
-                    state.request_stop(self.stop_reason(event, hook))
+                    state.run.stop(self.stop_reason(event, hook))
             except ignore as signal:
                 caught = caught or signal
             except PassAbandoned as abandoning:
@@ -347,7 +345,7 @@ class Dispatcher:
     ) -> Exception | None:
         """Call every hook of ``event`` even when some fail, so every handler can clean up. While an
         exception ends the run (``failing``), failures are logged; otherwise the first is returned
-        for the caller to raise (later ones are logged), and set as ``state.error`` for later hooks."""
+        for the caller to raise (later ones are logged), and set as ``state.run.error`` for later hooks."""
         first = None
         for owner, hook in zip(self.owners[event], self.hooks[event]):
             try:
@@ -358,7 +356,7 @@ class Dispatcher:
                 if failing or first is not None:
                     log.exception("%r.%s failed while training was ending", owner, event.value)
                 else:
-                    first = state.error = error  # the hooks after it (the closing log line) see it
+                    first = state.run.error = error  # the hooks after it (the closing log line) see it
         return first
 
     def describe(self) -> str:

@@ -14,7 +14,7 @@ a ``CancelEpoch``/``CancelBatch`` ends only its hook (the other handlers must st
 epoch end); in ``train_end`` every cancel does. In evaluate and predict ``CancelFit`` ends the pass
 like ``CancelEpoch``. None escapes. A cancel before the optimizer step clears the batch's gradients.
 
-Preemption (:mod:`fitforge.signals.preemption`): a signal sets ``state.preempted`` and requests a stop.
+Preemption (:mod:`fitforge.signals.preemption`): a signal sets ``state.run.preempted`` and requests a stop.
 An epoch a signal ended (after its last batch too) is suspended: its ``epoch_end`` hooks leave it
 to the resumed run. A pass within the fit (a validation) stops at its next batch
 (:class:`~fitforge.exceptions.PassAbandoned`): in a ``batch_end`` hook the batch's other hooks
@@ -51,7 +51,7 @@ def _go_on(state: TrainState) -> None:
 def _suspend_epoch(state: TrainState) -> None:
     """After a pass abandoned in an ``epoch_end`` hook: the epoch is not over (its validation is
     not), so the hooks after it leave it to the resumed run, which runs its end again."""
-    state.epoch_finished = False
+    state.run.epoch_finished = False
 
 
 def run_fit(state: TrainState, run: RunContext) -> None:
@@ -60,36 +60,36 @@ def run_fit(state: TrainState, run: RunContext) -> None:
     try:
         cancelled = dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS, _go_on)
         if cancelled:
-            state.request_stop("cancelled in train_begin")
+            state.run.stop("cancelled in train_begin")
         run.coordinator.agree_on_stop(state)
         # Also after a stop requested in train_begin (a signal): a save then holds the resumed state.
         for prepare in () if cancelled else run.prepare:
             prepare(state)
-        while not state.stop_requested:
+        while not state.run.stop_requested:
             stalled = run_train_epoch(state, run)
-            if stalled and state.max_batches is not None and not state.stop_requested:
+            if stalled and state.run.max_batches is not None and not state.run.stop_requested:
                 # batches=N counts completed batches only: an epoch that completes none would repeat forever.
                 log.warning(
                     "epoch %d completed no batch (every batch, or the epoch, was cancelled); "
                     "stopping, since batches=%d could never be reached",
                     state.epoch,
-                    state.max_batches,
+                    state.run.max_batches,
                 )
-                state.request_stop(f"epoch {state.epoch} completed no batch")
+                state.run.stop(f"epoch {state.epoch} completed no batch")
             run.coordinator.agree_on_stop(state)
-            if not state.stop_requested:
+            if not state.run.stop_requested:
                 state.epoch += 1
     except (*_CANCELS, PassAbandoned) as signal:  # PassAbandoned: in batch_begin or a step (rare)
         _clear_gradients(state)
-        state.request_stop(f"{type(signal).__name__} raised" + (f": {signal}" if str(signal) else ""))
+        state.run.stop(f"{type(signal).__name__} raised" + (f": {signal}" if str(signal) else ""))
     except BaseException as error:
-        state.error = error
-        state.request_stop(f"failed: {type(error).__name__}")
-        state.preempted = None  # a failure (a second signal included) is no clean stop to checkpoint
+        state.run.error = error
+        state.run.stop(f"failed: {type(error).__name__}")
+        state.run.preempted = None  # a failure (a second signal included) is no clean stop to checkpoint
         dispatcher.fire_teardown(Event.TRAIN_END, state, _ENDS_HOOK)
         run.data.close()
         raise
-    state.training_over = True
+    state.run.training_over = True
     failure = dispatcher.fire_teardown(Event.TRAIN_END, state, _ENDS_HOOK, failing=False)
     run.data.close()
     if failure is not None:
@@ -97,26 +97,26 @@ def run_fit(state: TrainState, run: RunContext) -> None:
 
 
 def run_train_epoch(state: TrainState, run: RunContext) -> bool:
-    """One training epoch (``state.epoch_finished`` set for ``epoch_end``). Returns whether it
+    """One training epoch (``state.run.epoch_finished`` set for ``epoch_end``). Returns whether it
     stalled: it read batches (or was cancelled) and completed none."""
     data, first = run.data.epoch(state)
     state.history.open_epoch(state.epoch)
-    state.batch_idx, state.epoch_finished = first - 1, False
+    state.batch_idx, state.run.epoch_finished = first - 1, False
     steps_before, started = state.global_step, time.perf_counter()
     ran_out = cancelled = False
     try:
         run.dispatcher.fire(Event.EPOCH_BEGIN, state, abandoned=_go_on)
         run.coordinator.agree_on_stop(state)  # a stop requested in epoch_begin on one rank holds for all
-        ran_out = not state.stop_requested and _train_batches(state, run, data, first)
+        ran_out = not state.run.stop_requested and _train_batches(state, run, data, first)
     except _ENDS_EPOCH:
         cancelled = True
         _clear_gradients(state)
     read = state.batch_idx + 1  # the epoch's batches read so far, by this fit and a resumed one
-    if read == 0 and not (cancelled or state.stop_requested):
+    if read == 0 and not (cancelled or state.run.stop_requested):
         raise _empty(run.name, state)
     # Preempted, even after the epoch's last batch, the epoch is suspended: a signal's save must not
     # wait for its end (a long validation), which the resumed run does.
-    state.epoch_finished = state.preempted is None and (
+    state.run.epoch_finished = state.run.preempted is None and (
         cancelled or (ran_out and read > 0) or (state.num_batches is not None and read >= state.num_batches)
     )
     state.history.record("epoch_time", time.perf_counter() - started)
@@ -165,7 +165,7 @@ def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable]
     try:
         for hook in ends:
             if hook(state):
-                state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, hook))
+                state.run.stop(run.dispatcher.stop_reason(Event.BATCH_END, hook))
     except CancelFit:
         if not run.coordinator.holds_cancels:
             raise
@@ -180,7 +180,7 @@ def _end_batch(state: TrainState, run: RunContext, hooks: Sequence[Callable], qu
     for later in hooks:
         with contextlib.suppress(quiet):
             if later(state):
-                state.request_stop(run.dispatcher.stop_reason(Event.BATCH_END, later))
+                state.run.stop(run.dispatcher.stop_reason(Event.BATCH_END, later))
 
 
 def run_pass(state: TrainState, run: RunContext) -> None:
@@ -204,13 +204,13 @@ def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, No
     try:
         run.dispatcher.fire(Event.EPOCH_BEGIN, state)
         abandoned = watch is not None and watch.abandons()
-        batches = iter(() if state.stop_requested or abandoned else data)
+        batches = iter(() if state.run.stop_requested or abandoned else data)
         for batch_idx, batch in enumerate(batches):
             state.batch_idx, state.batch = batch_idx, batch
             with contextlib.suppress(CancelBatch):
                 run_batch(state, run)
             yield
-            if state.stop_requested:
+            if state.run.stop_requested:
                 break
             if watch is not None and watch.abandons():
                 abandoned = True
@@ -219,9 +219,9 @@ def pass_batches(state: TrainState, run: RunContext) -> Generator[None, None, No
         cancelled = True
     if watch is not None and kept is not None:
         _end_watched_pass(watch, abandoned, kept, batches)
-    if state.batch_idx < 0 and not (cancelled or state.stop_requested or run.allow_empty):
+    if state.batch_idx < 0 and not (cancelled or state.run.stop_requested or run.allow_empty):
         raise _empty(run.name, state)
-    state.epoch_finished = cancelled or (state.batch_idx >= 0 and not state.stop_requested)
+    state.run.epoch_finished = cancelled or (state.batch_idx >= 0 and not state.run.stop_requested)
     run.dispatcher.fire(Event.EPOCH_END, state, _CANCELS)
 
 

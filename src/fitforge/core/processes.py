@@ -1,4 +1,4 @@
-"""What a handler may ask of the other processes of a fit: ``state.ranks``.
+"""What a handler may ask of the other processes of a fit: ``state.run.ranks``.
 
 A handler whose decision must be the same on every process (a checkpoint written once, a batch
 skipped everywhere) asks here, and holds no rank logic itself. :class:`OneProcess` answers at once;

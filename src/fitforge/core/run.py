@@ -1,6 +1,6 @@
 """The machinery of one fit that handlers do not read: a :class:`RunContext`.
 
-The Estimator assembles it; the loop only calls it. ``state.run`` points to it during fit, for
+The Estimator assembles it; the loop only calls it. ``state._loop`` points to it during fit, for
 fitforge's own checkpointing (which saves and restores the data order).
 """
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fitforge.core.logged import PendingValues
+
 
 class Accumulating:
     """Steps the optimizers every ``accumulate`` batches."""
@@ -144,6 +146,9 @@ class Services:
             stepping reads them at its own, after.
         before_save: called with the state on every rank right before a checkpoint saves it; may
             put another state in place (a spike guard's last good weights), which is the one saved.
+        running_values: the epoch-so-far values' sources (MetricHandler's), which
+            ``state.running_metrics()`` reads.
+        logged: the named values ``state.log`` keeps until a MetricHandler takes them.
     """
 
     history_keys: Callable[[], list[str]] = _no_keys
@@ -159,6 +164,8 @@ class Services:
     first_batch_checks: list[Callable[[Any], None]] = field(default_factory=list)
     before_save: list[Callable[[Any], None]] = field(default_factory=list)
     step_skips: list[Callable[[], Any]] = field(default_factory=list)
+    running_values: list[Callable[[], dict[str, float]]] = field(default_factory=list)
+    logged: PendingValues = field(default_factory=PendingValues)
 
     def shows_epoch_lines(self) -> bool:
         """Whether a handler of the run prints each epoch's line now."""

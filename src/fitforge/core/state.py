@@ -4,14 +4,14 @@ assembled above every layer, so the core names it by what it offers, not by impo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from fitforge.core.history import History
-from fitforge.core.logged import PendingValues, checked_value, dropped
+from fitforge.core.logged import checked_value, dropped
 from fitforge.core.processes import ONE_PROCESS, Processes
 from fitforge.core.services import Services
 
@@ -30,7 +30,7 @@ class StepProcessor(Protocol):
 
 
 class RunMachinery(Protocol):
-    """What ``state.run`` offers of the fit's :class:`~fitforge.core.run.RunContext`."""
+    """What ``state._loop`` offers of the fit's :class:`~fitforge.core.run.RunContext`."""
 
     @property
     def data(self) -> object:
@@ -119,7 +119,7 @@ class BatchOutput:
 @dataclass(frozen=True, slots=True)
 class Ending:
     """How a stop ends ``fit`` when the run's outcome is not a plain finish (see
-    :meth:`TrainState.request_stop`): training stops as any stop does (the batch's and the epoch's
+    :meth:`RunControl.stop`): training stops as any stop does (the batch's and the epoch's
     handlers run, checkpoints are written, ``train_end`` runs), the closing log line opens with
     ``word`` instead of "Finished", and then ``fit`` raises ``error`` for its caller to see how
     the run ended. A pruned Optuna trial ends so: ``Ending("Pruned", optuna.TrialPruned(...))``.
@@ -134,133 +134,58 @@ class Ending:
 
 
 @dataclass(slots=True, eq=False)
-class TrainState:
-    """The one object every hook receives.
-
-    Counting is 0-based: ``epoch`` is the index of the current epoch, ``batch_idx`` the position of
-    the current batch in the epoch's data, and ``global_step`` the number of training batches that
-    completed (reached ``batch_end`` without being cancelled) *before* the current one — so during a
-    batch it is that batch's index over the whole run, and at ``epoch_end``/``train_end`` it is the
-    count of completed batches. ``batches=N`` stops when ``global_step`` reaches N.
-
-    Which fields are valid at which event (``phase`` is "train" in fit, "validate" in evaluate,
-    "predict" in predict; evaluate and predict fire only the four epoch/batch events):
-
-    ==================  ===========  ===========  ===========  =========  =========  =========
-    field               train_begin  epoch_begin  batch_begin  batch_end  epoch_end  train_end
-    ==================  ===========  ===========  ===========  =========  =========  =========
-    estimator, phase    yes          yes          yes          yes        yes        yes
-    max_epochs/batches  yes          yes          yes          yes        yes        yes
-    epoch               0            yes          yes          yes        yes        last one
-    batch_idx           --           (1)          yes          yes        last one   last one
-    global_step         0            yes          yes          yes        yes        yes
-    num_batches         yes          yes          yes          yes        yes        yes
-    batch               --           --           yes          yes        last one   last one
-    output              --           --           --           yes        last one   last one
-    metrics             {}           last epoch   last epoch   last epoch  this epoch this epoch
-    history             yes          row added    yes          yes        yes        yes
-    shared              yes          yes          yes          yes        yes        yes
-    ==================  ===========  ===========  ===========  =========  =========  =========
-
-    (1) -1, or in an epoch that a resume continues, the position of the last batch its checkpoint
-    had read (the epoch's batches are numbered from the start of its data either way).
-
-    ``metrics`` holds plain floats computed at epoch end (``train_loss``, ``val_accuracy``...);
-    handlers that want running (epoch-so-far) values mid-epoch call :meth:`running_metrics`, which
-    reads device values to the host (a device sync): do it at a throttled interval, never every
-    batch. It returns a new dict and leaves ``metrics`` as the table says.
-    ``num_batches`` is ``len(data)`` when the data has a length, else None. "this epoch" for
-    ``metrics`` at ``epoch_end`` holds for handlers that run after MetricHandler and
-    ValidationHandler (a priority above ``Stage.METRICS``); earlier ones still see the last epoch's values.
-
-    In ``evaluate`` (also when ValidationHandler runs it inside fit) the state is the pass's own:
-    ``epoch`` and ``global_step`` stay 0, ``history`` has no rows (do not record into it), and
-    ``metrics`` receives the ``val_*`` values at ``epoch_end`` (``test_*`` and so on with
-    ``evaluate(prefix="test")``: see ``prefix``).
-
-    Named values: :meth:`log` adds your own per-batch values (``train_<name>``/``val_<name>``).
+class RunControl:
+    """``state.run``: the run's limits and processes, where it resumed, and how it stops and ends.
+    Handlers read it and change it through :meth:`stop` alone (declared access: ``writes = ("run",)``).
 
     Attributes:
         max_epochs: the ``epochs`` given to fit (None if ``batches`` was given).
         max_batches: the ``batches`` given to fit (None if ``epochs`` was given).
-        shared: a free dict for handlers to pass values to each other.
-        services: what the run's handlers share (:class:`~fitforge.core.services.Services`): each offers
-            its part before ``train_begin`` (an evaluation's handlers, before its first pass).
-        optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
-        accumulated_batches: batches whose gradients wait for the next optimizer step.
-        epoch_finished: at ``epoch_end``, whether the run is through with the epoch: it went
-            through all its data, or a ``CancelEpoch`` ended it (the next epoch follows); False when
-            a stop (``batches=N``, a signal, a handler) cut it short before its last batch.
-        epoch_suspended: at ``epoch_end``, whether a signal came before the epoch was through: in
-            its batches (its last one included), or in an ``epoch_end`` hook whose validation it
-            abandoned. A resumed run will end it, so handlers that judge whole epochs
-            (validation, early stopping, logs of epochs) leave it to that run.
-        stop_requested / stop_reason: set by :meth:`request_stop`.
-        stop_every_rank: a stop was requested with ``every_rank=True`` (see :meth:`request_stop`).
-        stop_ending: the :class:`Ending` of a stop that ends fit with an exception of its own (a
-            pruned trial's ``optuna.TrialPruned``), set by :meth:`request_stop`; else None.
-        error: at ``train_end``, the exception that is ending fit (a handler's, the step's, a
-            second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
-            A ``train_end`` hook that fails once training is over sets it for the hooks after it.
-        training_over: the epochs are over and ``train_end`` runs for a run no exception ended.
-        preempted: the signal number (SIGTERM, SIGUSR1 or SIGINT) that asked fit to stop, else None.
-            Under torch.distributed every rank sets it at the same point (a batch end, or the end of
-            a validation it abandoned), whichever rank got the signal.
+        epochs_before: the epochs this estimator trained in earlier fits (``estimator.history``),
+            so that logs number epochs across fits: ``epochs_before + epoch + 1``. 0 in a fit
+            that resumes from a checkpoint, whose own history continues that run's count.
         resumed: whether this fit continues from a checkpoint (set after ``train_begin``, before
             the first ``epoch_begin``).
         resumed_at: where it continued, ``(epochs completed, global_step)`` of the checkpoint;
             None when it did not resume.
-        epochs_before: the epochs this estimator trained in earlier fits (``estimator.history``),
-            so that logs number epochs across fits: ``epochs_before + epoch + 1``. 0 in a fit
-            that resumes from a checkpoint, whose own history continues that run's count.
-        prefix: the first word of the keys the MetricHandler records: None for the phase's own,
-            ``train`` in fit and ``val`` in evaluate; ``evaluate(data, prefix="test")`` sets
-            ``"test"`` (``test_loss``, ``test_accuracy``...). The phase stays ``"validate"``.
-        run: the fit's machinery (:class:`~fitforge.core.run.RunContext`: dispatcher, data order,
-            coordinator), for fitforge's own checkpointing; None in evaluate and predict.
+        epoch_finished: at ``epoch_end``, whether the run is through with the epoch: it went
+            through all its data, or a ``CancelEpoch`` ended it (the next epoch follows); False when
+            a stop (``batches=N``, a signal, a handler) cut it short before its last batch.
+        preempted: the signal number (SIGTERM, SIGUSR1 or SIGINT) that asked fit to stop, else None.
+            Under torch.distributed every rank sets it at the same point (a batch end, or the end of
+            a validation it abandoned), whichever rank got the signal.
+        error: at ``train_end``, the exception that is ending fit (a handler's, the step's, a
+            second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
+            A ``train_end`` hook that fails once training is over sets it for the hooks after it.
+        training_over: the epochs are over and ``train_end`` runs for a run no exception ended.
+        stop_requested / stop_reason: set by :meth:`stop`.
+        stop_every_rank: a stop was requested with ``every_rank=True`` (see :meth:`stop`).
+        stop_ending: the :class:`Ending` of a stop that ends fit with an exception of its own (a
+            pruned trial's ``optuna.TrialPruned``), set by :meth:`stop`; else None.
         ranks: the processes of the run, for a decision every rank must share
-            (:mod:`fitforge.core.processes`): ``state.ranks.main``, ``state.ranks.any(flag)``... In
+            (:mod:`fitforge.core.processes`): ``state.run.ranks.main``, ``state.run.ranks.any(flag)``... In
             one process every answer is this process's own. A collective must be reached by every
             rank at the same point: in training every rank is at the same batch; an evaluate or
             predict pass's shares may differ in length, so ask only at its epoch ends there.
     """
 
-    estimator: EstimatorLike
-    phase: str = "train"
-    epoch: int = 0
-    batch_idx: int = -1
-    global_step: int = 0
     max_epochs: int | None = None
     max_batches: int | None = None
-    num_batches: int | None = None
-    batch: Any = None
-    output: BatchOutput | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    history: History = field(default_factory=History)
-    shared: dict[str, Any] = field(default_factory=dict)
+    epochs_before: int = 0
+    resumed: bool = False
+    resumed_at: tuple[int, int] | None = None
     epoch_finished: bool = False
-    optimizer_steps: int = 0
-    accumulated_batches: int = 0
+    preempted: int | None = None
+    error: BaseException | None = None
+    training_over: bool = False
     stop_requested: bool = False
     stop_reason: str | None = None
     stop_every_rank: bool = False
     stop_ending: Ending | None = None
-    preempted: int | None = None
-    error: BaseException | None = None
-    training_over: bool = False
-    resumed: bool = False
-    resumed_at: tuple[int, int] | None = None
-    epochs_before: int = 0
-    prefix: str | None = None
-    run: RunMachinery | None = None
     ranks: Processes = ONE_PROCESS
-    metric_sources: list[Callable[[], dict[str, float]]] = field(default_factory=list)
-    logged: PendingValues = field(default_factory=PendingValues)
-    services: Services = field(default_factory=Services)
+    history: History | None = field(default=None, repr=False)  # the state's, which keeps the stop's reason
 
-    def request_stop(
-        self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None
-    ) -> None:
+    def stop(self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None) -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
         ``train_end``. The first reason given is kept (and stored in ``history.stop_reason``).
 
@@ -281,11 +206,97 @@ class TrainState:
         self.stop_every_rank = self.stop_every_rank or every_rank
         if ending is not None and self.stop_ending is None:
             self.stop_ending = ending
-            self.stop_reason = self.history.stop_reason = reason
+            self._reason(reason)
         if not self.stop_requested:
             self.stop_requested = True
-            self.stop_reason = reason
+            self._reason(reason)
+
+    def _reason(self, reason: str) -> None:
+        self.stop_reason = reason
+        if self.history is not None:
             self.history.stop_reason = reason
+
+    @property
+    def epoch_suspended(self) -> bool:
+        """At ``epoch_end``, whether a signal came before the epoch was through: in its batches (its last
+        one included), or in an ``epoch_end`` hook whose validation it abandoned. A resumed run will end
+        it, so handlers that judge whole epochs (validation, early stopping, logs of epochs) leave it to
+        that run."""
+        return self.preempted is not None and not self.epoch_finished
+
+
+@dataclass(slots=True, eq=False)
+class TrainState:
+    """The one object every hook receives.
+
+    Counting is 0-based: ``epoch`` is the index of the current epoch, ``batch_idx`` the position of
+    the current batch in the epoch's data, and ``global_step`` the number of training batches that
+    completed (reached ``batch_end`` without being cancelled) *before* the current one — so during a
+    batch it is that batch's index over the whole run, and at ``epoch_end``/``train_end`` it is the
+    count of completed batches. ``batches=N`` stops when ``global_step`` reaches N.
+
+    Which fields are valid at which event (``phase`` is "train" in fit, "validate" in evaluate,
+    "predict" in predict; evaluate and predict fire only the four epoch/batch events):
+
+    ==================  ===========  ===========  ===========  =========  =========  =========
+    field               train_begin  epoch_begin  batch_begin  batch_end  epoch_end  train_end
+    ==================  ===========  ===========  ===========  =========  =========  =========
+    epoch               0            yes          yes          yes        yes        last one
+    batch_idx           --           (1)          yes          yes        last one   last one
+    batch               --           --           yes          yes        last one   last one
+    output              --           --           --           yes        last one   last one
+    metrics             {}           last epoch   last epoch   last epoch  this epoch this epoch
+    history             yes          row added    yes          yes        yes        yes
+    ==================  ===========  ===========  ===========  =========  =========  =========
+
+    The others hold at every event. (1) -1, or in an epoch that a resume continues, the position of
+    the last batch its checkpoint had read (the epoch's batches are numbered from the start of its
+    data either way).
+
+    ``metrics`` holds plain floats computed at epoch end (``train_loss``, ``val_accuracy``...);
+    handlers that want running (epoch-so-far) values mid-epoch call :meth:`running_metrics`, which
+    reads device values to the host (a device sync): do it at a throttled interval, never every
+    batch. "this epoch" for ``metrics`` at ``epoch_end`` holds for handlers that run after
+    MetricHandler and ValidationHandler (a priority above ``Stage.METRICS``).
+
+    In ``evaluate`` (also when ValidationHandler runs it inside fit) the state is the pass's own:
+    ``epoch`` and ``global_step`` stay 0, ``history`` has no rows (do not record into it), and
+    ``metrics`` receives the ``val_*`` values at ``epoch_end`` (``test_*`` and so on with
+    ``evaluate(prefix="test")``: see ``prefix``). Named values: :meth:`log`.
+
+    Attributes:
+        prefix: the first word of the keys the MetricHandler records: None for the phase's own,
+            ``train`` in fit and ``val`` in evaluate; ``evaluate(data, prefix="test")`` sets
+            ``"test"`` (``test_loss``, ``test_accuracy``...). The phase stays ``"validate"``.
+        optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
+        accumulated_batches: batches whose gradients wait for the next optimizer step.
+        num_batches: ``len(data)`` when the data has a length, else None.
+        shared: a free dict for handlers to pass values to each other.
+        services: what the run's handlers share (:class:`~fitforge.core.services.Services`): each offers
+            its part before ``train_begin`` (an evaluation's handlers, before its first pass).
+        run: the run's limits, processes, resume, stop and end (:class:`RunControl`).
+    """
+
+    estimator: EstimatorLike
+    phase: str = "train"
+    prefix: str | None = None
+    epoch: int = 0
+    batch_idx: int = -1
+    global_step: int = 0
+    optimizer_steps: int = 0
+    accumulated_batches: int = 0
+    num_batches: int | None = None
+    batch: Any = None
+    output: BatchOutput | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: History = field(default_factory=History)
+    shared: dict[str, Any] = field(default_factory=dict)
+    services: Services = field(default_factory=Services)
+    run: RunControl = field(default_factory=RunControl)
+    _loop: RunMachinery | None = None  # the fit's machinery, for fitforge's own checkpointing; None elsewhere
+
+    def __post_init__(self) -> None:
+        self.run.history = self.history
 
     @property
     def restored_epoch(self) -> int | None:
@@ -298,17 +309,12 @@ class TrainState:
     def restored_epoch(self, epoch: int | None) -> None:
         self.history.restored_epoch = epoch
 
-    @property
-    def epoch_suspended(self) -> bool:
-        """See the class docstring: a signal cut the epoch short; a resumed run finishes it."""
-        return self.preempted is not None and not self.epoch_finished
-
     def running_metrics(self) -> dict[str, float]:
         """The epoch-so-far values of the loss and metrics, as a new dict of floats.
 
         This reads device values to the host; call it at epoch end or at a throttled interval."""
         values: dict[str, float] = {}
-        for compute in self.metric_sources:
+        for compute in self.services.running_values:
             values.update(compute())
         return values
 
@@ -342,11 +348,11 @@ class TrainState:
             FitforgeTypeError / FitforgeValueError: a bad ``name`` or ``value``.
         """
         entry = (name, checked_value(name, value))
-        pending = self.logged
+        pending = self.services.logged
         # Kept until a MetricHandler takes them: in evaluate one always runs (before its first
         # epoch_begin, e.g. on the validation batch checked before training, they wait for it).
         if not pending.collected and self.phase != "validate":
             if not pending.dropping:  # a fit (it has a run) without MetricHandler warns, once
-                dropped(pending, name, warn=self.run is not None)
+                dropped(pending, name, warn=self._loop is not None)
             return
         pending.append(entry)

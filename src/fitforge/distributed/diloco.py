@@ -132,7 +132,7 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     priority = (
         Stage.STEP
     )  # after the optimizer step (it reads optimizer_steps), before an EMA or a checkpoint sees the weights
-    reads = ("estimator", "optimizer_steps", "error", "preempted")
+    reads = ("estimator", "optimizer_steps", "run")
     writes = ()
 
     def __init__(self, strategy: DiLoCoStrategy) -> None:
@@ -173,7 +173,7 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     def train_end(self, state: TrainState) -> None:
         # Close an open round so every rank ends on one model; not after an error (a rank may be gone)
         # nor on a preemption, whose checkpoint holds the open round for the resumed run to finish.
-        if self.steps and state.error is None and state.preempted is None:
+        if self.steps and state.run.error is None and state.run.preempted is None:
             self.outer_step()
 
     def _follow(self, state: TrainState) -> None:

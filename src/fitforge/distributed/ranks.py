@@ -172,6 +172,6 @@ class Collective:
 
 
 def processes() -> Any:
-    """The processes of a run as handlers ask them (``state.ranks``): a :class:`Collective` under
+    """The processes of a run as handlers ask them (``state.run.ranks``): a :class:`Collective` under
     torch.distributed with several ranks, else :data:`fitforge.core.processes.ONE_PROCESS`."""
     return Collective() if world_size() > 1 else ONE_PROCESS

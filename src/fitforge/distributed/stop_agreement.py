@@ -72,7 +72,7 @@ class StopAgreement(Collective):
         )
 
     def abandons_pass(self, state: TrainState) -> bool:
-        if state.preempted is not None:  # agreed already, on every rank: all leave at once
+        if state.run.preempted is not None:  # agreed already, on every rank: all leave at once
             return True
         if state.estimator.strategy.collective_forward:  # every rank runs each forward: all leave at one batch
             return bool(reduce_ints([self._signalled], "max")[0])  # (its shares are padded to equal lengths)
@@ -82,19 +82,19 @@ class StopAgreement(Collective):
         return self._notice.seen()
 
     def end_pass(self, state: TrainState, abandoned: bool) -> bool:
-        if state.preempted is not None:  # every rank left at its first look: no collective needed
+        if state.run.preempted is not None:  # every rank left at its first look: no collective needed
             return True
         signum, left = reduce_ints([self._signalled, int(abandoned)], "max")
         if signum not in _SIGNALS or left not in (0, 1) or (left and not signum):
             raise _out_of_step()
         if signum:  # a pass every rank finished (the signal came after its last batch) is kept
             self._preempt(state, signum)
-            state.request_stop(state.stop_reason or "preempted", every_rank=True)  # agreed: stop at this batch
+            state.run.stop(state.run.stop_reason or "preempted", every_rank=True)  # agreed: stop at this batch
         return bool(left)
 
     def agree_on_stop(self, state: TrainState) -> None:
         """Reduce this rank's signal, stop request and held CancelFit now; stop every rank if any asked."""
-        flags = [self._signalled, int(state.stop_requested), int(self._held is not None), -self._proposal]
+        flags = [self._signalled, int(state.run.stop_requested), int(self._held is not None), -self._proposal]
         flags = reduce_ints(flags, "max")
         self._since, self._agreed_at = 0, time.perf_counter()
         self._apply(state, flags)
@@ -109,11 +109,11 @@ class StopAgreement(Collective):
             self._check_replicas = False
             _check_replicas(state)
         self._since += 1
-        if self._since < self._interval and not state.stop_every_rank:
+        if self._since < self._interval and not state.run.stop_every_rank:
             return False
         self._proposal = self._propose((time.perf_counter() - self._agreed_at) / self._since)
         self.agree_on_stop(state)
-        return state.stop_requested
+        return state.run.stop_requested
 
     def _propose(self, batch_seconds: float) -> int:
         """The batches that fit in ``max_latency`` seconds at this pace, within ``[1, max_interval]``."""
@@ -129,14 +129,14 @@ class StopAgreement(Collective):
             raise held if held is not None else CancelFit("CancelFit raised on another rank")
         if signum:
             self._preempt(state, signum)
-        elif stop and not state.stop_requested:
-            state.request_stop("another rank requested a stop")
+        elif stop and not state.run.stop_requested:
+            state.run.stop("another rank requested a stop")
 
     @staticmethod
     def _preempt(state: TrainState, signum: int) -> None:
-        if state.preempted is None:
-            state.preempted = signum
-            state.request_stop(f"preempted by {signal.Signals(signum).name} (on at least one rank)")
+        if state.run.preempted is None:
+            state.run.preempted = signum
+            state.run.stop(f"preempted by {signal.Signals(signum).name} (on at least one rank)")
 
 
 def _out_of_step() -> FitforgeValueError:

@@ -27,7 +27,7 @@ log = logging.getLogger("fitforge")
 def _completed_epochs(state: TrainState) -> int:
     """Epochs completed at an epoch end: this one counts unless a stop (``batches=N``, a signal...)
     cut it short; a cancelled epoch counts, as the run goes on with the next one."""
-    return state.epoch + 1 if state.epoch_finished else state.epoch
+    return state.epoch + 1 if state.run.epoch_finished else state.epoch
 
 
 class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
@@ -89,15 +89,13 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         "phase",
         "epoch",
         "global_step",
-        "preempted",
+        "run",
         "services",
         "history",
         "metrics",
         "optimizer_steps",
         "accumulated_batches",
-        "epoch_finished",
         "batch_idx",
-        "epochs_before",
         "num_batches",
     )
     # Resuming happens after train_begin (fitforge.checkpoint.resume), not through the state; a guard
@@ -175,7 +173,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         return period is not None and (state.epoch + 1) % period == 0
 
     def batch_end(self, state: TrainState) -> None:
-        if state.preempted is not None:  # now, before epoch_end handlers change the state (or use up the grace time)
+        if (
+            state.run.preempted is not None
+        ):  # now, before epoch_end handlers change the state (or use up the grace time)
             self._writer.regular(state, state.epoch, state.global_step + 1)
             return
         if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
@@ -186,12 +186,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     def epoch_end(self, state: TrainState) -> None:
         if self.save_best:  # first, so the regular checkpoint of this epoch holds this epoch's best
             self._save_if_best(state)
-        if self._saves_at_epoch_end(state) or state.preempted is not None:
+        if self._saves_at_epoch_end(state) or state.run.preempted is not None:
             self._writer.regular(state, _completed_epochs(state), state.global_step)
 
     def train_end(self, state: TrainState) -> None:
         # A signal that came after this epoch's save (in a later epoch_end hook) still loses nothing.
-        if state.preempted is not None and state.phase == "train":
+        if state.run.preempted is not None and state.phase == "train":
             self._writer.regular(state, _completed_epochs(state), state.global_step)
         self._writer.finish(state)
 

@@ -59,20 +59,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
 
     priority = Stage.REPORT  # after user handlers: the row is complete
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = (
-        "phase",
-        "epoch",
-        "history",
-        "services",
-        "estimator",
-        "max_epochs",
-        "max_batches",
-        "preempted",
-        "resumed",
-        "epoch_finished",
-        "batch_idx",
-        "num_batches",
-    )
+    reads = ("phase", "epoch", "history", "services", "estimator", "run", "batch_idx", "num_batches")
     writes = ()
 
     def __init__(self, path: str | os.PathLike, append: bool = False) -> None:
@@ -95,7 +82,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         os.replace(temporary, self.params_path)
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or not state.epoch_finished:
+        if state.phase != "train" or not state.run.epoch_finished:
             return  # a row per completed epoch: one cut short is written when a resumed run completes it
         history = state.history
         rows = self._start(state) if not self._header else [(history.epochs, _current_row(history))]
@@ -105,7 +92,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     def _start(self, state: TrainState) -> list[tuple[int, dict[str, float]]]:
         """The first write of a run: choose the header and the rows to catch up on."""
         history = state.history
-        resumed = state.resumed
+        resumed = state.run.resumed
         header, last = self._read() if resumed or self.append else (None, 0)
         if header is None:
             # Known now, not at train_begin: the first batch may have left out a default metric.

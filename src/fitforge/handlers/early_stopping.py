@@ -39,18 +39,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
         >>> history = estimator.fit(train, val_data=val, epochs=100, event_handlers=[stopper])  # doctest: +SKIP
     """
 
-    reads = (
-        "estimator",
-        "epoch",
-        "preempted",
-        "history",
-        "metrics",
-        "epoch_finished",
-        "batch_idx",
-        "num_batches",
-        "epochs_before",
-    )
-    writes = ("stop_requested", "restored_epoch")
+    reads = ("estimator", "epoch", "run", "history", "metrics", "batch_idx", "num_batches")
+    writes = ("run", "restored_epoch")
 
     def __init__(
         self,
@@ -90,7 +80,7 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
         self._active = True
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.epoch_suspended:
+        if state.run.epoch_suspended:
             return  # a partial epoch's value is no epoch's: the epoch ends when the run resumes
         value = self._monitor.epoch_value(state, self)
         if value is None:
@@ -107,27 +97,27 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
         if self.wait >= max(self.patience, 1):
             self.stopped_epoch = state.epoch
             best = (
-                f"{self.best:.4g} at epoch {state.epochs_before + self.best_epoch + 1}"
+                f"{self.best:.4g} at epoch {state.run.epochs_before + self.best_epoch + 1}"
                 if self.best_epoch is not None
                 else f"none beat the baseline {self.baseline}"
                 if self.baseline is not None
                 else "no value"
             )
-            state.request_stop(f"early stopping: {self.monitor} did not improve for {self.wait} epoch(s) (best {best})")
+            state.run.stop(f"early stopping: {self.monitor} did not improve for {self.wait} epoch(s) (best {best})")
 
     def train_end(self, state: TrainState) -> None:
         if not self._active:  # train_begin never ran for this run (an earlier handler failed in it)
             return
         self._active = False
         best_epoch = self.best_epoch
-        if self._best_weights is not None and best_epoch not in (None, state.epoch) and state.preempted is None:
+        if self._best_weights is not None and best_epoch not in (None, state.epoch) and state.run.preempted is None:
             average = state.estimator.weight_average
             if average is not None and average.evaluates_averaged:  # evaluation runs with the average: the
                 average.load_averaged(self._best_weights)  # best one goes back there; the raw weights train on
             else:
                 state.estimator.net.load_state_dict(self._best_weights)
             state.restored_epoch = best_epoch + 1  # the closing summary reports that row
-            shown = state.epochs_before + best_epoch + 1  # numbered across fits, as the epoch lines
+            shown = state.run.epochs_before + best_epoch + 1  # numbered across fits, as the epoch lines
             log.info("restored the weights of epoch %d (%s=%.4g)", shown, self.monitor, self.best)
         self._best_weights = None  # do not hold a copy of the weights after the run
 

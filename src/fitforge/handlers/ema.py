@@ -57,7 +57,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     priority = (
         Stage.METRICS
     )  # after the step (and DiLoCo's outer one): validation (after it) and checkpoints see the average
-    reads = ("estimator", "optimizer_steps", "resumed")
+    reads = ("estimator", "optimizer_steps", "run")
     writes = ()
 
     def __init__(
@@ -120,7 +120,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     def epoch_begin(self, state: TrainState) -> None:
         if self._pending:  # after any resume restored the weights: the average starts from the run's start
             self._pending = False
-            if state.resumed:
+            if state.run.resumed:
                 log.info("EMAHandler: the checkpoint resumed from holds no average: it starts from its weights")
             torch._foreach_copy_(self._local_averages, self._live)
 

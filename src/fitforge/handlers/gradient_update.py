@@ -112,19 +112,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
     """
 
     priority = Stage.STEP
-    reads = (
-        "estimator",
-        "phase",
-        "preempted",
-        "epoch",
-        "epoch_finished",
-        "batch_idx",
-        "num_batches",
-        "global_step",
-        "max_batches",
-        "output",
-        "services",
-    )
+    reads = ("estimator", "phase", "run", "epoch", "batch_idx", "num_batches", "global_step", "output", "services")
     writes = ("accumulated_batches", "optimizer_steps")
 
     def __init__(
@@ -183,8 +171,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         estimator = state.estimator
         self._deferred = estimator.strategy.gradient_sync(estimator) if defers else None
         # DDP and FSDP average the ranks' gradients: a group's items are then summed over the ranks.
-        averaged = state.ranks.several and estimator.strategy.averages_gradients(estimator)
-        self._items, self._ranks = None, state.ranks.size if averaged else 1
+        averaged = state.run.ranks.several and estimator.strategy.averages_gradients(estimator)
+        self._items, self._ranks = None, state.run.ranks.size if averaged else 1
         self._counting, why = (
             fit_counter(self.items, state.estimator, self.accumulate) if self.accumulate > 1 else (None, "")
         )
@@ -198,7 +186,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._deferred.before_batch(
                 state.accumulated_batches + 1 >= self.accumulate
                 or state.batch_idx + 1 == state.num_batches
-                or (state.max_batches is not None and state.global_step + 1 >= state.max_batches)
+                or (state.run.max_batches is not None and state.global_step + 1 >= state.run.max_batches)
             )
 
     def check_first_batch(self, state: TrainState) -> None:
@@ -239,7 +227,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase == "train" and state.accumulated_batches:  # trailing partial groups
-            if state.epoch_suspended:
+            if state.run.epoch_suspended:
                 return  # the groups go on when the run resumes: its checkpoint keeps the gradients
             if self._deferred is not None:
                 self._deferred.average()  # a group a stop or data without len ended before its synced batch
@@ -258,7 +246,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         if self._deferred is not None and state.accumulated_batches:
             self._deferred.average()
         if self._items is not None and self._ranks > 1:  # each rank's share of the group's items, as its gradients
-            state.ranks.sum_(self._items)
+            state.run.ranks.sum_(self._items)
             self._items = self._items / self._ranks
 
     def _sync(self, state: TrainState) -> None:
@@ -324,7 +312,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             return
         items = torch.as_tensor(items, dtype=torch.float32, device=grads[0].device)
         if self._ranks > 1:
-            state.ranks.sum_(items)
+            state.run.ranks.sum_(items)
         # A group without items (every label padding) has zero gradients: they stay zero.
         torch._foreach_mul_(grads, torch.where(items > 0, self._ranks / items, 0.0))
 

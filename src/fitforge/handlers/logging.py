@@ -107,18 +107,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         "estimator",
         "phase",
         "epoch",
-        "epochs_before",
-        "resumed_at",
+        "run",
         "batch_idx",
         "global_step",
         "optimizer_steps",
-        "epoch_finished",
-        "preempted",
-        "error",
-        "stop_ending",
         "prefix",
-        "max_epochs",
-        "max_batches",
         "num_batches",
         "metrics",
         "history",
@@ -151,9 +144,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         if not log.isEnabledFor(self.level):
             return  # silenced: no summary to build (it walks the parameters)
         log.log(self.level, "%s", model_summary(state.estimator))
-        limit = plural(state.max_epochs, "epoch") if state.max_epochs else plural(state.max_batches, "batch")
+        limit = (
+            plural(state.run.max_epochs, "epoch") if state.run.max_epochs else plural(state.run.max_batches, "batch")
+        )
         per_epoch = f", {plural(state.num_batches, 'batch')} per epoch" if state.num_batches else ""
-        before = f" ({plural(state.epochs_before, 'epoch')} trained before)" if state.epochs_before else ""
+        before = f" ({plural(state.run.epochs_before, 'epoch')} trained before)" if state.run.epochs_before else ""
         log.log(self.level, "Training for %s%s%s", limit, per_epoch, before)
 
     def batch_end(self, state: TrainState) -> None:
@@ -200,7 +195,11 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         seconds = time.perf_counter() - self._started
         # An exception is raised again after train_end (the line says where); a stop with an ending is no failure.
         line = (
-            failed_line if state.error is not None else ended_line if state.stop_ending is not None else finished_line
+            failed_line
+            if state.run.error is not None
+            else ended_line
+            if state.run.stop_ending is not None
+            else finished_line
         )
         log.log(self.level, "%s", line(state, seconds))
         flush_console()  # before fit returns: what the caller prints next comes after these lines
@@ -208,10 +207,12 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
 def _partial(state: TrainState) -> str:
     """``, partial: 2 of 4 batches`` for an epoch cut short by a stop or a signal, else nothing."""
-    if state.epoch_finished:
+    if state.run.epoch_finished:
         return ""
     done = f"{state.batch_idx + 1} of {state.num_batches}" if state.num_batches else f"{state.batch_idx + 1}"
     # A CheckpointHandler (a resume source) saved the epoch's state, which a resumed run finishes.
     saved = bool(state.services.checkpoints)
-    why = "" if state.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
+    why = (
+        "" if state.run.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
+    )
     return f", partial: {done} batches{why}"

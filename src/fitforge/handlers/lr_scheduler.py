@@ -64,19 +64,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
     """
 
     priority = Stage.PERSIST  # after validation; before CheckpointHandler, which reads the history it writes
-    reads = (
-        "estimator",
-        "metrics",
-        "history",
-        "optimizer_steps",
-        "num_batches",
-        "max_epochs",
-        "max_batches",
-        "services",
-        "batch_idx",
-        "epoch_finished",
-        "resumed",
-    )
+    reads = ("estimator", "metrics", "history", "optimizer_steps", "num_batches", "run", "services", "batch_idx")
     writes = ("history",)  # the lr records; the optimizers' lrs it changes are no TrainState field
 
     def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str | None = None) -> None:
@@ -265,9 +253,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 return  # no length: nothing to compare
             unit, fix = "optimizer steps", f"OneCycleLR(..., total_steps={needed}) (a new one)"
         else:
-            if state.max_epochs is None:
+            if state.run.max_epochs is None:
                 return
-            needed = state.max_epochs - state.epoch
+            needed = state.run.max_epochs - state.epoch
             unit, fix = (
                 "epochs",
                 f"interval='batch' (a cycle over optimizer steps), or a new one of total_steps={needed}",
@@ -303,7 +291,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
             if stepped:
                 self._follow_steps(state)
         else:
-            stepped = state.epoch_finished and self._step_epoch(state)
+            stepped = state.run.epoch_finished and self._step_epoch(state)
         if stepped:
             for i, optimizer in enumerate(state.estimator.optimizers):  # the keys the loop records
                 state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
@@ -313,7 +301,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         its rates back: the schedule's first rate (0 for a warm-up) would else stay for the next fit."""
         rates, self._rates = self._rates, None
         stepped = self._steps_seen is not None and self._own_steps(state) > self._started_at
-        if rates is None or state.resumed or stepped:
+        if rates is None or state.run.resumed or stepped:
             return
         for group, rate in zip(self.scheduler.optimizer.param_groups, rates):
             group["lr"] = rate

@@ -69,7 +69,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
     """
 
     priority = Stage.METRICS
-    reads = ("estimator", "phase", "prefix", "output", "batch_idx")
+    reads = ("estimator", "phase", "prefix", "output", "batch_idx", "services")  # its running values, the logged
     writes = ("metrics", "history")
 
     def __init__(self, metrics: Any = None) -> None:
@@ -78,7 +78,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         self._open = False  # between this handler's epoch_begin and epoch_end
         self._configured_for: tuple | None = None
         self._pending: list[dict] | None = None  # running sums from a checkpoint (one per rank to merge)
-        self._inbox: list = []  # the state's pending named values (state.logged), from epoch_begin on
+        self._inbox: list = []  # the state's pending named values (state.services.logged), from epoch_begin on
         self._epochs = 0  # epochs begun: a mark of another epoch's sums rewinds to none
 
     def _slots(self, estimator, phase: str) -> list[MetricSlot]:
@@ -145,9 +145,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
             if state.batch_idx >= 0:  # at epoch_begin: a resume continues this epoch, and its sums
                 self._resume(self._pending, state.estimator.device)
             self._pending = None
-        if self.compute not in state.metric_sources:
-            state.metric_sources.append(self.compute)
-        inbox = self._inbox = state.logged  # state.log keeps values from now on, for this handler to take
+        if self.compute not in state.services.running_values:
+            state.services.running_values.append(self.compute)
+        inbox = self._inbox = state.services.logged  # state.log keeps values from now on, for this handler to take
         inbox.collected = True
         if inbox:  # logged before this epoch's sums were open (an earlier epoch_begin hook, a late epoch_end one)
             self._named.take(inbox, self._device)
@@ -190,7 +190,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         assert out is not None  # the first batch's output, set before this call
         configured = self._configured_for == _run_of(state)
         named = self._named if configured else self._named_means(estimator, state.phase, key_prefix(state))
-        named.check(state.logged)
+        named.check(state.services.logged)
         slots = self._slots(estimator, state.phase)
         several = _BY_NAME if any(isinstance(slot.output, str) for slot in slots) else _BY_POSITION
         pick_pred, pick_label = isinstance(out.pred, several), isinstance(out.label, several)

@@ -62,17 +62,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
 
     priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = (
-        "phase",
-        "estimator",
-        "history",
-        "services",
-        "max_epochs",
-        "max_batches",
-        "preempted",
-        "error",
-        "epoch_finished",
-    )
+    reads = ("phase", "estimator", "history", "services", "run")
     writes = ()
 
     def __init__(
@@ -149,7 +139,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
             self._client.log_batch(self.run_id, params=entities[start : start + _BATCH])
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or state.epoch_suspended or self._client is None:
+        if state.phase != "train" or state.run.epoch_suspended or self._client is None:
             return
         history, timestamp = state.history, int(time.time() * 1000)
         metrics = []
@@ -178,9 +168,9 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
 
     @staticmethod
     def _status(state: TrainState) -> str:
-        if state.error is not None:
-            return "KILLED" if isinstance(state.error, (KeyboardInterrupt, SystemExit)) else "FAILED"
-        return "KILLED" if state.preempted is not None else "FINISHED"
+        if state.run.error is not None:
+            return "KILLED" if isinstance(state.run.error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        return "KILLED" if state.run.preempted is not None else "FINISHED"
 
     def _log_best(self, state: TrainState, client: Any) -> None:
         saver = self._best_saver(state)

@@ -81,18 +81,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
     """
 
     priority = Stage.GUARD
-    reads = (
-        "phase",
-        "output",
-        "epoch",
-        "batch_idx",
-        "global_step",
-        "estimator",
-        "preempted",
-        "epoch_finished",
-        "num_batches",
-    )
-    writes = ("stop_requested", "services.step_skips")
+    reads = ("phase", "output", "epoch", "batch_idx", "global_step", "estimator", "run", "num_batches")
+    writes = ("run", "services.step_skips")
 
     def __init__(self, policy: str = "stop", check_every: int | None = None) -> None:
         if not isinstance(policy, str):
@@ -148,9 +138,9 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
         loss = state.output.loss if state.output is not None else None
         if state.phase != "train" or loss is None:
             return
-        bad = self._check(loss.detach(), state.ranks)
+        bad = self._check(loss.detach(), state.run.ranks)
         if self._read_every_batch:  # the host decides: the bad batch is cancelled, so never stepped
-            if not state.ranks.any(bool(bad)):
+            if not state.run.ranks.any(bool(bad)):
                 return
             if self.policy == "skip":
                 self._skip(state)
@@ -191,14 +181,14 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
                     state.epoch + 1,
                 )
             self._epoch_skips = 0
-        elif not state.epoch_suspended:
+        elif not state.run.epoch_suspended:
             self._act(state)  # a preempted partial epoch is judged when the resumed run ends it
 
     def _act(self, state: TrainState) -> bool:
         """Read the record (one host read; two when there is a bad batch) and act on it. Under torch.distributed the
         ranks agree on the first bad batch of any rank (one all-reduce)."""
         own = int(self._first)
-        code = state.ranks.min_int(own)
+        code = state.run.ranks.min_int(own)
         if code == _NONE:
             return False
         step, batch = divmod(code, _SHIFT)
@@ -220,7 +210,7 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
                 "look for nan/inf in the data"
             )
         self.stopped_epoch = state.epoch
-        state.request_stop(
+        state.run.stop(
             f"NaNGuardHandler: {where}" + ("" if loss is None or not math.isfinite(loss) else " is not finite"),
             every_rank=True,  # the record was reduced over the ranks: each stops here
         )

@@ -59,8 +59,8 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
         >>> optuna.create_study(pruner=optuna.pruners.MedianPruner()).optimize(objective, n_trials=10)  # doctest: +SKIP
     """
 
-    reads = ("estimator", "epoch", "epochs_before", "global_step", "preempted", "epoch_finished", "history", "services")
-    writes = ("stop_requested",)
+    reads = ("estimator", "epoch", "run", "global_step", "history", "services")
+    writes = ("run",)
 
     def __init__(self, trial: Any, monitor: str = "val_loss") -> None:
         self._pruned = _trial_pruned()  # on every rank: each one raises it
@@ -79,17 +79,17 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
         self.pruned_at, self._seen = None, 0
         self._by_batch = state.services.validates_mid_epoch
         # on rank 0, its error shared: the other ranks must not wait in a collective rank 0 never reaches
-        state.ranks.on_main(lambda: self._check_trial(state), FitforgeValueError)
+        state.run.ranks.on_main(lambda: self._check_trial(state), FitforgeValueError)
 
     def batch_end(self, state: TrainState) -> None:
         if self._by_batch:  # else nothing to do per batch: values come at epoch ends
             self._report_new(state, state.global_step + 1)  # this batch counts once its batch_end ran
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.epoch_suspended:
+        if state.run.epoch_suspended:
             return  # a signal cut the epoch short: the resumed run finishes it and reports its value
         self._monitor.epoch_value(state, self)  # a key only a custom validation gives fails here if it never comes
-        self._report_new(state, state.global_step if self._by_batch else state.epochs_before + state.epoch)
+        self._report_new(state, state.global_step if self._by_batch else state.run.epochs_before + state.epoch)
 
     def _report_new(self, state: TrainState, step: int) -> None:
         """Report the monitored value if one was recorded since the last report; stop if pruned."""
@@ -99,12 +99,12 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
             return
         self._seen = recorded
         # Rank 0 asks Optuna; its verdict reaches every rank here (they validate together): all stop at this batch.
-        verdict = state.ranks.on_main(lambda: self._judge(value, step), FitforgeValueError)
+        verdict = state.run.ranks.on_main(lambda: self._judge(value, step), FitforgeValueError)
         if verdict is None or not verdict[0]:
             return
         self.pruned_at = step
         reason = f"Optuna pruned trial {verdict[1]} at step {step} ({key}={value:.4g})"
-        state.request_stop(reason, every_rank=True, ending=Ending("Pruned", self._pruned(reason)))
+        state.run.stop(reason, every_rank=True, ending=Ending("Pruned", self._pruned(reason)))
 
     def _judge(self, value: float, step: int) -> tuple[bool, Any]:
         """``(pruned, trial number)``, on rank 0."""

@@ -71,7 +71,7 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     priority = Stage.REPORT
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "prefix", "epoch", "epochs_before", "max_epochs", "num_batches", "metrics", "services")
+    reads = ("phase", "prefix", "epoch", "run", "num_batches", "metrics", "services")
 
     def __init__(
         self,

@@ -193,7 +193,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
                 for file in Path(directory).glob(f"{source.prefix}-*{EXTENSION}"):
                     if file.name not in present:  # workers sharing a store: each write lands whole
                         _place(file, source.io)
-        state.ranks.any(False)  # every rank's files placed before rank 0 looks for the newest
+        state.run.ranks.any(False)  # every rank's files placed before rank 0 looks for the newest
 
     def batch_end(self, state: TrainState) -> None:
         saved = self._new_saves()
@@ -204,7 +204,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
         if state.phase != "train":
             return
         metrics: dict[str, Any] = {}
-        if not state.epoch_suspended:  # an epoch cut by a signal: its values are the resumed run's
+        if not state.run.epoch_suspended:  # an epoch cut by a signal: its values are the resumed run's
             history = state.history
             metrics = {key: value for key in history if _finite(value := history.current(key))}
         self._report(state, {**metrics, "epoch": state.history.epochs, "global_step": state.global_step})
@@ -231,7 +231,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
         global _reported_here
         _reported_here = True
         saved = self._new_saves() if saved is None else saved
-        if not saved or state.ranks.rank != 0:
+        if not saved or state.run.ranks.rank != 0:
             self._train.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="fitforge-ray-report-") as staging:

@@ -48,7 +48,7 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
     """
 
     priority = Stage.PERSIST
-    reads = ("optimizer_steps", "num_batches", "max_epochs", "max_batches", "services", "batch_idx")
+    reads = ("optimizer_steps", "num_batches", "run", "services", "batch_idx")
     writes = ("estimator",)  # its optimizers' settings: a checkpoint (after it) holds the values set
 
     def __init__(

@@ -71,6 +71,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         "estimator",
         "history",
         "services",
+        "run",
     )
     writes = ("accumulated_batches", "history")
 
@@ -149,7 +150,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
 
     def _check(self, state: TrainState) -> bool:
         """Read the decision (every rank agrees on the earliest spike): recover (True) or snapshot a good state."""
-        first = state.ranks.min_int(int(self._first))
+        first = state.run.ranks.min_int(int(self._first))
         self._first.fill_(_NONE)
         if first == _NONE:
             # Only a state the median could judge is a good one (the first batch's aside).

@@ -24,8 +24,8 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd, Stopping):
     """
 
     priority = Stage.REPORT  # a limit reached stops once every handler saw the batch (the loop asks after it)
-    reads = ("epoch", "global_step", "max_epochs", "max_batches")
-    writes = ("stop_requested",)
+    reads = ("epoch", "global_step", "run")
+    writes = ("run",)
 
     def __init__(
         self, max_epochs: int | None = None, max_batches: int | None = None, max_time: float | None = None
@@ -40,22 +40,22 @@ class StoppingHandler(TrainBegin, BatchEnd, EpochEnd, Stopping):
         return self.max_epochs, self.max_batches
 
     def train_begin(self, state) -> None:
-        self._epochs = tighter_limit(self.max_epochs, state.max_epochs)
-        self._batches = tighter_limit(self.max_batches, state.max_batches)
+        self._epochs = tighter_limit(self.max_epochs, state.run.max_epochs)
+        self._batches = tighter_limit(self.max_batches, state.run.max_batches)
         self._deadline = None if self.max_time is None else time.monotonic() + self.max_time
 
     def _out_of_time(self, state) -> None:
         if self._deadline is not None and time.monotonic() >= self._deadline:
-            state.request_stop(f"reached max_time={self.max_time}s")
+            state.run.stop(f"reached max_time={self.max_time}s")
 
     def batch_end(self, state) -> None:
         # global_step counts batches completed before this one, so this batch is number global_step+1.
         if self._batches is not None and state.global_step + 1 >= self._batches:
-            state.request_stop(f"reached batches={self._batches}", every_rank=True)  # same step on every rank
+            state.run.stop(f"reached batches={self._batches}", every_rank=True)  # same step on every rank
         if self._deadline is not None:  # checked here first: without max_time a batch costs no call
             self._out_of_time(state)
 
     def epoch_end(self, state) -> None:
         if self._epochs is not None and state.epoch + 1 >= self._epochs:
-            state.request_stop(f"reached epochs={self._epochs}", every_rank=True)
+            state.run.stop(f"reached epochs={self._epochs}", every_rank=True)
         self._out_of_time(state)

@@ -45,21 +45,7 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     priority = Stage.REPORT  # after user handlers, so the epoch's row is complete
     main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = (
-        "phase",
-        "epoch",
-        "global_step",
-        "epochs_before",
-        "history",
-        "estimator",
-        "max_epochs",
-        "max_batches",
-        "metrics",
-        "preempted",
-        "epoch_finished",
-        "batch_idx",
-        "num_batches",
-    )
+    reads = ("phase", "epoch", "global_step", "run", "history", "estimator", "metrics", "batch_idx", "num_batches")
     writes = ()
 
     def __init__(
@@ -96,9 +82,12 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
                 self.writer.add_scalar(f"batch/{key}", value, step)
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or (state.epoch_suspended):
+        if state.phase != "train" or (state.run.epoch_suspended):
             return
-        history, step = state.history, state.epochs_before + state.history.epochs  # epochs over the estimator's fits
+        history, step = (
+            state.history,
+            state.run.epochs_before + state.history.epochs,
+        )  # epochs over the estimator's fits
         for key in history:
             value = history.current(key)
             if value is not None:

@@ -28,7 +28,7 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_pos
 
 _BATCH = (Event.BATCH_BEGIN, Event.BACKWARD_END, Event.BATCH_END)
 _EPOCH = (Event.EPOCH_BEGIN, Event.EPOCH_END)
-_OWN_READS = ("phase", "epoch", "batch_idx", "global_step")  # what the wrapper reads to decide
+_OWN_READS = ("phase", "epoch", "batch_idx", "global_step", "run")  # what the wrapper reads to decide
 
 
 class _Gate:
@@ -68,7 +68,7 @@ class _Gate:
 
 def _agreeing(state: TrainState) -> Processes | None:
     """The processes that decide a batch's gate together: every rank in training, none elsewhere."""
-    return state.ranks if state.phase == "train" else None
+    return state.run.ranks if state.phase == "train" else None
 
 
 class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
@@ -111,7 +111,7 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
         self._hooks[Event.TRAIN_BEGIN](state)
 
     def epoch_begin(self, state: TrainState) -> None:
-        if state.phase != "train" or self._epoch.first(state.epoch, state.ranks):
+        if state.phase != "train" or self._epoch.first(state.epoch, state.run.ranks):
             self._hooks[Event.EPOCH_BEGIN](state)
 
     def batch_begin(self, state: TrainState) -> None:
@@ -121,7 +121,11 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
     def backward_end(self, state: TrainState) -> None:
         # Training only: follow batch_begin's decision (or decide, without a batch_begin); batch_end follows this one.
         gate = self._batch
-        due = gate.pending if Event.BATCH_BEGIN in self._hooks else gate.open(self._batch_position(state), state.ranks)
+        due = (
+            gate.pending
+            if Event.BATCH_BEGIN in self._hooks
+            else gate.open(self._batch_position(state), state.run.ranks)
+        )
         gate.pending = due if Event.BATCH_END in self._hooks else None
         if due:
             self._hooks[Event.BACKWARD_END](state)
@@ -131,7 +135,7 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
         return self._hooks[Event.BATCH_END](state) if due else None
 
     def epoch_end(self, state: TrainState) -> bool | None:
-        if state.phase != "train" or self._epoch.second(state.epoch, state.ranks):
+        if state.phase != "train" or self._epoch.second(state.epoch, state.run.ranks):
             return self._hooks[Event.EPOCH_END](state)
         return None
 
@@ -175,7 +179,7 @@ def throttle(
       not at all; ``train_begin``/``train_end`` always run. A skipped ``batch_end``/``epoch_end`` returns None.
 
     The wrapper (``Throttled``) is called for exactly the wrapped handler's events, keeps its ``priority``,
-    ``run_after`` and ``reads``/``writes`` (plus phase, epoch, batch_idx, global_step, which it reads to decide), and
+    ``run_after`` and ``reads``/``writes`` (plus phase, epoch, batch_idx, global_step, run: what it decides by), and
     forwards ``state_dict``/``load_state_dict`` (checkpoint key ``Throttled<ClassName>``). ``wrapper.handler`` is the
     wrapped handler, whose roles (a monitor, a validation, a checkpoint: :mod:`fitforge.core.roles`) the wrapper
     plays, with nothing forwarded by name. fit treats it as the wrapped class where it matters:

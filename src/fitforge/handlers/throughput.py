@@ -58,7 +58,7 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
 
     priority = Stage.METRICS
     run_after = (KeyRecording,)  # after MetricHandler's read at epoch end; validation runs after it
-    reads = ("estimator", "phase", "output", "history")
+    reads = ("estimator", "phase", "output", "history", "run")
     writes = ("history",)
 
     def __init__(self, flops: bool = True, peak_flops: float | None = None) -> None:
@@ -147,9 +147,9 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
         self._tally.fold(device)
         with reduced_sums([self._tally, every_rank]):
             samples, tokens, batches = self._tally.count, self._tally.total(), every_rank.count
-        if state.ranks.several:  # the job's time is its slowest rank's: every rank records the same figures
+        if state.run.ranks.several:  # the job's time is its slowest rank's: every rank records the same figures
             slowest = torch.tensor(seconds, dtype=torch.float64, device=state.estimator.device)
-            state.ranks.max_(slowest)
+            state.run.ranks.max_(slowest)
             seconds = float(slowest)
         self.samples = samples
         if seconds <= 0 or not samples:

@@ -31,7 +31,7 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
 
     priority = Stage.METRICS
     run_after = (KeyRecording, WeightAveraging)  # after the training values and this step's weight average
-    reads = ("estimator", "epoch", "global_step", "preempted", "epoch_finished", "batch_idx", "num_batches")
+    reads = ("estimator", "epoch", "global_step", "run", "batch_idx", "num_batches")
     writes = ("metrics", "history")
 
     def __init__(
@@ -93,7 +93,7 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
             self._validated_at, self._owed = self._owed, None
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.epoch_suspended:
+        if state.run.epoch_suspended:
             return  # the epoch is not over: it resumes later (and the grace time is short)
         # An epoch ending right after a batch-period validation has the same weights: skip the repeat.
         if self.epoch_period and (state.epoch + 1) % self.epoch_period == 0 and self._validated_at != state.global_step:

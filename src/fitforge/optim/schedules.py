@@ -88,15 +88,15 @@ def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -
     accumulate = 1 if steps is None else steps.accumulate
     per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
     lengths = []
-    if state.max_epochs is not None and per_epoch is not None:
-        lengths.append(state.max_epochs * per_epoch)
-    if state.max_batches is not None:
-        full, rest = divmod(state.max_batches, state.num_batches or state.max_batches + 1)
+    if state.run.max_epochs is not None and per_epoch is not None:
+        lengths.append(state.run.max_epochs * per_epoch)
+    if state.run.max_batches is not None:
+        full, rest = divmod(state.run.max_batches, state.num_batches or state.run.max_batches + 1)
         lengths.append(full * (per_epoch or 0) + math.ceil(rest / accumulate))
     if not lengths:
         raise FitforgeValueError(
             f"{who} cannot tell the fit's length: train_data has no len() and fit was given "
-            f"epochs={state.max_epochs}; {fix}"
+            f"epochs={state.run.max_epochs}; {fix}"
         )
     return max(min(lengths), 1)
 

@@ -32,15 +32,15 @@ def finished_line(state: TrainState, seconds: float) -> str:
     after 1 epoch, 4 batches; the run stands at 3 epochs, 12 batches (reached epochs=3). ...``."""
     history = state.history
     reason = history.stop_reason or "completed"
-    if state.preempted is not None and not reason.startswith("preempted"):  # a resume's history replaced it
-        reason = f"preempted by {signal.Signals(state.preempted).name}"
-    if state.resumed_at is None:
+    if state.run.preempted is not None and not reason.startswith("preempted"):  # a resume's history replaced it
+        reason = f"preempted by {signal.Signals(state.run.preempted).name}"
+    if state.run.resumed_at is None:
         line = (
             f"Finished: {plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s "
             f"({reason})."
         )
     else:
-        epochs, steps = state.resumed_at
+        epochs, steps = state.run.resumed_at
         line = (
             f"Finished: {plural(state.global_step - steps, 'batch')} in {seconds:.1f}s, resumed after "
             f"{plural(epochs, 'epoch')}, {plural(steps, 'batch')}; the run stands at "
@@ -51,8 +51,8 @@ def finished_line(state: TrainState, seconds: float) -> str:
 
 def ended_line(state: TrainState, seconds: float) -> str:
     """``Pruned at the end of epoch 3/15 (3 epochs, 12 batches in 0.1s): <the stop's reason>.
-    Final: val_loss=...``: a stop with an ending (``state.stop_ending``), said with its word."""
-    ending = state.stop_ending
+    Final: val_loss=...``: a stop with an ending (``state.run.stop_ending``), said with its word."""
+    ending = state.run.stop_ending
     word = ending.word if ending is not None else "Stopped"
     counts = f"{plural(state.history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s"
     return _with_values(f"{word} {_position(state)} ({counts}): {state.history.stop_reason}.", state)
@@ -64,7 +64,7 @@ def _with_values(line: str, state: TrainState) -> str:
     restored = history.restored_epoch
     if restored is not None:
         values = _row(history, restored)
-        return f"{line} Restored epoch {state.epochs_before + restored}: {format_values(values)}".rstrip()
+        return f"{line} Restored epoch {state.run.epochs_before + restored}: {format_values(values)}".rstrip()
     final = {key: _final(history, key) for key in _reported(history)}
     return f"{line} Final: {format_values(final)}" if final else line
 
@@ -72,7 +72,7 @@ def _with_values(line: str, state: TrainState) -> str:
 def failed_line(state: TrainState, seconds: float) -> str:
     """``Failed in epoch 2/3 at batch 3 of 4 (5 batches completed, 5 optimizer steps taken, 0.1s):
     RuntimeError: ...`` (``Interrupted`` for a KeyboardInterrupt or SystemExit)."""
-    error = state.error
+    error = state.run.error
     verb = "Failed" if isinstance(error, Exception) else "Interrupted"
     counts = f"{plural(state.global_step, 'batch')} completed, {plural(state.optimizer_steps, 'optimizer step')} taken"
     # fitforge's own refusal at the start: its message (the fix) comes whole with the error raised next
@@ -83,7 +83,7 @@ def failed_line(state: TrainState, seconds: float) -> str:
 
 def where(state: TrainState) -> str:
     """Where in the run the loop was: before an epoch, at its start or end, or at a batch."""
-    if state.training_over:  # a train_end hook failed (a final checkpoint, a tracker...)
+    if state.run.training_over:  # a train_end hook failed (a final checkpoint, a tracker...)
         return "at the end of training"
     return _position(state)
 
@@ -93,7 +93,7 @@ def _position(state: TrainState) -> str:
     label = epoch_label(state).replace("Epoch", "epoch")
     if state.history.epochs <= state.epoch:  # the epoch's row is not open: it has not begun
         return f"before {label}"
-    if state.epoch_finished:  # its batches are over: an epoch_end hook (validation, a checkpoint...)
+    if state.run.epoch_finished:  # its batches are over: an epoch_end hook (validation, a checkpoint...)
         return f"at the end of {label}"
     if state.batch_idx < 0:
         return f"at the start of {label}"

@@ -48,8 +48,8 @@ def format_values(values: dict[str, float]) -> str:
 
 def epoch_label(state: TrainState) -> str:
     """``Epoch 6/8``: the epoch's number over the estimator's fits, out of the last this fit trains."""
-    before = state.epochs_before
-    total = f"/{before + state.max_epochs}" if state.max_epochs else ""
+    before = state.run.epochs_before
+    total = f"/{before + state.run.max_epochs}" if state.run.max_epochs else ""
     return f"Epoch {before + state.epoch + 1}{total}"
 
 

@@ -51,7 +51,7 @@ def run_params(state: TrainState) -> dict[str, ParamValue]:
     for i, optimizer in enumerate(estimator.optimizers):
         params.update(_optimizer_params(optimizer, i))
     params["batch_size"] = _batch_size(state)
-    params["epochs"], params["batches"] = state.max_epochs, state.max_batches
+    params["epochs"], params["batches"] = state.run.max_epochs, state.run.max_batches
     params["precision"] = estimator.precision or "32-true"
     params["device"] = str(estimator.device)
     params["strategy"] = estimator.strategy.name

@@ -1,6 +1,6 @@
 """Preemption: SIGTERM, SIGUSR1 or SIGINT during ``fit`` stops training cleanly and promptly.
 
-The signal only sets ``state.preempted`` and requests a stop, so the batch under way finishes
+The signal only sets ``state.run.preempted`` and requests a stop, so the batch under way finishes
 (its optimizer step included), and a validation under way is abandoned at its next batch (the
 resumed run does it again; see :mod:`fitforge.core.loop`). A CheckpointHandler then writes the
 state whatever its periods, ``train_end`` runs, and :func:`raise_if_preempted` ends ``fit``:
@@ -111,10 +111,10 @@ def preemptible(preemption: Preemption) -> Iterator[None]:
 
 def raise_if_preempted(state: TrainState) -> None:
     """End ``fit`` as the signal asked, once training stopped cleanly (see the module docstring)."""
-    if state.preempted == signal.SIGUSR1 and os.environ.get("SLURM_JOB_ID"):
+    if state.run.preempted == signal.SIGUSR1 and os.environ.get("SLURM_JOB_ID"):
         raise SystemExit(REQUEUED if _requeued(state) else 128 + signal.SIGUSR1)
-    if state.preempted is not None:
-        _act_now(state.preempted)
+    if state.run.preempted is not None:
+        _act_now(state.run.preempted)
 
 
 def _requeued(state: TrainState) -> bool:
@@ -123,7 +123,7 @@ def _requeued(state: TrainState) -> bool:
     if scontrol is None:
         log.warning("received SIGUSR1 under SLURM job %s, but scontrol is not on the PATH: not requeued", job)
         return False
-    if not state.ranks.main:
+    if not state.run.ranks.main:
         return True
     try:
         done = subprocess.run(

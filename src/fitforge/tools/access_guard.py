@@ -10,10 +10,10 @@ from typing import Any
 
 from fitforge.core.dispatch import FIELDS, Access
 from fitforge.core.history import History
-from fitforge.core.state import TrainState
+from fitforge.core.state import RunControl, TrainState
 from fitforge.exceptions import StateAccessError
 
-_METHODS = {"request_stop": ("stop_requested", True), "running_metrics": ("metrics", False)}
+_METHODS = {"running_metrics": ("metrics", False)}
 
 
 class GuardedState:
@@ -55,6 +55,8 @@ class GuardedState:
             return ReadOnlyMetrics(value, self)
         if name == "history" and not writable:
             return ReadOnlyHistory(value, self)
+        if name == "run" and not writable:
+            return ReadOnlyRun(value, self)
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -135,6 +137,18 @@ class ReadOnlyHistory(Mapping):
             object.__setattr__(self, name, value)
             return
         raise self._guard._deny("history", True)
+
+
+class ReadOnlyRun:
+    """``state.run`` for a handler that reads it but does not declare writing it: ``stop()`` is refused."""
+
+    def __init__(self, run: RunControl, guard: GuardedState) -> None:
+        self._run, self._guard = run, guard
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "stop":
+            raise self._guard._deny("run", True)
+        return getattr(self._run, name)
 
 
 def guard(handler: object, method: Any, access: Access) -> Any:

@@ -31,7 +31,7 @@ import torch
 from fitforge.core.history import finish_figure
 from fitforge.core.processor import bound_step
 from fitforge.core.rng import restore_rng_states, rng_states
-from fitforge.core.state import EstimatorLike, TrainState
+from fitforge.core.state import EstimatorLike, RunControl, TrainState
 from fitforge.distributed.data_split import shard_train
 from fitforge.distributed.ranks import mean_over_ranks
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_number, describe
@@ -220,7 +220,7 @@ def _sweep(
     result, optimizers, scaler = LRFindResult(), list(estimator.optimizers), estimator.scaler
     fit_batch = bound_step(estimator.batch_processor, estimator, "fit_batch")
     choice = OptimizerChoice(optimizers)
-    state = TrainState(estimator, "train", max_batches=num_steps)
+    state = TrainState(estimator, "train", run=RunControl(max_batches=num_steps))
     estimator.net.train()
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
