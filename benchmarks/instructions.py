@@ -131,7 +131,7 @@ def pieces(overhead) -> dict:
     checks = evaluation.services.first_batch_checks  # the evaluation's handlers' first-batch checks
 
     def armed_step() -> None:
-        est.arm_loss_checks("validate")
+        est.losses.validate.arm_checks()
         explained_step(state, evaluation.step, batch)
 
     def block(context: AbstractContextManager) -> None:

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from fitforge.checkpoint.files import restore_weights
-from fitforge.checkpoint.resume import resume_picked
 from fitforge.checks.options import (
     check_net,
     compile_net,
@@ -27,26 +26,25 @@ from fitforge.core.batches import rows_of
 from fitforge.core.coordinator import PassWatch
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler, handler_name, offered
-from fitforge.core.history import History, numbered_key
+from fitforge.core.history import History
 from fitforge.core.loop import pass_batches, run_fit, run_pass
 from fitforge.core.modules import set_training
 from fitforge.core.processor import (
     BatchProcessor,
     bound_step,
-    check_batch_output,
     check_batch_processor,
 )
 from fitforge.core.roles import WeightAveraging
 from fitforge.core.run import RunContext
 from fitforge.core.services import Services
-from fitforge.core.state import BatchOutput, RunControl, TrainState
+from fitforge.core.state import RunControl, TrainState
 from fitforge.distributed.data_split import gather_predictions
 from fitforge.distributed.ranks import on_this_rank, processes, rank
 from fitforge.distributed.strategy import Strategy, resolve_strategy
 from fitforge.evaluation import Evaluation
 from fitforge.exceptions import FitforgeValueError, check_flag
 from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, run_keys
-from fitforge.inputs.order import DataOrder, OnePass
+from fitforge.inputs.order import OnePass
 from fitforge.inputs.prediction import Predictions
 from fitforge.losses.loss import loss_sets
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
@@ -107,6 +105,7 @@ class Estimator:
             docs/cli.md), as plain JSON values; None otherwise. Checkpoints keep it (key ``config``)
             and the loggers record it with the run's parameters (``config.model.init_args.hidden``...,
             :func:`~fitforge.reporting.hparams.run_params`). Set it yourself to record your own.
+        losses: the loss(es) resolved (:class:`~fitforge.losses.loss.Losses`): ``losses.train``, ``losses.validate``.
 
     Under ``torchrun`` each rank takes the device of its ``LOCAL_RANK`` (when ``device`` is None or
     ``"cuda"``), fit, evaluate and predict split their DataLoaders across ranks, metrics are reduced
@@ -149,7 +148,7 @@ class Estimator:
         self.net = compile_net(self._place(net), compile)
         self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
-        self._loss, self._val_loss = loss_sets(loss, val_loss, loss_weights, self.device)
+        self.losses = loss_sets(loss, val_loss, loss_weights, self.device)
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
         self.val_metrics = (
             copy_slots(self.train_metrics)
@@ -157,8 +156,8 @@ class Estimator:
             else resolve_metrics(val_metrics, self.val_loss, "val_metrics")
         )
         check_independent(self.train_metrics, self.val_metrics)
-        check_output_indices(self.train_metrics, self._loss.keys, "train_metrics")
-        check_output_indices(self.val_metrics, self._val_loss.keys, "val_metrics")
+        check_output_indices(self.train_metrics, self.losses.train.keys, "train_metrics")
+        check_output_indices(self.val_metrics, self.losses.validate.keys, "val_metrics")
         self.optimizers = resolve_optimizers(optimizer, self.net)
         self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
         self.train_net = self.strategy.wrap(self.net, self.optimizers, self.device)
@@ -185,30 +184,14 @@ class Estimator:
         """Whether fit, evaluate and predict split their data across torch.distributed ranks."""
         return self.strategy.splits_data
 
-    def output_keys(self, phase: str = "train") -> tuple[int | str, ...]:
-        """The outputs the loss(es) of ``phase`` (``"validate"``: ``val_loss``) read: by position
-        ``(0, 1, ...)``, or the names of a dict ``loss`` (``("cls", "reg")``)."""
-        return (self._val_loss if phase == "validate" else self._loss).keys
-
     # -- used by batch processors -------------------------------------------------------------------
     def compute_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """``(weighted total, each loss)`` of the training loss(es); counts are checked."""
-        return self._loss(pred, label)
+        return self.losses.train(pred, label)
 
     def compute_val_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """As :meth:`compute_loss` with ``val_loss``."""
-        return self._val_loss(pred, label)
-
-    def arm_loss_checks(self, phase: str = "train") -> None:
-        """Make the loss of ``phase`` (``"validate"``: ``val_loss``) check counts, shapes, label
-        dtypes and class ranges at its next call: the checks of a run's first batch."""
-        (self._val_loss if phase == "validate" else self._loss).arm_checks()
-
-    def check_first_batch(self, output: BatchOutput, method: str = "fit_batch") -> None:
-        """The checks of the first batch's output, before its optimizer step (see :mod:`fitforge.checks.first_batch`):
-        a BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a scalar loss."""
-        check_batch_output(output, method)
-        self._loss.check_first_batch(output.loss)
+        return self.losses.validate(pred, label)
 
     def check_first_val_batch(
         self, val_data: Iterable, name: str = "val_data", event_handlers: Sequence[EventHandler] | None = None
@@ -223,10 +206,6 @@ class Estimator:
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""
         return run_keys(fit_handlers(None, [] if validation else None), self)
-
-    def bookkeeping_keys(self) -> list[str]:
-        """The keys the loop itself records every epoch: learning rates and ``epoch_time``."""
-        return [numbered_key("lr", i) for i in range(len(self.optimizers))] + ["epoch_time"]
 
     # -- entry points -------------------------------------------------------------------------------
     def fit(
@@ -290,33 +269,13 @@ class Estimator:
                 batch_size,
                 validation_split,
             )
-            dispatcher = plan.dispatcher
-            averaging = plan.services.averages
-            if len(averaging) > 1:
-                raise FitforgeValueError(
-                    f"fit: {len(averaging)} handlers average the weights ({', '.join(map(handler_name, averaging))}), "
-                    "and evaluation runs with one average: pass one"
-                )
-            # A later fit without one evaluates its own weights.
-            self.weight_average = averaging[0] if averaging else None
-            coordinator = self.strategy.coordinator(self)  # several ranks stop together
-            order = DataOrder(plan.train_data)
-            run = RunContext(
-                dispatcher, plan.step, order, "train_data", coordinator, prepare=(resume_picked,), check=plan.check
-            )
-            state = TrainState(
-                self,
-                "train",
-                num_batches=plan.num_batches,
-                services=plan.services,
-                run=RunControl(plan.epochs, plan.batches, self.history.epochs, ranks=coordinator),
-                _loop=run,
-            )
+            self.weight_average = plan.weight_average  # a later fit without one evaluates its own weights
+            state, run = plan.start(self)
             set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
-            preemption.attach(state, coordinator)
-            outer, self.pass_watch = self.pass_watch, PassWatch(coordinator, state)  # validations stop at a signal
+            preemption.attach(state, run.coordinator)
+            outer, self.pass_watch = self.pass_watch, PassWatch(run.coordinator, state)  # validations stop at a signal
             try:
-                with profiled(dispatcher, state.history, plan.profile):
+                with profiled(plan.dispatcher, state.history, plan.profile):
                     run_fit(state, run)
             finally:
                 self.pass_watch = outer  # None, unless a handler runs a fit within a fit

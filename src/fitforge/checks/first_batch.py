@@ -11,8 +11,8 @@ On the first training batch, in order:
 2. the step; a ``RuntimeError`` inside a layer of the net becomes a ForwardError (DeviceMismatchError
    for devices) naming the layer, what it received and a fix (:mod:`fitforge.checks.forward_errors`).
    The loss checks counts, shapes, label dtypes and class ranges on this call
-   (``Estimator.arm_loss_checks``);
-3. the estimator's checks of the output: a BatchOutput with a batch size, no 0-d label, a scalar loss;
+   (``estimator.losses.train.arm_checks()``, before the run);
+3. the checks of the output (:func:`check_output`): a BatchOutput with a batch size, no 0-d label, a scalar loss;
 4. the checks the run's handlers offered (``services.first_batch_checks``), before the optimizer
    step: MetricHandler updates throw-away copies of its metrics; a handler of your own may refuse a
    run there (``state.phase`` is "train", or "validate" for the validation batch checked before
@@ -32,7 +32,8 @@ from torch import Tensor, nn
 
 from fitforge.checks.forward_errors import explain
 from fitforge.core.batches import check_finite
-from fitforge.core.state import TrainState
+from fitforge.core.processor import check_batch_output
+from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.exceptions import BatchFormatError
 
 
@@ -51,12 +52,19 @@ def first_batch_check(
         if not estimator.batch_processor.allow_nonfinite:
             check_finite(batch, name)
         output = explained_step(state, step, batch)
-        estimator.check_first_batch(output)
+        check_output(estimator, output)
         state.output = output
         check_handlers(state, checks)
         return output
 
     return checked_training if phase == "train" else checked
+
+
+def check_output(estimator: EstimatorLike, output: Any, method: str = "fit_batch") -> None:
+    """Step 3: a BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a
+    scalar loss."""
+    check_batch_output(output, method)
+    estimator.losses.train.check_first_batch(output.loss)
 
 
 def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], batch: Any) -> Any:

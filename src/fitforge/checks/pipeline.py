@@ -20,18 +20,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fitforge.checkpoint.resume import resume_picked
 from fitforge.checks.first_batch import first_batch_check
 from fitforge.checks.model import check_placement, check_trainable, note_slow_precision
 from fitforge.checks.monitors import check_monitor_order, check_monitors
 from fitforge.checks.options import check_duration
 from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import Event, EventHandler
+from fitforge.core.events import Event, EventHandler, handler_name
 from fitforge.core.processor import bound_step
-from fitforge.core.roles import Stopping, Validating, players
-from fitforge.core.run import Step
+from fitforge.core.roles import Stopping, Validating, WeightAveraging, players
+from fitforge.core.run import RunContext, Step
 from fitforge.core.services import Services
-from fitforge.core.state import EstimatorLike, TrainState
+from fitforge.core.state import EstimatorLike, RunControl, TrainState
 from fitforge.distributed.data_split import in_dataset_order, shard_eval, shard_train
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.evaluation import Evaluation
@@ -40,13 +41,14 @@ from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, fit_serv
 from fitforge.handlers.logging import console_output_for
 from fitforge.handlers.stopping import tighter_limit
 from fitforge.inputs.arrays import eval_loader, fit_loaders
+from fitforge.inputs.order import DataOrder
 from fitforge.inputs.sources import check_data
 from fitforge.tools.access_guard import guard
 
 
-@dataclass
+@dataclass(frozen=True)
 class FitPlan:
-    """What a fit runs with, once every check passed."""
+    """What a fit runs with, once every check passed; :meth:`start` makes its state and run."""
 
     train_data: Iterable
     num_batches: int | None
@@ -57,6 +59,25 @@ class FitPlan:
     check: Step
     profile: bool
     services: Services
+    weight_average: WeightAveraging | None  # the one averaging handler evaluation uses, if any
+
+    def start(self, estimator: EstimatorLike) -> tuple[TrainState, RunContext]:
+        """The fit's state and run: its data order, and the agreement of its ranks on stops."""
+        coordinator = estimator.strategy.coordinator(estimator)
+        run = RunContext(
+            self.dispatcher,
+            self.step,
+            DataOrder(self.train_data),
+            "train_data",
+            coordinator,
+            (resume_picked,),
+            check=self.check,
+        )
+        control = RunControl(self.epochs, self.batches, estimator.history.epochs, ranks=coordinator)
+        state = TrainState(
+            estimator, "train", num_batches=self.num_batches, services=self.services, run=control, _loop=run
+        )
+        return state, run
 
 
 def before_fit(
@@ -97,11 +118,18 @@ def before_fit(
     dispatcher = Dispatcher(on_this_rank(handlers), guard if guarded else None)
     if left:
         check_monitor_order(dispatcher.owners[Event.EPOCH_END], left)
-    estimator.arm_loss_checks("train")
+    estimator.losses.train.arm_checks()
     step = bound_step(estimator.batch_processor, estimator, "fit_batch")
     check = first_batch_check(step, services.first_batch_checks, "train_data", "train")
     profile = check_flag("fit", "profile", profile)
-    return FitPlan(train_data, num_batches, epochs, batches, dispatcher, step, check, profile, services)
+    averaging = services.averages
+    if len(averaging) > 1:
+        raise FitforgeValueError(
+            f"fit: {len(averaging)} handlers average the weights ({', '.join(map(handler_name, averaging))}), "
+            "and evaluation runs with one average: pass one"
+        )
+    average = averaging[0] if averaging else None
+    return FitPlan(train_data, num_batches, epochs, batches, dispatcher, step, check, profile, services, average)
 
 
 def _set_up_validations(

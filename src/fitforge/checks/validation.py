@@ -17,7 +17,7 @@ from torch.utils.data import (
     default_collate,
 )
 
-from fitforge.checks.first_batch import check_handlers, explained_step
+from fitforge.checks.first_batch import check_handlers, check_output, explained_step
 from fitforge.core.batches import check_finite, sampler_of
 from fitforge.core.rng import torch_rng_kept
 from fitforge.core.state import EstimatorLike, TrainState
@@ -70,11 +70,11 @@ def check_first_val_batch(
             return False  # empty: reported by check_data or at the first validation
         if not estimator.batch_processor.allow_nonfinite:
             check_finite(batch, name)
-        estimator.arm_loss_checks("validate")
+        estimator.losses.validate.arm_checks()
         state = TrainState(estimator, "validate", batch_idx=0, batch=batch)
         try:
             state.output = explained_step(state, step, batch)
-            estimator.check_first_batch(state.output, "evaluate_batch")
+            check_output(estimator, state.output, "evaluate_batch")
             check_handlers(state, checks)
         except (FitforgeValueError, FitforgeTypeError) as error:
             raise type(error)(f"the first batch of {name} cannot be evaluated: {error}") from error

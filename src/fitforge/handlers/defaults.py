@@ -7,6 +7,7 @@ from typing import Any
 
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import EventHandler, acts_as, offered
+from fitforge.core.history import numbered_key
 from fitforge.core.roles import Accompanied, KeyRecording, Validating, players
 from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike
@@ -71,7 +72,12 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
         if setup is not None and setup.by_estimator:  # with its handlers, or the default MetricHandler
             inner = players(evaluate_handlers(setup.event_handlers), KeyRecording)
             keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
-    return keys + estimator.bookkeeping_keys()
+    return keys + bookkeeping_keys(estimator)
+
+
+def bookkeeping_keys(estimator: EstimatorLike) -> list[str]:
+    """The keys the loop itself records every epoch: learning rates and ``epoch_time``."""
+    return [numbered_key("lr", i) for i in range(len(estimator.optimizers))] + ["epoch_time"]
 
 
 def fit_services(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> Services:

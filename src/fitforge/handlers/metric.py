@@ -86,7 +86,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
             return estimator.val_metrics if phase == "validate" else estimator.train_metrics
         if self._resolved is None:  # resolved once: the same metric objects in every fit
             self._resolved = resolve_metrics(self.metrics, estimator.loss, argument="MetricHandler(metrics=...)")
-        check_output_indices(self._resolved, estimator.output_keys(phase), "MetricHandler(metrics=...)")
+        check_output_indices(self._resolved, estimator.losses.of(phase).keys, "MetricHandler(metrics=...)")
         return self._resolved
 
     def history_keys(self, estimator, phase: str) -> list[str]:
@@ -102,12 +102,12 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         """The loss names a step that leaves its loss out (``BatchProcessor.record_loss = False``) does not record."""
         if estimator.batch_processor.record_loss:
             return ()
-        return ("loss", *part_keys(estimator.output_keys(phase)))
+        return ("loss", *part_keys(estimator.losses.of(phase).keys))
 
     def _named_means(self, estimator, phase: str, prefix: str) -> NamedMeans:
         """Fresh means for the declared names; the loss's and the metrics' names are reserved."""
         reserved = {"loss": "the loss mean"}
-        reserved.update({key: f"the mean of a loss ({key})" for key in part_keys(estimator.output_keys(phase))})
+        reserved.update({key: f"the mean of a loss ({key})" for key in part_keys(estimator.losses.of(phase).keys)})
         reserved.update({s.name: f"the metric {s.name!r}" for s in self._slots(estimator, phase)})
         return NamedMeans(prefix, declared_names(estimator.batch_processor), reserved)
 
@@ -119,7 +119,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         for slot in slots:
             slot.metric.to(estimator.device)
         self._loss = Mean()
-        outputs = estimator.output_keys(state.phase)
+        outputs = estimator.losses.of(state.phase).keys
         self._records_loss = estimator.batch_processor.record_loss
         self._part_keys = part_keys(outputs) if self._records_loss else ()
         self._parts = [Mean() for _ in self._part_keys]

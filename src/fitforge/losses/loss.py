@@ -13,6 +13,7 @@ that fails on its inputs is re-raised as a :class:`~fitforge.exceptions.LossInpu
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -335,9 +336,22 @@ class ModelLoss:
             raise LossInputError(f"the loss the model computed must be a scalar tensor, got {spec(total)}")
 
 
+@dataclass(frozen=True)
+class Losses:
+    """An estimator's resolved losses (``estimator.losses``): ``train``, fit's, and ``validate``, evaluate's
+    (``val_loss``, else the same): each a ``LossSet``, or a ``ModelLoss`` for ``loss=None``."""
+
+    train: LossSet | ModelLoss
+    validate: LossSet | ModelLoss
+
+    def of(self, phase: str) -> LossSet | ModelLoss:
+        """The loss of ``phase``: ``"validate"``'s, else training's."""
+        return self.validate if phase == "validate" else self.train
+
+
 def loss_sets(
     loss: Any, val_loss: Any, weights: Sequence[float] | Mapping[str, float] | None, device: torch.device
-) -> tuple[LossSet | ModelLoss, LossSet | ModelLoss]:
+) -> Losses:
     """The training and validation losses: ``LossSet`` objects, or ``ModelLoss`` for ``loss=None``.
     ``val_loss``, when given, matches outputs as ``loss`` does: both dicts by output name, or neither."""
     if loss is None:
@@ -347,11 +361,11 @@ def loss_sets(
                 f"loss=None trains and evaluates on the loss the model computes itself, so {given} cannot be "
                 "given with it; give loss a function to use your own"
             )
-        return ModelLoss(), ModelLoss()
+        return Losses(ModelLoss(), ModelLoss())
     if val_loss is not None and isinstance(val_loss, Mapping) != isinstance(loss, Mapping):
         raise FitforgeTypeError(
             f"loss and val_loss must match outputs alike, by name (both dicts) or by position (neither), got "
             f"loss {describe(loss)} and val_loss {describe(val_loss)}"
         )
     train = LossSet(loss, weights).to(device)
-    return train, train if val_loss is None else LossSet(val_loss, weights, "val_loss").to(device)
+    return Losses(train, train if val_loss is None else LossSet(val_loss, weights, "val_loss").to(device))
