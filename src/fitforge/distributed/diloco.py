@@ -25,7 +25,7 @@ from torch import nn
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, EventHandler, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import EstimatorLike, TrainState
-from fitforge.distributed.ranks import gather_to_main, rank, world_size
+from fitforge.distributed.ranks import flat_collective, gather_to_main, rank, world_size
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.distributed.strategy import Distributed
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -129,9 +129,7 @@ class DiLoCoStrategy(Distributed):
 class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """The outer loop of one fit: counts optimizer steps and runs the outer step every ``sync_every``."""
 
-    priority = (
-        Stage.STEP
-    )  # after the optimizer step (it reads optimizer_steps), before an EMA or a checkpoint sees the weights
+    priority = Stage.STEP  # after the optimizer step (it reads optimizer_steps), before an EMA or a checkpoint
     reads = ("estimator", "optimizer_steps", "run")
     writes = ()
 
@@ -146,7 +144,7 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     def train_begin(self, state: TrainState) -> None:
         self.estimator = estimator = state.estimator
         if world_size() > 1:  # every rank starts from rank 0's weights and buffers, as DDP does
-            _flat_collective(list(estimator.net.state_dict().values()), partial(dist.broadcast, src=0))
+            flat_collective(list(estimator.net.state_dict().values()), partial(dist.broadcast, src=0))
         named = [(name, p) for name, p in estimator.net.named_parameters() if p.requires_grad]
         self.names, self.params = [name for name, _ in named], [p for _, p in named]
         self.anchor = [p.detach().clone() for p in self.params]
@@ -165,10 +163,13 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
             self.seen = state.optimizer_steps
 
     def batch_end(self, state: TrainState) -> None:
-        self._follow(state)
+        self.steps += state.optimizer_steps - self.seen
+        self.seen = state.optimizer_steps
+        if self.steps >= self.strategy.sync_every:
+            self.outer_step()
 
     def epoch_end(self, state: TrainState) -> None:
-        self._follow(state)  # an accumulation group's trailing step is taken at epoch end
+        self.batch_end(state)  # an accumulation group's trailing step is taken at epoch end
 
     def train_end(self, state: TrainState) -> None:
         # Close an open round so every rank ends on one model; not after an error (a rank may be gone)
@@ -176,18 +177,12 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         if self.steps and state.run.error is None and state.run.preempted is None:
             self.outer_step()
 
-    def _follow(self, state: TrainState) -> None:
-        self.steps += state.optimizer_steps - self.seen
-        self.seen = state.optimizer_steps
-        if self.steps >= self.strategy.sync_every:
-            self.outer_step()
-
     @torch.no_grad()
     def outer_step(self) -> None:
         """Average the deltas from the anchor over the ranks, step the anchor, restart every rank from it."""
         deltas = [anchor - local for anchor, local in zip(self.anchor, self.params)]
         if world_size() > 1:
-            _flat_collective(deltas, dist.all_reduce)  # a sum, one flat all_reduce per dtype
+            flat_collective(deltas, dist.all_reduce)  # a sum, one flat all_reduce per dtype
         for anchor, delta in zip(self.anchor, deltas):
             anchor.grad = delta / world_size()
         self.outer.step()
@@ -242,19 +237,6 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
             self.estimator.net.load_state_dict(own["weights"])
             for optimizer, saved in zip(self.estimator.optimizers, own["optimizers"]):
                 optimizer.load_state_dict(saved)
-
-
-def _flat_collective(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], Any]) -> None:
-    """``collective`` in place on ``tensors``, as one flat tensor per dtype and device (one call, not
-    one per tensor: a slow link pays its latency once)."""
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
-    for group in groups.values():
-        flat = torch.cat([tensor.reshape(-1) for tensor in group])
-        collective(flat)
-        for tensor, part in zip(group, flat.split([tensor.numel() for tensor in group])):
-            tensor.copy_(part.view_as(tensor))
 
 
 def _cpu(value: Any) -> Any:

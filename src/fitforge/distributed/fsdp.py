@@ -1,16 +1,15 @@
-"""Sharded training (``strategy="fsdp"``): FSDP2's ``fully_shard`` and checkpoints through
-``torch.distributed.checkpoint`` (DCP); see docs/distributed.md#fsdp-models-too-big-for-one-gpu.
-
-Each rank holds a shard of every parameter, gradient and optimizer state. The units are the classes
-given as ``strategy_options={"shard": (Block, ...)}``, else the root's children that hold
-parameters; then the root. Other ``strategy_options`` go to ``fully_shard``. A checkpoint's
-weights, optimizer states (an open accumulation group's gradients, an EMAHandler's average) are
-written by every rank, each its shard, into a folder beside the checkpoint file (a local folder or
-an fsspec URL); the file, written by rank 0 once every shard is, names the folder.
+"""Sharded training (``strategy="fsdp"``, :class:`~fitforge.distributed.strategy.FSDPStrategy`): FSDP2's
+``fully_shard`` and checkpoints through ``torch.distributed.checkpoint`` (DCP); see
+docs/distributed.md#fsdp-models-too-big-for-one-gpu. A checkpoint's weights, optimizer states (an
+open accumulation group's gradients, an EMAHandler's average) are written by every rank, each its
+shard, into a folder beside the checkpoint file (a local folder or an fsspec URL); the file,
+written by rank 0 once every shard is, names the folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 from concurrent.futures import Future
 from pathlib import Path
@@ -49,23 +48,14 @@ def _exists(folder: Where, options: dict) -> bool:
     return bool(fs.isdir(key))
 
 
-def _fully_shard() -> Any:
-    try:
-        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
-    except ImportError:
-        try:
-            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4 and 2.5
-        except ImportError:  # pragma: no cover - torch without FSDP2
-            return None
-    return fully_shard
-
-
-def _fsdp_module() -> Any:
-    try:
-        from torch.distributed.fsdp import FSDPModule  # torch >= 2.6
-    except ImportError:  # pragma: no cover - torch 2.4 and 2.5
-        from torch.distributed._composable.fsdp import FSDPModule
-    return FSDPModule
+def _fsdp2() -> Any:
+    """torch's module of FSDP2 (``fully_shard``, ``FSDPModule``); None in a torch without it."""
+    for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):  # torch >= 2.6; 2.4 and 2.5
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+            if hasattr(module, "fully_shard"):
+                return module
+    return None  # pragma: no cover - torch without FSDP2
 
 
 def hold_shards(net: nn.Module) -> None:
@@ -75,7 +65,7 @@ def hold_shards(net: nn.Module) -> None:
     a ``requires_grad_`` made on those then (unfreezing for the next fit) is carried over to the
     shards, which FSDP takes it from."""
     flags = {name: p.requires_grad for name, p in net.named_parameters()}
-    fsdp_module = _fsdp_module()
+    fsdp_module = _fsdp2().FSDPModule
     for module in net.modules():
         if isinstance(module, fsdp_module):
             module.reshard()
@@ -86,7 +76,7 @@ def hold_shards(net: nn.Module) -> None:
 
 def supported() -> bool:
     """Whether this torch has FSDP2."""
-    return _fully_shard() is not None
+    return _fsdp2() is not None
 
 
 def shard(
@@ -94,8 +84,8 @@ def shard(
 ) -> nn.Module:
     """``fully_shard`` the net's units and root over all ranks; point ``optimizers`` at the sharded
     parameters. Returns ``net`` (sharded in place)."""
-    fully_shard = _fully_shard()
-    if fully_shard is None:  # pragma: no cover - torch without FSDP2
+    fsdp2 = _fsdp2()
+    if fsdp2 is None:  # pragma: no cover - torch without FSDP2
         raise FitforgeValueError(
             f"strategy='fsdp' needs FSDP2 (fully_shard), which torch {torch.__version__} "
             "lacks: upgrade torch, or use strategy='ddp'"
@@ -123,9 +113,8 @@ def shard(
         targets = [m for m in reversed(list(net.modules())) if m is not net and isinstance(m, units)]
     else:
         targets = [child for child in net.children() if any(True for _ in child.parameters())]
-    for module in targets:
-        fully_shard(module, mesh=mesh, **options)
-    fully_shard(net, mesh=mesh, **options)
+    for module in [*targets, net]:
+        fsdp2.fully_shard(module, mesh=mesh, **options)
     sharded = dict(net.named_parameters(remove_duplicate=False))
     for optimizer in optimizers:  # by name: fully_shard made new Parameter objects
         for group in optimizer.param_groups:
@@ -203,7 +192,6 @@ def load_sharded(
 ) -> dict[str, torch.Tensor]:
     """Load ``folder`` into the estimator's net (and optimizers); return the saved gradients by name."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named to be caught
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     if not _exists(folder, options):
@@ -223,7 +211,7 @@ def load_sharded(
             )
         else:
             set_model_state_dict(estimator.net, state["model"])
-    except (RuntimeError, ValueError, KeyError, CheckpointException) as err:
+    except (RuntimeError, ValueError, KeyError, dcp_failure()) as err:
         raise CheckpointError(
             f"the sharded checkpoint {folder} does not fit this net or its optimizers: {type(err).__name__}: {err}"
         ) from err

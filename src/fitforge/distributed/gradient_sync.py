@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from fitforge.distributed.ranks import flat_collective
+
 
 def synced_parameters(ddp: DistributedDataParallel) -> tuple[list[nn.Parameter], bool]:
     """The parameters whose gradients ``ddp`` all-reduces (those that need a gradient and that it
@@ -80,21 +82,16 @@ def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup | Non
     all-reduce of the gradients of each dtype, flattened."""
     if not params:
         return
-    device = params[0].device
-    held = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
+    held = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
     dist.all_reduce(held, op=dist.ReduceOp.MAX, group=group)
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for param, anywhere in zip(params, held.tolist()):
-        if anywhere:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    anywhere = [param for param, flag in zip(params, held.tolist()) if flag]
+    for param in anywhere:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
     world = dist.get_world_size(group)
-    for grads in by_dtype.values():  # the same order on every rank: that of the parameters
-        flat = torch.cat([grad.reshape(-1) for grad in grads])
+
+    def mean(flat: torch.Tensor) -> None:
         dist.all_reduce(flat, group=group)
         flat.div_(world)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+
+    flat_collective([param.grad for param in anywhere], mean)  # type: ignore[misc]

@@ -1,8 +1,5 @@
-"""The process group of several processes: made once (unless the script made it) and released at exit.
-
-At exit, fitforge destroys the group it made and waits for gloo's worker threads to go idle
-(:func:`release_at_exit`), so that a job that finished exits with 0 on every rank.
-"""
+"""The process group of several processes: made once (unless the script made it) and released at
+exit (:func:`release_at_exit`), so that a job that finished exits with 0 on every rank."""
 
 from __future__ import annotations
 

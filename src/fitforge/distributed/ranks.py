@@ -1,11 +1,8 @@
 """torch.distributed helpers: launch detection, rank and world size, collectives of host values.
 
-Under ``torchrun`` every rank runs the same script, so each collective (here: ``all_reduce``,
-``broadcast_object_list``, ``gather_object``) is called from a place every rank passes in the same
-order: an epoch end, a checkpoint save, the end of ``predict``. Reporting handlers
-(``main_rank_only``) run on rank 0 only and never reach one. Each rank's loss and metric sums are
-reduced at epoch end (one ``all_reduce`` in MetricHandler); running (mid-epoch) values stay per
-rank, as rank-0 handlers such as a progress bar read them alone.
+Under ``torchrun`` every rank runs the same script, so each collective is called from a place every
+rank passes in the same order (an epoch end, a checkpoint save, the end of ``predict``); reporting
+handlers (``main_rank_only``) run on rank 0 only and never reach one.
 """
 
 from __future__ import annotations
@@ -122,9 +119,17 @@ def sum_over_ranks(tensor: torch.Tensor) -> None:
     dist.all_reduce(tensor)
 
 
-def any_rank(flag: bool) -> bool:
-    """Whether ``flag`` holds on at least one rank (a collective: every rank must ask)."""
-    return bool(reduce_ints([int(flag)], "max")[0])
+def flat_collective(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], Any]) -> None:
+    """``collective`` in place on ``tensors``, as one flat tensor per dtype and device, in the order of
+    ``tensors`` (one call, not one per tensor: a slow link pays its latency once)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    for group in groups.values():
+        flat = torch.cat([tensor.reshape(-1) for tensor in group])
+        collective(flat)
+        for tensor, part in zip(group, flat.split([tensor.numel() for tensor in group])):
+            tensor.copy_(part.view_as(tensor))
 
 
 def mean_over_ranks(value: float) -> float:
@@ -139,9 +144,8 @@ def mean_over_ranks(value: float) -> float:
 def on_this_rank(handlers: Sequence[EventHandler]) -> list[EventHandler]:
     """The handlers this rank runs: every one on rank 0; on the others all but the reporting ones
     (``main_rank_only``: logs, progress bars, files), so several processes write one log."""
-    if rank() == 0:
-        return list(handlers)
-    return [h for h in handlers if not h.main_rank_only]
+    main = rank() == 0
+    return [h for h in handlers if main or not h.main_rank_only]
 
 
 class Collective:
@@ -156,7 +160,7 @@ class Collective:
         self.size = world_size()
 
     def any(self, flag: bool) -> bool:
-        return any_rank(flag)
+        return bool(reduce_ints([int(flag)], "max")[0])
 
     def min_int(self, value: int) -> int:
         return reduce_ints([value], "min")[0]

@@ -1,11 +1,7 @@
-"""A signal one rank received, told to the other ranks without a collective.
-
-A validation's batches may differ in number between ranks, so no collective can pair up between
-them. A rank that received a signal in a validation sets a key in the process group's store (the
-TCP store torchrun's ranks met through); the others look for it between their batches, at most
-every :attr:`SignalNotice.poll_seconds` (no device read), and every rank then leaves the validation
-for the collective that ends it (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
-Without a store, the others learn of the signal at that collective, after their own batches.
+"""A signal one rank received, told to the other ranks without a collective (a validation's batches
+may differ in number between ranks): through a key in the process group's store, which the others
+look for between their batches, at most every :attr:`SignalNotice.poll_seconds`. Without a store, they
+learn of it at the validation's end (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
-"""Under torch.distributed, every rank stops training at the same point (the whole story, and
-what it costs: docs/distributed.md#preemption).
-
-A rank that stops alone leaves the others waiting in a collective: a deadlock. Stops come from
-per-rank sources (a signal that reached one rank, ``max_time`` on one rank's clock, a handler
-judging this rank's values), so the ranks agree on them at **agreement points**: after
-``train_begin``, every ``epoch_begin`` and ``epoch_end``, and after every ``interval``-th training
-batch. An agreement is one ``MAX`` all-reduce of four host integers over a gloo group: this rank's
-signal, its stop request, whether it raised (and holds) a CancelFit, and the interval it proposes.
-
-**In a validation** the ranks' batches may differ in number, so no collective can pair up between
-them: a signalled rank leaves the pass and posts a
-:class:`~fitforge.distributed.signal_notice.SignalNotice`, which the others see between their
-batches (under FSDP, whose forward is a collective, the ranks reduce the signal after every batch
-instead). At the pass's end every rank reduces ``[signal, left]`` (:meth:`StopAgreement.end_pass`).
-
-**The interval** bounds the stop latency in time: at each agreement every rank proposes as many
-batches as fit in :attr:`~StopAgreement.max_latency` seconds at the recent pace (at least 1, at
-most :attr:`~StopAgreement.max_interval`), and the smallest proposal holds until the next.
+"""Under torch.distributed, every rank stops training at the same point (how, and what it costs:
+docs/distributed.md#preemption): a rank that stopped alone would leave the others waiting in a
+collective. At **agreement points** (after ``train_begin``, every ``epoch_begin`` and ``epoch_end``,
+and every ``interval``-th training batch, ``interval`` adapting to the pace) the ranks reduce, in
+one ``MAX`` all-reduce of host integers, this rank's signal, its stop request, whether it holds a
+CancelFit, and the interval it proposes. In a validation a signalled rank leaves the pass and posts
+a :class:`~fitforge.distributed.signal_notice.SignalNotice`; at its end the ranks reduce
+``[signal, left]`` (:meth:`StopAgreement.end_pass`).
 
 After the first optimizer step it also checks once that the replicas' weights are still identical:
-a custom ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP,
-and its ranks would silently train apart.
+a custom ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP.
 """
 
 from __future__ import annotations
