@@ -1,13 +1,7 @@
-"""Saves that do not stall training (``CheckpointHandler(async_save=True)``):
-:class:`AsyncCheckpointIO` wraps any :class:`~fitforge.checkpoint.storage.CheckpointIO` so that a
-write copies the checkpoint to the host and a background thread writes it, then runs what was
-queued after it (rotation's deletes), in order, while training goes on.
-
-The copy is needed on the CPU too: the optimizer step writes into the weights and optimizer state
-in place, under a writer that reads them later. A background error is raised by the next
-:meth:`AsyncCheckpointIO.wait` in the training thread; what was queued after a failed write is
-dropped, so no older checkpoint is deleted for a newer one that is not there.
-"""
+"""Saves that do not stall training (``CheckpointHandler(async_save=True)``): a write copies the
+checkpoint to the host (on the CPU too: the optimizer step writes into the weights and optimizer
+state in place) and a background thread writes it, then runs what was queued after it (rotation's
+deletes), in order, while training goes on."""
 
 from __future__ import annotations
 
@@ -39,22 +33,19 @@ def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> A
     kept = {} if buffers is None else buffers
     on_cuda = False
 
-    def copy_tensor(item: torch.Tensor, place: tuple) -> torch.Tensor:
-        nonlocal on_cuda
-        target = kept.get(place)
-        if target is None or (target.dtype, target.shape, target.stride()) != (item.dtype, item.shape, item.stride()):
-            # The layout of a dense tensor is kept (as torch.save would store it); others become contiguous.
-            target = torch.empty_like(item, device="cpu", pin_memory=item.is_cuda)
-        on_cuda = on_cuda or item.is_cuda
-        target.copy_(item.detach(), non_blocking=item.is_cuda)
-        kept[place] = target
-        return target
-
     def copy(item: Any, place: tuple) -> Any:
+        nonlocal on_cuda
         if isinstance(item, torch.Tensor):
-            if id(item) not in copies:
-                copies[id(item)] = copy_tensor(item, place)
-            return copies[id(item)]
+            if id(item) in copies:
+                return copies[id(item)]
+            target, layout = kept.get(place), (item.dtype, item.shape, item.stride())
+            if target is None or (target.dtype, target.shape, target.stride()) != layout:
+                # The layout of a dense tensor is kept (as torch.save would store it); others become contiguous.
+                target = torch.empty_like(item, device="cpu", pin_memory=item.is_cuda)
+            on_cuda = on_cuda or item.is_cuda
+            target.copy_(item.detach(), non_blocking=item.is_cuda)
+            kept[place] = copies[id(item)] = target
+            return target
         if isinstance(item, dict):
             rebuilt = type(item)() if type(item) is not dict else {}
             for key, element in item.items():
@@ -73,13 +64,14 @@ def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> A
 
 
 class AsyncCheckpointIO:
-    """``io``, written in the background: :meth:`write` returns once the checkpoint is copied to the
-    host, and :meth:`delete` and :meth:`after` queue behind it; :meth:`read`, :meth:`names` and
-    ``prepare`` wait for the queue first. One caller thread (rank 0's training thread). The caller
-    bounds the copies: a write while the queue is busy makes a new host copy rather than reuse the
-    last one's memory, so wait before each save (as ``CheckpointHandler`` does) to hold one. A
-    failed write is the ``CheckpointError`` a synchronous save raises (naming ``label``, else the
-    io); once a task failed, nothing more is queued until :meth:`wait` raised its error."""
+    """``io`` (any :class:`~fitforge.checkpoint.storage.CheckpointIO`), written in the background:
+    :meth:`write` returns once the checkpoint is copied to the host, and :meth:`delete` and
+    :meth:`after` queue behind it; :meth:`read`, :meth:`names` and ``prepare`` wait for the queue
+    first. One caller thread (rank 0's training thread), which bounds the copies: a write while the
+    queue is busy makes a new host copy rather than reuse the last one's memory, so wait before each
+    save (as ``CheckpointHandler`` does) to hold one. A failed write is the ``CheckpointError`` a
+    synchronous save raises (naming ``label``, else the io), raised by the next :meth:`wait`; what
+    was queued after it is dropped (no older checkpoint is deleted for a newer one that is not there)."""
 
     # Found on the io when it has them (see CheckpointIO): ``getattr`` sees them here only then.
     _OPTIONAL = ("location", "folder_path", "storage_options", "root", "path")

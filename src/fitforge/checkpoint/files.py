@@ -8,6 +8,7 @@ checkpoint holds tensors and plain python values only and cannot run code when l
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -30,10 +31,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     except OSError as err:  # a folder made read-only, or removed, during the run
-        raise CheckpointError(
-            f"cannot write {path}: {err.strerror or err}; make the folder writable or save elsewhere "
-            "(the files already there are intact)"
-        ) from err
+        raise _cannot_write(path, f"{err.strerror or err}; make the folder writable or save elsewhere") from err
     try:
         with os.fdopen(fd, "wb") as file:
             torch.save(obj, file)
@@ -45,17 +43,18 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         Path(temp).unlink(missing_ok=True)
         full = _disk_full(err)
         if full is not None:
-            raise CheckpointError(
-                f"cannot write {path}: {full.strerror or 'no space left on the device'}; free "
-                "space or save elsewhere (the files already there are intact)"
+            raise _cannot_write(
+                path, f"{full.strerror or 'no space left on the device'}; free space or save elsewhere"
             ) from err
         if isinstance(err, OSError):
-            raise CheckpointError(
-                f"cannot write {path}: {err.strerror or err} (the files already there are intact)"
-            ) from err
+            raise _cannot_write(path, err.strerror or err) from err
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _cannot_write(path: Path, why: object) -> CheckpointError:
+    return CheckpointError(f"cannot write {path}: {why} (the files already there are intact)")
 
 
 def _disk_full(error: BaseException) -> OSError | None:
@@ -83,16 +82,12 @@ def _umask() -> int:
 
 def _fsync_dir(folder: Path) -> None:
     # Makes the rename itself durable; not possible on every platform (e.g. Windows), where it is skipped.
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platform dependent
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - platform dependent
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "cpu") -> dict:
@@ -263,12 +258,8 @@ def _mismatch(net: torch.nn.Module, weights: dict) -> str:
         for k in own
         if k in weights and weights[k].shape != own[k].shape
     ]
-    parts = [
-        f"missing keys {missing}" if missing else "",
-        f"unexpected keys {unexpected}" if unexpected else "",
-        f"shape mismatches {shapes}" if shapes else "",
-    ]
-    return "; ".join(p for p in parts if p)
+    parts = {"missing keys": missing, "unexpected keys": unexpected, "shape mismatches": shapes}
+    return "; ".join(f"{what} {found}" for what, found in parts.items() if found)
 
 
 def _restore_sharded(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, folder: Folder) -> dict:

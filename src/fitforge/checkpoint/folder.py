@@ -1,7 +1,6 @@
-"""CheckpointFolder: the checkpoints of one CheckpointHandler in its store — names, listing, commits
-(FSDP shard folders included), rotation and the cleanup of what a crash left behind. The bytes go
-through its :class:`~fitforge.checkpoint.storage.CheckpointIO`: a local folder, an object store named
-by a URL, or a store of one's own."""
+"""CheckpointFolder: the checkpoints of one CheckpointHandler in its store (its
+:class:`~fitforge.checkpoint.storage.CheckpointIO`): names, listing, commits (FSDP shard folders
+included), rotation and the cleanup of what a crash left behind."""
 
 from __future__ import annotations
 
@@ -71,19 +70,12 @@ class CheckpointFolder:
         except Exception as err:
             raise CheckpointError(f"{name} cannot be read from {self.label}: {type(err).__name__}: {err}") from err
 
-    def _write(self, name: str, checkpoint: dict) -> None:
-        write_checked(self.files, name, checkpoint, self.label)
-
     def names(self, pattern: str) -> list[str]:
         """The stored checkpoints whose names match the glob ``pattern``."""
         return fnmatch.filter(self.files.names(), pattern)
 
     def newest_loadable(
-        self,
-        estimator: EstimatorLike,
-        loaded: list[dict],
-        read_only: bool,
-        check: Callable[[dict], None] | None = None,
+        self, estimator: EstimatorLike, loaded: list[dict], read_only: bool, check: Callable[[dict], None]
     ) -> str | None:
         """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``);
         its file name (None: there is none). A corrupt or unfitting file is skipped with a warning;
@@ -105,8 +97,7 @@ class CheckpointFolder:
                 poisoned = non_finite_checkpoint(checkpoint, estimator.net)  # older versions wrote such files
                 if poisoned:
                     raise CheckpointError(f"its weights or optimizer state hold nan/inf ({describe_tensors(poisoned)})")
-                if check is not None:
-                    check(checkpoint)
+                check(checkpoint)
                 if read_only:  # the other ranks load too: judge whether it fits without loading it
                     check_fits(estimator, checkpoint, self.shards)
                     loaded.append(checkpoint)
@@ -134,12 +125,10 @@ class CheckpointFolder:
 
     def regular_files(self) -> list[Location]:
         """The regular checkpoints, oldest first (by completed epochs, then batches)."""
-        found = []
-        for name in self.names(f"{self.prefix}-epoch*batch*{EXTENSION}"):
-            match = _REGULAR.fullmatch(name[len(self.prefix) :])
-            if match:
-                found.append(((int(match[1]), int(match[2])), name))
-        return [self.location(name) for _, name in sorted(found)]
+        names = self.names(f"{self.prefix}-epoch*batch*{EXTENSION}")
+        matches = [(_REGULAR.fullmatch(name[len(self.prefix) :]), name) for name in names]
+        found = sorted(((int(match[1]), int(match[2])), name) for match, name in matches if match)
+        return [self.location(name) for _, name in found]
 
     def earlier_files(self) -> list[Location]:
         """Every (committed) checkpoint of this prefix here: the regular ones, oldest first, then the
@@ -214,7 +203,7 @@ class CheckpointFolder:
         """Write the checkpoint (its shards, if any, are written already: the file is the last thing
         written, so a crash before it leaves the previous checkpoint in force), then delete the shard
         folders matching ``stale`` that it no longer names."""
-        self._write(path.name, checkpoint)
+        write_checked(self.files, path.name, checkpoint, self.label)
         if "sharded" in checkpoint:
             self._holds_shard_folders = True
             self.then(partial(self._delete_matching, stale, keep=checkpoint["sharded"]))

@@ -4,9 +4,8 @@ Object stores have no atomic rename, so a checkpoint is *committed* by a small o
 its data: ``<name>.commit``, the data's size and BLAKE2b digest. It counts only when its marker
 describes the bytes under its name exactly; a marker is deleted before new bytes replace its
 object, and after its object is deleted. So a kill at any instant leaves a committed checkpoint or
-an uncommitted object that is never read, which the next start commits when it is a whole
-checkpoint, else deletes or leaves (:meth:`FsspecCheckpointIO.settle_uncommitted`; each case:
-docs/checkpoints.md#object-storage).
+an uncommitted object that is never read, which the next start settles
+(:meth:`FsspecCheckpointIO.settle_uncommitted`; docs/checkpoints.md#object-storage).
 
 fsspec and the store's own package (s3fs for ``s3://``) are the optional extra ``fitforge[cloud]``;
 credentials and endpoints come from the usual places (environment variables such as
@@ -175,11 +174,12 @@ class FsspecCheckpointIO:
             remove(self.fs, key + COMMIT_SUFFIX)
 
     def prepare(self, prefix: str) -> None:
-        """Settle the objects of ``prefix``'s checkpoint names that no marker commits (a whole
-        checkpoint is committed, a cut upload deleted: :meth:`settle_uncommitted`), then check that the
-        store can be written (the bucket exists, the credentials allow)."""
+        """Settle the objects of ``prefix``'s checkpoint names that no marker commits
+        (:meth:`settle_uncommitted`), then check that the store can be written."""
         committed, removed, foreign = self.settle_uncommitted(checkpoint_patterns(prefix))
-        self.probe(f".{prefix}-probe{TEMP_SUFFIX}")
+        probe = f"{self.key}/.{prefix}-probe{TEMP_SUFFIX}"  # an OSError where the store cannot be written
+        self.fs.pipe_file(probe, b"")
+        self.fs.rm_file(probe)
         if committed:
             log.info(
                 "CheckpointHandler: committed %d whole checkpoint(s) of prefix %r in %s that had no commit marker "
@@ -254,8 +254,3 @@ class FsspecCheckpointIO:
             return "foreign"
         _commit(self.fs, key, data)
         return "committed"
-
-    def probe(self, name: str) -> None:
-        """Write and delete an empty object ``name``: fails (an OSError) where the store cannot be written."""
-        self.fs.pipe_file(f"{self.key}/{name}", b"")
-        self.fs.rm_file(f"{self.key}/{name}")

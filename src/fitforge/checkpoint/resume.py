@@ -1,13 +1,7 @@
-"""The training state a checkpoint holds besides weights, optimizers and scaler, and resuming from it.
-
-:func:`training_state` collects the counters (completed epochs, batch position in the epoch,
-global and optimizer steps), the gradients of an unfinished accumulation group (made the same on
-every rank first by the :class:`~fitforge.core.roles.Accumulating` handler: rank 0's are saved), the history, the
-random generators (every rank's, under torch.distributed), the data order, every stateful
-handler's state, and the config of a run started from one (``config``:
-``estimator.run_config``, plain values; read back by :func:`fitforge.cli.recorded_config`).
-:func:`resume` puts them back. It runs once every handler's ``train_begin`` has run and before
-the first ``epoch_begin``, so restored state wins over fresh state whatever the priorities.
+"""The training state a checkpoint holds besides weights, optimizers and scaler (:func:`training_state`;
+its ``config``, a run's ``estimator.run_config``, is read back by :func:`fitforge.cli.recorded_config`),
+and resuming from it (:func:`resume`, once every handler's ``train_begin`` has run and before the first
+``epoch_begin``, so restored state wins over fresh state whatever the priorities).
 """
 
 from __future__ import annotations
@@ -56,7 +50,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
     ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
     number of its batches already read (cancelled ones included), where a resume continues.
     Every rank calls it at the same point: it may average an open group's gradients over them."""
-    net, order = state.estimator.net, fit_data_order(state)
+    net, order, config = state.estimator.net, fit_data_order(state), state.estimator.run_config
     if state.accumulated_batches and state.services.steps is not None:  # its open group may differ per rank (DDP)
         state.services.steps.share_open_group(state)
     epoch_start_step = 0 if order is None else order.epoch_start_step
@@ -67,24 +61,16 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
         "epoch_start_step": epoch_start_step if epochs <= state.epoch else batches,
         "optimizer_steps": state.optimizer_steps,
         "accumulated_batches": state.accumulated_batches,
-        "grads": (
-            {name: p.grad for name, p in net.named_parameters() if p.grad is not None}
-            if state.accumulated_batches
-            else {}
-        ),
+        "grads": {
+            name: p.grad for name, p in net.named_parameters() if state.accumulated_batches and p.grad is not None
+        },
         "history": state.history.state_dict(),
         "rng": rng_states(),
         **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
         "data_order": {} if order is None else order.state_dict(),
         "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(_handlers(state)).items()},
-        **_config_entry(state),
+        **({} if config is None else {"config": config}),  # a run started from a config
     }
-
-
-def _config_entry(state: TrainState) -> dict[str, Any]:
-    """``{"config": ...}`` for a run started from a config; nothing for others."""
-    config = state.estimator.run_config
-    return {} if config is None else {"config": config}
 
 
 def _why_not_placed(order: DataOrder, saved: dict[str, Any]) -> str | None:
@@ -184,12 +170,8 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         parameter.grad = grads[name].to(parameter.device) if name in grads else None
     history = checkpoint["history"]
     if history["epochs"] > state.epoch and not mid_epoch:  # a row of an epoch that reruns from its start
-        history = {
-            **history,
-            "epochs": state.epoch,
-            "recorded": [],
-            "columns": {key: values[: state.epoch] for key, values in history["columns"].items()},
-        }
+        columns = {key: values[: state.epoch] for key, values in history["columns"].items()}
+        history = {**history, "epochs": state.epoch, "recorded": [], "columns": columns}
     state.history.load_state_dict({**history, "stop_reason": None})
     rank_rngs = checkpoint.get("rank_rngs")  # every rank's generators, in a checkpoint of several ranks
     same_ranks = isinstance(rank_rngs, list) and len(rank_rngs) == world_size()

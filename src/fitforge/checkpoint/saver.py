@@ -1,10 +1,7 @@
 """CheckpointWriter: how a ``CheckpointHandler``'s checkpoints are built and written, once the handler
 decided to save. Every rank builds the state (it holds every rank's generators and running sums);
 under FSDP every rank writes its shards first; rank 0 writes the checkpoint, commits and rotates,
-and every rank fails with its error. With ``async_save`` the writes go through an
-:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO` (and FSDP's shards through the engine's
-``shard_writer``), one save in flight. A state holding nan or inf is never written under a
-checkpoint name.
+and every rank fails with its error. A state holding nan or inf is never written under a checkpoint name.
 """
 
 from __future__ import annotations
@@ -66,8 +63,8 @@ class CheckpointWriter:
         self.saved, self.last_saved, self.last, self._refused = [], None, (0, 0, 0), 0
         picked = pick(state, self.folder) if resumes else None
         if picked is None:
-            run = (self.folder, state.run.epochs_before, resumes, overwrite)
-            state.run.ranks.on_main(lambda: keep_earlier_run(*run), FitforgeValueError)
+            earlier = partial(keep_earlier_run, self.folder, state.run.epochs_before, resumes, overwrite)
+            state.run.ranks.on_main(earlier, FitforgeValueError)
             return None
         checkpoint, path = picked  # newer unreadable files leave the rotation
         files = self.folder.regular_files()
@@ -113,10 +110,9 @@ class CheckpointWriter:
     def _write(
         self, state: TrainState, commit: Callable[[], None], written: Callable[[], None] | None, name: str
     ) -> None:
-        """``commit()`` on rank 0, every rank sharing its error; in the background with ``async_save``,
-        after the previous save (whose error, if any, is raised here on every rank) and after
-        ``written`` (the wait for DCP's background save of the shards). A preemption save is
-        written before returning: the process exits after it."""
+        """``commit()`` on rank 0, every rank sharing its error; with ``async_save`` in the background, after
+        the previous save (whose error is raised here) and ``written`` (the wait for DCP's background
+        save of the shards), except a preemption's save: the process exits after it."""
         background = self.folder.background
 
         def now() -> None:
@@ -131,11 +127,9 @@ class CheckpointWriter:
         state.run.ranks.on_main(now, CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Callable[[], None] | None:
-        """Under FSDP, every rank writes its shard of the weights into the folder ``name``, which the
-        checkpoint names (its file, written once every shard is, commits them). Names are unique
-        per state (file name and batch position), so a save never writes into the shards a
-        checkpoint in force names. With ``async_save`` (not preempted): the wait for DCP's
-        background save, which the file's write waits for."""
+        """Under FSDP, every rank writes its shard of the weights into the folder ``name`` (unique per
+        state: a save never writes into the shards a checkpoint in force names), which the checkpoint
+        names. With ``async_save`` (not preempted): the wait for DCP's background save."""
         strategy = state.estimator.strategy
         if not strategy.sharded:
             return None
@@ -152,10 +146,8 @@ class CheckpointWriter:
 
     def writable(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
         """Let the guards vouch for the state (a spike guard may restore good weights), then whether
-        it may be saved as ``name``: not when its weights or optimizer state hold a nan or an inf
-        (every rank judges its own tensors, and all agree); with ``save_non_finite`` it is written
-        as ``<prefix>-nonfinite.pt`` instead. One warning per fit, then DEBUG lines, and a count
-        when training ends."""
+        it may be saved as ``name``: not when its weights or optimizer state hold a nan or an inf on
+        any rank (with ``save_non_finite`` it is written as ``<prefix>-nonfinite.pt`` instead)."""
         for confirm in state.services.before_save:
             confirm(state)
         poisoned = non_finite_state(state.estimator)
@@ -201,9 +193,8 @@ class CheckpointWriter:
 
     @staticmethod
     def checkpoint(state: TrainState, epochs: int, batches: int) -> dict:
-        """The dict written: the weights, the optimizers' states (and the fp16 GradScaler's under
-        ``precision="16-mixed"``) and the :func:`~fitforge.checkpoint.resume.training_state`. Under
-        FSDP the weights, optimizer states and gradients go to a sharded folder instead (the
-        engine's :meth:`~fitforge.distributed.Strategy.model_state`)."""
+        """The dict written: the engine's :meth:`~fitforge.distributed.Strategy.model_state` (weights,
+        optimizer and scaler states; under FSDP those are in the shards) and the
+        :func:`~fitforge.checkpoint.resume.training_state`."""
         training = training_state(state, epochs, batches)
         return {"format_version": FORMAT_VERSION, **training, **state.estimator.strategy.model_state(state.estimator)}

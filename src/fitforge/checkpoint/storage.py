@@ -1,9 +1,6 @@
-"""Where checkpoints are kept: the :class:`CheckpointIO` protocol, and a local folder as one.
-
-A ``CheckpointHandler`` decides when to save and which checkpoint is best; its IO stores each
-checkpoint whole under a name: :class:`LocalCheckpointIO` (a folder, written atomically by rename),
-:class:`~fitforge.checkpoint.objects.FsspecCheckpointIO` (an object store named by an fsspec URL,
-committed by a marker), or a class of one's own with the four methods (docs/extending.md).
+"""Where checkpoints are kept: the :class:`CheckpointIO` protocol a ``CheckpointHandler`` stores each
+checkpoint whole through, and a local folder as one (an object store is
+:class:`~fitforge.checkpoint.objects.FsspecCheckpointIO`; a class of one's own: docs/extending.md).
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
-from fitforge.checkpoint.locations import SINGLES, TEMP_SUFFIX, ObjectPath, is_url, local_path
+from fitforge.checkpoint.locations import SINGLES, TEMP_SUFFIX, is_url, local_path
 from fitforge.checkpoint.objects import FsspecCheckpointIO  # fsspec itself is imported for a URL only
 from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValueError, describe
 
@@ -42,20 +39,16 @@ class CheckpointIO(Protocol):
         crash at any instant, ``names()`` lists the previous checkpoint or this one, never a torn one.
         Serialize (or copy) it before returning: its tensors are the training's own, which go on
         changing (``checkpoint_bytes`` does)."""
-        ...
 
     def read(self, name: str) -> dict:
         """The checkpoint ``name``: FileNotFoundError when there is none, a
         :class:`~fitforge.exceptions.CheckpointError` when it cannot be read whole."""
-        ...
 
     def names(self) -> list[str]:
         """The names of the checkpoints stored (in any order)."""
-        ...
 
     def delete(self, name: str) -> None:
         """Remove the checkpoint ``name`` (nothing when there is none)."""
-        ...
 
 
 class LocalCheckpointIO:
@@ -68,8 +61,7 @@ class LocalCheckpointIO:
     def location(self, name: str) -> Path:
         return self.path / name
 
-    def folder_path(self, name: str) -> Path:
-        return self.path / name
+    folder_path = location  # FSDP's shard folders are beside the files
 
     def names(self) -> list[str]:
         try:
@@ -108,17 +100,6 @@ class LocalCheckpointIO:
         return f"LocalCheckpointIO({str(self.path)!r})"
 
 
-def open_io(where: str | os.PathLike | ObjectPath, storage_options: dict[str, Any] | None = None) -> CheckpointIO:
-    """The IO of folder ``where``: a local path (or ``file://`` URL), or an fsspec URL."""
-    if isinstance(where, ObjectPath) or is_url(where):
-        return FsspecCheckpointIO(str(where), storage_options)
-    if storage_options:
-        raise FitforgeValueError(
-            f"storage_options are for an fsspec URL, but {str(where)!r} is a local path; leave them out"
-        )
-    return LocalCheckpointIO(where)
-
-
 def write_checked(io: CheckpointIO, name: str, checkpoint: dict, label: str) -> None:
     """``io.write(name, checkpoint)``, a store's own error (a database's, a service's) as the
     CheckpointError that names the checkpoint and ``label`` (the store in messages)."""
@@ -153,7 +134,13 @@ def resolve_io(
             f"{owner}: model_dir must be a folder path, got {describe(model_dir)} (or an fsspec URL such as "
             "'s3://bucket/run')"
         )
-    return open_io(model_dir, storage_options)
+    if is_url(model_dir):
+        return FsspecCheckpointIO(str(model_dir), storage_options)
+    if storage_options:
+        raise FitforgeValueError(
+            f"storage_options are for an fsspec URL, but {str(model_dir)!r} is a local path; leave them out"
+        )
+    return LocalCheckpointIO(model_dir)
 
 
 def check_io(io: Any, owner: str) -> CheckpointIO:

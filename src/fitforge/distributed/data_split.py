@@ -1,13 +1,7 @@
 """Each rank's share of the data under torch.distributed, and ``predict``'s outputs put back in order
-(docs/distributed.md#how-the-data-is-split).
-
-Training: a ``DataLoader`` whose sampler is not already a ``DistributedSampler`` is rebuilt over
-one (shuffled if the loader shuffled; its seed is the fit's, see :mod:`fitforge.inputs.order`), so
-every rank runs the same number of batches, which data-parallel training needs (each backward is
-a collective). Evaluation and prediction: rank ``r`` takes samples ``r, r + world, ...`` in dataset
-order, none repeated or dropped, so the reduced metrics are exact; under FSDP, whose forward is a
-collective too, the shares are padded as in training. Data that is not a ``DataLoader`` over a
-map-style dataset with torch's samplers is left as it is, with a warning in training.
+(docs/distributed.md#how-the-data-is-split): a training ``DataLoader`` is rebuilt over a
+``DistributedSampler``; in evaluation and prediction rank ``r`` takes samples ``r, r + world, ...``
+(padded under FSDP, whose forward is a collective). Other data is left as it is.
 """
 
 from __future__ import annotations
@@ -77,16 +71,15 @@ def _rebuild(loader: DataLoader, sampler: Sampler, drop_last: bool) -> DataLoade
     return DataLoader(loader.dataset, batch_size=batches.batch_size, drop_last=drop_last, sampler=sampler, **options)
 
 
-def shard_train(data: Iterable, argument: str = "train_data") -> Iterable:
+def shard_train(data: Iterable) -> Iterable:
     """This rank's share of the training data (``data`` itself outside torch.distributed)."""
     if world_size() == 1:
         return data
     problem = _why_not(data)
     if problem is not None:
         log.warning(
-            "%s is not split across the %d ranks (%s): every rank trains on all of it; pass a DataLoader "
+            "train_data is not split across the %d ranks (%s): every rank trains on all of it; pass a DataLoader "
             "over a map-style dataset, or give each rank its share yourself",
-            argument,
             world_size(),
             problem,
         )

@@ -1,14 +1,8 @@
 """DiLoCo (Douillard et al., 2023; torchft's recipe): data-parallel training for slow links, where the
-ranks talk once every ``sync_every`` optimizer steps instead of at every backward.
-
-Each rank trains alone on its share of the data with its own inner optimizer (the Estimator's), no
-gradient averaged. Every ``sync_every`` steps the ranks average how far they moved from the last
-synced ("anchor") weights; that mean is the outer gradient ``anchor - mean(local)`` an outer
-optimizer (Nesterov SGD, lr 0.7, momentum 0.9 by default, as in the paper) steps the anchor with,
-and every rank starts the next round from the new anchor. Inner optimizer states stay per rank.
-
-In one process (no launcher) the same loop runs with the outer step applied to itself: with
-``outer_lr=1, outer_momentum=0`` it is plain training, which makes the engine easy to debug.
+ranks talk once every ``sync_every`` optimizer steps instead of at every backward: each rank trains
+alone with its own inner optimizer, then an outer optimizer steps the last synced ("anchor") weights
+with the outer gradient ``anchor - mean(local)``, and every rank starts the next round from the new
+anchor (docs/extending.md#the-proof-diloco-in-one-class).
 """
 
 from __future__ import annotations
@@ -37,13 +31,11 @@ class DiLoCoStrategy(Distributed):
     """Local SGD with an outer optimizer every ``sync_every`` optimizer steps (module docstring).
 
     Between two syncs the ranks' weights differ: validation inside fit evaluates each rank's own,
-    and a checkpoint holds every rank's weights and inner optimizer states (world size times the
-    weights) so that a run killed mid-round resumes exactly, on the same number of ranks (at a
-    round's end, on any number: every rank then goes on with rank 0's inner state; in the middle of
-    a gradient accumulation group, the checkpoint's open group is rank 0's). Every fit starts from
-    rank 0's weights and buffers; buffers (batch norm statistics) are then never averaged. A fit
-    that ends mid-round closes it with an outer step, so ``estimator.net`` is the same model on
-    every rank after ``fit`` (not after an error or a preemption: the checkpoint holds the round).
+    and a checkpoint holds every rank's weights and inner optimizer states, so that a run killed
+    mid-round resumes exactly on the same number of ranks (at a round's end, on any number, with
+    rank 0's inner state; an open accumulation group is rank 0's). Every fit starts from rank 0's
+    weights and buffers (buffers are then never averaged); one that ends mid-round, not by an error
+    or a preemption, closes it with an outer step, so ``estimator.net`` is one model on every rank.
 
     Args:
         sync_every: optimizer steps of each rank between two outer steps (the paper's H, e.g. 500).
@@ -119,10 +111,9 @@ class DiLoCoStrategy(Distributed):
         return outer
 
     def __repr__(self) -> str:
-        outer = repr(self.outer_factory) if self.outer_factory is not None else None
         return (
             f"DiLoCoStrategy(sync_every={self.sync_every}, outer_lr={self.outer_lr}, "
-            f"outer_momentum={self.outer_momentum}, nesterov={self.nesterov}, outer_optimizer={outer})"
+            f"outer_momentum={self.outer_momentum}, nesterov={self.nesterov}, outer_optimizer={self.outer_factory!r})"
         )
 
 

@@ -99,12 +99,11 @@ def shard(
         raise FitforgeTypeError(
             f"strategy_options['shard'] must be nn.Module classes, e.g. (nn.TransformerEncoderLayer,), got {units!r}"
         )
-    for optimizer in optimizers:
-        if any(optimizer.state.values()):
-            raise FitforgeValueError(
-                "strategy='fsdp' shards the net's parameters, so the optimizer must not have "
-                "stepped yet: build a fresh one for the Estimator"
-            )
+    if any(any(optimizer.state.values()) for optimizer in optimizers):
+        raise FitforgeValueError(
+            "strategy='fsdp' shards the net's parameters, so the optimizer must not have "
+            "stepped yet: build a fresh one for the Estimator"
+        )
     names: dict[int, str] = {}
     for name, parameter in net.named_parameters(remove_duplicate=False):
         names.setdefault(id(parameter), name)

@@ -1,14 +1,8 @@
-"""Gradient accumulation under DDP: only the last batch of a group all-reduces the gradients.
-
-DDP reads its ``require_backward_grad_sync`` flag (which ``no_sync()`` clears) at the forward, so
-:class:`GradientSync` sets it before each training batch, which costs no device sync: on for a
-batch that completes an accumulation group, off for the others. A group that ends before such a
-batch (an unforeseen stop, an epoch of data without ``len``), or is saved while open, holds each
-rank's own gradients: :meth:`GradientSync.average` averages them, as DDP would have (averaging is
-linear, so averaging early and accumulating on gives the same gradients).
-
-Only a DDP wrapper defers (:func:`deferrable`); nets with sparse gradients sync every batch, as the
-averaging handles dense gradients only; so does FSDP, whose ``fully_shard`` net is no DDP wrapper.
+"""Gradient accumulation under DDP: only the last batch of a group all-reduces the gradients
+(docs/distributed.md#gradient-accumulation). :class:`GradientSync` sets DDP's
+``require_backward_grad_sync`` before each training batch (no device sync); a group that ends
+before such a batch, or is saved while open, is averaged by :meth:`GradientSync.average`. Only a
+DDP wrapper without sparse gradients defers (:func:`deferrable`); FSDP's net is no DDP wrapper.
 """
 
 from __future__ import annotations
@@ -78,8 +72,7 @@ class GradientSync:
 def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> None:
     """Replace each gradient by its mean over the ranks of ``group``, as DDP's reducer does: a
     parameter with a gradient on some rank gets one on every rank (zeros where it had none); one
-    without a gradient on any rank keeps None. Two collectives: which gradients exist, then one
-    all-reduce of the gradients of each dtype, flattened."""
+    without a gradient on any rank keeps None (a collective of which exist, then one of the values)."""
     if not params:
         return
     held = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)

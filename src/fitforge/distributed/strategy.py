@@ -1,12 +1,9 @@
 """The engine of a fit: a :class:`Strategy` owns everything that differs between ways of training
-on one or several processes, so the rest of fitforge asks it and never tests which engine runs.
-
-``Estimator(strategy=...)`` takes an instance or a name (:func:`resolve_strategy`): ``"auto"`` (the
-default) and ``"ddp"`` are a :class:`DDPStrategy`, ``"fsdp"`` an :class:`FSDPStrategy`, ``"none"``
-(or None) the base :class:`Strategy`. ``estimator.net`` stays the user's module, so weights,
-checkpoints and ``state_dict`` keys are those of one process; ``estimator.train_net`` is what
-``fit``'s forward goes through. A new engine is one subclass (docs/extending.md); see
-docs/distributed.md.
+on one or several processes, so the rest of fitforge asks it and never tests which engine runs
+(``Estimator(strategy=...)``: an instance, or a name :func:`resolve_strategy` makes one of).
+``estimator.net`` stays the user's module, so weights, checkpoints and ``state_dict`` keys are
+those of one process; ``estimator.train_net`` is what ``fit``'s forward goes through. A new engine
+is one subclass (docs/extending.md); see docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -81,9 +78,8 @@ class Strategy:
 
     # -- each fit -------------------------------------------------------------------------------------
     def prepare_fit(self, estimator: EstimatorLike) -> None:
-        """Before a fit's checks compare the net's parameters with the optimizers' (see
-        :func:`fitforge.checks.model.check_trainable`): make the net hold the parameters the
-        optimizers step (:meth:`hold_shards`)."""
+        """Before a fit's checks compare the net's parameters with the optimizers'
+        (:func:`fitforge.checks.model.check_trainable`): :meth:`hold_shards`."""
         self.hold_shards(estimator.net)
 
     def follow_trainable(self, estimator: EstimatorLike) -> None:
