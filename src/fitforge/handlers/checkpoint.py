@@ -34,17 +34,13 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Save the training state every ``epoch_period`` epochs and/or ``batch_period`` batches, and the
     best one by ``monitor`` when ``save_best``.
 
-    Files are ``<model_prefix>-epoch<E>batch<B>.pt`` (E completed epochs, B completed batches in the
-    run: ``epoch2batch45`` is five batches into the third epoch of 20) and ``<model_prefix>-best.pt``,
-    each with the weights, optimizer states, counters and history, and a checksum loading verifies
-    (:func:`fitforge.checkpoint.files.load_checkpoint`). Writes are atomic; the newest
-    ``max_checkpoints`` regular files are kept, older ones deleted once the new one is written. Best
-    is judged at every epoch end; a non-finite value is never best.
+    Files are ``<model_prefix>-epoch<E>batch<B>.pt`` (E completed epochs, B completed batches in the run) and
+    ``<model_prefix>-best.pt``, written atomically with a checksum; the newest ``max_checkpoints`` regular files are
+    kept. Best is judged at every epoch end; a non-finite value is never best. docs/checkpoints.md has the details.
 
     Args:
         model_dir: a folder (created if needed; checked writable at fit start) or an fsspec URL
-            (``s3://bucket/run``; ``pip install "fitforge[cloud]"``), where a checkpoint counts once
-            its upload is committed (:mod:`fitforge.checkpoint.objects`). Or give ``io``.
+            (``s3://bucket/run``; ``pip install "fitforge[cloud]"``). Or give ``io``.
         model_prefix: file name prefix.
         monitor: the history key judging "best", e.g. ``"val_accuracy"`` (needed for ``save_best``).
         save_best: also keep ``<prefix>-best.pt``.
@@ -52,29 +48,19 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         epoch_period: save at the end of every n-th epoch (None: never at epoch end).
         batch_period: save after every n-th training batch (None: never mid-epoch).
         max_checkpoints: how many regular checkpoints to keep.
-        save_non_finite: a state with a nan or an inf in its weights or optimizer state is never
-            saved under a checkpoint name; with True the run's first one is kept as
-            ``<prefix>-nonfinite.pt`` for inspection (buffers may hold an inf, not a nan).
-        resume_from_checkpoint: at fit start, continue from the newest checkpoint that loads (one
-            that does not is skipped with a warning; none loading is a ``CheckpointError``; none
-            there: from scratch, logged), to the same target (``epochs=5`` means five in all). See
-            :mod:`fitforge.checkpoint.resume` and docs/checkpoints.md.
-        overwrite: a run that does not resume, in a store holding checkpoints of its prefix, is
-            refused before training (resume, or use another ``model_dir`` or ``model_prefix``);
-            ``overwrite=True`` deletes them first (logged). One folder and prefix hold one run.
-        storage_options: for a URL ``model_dir``, the options of its fsspec filesystem (s3fs's
-            ``key``, ``endpoint_url``...); None: the store's defaults (``AWS_ENDPOINT_URL``...).
-        async_save: training waits only while the state is copied to the host; it is written and
-            rotated in the background (:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO`),
-            one save in flight: the next save, a preemption save and ``train_end`` wait for it and
-            raise its error. Under FSDP the shards go through DCP's ``async_save``.
-        io: a :class:`~fitforge.checkpoint.CheckpointIO` instead of ``model_dir``: a store of
-            one's own, one class with ``write``, ``read``, ``names`` and ``delete``
-            (docs/extending.md). Everything above holds through it.
+        save_non_finite: a state with a nan or an inf in its weights or optimizer state is never saved under a
+            checkpoint name; with True the run's first one is kept as ``<prefix>-nonfinite.pt`` for inspection.
+        resume_from_checkpoint: at fit start, continue from the newest checkpoint that loads (one that does not is
+            skipped with a warning), to the same target (``epochs=5`` means five in all).
+        overwrite: a run that does not resume, in a store holding checkpoints of its prefix, is refused before
+            training; ``overwrite=True`` deletes them first (logged).
+        storage_options: for a URL ``model_dir``, the options of its fsspec filesystem (None: the store's defaults).
+        async_save: training waits only while the state is copied to the host; it is written in the background
+            (:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO`), one save in flight.
+        io: a :class:`~fitforge.checkpoint.CheckpointIO` instead of ``model_dir`` (docs/extending.md).
 
-    A SIGTERM or SIGINT during fit saves the state at the next batch boundary. Under
-    torch.distributed every rank builds the checkpoint and rank 0 writes it (every rank fails with
-    its error); on resume rank 0 picks the file and every rank loads it, from a shared ``model_dir``.
+    A SIGTERM or SIGINT during fit saves the state at the next batch boundary. Under torch.distributed rank 0 writes
+    and every rank loads on resume, from a shared ``model_dir``.
 
     Example:
         >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)
@@ -173,15 +159,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         return period is not None and (state.epoch + 1) % period == 0
 
     def batch_end(self, state: TrainState) -> None:
-        if (
-            state.run.preempted is not None
-        ):  # now, before epoch_end handlers change the state (or use up the grace time)
-            self._writer.regular(state, state.epoch, state.global_step + 1)
-            return
-        if self.batch_period and (state.global_step + 1) % self.batch_period == 0:
+        if state.run.preempted is None:  # else now, before epoch_end handlers change the state or use up the grace
+            if not self.batch_period or (state.global_step + 1) % self.batch_period:
+                return
             if state.batch_idx + 1 == state.num_batches and self._saves_at_epoch_end(state):
                 return  # the epoch ends with this batch and saves the same state under its epoch name
-            self._writer.regular(state, state.epoch, state.global_step + 1)
+        self._writer.regular(state, state.epoch, state.global_step + 1)
 
     def epoch_end(self, state: TrainState) -> None:
         if self.save_best:  # first, so the regular checkpoint of this epoch holds this epoch's best

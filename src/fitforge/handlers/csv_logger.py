@@ -24,19 +24,11 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
     """Write the history row of every training epoch to a CSV file as the epoch ends.
 
     Columns: ``epoch`` (from 1), then the history keys recorded by the first epoch and those the run's metric and
-    validation handlers will produce later (validation every second epoch keeps the header; its other rows hold
-    ``nan``). A key that appears later anyway (a custom ``eval_fn``, a handler's own values) adds a column: the file
-    is rewritten once, atomically, with ``nan`` in the earlier rows. Each row is flushed and fsynced when written, so
-    a crash loses at most the epoch under way. Only ``fit`` writes (not ``evaluate``).
-
-    Resuming (``CheckpointHandler(resume_from_checkpoint=True)``) continues the file: the epochs after its last row
-    are appended from the restored history (filling in rows the interrupted run had no time to write), and an epoch
-    the file has is never written twice (a row written before a crash stays as first written). A partial epoch ended
-    by SIGTERM/SIGINT is written when the resumed run ends it; one ended by a stop is written as it is.
-
-    The run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`: model, optimizer, lr, batch size,
-    epochs, precision...) go to a JSON object beside the log, ``<name>.params.json`` (``log.csv`` ->
-    ``log.params.json``), written atomically at ``train_begin`` by each fit: the CSV stays plain rows.
+    validation handlers will produce later (``nan`` in rows without a value). A key that appears later anyway adds a
+    column: the file is rewritten once, atomically. Each row is flushed and fsynced when written. Only ``fit`` writes. A
+    resumed run continues the file and never writes an epoch twice; a partial epoch ended by SIGTERM/SIGINT is written
+    when the resumed run ends it. The run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`) go to
+    ``<name>.params.json`` beside the log, written at ``train_begin``. docs/handlers.md has the details.
 
     Args:
         path: the CSV file (its folder is created if needed).
@@ -99,8 +91,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
             expected = state.services.history_keys()
             keys = list(history) + [key for key in expected if key not in history]
             self._header = ["epoch", *keys]
-            with self.path.open("w", newline="") as file:
-                csv.writer(file, lineterminator="\n").writerow(self._header)
+            _write_rows(self.path, "w", [self._header])
         else:
             self._header = header
         if not resumed:  # a fresh run (appending or not) numbers its epochs from 1
@@ -125,9 +116,8 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
             last = int(lines[-1][0]) if len(lines) > 1 else 0
         except ValueError:
             raise FitforgeValueError(
-                f"CSVLoggerHandler: {self.path} is not a log this handler can continue (its "
-                f"first column should be 'epoch', got {lines[0][:3]}...); pass another path, "
-                "or move the file away"
+                f"CSVLoggerHandler: {self.path} is not a log this handler can continue (its first column should be "
+                f"'epoch', got {lines[0][:3]}...); pass another path, or move the file away"
             ) from None
         return lines[0], last
 
@@ -136,12 +126,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         if new:
             self._add_columns(list(dict.fromkeys(new)))
         keys = self._header[1:]
-        with self.path.open("a", newline="") as file:
-            writer = csv.writer(file, lineterminator="\n")
-            for epoch, row in rows:
-                writer.writerow([epoch, *(row.get(key, math.nan) for key in keys)])
-            file.flush()
-            os.fsync(file.fileno())  # a crash loses at most the epoch under way
+        _write_rows(self.path, "a", [[epoch, *(row.get(key, math.nan) for key in keys)] for epoch, row in rows])
 
     def _add_columns(self, keys: list[str]) -> None:
         """Rewrite the file with ``keys`` as new columns (nan in the rows already written), atomically."""
@@ -149,12 +134,7 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
             old = [line for line in csv.reader(file) if line][1:]
         self._header = [*self._header, *keys]
         temporary = self.path.with_name(self.path.name + ".tmp")
-        with temporary.open("w", newline="") as file:
-            writer = csv.writer(file, lineterminator="\n")
-            writer.writerow(self._header)
-            writer.writerows(line + ["nan"] * (len(self._header) - len(line)) for line in old)
-            file.flush()
-            os.fsync(file.fileno())
+        _write_rows(temporary, "w", [self._header, *(line + ["nan"] * (len(self._header) - len(line)) for line in old)])
         os.replace(temporary, self.path)
         log.info("CSVLoggerHandler: new history key(s) %s: added as columns to %s", ", ".join(keys), self.path)
 
@@ -165,3 +145,11 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
 def _current_row(history: History) -> dict[str, float]:
     """The current epoch's row (nan for keys it has no value for), without copying the columns."""
     return {key: math.nan if (value := history.current(key)) is None else value for key in history}
+
+
+def _write_rows(path: Path, mode: str, rows: list[list]) -> None:
+    """Write ``rows`` to ``path`` (``mode`` "w" or "a"), flushed and fsynced: a crash loses at most one epoch."""
+    with path.open(mode, newline="") as file:
+        csv.writer(file, lineterminator="\n").writerows(rows)
+        file.flush()
+        os.fsync(file.fileno())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import torch
@@ -24,19 +23,10 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     Lightning's ``EMAWeightAveraging`` and Ignite's ``EMAHandler`` do.
 
     After every ``every``-th optimizer step, each averaged tensor becomes ``decay * average + (1 - decay) * weight``
-    on the weights' device (no host read), starting from the fit's first weights; the raw weights keep training. An
-    average of bfloat16/float16 weights is kept in float32, where ``(1 - decay) * (weight - average)`` does not round
-    to nothing. While ``evaluate_averaged`` is True (set it at any time), the validation in fit,
-    ``Estimator.evaluate``, ``predict``, ``predict_batches`` and the best checkpoint
-    (``CheckpointHandler(save_best=True)``) swap the averaged weights into the net for their duration, so ``val_*``
-    values, early stopping and "best" judge the average; ``EarlyStoppingHandler(restore_best=True)`` puts the best
-    average back into the average. After fit, ``evaluate`` and ``predict`` keep using the last fit's average; a later
-    fit without an EMAHandler evaluates its own weights.
-
-    Periodic checkpoints hold the raw weights and the average (this handler's state), so a resumed run continues
-    both exactly; under FSDP the average is sharded as the weights and saved with their shards. A second fit of the
-    same estimator continues the average. ``estimator.load_checkpoint`` loads a checkpoint's average into the last
-    fit's EMAHandler (a checkpoint without one: evaluation runs with the loaded weights, logged).
+    on the weights' device (no host read; low-precision weights averaged in float32), starting from the fit's first
+    weights; the raw weights keep training. While ``evaluate_averaged`` is True, validation, ``evaluate``,
+    ``predict`` and the best checkpoint judge the average. Checkpoints hold it, so a resume (or a second fit)
+    continues it exactly. docs/handlers.md (Averaged weights) has the details.
 
     Args:
         decay: the weight of the old average at each update, in [0, 1) (0.999: about the last 1,000 updates count).
@@ -54,9 +44,8 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         >>> torch.save(ema.averaged_state_dict(), "ema.pt")                       # doctest: +SKIP
     """
 
-    priority = (
-        Stage.METRICS
-    )  # after the step (and DiLoCo's outer one): validation (after it) and checkpoints see the average
+    # After the step (and DiLoCo's outer one): validation (after it) and checkpoints see the average.
+    priority = Stage.METRICS
     reads = ("estimator", "optimizer_steps", "run")
     writes = ()
 
@@ -65,7 +54,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     ) -> None:
         if isinstance(decay, bool) or not isinstance(decay, (int, float)):
             raise FitforgeTypeError(f"EMAHandler: decay must be a number in [0, 1), got {describe(decay)}")
-        if not (0.0 <= decay < 1.0) or math.isnan(decay):
+        if not 0.0 <= decay < 1.0:  # nan too
             raise FitforgeValueError(f"EMAHandler: decay must be in [0, 1) (e.g. 0.999), got {decay!r}")
         check_positive("EMAHandler", "every", every)
         if buffers not in _BUFFERS:
@@ -129,10 +118,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         if steps != self._seen:  # else no step this batch (accumulating, or a skipped one): nothing new
             self._update(steps)
 
-    def epoch_end(self, state: TrainState) -> None:
-        steps = state.optimizer_steps
-        if steps != self._seen:  # a trailing partial accumulation group is stepped at epoch end
-            self._update(steps)
+    epoch_end = batch_end  # a trailing partial accumulation group is stepped at epoch end
 
     def _update(self, steps: int) -> None:
         due = steps // self.every > self._seen // self.every  # an every-th step was taken since the last look
@@ -176,8 +162,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
             self.swap_out()
 
     def load_averaged(self, weights: dict[str, Any]) -> None:
-        """Copy ``weights`` (a ``state_dict`` of the net, e.g. the best epoch's averaged weights) into the
-        average."""
+        """Copy ``weights`` (a ``state_dict`` of the net, e.g. the best epoch's averaged weights) into the average."""
         for name, average in zip(self._names, self._averages):
             if name in weights:
                 average.copy_(weights[name])
@@ -224,12 +209,9 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
 def _tracked(net: nn.Module, buffers: str) -> list[tuple[str, torch.Tensor]]:
     """The tensors averaged: every parameter, then (``buffers="average"``) the floating-point buffers that are
     finite at fit start (averaging a -inf mask would give nan)."""
-    tracked: list[tuple[str, torch.Tensor]] = list(net.named_parameters())
-    if buffers == "average":
-        tracked += [
-            (name, b) for name, b in net.named_buffers() if b.is_floating_point() and bool(torch.isfinite(b).all())
-        ]
-    return tracked
+    averaged = buffers == "average"
+    finite = [(name, b) for name, b in net.named_buffers() if averaged and b.is_floating_point() and b.isfinite().all()]
+    return [*net.named_parameters(), *finite]
 
 
 def _average_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -239,5 +221,4 @@ def _average_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (its storage), else the tensor."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if to_local is not None else tensor
+    return getattr(tensor, "to_local", lambda: tensor)()

@@ -48,47 +48,20 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
     """Step the optimizers, then ``zero_grad(set_to_none=True)``.
 
     It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights (read the gradients before
-    the step at ``backward_end``). Clipping happens in the step, right after the fp16 scaler's unscale (split, a batch
-    cancelled between the two would leave the scaler unscaled). A flag offered in ``services.step_skips``
-    (NaNGuardHandler's, for fused optimizers) is passed to every step: the device skips a step it flags.
+    the step at ``backward_end``). Clipping happens in the step, right after the fp16 scaler's unscale. A flag offered
+    in ``services.step_skips`` (NaNGuardHandler's, for fused optimizers) is passed to every step.
 
-    Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some (indices into
-    ``estimator.optimizers``, or the optimizers): a GAN returns ``step=[0]`` on the discriminator's batches and
-    ``step=[1]`` on the generator's. Then:
+    Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some (a GAN's
+    ``step=[0]`` and ``step=[1]``; docs/custom-steps.md). Each optimizer then counts its own accumulation group, and
+    the gradients a batch leaves on an optimizer it does not step are discarded unless that optimizer has a group
+    open. ``state.optimizer_steps`` counts the batches on which any optimizer stepped, :meth:`steps_per_optimizer`
+    each optimizer's.
 
-    - each optimizer counts its own accumulation group (the batches that chose it), stepped when full and at an
-      epoch end. Clipping takes one norm over the optimizers stepping together; under fp16 the scaler unscales and
-      steps those, and updates once per batch that stepped any.
-    - the gradients a batch leaves on an optimizer it does not step (the generator's backward reaches the
-      discriminator) are discarded, unless that optimizer has a group open (``accumulate > 1``, interleaved
-      batches): they then join its group, so keep such a backward off those parameters (``requires_grad_(False)``
-      or ``detach``). Under fp16 an open group is rescaled when the scale changes.
-    - a parameter held by two optimizers is updated by the first of them (in ``estimator.optimizers`` order)
-      stepping on a batch, whose ``zero_grad`` clears it before the next one steps; it is never discarded while one
-      of its optimizers steps or has a group open, and a group's mean divides it once. Better: one optimizer each.
-    - ``state.optimizer_steps`` counts the batches (and epoch-end trailing groups) on which any optimizer stepped;
-      :meth:`steps_per_optimizer` counts each optimizer's (a batch-interval LRSchedulerHandler follows its own).
-    - ``state.accumulated_batches`` is the largest open group (0: no gradient waits); the per-optimizer counts are
-      this handler's state, saved in checkpoints.
-
-    Under DDP (``estimator.train_net`` a ``DistributedDataParallel``) with ``accumulate > 1`` and one optimizer, only
-    a group's last batch all-reduces the gradients (DDP's ``no_sync`` for the others, set at ``batch_begin``), as do
-    the last batch of an epoch of known length and of ``batches=N``. A group that ends otherwise (a stop, data
-    without ``len``) is averaged over the ranks before its step, and an open group before a checkpoint saves it
-    (:meth:`share_open_group`), so every rank steps, and resumes, with the same gradients. Several optimizers, FSDP,
-    sparse gradients and ``sync_each_batch=True`` sync every batch (see docs/distributed.md).
-
-    Accumulation that equals the big batch: when the loss is a mean over items fitforge can count
-    (``CrossEntropyLoss``/``NLLLoss`` with ``reduction="mean"``, with or without ``ignore_index`` or class weights;
-    a Hugging Face model's own loss, given ``num_items_in_batch``; see :mod:`fitforge.optim.item_counts`), the
-    default ``fit_batch`` backpropagates ``loss * items`` and the step divides the group's gradients by its items
-    (summed over the ranks under DDP/FSDP), on the device: one step equals one on the group's batches concatenated,
-    however their padding differs. Otherwise (or with several optimizers, or a ``fit_batch`` of your own) the
-    batches weigh alike, and an info line after the first group says how to count them (``items=``) when their
-    shapes differ or they are padded (an ``attention_mask``). A ``fit_batch`` of your
-    own weighs its batches by backpropagating ``loss * items`` and returning ``BatchOutput(..., items=items)``.
-
-    A ``CancelBatch`` clears the gradients of every open group (the loop cannot tell one batch's share apart).
+    Under DDP with ``accumulate > 1`` and one optimizer, only a group's last batch all-reduces the gradients
+    (docs/distributed.md, Gradient accumulation). When the loss is a mean over items fitforge can count
+    (:mod:`fitforge.optim.item_counts`), the step divides the group's gradients by its items, so one step equals one
+    on the group's batches concatenated (docs/handlers.md, Gradient accumulation by items). A ``CancelBatch`` clears
+    the gradients of every open group.
 
     Args:
         accumulate: step once every this many batches, dividing the summed gradients by the group's batches (or

@@ -88,20 +88,11 @@ class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, E
             )
         if unknown:
             raise FitforgeTypeError(
-                f"LambdaHandler got unknown argument(s) {', '.join(sorted(unknown))}; expected "
-                f"functions named after events ({', '.join(e.value for e in Event)}) and "
-                "priority, run_after, reads, writes"
+                f"LambdaHandler got unknown argument(s) {', '.join(sorted(unknown))}; expected functions named after "
+                f"events ({', '.join(e.value for e in Event)}) and priority, run_after, reads, writes"
             )
-        given = {
-            "train_begin": train_begin,
-            "epoch_begin": epoch_begin,
-            "batch_begin": batch_begin,
-            "backward_end": backward_end,
-            "batch_end": batch_end,
-            "epoch_end": epoch_end,
-            "train_end": train_end,
-        }
-        functions = {Event(name): fn for name, fn in given.items() if fn is not None}
+        given = (train_begin, epoch_begin, batch_begin, backward_end, batch_end, epoch_end, train_end)  # Event's order
+        functions = {event: fn for event, fn in zip(Event, given) if fn is not None}
         if not functions:
             raise FitforgeValueError(
                 "LambdaHandler needs at least one function, e.g. LambdaHandler(epoch_end=lambda state: ...); got none"

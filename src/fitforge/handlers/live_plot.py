@@ -77,10 +77,8 @@ class LivePlotHandler(TrainBegin, EpochEnd):
                 log.info("LivePlotHandler: the curves go to %s after every epoch", self._file.resolve())
 
     def _check_keys(self, state: TrainState) -> None:
-        if self.keys is None:
-            return
-        if not state.services.keys_complete:
-            return  # a custom validation's keys are known only once it ran
+        if self.keys is None or not state.services.keys_complete:
+            return  # nothing asked, or a custom validation's keys, known only once it ran
         names = metric_names(state.services.history_keys())
         unknown = [key for key in self.keys if key not in names]
         if unknown:

@@ -86,15 +86,12 @@ _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch los
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
 
-    The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`: parameters,
-    size, device, precision) and one with the fit's length. An epoch's line shows every value recorded in it, a
-    non-finite one too (``train_loss=nan``; a first non-finite loss also warns), as :mod:`fitforge.reporting.formatting`
-    writes them (4 significant digits). Epochs are numbered over the estimator's fits (a second ``fit(epochs=2)``
-    after 5 epochs logs 6/7 and 7/7); one cut short is marked ``partial``, with the batches it trained (a resumed run
-    logs the whole epoch when it finishes it). The closing line (:mod:`fitforge.reporting.closing`) gives the values
-    of the epoch whose weights the net holds (the restored one after ``EarlyStoppingHandler(restore_best=True)``),
-    or where an exception struck and what it was, never "Finished"; a stop with an ending (a pruned trial) opens
-    with its word: ``Pruned at the end of epoch 3/15 (...)``. Everything logged is flushed before ``fit`` returns.
+    The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`) and one with
+    the fit's length. An epoch's line shows every value recorded in it, a non-finite one too (a first non-finite loss
+    also warns), as :mod:`fitforge.reporting.formatting` writes them; epochs are numbered over the estimator's fits,
+    one cut short marked ``partial``. The closing line (:mod:`fitforge.reporting.closing`) gives the values of the
+    epoch whose weights the net holds, or where an exception struck. Everything logged is flushed before ``fit``
+    returns. docs/output.md (Log lines) has examples.
 
     Args:
         log_interval: "epoch", or log running values every n batches (a host read each time).

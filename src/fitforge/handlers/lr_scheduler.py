@@ -34,19 +34,12 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
-    ``interval="epoch"`` steps at the end of each epoch the run is through with (one cut short by a stop or a signal
-    steps when a resumed run finishes it), after the metrics and validation, before CheckpointHandler (both at
-    ``Stage.PERSIST``: the checkpoint reads the history this handler writes), so checkpoints hold the stepped
-    scheduler. ``interval="batch"`` steps once
-    per step of the scheduler's optimizer, after GradientUpdateHandler's (with ``accumulate=N``, once per N batches;
-    with optimizers chosen per batch, ``BatchOutput.step``, only after the batches that stepped this one).
-    ``ReduceLROnPlateau`` steps with ``monitor``'s value in this epoch's history row; an epoch without one does not
-    step it. A ``OneCycleLR`` you size yourself is checked before the fit's first step: too short for the fit is an
-    error naming both numbers, and one stepped per epoch that would stop before its peak a warning.
-
-    History: the loop records ``lr`` (``lr_<i>`` for further optimizers: each one's first parameter group) at every
-    epoch end, and this handler again after stepping there, so ``history["lr"][e]`` is the rate *after* epoch ``e``'s
-    steps, the one epoch ``e + 1`` starts with. The scheduler's state rides in checkpoints: a resume continues exactly.
+    ``interval="epoch"`` steps at the end of each epoch the run is through with, after the metrics and validation,
+    before CheckpointHandler. ``interval="batch"`` steps once per step of the scheduler's optimizer, after
+    GradientUpdateHandler's. ``ReduceLROnPlateau`` steps with ``monitor``'s value in this epoch's history row. A
+    ``OneCycleLR`` you size yourself is checked before the fit's first step against the fit's length.
+    ``history["lr"][e]`` is the rate *after* epoch ``e``'s steps. The scheduler's state rides in checkpoints: a
+    resume continues exactly. docs/handlers.md (Learning-rate schedules) has the details.
 
     Args:
         scheduler: a ``torch.optim.lr_scheduler`` instance built on one of the estimator's optimizers.
@@ -98,9 +91,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
             )
         if monitor is not None and not plateau:
             raise FitforgeValueError(
-                f"LRSchedulerHandler: monitor is only for ReduceLROnPlateau; "
-                f"{type(scheduler).__name__} steps without a value, so leave monitor=None, "
-                f"got monitor={monitor!r}"
+                f"LRSchedulerHandler: monitor is only for ReduceLROnPlateau; {type(scheduler).__name__} steps without "
+                f"a value, so leave monitor=None, got monitor={monitor!r}"
             )
         self._monitor = None if monitor is None else Monitor(monitor, owner="LRSchedulerHandler")
         self.scheduler: Any = None if recipe else scheduler
@@ -158,9 +150,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         step, the schedule of most transformer recipes).
 
         Built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer steps counted as by
-        :meth:`one_cycle` (rounded up per epoch). The first step's rate is 0, step ``warmup``'s the peak.
-        Checkpointed and resumed exactly. A later fit without a schedule trains at the rate this one left
-        (``min_lr``): call ``estimator.set_lr(...)`` first. A fit that fails before its first step leaves the rates.
+        :meth:`one_cycle`. A later fit without a schedule trains at the rate this one left (``min_lr``): call
+        ``estimator.set_lr(...)`` first.
 
         Args:
             warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps (a float in
@@ -311,23 +302,18 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         return own_steps(state, self._updater, self._index)
 
     def _follow_steps(self, state: TrainState) -> None:
-        scheduler, seen, steps = self.scheduler, self._steps_seen or 0, self._own_steps(state)
-        if self._updater is not None and not self._warned_turns and self._recipe is not None:
-            self._warn_if_turns(state, steps)
+        scheduler, seen, steps, recipe = self.scheduler, self._steps_seen or 0, self._own_steps(state), self._recipe
+        # A schedule sized to every optimizer step, whose optimizer steps only on some batches (optimizers taking
+        # turns), would end part-way: say so once, with the fix.
+        turns = self._updater is not None and state.optimizer_steps >= 2 and steps != state.optimizer_steps
+        if turns and not self._warned_turns and recipe is not None and not recipe.sized:
+            self._warned_turns = True
+            warn_taking_turns(f"LRSchedulerHandler.{recipe.method}", self._index, steps, state, scheduler.total_steps)
         for _ in range(steps - seen):
-            if self._recipe is not None and scheduler.last_epoch >= scheduler.total_steps - 1:
+            if recipe is not None and scheduler.last_epoch >= scheduler.total_steps - 1:
                 break  # at the cycle's end (the fit's last step, or a cancelled batch's extra one)
             self._step()
         self._steps_seen, self._batches_seen = steps, state.optimizer_steps
-
-    def _warn_if_turns(self, state: TrainState, steps: int) -> None:
-        """A schedule sized to every optimizer step, whose optimizer steps only on some batches (optimizers taking
-        turns), would end part-way: say so once, with the fix."""
-        recipe = self._recipe
-        if recipe is None or recipe.sized or state.optimizer_steps < 2 or steps == state.optimizer_steps:
-            return
-        self._warned_turns = True
-        warn_taking_turns(f"LRSchedulerHandler.{recipe.method}", self._index, steps, state, self.scheduler.total_steps)
 
     def _step_epoch(self, state: TrainState) -> bool:
         if self._monitor is None:

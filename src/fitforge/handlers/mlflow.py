@@ -24,16 +24,9 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
     """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status (and optionally
     the best checkpoint) at the end.
 
-    At ``train_begin`` it starts a run, or joins the active one (a fit inside ``with mlflow.start_run():``, with
-    ``tracking_uri`` None or that run's), and logs :func:`~fitforge.reporting.hparams.run_params` (model, optimizer,
-    lr, batch size, epochs, precision...), ``params`` on top. At each training epoch end every finite value of the
-    history row (``train_loss``, ``val_*``, ``lr``, ``epoch_time``...) is a metric whose step is the epoch (from 1);
-    an epoch cut short by SIGTERM/SIGINT is left to the resumed run. At ``train_end`` a run it started ends
-    ``FINISHED``, ``KILLED`` (SIGTERM/SIGINT or ``KeyboardInterrupt``) or ``FAILED`` (an exception); a run it joined
-    is left to its owner. ``run_id`` (kept after fit) names the run, to log more with ``mlflow.MlflowClient``.
-
-    Only rank 0 logs under torch.distributed. Needs ``pip install 'fitforge[mlflow]'`` (``mlflow-skinny``, with
-    ``sqlalchemy`` and ``alembic`` for the SQLite store; the full ``mlflow`` adds the UI server, ``mlflow ui``).
+    It starts a run, or joins the active one (with ``tracking_uri`` None or that run's), whose end it then leaves to
+    its owner; ``run_id`` names the run. Only rank 0 logs. Needs ``pip install 'fitforge[mlflow]'``;
+    docs/handlers.md (Experiment tracking) has the details.
 
     Args:
         tracking_uri: where runs are stored: ``"sqlite:///mlflow.db"``, ``"http://host:5000"``... None: MLflow's
@@ -43,9 +36,9 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         run_name: the new run's name (None: MLflow makes one up).
         params: more parameters (str keys; str, int, float or bool values), merged over the run's own.
         tags: tags of a new run (str to str).
-        log_best_checkpoint: at ``train_end``, upload the best checkpoint of the fit's
-            ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt`` (the ``.pt``
-            file; under FSDP its folder of shards is not uploaded). A fit without such a handler fails at its start.
+        log_best_checkpoint: at ``train_end``, upload the best ``.pt`` checkpoint of the fit's
+            ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt`` (a fit without such a
+            handler fails at its start).
 
     Raises:
         ImportError: mlflow is not installed.
@@ -144,8 +137,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         history, timestamp = state.history, int(time.time() * 1000)
         metrics = []
         for key in history:
-            value = history.current(key)
-            if value is not None and math.isfinite(value):
+            if (value := history.current(key)) is not None and math.isfinite(value):
                 metrics.append(self._metric(key, value, timestamp, history.epochs))
         if not metrics:
             return

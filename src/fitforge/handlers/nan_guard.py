@@ -38,31 +38,20 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
     """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and never let the
     optimizer step on such a batch.
 
-    Every batch, after the backward and before GradientUpdateHandler's step (``backward_end``, in training only: the
-    step and the metrics never see a batch it cancels), it decides on the device whether the loss or any gradient of
-    the optimizers' parameters is not finite. Reading that on the host waits for the device (a sync); the costs:
+    Every batch, after the backward and before GradientUpdateHandler's step (``backward_end``, in training only), it
+    decides on the device whether the loss or any gradient is not finite. With optimizers that skip a step on the
+    device (``fused=True`` Adam and AdamW) it offers its flag to the stepping (``services.step_skips``) and reads it on
+    the host once per epoch (or every ``check_every`` batches); any other optimizer, and ``"skip"``, need one host read
+    per batch, and a bad batch is cancelled (``CancelBatch``) whatever the policy. Under ``precision="16-mixed"`` the
+    GradScaler guards the gradients and it watches the loss only.
 
-    - The step is guarded under every policy. When every optimizer can skip its update on the device (``fused=True``
-      Adam and AdamW, through GradScaler's ``found_inf``; not fused SGD, whose skipped first step leaves its momentum
-      uninitialised), the guard offers its flag to the optimizer stepping (``services.step_skips``) and reads
-      nothing per batch. Any other optimizer needs **one host read per batch** (free on the CPU), and a bad batch is
-      cancelled (``CancelBatch``: no step, gradients cleared) whatever the policy. Under ``precision="16-mixed"`` the
-      GradScaler already skips steps on non-finite gradients (routine there), so the guard watches the loss only.
-    - ``"stop"`` (default): request a stop whose reason (``history.stop_reason``) names the first bad batch (epoch
-      and batch from 1, and ``state.global_step``) and the loss value. On the device-skip path that batch is recorded
-      on the device and read at epoch end (**one host read per epoch**), so the stop comes at the end of that epoch,
-      its bad steps skipped; ``check_every=n`` also reads it every n batches, acting at once (cancelling that batch).
-      On the host-read path it acts at the first bad batch.
-    - ``"raise"``: like ``"stop"``, but fail with a :class:`NonFiniteLossError` (a ``ValueError``) naming the batch
-      and the value; ``train_end`` still runs for every handler.
-    - ``"skip"``: cancel every bad batch (``CancelBatch``: no step, gradients cleared, not counted towards
-      ``batches=N`` nor in the epoch's metrics; with accumulation, its whole group so far is cleared) and go on:
-      **one host read per batch**, and a warning at each epoch end with the count.
+    - ``"stop"`` (default): request a stop whose reason (``history.stop_reason``) names the first bad batch and the
+      loss value; on the device-skip path, at the end of that epoch (its bad steps skipped).
+    - ``"raise"``: like ``"stop"``, but fail with a :class:`NonFiniteLossError` naming the batch and the value.
+    - ``"skip"``: cancel every bad batch and go on, with a warning at each epoch end with the count.
 
-    A parameter that a step on finite gradients made non-finite shows in the next batch; a CheckpointHandler never
-    saves it. A step taken inside ``fit_batch`` comes before the guard and is not guarded. A run it stopped counts as
-    finished (resuming after the stop trains no more, as for EarlyStoppingHandler); its record rides in checkpoints,
-    so a run preempted after a bad batch reports it when the resumed epoch ends.
+    A run it stopped counts as finished (a resume trains no more); its record rides in checkpoints. docs/handlers.md
+    and docs/checkpoints.md have the details and costs.
 
     Args:
         policy: ``"stop"``, ``"skip"`` or ``"raise"``.
@@ -205,9 +194,8 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
         self._clear()
         if self.policy == "raise":
             raise NonFiniteLossError(
-                f"NaNGuardHandler(policy='raise'): the training {where} is not finite; lower "
-                "the learning rate, clip gradients (GradientUpdateHandler(clip_norm=...)) or "
-                "look for nan/inf in the data"
+                f"NaNGuardHandler(policy='raise'): the training {where} is not finite; lower the learning rate, clip "
+                "gradients (GradientUpdateHandler(clip_norm=...)) or look for nan/inf in the data"
             )
         self.stopped_epoch = state.epoch
         state.run.stop(

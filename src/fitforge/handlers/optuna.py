@@ -27,18 +27,14 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
     """Report ``monitor`` to an Optuna trial at each new value, and end the fit when Optuna prunes.
 
     Each value of ``monitor`` goes to ``trial.report(value, step)``, then ``trial.should_prune()`` decides: at each
-    epoch end (step: the epoch, from 0, over the estimator's fits), or, when validation also runs every n batches
-    (``ValidationHandler(batch_period=n)``), at each validation (step: the batches completed). An epoch without a
-    value reports nothing. The study's direction says which way is better (a warning says when the key reads the
-    other way). A pruned trial ends like any stop, there: the batch's and epoch's handlers run (its log line, its
-    checkpoint), then ``train_end`` (the closing line says ``Pruned ...``); then ``fit`` raises
-    ``optuna.TrialPruned``, which ``study.optimize`` records as PRUNED.
+    epoch end (step: the epoch, from 0, over the estimator's fits), or, when validation also runs every n batches, at
+    each validation (step: the batches completed). The study's direction says which way is better (a warning says
+    when the key reads the other way). A pruned trial ends like any stop (the closing line says ``Pruned ...``), then
+    ``fit`` raises ``optuna.TrialPruned``, which ``study.optimize`` records as PRUNED.
 
-    Under torchrun, pass the trial on rank 0 and ``None`` on the others (the trial lives in rank 0's process;
-    optuna-integration's ``TorchDistributedTrial`` is not needed, and not supported: its methods are collectives the
-    other ranks would not reach). Every rank runs this handler: rank 0 reports and decides, every rank learns the
-    verdict at the same validation (one small broadcast per report, none per batch), stops at the same batch and
-    raises ``optuna.TrialPruned``. Needs ``pip install "fitforge[optuna]"``.
+    Under torchrun, pass the trial on rank 0 and ``None`` on the others (not optuna-integration's
+    ``TorchDistributedTrial``): rank 0 reports and decides, and every rank learns the verdict at the same validation
+    and stops at the same batch. Needs ``pip install "fitforge[optuna]"``; docs/tuning.md has more.
 
     Args:
         trial: an ``optuna.Trial`` (anything with ``report`` and ``should_prune``); None on the ranks other than 0.

@@ -1,13 +1,8 @@
 """ProgressBarHandler: a tqdm bar per epoch, refreshed at a throttled interval.
 
-A finished epoch leaves one line on screen (as in Keras): the bar, shown while the epoch runs, is cleared at its end
-for a LoggingHandler's epoch line (the same numbers), else stays as the epoch's line. The running values after the
-bar are cut, whole ``key=value`` pairs at a time, to the terminal's width, so they never squeeze the bar. Output
-that is no terminal (a file, a pipe, a CI log) gets no redraws and no carriage return: nothing while the epoch runs,
-then the finished bar only when it is the epoch's line, as Keras writes when piped. In a Jupyter notebook
-(``file=None``) each bar is a cell output of its own, redrawn in place, kept as text or emptied for the log line
-(:mod:`fitforge.reporting.notebook_output`): tqdm's widget while the epoch runs when ``ipywidgets`` is installed,
-else a text bar (and no "IProgress not found" warning).
+A finished epoch leaves one line on screen (as in Keras): the bar, cleared at its end for a LoggingHandler's epoch line,
+else kept. Output that is no terminal gets no redraws; in a notebook each bar is a cell output of its own
+(:mod:`fitforge.reporting.notebook_output`). docs/output.md (The progress bar) has the details.
 """
 
 from __future__ import annotations

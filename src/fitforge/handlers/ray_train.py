@@ -34,47 +34,32 @@ def _ray_train() -> Any:
 
 
 class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Accompanied):
-    """Each epoch's metrics, and every checkpoint the fit's :class:`CheckpointHandler` s save, reported
-    to Ray Train's ``ray.train.report``; a fit that Ray restarts resumed from ``ray.train.get_checkpoint()``.
-    For a fit run inside a Ray ``TorchTrainer``'s ``train_loop_per_worker``.
+    """Each epoch's metrics, and every checkpoint the fit's :class:`CheckpointHandler` s save, reported to Ray Train's
+    ``ray.train.report``; a fit that Ray restarts resumed from ``ray.train.get_checkpoint()``. For a fit run inside a
+    Ray ``TorchTrainer``'s ``train_loop_per_worker``.
 
-    It reports what the fit's checkpoint handlers write, so it works beside yours
-    (``[CheckpointHandler("ckpt", resume_from_checkpoint=True), RayTrainReportHandler()]``, in any
-    store) or alone: a fit without a CheckpointHandler gets one of its own, which saves into
-    ``model_dir``, resumes, and takes ``options``. Ray keeps the checkpoints
-    (``RunConfig(storage_path=...)``, ``CheckpointConfig(num_to_keep=...)``). Every save is reported
-    as a Ray checkpoint holding its ``.pt`` file (and ``<prefix>-best.pt`` when the best was replaced
-    since the last report). Each epoch end reports the epoch's history row (every finite value:
-    ``train_loss``, ``val_*``, ``lr``...) with ``epoch`` (completed epochs) and ``global_step``, with
-    that epoch's files when they were saved; a save in the middle of an epoch (``batch_period``, a
-    preemption) is reported with ``epoch`` and ``global_step``. Every worker calls
-    ``ray.train.report`` at the same points, as Ray requires; rank 0 attaches the files.
-
-    At fit start, when Ray has a checkpoint (a worker group restarted after a failure, with
-    ``FailureConfig(max_failures=...)``), every worker puts its files into the store of each
-    checkpoint handler that resumes, and the fit resumes from the newest checkpoint there (mid-epoch,
-    on another number of workers too). A later fit in the same worker process (after this process
-    reported) does not take Ray's checkpoint: it is that process's own.
-
-    Ray's ``TorchTrainer`` sets up the process group before the loop runs; fit uses it as it is
-    (DDP, the data split, rank 0 writing), as under torchrun. Needs the optional extra:
-    ``pip install "fitforge[ray]"``.
+    It reports what the fit's checkpoint handlers write, so it works beside yours or alone: a fit without a
+    CheckpointHandler gets one of its own, which saves into ``model_dir``, resumes, and takes ``options``. Every save
+    is reported as a Ray checkpoint holding its ``.pt`` file (and ``<prefix>-best.pt`` when replaced); each epoch end
+    reports the epoch's finite history values with ``epoch`` and ``global_step``. Every worker calls
+    ``ray.train.report`` at the same points; rank 0 attaches the files. When Ray restarts the worker group, every
+    worker puts Ray's files into the stores of the checkpoint handlers that resume, and the fit resumes from there.
+    docs/distributed.md (Ray Train) has the details. Needs ``pip install "fitforge[ray]"``.
 
     Args:
-        model_dir: the local folder of the CheckpointHandler it adds to a fit that has none (None: a
-            temporary folder, removed when the handler is garbage-collected or the process exits).
-        **options: that CheckpointHandler's other arguments (``epoch_period``, ``batch_period``,
-            ``max_checkpoints``, ``model_prefix``, ``monitor``, ``save_best``...), except
-            ``resume_from_checkpoint`` (always on) and ``async_save`` (a checkpoint is reported once
-            written). Beside a CheckpointHandler of yours, give them to yours.
+        model_dir: the local folder of the CheckpointHandler it adds to a fit that has none (None: a temporary folder,
+            removed when the handler is garbage-collected or the process exits).
+        **options: that CheckpointHandler's other arguments (``epoch_period``, ``batch_period``, ``max_checkpoints``,
+            ``model_prefix``, ``monitor``, ``save_best``...), except ``resume_from_checkpoint`` (always on) and
+            ``async_save`` (a checkpoint is reported once written). Beside a CheckpointHandler of yours, give them to
+            yours.
 
     Raises:
         ImportError: Ray Train is not installed.
-        FitforgeValueError: ``resume_from_checkpoint`` or ``async_save`` given; at fit start,
-            ``strategy="fsdp"`` (its checkpoints are folders of every rank's shards, which this
-            handler does not report), a ``model_dir`` URL, ``options`` beside a CheckpointHandler of
-            yours, two checkpoint handlers of one ``model_prefix``, a restart from Ray's checkpoint
-            that no checkpoint handler resumes, or a fit outside a Ray Train training function.
+        FitforgeValueError: ``resume_from_checkpoint`` or ``async_save`` given; at fit start, ``strategy="fsdp"`` (its
+            checkpoints are folders of every rank's shards, which this handler does not report), a ``model_dir`` URL,
+            ``options`` beside a CheckpointHandler of yours, two checkpoint handlers of one ``model_prefix``, a restart
+            from Ray's checkpoint that no checkpoint handler resumes, or a fit outside a Ray Train training function.
 
     Example:
         >>> def train_loop_per_worker(config):

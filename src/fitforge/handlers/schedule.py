@@ -25,12 +25,10 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
     """Set optimizer hyper-parameters from functions of training progress, as fastai's and Ignite's schedulers do
     for any of them (torch's own schedule only the learning rate).
 
-    Each function maps the fit's progress, from 0 (its first optimizer step) to 1 (its last), in optimizer steps
-    counted as :meth:`LRSchedulerHandler.warmup_cosine` counts them, to the value the next step uses; a resumed fit
-    continues exactly. A key names a param-group setting (``"momentum"``, ``"weight_decay"``) or a tuple entry by
-    index (``"betas[0]"``, Adam's first beta); an unknown key fails at fit start, naming the optimizer's keys. A
-    setting another handler schedules too (``LRSchedulerHandler.one_cycle`` cycles the momentum unless
-    ``cycle_momentum=False``) is written by both: schedule each setting in one place.
+    Each function maps the fit's progress, from 0 (its first optimizer step) to 1 (its last), to the value the next
+    step uses; a resumed fit continues exactly. A key names a param-group setting (``"momentum"``) or a tuple entry by
+    index (``"betas[0]"``); an unknown key fails at fit start. Schedule each setting in one place
+    (``LRSchedulerHandler.one_cycle`` cycles the momentum too). docs/handlers.md has the details.
 
     Args:
         schedules: ``{key: function(progress) -> value}`` (a real number).

@@ -29,23 +29,13 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
     learning rate, and go on.
 
     A batch spikes when its training loss is not finite, or above ``factor`` times the median of the last ``window``
-    losses that did not spike (judged once ``window // 2`` are known). The test runs on the device every batch,
-    after the backward; the decision is read every ``check_every`` batches (a host read there, none per batch) and
-    before each checkpoint save (so a checkpoint never holds a spiked state), and under torch.distributed every rank
-    recovers at the same batch. A check without a spike snapshots the weights and the optimizers' (and fp16
-    scaler's) states on the device, once ``snapshot_every`` optimizer steps passed since the last snapshot. A check
-    that finds a spike:
-
-    - puts the snapshot back, undoing the steps since it, the spiked one among them (their batches are not trained
-      again: a recovery drops at most ``snapshot_every + check_every`` batches);
-    - skips the batch being checked (no step; at a checkpoint, the restored state is saved);
-    - with ``lr_factor``, multiplies every optimizer's learning rate by it (an LR schedule that sets the rate from
-      its own base rates overrides it);
-    - sets the epoch's training metrics back to the snapshot (the undone batches count in no ``train_`` value);
-    - logs a warning naming the spiked batch, and counts it in the epoch's ``spike_recoveries`` history value.
-
-    After ``max_recoveries`` recoveries in a run, the next spike raises a :class:`LossSpikeError` naming the
-    batches. Off by default: add it to ``event_handlers``.
+    losses that did not spike (judged once ``window // 2`` are known). The test runs on the device every batch; the
+    decision is read every ``check_every`` batches and before each checkpoint save (a checkpoint never holds a
+    spiked state). A check without a spike snapshots the weights and optimizer states on the device (every
+    ``snapshot_every`` optimizer steps); one with a spike puts the snapshot back, skips the batch, optionally scales
+    the learning rates by ``lr_factor``, sets the epoch's training metrics back, logs a warning and counts it in the
+    epoch's ``spike_recoveries``. Past ``max_recoveries`` the next spike raises :class:`LossSpikeError`. Off by
+    default; docs/handlers.md (Recovering from loss spikes) has the details.
 
     Args:
         factor: how many times the running median a loss must exceed to spike.

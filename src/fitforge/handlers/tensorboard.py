@@ -16,15 +16,10 @@ from fitforge.reporting.hparams import ParamValue, last_values, run_params
 class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     """Write every history value of each training epoch as a TensorBoard scalar.
 
-    At each epoch end, each key of the epoch's history row (``train_loss``, ``val_*``, ``lr``/``lr_<i>``,
-    ``epoch_time``, your own) is a scalar tagged with the key, its step the epoch (from 1, over the estimator's fits,
-    as the log numbers them); a key without a value that epoch writes none. The writer is flushed every epoch and
-    closed at ``train_end``. Only ``fit`` writes; an epoch cut short by SIGTERM/SIGINT is left to the resumed run.
-
-    At ``train_end`` the run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params` at ``train_begin``:
-    model, optimizer, lr, batch size, epochs, precision...) go to the HParams tab, each history key a metric column
-    of its last value, so runs in sibling folders (``runs/lr0.1``, ``runs/lr0.01`` under ``--logdir runs``) compare
-    in one table. Needs ``pip install 'fitforge[tensorboard]'``; then ``tensorboard --logdir <log_dir>``.
+    At each epoch end, each key of the epoch's history row is a scalar tagged with the key, its step the epoch (from 1,
+    over the estimator's fits). At ``train_end`` the run's hyperparameters
+    (:func:`~fitforge.reporting.hparams.run_params`) go to the HParams tab, each history key a metric column of its last
+    value. Only ``fit`` writes. Needs ``pip install 'fitforge[tensorboard]'``; then ``tensorboard --logdir <log_dir>``.
 
     Args:
         log_dir: the folder of the event files (created if needed).
@@ -82,15 +77,11 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
                 self.writer.add_scalar(f"batch/{key}", value, step)
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or (state.run.epoch_suspended):
+        if state.phase != "train" or state.run.epoch_suspended:
             return
-        history, step = (
-            state.history,
-            state.run.epochs_before + state.history.epochs,
-        )  # epochs over the estimator's fits
+        history, step = state.history, state.run.epochs_before + state.history.epochs  # over the estimator's fits
         for key in history:
-            value = history.current(key)
-            if value is not None:
+            if (value := history.current(key)) is not None:
                 self.writer.add_scalar(key, value, step)
         if self.histograms:
             for name, parameter in state.estimator.net.named_parameters():

@@ -150,12 +150,8 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
         self.handler.load_state_dict(state)
 
     def __repr__(self) -> str:
-        options = {
-            "every_n_batches": self.every_n_batches,
-            "every_n_epochs": self.every_n_epochs,
-            "seconds": self.seconds,
-        }
-        given = ", ".join(f"{name}={value}" for name, value in options.items() if value is not None)
+        values = {name: getattr(self, name) for name in ("every_n_batches", "every_n_epochs", "seconds")}
+        given = ", ".join(f"{name}={value}" for name, value in values.items() if value is not None)
         return f"throttle({self.handler!r}, {given})"
 
 
@@ -169,9 +165,8 @@ def throttle(
     """Wrap ``handler`` so that its batch hooks run every ``every_n_batches`` batches, its epoch hooks every
     ``every_n_epochs`` epochs, and/or each kind at most once per ``seconds``.
 
-    - Batches: in training, the hooks run for the batches with ``(state.global_step + 1) % n == 0`` (the n-th,
-      2n-th... of the run, as ``batches=N`` counts them: the cadence goes on across epochs and resumes); in
-      evaluate/predict, by the batch's position in the pass.
+    - Batches: in training, those with ``(state.global_step + 1) % n == 0`` (the cadence goes on across epochs and
+      resumes); in evaluate/predict, by the batch's position in the pass.
     - Epochs: training epochs with ``(state.epoch + 1) % n == 0``; an evaluate/predict pass's one epoch always runs.
     - ``seconds``: a batch's (epoch's) hooks run if at least ``seconds`` passed on ``clock`` since the last batch
       (epoch) let through; the first always is. With ``every_n_*`` too, both must hold.
@@ -179,25 +174,20 @@ def throttle(
       not at all; ``train_begin``/``train_end`` always run. A skipped ``batch_end``/``epoch_end`` returns None.
 
     The wrapper (``Throttled``) is called for exactly the wrapped handler's events, keeps its ``priority``,
-    ``run_after`` and ``reads``/``writes`` (plus phase, epoch, batch_idx, global_step, run: what it decides by), and
-    forwards ``state_dict``/``load_state_dict`` (checkpoint key ``Throttled<ClassName>``). ``wrapper.handler`` is the
-    wrapped handler, whose roles (a monitor, a validation, a checkpoint: :mod:`fitforge.core.roles`) the wrapper
-    plays, with nothing forwarded by name. fit treats it as the wrapped class where it matters:
-    ``throttle(LoggingHandler(...))`` replaces the default LoggingHandler, ``run_after=(LoggingHandler,)`` orders a
-    handler after the wrapper.
+    ``run_after`` and ``reads``/``writes`` (plus what it decides by), forwards ``state_dict``/``load_state_dict``, and
+    plays the wrapped handler's roles; fit treats it as the wrapped class (``throttle(LoggingHandler(...))`` replaces
+    the default LoggingHandler). ``wrapper.handler`` is the wrapped handler.
 
     Args:
         handler: an event handler instance.
         every_n_batches: run the batch hooks every n batches.
         every_n_epochs: run the epoch hooks every n epochs.
-        seconds: run each kind of hook at most once per this many seconds. Under torch.distributed the ranks' clocks
-            are reconciled each time (a host all-reduce) unless the handler reports from rank 0 only, so that, e.g.,
-            a checkpoint every N minutes saves on every rank at once.
+        seconds: run each kind of hook at most once per this many seconds. Under torch.distributed the ranks agree
+            each time (a host all-reduce) unless the handler reports from rank 0 only.
         clock: a function returning seconds (``time.monotonic``); inject a fake one in tests.
 
     Raises:
-        FitforgeTypeError: ``handler`` is not a handler instance, an option has the wrong type, or ``clock`` is not
-            callable.
+        FitforgeTypeError: ``handler`` is not a handler, an option has the wrong type, or ``clock`` is not callable.
         FitforgeValueError: no option was given or one is not positive, or it throttles hooks the handler lacks.
 
     Example:

@@ -24,7 +24,7 @@ from fitforge.core.events import (
 )
 from fitforge.core.roles import KeyRecording
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import FitforgeValueError, check_flag, describe
 from fitforge.metrics.base import Tally
 from fitforge.metrics.reduction import reduced_sums
 from fitforge.reporting.peak_flops import peak_flops, precision_of
@@ -37,15 +37,10 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
     ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold tokens (the non-padding tokens of an
     ``attention_mask``, else every token of integer ``input_ids``).
 
-    The time is the epoch's training time, ``epoch_begin`` to ``epoch_end`` (on a GPU, once the device is through
-    with its batches: one wait per epoch), before validation; tokens are summed on the device, with no host read per
-    batch. Under torch.distributed the figures are the whole job's: every rank's samples over the slowest rank's time.
-
-    ``fit`` runs one by default, counting samples and tokens only. Pass ``ThroughputHandler()`` yourself to add
-    ``train_flops_per_s``: the FLOPs of one training step (forward and backward) are counted on the first batch with
-    :class:`torch.utils.flop_counter.FlopCounterMode` and taken to be every batch's. With a device peak (``peak_flops``
-    or the dense table of common GPUs for the estimator's precision, :mod:`fitforge.reporting.peak_flops`) it adds
-    ``train_mfu``, one device's FLOP/s over its peak; an unknown peak (a CPU) leaves MFU out, with one info line.
+    The time is the epoch's training time, ``epoch_begin`` to ``epoch_end``, before validation; tokens are summed on
+    the device. Under torch.distributed the figures are the whole job's. ``fit`` runs one by default, counting samples
+    and tokens only; pass ``ThroughputHandler()`` yourself to add ``train_flops_per_s`` (one step's FLOPs counted on
+    the first batch) and ``train_mfu`` where the device's peak is known. docs/output.md (Throughput) has the details.
 
     Args:
         flops: count the FLOPs of a step (FLOP/s, and MFU where the peak is known).
@@ -62,8 +57,7 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
     writes = ("history",)
 
     def __init__(self, flops: bool = True, peak_flops: float | None = None) -> None:
-        if not isinstance(flops, bool):
-            raise FitforgeTypeError(f"ThroughputHandler: flops must be True or False, got {describe(flops)}")
+        check_flag("ThroughputHandler", "flops", flops)
         if peak_flops is not None and (
             isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0
         ):

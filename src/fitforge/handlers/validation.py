@@ -14,8 +14,7 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
     """Run ``eval_fn(val_data, event_handlers=...)`` and merge its dict into the epoch's history row.
 
     Args:
-        val_data: re-iterable validation batches, or arrays ``(X, y)`` (batched by 32; as they are for an
-            ``eval_fn``).
+        val_data: re-iterable validation batches, or arrays ``(X, y)`` (batched by 32; as they are for an ``eval_fn``).
         eval_fn: returns ``{"val_loss": ..., ...}``; default ``estimator.evaluate``.
         epoch_period: validate at the end of every n-th epoch (None: never at epoch end).
         batch_period: also validate after every n-th training batch (None: never mid-epoch).
