@@ -69,12 +69,9 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         self._check_keys(state)
         self._notebook = in_notebook()
         self._shown = None  # a new fit draws in its own cell
-        if self.path is not None:
-            self._file = Path(self.path)
-        else:
-            self._file = None if self._notebook else Path(DEFAULT_PATH)
-            if self._file is not None:
-                log.info("LivePlotHandler: the curves go to %s after every epoch", self._file.resolve())
+        self._file = Path(self.path) if self.path is not None else None if self._notebook else Path(DEFAULT_PATH)
+        if self.path is None and self._file is not None:
+            log.info("LivePlotHandler: the curves go to %s after every epoch", self._file.resolve())
 
     def _check_keys(self, state: TrainState) -> None:
         if self.keys is None or not state.services.keys_complete:

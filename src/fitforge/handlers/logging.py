@@ -45,10 +45,8 @@ class _TqdmStream(logging.Handler):
 
 
 def ensure_console_output() -> None:
-    """Show fitforge's INFO lines on stderr when the application configured no logging at all.
-
-    A configured application (any handler on the ``fitforge`` logger or its ancestors) is left alone.
-    """
+    """Show fitforge's INFO lines on stderr when the application configured no logging at all (no handler on the
+    ``fitforge`` logger or its ancestors)."""
     if log.hasHandlers():
         return
     handler = _TqdmStream()

@@ -150,8 +150,12 @@ class Throttled(Wrapping, TrainBegin, EpochBegin, BatchBegin, BackwardEnd, Batch
         self.handler.load_state_dict(state)
 
     def __repr__(self) -> str:
-        values = {name: getattr(self, name) for name in ("every_n_batches", "every_n_epochs", "seconds")}
-        given = ", ".join(f"{name}={value}" for name, value in values.items() if value is not None)
+        options = {
+            "every_n_batches": self.every_n_batches,
+            "every_n_epochs": self.every_n_epochs,
+            "seconds": self.seconds,
+        }
+        given = ", ".join(f"{name}={value}" for name, value in options.items() if value is not None)
         return f"throttle({self.handler!r}, {given})"
 
 

@@ -114,14 +114,14 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
             self._counter = FlopCounterMode(display=False)
             self._counter.__enter__()
 
-    def backward_end(self, state: TrainState) -> None:
-        self._stop_counting()
-
-    def _stop_counting(self) -> None:
+    def _stop_counting(self, state: TrainState | None = None) -> None:
+        """The first batch's FLOPs counted: at its backward, or at the epoch's or the fit's end if it ended first."""
         counter, self._counter = self._counter, None
         if counter is not None:
             counter.__exit__(None, None, None)
             self.step_flops = counter.get_total_flops()
+
+    backward_end = train_end = _stop_counting  # a fit that ended inside its first step leaves no counter behind
 
     def batch_end(self, state: TrainState) -> None:
         out: Any = state.output
@@ -157,9 +157,6 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
                 values["train_mfu"] = self.step_flops * local_batches / seconds / self._peak
         for key, value in values.items():
             state.history.record(key, value)
-
-    def train_end(self, state: TrainState) -> None:
-        self._stop_counting()  # a fit that ended inside its first step leaves no counter behind
 
     def __repr__(self) -> str:
         return f"ThroughputHandler(flops={self.flops}, peak_flops={self.peak_flops})"
