@@ -65,9 +65,8 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
 
     Args:
         accumulate: step once every this many batches, dividing the summed gradients by the group's batches (or
-            items, above): with a mean-reduced loss, N batches of B samples step like one batch of N*B. A trailing
-            partial group (an epoch's end, or a stop) is stepped too, divided by its own size; not when
-            SIGTERM/SIGINT stopped training mid-epoch: the group goes on when the run resumes.
+            items, above). A trailing partial group is stepped too, divided by its own size; not when SIGTERM/SIGINT
+            stopped training mid-epoch: the group goes on when the run resumes.
         items: with ``accumulate > 1``, how a batch's items are counted: ``"auto"`` (the losses above), a function
             ``(inputs, label) -> count`` (a device tensor: the items the batch's mean loss averages over) for a loss
             of your own, or None to weigh the batches alike.
@@ -75,13 +74,11 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             step (``torch.nn.utils.clip_grad_norm_``).
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
         sync_each_batch: under DDP, all-reduce in every batch's backward, not only in a group's last (for a handler
-            that must see averaged gradients at every ``backward_end``; same result, ``accumulate - 1`` more
-            all-reduces per step).
+            that must see averaged gradients at every ``backward_end``).
 
     Raises:
         FitforgeTypeError, FitforgeValueError: a ``BatchOutput.step`` that is not a non-empty list of indices into
-            ``estimator.optimizers`` or of its optimizers, at that batch (the first one's in the sanity check),
-            before any optimizer steps.
+            ``estimator.optimizers`` or of its optimizers, at that batch, before any optimizer steps.
     """
 
     priority = Stage.STEP

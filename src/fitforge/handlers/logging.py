@@ -70,10 +70,9 @@ def flush_console() -> None:
 
 
 def console_output_for(services: Services) -> None:
-    """:func:`ensure_console_output` now if a handler of the fit in this process prints epoch lines (a
-    LoggingHandler): ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged before the
-    LoggingHandler's ``train_begin`` (a checkpoint's "resuming from ..." or "training from scratch", a monitor's
-    mode) show in a fresh process too."""
+    """:func:`ensure_console_output` now if a handler of the fit in this process prints epoch lines (a LoggingHandler):
+    ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged before the LoggingHandler's
+    ``train_begin`` (a checkpoint's "resuming from ...", a monitor's mode) show in a fresh process too."""
     if services.epoch_lines:
         ensure_console_output()
 

@@ -132,9 +132,11 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
             if not state.run.ranks.any(bool(bad)):
                 return
             if self.policy == "skip":
-                self._skip(state)
-            self._record(state, bad, loss.detach())
-            self._act(state)
+                self.skipped, self._epoch_skips = self.skipped + 1, self._epoch_skips + 1
+                log.debug("NaNGuardHandler: skipping epoch %d batch %d", state.epoch + 1, state.batch_idx + 1)
+            else:
+                self._record(state, bad, loss.detach())
+                self._act(state)
             raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")
         self._record(state, bad, loss.detach())
         if self.check_every is not None and (state.global_step + 1) % self.check_every == 0 and self._act(state):
@@ -203,12 +205,6 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
             every_rank=True,  # the record was reduced over the ranks: each stops here
         )
         return True
-
-    def _skip(self, state: TrainState) -> None:
-        self.skipped += 1
-        self._epoch_skips += 1
-        log.debug("NaNGuardHandler: skipping epoch %d batch %d", state.epoch + 1, state.batch_idx + 1)
-        raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")
 
     def ended_run(self) -> bool:
         """Whether it had stopped the run at a non-finite loss (restored: a resumed fit is over)."""
