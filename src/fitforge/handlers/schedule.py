@@ -62,8 +62,10 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
                 f"ScheduleHandler: schedules must be a non-empty dict of key -> function(progress), got "
                 f"{describe(schedules)}"
             )
+        self._entries: dict[str, tuple[str, str | None]] = {}  # key -> setting, tuple index: ("betas", "0")
         for key, fn in schedules.items():
-            if not isinstance(key, str) or _ENTRY.match(key) is None:
+            match = _ENTRY.match(key) if isinstance(key, str) else None
+            if match is None:
                 raise FitforgeValueError(
                     f"ScheduleHandler: {key!r} is no param-group key: use a name such as 'momentum', or an entry "
                     "of a tuple by index such as 'betas[0]'"
@@ -72,6 +74,7 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
                 raise FitforgeTypeError(
                     f"ScheduleHandler: the schedule of {key!r} must be a function, got {describe(fn)}"
                 )
+            self._entries[key] = match["key"], match["index"]
         if interval not in ("batch", "epoch"):
             raise FitforgeValueError(f"ScheduleHandler: interval must be 'batch' or 'epoch', got {interval!r}")
         if isinstance(optimizer, bool) or not isinstance(optimizer, int) or optimizer < 0:
@@ -109,7 +112,7 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
         if bad:
             raise FitforgeValueError(f"ScheduleHandler: groups {bad} are not among the optimizer's {len(groups)}")
         for key in self.schedules:
-            _check_key(key, groups[0], type(optimizer).__name__)
+            _check_key(*self._entries[key], groups[0], type(optimizer).__name__)
         self._indices = list(indices)  # looked up at each change: a resume's load_state_dict makes new groups
         self._total = self.total_steps or fit_steps(state, "ScheduleHandler", "pass batches=N to fit, or total_steps=N")
         self._applied_at, self._warned_turns, self._counter = -1, False, step_counter(state)
@@ -141,17 +144,14 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
                     "must give a finite number"
                 )
             for index in self._indices:
-                _set(groups[index], key, float(value))
+                _set(groups[index], *self._entries[key], float(value))
         self._applied_at = state.optimizer_steps
 
     def __repr__(self) -> str:
         return f"ScheduleHandler({sorted(self.schedules)}, interval={self.interval!r})"
 
 
-def _check_key(key: str, group: dict, optimizer: str) -> None:
-    match = _ENTRY.match(key)
-    assert match is not None  # checked in __init__
-    name, index = match["key"], match["index"]
+def _check_key(name: str, index: str | None, group: dict, optimizer: str) -> None:
     known = sorted(k for k in group if k != "params")
     if name not in group or name == "params":
         raise FitforgeValueError(f"ScheduleHandler: {optimizer} has no setting {name!r}; its settings: {known}")
@@ -167,10 +167,7 @@ def _check_key(key: str, group: dict, optimizer: str) -> None:
         raise FitforgeValueError(f"ScheduleHandler: {optimizer}'s {name!r} is {value!r}, which has no entry {index}")
 
 
-def _set(group: dict, key: str, value: float) -> None:
-    match = _ENTRY.match(key)
-    assert match is not None
-    name, index = match["key"], match["index"]
+def _set(group: dict, name: str, index: str | None, value: float) -> None:
     if index is None:
         group[name] = value
         return
