@@ -3,9 +3,8 @@ likely fix (a feature or channel count that does not match, tensors on different
 another dtype than the weights).
 
 The layer is the innermost frame of the error's traceback whose ``self`` is a module of the net, so
-nothing is hooked into the net and only a failure pays for the search. What the net itself received
-(to tell "the data has 32 features" from "the layer before it outputs 32") is read in the same
-traceback: the arguments of torch's call of the net (:func:`net_arguments`).
+nothing is hooked into the net and only a failure pays for the search; what the net itself received
+is read in the same traceback (:func:`net_arguments`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from fitforge.exceptions import DeviceMismatchError, ForwardError
+from fitforge.losses.hints import dtype_name, spec
 
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
@@ -91,20 +91,17 @@ def _what_failed(
     module: nn.Module, name: str, received: list[tuple[str, torch.Tensor]], data: list[torch.Tensor]
 ) -> str:
     """Which layer failed and what it received; what the net received too, when that was something else."""
-    shown = ", ".join(f"{argument}: {_spec(value)}" for argument, value in received) or "no tensor"
+    shown = ", ".join(f"{argument}: {spec(value)}" for argument, value in received) or "no tensor"
     where = f"layer {name!r} ({_short(module)})" if name else f"the net's own forward ({_short(module)})"
     text = f"the net failed on the first batch in {where}, which received {shown}"
     if data and not any(value is x for _, value in received for x in data):
-        text += "; the net received " + ", ".join(_spec(x) for x in data)
+        text += "; the net received " + ", ".join(spec(x) for x in data)
     return text
 
 
 def _innermost(error: BaseException, names: dict[int, str]) -> FrameType | None:
-    found = None
-    for frame, _ in traceback.walk_tb(error.__traceback__):
-        if id(frame.f_locals.get("self")) in names:
-            found = frame
-    return found
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__) if id(frame.f_locals.get("self")) in names]
+    return frames[-1] if frames else None
 
 
 def _arguments(frame: FrameType, module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -117,14 +114,6 @@ def _arguments(frame: FrameType, module: nn.Module) -> list[tuple[str, torch.Ten
         values += list(info.locals.get(info.keywords, {}).items())
     own = {id(t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))}
     return [(name, v) for name, v in values if isinstance(v, torch.Tensor) and id(v) not in own]
-
-
-def _spec(tensor: torch.Tensor) -> str:
-    return f"shape {tuple(tensor.shape)} {_dtype(tensor.dtype)}"
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _short(module: nn.Module) -> str:
@@ -171,14 +160,11 @@ def _size_hint(
     module: nn.Module, layer: str, received: list[tuple[str, torch.Tensor]], inputs: list[torch.Tensor]
 ) -> str:
     """The fix for a layer whose input size (features, channels) does not match its own; else ""."""
-    if not received:
-        return ""
-    x = received[0][1]
-    expected = _expected_size(module, x)
+    expected = _expected_size(module, received[0][1]) if received else None
     if expected is None:
         return ""
     want, got, what, argument = expected
-    if any(x is data for data in inputs):
+    if any(received[0][1] is data for data in inputs):
         return f"the data has {got} {what} but {layer} expects {want}: give it {argument}={got}, or check the data"
     return (
         f"{layer} expects {want} {what} but receives {got} from the layers before it: give it "
@@ -205,8 +191,8 @@ def _dtype_hint(module: nn.Module, received: list[tuple[str, torch.Tensor]]) -> 
     weights = {t.dtype for t in module.parameters(recurse=False)}
     if len(weights) != 1:
         return ""
-    weight = _dtype(weights.pop())
-    other = sorted({_dtype(t.dtype) for _, t in received} - {weight})
+    weight = dtype_name(weights.pop())
+    other = sorted({dtype_name(t.dtype) for _, t in received} - {weight})
     if not other:
         return ""
     if weight in ("float16", "bfloat16"):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import warnings
 from collections.abc import Sequence
 
@@ -30,7 +31,7 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
             continue
         raise MonitorKeyError(
             f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
-            + _monitor_hint(key, keys, validates=bool(players(handlers, Validating)), estimator=estimator)
+            + _monitor_hint(key, keys, bool(players(handlers, Validating)), estimator)
         )
     _check_best_agrees([m for _, m in monitors])
     return left
@@ -52,13 +53,12 @@ def check_monitor_order(epoch_end: Sequence[EventHandler], left: Sequence[EventH
             )
 
 
-def _monitor_hint(key: str, keys: list[str], validates: bool, estimator: EstimatorLike | None = None) -> str:
+def _monitor_hint(key: str, keys: list[str], validates: bool, estimator: EstimatorLike) -> str:
     """The fixes for a monitored key the run will not produce: a validation to add; the loss a step
     leaves out; else a near name (a typo), and a logged value to declare."""
     if key.startswith("val_") and not validates:
         return "No validation runs in this fit: pass val_data=... (or a ValidationHandler) to produce val_ keys"
-    processor = None if estimator is None else estimator.batch_processor
-    if key in ("train_loss", "val_loss") and processor is not None and not processor.record_loss:
+    if key in ("train_loss", "val_loss") and not estimator.batch_processor.record_loss:
         return (
             f"The batch processor sets record_loss = False, which leaves its loss out of {key}: monitor a loss it "
             "logs by name (state.log), or record the loss"
@@ -75,13 +75,12 @@ def _check_best_agrees(monitors: Sequence[Monitoring]) -> None:
     # A best checkpoint and restored best weights judged by different keys are two different models.
     savers = [m for m in monitors if m.best_weights() == "saved"]
     restorers = [m for m in monitors if m.best_weights() == "restored"]
-    for saver in savers:
-        for restorer in restorers:
-            if saver.monitor != restorer.monitor:
-                warnings.warn(
-                    f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but "
-                    f"{type(restorer).__name__} restores the best by {restorer.monitor!r}; "
-                    "the best checkpoint and the final weights may be different models: monitor the same key",
-                    UserWarning,
-                    stacklevel=5,  # the caller of fit
-                )
+    for saver, restorer in itertools.product(savers, restorers):
+        if saver.monitor != restorer.monitor:
+            warnings.warn(
+                f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but {type(restorer).__name__} "
+                f"restores the best by {restorer.monitor!r}; the best checkpoint and the final weights may be "
+                "different models: monitor the same key",
+                UserWarning,
+                stacklevel=5,  # the caller of fit
+            )

@@ -150,12 +150,10 @@ def resolve_precision(precision: Any, device: torch.device) -> tuple[torch.dtype
     """``(autocast dtype or None, GradScaler or None)`` for a precision name: ``"bf16-mixed"`` (no
     scaler: bfloat16 has float32's range), ``"16-mixed"`` (a GradScaler, so small gradients do not
     underflow), or full precision (``None``/``"32"``)."""
-    if isinstance(precision, str) or precision is None:
-        key = precision.lower() if isinstance(precision, str) else None
-        if key in PRECISIONS:
-            dtype = PRECISIONS[key]
-            scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
-            return dtype, scaler
+    key = precision.lower() if isinstance(precision, str) else precision
+    if key is None or (isinstance(key, str) and key in PRECISIONS):
+        dtype = PRECISIONS[key]
+        return dtype, torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
     names = ", ".join(repr(k) for k in PRECISIONS if k is not None)
     raise FitforgeValueError(f"precision must be None or one of {names}, got {precision!r}")
 

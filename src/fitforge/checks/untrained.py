@@ -7,6 +7,7 @@ optimizer. A frozen parameter outside every optimizer is no mistake and goes unm
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ def untrained_names(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer])
     return [name for name, p in net.named_parameters() if p.requires_grad and id(p) not in held]
 
 
-def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer], entry: str = "fit") -> None:
+def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """One warning through the ``fitforge`` logger when some trainable parameters of ``net`` are in
     no optimizer: their count, the first names and the fixes."""
     names = untrained_names(net, optimizers)
@@ -49,32 +50,22 @@ def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer], 
     shown = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
     one = len(names) == 1
     counted = f"1 trainable parameter of net{size} is" if one else f"{len(names)} trainable parameters of net{size} are"
+    it = "it" if one else "them"
+    holder = "estimator.optimizer" if len(optimizers) == 1 else "estimator.optimizers[i]"
     log.warning(
-        "%s: %s in no optimizer, so training leaves %s unchanged: %s. To train %s, add %s to the optimizer: "
-        '%s.add_param_group({"params": %s}), then estimator.set_lr(...) sets every group\'s '
-        "rate; or build the optimizer over every parameter, torch.optim.Adam(net.parameters(), ...), which "
-        "skips frozen ones until they are unfrozen. Parameters that should not train: requires_grad_(False).",
-        entry,
-        counted,
-        "it" if one else "them",
-        shown,
-        "it" if one else "them",
-        "it" if one else "them",
-        "estimator.optimizer" if len(optimizers) == 1 else "estimator.optimizers[i]",
-        _parameters_of(net, names, _held(optimizers)),
+        f"fit: {counted} in no optimizer, so training leaves {it} unchanged: {shown}. To train {it}, add {it} to "
+        f'the optimizer: {holder}.add_param_group({{"params": {_parameters_of(net, names, _held(optimizers))}}}), '
+        "then estimator.set_lr(...) sets every group's rate; or build the optimizer over every parameter, "
+        "torch.optim.Adam(net.parameters(), ...), which skips frozen ones until they are unfrozen. Parameters that "
+        "should not train: requires_grad_(False)."
     )
 
 
 def _parameters_of(net: nn.Module, names: list[str], held: set[int]) -> str:
     """Code for the parameters ``names``: their smallest module when no optimizer holds any of its
     parameters (``estimator.net.backbone.parameters()``), else them by name, or for many, a filter."""
-    prefix = names[0].split(".")[:-1]
-    for name in names[1:]:
-        parts = name.split(".")[:-1]
-        common = 0
-        while common < min(len(prefix), len(parts)) and prefix[common] == parts[common]:
-            common += 1
-        prefix = prefix[:common]
+    levels = zip(*(name.split(".")[:-1] for name in names))  # the module names at each depth
+    prefix = [parts[0] for parts in itertools.takewhile(lambda parts: len(set(parts)) == 1, levels)]
     module = net.get_submodule(".".join(prefix))
     if any(id(p) in held for p in module.parameters()):
         if len(names) <= SHOWN:  # no module holds just them: the parameters by name

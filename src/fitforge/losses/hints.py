@@ -17,9 +17,13 @@ CLASSIFIERS = (nn.CrossEntropyLoss, nn.NLLLoss)
 
 
 def spec(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"shape {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
-    return describe(value)
+    return (
+        f"shape {tuple(value.shape)} {dtype_name(value.dtype)}" if isinstance(value, torch.Tensor) else describe(value)
+    )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def hint(fn: Callable, pred: Any, label: Any) -> str:
@@ -33,7 +37,7 @@ def hint(fn: Callable, pred: Any, label: Any) -> str:
     classifier = isinstance(fn, CLASSIFIERS)
     indices = classifier and not label.is_floating_point() and label.shape == (pred.shape[0], *pred.shape[2:])
     if indices and label.dtype not in (torch.int64, torch.uint8):  # labels beyond the classes: _failure's check
-        return f"; class-index labels must be int64, got {str(label.dtype).replace('torch.', '')}: use label.long()"
+        return f"; class-index labels must be int64, got {dtype_name(label.dtype)}: use label.long()"
     classes = (pred.shape[0], *pred.shape[2:])
     if classifier and label.is_floating_point() and label.shape != pred.shape:
         return f"; class-index labels must be int64 of shape {classes}: use label.long()"
