@@ -1,8 +1,7 @@
 """The metric protocol and the on-device accumulator base of the built-in metrics.
 
 Any object with ``update(pred, label)``, ``compute()``, ``reset()`` and ``to(device)`` is a metric,
-so torchmetrics metrics work unchanged. Built-ins keep device-tensor sums and python-int counts:
-``update`` never reads a value to the host, only ``compute``'s result converted to a float does.
+so torchmetrics metrics work unchanged. Built-ins read no value to the host before ``compute``.
 """
 
 from __future__ import annotations

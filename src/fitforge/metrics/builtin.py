@@ -23,11 +23,9 @@ _PLAIN_DEVICES = frozenset(("cpu", "cuda", "meta"))
 
 
 def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
-    """For a built-in ``metric`` (:func:`is_builtin`): whether the batch's shapes, dtypes and devices
-    alone show that ``batch_stats`` takes it, raising its error where the shapes do not fit. False
-    where only running it can tell (two devices, another backend, sparse tensors, unusual dtypes, a
-    threshold that is not a number): the first batch's trial then runs it. Reads metadata only (no
-    torch operation, the state left alone); each class answers for its ``batch_stats`` in ``_takes``."""
+    """:meth:`~fitforge.metrics.base.SumCountMetric._takes` for a built-in ``metric`` (:func:`is_builtin`),
+    False first where only running it can tell (two devices, another backend, sparse tensors, unusual
+    dtypes): the first batch's trial then runs it. Reads metadata only, the state left alone."""
     if not (
         type(pred) is torch.Tensor
         and type(label) is torch.Tensor

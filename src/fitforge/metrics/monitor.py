@@ -14,23 +14,8 @@ log = logging.getLogger("fitforge")
 
 # Words of a key (split on "_") that say which way is better; checked after a metric object's
 # own ``higher_is_better``, which always wins.
-_LOWER = {"loss", "error", "err", "mse", "mae", "rmse", "l1", "l2", "perplexity", "distance", "time"}
-_HIGHER = {
-    "accuracy",
-    "acc",
-    "iou",
-    "miou",
-    "match",
-    "f1",
-    "precision",
-    "recall",
-    "auc",
-    "ap",
-    "map",
-    "dice",
-    "r2",
-    "score",
-}
+_LOWER = frozenset("loss error err mse mae rmse l1 l2 perplexity distance time".split())  # noqa: SIM905
+_HIGHER = frozenset("accuracy acc iou miou match f1 precision recall auc ap map dice r2 score".split())  # noqa: SIM905
 
 
 def infer_mode(key: str, estimator: EstimatorLike) -> tuple[str, str]:

@@ -128,18 +128,16 @@ def _flat(spec: Any, argument: str, output: OutputKey = 0, suffix: str = "", pre
 
 def _by_position(spec: dict, argument: str) -> list[MetricSlot]:
     """``{output_index: spec}``: a name the user chose in a dict stays as is unless several outputs use it."""
-    slots: list[MetricSlot] = []
-    chosen: list[MetricSlot] = []
-    for index, sub in spec.items():
-        own = _flat(sub, argument, index, suffix=f"_{index}")
-        slots += own
-        if isinstance(sub, dict):
-            chosen += own
-    names = [slot.name for slot in chosen]
-    for slot in chosen:
-        if names.count(slot.name) > 1:  # the same name on several outputs: the index tells them apart
+    slots = [
+        (slot, isinstance(sub, dict))
+        for index, sub in spec.items()
+        for slot in _flat(sub, argument, index, f"_{index}")
+    ]
+    names = [slot.name for slot, chosen in slots if chosen]
+    for slot, chosen in slots:
+        if chosen and names.count(slot.name) > 1:  # the same name on several outputs: the index tells them apart
             slot.name = f"{slot.name}_{slot.output}"
-    return slots
+    return [slot for slot, _ in slots]
 
 
 def _by_name(spec: Any, loss: Mapping, argument: str) -> list[MetricSlot]:
