@@ -1,14 +1,12 @@
-"""Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)``.
+"""Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)`` (the
+user's view: docs/getting-started.md, "Whole arrays").
 
-``(X, y)`` (tensors or NumPy arrays, one row per sample) becomes a ``DataLoader`` over a
-``TensorDataset``: shuffled for training, in order for evaluation and prediction. A bare ``X``
-gives batches of data alone: label-less for ``fit`` and ``evaluate`` (``Estimator(loss=None)``),
-the inputs of ``predict``. For several outputs ``y`` may be ``(y1, y2)`` or ``{"cls": y1, "reg":
-y2}``, batched into labels of that shape. NumPy floats become torch's default float (float32, as in
-Keras), a 1-D integer array (class labels, often uint8) int64, as the losses take them; tensors are
-used as they are. A pandas DataFrame or Series is taken as its NumPy array (``.to_numpy()``), once its
-columns are checked to be numbers. ``validation_split`` holds out the *last* fraction of the samples before any
-shuffling, as Keras does, so the held-out part is the same in every run.
+``(X, y)``, a bare ``X`` (batches of data alone), or ``y`` of several arrays (``(y1, y2)`` or
+``{"cls": y1, "reg": y2}``) becomes a ``DataLoader`` over their rows, shuffled for training only.
+NumPy floats become torch's default float (float32, as in Keras) and a 1-D integer array (class
+labels) int64, as the losses take them; tensors are used as they are; a pandas DataFrame or Series
+is taken as its NumPy array once its columns are checked to be numbers. ``validation_split`` holds
+out the *last* fraction of the samples before any shuffling, as Keras does.
 """
 
 from __future__ import annotations
@@ -88,11 +86,10 @@ def _from_pandas(item: Any, argument: str, name: str) -> Any:
     if not _pandas(item):
         return item
     columns = item.dtypes.items() if hasattr(item, "columns") else [(getattr(item, "name", None) or name, item.dtype)]
-    numbers: list[tuple[Any, Any, Any]] = []
-    other: list[tuple[Any, Any, Any]] = []
-    for column, dtype in columns:
-        plain = getattr(dtype, "numpy_dtype", dtype)  # a nullable column's (Int64, boolean, Float32)
-        (numbers if getattr(plain, "kind", "O") in "biuf" else other).append((column, dtype, plain))
+    # (column, dtype, its NumPy dtype): a nullable column's (Int64, boolean, Float32) differs from its dtype
+    typed = [(column, dtype, getattr(dtype, "numpy_dtype", dtype)) for column, dtype in columns]
+    numbers = [item for item in typed if getattr(item[2], "kind", "O") in "biuf"]
+    other = [item for item in typed if getattr(item[2], "kind", "O") not in "biuf"]
     if other:
         shown = ", ".join(f"{column!r} ({dtype})" for column, dtype, _ in other)
         raise FitforgeTypeError(

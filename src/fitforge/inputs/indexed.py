@@ -2,16 +2,10 @@
 
 A ``DataLoader`` over a ``TensorDataset`` reads a batch sample by sample (a Python call each) and
 stacks it with ``default_collate``: ~5 µs a sample on a CPU, most of a step on a small net. Where
-nothing can tell the difference, fit, evaluate and predict index each tensor once with the batch's
-indices instead: the same batches (values, dtypes, contiguous layout, in a list as
-``default_collate`` gives), in the same order, every random generator left where the loader's own
-iterator leaves it.
-
-Read this way: a plain ``DataLoader`` (no subclass) batching automatically, with ``num_workers=0``,
-``default_collate``, no pinned memory and no timeout, over a ``TensorDataset`` of plain, strided
-CPU tensors not requiring grad, with a fresh contiguous tensor's strides; any other data is iterated
-as it is. The batches come from the loader's own ``batch_sampler``: one that is not a list of plain
-ints is read sample by sample, as the loader reads it.
+nothing can tell the difference (:func:`readable`; the conditions are listed in docs/performance.md),
+fit, evaluate and predict index each tensor once with the batch's indices instead: the same batches
+(values, dtypes, contiguous layout, in a list as ``default_collate`` gives), in the same order,
+every random generator left where the loader's own iterator leaves it.
 
 What can tell: torch's profiler names a read ``enumerate(DataLoader)#fitforge.indexed_batches``
 (the loader's: ``...#_SingleProcessDataLoaderIter.__next__``), and the worker seed of each pass is
@@ -40,7 +34,7 @@ def indexed_batches(data: Iterable) -> Iterable:
 
 
 def readable(data: object) -> TypeGuard[DataLoader]:
-    """Whether ``data`` is a DataLoader whose batches can be read by indexing (module docstring)."""
+    """Whether ``data`` is a DataLoader whose batches indexing reads as the loader itself would."""
     return (
         type(data) is DataLoader
         and type(data.dataset) is TensorDataset
@@ -62,17 +56,9 @@ def _indexable(tensors: tuple[torch.Tensor, ...]) -> bool:
         and tensor.layout is torch.strided
         and tensor.device.type == "cpu"
         and not tensor.requires_grad
-        and tensor.stride() == _fresh_strides(tensor.shape)
+        and tensor.stride() == torch.empty(tensor.shape, device="meta").stride()
         for tensor in tensors
     )
-
-
-def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 class _IndexedBatches:

@@ -1,23 +1,17 @@
-"""The training data of one fit, epoch by epoch, in an order a checkpoint can restore.
+"""The training data of one fit, epoch by epoch, in an order a checkpoint can restore (the user's
+view: docs/checkpoints.md, "The data order").
 
-For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``. A
-``DistributedSampler`` is one already: fit calls its ``set_epoch(e)`` (and seeds one that
-:mod:`fitforge.distributed.data_split` made from the fit's seed, alike on every rank). Otherwise a
-loader (or its sampler) without a generator of its own gets one, reseeded every epoch from the
-epoch and the fit's seed (drawn from torch's global generator, so ``torch.manual_seed`` fixes it).
-Worker seeds and shuffle have separate generators, so the order does not depend on whether
-persistent workers redraw their seed. A user's own generator is left alone; its state at each
-epoch's start is recorded instead.
+For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``: a
+``DistributedSampler``'s through ``set_epoch(e)``; otherwise a loader (or its sampler) without a
+generator of its own gets one, reseeded every epoch from the epoch and the fit's seed. A user's own
+generator is left alone; its state at each epoch's start is recorded instead.
 
-A resumed epoch starts at its batch position by index arithmetic: the epoch's index batches are
-drawn again (no data is loaded) and a loader for the rest takes the original's place for that
-epoch. A list or tuple of batches is sliced. Anything else has no positions: its first batches are
-read and discarded (random states kept), and :attr:`DataOrder.problem` says why.
-
-A shuffled ``RandomSampler``'s generator and the ``DistributedSampler`` fitforge puts in its place
-draw one order for any number of ranks (:mod:`fitforge.inputs.placement`): an epoch interrupted on
-some number of ranks or batch size continues on another from the sample it reached
-(:meth:`DataOrder.resume_at` with ``sample``); :attr:`DataOrder.unplaceable` says why one cannot.
+A resumed epoch starts at its batch position by index arithmetic (the epoch's index batches drawn
+again, no data loaded); a list or tuple of batches is sliced; anything else has its first batches
+read and discarded, and :attr:`DataOrder.problem` says why. A shuffled ``RandomSampler`` and
+fitforge's ``DistributedSampler`` draw one order for any number of ranks (:mod:`fitforge.inputs.placement`),
+so an epoch may continue on another number of ranks or batch size from the sample it reached
+(:attr:`DataOrder.unplaceable` says why one cannot).
 """
 
 from __future__ import annotations
@@ -64,11 +58,6 @@ def _draw_seed() -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def _index_sampler(loader: DataLoader) -> Any:
-    """What the loader draws indices from: batches of them with automatic batching, else single ones."""
-    return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-
-
 class DataOrder:
     """``train_data`` for one fit: :meth:`epoch` gives each epoch's iterable (from a start position).
 
@@ -101,14 +90,13 @@ class DataOrder:
         if self._managed:  # every rank draws (their generators stay alike); rank 0's seed is everyone's
             self.seed = broadcast_from_main(_draw_seed())
 
-    def _give(self, role: str, owner: Any) -> None:
-        generator = torch.Generator()
-        owner.generator = generator
-        self._managed[role] = (owner, generator)
-
-    def _keep(self, generator: torch.Generator) -> None:
-        if all(generator is not g for g in self._own):
-            self._own.append(generator)
+    def _adopt(self, role: str, owner: Any) -> None:
+        """Give ``owner`` (the loader, its sampler) a generator for ``role``, or record the user's own."""
+        if owner.generator is None:
+            owner.generator = generator = torch.Generator()
+            self._managed[role] = (owner, generator)
+        elif all(owner.generator is not g for g in self._own):
+            self._own.append(owner.generator)
 
     def _inspect(self, data: Iterable) -> str | None:
         if isinstance(data, (list, tuple)):
@@ -116,10 +104,7 @@ class DataOrder:
         if not isinstance(data, DataLoader):
             return f"it is a {type(data).__name__}, not a list or a DataLoader, so it has no batch positions"
         loader = data
-        if loader.generator is None:
-            self._give("workers", loader)
-        else:
-            self._keep(loader.generator)
+        self._adopt("workers", loader)
         if isinstance(loader.dataset, IterableDataset):
             return "its dataset is an IterableDataset, which has no indices"
         if type(loader).__iter__ is not DataLoader.__iter__:
@@ -136,10 +121,7 @@ class DataOrder:
         elif type(sampler) is not SequentialSampler:
             if type(sampler) not in _SEEDED_SAMPLERS:
                 return f"its sampler {type(sampler).__name__} draws its order from a source fitforge cannot restore"
-            if sampler.generator is None:
-                self._give("sampler", sampler)
-            else:
-                self._keep(sampler.generator)
+            self._adopt("sampler", sampler)
         if self._own and loader.persistent_workers and loader.num_workers > 0:
             return "it has its own generator and persistent workers, whose seeds are drawn only once"
         return None
@@ -221,7 +203,8 @@ class DataOrder:
         workers = torch.Generator()
         workers.set_state(loader.generator.get_state())  # its first draw is the worker seed the original drew
         draw_worker_seed(loader)
-        rest = list(itertools.islice(iter(_index_sampler(loader)), start, None))
+        indices = loader.sampler if loader.batch_sampler is None else loader.batch_sampler  # single ones, or batches
+        rest = list(itertools.islice(iter(indices), start, None))
         options = loader_options(loader, workers)
         if loader.batch_sampler is not None:
             return DataLoader(loader.dataset, batch_sampler=rest, **options)

@@ -34,11 +34,15 @@ def _looks_like_inputs_and_labels(data: object) -> bool:
     return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() > 0 and y.shape[:1] == x.shape[:1]
 
 
-def _loader_length(loader: torch.utils.data.DataLoader) -> int | None:
+def _length(data: object, argument: str) -> int | None:
+    """``len(data)``, None for data without one (an IterableDataset's loader); an error for 0."""
     try:
-        return len(loader)
-    except TypeError:  # an IterableDataset without a length
+        size = len(data)  # type: ignore[arg-type]
+    except TypeError:
         return None
+    if size == 0:
+        raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
+    return size
 
 
 def check_data(data: object, argument: str, passes: int | None) -> int | None:
@@ -46,10 +50,7 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
     return ``len(data)`` or None. Raises for a non-iterable, an empty sized loader, or a one-shot
     iterator that would be read more than once."""
     if type(data) is torch.utils.data.DataLoader:  # the usual case, checked every fit: re-iterable, no (X, Y)
-        size = _loader_length(data)
-        if size == 0:
-            raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
-        return size
+        return _length(data, argument)
     if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or is_array(data) or not isinstance(data, Iterable):
         raise FitforgeTypeError(
             f"{argument} must be an iterable of (data, label) batches such as a DataLoader or a list, "
@@ -61,12 +62,7 @@ def check_data(data: object, argument: str, passes: int | None) -> int | None:
             f"pass, but it {'may be read more than once' if passes is None else f'would be read {passes} times'}; "
             "pass a re-iterable such as a DataLoader or a list"
         )
-    try:
-        size = len(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    if size == 0:
-        raise FitforgeValueError(f"{argument} is empty (len 0): it must yield at least one batch")
+    size = _length(data, argument)
     if argument != "data" and _looks_like_inputs_and_labels(data):
         # fit and evaluate take (data, label) batches; predict ("data") also takes bare tensors
         raise FitforgeTypeError(
