@@ -1,20 +1,12 @@
 """How many items a batch's mean loss averages over, so that accumulated batches weigh as one big batch.
 
-With a loss that is a mean over counted items (tokens that are not padding, say), the mean of
-``k`` micro-batch means is not the mean over their concatenation. With ``accumulate > 1`` the
-default ``fit_batch`` backpropagates ``loss * items`` and :class:`~fitforge.handlers.GradientUpdateHandler`
-divides the accumulated gradients by the window's item count (summed over ranks), on the device.
-
-:func:`item_counter` finds the count of the losses whose denominator is known:
-
-- ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` with ``reduction="mean"``: torch's denominator (see
-  :class:`_TargetCount`).
-- a model's own loss (``Estimator(loss=None)``) that divides by ``num_items_in_batch``: a Hugging
-  Face model whose loss type's function takes it, or a net whose ``forward`` names it. The count,
-  passed to the model as ``num_items_in_batch``, is the labels not equal to -100 (after a causal
-  LM's one-token shift). A batch without a label tensor is not counted.
-
-Any other loss is not counted (a counter of your own: ``GradientUpdateHandler(items=...)``).
+With ``accumulate > 1`` the default ``fit_batch`` backpropagates ``loss * items`` and
+:class:`~fitforge.handlers.GradientUpdateHandler` divides the accumulated gradients by the window's
+item count (summed over ranks), on the device. :func:`item_counter` finds the count of the losses
+whose denominator is known: ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` with ``reduction="mean"``
+(:class:`_TargetCount`), and a model's own loss that divides by ``num_items_in_batch`` (the labels
+not equal to -100, after a causal LM's one-token shift). The list and the ``items=`` of your own
+are in docs/handlers.md, "Gradient accumulation by items".
 """
 
 from __future__ import annotations
@@ -90,12 +82,10 @@ class UnweightedNote:
             return
         _SAID.add(self.why)
         log.info(
-            "GradientUpdateHandler: accumulate=%d averages its %d batches' losses alike, not weighted by their "
-            "items: %s. To weigh them (one step then equals one on the concatenated batches), pass "
-            "GradientUpdateHandler(items=lambda inputs, label: <the batch's item count, a tensor>)",
-            self.accumulate,
-            self.accumulate,
-            self.why,
+            f"GradientUpdateHandler: accumulate={self.accumulate} averages its {self.accumulate} batches' losses "
+            f"alike, not weighted by their items: {self.why}. To weigh them (one step then equals one on the "
+            "concatenated batches), pass GradientUpdateHandler(items=lambda inputs, label: <the batch's item count, "
+            "a tensor>)"
         )
 
 

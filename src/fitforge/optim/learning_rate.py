@@ -36,14 +36,12 @@ def set_learning_rate(optimizers: Sequence[torch.optim.Optimizer], lr: Any, opti
                 f"{OWNER}: lr has {len(lr)} learning rates, but the optimizer has {len(groups)} parameter group(s); "
                 f"give one per group, in the order of optimizer.param_groups, or a single number for every group"
             )
-        rates = [_checked(value, f"lr[{i}]") for i, value in enumerate(lr)]
-        for group, rate in zip(groups, rates):
-            _write(group, rate)
-        return
-    rate = _checked(lr, "lr")
-    for item in chosen:
-        for group in item.param_groups:
-            _write(group, rate)
+        written = list(zip(groups, [_checked(value, f"lr[{i}]") for i, value in enumerate(lr)]))
+    else:
+        rate = _checked(lr, "lr")
+        written = [(group, rate) for item in chosen for group in item.param_groups]
+    for group, rate in written:
+        _write(group, rate)
 
 
 def _chosen(optimizers: Sequence[torch.optim.Optimizer], optimizer: Any) -> list[torch.optim.Optimizer]:
@@ -83,9 +81,7 @@ def _checked(value: Any, name: str) -> float:
 
 def _write(group: dict[str, Any], rate: float) -> None:
     for key in ("lr", "initial_lr"):
-        if key not in group:
-            continue
-        if isinstance(group[key], torch.Tensor):  # a tensor rate (capturable, compiled steps): keep the tensor
+        if isinstance(group.get(key), torch.Tensor):  # a tensor rate (capturable, compiled steps): keep the tensor
             group[key].fill_(rate)
-        else:
+        elif key in group:
             group[key] = rate

@@ -115,14 +115,9 @@ def warn_taking_turns(who: str, index: int, steps: int, state: TrainState, total
     """Warn (once) that a schedule spanning every step of the fit ends part-way for an optimizer that steps
     on some batches only."""
     log.warning(
-        "%s: optimizer %d stepped %d of the fit's first %d optimizer steps (optimizers taking turns), but the "
-        "schedule spans all %d of the fit's steps, so it will end part-way; give total_steps=N (this "
-        "optimizer's steps in the fit)",
-        who,
-        index,
-        steps,
-        state.optimizer_steps,
-        total,
+        f"{who}: optimizer {index} stepped {steps} of the fit's first {state.optimizer_steps} optimizer steps "
+        f"(optimizers taking turns), but the schedule spans all {total} of the fit's steps, so it will end "
+        "part-way; give total_steps=N (this optimizer's steps in the fit)"
     )
 
 
@@ -145,7 +140,7 @@ class OneCycleRecipe:
 
     def build(self, state: TrainState) -> OneCycleLR:
         optimizer, kwargs = scheduled_optimizer("LRSchedulerHandler.one_cycle", self.index, state), dict(self.kwargs)
-        if not ONE_CYCLE_LENGTHS & kwargs.keys():
+        if not self.sized:
             kwargs["total_steps"] = fit_steps(
                 state, "LRSchedulerHandler.one_cycle", "pass batches=N to fit, or total_steps=N to one_cycle"
             )
@@ -168,27 +163,27 @@ class WarmupCosineRecipe:
         self.sized = total_steps is not None
 
     def build(self, state: TrainState) -> WarmupCosineLR:
-        optimizer = scheduled_optimizer("LRSchedulerHandler.warmup_cosine", self.index, state)
+        who = "LRSchedulerHandler.warmup_cosine"
+        optimizer = scheduled_optimizer(who, self.index, state)
         total = self.total_steps
         if total is None:
-            total = fit_steps(state, "LRSchedulerHandler.warmup_cosine", "pass batches=N to fit, or total_steps=N")
+            total = fit_steps(state, who, "pass batches=N to fit, or total_steps=N")
         # A fraction of the steps, rounded down (a product a hair under a whole number counts as it)
         warmup = self.warmup if isinstance(self.warmup, int) else math.floor(self.warmup * total + 1e-9)
         if total < warmup + 2:
             raise FitforgeValueError(
-                f"LRSchedulerHandler.warmup_cosine: this fit takes {total} optimizer step(s), which leaves no decay "
-                f"after a warm-up of {warmup}: the peak is at step {warmup} and min_lr at the last step; use a "
-                "shorter warm-up or a longer fit"
+                f"{who}: this fit takes {total} optimizer step(s), which leaves no decay after a warm-up of {warmup}: "
+                f"the peak is at step {warmup} and min_lr at the last step; use a shorter warm-up or a longer fit"
             )
         peaks = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
         lows = self.min_lr if isinstance(self.min_lr, (list, tuple)) else [self.min_lr] * len(peaks)
         above = [(low, peak) for low, peak in zip(lows, peaks) if isinstance(low, (int, float)) and low > peak]
         if above:
             raise FitforgeValueError(
-                f"LRSchedulerHandler.warmup_cosine: min_lr={above[0][0]} is above the rate it decays from, the "
-                f"optimizer's lr={above[0][1]}: give a min_lr below each parameter group's lr"
+                f"{who}: min_lr={above[0][0]} is above the rate it decays from, the optimizer's lr={above[0][1]}: "
+                "give a min_lr below each parameter group's lr"
             )
         try:
             return WarmupCosineLR(optimizer, warmup, total, self.min_lr)
         except (FitforgeValueError, FitforgeTypeError) as err:
-            raise FitforgeValueError(f"LRSchedulerHandler.warmup_cosine: {err}") from err
+            raise FitforgeValueError(f"{who}: {err}") from err
