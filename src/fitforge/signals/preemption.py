@@ -3,18 +3,9 @@
 The signal only sets ``state.run.preempted`` and requests a stop, so the batch under way finishes
 (its optimizer step included), and a validation under way is abandoned at its next batch (the
 resumed run does it again; see :mod:`fitforge.core.loop`). A CheckpointHandler then writes the
-state whatever its periods, ``train_end`` runs, and :func:`raise_if_preempted` ends ``fit``:
-
-- SIGTERM: ``SystemExit(143)`` (128 + 15, the exit status schedulers such as SLURM and Kubernetes expect);
-- SIGUSR1 (SLURM's advance warning, ``#SBATCH --signal=USR1@90``): under SLURM, the main process
-  runs ``scontrol requeue $SLURM_JOB_ID`` and every process ends with ``SystemExit(0)``; without
-  SLURM, or when the requeue fails, ``SystemExit(138)`` (128 + 10, the signal's default status);
-- SIGINT: ``KeyboardInterrupt``.
-
-A second signal while stopping acts at once. The handlers are installed from the checks before
-training on; ``fit`` outside the main thread (where signals cannot be caught) leaves them alone.
-The DataLoader workers a fit starts leave the signals to it (:mod:`fitforge.signals.worker_shield`),
-so a signal to the whole process group does not kill them before the save.
+state whatever its periods, ``train_end`` runs, and :func:`raise_if_preempted` ends ``fit`` with the
+exit status the scheduler expects (SIGUSR1 under SLURM requeues the job): the table is in
+docs/checkpoints.md, "Preemption". A second signal while stopping acts at once.
 
 A signal may reach one rank only, and a rank that stops alone leaves the others waiting, so it goes
 to the fit's coordinator (:class:`~fitforge.distributed.stop_agreement.StopAgreement` under

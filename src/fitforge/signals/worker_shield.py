@@ -1,22 +1,16 @@
 """DataLoader workers that outlive a preemption signal sent to the whole process group during a fit.
 
 A scheduler that preempts a job signals every process in it (SLURM at its time limit or on
-``scancel``, a terminal's Ctrl-C), the DataLoader's workers too, which die of it: the fit then fails
-with "DataLoader worker ... killed by signal" before its save.
+``scancel``, a terminal's Ctrl-C), the DataLoader's workers too, which would die of it before the
+fit's save. A worker that a loader starts while fit reads it (:func:`shielded`) leaves SIGTERM,
+SIGUSR1 and SIGINT to the main process (:mod:`fitforge.signals.preemption`), which saves and shuts
+it down; SIGTERM ends it once its loader shuts it down or the main process exits.
 
-During a fit the main process reacts to these signals (:mod:`fitforge.signals.preemption`) and shuts
-its workers down itself. So a worker that a loader starts while fit reads it (see :func:`shielded`)
-leaves SIGTERM, SIGUSR1 and SIGINT to the main process, except that SIGTERM ends it once its loader
-shuts it down or the main process exits (one whose main process died exits on its own, as torch's do).
-
-How: while fit starts a loader's workers (``iter(loader)``), the main thread blocks the three
-signals, so that a worker begins with them blocked, in every thread it starts before its
-``worker_init_fn`` too (``import torch`` under spawn starts one); signals sent meanwhile wait, none
-lost. The loader's ``worker_init_fn`` is wrapped, for that moment only, in :class:`ShieldedWorkerInit`,
-which installs the worker's handlers and unblocks the signals, then calls the loader's own.
-``exec`` resets handlers installed from Python, so programs a dataset runs react to signals as
-usual. Workers started outside a fit, or before it (persistent workers of an earlier pass), react
-as torch's do; persistent workers started within a fit stay shielded for their life.
+How (docs/checkpoints.md, "Preemption", has the whole story): while ``iter(loader)`` starts the
+workers, the main thread blocks the three signals, so that a worker and every thread it starts
+begin with them blocked (none is lost), and the loader's ``worker_init_fn`` is wrapped in
+:class:`ShieldedWorkerInit`, which installs the worker's handlers and unblocks the signals. Workers
+started outside a fit react as torch's do; persistent ones started within a fit stay shielded.
 """
 
 from __future__ import annotations
