@@ -75,9 +75,7 @@ class LabelledArrays(Dataset):
 
 def _pandas(item: Any) -> bool:
     """Whether ``item`` is a pandas DataFrame, Series or array (or of a subclass, geopandas' say)."""
-    return any(kind.__module__.partition(".")[0] == "pandas" for kind in type(item).__mro__) and hasattr(
-        item, "to_numpy"
-    )
+    return hasattr(item, "to_numpy") and any(kind.__module__.split(".")[0] == "pandas" for kind in type(item).__mro__)
 
 
 def _from_pandas(item: Any, argument: str, name: str) -> Any:
@@ -88,23 +86,22 @@ def _from_pandas(item: Any, argument: str, name: str) -> Any:
     columns = item.dtypes.items() if hasattr(item, "columns") else [(getattr(item, "name", None) or name, item.dtype)]
     # (column, dtype, its NumPy dtype): a nullable column's (Int64, boolean, Float32) differs from its dtype
     typed = [(column, dtype, getattr(dtype, "numpy_dtype", dtype)) for column, dtype in columns]
-    numbers = [item for item in typed if getattr(item[2], "kind", "O") in "biuf"]
-    other = [item for item in typed if getattr(item[2], "kind", "O") not in "biuf"]
+    other = [(column, dtype) for column, dtype, plain in typed if getattr(plain, "kind", "O") not in "biuf"]
     if other:
-        shown = ", ".join(f"{column!r} ({dtype})" for column, dtype, _ in other)
+        shown = ", ".join(f"{column!r} ({dtype})" for column, dtype in other)
         raise FitforgeTypeError(
             f"{argument}: {name} has columns that are not numbers: {shown}; encode them first "
             "(pandas.get_dummies(df, columns=[...]) for categories, .astype('category').cat.codes for labels) or "
             "drop them"
         )
-    missing = [column for column, dtype, plain in numbers if dtype is not plain]  # nullable: pd.NA is no number
+    missing = [column for column, dtype, plain in typed if dtype is not plain]  # nullable: pd.NA is no number
     if missing and bool(item.isna().to_numpy().any()):
         raise FitforgeValueError(
             f"{argument}: {name} has missing values (NA) in its nullable columns {missing}; fill them "
             "(df.fillna(...)) or drop those rows first"
         )
     # One type for mixed columns (float, int, bool: float), as NumPy promotes them.
-    return item.to_numpy(dtype=numpy.result_type(*(plain for _, _, plain in numbers)), copy=True)
+    return item.to_numpy(dtype=numpy.result_type(*(plain for _, _, plain in typed)), copy=True)
 
 
 def from_pandas(data: Any, argument: str) -> Any:

@@ -215,8 +215,7 @@ class DataOrder:
         left as the checkpoint restored them."""
         states = rng_states()
         iterator = iter(shielded(self.data))
-        for _ in itertools.islice(iterator, start):
-            pass
+        next(itertools.islice(iterator, start, start), None)  # consumes the first ``start`` batches
         restore_rng_states(states)
         return iterator
 

@@ -1,15 +1,10 @@
 """Turn a user's metric specification into named metric slots, and infer a default from the loss.
 
-Specifications: None (a default for the loss), a name (``"accuracy"``, ``"top5_accuracy"``,
-``"binary_accuracy"``, ``"mse"``, ``"rmse"``, ``"mae"``), a metric object (built-in or torchmetrics),
-a list of those, a dict ``{name: metric}`` choosing the history names, or ``{output_index: spec}``
-for multi-output nets: a metric given by kind (name or object) then ends in ``_<index>``
-(``accuracy_1``); a name chosen in a dict (``{0: {"cls_acc": "accuracy"}}``) is kept, suffixed
-only when several outputs use it.
-
-With ``loss`` a dict by output name, the specification is one too (``{"cls": ["accuracy"], "reg":
-{"err": "mae"}}``) and each history name starts with its output's (``cls_accuracy``, ``reg_err``);
-None gives each output its own loss's default.
+The specifications and the history names they give are tabled in docs/getting-started.md, "4.
+Metrics": None (the loss's default), a name, a metric object, a list of those, ``{name: metric}``,
+``{output_index: spec}`` (a metric given by kind ends in ``_<index>``; a name chosen in a dict is
+suffixed only when several outputs use it), or, with ``loss`` a dict by output name, a dict by the
+same names (``{"cls": ["accuracy"]}`` records ``cls_accuracy``; None: each output's default).
 """
 
 from __future__ import annotations
