@@ -17,9 +17,9 @@ CLASSIFIERS = (nn.CrossEntropyLoss, nn.NLLLoss)
 
 
 def spec(value: Any) -> str:
-    return (
-        f"shape {tuple(value.shape)} {dtype_name(value.dtype)}" if isinstance(value, torch.Tensor) else describe(value)
-    )
+    if isinstance(value, torch.Tensor):
+        return f"shape {tuple(value.shape)} {dtype_name(value.dtype)}"
+    return describe(value)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

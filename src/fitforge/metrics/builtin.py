@@ -23,9 +23,9 @@ _PLAIN_DEVICES = frozenset(("cpu", "cuda", "meta"))
 
 
 def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
-    """:meth:`~fitforge.metrics.base.SumCountMetric._takes` for a built-in ``metric`` (:func:`is_builtin`),
-    False first where only running it can tell (two devices, another backend, sparse tensors, unusual
-    dtypes): the first batch's trial then runs it. Reads metadata only, the state left alone."""
+    """The class's ``_takes`` for a built-in ``metric`` (:func:`is_builtin`), but False where only running
+    ``batch_stats`` can tell (two devices, another backend, sparse tensors, unusual dtypes): the first
+    batch's trial then runs it. Reads metadata only (no torch operation, the state left alone)."""
     if not (
         type(pred) is torch.Tensor
         and type(label) is torch.Tensor
