@@ -2,8 +2,7 @@
 handler declares (:mod:`fitforge.core.roles`), the run's services handlers share
 (:mod:`fitforge.core.services`: ``Services``, ``Undoable``), ``state.run``
 (:class:`~fitforge.core.state.RunControl`), and the :class:`~fitforge.core.state.Ending` a stop may
-give (``state.run.stop(reason, ending=...)``). A handler is called for an event if and only if it
-inherits that event's mixin (narrowed by ``handled_events`` when it declares them).
+give (``state.run.stop(reason, ending=...)``).
 
 Example:
     >>> class PrintLoss(EpochEnd):

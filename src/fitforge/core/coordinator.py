@@ -1,16 +1,10 @@
 """How the loop learns about stops that other processes decided: the :class:`Coordinator` interface,
 which also answers what handlers ask of the other processes (:class:`~fitforge.core.processes.Processes`).
 
-The loop calls the coordinator at fixed points of a fit (after ``train_begin``, ``epoch_begin``,
-``epoch_end`` and each training batch), and fit's signal handler when a signal asks the fit to stop
-(see :mod:`fitforge.signals.preemption`). In one process, :class:`Alone` turns a signal into a stop
-and stops where this process asked; under torch.distributed,
-:class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop at the same batch.
-
-A pass run within the fit (a validation) asks the fit's coordinator through a :class:`PassWatch`
-whether a signal abandons it; if any process abandoned it, it raises
-:class:`~fitforge.exceptions.PassAbandoned` instead of reporting a partial result, and the fit saves
-without waiting for the rest of the pass.
+The loop calls it at fixed points of a fit, and fit's signal handler when a signal asks the fit to
+stop (:mod:`fitforge.signals.preemption`). :class:`Alone` serves one process; under torch.distributed,
+:class:`fitforge.distributed.stop_agreement.StopAgreement` makes every rank stop at the same batch. A
+validation within the fit asks it through a :class:`PassWatch` whether a signal abandons the pass.
 """
 
 from __future__ import annotations
@@ -41,7 +35,6 @@ class Coordinator(Processes, Protocol):
     def after_batch(self, state: TrainState, cancel: CancelFit | None = None) -> bool:
         """After a training batch (also a cancelled one): whether training stops here, on every
         process. ``cancel``, the CancelFit this batch raised, is raised here once the fit ends with it."""
-        ...
 
     def signal_received(self, state: TrainState, signum: int) -> None:
         """SIGTERM, SIGUSR1 or SIGINT reached this process during fit (called from the signal handler)."""
@@ -49,12 +42,10 @@ class Coordinator(Processes, Protocol):
     def abandons_pass(self, state: TrainState) -> bool:
         """Between two batches of a pass within the fit (``state``: the fit's): whether a signal
         asks this process to leave the pass now (cheap: asked after every batch)."""
-        ...
 
     def end_pass(self, state: TrainState, abandoned: bool) -> bool:
         """At the end of a pass within the fit, on every process: whether any process abandoned it
         (then ``state.run.preempted`` is set, and the pass dropped, on every process)."""
-        ...
 
 
 @dataclass(frozen=True, eq=False)

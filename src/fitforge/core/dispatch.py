@@ -5,16 +5,13 @@ field before its readers" among handlers of one priority, and among handlers fre
 ``(priority, position given)`` goes first. So priorities decide unless an edge says otherwise, and a
 cycle is an error naming the handlers in it.
 
-Declared state access (FluxTraining.jl's ``stateaccess``): a handler declares ``reads`` and/or
-``writes``, tuples of TrainState field names (``"metrics"``...), ``"shared.<key>"`` or
-``"services.<name>"`` (``"shared"`` and ``"services"`` cover every key). Writing a field means
-assigning it or changing the object in it (``history.record(...)`` writes ``history``;
-``state.run.stop()`` writes ``run``). A handler that declares neither keeps full access. At fit
-start, once: among declared handlers of one priority that share an event, a writer of a field runs
-before its readers (priorities are kept), and two writers of one field must be ordered by priority
-or ``run_after``, else a :class:`~fitforge.exceptions.HandlerOrderError` names both (handlers of
-one class, and writers of ``run``, need no order: a stop takes effect once the event's handlers
-ran, so it orders nothing). The ordering is free; enforcing the declarations is a debug mode
+Declared state access (FluxTraining.jl's ``stateaccess``; docs/handlers.md has the rules): a handler
+declares ``reads`` and/or ``writes``, tuples of TrainState field names, ``"shared.<key>"`` or
+``"services.<name>"`` (one that declares neither keeps full access). Writing a field means assigning
+it or changing the object in it (``state.run.stop()`` writes ``run``). Two writers of one field at one
+priority must be ordered by ``run_after``, else a :class:`~fitforge.exceptions.HandlerOrderError` names
+both (handlers of one class, and writers of ``run``, need no order: a stop takes effect once the
+event's handlers ran). The ordering is free; enforcing the declarations is a debug mode
 (``fit(check_access=True)``, see :mod:`fitforge.tools.access_guard`)."""
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Event handlers: a handler is an object inheriting some of the seven mixins (Gluon's six and
-FluxTraining.jl's ``BackwardEnd``).
+FluxTraining.jl's ``BackwardEnd``), called for an event only if it inherits that event's mixin (and,
+when it declares ``handled_events``, lists the event there: how ``LambdaHandler`` and ``throttle(...)``
+narrow theirs). Each hook takes the :class:`~fitforge.TrainState` and may return a truthy value from
+``batch_end``/``epoch_end`` to request a stop.
 
-It is called for an event only if it inherits that event's mixin (and, when it declares
-``handled_events``, lists the event there: how ``LambdaHandler`` and ``throttle(...)`` narrow theirs),
-so a handler costs nothing on events it does not use. Each hook takes the
-:class:`~fitforge.TrainState` and may return a truthy value from ``batch_end``/``epoch_end`` to
-request a stop.
-
-Ordering: lower ``priority`` runs first (the built-ins take named :class:`Stage` values; any int
-works); ``run_after`` names handler classes to run after whatever their priorities; ties keep the
-order handlers were given in.
+Ordering: lower ``priority`` runs first (a :class:`Stage` or any int); ``run_after`` names handler
+classes to run after whatever their priorities; ties keep the order handlers were given in.
 
 Example:
     >>> class PrintLoss(EpochEnd):
@@ -227,18 +223,3 @@ def events_of(handler: object) -> list[Event]:
         if key is not None and len(_EVENTS_OF) < 1024:
             _EVENTS_OF[key] = events
     return list(events)
-
-
-__all__ = [
-    "BackwardEnd",
-    "BatchBegin",
-    "BatchEnd",
-    "EpochBegin",
-    "EpochEnd",
-    "Event",
-    "EventHandler",
-    "Stage",
-    "TrainBegin",
-    "TrainEnd",
-    "Wrapping",
-]

@@ -34,11 +34,9 @@ class Processes(Protocol):
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on at least one process (a collective)."""
-        ...
 
     def min_int(self, value: int) -> int:
         """The smallest of every process's ``value`` (a collective)."""
-        ...
 
     def max_(self, tensor: torch.Tensor) -> None:
         """Every process's ``tensor`` replaced by the elementwise largest, on its device (a collective)."""
@@ -48,7 +46,6 @@ class Processes(Protocol):
 
     def on_main(self, fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
         """``fn()`` run by the main process, its result (or its error) on every process (a collective)."""
-        ...
 
 
 class OneProcess:

@@ -4,15 +4,11 @@
 :class:`~fitforge.handlers.GradientUpdateHandler`, so handlers can act between the two. Subclass it
 for other steps: seq2seq with teacher forcing, detection with anchor matching, GANs.
 
-The contract of a custom step (``fit_batch`` written whole), which the default keeps too:
-
-- **Mixed precision needs no code**: an overridden step runs under the estimator's autocast;
-  call ``self.backward(loss)``, not ``loss.backward()`` (it leaves autocast and, under
-  ``"16-mixed"``, scales the loss with the estimator's GradScaler).
-- **DDP**: forward through ``state.estimator.train_net`` (``forward`` does, given it).
-- **Named values**: ``state.log(name, value)`` adds ``train_<name>``/``val_<name>`` to the History;
-  declare the names in :attr:`BatchProcessor.logs` so monitors and CSV columns know them up front.
-- **Return** a :class:`~fitforge.BatchOutput` with ``batch_size`` set.
+The contract of a custom step (``fit_batch`` written whole; docs/custom-steps.md says more), which
+the default keeps too: call ``self.backward(loss)``, not ``loss.backward()`` (an overridden step runs
+under the estimator's autocast; this leaves it and scales the loss under ``"16-mixed"``); forward
+through ``state.estimator.train_net`` (DDP's wrapper); declare the names given to ``state.log`` in
+:attr:`BatchProcessor.logs`; return a :class:`~fitforge.BatchOutput` with ``batch_size`` set.
 
 Example:
     >>> class TeacherForcing(BatchProcessor):

@@ -6,22 +6,7 @@ holds (:class:`Wrapping`, e.g. ``throttle(...)``), so a wrapper keeps the roles 
 without forwarding anything. A handler of your own that inherits a role takes part as the built-in
 one does (the default handlers are still replaced by class: see ``fitforge.handlers.defaults``).
 What handlers share among themselves is no role: it passes through the run's services
-(:mod:`fitforge.core.services`).
-
-==================  =====================================  ===========================================
-role                declared by (built-in)                 what fitforge does with it
-==================  =====================================  ===========================================
-Monitoring          EarlyStopping, Checkpoint, LRScheduler  checks ``monitor`` against the run's keys
-                                                           before training; the best kept and the
-                                                           best restored must watch one key
-Validating          ValidationHandler                      its ``val_*`` keys count for monitors; the
-                                                           checks before training set up and check
-                                                           its evaluation (:meth:`validation_setup`)
-Stopping            Stopping, EarlyStopping, NaNGuard       its limits fold into the run's; a run it
-                                                           had ended is over when resumed
-KeyRecording        MetricHandler                          the history keys it records, known before
-                                                           training
-==================  =====================================  ===========================================
+(:mod:`fitforge.core.services`). docs/handlers.md (Roles) tables what fitforge does with each role.
 
 Example:
     >>> from fitforge.events import EpochEnd
@@ -121,13 +106,10 @@ class ValidationSetup:
 
 class Validating:
     """Evaluates held-out data during fit, recording ``val_*`` keys: monitors of them count as
-    produced. A handler that gives fit its data returns a :class:`ValidationSetup` from
-    :meth:`validation_setup`: fit checks the data before training and, for an evaluation by the
-    estimator, sets it up (a first batch evaluated, so that a mistake fails in a second) and hands
-    it to :meth:`use_evaluation`. A handler that validates by its own means returns None, or a
-    setup with ``by_estimator=False``; the keys it records are checked at their first use. Give it
-    ``priority = Stage.METRICS + 1``, after the built-in validation, so that the handlers watching its
-    keys run after it."""
+    produced. :meth:`validation_setup` says what fit checks and sets up before training (None:
+    nothing, its keys are checked at their first use); an evaluation by the estimator is handed to
+    :meth:`use_evaluation`. Give it ``priority = Stage.METRICS + 1``, after the built-in validation,
+    so that the handlers watching its keys run after it."""
 
     def validation_setup(self) -> ValidationSetup | None:
         return None

@@ -1,10 +1,8 @@
 """What several handlers share, owned by the run: :class:`Services`, ``state.services`` in a fit.
 
-A handler never looks for another handler. What one offers and others use passes through the run:
-before any ``train_begin``, fit calls ``offer(services)`` on every handler (:meth:`EventHandler.offer
-<fitforge.core.events.EventHandler.offer>`, a no-op unless a handler defines it), and the hooks read
-the services through ``state.services``. fit fills in what it knows itself (the history keys, a
-validation between batches) before the handlers offer theirs.
+A handler never looks for another handler: before any ``train_begin``, fit fills in what it knows
+itself (the history keys, a validation between batches), then calls ``offer(services)`` on every
+handler (:meth:`~fitforge.core.events.EventHandler.offer`), and the hooks read ``state.services``.
 """
 
 from __future__ import annotations
@@ -32,11 +30,10 @@ class Accumulating:
 
 
 class WeightAveraging:
-    """Keeps averaged weights of ``estimator.net`` (an exponential moving average) that the net is
-    evaluated with. fit makes the one offered to ``services.averages`` ``estimator.weight_average``; while its
-    ``evaluates_averaged`` is True, ``evaluate``, ``predict``, the validation in fit and the best
-    checkpoint put the averaged weights into the net for their duration (:meth:`swap_in`) and the
-    trained ones back after (:meth:`swap_out`). Both are no-ops until it holds an average."""
+    """Keeps averaged weights of ``estimator.net`` (an exponential moving average). fit makes the one
+    offered to ``services.averages`` ``estimator.weight_average``; while its ``evaluates_averaged`` is
+    True, ``evaluate``, ``predict``, the validation in fit and the best checkpoint run between
+    :meth:`swap_in` and :meth:`swap_out` (no-ops until it holds an average)."""
 
     @property
     def evaluates_averaged(self) -> bool:
@@ -99,19 +96,12 @@ class CheckpointSaver(Protocol):
 
     def saved_checkpoints(self) -> SavedCheckpoints | None:
         """Where it keeps checkpoints and what it saved (a ``SavedCheckpoints``), None if it does not say."""
-        ...
 
     def best_checkpoint(self) -> Path | None:
         """The file of the best weights saved this fit, if any."""
-        ...
 
     def best_weights(self) -> str | None:
         """``"saved"`` when it keeps the best weights by its monitor in a checkpoint of their own."""
-        ...
-
-
-def _no_keys() -> list[str]:
-    return []
 
 
 @dataclass(eq=False)
@@ -137,10 +127,9 @@ class Services:
             took (``steps_per_optimizer(state)``), an open group shared before a checkpoint.
         averages: the handlers keeping averaged weights (EMAHandler): ``averaged_state_dict()``; fit
             evaluates with the one there is.
-        first_batch_checks: called with the state on the run's first batch once its output exists
-            (``state.output``), before its optimizer step and any ``batch_end`` hook (an evaluation's:
-            on the validation batch checked before training, ``state.phase == "validate"``). Raise a
-            clear error to refuse the run (MetricHandler's computes a copy of every metric there).
+        first_batch_checks: called with the state on the run's first batch once ``state.output``
+            exists, before its optimizer step and any ``batch_end`` hook (an evaluation's: on the
+            validation batch checked before training); one raises a clear error to refuse the run.
         step_skips: the device flags (float 0-d, 1: skip) that fused optimizer steps skip on, as their
             offerers set them at their ``train_begin`` (NaNGuardHandler's, at ``Stage.GUARD``); the
             stepping reads them at its own, after.
@@ -151,7 +140,7 @@ class Services:
         logged: the named values ``state.log`` keeps until a MetricHandler takes them.
     """
 
-    history_keys: Callable[[], list[str]] = _no_keys
+    history_keys: Callable[[], list[str]] = list
     keys_complete: bool = True
     validates_mid_epoch: bool = False
     epoch_lines: list[Callable[[], bool]] = field(default_factory=list)
