@@ -93,10 +93,7 @@ class History(Mapping):
 
     def last(self, key: str, default: float = math.nan) -> float:
         """The latest non-nan value of ``key``, or ``default``."""
-        for value in reversed(self._columns.get(key, ())):
-            if not math.isnan(value):
-                return value
-        return default
+        return next((value for value in reversed(self._columns.get(key, ())) if not math.isnan(value)), default)
 
     def current(self, key: str) -> float | None:
         """The value recorded for ``key`` in the current row (a recorded nan included), else None."""
@@ -154,12 +151,10 @@ class History(Mapping):
     def to_csv(self, path: str | Path) -> Path:
         """Write one row per epoch (with an ``epoch`` column, 1-based) to ``path``."""
         path = Path(path)
-        keys = list(self._columns)
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(["epoch", *keys])
-            for i, row in enumerate(self.rows(), start=1):
-                writer.writerow([i, *(row[k] for k in keys)])
+            writer.writerow(["epoch", *self._columns])
+            writer.writerows([i, *row.values()] for i, row in enumerate(self.rows(), start=1))
         return path
 
     def plot(self, path: str | Path | None = None, keys: list[str] | None = None):
@@ -205,9 +200,8 @@ def in_notebook() -> bool:
     shell = get_ipython() if callable(get_ipython) else None
     if shell is None:
         return False
-    if any(cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__):
-        return True
-    return "IPKernelApp" in getattr(shell, "config", ())
+    jupyter = any(cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__)
+    return jupyter or "IPKernelApp" in getattr(shell, "config", ())
 
 
 def figure_size(panels: int) -> tuple[float, float]:
@@ -255,9 +249,5 @@ def default_plotted(names: list[str]) -> list[str]:
 
 def metric_names(columns: Iterable[str]) -> list[str]:
     """The metric names (without ``train_``/``val_``) among ``columns``, in order of appearance."""
-    names: list[str] = []
-    for key in columns:
-        for prefix in ("train_", "val_"):
-            if key.startswith(prefix) and key[len(prefix) :] not in names:
-                names.append(key[len(prefix) :])
-    return names
+    names = (key.removeprefix(prefix) for key in columns for prefix in ("train_", "val_") if key.startswith(prefix))
+    return list(dict.fromkeys(names))

@@ -8,7 +8,9 @@ on a small net they cost more than a batch. Here children are read from ``_modul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from itertools import repeat
 
 import torch
 from torch import nn
@@ -31,12 +33,9 @@ def walk(net: nn.Module) -> list[nn.Module]:
 def tensors_of(net: nn.Module) -> Iterator[torch.Tensor]:
     """Every parameter and buffer of ``net`` (one shared by two modules comes twice)."""
     for module in walk(net):
-        for parameter in module._parameters.values():
-            if parameter is not None:
-                yield parameter
-        for buffer in module._buffers.values():
-            if buffer is not None:
-                yield buffer
+        for tensor in (*module._parameters.values(), *module._buffers.values()):
+            if tensor is not None:
+                yield tensor
 
 
 def _plain(module: nn.Module) -> bool:
@@ -58,26 +57,21 @@ def _plain_modules(net: nn.Module) -> list[nn.Module] | None:
     return modules if all(_plain(module) for module in modules) else None
 
 
+def _set_modes(modules: list[nn.Module], modes: Iterable[bool]) -> None:
+    for module, mode in zip(modules, modes):
+        module.__dict__["training"] = mode
+
+
 def switch_training(net: nn.Module, mode: bool) -> Callable[[], None]:
     """:func:`set_training`, returning what puts the modes back: each module's own flag where none
     customises ``train``, else ``net.train`` of the mode ``net`` was in."""
     modules = _plain_modules(net)
     if modules is None:
-        was_training = net.training
+        restore = partial(set_training, net, net.training)
         net.train(mode)
-
-        def restore_root() -> None:
-            net.train(was_training)
-
-        return restore_root
-    before = [module.__dict__["training"] for module in modules]
-    for module in modules:
-        module.__dict__["training"] = mode
-
-    def restore() -> None:
-        for module, flag in zip(modules, before):
-            module.__dict__["training"] = flag
-
+    else:
+        restore = partial(_set_modes, modules, [module.__dict__["training"] for module in modules])
+        _set_modes(modules, repeat(mode))
     return restore
 
 
@@ -86,6 +80,5 @@ def set_training(net: nn.Module, mode: bool) -> None:
     modules = _plain_modules(net)
     if modules is None:
         net.train(mode)
-        return
-    for module in modules:
-        module.__dict__["training"] = mode
+    else:
+        _set_modes(modules, repeat(mode))
