@@ -13,8 +13,6 @@ from fitforge.core.history import History
 from fitforge.core.state import RunControl, TrainState
 from fitforge.exceptions import StateAccessError
 
-_METHODS = {"running_metrics": ("metrics", False)}
-
 
 class GuardedState:
     """What a declared handler sees under ``fit(check_access=True)``: the TrainState, with every
@@ -36,11 +34,10 @@ class GuardedState:
 
     def __getattr__(self, name: str) -> Any:
         state, access = self._state, self._access
-        if name in _METHODS:
-            field, write = _METHODS[name]
-            if not access.allows(field, write):
-                raise self._deny(field, write)
-            return getattr(state, name)
+        if name == "running_metrics":  # a method reading the metrics
+            if not access.allows("metrics"):
+                raise self._deny("metrics", False)
+            return state.running_metrics
         if name not in FIELDS:
             return getattr(state, name)
         if name in ("shared", "services"):  # a shared key is checked on use; a service's name is for the order only
@@ -50,13 +47,8 @@ class GuardedState:
         if not access.allows(name):
             raise self._deny(name, False)
         value = getattr(state, name)
-        writable = access.allows(name, write=True)
-        if name == "metrics" and not writable:
-            return ReadOnlyMetrics(value, self)
-        if name == "history" and not writable:
-            return ReadOnlyHistory(value, self)
-        if name == "run" and not writable:
-            return ReadOnlyRun(value, self)
+        if name in _READ_ONLY and not access.allows(name, write=True):
+            return _READ_ONLY[name](value, self)
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -151,10 +143,9 @@ class ReadOnlyRun:
         return getattr(self._run, name)
 
 
+_READ_ONLY: dict[str, Any] = {"metrics": ReadOnlyMetrics, "history": ReadOnlyHistory, "run": ReadOnlyRun}
+
+
 def guard(handler: object, method: Any, access: Access) -> Any:
     """``method`` called with a GuardedState for ``handler``."""
-
-    def guarded(state: TrainState) -> Any:
-        return method(GuardedState(state, handler, access))
-
-    return guarded
+    return lambda state: method(GuardedState(state, handler, access))

@@ -1,8 +1,5 @@
-"""The learning-rate range test (Leslie Smith, 2015; fastai's ``lr_find``).
-
-Train ``num_steps`` batches while the learning rate grows exponentially from ``start_lr`` to
-``end_lr``, recording the smoothed loss, until the loss diverges. The loss falls fastest somewhat
-below the rate at which training blows up: a good maximum learning rate (e.g. for
+"""The learning-rate range test (Leslie Smith, 2015; fastai's ``lr_find``): the loss falls fastest
+somewhat below the rate at which training blows up, a good maximum learning rate (e.g. for
 :meth:`LRSchedulerHandler.one_cycle <fitforge.handlers.lr_scheduler.LRSchedulerHandler.one_cycle>`).
 
 The test changes nothing: parameters, buffers, gradients, optimizer states and learning rates, the
@@ -299,9 +296,5 @@ def _restore(estimator: EstimatorLike, saved: dict[str, Any]) -> None:
 
 def _parameters(estimator: EstimatorLike) -> list[torch.nn.Parameter]:
     """The net's parameters and any other ones the optimizers step, each once."""
-    seen: dict[int, torch.nn.Parameter] = {id(p): p for p in estimator.net.parameters()}
-    for optimizer in estimator.optimizers:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                seen.setdefault(id(p), p)
-    return list(seen.values())
+    stepped = (p for optimizer in estimator.optimizers for group in optimizer.param_groups for p in group["params"])
+    return list({id(p): p for p in (*estimator.net.parameters(), *stepped)}.values())
