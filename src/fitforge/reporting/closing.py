@@ -63,7 +63,7 @@ def _with_values(line: str, state: TrainState) -> str:
     history = state.history
     restored = history.restored_epoch
     if restored is not None:
-        values = _row(history, restored)
+        values = {key: value for key in _reported(history) if not math.isnan(value := history[key][restored - 1])}
         return f"{line} Restored epoch {state.run.epochs_before + restored}: {format_values(values)}".rstrip()
     final = {key: _final(history, key) for key in _reported(history)}
     return f"{line} Final: {format_values(final)}" if final else line
@@ -116,11 +116,6 @@ def raised(error: BaseException | None) -> str:
 def _reported(history: History) -> list[str]:
     """The values of the summary: not the speeds, which say nothing of the weights it describes."""
     return [key for key in history if key.startswith(("train_", "val_")) and not is_speed(key)]
-
-
-def _row(history: History, epoch: int) -> dict[str, float]:
-    """The values of epoch ``epoch`` (1-based); a key without one there is left out."""
-    return {key: value for key in _reported(history) if not math.isnan(value := history[key][epoch - 1])}
 
 
 def _final(history: History, key: str) -> float:

@@ -1,20 +1,8 @@
 """How logged values read: shared by the log lines, the progress bar and the final summary.
 
-A value shows with 4 significant digits, as a reader compares losses:
-
-==========================  ==============================  ===========================
-value                       shown as                        examples
-==========================  ==============================  ===========================
-nan, inf                    as Python spells them           ``nan``, ``inf``, ``-inf``
-an int (a count)            as it is                        ``3``, ``120000``
-0                           without decimals                ``0``
-1e-3 <= abs(value) < 1e4    4 significant digits            ``0.6931``, ``1.000``, ``0.01234``, ``12.35``, ``1234``
-1e4 <= abs(value) < 1e6     rounded to a whole number       ``12346``
-anything else               e-notation, 4 significant       ``1.234e-05``, ``1.235e+07``
-==========================  ==============================  ===========================
-
-A key without a value in an epoch is absent from the caller's dict, so a ``nan`` here is a value
-(a diverged loss) and shows.
+A value shows with 4 significant digits, as a reader compares losses (docs/output.md tables each
+case). A key without a value in an epoch is absent from the caller's dict, so a ``nan`` here is a
+value (a diverged loss) and shows.
 """
 
 from __future__ import annotations
@@ -26,7 +14,8 @@ from fitforge.core.state import TrainState
 
 
 def format_value(value: float) -> str:
-    """One value as the table in the module docstring says."""
+    """An int as it is; a float with 4 significant digits (``0.6931``), whole from 1e4 to 1e6 (``12346``),
+    in e-notation outside 1e-3 to 1e6 (``1.234e-05``); 0, nan and inf as ``0``, ``nan``, ``inf``."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return str(int(value))
     value = float(value)

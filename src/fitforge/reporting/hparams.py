@@ -25,14 +25,8 @@ _OPTIMIZER_SETTINGS = ("weight_decay", "momentum")  # besides lr and betas; kept
 def run_params(state: TrainState) -> dict[str, ParamValue]:
     """The run's hyperparameters as plain values (str, int, float, bool), from ``state`` at ``train_begin``.
 
-    Keys: ``model`` (the net's class), ``parameters`` and ``trainable_parameters`` (shared ones
-    once), ``loss`` (class or function name; joined by ``,`` for several), ``optimizer`` (the class),
-    ``lr`` (its first parameter group's), ``weight_decay``, ``momentum`` and ``beta1``/``beta2`` where
-    it has them (the second optimizer's: ``optimizer_1``, ``lr_1``...); ``batch_size`` (of a
-    ``DataLoader`` as ``train_data``), ``epochs`` or ``batches`` (whichever fit was given),
-    ``precision`` (``"32-true"`` for full precision), ``device``, ``strategy`` and ``world_size``.
-    An unknown value is left out, never None. A run started from a config adds its every value
-    under ``config.`` (:func:`config_params`).
+    The keys are tabled in docs/handlers.md (the run's parameters); an unknown value is left out,
+    never None. A run started from a config adds its every value under ``config.`` (:func:`config_params`).
 
     Example:
         >>> run_params(state)  # doctest: +SKIP
@@ -148,9 +142,5 @@ def check_params(owner: str, params: Any) -> dict[str, ParamValue]:
 def last_values(history: History) -> dict[str, float]:
     """The latest finite value of every history key (a key validated every second epoch gives its
     value of the last validated epoch); keys with none are left out."""
-    values = {}
-    for key in history:
-        finite = [value for value in history[key] if math.isfinite(value)]
-        if finite:
-            values[key] = finite[-1]
-    return values
+    finite = {key: [value for value in history[key] if math.isfinite(value)] for key in history}
+    return {key: values[-1] for key, values in finite.items() if values}

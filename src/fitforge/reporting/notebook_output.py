@@ -3,10 +3,8 @@
 An output shown with a ``display_id`` is replaced when updated, by frontends (JupyterLab, VS Code,
 Colab...) and headless runners (nbclient, papermill, ``nbconvert --execute``) alike, so the saved
 notebook holds each bar's last text (or nothing, where the epoch's log line took its place). A text
-bar on stderr would store one output per redraw, and tqdm's widget a view GitHub shows frozen at 0%.
-
-With ``ipywidgets`` the cell shows tqdm's widget while the epoch runs, and text once it ends;
-without it, a text bar throughout (and never tqdm's "IProgress not found" warning).
+bar on stderr would store one output per redraw, and tqdm's widget a view GitHub shows frozen at 0%;
+so the widget (with ``ipywidgets``) shows only while the epoch runs, and text once it ends.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ class CellLine:
 
 def notebook_bar(**options: Any) -> tuple[Any, CellLine]:
     """A tqdm bar (``options`` are tqdm's) drawn in a new :class:`CellLine`: tqdm's widget when
-    ``ipywidgets`` is installed, else its text bar."""
+    ``ipywidgets`` is installed, else its text bar (and never tqdm's "IProgress not found" warning)."""
     from tqdm import notebook as widgets  # imports quietly: IProgress is None without ipywidgets
     from tqdm.std import tqdm as text_bar
 
