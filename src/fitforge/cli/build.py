@@ -1,11 +1,8 @@
 """From a checked config to a run's objects: the seed, the data, the model, the estimator, the handlers.
 
-The data function returns either a dict with any of the keys :data:`DATA_KEYS`: ``train_data``
-(needed by ``fit``), ``val_data`` (``fit``'s validation, and what ``evaluate`` and ``predict`` read
-by default), ``test_data`` and ``predict_data`` (``--split test`` / ``--split predict``), each
-anything ``Estimator.fit`` takes as data (a DataLoader, a list of batches, arrays ``(X, y)`` batched
-by ``fit.batch_size``); or anything else, ``train_data`` alone. A tuple is not a pair of splits:
-``(X, y)`` arrays are data too, so splits always come in a dict.
+The data function returns a dict with any of :data:`DATA_KEYS` (``fit`` needs ``train_data``;
+``evaluate`` and ``predict`` read ``val_data`` unless ``--split`` names another), or anything else,
+``train_data`` alone: a tuple is no pair of splits, as ``(X, y)`` arrays are data too (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -77,8 +74,7 @@ def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace
         for average in offered(objects.handlers, Services()).averages[:1]:  # as fit would choose it
             average.attach(estimator)  # load_checkpoint then loads the checkpoint's average into it
             estimator.weight_average = average
-        return Run(estimator, data, [])
-    return Run(estimator, data, list(objects.handlers))
+    return Run(estimator, data, list(objects.handlers) if handlers else [])
 
 
 def _averages_weights(class_path: str) -> bool:

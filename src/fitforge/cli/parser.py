@@ -1,16 +1,6 @@
-"""The parser of ``fitforge fit|evaluate|predict``: jsonargparse, one section per part of a run.
-
-A run's config has the sections of :data:`RUN_SECTIONS` (docs/cli.md has an example):
-
-- ``seed``: seeds python's, numpy's and torch's generators first (None: one is drawn and recorded);
-- ``model``: ``class_path`` + ``init_args`` of any ``torch.nn.Module``;
-- ``data``: ``function`` (an import path) + ``args``, returning the run's data (:mod:`fitforge.cli.build`);
-- ``estimator``: the :class:`~fitforge.Estimator`'s arguments but the net (``loss`` and metrics by
-  ``class_path`` or import path, ``optimizer`` by name or ``class_path`` without ``params``);
-- ``fit``: ``Estimator.fit``'s arguments but the data and the handlers;
-- ``handlers``: a list of ``class_path`` + ``init_args`` of event handlers.
-
-The types come from the signatures, so jsonargparse checks every key and value while parsing.
+"""The parser of ``fitforge fit|evaluate|predict``: jsonargparse, one section per part of a run
+(:data:`RUN_SECTIONS`: seed, model, data, estimator, fit, handlers; docs/cli.md describes each). The
+types come from the signatures, so jsonargparse checks every key and value while parsing.
 """
 
 from __future__ import annotations

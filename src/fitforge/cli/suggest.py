@@ -16,7 +16,6 @@ import sys
 from collections.abc import Iterable
 
 from jsonargparse import ArgumentParser
-from jsonargparse import Namespace as _Namespace
 
 from fitforge.exceptions import ConfigError
 
@@ -149,12 +148,8 @@ def _did_you_mean(nearest: list[str], prefix: str = "") -> str:
 
 def _keys(parser: ArgumentParser) -> list[str]:
     """Every key a config may set in ``parser`` (dotted, as on the command line)."""
-    return _flat(parser.get_defaults())
-
-
-def _flat(namespace: _Namespace) -> list[str]:
     keys = []
-    for key in namespace.keys():  # noqa: SIM118 - a Namespace is not iterable: keys() gives the dotted keys
+    for key in parser.get_defaults().keys():  # noqa: SIM118 - a Namespace is not iterable: keys() gives the dotted keys
         keys.append(key)
         if "." in key:  # its sections too (a misspelt "fitt:" is nearest to "fit")
             keys.extend(key.rsplit(".", depth)[0] for depth in range(1, key.count(".") + 1))
