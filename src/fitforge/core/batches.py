@@ -61,9 +61,7 @@ def _tensors(value: Any) -> bool:
 
 def _labels(value: Any) -> bool:
     """A label: a tensor, a tuple of tensors, or a dict of tensors by output name."""
-    if isinstance(value, Mapping):
-        return len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value.values())
-    return _tensors(value)
+    return _tensors(list(value.values()) if isinstance(value, Mapping) else value)
 
 
 # A list or tuple of more than _ALL_SHOWN items is described by its first _SHOWN_ITEMS: a list of rows
@@ -144,9 +142,8 @@ def label_key_of(batch: Mapping, label_keys: tuple[str, ...] = LABEL_KEYS) -> st
             return key
     raise BatchFormatError(
         f"got a dict batch with keys {list(batch)} and no label: put the label under "
-        f"{' or '.join(map(repr, label_keys))}, the net's "
-        f"inputs under its forward's argument names, or name the label's key with "
-        f"BatchProcessor(label_key=...); or {_PAIR_HELP}"
+        f"{' or '.join(map(repr, label_keys))}, the net's inputs under its forward's argument names, or name "
+        f"the label's key with BatchProcessor(label_key=...); or {_PAIR_HELP}"
     )
 
 

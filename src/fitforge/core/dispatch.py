@@ -62,14 +62,12 @@ def declared_access(handler: object) -> Access | None:
     if reads is None and writes is None:
         return None
     for attribute, names in (("reads", reads), ("writes", writes)):
-        if names is None:
-            continue
-        if isinstance(names, str) or not isinstance(names, (tuple, list, frozenset, set)):
+        if isinstance(names, str) or not isinstance(names, (tuple, list, frozenset, set, type(None))):
             raise FitforgeTypeError(
                 f"{handler!r}.{attribute} must be a tuple of TrainState field names, "
                 f"e.g. ('epoch', 'shared.lr'), got {names!r}"
             )
-        for name in names:
+        for name in names or ():
             if not (isinstance(name, str) and (name in FIELDS or _keyed(name) is not None)):
                 raise FitforgeTypeError(
                     f"{handler!r}.{attribute} names {name!r}, which is no TrainState field; "
