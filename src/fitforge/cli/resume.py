@@ -1,9 +1,6 @@
-"""``fitforge fit --from_checkpoint PATH``: the run recorded in PATH, continued as
-``CheckpointHandler(resume_from_checkpoint=True)`` continues a run.
-
-The option applies PATH's recorded config (:class:`~fitforge.cli.recorded.RecordedConfig`); here each
-of its handlers taking ``resume_from_checkpoint`` gets True, so the run resumes as from Python: from
-the newest checkpoint that loads in ``model_dir``, to the same ``fit.epochs`` (unless overridden).
+"""``fitforge fit --from_checkpoint PATH``: the run recorded in PATH (its config applied by
+:class:`~fitforge.cli.recorded.RecordedConfig`), continued as ``CheckpointHandler(resume_from_checkpoint=True)``
+continues a run: from the newest checkpoint that loads in ``model_dir``, to the same ``fit.epochs``.
 """
 
 from __future__ import annotations

@@ -47,19 +47,16 @@ def config_error(error: Exception, parser: ArgumentParser, command: str, prefix:
     inner = problem is not None and problem.group(2).lstrip().startswith("Parser key")  # one of its arguments
     if problem is not None and not inner and (unknown is None or not unknown.group(0).startswith("Option")):
         return _class_problem(who, message, *problem.groups())
+    wrong = ConfigError(f"{who}: a wrong value in the config, nothing was built: {message}")
     if unknown is None:
-        return _wrong_value(who, message) or ConfigError(
-            f"{who}: a wrong value in the config, nothing was built: {message}"
-        )
+        return _wrong_value(who, message) or wrong
     key = next(group for group in unknown.groups() if group)
     within = _CLASS.search(message)
     if within is not None:  # a key of a class's init_args: the class's parameters are the choices
         section = _SECTION.search(message)
         choices = parameters(within.group(1))
         if key in choices:  # a parameter it takes, given a value it does not (another branch said "not accepted")
-            return _wrong_value(who, message[message.find(f'Parser key "{key}"') :], section) or ConfigError(
-                f"{who}: a wrong value in the config, nothing was built: {message}"
-            )
+            return _wrong_value(who, message[message.find(f'Parser key "{key}"') :], section) or wrong
         nearest = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
         return ConfigError(
             f"{who}: the config's key '{key}' of {within.group(1)}"

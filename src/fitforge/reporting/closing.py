@@ -1,11 +1,7 @@
-"""The closing line of a fit's log: how it ended, and the values that match the weights it left.
-
-A fit that ran to its end (or was stopped) logs ``Finished``, then the values of the epoch whose
-weights the net holds: the last epoch's (``Final: ...``), or after a restore
-(``EarlyStoppingHandler(restore_best=True)``) the restored epoch's (``Restored epoch 121: ...``).
-A fit an exception ended says where it failed (epoch, batch, batches completed, optimizer steps)
-and what was raised. A stop with an ending (:class:`~fitforge.core.state.Ending`: a pruned trial)
-says its word, where and why, then the values: ``Pruned at the end of epoch 3/15 (...)``.
+"""The closing line of a fit's log: how it ended (``Finished``, ``Failed`` where and by what, or a
+stop's ending such as ``Pruned``), then the values that match the weights it left: the last epoch's
+(``Final: ...``), or after a restore (``EarlyStoppingHandler(restore_best=True)``) the restored
+epoch's (``Restored epoch 121: ...``).
 """
 
 from __future__ import annotations
