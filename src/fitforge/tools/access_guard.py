@@ -108,7 +108,8 @@ class ReadOnlyHistory(Mapping):
     """``state.history`` for a handler that reads it but does not declare writing it."""
 
     def __init__(self, history: History, guard: GuardedState) -> None:
-        self._history, self._guard = history, guard
+        object.__setattr__(self, "_history", history)
+        object.__setattr__(self, "_guard", guard)
 
     def __getitem__(self, key: str) -> list[float]:
         return self._history[key]
@@ -125,9 +126,6 @@ class ReadOnlyHistory(Mapping):
         return getattr(self._history, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("_history", "_guard"):
-            object.__setattr__(self, name, value)
-            return
         raise self._guard._deny("history", True)
 
 
