@@ -265,7 +265,5 @@ def loader_options(loader: torch.utils.data.DataLoader, generator: torch.Generat
     }
     if loader.num_workers > 0:
         options.update(multiprocessing_context=loader.multiprocessing_context, prefetch_factor=loader.prefetch_factor)
-    for name in ("pin_memory_device", "in_order"):  # arguments of newer torch versions
-        if hasattr(loader, name):
-            options[name] = getattr(loader, name)
-    return options
+    newer = ("pin_memory_device", "in_order")  # arguments of newer torch versions
+    return options | {name: getattr(loader, name) for name in newer if hasattr(loader, name)}

@@ -121,9 +121,7 @@ def access_edges(handlers: Sequence[EventHandler]) -> dict[int, set[int]]:
 
 
 def _check_ordered(a: EventHandler, b: EventHandler, field: str) -> None:
-    if a.priority != b.priority:
-        return
-    if acts_as(b, tuple(a.run_after)) or acts_as(a, tuple(b.run_after)):
+    if a.priority != b.priority or acts_as(b, tuple(a.run_after)) or acts_as(a, tuple(b.run_after)):
         return
     raise HandlerOrderError(
         f"{a!r} and {b!r} both write {field!r} at the same priority ({a.priority}) with no "
