@@ -56,9 +56,17 @@ def _indexable(tensors: tuple[torch.Tensor, ...]) -> bool:
         and tensor.layout is torch.strided
         and tensor.device.type == "cpu"
         and not tensor.requires_grad
-        and tensor.stride() == torch.empty(tensor.shape, device="meta").stride()
+        and tensor.stride() == _fresh_strides(tensor.shape)
         for tensor in tensors
     )
+
+
+def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 class _IndexedBatches:
