@@ -37,8 +37,8 @@ noise, ``benchmarks/instructions.py`` counts executed instructions of the same v
 fit reads the batches of these loaders by indexing the TensorDataset's tensors once per batch, where
 the hand loop's DataLoader reads them sample by sample (see ``fitforge.inputs.indexed``): on these small
 nets that is most of the difference. ``--sample-reads`` gives the loaders a TensorDataset subclass,
-which fit reads sample by sample as the hand loop does: the ratios then measure the loop's own
-overhead, reads excluded (the figures of earlier rounds).
+which fit reads sample by sample as the hand loop does (fit without the DataLoader's iterator): the
+ratios then measure the loop's own overhead, reads excluded.
 With ``--device cuda`` both loops train on the GPU: the loaders pin their batches and both loops
 copy them without blocking (fit does so itself on CUDA); each timed run starts after a
 ``torch.cuda.synchronize()`` and ends with the loops' own epoch-end reads (a sync).

@@ -19,7 +19,7 @@ from torch.utils.data import (
 )
 
 from fitforge import Estimator
-from fitforge.inputs.indexed import _batch, indexed_batches, readable
+from fitforge.inputs.indexed import _batch, direct, indexed_batches, readable
 
 
 def tensors(n=37):
@@ -193,37 +193,74 @@ class Traced(torch.Tensor):
         lambda data: OwnLoader(data, batch_size=2),
         lambda data: DataLoader(data, batch_size=2, num_workers=1),
         lambda data: DataLoader(data, batch_size=2, pin_memory=True),
-        lambda data: DataLoader(data, batch_size=2, collate_fn=lambda rows: rows),
         lambda data: DataLoader(data, batch_size=None),
         lambda data: DataLoader(data, batch_size=2, timeout=1),
-        lambda data: DataLoader(Rows(), batch_size=2),
-        lambda data: DataLoader(TensorDataset(torch.randn(3, 4).t()), batch_size=2),  # not contiguous
-        lambda data: DataLoader(TensorDataset(torch.randn(4, 2).to_sparse()), batch_size=2),
-        lambda data: DataLoader(TensorDataset(torch.randn(4, 2, requires_grad=True)), batch_size=2),
-        lambda data: DataLoader(TensorDataset(torch.randn(4, 2).as_subclass(Traced)), batch_size=2),
-        lambda data: DataLoader(TensorDataset(torch.randn(4, 5, 1).transpose(1, 2)), batch_size=2),
         lambda data: [(torch.zeros(2), torch.zeros(2))],
     ],
-    ids=[
-        "subclass",
-        "workers",
-        "pinned",
-        "collate",
-        "no batching",
-        "timeout",
-        "dataset",
-        "strided",
-        "sparse",
-        "requires grad",
-        "tensor subclass",
-        "strides of a size-1 dim",
-        "list",
-    ],
+    ids=["subclass", "workers", "pinned", "no batching", "timeout", "list"],
 )
 def test_other_data_is_iterated_as_it_is(make):
     data = make(TensorDataset(torch.randn(4, 2), torch.arange(4)))
     assert not readable(data)
     assert indexed_batches(data) is data
+
+
+class ManyRows(Rows):
+    """Rows fetched a batch at a time, as a loader's fetcher asks a dataset with ``__getitems__``."""
+
+    def __getitems__(self, indices):
+        return [(torch.full((2,), float(i)), torch.tensor(i)) for i in indices]
+
+
+def same_values(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            same_values(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DataLoader(TensorDataset(torch.randn(5, 2), torch.arange(5)), batch_size=2, collate_fn=lambda r: r),
+        lambda: DataLoader(Rows(), batch_size=3, shuffle=True),
+        lambda: DataLoader(ManyRows(), batch_size=3, shuffle=True),
+        lambda: DataLoader(TensorDataset(torch.randn(3, 4).t()), batch_size=2),  # not contiguous
+        lambda: DataLoader(TensorDataset(torch.randn(4, 2).to_sparse()), batch_size=2),
+        lambda: DataLoader(TensorDataset(torch.randn(4, 2, requires_grad=True)), batch_size=2),
+        lambda: DataLoader(TensorDataset(torch.randn(4, 2).as_subclass(Traced)), batch_size=2),
+        lambda: DataLoader(TensorDataset(torch.randn(4, 5, 1).transpose(1, 2)), batch_size=2),
+    ],
+    ids=[
+        "collate",
+        "dataset",
+        "getitems",
+        "strided",
+        "sparse",
+        "requires grad",
+        "tensor subclass",
+        "strides of a size-1 dim",
+    ],
+)
+def test_other_map_style_loaders_are_read_item_by_item_as_their_iterators_read_them(make):
+    torch.manual_seed(3)
+    loader = make()
+    assert direct(loader) and not readable(loader)
+    results = []
+    for read in (lambda loader: loader, indexed_batches):
+        torch.manual_seed(1)
+        try:
+            passes = [list(read(loader)) for _ in range(2)]
+        except RuntimeError as error:  # sparse rows: default_collate's own error, either way
+            passes = [type(error), str(error)]
+        results.append((passes, torch.get_rng_state()))
+    (theirs, their_rng), (mine, my_rng) = results
+    same_values(mine, theirs)
+    assert torch.equal(my_rng, their_rng)
 
 
 def test_the_profiler_shows_the_reads_as_it_shows_the_loaders():

@@ -1,11 +1,15 @@
-"""Batches of a DataLoader over tensors in memory, read by indexing each tensor once per batch.
+"""Batches of a plain single-process DataLoader, read by fit itself: over tensors in memory, by
+indexing each tensor once per batch.
 
-A ``DataLoader`` over a ``TensorDataset`` reads a batch sample by sample (a Python call each) and
-stacks it with ``default_collate``: ~5 µs a sample on a CPU, most of a step on a small net. Where
-nothing can tell the difference (:func:`readable`; the conditions are listed in docs/performance.md),
-fit, evaluate and predict index each tensor once with the batch's indices instead: the same batches
-(values, dtypes, contiguous layout, in a list as ``default_collate`` gives), in the same order,
-every random generator left where the loader's own iterator leaves it.
+A ``DataLoader`` iterator costs a fixed price per pass and per batch (its fetcher, its checks), and over
+a ``TensorDataset`` it reads a batch sample by sample (a Python call each) and stacks it with
+``default_collate``: ~5 µs a sample on a CPU, most of a step on a small net. Where nothing can tell
+the difference (:func:`direct`), fit, evaluate and predict read the batches as the loader's iterator
+would, with the same sampler draws: the dataset's ``__getitems__`` (else its items one by one) and the
+loader's ``collate_fn``; over a ``TensorDataset`` with ``default_collate`` (:func:`readable`), each
+tensor indexed once with the batch's indices: the same batches (values, dtypes, contiguous layout, in
+a list as ``default_collate`` gives), in the same order, every random generator left where the
+loader's own iterator leaves it.
 
 What can tell: torch's profiler names a read ``enumerate(DataLoader)#fitforge.indexed_batches``
 (the loader's: ``...#_SingleProcessDataLoaderIter.__next__``), and the worker seed of each pass is
@@ -20,7 +24,7 @@ from contextlib import nullcontext
 from typing import Any, TypeGuard
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset, default_collate
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, default_collate
 
 from fitforge.signals.worker_shield import shielded
 
@@ -28,21 +32,30 @@ _PROFILED = "enumerate(DataLoader)#fitforge.indexed_batches"  # the profiler's n
 
 
 def indexed_batches(data: Iterable) -> Iterable:
-    """``data``'s batches: read by indexing where :func:`readable` says so, else ``data`` itself
-    (a loader's workers shielded from preemption signals within a fit, see :func:`shielded`)."""
-    return _IndexedBatches(data) if readable(data) else shielded(data)
+    """``data``'s batches: read by fit where :func:`direct` says so, else ``data`` itself (a loader's
+    workers shielded from preemption signals within a fit, see :func:`shielded`)."""
+    return _IndexedBatches(data) if direct(data) else shielded(data)
+
+
+def direct(data: object) -> TypeGuard[DataLoader]:
+    """Whether ``data`` is a plain ``DataLoader`` (no subclass) batching a map-style dataset
+    automatically in this process (no workers, no pinned memory, no timeout), read as its iterator reads it."""
+    return (
+        type(data) is DataLoader
+        and data.batch_sampler is not None
+        and data.num_workers == 0
+        and not data.pin_memory
+        and data.timeout == 0
+        and not isinstance(data.dataset, IterableDataset)
+    )
 
 
 def readable(data: object) -> TypeGuard[DataLoader]:
-    """Whether ``data`` is a DataLoader whose batches indexing reads as the loader itself would."""
+    """Whether ``data`` is a :func:`direct` loader whose batches indexing reads as the loader itself would."""
     return (
-        type(data) is DataLoader
+        direct(data)
         and type(data.dataset) is TensorDataset
-        and data.batch_sampler is not None
-        and data.num_workers == 0
         and data.collate_fn is default_collate
-        and not data.pin_memory
-        and data.timeout == 0
         and _indexable(data.dataset.tensors)
     )
 
@@ -70,19 +83,20 @@ def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 class _IndexedBatches:
-    """A :func:`readable` loader's batches, each iteration a pass drawn as the loader's iterator draws
+    """A :func:`direct` loader's batches, each iteration a pass drawn as the loader's iterator draws
     it: the batch sampler's iterator, then the (unused) worker seed from the loader's generator, so
     that it moves on as under the loader, then the indices batch by batch."""
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
-        self._judged = loader.dataset.tensors  # type: ignore[attr-defined]  # judged indexable by readable()
+        # The tensors judged indexable (None: the dataset is read item by item, then collated).
+        self._judged = loader.dataset.tensors if readable(loader) else None  # type: ignore[attr-defined]
 
     def __iter__(self) -> Iterator[Any]:
         loader = self._loader
         indices_of = iter(loader.batch_sampler)  # type: ignore[arg-type]
         draw_worker_seed(loader)
-        return _read(loader.dataset, indices_of, self._judged)  # type: ignore[arg-type]
+        return _read(loader, indices_of, self._judged)
 
 
 def draw_worker_seed(loader: DataLoader) -> None:
@@ -94,20 +108,21 @@ def draw_worker_seed(loader: DataLoader) -> None:
 _END = object()
 
 
-def _read(dataset: TensorDataset, indices_of: Iterator[Any], judged: tuple[torch.Tensor, ...]) -> Iterator[Any]:
+def _read(loader: DataLoader, indices_of: Iterator[Any], judged: tuple[torch.Tensor, ...] | None) -> Iterator[Any]:
     """The batches of ``indices_of``, each read (indices drawn too) in a profiler span while torch's
-    profiler runs, as the loader's are. The tensors are looked up per batch (a handler may replace
-    ``dataset.tensors`` in a pass) and judged when they are not the ``judged`` (indexable) ones."""
-    indexable = True
+    profiler runs, as the loader's are. A ``TensorDataset``'s tensors are looked up per batch (a handler
+    may replace ``dataset.tensors`` in a pass) and judged when they are not the ``judged`` (indexable) ones."""
+    dataset = loader.dataset
+    indexable = judged is not None
     while True:
         with torch.autograd.profiler.record_function(_PROFILED) if _profiling() else nullcontext():
             indices = next(indices_of, _END)
             if indices is _END:
                 return
-            if dataset.tensors is not judged:
-                judged = dataset.tensors
+            if judged is not None and dataset.tensors is not judged:  # type: ignore[attr-defined]
+                judged = dataset.tensors  # type: ignore[attr-defined]
                 indexable = _indexable(judged)
-            batch = _batch(dataset, judged, indices, indexable)
+            batch = _batch(loader, judged, indices, indexable)
         yield batch
 
 
@@ -116,9 +131,9 @@ def _profiling() -> bool:
     return getattr(torch.autograd.profiler, "_is_profiler_enabled", True)
 
 
-def _batch(dataset: TensorDataset, tensors: tuple[torch.Tensor, ...], indices: Any, indexable: bool) -> Any:
+def _batch(loader: DataLoader, tensors: Any, indices: Any, indexable: bool) -> Any:
     """The batch of ``indices``: each of the dataset's ``tensors`` indexed once where the indices are a
-    non-empty list of plain ints and ``indexable``, else read sample by sample as the loader reads it."""
+    non-empty list of plain ints and ``indexable``, else fetched and collated as the loader does."""
     if indexable and type(indices) is list and indices and all(type(i) is int for i in indices):
         try:  # a CPU tensor whatever torch's default device, in a fifth of torch.as_tensor's time
             index = torch.frombuffer(array("q", indices), dtype=torch.int64)
@@ -126,4 +141,6 @@ def _batch(dataset: TensorDataset, tensors: tuple[torch.Tensor, ...], indices: A
             pass
         else:
             return [tensor[index] for tensor in tensors]
-    return default_collate([dataset[i] for i in indices])
+    dataset = loader.dataset
+    many = getattr(dataset, "__getitems__", None)  # the loader's fetcher asks for it so
+    return loader.collate_fn(many(indices) if many else [dataset[i] for i in indices])
