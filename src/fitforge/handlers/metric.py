@@ -40,32 +40,20 @@ def _run_of(state: TrainState) -> tuple:
 
 
 class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
-    """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several (``<prefix>loss_<i>``) or
-    they are named (``<prefix><output>_loss``), ``<prefix><metric name>`` for every metric, and ``<prefix><name>``
-    for every named value logged with ``state.log(name, value)`` (its mean over the epoch's calls).
-
-    Updates stay on the device; values reach the host at epoch end (or at ``state.running_metrics()``). The prefix
-    is ``train_`` in fit and ``val_`` in evaluate (``test_`` for ``evaluate(data, prefix="test")``).
+    """Record ``<prefix>loss`` (sample mean), one mean per loss when there are several (``<prefix>loss_<i>``,
+    ``<prefix><output>_loss``), ``<prefix><metric>`` per metric and ``<prefix><name>`` per ``state.log`` name
+    (``train_`` in fit, ``val_`` in evaluate, ``test_`` for ``evaluate(data, prefix="test")``); updates stay on the
+    device, values reach the host at epoch end (or at ``state.running_metrics()``).
 
     Args:
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's ``train_metrics`` in
             fit and ``val_metrics`` in evaluate.
 
-    Under torch.distributed the sums are reduced across ranks at epoch end, so every rank records the whole data's
-    values (torchmetrics metrics sync themselves in ``compute``); running values stay per rank. Its state
-    (:meth:`state_dict`) is the epoch's running sums, every rank's, so a checkpoint written mid-epoch resumes them
-    (the same number of ranks each its own, other numbers their total on rank 0) and the resumed epoch's values
-    cover all its batches; a metric neither built-in nor torchmetrics restarts its sums (with a warning).
-
-    Named values: ``state.log`` appends to the state's pending list, which this handler empties into a mean per name
-    at its ``batch_end`` (and at ``epoch_end``, ``state_dict`` and ``compute``, for handlers that run after it); a
-    value logged in ``epoch_end`` after this handler counts in the next epoch. Names a batch processor declares in
-    ``logs`` have keys from the start (:meth:`history_keys`). Under torch.distributed every rank must log the same
-    names.
-
-    Default metrics (inferred from the loss) that the step's label cannot feed, e.g. a GAN step's
-    ``BatchOutput(label=None)``, are left out at the first batch with an info line; a metric asked for that fails on
-    a missing label is an error naming it, before the first optimizer step.
+    Under torch.distributed the sums are reduced across ranks at epoch end (every rank records the whole data's
+    values); its state is the epoch's running sums, every rank's, so a checkpoint written mid-epoch resumes them
+    on any number of ranks (docs/distributed.md). Named values (``state.log``) are taken from the services at its
+    ``batch_end``; names a batch processor declares in ``logs`` have keys from the start. A default metric the
+    step's label cannot feed (a GAN's ``BatchOutput(label=None)``) is left out at the first batch with an info line.
     """
 
     priority = Stage.METRICS
@@ -175,17 +163,10 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
                 self._cannot_update(state, slot, pred, label, err, first)
 
     def check_first_batch(self, state: TrainState) -> None:
-        """Update throw-away copies of the metrics with the first batch's output, so that a metric that cannot take
-        it fails before the optimizer step, with ``batch_end``'s message (a default metric is left out); names
-        logged so far are checked too. The copies are computed too: a metric must give one number (not a per-class
-        tensor or a dict).
-
-        fitforge calls it once per run, after the first batch's step and before any ``batch_end`` hook (and on the
-        first validation batch before training); ``batch_end`` still makes the one real update per batch. A metric
-        that cannot be copied waits for its first real update; a built-in one is checked by the batch's shapes,
-        dtypes and devices, its copy computing the batch statistics only where they do not suffice
-        (:func:`fitforge.metrics.trial.trial_update`).
-        """
+        """Update throw-away copies of the metrics with the first batch's output (offered to
+        ``services.first_batch_checks``), so that a metric that cannot take it, or gives no single number, fails
+        before the optimizer step with ``batch_end``'s message; names logged so far are checked too. A metric that
+        cannot be copied waits for its first real update (:func:`fitforge.metrics.trial.trial_update`)."""
         estimator, out = state.estimator, state.output
         assert out is not None  # the first batch's output, set before this call
         configured = self._configured_for == _run_of(state)
@@ -244,14 +225,15 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
             return {}
         if self._open and self._inbox:  # values logged after this batch's batch_end belong to the sums
             self._named.take(self._inbox, self._device)
-        own = {
+        return rank_states({**self._sums(), "names": [slot.name for slot in self.slots]}, _on_host)
+
+    def _sums(self) -> dict:
+        return {
             "loss": self._loss.state_dict(),
             "parts": [mean.state_dict() for mean in self._parts],
             "metrics": [metric_state(slot.metric) for slot in self.slots],
-            "names": [slot.name for slot in self.slots],
             "named": self._named.state_dict(),
         }
-        return rank_states(own, _on_host)
 
     def offer(self, services: Services) -> None:
         """Its first-batch check; its running sums, set back with the weights when batches are undone."""
@@ -260,13 +242,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
 
     def mark_sums(self) -> Any:
         """A copy of the epoch's running sums (cloned on their device), for :meth:`rewind_sums`."""
-        return {
-            "epoch": self._epochs,
-            "loss": self._loss.state_dict(),
-            "parts": [mean.state_dict() for mean in self._parts],
-            "metrics": [metric_state(slot.metric) for slot in self.slots],
-            "named": self._named.state_dict(),
-        }
+        return {"epoch": self._epochs, **self._sums()}
 
     def rewind_sums(self, mark: Any) -> None:
         """Set the sums back to ``mark``; to those of no batch when it was taken in an earlier epoch (every batch
