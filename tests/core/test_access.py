@@ -55,6 +55,7 @@ def fit_with(*handlers, check_access=True):
         (lambda s: s.metrics.update(x=1.0), "Probe tried to write state.metrics"),
         (lambda s: setattr(s.history, "stop_reason", "x"), "Probe tried to write state.history"),
         (lambda s: s.run.stop("why"), "Probe tried to write state.run"),
+        (lambda s: setattr(s.run, "stop_requested", True), "Probe tried to write state.run"),
         (lambda s: s.shared.get("other"), "Probe tried to read state.shared.other"),
         (lambda s: s.shared.__setitem__("mine", 2), "Probe tried to write state.shared.mine"),
     ],

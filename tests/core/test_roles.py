@@ -188,3 +188,25 @@ def test_a_role_without_an_event_mixin_is_told_to_add_one():
         linear_problem()[0].fit(
             linear_problem()[1], epochs=1, event_handlers=[type("M", (EventHandler, Monitoring), {})()]
         )
+
+
+class OwnKeys(EpochEnd, KeyRecording):
+    """A user's key recorder: the built-ins' run_after by role must not pull them after it."""
+
+    def epoch_end(self, state):
+        self.seen = dict(state.metrics)
+
+    def history_keys(self, estimator, phase):
+        return []
+
+
+@pytest.mark.parametrize("priority", [Stage.USER, Stage.REPORT])
+def test_a_key_recorder_of_yours_leaves_validation_at_its_stage(priority):
+    estimator, data, val = linear_problem()
+    mine = type("Mine", (OwnKeys,), {"priority": priority, "run_after": (ValidationHandler,)})()
+    order = estimator.describe_loop([mine], val_data=val).splitlines()
+    epoch_end = next(line for line in order if line.startswith("epoch_end"))
+    assert epoch_end.index("ValidationHandler") < epoch_end.index("LoggingHandler")  # the line shows val_ values
+    assert epoch_end.index("ValidationHandler") < epoch_end.index("Mine")
+    estimator.fit(data, val_data=val, epochs=1, event_handlers=[mine])
+    assert "val_loss" in mine.seen  # validation ran before it, at its own stage

@@ -211,3 +211,13 @@ def test_a_value_logged_at_epoch_end_after_the_metric_handler_counts_in_the_next
 
     history = make_estimator().fit(TRAIN, epochs=3, event_handlers=[Late()])
     assert math.isnan(history["train_late"][0]) and history["train_late"][1:] == [10.0, 20.0]
+
+
+def test_a_stop_keeps_its_reason_in_the_states_history_even_one_put_in_later():
+    from fitforge import History
+
+    state = TrainState(make_estimator())
+    state.history = History()
+    state.run.stop("why")
+    state.run.stop("later")  # the first reason is kept
+    assert state.history.stop_reason == state.run.stop_reason == "why"

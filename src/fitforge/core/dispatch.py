@@ -257,8 +257,15 @@ def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
     after = access_edges(handlers)  # i -> must run after these
     for i, handler in enumerate(handlers):
         classes = tuple(handler.run_after or ())
+        kinds = tuple(c for c in classes if issubclass(c, EventHandler))  # whatever the priorities
+        roles = tuple(c for c in classes if not issubclass(c, EventHandler))  # the players at its own priority
         for j, other in enumerate(handlers):
-            if i != j and classes and acts_as(other, classes):  # a wrapper (throttle) counts as what it wraps
+            if i == j or not classes:
+                continue
+            # a wrapper (throttle) counts as what it wraps
+            if (kinds and acts_as(other, kinds)) or (
+                roles and other.priority == handler.priority and acts_as(other, roles)
+            ):
                 after[i].add(j)
     waiting = {i: len(before) for i, before in after.items()}
     followers: dict[int, list[int]] = {i: [] for i in after}

@@ -56,7 +56,7 @@ class Stage(IntEnum):
     STEP = -2000  # GradientUpdateHandler: clip and step, so later handlers see the updated weights
     METRICS = -1000  # MetricHandler, ThroughputHandler, EMAHandler, then ValidationHandler: the epoch's values
     USER = 0  # the default
-    PERSIST = 900  # LRSchedulerHandler, ScheduleHandler, then CheckpointHandler: the state after every update
+    PERSIST = 900  # ScheduleHandler, LRSchedulerHandler, then CheckpointHandler: the state after every update
     REPORT = 1000  # ProgressBar, Logging, CSVLogger, TensorBoard, StoppingHandler: the row is complete
 
 

@@ -181,7 +181,7 @@ class RunControl:
     stop_every_rank: bool = False
     stop_ending: Ending | None = None
     ranks: Processes = ONE_PROCESS
-    _history: History | None = field(default=None, repr=False)  # the state's, which keeps the stop's reason
+    _state: Any = field(default=None, repr=False)  # the TrainState it belongs to, whose history keeps the reason
 
     def stop(self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None) -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
@@ -211,8 +211,8 @@ class RunControl:
 
     def _reason(self, reason: str) -> None:
         self.stop_reason = reason
-        if self._history is not None:
-            self._history.stop_reason = reason
+        if self._state is not None:
+            self._state.history.stop_reason = reason
 
     @property
     def epoch_suspended(self) -> bool:
@@ -294,7 +294,7 @@ class TrainState:
     _loop: RunMachinery | None = None  # the fit's machinery, for fitforge's own checkpointing; None elsewhere
 
     def __post_init__(self) -> None:
-        self.run._history = self.history
+        self.run._state = self
 
     @property
     def restored_epoch(self) -> int | None:

@@ -133,12 +133,16 @@ class ReadOnlyRun:
     """``state.run`` for a handler that reads it but does not declare writing it: ``stop()`` is refused."""
 
     def __init__(self, run: RunControl, guard: GuardedState) -> None:
-        self._run, self._guard = run, guard
+        object.__setattr__(self, "_run", run)
+        object.__setattr__(self, "_guard", guard)
 
     def __getattr__(self, name: str) -> Any:
         if name == "stop":
             raise self._guard._deny("run", True)
         return getattr(self._run, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise self._guard._deny("run", True)
 
 
 _READ_ONLY: dict[str, Any] = {"metrics": ReadOnlyMetrics, "history": ReadOnlyHistory, "run": ReadOnlyRun}
