@@ -8,9 +8,7 @@ on a small net they cost more than a batch. Here children are read from ``_modul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from functools import partial
-from itertools import repeat
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -33,9 +31,12 @@ def walk(net: nn.Module) -> list[nn.Module]:
 def tensors_of(net: nn.Module) -> Iterator[torch.Tensor]:
     """Every parameter and buffer of ``net`` (one shared by two modules comes twice)."""
     for module in walk(net):
-        for tensor in (*module._parameters.values(), *module._buffers.values()):
-            if tensor is not None:
-                yield tensor
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                yield parameter
+        for buffer in module._buffers.values():
+            if buffer is not None:
+                yield buffer
 
 
 def _plain(module: nn.Module) -> bool:
@@ -57,21 +58,26 @@ def _plain_modules(net: nn.Module) -> list[nn.Module] | None:
     return modules if all(_plain(module) for module in modules) else None
 
 
-def _set_modes(modules: list[nn.Module], modes: Iterable[bool]) -> None:
-    for module, mode in zip(modules, modes):
-        module.__dict__["training"] = mode
-
-
 def switch_training(net: nn.Module, mode: bool) -> Callable[[], None]:
     """:func:`set_training`, returning what puts the modes back: each module's own flag where none
     customises ``train``, else ``net.train`` of the mode ``net`` was in."""
     modules = _plain_modules(net)
     if modules is None:
-        restore = partial(set_training, net, net.training)
+        was_training = net.training
         net.train(mode)
-    else:
-        restore = partial(_set_modes, modules, [module.__dict__["training"] for module in modules])
-        _set_modes(modules, repeat(mode))
+
+        def restore_root() -> None:
+            net.train(was_training)
+
+        return restore_root
+    before = [module.__dict__["training"] for module in modules]
+    for module in modules:
+        module.__dict__["training"] = mode
+
+    def restore() -> None:
+        for module, flag in zip(modules, before):
+            module.__dict__["training"] = flag
+
     return restore
 
 
@@ -80,5 +86,6 @@ def set_training(net: nn.Module, mode: bool) -> None:
     modules = _plain_modules(net)
     if modules is None:
         net.train(mode)
-    else:
-        _set_modes(modules, repeat(mode))
+        return
+    for module in modules:
+        module.__dict__["training"] = mode
