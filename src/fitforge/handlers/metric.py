@@ -49,11 +49,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's ``train_metrics`` in
             fit and ``val_metrics`` in evaluate.
 
-    Under torch.distributed the sums are reduced across ranks at epoch end (every rank records the whole data's
-    values); its state is the epoch's running sums, every rank's, so a checkpoint written mid-epoch resumes them
-    on any number of ranks (docs/distributed.md). Named values (``state.log``) are taken from the services at its
-    ``batch_end``; names a batch processor declares in ``logs`` have keys from the start. A default metric the
-    step's label cannot feed (a GAN's ``BatchOutput(label=None)``) is left out at the first batch with an info line.
+    Sums are reduced across ranks at epoch end and resume mid-epoch on any number of ranks (docs/distributed.md);
+    a default metric the step's label cannot feed (``BatchOutput(label=None)``) is left out with an info line.
     """
 
     priority = Stage.METRICS
