@@ -45,12 +45,12 @@ def _no_context(*args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
 
 # row -> [(module, name, replacement)]: what the row switches off, where fit looks it up
 PARTS: dict[str, list[tuple[str, str, Callable]]] = {
-    "val_check": [("fitforge.checks.pipeline", "check_first_val_batch", lambda *args: False)],
+    "val_check": [("fitforge.plans.fit", "check_first_val_batch", lambda *args: False)],
     "model_checks": [
-        ("fitforge.checks.pipeline", "check_placement", _nothing),
-        ("fitforge.checks.pipeline", "check_trainable", _nothing),
+        ("fitforge.plans.fit", "check_placement", _nothing),
+        ("fitforge.plans.fit", "check_trainable", _nothing),
     ],
-    "first_batch_check": [("fitforge.checks.pipeline", "first_batch_check", lambda step, *args: step)],
+    "first_batch_check": [("fitforge.plans.fit", "first_batch_check", lambda step, *args: step)],
     "handler_checks": [
         ("fitforge.checks.first_batch", "check_handlers", _nothing),
         ("fitforge.checks.validation", "check_handlers", _nothing),
@@ -59,7 +59,7 @@ PARTS: dict[str, list[tuple[str, str, Callable]]] = {
         ("fitforge.checks.first_batch", "check_finite", _nothing),
         ("fitforge.checks.validation", "check_finite", _nothing),
     ],
-    "monitor_checks": [("fitforge.checks.pipeline", "check_monitors", lambda *args: [])],
+    "monitor_checks": [("fitforge.plans.fit", "check_monitors", lambda *args: [])],
     "rng_kept": [("fitforge.checks.validation", "torch_rng_kept", _no_context)],
     "preemption": [("fitforge.estimator", "preemptible", _no_context)],
 }

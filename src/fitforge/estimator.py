@@ -20,40 +20,31 @@ from fitforge.checks.options import (
     resolve_precision,
     warn_default_optimizer,
 )
-from fitforge.checks.pipeline import PredictPlan, before_fit, before_predict, evaluation_of
 from fitforge.checks.validation import check_first_val_batch
-from fitforge.core.batches import rows_of
 from fitforge.core.coordinator import PassWatch
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler, handler_name, offered
 from fitforge.core.history import History
-from fitforge.core.loop import pass_batches, run_fit, run_pass
-from fitforge.core.modules import set_training
 from fitforge.core.processor import (
     BatchProcessor,
     bound_step,
     check_batch_processor,
 )
 from fitforge.core.roles import WeightAveraging
-from fitforge.core.run import RunContext
 from fitforge.core.services import Services
-from fitforge.core.state import RunControl, TrainState
-from fitforge.distributed.data_split import gather_predictions
-from fitforge.distributed.ranks import on_this_rank, processes, rank
+from fitforge.distributed.ranks import on_this_rank
 from fitforge.distributed.strategy import Strategy, resolve_strategy
 from fitforge.evaluation import Evaluation
-from fitforge.exceptions import FitforgeValueError, check_flag
+from fitforge.exceptions import check_flag
 from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, run_keys
-from fitforge.inputs.order import OnePass
-from fitforge.inputs.prediction import Predictions
 from fitforge.losses.loss import loss_sets
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.optim.learning_rate import set_learning_rate
+from fitforge.plans.fit import plan_fit
+from fitforge.plans.passes import evaluation_of, plan_predict
 from fitforge.signals.preemption import Preemption, preemptible, raise_if_preempted
 from fitforge.tools.lr_find import LRFindResult, lr_find
-from fitforge.tools.profiler import profiled
 
-_DONE = object()  # the end of a pass that predict_batches steps through
 log = logging.getLogger("fitforge")
 
 
@@ -256,7 +247,7 @@ class Estimator:
         self._announce_default_optimizer("fit")
         preemption = Preemption()
         with preemptible(preemption):  # from the checks on: a signal there stops the fit before its first batch
-            plan = before_fit(
+            plan = plan_fit(
                 self,
                 train_data,
                 val_data,
@@ -269,17 +260,7 @@ class Estimator:
                 batch_size,
                 validation_split,
             )
-            self.weight_average = plan.weight_average  # a later fit without one evaluates its own weights
-            state, run = plan.start(self)
-            set_training(self.net, True)  # after the checks: a fit that fails before training leaves the modes alone
-            preemption.attach(state, run.coordinator)
-            outer, self.pass_watch = self.pass_watch, PassWatch(run.coordinator, state)  # validations stop at a signal
-            try:
-                with profiled(plan.dispatcher, state.history, plan.profile):
-                    run_fit(state, run)
-            finally:
-                self.pass_watch = outer  # None, unless a handler runs a fit within a fit
-                self._add_to_history(state)
+            state = plan.run(self, preemption)
         raise_if_preempted(state)
         if state.run.stop_ending is not None:  # e.g. optuna.TrialPruned, raised once the run ended cleanly
             raise state.run.stop_ending.error
@@ -289,16 +270,6 @@ class Estimator:
         if self._default_optimizer:
             self.optimizers = warn_default_optimizer(self.optimizers, self.net, self.train_net is not self.net, entry)
             self._default_optimizer = False  # once per estimator
-
-    def _add_to_history(self, state: TrainState) -> None:
-        """Append a fit's epochs to ``history``; a resumed fit's History holds its run's epochs already.
-        A fit that failed before completing a batch (a bad batch, a misnamed output) adds nothing:
-        fixed and run again, it starts at epoch 1, not after an epoch of nan."""
-        if state.run.error is not None and state.global_step == 0 and not state.run.resumed:
-            return
-        if state.run.resumed:
-            self.history = History()
-        self.history.extend(state.history)
 
     def evaluate(
         self,
@@ -328,7 +299,7 @@ class Estimator:
         placed: bool = False,
     ) -> Evaluation:
         """:meth:`evaluate` set up once, to call as often as needed (fit sets up its validations the
-        same way, :func:`fitforge.checks.pipeline.evaluation_of`): ``checked`` when the data's first
+        same way, :func:`fitforge.plans.passes.evaluation_of`): ``checked`` when the data's first
         batch was checked already, ``placed`` when ``val_net``'s device was just checked (see
         :class:`~fitforge.evaluation.Evaluation`)."""
         return evaluation_of(self, val_data, event_handlers, placed=placed, checked=checked)[0]
@@ -349,17 +320,7 @@ class Estimator:
         a DataLoader's dataset, and rank 0 returns every output in dataset order; the other ranks
         return None.
         """
-        predictions, state, run, plan = self._prediction(data, event_handlers, batch_size)
-        with self.strategy.evaluating(self.val_net, self.weight_average):
-            run_pass(state, run)
-        joined = predictions.joined(self.device)
-        if plan.sharded:  # rank 0 gets every rank's outputs (an empty share sends None)
-            joined = gather_predictions(joined, len(plan.data.dataset))  # type: ignore[attr-defined]
-            if joined is None and rank() != 0:
-                return None
-        if joined is None:
-            raise FitforgeValueError("predict produced no output: every batch was cancelled")
-        return joined
+        return plan_predict(self, data, event_handlers, batch_size).run_all()
 
     def predict_batches(
         self, data: Iterable, event_handlers: Sequence[EventHandler] | None = None, batch_size: int | None = None
@@ -377,32 +338,7 @@ class Estimator:
             >>> for outputs in estimator.predict_batches(loader):        # doctest: +SKIP
             ...     writer.write(outputs.argmax(1).numpy())
         """
-        predictions, state, run, _ = self._prediction(data, event_handlers, batch_size, stream=True)
-        passing = pass_batches(state, run)
-        try:
-            while True:
-                with self.strategy.evaluating(self.val_net, self.weight_average):
-                    more = next(passing, _DONE) is not _DONE
-                yield from predictions.take()
-                if not more:
-                    return
-        finally:
-            passing.close()  # left early: the pass ends where it was
-
-    def _prediction(
-        self, data: Any, event_handlers: Any, batch_size: Any, stream: bool = False
-    ) -> tuple[Predictions, TrainState, RunContext, PredictPlan]:
-        """What a prediction runs: its outputs' keeper, state and run, and the checked plan."""
-        step = bound_step(self.batch_processor, self, "predict_batch")
-        predictions = Predictions(step, self.non_blocking, self.device)
-        plan = before_predict(self, data, event_handlers, batch_size, predictions.step)
-        if not stream:  # predict keeps every output: into tensors of the whole size where it is known
-            predictions.expect_rows(rows_of(plan.data))
-        state = TrainState(self, "predict", num_batches=plan.num_batches, run=RunControl(ranks=processes()))
-        run = RunContext(
-            plan.dispatcher, predictions.step, OnePass(plan.data), "data", allow_empty=plan.sharded, check=plan.check
-        )
-        return predictions, state, run, plan
+        return plan_predict(self, data, event_handlers, batch_size, stream=True).stream()
 
     def lr_find(
         self,

@@ -71,8 +71,6 @@ class Evaluation:
             check=self.check,
             watch=estimator.pass_watch,  # within a fit: a signal abandons the pass (PassAbandoned)
         )
-        if self.check is not None:
-            estimator.losses.validate.arm_checks()
         try:
             with estimator.strategy.evaluating(estimator.val_net, estimator.weight_average):
                 run_pass(state, run)

@@ -1,7 +1,6 @@
-"""The checks before step 1: one pipeline that fit, evaluate and predict each call once, so that a
-mistake fails in a second, before any weight changes, naming the argument, the batch and the fix.
+"""The checks before step 1, which the plans (:mod:`fitforge.plans`) call once, so that a mistake
+fails in a second, before any weight changes, naming the argument, the batch and the fix.
 
-- :mod:`~fitforge.checks.pipeline`: the order of the checks, and what each entry point gets back;
 - :mod:`~fitforge.checks.model`: the net's placement and the parameters no optimizer holds;
 - :mod:`~fitforge.checks.validation`: a first batch of each validation, evaluated before training;
 - :mod:`~fitforge.checks.monitors`: monitored keys the run will produce;

@@ -10,8 +10,7 @@ On the first training batch, in order:
    skips it);
 2. the step; a ``RuntimeError`` inside a layer of the net becomes a ForwardError (DeviceMismatchError
    for devices) naming the layer, what it received and a fix (:mod:`fitforge.checks.forward_errors`).
-   The loss checks counts, shapes, label dtypes and class ranges on this call
-   (``estimator.losses.train.arm_checks()``, before the run);
+   The loss checks counts, shapes, label dtypes and class ranges on this call (armed here);
 3. the checks of the output (:func:`check_output`): a BatchOutput with a batch size, no 0-d label, a scalar loss;
 4. the checks the run's handlers offered (``services.first_batch_checks``), before the optimizer
    step: MetricHandler updates throw-away copies of its metrics; a handler of your own may refuse a
@@ -71,6 +70,8 @@ def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], ba
     """``step(state, batch)``, with an error raised inside the net explained (the original as ``__cause__``)."""
     estimator = state.estimator
     net = estimator.net if state.phase == "train" else estimator.val_net
+    if state.phase != "predict":  # the loss checks its inputs on the call this step makes
+        estimator.losses.of(state.phase).arm_checks()
     try:
         return step(state, batch)
     except RuntimeError as error:

@@ -70,7 +70,6 @@ def check_first_val_batch(
             return False  # empty: reported by check_data or at the first validation
         if not estimator.batch_processor.allow_nonfinite:
             check_finite(batch, name)
-        estimator.losses.validate.arm_checks()
         state = TrainState(estimator, "validate", batch_idx=0, batch=batch)
         try:
             state.output = explained_step(state, step, batch)

@@ -1,8 +1,8 @@
-"""The one pipeline of checks before step 1: each input judged once, in a fixed order."""
+"""The plans of fit, evaluate and predict: each input judged once, in a fixed order."""
 
 import pytest
 
-import fitforge.checks.pipeline as pipeline
+import fitforge.plans.fit as pipeline
 from fitforge.core.processes import ONE_PROCESS
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers import StoppingHandler, ValidationHandler
