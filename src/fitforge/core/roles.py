@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from fitforge.core.events import EventHandler, Wrapping, unwrapped
 from fitforge.core.services import Accumulating, WeightAveraging  # the types of two services, named here too
@@ -88,8 +87,7 @@ class Monitoring:
         return None
 
 
-@dataclass(frozen=True)
-class ValidationSetup:
+class ValidationSetup(NamedTuple):
     """What a :class:`Validating` handler asks fit to check and set up before training: its
     ``val_data`` (re-iterable as often as it is read, not empty), and, ``by_estimator``, an
     evaluation of it by the estimator (loss and metrics, with ``event_handlers``), its first batch

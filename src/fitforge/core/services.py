@@ -8,9 +8,9 @@ handler (:meth:`~fitforge.core.events.EventHandler.offer`), and the hooks read `
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from fitforge.core.logged import PendingValues
 
@@ -62,8 +62,7 @@ class WeightAveraging:
         """Track ``estimator.net`` outside fit, so that a checkpoint's average can be loaded into it."""
 
 
-@dataclass(frozen=True)
-class Undoable:
+class Undoable(NamedTuple):
     """State that a handler undoing batches (``SpikeGuardHandler``) sets back with the weights:
     ``mark()`` copies it as it is now (on its device: no host read), ``rewind(mark)`` puts it back."""
 
@@ -104,7 +103,6 @@ class CheckpointSaver(Protocol):
         """``"saved"`` when it keeps the best weights by its monitor in a checkpoint of their own."""
 
 
-@dataclass(eq=False)
 class Services:
     """The services of one fit (an evaluation's: what its own handlers offer; none in ``predict``).
 
@@ -140,21 +138,30 @@ class Services:
         logged: the named values ``state.log`` keeps until a MetricHandler takes them.
     """
 
-    history_keys: Callable[[], list[str]] = list
-    keys_complete: bool = True
-    validates_mid_epoch: bool = False
-    epoch_lines: list[Callable[[], bool]] = field(default_factory=list)
-    bars: list[Callable[[Any], None]] = field(default_factory=list)
-    guards_nonfinite: bool = False
-    undoables: list[Undoable] = field(default_factory=list)
-    checkpoints: list[CheckpointSaver] = field(default_factory=list)
-    steps: Accumulating | None = None
-    averages: list[WeightAveraging] = field(default_factory=list)
-    first_batch_checks: list[Callable[[Any], None]] = field(default_factory=list)
-    before_save: list[Callable[[Any], None]] = field(default_factory=list)
-    step_skips: list[Callable[[], Any]] = field(default_factory=list)
-    running_values: list[Callable[[], dict[str, float]]] = field(default_factory=list)
-    logged: PendingValues = field(default_factory=PendingValues)
+    def __init__(
+        self,
+        history_keys: Callable[[], list[str]] = list,
+        keys_complete: bool = True,
+        validates_mid_epoch: bool = False,
+    ) -> None:
+        # Assigned here, not by a dataclass's fields: a run builds several, and factories cost more.
+        self.history_keys, self.keys_complete, self.validates_mid_epoch = (
+            history_keys,
+            keys_complete,
+            validates_mid_epoch,
+        )
+        self.epoch_lines: list[Callable[[], bool]] = []
+        self.bars: list[Callable[[Any], None]] = []
+        self.guards_nonfinite = False
+        self.undoables: list[Undoable] = []
+        self.checkpoints: list[CheckpointSaver] = []
+        self.steps: Accumulating | None = None
+        self.averages: list[WeightAveraging] = []
+        self.first_batch_checks: list[Callable[[Any], None]] = []
+        self.before_save: list[Callable[[Any], None]] = []
+        self.step_skips: list[Callable[[], Any]] = []
+        self.running_values: list[Callable[[], dict[str, float]]] = []
+        self.logged = PendingValues()
 
     def shows_epoch_lines(self) -> bool:
         """Whether a handler of the run prints each epoch's line now."""

@@ -6,8 +6,7 @@ of its first pass is explained (:mod:`fitforge.checks.first_batch`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from fitforge.checks.first_batch import first_batch_check
 from fitforge.checks.model import check_placement
@@ -65,8 +64,7 @@ def _explained(step: Step, checks: Sequence[Callable[[TrainState], None]]) -> St
     return first_batch_check(step, checks, "val_data", "validate")
 
 
-@dataclass(frozen=True)
-class PredictPlan:
+class PredictPlan(NamedTuple):
     """What a prediction runs with, once every check passed: its outputs' keeper, state and run, and
     the number of rows of the dataset its ranks split (None: not split)."""
 
