@@ -20,23 +20,20 @@ from fitforge.checks.options import (
     resolve_precision,
     warn_default_optimizer,
 )
-from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.coordinator import PassWatch
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler, handler_name, offered
+from fitforge.core.events import EventHandler, handler_name
 from fitforge.core.history import History
 from fitforge.core.processor import (
     BatchProcessor,
-    bound_step,
     check_batch_processor,
 )
 from fitforge.core.roles import WeightAveraging
-from fitforge.core.services import Services
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.distributed.strategy import Strategy, resolve_strategy
 from fitforge.evaluation import Evaluation
 from fitforge.exceptions import check_flag
-from fitforge.handlers.defaults import evaluate_handlers, fit_handlers, run_keys
+from fitforge.handlers.defaults import fit_handlers, run_keys
 from fitforge.losses.loss import loss_sets
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.optim.learning_rate import set_learning_rate
@@ -184,16 +181,6 @@ class Estimator:
         """As :meth:`compute_loss` with ``val_loss``."""
         return self.losses.validate(pred, label)
 
-    def check_first_val_batch(
-        self, val_data: Iterable, name: str = "val_data", event_handlers: Sequence[EventHandler] | None = None
-    ) -> None:
-        """Evaluate a first validation batch once (eval mode, no grad, RNG state restored), as fit
-        does before training, so a mistake in the validation data fails in a second, not after an
-        epoch (see :func:`fitforge.checks.validation.check_first_val_batch`)."""
-        step = bound_step(self.batch_processor, self, "evaluate_batch")
-        checks = offered(evaluate_handlers(event_handlers), Services()).first_batch_checks
-        check_first_val_batch(self, val_data, name, checks, step)
-
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""
         return run_keys(fit_handlers(None, [] if validation else None), self)
@@ -298,10 +285,9 @@ class Estimator:
         checked: bool = False,
         placed: bool = False,
     ) -> Evaluation:
-        """:meth:`evaluate` set up once, to call as often as needed (fit sets up its validations the
-        same way, :func:`fitforge.plans.passes.evaluation_of`): ``checked`` when the data's first
-        batch was checked already, ``placed`` when ``val_net``'s device was just checked (see
-        :class:`~fitforge.evaluation.Evaluation`)."""
+        """:meth:`evaluate` set up once, to call as often as needed (as fit sets up its validations):
+        ``checked`` when the data's first batch was checked already, ``placed`` when ``val_net``'s
+        device was just checked (see :class:`~fitforge.evaluation.Evaluation`)."""
         return evaluation_of(self, val_data, event_handlers, placed=placed, checked=checked)[0]
 
     def predict(
@@ -371,10 +357,8 @@ class Estimator:
             >>> estimator.fit(train_loader, epochs=3)  # epochs and history continue # doctest: +SKIP
 
         Raises:
-            FitforgeTypeError: ``lr`` is not a number or a list of numbers, or ``optimizer`` neither
-                None, an int nor one of the estimator's optimizers.
-            FitforgeValueError: a negative, nan or infinite rate; a list whose length is not the
-                optimizer's number of parameter groups; an index out of range.
+            FitforgeTypeError/FitforgeValueError: ``lr`` not a number (or list of them) that is finite
+                and not negative, one per parameter group; ``optimizer`` not an index or one of them.
         """
         set_learning_rate(self.optimizers, lr, optimizer)
 
