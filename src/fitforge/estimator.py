@@ -38,7 +38,7 @@ from fitforge.losses.loss import loss_sets
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.optim.learning_rate import set_learning_rate
 from fitforge.plans.fit import plan_fit
-from fitforge.plans.passes import evaluation_of, plan_predict
+from fitforge.plans.passes import check_first_batch_of, evaluation_of, plan_predict
 from fitforge.signals.preemption import Preemption, preemptible, raise_if_preempted
 from fitforge.tools.lr_find import LRFindResult, lr_find
 
@@ -95,10 +95,9 @@ class Estimator:
             :func:`~fitforge.reporting.hparams.run_params`). Set it yourself to record your own.
         losses: the loss(es) resolved (:class:`~fitforge.losses.loss.Losses`): ``losses.train``, ``losses.validate``.
 
-    Under ``torchrun`` each rank takes the device of its ``LOCAL_RANK`` (when ``device`` is None or
-    ``"cuda"``), fit, evaluate and predict split their DataLoaders across ranks, metrics are reduced
-    over all ranks, and only rank 0 writes logs and checkpoints. ``net`` stays the unwrapped module
-    (``train_net`` is the wrapper fit's forward goes through).
+    Under ``torchrun`` each rank takes the device of its ``LOCAL_RANK``, the data is split across
+    ranks, metrics are reduced over them and only rank 0 writes (see docs/distributed.md). ``net``
+    stays the unwrapped module (``train_net`` is the wrapper fit's forward goes through).
 
     Example:
         >>> net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
@@ -180,6 +179,13 @@ class Estimator:
     def compute_val_loss(self, pred: Any, label: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """As :meth:`compute_loss` with ``val_loss``."""
         return self.losses.validate(pred, label)
+
+    def check_first_val_batch(
+        self, val_data: Iterable, name: str = "val_data", event_handlers: Sequence[EventHandler] | None = None
+    ) -> None:
+        """Evaluate a first validation batch once (eval mode, no grad, RNG state restored), as fit
+        does before training, so a mistake in the validation data fails in a second, not after an epoch."""
+        check_first_batch_of(self, val_data, name, event_handlers)
 
     def history_keys(self, validation: bool = False) -> list[str]:
         """The history keys a fit with the default handlers and the configured metrics produces."""

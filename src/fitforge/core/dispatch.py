@@ -19,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
-import sys
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -36,7 +34,7 @@ from fitforge.core.events import (
     priority_name,
     unwrapped,
 )
-from fitforge.core.roles import ROLES, missing_roles
+from fitforge.core.roles import ROLES
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, HandlerOrderError, PassAbandoned, describe
 
@@ -168,7 +166,6 @@ def check_handler(handler: object, argument: str = "event_handlers") -> None:
         )
     if not events_of(handler):
         raise _no_event(handler, argument)
-    _warn_missing_roles(handler)
     priority = handler.priority
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise FitforgeTypeError(f"{handler!r}.priority must be an int, got {describe(priority)}")
@@ -188,32 +185,6 @@ def _no_event(handler: object, argument: str) -> FitforgeTypeError:
         f"{argument} got {describe(handler)}, which handles no event; "
         f"a handler must inherit at least one of {mixins} (from fitforge.events){hint}"
     )
-
-
-_WARNED: set[tuple[type, str]] = set()
-
-
-def _warn_missing_roles(handler: EventHandler) -> None:
-    """Once per class and name: a role's name defined without the role (fitforge asks roles)."""
-    for name, role in missing_roles(handler):
-        if (type(handler), name) not in _WARNED:
-            _WARNED.add((type(handler), name))
-            warnings.warn(
-                f"{type(handler).__name__} defines {name!r} but does not inherit the role {role} (from "
-                f"fitforge.events), so fitforge will not use it: inherit {role} beside its event mixins, "
-                f"e.g. class {type(handler).__name__}(..., {role})",
-                UserWarning,
-                stacklevel=_outside_fitforge(),
-            )
-
-
-def _outside_fitforge() -> int:
-    """The ``stacklevel`` that points a warning raised by the caller at the first frame outside
-    fitforge (the user's ``fit``, ``evaluate`` or ``predict``)."""
-    frame, level = sys._getframe(2), 2  # the frame of the function that warns is level 1
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "fitforge":
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:

@@ -160,33 +160,4 @@ def averaged_weights(estimator: EstimatorLike) -> Iterator[WeightAveraging | Non
         average.swap_out()
 
 
-# What a handler defined for fitforge to find by name before the roles, and the roles' own
-# methods: defined without the role, fitforge would never call them (see :func:`missing_roles`).
-_NAMES = {
-    Monitoring: ("monitor", "save_best", "restore_best", "best_weights"),
-    Validating: ("validation_setup", "use_evaluation"),
-    Stopping: ("stopped_epoch", "run_limits", "ended_run"),
-    KeyRecording: ("history_keys",),
-    Accompanied: ("companions",),
-}
-_CLASS_NAMES: dict[type, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
-ROLES = tuple(_NAMES)
-
-
-def missing_roles(handler: object) -> list[tuple[str, str]]:
-    """``(name, role)`` for each name of a role that ``handler`` defines (on its own classes or
-    itself) without inheriting the role: fitforge asks roles, so it would never use the name."""
-    cls = type(handler)
-    known = _CLASS_NAMES.get(cls)
-    if known is None:  # once per class: the user's classes only, fitforge's own play their roles
-        own = {name for k in cls.__mro__ if not k.__module__.startswith("fitforge.") for name in vars(k)}
-        unplayed = [
-            (name, role.__name__) for role, names in _NAMES.items() if not isinstance(handler, role) for name in names
-        ]
-        on_class = [pair for pair in unplayed if pair[0] in own]
-        # A built-in handler's attributes are its own business: only a user's class is looked into.
-        elsewhere = [pair for pair in unplayed if pair[0] not in own] if own else []
-        known = _CLASS_NAMES[cls] = on_class, elsewhere
-    on_class, elsewhere = known
-    instance = handler.__dict__ if hasattr(handler, "__dict__") else {}
-    return on_class + [pair for pair in elsewhere if pair[0] in instance] if instance else on_class
+ROLES = (Monitoring, Validating, Stopping, KeyRecording, Accompanied)  # the roles fit asks before training

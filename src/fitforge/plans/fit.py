@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from fitforge.checkpoint.resume import resume_picked
 from fitforge.checks.first_batch import first_batch_check
+from fitforge.checks.handlers import warn_unplayed_roles
 from fitforge.checks.model import check_placement, check_trainable, note_slow_precision
 from fitforge.checks.monitors import check_monitor_order, check_monitors
 from fitforge.checks.options import check_duration
@@ -123,6 +124,7 @@ def plan_fit(
     check_placement(estimator, "net", "val_net")
     note_slow_precision(estimator)
     handlers = fit_handlers(event_handlers, val_data, default_handlers) + estimator.strategy.fit_handlers()
+    warn_unplayed_roles(event_handlers or ())
     here = on_this_rank(handlers)
     services = fit_services(here, estimator)
     console_output_for(services)  # before anything in fit logs (a resume, a monitor's mode)

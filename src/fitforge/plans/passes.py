@@ -10,12 +10,14 @@ from typing import Any, NamedTuple
 
 from fitforge.checks.first_batch import first_batch_check
 from fitforge.checks.model import check_placement
+from fitforge.checks.validation import check_first_val_batch
 from fitforge.core.batches import rows_of
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler
+from fitforge.core.events import EventHandler, offered
 from fitforge.core.loop import pass_batches, run_pass
 from fitforge.core.processor import bound_step
 from fitforge.core.run import RunContext, Step
+from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike, RunControl, TrainState
 from fitforge.distributed.data_split import gather_predictions, in_dataset_order, shard_eval
 from fitforge.distributed.ranks import on_this_rank, processes, rank
@@ -62,6 +64,16 @@ def evaluation_of(
 
 def _explained(step: Step, checks: Sequence[Callable[[TrainState], None]]) -> Step:
     return first_batch_check(step, checks, "val_data", "validate")
+
+
+def check_first_batch_of(
+    estimator: EstimatorLike, val_data: Iterable, name: str, event_handlers: Sequence[EventHandler] | None
+) -> None:
+    """``Estimator.check_first_val_batch``: a first batch of ``val_data`` evaluated through an
+    evaluation's step and handlers (:func:`fitforge.checks.validation.check_first_val_batch`)."""
+    step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
+    checks = offered(evaluate_handlers(event_handlers), Services()).first_batch_checks
+    check_first_val_batch(estimator, val_data, name, checks, step)
 
 
 class PredictPlan(NamedTuple):
