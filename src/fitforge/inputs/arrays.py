@@ -1,13 +1,5 @@
-"""Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)`` (the
-user's view: docs/getting-started.md, "Whole arrays").
-
-``(X, y)``, a bare ``X`` (batches of data alone), or ``y`` of several arrays (``(y1, y2)`` or
-``{"cls": y1, "reg": y2}``) becomes a ``DataLoader`` over their rows, shuffled for training only.
-NumPy floats become torch's default float (float32, as in Keras) and a 1-D integer array (class
-labels) int64, as the losses take them; tensors are used as they are; a pandas DataFrame or Series
-is taken as its NumPy array once its columns are checked to be numbers. ``validation_split`` holds
-out the *last* fraction of the samples before any shuffling, as Keras does.
-"""
+"""Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)`` becomes a
+``DataLoader`` over their rows (the rules: docs/getting-started.md, "Whole arrays")."""
 
 from __future__ import annotations
 
@@ -40,8 +32,7 @@ def _label_arrays(label: object) -> bool:
 
 
 def is_arrays(data: object) -> bool:
-    """Whether ``data`` is ``(X, y)``, a tuple or list of two arrays rather than batches; ``y`` may be
-    several arrays, ``(y1, y2)`` or ``{"cls": y1, "reg": y2}`` (Keras's form for several outputs)."""
+    """Whether ``data`` is ``(X, y)`` rather than batches (``y`` one array, or several in a tuple or dict)."""
     return isinstance(data, (tuple, list)) and len(data) == 2 and _rows(data[0]) and _label_arrays(data[1])
 
 
@@ -60,8 +51,7 @@ def _flat(data: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Any]]:
 
 
 class LabelledArrays(Dataset):
-    """The rows of ``X`` with those of several label arrays: ``(x, (y1, y2))`` or ``(x, {"cls": y1,
-    ...})`` per sample, collated into batches of the same shape."""
+    """The rows of ``X`` with those of several label arrays: ``(x, (y1, y2))`` or ``(x, {"cls": y1, ...})``."""
 
     def __init__(self, tensors: Sequence[torch.Tensor], shape: Callable[[Sequence[Any]], Any]) -> None:
         self.tensors, self.shape = tensors, shape
@@ -73,15 +63,10 @@ class LabelledArrays(Dataset):
         return self.shape([t[index] for t in self.tensors])
 
 
-def _pandas(item: Any) -> bool:
-    """Whether ``item`` is a pandas DataFrame, Series or array (or of a subclass, geopandas' say)."""
-    return hasattr(item, "to_numpy") and any(kind.__module__.split(".")[0] == "pandas" for kind in type(item).__mro__)
-
-
 def _from_pandas(item: Any, argument: str, name: str) -> Any:
-    """A pandas DataFrame or Series as one NumPy array of its columns' common type (numeric or boolean
-    columns only, nullable ones without missing values); anything else as it is."""
-    if not _pandas(item):
+    """A pandas DataFrame or Series (or of a subclass) as one NumPy array of its numeric columns' common
+    type; anything else as it is."""
+    if not hasattr(item, "to_numpy") or all(kind.__module__.split(".")[0] != "pandas" for kind in type(item).__mro__):
         return item
     columns = item.dtypes.items() if hasattr(item, "columns") else [(getattr(item, "name", None) or name, item.dtype)]
     # (column, dtype, its NumPy dtype): a nullable column's (Int64, boolean, Float32) differs from its dtype
@@ -117,11 +102,6 @@ def from_pandas(data: Any, argument: str) -> Any:
         label = _from_pandas(label, argument, "y")
     pair = (_from_pandas(x, argument, "X"), label)
     return list(pair) if isinstance(data, list) else pair
-
-
-def _arrays_apart(train_data: object, val_data: object) -> bool:
-    """Keras's ``fit(X, y)``: two arrays of as many rows, the second landing in ``val_data``."""
-    return _rows(train_data) and _rows(val_data) and train_data.shape[0] == val_data.shape[0]  # type: ignore[attr-defined]
 
 
 def _tensor(item: Any, argument: str, name: str) -> torch.Tensor:
@@ -161,8 +141,7 @@ def _untakeable(item: Any, argument: str, name: str) -> str:
 
 
 def _names(count: int, label: Any = None) -> list[str]:
-    """The names in messages of ``(X, y)``'s ``count`` flat arrays: X, y, or y[0], y['cls'] for several
-    (``label``: ``y``)."""
+    """The names in messages of ``(X, y)``'s ``count`` flat arrays: X, y, or y[0], y['cls'] for several."""
     if isinstance(label, Mapping):
         return ["X", *(f"y[{key!r}]" for key in label)]
     if isinstance(label, (tuple, list)):
@@ -195,8 +174,7 @@ def check_batch_size(batch_size: Any) -> int:
 
 
 def array_loader(data: Any, batch_size: int, shuffle: bool, argument: str, bare: bool = False) -> DataLoader:
-    """A DataLoader of ``(X, y)``'s rows (``X`` alone: batches ``[x]``, or bare tensors with ``bare``
-    for predict; ``y`` several arrays: batches ``(x, (y1, y2))`` or ``(x, {"cls": y1, ...})``)."""
+    """A DataLoader of ``(X, y)``'s rows (``X`` alone: batches ``[x]``, or bare tensors with ``bare``)."""
     if is_arrays(data) and not _rows(data[1]):
         flat, shape = _flat(data)
         dataset: Any = LabelledArrays(_tensors(flat, argument, _names(len(flat), data[1])), shape)
@@ -226,10 +204,10 @@ def split_off(data: Any, fraction: Any) -> tuple[Any, Any]:
 
 
 def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_split: Any) -> tuple[Any, Any]:
-    """fit's ``(train_data, val_data)``, arrays made into DataLoaders by ``batch_size`` and
-    ``validation_split`` (other data returned as it is)."""
+    """fit's ``(train_data, val_data)``, arrays made into DataLoaders (other data returned as it is)."""
     train_data, val_data = from_pandas(train_data, "train_data"), from_pandas(val_data, "val_data")
-    if _arrays_apart(train_data, val_data):
+    # Keras's fit(X, y): two arrays of as many rows, the second landing in val_data
+    if _rows(train_data) and _rows(val_data) and train_data.shape[0] == val_data.shape[0]:
         raise FitforgeTypeError(
             "fit got the inputs and the labels as two arguments, but its second one is val_data: pass them "
             "as one tuple, fit((X, y), batch_size=32, epochs=...); validation data alone (for a net that computes "
@@ -260,8 +238,8 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
 
 
 def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
-    """evaluate's ``(X, y)`` or ``X``, or predict's ``X`` (``bare``: batches of bare tensors), as an
-    ordered DataLoader; other data is returned as it is (for predict a list of tensors is batches)."""
+    """evaluate's ``(X, y)`` or ``X``, or predict's ``X`` (``bare``), as an ordered DataLoader; other data
+    is returned as it is."""
     data = from_pandas(data, argument)
     arrays = _rows(data) or (not bare and is_arrays(data))
     if not arrays:

@@ -1,19 +1,8 @@
-"""Batches of a plain single-process DataLoader, read by fit itself: over tensors in memory, by
-indexing each tensor once per batch.
+"""Batches of a plain single-process DataLoader, read by fit itself, with the loader's own sampler draws.
 
-A ``DataLoader`` iterator costs a fixed price per pass and per batch (its fetcher, its checks), and over
-a ``TensorDataset`` it reads a batch sample by sample (a Python call each) and stacks it with
-``default_collate``: ~5 µs a sample on a CPU, most of a step on a small net. Where nothing can tell
-the difference (:func:`direct`), fit, evaluate and predict read the batches as the loader's iterator
-would, with the same sampler draws: the dataset's ``__getitems__`` (else its items one by one) and the
-loader's ``collate_fn``; over a ``TensorDataset`` with ``default_collate`` (:func:`readable`), each
-tensor indexed once with the batch's indices: the same batches (values, dtypes, contiguous layout, in
-a list as ``default_collate`` gives), in the same order, every random generator left where the
-loader's own iterator leaves it.
-
-What can tell: torch's profiler names a read ``enumerate(DataLoader)#fitforge.indexed_batches``
-(the loader's: ``...#_SingleProcessDataLoaderIter.__next__``), and the worker seed of each pass is
-drawn but not read to the host (one ``.item()`` fewer per pass).
+A DataLoader's iterator reads a ``TensorDataset`` sample by sample and collates it (~5 µs a sample on a
+CPU, most of a step on a small net); here each tensor is indexed once per batch instead, giving the same
+batches in the same order, every random generator left where the loader's iterator leaves it.
 """
 
 from __future__ import annotations
@@ -32,14 +21,12 @@ _PROFILED = "enumerate(DataLoader)#fitforge.indexed_batches"  # the profiler's n
 
 
 def indexed_batches(data: Iterable) -> Iterable:
-    """``data``'s batches: read by fit where :func:`direct` says so, else ``data`` itself (a loader's
-    workers shielded from preemption signals within a fit, see :func:`shielded`)."""
+    """``data``'s batches: read by fit where :func:`direct` says so, else ``data`` itself (:func:`shielded`)."""
     return _IndexedBatches(data) if direct(data) else shielded(data)
 
 
 def direct(data: object) -> TypeGuard[DataLoader]:
-    """Whether ``data`` is a plain ``DataLoader`` (no subclass) batching a map-style dataset
-    automatically in this process (no workers, no pinned memory, no timeout), read as its iterator reads it."""
+    """Whether ``data`` is a plain ``DataLoader`` batching a map-style dataset in this process, which fit reads."""
     return (
         type(data) is DataLoader
         and data.batch_sampler is not None
@@ -61,9 +48,8 @@ def readable(data: object) -> TypeGuard[DataLoader]:
 
 
 def _indexable(tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Tensors whose rows indexing copies as stacking does: plain (a subclass's ``__torch_function__``
-    would see other calls), strided, on the CPU, with a fresh contiguous tensor's strides (indexing
-    keeps the source's, which may differ on a dim of size 1), not requiring grad (another ``grad_fn``)."""
+    """Tensors whose rows indexing copies as stacking does: plain (no ``__torch_function__``), strided, on
+    the CPU, with a fresh tensor's strides (indexing keeps the source's), not requiring grad."""
     return all(
         type(tensor) is torch.Tensor
         and tensor.layout is torch.strided
@@ -83,9 +69,8 @@ def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 class _IndexedBatches:
-    """A :func:`direct` loader's batches, each iteration a pass drawn as the loader's iterator draws
-    it: the batch sampler's iterator, then the (unused) worker seed from the loader's generator, so
-    that it moves on as under the loader, then the indices batch by batch."""
+    """A :func:`direct` loader's passes, drawn in the loader's iterator's order: the batch sampler's
+    iterator, then the (unused) worker seed, then the indices batch by batch."""
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
@@ -109,9 +94,8 @@ _END = object()
 
 
 def _read(loader: DataLoader, indices_of: Iterator[Any], judged: tuple[torch.Tensor, ...] | None) -> Iterator[Any]:
-    """The batches of ``indices_of``, each read (indices drawn too) in a profiler span while torch's
-    profiler runs, as the loader's are. A ``TensorDataset``'s tensors are looked up per batch (a handler
-    may replace ``dataset.tensors`` in a pass) and judged when they are not the ``judged`` (indexable) ones."""
+    """The batches of ``indices_of``, each read in a profiler span while torch's profiler runs. The tensors
+    are looked up per batch (a handler may replace ``dataset.tensors``) and judged again when replaced."""
     dataset = loader.dataset
     indexable = judged is not None
     while True:
@@ -132,8 +116,7 @@ def _profiling() -> bool:
 
 
 def _batch(loader: DataLoader, tensors: Any, indices: Any, indexable: bool) -> Any:
-    """The batch of ``indices``: each of the dataset's ``tensors`` indexed once where the indices are a
-    non-empty list of plain ints and ``indexable``, else fetched and collated as the loader does."""
+    """The batch of ``indices``: each of ``tensors`` indexed once where it can be, else fetched and collated."""
     if indexable and type(indices) is list and indices and all(type(i) is int for i in indices):
         try:  # a CPU tensor whatever torch's default device, in a fifth of torch.as_tensor's time
             index = torch.frombuffer(array("q", indices), dtype=torch.int64)

@@ -1,17 +1,6 @@
-"""The training data of one fit, epoch by epoch, in an order a checkpoint can restore (the user's
-view: docs/checkpoints.md, "The data order").
-
-For a map-style ``DataLoader`` the order of epoch ``e`` is a pure function of a seed and ``e``: a
-``DistributedSampler``'s through ``set_epoch(e)``; otherwise a loader (or its sampler) without a
-generator of its own gets one, reseeded every epoch from the epoch and the fit's seed. A user's own
-generator is left alone; its state at each epoch's start is recorded instead.
-
-A resumed epoch starts at its batch position by index arithmetic (the epoch's index batches drawn
-again, no data loaded); a list or tuple of batches is sliced; anything else has its first batches
-read and discarded, and :attr:`DataOrder.problem` says why. A shuffled ``RandomSampler`` and
-fitforge's ``DistributedSampler`` draw one order for any number of ranks (:mod:`fitforge.inputs.placement`),
-so an epoch may continue on another number of ranks or batch size from the sample it reached
-(:attr:`DataOrder.unplaceable` says why one cannot).
+"""The training data of one fit, epoch by epoch, in an order a checkpoint can restore (docs/checkpoints.md,
+"The data order"): a loader or sampler without a generator of its own gets one, reseeded every epoch
+from the epoch and the fit's seed; a user's own generator has its state at each epoch's start recorded.
 """
 
 from __future__ import annotations
@@ -63,11 +52,9 @@ class DataOrder:
 
     Attributes:
         problem: None when a position can be restored exactly by index, else why not (for a warning).
-        unplaceable: None when the order is one for every number of ranks and batch size, else why
-            not (for a refusal).
+        unplaceable: None when the order is one for every number of ranks and batch size, else why not.
         seed: the seed of the generators given to the loader (None when it needed none).
-        offset: ``(samples, position)``: the epoch's batches from ``position`` on follow ``samples``
-            samples of its order (``(0, 0)`` unless a resume placed it).
+        offset: ``(samples, position)``: the batches from ``position`` on follow ``samples`` samples.
     """
 
     def __init__(self, data: Iterable) -> None:
@@ -138,8 +125,7 @@ class DataOrder:
         return epoch_seed(self.seed, 0, "shard")  # type: ignore[arg-type]
 
     def epoch(self, state: TrainState) -> tuple[Iterable, int]:
-        """The data of ``state.epoch`` and the position of its first batch: where a resume
-        continues (:meth:`resume_at`), else 0 (then the epoch starts at ``state.global_step``)."""
+        """The data of ``state.epoch`` and the position of its first batch (0 unless resumed)."""
         start, self._resume_position = self._resume_position, 0
         sample, self._resume_sample = self._resume_sample, None
         if not start:
@@ -154,9 +140,8 @@ class DataOrder:
         return indexed_batches(data), start
 
     def resume_at(self, position: int, epoch_start_step: int, sample: int | None = None) -> None:
-        """Make the next epoch (begun at global step ``epoch_start_step``) continue after its first
-        ``position`` batches; with ``sample``, after that many samples of its order, split across this
-        fit's ranks and batches anew (numbered on from ``position``)."""
+        """Make the next epoch continue after its first ``position`` batches; with ``sample``, after that
+        many samples of its order, split across this fit's ranks and batches anew."""
         self._resume_position, self.epoch_start_step = position, epoch_start_step
         self._resume_sample = sample
         if sample is not None:  # a save before the epoch starts (a signal while restoring) counts from here too
@@ -196,8 +181,7 @@ class DataOrder:
         return self._skip(start)
 
     def _remainder(self, start: int) -> DataLoader:
-        """A loader for the epoch's batches from ``start`` on, drawn as the original draws them: worker
-        seed, then the sampler's order (every generator left where a whole epoch leaves it)."""
+        """A loader for the epoch's batches from ``start`` on, every generator drawn as the original draws it."""
         loader: DataLoader = self.data  # type: ignore[assignment]
         assert loader.generator is not None  # given one in _inspect when the user did not
         workers = torch.Generator()
@@ -211,8 +195,7 @@ class DataOrder:
         return DataLoader(loader.dataset, batch_size=None, sampler=rest, **options)
 
     def _skip(self, start: int) -> Iterable:
-        """The data's iterator after reading and discarding ``start`` batches, the random generators
-        left as the checkpoint restored them."""
+        """The data's iterator after reading and discarding ``start`` batches, the generators left alone."""
         states = rng_states()
         iterator = iter(shielded(self.data))
         next(itertools.islice(iterator, start, start), None)  # consumes the first ``start`` batches
@@ -232,7 +215,7 @@ class DataOrder:
         return batches.batch_size if type(batches) is BatchSampler else None
 
     def state_dict(self) -> dict[str, Any]:
-        """The seed, batch size, and the user's generators at the epoch's start and now (tensors, ints)."""
+        """The seed, batch size, and the user's generators at the epoch's start and now."""
         return {
             "seed": self.seed,
             "world": world_size(),
@@ -247,8 +230,7 @@ class DataOrder:
         }
 
     def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:
-        """Restore :meth:`state_dict`: the user's generators as at the resumed epoch's start
-        (``mid_epoch``) or as when the checkpoint was written."""
+        """Restore :meth:`state_dict`: the generators as at the epoch's start (``mid_epoch``), else as saved."""
         if state.get("seed") is not None and self._managed:
             self.seed = int(state["seed"])
         # Written before one order for every world size: one process drew its own shuffled order.
@@ -262,8 +244,7 @@ class DataOrder:
 
 
 def _why_unplaceable(loader: DataLoader, sampler: Any) -> str | None:
-    """Why ``loader``'s order (map-style, torch's batching) is not one for every number of ranks; None
-    for a plain unshuffled or shuffled loader, or fitforge's split of one."""
+    """Why ``loader``'s order is not one for every number of ranks; None for a plain loader or fitforge's split."""
     if type(loader.batch_sampler) is not BatchSampler:
         return "it has no batch size (batch_size=None)"
     if type(sampler) is SequentialSampler:

@@ -1,10 +1,6 @@
-"""predict's outputs, moved to the host batch by batch: a tensor, a tuple of tensors for several
-outputs, or a dict of tensors for a net returning named outputs.
-
-``predict`` joins them. Where the number of rows is known in advance, each batch is copied into
-tensors of the whole size as it comes, so a prediction needs its output's memory once, not twice;
-otherwise, and from a GPU, the batches are concatenated at the end. ``predict_batches`` hands each
-batch's outputs over as they come and keeps none.
+"""predict's outputs (a tensor, a tuple or a dict of tensors), moved to the host batch by batch. Where the
+number of rows is known in advance, each batch is copied into tensors of the whole size as it comes, so a
+prediction needs its output's memory once, not twice; otherwise the batches are concatenated at the end.
 """
 
 from __future__ import annotations
@@ -21,9 +17,8 @@ from fitforge.core.state import BatchOutput, TrainState
 
 
 class Predictions:
-    """Wraps a ``predict_batch`` step: each batch's outputs go to the CPU (asynchronously from CUDA,
-    so a large prediction never fills the device); :meth:`joined` gives them all, :meth:`take`
-    the ones not taken yet."""
+    """Wraps a ``predict_batch`` step: each batch's outputs go to the CPU (asynchronously from CUDA);
+    :meth:`joined` gives them all, :meth:`take` the ones not taken yet."""
 
     def __init__(self, predict_batch: Step, asynchronous: bool, device: torch.device | None = None) -> None:
         self.predict_batch, self.asynchronous, self.device = predict_batch, asynchronous, device

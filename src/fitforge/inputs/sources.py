@@ -47,8 +47,7 @@ def _length(data: object, argument: str) -> int | None:
 
 def check_data(data: object, argument: str, passes: int | None) -> int | None:
     """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many);
-    return ``len(data)`` or None. Raises for a non-iterable, an empty sized loader, or a one-shot
-    iterator that would be read more than once."""
+    return ``len(data)`` or None."""
     if type(data) is torch.utils.data.DataLoader:  # the usual case, checked every fit: re-iterable, no (X, Y)
         return _length(data, argument)
     if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or is_array(data) or not isinstance(data, Iterable):
