@@ -1,8 +1,5 @@
-"""The metric protocol and the on-device accumulator base of the built-in metrics.
-
-Any object with ``update(pred, label)``, ``compute()``, ``reset()`` and ``to(device)`` is a metric,
-so torchmetrics metrics work unchanged. Built-ins read no value to the host before ``compute``.
-"""
+"""The metric protocol (torchmetrics metrics fit it unchanged) and the on-device accumulator base of
+the built-in metrics, which read no value to the host before ``compute``."""
 
 from __future__ import annotations
 
@@ -25,13 +22,9 @@ class Metric(Protocol):
 
 
 class SumCountMetric:
-    """A mean of per-sample values: ``sum`` accumulates on the device.
-
-    Subclasses implement :meth:`batch_stats` returning ``(sum tensor, count)`` for one batch and may
-    override :meth:`finish` to transform the mean (e.g. a square root for RMSE). ``count`` is a python
-    int when the shapes give it (``label.numel()``), else a device tensor (non-padding tokens...),
-    accumulated on the device like the sum, so that counting never reads a value to the host.
-    """
+    """A mean of per-sample values, summed on the device: subclasses implement :meth:`batch_stats`,
+    ``(sum tensor, count)`` of one batch (``count`` an int, or a device tensor so that counting never
+    reads a value to the host), and may override :meth:`finish` to transform the mean."""
 
     name = "metric"
     higher_is_better: bool | None = None
@@ -44,9 +37,8 @@ class SumCountMetric:
         raise NotImplementedError
 
     def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
-        """Whether the shapes of ``pred`` and ``label`` show that :meth:`batch_stats` takes them, raising
-        its error where they do not fit; False where only running it can tell. Asked of fitforge's own
-        metrics only (:func:`fitforge.metrics.builtin.takes_batch`)."""
+        """Whether the shapes show that :meth:`batch_stats` takes the batch, raising its error where they
+        do not fit; False where only running it can tell."""
         return False
 
     def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:
@@ -82,8 +74,7 @@ class SumCountMetric:
         return mean
 
     def value(self) -> float:
-        """:meth:`compute` as a float (what the History records); a plain mean of a CPU sum and an int
-        count is divided on the host, the same float64 division without two tensor operations."""
+        """:meth:`compute` as a float; a plain mean of a CPU sum and an int count is divided on the host."""
         total, count = self._sum, self._count
         if (
             total is not None
@@ -121,8 +112,7 @@ class SumCountMetric:
 
 
 def metric_state(metric: Any) -> dict[str, Any] | None:
-    """A metric's running state as checkpoint-safe values: a built-in's ``state_dict``, a torchmetrics
-    metric's states and update count; None for a metric whose state fitforge cannot read."""
+    """A metric's running state as checkpoint-safe values (a built-in's or a torchmetrics metric's), else None."""
     if isinstance(metric, SumCountMetric):
         return metric.state_dict()
     states = getattr(metric, "metric_state", None)
@@ -144,8 +134,7 @@ def load_metric_state(metric: Any, state: dict[str, Any]) -> None:
 
 
 def merge_metric_state(metric: Any, state: dict[str, Any]) -> None:
-    """Add another rank's :func:`metric_state` to the state ``metric`` holds (a checkpoint of several
-    ranks resumed on fewer). Raises ``RuntimeError`` for a torchmetrics metric that cannot merge."""
+    """Add another rank's :func:`metric_state` to the state ``metric`` holds (resumed on fewer ranks)."""
     if isinstance(metric, SumCountMetric):
         if state["sum"] is not None:
             device = state["sum"].device if metric._sum is None else metric._sum.device
@@ -158,8 +147,7 @@ def merge_metric_state(metric: Any, state: dict[str, Any]) -> None:
 
 
 class Tally(SumCountMetric):
-    """A count and a total of a run's batches (samples, tokens) that :func:`~fitforge.metrics.reduction.reduced_sums`
-    totals over ranks like any sum. A tensor total stays on its device, an int one on the host."""
+    """A count and a total of a run's batches (samples, tokens), totalled over ranks like any sum."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -177,8 +165,7 @@ class Tally(SumCountMetric):
             self._host_total += total
 
     def fold(self, device: torch.device | str = "cpu") -> None:
-        """Put the host part of the total into the sum (before a reduction or a read), on the sum's
-        device or else ``device`` (the collectives' one: an NCCL group takes no CPU tensor)."""
+        """Put the host part of the total into the sum, on its device or else ``device`` (the collectives')."""
         if self._host_total:
             on = device if self._sum is None else self._sum.device
             extra = torch.tensor(self._host_total, dtype=torch.int64, device=on)

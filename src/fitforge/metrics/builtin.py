@@ -9,8 +9,7 @@ from fitforge.metrics.base import SumCountMetric
 
 
 def is_builtin(metric: object) -> bool:
-    """Whether ``metric`` is one of these classes exactly (not a subclass of one): its running state
-    is what ``reset`` rebinds, and its value one number by construction."""
+    """Whether ``metric`` is one of these classes exactly (not a subclass of one)."""
     return type(metric).__module__ == __name__
 
 
@@ -23,9 +22,8 @@ _PLAIN_DEVICES = frozenset(("cpu", "cuda", "meta"))
 
 
 def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
-    """The class's ``_takes`` for a built-in ``metric`` (:func:`is_builtin`), but False where only running
-    ``batch_stats`` can tell (two devices, another backend, sparse tensors, unusual dtypes): the first
-    batch's trial then runs it. Reads metadata only (no torch operation, the state left alone)."""
+    """The class's ``_takes`` for a built-in ``metric``, but False where only running ``batch_stats`` can
+    tell (two devices, another backend, sparse tensors, unusual dtypes). Reads metadata only."""
     if not (
         type(pred) is torch.Tensor
         and type(label) is torch.Tensor
@@ -41,8 +39,7 @@ def takes_batch(metric: SumCountMetric, pred: object, label: object) -> bool:
 
 
 def _compares(value: object) -> bool:
-    """Whether torch compares a tensor with ``value`` whatever the tensor's dtype: None, a float, or
-    an int within int64 (a larger one overflows)."""
+    """Whether torch compares a tensor of any dtype with ``value``: None, a float, or an int within int64."""
     if value is None or type(value) is float:
         return True
     return type(value) is int and -(2**63) <= value < 2**63
@@ -56,8 +53,7 @@ def _same_shape(metric: SumCountMetric, pred: torch.Tensor, label: torch.Tensor)
 
 
 class Mean(SumCountMetric):
-    """Sample-weighted running mean of a per-batch scalar (used for the loss): ``update(value, weight)``
-    adds ``value * weight``, so a batch-mean loss and the batch size give the mean over samples."""
+    """Sample-weighted running mean of a per-batch scalar (the loss): ``update(value, weight)``."""
 
     name = "mean"
     higher_is_better = False
@@ -69,15 +65,12 @@ class Mean(SumCountMetric):
 class Accuracy(SumCountMetric):
     """Fraction of correct class predictions.
 
-    ``pred`` is scores (N, C, ...) compared by argmax over dim 1 with integer labels (N, ...), or with
-    one-hot/probability labels of the scores' shape (argmax of both); or class indices of the label's
-    shape. Elementwise over extra dims (pixels, tokens). One score per sample (C == 1) is a binary
-    problem: use ``BinaryAccuracy``. Shapes are checked on the first batch after each ``reset``.
+    ``pred`` is scores (N, C, ...) compared by argmax over dim 1 with class labels (N, ...) or one-hot
+    labels of its shape, or class indices of the label's shape; elementwise over extra dims.
 
     Args:
-        ignore_index: a class-index label left out of the count (kept on the device), e.g. sequence
-            padding (``CrossEntropyLoss``'s ``ignore_index``; one-hot labels have none). The default
-            metric of a ``CrossEntropyLoss``/``NLLLoss`` takes the loss's; ``"accuracy"`` by name does not.
+        ignore_index: a class-index label left out of the count, e.g. sequence padding (the default
+            metric of a ``CrossEntropyLoss``/``NLLLoss`` takes the loss's).
     """
 
     name = "accuracy"
@@ -123,8 +116,7 @@ class Accuracy(SumCountMetric):
         return not (kind == "one-hot" and label.dtype is torch.bool)  # argmax of bool labels is not implemented
 
     def _kind_of(self, pred: torch.Tensor, label: torch.Tensor) -> tuple[str, bool]:
-        """The batch's kind ("scores", "one-hot", "indices") and whether the correct predictions must be
-        masked by ``ignore_index``; raises on shapes that do not fit."""
+        """The batch's kind ("scores", "one-hot", "indices") and whether ``ignore_index`` must mask it."""
         kind, classes = "indices", None
         if pred.is_floating_point():  # scores: the class is their argmax over dim 1
             if pred.dim() < 2 or pred.shape[1] == 1:
@@ -188,8 +180,7 @@ class TopKAccuracy(SumCountMetric):
 
 
 class BinaryAccuracy(SumCountMetric):
-    """Fraction of correct binary predictions: ``pred > threshold`` against labels in {0, 1}; with
-    ``logits=True`` the threshold applies after a sigmoid (for ``BCEWithLogitsLoss`` outputs)."""
+    """Fraction of correct binary predictions: ``pred > threshold`` (after a sigmoid with ``logits``)."""
 
     name = "binary_accuracy"
     higher_is_better = True

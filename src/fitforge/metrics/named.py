@@ -1,8 +1,5 @@
-"""The per-epoch means of named values (``state.log(name, value)``), one :class:`Mean` per name.
-
-Each call counts once, whatever the batch size: one call per batch gives the mean over the epoch's
-batches. Sums stay on the device; a number logged from Python becomes a 0-d tensor there.
-"""
+"""The per-epoch means of named values (``state.log(name, value)``), one :class:`Mean` per name: each
+call counts once, whatever the batch size."""
 
 from __future__ import annotations
 
@@ -37,9 +34,8 @@ class NamedMeans:
 
     Args:
         prefix: ``"train_"`` or ``"val_"``, for the keys and the messages.
-        declared: names with a mean from the start (an epoch without a value publishes none).
-        reserved: ``{name: what records it}`` for names the phase's loss and metrics use
-            (``{"loss": "the loss mean"}``); logging one of them is refused.
+        declared: names with a mean from the start.
+        reserved: ``{name: what records it}`` for names the phase's loss and metrics use (refused).
     """
 
     def __init__(self, prefix: str, declared: Iterable[str] = (), reserved: Mapping[str, str] | None = None) -> None:
@@ -89,8 +85,7 @@ class NamedMeans:
         return [self.means[name] for name in sorted(self.means)]
 
     def values(self) -> dict[str, float]:
-        """The means as floats keyed ``<prefix><name>`` (a host read); a name without a value this epoch
-        is left out, not recorded as nan."""
+        """The means as floats keyed ``<prefix><name>``; a name without a value this epoch is left out."""
         return {self.prefix + name: mean.value() for name, mean in self.means.items() if mean._count}
 
     def state_dict(self) -> dict[str, dict]:

@@ -1,9 +1,5 @@
 """Loss and metric sums totalled over torch.distributed ranks at epoch end (one ``all_reduce``), and
-their running state saved and resumed across ranks.
-
-Each rank accumulates its own share, so every rank logs, monitors and returns the whole data's
-values once reduced. Running (mid-epoch) values stay per rank: rank-0 handlers (a progress bar)
-read them alone.
+their running state saved and resumed across ranks. Running (mid-epoch) values stay per rank.
 """
 
 from __future__ import annotations
@@ -20,8 +16,8 @@ from fitforge.metrics.base import SumCountMetric
 
 @contextmanager
 def reduced_sums(metrics: Sequence[SumCountMetric]) -> Iterator[None]:
-    """Within the block each metric holds its sum and count totalled over all ranks (one ``all_reduce``);
-    after it, this rank's own again (a later checkpoint keeps each rank's share, not totals twice)."""
+    """Within the block each metric holds its sum and count totalled over all ranks; after it, this
+    rank's own again (a later checkpoint keeps each rank's share, not totals twice)."""
     if world_size() == 1 or not metrics:
         yield
         return
@@ -53,14 +49,12 @@ def several_ranks() -> bool:
 
 
 def rank_states(own: dict, to_host: Callable[[Any], Any]) -> dict:
-    """The running state a checkpoint keeps: this process's ``own``, or under torch.distributed
-    every rank's (``{"ranks": [...]}`` on rank 0, moved to the host by ``to_host``; a collective)."""
+    """The running state a checkpoint keeps: ``own``, or every rank's on rank 0 (``{"ranks": [...]}``)."""
     return own if world_size() == 1 else {"ranks": gather_to_main(to_host(own))}
 
 
 def own_share(saved: dict) -> list[dict] | None:
-    """The saved states this rank resumes: its own when there is one per rank; with another number of
-    ranks, rank 0 carries every saved state (the total) and the others none."""
+    """The saved states this rank resumes: its own, or with another number of ranks all of them on rank 0."""
     ranks = saved.get("ranks", [saved] if saved else [])
     if len(ranks) == world_size():
         return [ranks[rank()]] if ranks else None

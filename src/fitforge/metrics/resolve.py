@@ -1,11 +1,5 @@
-"""Turn a user's metric specification into named metric slots, and infer a default from the loss.
-
-The specifications and the history names they give are tabled in docs/getting-started.md, "4.
-Metrics": None (the loss's default), a name, a metric object, a list of those, ``{name: metric}``,
-``{output_index: spec}`` (a metric given by kind ends in ``_<index>``; a name chosen in a dict is
-suffixed only when several outputs use it), or, with ``loss`` a dict by output name, a dict by the
-same names (``{"cls": ["accuracy"]}`` records ``cls_accuracy``; None: each output's default).
-"""
+"""Turn a user's metric specification into named metric slots, and infer a default from the loss (the
+specifications and the history names they give: docs/getting-started.md, "4. Metrics")."""
 
 from __future__ import annotations
 
@@ -42,12 +36,8 @@ _TOPK = re.compile(r"top(\d+)_acc(uracy)?")
 
 @dataclass
 class MetricSlot:
-    """A metric with its history name and the output/label it reads.
-
-    ``output``: that output's position (an int), or its name for a net returning named outputs.
-    ``inferred``: a default chosen for the loss, not asked for; a run whose step returns no label it
-    can take leaves it out instead of failing (see :class:`~fitforge.handlers.MetricHandler`).
-    """
+    """A metric with its history name and the output it reads (a position, or a name); ``inferred``: a
+    default chosen for the loss, which a run without a label it can take leaves out."""
 
     name: str
     metric: Metric
@@ -110,8 +100,7 @@ def _as_metric(spec: Any, argument: str) -> Metric:
 
 
 def _flat(spec: Any, argument: str, output: OutputKey = 0, suffix: str = "", prefix: str = "") -> list[MetricSlot]:
-    """The slots of one output's ``spec``: names chosen in a dict get ``prefix``, those of metrics given
-    by kind (a name or an object) ``prefix`` and ``suffix``."""
+    """The slots of one output's ``spec``; a metric given by kind (not named in a dict) also gets ``suffix``."""
     if isinstance(spec, dict):
         bad = [k for k in spec if not isinstance(k, str) or not k]
         if bad:
@@ -183,8 +172,8 @@ def resolve_metrics(spec: Any, loss: Any, argument: str = "train_metrics") -> li
 
 
 def check_output_indices(slots: list[MetricSlot], outputs: int | Sequence[OutputKey], argument: str) -> None:
-    """Every slot must read an output the loss reads (``outputs``: their count, or the loss set's
-    keys), and no metric may take the history name of a loss (``loss``, ``loss_1``, ``cls_loss``)."""
+    """Every slot must read an output the loss reads (``outputs``: their count, or keys), and no metric
+    may take the history name of a loss."""
     keys = tuple(range(outputs)) if isinstance(outputs, int) else tuple(outputs)
     losses = {"loss", *part_keys(keys)}
     for slot in slots:

@@ -15,9 +15,8 @@ from fitforge.metrics.resolve import MetricSlot
 
 
 def trial_copy(metric: Any) -> Any:
-    """A throw-away copy of ``metric`` for the first batch's trial: for fitforge's own metrics, whose
-    state is what ``reset()`` rebinds, a reset shallow copy (a deep copy costs several times more at
-    every fit); any other metric is copied deeply."""
+    """A throw-away copy of ``metric``: a reset shallow copy of fitforge's own (a deep copy costs several
+    times more at every fit), a deep copy of any other."""
     if is_builtin(metric):
         trial = object.__new__(type(metric))  # copy.copy without its pickling protocol
         trial.__dict__.update(metric.__dict__)
@@ -28,10 +27,8 @@ def trial_copy(metric: Any) -> Any:
 
 def trial_update(metric: Any, pred: Any, label: Any, device: torch.device) -> Any | None:
     """Try ``metric`` on the first batch, its running state left alone, raising what the update raises.
-    Returns the updated trial copy whose value :func:`check_trial_value` is still to check, or None:
-    for a built-in metric (one number by construction), answered by the batch's metadata where it
-    suffices (:func:`~fitforge.metrics.builtin.takes_batch`), else by a reset copy's ``batch_stats``;
-    for a metric that cannot be copied (holding a lock or a file), left to its first real update."""
+    Returns the updated copy whose value :func:`check_trial_value` is to check, or None: for a built-in
+    (one number by construction), or a metric that cannot be copied (left to its first real update)."""
     if is_builtin(metric) and type(metric).batch_stats is not SumCountMetric.batch_stats:
         if takes_batch(metric, pred, label):  # its shapes, dtypes and devices say so: no torch call
             return None
