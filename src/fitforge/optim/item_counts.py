@@ -1,12 +1,5 @@
-"""How many items a batch's mean loss averages over, so that accumulated batches weigh as one big batch.
-
-With ``accumulate > 1`` the default ``fit_batch`` backpropagates ``loss * items`` and
-:class:`~fitforge.handlers.GradientUpdateHandler` divides the accumulated gradients by the window's
-item count (summed over ranks), on the device. :func:`item_counter` finds the count of the losses
-whose denominator is known: ``nn.CrossEntropyLoss`` / ``nn.NLLLoss`` with ``reduction="mean"``
-(:class:`_TargetCount`), and a model's own loss that divides by ``num_items_in_batch`` (the labels
-not equal to -100, after a causal LM's one-token shift). The list and the ``items=`` of your own
-are in docs/handlers.md, "Gradient accumulation by items".
+"""How many items a batch's mean loss averages over, so that accumulated batches weigh as one big batch
+(the losses counted, and ``items=`` of your own: docs/handlers.md, "Gradient accumulation by items").
 """
 
 from __future__ import annotations
@@ -37,10 +30,8 @@ class ItemCounter:
 
 
 def fit_counter(items: Any, estimator: Any, accumulate: int) -> tuple[ItemCounter | None, str]:
-    """The counter a fit's default ``fit_batch`` weighs its batches with, for
-    ``GradientUpdateHandler(accumulate, items=items)``: ``items`` of the user's, or the loss's own
-    (``"auto"``); else None and why (empty for ``items=None``): no counter of the loss, several
-    optimizers step, or a ``fit_batch`` of the user's runs the step."""
+    """The counter a fit's default ``fit_batch`` weighs its batches with for ``GradientUpdateHandler(items=items)``:
+    ``items`` of the user's, or the loss's own (``"auto"``); else None and why (empty for ``items=None``)."""
     if items is None:
         return None, ""
     counter, why = (ItemCounter(items), "") if callable(items) else item_counter(estimator.loss, estimator.net)
@@ -52,11 +43,9 @@ def fit_counter(items: Any, estimator: Any, accumulate: int) -> tuple[ItemCounte
 
 
 class UnweightedNote:
-    """The info line saying that a fit's accumulated batches weigh alike, and how to count them, once per
-    process and reason, when the fit's first group shows that their counts may differ: batches of
-    different shapes, or padded ones (an ``attention_mask``). Batches of one fixed shape (a fixed-length
-    LM's blocks) count alike for a loss over every sample or token: nothing to say. Shapes only (no host
-    read), and the first group only: ignored labels (-100) or a short last batch are not looked for."""
+    """The info line saying that a fit's accumulated batches weigh alike, once per process and reason,
+    when the first group's shapes (no host read) show that their counts may differ: batches of
+    different shapes, or padded ones (an ``attention_mask``)."""
 
     def __init__(self, why: str, accumulate: int) -> None:
         self.why, self.accumulate = why, accumulate
@@ -101,7 +90,8 @@ def item_counter(loss: Any, net: nn.Module) -> tuple[ItemCounter | None, str]:
         if loss.reduction != "mean":
             return None, f"its {type(loss).__name__} has reduction={loss.reduction!r}, not a mean"
         return ItemCounter(_TargetCount(loss.ignore_index, loss.weight)), ""
-    return None, f"its loss {_name(loss)} is not a mean over items fitforge can count"
+    name = loss.__name__ if inspect.isfunction(loss) else type(loss).__name__
+    return None, f"its loss {name} is not a mean over items fitforge can count"
 
 
 class _TargetCount:
@@ -135,8 +125,7 @@ def _model_counter(model: nn.Module) -> tuple[ItemCounter | None, str]:
 
 
 def _hugging_face_counter(model: nn.Module) -> tuple[ItemCounter | None, str]:
-    """A Hugging Face model's counter: its loss type's function (causal LM when it has none, as
-    ``loss_function`` does) must divide by ``num_items_in_batch``; a causal LM's shifts the labels."""
+    """A Hugging Face model's counter: its loss type's function must divide by ``num_items_in_batch``."""
     name = type(model).__name__
     if "_loss_function" in vars(model) or getattr(model, "accepts_loss_kwargs", True) is False:
         return None, f"the net {name} computes its loss with a function of its own"
@@ -162,7 +151,3 @@ def _causal_labels(inputs: Any, label: Any) -> torch.Tensor | None:
     if not isinstance(label, torch.Tensor) or label.dim() < 2:
         return None
     return (label[..., 1:] != _IGNORED_LABEL).sum()
-
-
-def _name(loss: Any) -> str:
-    return type(loss).__name__ if not inspect.isfunction(loss) else loss.__name__

@@ -1,9 +1,4 @@
-"""Setting the learning rate of the estimator's optimizers between fits (:meth:`Estimator.set_lr`).
-
-The rate is written into every parameter group's ``lr``, and into its ``initial_lr`` where a
-scheduler recorded one: torch's schedulers take their base rates from an ``initial_lr`` already
-there, so a scheduler built for the next phase would otherwise start from the previous one's rate.
-"""
+"""Setting the learning rate of the estimator's optimizers between fits (:meth:`Estimator.set_lr`)."""
 
 from __future__ import annotations
 
@@ -20,9 +15,8 @@ OWNER = "set_lr"
 
 
 def set_learning_rate(optimizers: Sequence[torch.optim.Optimizer], lr: Any, optimizer: Any = None) -> None:
-    """Set ``lr`` in every parameter group of ``optimizers[optimizer]`` (an index or one of them),
-    or of every optimizer when ``optimizer`` is None. ``lr``: a number >= 0, or one per parameter
-    group of the one optimizer chosen. Everything is checked before any group changes."""
+    """Set ``lr`` (a number >= 0, or one per parameter group) in ``optimizers[optimizer]`` (an index or one
+    of them), or in every optimizer when ``optimizer`` is None. Everything is checked before any change."""
     chosen = _chosen(optimizers, optimizer)
     if isinstance(lr, (list, tuple)):
         if len(chosen) != 1:
@@ -41,7 +35,7 @@ def set_learning_rate(optimizers: Sequence[torch.optim.Optimizer], lr: Any, opti
         rate = _checked(lr, "lr")
         written = [(group, rate) for item in chosen for group in item.param_groups]
     for group, rate in written:
-        _write(group, rate)
+        write_rate(group, rate)
 
 
 def _chosen(optimizers: Sequence[torch.optim.Optimizer], optimizer: Any) -> list[torch.optim.Optimizer]:
@@ -79,7 +73,9 @@ def _checked(value: Any, name: str) -> float:
     return float(value)
 
 
-def _write(group: dict[str, Any], rate: float) -> None:
+def write_rate(group: dict[str, Any], rate: float) -> None:
+    """Write ``rate`` into a parameter group's ``lr``, and its ``initial_lr`` where a scheduler recorded one
+    (a scheduler built next takes its base rates from it)."""
     for key in ("lr", "initial_lr"):
         if isinstance(group.get(key), torch.Tensor):  # a tensor rate (capturable, compiled steps): keep the tensor
             group[key].fill_(rate)

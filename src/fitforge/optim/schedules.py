@@ -23,11 +23,6 @@ class WarmupCosineLR(LRScheduler):
     """Linear warm-up from 0 to each parameter group's learning rate over ``warmup_steps`` steps,
     then a cosine decay to ``min_lr``, reached exactly at step ``total_steps - 1`` (the last).
 
-    Step ``k`` (0-based, after ``k`` calls of ``step()``) has the rate ``lr * k / warmup_steps``
-    while ``k < warmup_steps``, then
-    ``min_lr + (lr - min_lr) * (1 + cos(pi * (k - warmup_steps) / (total_steps - 1 - warmup_steps))) / 2``,
-    and ``min_lr`` past the last step. Its ``state_dict`` holds the lengths and rates.
-
     Args:
         optimizer: whose groups' ``lr`` (``initial_lr`` when set) are the peaks.
         warmup_steps: steps of the warm-up (0: none, the decay starts at the peak).
@@ -82,8 +77,7 @@ def _rate(value: object) -> bool:
 
 
 def fit_steps(state: TrainState, who: str, fix: str = "pass batches=N to fit") -> int:
-    """The optimizer steps a fit takes (a trailing accumulation group at each epoch end a step of its
-    own); ``fix`` says how to give the length to ``who`` (a schedule) where it cannot be known."""
+    """The optimizer steps a fit takes; ``fix`` says how to give the length to ``who`` where it is not known."""
     steps = state.services.steps
     accumulate = 1 if steps is None else steps.accumulate
     per_epoch = None if state.num_batches is None else math.ceil(state.num_batches / accumulate)
@@ -112,8 +106,7 @@ def own_steps(state: TrainState, counter: Accumulating | None, index: int) -> in
 
 
 def warn_taking_turns(who: str, index: int, steps: int, state: TrainState, total: int) -> None:
-    """Warn (once) that a schedule spanning every step of the fit ends part-way for an optimizer that steps
-    on some batches only."""
+    """Warn that a schedule spanning the fit ends part-way for an optimizer that steps on some batches only."""
     log.warning(
         f"{who}: optimizer {index} stepped {steps} of the fit's first {state.optimizer_steps} optimizer steps "
         f"(optimizers taking turns), but the schedule spans all {total} of the fit's steps, so it will end "

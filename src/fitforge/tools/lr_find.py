@@ -1,16 +1,6 @@
 """The learning-rate range test (Leslie Smith, 2015; fastai's ``lr_find``): the loss falls fastest
-somewhat below the rate at which training blows up, a good maximum learning rate (e.g. for
-:meth:`LRSchedulerHandler.one_cycle <fitforge.handlers.lr_scheduler.LRSchedulerHandler.one_cycle>`).
-
-The test changes nothing: parameters, buffers, gradients, optimizer states and learning rates, the
-fp16 scaler, every module's train/eval mode and the random generators are put back exactly
-afterwards, also when it fails midway.
-
-Example:
-    >>> result = lr_find(estimator, train_loader)          # doctest: +SKIP
-    >>> result.suggestion                                    # doctest: +SKIP
-    0.12
-    >>> result.plot("lr_find.png")                          # doctest: +SKIP
+somewhat below the rate at which training blows up, a good maximum learning rate. The test changes
+nothing: everything it touches is put back exactly afterwards, also when it fails midway.
 """
 
 from __future__ import annotations
@@ -35,6 +25,7 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_num
 from fitforge.handlers.gradient_update import step_optimizers
 from fitforge.inputs.arrays import fit_loaders
 from fitforge.inputs.sources import check_data
+from fitforge.optim.learning_rate import write_rate
 from fitforge.optim.optimizer_choice import OptimizerChoice
 
 log = logging.getLogger("fitforge")
@@ -62,8 +53,7 @@ class LRFindResult:
     diverged: bool = False
 
     def plot(self, path: str | Path | None = None):
-        """The matplotlib Figure of the smoothed loss against the learning rate (log scale), the
-        suggestion marked, saved as a PNG to ``path`` unless None. ImportError without matplotlib."""
+        """The matplotlib Figure of the smoothed loss against the learning rate, saved as a PNG to ``path``."""
         try:
             import matplotlib.pyplot as plt
         except ImportError as err:
@@ -83,8 +73,7 @@ class LRFindResult:
         return finish_figure(fig, path)
 
     def loss_range(self) -> tuple[float, float] | None:
-        """The plot's loss axis: a little below the lowest smoothed loss to half again above the first,
-        so a diverging sweep's far higher losses do not squash the curve. None without a finite one."""
+        """The plot's loss axis, so that a diverging sweep's far higher losses do not squash the curve."""
         finite = [loss for loss in self.losses if math.isfinite(loss)]
         if not finite:
             return None
@@ -115,12 +104,9 @@ def lr_find(
 ) -> LRFindResult:
     """Sweep the learning rate exponentially over ``num_steps`` training batches; an :class:`LRFindResult`.
 
-    Every parameter group of every optimizer gets the step's rate. Each step runs the batch
-    processor's ``fit_batch`` (forward, loss, backward), steps the optimizers (through the fp16
-    GradScaler if any) and clears the gradients; GradientUpdateHandler's clipping and accumulation
-    are not applied. ``train_data`` is cycled when it has fewer batches. The loss is read to the host
-    once per step; the sweep stops when the smoothed loss exceeds ``diverge_factor`` times the lowest
-    so far (while that is positive), or a loss is not finite. Everything is restored afterwards.
+    Each step runs the batch processor's ``fit_batch`` and steps the optimizers (no clipping or
+    accumulation); the sweep stops when the smoothed loss exceeds ``diverge_factor`` times the lowest
+    so far, or a loss is not finite. Everything is restored afterwards.
 
     Args:
         estimator: the :class:`~fitforge.Estimator` to test.
@@ -196,15 +182,6 @@ def _cycle(data: Iterable) -> Generator[Any, None, None]:
             )
 
 
-def _set_lr(optimizers: list, lr: float) -> None:
-    for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            if isinstance(group["lr"], torch.Tensor):  # a capturable/fused optimizer's tensor lr
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
-
-
 def _sweep(
     estimator: EstimatorLike,
     batches: Iterator[Any],
@@ -224,7 +201,9 @@ def _sweep(
     average, best, decay = 0.0, math.inf, 1.0 - smoothing
     for step in range(num_steps):
         lr = start_lr * (end_lr / start_lr) ** (step / (num_steps - 1))
-        _set_lr(optimizers, lr)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                write_rate(group, lr)
         state.batch_idx, state.global_step = step, step
         state.batch = next(batches)
         state.output = fit_batch(state, state.batch)
