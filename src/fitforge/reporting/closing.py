@@ -1,8 +1,5 @@
-"""The closing line of a fit's log: how it ended (``Finished``, ``Failed`` where and by what, or a
-stop's ending such as ``Pruned``), then the values that match the weights it left: the last epoch's
-(``Final: ...``), or after a restore (``EarlyStoppingHandler(restore_best=True)``) the restored
-epoch's (``Restored epoch 121: ...``).
-"""
+"""The closing line of a fit's log: how it ended, then the values that match the weights it left (the
+last epoch's, or after a restore the restored epoch's)."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ def plural(count: int | None, noun: str) -> str:
 
 def finished_line(state: TrainState, seconds: float) -> str:
     """``Finished: 3 epochs, 12 batches in 0.1s (reached epochs=3). Final: train_loss=...``; after a
-    resume, what this fit trained and where the run stands: ``Finished: 8 batches in 0.1s, resumed
-    after 1 epoch, 4 batches; the run stands at 3 epochs, 12 batches (reached epochs=3). ...``."""
+    resume, what this fit trained and where the run stands."""
     history = state.history
     reason = history.stop_reason or "completed"
     if state.run.preempted is not None and not reason.startswith("preempted"):  # a resume's history replaced it
@@ -46,8 +42,7 @@ def finished_line(state: TrainState, seconds: float) -> str:
 
 
 def ended_line(state: TrainState, seconds: float) -> str:
-    """``Pruned at the end of epoch 3/15 (3 epochs, 12 batches in 0.1s): <the stop's reason>.
-    Final: val_loss=...``: a stop with an ending (``state.run.stop_ending``), said with its word."""
+    """``Pruned at the end of epoch 3/15 (...): <the stop's reason>. Final: ...``: a stop with an ending."""
     ending = state.run.stop_ending
     word = ending.word if ending is not None else "Stopped"
     counts = f"{plural(state.history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s"
@@ -55,7 +50,7 @@ def ended_line(state: TrainState, seconds: float) -> str:
 
 
 def _with_values(line: str, state: TrainState) -> str:
-    """``line`` and the values of the epoch whose weights the net holds (see the module's docstring)."""
+    """``line`` and the values of the epoch whose weights the net holds."""
     history = state.history
     restored = history.restored_epoch
     if restored is not None:
@@ -66,8 +61,7 @@ def _with_values(line: str, state: TrainState) -> str:
 
 
 def failed_line(state: TrainState, seconds: float) -> str:
-    """``Failed in epoch 2/3 at batch 3 of 4 (5 batches completed, 5 optimizer steps taken, 0.1s):
-    RuntimeError: ...`` (``Interrupted`` for a KeyboardInterrupt or SystemExit)."""
+    """``Failed in epoch 2/3 at batch 3 of 4 (...): RuntimeError: ...`` (``Interrupted`` for a SystemExit)."""
     error = state.run.error
     verb = "Failed" if isinstance(error, Exception) else "Interrupted"
     counts = f"{plural(state.global_step, 'batch')} completed, {plural(state.optimizer_steps, 'optimizer step')} taken"

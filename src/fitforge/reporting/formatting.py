@@ -1,9 +1,4 @@
-"""How logged values read: shared by the log lines, the progress bar and the final summary.
-
-A value shows with 4 significant digits, as a reader compares losses (docs/output.md tables each
-case). A key without a value in an epoch is absent from the caller's dict, so a ``nan`` here is a
-value (a diverged loss) and shows.
-"""
+"""How logged values read (docs/output.md): shared by the log lines, the progress bar and the final summary."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The hyperparameters of a run, as plain values, for the loggers (MLflow, TensorBoard, CSV):
-:func:`run_params` reads them from the state at ``train_begin``.
-"""
+"""The hyperparameters of a run, as plain values, for the loggers (MLflow, TensorBoard, CSV)."""
 
 from __future__ import annotations
 
@@ -23,17 +21,8 @@ _OPTIMIZER_SETTINGS = ("weight_decay", "momentum")  # besides lr and betas; kept
 
 
 def run_params(state: TrainState) -> dict[str, ParamValue]:
-    """The run's hyperparameters as plain values (str, int, float, bool), from ``state`` at ``train_begin``.
-
-    The keys are tabled in docs/handlers.md (the run's parameters); an unknown value is left out,
-    never None. A run started from a config adds its every value under ``config.`` (:func:`config_params`).
-
-    Example:
-        >>> run_params(state)  # doctest: +SKIP
-        {'model': 'Linear', 'parameters': 2, 'trainable_parameters': 2, 'loss': 'MSELoss',
-         'optimizer': 'SGD', 'lr': 0.1, 'weight_decay': 0.0, 'momentum': 0.0, 'batch_size': 16,
-         'epochs': 3, 'precision': '32-true', 'device': 'cpu', 'strategy': 'auto', 'world_size': 1}
-    """
+    """The run's hyperparameters as plain values, from ``state`` at ``train_begin`` (the keys are tabled in
+    docs/handlers.md); an unknown value is left out, never None."""
     estimator = state.estimator
     total, trainable = parameter_counts(estimator.net)
     params: dict[str, Any] = {
@@ -56,12 +45,8 @@ def run_params(state: TrainState) -> dict[str, ParamValue]:
 
 def config_params(config: Mapping[str, Any] | None, prefix: str = "config") -> dict[str, ParamValue]:
     """A nested config as flat parameters: ``{"model": {"init_args": {"hidden": 8}}}`` gives
-    ``{"config.model.init_args.hidden": 8}``, list items by index (``config.handlers.0.class_path``).
-
-    Flat keys rather than one JSON value: every logger takes them as they are, MLflow can filter runs
-    by each, and none nears MLflow's 6000 characters a param. A null, empty list or empty dict is
-    kept in its JSON spelling (``"null"``, ``"[]"``, ``"{}"``), so every key the config sets is recorded.
-    """
+    ``{"config.model.init_args.hidden": 8}``; flat keys, as every logger takes them and MLflow filters by
+    each. A null or empty value is kept in its JSON spelling, so every key the config sets is recorded."""
     if config is None:
         return {}
     flat: dict[str, ParamValue] = {}
@@ -140,7 +125,6 @@ def check_params(owner: str, params: Any) -> dict[str, ParamValue]:
 
 
 def last_values(history: History) -> dict[str, float]:
-    """The latest finite value of every history key (a key validated every second epoch gives its
-    value of the last validated epoch); keys with none are left out."""
+    """The latest finite value of every history key; keys with none are left out."""
     finite = {key: [value for value in history[key] if math.isfinite(value)] for key in history}
     return {key: values[-1] for key, values in finite.items() if values}

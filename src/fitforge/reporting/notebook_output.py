@@ -1,10 +1,5 @@
-"""A progress bar in a Jupyter notebook: one cell output per bar, replaced in place as it redraws.
-
-An output shown with a ``display_id`` is replaced when updated, by frontends (JupyterLab, VS Code,
-Colab...) and headless runners (nbclient, papermill, ``nbconvert --execute``) alike, so the saved
-notebook holds each bar's last text (or nothing, where the epoch's log line took its place). A text
-bar on stderr would store one output per redraw, and tqdm's widget a view GitHub shows frozen at 0%;
-so the widget (with ``ipywidgets``) shows only while the epoch runs, and text once it ends.
+"""A progress bar in a Jupyter notebook: one cell output per bar (shown with a ``display_id``), replaced in
+place as it redraws, so that the saved notebook holds each bar's last text, not one output per redraw.
 """
 
 from __future__ import annotations
@@ -13,10 +8,8 @@ from typing import Any
 
 
 class CellLine:
-    """One output of the running cell, a line of text that :meth:`show` replaces (a ``widget``, tqdm's
-    bar, is shown until then). Also a write-only stream, the ``file`` of tqdm's text bar: what follows
-    a write's last carriage return (the line a terminal would show) becomes the output's text.
-    """
+    """One output of the running cell, a line of text that :meth:`show` replaces (a ``widget`` is shown
+    until then); also the write-only ``file`` of tqdm's text bar."""
 
     encoding = "utf-8"  # tqdm draws its bar with block characters on a stream that takes them
 
@@ -43,8 +36,7 @@ class CellLine:
 
 
 def notebook_bar(**options: Any) -> tuple[Any, CellLine]:
-    """A tqdm bar (``options`` are tqdm's) drawn in a new :class:`CellLine`: tqdm's widget when
-    ``ipywidgets`` is installed, else its text bar (and never tqdm's "IProgress not found" warning)."""
+    """A tqdm bar drawn in a new :class:`CellLine`: tqdm's widget with ``ipywidgets``, else its text bar."""
     from tqdm import notebook as widgets  # imports quietly: IProgress is None without ipywidgets
     from tqdm.std import tqdm as text_bar
 

@@ -1,9 +1,4 @@
-"""The dense peak FLOP rates of common accelerators, for model FLOPs utilisation (MFU).
-
-Figures are the vendors' datasheet peaks for dense matrix maths (no structured sparsity), per
-device, in FLOP/s; ``tf32`` is what float32 matrix products reach when torch lets them use TF32.
-A device not listed (a CPU included) has no known peak: give ``peak_flops=`` yourself.
-"""
+"""The dense peak FLOP rates of common accelerators (the vendors' datasheets), for model FLOPs utilisation."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ _PEAKS: list[tuple[str, dict[str, float]]] = [
 
 
 def precision_of(dtype: torch.dtype | None) -> str:
-    """The table's precision for the dtype of the maths: an autocast dtype, else the parameters'
-    (None: float32). float32 counts as TF32 where torch lets matrix products use it."""
+    """The table's precision for the dtype of the maths (None: float32, as TF32 where torch allows it)."""
     if dtype is torch.bfloat16:
         return "bf16"
     if dtype is torch.float16:

@@ -1,8 +1,5 @@
-"""Sizes of a model: how many parameters it has (and trains), and how many bytes they take.
-
-Shared (tied) parameters count once, as ``net.parameters()`` yields them; a lazy module's before its
-first forward count as 0. Under FSDP the figures are this rank's shards'.
-"""
+"""Sizes of a model: how many parameters it has (and trains), and how many bytes they take; tied ones
+count once, a lazy module's before its first forward as 0 (under FSDP: this rank's shards)."""
 
 from __future__ import annotations
 
@@ -33,12 +30,7 @@ def _module(net: object, caller: str) -> nn.Module:
 
 def parameter_counts(net: nn.Module) -> tuple[int, int]:
     """``(total, trainable)``: the number of parameter elements of the module ``net``, and of those with
-    ``requires_grad``; FitforgeTypeError for another object.
-
-    Example:
-        >>> parameter_counts(nn.Linear(3, 2))
-        (8, 8)
-    """
+    ``requires_grad``."""
     total = trainable = 0
     for parameter in _unique(_module(net, "parameter_counts").parameters()):
         total += parameter.numel()
@@ -48,22 +40,15 @@ def parameter_counts(net: nn.Module) -> tuple[int, int]:
 
 
 def parameter_bytes(net: nn.Module) -> int:
-    """The bytes held by the module ``net``'s parameters and buffers (BatchNorm's running statistics...),
-    each tensor once at its own dtype, without gradients and optimizer state; FitforgeTypeError for
-    another object.
-
-    Example:
-        >>> parameter_bytes(nn.Linear(3, 2))  # 8 float32 values
-        32
-    """
+    """The bytes held by the module ``net``'s parameters and buffers, without gradients and optimizer state."""
     module = _module(net, "parameter_bytes")
     tensors = _unique(iter([*module.parameters(), *module.buffers()]))
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
 def model_summary(estimator: EstimatorLike) -> str:
-    """One line about the estimator's net, as fit's log starts: ``Model: Sequential, 1,290
-    parameters (1,290 trainable), 5.0 KiB, on cpu, float32`` (the precision's name when mixed)."""
+    """One line about the estimator's net: ``Model: Sequential, 1,290 parameters (1,290 trainable), 5.0 KiB, on
+    cpu, float32``."""
     net = estimator.net
     total, trainable = parameter_counts(net)
     dtype = next((p.dtype for p in net.parameters()), torch.get_default_dtype())

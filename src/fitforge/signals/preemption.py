@@ -1,15 +1,6 @@
-"""Preemption: SIGTERM, SIGUSR1 or SIGINT during ``fit`` stops training cleanly and promptly.
-
-The signal only sets ``state.run.preempted`` and requests a stop, so the batch under way finishes
-(its optimizer step included), and a validation under way is abandoned at its next batch (the
-resumed run does it again; see :mod:`fitforge.core.loop`). A CheckpointHandler then writes the
-state whatever its periods, ``train_end`` runs, and :func:`raise_if_preempted` ends ``fit`` with the
-exit status the scheduler expects (SIGUSR1 under SLURM requeues the job): the table is in
-docs/checkpoints.md, "Preemption". A second signal while stopping acts at once.
-
-A signal may reach one rank only, and a rank that stops alone leaves the others waiting, so it goes
-to the fit's coordinator (:class:`~fitforge.distributed.stop_agreement.StopAgreement` under
-torch.distributed), which sets ``preempted`` on every rank at the same point.
+"""Preemption: SIGTERM, SIGUSR1 or SIGINT during ``fit`` stops training after the current batch, with a
+checkpoint and the exit status the scheduler expects (docs/checkpoints.md, "Preemption"). A signal may
+reach one rank only, so it goes to the fit's coordinator, which stops every rank at the same point.
 """
 
 from __future__ import annotations
@@ -75,8 +66,7 @@ class Preemption:
 
 @contextmanager
 def preemptible(preemption: Preemption) -> Iterator[None]:
-    """Within the block, SIGTERM, SIGUSR1 and SIGINT go to ``preemption`` (which stops training at
-    the next batch boundary, on every rank); a second signal acts at once."""
+    """Within the block, SIGTERM, SIGUSR1 and SIGINT go to ``preemption``; a second signal acts at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,16 +1,7 @@
-"""DataLoader workers that outlive a preemption signal sent to the whole process group during a fit.
-
-A scheduler that preempts a job signals every process in it (SLURM at its time limit or on
-``scancel``, a terminal's Ctrl-C), the DataLoader's workers too, which would die of it before the
-fit's save. A worker that a loader starts while fit reads it (:func:`shielded`) leaves SIGTERM,
-SIGUSR1 and SIGINT to the main process (:mod:`fitforge.signals.preemption`), which saves and shuts
-it down; SIGTERM ends it once its loader shuts it down or the main process exits.
-
-How (docs/checkpoints.md, "Preemption", has the whole story): while ``iter(loader)`` starts the
-workers, the main thread blocks the three signals, so that a worker and every thread it starts
-begin with them blocked (none is lost), and the loader's ``worker_init_fn`` is wrapped in
-:class:`ShieldedWorkerInit`, which installs the worker's handlers and unblocks the signals. Workers
-started outside a fit react as torch's do; persistent ones started within a fit stay shielded.
+"""DataLoader workers that outlive a preemption signal sent to the whole process group during a fit, so
+that they do not die before the fit's save: they leave the signals to the main process, which shuts them
+down (docs/checkpoints.md, "Preemption"). While ``iter(loader)`` starts them the main thread blocks the
+signals, so none is lost before :class:`ShieldedWorkerInit` installs the worker's handlers.
 """
 
 from __future__ import annotations
@@ -44,8 +35,7 @@ def shielding() -> Iterator[None]:
 
 
 def shielded(data: Iterable) -> Iterable:
-    """``data``, whose workers (a DataLoader's with ``num_workers > 0``) are shielded when a fit's
-    :func:`shielding` is on."""
+    """``data``, whose workers are shielded when a fit's :func:`shielding` is on."""
     if _active and isinstance(data, DataLoader) and data.num_workers > 0:
         return _ShieldedPasses(data)
     return data
@@ -74,8 +64,8 @@ class _ShieldedPasses:
 
 
 def _exit_event(context: Any) -> Any:
-    """The Event, of the start method of ``context`` (a loader's ``multiprocessing_context``), set
-    when this process exits (by a finalizer of priority 0: before multiprocessing ends its children)."""
+    """An Event of ``context``'s start method, set when this process exits, before multiprocessing ends
+    its children (a finalizer of priority 0)."""
     if isinstance(context, str) or context is None:
         context = multiprocessing.get_context(context)
     method = context.get_start_method()
@@ -86,8 +76,7 @@ def _exit_event(context: Any) -> Any:
 
 
 class ShieldedWorkerInit:
-    """A worker's ``worker_init_fn`` during a fit: :func:`shield_worker`, then the loader's own.
-    Picklable (for the spawn and forkserver start methods) when the loader's own is."""
+    """A worker's ``worker_init_fn`` during a fit: :func:`shield_worker`, then the loader's own (picklable)."""
 
     def __init__(self, own: Callable[[int], None] | None, exiting: Any) -> None:
         self.own, self.exiting = own, exiting
@@ -101,9 +90,8 @@ class ShieldedWorkerInit:
 
 
 def shield_worker(exiting: Any, done: Any = None) -> None:
-    """In a DataLoader worker (after torch set its own handlers): SIGUSR1 and SIGINT do nothing, and
-    SIGTERM ends the worker only once ``done`` (its loader's shutdown) or ``exiting`` (the main
-    process's exit) is set; then the signals are unblocked in this thread."""
+    """In a DataLoader worker: SIGUSR1 and SIGINT do nothing, and SIGTERM ends the worker only once
+    ``done`` (its loader's shutdown) or ``exiting`` (the main process's exit) is set."""
 
     def on_sigterm(signum: int, frame: Any) -> None:
         if exiting.is_set() or (done is not None and done.is_set()):
