@@ -1,9 +1,4 @@
-"""From a checked config to a run's objects: the seed, the data, the model, the estimator, the handlers.
-
-The data function returns a dict with any of :data:`DATA_KEYS` (``fit`` needs ``train_data``;
-``evaluate`` and ``predict`` read ``val_data`` unless ``--split`` names another), or anything else,
-``train_data`` alone: a tuple is no pair of splits, as ``(X, y)`` arrays are data too (docs/cli.md).
-"""
+"""From a checked config to a run's objects: the seed, the data, the model, the estimator, the handlers."""
 
 from __future__ import annotations
 
@@ -14,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
@@ -43,15 +39,10 @@ def data_arguments(config: Namespace) -> ArgumentParser:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python's, numpy's (when installed) and torch's generators (every device's)."""
+    """Seed python's, numpy's and torch's generators (every device's)."""
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed % 2**32)
-    except ImportError:  # pragma: no cover - numpy is installed wherever the tests run
-        pass
+    numpy.random.seed(seed % 2**32)
 
 
 def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace, handlers: bool = True) -> Run:
@@ -85,7 +76,8 @@ def _averages_weights(class_path: str) -> bool:
 
 
 def split_data(returned: Any, function: Any) -> dict[str, Any]:
-    """The data function's result as a dict of :data:`DATA_KEYS` (see the module docstring)."""
+    """The data function's result as a dict of :data:`DATA_KEYS`; anything but a dict is ``train_data`` alone
+    (a tuple is no pair of splits, as ``(X, y)`` arrays are data too)."""
     if not isinstance(returned, Mapping):
         return {"train_data": returned}
     wrong = [key for key in returned if key not in DATA_KEYS]

@@ -1,8 +1,5 @@
-"""``fitforge fit|evaluate|predict``: parse and check the whole config, then build and run.
-
-A config's mistakes are found before anything is built: jsonargparse checks every key and type
-against the signatures while parsing (importing the classes, not instantiating them), then the data
-function's arguments are checked against its signature.
+"""``fitforge fit|evaluate|predict``: parse and check the whole config (its every key and type, then
+the data function's arguments), so that a mistake is found before anything is built; then build and run.
 """
 
 from __future__ import annotations
@@ -24,20 +21,18 @@ from fitforge.checkpoint.files import save_atomic
 from fitforge.cli.build import build, data_arguments, data_of
 from fitforge.cli.parser import RUN_SECTIONS, command_parser
 from fitforge.cli.recorded import recorded_config
-from fitforge.cli.resume import resume_from
-from fitforge.cli.suggest import config_error
+from fitforge.cli.suggest import config_error, parameters
 from fitforge.exceptions import CheckpointError, ConfigError, FitforgeTypeError, FitforgeValueError
 from fitforge.inputs.arrays import from_pandas, is_arrays
 
 log = logging.getLogger("fitforge")
+_RESUME = "resume_from_checkpoint"
 
 
 def run(args: list[str] | None = None) -> Any:
     """Run a command as the console would (``run(["fit", "--config", "cfg.yaml"])``) and return its
-    result: ``fit`` the History, ``evaluate`` the metrics dict, ``predict`` the predictions;
-    ``--print_config`` prints the resolved config and returns it (a dict), having built nothing.
-    Raises ConfigError for a wrong key (naming the nearest valid one), type or value, before building.
-    """
+    result: ``fit`` the History, ``evaluate`` the metrics dict, ``predict`` the predictions,
+    ``--print_config`` the resolved config (a dict), having built nothing."""
     argv = _with_recorded_config(sys.argv[1:] if args is None else list(args))
     commands, parsed = _parsed(argv)
     command = parsed.command
@@ -96,10 +91,8 @@ def _with_recorded_config(argv: list[str]) -> list[str]:
 
 
 def main(args: list[str] | None = None) -> int:
-    """The console script ``fitforge`` (and ``python -m fitforge``): a config error is printed, exit
-    status 2 (as for any command line mistake); fitforge's own errors once the run is built are
-    printed too (their messages name the fix; a traceback would bury it), exit status 1; else 0.
-    The current folder is importable, as under ``python -m`` (a config names the user's modules)."""
+    """The console script ``fitforge``: a config error is printed, exit status 2; fitforge's own errors
+    once the run is built are printed too (their messages name the fix), exit status 1; else 0."""
     if not getattr(sys.flags, "safe_path", False) and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # last: a file here never shadows an installed package
     try:
@@ -123,8 +116,8 @@ _UNSERIALIZABLE = "Unable to serialize"  # what jsonargparse dumps for a value a
 
 
 def without_unserializable(value: Any, key: str) -> Any:
-    """``value`` without the entries jsonargparse could not write (an untyped object default, a lambda),
-    each logged: recorded, they would come back as that text in a resumed run; left out, defaults apply."""
+    """``value`` without the entries jsonargparse could not write (a lambda...), each logged: recorded, they
+    would come back as that text in a resumed run."""
     if isinstance(value, dict):
         kept = {}
         for name, item in value.items():
@@ -188,6 +181,28 @@ def _fit(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace)
             f"fit --config ... --from_checkpoint {error.files[-1]}; to replace its files: overwrite: true in the "
             "CheckpointHandler's init_args; to keep them: another model_dir or model_prefix"
         ) from None
+
+
+def resume_from(config: Namespace, checkpoint: str) -> None:
+    """``fit --from_checkpoint``: turn on ``resume_from_checkpoint`` in ``config``'s handlers that take it;
+    one of them must save where ``checkpoint`` is, or the run would start again from scratch."""
+    folder = Path(checkpoint).resolve().parent
+    resuming = [spec for spec in config.handlers if _RESUME in parameters(spec.class_path)]
+    if not resuming:
+        raise ConfigError(
+            f"--from_checkpoint {checkpoint}: the config has no handler that resumes (one taking {_RESUME}, "
+            "a CheckpointHandler); add the run's CheckpointHandler to its handlers"
+        )
+    folders = [Path(spec.init_args.get("model_dir", ".")).resolve() for spec in resuming]
+    if folder not in folders:
+        raise ConfigError(
+            f"--from_checkpoint {checkpoint}: the run's checkpoints go to {', '.join(map(str, folders))}, not to "
+            f"{folder}; start the resume from the folder the run was started in (a relative model_dir is "
+            "relative to it)"
+        )
+    for spec in resuming:
+        spec.init_args[_RESUME] = True
+    log.info("fitforge fit: resuming the run of %s from the newest checkpoint in %s", checkpoint, folder)
 
 
 def _evaluate(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> dict[str, float]:

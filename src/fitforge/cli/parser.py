@@ -1,7 +1,5 @@
-"""The parser of ``fitforge fit|evaluate|predict``: jsonargparse, one section per part of a run
-(:data:`RUN_SECTIONS`: seed, model, data, estimator, fit, handlers; docs/cli.md describes each). The
-types come from the signatures, so jsonargparse checks every key and value while parsing.
-"""
+"""The parser of ``fitforge fit|evaluate|predict``: one section per part of a run (docs/cli.md), typed
+from the signatures, so that jsonargparse checks every key and value while parsing."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ _METRIC_NAME: Any = Literal[tuple(NAMES) + tuple(f"top{k}_accuracy" for k in ran
 
 
 def _typed_here(torchmetrics: bool) -> dict[str, Any]:
-    """The Estimator's arguments typed Any in its signature, typed here so that parsing checks them. A
-    metric is a name or ``class_path`` (built-in, or with ``torchmetrics`` a torchmetrics one: an
-    import of seconds, so only when asked), a list of them, or a dict by output."""
+    """The Estimator's arguments typed Any in its signature, typed here so that parsing checks them
+    (torchmetrics metrics only when asked: an import of seconds)."""
     one: Any = _METRIC_NAME | SumCountMetric
     if torchmetrics:
         import torchmetrics as package
@@ -48,8 +45,7 @@ def _typed_here(torchmetrics: bool) -> dict[str, Any]:
 
 
 def command_parser(torchmetrics: bool = False) -> tuple[ArgumentParser, dict[str, ArgumentParser]]:
-    """``fitforge`` with its three commands, and each command's parser (of a whole run's config);
-    ``torchmetrics``: metrics may be torchmetrics ones."""
+    """``fitforge`` with its three commands, and each command's parser (of a whole run's config)."""
     top = _new_parser(prog="fitforge", description="Train, evaluate and predict from a config (docs/cli.md).")
     commands = top.add_subcommands(dest="command", required=True)
     parsers = {name: _command_parser(name, torchmetrics) for name in ("fit", "evaluate", "predict")}

@@ -14,9 +14,7 @@ from fitforge.exceptions import ConfigError
 
 
 def recorded_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The resolved config recorded in a checkpoint of a run started from one (its ``config`` key).
-    Raises FileNotFoundError (no file), CheckpointError (no readable fitforge checkpoint) or
-    ConfigError (no config in it)."""
+    """The resolved config recorded in a checkpoint of a run started from one (ConfigError if none)."""
     config = load_checkpoint(path).get("config")
     if not isinstance(config, dict):
         raise ConfigError(

@@ -1,9 +1,5 @@
-"""A config's mistake as a :class:`~fitforge.exceptions.ConfigError`, with the nearest valid key.
-
-jsonargparse names a wrong key (``Option 'fit.epoch' is not accepted``, ``unrecognized arguments:
---fit.epoch 3``) or type (``Parser key "fit.epochs": Expected a <class 'int'>. Got value: x``) but
-suggests nothing: this module adds "did you mean" from the keys possible there.
-"""
+"""A config's mistake as a :class:`~fitforge.exceptions.ConfigError`, with the nearest valid key: jsonargparse
+names a wrong key or type but suggests nothing."""
 
 from __future__ import annotations
 
@@ -92,8 +88,7 @@ def _not_importable(who: str, message: str, module: str) -> ConfigError:
 
 
 def _class_problem(who: str, message: str, class_path: str, reason: str) -> ConfigError:
-    """One line for a ``class_path`` that imports but does not fit: jsonargparse's reason, and the
-    nearest name of its module when it has no such name."""
+    """One line for a ``class_path`` that imports but does not fit, with the nearest name of its module."""
     section = _SECTION.search(message)
     missing, nearest = _NO_ATTRIBUTE.search(reason), []
     if missing is not None:
@@ -109,9 +104,8 @@ def _class_problem(who: str, message: str, class_path: str, reason: str) -> Conf
 
 
 def _wrong_value(who: str, message: str, section: re.Match | None = None) -> ConfigError | None:
-    """jsonargparse's account of a value no type of a key takes (a union's every type, nested), told
-    in one line: the key, the value, what it takes, the nearest choice. None where it is not one.
-    ``section``: the key of the class whose argument it is, when ``message`` starts inside it."""
+    """jsonargparse's account of a value no type of a key takes, told in one line (None where it is not
+    one); ``section``: the key of the class whose argument it is, when ``message`` starts inside it."""
     keys = list(dict.fromkeys(([section.group(1)] if section else []) + _SECTION.findall(message)))
     if not keys:
         return None
