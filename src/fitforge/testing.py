@@ -1,13 +1,5 @@
-"""Tiny problems and recording handlers for tests — public, because users test their handlers too.
-
-Example:
-    >>> from fitforge.testing import linear_problem, RecordingHandler
-    >>> est, train, val = linear_problem()
-    >>> rec = RecordingHandler()
-    >>> history = est.fit(train, val_data=val, epochs=2, event_handlers=[rec])
-    >>> rec.events[:3]
-    ['train_begin', 'epoch_begin', 'batch_begin']
-"""
+"""Tiny problems and recording handlers for tests — public, because users test their handlers too
+(docs/handlers.md, "Testing a handler")."""
 
 from __future__ import annotations
 
@@ -94,17 +86,9 @@ class RecordingHandler(TrainBegin, EpochBegin, BatchBegin, BatchEnd, EpochEnd, T
 
 
 class HostReadCounter(TorchDispatchMode):
-    """Count reads of tensor values to the host inside a ``with`` block: ``.item()``, ``float()``,
-    ``int()``, ``bool()`` and formatting dispatch ``aten._local_scalar_dense``, which waits for a GPU
-    (``.tolist()``/``.numpy()`` of CPU memory are not seen; a GPU tensor needs a ``.cpu()`` first).
-
-    Example:
-        >>> est, train, val = linear_problem()
-        >>> with HostReadCounter() as reads:
-        ...     history = est.fit(train, epochs=1)          # doctest: +SKIP
-        >>> reads.count                                       # doctest: +SKIP
-        3
-    """
+    """Count reads of tensor values to the host inside a ``with`` block (``with HostReadCounter() as reads``):
+    ``.item()``, ``float()``, ``int()``, ``bool()`` and formatting dispatch ``aten._local_scalar_dense``,
+    which waits for a GPU (``.tolist()``/``.numpy()`` of CPU memory are not seen)."""
 
     def __init__(self) -> None:
         super().__init__()

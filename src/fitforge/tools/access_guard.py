@@ -1,7 +1,5 @@
 """The declared-access guard, a debug mode: under ``fit(check_access=True)`` every handler declaring
-``reads``/``writes`` (:mod:`fitforge.core.dispatch`) sees a :class:`GuardedState` that raises
-:class:`~fitforge.exceptions.StateAccessError` on any undeclared read or write (a wrapper call per
-hook and a check per field access)."""
+``reads``/``writes`` sees a :class:`GuardedState` that raises on any undeclared read or write."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from fitforge.exceptions import StateAccessError
 
 
 class GuardedState:
-    """What a declared handler sees under ``fit(check_access=True)``: the TrainState, with every
-    field read and write checked against the handler's declaration."""
+    """The TrainState, with every field read and write checked against the handler's declaration."""
 
     __slots__ = ("_access", "_owner", "_state")
 
@@ -91,8 +88,7 @@ class GuardedShared(MutableMapping):
 
 
 class ReadOnlyMetrics(dict):
-    """``state.metrics`` for a handler that reads but does not write it: a dict copy (for ``json.dumps``)
-    refusing changes with the access error."""
+    """``state.metrics`` for a handler that reads but does not write it: a dict copy refusing changes."""
 
     def __init__(self, metrics: dict, guard: GuardedState) -> None:
         super().__init__(metrics)

@@ -1,7 +1,5 @@
-"""``fit(profile=True)``: the time each handler spends in each event (Ignite's HandlersTimeProfiler),
-so a slow handler shows up by name. Times are host wall-clock around each hook call: on a GPU, the
-launch, or also the wait of a hook reading a device value, the very cost to expose.
-"""
+"""``fit(profile=True)``: the host wall-clock time each handler spends in each event, so a slow handler
+shows up by name."""
 
 from __future__ import annotations
 
@@ -70,8 +68,7 @@ class HandlerProfile:
 
 @contextmanager
 def profiled(dispatcher: Dispatcher, history: History, enabled: bool) -> Iterator[None]:
-    """Time ``dispatcher``'s hooks for the block when ``enabled``: the table goes to
-    ``history.profile`` and the log when the block ends (also by an error)."""
+    """Time ``dispatcher``'s hooks for the block when ``enabled``; the table goes to ``history.profile`` and the log."""
     if not enabled:
         yield
         return
