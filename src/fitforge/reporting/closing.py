@@ -66,20 +66,13 @@ def failed_line(state: TrainState, seconds: float) -> str:
     verb = "Failed" if isinstance(error, Exception) else "Interrupted"
     counts = f"{plural(state.global_step, 'batch')} completed, {plural(state.optimizer_steps, 'optimizer step')} taken"
     # fitforge's own refusal at the start: its message (the fix) comes whole with the error raised next
-    place = where(state)
+    place = "at the end of training" if state.run.training_over else _position(state)  # a train_end hook failed
     refused = isinstance(error, (FitforgeValueError, FitforgeTypeError)) and place.startswith("before epoch")
     return f"{verb} {place} ({counts}, {seconds:.1f}s): {type(error).__name__ if refused else raised(error)}"
 
 
-def where(state: TrainState) -> str:
-    """Where in the run the loop was: before an epoch, at its start or end, or at a batch."""
-    if state.run.training_over:  # a train_end hook failed (a final checkpoint, a tracker...)
-        return "at the end of training"
-    return _position(state)
-
-
 def _position(state: TrainState) -> str:
-    """Where the epochs were when the loop left them (see :func:`where`)."""
+    """Where the loop left the epochs: before an epoch, at its start or end, or at a batch."""
     label = epoch_label(state).replace("Epoch", "epoch")
     if state.history.epochs <= state.epoch:  # the epoch's row is not open: it has not begun
         return f"before {label}"

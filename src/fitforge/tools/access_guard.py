@@ -100,45 +100,38 @@ class ReadOnlyMetrics(dict):
     __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
 
 
-class ReadOnlyHistory(Mapping):
-    """``state.history`` for a handler that reads it but does not declare writing it."""
-
-    def __init__(self, history: History, guard: GuardedState) -> None:
-        object.__setattr__(self, "_history", history)
-        object.__setattr__(self, "_guard", guard)
-
-    def __getitem__(self, key: str) -> list[float]:
-        return self._history[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._history)
-
-    def __len__(self) -> int:
-        return len(self._history)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("record", "new_epoch", "load_state_dict"):
-            raise self._guard._deny("history", True)
-        return getattr(self._history, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise self._guard._deny("history", True)
-
-
 class ReadOnlyRun:
     """``state.run`` for a handler that reads it but does not declare writing it: ``stop()`` is refused."""
 
-    def __init__(self, run: RunControl, guard: GuardedState) -> None:
-        object.__setattr__(self, "_run", run)
+    _field: str = "run"
+    _writers: tuple[str, ...] = ("stop",)
+
+    def __init__(self, target: RunControl | History, guard: GuardedState) -> None:
+        object.__setattr__(self, "_target", target)
         object.__setattr__(self, "_guard", guard)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "stop":
-            raise self._guard._deny("run", True)
-        return getattr(self._run, name)
+        if name in self._writers:
+            raise self._guard._deny(self._field, True)
+        return getattr(self._target, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise self._guard._deny("run", True)
+        raise self._guard._deny(self._field, True)
+
+
+class ReadOnlyHistory(ReadOnlyRun, Mapping):
+    """``state.history`` for a handler that reads it but does not declare writing it."""
+
+    _field, _writers = "history", ("record", "new_epoch", "load_state_dict")
+
+    def __getitem__(self, key: str) -> list[float]:
+        return self._target[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._target)
+
+    def __len__(self) -> int:
+        return len(self._target)
 
 
 _READ_ONLY: dict[str, Any] = {"metrics": ReadOnlyMetrics, "history": ReadOnlyHistory, "run": ReadOnlyRun}
