@@ -7,6 +7,6 @@ except ImportError as error:
     raise ImportError('the fitforge command line needs jsonargparse: pip install "fitforge[cli]"') from error
 
 from fitforge.cli.commands import main, run
-from fitforge.cli.recorded import recorded_config
+from fitforge.cli.parser import recorded_config
 
 __all__ = ["main", "recorded_config", "run"]

@@ -31,13 +31,6 @@ class Run:
     handlers: list[EventHandler]
 
 
-def data_arguments(config: Namespace) -> ArgumentParser:
-    """A parser of the data function's arguments, from its signature: checks ``data.args``."""
-    parser = ArgumentParser(exit_on_error=False, allow_abbrev=False, print_config=None)
-    parser.add_function_arguments(config.data.function, as_group=False)
-    return parser
-
-
 def seed_everything(seed: int) -> None:
     """Seed python's, numpy's and torch's generators (every device's)."""
     random.seed(seed)

@@ -18,9 +18,8 @@ from jsonargparse import ArgumentParser, Namespace
 
 from fitforge.checkpoint.earlier_run import EarlierRunError
 from fitforge.checkpoint.files import save_atomic
-from fitforge.cli.build import build, data_arguments, data_of
-from fitforge.cli.parser import RUN_SECTIONS, command_parser
-from fitforge.cli.recorded import recorded_config
+from fitforge.cli.build import build, data_of
+from fitforge.cli.parser import RUN_SECTIONS, command_parser, data_arguments, recorded_config
 from fitforge.cli.suggest import config_error, parameters
 from fitforge.exceptions import CheckpointError, ConfigError, FitforgeTypeError, FitforgeValueError
 from fitforge.inputs.arrays import from_pandas, is_arrays

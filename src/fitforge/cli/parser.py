@@ -3,17 +3,21 @@ from the signatures, so that jsonargparse checks every key and value while parsi
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser  # an optional extra, checked by fitforge.cli
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace  # an optional extra, checked by fitforge.cli
 from torch import nn
 
+from fitforge.checkpoint.files import load_checkpoint
 from fitforge.checks.options import OPTIMIZERS
-from fitforge.cli.recorded import RecordedConfig
 from fitforge.core.events import EventHandler
 from fitforge.estimator import Estimator
+from fitforge.exceptions import ConfigError
 from fitforge.metrics.base import SumCountMetric
 from fitforge.metrics.resolve import NAMES
 
@@ -64,6 +68,13 @@ def _new_parser(**kwargs: Any) -> ArgumentParser:
     # must not quietly mean --fit.epochs); our own --print_config, printed once the data's
     # arguments are resolved too (jsonargparse's prints before that).
     return ArgumentParser(exit_on_error=False, allow_abbrev=False, print_config=None, **kwargs)
+
+
+def data_arguments(config: Namespace) -> ArgumentParser:
+    """A parser of the data function's arguments, from its signature: checks ``data.args``."""
+    parser = _new_parser()
+    parser.add_function_arguments(config.data.function, as_group=False)
+    return parser
 
 
 def run_parser(description: str = "", torchmetrics: bool = False) -> ArgumentParser:
@@ -123,3 +134,23 @@ def _command_parser(command: str, torchmetrics: bool) -> ArgumentParser:
     else:
         parser.add_argument("--output", type=str, required=True, help="the file the predictions go to (torch.save)")
     return parser
+
+
+def recorded_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The resolved config recorded in a checkpoint of a run started from one (ConfigError if none)."""
+    config = load_checkpoint(path).get("config")
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"{path} holds no config: its run was not started from one (fitforge fit --config); "
+            "pass the run's config with --config"
+        )
+    return config
+
+
+class RecordedConfig(argparse.Action):
+    """``--from_checkpoint PATH``: apply the config recorded in PATH where the option stands, as
+    ``--config`` applies a file (options after it override it), and keep PATH."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        ActionConfigFile.apply_config(parser, namespace, "config", json.dumps(recorded_config(values)))
+        namespace[self.dest] = values
