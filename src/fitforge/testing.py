@@ -1,5 +1,4 @@
-"""Tiny problems and recording handlers for tests — public, because users test their handlers too
-(docs/handlers.md, "Testing a handler")."""
+"""Tiny problems and recording handlers for tests — public, because users test their handlers too."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Runs from a config and the command line: ``fitforge fit|evaluate|predict`` (docs/cli.md), on jsonargparse
-(the extra ``pip install "fitforge[cli]"``)."""
+"""Runs from a config and the command line: ``fitforge fit|evaluate|predict`` (docs/cli.md)."""
 
 try:  # an optional extra: say which, rather than "No module named 'jsonargparse'"
     import jsonargparse  # noqa: F401

@@ -39,8 +39,7 @@ def seed_everything(seed: int) -> None:
 
 
 def build(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace, handlers: bool = True) -> Run:
-    """The run of a checked ``config`` (``data.args`` checked by ``data_parser``); ``handlers=False``
-    leaves fit's handlers out, for evaluate and predict."""
+    """The run of a checked ``config``; ``handlers=False`` leaves fit's handlers out, for evaluate and predict."""
     seed_everything(config.seed)
     if not handlers:  # but an EMAHandler: evaluation runs with the average a checkpoint holds, as in fit
         config = config.clone()

@@ -1,5 +1,4 @@
-"""The parser of ``fitforge fit|evaluate|predict``: one section per part of a run (docs/cli.md), typed
-from the signatures, so that jsonargparse checks every key and value while parsing."""
+"""The parser of ``fitforge fit|evaluate|predict``, typed from the signatures so that parsing checks every value."""
 
 from __future__ import annotations
 

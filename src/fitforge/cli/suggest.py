@@ -1,5 +1,4 @@
-"""A config's mistake as a :class:`~fitforge.exceptions.ConfigError`, with the nearest valid key: jsonargparse
-names a wrong key or type but suggests nothing."""
+"""A config's mistake (jsonargparse's error) as a :class:`~fitforge.exceptions.ConfigError`, with the nearest key."""
 
 from __future__ import annotations
 

@@ -64,8 +64,7 @@ class LabelledArrays(Dataset):
 
 
 def _from_pandas(item: Any, argument: str, name: str) -> Any:
-    """A pandas DataFrame or Series (or of a subclass) as one NumPy array of its numeric columns' common
-    type; anything else as it is."""
+    """A pandas DataFrame or Series as one NumPy array of its numeric columns; anything else as it is."""
     if not hasattr(item, "to_numpy") or all(kind.__module__.split(".")[0] != "pandas" for kind in type(item).__mro__):
         return item
     columns = item.dtypes.items() if hasattr(item, "columns") else [(getattr(item, "name", None) or name, item.dtype)]
@@ -238,8 +237,7 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
 
 
 def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
-    """evaluate's ``(X, y)`` or ``X``, or predict's ``X`` (``bare``), as an ordered DataLoader; other data
-    is returned as it is."""
+    """evaluate's or predict's arrays as an ordered DataLoader; other data is returned as it is."""
     data = from_pandas(data, argument)
     arrays = _rows(data) or (not bare and is_arrays(data))
     if not arrays:

@@ -140,8 +140,7 @@ class DataOrder:
         return indexed_batches(data), start
 
     def resume_at(self, position: int, epoch_start_step: int, sample: int | None = None) -> None:
-        """Make the next epoch continue after its first ``position`` batches; with ``sample``, after that
-        many samples of its order, split across this fit's ranks and batches anew."""
+        """Make the next epoch continue after ``position`` batches (``sample``: that many samples, placed anew)."""
         self._resume_position, self.epoch_start_step = position, epoch_start_step
         self._resume_sample = sample
         if sample is not None:  # a save before the epoch starts (a signal while restoring) counts from here too

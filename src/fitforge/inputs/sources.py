@@ -1,5 +1,4 @@
-"""What fit, evaluate and predict read: an iterable of batches, re-iterable when read more than
-once, not empty; the errors name what was given instead and how to pass it."""
+"""What fit, evaluate and predict read: an iterable of batches, re-iterable where read again, not empty."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ def _length(data: object, argument: str) -> int | None:
 
 
 def check_data(data: object, argument: str, passes: int | None) -> int | None:
-    """Check ``data`` is an iterable of batches usable for ``passes`` passes (None: unknown/many);
-    return ``len(data)`` or None."""
+    """Check ``data`` is batches usable for ``passes`` passes (None: unknown); return ``len(data)`` or None."""
     if type(data) is torch.utils.data.DataLoader:  # the usual case, checked every fit: re-iterable, no (X, Y)
         return _length(data, argument)
     if isinstance(data, (torch.Tensor, Mapping, str, bytes)) or is_array(data) or not isinstance(data, Iterable):

@@ -1,5 +1,4 @@
-"""Monitor: the "watch a history key, min/max/auto, min_delta" logic shared by the handlers that
-track a best value (EarlyStoppingHandler, CheckpointHandler, later plateau LR scheduling)."""
+"""Monitor: the "watch a history key, min/max/auto, min_delta" logic of the handlers that track a best value."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ class Monitor:
         return gain > self.min_delta
 
     def epoch_value(self, state: TrainState, who: object) -> float | None:
-        """The key's value in this epoch's history row; None when it was not produced this epoch
-        (e.g. validation runs every second epoch, and has not run yet)."""
+        """The key's value in this epoch's history row; None when it was not produced this epoch."""
         if self.key in state.history:
             return state.history.current(self.key)
         # fit start checked the key against what the run produces, except keys only a custom eval_fn

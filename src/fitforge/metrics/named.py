@@ -1,5 +1,4 @@
-"""The per-epoch means of named values (``state.log(name, value)``), one :class:`Mean` per name: each
-call counts once, whatever the batch size."""
+"""The per-epoch means of named values (``state.log(name, value)``): each call counts once."""
 
 from __future__ import annotations
 

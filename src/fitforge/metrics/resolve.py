@@ -172,8 +172,7 @@ def resolve_metrics(spec: Any, loss: Any, argument: str = "train_metrics") -> li
 
 
 def check_output_indices(slots: list[MetricSlot], outputs: int | Sequence[OutputKey], argument: str) -> None:
-    """Every slot must read an output the loss reads (``outputs``: their count, or keys), and no metric
-    may take the history name of a loss."""
+    """Every slot must read an output the loss reads, and no metric may take the history name of a loss."""
     keys = tuple(range(outputs)) if isinstance(outputs, int) else tuple(outputs)
     losses = {"loss", *part_keys(keys)}
     for slot in slots:

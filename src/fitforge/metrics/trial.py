@@ -1,5 +1,4 @@
-"""The first batch's trial of a metric: a throw-away copy updated once, so a metric that cannot take
-the batch fails before the first optimizer step; and the check that it gives one number."""
+"""The first batch's trial of a metric (a throw-away copy updated once), and the check that it gives one number."""
 
 from __future__ import annotations
 

@@ -1,2 +1,1 @@
-"""The optimizer stepping's parts: item counts for accumulation, which optimizers a batch steps, the
-learning rate, and schedules."""
+"""The optimizer stepping's parts: item counts, the optimizers a batch steps, the learning rate, schedules."""

@@ -95,8 +95,7 @@ def item_counter(loss: Any, net: nn.Module) -> tuple[ItemCounter | None, str]:
 
 
 class _TargetCount:
-    """The denominator of a mean cross-entropy (torch's): targets not equal to ``ignore_index``, each
-    counted by its class ``weight`` when given; every sample (and position) for probability targets."""
+    """The denominator of a mean cross-entropy (torch's): targets not ignored, by class ``weight`` if given."""
 
     def __init__(self, ignore_index: int, weight: torch.Tensor | None) -> None:
         self.ignore_index, self.weight = ignore_index, weight

@@ -1,5 +1,4 @@
-"""Which optimizers a batch steps: ``BatchOutput.step`` checked and resolved to indices into
-``estimator.optimizers``, and the parameters each choice touches (GradientUpdateHandler's helper)."""
+"""Which optimizers a batch steps: ``BatchOutput.step`` resolved to indices, and the parameters of each choice."""
 
 from __future__ import annotations
 

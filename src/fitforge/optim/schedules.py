@@ -1,5 +1,4 @@
-"""Schedules: learning-rate ones torch does not ship in one piece (linear warm-up, then cosine
-decay), and the length of a fit in optimizer steps that a schedule spans."""
+"""Learning-rate schedules torch does not ship in one piece, and the length of a fit in optimizer steps."""
 
 from __future__ import annotations
 

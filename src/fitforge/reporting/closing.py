@@ -1,5 +1,4 @@
-"""The closing line of a fit's log: how it ended, then the values that match the weights it left (the
-last epoch's, or after a restore the restored epoch's)."""
+"""The closing line of a fit's log: how it ended, then the values that match the weights it left."""
 
 from __future__ import annotations
 

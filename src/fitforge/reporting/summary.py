@@ -29,8 +29,7 @@ def _module(net: object, caller: str) -> nn.Module:
 
 
 def parameter_counts(net: nn.Module) -> tuple[int, int]:
-    """``(total, trainable)``: the number of parameter elements of the module ``net``, and of those with
-    ``requires_grad``."""
+    """``(total, trainable)``: the number of parameter elements of ``net``, and of those with ``requires_grad``."""
     total = trainable = 0
     for parameter in _unique(_module(net, "parameter_counts").parameters()):
         total += parameter.numel()

@@ -64,8 +64,7 @@ class _ShieldedPasses:
 
 
 def _exit_event(context: Any) -> Any:
-    """An Event of ``context``'s start method, set when this process exits, before multiprocessing ends
-    its children (a finalizer of priority 0)."""
+    """An Event of ``context``'s start method, set when this process exits, before its children end."""
     if isinstance(context, str) or context is None:
         context = multiprocessing.get_context(context)
     method = context.get_start_method()

@@ -1,5 +1,4 @@
-"""``fit(profile=True)``: the host wall-clock time each handler spends in each event, so a slow handler
-shows up by name."""
+"""``fit(profile=True)``: the host wall-clock time each handler spends in each event."""
 
 from __future__ import annotations
 
