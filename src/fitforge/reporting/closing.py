@@ -55,7 +55,8 @@ def _with_values(line: str, state: TrainState) -> str:
     if restored is not None:
         values = {key: value for key in _reported(history) if not math.isnan(value := history[key][restored - 1])}
         return f"{line} Restored epoch {state.run.epochs_before + restored}: {format_values(values)}".rstrip()
-    final = {key: _final(history, key) for key in _reported(history)}
+    # the last epoch's value (a nan it recorded included), else the latest one before
+    final = {key: history.last(key) if (now := history.current(key)) is None else now for key in _reported(history)}
     return f"{line} Final: {format_values(final)}" if final else line
 
 
@@ -98,9 +99,3 @@ def raised(error: BaseException | None) -> str:
 def _reported(history: History) -> list[str]:
     """The values of the summary: not the speeds, which say nothing of the weights it describes."""
     return [key for key in history if key.startswith(("train_", "val_")) and not is_speed(key)]
-
-
-def _final(history: History, key: str) -> float:
-    """The value of the last epoch (a nan it recorded included), else the latest one before."""
-    value = history.current(key)
-    return history.last(key) if value is None else value

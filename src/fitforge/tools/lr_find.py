@@ -116,8 +116,6 @@ def lr_find(
         smoothing: the weight of each new loss in the moving average, in (0, 1] (1: no smoothing).
         diverge_factor: the blow-up that stops the sweep (> 1; ``math.inf`` never stops).
         batch_size: the batch size of arrays (default 32), as in ``fit``.
-
-    Raises TypeError/ValueError for bad arguments or data, before any step.
     """
     _check_arguments(estimator, start_lr, end_lr, num_steps, smoothing, diverge_factor)
     train_data, _ = fit_loaders(train_data, None, batch_size, None)  # arrays (X, y), as fit takes them
