@@ -29,8 +29,7 @@ def linear_data(
 
 
 def linear_splits(n: int = 256, batch_size: int = 32, seed: int = 0) -> dict[str, DataLoader]:
-    """``{"train_data": ..., "val_data": ...}`` of y = 2x + 3, ``n`` shuffled and ``n // 4`` samples: what a
-    data function of ``fitforge fit`` returns (docs/cli.md)."""
+    """``{"train_data": ..., "val_data": ...}`` of y = 2x + 3: what a data function of ``fitforge fit`` returns."""
     return {
         "train_data": linear_data(n, batch_size, seed=seed, shuffle=True),
         "val_data": linear_data(n // 4, batch_size, seed=seed + 1),

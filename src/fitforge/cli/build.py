@@ -68,8 +68,7 @@ def _averages_weights(class_path: str) -> bool:
 
 
 def split_data(returned: Any, function: Any) -> dict[str, Any]:
-    """The data function's result as a dict of :data:`DATA_KEYS`; anything but a dict is ``train_data`` alone
-    (a tuple is no pair of splits, as ``(X, y)`` arrays are data too)."""
+    """The data function's result as a dict of :data:`DATA_KEYS` (anything but a dict: ``train_data`` alone)."""
     if not isinstance(returned, Mapping):
         return {"train_data": returned}
     wrong = [key for key in returned if key not in DATA_KEYS]

@@ -31,8 +31,7 @@ _NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 
 
 def config_error(error: Exception, parser: ArgumentParser, command: str, prefix: str = "") -> ConfigError:
-    """``error`` (jsonargparse's, from parsing with ``parser``) told with the nearest valid key.
-    ``prefix`` is where ``parser``'s keys sit in the whole config (``"data.args."``)."""
+    """``error`` told with the nearest valid key (``prefix``: where ``parser``'s keys sit, ``"data.args."``)."""
     who = f"fitforge {command}".rstrip()
     message = _SECTION.sub(lambda found: f'Parser key "{prefix}{found.group(1)}"', str(error).strip())
     unknown, missing = _UNKNOWN.search(message), _NO_MODULE.search(message)

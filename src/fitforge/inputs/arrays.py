@@ -37,8 +37,7 @@ def is_arrays(data: object) -> bool:
 
 
 def _flat(data: Any) -> tuple[list[Any], Callable[[Sequence[Any]], Any]]:
-    """``(X, y)``'s arrays (or a bare ``X``) in a flat list, and the function that puts such a list
-    (rows of them, a part of them) back into ``(X, y)``'s shape."""
+    """``(X, y)``'s arrays in a flat list, and the function that puts such a list back into ``(X, y)``'s shape."""
     if _rows(data):
         return [data], lambda items: items[0]
     if not is_arrays(data) or _rows(data[1]):  # plain arrays: a flat tuple already

@@ -69,8 +69,7 @@ def _fresh_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 class _IndexedBatches:
-    """A :func:`direct` loader's passes, drawn in the loader's iterator's order: the batch sampler's
-    iterator, then the (unused) worker seed, then the indices batch by batch."""
+    """A :func:`direct` loader's passes, drawn as its iterator draws: the batch sampler's, then the worker seed."""
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
@@ -85,8 +84,7 @@ class _IndexedBatches:
 
 
 def draw_worker_seed(loader: DataLoader) -> None:
-    """Draw from ``loader.generator`` (torch's global one when None) what the loader's iterator
-    draws as its workers' base seed when a pass starts, right after making its sampler iterator."""
+    """Draw from ``loader.generator`` the workers' base seed, as the loader's iterator does at a pass's start."""
     torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
 
 

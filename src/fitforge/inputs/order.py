@@ -40,8 +40,7 @@ def epoch_seed(seed: int, epoch: int, role: str) -> int:
 
 
 def _draw_seed() -> int:
-    """A seed from torch's global generator (``torch.manual_seed`` fixes it): a hash of its state, then
-    advanced by one draw for the next fit (no scalar is read from a tensor)."""
+    """A seed from torch's global generator: a hash of its state (no host read), then one draw moves it on."""
     digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).digest()
     torch.empty((), dtype=torch.int64).random_()
     return int.from_bytes(digest, "little") >> 1

@@ -37,8 +37,7 @@ class SumCountMetric:
         raise NotImplementedError
 
     def _takes(self, pred: torch.Tensor, label: torch.Tensor) -> bool:
-        """Whether the shapes show that :meth:`batch_stats` takes the batch, raising its error where they
-        do not fit; False where only running it can tell."""
+        """Whether the shapes show that :meth:`batch_stats` takes the batch (raising where they do not fit)."""
         return False
 
     def update(self, pred: torch.Tensor, label: torch.Tensor) -> None:

@@ -14,8 +14,7 @@ from fitforge.metrics.resolve import MetricSlot
 
 
 def trial_copy(metric: Any) -> Any:
-    """A throw-away copy of ``metric``: a reset shallow copy of fitforge's own (a deep copy costs several
-    times more at every fit), a deep copy of any other."""
+    """A throw-away copy of ``metric``: shallow and reset for fitforge's own (a deep copy costs more), else deep."""
     if is_builtin(metric):
         trial = object.__new__(type(metric))  # copy.copy without its pickling protocol
         trial.__dict__.update(metric.__dict__)

@@ -72,8 +72,7 @@ class OptimizerChoice:
         return union
 
     def discard(self, idle: Iterable[int], live: Sequence[int]) -> None:
-        """Drop the gradients on the parameters of the ``idle`` optimizers, except those that a
-        ``live`` optimizer (stepped on this batch, or with a group open) also holds."""
+        """Drop the gradients of the ``idle`` optimizers' parameters but those a ``live`` optimizer also holds."""
         if not self.shared:
             for i in idle:
                 self.optimizers[i].zero_grad(set_to_none=True)
