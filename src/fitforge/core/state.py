@@ -225,42 +225,9 @@ class RunControl:
 
 @dataclass(slots=True, eq=False)
 class TrainState:
-    """The one object every hook receives.
-
-    Counting is 0-based: ``epoch`` is the index of the current epoch, ``batch_idx`` the position of
-    the current batch in the epoch's data, and ``global_step`` the number of training batches that
-    completed (reached ``batch_end`` without being cancelled) *before* the current one — so during a
-    batch it is that batch's index over the whole run, and at ``epoch_end``/``train_end`` it is the
-    count of completed batches. ``batches=N`` stops when ``global_step`` reaches N.
-
-    Which fields are valid at which event (``phase`` is "train" in fit, "validate" in evaluate,
-    "predict" in predict; evaluate and predict fire only the four epoch/batch events):
-
-    ==================  ===========  ===========  ===========  =========  =========  =========
-    field               train_begin  epoch_begin  batch_begin  batch_end  epoch_end  train_end
-    ==================  ===========  ===========  ===========  =========  =========  =========
-    epoch               0            yes          yes          yes        yes        last one
-    batch_idx           --           (1)          yes          yes        last one   last one
-    batch               --           --           yes          yes        last one   last one
-    output              --           --           --           yes        last one   last one
-    metrics             {}           last epoch   last epoch   last epoch  this epoch this epoch
-    history             yes          row added    yes          yes        yes        yes
-    ==================  ===========  ===========  ===========  =========  =========  =========
-
-    The others hold at every event. (1) -1, or in an epoch that a resume continues, the position of
-    the last batch its checkpoint had read (the epoch's batches are numbered from the start of its
-    data either way).
-
-    ``metrics`` holds plain floats computed at epoch end (``train_loss``, ``val_accuracy``...);
-    handlers that want running (epoch-so-far) values mid-epoch call :meth:`running_metrics`, which
-    reads device values to the host (a device sync): do it at a throttled interval, never every
-    batch. "this epoch" for ``metrics`` at ``epoch_end`` holds for handlers that run after
-    MetricHandler and ValidationHandler (a priority above ``Stage.METRICS``).
-
-    In ``evaluate`` (also when ValidationHandler runs it inside fit) the state is the pass's own:
-    ``epoch`` and ``global_step`` stay 0, ``history`` has no rows (do not record into it), and
-    ``metrics`` receives the ``val_*`` values at ``epoch_end`` (``test_*`` and so on with
-    ``evaluate(prefix="test")``: see ``prefix``). Named values: :meth:`log`.
+    """The one object every hook receives. Which field holds what at which event, and how the
+    counters count (0-based; ``global_step``: training batches completed before the current one):
+    docs/handlers.md, "What a handler sees". In ``evaluate`` and ``predict`` the state is the pass's own.
 
     Attributes:
         prefix: the first word of the keys the MetricHandler records: None for the phase's own,
@@ -319,23 +286,11 @@ class TrainState:
     def log(self, name: str, value: torch.Tensor | float) -> None:
         """Log a named value, e.g. ``state.log("g_loss", g_loss)`` in a GAN's ``fit_batch``.
 
-        The MetricHandler averages the values of each name over the calls of an epoch (one call per
-        batch: the mean over the epoch's batches, not weighted by batch size) and publishes the
-        mean at epoch end as ``train_<name>`` in fit and ``val_<name>`` in evaluate (so also in the
-        validation inside fit): in ``state.metrics``, the History, the log line, the progress bar
-        and the CSV and TensorBoard loggers; ``running_metrics()`` has the epoch-so-far mean.
-
-        Call it from a :class:`~fitforge.BatchProcessor` step or any handler's batch hooks. Declare
-        the names a processor's steps log in its ``logs`` attribute (``logs = ("d_loss",
-        "g_loss")``) so that monitors (``EarlyStoppingHandler("val_g_loss")``) and CSV columns know
-        them before training; an undeclared name appears from the first epoch it is logged in. A
-        name must not be one the loss or a metric of the same phase records (``loss``,
-        ``accuracy``...). Under torch.distributed the means are over every rank's calls, and every
-        rank must log the same names (declared names are always safe).
-
-        A tensor stays on its device (detached; nothing is read to the host per batch). Without a
-        MetricHandler (``fit(default_handlers=False)``) the values are dropped with one warning per
-        fit; in ``predict`` and ``lr_find``, which record no values, silently.
+        The MetricHandler averages each name's values over the epoch's calls (the mean over
+        batches) into ``train_<name>`` in fit and ``val_<name>`` in evaluate. Declare a processor's
+        names in its ``logs`` attribute so that monitors and CSV columns know them before training
+        (docs/custom-steps.md). A tensor stays on its device. Without a MetricHandler the values are
+        dropped with one warning per fit (silently in ``predict`` and ``lr_find``).
 
         Args:
             name: a non-empty str.
