@@ -34,12 +34,8 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Step a learning-rate scheduler at every epoch end or after every optimizer step.
 
-    ``interval="epoch"`` steps at the end of each epoch the run is through with, after the metrics and validation,
-    before CheckpointHandler. ``interval="batch"`` steps once per step of the scheduler's optimizer, after
-    GradientUpdateHandler's. ``ReduceLROnPlateau`` steps with ``monitor``'s value in this epoch's history row. A
-    ``OneCycleLR`` you size yourself is checked before the fit's first step against the fit's length.
-    ``history["lr"][e]`` is the rate *after* epoch ``e``'s steps. The scheduler's state rides in checkpoints: a
-    resume continues exactly. docs/handlers.md (Learning-rate schedules) has the details.
+    ``history["lr"][e]`` is the rate *after* epoch ``e``'s steps; docs/handlers.md (Learning-rate schedules) has the
+    details.
 
     Args:
         scheduler: a ``torch.optim.lr_scheduler`` instance built on one of the estimator's optimizers.
@@ -110,18 +106,9 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
 
     @classmethod
     def one_cycle(cls, max_lr: float | list[float], optimizer: int = 0, **onecycle_kwargs: Any) -> LRSchedulerHandler:
-        """A ``OneCycleLR`` over the whole fit, stepped per optimizer step (the beginner's choice).
-
-        Built at fit start for ``estimator.optimizers[optimizer]``, with ``total_steps`` the fit's optimizer steps
-        (``epochs`` x batches per epoch, or ``batches``, over GradientUpdateHandler's ``accumulate``) unless
-        ``onecycle_kwargs`` gives the length (needed with optimizers stepped by turns, ``BatchOutput.step``).
-        ``cycle_momentum`` defaults to whether the optimizer has a momentum or betas setting (SGD always has one, even
-        at 0: as in torch, it then cycles between 0.85 and 0.95; ``cycle_momentum=False`` keeps plain SGD).
-
-        Raises:
-            FitforgeValueError: at fit start, when the length cannot be known (data without ``len()`` and
-                ``epochs=N``: pass ``batches=N`` to fit or ``total_steps`` here).
-        """
+        """A ``OneCycleLR`` over the whole fit, stepped per optimizer step, built at fit start for
+        ``estimator.optimizers[optimizer]`` with ``total_steps`` the fit's optimizer steps unless ``onecycle_kwargs``
+        gives the length (docs/handlers.md)."""
         values = max_lr if isinstance(max_lr, (list, tuple)) else [max_lr]
         if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise FitforgeTypeError(
@@ -145,13 +132,8 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
     def warmup_cosine(
         cls, warmup: int | float, min_lr: float | list[float] = 0.0, optimizer: int = 0, total_steps: int | None = None
     ) -> LRSchedulerHandler:
-        """Linear warm-up from 0 to each parameter group's ``lr``, then cosine decay to ``min_lr``, reached exactly
-        at the fit's last optimizer step (a :class:`~fitforge.optim.schedules.WarmupCosineLR` stepped per optimizer
-        step, the schedule of most transformer recipes).
-
-        Built at fit start for ``estimator.optimizers[optimizer]``, over the fit's optimizer steps counted as by
-        :meth:`one_cycle`. A later fit without a schedule trains at the rate this one left (``min_lr``): call
-        ``estimator.set_lr(...)`` first.
+        """Linear warm-up from 0 to each parameter group's ``lr``, then cosine decay to ``min_lr`` at the fit's last
+        optimizer step (a :class:`~fitforge.optim.schedules.WarmupCosineLR`, built at fit start as :meth:`one_cycle`).
 
         Args:
             warmup: optimizer steps of the warm-up (an int >= 0), or a fraction of the fit's steps (a float in
@@ -161,10 +143,6 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
             total_steps: the optimizer's steps in the fit, where they cannot be counted: with optimizers stepped by
                 turns (``BatchOutput.step``) each steps on some batches only (without it, a warning after the first
                 steps says so).
-
-        Raises:
-            FitforgeValueError: at fit start, when the fit's length cannot be known (data without ``len()`` and
-                ``epochs=N``: pass ``batches=N``) or leaves no step after the warm-up.
         """
         integer = isinstance(warmup, numbers.Integral) and not isinstance(warmup, bool)
         fraction = isinstance(warmup, float) and 0 <= warmup < 1
@@ -211,23 +189,20 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         self._updater = step_counter(state)
         self._batches_seen = -1  # the first batch looks, whatever a resume restored
         if self._monitor is not None:
-            self._check_mode(state)
-
-    def _check_mode(self, state: TrainState) -> None:
-        try:
-            better, why = infer_mode(self.monitor, state.estimator)  # type: ignore[arg-type]
-        except FitforgeValueError:
-            return  # a key whose direction cannot be told: the scheduler's mode is the user's word
-        if better != self.scheduler.mode:
-            raise FitforgeValueError(
-                f"LRSchedulerHandler: ReduceLROnPlateau(mode={self.scheduler.mode!r}) would cut the learning rate "
-                f"while {self.monitor!r} improves: a {'higher' if better == 'max' else 'lower'} value is better "
-                f"({why}); build it with mode={better!r}"
-            )
+            try:
+                better, why = infer_mode(self.monitor, state.estimator)  # type: ignore[arg-type]
+            except FitforgeValueError:  # a key whose direction cannot be told: the scheduler's mode is the user's word
+                better = self.scheduler.mode
+            if better != self.scheduler.mode:
+                raise FitforgeValueError(
+                    f"LRSchedulerHandler: ReduceLROnPlateau(mode={self.scheduler.mode!r}) would cut the learning rate "
+                    f"while {self.monitor!r} improves: a {'higher' if better == 'max' else 'lower'} value is better "
+                    f"({why}); build it with mode={better!r}"
+                )
 
     def epoch_begin(self, state: TrainState) -> None:
         if self._steps_seen is None:  # the fit's first epoch, after any resume: before its first step
-            self._steps_seen = self._started_at = self._own_steps(state)
+            self._steps_seen = self._started_at = own_steps(state, self._updater, self._index)
             if isinstance(self.scheduler, OneCycleLR) and self._recipe is None:
                 self._check_cycle_length(state)
 
@@ -278,7 +253,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
 
     def epoch_end(self, state: TrainState) -> None:
         if self.interval == "batch":  # a trailing accumulation group is stepped at epoch end
-            stepped = self._own_steps(state) != self._steps_seen
+            stepped = own_steps(state, self._updater, self._index) != self._steps_seen
             if stepped:
                 self._follow_steps(state)
         else:
@@ -291,18 +266,15 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         """A fit that took no step with a schedule it built (it failed at its first batch, say) gives the optimizer
         its rates back: the schedule's first rate (0 for a warm-up) would else stay for the next fit."""
         rates, self._rates = self._rates, None
-        stepped = self._steps_seen is not None and self._own_steps(state) > self._started_at
+        stepped = self._steps_seen is not None and own_steps(state, self._updater, self._index) > self._started_at
         if rates is None or state.run.resumed or stepped:
             return
         for group, rate in zip(self.scheduler.optimizer.param_groups, rates):
             group["lr"] = rate
 
-    def _own_steps(self, state: TrainState) -> int:
-        """The steps its optimizer took: every optimizer step, unless several optimizers step by turns."""
-        return own_steps(state, self._updater, self._index)
-
     def _follow_steps(self, state: TrainState) -> None:
-        scheduler, seen, steps, recipe = self.scheduler, self._steps_seen or 0, self._own_steps(state), self._recipe
+        scheduler, seen, recipe = self.scheduler, self._steps_seen or 0, self._recipe
+        steps = own_steps(state, self._updater, self._index)
         # A schedule sized to every optimizer step, whose optimizer steps only on some batches (optimizers taking
         # turns), would end part-way: say so once, with the fix.
         turns = self._updater is not None and state.optimizer_steps >= 2 and steps != state.optimizer_steps

@@ -22,13 +22,8 @@ _ENTRY = re.compile(r"^(?P<key>[A-Za-z_]\w*)(\[(?P<index>\d+)\])?$")  # "momentu
 
 
 class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
-    """Set optimizer hyper-parameters from functions of training progress, as fastai's and Ignite's schedulers do
-    for any of them (torch's own schedule only the learning rate).
-
-    Each function maps the fit's progress, from 0 (its first optimizer step) to 1 (its last), to the value the next
-    step uses; a resumed fit continues exactly. A key names a param-group setting (``"momentum"``) or a tuple entry by
-    index (``"betas[0]"``); an unknown key fails at fit start. Schedule each setting in one place
-    (``LRSchedulerHandler.one_cycle`` cycles the momentum too). docs/handlers.md has the details.
+    """Set optimizer hyper-parameters from functions of training progress, from 0 (the fit's first optimizer step)
+    to 1 (its last). A key names a param-group setting (``"momentum"``) or a tuple entry (``"betas[0]"``).
 
     Args:
         schedules: ``{key: function(progress) -> value}`` (a real number).
@@ -111,8 +106,21 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
         bad = [i for i in indices if not 0 <= i < len(groups)]
         if bad:
             raise FitforgeValueError(f"ScheduleHandler: groups {bad} are not among the optimizer's {len(groups)}")
-        for key in self.schedules:
-            _check_key(*self._entries[key], groups[0], type(optimizer).__name__)
+        kind, settings = type(optimizer).__name__, groups[0]
+        for name, index in self._entries.values():
+            if name not in settings or name == "params":
+                known = sorted(k for k in settings if k != "params")
+                raise FitforgeValueError(f"ScheduleHandler: {kind} has no setting {name!r}; its settings: {known}")
+            value = settings[name]
+            if isinstance(value, bool) or value is None:
+                raise FitforgeValueError(f"ScheduleHandler: {kind}'s {name!r} is {value!r}, no number to schedule")
+            if index is None and isinstance(value, (tuple, list)):
+                raise FitforgeValueError(
+                    f"ScheduleHandler: {kind}'s {name!r} is a tuple {tuple(value)}: schedule its entries by index, "
+                    f"{name}[0], {name}[1]"
+                )
+            if index is not None and (not isinstance(value, (tuple, list)) or int(index) >= len(value)):
+                raise FitforgeValueError(f"ScheduleHandler: {kind}'s {name!r} is {value!r}, which has no entry {index}")
         self._indices = list(indices)  # looked up at each change: a resume's load_state_dict makes new groups
         self._total = self.total_steps or fit_steps(state, "ScheduleHandler", "pass batches=N to fit, or total_steps=N")
         self._applied_at, self._warned_turns, self._counter = -1, False, step_counter(state)
@@ -149,22 +157,6 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
 
     def __repr__(self) -> str:
         return f"ScheduleHandler({sorted(self.schedules)}, interval={self.interval!r})"
-
-
-def _check_key(name: str, index: str | None, group: dict, optimizer: str) -> None:
-    known = sorted(k for k in group if k != "params")
-    if name not in group or name == "params":
-        raise FitforgeValueError(f"ScheduleHandler: {optimizer} has no setting {name!r}; its settings: {known}")
-    value = group[name]
-    if isinstance(value, bool) or value is None:
-        raise FitforgeValueError(f"ScheduleHandler: {optimizer}'s {name!r} is {value!r}, no number to schedule")
-    if index is None and isinstance(value, (tuple, list)):
-        raise FitforgeValueError(
-            f"ScheduleHandler: {optimizer}'s {name!r} is a tuple {tuple(value)}: schedule its entries by index, "
-            f"{name}[0], {name}[1]"
-        )
-    if index is not None and (not isinstance(value, (tuple, list)) or int(index) >= len(value)):
-        raise FitforgeValueError(f"ScheduleHandler: {optimizer}'s {name!r} is {value!r}, which has no entry {index}")
 
 
 def _set(group: dict, name: str, index: str | None, value: float) -> None:
