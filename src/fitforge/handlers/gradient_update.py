@@ -45,40 +45,21 @@ def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
 
 
 class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd, Accumulating):
-    """Step the optimizers, then ``zero_grad(set_to_none=True)``.
+    """Step the optimizers, then ``zero_grad(set_to_none=True)``, first at ``batch_end`` (``Stage.STEP``).
 
-    It runs first at ``batch_end`` (``Stage.STEP``), so later handlers see updated weights (read the gradients before
-    the step at ``backward_end``). Clipping happens in the step, right after the fp16 scaler's unscale. A flag offered
-    in ``services.step_skips`` (NaNGuardHandler's, for fused optimizers) is passed to every step.
-
-    Several optimizers: every batch steps all of them, unless its ``BatchOutput.step`` names some (a GAN's
-    ``step=[0]`` and ``step=[1]``; docs/custom-steps.md). Each optimizer then counts its own accumulation group, and
-    the gradients a batch leaves on an optimizer it does not step are discarded unless that optimizer has a group
-    open. ``state.optimizer_steps`` counts the batches on which any optimizer stepped, :meth:`steps_per_optimizer`
-    each optimizer's.
-
-    Under DDP with ``accumulate > 1`` and one optimizer, only a group's last batch all-reduces the gradients
-    (docs/distributed.md, Gradient accumulation). When the loss is a mean over items fitforge can count
-    (:mod:`fitforge.optim.item_counts`), the step divides the group's gradients by its items, so one step equals one
-    on the group's batches concatenated (docs/handlers.md, Gradient accumulation by items). A ``CancelBatch`` clears
-    the gradients of every open group.
+    With several optimizers a batch's ``BatchOutput.step`` may name those it steps (docs/custom-steps.md), each then
+    counting its own accumulation group; ``state.optimizer_steps`` counts the batches on which any stepped. Under DDP
+    with ``accumulate > 1`` only a group's last batch all-reduces (docs/distributed.md); a loss that is a mean over
+    items is divided by the group's items (docs/handlers.md, Gradient accumulation by items).
 
     Args:
-        accumulate: step once every this many batches, dividing the summed gradients by the group's batches (or
-            items, above). A trailing partial group is stepped too, divided by its own size; not when SIGTERM/SIGINT
-            stopped training mid-epoch: the group goes on when the run resumes.
-        items: with ``accumulate > 1``, how a batch's items are counted: ``"auto"`` (the losses above), a function
-            ``(inputs, label) -> count`` (a device tensor: the items the batch's mean loss averages over) for a loss
-            of your own, or None to weigh the batches alike.
-        clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this value before each
-            step (``torch.nn.utils.clip_grad_norm_``).
+        accumulate: step once every this many batches (a trailing partial group at epoch end, unless a signal stopped
+            training mid-epoch).
+        items: with ``accumulate > 1``, how a batch's items are counted: ``"auto"``, a function
+            ``(inputs, label) -> count`` (a device tensor), or None to weigh the batches alike.
+        clip_norm: clip the total gradient norm of the stepping optimizers' parameters to this before each step.
         clip_value: clip every gradient element to ``[-clip_value, clip_value]`` before each step.
-        sync_each_batch: under DDP, all-reduce in every batch's backward, not only in a group's last (for a handler
-            that must see averaged gradients at every ``backward_end``).
-
-    Raises:
-        FitforgeTypeError, FitforgeValueError: a ``BatchOutput.step`` that is not a non-empty list of indices into
-            ``estimator.optimizers`` or of its optimizers, at that batch, before any optimizer steps.
+        sync_each_batch: under DDP, all-reduce in every batch's backward, not only in a group's last.
     """
 
     priority = Stage.STEP
@@ -261,8 +242,16 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
     def _average(self, due: list[int], state: TrainState) -> None:
         """Divide each group's summed gradients by its batch count (a shared parameter once), or, when its batches'
         items were counted, by the items of the group on every rank."""
-        if self._items is not None:
-            self._divide_by_items(due, state)
+        if self._items is not None:  # DDP and FSDP average the ranks' gradients: the items summed over the ranks
+            items, self._items = self._items, None
+            grads = [p.grad for p in self._choice.params_of(due) if p.grad is not None]
+            if not grads:
+                return
+            items = torch.as_tensor(items, dtype=torch.float32, device=grads[0].device)
+            if self._ranks > 1:
+                state.run.ranks.sum_(items)
+            # A group without items (every label padding) has zero gradients: they stay zero.
+            torch._foreach_mul_(grads, torch.where(items > 0, self._ranks / items, 0.0))
             return
         seen: set[int] = set()
         for i in due:
@@ -272,19 +261,6 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
                 seen.update(id(p) for p in self._choice.params[i])
             if count > 1 and params:
                 torch._foreach_div_([p.grad for p in params], count)
-
-    def _divide_by_items(self, due: list[int], state: TrainState) -> None:
-        """The group's gradients of summed losses over its item count: DDP and FSDP average the ranks' gradients, so
-        the count is summed over the ranks and the mean undone."""
-        items, self._items = self._items, None
-        grads = [p.grad for p in self._choice.params_of(due) if p.grad is not None]
-        if not grads or items is None:
-            return
-        items = torch.as_tensor(items, dtype=torch.float32, device=grads[0].device)
-        if self._ranks > 1:
-            state.run.ranks.sum_(items)
-        # A group without items (every label padding) has zero gradients: they stay zero.
-        torch._foreach_mul_(grads, torch.where(items > 0, self._ranks / items, 0.0))
 
     def steps_per_optimizer(self, state: TrainState) -> list[int]:
         """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run, resumed runs
