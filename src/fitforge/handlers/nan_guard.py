@@ -9,7 +9,6 @@ import torch
 
 from fitforge.checkpoint.finite import GradientCheck
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin
-from fitforge.core.processes import Processes
 from fitforge.core.roles import Stopping
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
@@ -35,31 +34,18 @@ def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
-    """Act when the training loss (``state.output.loss``) or a gradient is nan or infinite, and never let the
-    optimizer step on such a batch.
+    """Act when the training loss or a gradient is nan or infinite, and never let the optimizer step on such a batch.
 
-    Every batch, after the backward and before GradientUpdateHandler's step (``backward_end``, in training only), it
-    decides on the device whether the loss or any gradient is not finite. With optimizers that skip a step on the
-    device (``fused=True`` Adam and AdamW) it offers its flag to the stepping (``services.step_skips``) and reads it on
-    the host once per epoch (or every ``check_every`` batches); any other optimizer, and ``"skip"``, need one host read
-    per batch, and a bad batch is cancelled (``CancelBatch``) whatever the policy. Under ``precision="16-mixed"`` the
-    GradScaler guards the gradients and it watches the loss only.
-
-    - ``"stop"`` (default): request a stop whose reason (``history.stop_reason``) names the first bad batch and the
-      loss value; on the device-skip path, at the end of that epoch (its bad steps skipped).
-    - ``"raise"``: like ``"stop"``, but fail with a :class:`NonFiniteLossError` naming the batch and the value.
-    - ``"skip"``: cancel every bad batch and go on, with a warning at each epoch end with the count.
-
-    A run it stopped counts as finished (a resume trains no more); its record rides in checkpoints. docs/handlers.md
-    and docs/checkpoints.md have the details and costs.
+    It decides on the device at ``backward_end``. With optimizers that skip a step on a device flag (``fused=True``
+    Adam and AdamW) it offers its flag to the stepping (``services.step_skips``) and reads it once per epoch (or
+    every ``check_every`` batches); otherwise, and for ``"skip"``, it reads it every batch and cancels a bad one.
+    docs/handlers.md and docs/checkpoints.md have the details and costs.
 
     Args:
-        policy: ``"stop"``, ``"skip"`` or ``"raise"``.
+        policy: ``"stop"`` (a stop whose reason names the first bad batch), ``"skip"`` (cancel every bad batch and go
+            on) or ``"raise"`` (a :class:`NonFiniteLossError`).
         check_every: for "stop"/"raise" on the device-skip path, also read the record every n batches and act at
             once (None: only at epoch end). "skip" reads every batch anyway (only None or 1 allowed).
-
-    Raises:
-        FitforgeTypeError / FitforgeValueError: a bad ``policy`` or ``check_every``.
 
     Example:
         >>> from fitforge.handlers.nan_guard import NaNGuardHandler
@@ -127,9 +113,14 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
         loss = state.output.loss if state.output is not None else None
         if state.phase != "train" or loss is None:
             return
-        bad = self._check(loss.detach(), state.run.ranks)
+        ranks, bad = state.run.ranks, self._found  # this batch's flag, on the device: 1 when not finite
+        bad.copy_(~(torch.isfinite(loss) if loss.dim() == 0 else torch.isfinite(loss).all()))
+        if self._gradients is not None:
+            self._gradients.update(bad)
+        if ranks.several and not self._read_every_batch:  # the ranks skip the step together (a device all-reduce)
+            ranks.max_(bad)
         if self._read_every_batch:  # the host decides: the bad batch is cancelled, so never stepped
-            if not state.run.ranks.any(bool(bad)):
+            if not ranks.any(bool(bad)):
                 return
             if self.policy == "skip":
                 self.skipped, self._epoch_skips = self.skipped + 1, self._epoch_skips + 1
@@ -141,18 +132,6 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
         self._record(state, bad, loss.detach())
         if self.check_every is not None and (state.global_step + 1) % self.check_every == 0 and self._act(state):
             raise CancelBatch("NaNGuardHandler: non-finite loss or gradient")  # no optimizer step for this batch
-
-    def _check(self, loss: torch.Tensor, ranks: Processes) -> torch.Tensor:
-        """This batch's flag on the device, with no host read: 1 when the loss or a gradient is not finite. Under
-        several ranks on the device-skip path, every rank's (one device all-reduce)."""
-        found = self._found
-        finite = torch.isfinite(loss) if loss.dim() == 0 else torch.isfinite(loss).all()
-        found.copy_(~finite)
-        if self._gradients is not None:
-            self._gradients.update(found)
-        if ranks.several and not self._read_every_batch:  # the ranks skip the step together
-            ranks.max_(found)
-        return found
 
     def _record(self, state: TrainState, bad: torch.Tensor, loss: torch.Tensor) -> None:
         """Remember, on the device, the first bad batch since the last read and its loss (a few in-place operations
