@@ -19,14 +19,9 @@ _BUFFERS = ("average", "live")
 
 
 class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
-    """Keep an exponential moving average of the net's weights, and evaluate with it, as Keras's ``use_ema``,
-    Lightning's ``EMAWeightAveraging`` and Ignite's ``EMAHandler`` do.
-
-    After every ``every``-th optimizer step, each averaged tensor becomes ``decay * average + (1 - decay) * weight``
-    on the weights' device (no host read; low-precision weights averaged in float32), starting from the fit's first
-    weights; the raw weights keep training. While ``evaluate_averaged`` is True, validation, ``evaluate``,
-    ``predict`` and the best checkpoint judge the average. Checkpoints hold it, so a resume (or a second fit)
-    continues it exactly. docs/handlers.md (Averaged weights) has the details.
+    """Keep an exponential moving average of the net's weights, and evaluate with it (validation, ``evaluate``,
+    ``predict`` and the best checkpoint, while ``evaluate_averaged``); the raw weights keep training. The average is
+    updated on the device and rides in checkpoints; docs/handlers.md (Averaged weights) has the details.
 
     Args:
         decay: the weight of the old average at each update, in [0, 1) (0.999: about the last 1,000 updates count).
@@ -90,7 +85,10 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         net = estimator.net
         self._sharded, self._hold = estimator.strategy.sharded, estimator.strategy.hold_shards
         self._hold(net)  # the sharded parameters, which the optimizers step
-        tracked = _tracked(net, self.buffers)
+        # Every parameter, then (buffers="average") the floating buffers finite at fit start (a -inf mask gives nan).
+        averaged = self.buffers == "average"
+        finite = [(n, b) for n, b in net.named_buffers() if averaged and b.is_floating_point() and b.isfinite().all()]
+        tracked = [*net.named_parameters(), *finite]
         names = [name for name, _ in tracked]
         same = (
             net is self._net
@@ -100,7 +98,10 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
         self._live = [_local(t.detach()) for _, t in tracked]
         if not same:  # a first fit, or another net: start afresh (a resume loads the average next)
             self._net, self._names = net, names
-            self._averages = [t.detach().to(_average_dtype(t.dtype), copy=True) for _, t in tracked]
+            low = (torch.bfloat16, torch.float16)  # averaged in float32
+            self._averages = [
+                t.detach().to(torch.float32 if t.dtype in low else t.dtype, copy=True) for _, t in tracked
+            ]
             self._local_averages = [_local(a) for a in self._averages]
             self._pending, self.updates = True, 0
         # the live tensors as the average's dtype, for the lerp: a cast per step for low-precision weights only
@@ -204,19 +205,6 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
 
     def __repr__(self) -> str:
         return f"EMAHandler(decay={self.decay}, every={self.every})"
-
-
-def _tracked(net: nn.Module, buffers: str) -> list[tuple[str, torch.Tensor]]:
-    """The tensors averaged: every parameter, then (``buffers="average"``) the floating-point buffers that are
-    finite at fit start (averaging a -inf mask would give nan)."""
-    averaged = buffers == "average"
-    finite = [(name, b) for name, b in net.named_buffers() if averaged and b.is_floating_point() and b.isfinite().all()]
-    return [*net.named_parameters(), *finite]
-
-
-def _average_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for low-precision floating-point weights, else their own dtype."""
-    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
