@@ -24,42 +24,16 @@ from fitforge.handlers.checkpoint import CheckpointHandler
 _reported_here = False  # whether a fit in this process reported to Ray (its checkpoints are then this process's)
 
 
-def _ray_train() -> Any:
-    """``ray.train``, imported when a handler is made: Ray is an optional extra."""
-    try:
-        import ray.train
-    except ImportError as err:
-        raise ImportError('RayTrainReportHandler needs Ray Train: pip install "fitforge[ray]"') from err
-    return ray.train
-
-
 class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Accompanied):
     """Each epoch's metrics, and every checkpoint the fit's :class:`CheckpointHandler` s save, reported to Ray Train's
     ``ray.train.report``; a fit that Ray restarts resumed from ``ray.train.get_checkpoint()``. For a fit run inside a
-    Ray ``TorchTrainer``'s ``train_loop_per_worker``.
-
-    It reports what the fit's checkpoint handlers write, so it works beside yours or alone: a fit without a
-    CheckpointHandler gets one of its own, which saves into ``model_dir``, resumes, and takes ``options``. Every save
-    is reported as a Ray checkpoint holding its ``.pt`` file (and ``<prefix>-best.pt`` when replaced); each epoch end
-    reports the epoch's finite history values with ``epoch`` and ``global_step``. Every worker calls
-    ``ray.train.report`` at the same points; rank 0 attaches the files. When Ray restarts the worker group, every
-    worker puts Ray's files into the stores of the checkpoint handlers that resume, and the fit resumes from there.
-    docs/distributed.md (Ray Train) has the details. Needs ``pip install "fitforge[ray]"``.
+    Ray ``TorchTrainer``'s ``train_loop_per_worker``; docs/distributed.md (Ray Train) has the details.
 
     Args:
         model_dir: the local folder of the CheckpointHandler it adds to a fit that has none (None: a temporary folder,
-            removed when the handler is garbage-collected or the process exits).
-        **options: that CheckpointHandler's other arguments (``epoch_period``, ``batch_period``, ``max_checkpoints``,
-            ``model_prefix``, ``monitor``, ``save_best``...), except ``resume_from_checkpoint`` (always on) and
-            ``async_save`` (a checkpoint is reported once written). Beside a CheckpointHandler of yours, give them to
-            yours.
-
-    Raises:
-        ImportError: Ray Train is not installed.
-        FitforgeValueError: ``resume_from_checkpoint`` or ``async_save`` given; at fit start, ``strategy="fsdp"`` (its
-            checkpoints are folders of every rank's shards, which this handler does not report), a ``model_dir`` URL,
-            ``options`` beside a CheckpointHandler of yours, two checkpoint handlers of one ``model_prefix``, a restart
-            from Ray's checkpoint that no checkpoint handler resumes, or a fit outside a Ray Train training function.
+            removed with the handler).
+        **options: that CheckpointHandler's other arguments (``epoch_period``, ``save_best``...), except
+            ``resume_from_checkpoint`` (always on) and ``async_save``.
 
     Example:
         >>> def train_loop_per_worker(config):
@@ -76,7 +50,11 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
     priority = Stage.PERSIST + 1  # after the checkpoint handlers' saves, which it reports
 
     def __init__(self, model_dir: str | os.PathLike | None = None, **options: Any) -> None:
-        self._train = _ray_train()
+        try:  # imported here: Ray is an optional extra
+            import ray.train
+        except ImportError as err:
+            raise ImportError('RayTrainReportHandler needs Ray Train: pip install "fitforge[ray]"') from err
+        self._train: Any = ray.train
         for refused in ("resume_from_checkpoint", "async_save"):
             if refused in options:
                 raise FitforgeValueError(
