@@ -1,6 +1,5 @@
-"""CheckpointHandler: decides when to save the training state and which checkpoint is best; the
-writing is :class:`~fitforge.checkpoint.saver.CheckpointWriter`'s, the storage a
-:class:`~fitforge.checkpoint.CheckpointIO`'s, the resume :mod:`fitforge.checkpoint.resume`'s."""
+"""CheckpointHandler: decides when to save the training state and which checkpoint is best (the writing is
+:class:`~fitforge.checkpoint.saver.CheckpointWriter`'s)."""
 
 from __future__ import annotations
 
@@ -32,11 +31,7 @@ def _completed_epochs(state: TrainState) -> int:
 
 class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     """Save the training state every ``epoch_period`` epochs and/or ``batch_period`` batches, and the
-    best one by ``monitor`` when ``save_best``.
-
-    Files are ``<model_prefix>-epoch<E>batch<B>.pt`` (E completed epochs, B completed batches in the run) and
-    ``<model_prefix>-best.pt``, written atomically with a checksum; the newest ``max_checkpoints`` regular files are
-    kept. Best is judged at every epoch end; a non-finite value is never best. docs/checkpoints.md has the details.
+    best one by ``monitor`` when ``save_best``; docs/checkpoints.md has the details.
 
     Args:
         model_dir: a folder (created if needed; checked writable at fit start) or an fsspec URL
@@ -58,9 +53,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         async_save: training waits only while the state is copied to the host; it is written in the background
             (:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO`), one save in flight.
         io: a :class:`~fitforge.checkpoint.CheckpointIO` instead of ``model_dir`` (docs/extending.md).
-
-    A SIGTERM or SIGINT during fit saves the state at the next batch boundary. Under torch.distributed rank 0 writes
-    and every rank loads on resume, from a shared ``model_dir``.
 
     Example:
         >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)

@@ -29,13 +29,8 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
     learning rate, and go on.
 
     A batch spikes when its training loss is not finite, or above ``factor`` times the median of the last ``window``
-    losses that did not spike (judged once ``window // 2`` are known). The test runs on the device every batch; the
-    decision is read every ``check_every`` batches and before each checkpoint save (a checkpoint never holds a
-    spiked state). A check without a spike snapshots the weights and optimizer states on the device (every
-    ``snapshot_every`` optimizer steps); one with a spike puts the snapshot back, skips the batch, optionally scales
-    the learning rates by ``lr_factor``, sets the epoch's training metrics back, logs a warning and counts it in the
-    epoch's ``spike_recoveries``. Past ``max_recoveries`` the next spike raises :class:`LossSpikeError`. Off by
-    default; docs/handlers.md (Recovering from loss spikes) has the details.
+    losses that did not spike. The decision is read every ``check_every`` batches and before each checkpoint save;
+    docs/handlers.md (Recovering from loss spikes) has the details.
 
     Args:
         factor: how many times the running median a loss must exceed to spike.

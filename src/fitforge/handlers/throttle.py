@@ -166,21 +166,11 @@ def throttle(
     seconds: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Throttled:
-    """Wrap ``handler`` so that its batch hooks run every ``every_n_batches`` batches, its epoch hooks every
-    ``every_n_epochs`` epochs, and/or each kind at most once per ``seconds``.
-
-    - Batches: in training, those with ``(state.global_step + 1) % n == 0`` (the cadence goes on across epochs and
-      resumes); in evaluate/predict, by the batch's position in the pass.
-    - Epochs: training epochs with ``(state.epoch + 1) % n == 0``; an evaluate/predict pass's one epoch always runs.
-    - ``seconds``: a batch's (epoch's) hooks run if at least ``seconds`` passed on ``clock`` since the last batch
-      (epoch) let through; the first always is. With ``every_n_*`` too, both must hold.
-    - ``batch_begin`` and ``batch_end`` of one batch (``epoch_begin``/``epoch_end`` of one epoch) run together or
-      not at all; ``train_begin``/``train_end`` always run. A skipped ``batch_end``/``epoch_end`` returns None.
-
-    The wrapper (``Throttled``) is called for exactly the wrapped handler's events, keeps its ``priority``,
-    ``run_after`` and ``reads``/``writes`` (plus what it decides by), forwards ``state_dict``/``load_state_dict``, and
-    plays the wrapped handler's roles; fit treats it as the wrapped class (``throttle(LoggingHandler(...))`` replaces
-    the default LoggingHandler). ``wrapper.handler`` is the wrapped handler.
+    """Wrap ``handler`` so that its batch hooks run every ``every_n_batches`` batches (by ``global_step`` in
+    training, by position in evaluate/predict), its epoch hooks every ``every_n_epochs`` training epochs, and/or each
+    kind at most once per ``seconds``. A batch's (epoch's) begin and end hooks run together or not at all;
+    ``train_begin``/``train_end`` always run. The wrapper keeps the handler's order, declared access, state and roles
+    (docs/handlers.md).
 
     Args:
         handler: an event handler instance.
@@ -189,10 +179,6 @@ def throttle(
         seconds: run each kind of hook at most once per this many seconds. Under torch.distributed the ranks agree
             each time (a host all-reduce) unless the handler reports from rank 0 only.
         clock: a function returning seconds (``time.monotonic``); inject a fake one in tests.
-
-    Raises:
-        FitforgeTypeError: ``handler`` is not a handler, an option has the wrong type, or ``clock`` is not callable.
-        FitforgeValueError: no option was given or one is not positive, or it throttles hooks the handler lacks.
 
     Example:
         >>> from fitforge.handlers import LoggingHandler
