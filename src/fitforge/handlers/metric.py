@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -79,15 +79,12 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         the batch processor declares in ``logs`` included (checked here)."""
         prefix = _PREFIX.get(phase, phase + "_")
         named = self._named_means(estimator, phase, prefix)
-        reserved = [name for name in named.reserved if name not in self._unrecorded(estimator, phase)]
+        # A step that leaves its loss out (BatchProcessor.record_loss = False) records no loss names.
+        unrecorded = (
+            () if estimator.batch_processor.record_loss else ("loss", *part_keys(estimator.losses.of(phase).keys))
+        )
+        reserved = [name for name in named.reserved if name not in unrecorded]
         return [prefix + name for name in [*reserved, *(n for n in named.means if n not in named.reserved)]]
-
-    @staticmethod
-    def _unrecorded(estimator: Any, phase: str) -> tuple[str, ...]:
-        """The loss names a step that leaves its loss out (``BatchProcessor.record_loss = False``) does not record."""
-        if estimator.batch_processor.record_loss:
-            return ()
-        return ("loss", *part_keys(estimator.losses.of(phase).keys))
 
     def _named_means(self, estimator, phase: str, prefix: str) -> NamedMeans:
         """Fresh means for the declared names; the loss's and the metrics' names are reserved."""
@@ -189,15 +186,26 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         """A metric failed on a batch: a default one is left out if the label cannot feed it (none, or the first
         batch's cannot); otherwise raise, naming a missing label if that is the cause."""
         if not (slot.inferred and (label is None or first)):
+            what = f"metric {slot.name!r} ({type(slot.metric).__name__})"
             if pred is None and state.estimator.loss is None:  # a net that returned its loss alone
                 raise FitforgeValueError(
-                    f"metric {slot.name!r} ({type(slot.metric).__name__}) reads the net's predictions, but with "
+                    f"{what} reads the net's predictions, but with "
                     "loss=None the net returned its loss without 'logits', the item metrics read: return "
                     "{'loss': ..., 'logits': ...}, or name the item with BatchProcessor(output_key=...)"
                 ) from err
             if label is None:
-                raise _no_label(slot, state, self.metrics is not None) from err
-            raise _failure(slot, pred, label, state.batch_idx, err) from err
+                train = state.phase == "train"
+                argument = "train_metrics" if train else "val_metrics"
+                raise FitforgeValueError(
+                    f"{what} needs a label, but the step ({'fit_batch' if train else 'evaluate_batch'}) returned "
+                    f"none (BatchOutput(label=None)) in batch {state.batch_idx}: give the batches a label (data alone, "
+                    "a tensor or (x,), has none), return the label in the BatchOutput of a step of your own, or leave "
+                    f"the metric out of {'MetricHandler(metrics=...)' if self.metrics is not None else argument}"
+                ) from err
+            raise FitforgeValueError(
+                f"{what} failed on pred: {shape_of(pred)} and label: {shape_of(label)} in batch {state.batch_idx}: "
+                f"{err}"
+            ) from err
         estimator = state.estimator
         shared = self._slots(estimator, state.phase)
         shared[:] = [s for s in shared if s is not slot]
@@ -222,7 +230,9 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
             return {}
         if self._open and self._inbox:  # values logged after this batch's batch_end belong to the sums
             self._named.take(self._inbox, self._device)
-        return rank_states({**self._sums(), "names": [slot.name for slot in self.slots]}, _on_host)
+        return rank_states(
+            {**self._sums(), "names": [slot.name for slot in self.slots]}, lambda own: _mapped(own, torch.Tensor.cpu)
+        )
 
     def _sums(self) -> dict:
         return {
@@ -247,7 +257,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         self._reset()
         if mark["epoch"] != self._epochs:
             return
-        mark = _cloned(mark)  # the mark may be rewound to again
+        mark = _mapped(mark, torch.Tensor.clone)  # the mark may be rewound to again
         self._loss.load_state_dict(mark["loss"])
         for mean, saved in zip(self._parts, mark["parts"]):
             mean.load_state_dict(saved)
@@ -348,17 +358,6 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
 _UPDATE_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AttributeError)
 
 
-def _cloned(value: Any) -> Any:
-    """``value`` with every tensor in its dicts and lists cloned."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return {key: _cloned(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_cloned(item) for item in value]
-    return value
-
-
 def _picked(value: Any, slot: MetricSlot, what: str) -> Any:
     """The item of ``value`` (several outputs or labels) that ``slot`` reads; a clear error if it has none."""
     try:
@@ -371,30 +370,12 @@ def _picked(value: Any, slot: MetricSlot, what: str) -> Any:
         ) from None
 
 
-def _failure(slot: MetricSlot, pred: Any, label: Any, batch_idx: int, err: Exception) -> FitforgeValueError:
-    return FitforgeValueError(
-        f"metric {slot.name!r} ({type(slot.metric).__name__}) failed on pred: {shape_of(pred)} "
-        f"and label: {shape_of(label)} in batch {batch_idx}: {err}"
-    )
-
-
-def _no_label(slot: MetricSlot, state: TrainState, handler_metrics: bool) -> FitforgeValueError:
-    step, argument = ("fit_batch", "train_metrics") if state.phase == "train" else ("evaluate_batch", "val_metrics")
-    argument = "MetricHandler(metrics=...)" if handler_metrics else argument
-    return FitforgeValueError(
-        f"metric {slot.name!r} ({type(slot.metric).__name__}) needs a label, but the step ({step}) returned "
-        f"none (BatchOutput(label=None)) in batch {state.batch_idx}: give the batches a label (data alone, a "
-        "tensor or (x,), has none), return the label in the BatchOutput of a step of your own, "
-        f"or leave the metric out of {argument}"
-    )
-
-
-def _on_host(value: Any) -> Any:
-    """``value`` with every tensor moved to the CPU (to travel between ranks)."""
+def _mapped(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in its dicts, lists and tuples."""
     if isinstance(value, torch.Tensor):
-        return value.cpu()
+        return fn(value)
     if isinstance(value, dict):
-        return {key: _on_host(item) for key, item in value.items()}
+        return {key: _mapped(item, fn) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_on_host(item) for item in value)
+        return type(value)(_mapped(item, fn) for item in value)
     return value
