@@ -70,9 +70,8 @@ def flush_console() -> None:
 
 
 def console_output_for(services: Services) -> None:
-    """:func:`ensure_console_output` now if a handler of the fit in this process prints epoch lines (a LoggingHandler):
-    ``Estimator.fit`` calls it before anything in the fit logs, so the lines logged before the LoggingHandler's
-    ``train_begin`` (a checkpoint's "resuming from ...", a monitor's mode) show in a fresh process too."""
+    """:func:`ensure_console_output` now if a handler of the fit prints epoch lines, so that what is logged before
+    its ``train_begin`` (a checkpoint's "resuming from ...") shows in a fresh process too."""
     if services.epoch_lines:
         ensure_console_output()
 
@@ -81,14 +80,8 @@ _GUARD_HINT = ", or add NaNGuardHandler() to stop at the first nan/inf batch los
 
 
 class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
-    """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end.
-
-    The fit starts with a line describing the model (:func:`fitforge.reporting.summary.model_summary`) and one with
-    the fit's length. An epoch's line shows every value recorded in it, a non-finite one too (a first non-finite loss
-    also warns), as :mod:`fitforge.reporting.formatting` writes them; epochs are numbered over the estimator's fits,
-    one cut short marked ``partial``. The closing line (:mod:`fitforge.reporting.closing`) gives the values of the
-    epoch whose weights the net holds, or where an exception struck. Everything logged is flushed before ``fit``
-    returns. docs/output.md (Log lines) has examples.
+    """Log a line per epoch (and per ``log_interval`` batches if an int), and a summary at the end
+    (docs/output.md, Log lines).
 
     Args:
         log_interval: "epoch", or log running values every n batches (a host read each time).
@@ -164,23 +157,24 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         seconds = row.pop("epoch_time", math.nan)
         row = {k: v for k, v in row.items() if not k.startswith("lr")}
         if log.isEnabledFor(self.level):  # the line's arguments are built only to be shown
-            log.log(self.level, "[%s%s] %s (%.1fs)", epoch_label(state), _partial(state), format_values(row), seconds)
-        if not self._warned:
-            self._warn_if_diverged(state, row)
-
-    def _warn_if_diverged(self, state: TrainState, row: dict[str, float]) -> None:
-        """Once a fit: a loss that is nan or infinite (the values are on the host already)."""
-        losses = [key for key, value in row.items() if "loss" in key.split("_") and not math.isfinite(value)]
-        if not losses:
-            return
-        self._warned = True
-        guarded = state.services.guards_nonfinite
-        log.warning(
-            "epoch %d: %s not finite; training may have diverged. Lower the learning rate%s",
-            state.epoch + 1,
-            " and ".join(f"{key}={row[key]}" for key in losses) + (" are" if len(losses) > 1 else " is"),
-            "" if guarded else _GUARD_HINT,
-        )
+            partial = ""
+            if not state.run.epoch_finished:  # cut short by a stop or a signal
+                total = f" of {state.num_batches}" if state.num_batches else ""
+                # A CheckpointHandler (a resume source) saved the epoch's state, which a resumed run finishes.
+                saved = ", a resumed run finishes it" if state.services.checkpoints else ""
+                why = "" if state.run.preempted is None else f"; interrupted{saved}"
+                partial = f", partial: {state.batch_idx + 1}{total} batches{why}"
+            log.log(self.level, "[%s%s] %s (%.1fs)", epoch_label(state), partial, format_values(row), seconds)
+        # Once a fit: a loss that is nan or infinite (the values are on the host already).
+        losses = [] if self._warned else [k for k, v in row.items() if "loss" in k.split("_") and not math.isfinite(v)]
+        if losses:
+            self._warned = True
+            log.warning(
+                "epoch %d: %s not finite; training may have diverged. Lower the learning rate%s",
+                state.epoch + 1,
+                " and ".join(f"{key}={row[key]}" for key in losses) + (" are" if len(losses) > 1 else " is"),
+                "" if state.services.guards_nonfinite else _GUARD_HINT,
+            )
 
     def train_end(self, state: TrainState) -> None:
         if not log.isEnabledFor(self.level):
@@ -197,16 +191,3 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         )
         log.log(self.level, "%s", line(state, seconds))
         flush_console()  # before fit returns: what the caller prints next comes after these lines
-
-
-def _partial(state: TrainState) -> str:
-    """``, partial: 2 of 4 batches`` for an epoch cut short by a stop or a signal, else nothing."""
-    if state.run.epoch_finished:
-        return ""
-    done = f"{state.batch_idx + 1} of {state.num_batches}" if state.num_batches else f"{state.batch_idx + 1}"
-    # A CheckpointHandler (a resume source) saved the epoch's state, which a resumed run finishes.
-    saved = bool(state.services.checkpoints)
-    why = (
-        "" if state.run.preempted is None else "; interrupted, a resumed run finishes it" if saved else "; interrupted"
-    )
-    return f", partial: {done} batches{why}"
