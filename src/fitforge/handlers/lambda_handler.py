@@ -22,20 +22,6 @@ def check_declared(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _check_function(event: Event, fn: Any) -> None:
-    if not callable(fn):
-        raise FitforgeTypeError(f"LambdaHandler: {event.value} must be a function fn(state), got {describe(fn)}")
-    try:
-        inspect.signature(fn).bind(None)
-    except TypeError:
-        raise FitforgeTypeError(
-            f"LambdaHandler: {event.value} must take one argument (the TrainState), "
-            f"got {getattr(fn, '__qualname__', describe(fn))}{inspect.signature(fn)}"
-        ) from None
-    except ValueError:  # no signature to inspect (some builtins): trust it
-        pass
-
-
 class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
     """Call plain functions ``fn(state)`` on the events given, and only on those.
 
@@ -98,7 +84,19 @@ class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, E
                 "LambdaHandler needs at least one function, e.g. LambdaHandler(epoch_end=lambda state: ...); got none"
             )
         for event, fn in functions.items():
-            _check_function(event, fn)
+            if not callable(fn):
+                raise FitforgeTypeError(
+                    f"LambdaHandler: {event.value} must be a function fn(state), got {describe(fn)}"
+                )
+            try:
+                inspect.signature(fn).bind(None)
+            except TypeError:
+                raise FitforgeTypeError(
+                    f"LambdaHandler: {event.value} must take one argument (the TrainState), "
+                    f"got {getattr(fn, '__qualname__', describe(fn))}{inspect.signature(fn)}"
+                ) from None
+            except ValueError:  # no signature to inspect (some builtins): trust it
+                pass
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise FitforgeTypeError(f"LambdaHandler: priority must be an int, got {describe(priority)}")
         if not isinstance(run_after, (tuple, list)) or not all(isinstance(c, type) for c in run_after):

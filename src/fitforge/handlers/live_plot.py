@@ -20,12 +20,8 @@ DEFAULT_PATH = "fitforge-live.png"
 
 
 class LivePlotHandler(TrainBegin, EpochEnd):
-    """Redraw :meth:`History.plot`'s panels (train and val curves per metric) after every epoch.
-
-    In a Jupyter notebook the figure shows under the cell, replaced in place each epoch (IPython's ``display`` with a
-    ``display_id``; each fit in its own cell's output). Elsewhere it is written to the PNG file ``path``, replaced
-    whole each epoch (a viewer reloading it follows the run, never seeing half a file); in a notebook a ``path`` is
-    written too. Drawing reads only the History (nothing from the device): a fraction of a second per epoch.
+    """Redraw :meth:`History.plot`'s panels (train and val curves per metric) after every epoch: in place under the
+    cell in a notebook, else in the PNG file ``path``, replaced whole each epoch (docs/output.md, Notebooks).
 
     Args:
         path: the PNG file. None: none in a notebook, else ``fitforge-live.png`` in the current directory (logged at
@@ -33,10 +29,6 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         keys: metric names without prefix (``["loss", "accuracy"]``), as for ``History.plot``; None: every
             ``train_``/``val_`` name but the speeds (``samples_per_s``...). A name appears from the first epoch that
             records it (validation every second epoch, say).
-
-    Raises:
-        ImportError: matplotlib is not installed (``pip install 'fitforge[plot]'``).
-        FitforgeValueError: at fit start, a name in ``keys`` the fit will not record.
 
     Example:
         >>> estimator.fit(train, val_data=val, epochs=20, event_handlers=[LivePlotHandler()])  # doctest: +SKIP
@@ -66,23 +58,20 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         self._shown: Any = None  # the notebook display's handle, once shown
 
     def train_begin(self, state: TrainState) -> None:
-        self._check_keys(state)
+        # Nothing to check without keys, or with a custom validation's keys, known only once it ran.
+        if self.keys is not None and state.services.keys_complete:
+            names = metric_names(state.services.history_keys())
+            unknown = [key for key in self.keys if key not in names]
+            if unknown:
+                raise FitforgeValueError(
+                    f"LivePlotHandler: keys {unknown} are no metric this fit records; available: {names}. A value a "
+                    "step logs with state.log(name, ...) is known before training when BatchProcessor.logs declares it"
+                )
         self._notebook = in_notebook()
         self._shown = None  # a new fit draws in its own cell
         self._file = Path(self.path) if self.path is not None else None if self._notebook else Path(DEFAULT_PATH)
         if self.path is None and self._file is not None:
             log.info("LivePlotHandler: the curves go to %s after every epoch", self._file.resolve())
-
-    def _check_keys(self, state: TrainState) -> None:
-        if self.keys is None or not state.services.keys_complete:
-            return  # nothing asked, or a custom validation's keys, known only once it ran
-        names = metric_names(state.services.history_keys())
-        unknown = [key for key in self.keys if key not in names]
-        if unknown:
-            raise FitforgeValueError(
-                f"LivePlotHandler: keys {unknown} are no metric this fit records; available: {names}. A value a step "
-                "logs with state.log(name, ...) is known before training when BatchProcessor.logs declares it"
-            )
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train":
@@ -100,15 +89,12 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         if self._file is not None:
             _replace(self._file, png)
         if self._notebook:
-            self._show(png)
-
-    def _show(self, png: bytes) -> None:
-        display = importlib.import_module("IPython.display")
-        image = display.Image(data=png, format="png")
-        if self._shown is None:
-            self._shown = display.display(image, display_id=True)
-        else:
-            self._shown.update(image)
+            display = importlib.import_module("IPython.display")
+            image = display.Image(data=png, format="png")
+            if self._shown is None:
+                self._shown = display.display(image, display_id=True)
+            else:
+                self._shown.update(image)
 
 
 def _replace(path: Path, data: bytes) -> None:

@@ -22,11 +22,8 @@ _BATCH = 100  # params per log_batch call (MLflow's limit)
 
 class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
     """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status (and optionally
-    the best checkpoint) at the end.
-
-    It starts a run, or joins the active one (with ``tracking_uri`` None or that run's), whose end it then leaves to
-    its owner; ``run_id`` names the run. Only rank 0 logs. Needs ``pip install 'fitforge[mlflow]'``;
-    docs/handlers.md (Experiment tracking) has the details.
+    the best checkpoint) at the end. It starts a run, or joins the active one, whose end it then leaves to its owner.
+    Needs ``pip install 'fitforge[mlflow]'``; docs/handlers.md (Experiment tracking) has the details.
 
     Args:
         tracking_uri: where runs are stored: ``"sqlite:///mlflow.db"``, ``"http://host:5000"``... None: MLflow's
@@ -39,11 +36,6 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         log_best_checkpoint: at ``train_end``, upload the best ``.pt`` checkpoint of the fit's
             ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt`` (a fit without such a
             handler fails at its start).
-
-    Raises:
-        ImportError: mlflow is not installed.
-        FitforgeTypeError / FitforgeValueError: a bad argument; at fit start, ``log_best_checkpoint`` without a
-            ``CheckpointHandler(save_best=True)``.
 
     Example:
         >>> from fitforge.handlers import CheckpointHandler, MLflowHandler
@@ -152,25 +144,19 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
             return  # no run was started (an earlier handler's train_begin failed)
         self._client = None
         try:
-            if self.log_best_checkpoint:
-                self._log_best(state, client)
+            saver = self._best_saver(state) if self.log_best_checkpoint else None
+            path = None if saver is None else saver.best_checkpoint()
+            if path is not None and path.is_file():
+                client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
+            elif self.log_best_checkpoint:
+                log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
         finally:
             if self._owned:
-                client.set_terminated(self.run_id, status=self._status(state))
-
-    @staticmethod
-    def _status(state: TrainState) -> str:
-        if state.run.error is not None:
-            return "KILLED" if isinstance(state.run.error, (KeyboardInterrupt, SystemExit)) else "FAILED"
-        return "KILLED" if state.run.preempted is not None else "FINISHED"
-
-    def _log_best(self, state: TrainState, client: Any) -> None:
-        saver = self._best_saver(state)
-        path = None if saver is None else saver.best_checkpoint()
-        if path is None or not path.is_file():
-            log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
-            return
-        client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
+                error = state.run.error
+                preempted = error is None and state.run.preempted is not None
+                killed = preempted or isinstance(error, (KeyboardInterrupt, SystemExit))
+                status = "KILLED" if killed else "FAILED" if error is not None else "FINISHED"
+                client.set_terminated(self.run_id, status=status)
 
     @staticmethod
     def _best_saver(state: TrainState) -> CheckpointSaver | None:

@@ -14,37 +14,15 @@ from fitforge.metrics.monitor import Monitor, infer_mode
 log = logging.getLogger("fitforge")
 
 
-def _trial_pruned() -> type[Exception]:
-    """``optuna.TrialPruned``, imported when a handler is made: optuna is an optional extra."""
-    try:
-        import optuna
-    except ImportError as err:
-        raise ImportError('OptunaPruningHandler needs the optuna package: pip install "fitforge[optuna]"') from err
-    return optuna.TrialPruned
-
-
 class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
-    """Report ``monitor`` to an Optuna trial at each new value, and end the fit when Optuna prunes.
-
-    Each value of ``monitor`` goes to ``trial.report(value, step)``, then ``trial.should_prune()`` decides: at each
-    epoch end (step: the epoch, from 0, over the estimator's fits), or, when validation also runs every n batches, at
-    each validation (step: the batches completed). The study's direction says which way is better (a warning says
-    when the key reads the other way). A pruned trial ends like any stop (the closing line says ``Pruned ...``), then
-    ``fit`` raises ``optuna.TrialPruned``, which ``study.optimize`` records as PRUNED.
-
-    Under torchrun, pass the trial on rank 0 and ``None`` on the others (not optuna-integration's
-    ``TorchDistributedTrial``): rank 0 reports and decides, and every rank learns the verdict at the same validation
-    and stops at the same batch. Needs ``pip install "fitforge[optuna]"``; docs/tuning.md has more.
+    """Report ``monitor`` to an Optuna trial at each new value (each epoch end, or each validation when validation
+    runs every n batches), and end the fit when Optuna prunes; ``fit`` then raises ``optuna.TrialPruned``. Under
+    torchrun, pass the trial on rank 0 and ``None`` on the others. Needs ``pip install "fitforge[optuna]"``;
+    docs/tuning.md has more.
 
     Args:
         trial: an ``optuna.Trial`` (anything with ``report`` and ``should_prune``); None on the ranks other than 0.
         monitor: the history key reported, e.g. ``"val_loss"`` or ``"val_accuracy"``.
-
-    Raises:
-        ImportError: optuna is not installed.
-        FitforgeTypeError: ``trial`` has no ``report``/``should_prune``; ``monitor`` is no key.
-        MonitorKeyError: at fit start, the run will not produce ``monitor``.
-        FitforgeValueError: at fit start, ``trial`` is None on rank 0, or the study has several objectives.
 
     Example:
         >>> def objective(trial):
@@ -59,7 +37,11 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
     writes = ("run",)
 
     def __init__(self, trial: Any, monitor: str = "val_loss") -> None:
-        self._pruned = _trial_pruned()  # on every rank: each one raises it
+        try:  # imported here: optuna is an optional extra
+            import optuna
+        except ImportError as err:
+            raise ImportError('OptunaPruningHandler needs the optuna package: pip install "fitforge[optuna]"') from err
+        self._pruned: type[Exception] = optuna.TrialPruned  # on every rank: each one raises it
         if trial is not None and not all(callable(getattr(trial, name, None)) for name in ("report", "should_prune")):
             raise FitforgeTypeError(
                 f"OptunaPruningHandler: trial must be an optuna.Trial (the argument of the objective), or None on "
