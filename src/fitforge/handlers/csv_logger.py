@@ -21,25 +21,15 @@ log = logging.getLogger("fitforge")
 
 
 class CSVLoggerHandler(TrainBegin, EpochEnd):
-    """Write the history row of every training epoch to a CSV file as the epoch ends.
-
-    Columns: ``epoch`` (from 1), then the history keys recorded by the first epoch and those the run's metric and
-    validation handlers will produce later (``nan`` in rows without a value). A key that appears later anyway adds a
-    column: the file is rewritten once, atomically. Each row is flushed and fsynced when written. Only ``fit`` writes. A
-    resumed run continues the file and never writes an epoch twice; a partial epoch ended by SIGTERM/SIGINT is written
-    when the resumed run ends it. The run's hyperparameters (:func:`~fitforge.reporting.hparams.run_params`) go to
-    ``<name>.params.json`` beside the log, written at ``train_begin``. docs/handlers.md has the details.
+    """Write the history row of every training epoch to a CSV file as the epoch ends, flushed, and the run's
+    hyperparameters to ``<name>.params.json`` beside it. A resumed run continues the file; a key that appears later
+    adds a column. docs/handlers.md has the details.
 
     Args:
         path: the CSV file (its folder is created if needed).
         append: in a fresh (not resumed) run, add this run's rows, epochs from 1, after those of an existing file
             whose first column is ``epoch`` (Keras's ``append``); False (default) overwrites the file at the run's
             first epoch end (never before: a run that resumes continues it).
-
-    Raises:
-        FitforgeTypeError: ``path`` is not a path or ``append`` not a bool.
-        FitforgeValueError: ``path`` is a folder or its folder is not writable (at fit start), or a file to continue
-            is not such a log.
 
     Example:
         >>> from fitforge.handlers.csv_logger import CSVLoggerHandler

@@ -14,12 +14,9 @@ from fitforge.reporting.hparams import ParamValue, last_values, run_params
 
 
 class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
-    """Write every history value of each training epoch as a TensorBoard scalar.
-
-    At each epoch end, each key of the epoch's history row is a scalar tagged with the key, its step the epoch (from 1,
-    over the estimator's fits). At ``train_end`` the run's hyperparameters
-    (:func:`~fitforge.reporting.hparams.run_params`) go to the HParams tab, each history key a metric column of its last
-    value. Only ``fit`` writes. Needs ``pip install 'fitforge[tensorboard]'``; then ``tensorboard --logdir <log_dir>``.
+    """Write every history value of each training epoch as a TensorBoard scalar (step: the epoch from 1, over the
+    estimator's fits), and at ``train_end`` the run's hyperparameters to the HParams tab. Needs
+    ``pip install 'fitforge[tensorboard]'``.
 
     Args:
         log_dir: the folder of the event files (created if needed).
@@ -27,10 +24,6 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             copies the weights to the host each epoch).
         log_every_n_batches: also write the running loss and metrics every n training batches (tags ``batch/<key>``,
             step = completed batches), a host read each time; None (default): never, and no call per batch at all.
-
-    Raises:
-        ImportError: tensorboard is not installed.
-        FitforgeTypeError / FitforgeValueError: a bad argument.
 
     Example:
         >>> from fitforge.handlers.tensorboard import TensorBoardHandler
