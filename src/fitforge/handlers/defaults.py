@@ -72,12 +72,8 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
         if setup is not None and setup.by_estimator:  # with its handlers, or the default MetricHandler
             inner = players(evaluate_handlers(setup.event_handlers), KeyRecording)
             keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
-    return keys + bookkeeping_keys(estimator)
-
-
-def bookkeeping_keys(estimator: EstimatorLike) -> list[str]:
-    """The keys the loop itself records every epoch: learning rates and ``epoch_time``."""
-    return [numbered_key("lr", i) for i in range(len(estimator.optimizers))] + ["epoch_time"]
+    # The keys the loop itself records every epoch: learning rates and epoch_time.
+    return keys + [numbered_key("lr", i) for i in range(len(estimator.optimizers))] + ["epoch_time"]
 
 
 def fit_services(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> Services:
