@@ -15,12 +15,8 @@ log = logging.getLogger("fitforge")
 
 
 class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping):
-    """Stop training when ``monitor`` has not improved for ``patience`` epochs.
-
-    As in Keras and Gluon, each epoch that does not beat the best by more than ``min_delta`` counts one; training
-    stops when the count reaches ``patience`` (0 or 1: at the first epoch that does not improve). An epoch without a
-    value for the key (validation every second epoch) neither counts nor resets: patience then counts validations. A
-    non-finite value (a diverged epoch) never improves, so it is never the best (nor the weights restored).
+    """Stop training when ``monitor`` has not improved by more than ``min_delta`` for ``patience`` epochs (0 or 1:
+    the first epoch that does not improve). An epoch without a value for the key neither counts nor resets.
 
     Args:
         monitor: a history key, e.g. ``"val_loss"`` or ``"val_accuracy"``.
@@ -29,9 +25,8 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
         mode: ``"min"``, ``"max"`` or ``"auto"`` (loss/error-like keys minimise, accuracy-like keys maximise; a
             metric object's ``higher_is_better`` wins).
         baseline: a value the monitor must beat; until it does, epochs count as not improving.
-        restore_best: when training ends, load the net's weights of the best epoch (kept on the host meanwhile, and
-            in checkpoints), named by ``history.restored_epoch`` (1-based) and the closing log line; not when no
-            epoch beat ``baseline``, nor when SIGTERM/SIGINT stopped training (the run resumes from its checkpoint).
+        restore_best: when training ends, load the net's weights of the best epoch (kept on the host meanwhile),
+            named by ``history.restored_epoch``; not when SIGTERM/SIGINT stopped training.
         restore_best_weights: Keras's name for ``restore_best``.
 
     Example:

@@ -1,9 +1,4 @@
-"""ProgressBarHandler: a tqdm bar per epoch, refreshed at a throttled interval.
-
-A finished epoch leaves one line on screen (as in Keras): the bar, cleared at its end for a LoggingHandler's epoch line,
-else kept. Output that is no terminal gets no redraws; in a notebook each bar is a cell output of its own
-(:mod:`fitforge.reporting.notebook_output`). docs/output.md (The progress bar) has the details.
-"""
+"""ProgressBarHandler: a tqdm bar per epoch, refreshed at a throttled interval (docs/output.md, The progress bar)."""
 
 from __future__ import annotations
 
@@ -49,10 +44,8 @@ class _Sink:
 
 
 class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
-    """Show a progress bar with the running loss and metrics.
-
-    It moves the bar and reads running values from the device only every ``refresh_seconds`` (a clock read per
-    batch). Added by default on a terminal or in a notebook; the module docstring says what an epoch leaves on screen.
+    """Show a progress bar with the running loss and metrics, moved (and the running values read from the device)
+    only every ``refresh_seconds``.
 
     Args:
         refresh_seconds: the throttle interval.

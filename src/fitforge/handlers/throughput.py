@@ -1,5 +1,4 @@
-"""ThroughputHandler: samples (and tokens) per second of each training epoch; with FLOPs counted, FLOP/s and model
-FLOPs utilisation (MFU)."""
+"""ThroughputHandler: samples (and tokens) per second of each training epoch, FLOP/s and MFU."""
 
 from __future__ import annotations
 
@@ -33,14 +32,8 @@ log = logging.getLogger("fitforge")
 
 
 class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd, KeyRecording):
-    """Record each training epoch's throughput in the History (and so in the epoch's line and every logger):
-    ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold tokens (the non-padding tokens of an
-    ``attention_mask``, else every token of integer ``input_ids``).
-
-    The time is the epoch's training time, ``epoch_begin`` to ``epoch_end``, before validation; tokens are summed on
-    the device. Under torch.distributed the figures are the whole job's. ``fit`` runs one by default, counting samples
-    and tokens only; pass ``ThroughputHandler()`` yourself to add ``train_flops_per_s`` (one step's FLOPs counted on
-    the first batch) and ``train_mfu`` where the device's peak is known. docs/output.md (Throughput) has the details.
+    """Record each training epoch's ``train_samples_per_s``, and ``train_tokens_per_s`` where the batches hold
+    tokens; with ``flops``, ``train_flops_per_s`` and ``train_mfu`` (docs/output.md, Throughput).
 
     Args:
         flops: count the FLOPs of a step (FLOP/s, and MFU where the peak is known).

@@ -19,13 +19,7 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
         epoch_period: validate at the end of every n-th epoch (None: never at epoch end).
         batch_period: also validate after every n-th training batch (None: never mid-epoch).
         event_handlers: handlers for the evaluation run (never fit's).
-        check_first: before training, evaluate a batch of the first few samples of ``val_data``
-            (:func:`fitforge.checks.validation.check_first_val_batch`), so that a mistake in the validation data or
-            metrics fails in a second, not after an epoch; False skips it.
-
-    A signal that stops the fit (SIGTERM, SIGUSR1, SIGINT) abandons a validation under way at its next batch,
-    recording nothing of it. The resumed run does an owed ``batch_period`` one (its checkpoint says so) at its first
-    ``epoch_begin``, and an epoch end's one when it ends that epoch.
+        check_first: before training, evaluate a batch of the first few samples of ``val_data``; False skips it.
     """
 
     priority = Stage.METRICS
