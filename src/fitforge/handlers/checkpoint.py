@@ -53,12 +53,6 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         async_save: training waits only while the state is copied to the host; it is written in the background
             (:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO`), one save in flight.
         io: a :class:`~fitforge.checkpoint.CheckpointIO` instead of ``model_dir`` (docs/extending.md).
-
-    Example:
-        >>> saver = CheckpointHandler("runs/digits", monitor="val_accuracy", save_best=True)
-        >>> estimator.fit(train, val_data=val, epochs=10, event_handlers=[saver])  # doctest: +SKIP
-        >>> saver.best_path                                                        # doctest: +SKIP
-        PosixPath('runs/digits/model-best.pt')
     """
 
     priority = Stage.PERSIST  # after user handlers, so the state saved includes their updates of this epoch

@@ -30,13 +30,6 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         append: in a fresh (not resumed) run, add this run's rows, epochs from 1, after those of an existing file
             whose first column is ``epoch`` (Keras's ``append``); False (default) overwrites the file at the run's
             first epoch end (never before: a run that resumes continues it).
-
-    Example:
-        >>> from fitforge.handlers.csv_logger import CSVLoggerHandler
-        >>> history = estimator.fit(train, val_data=val, epochs=3,
-        ...                         event_handlers=[CSVLoggerHandler("runs/log.csv")])  # doctest: +SKIP
-        >>> print(open("runs/log.csv").readline())                              # doctest: +SKIP
-        epoch,epoch_time,lr,train_loss,train_mse,val_loss,val_mse
     """
 
     priority = Stage.REPORT  # after user handlers: the row is complete

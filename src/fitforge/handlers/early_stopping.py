@@ -28,10 +28,6 @@ class EarlyStoppingHandler(TrainBegin, EpochEnd, TrainEnd, Monitoring, Stopping)
         restore_best: when training ends, load the net's weights of the best epoch (kept on the host meanwhile),
             named by ``history.restored_epoch``; not when SIGTERM/SIGINT stopped training.
         restore_best_weights: Keras's name for ``restore_best``.
-
-    Example:
-        >>> stopper = EarlyStoppingHandler("val_loss", patience=3, restore_best=True)
-        >>> history = estimator.fit(train, val_data=val, epochs=100, event_handlers=[stopper])  # doctest: +SKIP
     """
 
     reads = ("estimator", "epoch", "run", "history", "metrics", "batch_idx", "num_batches")

@@ -31,12 +31,6 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
             fit start (a causal mask of -inf), are always live.
         evaluate_averaged: evaluation uses the average (False: the raw weights; the average is still kept, for
             :meth:`averaged_state_dict`).
-
-    Example:
-        >>> ema = EMAHandler(decay=0.999)
-        >>> estimator.fit(train, val_data=val, epochs=10, event_handlers=[ema])   # doctest: +SKIP
-        >>> estimator.evaluate(test)                       # the averaged weights  # doctest: +SKIP
-        >>> torch.save(ema.averaged_state_dict(), "ema.pt")                       # doctest: +SKIP
     """
 
     # After the step (and DiLoCo's outer one): validation (after it) and checkpoints see the average.

@@ -40,12 +40,6 @@ class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, E
     Raises:
         FitforgeTypeError: a function is not callable, does not take one argument, or was passed positionally.
         FitforgeValueError: no function was given.
-
-    Example:
-        >>> from fitforge.handlers.lambda_handler import LambdaHandler
-        >>> losses = []
-        >>> keep = LambdaHandler(epoch_end=lambda state: losses.append(state.metrics["train_loss"]))
-        >>> estimator.fit(train, epochs=3, event_handlers=[keep])  # doctest: +SKIP
     """
 
     reads: tuple[str, ...] | None = None

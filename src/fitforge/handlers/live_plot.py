@@ -29,9 +29,6 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         keys: metric names without prefix (``["loss", "accuracy"]``), as for ``History.plot``; None: every
             ``train_``/``val_`` name but the speeds (``samples_per_s``...). A name appears from the first epoch that
             records it (validation every second epoch, say).
-
-    Example:
-        >>> estimator.fit(train, val_data=val, epochs=20, event_handlers=[LivePlotHandler()])  # doctest: +SKIP
     """
 
     priority = Stage.REPORT

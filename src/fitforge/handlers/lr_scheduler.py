@@ -42,14 +42,6 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
         interval: ``"epoch"`` or ``"batch"``.
         monitor: the history key ``ReduceLROnPlateau`` steps with, e.g. ``"val_loss"`` (needed for it, and only for
             it). Its ``mode`` must agree with which way the key improves.
-
-    Example:
-        >>> sched = torch.optim.lr_scheduler.StepLR(estimator.optimizer, step_size=10, gamma=0.5)
-        >>> estimator.fit(train, epochs=30, event_handlers=[LRSchedulerHandler(sched)])  # doctest: +SKIP
-        >>> plateau = ReduceLROnPlateau(estimator.optimizer, patience=2)
-        >>> handler = LRSchedulerHandler(plateau, monitor="val_loss")                    # doctest: +SKIP
-        >>> handler = LRSchedulerHandler.one_cycle(max_lr=0.1)     # OneCycleLR over the whole fit
-        >>> handler = LRSchedulerHandler.warmup_cosine(warmup=0.1)   # 10% warm-up, then cosine to 0
     """
 
     priority = Stage.PERSIST  # after validation; before CheckpointHandler, which reads the history it writes

@@ -36,13 +36,6 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         log_best_checkpoint: at ``train_end``, upload the best ``.pt`` checkpoint of the fit's
             ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt`` (a fit without such a
             handler fails at its start).
-
-    Example:
-        >>> from fitforge.handlers import CheckpointHandler, MLflowHandler
-        >>> tracker = MLflowHandler("sqlite:///mlflow.db", experiment_name="digits", params={"seed": 0})
-        >>> estimator.fit(train, val_data=val, epochs=5, event_handlers=[tracker])  # doctest: +SKIP
-        >>> tracker.run_id                                                          # doctest: +SKIP
-        '3f2a...'
     """
 
     priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete

@@ -46,13 +46,6 @@ class NaNGuardHandler(TrainBegin, BackwardEnd, EpochEnd, Stopping):
             on) or ``"raise"`` (a :class:`NonFiniteLossError`).
         check_every: for "stop"/"raise" on the device-skip path, also read the record every n batches and act at
             once (None: only at epoch end). "skip" reads every batch anyway (only None or 1 allowed).
-
-    Example:
-        >>> from fitforge.handlers.nan_guard import NaNGuardHandler
-        >>> guard = NaNGuardHandler("stop", check_every=1)   # stop at the first bad batch
-        >>> history = estimator.fit(train, epochs=10, event_handlers=[guard])  # doctest: +SKIP
-        >>> history.stop_reason                                                # doctest: +SKIP
-        'NaNGuardHandler: loss nan at epoch 3, batch 7 (global step 70)'
     """
 
     priority = Stage.GUARD

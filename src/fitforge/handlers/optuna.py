@@ -23,14 +23,6 @@ class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
     Args:
         trial: an ``optuna.Trial`` (anything with ``report`` and ``should_prune``); None on the ranks other than 0.
         monitor: the history key reported, e.g. ``"val_loss"`` or ``"val_accuracy"``.
-
-    Example:
-        >>> def objective(trial):
-        ...     lr = trial.suggest_float("lr", 1e-3, 1.0, log=True)
-        ...     estimator = Estimator(net, loss, optimizer=torch.optim.SGD(net.parameters(), lr=lr))
-        ...     history = estimator.fit(train, val_data=val, epochs=10, event_handlers=[OptunaPruningHandler(trial)])
-        ...     return history["val_loss"][-1]
-        >>> optuna.create_study(pruner=optuna.pruners.MedianPruner()).optimize(objective, n_trials=10)  # doctest: +SKIP
     """
 
     reads = ("estimator", "epoch", "run", "global_step", "history", "services")

@@ -34,17 +34,6 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
             removed with the handler).
         **options: that CheckpointHandler's other arguments (``epoch_period``, ``save_best``...), except
             ``resume_from_checkpoint`` (always on) and ``async_save``.
-
-    Example:
-        >>> def train_loop_per_worker(config):
-        ...     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
-        ...     estimator.fit(train, val_data=val, epochs=10, event_handlers=[RayTrainReportHandler()])
-        >>> trainer = TorchTrainer(
-        ...     train_loop_per_worker,
-        ...     scaling_config=ScalingConfig(num_workers=2),
-        ...     run_config=RunConfig(storage_path="/shared/ray", failure_config=FailureConfig(max_failures=3)),
-        ... )
-        >>> trainer.fit()  # doctest: +SKIP
     """
 
     priority = Stage.PERSIST + 1  # after the checkpoint handlers' saves, which it reports

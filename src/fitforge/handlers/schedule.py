@@ -34,10 +34,6 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
         total_steps: the optimizer's steps in the fit, where they cannot be counted: with optimizers stepped by
             turns (``BatchOutput.step``) each steps on some batches only (without it, a warning after the first
             steps says so).
-
-    Example:
-        >>> cosine = lambda p: 0.85 + 0.1 * (1 - math.cos(math.pi * p)) / 2   # 0.85 -> 0.95
-        >>> ScheduleHandler({"momentum": cosine, "weight_decay": lambda p: 1e-4 * (1 - p)})  # doctest: +SKIP
     """
 
     priority = Stage.PERSIST

@@ -39,10 +39,6 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         check_every: batches between two reads of the decision (1: every batch, a host read each).
         lr_factor: multiply the learning rates by this at each recovery (None: leave them).
         max_recoveries: recoveries allowed in a run; the next spike raises.
-
-    Example:
-        >>> guard = SpikeGuardHandler(factor=4.0, lr_factor=0.5)
-        >>> estimator.fit(train, epochs=10, event_handlers=[guard])  # doctest: +SKIP
     """
 
     priority = Stage.GUARD  # after NaNGuardHandler's verdict (it writes services.step_skips), before the step

@@ -179,13 +179,6 @@ def throttle(
         seconds: run each kind of hook at most once per this many seconds. Under torch.distributed the ranks agree
             each time (a host all-reduce) unless the handler reports from rank 0 only.
         clock: a function returning seconds (``time.monotonic``); inject a fake one in tests.
-
-    Example:
-        >>> from fitforge.handlers import LoggingHandler
-        >>> from fitforge.handlers.throttle import throttle
-        >>> slow = throttle(LoggingHandler(log_interval=1), seconds=30)
-        >>> slow
-        throttle(LoggingHandler, seconds=30)
     """
     check_handler(handler, "throttle(handler)")
     if every_n_batches is None and every_n_epochs is None and seconds is None:
