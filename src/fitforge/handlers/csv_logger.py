@@ -105,21 +105,18 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         return lines[0], last
 
     def _write(self, rows: list[tuple[int, dict[str, float]]]) -> None:
-        new = [key for _, row in rows for key in row if key not in self._header]
-        if new:
-            self._add_columns(list(dict.fromkeys(new)))
+        new = list(dict.fromkeys(key for _, row in rows for key in row if key not in self._header))
+        if new:  # the file rewritten with them as new columns (nan in the rows already written), atomically
+            with self.path.open(newline="") as file:
+                old = [line for line in csv.reader(file) if line][1:]
+            self._header = [*self._header, *new]
+            temporary = self.path.with_name(self.path.name + ".tmp")
+            width = len(self._header)
+            _write_rows(temporary, "w", [self._header, *(line + ["nan"] * (width - len(line)) for line in old)])
+            os.replace(temporary, self.path)
+            log.info("CSVLoggerHandler: new history key(s) %s: added as columns to %s", ", ".join(new), self.path)
         keys = self._header[1:]
         _write_rows(self.path, "a", [[epoch, *(row.get(key, math.nan) for key in keys)] for epoch, row in rows])
-
-    def _add_columns(self, keys: list[str]) -> None:
-        """Rewrite the file with ``keys`` as new columns (nan in the rows already written), atomically."""
-        with self.path.open(newline="") as file:
-            old = [line for line in csv.reader(file) if line][1:]
-        self._header = [*self._header, *keys]
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        _write_rows(temporary, "w", [self._header, *(line + ["nan"] * (len(self._header) - len(line)) for line in old)])
-        os.replace(temporary, self.path)
-        log.info("CSVLoggerHandler: new history key(s) %s: added as columns to %s", ", ".join(keys), self.path)
 
     def __repr__(self) -> str:
         return f"CSVLoggerHandler({str(self.path)!r})"
