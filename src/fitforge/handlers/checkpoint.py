@@ -34,8 +34,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
     best one by ``monitor`` when ``save_best``; docs/checkpoints.md has the details.
 
     Args:
-        model_dir: a folder (created if needed; checked writable at fit start) or an fsspec URL
-            (``s3://bucket/run``; ``pip install "fitforge[cloud]"``). Or give ``io``.
+        model_dir: a folder (created if needed) or an fsspec URL (``s3://bucket/run``). Or give ``io``.
         model_prefix: file name prefix.
         monitor: the history key judging "best", e.g. ``"val_accuracy"`` (needed for ``save_best``).
         save_best: also keep ``<prefix>-best.pt``.
@@ -43,15 +42,12 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         epoch_period: save at the end of every n-th epoch (None: never at epoch end).
         batch_period: save after every n-th training batch (None: never mid-epoch).
         max_checkpoints: how many regular checkpoints to keep.
-        save_non_finite: a state with a nan or an inf in its weights or optimizer state is never saved under a
-            checkpoint name; with True the run's first one is kept as ``<prefix>-nonfinite.pt`` for inspection.
-        resume_from_checkpoint: at fit start, continue from the newest checkpoint that loads (one that does not is
-            skipped with a warning), to the same target (``epochs=5`` means five in all).
-        overwrite: a run that does not resume, in a store holding checkpoints of its prefix, is refused before
-            training; ``overwrite=True`` deletes them first (logged).
-        storage_options: for a URL ``model_dir``, the options of its fsspec filesystem (None: the store's defaults).
-        async_save: training waits only while the state is copied to the host; it is written in the background
-            (:class:`~fitforge.checkpoint.async_writer.AsyncCheckpointIO`), one save in flight.
+        save_non_finite: keep the run's first state with a nan or an inf as ``<prefix>-nonfinite.pt`` (such a state
+            is never saved under a checkpoint name).
+        resume_from_checkpoint: at fit start, continue from the newest checkpoint that loads, to the same target.
+        overwrite: delete the checkpoints of its prefix a run that does not resume finds (else it is refused).
+        storage_options: for a URL ``model_dir``, the options of its fsspec filesystem.
+        async_save: write in the background; training waits only while the state is copied to the host.
         io: a :class:`~fitforge.checkpoint.CheckpointIO` instead of ``model_dir`` (docs/extending.md).
     """
 

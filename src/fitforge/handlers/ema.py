@@ -26,11 +26,9 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     Args:
         decay: the weight of the old average at each update, in [0, 1) (0.999: about the last 1,000 updates count).
         every: update after every n-th optimizer step (with accumulation, one per ``accumulate`` batches).
-        buffers: ``"average"``, average floating-point buffers (BatchNorm's running statistics) as the weights, or
-            ``"live"``: evaluate with the trained net's own. Integer buffers, and buffers holding a nan or inf at
-            fit start (a causal mask of -inf), are always live.
-        evaluate_averaged: evaluation uses the average (False: the raw weights; the average is still kept, for
-            :meth:`averaged_state_dict`).
+        buffers: ``"average"``, average the finite floating-point buffers as the weights, or ``"live"``: evaluate
+            with the trained net's own.
+        evaluate_averaged: evaluation uses the average (False: the raw weights; the average is still kept).
     """
 
     # After the step (and DiLoCo's outer one): validation (after it) and checkpoints see the average.

@@ -23,11 +23,7 @@ def check_declared(owner: str, name: str, value: Any) -> tuple[str, ...] | None:
 
 
 class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, EpochEnd, TrainEnd):
-    """Call plain functions ``fn(state)`` on the events given, and only on those.
-
-    The class inherits every mixin and each instance declares the events it has a function for (``handled_events``),
-    so events without a function cost nothing. A truthy return from the ``batch_end``/``epoch_end`` function
-    requests a stop, as for any handler.
+    """Call plain functions ``fn(state)`` on the events given, and only on those (``handled_events``).
 
     Args:
         train_begin, epoch_begin, batch_begin, backward_end, batch_end, epoch_end, train_end: a function taking the
@@ -36,10 +32,6 @@ class LambdaHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEnd, E
         run_after: handler classes this one must run after.
         reads, writes: optional declarations of the TrainState fields (or ``"shared.<key>"``) the functions read and
             write; None (the default) leaves them undeclared (full access).
-
-    Raises:
-        FitforgeTypeError: a function is not callable, does not take one argument, or was passed positionally.
-        FitforgeValueError: no function was given.
     """
 
     reads: tuple[str, ...] | None = None

@@ -48,9 +48,6 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
     Args:
         metrics: a metric specification (see ``fitforge.metrics``); None uses the estimator's ``train_metrics`` in
             fit and ``val_metrics`` in evaluate.
-
-    Sums are reduced across ranks at epoch end and resume mid-epoch on any number of ranks (docs/distributed.md);
-    a default metric the step's label cannot feed (``BatchOutput(label=None)``) is left out with an info line.
     """
 
     priority = Stage.METRICS

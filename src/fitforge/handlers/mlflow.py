@@ -26,16 +26,13 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
     Needs ``pip install 'fitforge[mlflow]'``; docs/handlers.md (Experiment tracking) has the details.
 
     Args:
-        tracking_uri: where runs are stored: ``"sqlite:///mlflow.db"``, ``"http://host:5000"``... None: MLflow's
-            default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``).
-        experiment_name: the experiment of a new run, created if needed. None: ``MLFLOW_EXPERIMENT_NAME``, else
-            ``MLFLOW_EXPERIMENT_ID``, else MLflow's Default.
+        tracking_uri: where runs are stored (``"sqlite:///mlflow.db"``, ``"http://host:5000"``); None: MLflow's default.
+        experiment_name: the experiment of a new run, created if needed; None: MLflow's (from the environment).
         run_name: the new run's name (None: MLflow makes one up).
         params: more parameters (str keys; str, int, float or bool values), merged over the run's own.
         tags: tags of a new run (str to str).
-        log_best_checkpoint: at ``train_end``, upload the best ``.pt`` checkpoint of the fit's
-            ``CheckpointHandler(save_best=True)`` as the artifact ``checkpoints/<prefix>-best.pt`` (a fit without such a
-            handler fails at its start).
+        log_best_checkpoint: at ``train_end``, upload the best checkpoint of the fit's
+            ``CheckpointHandler(save_best=True)`` as an artifact.
     """
 
     priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete

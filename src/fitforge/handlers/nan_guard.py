@@ -21,8 +21,7 @@ _POLICIES = ("stop", "skip", "raise")
 
 
 class NonFiniteLossError(FitforgeValueError):
-    """The training loss (or a gradient) was nan or infinite and ``NaNGuardHandler(policy="raise")`` was asked to
-    fail."""
+    """The training loss (or a gradient) was not finite under ``NaNGuardHandler(policy="raise")``."""
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:

@@ -25,12 +25,8 @@ class LossSpikeError(FitforgeValueError):
 
 
 class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecording):
-    """Recover from a loss spike: go back to the last good weights, skip the bad batch, optionally lower the
-    learning rate, and go on.
-
-    A batch spikes when its training loss is not finite, or above ``factor`` times the median of the last ``window``
-    losses that did not spike. The decision is read every ``check_every`` batches and before each checkpoint save;
-    docs/handlers.md (Recovering from loss spikes) has the details.
+    """Recover from a loss spike (a loss not finite, or above ``factor`` times the running median): go back to the
+    last good weights, skip the bad batch, optionally lower the learning rate, and go on (docs/handlers.md).
 
     Args:
         factor: how many times the running median a loss must exceed to spike.
