@@ -1,5 +1,4 @@
-"""GradientUpdateHandler: the optimizer step after the backward, with optional accumulation and clipping, for every
-optimizer or those a batch chooses; under DDP a group all-reduces once (:mod:`fitforge.distributed.gradient_sync`)."""
+"""GradientUpdateHandler: the optimizer step after the backward, with optional accumulation and clipping."""
 
 from __future__ import annotations
 
@@ -36,12 +35,6 @@ def step_optimizers(
         optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.update()
-
-
-def _scale_of(scaler: torch.amp.GradScaler | None) -> torch.Tensor | None:
-    """A copy of the fp16 scaler's scale, a device tensor (``get_scale()`` would wait for the device)."""
-    scale = None if scaler is None else scaler._scale
-    return None if scale is None else scale.clone()
 
 
 class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd, Accumulating):
@@ -208,8 +201,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._items = None
 
     def step(self, state: TrainState, optimizers: list[int] | None = None) -> None:
-        """Average, clip, step and zero the gradients of the optimizers ``optimizers`` (indices; None: all). Under
-        fp16 the GradScaler unscales before clipping and skips the step when a gradient is inf or nan."""
+        """Average, clip, step and zero the gradients of the optimizers ``optimizers`` (indices; None: all)."""
         due = list(self._choice.every) if optimizers is None else optimizers
         scaler, clipping = self._scaler, self.clip_norm is not None or self.clip_value is not None
         if scaler is not None and clipping:
@@ -222,13 +214,14 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         if self.clip_value is not None:
             torch.nn.utils.clip_grad_value_(params, self.clip_value)
         waiting = [i for i, count in enumerate(self._open) if count and i not in due]
-        before = _scale_of(scaler) if waiting else None
+        # The fp16 scale, a device tensor (get_scale() would wait for the device): the update changes it in place.
+        scale = None if scaler is None or not waiting else scaler._scale
+        before = None if scale is None else scale.clone()
         step_optimizers([self._optimizers[i] for i in due], scaler, self._found_inf)
-        after = None if before is None else _scale_of(scaler)
-        if before is not None and after is not None:  # the open groups hold gradients of the old scale
+        if scale is not None and before is not None:  # the open groups hold gradients of the old scale
             grads = [p.grad for p in self._choice.params_of(waiting) if p.grad is not None]
             if grads:
-                torch._foreach_mul_(grads, after / before)
+                torch._foreach_mul_(grads, scale / before)
         for i in self._choice.every:
             if i in due:
                 self._open[i] = 0
@@ -240,8 +233,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
             self._uncounted_until_step, self.count_items = False, self._counting
 
     def _average(self, due: list[int], state: TrainState) -> None:
-        """Divide each group's summed gradients by its batch count (a shared parameter once), or, when its batches'
-        items were counted, by the items of the group on every rank."""
+        """Divide each group's summed gradients by its batch count (a shared parameter once), or by its items."""
         if self._items is not None:  # DDP and FSDP average the ranks' gradients: the items summed over the ranks
             items, self._items = self._items, None
             grads = [p.grad for p in self._choice.params_of(due) if p.grad is not None]
@@ -263,8 +255,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
                 torch._foreach_div_([p.grad for p in params], count)
 
     def steps_per_optimizer(self, state: TrainState) -> list[int]:
-        """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run, resumed runs
-        included: ``state.optimizer_steps`` less the steps it took no part in."""
+        """How many steps each optimizer (in ``estimator.optimizers`` order) took in this run, resumed runs included."""
         return [state.optimizer_steps - skipped for skipped in self._skipped]
 
     def state_dict(self) -> dict:
