@@ -1,5 +1,4 @@
-"""MLflowHandler: a run's parameters, its epochs' history and its best checkpoint in MLflow tracking (optional
-extra)."""
+"""MLflowHandler: a run's parameters, its epochs' history and its best checkpoint in MLflow tracking."""
 
 from __future__ import annotations
 
@@ -49,9 +48,13 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         tags: Mapping[str, str] | None = None,
         log_best_checkpoint: bool = False,
     ) -> None:
-        _check_name("tracking_uri", tracking_uri)
-        _check_name("experiment_name", experiment_name)
-        _check_name("run_name", run_name)
+        for name, value in zip(
+            ("tracking_uri", "experiment_name", "run_name"), (tracking_uri, experiment_name, run_name)
+        ):
+            if value is not None and not isinstance(value, str):
+                raise FitforgeTypeError(f"MLflowHandler: {name} must be a str or None, got {describe(value)}")
+            if value == "":
+                raise FitforgeValueError(f"MLflowHandler: {name} must not be empty; pass None for MLflow's default")
         if tags is not None and (
             not isinstance(tags, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items())
         ):
@@ -155,12 +158,3 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
 
     def __repr__(self) -> str:
         return f"MLflowHandler({self.tracking_uri!r}, experiment_name={self.experiment_name!r})"
-
-
-def _check_name(name: str, value: object) -> None:
-    if value is None:
-        return
-    if not isinstance(value, str):
-        raise FitforgeTypeError(f"MLflowHandler: {name} must be a str or None, got {describe(value)}")
-    if not value:
-        raise FitforgeValueError(f"MLflowHandler: {name} must not be empty; pass None for MLflow's default")
