@@ -1,5 +1,4 @@
-"""CheckpointHandler: decides when to save the training state and which checkpoint is best (the writing is
-:class:`~fitforge.checkpoint.saver.CheckpointWriter`'s)."""
+"""CheckpointHandler: decides when to save the training state and which checkpoint is best."""
 
 from __future__ import annotations
 

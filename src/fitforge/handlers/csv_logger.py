@@ -1,5 +1,4 @@
-"""CSVLoggerHandler: one CSV row per training epoch, written and flushed at each epoch end, and the run's
-hyperparameters in a JSON file beside it."""
+"""CSVLoggerHandler: one CSV row per training epoch, and the run's hyperparameters in a JSON file beside it."""
 
 from __future__ import annotations
 

@@ -40,9 +40,8 @@ def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -
 
 
 def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = True) -> list[EventHandler]:
-    """The handlers of a fit. With ``default_handlers=False`` only the two a loop cannot run without
-    (StoppingHandler, GradientUpdateHandler) are added, plus a ValidationHandler when ``val_data`` is
-    given (an explicit request); metrics, logging and the progress bar run only if passed."""
+    """The handlers of a fit. With ``default_handlers=False`` only the two a loop cannot run without are added,
+    plus a ValidationHandler when ``val_data`` is given (an explicit request)."""
     if not isinstance(default_handlers, bool):
         raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
     given = user_handlers(event_handlers)
@@ -64,8 +63,7 @@ def evaluate_handlers(event_handlers: Any) -> list[EventHandler]:
 
 
 def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list[str]:
-    """The history keys a fit with ``handlers`` produces, except those of a custom validation
-    (see :func:`unknown_val_keys`)."""
+    """The history keys a fit with ``handlers`` produces, except those of a custom validation."""
     keys = [key for recorder in players(handlers, KeyRecording) for key in recorder.history_keys(estimator, "train")]
     for validator in players(handlers, Validating):
         setup = validator.validation_setup()
@@ -77,8 +75,7 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
 
 
 def fit_services(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> Services:
-    """The services of a fit with ``handlers`` (those of this process): what fit knows (the history keys, a
-    validation between batches), then what each handler offers (:meth:`EventHandler.offer`)."""
+    """The services of a fit with ``handlers``: what fit knows, then what each handler offers."""
     setups = [setup for validator in players(handlers, Validating) if (setup := validator.validation_setup())]
     services = Services(
         history_keys=lambda: run_keys(handlers, estimator),

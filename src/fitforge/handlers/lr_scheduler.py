@@ -32,10 +32,8 @@ _ONE_CYCLE_ARGS = sorted(set(inspect.signature(OneCycleLR).parameters) - {"optim
 
 
 class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
-    """Step a learning-rate scheduler at every epoch end or after every optimizer step.
-
-    ``history["lr"][e]`` is the rate *after* epoch ``e``'s steps; docs/handlers.md (Learning-rate schedules) has the
-    details.
+    """Step a learning-rate scheduler at every epoch end or after every optimizer step; ``history["lr"][e]`` is the
+    rate *after* epoch ``e``'s steps (docs/handlers.md, Learning-rate schedules).
 
     Args:
         scheduler: a ``torch.optim.lr_scheduler`` instance built on one of the estimator's optimizers.

@@ -72,8 +72,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         return self._resolved
 
     def history_keys(self, estimator, phase: str) -> list[str]:
-        """The keys this handler produces for ``estimator`` in ``phase`` ("train" or "validate"), those of the names
-        the batch processor declares in ``logs`` included (checked here)."""
+        """The keys this handler produces for ``estimator`` in ``phase``, the declared ``logs`` names included."""
         prefix = _PREFIX.get(phase, phase + "_")
         named = self._named_means(estimator, phase, prefix)
         # A step that leaves its loss out (BatchProcessor.record_loss = False) records no loss names.
@@ -154,10 +153,8 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
                 self._cannot_update(state, slot, pred, label, err, first)
 
     def check_first_batch(self, state: TrainState) -> None:
-        """Update throw-away copies of the metrics with the first batch's output (offered to
-        ``services.first_batch_checks``), so that a metric that cannot take it, or gives no single number, fails
-        before the optimizer step with ``batch_end``'s message; names logged so far are checked too. A metric that
-        cannot be copied waits for its first real update (:func:`fitforge.metrics.trial.trial_update`)."""
+        """Update throw-away copies of the metrics with the first batch's output, so that a metric that cannot take
+        it, or gives no single number, fails before the optimizer step with ``batch_end``'s message."""
         estimator, out = state.estimator, state.output
         assert out is not None  # the first batch's output, set before this call
         configured = self._configured_for == _run_of(state)
@@ -221,8 +218,7 @@ class MetricHandler(EpochBegin, BatchEnd, EpochEnd, KeyRecording):
         )
 
     def state_dict(self) -> dict:
-        """The running sums of the current (or last) epoch: the loss mean(s) and every metric's; under
-        torch.distributed, every rank's (``{"ranks": [...]}`` on rank 0, a collective)."""
+        """The running sums of the current (or last) epoch; under torch.distributed every rank's (a collective)."""
         if self._configured_for is None:
             return {}
         if self._open and self._inbox:  # values logged after this batch's batch_end belong to the sums

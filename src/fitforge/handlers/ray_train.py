@@ -1,5 +1,4 @@
-"""RayTrainReportHandler: what the fit's checkpoint handlers save, and each epoch's metrics, reported to
-Ray Train; a fit that Ray restarts resumed from Ray's checkpoint."""
+"""RayTrainReportHandler: the fit's checkpoints and each epoch's metrics reported to Ray Train."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
             self._seen = [(told.last, told.best_value) for told in map(_told, self._sources)]
 
     def _take_in(self, state: TrainState) -> None:
-        """Before the checkpoint handlers' ``train_begin``: find them, check them, and put Ray's files in
-        the stores of those that resume."""
+        """Before the checkpoint handlers' ``train_begin``: check them, and put Ray's files in those that resume."""
         sources = [s for s in state.services.checkpoints if s.saved_checkpoints() is not None]
         told = [_told(source) for source in sources]
         if self._own in sources and not isinstance(self._own.io, LocalCheckpointIO):
@@ -167,8 +165,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
             self._report(state, {"epoch": state.history.epochs, "global_step": state.global_step}, saved)
 
     def _new_saves(self) -> list[tuple[SavedCheckpoints, Location]]:
-        """The checkpoints saved since the last report (the newest regular one, and the best one
-        when replaced), each with what its handler told; marked as reported."""
+        """The checkpoints saved since the last report (the newest regular one, and a new best), marked as reported."""
         new: list[tuple[SavedCheckpoints, Location]] = []
         for i, source in enumerate(map(_told, self._sources if self._seen else ())):
             if source.last is not None and source.last != self._seen[i][0]:

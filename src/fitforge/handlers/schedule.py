@@ -1,5 +1,4 @@
-"""ScheduleHandler: any optimizer hyper-parameter (momentum, weight decay, Adam's betas...) as a function of
-training progress."""
+"""ScheduleHandler: any optimizer hyper-parameter (momentum, weight decay...) as a function of training progress."""
 
 from __future__ import annotations
 

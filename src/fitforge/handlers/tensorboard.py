@@ -1,5 +1,4 @@
-"""TensorBoardHandler: history values as TensorBoard scalars at every epoch end, and the run's hyperparameters for
-the HParams tab (optional extra)."""
+"""TensorBoardHandler: history values as TensorBoard scalars, and the run's hyperparameters for the HParams tab."""
 
 from __future__ import annotations
 

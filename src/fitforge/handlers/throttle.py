@@ -1,5 +1,4 @@
-"""throttle(): call a handler's batch hooks every n batches, its epoch hooks every n epochs, or either at most once
-per T seconds."""
+"""throttle(): call a handler's batch or epoch hooks every n batches or epochs, or at most once per T seconds."""
 
 from __future__ import annotations
 
