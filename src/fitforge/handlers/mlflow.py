@@ -76,34 +76,21 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
 
     def train_begin(self, state: TrainState) -> None:
         self._client, self.run_id = None, None
-        saver = self._best_saver(state)
-        if self.log_best_checkpoint and saver is None:
+        if self.log_best_checkpoint and self._best_saver(state) is None:
             raise FitforgeValueError(
                 "MLflowHandler: log_best_checkpoint=True needs a CheckpointHandler(save_best=True, monitor=...) "
                 "among the fit's event_handlers"
             )
-        self._start()
-        self._log_params({key: str(value) for key, value in {**run_params(state), **self.params}.items()})
-
-    def _start(self) -> None:
         mlflow = self._mlflow
         active = mlflow.active_run()
         if active is not None and self.tracking_uri in (None, mlflow.get_tracking_uri()):
             self._client, self._owned = mlflow.MlflowClient(mlflow.get_tracking_uri()), False
             self.run_id = active.info.run_id
-            return
-        client = mlflow.MlflowClient(self.tracking_uri)
-        run = client.create_run(self._experiment_id(client), tags=self.tags, run_name=self.run_name)
-        self._client, self._owned, self.run_id = client, True, run.info.run_id
-
-    def _experiment_id(self, client: Any) -> str:
-        name = self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
-        if name is None:
-            return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")  # "0": MLflow's Default experiment
-        experiment = client.get_experiment_by_name(name)
-        return experiment.experiment_id if experiment is not None else client.create_experiment(name)
-
-    def _log_params(self, params: dict[str, str]) -> None:
+        else:
+            client = mlflow.MlflowClient(self.tracking_uri)
+            run = client.create_run(self._experiment_id(client), tags=self.tags, run_name=self.run_name)
+            self._client, self._owned, self.run_id = client, True, run.info.run_id
+        params = {key: str(value) for key, value in {**run_params(state), **self.params}.items()}
         if not self._owned:  # a joined run may have them already: MLflow never changes a logged param
             existing = self._client.get_run(self.run_id).data.params
             clashes = sorted(key for key, value in params.items() if existing.get(key, value) != value)
@@ -115,6 +102,13 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         entities = [self._param(key, value) for key, value in params.items()]
         for start in range(0, len(entities), _BATCH):
             self._client.log_batch(self.run_id, params=entities[start : start + _BATCH])
+
+    def _experiment_id(self, client: Any) -> str:
+        name = self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        if name is None:
+            return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")  # "0": MLflow's Default experiment
+        experiment = client.get_experiment_by_name(name)
+        return experiment.experiment_id if experiment is not None else client.create_experiment(name)
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train" or state.run.epoch_suspended or self._client is None:
