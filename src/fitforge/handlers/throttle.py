@@ -34,9 +34,7 @@ class _Gate:
     """Decides once per batch (or epoch) whether the wrapped hooks run: the first hook of the pair decides, the
     second follows that decision, so a batch_begin is never without its batch_end."""
 
-    def __init__(
-        self, every: int | None, seconds: float | None, clock: Callable[[], float], agree: bool = False
-    ) -> None:
+    def __init__(self, every: int | None, seconds: float | None, clock: Callable[[], float], agree: bool) -> None:
         self.every, self.seconds, self.clock, self.agree = every, seconds, clock, agree
         self.last = -math.inf  # clock time of the last call let through
         self.pending: bool | None = None  # the decision of a pair's first hook, for its second
