@@ -57,25 +57,22 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
         self._sources: list[CheckpointSaver] = [self._own]  # the fit's checkpoint handlers
         self._seen: list[tuple[Location | None, float | None]] = []  # per source: newest saved, best, reported
 
-    def _first(self) -> SavedCheckpoints:
-        """What the checkpoint handler it reports (its own, or the first of the fit's) saved."""
-        return _told(self._sources[0])
-
+    # What the checkpoint handler it reports (its own, or the first of the fit's) saved.
     @property
     def model_dir(self) -> Location:
-        return self._first().root
+        return _told(self._sources[0]).root
 
     @property
     def saved(self) -> list[Location]:
-        return self._first().saved
+        return _told(self._sources[0]).saved
 
     @property
     def resumed_from(self) -> Location | None:
-        return self._first().resumed_from
+        return _told(self._sources[0]).resumed_from
 
     @property
     def best_path(self) -> Location | None:
-        return self._first().best
+        return _told(self._sources[0]).best
 
     def best_checkpoint(self) -> Path | None:
         return self._sources[0].best_checkpoint()
