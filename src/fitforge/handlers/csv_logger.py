@@ -26,9 +26,8 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
 
     Args:
         path: the CSV file (its folder is created if needed).
-        append: in a fresh (not resumed) run, add this run's rows, epochs from 1, after those of an existing file
-            whose first column is ``epoch`` (Keras's ``append``); False (default) overwrites the file at the run's
-            first epoch end (never before: a run that resumes continues it).
+        append: in a fresh (not resumed) run, add this run's rows after those of an existing log (Keras's ``append``);
+            False overwrites the file at the run's first epoch end.
     """
 
     priority = Stage.REPORT  # after user handlers: the row is complete

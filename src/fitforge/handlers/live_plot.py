@@ -24,11 +24,9 @@ class LivePlotHandler(TrainBegin, EpochEnd):
     cell in a notebook, else in the PNG file ``path``, replaced whole each epoch (docs/output.md, Notebooks).
 
     Args:
-        path: the PNG file. None: none in a notebook, else ``fitforge-live.png`` in the current directory (logged at
-            fit start).
+        path: the PNG file. None: none in a notebook, else ``fitforge-live.png`` in the current directory.
         keys: metric names without prefix (``["loss", "accuracy"]``), as for ``History.plot``; None: every
-            ``train_``/``val_`` name but the speeds (``samples_per_s``...). A name appears from the first epoch that
-            records it (validation every second epoch, say).
+            ``train_``/``val_`` name but the speeds.
     """
 
     priority = Stage.REPORT

@@ -130,9 +130,7 @@ class LRSchedulerHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd, M
                 (0, 1), rounded down).
             min_lr: the rate at the last step (one per parameter group, or one for all), below the starting rate.
             optimizer: the index of the optimizer in ``estimator.optimizers``.
-            total_steps: the optimizer's steps in the fit, where they cannot be counted: with optimizers stepped by
-                turns (``BatchOutput.step``) each steps on some batches only (without it, a warning after the first
-                steps says so).
+            total_steps: the optimizer's steps in the fit, for optimizers stepped by turns (``BatchOutput.step``).
         """
         integer = isinstance(warmup, numbers.Integral) and not isinstance(warmup, bool)
         fraction = isinstance(warmup, float) and 0 <= warmup < 1

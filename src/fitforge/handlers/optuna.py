@@ -15,10 +15,8 @@ log = logging.getLogger("fitforge")
 
 
 class OptunaPruningHandler(TrainBegin, BatchEnd, EpochEnd, Monitoring):
-    """Report ``monitor`` to an Optuna trial at each new value (each epoch end, or each validation when validation
-    runs every n batches), and end the fit when Optuna prunes; ``fit`` then raises ``optuna.TrialPruned``. Under
-    torchrun, pass the trial on rank 0 and ``None`` on the others. Needs ``pip install "fitforge[optuna]"``;
-    docs/tuning.md has more.
+    """Report ``monitor`` to an Optuna trial at each new value, and end the fit when Optuna prunes; ``fit`` then raises
+    ``optuna.TrialPruned`` (docs/tuning.md). Needs ``pip install "fitforge[optuna]"``.
 
     Args:
         trial: an ``optuna.Trial`` (anything with ``report`` and ``should_prune``); None on the ranks other than 0.

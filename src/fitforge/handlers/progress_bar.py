@@ -51,10 +51,8 @@ class ProgressBarHandler(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         refresh_seconds: the throttle interval.
         leave: keep each finished training bar as the epoch's line. None (the default): keep it unless a
             LoggingHandler of the fit prints the epoch's line (its lines are enabled).
-        file: the stream to draw on; None: ``sys.stderr`` at each epoch, or in a notebook, a cell output of each
-            bar's own (a stream given there draws as it would anywhere).
-        ncols: the width in columns; None: the terminal's, followed as it changes (in a notebook: tqdm's default
-            bar, the values uncut).
+        file: the stream to draw on; None: ``sys.stderr``, or in a notebook, a cell output of each bar's own.
+        ncols: the width in columns; None: the terminal's, followed as it changes.
     """
 
     priority = Stage.REPORT

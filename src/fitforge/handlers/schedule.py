@@ -30,9 +30,7 @@ class ScheduleHandler(TrainBegin, EpochBegin, BatchEnd):
             (from the steps taken before it: the last epoch's progress is below 1).
         optimizer: the index of the optimizer in ``estimator.optimizers``.
         groups: the indices of the param groups to set (None: all).
-        total_steps: the optimizer's steps in the fit, where they cannot be counted: with optimizers stepped by
-            turns (``BatchOutput.step``) each steps on some batches only (without it, a warning after the first
-            steps says so).
+        total_steps: the optimizer's steps in the fit, for optimizers stepped by turns (``BatchOutput.step``).
     """
 
     priority = Stage.PERSIST

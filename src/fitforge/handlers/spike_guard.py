@@ -113,8 +113,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         if self._batches % self.check_every == 0 and self._check(state):
             raise CancelBatch  # the spiked state was put back: this batch takes no step either
 
-    def _judges(self) -> bool:
-        """Whether enough losses are known to judge one against their median."""
+    def _judges(self) -> bool:  # enough losses are known to judge one against their median
         return self._known >= max(1, self.window // 2)
 
     def offer(self, services: Services) -> None:

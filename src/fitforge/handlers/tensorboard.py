@@ -19,10 +19,9 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     Args:
         log_dir: the folder of the event files (created if needed).
-        histograms: also write a histogram of every parameter of the net at each epoch end (``weights/<name>``;
-            copies the weights to the host each epoch).
-        log_every_n_batches: also write the running loss and metrics every n training batches (tags ``batch/<key>``,
-            step = completed batches), a host read each time; None (default): never, and no call per batch at all.
+        histograms: also write a histogram of every parameter of the net at each epoch end (``weights/<name>``).
+        log_every_n_batches: also write the running values every n training batches (``batch/<key>``, a host read
+            each time); None: never.
 
     Example:
         >>> from fitforge.handlers.tensorboard import TensorBoardHandler

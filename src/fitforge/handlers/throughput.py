@@ -38,10 +38,6 @@ class ThroughputHandler(TrainBegin, EpochBegin, BatchBegin, BackwardEnd, BatchEn
     Args:
         flops: count the FLOPs of a step (FLOP/s, and MFU where the peak is known).
         peak_flops: the dense peak of one device in FLOP/s (e.g. ``989e12``), instead of the table's.
-
-    Attributes:
-        samples: the last epoch's samples, every rank's.
-        step_flops: the FLOPs of one training step on this rank, once counted (None before).
     """
 
     priority = Stage.METRICS
