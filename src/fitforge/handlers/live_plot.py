@@ -81,8 +81,17 @@ class LivePlotHandler(TrainBegin, EpochEnd):
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=100)  # a Figure outside pyplot: no backend, no window
         png = buffer.getvalue()
-        if self._file is not None:
-            _replace(self._file, png)
+        path = self._file
+        if path is not None:  # through a temporary file in its folder, renamed over it: a viewer never sees half
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(handle, "wb") as file:
+                    file.write(png)
+                os.replace(temporary, path)
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
         if self._notebook:
             display = importlib.import_module("IPython.display")
             image = display.Image(data=png, format="png")
@@ -90,16 +99,3 @@ class LivePlotHandler(TrainBegin, EpochEnd):
                 self._shown = display.display(image, display_id=True)
             else:
                 self._shown.update(image)
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in its folder, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
