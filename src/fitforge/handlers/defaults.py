@@ -76,11 +76,11 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
 
 def fit_services(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> Services:
     """The services of a fit with ``handlers``: what fit knows, then what each handler offers."""
-    setups = [setup for validator in players(handlers, Validating) if (setup := validator.validation_setup())]
+    setups = [validator.validation_setup() for validator in players(handlers, Validating)]  # None: its own means
     services = Services(
         history_keys=lambda: run_keys(handlers, estimator),
-        keys_complete=not unknown_val_keys(handlers),
-        validates_mid_epoch=any(setup.mid_epoch for setup in setups),
+        keys_complete=all(setup is not None and setup.by_estimator for setup in setups),
+        validates_mid_epoch=any(setup is not None and setup.mid_epoch for setup in setups),
     )
     return offered(handlers, services)
 
