@@ -1,24 +1,10 @@
 """The checks of a run's first batch, so that a mistake fails before the first optimizer step with
-an error naming the culprit.
+an error naming the culprit (what is checked, in order: docs/getting-started.md, "What is checked
+before the first optimizer step").
 
 :func:`first_batch_check` gives the step the loop calls for a run's first batch (a fit, resumed or
 not, and each evaluate or predict pass until one reads a batch); later batches cost nothing here.
-On the first training batch, in order:
-
-1. nan or inf in the batch's floating tensors, before the forward, so that not even BatchNorm's
-   running statistics see them (a host read per tensor; ``BatchProcessor(allow_nonfinite=True)``
-   skips it);
-2. the step; a ``RuntimeError`` inside a layer of the net becomes a ForwardError (DeviceMismatchError
-   for devices) naming the layer, what it received and a fix (:mod:`fitforge.checks.forward_errors`).
-   The loss checks counts, shapes, label dtypes and class ranges on this call (armed here);
-3. the checks of the output (:func:`check_output`): a BatchOutput with a batch size, no 0-d label, a scalar loss;
-4. the checks the run's handlers offered (``services.first_batch_checks``), before the optimizer
-   step: MetricHandler updates throw-away copies of its metrics; a handler of your own may refuse a
-   run there (``state.phase`` is "train", or "validate" for the validation batch checked before
-   training).
-
-evaluate and predict change no weight: their first batch gets step 2 only. The first validation
-batch, evaluated before training (:func:`fitforge.checks.validation.check_first_val_batch`), gets all four.
+evaluate and predict change no weight: their first batch only gets an error in the net explained.
 """
 
 from __future__ import annotations
@@ -80,7 +66,7 @@ def explained_step(state: TrainState, step: Callable[[TrainState, Any], Any], ba
             raise
         raise explained from error
     except TypeError as error:
-        keys = _label_keys(estimator)
+        keys = estimator.batch_processor.label_keys
         own_label = estimator.loss is None and _labelled(batch, keys)  # the label went to the net too
         if not (isinstance(batch, Mapping) or own_label) or "argument" not in str(error):
             raise
@@ -112,10 +98,6 @@ def _labelled(batch: Any, keys: tuple[str, ...]) -> bool:
     if isinstance(batch, Mapping):
         return any(key in batch for key in keys)
     return not (isinstance(batch, Tensor) or (isinstance(batch, (tuple, list)) and len(batch) == 1))
-
-
-def _label_keys(estimator: Any) -> tuple[str, ...]:
-    return estimator.batch_processor.label_keys
 
 
 def _signature(net: nn.Module) -> str:

@@ -70,14 +70,20 @@ def explain(
     for root in roots:
         for name, module in root.named_modules():
             names.setdefault(id(module), name)
-    frame = _innermost(error, names)
-    if frame is None:
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__) if id(frame.f_locals.get("self")) in names]
+    if not frames:
         return None
+    frame = frames[-1]
     module = frame.f_locals["self"]
     name = names[id(module)]
     received = _arguments(frame, module)
     data = [x for x in net_arguments(error, called) if isinstance(x, torch.Tensor)]
-    text = _what_failed(module, name, received, data)
+    # Which layer failed and what it received; what the net received too, when that was something else.
+    shown = ", ".join(f"{argument}: {spec(value)}" for argument, value in received) or "no tensor"
+    where = f"layer {name!r} ({_short(module)})" if name else f"the net's own forward ({_short(module)})"
+    text = f"the net failed on the first batch in {where}, which received {shown}"
+    if data and not any(value is x for _, value in received for x in data):
+        text += "; the net received " + ", ".join(spec(x) for x in data)
     devices = _device_problem(module, received, device, str(error))
     if devices:
         return DeviceMismatchError(f"{text}; {devices}. Original error: {error}")
@@ -85,23 +91,6 @@ def explain(
     if not hint and "type" in str(error).lower():  # torch's dtype errors say "dtype" or "scalar type"
         hint = _dtype_hint(module, received)
     return ForwardError(f"{text}{'; ' + hint if hint else ''}. Original error: {error}")
-
-
-def _what_failed(
-    module: nn.Module, name: str, received: list[tuple[str, torch.Tensor]], data: list[torch.Tensor]
-) -> str:
-    """Which layer failed and what it received; what the net received too, when that was something else."""
-    shown = ", ".join(f"{argument}: {spec(value)}" for argument, value in received) or "no tensor"
-    where = f"layer {name!r} ({_short(module)})" if name else f"the net's own forward ({_short(module)})"
-    text = f"the net failed on the first batch in {where}, which received {shown}"
-    if data and not any(value is x for _, value in received for x in data):
-        text += "; the net received " + ", ".join(spec(x) for x in data)
-    return text
-
-
-def _innermost(error: BaseException, names: dict[int, str]) -> FrameType | None:
-    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__) if id(frame.f_locals.get("self")) in names]
-    return frames[-1] if frames else None
 
 
 def _arguments(frame: FrameType, module: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -33,7 +33,18 @@ def check_monitors(handlers: Sequence[EventHandler], estimator: EstimatorLike) -
             f"{handler!r} monitors {key!r}, which this run will not produce; available keys: {', '.join(keys)}. "
             + _monitor_hint(key, keys, bool(players(handlers, Validating)), estimator)
         )
-    _check_best_agrees([m for _, m in monitors])
+    # A best checkpoint and restored best weights judged by different keys are two different models.
+    savers = [m for _, m in monitors if m.best_weights() == "saved"]
+    restorers = [m for _, m in monitors if m.best_weights() == "restored"]
+    for saver, restorer in itertools.product(savers, restorers):
+        if saver.monitor != restorer.monitor:
+            warnings.warn(
+                f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but {type(restorer).__name__} "
+                f"restores the best by {restorer.monitor!r}; the best checkpoint and the final weights may be "
+                "different models: monitor the same key",
+                UserWarning,
+                stacklevel=4,  # the caller of fit
+            )
     return left
 
 
@@ -69,18 +80,3 @@ def _monitor_hint(key: str, keys: list[str], validates: bool, estimator: Estimat
         f"A value a step logs with state.log({name!r}, ...) is known before training only when its name is "
         f"declared in BatchProcessor.logs, e.g. logs = ({name!r},)"
     )
-
-
-def _check_best_agrees(monitors: Sequence[Monitoring]) -> None:
-    # A best checkpoint and restored best weights judged by different keys are two different models.
-    savers = [m for m in monitors if m.best_weights() == "saved"]
-    restorers = [m for m in monitors if m.best_weights() == "restored"]
-    for saver, restorer in itertools.product(savers, restorers):
-        if saver.monitor != restorer.monitor:
-            warnings.warn(
-                f"{type(saver).__name__} keeps the best weights by {saver.monitor!r} but {type(restorer).__name__} "
-                f"restores the best by {restorer.monitor!r}; the best checkpoint and the final weights may be "
-                "different models: monitor the same key",
-                UserWarning,
-                stacklevel=5,  # the caller of fit
-            )
