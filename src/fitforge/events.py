@@ -2,12 +2,7 @@
 handler declares (:mod:`fitforge.core.roles`), the run's services handlers share
 (:mod:`fitforge.core.services`: ``Services``, ``Undoable``), ``state.run``
 (:class:`~fitforge.core.state.RunControl`), and the :class:`~fitforge.core.state.Ending` a stop may
-give (``state.run.stop(reason, ending=...)``).
-
-Example:
-    >>> class PrintLoss(EpochEnd):
-    ...     def epoch_end(self, state):
-    ...         print(state.epoch, state.metrics.get("train_loss"))
+give (``state.run.stop(reason, ending=...)``). docs/handlers.md is the reference.
 """
 
 from fitforge.core.events import (

@@ -2,15 +2,7 @@
 FluxTraining.jl's ``BackwardEnd``), called for an event only if it inherits that event's mixin (and,
 when it declares ``handled_events``, lists the event there: how ``LambdaHandler`` and ``throttle(...)``
 narrow theirs). Each hook takes the :class:`~fitforge.TrainState` and may return a truthy value from
-``batch_end``/``epoch_end`` to request a stop.
-
-Ordering: lower ``priority`` runs first (a :class:`Stage` or any int); ``run_after`` names handler
-classes to run after whatever their priorities; ties keep the order handlers were given in.
-
-Example:
-    >>> class PrintLoss(EpochEnd):
-    ...     def epoch_end(self, state):
-    ...         print(state.epoch, state.metrics.get("train_loss"))
+``batch_end``/``epoch_end`` to request a stop. The order among handlers: :mod:`fitforge.core.dispatch`.
 """
 
 from __future__ import annotations

@@ -2,18 +2,9 @@
 
 ``fit_batch`` does forward, loss and backward; the optimizer step belongs to
 :class:`~fitforge.handlers.GradientUpdateHandler`, so handlers can act between the two. Subclass it
-for other steps: seq2seq with teacher forcing, detection with anchor matching, GANs.
-
-The contract of a custom step (``fit_batch`` written whole; docs/custom-steps.md says more), which
-the default keeps too: call ``self.backward(loss)``, not ``loss.backward()`` (an overridden step runs
-under the estimator's autocast; this leaves it and scales the loss under ``"16-mixed"``); forward
-through ``state.estimator.train_net`` (DDP's wrapper); declare the names given to ``state.log`` in
-:attr:`BatchProcessor.logs`; return a :class:`~fitforge.BatchOutput` with ``batch_size`` set.
-
-Example:
-    >>> class TeacherForcing(BatchProcessor):
-    ...     def forward(self, net, inputs, label):
-    ...         return net(*inputs, label)        # the decoder sees the shifted target
+for other steps (teacher forcing, anchor matching, a GAN's turns); what a step written whole must
+keep (``self.backward(loss)``, a forward through ``train_net``, declared ``logs``, a ``BatchOutput``
+with ``batch_size``) is docs/custom-steps.md's contract, which the default keeps too.
 """
 
 from __future__ import annotations
@@ -55,16 +46,9 @@ class BatchProcessor:
             and a given loss receive; by default ``"logits"`` with ``Estimator(loss=None)``, else
             the whole output.
 
-    With ``Estimator(net, loss=None)`` the net computes its own loss (its output's ``loss``), as a
-    Hugging Face model does: a dict batch keeps its label among the features, and a
-    ``(data, label)`` pair passes it as the last argument (``net(*data, label)``).
-
     Attributes:
-        logs: the names the steps give ``state.log(name, value)``, declared so that
-            ``train_<name>``/``val_<name>`` are known before training (monitors, CSV columns).
-        record_loss: False leaves the steps' loss out of ``train_loss``/``val_loss`` (and the
-            per-loss means), for a step whose loss means another thing batch by batch (a GAN's
-            turns), which logs its losses by name instead. The loss still trains and is checked.
+        logs: the names the steps give ``state.log(name, value)``, known before training.
+        record_loss: False leaves the steps' loss out of ``train_loss``/``val_loss`` (a GAN's turns).
     """
 
     host_inputs: tuple[int, ...] = ()

@@ -3,17 +3,8 @@
 fitforge never asks a handler's class or looks for an attribute by name: it asks for a role,
 ``role_of(handler, Validating)``, which finds it on the handler itself or on the handler a wrapper
 holds (:class:`Wrapping`, e.g. ``throttle(...)``), so a wrapper keeps the roles of what it wraps
-without forwarding anything. A handler of your own that inherits a role takes part as the built-in
-one does (the default handlers are still replaced by class: see ``fitforge.handlers.defaults``).
-What handlers share among themselves is no role: it passes through the run's services
-(:mod:`fitforge.core.services`). docs/handlers.md (Roles) tables what fitforge does with each role.
-
-Example:
-    >>> from fitforge.events import EpochEnd
-    >>> class MyValidation(EpochEnd, Validating):
-    ...     priority = -999  # Stage.METRICS + 1: before the handlers that read this epoch's values
-    ...     def epoch_end(self, state):
-    ...         state.metrics["val_score"] = 1.0   # counts for EarlyStoppingHandler("val_score")
+without forwarding anything. docs/handlers.md (Roles) tables what fitforge does with each role,
+with an example of a validation of your own.
 """
 
 from __future__ import annotations
@@ -73,12 +64,9 @@ def plays(handlers: Iterable[object], role: type) -> bool:
 
 
 class Monitoring:
-    """Watches a history key (``"val_loss"``): fit checks, before training, that the run produces
-    it (a key only a custom validation can give is checked at its first use).
-
-    ``monitor`` is the key, or None when the handler watches nothing this run. :meth:`best_weights`
-    says whether it keeps the best weights by that key (``"saved"``: a best checkpoint) or puts them
-    back (``"restored"``); a run doing both by different keys gets a warning."""
+    """Watches a history key, ``monitor`` (None: nothing this run), which fit checks the run produces.
+    :meth:`best_weights` says whether it keeps the best weights by that key (``"saved"``: a best
+    checkpoint) or puts them back (``"restored"``)."""
 
     monitor: str | None = None
 

@@ -106,33 +106,15 @@ class CheckpointSaver(Protocol):
 class Services:
     """The services of one fit (an evaluation's: what its own handlers offer; none in ``predict``).
 
+    Its services, who offers them and who reads them: docs/handlers.md ("Services: what handlers share").
+    Those the table leaves out:
+
     Attributes:
-        history_keys: the history keys the run records, as known now (fit's: the metrics', the
-            validation's and the declared logged names).
-        keys_complete: False when a validation of its own (an ``eval_fn``) records keys known only
-            once it ran.
-        validates_mid_epoch: a validation runs between training batches too (``batch_period``).
-        epoch_lines: per handler printing each epoch's line to the log, whether it does now (a
-            progress bar then shows none).
         bars: the progress bars' epoch ends, which a handler printing an epoch's line calls first, so
             that the epoch's bar ends above the line (a second call does nothing).
-        guards_nonfinite: a handler acts on nan or inf losses (a diverged run needs no hint to add one).
-        undoables: the state set back with the weights when batches are undone (metric sums,
-            averaged weights).
-        checkpoints: the handlers saving checkpoints, in the order they offered (the fit's handlers
-            as given, defaults first).
-        steps: the optimizer stepping (GradientUpdateHandler): ``accumulate``, the steps each optimizer
-            took (``steps_per_optimizer(state)``), an open group shared before a checkpoint.
-        averages: the handlers keeping averaged weights (EMAHandler): ``averaged_state_dict()``; fit
-            evaluates with the one there is.
-        first_batch_checks: called with the state on the run's first batch once ``state.output``
-            exists, before its optimizer step and any ``batch_end`` hook (an evaluation's: on the
-            validation batch checked before training); one raises a clear error to refuse the run.
         step_skips: the device flags (float 0-d, 1: skip) that fused optimizer steps skip on, as their
             offerers set them at their ``train_begin`` (NaNGuardHandler's, at ``Stage.GUARD``); the
             stepping reads them at its own, after.
-        before_save: called with the state on every rank right before a checkpoint saves it; may
-            put another state in place (a spike guard's last good weights), which is the one saved.
         running_values: the epoch-so-far values' sources (MetricHandler's), which
             ``state.running_metrics()`` reads.
         logged: the named values ``state.log`` keeps until a MetricHandler takes them.

@@ -91,12 +91,8 @@ class BatchOutput:
         losses: each loss's unweighted value, in loss order.
         batch_size: number of samples, used to weight loss and metric means.
         step: which optimizers :class:`~fitforge.handlers.GradientUpdateHandler` steps for this
-            batch: a list or tuple of indices into ``estimator.optimizers`` and/or optimizers of that
-            list; None (the default) steps every optimizer. A GAN's ``fit_batch`` alternates: the
-            discriminator's loss and ``step=[0]`` on even batches, the generator's and ``step=[1]``
-            on odd ones (or ``step=[opt_d]`` / ``step=[opt_g]``). The gradients the batch left on
-            the parameters of an optimizer it does not step are discarded, gradient accumulation
-            counts each optimizer's own batches (see GradientUpdateHandler). Only fit reads it.
+            batch (indices into ``estimator.optimizers`` and/or optimizers of that list); None steps
+            every optimizer. A GAN's turns: docs/custom-steps.md. Only fit reads it.
         items: how many items the batch's mean loss averages over (a 0-d tensor on the device), when
             the step backpropagated ``loss * items`` so that accumulated batches weigh by their items
             (see :mod:`fitforge.optim.item_counts`); None otherwise.
@@ -116,16 +112,9 @@ class BatchOutput:
 
 @dataclass(frozen=True, slots=True)
 class Ending:
-    """How a stop ends ``fit`` when the run's outcome is not a plain finish (see
-    :meth:`RunControl.stop`): training stops as any stop does (the batch's and the epoch's
-    handlers run, checkpoints are written, ``train_end`` runs), the closing log line opens with
-    ``word`` instead of "Finished", and then ``fit`` raises ``error`` for its caller to see how
-    the run ended. A pruned Optuna trial ends so: ``Ending("Pruned", optuna.TrialPruned(...))``.
-
-    Attributes:
-        word: the closing line's first word, e.g. ``"Pruned"``.
-        error: raised by ``fit`` once training stopped cleanly.
-    """
+    """How a stop ends ``fit`` when the run's outcome is not a plain finish (:meth:`RunControl.stop`):
+    the closing log line opens with ``word`` (``"Pruned"``) and ``fit`` raises ``error`` once training
+    stopped cleanly (docs/handlers.md, "Stopping and cancelling")."""
 
     word: str
     error: BaseException
@@ -185,22 +174,13 @@ class RunControl:
 
     def stop(self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None) -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
-        ``train_end``. The first reason given is kept (and stored in ``history.stop_reason``).
+        ``train_end``. The first reason given is kept (and stored in ``history.stop_reason``); the
+        first ``ending`` given is kept, its reason replacing a plain stop's (docs/handlers.md).
 
-        ``ending``: the stop decides how the run ends (an :class:`Ending`): once training stopped
-        cleanly, ``fit`` raises ``ending.error`` instead of returning, and the closing log line
-        opens with ``ending.word``. The first ending given is kept, and its reason replaces the
-        reason of a plain stop requested before it: that is how the run ended.
-
-        Under torch.distributed, a stop one rank requests at a batch end takes effect on every rank
-        at the next stop agreement, a few batches later at most (see
-        :mod:`fitforge.distributed.stop_agreement`). ``every_rank=True`` says that every rank
-        requests this stop at this same batch (it was decided from values equal on every rank:
-        counters, or values reduced across ranks), so the ranks agree on it at once; a rank that
-        does not request it then leaves the collectives unpaired (a hang, or a
-        collective-mismatch error). A stop with an ``ending`` should be requested so on every
-        rank: the agreement carries that a stop was requested, not its ending, so a rank that did
-        not request it would return from ``fit`` where the others raise."""
+        ``every_rank=True``: every rank requests this stop at this same batch, so the ranks agree on
+        it at once; a rank that does not request it leaves the collectives unpaired (a hang). A stop
+        with an ``ending`` should be requested so on every rank: the agreement carries that a stop
+        was requested, not its ending (docs/distributed.md)."""
         self.stop_every_rank = self.stop_every_rank or every_rank
         if ending is not None and self.stop_ending is None:
             self.stop_ending = ending
@@ -284,22 +264,9 @@ class TrainState:
         return values
 
     def log(self, name: str, value: torch.Tensor | float) -> None:
-        """Log a named value, e.g. ``state.log("g_loss", g_loss)`` in a GAN's ``fit_batch``.
-
-        The MetricHandler averages each name's values over the epoch's calls (the mean over
-        batches) into ``train_<name>`` in fit and ``val_<name>`` in evaluate. Declare a processor's
-        names in its ``logs`` attribute so that monitors and CSV columns know them before training
-        (docs/custom-steps.md). A tensor stays on its device. Without a MetricHandler the values are
-        dropped with one warning per fit (silently in ``predict`` and ``lr_find``).
-
-        Args:
-            name: a non-empty str.
-            value: a tensor with one element (any device, any real dtype but bool) or a real
-                Python number (not a bool).
-
-        Raises:
-            FitforgeTypeError / FitforgeValueError: a bad ``name`` or ``value``.
-        """
+        """Log a named value (a tensor with one element, kept on its device, or a real number), e.g.
+        ``state.log("g_loss", g_loss)`` in a GAN's ``fit_batch``: the MetricHandler averages it over the
+        epoch into ``train_<name>``/``val_<name>`` (docs/custom-steps.md, "Logging values by name")."""
         entry = (name, checked_value(name, value))
         pending = self.services.logged
         # Kept until a MetricHandler takes them: in evaluate one always runs (before its first
