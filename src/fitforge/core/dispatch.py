@@ -5,12 +5,9 @@ field before its readers" among handlers of one priority, and among handlers fre
 ``(priority, position given)`` goes first. So priorities decide unless an edge says otherwise, and a
 cycle is an error naming the handlers in it.
 
-Declared state access (FluxTraining.jl's ``stateaccess``; docs/handlers.md has the rules): a handler
-declares ``reads`` and/or ``writes``, tuples of TrainState field names, ``"shared.<key>"`` or
-``"services.<name>"`` (one that declares neither keeps full access). Writing a field means assigning
-it or changing the object in it (``state.run.stop()`` writes ``run``). Two writers of one field at one
-priority must be ordered by ``run_after``, else a :class:`~fitforge.exceptions.HandlerOrderError` names
-both (handlers of one class, and writers of ``run``, need no order: a stop takes effect once the
+Declared state access (``reads``/``writes``; the names and rules: docs/handlers.md): two writers of one
+field at one priority must be ordered by ``run_after``, else a :class:`~fitforge.exceptions.HandlerOrderError`
+names both (handlers of one class, and writers of ``run``, need no order: a stop takes effect once the
 event's handlers ran). The ordering is free; enforcing the declarations is a debug mode
 (``fit(check_access=True)``, see :mod:`fitforge.tools.access_guard`)."""
 

@@ -30,11 +30,6 @@ class History(Mapping):
             holds the values matching the weights; None for the last epoch's weights. A new epoch
             clears it; checkpoints keep it.
         stop_reason: why training stopped (``"reached epochs=5"``, early stopping's reason...).
-
-    Example:
-        >>> history = estimator.fit(train, val_data=val, epochs=3)  # doctest: +SKIP
-        >>> history["val_accuracy"][-1]                              # doctest: +SKIP
-        0.97
     """
 
     def __init__(self) -> None:
@@ -165,9 +160,6 @@ class History(Mapping):
         Args:
             path: where to save a PNG; None only returns the figure.
             keys: metric names without prefix (default: every ``train_``/``val_`` name but speeds).
-
-        Raises:
-            ImportError: matplotlib is not installed (``pip install fitforge[plot]``).
         """
         try:
             import matplotlib.pyplot as plt

@@ -145,10 +145,7 @@ class RunControl:
             second signal's ``KeyboardInterrupt``), else None; it is raised again after ``train_end``.
             A ``train_end`` hook that fails once training is over sets it for the hooks after it.
         training_over: the epochs are over and ``train_end`` runs for a run no exception ended.
-        stop_requested / stop_reason: set by :meth:`stop`.
-        stop_every_rank: a stop was requested with ``every_rank=True`` (see :meth:`stop`).
-        stop_ending: the :class:`Ending` of a stop that ends fit with an exception of its own (a
-            pruned trial's ``optuna.TrialPruned``), set by :meth:`stop`; else None.
+        stop_requested, stop_reason, stop_every_rank, stop_ending: set by :meth:`stop` (its arguments).
         ranks: the processes of the run, for a decision every rank must share
             (:mod:`fitforge.core.processes`): ``state.run.ranks.main``, ``state.run.ranks.any(flag)``... In
             one process every answer is this process's own. A collective must be reached by every
@@ -208,18 +205,7 @@ class TrainState:
     """The one object every hook receives. Which field holds what at which event, and how the
     counters count (0-based; ``global_step``: training batches completed before the current one):
     docs/handlers.md, "What a handler sees". In ``evaluate`` and ``predict`` the state is the pass's own.
-
-    Attributes:
-        prefix: the first word of the keys the MetricHandler records: None for the phase's own,
-            ``train`` in fit and ``val`` in evaluate; ``evaluate(data, prefix="test")`` sets
-            ``"test"`` (``test_loss``, ``test_accuracy``...). The phase stays ``"validate"``.
-        optimizer_steps: optimizer steps taken (fewer than ``global_step`` with gradient accumulation).
-        accumulated_batches: batches whose gradients wait for the next optimizer step.
-        num_batches: ``len(data)`` when the data has a length, else None.
-        shared: a free dict for handlers to pass values to each other.
-        services: what the run's handlers share (:class:`~fitforge.core.services.Services`): each offers
-            its part before ``train_begin`` (an evaluation's handlers, before its first pass).
-        run: the run's limits, processes, resume, stop and end (:class:`RunControl`).
+    ``prefix``: the keys' first word, None for the phase's own (``evaluate(data, prefix="test")``: ``test_loss``).
     """
 
     estimator: EstimatorLike

@@ -79,14 +79,8 @@ def class_indices(pred: torch.Tensor, label: torch.Tensor) -> bool:
 def sequence_scores(pred: torch.Tensor, label: torch.Tensor) -> bool:
     """Scores ``(N, T, C)`` (classes last, as a sequence model returns them) for class indices ``(N, T)``:
     the classification losses take the classes on dim 1, ``(N, C, T)``."""
-    return (
-        pred.dim() == 3
-        and not label.is_floating_point()
-        and label.dtype != torch.bool
-        and label.shape == pred.shape[:2]
-        # as many positions as classes fits both readings: torch takes dim 1 as the classes, silently
-        and pred.shape[1] != pred.shape[2]
-    )
+    # As many positions as classes fits both readings: torch takes dim 1 as the classes, silently.
+    return pred.dim() == 3 and pred.shape[1] != pred.shape[2] and class_indices(pred.transpose(1, 2), label)
 
 
 def sequence_fix(which: str, fn: Callable, pred: torch.Tensor, label: torch.Tensor) -> str:
