@@ -59,11 +59,6 @@ def _tensors(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value)
 
 
-def _labels(value: Any) -> bool:
-    """A label: a tensor, a tuple of tensors, or a dict of tensors by output name."""
-    return _tensors(list(value.values()) if isinstance(value, Mapping) else value)
-
-
 # A list or tuple of more than _ALL_SHOWN items is described by its first _SHOWN_ITEMS: a list of rows
 # (arrays given as Python lists) would fill pages of an error message.
 _ALL_SHOWN, _SHOWN_ITEMS = 6, 3
@@ -106,7 +101,7 @@ def unpack_batch(batch: Any, label_keys: tuple[str, ...] = LABEL_KEYS) -> tuple[
             f"a batch must be a (data, label) pair or data alone, got a {shape_of(batch)}: {_pair_help(batch)}"
         )
     data, label = batch
-    if not _tensors(data) or not _labels(label):
+    if not _tensors(data) or not _tensors(list(label.values()) if isinstance(label, Mapping) else label):
         raise BatchFormatError(
             f"a batch must be a (data, label) pair of tensors or tuples of tensors (the label may be a dict of "
             f"tensors), got data: {shape_of(data)}, label: {shape_of(label)}: "

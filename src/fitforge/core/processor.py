@@ -146,10 +146,13 @@ class BatchProcessor:
             label = to_device(label, device, estimator.non_blocking)
         inputs = self._inputs_to(inputs, estimator)
         if estimator.loss is None and label is not None:  # the net computes its loss: it needs the label
-            key = self.label_key or "labels"
-            if isinstance(batch, Mapping) and not self._unpack_overridden:
-                key = label_key_of(batch, self.label_keys)
-            inputs = _with_label(inputs, label, key)
+            if isinstance(inputs, dict):  # among keyword inputs, under the batch's own key (else label_key)
+                key = self.label_key or "labels"
+                if isinstance(batch, Mapping) and not self._unpack_overridden:
+                    key = label_key_of(batch, self.label_keys)
+                inputs = {**inputs, key: label}
+            else:  # last among positional inputs
+                inputs = (*inputs, *(label if isinstance(label, tuple) else (label,)))
         return inputs, label
 
     def forward(self, net: torch.nn.Module, inputs: Inputs, label: Any) -> Any:
@@ -196,8 +199,9 @@ class BatchProcessor:
             return output  # the loss or the metric says what it cannot take
         value = output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
         if value is None:
+            keys = f" (keys: {', '.join(map(str, output))})" if isinstance(output, Mapping) else ""
             raise FitforgeValueError(
-                f"the net returned a {type(output).__name__}{_keys(output)} without {key!r}, the item metrics and "
+                f"the net returned a {type(output).__name__}{keys} without {key!r}, the item metrics and "
                 "predict read; name the item to read: batch_processor=BatchProcessor(output_key=...)"
             )
         return value
@@ -261,21 +265,9 @@ class BatchProcessor:
             return self.prediction(state, self.forward(state.estimator.val_net, inputs, None))
 
 
-def _with_label(inputs: Inputs, label: Any, key: str) -> Inputs:
-    """The inputs of a net that computes its own loss: the label back among keyword inputs (under
-    ``key``: the batch's own, else ``label_key`` or ``"labels"``), or last among positional inputs."""
-    if isinstance(inputs, dict):
-        return {**inputs, key: label}
-    return (*inputs, *(label if isinstance(label, tuple) else (label,)))
-
-
 def _has(output: Any, key: str) -> bool:
     """Whether a net's dict or ``ModelOutput``-like output holds ``key`` (not None)."""
     return (output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)) is not None
-
-
-def _keys(output: Any) -> str:
-    return f" (keys: {', '.join(map(str, output))})" if isinstance(output, Mapping) else ""
 
 
 def bound_step(processor: Any, estimator: EstimatorLike, method: str) -> Callable[[TrainState, Any], Any]:

@@ -35,10 +35,10 @@ def hint(fn: Callable, pred: Any, label: Any) -> str:
     if not tensors(pred, label):
         return ""
     classifier = isinstance(fn, CLASSIFIERS)
-    indices = classifier and not label.is_floating_point() and label.shape == (pred.shape[0], *pred.shape[2:])
+    classes = (pred.shape[0], *pred.shape[2:])
+    indices = classifier and not label.is_floating_point() and label.shape == classes
     if indices and label.dtype not in (torch.int64, torch.uint8):  # labels beyond the classes: _failure's check
         return f"; class-index labels must be int64, got {dtype_name(label.dtype)}: use label.long()"
-    classes = (pred.shape[0], *pred.shape[2:])
     if classifier and label.is_floating_point() and label.shape != pred.shape:
         return f"; class-index labels must be int64 of shape {classes}: use label.long()"
     if classifier and label.dim() == pred.dim() and label.shape[1:2] == (1,):
