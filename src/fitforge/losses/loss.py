@@ -1,13 +1,10 @@
 """One or several losses matched to the net's outputs and the labels by position or by name, or the
-loss a model computes itself.
+loss a model computes itself (the rules: docs/getting-started.md, "Several outputs and losses").
 
 ``LossSet(loss, weights)`` computes the weighted total and each part; ``ModelLoss`` (``loss=None``)
-reads the ``loss`` of the model's output. By position (a loss or a list of them), counts must agree:
-one output, one label and one loss each, or tuples of equal length. By name (``loss`` a dict such as
-``{"cls": nn.CrossEntropyLoss(), "reg": nn.MSELoss()}``), the net's output and the label are dicts
-holding every name of ``loss`` (extra items are left alone); only then is a dict output read as named
-outputs. Each loss is known by its output's *key*: its position (an int) or its name (a str). A loss
-that fails on its inputs is re-raised as a :class:`~fitforge.exceptions.LossInputError` with a fix.
+reads the ``loss`` of the model's output. Each loss is known by its output's *key*: its position (an
+int) or its name (a str). A loss that fails on its inputs is re-raised as a
+:class:`~fitforge.exceptions.LossInputError` with a fix.
 """
 
 from __future__ import annotations
