@@ -149,20 +149,9 @@ def _size_hint(
     module: nn.Module, layer: str, received: list[tuple[str, torch.Tensor]], inputs: list[torch.Tensor]
 ) -> str:
     """The fix for a layer whose input size (features, channels) does not match its own; else ""."""
-    expected = _expected_size(module, received[0][1]) if received else None
-    if expected is None:
+    if not received:
         return ""
-    want, got, what, argument = expected
-    if any(received[0][1] is data for data in inputs):
-        return f"the data has {got} {what} but {layer} expects {want}: give it {argument}={got}, or check the data"
-    return (
-        f"{layer} expects {want} {what} but receives {got} from the layers before it: give it "
-        f"{argument}={got}, or make the layers before it output {want}"
-    )
-
-
-def _expected_size(module: nn.Module, x: torch.Tensor) -> tuple[int, int, str, str] | None:
-    """``(expected, received, what is counted, the layer's argument)`` when ``x`` does not fit."""
+    x = received[0][1]
     if isinstance(module, nn.Linear) and x.dim() >= 1:
         want, got, what, argument = module.in_features, x.shape[-1], "features", "in_features"
     elif isinstance(module, _CONVOLUTIONS) and x.dim() in (len(module.kernel_size) + 1, len(module.kernel_size) + 2):
@@ -171,8 +160,15 @@ def _expected_size(module: nn.Module, x: torch.Tensor) -> tuple[int, int, str, s
     elif isinstance(module, _BATCH_NORMS) and x.dim() >= 2:
         want, got, what, argument = module.num_features, x.shape[1], "channels", "num_features"
     else:
-        return None
-    return None if want == got else (want, got, what, argument)
+        return ""
+    if want == got:
+        return ""
+    if any(x is data for data in inputs):
+        return f"the data has {got} {what} but {layer} expects {want}: give it {argument}={got}, or check the data"
+    return (
+        f"{layer} expects {want} {what} but receives {got} from the layers before it: give it "
+        f"{argument}={got}, or make the layers before it output {want}"
+    )
 
 
 def _dtype_hint(module: nn.Module, received: list[tuple[str, torch.Tensor]]) -> str:

@@ -184,31 +184,19 @@ def _no_event(handler: object, argument: str) -> FitforgeTypeError:
     )
 
 
-def _cycle(stuck: list[int], after: dict[int, set[int]]) -> list[int]:
-    """One cycle among handlers left unordered: follow 'must run after' edges until one repeats."""
-    path, node = [], stuck[0]
-    while node not in path:
-        path.append(node)
-        node = next(j for j in sorted(after[node]) if j in stuck)
-    return path[path.index(node) :] + [node]
-
-
 Plan = tuple[tuple[int, ...], tuple[tuple[Event, ...], ...]]  # the order, and each ordered handler's events
 _ORDERS: dict[tuple, Plan] = {}  # the handlers' descriptions -> their plan, for later fits
 _MAX_ORDERS = 256
 
 
-def _description(h: EventHandler) -> tuple:
-    """What the order of handler ``h`` among others depends on (its events follow from its class and
-    ``handled_events``; its access and ``run_after`` from its declarations)."""
-    return (type(h), type(unwrapped(h)), h.priority, h.reads, h.writes, h.run_after, h.handled_events)
-
-
 def _plan(handlers: Sequence[EventHandler]) -> Plan:
     """The order of ``handlers`` and the events of each in that order, remembered for later fits
     with the same kinds of handlers (a fit's fixed cost; unhashable declarations are ordered afresh)."""
-    try:
-        key: tuple | None = tuple(_description(h) for h in handlers)
+    try:  # what a handler's place depends on: its events follow from its class and handled_events
+        key: tuple | None = tuple(
+            (type(h), type(unwrapped(h)), h.priority, h.reads, h.writes, h.run_after, h.handled_events)
+            for h in handlers
+        )
         plan = _ORDERS.get(key)  # type: ignore[arg-type]
     except TypeError:  # unhashable declarations
         key, plan = None, None
@@ -250,8 +238,13 @@ def _order(handlers: Sequence[EventHandler]) -> tuple[int, ...]:
             waiting[k] -= 1
             if waiting[k] == 0:
                 heapq.heappush(ready, (handlers[k].priority, k))
-    if len(ordered) < len(handlers):
-        cycle = _cycle([i for i in after if i not in ordered], after)
+    if len(ordered) < len(handlers):  # one cycle among those left: follow their edges until one repeats
+        stuck = [i for i in after if i not in ordered]
+        cycle, node = [], stuck[0]
+        while node not in cycle:
+            cycle.append(node)
+            node = next(j for j in sorted(after[node]) if j in stuck)
+        cycle = cycle[cycle.index(node) :] + [node]
         raise HandlerOrderError(
             "handler ordering has a cycle through run_after: "
             + " runs after ".join(repr(handlers[i]) for i in cycle)
