@@ -1,9 +1,5 @@
 """An evaluation set up once and run as often as asked: by ``Estimator.evaluate``, and by a fit's
-ValidationHandler at every validation.
-
-The checks before its first pass (:mod:`fitforge.checks`) set it up (data, placement, handlers);
-each pass then costs its batches, a fresh state and its events. Until a pass reads a batch, the
-first batch goes through ``first_check`` (an error in the net explained).
+ValidationHandler at every validation. Each pass costs its batches, a fresh state and its events.
 """
 
 from __future__ import annotations

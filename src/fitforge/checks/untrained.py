@@ -1,8 +1,5 @@
-"""Trainable parameters that no optimizer holds, named once at fit start.
-
-Fine-tuning often builds the optimizer over the parameters that train *now* (``Adam(p for p in
-net.parameters() if p.requires_grad)``); a backbone unfrozen later trains, silently, in no
-optimizer. A frozen parameter outside every optimizer is no mistake and goes unmentioned.
+"""Trainable parameters that no optimizer holds, named once at fit start (a backbone unfrozen after the
+optimizer was built over the head: docs/fine-tuning.md). A frozen one outside every optimizer is no mistake.
 """
 
 from __future__ import annotations

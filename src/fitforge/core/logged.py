@@ -1,8 +1,5 @@
-"""Named values a step or a handler logs with :meth:`TrainState.log <fitforge.TrainState.log>`.
-
-``state.log(name, value)`` checks its arguments and appends ``(name, value)`` to the state's
-:class:`PendingValues`; the run's MetricHandler, a layer above, averages them per epoch and
-publishes ``train_<name>``/``val_<name>``.
+"""Named values a step or a handler logs with :meth:`TrainState.log <fitforge.TrainState.log>`, kept in
+the state's :class:`PendingValues` until the run's MetricHandler (a layer above) averages them per epoch.
 """
 
 from __future__ import annotations

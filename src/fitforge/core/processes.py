@@ -18,14 +18,8 @@ T = TypeVar("T")
 
 
 class Processes(Protocol):
-    """The processes of a fit, as a handler sees them.
-
-    Attributes:
-        rank: this process's index (0 alone).
-        main: this process reports and writes for all (rank 0).
-        several: more than one process runs the fit.
-        size: how many processes run it.
-    """
+    """The processes of a fit, as a handler sees them: ``rank`` (0 alone), ``main`` (rank 0, which reports
+    and writes for all), ``several`` (more than one process) and ``size``."""
 
     rank: int
     main: bool

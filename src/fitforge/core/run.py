@@ -39,19 +39,14 @@ class RunContext:
     """One run of the loop (a fit, or an evaluate or predict pass).
 
     Attributes:
-        dispatcher: the run's handlers, ordered, with their hooks per event.
-        step: called per batch: the processor's ``fit_batch`` (or the pass's step).
-        data: the data, epoch by epoch; ``name``: what it is called in errors (``"train_data"``...).
-        coordinator: agreement on stops with other processes (:class:`Alone` in one process).
+        name: what the data is called in errors (``"train_data"``...).
         prepare: called once after every ``train_begin`` and before the first epoch (a resume).
         resume_from: the checkpoint the run resumes from, weights loaded, as a checkpoint handler's
             ``train_begin`` picked it (of several, the last); ``prepare`` restores the rest.
         allow_empty: a pass of no batch is no error (a rank's share of evaluation data may be empty).
-        check: the step of the run's first batch, with the checks before the first optimizer step
-            (:mod:`fitforge.checks.first_batch`), called instead of ``step`` until a batch went
-            through it. None: nothing to check.
-        watch: in a pass run within a fit (a validation), asked between batches whether a signal
-            abandons the pass; None otherwise.
+        check: the step of the run's first batch, with its checks (:mod:`fitforge.checks.first_batch`),
+            called instead of ``step`` until a batch went through it. None: nothing to check.
+        watch: in a pass within a fit (a validation), asked between batches whether a signal abandons it.
     """
 
     dispatcher: Dispatcher
