@@ -115,24 +115,32 @@ def _check_count(
 ) -> None:
     if value is None and allow_none:
         return
-    sign = "non-negative" if zero_allowed else "positive"
-    expected = f"a {sign} {'int' if kinds == (int,) else 'number'}{' or None' if allow_none else ''}"
     if isinstance(value, bool) or not isinstance(value, kinds):
+        expected = _expected_count(kinds, allow_none, zero_allowed)
         raise FitforgeTypeError(f"{owner}: {name} must be {expected}, got {describe(value)}")
     number = cast(float, value)  # a number by now; cast for the type checker
     if math.isnan(number) or number < 0 or (number == 0 and not zero_allowed):
-        raise FitforgeValueError(f"{owner}: {name} must be {expected}, got {value!r}")
+        raise FitforgeValueError(
+            f"{owner}: {name} must be {_expected_count(kinds, allow_none, zero_allowed)}, got {value!r}"
+        )
+
+
+def _expected_count(kinds: tuple[type, ...], allow_none: bool, zero_allowed: bool) -> str:
+    """What a count check expects, in words: built for its error only (checks run on every fit)."""
+    sign = "non-negative" if zero_allowed else "positive"
+    return f"a {sign} {'int' if kinds == (int,) else 'number'}{' or None' if allow_none else ''}"
 
 
 def check_number(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
     """``value`` must be a real number that is not nan (or None when ``allow_none``)."""
     if value is None and allow_none:
         return
-    expected = f"a number{' or None' if allow_none else ''}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise FitforgeTypeError(f"{owner}: {name} must be {expected}, got {describe(value)}")
+        raise FitforgeTypeError(
+            f"{owner}: {name} must be a number{' or None' if allow_none else ''}, got {describe(value)}"
+        )
     if math.isnan(value):
-        raise FitforgeValueError(f"{owner}: {name} must be {expected}, not nan")
+        raise FitforgeValueError(f"{owner}: {name} must be a number{' or None' if allow_none else ''}, not nan")
 
 
 def check_flag(owner: str, name: str, value: Any) -> bool:

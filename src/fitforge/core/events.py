@@ -162,8 +162,10 @@ def offered(handlers: Iterable[object], services: Services) -> Services:
     """``services`` with what each of ``handlers`` offers (:meth:`EventHandler.offer`), in their order; a
     wrapper's handler (``throttle(...)``) offers its own."""
     for handler in handlers:
-        if isinstance(inner := unwrapped(handler), EventHandler):
-            inner.offer(services)
+        while isinstance(handler, Wrapping):  # unwrapped(), without a call per handler: a fit offers twice
+            handler = handler.handler
+        if isinstance(handler, EventHandler):
+            handler.offer(services)
     return services
 
 
