@@ -2,8 +2,10 @@
 
 A save goes to a temporary file in the target folder, is fsynced, renamed over the target with
 ``os.replace`` and the folder is fsynced: a crash at any instant leaves either the old file or the
-new one under the name, never a torn one. Loading uses ``torch.load(weights_only=True)``, so a
-checkpoint holds tensors and plain python values only and cannot run code when loaded.
+new one under the name, never a torn one. Wherever they are stored, a checkpoint's bytes are a
+``torch.save`` of a dict with a ``format_version`` and a ``checksum`` of its contents, read back with
+``torch.load(weights_only=True)``, so a checkpoint holds tensors and plain python values only and
+cannot run code when loaded.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         with os.fdopen(fd, "wb") as file:
             torch.save(obj, file)
             file.flush()
-            os.fchmod(file.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a plain save would not
+            umask = os.umask(0)  # the only portable way to read it is to set it
+            os.umask(umask)
+            os.fchmod(file.fileno(), 0o666 & ~umask)  # mkstemp makes 0600; a plain save would not
             os.fsync(file.fileno())
         os.replace(temp, path)
     except BaseException as err:
@@ -49,7 +53,13 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         if isinstance(err, OSError):
             raise _cannot_write(path, err.strerror or err) from err
         raise
-    _fsync_dir(path.parent)
+    # Makes the rename itself durable; not possible on every platform (e.g. Windows), where it is skipped.
+    with contextlib.suppress(OSError):
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return path
 
 
@@ -72,22 +82,6 @@ def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
     """``save_atomic`` a checkpoint with a ``checksum`` of its contents, which
     :func:`load_checkpoint` verifies: ``torch.load`` does not notice bytes flipped inside tensor data."""
     return save_atomic({**checkpoint, "checksum": content_digest(checkpoint)}, path)
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the only portable way to read it is to set it
-    os.umask(mask)
-    return mask
-
-
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename itself durable; not possible on every platform (e.g. Windows), where it is skipped.
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "cpu") -> dict:
@@ -126,17 +120,6 @@ def shards_in(folder: Folder) -> Shards:
     return lambda name: (local_path(base) / name, {})
 
 
-def _has_metadata(where: str | os.PathLike, options: dict) -> bool:
-    """Whether the shard folder ``where`` holds DCP's metadata (written last: its shards are whole)."""
-    if isinstance(where, os.PathLike):
-        return (Path(where) / ".metadata").is_file()
-    from fitforge.checkpoint.objects import open_store  # imports fsspec: only for a URL
-
-    fs, key = open_store(str(where), options)
-    fs.invalidate_cache(key)
-    return bool(fs.exists(f"{key}/.metadata"))
-
-
 def restore_weights(
     estimator: EstimatorLike,
     checkpoint: dict | str | os.PathLike | ObjectPath,
@@ -160,33 +143,37 @@ def restore_weights(
         # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
         # optimizer state as each optimizer expects (a CUDA step counter would sync every step).
         checkpoint = load_checkpoint(checkpoint, map_location="cpu")
-    if "sharded" in checkpoint:
-        return _restore_sharded(estimator, checkpoint, optimizers, folder)
+    if "sharded" in checkpoint:  # the weights (optimizer states, gradients) are in its DCP folder
+        where, options = shards_in(folder)(checkpoint["sharded"])
+        try:
+            checkpoint["grads"] = estimator.strategy.load_shards(
+                estimator, where, optimizers, grads=bool(checkpoint.get("accumulated_batches")), storage_options=options
+            )
+        except FileNotFoundError as err:
+            raise CheckpointError(
+                f"the sharded weights of this checkpoint are missing: {err}; keep the .dcp folder "
+                "beside the checkpoint file"
+            ) from err
+        return checkpoint
     check_fits(estimator, checkpoint, folder, optimizers, source)
     if estimator.strategy.sharded:  # whole weights, each rank keeping its shard (check_fits refused optimizers)
         estimator.strategy.load_weights(estimator.net, checkpoint["model"])
         return checkpoint
-    previous = _current_state(estimator, optimizers)
+    # What a failed load puts back: the weights copied to the host (the load writes into the
+    # parameters), the optimizers' and scaler's state dicts (a load replaces their tensors: references suffice).
+    previous: dict = {
+        "model": {key: value.detach().to("cpu", copy=True) for key, value in estimator.net.state_dict().items()}
+    }
+    if optimizers:
+        previous["optimizers"] = [optimizer.state_dict() for optimizer in estimator.optimizers]
+        if estimator.scaler is not None:
+            previous["scaler"] = estimator.scaler.state_dict()
     try:
         _load_state(estimator, checkpoint, optimizers, source)
     except BaseException:
         _load_state(estimator, previous, optimizers, "the state before the load")
         raise
     return checkpoint
-
-
-def _current_state(estimator: EstimatorLike, optimizers: bool) -> dict:
-    """What :func:`_load_state` puts back after a failed load: the weights copied to the host (the
-    load writes into the parameters), the optimizers' and scaler's state dicts (a load replaces
-    their tensors rather than writing into them, so references suffice)."""
-    state: dict = {
-        "model": {key: value.detach().to("cpu", copy=True) for key, value in estimator.net.state_dict().items()}
-    }
-    if optimizers:
-        state["optimizers"] = [optimizer.state_dict() for optimizer in estimator.optimizers]
-        if estimator.scaler is not None:
-            state["scaler"] = estimator.scaler.state_dict()
-    return state
 
 
 def _load_state(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, source: str) -> None:
@@ -215,15 +202,35 @@ def check_fits(
     """Raise a :class:`CheckpointError` unless ``checkpoint`` (called ``source`` in messages) can
     load into ``estimator`` (read only: names and shapes of the weights, the number of optimizers, a
     sharded checkpoint's folder)."""
-    if "sharded" in checkpoint:
-        if not _has_metadata(*shards_in(folder)(checkpoint["sharded"])):
+    if "sharded" in checkpoint:  # DCP's metadata is written last: with it, the shards are whole
+        where, options = shards_in(folder)(checkpoint["sharded"])
+        if isinstance(where, os.PathLike):
+            whole = (Path(where) / ".metadata").is_file()
+        else:
+            from fitforge.checkpoint.objects import open_store  # imports fsspec: only for a URL
+
+            fs, key = open_store(str(where), options)
+            fs.invalidate_cache(key)
+            whole = bool(fs.exists(f"{key}/.metadata"))
+        if not whole:
             raise CheckpointError(
                 f"the sharded weights of {source} are missing: no folder {checkpoint['sharded']} "
                 "with DCP metadata beside it"
             )
         return
-    problem = _mismatch(estimator.net, checkpoint["model"])
-    if problem:
+    own, weights = estimator.net.state_dict(), checkpoint["model"]
+    shapes = [
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs net {tuple(own[k].shape)}"
+        for k in own
+        if k in weights and weights[k].shape != own[k].shape
+    ]
+    parts = {
+        "missing keys": sorted(set(own) - set(weights)),
+        "unexpected keys": sorted(set(weights) - set(own)),
+        "shape mismatches": shapes,
+    }
+    if any(parts.values()):
+        problem = "; ".join(f"{what} {found}" for what, found in parts.items() if found)
         raise CheckpointError(f"the weights in {source} do not fit this net: {problem}")
     if not optimizers:
         return
@@ -246,32 +253,3 @@ def check_fits(
                 f"optimizer {i} is a {type(optimizer).__name__}; use a {name}, or pass "
                 "optimizers=False to load the weights only"
             )
-
-
-def _mismatch(net: torch.nn.Module, weights: dict) -> str:
-    """A description of how ``weights`` do not fit ``net`` ('' when they fit)."""
-    own = net.state_dict()
-    missing = sorted(set(own) - set(weights))
-    unexpected = sorted(set(weights) - set(own))
-    shapes = [
-        f"{k}: checkpoint {tuple(weights[k].shape)} vs net {tuple(own[k].shape)}"
-        for k in own
-        if k in weights and weights[k].shape != own[k].shape
-    ]
-    parts = {"missing keys": missing, "unexpected keys": unexpected, "shape mismatches": shapes}
-    return "; ".join(f"{what} {found}" for what, found in parts.items() if found)
-
-
-def _restore_sharded(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, folder: Folder) -> dict:
-    """Load the weights (optimizer states, gradients) a sharded checkpoint keeps in its DCP folder."""
-    where, options = shards_in(folder)(checkpoint["sharded"])
-    try:
-        checkpoint["grads"] = estimator.strategy.load_shards(
-            estimator, where, optimizers, grads=bool(checkpoint.get("accumulated_batches")), storage_options=options
-        )
-    except FileNotFoundError as err:
-        raise CheckpointError(
-            f"the sharded weights of this checkpoint are missing: {err}; keep the .dcp folder "
-            "beside the checkpoint file"
-        ) from err
-    return checkpoint

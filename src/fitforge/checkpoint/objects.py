@@ -56,15 +56,6 @@ def upload(fs: Any, key: str, data: bytes) -> None:
     fs.pipe_file(key, data)
 
 
-def write_object(fs: Any, key: str, checkpoint: dict) -> None:
-    """Save ``checkpoint`` (with its content checksum, as local files have) as the object ``key``,
-    then commit it (the order: see the module docstring)."""
-    data = checkpoint_bytes(checkpoint)  # built in memory first: the object goes up in one piece
-    remove(fs, key + COMMIT_SUFFIX)  # an earlier marker must not vouch for the bytes going up now
-    upload(fs, key, data)
-    _commit(fs, key, data)
-
-
 def _commit(fs: Any, key: str, data: bytes) -> None:
     """Write the commit marker of the object ``key``, which holds ``data``."""
     marker = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
@@ -150,8 +141,13 @@ class FsspecCheckpointIO:
         ]
 
     def write(self, name: str, checkpoint: dict) -> None:
+        """Upload ``checkpoint`` (with its content checksum, as local files have), then commit it."""
+        key = f"{self.key}/{name}"
         try:
-            write_object(self.fs, f"{self.key}/{name}", checkpoint)
+            data = checkpoint_bytes(checkpoint)  # built in memory first: the object goes up in one piece
+            remove(self.fs, key + COMMIT_SUFFIX)  # an earlier marker must not vouch for the bytes going up now
+            upload(self.fs, key, data)
+            _commit(self.fs, key, data)
         except OSError as err:
             raise CheckpointError(
                 f"cannot upload {self.root / name}: {err}; the checkpoints committed before are intact"
@@ -227,11 +223,18 @@ class FsspecCheckpointIO:
         strays: list[str] = []
         for name in sorted(present):
             if ours(name) and name + COMMIT_SUFFIX not in present:
-                verdict = self._settle(name)
-                if verdict == "foreign":
+                key = f"{self.key}/{name}"
+                data = self.fs.cat_file(key)
+                if not zipfile.is_zipfile(io.BytesIO(data)):  # torch.save writes a zip, whose directory comes last
+                    strays.append(name)
+                    continue
+                try:
+                    parse_checkpoint(io.BytesIO(data), str(self.root / name), require_checksum=True)
+                except CheckpointError:
                     self.foreign.add(name)
-                else:
-                    (adopted if verdict == "committed" else strays).append(name)
+                    continue
+                _commit(self.fs, key, data)
+                adopted.append(name)
             elif name.endswith(COMMIT_SUFFIX):
                 data_name = name.removesuffix(COMMIT_SUFFIX)
                 if data_name not in present and ours(data_name):
@@ -239,18 +242,3 @@ class FsspecCheckpointIO:
         for name in strays:
             remove(self.fs, f"{self.key}/{name}")
         return adopted, strays, sorted(self.foreign)
-
-    def _settle(self, name: str) -> str:
-        """Commit the uncommitted object ``name`` if it is a whole fitforge checkpoint ("committed");
-        else "cut" (not a whole file: torch.save writes a zip archive, whose directory comes last)
-        or "foreign"."""
-        key = f"{self.key}/{name}"
-        data = self.fs.cat_file(key)
-        if not zipfile.is_zipfile(io.BytesIO(data)):
-            return "cut"
-        try:
-            parse_checkpoint(io.BytesIO(data), str(self.root / name), require_checksum=True)
-        except CheckpointError:
-            return "foreign"
-        _commit(self.fs, key, data)
-        return "committed"

@@ -128,7 +128,15 @@ def resolve_io(
     if io is not None:
         if storage_options:
             raise FitforgeValueError(f"{owner}: storage_options are for a model_dir URL; give them to your io")
-        return check_io(io, owner)
+        missing = [method for method in ("write", "read", "names", "delete") if not callable(getattr(io, method, None))]
+        if isinstance(io, type):
+            raise FitforgeTypeError(f"{owner}: io must be an instance: pass io={io.__name__}(...), not the class")
+        if missing:
+            raise FitforgeTypeError(
+                f"{owner}: io must be a CheckpointIO (methods write(name, checkpoint), read(name), names(), "
+                f"delete(name)); {describe(io)} lacks {', '.join(missing)}"
+            )
+        return io
     if not isinstance(model_dir, (str, os.PathLike)):
         raise FitforgeTypeError(
             f"{owner}: model_dir must be a folder path, got {describe(model_dir)} (or an fsspec URL such as "
@@ -141,16 +149,3 @@ def resolve_io(
             f"storage_options are for an fsspec URL, but {str(model_dir)!r} is a local path; leave them out"
         )
     return LocalCheckpointIO(model_dir)
-
-
-def check_io(io: Any, owner: str) -> CheckpointIO:
-    """``io`` when it has the four methods of a :class:`CheckpointIO`; a clear error naming what it lacks."""
-    missing = [method for method in ("write", "read", "names", "delete") if not callable(getattr(io, method, None))]
-    if isinstance(io, type):
-        raise FitforgeTypeError(f"{owner}: io must be an instance: pass io={io.__name__}(...), not the class")
-    if missing:
-        raise FitforgeTypeError(
-            f"{owner}: io must be a CheckpointIO (methods write(name, checkpoint), read(name), names(), delete(name)); "
-            f"{describe(io)} lacks {', '.join(missing)}"
-        )
-    return io
