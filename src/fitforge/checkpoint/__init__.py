@@ -1,11 +1,6 @@
-"""Checkpointing and resume: atomic versioned files (in a local folder, or committed objects in an
-object store named by an fsspec URL), the folder's naming and rotation, the training
-state a checkpoint holds and resuming from it. (The data order it saves is the input side's,
-:mod:`fitforge.inputs.order`; the signals that stop a fit are the run's, :mod:`fitforge.signals.preemption`.)
-
-It may import :mod:`fitforge.metrics`, :mod:`fitforge.inputs`, :mod:`fitforge.distributed`,
-:mod:`fitforge.core` and :mod:`fitforge.exceptions`. ``CheckpointHandler`` itself lives with the other built-in handlers
-(:mod:`fitforge.handlers.checkpoint`), so that ``fitforge.handlers`` exports it.
+"""Checkpointing and resume: atomic versioned files (a local folder, or committed objects in an object
+store named by an fsspec URL), their naming and rotation, and the training state a checkpoint holds.
+``CheckpointHandler`` itself is :mod:`fitforge.handlers.checkpoint`.
 """
 
 from fitforge.checkpoint.async_writer import AsyncCheckpointIO

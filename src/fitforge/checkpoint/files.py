@@ -1,11 +1,8 @@
 """Atomic, versioned save and safe load of training checkpoints.
 
-A save goes to a temporary file in the target folder, is fsynced, renamed over the target with
-``os.replace`` and the folder is fsynced: a crash at any instant leaves either the old file or the
-new one under the name, never a torn one. Wherever they are stored, a checkpoint's bytes are a
-``torch.save`` of a dict with a ``format_version`` and a ``checksum`` of its contents, read back with
-``torch.load(weights_only=True)``, so a checkpoint holds tensors and plain python values only and
-cannot run code when loaded.
+A save writes a temporary file, fsyncs it, renames it over the target and fsyncs the folder: a crash
+leaves the old file or the new one, never a torn one. A checkpoint is a ``torch.save`` of a dict with a
+``format_version`` and a ``checksum`` of its contents, loaded with ``weights_only=True``: no code runs.
 """
 
 from __future__ import annotations
@@ -126,15 +123,9 @@ def restore_weights(
     optimizers: bool = True,
     folder: Folder = None,
 ) -> dict:
-    """Load a checkpoint's net weights (and optimizer states) into ``estimator``; return the checkpoint.
-
-    A checkpoint of another architecture is a :class:`CheckpointError` naming the file and listing
-    the missing and unexpected parameter names. The load is all or nothing: when an optimizer's or
-    the scaler's state does not fit, the net's weights and the optimizers' states loaded so far are
-    put back. The weights of a sharded (FSDP) checkpoint are in the folder its file names, beside
-    the file (in ``folder``, a local folder or a URL, when ``checkpoint`` is a dict already loaded).
-    ``checkpoint`` may be the URL of a committed checkpoint in an object store.
-    """
+    """Load a checkpoint's net weights (and optimizer states) into ``estimator``, all or nothing; return
+    the checkpoint. A sharded (FSDP) checkpoint's weights are in the folder its file names, beside it (in
+    ``folder`` when ``checkpoint`` is a dict already loaded)."""
     source = "the checkpoint"
     if not isinstance(checkpoint, dict):
         url = isinstance(checkpoint, ObjectPath) or is_url(checkpoint)

@@ -32,9 +32,8 @@ def local_path(where: str | os.PathLike) -> Path:
 
 @dataclass(frozen=True)
 class ObjectPath:
-    """The URL of an object (or of a folder of objects) in a store, or where a
-    :class:`~fitforge.checkpoint.storage.CheckpointIO` of one's own keeps one (``<its repr>/<name>``).
-    It has the ``name`` a :class:`~pathlib.Path` has, so code reading a checkpoint's name works for both."""
+    """The URL of an object (or folder) in a store, or ``<repr of a CheckpointIO>/<name>``; it has a
+    :class:`~pathlib.Path`'s ``name``."""
 
     url: str
 

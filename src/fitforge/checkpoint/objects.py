@@ -1,15 +1,10 @@
 """Checkpoints as objects in a store named by an fsspec URL (``s3://bucket/run``, ``memory://run``).
 
-Object stores have no atomic rename, so a checkpoint is *committed* by a small object written after
-its data: ``<name>.commit``, the data's size and BLAKE2b digest. It counts only when its marker
-describes the bytes under its name exactly; a marker is deleted before new bytes replace its
-object, and after its object is deleted. So a kill at any instant leaves a committed checkpoint or
-an uncommitted object that is never read, which the next start settles
-(:meth:`FsspecCheckpointIO.settle_uncommitted`; docs/checkpoints.md#object-storage).
-
-fsspec and the store's own package (s3fs for ``s3://``) are the optional extra ``fitforge[cloud]``;
-credentials and endpoints come from the usual places (environment variables such as
-``AWS_ACCESS_KEY_ID`` and ``AWS_ENDPOINT_URL``, the store's config files) or ``storage_options``.
+Object stores have no atomic rename, so a checkpoint counts only once a marker ``<name>.commit``
+(its data's size and BLAKE2b digest), written after the data, describes it exactly; a marker is
+deleted before new bytes replace its object and after its object is deleted. A kill at any instant
+leaves a committed checkpoint or an uncommitted object the next start settles
+(docs/checkpoints.md#object-storage). fsspec and the store's package are the extra ``fitforge[cloud]``.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ COMMIT_SUFFIX = ".commit"
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """The fsspec filesystem of ``url`` and the path in it; a clear ImportError when fsspec, or the
-    package of the URL's store (s3fs for ``s3://``), is not installed."""
+    """The fsspec filesystem of ``url`` and the path in it; a clear ImportError when a package is missing."""
     try:
         from fsspec.core import url_to_fs
     except ImportError as err:
@@ -57,14 +51,13 @@ def upload(fs: Any, key: str, data: bytes) -> None:
 
 
 def _commit(fs: Any, key: str, data: bytes) -> None:
-    """Write the commit marker of the object ``key``, which holds ``data``."""
     marker = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
     fs.pipe_file(key + COMMIT_SUFFIX, json.dumps(marker).encode())
 
 
 def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
     """Load the committed checkpoint ``key``; a CheckpointError when it is not committed, does not
-    match its marker, or does not load (see :func:`~fitforge.checkpoint.format.parse_checkpoint`)."""
+    match its marker, or does not load."""
     url = fs.unstrip_protocol(key)
     try:
         marker = json.loads(fs.cat_file(key + COMMIT_SUFFIX))
@@ -114,8 +107,7 @@ def load_url(url: str, storage_options: dict[str, Any] | None = None, map_locati
 
 
 class FsspecCheckpointIO:
-    """Checkpoints in an object-store folder named by an fsspec URL (a
-    :class:`~fitforge.checkpoint.storage.CheckpointIO`), committed by markers (see the module docstring)."""
+    """A :class:`~fitforge.checkpoint.storage.CheckpointIO` of an object-store folder named by an fsspec URL."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.fs, self.key = open_store(url, storage_options)
@@ -141,7 +133,6 @@ class FsspecCheckpointIO:
         ]
 
     def write(self, name: str, checkpoint: dict) -> None:
-        """Upload ``checkpoint`` (with its content checksum, as local files have), then commit it."""
         key = f"{self.key}/{name}"
         try:
             data = checkpoint_bytes(checkpoint)  # built in memory first: the object goes up in one piece
@@ -170,8 +161,7 @@ class FsspecCheckpointIO:
             remove(self.fs, key + COMMIT_SUFFIX)
 
     def prepare(self, prefix: str) -> None:
-        """Settle the objects of ``prefix``'s checkpoint names that no marker commits
-        (:meth:`settle_uncommitted`), then check that the store can be written."""
+        """Settle ``prefix``'s uncommitted objects (:meth:`settle_uncommitted`), check the store can be written."""
         committed, removed, foreign = self.settle_uncommitted(checkpoint_patterns(prefix))
         probe = f"{self.key}/.{prefix}-probe{TEMP_SUFFIX}"  # an OSError where the store cannot be written
         self.fs.pipe_file(probe, b"")
@@ -209,11 +199,10 @@ class FsspecCheckpointIO:
         return f"FsspecCheckpointIO({str(self.root)!r})"
 
     def settle_uncommitted(self, patterns: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
-        """The objects matching ``patterns`` that no marker commits: each whole fitforge checkpoint among
-        them (it loads, and has a checksum its contents match: copied in by hand, or uploaded by a run
-        killed before its commit) is committed; an upload cut short (not a whole file) is deleted, as
-        are markers without their object; any other whole file is foreign, left as it is, and counts
-        as an earlier run's file. Returns the (committed, deleted, foreign) names."""
+        """The objects matching ``patterns`` that no marker commits: a whole fitforge checkpoint (copied in,
+        or uploaded by a run killed before its commit) is committed; an upload cut short is deleted, as are
+        markers without their object; any other whole file is foreign, left as it is. Returns the
+        (committed, deleted, foreign) names."""
         present = set(entries(self.fs, self.key))
 
         def ours(name: str) -> bool:  # of this prefix's names only: another run's objects are none of ours

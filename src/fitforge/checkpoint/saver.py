@@ -1,7 +1,6 @@
-"""CheckpointWriter: how a ``CheckpointHandler``'s checkpoints are built and written, once the handler
-decided to save. Every rank builds the state (it holds every rank's generators and running sums);
-under FSDP every rank writes its shards first; rank 0 writes the checkpoint, commits and rotates,
-and every rank fails with its error. A state holding nan or inf is never written under a checkpoint name.
+"""CheckpointWriter: how a ``CheckpointHandler``'s checkpoints are built and written. Every rank builds
+the state (it holds every rank's generators and running sums); under FSDP every rank writes its shards
+first; rank 0 writes the checkpoint, commits and rotates, and every rank fails with its error.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from fitforge.checkpoint.earlier_run import keep_earlier_run
+from fitforge.checkpoint.earlier_run import EarlierRunError
 from fitforge.checkpoint.finite import non_finite_state, only_buffers
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.format import FORMAT_VERSION
@@ -22,6 +21,51 @@ from fitforge.core.state import TrainState
 from fitforge.exceptions import CheckpointError, FitforgeValueError
 
 log = logging.getLogger("fitforge")
+
+
+def keep_earlier_run(folder: CheckpointFolder, epochs_before: int, resuming: bool, overwrite: bool) -> None:
+    """Refuse, before training, a run that does not continue the one whose files are in the folder (its
+    own, named from epoch 0, would replace them); with ``overwrite``, delete them first, so that they
+    neither mix with this run's nor are picked by a later resume."""
+    earlier = folder.earlier_files()
+    if not earlier:
+        return
+    shown = ", ".join(path.name for path in earlier[-3:]) + (
+        f" and {len(earlier) - 3} more" if len(earlier) > 3 else ""
+    )
+    if overwrite:
+        log.warning(
+            "CheckpointHandler: overwrite=True: deleting the %d checkpoint file(s) of an earlier run in %s (%s)",
+            len(earlier),
+            folder.path,
+            shown,
+        )
+        folder.remove(earlier)
+        return
+    if epochs_before:  # a later phase of the same estimator (fine-tuning): resuming would skip it
+        advice = (
+            f"this fit goes on from the estimator's {epochs_before} epoch(s) but names its files from epoch 0, so "
+            "it would replace them. Give each fit its own model_prefix (or model_dir), or pass overwrite=True to "
+            "replace them"
+        )
+    elif resuming:  # only best (or non-finite) files: nothing to resume from, and a best to lose
+        advice = (
+            "resume_from_checkpoint=True found no checkpoint to resume from beside them, so this run starts from "
+            "scratch and would replace them with its own. Save periodic checkpoints (epoch_period, batch_period) "
+            "to be able to resume a run; pass overwrite=True to replace them, or use another model_dir or "
+            "model_prefix to keep them"
+        )
+    else:
+        advice = (
+            "this run starts from scratch and would replace them. To continue that run pass "
+            "resume_from_checkpoint=True; to replace its files pass overwrite=True; to keep them use another "
+            "model_dir or model_prefix"
+        )
+    raise EarlierRunError(
+        f"CheckpointHandler: {folder.path} already holds {len(earlier)} checkpoint file(s) of an earlier run ({shown})",
+        advice,
+        folder.regular_files() if not (epochs_before or resuming) else [],
+    )
 
 
 class CheckpointWriter:
@@ -38,9 +82,8 @@ class CheckpointWriter:
         self._shards: Any = None  # every rank's sharded saves in flight (the engine's shard_writer, with async_save)
 
     def start(self, state: TrainState, resumes: bool, overwrite: bool) -> Location | None:
-        """At fit start: check the store holds what the engine saves and ready it; with ``resumes``,
-        pick the checkpoint the fit goes on from (where it is; None: none), else refuse (or with
-        ``overwrite`` delete) an earlier run's checkpoints: nothing of one is replaced unasked."""
+        """At fit start: ready the store; with ``resumes``, pick the checkpoint the fit goes on from (None:
+        none), else refuse (or with ``overwrite`` delete) an earlier run's checkpoints."""
         if self._shards is not None:  # a fit that ended without its train_end
             self._shards.close()
             self._shards = None
@@ -111,8 +154,7 @@ class CheckpointWriter:
         self, state: TrainState, commit: Callable[[], None], written: Callable[[], None] | None, name: str
     ) -> None:
         """``commit()`` on rank 0, every rank sharing its error; with ``async_save`` in the background, after
-        the previous save (whose error is raised here) and ``written`` (the wait for DCP's background
-        save of the shards), except a preemption's save: the process exits after it."""
+        the previous save and ``written`` (the wait for the shards), except a preemption's save."""
         background = self.folder.background
 
         def now() -> None:
@@ -127,9 +169,8 @@ class CheckpointWriter:
         state.run.ranks.on_main(now, CheckpointError)
 
     def _save_shards(self, state: TrainState, checkpoint: dict, name: str) -> Callable[[], None] | None:
-        """Under FSDP, every rank writes its shard of the weights into the folder ``name`` (unique per
-        state: a save never writes into the shards a checkpoint in force names), which the checkpoint
-        names. With ``async_save`` (not preempted): the wait for DCP's background save."""
+        """Under FSDP, every rank writes its shards into the folder ``name`` (unique per state: never the
+        shards a checkpoint in force names). With ``async_save`` (not preempted): the wait for them."""
         strategy = state.estimator.strategy
         if not strategy.sharded:
             return None
@@ -145,9 +186,8 @@ class CheckpointWriter:
         return shards.submit(state.estimator, where, grads, name, options)
 
     def writable(self, state: TrainState, name: str, epochs: int, batches: int) -> bool:
-        """Let the guards vouch for the state (a spike guard may restore good weights), then whether
-        it may be saved as ``name``: not when its weights or optimizer state hold a nan or an inf on
-        any rank (with ``save_non_finite`` it is written as ``<prefix>-nonfinite.pt`` instead)."""
+        """Let the guards vouch for the state (a spike guard may restore good weights), then whether it may
+        be saved as ``name``: not when it holds a nan or an inf on any rank (see ``save_non_finite``)."""
         for confirm in state.services.before_save:
             confirm(state)
         poisoned = non_finite_state(state.estimator)
@@ -193,8 +233,6 @@ class CheckpointWriter:
 
     @staticmethod
     def checkpoint(state: TrainState, epochs: int, batches: int) -> dict:
-        """The dict written: the engine's :meth:`~fitforge.distributed.Strategy.model_state` (weights,
-        optimizer and scaler states; under FSDP those are in the shards) and the
-        :func:`~fitforge.checkpoint.resume.training_state`."""
+        """The dict written: the engine's ``model_state`` and the :func:`~fitforge.checkpoint.resume.training_state`."""
         training = training_state(state, epochs, batches)
         return {"format_version": FORMAT_VERSION, **training, **state.estimator.strategy.model_state(state.estimator)}
