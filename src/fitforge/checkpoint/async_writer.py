@@ -1,7 +1,6 @@
 """Saves that do not stall training (``CheckpointHandler(async_save=True)``): a write copies the
-checkpoint to the host (on the CPU too: the optimizer step writes into the weights and optimizer
-state in place) and a background thread writes it, then runs what was queued after it (rotation's
-deletes), in order, while training goes on."""
+checkpoint to the host (on the CPU too: the optimizer step writes into the tensors in place) and a
+background thread writes it, then runs what was queued after it (rotation's deletes), in order."""
 
 from __future__ import annotations
 
@@ -19,16 +18,11 @@ log = logging.getLogger("fitforge")
 
 
 def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> Any:
-    """``value`` (a checkpoint: nested dicts, lists and tuples of tensors and plain values) with
-    every tensor copied to CPU memory of its own, and every container rebuilt (training appends to
-    the history's lists in place too). A tensor met twice (tied weights) is copied once, as
-    ``torch.save`` would store it once. CUDA tensors go to pinned memory without blocking, with one
-    synchronization once every copy is queued.
-
-    ``buffers`` (by place in ``value``) are the tensors of an earlier copy that nothing reads any
-    more: a tensor of the same shape, dtype and strides is copied into its buffer rather than into
-    new memory, which is several times faster (no page faults, no pinning); the dict is updated
-    with the tensors of this copy."""
+    """``value`` (a checkpoint) with every tensor copied to CPU memory of its own (once, if met twice) and
+    every container rebuilt (training appends to the history's lists in place). CUDA tensors go to
+    pinned memory without blocking, with one synchronization at the end. ``buffers`` (by place in
+    ``value``): an earlier copy's tensors that nothing reads any more, reused where the layout matches
+    (several times faster: no page faults, no pinning), then updated with this copy's."""
     copies: dict[int, torch.Tensor] = {}
     kept = {} if buffers is None else buffers
     on_cuda = False
@@ -64,14 +58,11 @@ def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> A
 
 
 class AsyncCheckpointIO:
-    """``io`` (any :class:`~fitforge.checkpoint.storage.CheckpointIO`), written in the background:
-    :meth:`write` returns once the checkpoint is copied to the host, and :meth:`delete` and
-    :meth:`after` queue behind it; :meth:`read`, :meth:`names` and ``prepare`` wait for the queue
-    first. One caller thread (rank 0's training thread), which bounds the copies: a write while the
-    queue is busy makes a new host copy rather than reuse the last one's memory, so wait before each
-    save (as ``CheckpointHandler`` does) to hold one. A failed write is the ``CheckpointError`` a
-    synchronous save raises (naming ``label``, else the io), raised by the next :meth:`wait`; what
-    was queued after it is dropped (no older checkpoint is deleted for a newer one that is not there)."""
+    """``io`` (any :class:`~fitforge.checkpoint.storage.CheckpointIO`) written in the background:
+    :meth:`write` returns once the checkpoint is copied to the host, :meth:`delete` and :meth:`after`
+    queue behind it, and reads wait for the queue. One caller thread; a write while the queue is busy
+    makes a new host copy. A failed write's ``CheckpointError`` (naming ``label``) is raised by the next
+    :meth:`wait`, and what was queued after it is dropped (no older checkpoint deleted for a newer one)."""
 
     # Found on the io when it has them (see CheckpointIO): ``getattr`` sees them here only then.
     _OPTIONAL = ("location", "folder_path", "storage_options", "root", "path")
@@ -120,8 +111,7 @@ class AsyncCheckpointIO:
             prepare(prefix)
 
     def after(self, task: Callable[[], None], name: str = "") -> None:
-        """Run ``task`` in the background once what is queued before it is done (``name``: which
-        save it is part of, for the log of its error)."""
+        """Run ``task`` in the background after what is queued (``name``: its save, for the log of its error)."""
         if self._error is not None:  # an earlier task failed: its error first
             self.wait()
         with self._lock:

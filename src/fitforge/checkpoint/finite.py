@@ -1,11 +1,5 @@
-"""Non-finite (nan, inf) values in gradients, weights and optimizer states.
-
-:class:`GradientCheck` runs every batch for NaNGuardHandler: it ORs "some gradient is not finite"
-into a device flag with GradScaler's primitive (a scale of 1: no host read, one fused kernel per
-device and dtype). :func:`non_finite_state` runs when a checkpoint is saved, which reads the host
-anyway: it names every parameter and optimizer-state tensor holding a nan or an inf, and every
-buffer holding a nan (an inf in a buffer can be meant: a causal mask of -inf).
-"""
+"""Non-finite (nan, inf) values in gradients (:class:`GradientCheck`, every batch, for NaNGuardHandler),
+weights and optimizer states (:func:`non_finite_state`, at each checkpoint save)."""
 
 from __future__ import annotations
 
@@ -24,7 +18,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class GradientCheck:
-    """Whether any gradient of ``params`` holds a nan or an inf, decided on the device."""
+    """Whether any gradient of ``params`` holds a nan or an inf, decided on the device with GradScaler's
+    primitive (a scale of 1: no host read, one fused kernel per device and dtype)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter]) -> None:
         groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
@@ -68,9 +63,8 @@ _EXTREMES_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def non_finite_state(estimator: EstimatorLike) -> list[str]:
-    """The names of the net's parameters and optimizer states holding a nan or an inf, and buffers
-    holding a nan (``"0.weight"``, ``"optimizer 0: 0.weight exp_avg"``), in this process (under
-    FSDP: its shards)."""
+    """The names of the net's parameters and optimizer states holding a nan or an inf, and buffers holding
+    a nan (an inf in a buffer can be meant: a causal mask), in this process (under FSDP: its shards)."""
     net = estimator.net
     params = {name for name, _ in net.named_parameters()}
     names, flags = [], []

@@ -1,6 +1,5 @@
-"""CheckpointFolder: the checkpoints of one CheckpointHandler in its store (its
-:class:`~fitforge.checkpoint.storage.CheckpointIO`): names, listing, commits (FSDP shard folders
-included), rotation and the cleanup of what a crash left behind."""
+"""CheckpointFolder: the checkpoints of one CheckpointHandler in its CheckpointIO: names, listing,
+commits (FSDP shard folders included), rotation and the cleanup of what a crash left behind."""
 
 from __future__ import annotations
 
@@ -77,11 +76,9 @@ class CheckpointFolder:
     def newest_loadable(
         self, estimator: EstimatorLike, loaded: list[dict], read_only: bool, check: Callable[[dict], None]
     ) -> str | None:
-        """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``);
-        its file name (None: there is none). A corrupt or unfitting file is skipped with a warning;
-        if there are files and none loads, a CheckpointError lists every file and why. ``check``
-        sees the newest readable one before anything is loaded from it: an error it raises (other
-        than a CheckpointError) refuses the resume with nothing changed."""
+        """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``) and
+        return its name (None: there is none), skipping a corrupt or unfitting one with a warning; a
+        CheckpointError when none loads. ``check`` sees each before anything is loaded from it."""
         files = self.regular_files()
         if not files:
             singles = [location.name for location in self.earlier_files()]  # best, nonfinite: no state to go on from
@@ -131,8 +128,7 @@ class CheckpointFolder:
         return [self.location(name) for _, name in found]
 
     def earlier_files(self) -> list[Location]:
-        """Every (committed) checkpoint of this prefix here: the regular ones, oldest first, then the
-        single ones (best, nonfinite)."""
+        """Every (committed) checkpoint of this prefix: the regular ones, oldest first, then best, nonfinite."""
         return self.regular_files() + [location for location in map(self.single, SINGLES) if self.exists(location)]
 
     def remove(self, locations: list[Location]) -> None:
@@ -142,8 +138,7 @@ class CheckpointFolder:
         self._remove_unnamed_shards()
 
     def prepare(self) -> None:
-        """Ready the store (its IO's ``prepare``: create it, settle what an interrupted save left,
-        check it can be written) and remove the shard folders no checkpoint names."""
+        """Ready the store (its IO's ``prepare``) and remove the shard folders no checkpoint names."""
         prepare = getattr(self.files, "prepare", None)
         try:
             if callable(prepare):
@@ -200,17 +195,15 @@ class CheckpointFolder:
                 self.store.delete(name)
 
     def commit(self, checkpoint: dict, path: Location, stale: str = "") -> None:
-        """Write the checkpoint (its shards, if any, are written already: the file is the last thing
-        written, so a crash before it leaves the previous checkpoint in force), then delete the shard
-        folders matching ``stale`` that it no longer names."""
+        """Write the checkpoint (after its shards: a crash before it leaves the previous one in force), then
+        delete the shard folders matching ``stale`` that it no longer names."""
         write_checked(self.files, path.name, checkpoint, self.label)
         if "sharded" in checkpoint:
             self._holds_shard_folders = True
             self.then(partial(self._delete_matching, stale, keep=checkpoint["sharded"]))
 
     def rotate(self, saved: list[Location], keep: int) -> None:
-        """Delete the oldest of ``saved`` (and their shards) until ``keep`` remain: by exact name,
-        once the newest is durable (committed)."""
+        """Delete the oldest of ``saved`` (and their shards) until ``keep`` remain."""
         while len(saved) > keep:
             old = saved.pop(0).name
             self.files.delete(old)

@@ -1,6 +1,5 @@
-"""The training state a checkpoint holds besides weights, optimizers and scaler (:func:`training_state`;
-its ``config``, a run's ``estimator.run_config``, is read back by :func:`fitforge.cli.recorded_config`),
-and resuming from it (:func:`resume`, once every handler's ``train_begin`` has run and before the first
+"""The training state a checkpoint holds besides weights, optimizers and scaler (:func:`training_state`),
+and resuming from it (:func:`resume`, after every handler's ``train_begin`` and before the first
 ``epoch_begin``, so restored state wins over fresh state whatever the priorities).
 """
 
@@ -46,10 +45,9 @@ def epoch_position(state: TrainState, epochs: int) -> int:
 
 
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
-    """Everything but weights, optimizers and scaler, after ``epochs`` completed epochs and
-    ``batches`` completed batches. When the current epoch is not complete, ``position`` is the
-    number of its batches already read (cancelled ones included), where a resume continues.
-    Every rank calls it at the same point: it may average an open group's gradients over them."""
+    """Everything but weights, optimizers and scaler, after ``epochs`` epochs and ``batches`` batches
+    (``position``: the current epoch's batches read, where a resume continues). Every rank calls it at
+    the same point: it may average an open group's gradients over them."""
     net, order, config = state.estimator.net, fit_data_order(state), state.estimator.run_config
     if state.accumulated_batches and state.services.steps is not None:  # its open group may differ per rank (DDP)
         state.services.steps.share_open_group(state)
@@ -73,26 +71,11 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
     }
 
 
-def _why_not_placed(order: DataOrder, saved: dict[str, Any]) -> str | None:
-    """Why the rest of the checkpoint's epoch cannot be split anew for this fit (None when it can)."""
-    if order.unplaceable is not None:
-        return f"train_data's order is not one for every number of ranks: {order.unplaceable}"
-    if not saved.get("placeable", not saved.get("shuffled", False)):
-        return "the run that wrote it drew its order from a sampler or generator of its own"
-    if saved.get("shuffled", False) != order.shuffled:
-        return "its epoch was " + ("shuffled and train_data is not" if order.shuffled is False else "not shuffled")
-    return None
-
-
 def continuation(order: DataOrder, saved: dict[str, Any], position: int, epoch: int, quiet: bool = False) -> int | None:
-    """How this fit goes on in epoch ``epoch``, which a checkpoint (its data order ``saved``) left
-    after ``position`` batches: None when its batches are the checkpoint's (it goes on at that
-    position), else the number of samples of the epoch's order already read, after which the rest
-    of the epoch is batched anew (another number of ranks or batch size, see
-    :mod:`fitforge.inputs.placement`; in batches of another size only, for an order fitforge did not
-    draw, when they can end at that sample). A FitforgeValueError when neither is exact
-    (:func:`check_resumable` raises it before anything is loaded). The run's step count goes on
-    as it is: it counts the steps trained, whatever their size."""
+    """How this fit goes on in epoch ``epoch``, which a checkpoint (its data order ``saved``) left after
+    ``position`` batches: None at that position (its batches are the checkpoint's), else the samples of
+    the epoch's order already read, after which the rest is batched anew (another number of ranks or
+    batch size, see :mod:`fitforge.inputs.placement`). A FitforgeValueError when neither is exact."""
     old, new = saved.get("batch_size"), order.batch_size
     old_world, (placed_samples, placed_at) = saved.get("world", 1), saved.get("offset", (0, 0))
     same_world = old_world == world_size()
@@ -104,7 +87,13 @@ def continuation(order: DataOrder, saved: dict[str, Any], position: int, epoch: 
         return None
     new_step = new * order.split  # samples per step, all ranks together
     samples = placed_samples + (position - placed_at) * old * saved.get("split", old_world)
-    why = _why_not_placed(order, saved)
+    why = None  # why the rest of the epoch cannot be split anew for this fit
+    if order.unplaceable is not None:
+        why = f"train_data's order is not one for every number of ranks: {order.unplaceable}"
+    elif not saved.get("placeable", not saved.get("shuffled", False)):
+        why = "the run that wrote it drew its order from a sampler or generator of its own"
+    elif saved.get("shuffled", False) != order.shuffled:
+        why = "its epoch was " + ("shuffled and train_data is not" if order.shuffled is False else "not shuffled")
     if why is not None and not same_world:
         raise _not_found(samples, epoch, old_world, why, "sample(s)")
     if why is not None and samples % new_step:
@@ -140,8 +129,7 @@ def _not_found(read: int, epoch: int, old_world: int, why: str, unit: str = "bat
 
 
 def check_resumable(state: TrainState, checkpoint: dict[str, Any]) -> None:
-    """Refuse, before its weights are loaded, a checkpoint this fit cannot continue exactly: one
-    written part-way through an epoch that this fit cannot continue at its sample (see :func:`continuation`)."""
+    """Refuse, before its weights are loaded, a checkpoint this fit cannot continue (:func:`continuation`)."""
     order, position = fit_data_order(state), checkpoint.get("position", 0)
     if position and order is not None:
         continuation(order, checkpoint.get("data_order", {}), position, checkpoint["epochs_completed"], quiet=True)
@@ -212,9 +200,8 @@ def warn_if_inexact(state: TrainState, saves_mid_epoch: bool, resumes: bool) -> 
 
 
 def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], Location] | None:
-    """At a resuming handler's ``train_begin``: the newest checkpoint in ``folder`` that loads and
-    this fit can continue, and where it is (None: there is none), its weights and optimizer states
-    loaded. Rank 0 picks; every other rank loads the same one."""
+    """At a resuming handler's ``train_begin``: the newest checkpoint in ``folder`` that loads and this fit
+    can continue, and where it is (None: none), its weights and optimizer states loaded. Rank 0 picks."""
     loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
     ranks = state.run.ranks
     several = ranks.several  # loading weights may be a collective (FSDP): rank 0 only reads the file

@@ -1,7 +1,4 @@
-"""Where checkpoints are kept: the :class:`CheckpointIO` protocol a ``CheckpointHandler`` stores each
-checkpoint whole through, and a local folder as one (an object store is
-:class:`~fitforge.checkpoint.objects.FsspecCheckpointIO`; a class of one's own: docs/extending.md).
-"""
+"""Where checkpoints are kept: the :class:`CheckpointIO` protocol, and a local folder as one."""
 
 from __future__ import annotations
 
@@ -18,27 +15,13 @@ from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValu
 
 @runtime_checkable
 class CheckpointIO(Protocol):
-    """Checkpoints stored by name: what a ``CheckpointHandler(io=...)`` saves, rotates and resumes through.
-
-    A checkpoint is a dict of tensors and plain Python values (it loads with
-    ``torch.load(weights_only=True)``); :func:`~fitforge.checkpoint.format.checkpoint_bytes` and
-    :func:`~fitforge.checkpoint.format.checkpoint_from_bytes` turn it into bytes and back, with a
-    checksum. Names are file names (``model-epoch2batch40.pt``, ``model-best.pt``).
-
-    Optional, found when present: ``prepare(prefix)`` (called on rank 0 at fit start: create the
-    store, settle what an interrupted write of checkpoints named ``<prefix>-*`` left, fail with an
-    error where it cannot be written), ``location(name)`` (how ``CheckpointHandler.saved`` and
-    messages name a checkpoint: a ``Path``, a URL; else ``<repr of the io>/<name>``) and
-    ``folder_path(name)`` (a local path or an fsspec URL where a folder ``name`` is written directly,
-    for FSDP's shards through ``torch.distributed.checkpoint``, with the io's ``storage_options``;
-    ``names()`` lists such folders and ``delete(name)`` removes them).
-    """
+    """Checkpoints (dicts of tensors and plain values) stored by file name: what a
+    ``CheckpointHandler(io=...)`` saves, rotates and resumes through. The optional ``prepare(prefix)``,
+    ``location(name)`` and ``folder_path(name)`` are used when present (docs/extending.md)."""
 
     def write(self, name: str, checkpoint: dict) -> None:
-        """Store ``checkpoint`` under ``name``, replacing the one there, whole or not at all: after a
-        crash at any instant, ``names()`` lists the previous checkpoint or this one, never a torn one.
-        Serialize (or copy) it before returning: its tensors are the training's own, which go on
-        changing (``checkpoint_bytes`` does)."""
+        """Store ``checkpoint`` under ``name``, whole or not at all, serialized (or copied) before returning:
+        its tensors are the training's own."""
 
     def read(self, name: str) -> dict:
         """The checkpoint ``name``: FileNotFoundError when there is none, a
@@ -52,8 +35,7 @@ class CheckpointIO(Protocol):
 
 
 class LocalCheckpointIO:
-    """A local folder: a file is written to a temporary file, fsynced and renamed over its name
-    (:func:`~fitforge.checkpoint.files.save_atomic`), so every file under a name is committed."""
+    """A local folder, each file written atomically (:func:`~fitforge.checkpoint.files.save_atomic`)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = local_path(path)
@@ -83,8 +65,7 @@ class LocalCheckpointIO:
             target.unlink(missing_ok=True)
 
     def prepare(self, prefix: str) -> None:
-        """Create the folder, remove the temporary files (and shard folders) of interrupted saves of
-        ``prefix``, and check it is writable (an OSError where not)."""
+        """Create the folder, remove ``prefix``'s leftovers of interrupted saves, check it is writable."""
         self.path.mkdir(parents=True, exist_ok=True)
         for name in (f"{prefix}-epoch", *(f"{prefix}-{kind}" for kind in SINGLES)):  # not another prefix's
             for leftover in self.path.glob(f".{name}*{TEMP_SUFFIX}"):
@@ -101,8 +82,7 @@ class LocalCheckpointIO:
 
 
 def write_checked(io: CheckpointIO, name: str, checkpoint: dict, label: str) -> None:
-    """``io.write(name, checkpoint)``, a store's own error (a database's, a service's) as the
-    CheckpointError that names the checkpoint and ``label`` (the store in messages)."""
+    """``io.write(name, checkpoint)``, a store's own error as a CheckpointError naming ``label``, the store."""
     try:
         io.write(name, checkpoint)
     except CheckpointError:
@@ -116,8 +96,7 @@ def write_checked(io: CheckpointIO, name: str, checkpoint: dict, label: str) -> 
 def resolve_io(
     model_dir: str | os.PathLike | None, io: Any, storage_options: dict[str, Any] | None, owner: str
 ) -> CheckpointIO:
-    """Where a handler keeps its checkpoints: ``io`` (checked), or the folder or URL ``model_dir``
-    (opened with ``storage_options``); exactly one of the two."""
+    """Where a handler keeps its checkpoints: ``io`` (checked), or the folder or URL ``model_dir``."""
     if (model_dir is None) == (io is None):
         raise FitforgeValueError(
             f"{owner}: give a model_dir (a folder or an fsspec URL) or an io (a CheckpointIO), "
