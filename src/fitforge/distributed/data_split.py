@@ -1,15 +1,12 @@
 """Each rank's share of the data under torch.distributed, and ``predict``'s outputs put back in order
-(docs/distributed.md#how-the-data-is-split): a training ``DataLoader`` is rebuilt over a
-``DistributedSampler``; in evaluation and prediction rank ``r`` takes samples ``r, r + world, ...``
-(padded under FSDP, whose forward is a collective). Other data is left as it is.
-"""
+(docs/distributed.md#how-the-data-is-split)."""
 
 from __future__ import annotations
 
 import logging
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -28,19 +25,6 @@ from fitforge.distributed.ranks import gather_to_main, rank, world_size
 
 log = logging.getLogger("fitforge")
 _EVAL_SHARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> {padded: its shard}
-
-
-class StridedSampler(Sampler[int]):
-    """Indices ``rank, rank + world, ...`` below ``size``: one rank's share, in order, none repeated."""
-
-    def __init__(self, size: int, rank: int, world: int) -> None:
-        self.indices = range(rank, size, world)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 def _why_not(loader: Any) -> str | None:
@@ -62,7 +46,7 @@ def _why_not(loader: Any) -> str | None:
     return None
 
 
-def _rebuild(loader: DataLoader, sampler: Sampler, drop_last: bool) -> DataLoader:
+def _rebuild(loader: DataLoader, sampler: Sampler | range, drop_last: bool) -> DataLoader:
     options = loader_options(loader, loader.generator)
     options["persistent_workers"] = loader.persistent_workers
     if loader.batch_sampler is None:  # batch_size=None: the loader yields single samples
@@ -95,8 +79,8 @@ def shard_train(data: Iterable) -> Iterable:
 
 
 def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
-    """``(this rank's share of evaluation data, whether it is a share)``; ``padded`` gives every
-    rank as many samples (for FSDP). The share of a loader is made once and reused."""
+    """``(this rank's share of evaluation data, whether it is a share)``: samples ``r, r + world, ...``;
+    ``padded`` gives every rank as many (for FSDP). The share of a loader is made once and reused."""
     if world_size() == 1 or _why_not(data) is not None:
         return data, False
     loader: DataLoader = data  # type: ignore[assignment]
@@ -104,20 +88,18 @@ def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:
         return loader, False  # the user's own split: their outputs, their order
     shards = _EVAL_SHARDS.setdefault(loader, {})
     if padded not in shards:
-        size = len(loader.dataset)  # type: ignore[arg-type]
-        sampler: Sampler = (
+        sampler: Sampler | range = (
             DistributedSampler(loader.dataset, world_size(), rank(), shuffle=False)
             if padded
-            else StridedSampler(size, rank(), world_size())
+            else range(rank(), len(loader.dataset), world_size())  # type: ignore[arg-type]
         )
         shards[padded] = _rebuild(loader, sampler, drop_last=False)  # every sample, as the metrics are exact
     return shards[padded], True
 
 
 def in_dataset_order(data: Iterable) -> Iterable:
-    """``data`` for ``predict`` in one process: a shuffling DataLoader is rebuilt over a
-    SequentialSampler (with a warning), so that outputs line up with the dataset's samples, as they
-    do under torch.distributed; other data is left as it is."""
+    """``data`` for ``predict`` in one process: a shuffling DataLoader is rebuilt over a SequentialSampler
+    (with a warning), so that outputs line up with the dataset's samples."""
     if _why_not(data) is not None or not isinstance(sampler_of(data), RandomSampler):  # type: ignore[arg-type]
         return data
     loader: DataLoader = data  # type: ignore[assignment]
@@ -131,9 +113,8 @@ def in_dataset_order(data: Iterable) -> Iterable:
 
 
 def gather_predictions(outputs: Any, size: int) -> Any:
-    """Rank 0: every rank's outputs (rows ``r, r + world, ...``; None for an empty share)
-    interleaved back into dataset order, cut to the dataset's ``size`` (dropping padding); None on
-    the other ranks, and on rank 0 when no rank produced any."""
+    """Rank 0: every rank's outputs (rows ``r, r + world, ...``) interleaved back into dataset order, cut
+    to ``size`` (dropping padding); None on the other ranks, and when no rank produced any."""
     parts = gather_to_main(outputs)
     if parts is None or all(part is None for part in parts):
         return None

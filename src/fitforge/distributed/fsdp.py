@@ -38,16 +38,6 @@ def _storage(folder: Where, options: dict, write: bool) -> Any:
     return FsspecWriter(folder, sync_files=False, **options) if write else FsspecReader(folder, **options)
 
 
-def _exists(folder: Where, options: dict) -> bool:
-    if isinstance(folder, os.PathLike):
-        return Path(folder).is_dir()
-    from fsspec.core import url_to_fs
-
-    fs, key = url_to_fs(folder, **options)
-    fs.invalidate_cache(key)
-    return bool(fs.isdir(key))
-
-
 def _fsdp2() -> Any:
     """torch's module of FSDP2 (``fully_shard``, ``FSDPModule``); None in a torch without it."""
     for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):  # torch >= 2.6; 2.4 and 2.5
@@ -193,7 +183,15 @@ def load_sharded(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-    if not _exists(folder, options):
+    if isinstance(folder, os.PathLike):
+        exists = Path(folder).is_dir()
+    else:
+        from fsspec.core import url_to_fs
+
+        fs, key = url_to_fs(folder, **options)
+        fs.invalidate_cache(key)
+        exists = bool(fs.isdir(key))
+    if not exists:
         raise FileNotFoundError(f"no sharded checkpoint folder at {folder}")
     state = _state(estimator, grads)
     if not optimizers:

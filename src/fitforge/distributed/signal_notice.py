@@ -1,7 +1,6 @@
-"""A signal one rank received, told to the other ranks without a collective (a validation's batches
-may differ in number between ranks): through a key in the process group's store, which the others
-look for between their batches, at most every :attr:`SignalNotice.poll_seconds`. Without a store, they
-learn of it at the validation's end (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
+"""A signal one rank received, told to the other ranks without a collective (a validation's batches may
+differ in number between ranks): a key in the process group's store. Without a store, they learn of it
+at the validation's end (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
 """
 
 from __future__ import annotations
@@ -18,14 +17,6 @@ log = logging.getLogger("fitforge")
 _FITS = itertools.count()  # every rank runs the same fits in the same order: the same key on every rank
 
 
-def _default_store() -> Any:
-    try:  # torch keeps the default group's store behind a private name, as it does the group itself
-        return dist.distributed_c10d._get_default_store()
-    except (AttributeError, RuntimeError, ValueError) as error:
-        log.debug("no store to tell the other ranks of a signal in a validation: %s", error)
-        return None
-
-
 class SignalNotice:
     """The key of one fit of several ranks in the default group's store: set by a rank that received
     a signal, looked for by the others between the batches of a validation."""
@@ -35,7 +26,11 @@ class SignalNotice:
     def __init__(self) -> None:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted job may keep the store
         self.key = f"fitforge/signal/{restart}/{next(_FITS)}"
-        self._store = _default_store()
+        self._store: Any = None
+        try:  # torch keeps the default group's store behind a private name, as it does the group itself
+            self._store = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError, ValueError) as error:
+            log.debug("no store to tell the other ranks of a signal in a validation: %s", error)
         self._posted = self._seen = False
         self._looked = -float("inf")
 

@@ -1,9 +1,7 @@
-"""The engine of a fit: a :class:`Strategy` owns everything that differs between ways of training
-on one or several processes, so the rest of fitforge asks it and never tests which engine runs
-(``Estimator(strategy=...)``: an instance, or a name :func:`resolve_strategy` makes one of).
-``estimator.net`` stays the user's module, so weights, checkpoints and ``state_dict`` keys are
-those of one process; ``estimator.train_net`` is what ``fit``'s forward goes through. A new engine
-is one subclass (docs/extending.md); see docs/distributed.md.
+"""The engine of a fit: a :class:`Strategy` owns everything that differs between ways of training on
+one or several processes, so the rest of fitforge asks it and never tests which engine runs.
+``estimator.net`` stays the user's module (weights and checkpoints are those of one process);
+``estimator.train_net`` is what ``fit``'s forward goes through. A new engine: docs/extending.md.
 """
 
 from __future__ import annotations
@@ -30,20 +28,15 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
 
 class Strategy:
-    """One process, or ranks the script manages itself (``strategy="none"``): the net trains as it
-    is and every rank reads all of its data. The base of every engine: a subclass overrides what
-    its engine changes.
+    """One process, or ranks the script manages itself (``strategy="none"``): the net trains as it is
+    and every rank reads all of its data. The base of every engine; its members: docs/extending.md.
 
     Attributes:
         name: the engine's name, as runs record it (``"none"``, ``"auto"``, ``"ddp"``, ``"fsdp"``...).
-        inference_mode: whether evaluation runs under ``torch.inference_mode`` (False: ``no_grad``,
-            for engines that keep tensors made in a forward for the next one, as FSDP does).
-        collective_forward: whether every rank must run each forward (FSDP's gathers the parameters
-            from every rank): evaluation data is then padded to the same number of batches on every
-            rank, and a signal makes every rank leave a validation at the same batch.
+        inference_mode: whether evaluation runs under ``torch.inference_mode`` (False: ``no_grad``).
+        collective_forward: whether every rank must run each forward (evaluation data is then padded).
         places_net: whether the net stays on the estimator's device (checked at each fit).
-        sharded: whether checkpoints hold the weights and optimizer states as every rank's shards
-            (:meth:`save_shards`, :meth:`load_shards`) rather than in the checkpoint itself.
+        sharded: whether checkpoints hold the weights and optimizer states as every rank's shards.
     """
 
     name = "none"
@@ -55,8 +48,7 @@ class Strategy:
 
     # -- set-up, in the Estimator's constructor ------------------------------------------------------
     def adopt(self, net: nn.Module) -> nn.Module:
-        """The module the Estimator holds as ``net``: a ``DistributedDataParallel`` the user made is
-        unwrapped (and kept, to train through: :meth:`wrap`)."""
+        """The module the Estimator holds as ``net``: a DDP wrapper the user made is unwrapped (and kept)."""
         net, self._wrapper = adopt_wrapper(net)
         return net
 
@@ -65,8 +57,7 @@ class Strategy:
         return device
 
     def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
-        """What ``fit``'s forward goes through (``estimator.train_net``); the optimizers were built on
-        ``net``'s parameters and have not stepped."""
+        """What ``fit``'s forward goes through (``estimator.train_net``); the optimizers have not stepped."""
         if initialized():  # a group the script made: fitforge's collectives run on its threads too
             release_at_exit(destroy=False)
         return net if self._wrapper is None else self._wrapper
@@ -78,24 +69,19 @@ class Strategy:
 
     # -- each fit -------------------------------------------------------------------------------------
     def prepare_fit(self, estimator: EstimatorLike) -> None:
-        """Before a fit's checks compare the net's parameters with the optimizers'
-        (:func:`fitforge.checks.model.check_trainable`): :meth:`hold_shards`."""
+        """Before a fit's checks compare the net's parameters with the optimizers': :meth:`hold_shards`."""
         self.hold_shards(estimator.net)
 
     def follow_trainable(self, estimator: EstimatorLike) -> None:
-        """Once per fit, after ``requires_grad`` may have changed: make ``train_net`` train the
-        parameters that require grad now (see :func:`follow_trainable`)."""
+        """Once per fit: make ``train_net`` train the parameters that require grad now."""
         estimator.train_net = follow_trainable(estimator.train_net, estimator.net, estimator.device)
 
     def fit_handlers(self) -> list[EventHandler]:
-        """Handlers this engine adds to every fit, beside the user's (a schedule of its own, such as
-        a periodic synchronisation of the ranks); their ``state_dict`` goes into checkpoints as
-        every handler's does. None by default."""
+        """Handlers this engine adds to every fit, beside the user's (checkpointed as theirs are)."""
         return []
 
     def hold_shards(self, net: nn.Module) -> None:
-        """Make ``net`` hold the parameters the optimizers step (a sharded engine may keep gathered
-        ones after a forward). Nothing for an engine without shards."""
+        """Make ``net`` hold the parameters the optimizers step (a sharded engine may keep gathered ones)."""
 
     def coordinator(self, estimator: EstimatorLike) -> Coordinator:
         """What makes the ranks of one fit stop together (:mod:`fitforge.distributed.stop_agreement`)."""
@@ -104,19 +90,16 @@ class Strategy:
         return StopAgreement(check_replicas=trains_through_wrapper(estimator.train_net))
 
     def gradient_sync(self, estimator: EstimatorLike) -> GradientSync | None:
-        """Under accumulation: the switch that lets only a group's last backward average the
-        gradients over the ranks (``no_sync`` for the others), or None where every backward does
-        (see :mod:`fitforge.distributed.gradient_sync`)."""
+        """Under accumulation: the switch that lets only a group's last backward average the gradients,
+        or None where every backward does."""
         return deferrable(estimator.train_net)
 
     def averages_gradients(self, estimator: EstimatorLike) -> bool:
-        """Whether the backward averages the gradients over the ranks (so a group's item count is
-        summed over them): through a DDP wrapper."""
+        """Whether the backward averages the gradients over the ranks (through a DDP wrapper)."""
         return trains_through_wrapper(estimator.train_net)
 
     def evaluating(self, net: nn.Module, average: Any = None) -> inference:
-        """The block in which ``net`` evaluates: eval mode without gradients (see
-        :class:`fitforge.core.run.inference`), with ``average``'s weights when it evaluates with them."""
+        """The block in which ``net`` evaluates (with ``average``'s weights, if any)."""
         return inference(net, self.inference_mode, average)
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -134,20 +117,17 @@ class Strategy:
         net.load_state_dict(weights)
 
     def save_shards(self, estimator: EstimatorLike, folder: Where, grads: bool, storage_options: dict) -> None:
-        """Every rank writes its shards into ``folder`` (a local path, or an fsspec URL opened with
-        ``storage_options``): the engines that are :attr:`sharded`."""
+        """Every rank writes its shards into ``folder`` (a local path, or an fsspec URL): sharded engines."""
         raise NotImplementedError(f"{type(self).__name__} writes no shards")
 
     def shard_writer(self) -> Any:
-        """A writer of shards in the background (made on every rank at the same point), for
-        ``CheckpointHandler(async_save=True)``: the engines that are :attr:`sharded`."""
+        """A writer of shards in the background (made on every rank at once): sharded engines."""
         raise NotImplementedError(f"{type(self).__name__} writes no shards")
 
     def load_shards(
         self, estimator: EstimatorLike, folder: Where, optimizers: bool, grads: bool, storage_options: dict
     ) -> dict[str, torch.Tensor]:
-        """Load the shards in ``folder`` (any engine reads a sharded checkpoint: DCP loads it into any
-        number of ranks); the saved gradients by parameter name."""
+        """Load the shards in ``folder`` (any engine can); the saved gradients by parameter name."""
         return fsdp.load_sharded(estimator, folder, optimizers, grads, storage_options)
 
     def __repr__(self) -> str:
@@ -155,16 +135,14 @@ class Strategy:
 
 
 class Distributed(Strategy):
-    """The base of engines that take part in a launch (``torchrun``, SLURM, Ray): each rank on its
-    own device, the default process group made unless the script made it, the data split across
-    the ranks. ``required``: an error when the script was not launched with several processes
-    (``False``: train in one process then)."""
+    """The base of engines that take part in a launch (``torchrun``, SLURM, Ray): each rank on its own
+    device, the process group, the data split. ``required``: an error when not launched with several
+    processes (``False``: train in one process then)."""
 
     required = True
 
     def device(self, device: Any) -> Any:
-        """Under a launcher (or a group of several processes), ``None`` or ``"cuda"`` becomes
-        ``cuda:<LOCAL_RANK>`` where CUDA exists (``None`` is the CPU otherwise)."""
+        """Under a launcher, ``None`` or ``"cuda"`` becomes ``cuda:<LOCAL_RANK>`` (``None``: the CPU without CUDA)."""
         if not (launched() or several_processes()):
             return device
         if device is None:
@@ -181,8 +159,7 @@ class Distributed(Strategy):
         return device
 
     def launch(self, device: torch.device) -> bool:
-        """Whether this run has several processes; the process group made when it has (an error
-        when the engine is :attr:`required` and there is no launcher)."""
+        """Whether this run has several processes; the process group made when it has."""
         if initialized():
             release_at_exit(destroy=False)
         if not self.required and not several_processes():
@@ -198,8 +175,7 @@ class Distributed(Strategy):
         return True
 
     def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
-        """Join the launch (:meth:`launch`), then train the net as it is; an engine that wraps the
-        net overrides this, calling :meth:`launch` first."""
+        """Join the launch (:meth:`launch`), then train the net as it is."""
         self.launch(device)
         return super().wrap(net, optimizers, device)
 
@@ -209,11 +185,9 @@ class Distributed(Strategy):
 
 
 class DDPStrategy(Distributed):
-    """Data-parallel training with ``DistributedDataParallel``: every rank holds the whole net and
-    its gradients are averaged over the ranks in the backward (once per accumulation group, see
-    :mod:`fitforge.distributed.gradient_sync`). ``options`` go to ``DistributedDataParallel``
-    (e.g. ``find_unused_parameters=True``). ``DDPStrategy(required=False)`` is ``"auto"``: one
-    process when the script was not launched with several."""
+    """Data-parallel training with ``DistributedDataParallel`` (``options`` go to it, e.g.
+    ``find_unused_parameters=True``). ``DDPStrategy(required=False)`` is ``"auto"``: one process when
+    the script was not launched with several."""
 
     def __init__(self, required: bool = True, **options: Any) -> None:
         self.required, self.options = required, options
@@ -232,12 +206,9 @@ class DDPStrategy(Distributed):
 
 
 class FSDPStrategy(Distributed):
-    """Sharded data-parallel training with FSDP2's ``fully_shard`` (see
-    :mod:`fitforge.distributed.fsdp`): each rank holds a shard of every parameter, gradient and
-    optimizer state, and checkpoints hold every rank's shards, written through
-    ``torch.distributed.checkpoint``. ``shard``: the classes of the units to shard (a transformer's
-    blocks; else the root's children that hold parameters); ``options`` go to ``fully_shard``
-    (e.g. ``reshard_after_forward=False``)."""
+    """Sharded data-parallel training with FSDP2's ``fully_shard`` (:mod:`fitforge.distributed.fsdp`).
+    ``shard``: the classes of the units to shard (else the root's children that hold parameters);
+    other ``options`` go to ``fully_shard`` (e.g. ``reshard_after_forward=False``)."""
 
     name = "fsdp"
     collective_forward = True
@@ -282,8 +253,7 @@ NAMES = ("auto", "ddp", "fsdp", "none")
 
 
 def resolve_strategy(strategy: Any, options: Any) -> Strategy:
-    """The engine ``Estimator(strategy=..., strategy_options=...)`` asks for: an instance as it is, a
-    name made with its options (None is ``"none"``)."""
+    """The engine ``Estimator(strategy=..., strategy_options=...)`` asks for (None is ``"none"``)."""
     if options is not None and not isinstance(options, dict):
         raise FitforgeTypeError(
             f"strategy_options must be a dict of keyword arguments for {strategy}, got {describe(options)}"
