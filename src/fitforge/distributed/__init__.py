@@ -1,8 +1,6 @@
-"""torch.distributed: the engines of a fit (:class:`Strategy`: one process, DDP, FSDP2, or one of
-your own, such as DiLoCo), ranks and collectives, launch and process group, data split across ranks, and the stop
-agreement behind the loop's coordinator. Only this package imports ``torch.distributed``.
-
-It may import :mod:`fitforge.core` and :mod:`fitforge.exceptions`.
+"""torch.distributed: the engines of a fit (:class:`Strategy`: one process, DDP, FSDP2, DiLoCo or one of
+your own), ranks and collectives, the process group, the data split and the stop agreement. Only this
+package imports ``torch.distributed``.
 """
 
 from fitforge.distributed.diloco import DiLoCoStrategy

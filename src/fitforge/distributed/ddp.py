@@ -1,5 +1,5 @@
 """DistributedDataParallel's wrapper of the net: made with the options given, made anew when the
-parameters that train change between fits, or the user's own followed as it is."""
+parameters that train change between fits, or the user's own."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ log = logging.getLogger("fitforge")
 
 
 def adopt_wrapper(net: nn.Module) -> tuple[nn.Module, DistributedDataParallel | None]:
-    """The module inside a ``DistributedDataParallel`` the user made, and that wrapper (kept and
-    trained through, as the user wrapped it); ``net`` and None for any other module."""
+    """The module inside a DDP wrapper the user made, and that wrapper; ``net`` and None for any other."""
     if not isinstance(net, DistributedDataParallel):
         return net, None
     _SYNCED[net] = (_trainable_ids(net.module), None)
@@ -30,8 +29,7 @@ def trains_through_wrapper(train_net: nn.Module) -> bool:
 
 
 def wrap_ddp(net: nn.Module, device: torch.device, options: dict) -> nn.Module:
-    """``net`` in a new DDP wrapper; ``net`` itself while nothing in it trains (DDP refuses such a
-    net: the first fit with something to train wraps it, :func:`follow_trainable`)."""
+    """``net`` in a new DDP wrapper; ``net`` itself while nothing in it trains (DDP refuses such a net)."""
     if not any(p.requires_grad for p in net.parameters()):
         _SYNCED[net] = (frozenset(), options)
         return net
@@ -62,12 +60,9 @@ def _trainable_ids(net: nn.Module) -> frozenset[int]:
 def follow_trainable(train_net: nn.Module, net: nn.Module, device: torch.device) -> nn.Module:
     """The module fit's forward goes through, for the parameters that train now (checked at each fit).
 
-    A parameter unfrozen since the DDP wrapper was made would train apart on each rank (DDP never
-    averages its gradient), and one frozen since makes DDP wait for a gradient that never comes
-    ("Expected to have finished reduction"). A wrapper fitforge made is made anew with the same
-    options, on every rank (each runs this fit); a comm hook registered on the old one is not carried
-    over. A net left unwrapped because nothing in it trained is wrapped by the first fit that trains
-    it. For a wrapper the user made, this is an error that says what to do.
+    A parameter unfrozen since the DDP wrapper was made would train apart on each rank, and one frozen
+    since makes DDP wait for a gradient that never comes. A wrapper fitforge made is made anew with the
+    same options (a comm hook on the old one is not carried over); the user's own is an error.
     """
     made = _SYNCED.get(train_net)
     if made is None:

@@ -30,12 +30,10 @@ OuterFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 class DiLoCoStrategy(Distributed):
     """Local SGD with an outer optimizer every ``sync_every`` optimizer steps (module docstring).
 
-    Between two syncs the ranks' weights differ: validation inside fit evaluates each rank's own,
-    and a checkpoint holds every rank's weights and inner optimizer states, so that a run killed
-    mid-round resumes exactly on the same number of ranks (at a round's end, on any number, with
-    rank 0's inner state; an open accumulation group is rank 0's). Every fit starts from rank 0's
-    weights and buffers (buffers are then never averaged); one that ends mid-round, not by an error
-    or a preemption, closes it with an outer step, so ``estimator.net`` is one model on every rank.
+    Between two syncs the ranks' weights differ: validation inside fit evaluates each rank's own, and a
+    checkpoint holds every rank's weights and inner optimizer states (a run killed mid-round resumes on
+    the same number of ranks). Every fit starts from rank 0's weights and buffers, and one that ends
+    mid-round (not by an error or a preemption) closes it with an outer step.
 
     Args:
         sync_every: optimizer steps of each rank between two outer steps (the paper's H, e.g. 500).
@@ -183,8 +181,8 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self.steps = 0
 
     def state_dict(self) -> dict:
-        """On every rank at the same point (it gathers): the round, the anchor, the outer state and
-        every rank's weights and inner optimizer states (the checkpoint's own weights are rank 0's)."""
+        """On every rank at the same point (it gathers): the round, the anchor, the outer state and every
+        rank's weights and inner optimizer states."""
         if self.estimator is None:
             return {}
         own = {
@@ -201,8 +199,7 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """After the checkpoint's (rank 0's) weights and optimizer states were loaded on every rank:
-        this rank's own, the anchor and the outer state."""
+        """After the checkpoint's (rank 0's) weights were loaded: this rank's own, the anchor and the outer state."""
         if not state or self.estimator is None:
             return
         world = world_size()

@@ -1,9 +1,6 @@
-"""Sharded training (``strategy="fsdp"``, :class:`~fitforge.distributed.strategy.FSDPStrategy`): FSDP2's
-``fully_shard`` and checkpoints through ``torch.distributed.checkpoint`` (DCP); see
-docs/distributed.md#fsdp-models-too-big-for-one-gpu. A checkpoint's weights, optimizer states (an
-open accumulation group's gradients, an EMAHandler's average) are written by every rank, each its
-shard, into a folder beside the checkpoint file (a local folder or an fsspec URL); the file,
-written by rank 0 once every shard is, names the folder.
+"""Sharded training (``strategy="fsdp"``): FSDP2's ``fully_shard`` and checkpoints through
+``torch.distributed.checkpoint`` (DCP), every rank writing its shards into a folder the checkpoint file
+names (docs/distributed.md#fsdp-models-too-big-for-one-gpu).
 """
 
 from __future__ import annotations
@@ -49,11 +46,9 @@ def _fsdp2() -> Any:
 
 
 def hold_shards(net: nn.Module) -> None:
-    """Make every unit of the sharded ``net`` hold its sharded parameters, the ones the optimizers
-    step, before fit compares them with the optimizers'. A unit sharded with
-    ``reshard_after_forward=False`` keeps the gathered ones after a forward (an evaluation's), and
-    a ``requires_grad_`` made on those then (unfreezing for the next fit) is carried over to the
-    shards, which FSDP takes it from."""
+    """Make every unit of the sharded ``net`` hold its sharded parameters, the ones the optimizers step
+    (with ``reshard_after_forward=False`` it keeps the gathered ones after a forward); a ``requires_grad_``
+    made on gathered ones since is carried over to the shards, which FSDP takes it from."""
     flags = {name: p.requires_grad for name, p in net.named_parameters()}
     fsdp_module = _fsdp2().FSDPModule
     for module in net.modules():
@@ -72,8 +67,7 @@ def supported() -> bool:
 def shard(
     net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device, options: dict | None
 ) -> nn.Module:
-    """``fully_shard`` the net's units and root over all ranks; point ``optimizers`` at the sharded
-    parameters. Returns ``net`` (sharded in place)."""
+    """``fully_shard`` the net's units and root; point ``optimizers`` at the sharded parameters."""
     fsdp2 = _fsdp2()
     if fsdp2 is None:  # pragma: no cover - torch without FSDP2
         raise FitforgeValueError(
@@ -164,11 +158,10 @@ def save_sharded(estimator: EstimatorLike, folder: Where, grads: bool, options: 
 
 
 def save_sharded_async(estimator: EstimatorLike, folder: Where, grads: bool, options: dict, group: Any) -> Future:
-    """:func:`save_sharded` through DCP's ``async_save``: the state is staged (copied to CPU memory)
-    before this returns, and torch's background thread writes the shards while training goes on.
-    ``group`` is a gloo group of the save's own: DCP's collectives in that thread must neither need a
-    GPU backend nor interleave with training's on the default group. Every rank's future ends once
-    the save's metadata is written, so also every rank's shards."""
+    """:func:`save_sharded` through DCP's ``async_save``: staged to CPU memory before this returns, written
+    by torch's background thread. ``group`` is a gloo group of the save's own: DCP's collectives there
+    must neither need a GPU backend nor interleave with training's. Every rank's future ends once the
+    save's metadata, so every rank's shards, is written."""
     import torch.distributed.checkpoint as dcp
 
     writer = _storage(folder, options, write=True)

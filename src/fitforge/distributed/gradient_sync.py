@@ -1,8 +1,5 @@
 """Gradient accumulation under DDP: only the last batch of a group all-reduces the gradients
-(docs/distributed.md#gradient-accumulation). :class:`GradientSync` sets DDP's
-``require_backward_grad_sync`` before each training batch (no device sync); a group that ends
-before such a batch, or is saved while open, is averaged by :meth:`GradientSync.average`. Only a
-DDP wrapper without sparse gradients defers (:func:`deferrable`); FSDP's net is no DDP wrapper.
+(docs/distributed.md#gradient-accumulation).
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from fitforge.distributed.ranks import flat_collective
 
 
 def synced_parameters(ddp: DistributedDataParallel) -> tuple[list[nn.Parameter], bool]:
-    """The parameters whose gradients ``ddp`` all-reduces (those that need a gradient and that it
-    does not ignore, each once), and whether any of them gets sparse gradients."""
+    """The parameters whose gradients ``ddp`` all-reduces (each once), and whether any gets sparse ones."""
     seen: set[int] = set()
     params, sparse = [], False
     for module_name, module in ddp.module.named_modules():
@@ -32,8 +28,7 @@ def synced_parameters(ddp: DistributedDataParallel) -> tuple[list[nn.Parameter],
 
 
 def deferrable(net: nn.Module) -> GradientSync | None:
-    """A :class:`GradientSync` for ``net`` when its all-reduce may wait for a group's last batch:
-    a DDP wrapper without sparse gradients. None otherwise: every batch syncs, as it does anyway."""
+    """A :class:`GradientSync` for a DDP wrapper without sparse gradients; None otherwise (every batch syncs)."""
     if not isinstance(net, DistributedDataParallel):
         return None
     params, sparse = synced_parameters(net)
@@ -41,10 +36,8 @@ def deferrable(net: nn.Module) -> GradientSync | None:
 
 
 class GradientSync:
-    """Switches one DDP wrapper's all-reduce per batch, and averages what it left local.
-
-    ``local``: whether the gradients hold this rank's share only (a batch ran unsynced since
-    the last synced backward or :meth:`average`)."""
+    """Switches one DDP wrapper's all-reduce per batch (no device sync), and averages what it left local
+    (``local``: whether the gradients hold this rank's share only)."""
 
     def __init__(self, ddp: DistributedDataParallel, params: list[nn.Parameter]) -> None:
         self._ddp, self._params = ddp, params
@@ -52,14 +45,12 @@ class GradientSync:
         self.local = False
 
     def before_batch(self, sync: bool) -> None:
-        """Before a training batch's forward: whether its backward all-reduces (all the gradients
-        accumulated so far, when it does)."""
+        """Before a training batch's forward: whether its backward all-reduces."""
         self._ddp.require_backward_grad_sync = sync
         self.local = not sync
 
     def average(self) -> None:
-        """Average the local gradients over the ranks: a collective, which every rank must reach at
-        the same point. Nothing when no batch left them local."""
+        """Average the local gradients over the ranks (a collective); nothing when none are local."""
         if self.local:
             average_gradients(self._params, self._ddp.process_group)
             self.local = False
@@ -70,9 +61,8 @@ class GradientSync:
 
 
 def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup | None) -> None:
-    """Replace each gradient by its mean over the ranks of ``group``, as DDP's reducer does: a
-    parameter with a gradient on some rank gets one on every rank (zeros where it had none); one
-    without a gradient on any rank keeps None (a collective of which exist, then one of the values)."""
+    """Replace each gradient by its mean over the ranks of ``group``, as DDP's reducer does: a parameter
+    with a gradient on some rank gets one on every rank (zeros where it had none), else keeps None."""
     if not params:
         return
     held = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)

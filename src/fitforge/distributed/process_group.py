@@ -1,5 +1,5 @@
-"""The process group of several processes: made once (unless the script made it) and released at
-exit (:func:`release_at_exit`), so that a job that finished exits with 0 on every rank."""
+"""The process group: made once (unless the script made it) and released at exit, so that a job that
+finished exits with 0 on every rank."""
 
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ def several_processes() -> bool:
 
 
 def init_process_group(device: torch.device) -> None:
-    """The default group, unless the script made one: NCCL for CUDA tensors and gloo for host ones
-    on a CUDA device, gloo on the CPU. Rendezvous comes from torchrun's variables."""
+    """The default group, unless the script made one: NCCL and gloo (for host values) on CUDA, else gloo."""
     if initialized():
         return
     if device.type == "cuda":
@@ -51,16 +50,13 @@ _GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's work
 
 
 def release_at_exit(destroy: bool) -> None:
-    """At interpreter exit, destroy the default group (``destroy``: fitforge made it), then wait for
-    gloo's worker threads to go idle. Registered once per process.
+    """At interpreter exit, destroy the default group (``destroy``: fitforge made it), then wait for gloo's
+    worker threads to go idle (registered once per process).
 
-    A gloo worker frees a collective's tensors after the caller's ``wait`` returned. A tensor that
-    Python already let go of needs the GIL for that, and Python ends a thread that asks for the GIL
-    while the interpreter shuts down with ``pthread_exit``, whose unwinding through C++ is a
-    ``std::terminate``: a SIGABRT ("terminate called without an active exception") of a rank that
-    had finished. ``destroy_process_group`` does not stop the workers while a DDP wrapper or an FSDP
-    mesh still holds the group, so the wait is what prevents it, and it is done for a group the
-    script made too."""
+    A gloo worker frees a collective's tensors after the caller's ``wait`` returned, which may need the
+    GIL; Python ends a thread that asks for it during shutdown with ``pthread_exit``, a ``std::terminate``
+    through C++: a SIGABRT of a rank that had finished. ``destroy_process_group`` does not stop the
+    workers while a DDP wrapper or an FSDP mesh holds the group, so the wait is what prevents it."""
     _AT_EXIT["destroy"] = _AT_EXIT["destroy"] or destroy
     if not _AT_EXIT["registered"]:
         _AT_EXIT["registered"] = True
@@ -74,12 +70,21 @@ def _release() -> None:
 
 
 def settle_gloo_workers(timeout: float = 2.0) -> bool:
-    """Wait until no gloo worker thread of this process is running or waiting for the GIL: each is
-    blocked, and did not wake, through a pause twice the GIL's switch interval during which this
-    thread left the GIL free. A thread waiting for the GIL wakes at least once per interval, so it
-    cannot pass for idle. Whether they settled within ``timeout`` seconds; True where the threads
-    cannot be seen (not Linux, or a torch that does not name them)."""
-    workers = _threads_named(_GLOO_WORKER)
+    """Wait until no gloo worker thread is running or waiting for the GIL: each is blocked, and did not
+    wake, through a pause twice the GIL's switch interval (a thread waiting for the GIL wakes at least
+    once per interval). Whether they settled within ``timeout`` seconds; True where the threads cannot
+    be seen (not Linux, or a torch that does not name them)."""
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        tasks = []
+    workers = []
+    for task in tasks:
+        try:
+            if (task / "comm").read_text().strip() == _GLOO_WORKER:
+                workers.append(task)
+        except OSError:
+            continue  # the thread ended meanwhile
     pause = 2 * sys.getswitchinterval()
     deadline = time.monotonic() + timeout
     while workers:
@@ -91,21 +96,6 @@ def settle_gloo_workers(timeout: float = 2.0) -> bool:
         if time.monotonic() > deadline:
             return False
     return True
-
-
-def _threads_named(name: str) -> list[Path]:
-    try:
-        tasks = list(Path("/proc/self/task").iterdir())
-    except OSError:
-        return []
-    named = []
-    for task in tasks:
-        try:
-            if (task / "comm").read_text().strip() == name:
-                named.append(task)
-        except OSError:
-            continue  # the thread ended meanwhile
-    return named
 
 
 def _activity(task: Path) -> tuple[str, list[int]] | None:

@@ -1,8 +1,6 @@
-"""torch.distributed helpers: launch detection, rank and world size, collectives of host values.
-
-Under ``torchrun`` every rank runs the same script, so each collective is called from a place every
-rank passes in the same order (an epoch end, a checkpoint save, the end of ``predict``); reporting
-handlers (``main_rank_only``) run on rank 0 only and never reach one.
+"""torch.distributed helpers: launch detection, rank and world size, collectives of host values. Each
+collective is called from a place every rank passes in the same order; reporting handlers
+(``main_rank_only``) run on rank 0 only and never reach one.
 """
 
 from __future__ import annotations
@@ -47,8 +45,8 @@ def local_rank() -> int:
 
 
 def cpu_group() -> Any:
-    """A group whose backend reduces host tensors: the default one when it has gloo, else a gloo
-    group made once (a collective: every rank calls this at the same point, at fit start)."""
+    """A group that reduces host tensors: the default one when it has gloo, else a gloo group made once
+    (a collective: every rank calls this at the same point, at fit start)."""
     backend = str(dist.get_backend())
     if "gloo" in backend:
         return None  # the default group
@@ -59,9 +57,8 @@ def cpu_group() -> Any:
 
 
 def run_on_main_and_share(fn: Callable[[], T], error_type: type[Exception] = RuntimeError) -> T | None:
-    """Run ``fn`` on rank 0 and tell every rank how it went: its result (picklable) is returned on
-    every rank, and its exception is raised on every rank (the other ranks' as ``error_type`` with
-    rank 0's message), so no rank waits forever in a later collective for one that failed."""
+    """Run ``fn`` on rank 0; its result (picklable) on every rank, or its exception (the other ranks' as
+    ``error_type`` with its message), so no rank waits forever in a later collective for one that failed."""
     if world_size() == 1:
         return fn()
     outcome: list[Any] = [None, None]
@@ -105,8 +102,7 @@ def broadcast_from_main(value: T) -> T:
 
 
 def reduce_ints(values: Sequence[int], op: str) -> list[int]:
-    """``values`` reduced elementwise over all ranks with ``op`` ("max" or "min"), on the host over
-    a gloo group (no GPU is synced); ``values`` itself in one process."""
+    """``values`` reduced elementwise over all ranks with ``op`` ("max" or "min"), on the host (no GPU sync)."""
     if world_size() == 1:
         return list(values)
     packed = torch.tensor(list(values), dtype=torch.int64)
@@ -120,8 +116,8 @@ def sum_over_ranks(tensor: torch.Tensor) -> None:
 
 
 def flat_collective(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], Any]) -> None:
-    """``collective`` in place on ``tensors``, as one flat tensor per dtype and device, in the order of
-    ``tensors`` (one call, not one per tensor: a slow link pays its latency once)."""
+    """``collective`` in place on ``tensors``, as one flat tensor per dtype and device (a slow link pays
+    its latency once)."""
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
@@ -142,15 +138,14 @@ def mean_over_ranks(value: float) -> float:
 
 
 def on_this_rank(handlers: Sequence[EventHandler]) -> list[EventHandler]:
-    """The handlers this rank runs: every one on rank 0; on the others all but the reporting ones
-    (``main_rank_only``: logs, progress bars, files), so several processes write one log."""
+    """The handlers this rank runs: all on rank 0; on the others all but the ``main_rank_only`` ones."""
     main = rank() == 0
     return [h for h in handlers if main or not h.main_rank_only]
 
 
 class Collective:
-    """The processes of a fit under torch.distributed (:class:`fitforge.core.processes.Processes`),
-    answered with collectives over the default group: every rank must ask at the same point."""
+    """The processes of a fit under torch.distributed (:class:`fitforge.core.processes.Processes`), answered
+    with collectives: every rank must ask at the same point."""
 
     several = True
 
@@ -176,6 +171,5 @@ class Collective:
 
 
 def processes() -> Any:
-    """The processes of a run as handlers ask them (``state.run.ranks``): a :class:`Collective` under
-    torch.distributed with several ranks, else :data:`fitforge.core.processes.ONE_PROCESS`."""
+    """The processes of a run (``state.run.ranks``): a :class:`Collective` with several ranks, else ONE_PROCESS."""
     return Collective() if world_size() > 1 else ONE_PROCESS

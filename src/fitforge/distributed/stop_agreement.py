@@ -1,14 +1,9 @@
-"""Under torch.distributed, every rank stops training at the same point (how, and what it costs:
-docs/distributed.md#preemption): a rank that stopped alone would leave the others waiting in a
-collective. At **agreement points** (after ``train_begin``, every ``epoch_begin`` and ``epoch_end``,
-and every ``interval``-th training batch, ``interval`` adapting to the pace) the ranks reduce, in
-one ``MAX`` all-reduce of host integers, this rank's signal, its stop request, whether it holds a
-CancelFit, and the interval it proposes. In a validation a signalled rank leaves the pass and posts
-a :class:`~fitforge.distributed.signal_notice.SignalNotice`; at its end the ranks reduce
-``[signal, left]`` (:meth:`StopAgreement.end_pass`).
-
-After the first optimizer step it also checks once that the replicas' weights are still identical:
-a custom ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP.
+"""Under torch.distributed, every rank stops training at the same point (docs/distributed.md#preemption):
+a rank that stopped alone would leave the others waiting in a collective. At agreement points (after
+``train_begin``, every ``epoch_begin`` and ``epoch_end``, and every ``interval``-th training batch) the
+ranks reduce, in one ``MAX`` all-reduce of host integers, their signal, stop request, held CancelFit and
+proposed interval. After the first optimizer step the replicas' weights are checked once to be equal:
+a ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP.
 """
 
 from __future__ import annotations
@@ -30,9 +25,7 @@ _SIGNALS = frozenset((0, *(int(s) for s in signal.Signals)))
 
 
 class StopAgreement(Collective):
-    """The coordinator of one fit on several ranks (see the module docstring and
-    :class:`fitforge.core.coordinator.Coordinator`); what handlers ask of the other ranks is
-    answered by :class:`~fitforge.distributed.ranks.Collective`."""
+    """The :class:`~fitforge.core.coordinator.Coordinator` of one fit on several ranks."""
 
     holds_cancels = True
     max_interval = 64  # batches between two agreements, at most
@@ -88,9 +81,8 @@ class StopAgreement(Collective):
         self._apply(state, flags)
 
     def after_batch(self, state: TrainState, cancel: CancelFit | None = None) -> bool:
-        """After a training batch (also a cancelled one): agree when the interval is reached or
-        every rank requested this stop; whether training stops here, on every rank. ``cancel``:
-        the CancelFit this rank raised in the batch, raised here at an agreement, else held."""
+        """After a training batch (also a cancelled one): agree when the interval is reached or every rank
+        requested this stop; whether training stops here. ``cancel``: a CancelFit this rank raised, held."""
         if cancel is not None and self._held is None:
             self._held = cancel
         if self._check_replicas and state.optimizer_steps > 0:
