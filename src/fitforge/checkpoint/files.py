@@ -76,20 +76,15 @@ def _disk_full(error: BaseException) -> OSError | None:
 
 
 def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
-    """``save_atomic`` a checkpoint with a ``checksum`` of its contents, which
-    :func:`load_checkpoint` verifies: ``torch.load`` does not notice bytes flipped inside tensor data."""
+    """``save_atomic`` a checkpoint with the ``checksum`` :func:`load_checkpoint` verifies (torch.load would
+    not notice bytes flipped inside tensor data)."""
     return save_atomic({**checkpoint, "checksum": content_digest(checkpoint)}, path)
 
 
 def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "cpu") -> dict:
-    """Read a checkpoint written by :class:`~fitforge.handlers.CheckpointHandler`: a local path, or
-    the URL of a committed checkpoint in an object store (:mod:`fitforge.checkpoint.objects`).
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        CheckpointError: the file is empty, truncated, corrupt, not a fitforge checkpoint, or of a
-            newer format version; an object not committed.
-    """
+    """Read a checkpoint written by a ``CheckpointHandler`` (a local path, or the URL of a committed
+    object): FileNotFoundError when there is none; a CheckpointError when it is empty, truncated,
+    corrupt, not a fitforge checkpoint, of a newer format version, or not committed."""
     if isinstance(path, ObjectPath) or is_url(path):
         from fitforge.checkpoint.objects import load_url  # imports fsspec: only for a URL
 
@@ -107,8 +102,7 @@ Folder = Path | str | Shards | None  # where a sharded checkpoint's shard folder
 
 
 def shards_in(folder: Folder) -> Shards:
-    """Where the shard folders named in the checkpoints of ``folder`` are: beside them in a local folder
-    or under a URL (the store's options from the environment), or as a CheckpointFolder says."""
+    """Where the shard folders named in ``folder``'s checkpoints are: beside them, or as a CheckpointFolder says."""
     if callable(folder):
         return folder
     base = Path(".") if folder is None else folder
@@ -128,8 +122,7 @@ def restore_weights(
     ``folder`` when ``checkpoint`` is a dict already loaded)."""
     source = "the checkpoint"
     if not isinstance(checkpoint, dict):
-        url = isinstance(checkpoint, ObjectPath) or is_url(checkpoint)
-        folder = str(checkpoint).rsplit("/", 1)[0] if url else local_path(checkpoint).parent  # type: ignore[arg-type]
+        folder = str(checkpoint).rsplit("/", 1)[0] if is_url(checkpoint) else local_path(checkpoint).parent  # type: ignore[arg-type]
         source = f"checkpoint {checkpoint}"
         # Loaded on the CPU: load_state_dict copies weights to the parameters' device and moves
         # optimizer state as each optimizer expects (a CUDA step counter would sync every step).

@@ -60,18 +60,13 @@ class CheckpointFolder:
         return locate(name) if callable(locate) else self.path / name
 
     def read(self, name: str) -> dict:
-        """The checkpoint ``name``: FileNotFoundError when there is none; any other failure of the
-        store (a store of one's own may raise its own errors) a CheckpointError naming it."""
+        """The checkpoint ``name``: FileNotFoundError when there is none; the store's failures a CheckpointError."""
         try:
             return self.files.read(name)
         except (CheckpointError, FileNotFoundError):
             raise
         except Exception as err:
             raise CheckpointError(f"{name} cannot be read from {self.label}: {type(err).__name__}: {err}") from err
-
-    def names(self, pattern: str) -> list[str]:
-        """The stored checkpoints whose names match the glob ``pattern``."""
-        return fnmatch.filter(self.files.names(), pattern)
 
     def newest_loadable(
         self, estimator: EstimatorLike, loaded: list[dict], read_only: bool, check: Callable[[dict], None]
@@ -122,7 +117,7 @@ class CheckpointFolder:
 
     def regular_files(self) -> list[Location]:
         """The regular checkpoints, oldest first (by completed epochs, then batches)."""
-        names = self.names(f"{self.prefix}-epoch*batch*{EXTENSION}")
+        names = fnmatch.filter(self.files.names(), f"{self.prefix}-epoch*batch*{EXTENSION}")
         matches = [(_REGULAR.fullmatch(name[len(self.prefix) :]), name) for name in names]
         found = sorted(((int(match[1]), int(match[2])), name) for match, name in matches if match)
         return [self.location(name) for _, name in found]

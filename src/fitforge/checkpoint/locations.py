@@ -49,8 +49,3 @@ class ObjectPath:
 
 
 Location = Path | ObjectPath  # where one checkpoint file is
-
-
-def checkpoint_patterns(prefix: str) -> tuple[str, ...]:
-    """The glob patterns of the checkpoint names of ``prefix``: the regular ones, then the single ones."""
-    return (f"{prefix}-epoch*batch*{EXTENSION}", *(f"{prefix}-{kind}{EXTENSION}" for kind in SINGLES))

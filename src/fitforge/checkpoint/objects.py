@@ -19,7 +19,7 @@ import zipfile
 from typing import Any
 
 from fitforge.checkpoint.format import checkpoint_bytes, parse_checkpoint
-from fitforge.checkpoint.locations import TEMP_SUFFIX, ObjectPath, checkpoint_patterns
+from fitforge.checkpoint.locations import EXTENSION, SINGLES, TEMP_SUFFIX, ObjectPath
 from fitforge.exceptions import CheckpointError, FitforgeValueError
 
 log = logging.getLogger("fitforge")
@@ -162,7 +162,8 @@ class FsspecCheckpointIO:
 
     def prepare(self, prefix: str) -> None:
         """Settle ``prefix``'s uncommitted objects (:meth:`settle_uncommitted`), check the store can be written."""
-        committed, removed, foreign = self.settle_uncommitted(checkpoint_patterns(prefix))
+        patterns = (f"{prefix}-epoch*batch*{EXTENSION}", *(f"{prefix}-{kind}{EXTENSION}" for kind in SINGLES))
+        committed, removed, foreign = self.settle_uncommitted(patterns)
         probe = f"{self.key}/.{prefix}-probe{TEMP_SUFFIX}"  # an OSError where the store cannot be written
         self.fs.pipe_file(probe, b"")
         self.fs.rm_file(probe)

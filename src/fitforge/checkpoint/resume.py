@@ -27,8 +27,7 @@ log = logging.getLogger("fitforge")
 
 
 def stateful_handlers(handlers: Sequence[object]) -> dict[str, EventHandler]:
-    """The handlers (each has ``state_dict``/``load_state_dict``, ``{}`` when stateless), keyed by
-    class name (``#2``, ``#3``... for the second and later of one class, in dispatch order)."""
+    """The handlers (their state dicts are ``{}`` when stateless), keyed by class name (``#2``... after the first)."""
     stateful = [h for h in handlers if isinstance(h, EventHandler)]
     return dict(zip(numbered_names(stateful), stateful))
 

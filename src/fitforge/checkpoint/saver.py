@@ -140,8 +140,7 @@ class CheckpointWriter:
         self.folder.rotate(self.saved, self.keep)
 
     def single(self, state: TrainState, kind: str, epochs: int, batches: int, extra: dict) -> Location:
-        """Write ``<prefix>-<kind>.pt`` (``best``, ``nonfinite``: one file each, replaced at each
-        save); under FSDP its shards go to a folder named for the state, the stale ones removed."""
+        """Write ``<prefix>-<kind>.pt`` (``best``, ``nonfinite``: one file each, replaced at each save)."""
         checkpoint = {**self.checkpoint(state, epochs, batches), **extra}
         path = self.folder.single(kind)
         shards = f"{self.prefix}-{kind}-epoch{epochs}batch{batches}pos{epoch_position(state, epochs)}{SHARDS}"

@@ -24,8 +24,7 @@ class CheckpointIO(Protocol):
         its tensors are the training's own."""
 
     def read(self, name: str) -> dict:
-        """The checkpoint ``name``: FileNotFoundError when there is none, a
-        :class:`~fitforge.exceptions.CheckpointError` when it cannot be read whole."""
+        """The checkpoint ``name``: FileNotFoundError when there is none, a CheckpointError when not whole."""
 
     def names(self) -> list[str]:
         """The names of the checkpoints stored (in any order)."""

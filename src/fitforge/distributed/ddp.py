@@ -23,11 +23,6 @@ def adopt_wrapper(net: nn.Module) -> tuple[nn.Module, DistributedDataParallel | 
     return net.module, net
 
 
-def trains_through_wrapper(train_net: nn.Module) -> bool:
-    """Whether ``train_net`` is a DDP wrapper, whose replicas must stay equal on every rank."""
-    return isinstance(train_net, DistributedDataParallel)
-
-
 def wrap_ddp(net: nn.Module, device: torch.device, options: dict) -> nn.Module:
     """``net`` in a new DDP wrapper; ``net`` itself while nothing in it trains (DDP refuses such a net)."""
     if not any(p.requires_grad for p in net.parameters()):

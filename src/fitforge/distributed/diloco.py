@@ -1,8 +1,6 @@
-"""DiLoCo (Douillard et al., 2023; torchft's recipe): data-parallel training for slow links, where the
-ranks talk once every ``sync_every`` optimizer steps instead of at every backward: each rank trains
-alone with its own inner optimizer, then an outer optimizer steps the last synced ("anchor") weights
-with the outer gradient ``anchor - mean(local)``, and every rank starts the next round from the new
-anchor (docs/extending.md#the-proof-diloco-in-one-class).
+"""DiLoCo (Douillard et al., 2023): data-parallel training for slow links. Each rank trains alone for
+``sync_every`` optimizer steps, then an outer optimizer steps the last synced ("anchor") weights with
+``anchor - mean(local)`` and every rank restarts from it (docs/extending.md#the-proof-diloco-in-one-class).
 """
 
 from __future__ import annotations
@@ -181,8 +179,7 @@ class DiLoCoHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self.steps = 0
 
     def state_dict(self) -> dict:
-        """On every rank at the same point (it gathers): the round, the anchor, the outer state and every
-        rank's weights and inner optimizer states."""
+        """On every rank at once (it gathers): the round, anchor, outer state and every rank's own state."""
         if self.estimator is None:
             return {}
         own = {

@@ -116,8 +116,7 @@ def sum_over_ranks(tensor: torch.Tensor) -> None:
 
 
 def flat_collective(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], Any]) -> None:
-    """``collective`` in place on ``tensors``, as one flat tensor per dtype and device (a slow link pays
-    its latency once)."""
+    """``collective`` in place on ``tensors``, one flat tensor per dtype and device (one latency)."""
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
@@ -144,8 +143,7 @@ def on_this_rank(handlers: Sequence[EventHandler]) -> list[EventHandler]:
 
 
 class Collective:
-    """The processes of a fit under torch.distributed (:class:`fitforge.core.processes.Processes`), answered
-    with collectives: every rank must ask at the same point."""
+    """The processes of a fit (:class:`fitforge.core.processes.Processes`): every rank asks at the same point."""
 
     several = True
 

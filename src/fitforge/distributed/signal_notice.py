@@ -18,8 +18,7 @@ _FITS = itertools.count()  # every rank runs the same fits in the same order: th
 
 
 class SignalNotice:
-    """The key of one fit of several ranks in the default group's store: set by a rank that received
-    a signal, looked for by the others between the batches of a validation."""
+    """The key of one fit in the default group's store: set by a signalled rank, looked for by the others."""
 
     poll_seconds = 0.1  # between two looks at the store: a validation batch of 0.1 s or more looks after each
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.events import EventHandler
 from fitforge.core.run import inference
 from fitforge.core.state import EstimatorLike
 from fitforge.distributed import fsdp
-from fitforge.distributed.ddp import adopt_wrapper, follow_trainable, trains_through_wrapper, wrap_ddp
+from fitforge.distributed.ddp import adopt_wrapper, follow_trainable, wrap_ddp
 from fitforge.distributed.fsdp import Where
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.distributed.process_group import init_process_group, quiet_other_ranks, release_at_exit, several_processes
@@ -87,16 +88,15 @@ class Strategy:
         """What makes the ranks of one fit stop together (:mod:`fitforge.distributed.stop_agreement`)."""
         if world_size() == 1:
             return Alone()
-        return StopAgreement(check_replicas=trains_through_wrapper(estimator.train_net))
+        return StopAgreement(check_replicas=isinstance(estimator.train_net, DistributedDataParallel))
 
     def gradient_sync(self, estimator: EstimatorLike) -> GradientSync | None:
-        """Under accumulation: the switch that lets only a group's last backward average the gradients,
-        or None where every backward does."""
+        """Under accumulation: the switch that lets only a group's last backward average the gradients."""
         return deferrable(estimator.train_net)
 
     def averages_gradients(self, estimator: EstimatorLike) -> bool:
         """Whether the backward averages the gradients over the ranks (through a DDP wrapper)."""
-        return trains_through_wrapper(estimator.train_net)
+        return isinstance(estimator.train_net, DistributedDataParallel)
 
     def evaluating(self, net: nn.Module, average: Any = None) -> inference:
         """The block in which ``net`` evaluates (with ``average``'s weights, if any)."""
