@@ -18,11 +18,9 @@ log = logging.getLogger("fitforge")
 
 
 def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> Any:
-    """``value`` (a checkpoint) with every tensor copied to CPU memory of its own (once, if met twice) and
-    every container rebuilt (training appends to the history's lists in place). CUDA tensors go to
-    pinned memory without blocking, with one synchronization at the end. ``buffers`` (by place in
-    ``value``): an earlier copy's tensors that nothing reads any more, reused where the layout matches
-    (several times faster: no page faults, no pinning), then updated with this copy's."""
+    """``value`` (a checkpoint) with every tensor copied to host memory of its own (pinned for CUDA, one sync
+    at the end) and every container rebuilt. ``buffers`` (by place in ``value``): an earlier copy's tensors,
+    reused where the layout matches (several times faster: no page faults), then updated with this copy's."""
     copies: dict[int, torch.Tensor] = {}
     kept = {} if buffers is None else buffers
     on_cuda = False
@@ -58,11 +56,9 @@ def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> A
 
 
 class AsyncCheckpointIO:
-    """``io`` (any :class:`~fitforge.checkpoint.storage.CheckpointIO`) written in the background:
-    :meth:`write` returns once the checkpoint is copied to the host, :meth:`delete` and :meth:`after`
-    queue behind it, and reads wait for the queue. One caller thread; a write while the queue is busy
-    makes a new host copy. A failed write's ``CheckpointError`` (naming ``label``) is raised by the next
-    :meth:`wait`, and what was queued after it is dropped (no older checkpoint deleted for a newer one)."""
+    """``io`` (any :class:`~fitforge.checkpoint.storage.CheckpointIO`) written in the background by one
+    caller thread: :meth:`write` returns once the checkpoint is copied to the host. A failed write's error
+    is raised by the next :meth:`wait`, and what was queued after it is dropped."""
 
     # Found on the io when it has them (see CheckpointIO): ``getattr`` sees them here only then.
     _OPTIONAL = ("location", "folder_path", "storage_options", "root", "path")

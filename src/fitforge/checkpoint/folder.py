@@ -31,9 +31,8 @@ def describe_tensors(tensors: list[str], shown: int = 4) -> str:
 
 
 class CheckpointFolder:
-    """``<prefix>-epoch<E>batch<B>.pt`` (regular, rotated) and ``<prefix>-<kind>.pt`` (single)
-    checkpoints in ``io``; an FSDP checkpoint's shards in a ``.dcp`` folder its file names, beside
-    it (in an io with ``folder_path``)."""
+    """``<prefix>-epoch<E>batch<B>.pt`` (regular, rotated) and ``<prefix>-<kind>.pt`` (single) checkpoints
+    in ``io``; an FSDP checkpoint's shards in a ``.dcp`` folder beside it."""
 
     def __init__(self, io: CheckpointIO, prefix: str, background: bool = False) -> None:
         if not isinstance(prefix, str) or not re.fullmatch(r"[\w.-]+", prefix):
@@ -71,9 +70,8 @@ class CheckpointFolder:
     def newest_loadable(
         self, estimator: EstimatorLike, loaded: list[dict], read_only: bool, check: Callable[[dict], None]
     ) -> str | None:
-        """Load the newest checkpoint that loads into ``loaded`` (only read it, with ``read_only``) and
-        return its name (None: there is none), skipping a corrupt or unfitting one with a warning; a
-        CheckpointError when none loads. ``check`` sees each before anything is loaded from it."""
+        """Load the newest checkpoint that loads into ``loaded`` (only read, with ``read_only``) and return its
+        name (None: none), skipping corrupt or unfitting ones; ``check`` sees each before it is loaded."""
         files = self.regular_files()
         if not files:
             singles = [location.name for location in self.earlier_files()]  # best, nonfinite: no state to go on from

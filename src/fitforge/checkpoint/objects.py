@@ -122,9 +122,8 @@ class FsspecCheckpointIO:
         return str(self.root / name)
 
     def names(self) -> list[str]:
-        """The committed checkpoints, the foreign objects under checkpoint names (see
-        :meth:`settle_uncommitted`: files of an earlier run, never replaced unasked) and the folders
-        (FSDP's shards)."""
+        """The committed checkpoints, the foreign objects under checkpoint names (an earlier run's files,
+        never replaced unasked) and the folders (FSDP's shards)."""
         present = entries(self.fs, self.key)
         return [
             name

@@ -71,10 +71,9 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
 
 
 def continuation(order: DataOrder, saved: dict[str, Any], position: int, epoch: int, quiet: bool = False) -> int | None:
-    """How this fit goes on in epoch ``epoch``, which a checkpoint (its data order ``saved``) left after
-    ``position`` batches: None at that position (its batches are the checkpoint's), else the samples of
-    the epoch's order already read, after which the rest is batched anew (another number of ranks or
-    batch size, see :mod:`fitforge.inputs.placement`). A FitforgeValueError when neither is exact."""
+    """How this fit goes on in epoch ``epoch``, left after ``position`` batches by a checkpoint (its data
+    order ``saved``): None at that position, else the samples read, after which the rest is batched anew
+    (:mod:`fitforge.inputs.placement`). A FitforgeValueError when neither is exact."""
     old, new = saved.get("batch_size"), order.batch_size
     old_world, (placed_samples, placed_at) = saved.get("world", 1), saved.get("offset", (0, 0))
     same_world = old_world == world_size()

@@ -24,9 +24,8 @@ log = logging.getLogger("fitforge")
 
 
 def keep_earlier_run(folder: CheckpointFolder, epochs_before: int, resuming: bool, overwrite: bool) -> None:
-    """Refuse, before training, a run that does not continue the one whose files are in the folder (its
-    own, named from epoch 0, would replace them); with ``overwrite``, delete them first, so that they
-    neither mix with this run's nor are picked by a later resume."""
+    """Refuse, before training, a run that does not continue the one whose files are in the folder (its own
+    would replace them); with ``overwrite``, delete them first (not to mix them with this run's)."""
     earlier = folder.earlier_files()
     if not earlier:
         return

@@ -53,12 +53,8 @@ def _trainable_ids(net: nn.Module) -> frozenset[int]:
 
 
 def follow_trainable(train_net: nn.Module, net: nn.Module, device: torch.device) -> nn.Module:
-    """The module fit's forward goes through, for the parameters that train now (checked at each fit).
-
-    A parameter unfrozen since the DDP wrapper was made would train apart on each rank, and one frozen
-    since makes DDP wait for a gradient that never comes. A wrapper fitforge made is made anew with the
-    same options (a comm hook on the old one is not carried over); the user's own is an error.
-    """
+    """The module fit's forward goes through, for the parameters that train now: a DDP wrapper syncs those
+    that trained when it was made, so fitforge's is made anew (without the old one's comm hook)."""
     made = _SYNCED.get(train_net)
     if made is None:
         return train_net  # one process, FSDP (which follows requires_grad itself), or no strategy

@@ -158,10 +158,9 @@ def save_sharded(estimator: EstimatorLike, folder: Where, grads: bool, options: 
 
 
 def save_sharded_async(estimator: EstimatorLike, folder: Where, grads: bool, options: dict, group: Any) -> Future:
-    """:func:`save_sharded` through DCP's ``async_save``: staged to CPU memory before this returns, written
-    by torch's background thread. ``group`` is a gloo group of the save's own: DCP's collectives there
-    must neither need a GPU backend nor interleave with training's. Every rank's future ends once the
-    save's metadata, so every rank's shards, is written."""
+    """:func:`save_sharded` through DCP's ``async_save`` (staged to CPU memory before this returns).
+    ``group``: a gloo group of the save's own, whose collectives neither need a GPU backend nor
+    interleave with training's. Every rank's future ends once every rank's shards are written."""
     import torch.distributed.checkpoint as dcp
 
     writer = _storage(folder, options, write=True)

@@ -70,10 +70,9 @@ def _release() -> None:
 
 
 def settle_gloo_workers(timeout: float = 2.0) -> bool:
-    """Wait until no gloo worker thread is running or waiting for the GIL: each is blocked, and did not
-    wake, through a pause twice the GIL's switch interval (a thread waiting for the GIL wakes at least
-    once per interval). Whether they settled within ``timeout`` seconds; True where the threads cannot
-    be seen (not Linux, or a torch that does not name them)."""
+    """Whether every gloo worker thread was blocked, and did not wake, through a pause twice the GIL's
+    switch interval (one waiting for the GIL wakes each interval) within ``timeout`` seconds (True where
+    the threads cannot be seen)."""
     try:
         tasks = list(Path("/proc/self/task").iterdir())
     except OSError:

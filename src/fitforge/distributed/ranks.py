@@ -1,7 +1,5 @@
-"""torch.distributed helpers: launch detection, rank and world size, collectives of host values. Each
-collective is called from a place every rank passes in the same order; reporting handlers
-(``main_rank_only``) run on rank 0 only and never reach one.
-"""
+"""torch.distributed helpers: launch detection, rank and world size, collectives of host values, each
+called from a place every rank passes in the same order."""
 
 from __future__ import annotations
 

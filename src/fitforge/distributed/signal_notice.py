@@ -1,7 +1,5 @@
 """A signal one rank received, told to the other ranks without a collective (a validation's batches may
-differ in number between ranks): a key in the process group's store. Without a store, they learn of it
-at the validation's end (:meth:`fitforge.distributed.stop_agreement.StopAgreement.end_pass`).
-"""
+differ in number between ranks): a key in the process group's store (else they learn at its end)."""
 
 from __future__ import annotations
 

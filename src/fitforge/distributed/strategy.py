@@ -1,7 +1,5 @@
 """The engine of a fit: a :class:`Strategy` owns everything that differs between ways of training on
 one or several processes, so the rest of fitforge asks it and never tests which engine runs.
-``estimator.net`` stays the user's module (weights and checkpoints are those of one process);
-``estimator.train_net`` is what ``fit``'s forward goes through. A new engine: docs/extending.md.
 """
 
 from __future__ import annotations
