@@ -7,9 +7,8 @@ from fitforge.exceptions import FitforgeValueError
 
 
 class EarlierRunError(FitforgeValueError):
-    """A fit that would replace an earlier run's checkpoints, refused: ``found`` says what is there,
-    ``advice`` the ways out; ``files``: the regular ones, oldest first, when resuming would continue
-    that run (else empty)."""
+    """A fit that would replace an earlier run's checkpoints: ``found`` (what is there), ``advice`` and
+    ``files`` (the regular ones, oldest first, when resuming would continue that run; else empty)."""
 
     def __init__(self, found: str, advice: str, files: list[Location]) -> None:
         super().__init__(f"{found}; {advice}")

@@ -66,13 +66,13 @@ def non_finite_state(estimator: EstimatorLike) -> list[str]:
     """The names of the net's parameters and optimizer states holding a nan or an inf, and buffers holding
     a nan (an inf in a buffer can be meant: a causal mask), in this process (under FSDP: its shards)."""
     net = estimator.net
-    params = {name for name, _ in net.named_parameters()}
+    param_names: dict[torch.Tensor, str] = {param: name for name, param in net.named_parameters()}
+    params = set(param_names.values())
     names, flags = [], []
     for name, value in net.state_dict().items():
         if _floating(value):
             names.append(name)
             flags.append(_bad(_local(value), name in params))
-    param_names: dict[torch.Tensor, str] = {param: name for name, param in net.named_parameters()}
     for i, optimizer in enumerate(estimator.optimizers):
         for param, state in optimizer.state.items():
             for key, value in state.items():

@@ -1,10 +1,8 @@
 """Checkpoints as objects in a store named by an fsspec URL (``s3://bucket/run``, ``memory://run``).
 
-Object stores have no atomic rename, so a checkpoint counts only once a marker ``<name>.commit``
-(its data's size and BLAKE2b digest), written after the data, describes it exactly; a marker is
-deleted before new bytes replace its object and after its object is deleted. A kill at any instant
-leaves a committed checkpoint or an uncommitted object the next start settles
-(docs/checkpoints.md#object-storage). fsspec and the store's package are the extra ``fitforge[cloud]``.
+Object stores have no atomic rename, so a checkpoint counts only once a marker ``<name>.commit`` (its
+size and BLAKE2b digest), written after the data, describes it; a marker is deleted before new bytes
+replace its object and after its object is deleted (docs/checkpoints.md#object-storage).
 """
 
 from __future__ import annotations
@@ -199,9 +197,8 @@ class FsspecCheckpointIO:
         return f"FsspecCheckpointIO({str(self.root)!r})"
 
     def settle_uncommitted(self, patterns: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
-        """The objects matching ``patterns`` that no marker commits: a whole fitforge checkpoint (copied in,
-        or uploaded by a run killed before its commit) is committed; an upload cut short is deleted, as are
-        markers without their object; any other whole file is foreign, left as it is. Returns the
+        """Settle the objects matching ``patterns`` that no marker commits: commit a whole fitforge checkpoint,
+        delete an upload cut short (and markers without their object), leave a foreign file. Returns the
         (committed, deleted, foreign) names."""
         present = set(entries(self.fs, self.key))
 

@@ -1,13 +1,11 @@
-"""The training state a checkpoint holds besides weights, optimizers and scaler (:func:`training_state`),
-and resuming from it (:func:`resume`, after every handler's ``train_begin`` and before the first
-``epoch_begin``, so restored state wins over fresh state whatever the priorities).
+"""The training state a checkpoint holds besides weights, optimizers and scaler, and resuming from it
+(after every handler's ``train_begin``, so restored state wins over fresh state whatever the priorities).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -44,9 +42,8 @@ def epoch_position(state: TrainState, epochs: int) -> int:
 
 
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
-    """Everything but weights, optimizers and scaler, after ``epochs`` epochs and ``batches`` batches
-    (``position``: the current epoch's batches read, where a resume continues). Every rank calls it at
-    the same point: it may average an open group's gradients over them."""
+    """Everything but weights, optimizers and scaler, after ``epochs`` epochs and ``batches`` batches; on
+    every rank at the same point (it may average an open group's gradients over them)."""
     net, order, config = state.estimator.net, fit_data_order(state), state.estimator.run_config
     if state.accumulated_batches and state.services.steps is not None:  # its open group may differ per rank (DDP)
         state.services.steps.share_open_group(state)
@@ -126,13 +123,6 @@ def _not_found(read: int, epoch: int, old_world: int, why: str, unit: str = "bat
     )
 
 
-def check_resumable(state: TrainState, checkpoint: dict[str, Any]) -> None:
-    """Refuse, before its weights are loaded, a checkpoint this fit cannot continue (:func:`continuation`)."""
-    order, position = fit_data_order(state), checkpoint.get("position", 0)
-    if position and order is not None:
-        continuation(order, checkpoint.get("data_order", {}), position, checkpoint["epochs_completed"], quiet=True)
-
-
 def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
     """Continue from ``checkpoint`` (whose weights and optimizer states are already loaded): the
     counters, history, generators, data order and handler states; a stop when its target is reached."""
@@ -203,9 +193,15 @@ def pick(state: TrainState, folder: CheckpointFolder) -> tuple[dict[str, Any], L
     loaded: list[dict] = []  # rank 0's checkpoint, kept out of the broadcast
     ranks = state.run.ranks
     several = ranks.several  # loading weights may be a collective (FSDP): rank 0 only reads the file
+    order = fit_data_order(state)
+
+    def check_resumable(checkpoint: dict[str, Any]) -> None:  # refused before its weights are loaded
+        position = checkpoint.get("position", 0)
+        if position and order is not None:
+            continuation(order, checkpoint.get("data_order", {}), position, checkpoint["epochs_completed"], quiet=True)
+
     name = ranks.on_main(
-        lambda: folder.newest_loadable(state.estimator, loaded, several, partial(check_resumable, state)),
-        CheckpointError,
+        lambda: folder.newest_loadable(state.estimator, loaded, several, check_resumable), CheckpointError
     )
     if name is None:
         return None

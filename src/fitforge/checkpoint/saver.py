@@ -1,6 +1,5 @@
-"""CheckpointWriter: how a ``CheckpointHandler``'s checkpoints are built and written. Every rank builds
-the state (it holds every rank's generators and running sums); under FSDP every rank writes its shards
-first; rank 0 writes the checkpoint, commits and rotates, and every rank fails with its error.
+"""CheckpointWriter: how a ``CheckpointHandler``'s checkpoints are built (on every rank: the state holds
+every rank's generators) and written (by rank 0, after every rank's FSDP shards), every rank failing alike.
 """
 
 from __future__ import annotations

@@ -15,9 +15,8 @@ from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValu
 
 @runtime_checkable
 class CheckpointIO(Protocol):
-    """Checkpoints (dicts of tensors and plain values) stored by file name: what a
-    ``CheckpointHandler(io=...)`` saves, rotates and resumes through. The optional ``prepare(prefix)``,
-    ``location(name)`` and ``folder_path(name)`` are used when present (docs/extending.md)."""
+    """Checkpoints stored by file name: what a ``CheckpointHandler(io=...)`` saves through. The optional
+    ``prepare(prefix)``, ``location(name)`` and ``folder_path(name)`` are used when present (docs/extending.md)."""
 
     def write(self, name: str, checkpoint: dict) -> None:
         """Store ``checkpoint`` under ``name``, whole or not at all, serialized (or copied) before returning:

@@ -28,10 +28,8 @@ OuterFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 class DiLoCoStrategy(Distributed):
     """Local SGD with an outer optimizer every ``sync_every`` optimizer steps (module docstring).
 
-    Between two syncs the ranks' weights differ: validation inside fit evaluates each rank's own, and a
-    checkpoint holds every rank's weights and inner optimizer states (a run killed mid-round resumes on
-    the same number of ranks). Every fit starts from rank 0's weights and buffers, and one that ends
-    mid-round (not by an error or a preemption) closes it with an outer step.
+    Between two syncs the ranks' weights differ (a checkpoint holds every rank's); every fit starts from
+    rank 0's weights, and one that ends mid-round (not by an error or a preemption) closes the round.
 
     Args:
         sync_every: optimizer steps of each rank between two outer steps (the paper's H, e.g. 500).

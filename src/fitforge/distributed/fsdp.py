@@ -1,6 +1,5 @@
-"""Sharded training (``strategy="fsdp"``): FSDP2's ``fully_shard`` and checkpoints through
-``torch.distributed.checkpoint`` (DCP), every rank writing its shards into a folder the checkpoint file
-names (docs/distributed.md#fsdp-models-too-big-for-one-gpu).
+"""Sharded training (``strategy="fsdp"``): FSDP2's ``fully_shard``, and checkpoints whose shards every rank
+writes through ``torch.distributed.checkpoint`` (DCP) into a folder the checkpoint file names.
 """
 
 from __future__ import annotations
@@ -46,9 +45,8 @@ def _fsdp2() -> Any:
 
 
 def hold_shards(net: nn.Module) -> None:
-    """Make every unit of the sharded ``net`` hold its sharded parameters, the ones the optimizers step
-    (with ``reshard_after_forward=False`` it keeps the gathered ones after a forward); a ``requires_grad_``
-    made on gathered ones since is carried over to the shards, which FSDP takes it from."""
+    """Make every unit of the sharded ``net`` hold the sharded parameters the optimizers step, not gathered
+    ones kept after a forward, carrying ``requires_grad`` changes made on those over to the shards."""
     flags = {name: p.requires_grad for name, p in net.named_parameters()}
     fsdp_module = _fsdp2().FSDPModule
     for module in net.modules():

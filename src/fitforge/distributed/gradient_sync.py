@@ -1,6 +1,4 @@
-"""Gradient accumulation under DDP: only the last batch of a group all-reduces the gradients
-(docs/distributed.md#gradient-accumulation).
-"""
+"""Gradient accumulation under DDP: only a group's last batch all-reduces (docs/distributed.md)."""
 
 from __future__ import annotations
 

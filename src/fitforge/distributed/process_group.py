@@ -51,12 +51,9 @@ _GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's work
 
 def release_at_exit(destroy: bool) -> None:
     """At interpreter exit, destroy the default group (``destroy``: fitforge made it), then wait for gloo's
-    worker threads to go idle (registered once per process).
-
-    A gloo worker frees a collective's tensors after the caller's ``wait`` returned, which may need the
-    GIL; Python ends a thread that asks for it during shutdown with ``pthread_exit``, a ``std::terminate``
-    through C++: a SIGABRT of a rank that had finished. ``destroy_process_group`` does not stop the
-    workers while a DDP wrapper or an FSDP mesh holds the group, so the wait is what prevents it."""
+    worker threads to go idle: one that frees a collective's tensors during shutdown asks for the GIL and
+    is ended with ``pthread_exit``, a ``std::terminate`` through C++ (a SIGABRT of a finished rank), and
+    ``destroy_process_group`` does not stop them while a DDP wrapper or an FSDP mesh holds the group."""
     _AT_EXIT["destroy"] = _AT_EXIT["destroy"] or destroy
     if not _AT_EXIT["registered"]:
         _AT_EXIT["registered"] = True

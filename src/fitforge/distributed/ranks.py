@@ -45,8 +45,7 @@ def local_rank() -> int:
 def cpu_group() -> Any:
     """A group that reduces host tensors: the default one when it has gloo, else a gloo group made once
     (a collective: every rank calls this at the same point, at fit start)."""
-    backend = str(dist.get_backend())
-    if "gloo" in backend:
+    if "gloo" in str(dist.get_backend()):
         return None  # the default group
     key = id(dist.distributed_c10d._get_default_group())
     if key not in _CPU_GROUPS:

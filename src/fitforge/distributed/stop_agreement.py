@@ -1,9 +1,6 @@
 """Under torch.distributed, every rank stops training at the same point (docs/distributed.md#preemption):
-a rank that stopped alone would leave the others waiting in a collective. At agreement points (after
-``train_begin``, every ``epoch_begin`` and ``epoch_end``, and every ``interval``-th training batch) the
-ranks reduce, in one ``MAX`` all-reduce of host integers, their signal, stop request, held CancelFit and
-proposed interval. After the first optimizer step the replicas' weights are checked once to be equal:
-a ``fit_batch`` that calls ``estimator.net`` instead of ``estimator.train_net`` bypasses DDP.
+a rank that stopped alone would leave the others waiting in a collective. After the first optimizer step
+the replicas' weights are checked once to be equal: a ``fit_batch`` that calls ``estimator.net`` bypasses DDP.
 """
 
 from __future__ import annotations

@@ -133,9 +133,8 @@ class Strategy:
 
 
 class Distributed(Strategy):
-    """The base of engines that take part in a launch (``torchrun``, SLURM, Ray): each rank on its own
-    device, the process group, the data split. ``required``: an error when not launched with several
-    processes (``False``: train in one process then)."""
+    """The base of engines that take part in a launch (``torchrun``, SLURM, Ray). ``required``: an error
+    when not launched with several processes (``False``: train in one process then)."""
 
     required = True
 
@@ -183,9 +182,8 @@ class Distributed(Strategy):
 
 
 class DDPStrategy(Distributed):
-    """Data-parallel training with ``DistributedDataParallel`` (``options`` go to it, e.g.
-    ``find_unused_parameters=True``). ``DDPStrategy(required=False)`` is ``"auto"``: one process when
-    the script was not launched with several."""
+    """Data-parallel training with ``DistributedDataParallel`` (``options`` go to it); ``required=False``
+    is ``"auto"``: one process when the script was not launched with several."""
 
     def __init__(self, required: bool = True, **options: Any) -> None:
         self.required, self.options = required, options
