@@ -1,7 +1,6 @@
 """Checkpointing and resume: atomic versioned files (a local folder, or committed objects in an object
-store named by an fsspec URL), their naming and rotation, and the training state a checkpoint holds.
-``CheckpointHandler`` itself is :mod:`fitforge.handlers.checkpoint`.
-"""
+store), their naming and rotation, and the training state a checkpoint holds (``CheckpointHandler``
+itself is :mod:`fitforge.handlers.checkpoint`)."""
 
 from fitforge.checkpoint.async_writer import AsyncCheckpointIO
 from fitforge.checkpoint.format import checkpoint_bytes, checkpoint_from_bytes

@@ -1,6 +1,5 @@
-"""Saves that do not stall training (``CheckpointHandler(async_save=True)``): a write copies the
-checkpoint to the host (on the CPU too: the optimizer step writes into the tensors in place) and a
-background thread writes it, then runs what was queued after it (rotation's deletes), in order."""
+"""Saves that do not stall training: a write copies the checkpoint to the host (on the CPU too: the
+optimizer step writes into the tensors in place) and a background thread writes it."""
 
 from __future__ import annotations
 
@@ -68,7 +67,7 @@ class AsyncCheckpointIO:
         self._queue: deque[tuple[Callable[[], None], str]] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._error: tuple[BaseException, str] | None = None
+        self._error: BaseException | None = None
         # The last copy's tensors, reused by the next copy once its write ended: the host holds
         # one copy of the state between saves, and copying into memory already touched is fast.
         self._buffers: dict[tuple, torch.Tensor] = {}
@@ -131,7 +130,7 @@ class AsyncCheckpointIO:
             except BaseException as err:  # kept for the training thread: a thread's error is otherwise only printed
                 log.error("CheckpointHandler: the background save of %s failed: %s", name, err)
                 with self._lock:
-                    self._error = (err, name)
+                    self._error = err
                     self._queue.clear()  # nothing after a failed write: rotation would delete a good checkpoint
                     self._thread = None
                 return
@@ -143,7 +142,7 @@ class AsyncCheckpointIO:
             thread.join()
         failed, self._error = self._error, None
         if failed is not None:  # the same error a synchronous save raises (logged when it happened)
-            raise failed[0]
+            raise failed
 
     def close(self) -> None:
         """Wait for what is queued (raising its error), then free the host copy."""

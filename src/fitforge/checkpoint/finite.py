@@ -103,9 +103,3 @@ def non_finite_checkpoint(checkpoint: dict, net: torch.nn.Module | None = None) 
                 if _floating(value) and bool(_bad(value, True))
             ]
     return found
-
-
-def only_buffers(names: list[str], net: torch.nn.Module) -> bool:
-    """Whether every name in ``names`` is a buffer of ``net`` (what a guard cannot protect)."""
-    buffers = {name for name, _ in net.named_buffers()}
-    return bool(names) and all(name in buffers for name in names)

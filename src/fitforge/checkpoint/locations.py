@@ -1,6 +1,5 @@
-"""Where a checkpoint lives: a local path, or an object in a store named by an fsspec URL
-(``s3://bucket/run``, ``memory://run``). A ``file://`` URL is a local path: it keeps the atomic
-rename and fsync of local files."""
+"""Where a checkpoint lives: a local path (a ``file://`` URL too: it keeps the atomic rename), or an
+object in a store named by an fsspec URL (``s3://bucket/run``, ``memory://run``)."""
 
 from __future__ import annotations
 

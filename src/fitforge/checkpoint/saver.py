@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from fitforge.checkpoint.earlier_run import EarlierRunError
-from fitforge.checkpoint.finite import non_finite_state, only_buffers
+from fitforge.checkpoint.finite import non_finite_state
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
 from fitforge.checkpoint.format import FORMAT_VERSION
 from fitforge.checkpoint.locations import EXTENSION, Location
@@ -197,9 +197,10 @@ class CheckpointWriter:
             log.debug("CheckpointHandler: not saving %s (nan/inf in %s)", name, describe_tensors(poisoned))
             return False
         kept = self.saved[-1].name if self.saved else "none (no finite state was saved in this run)"
+        buffers = {name for name, _ in state.estimator.net.named_buffers()}  # what a guard cannot protect
         cause = (
             "a batch with nan/inf reached the forward (no guard can undo that): clean the data"
-            if only_buffers(poisoned, state.estimator.net)
+            if poisoned and all(name in buffers for name in poisoned)
             else "training diverged: add a NaNGuardHandler to skip or stop such steps, or lower the learning rate"
         )
         kept_apart = f"; kept as {self.prefix}-nonfinite.pt for inspection" if self.save_non_finite else ""

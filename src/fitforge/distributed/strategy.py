@@ -245,9 +245,6 @@ class FSDPStrategy(Distributed):
         return f"FSDPStrategy({', '.join(f'{key}={value!r}' for key, value in self.options.items())})"
 
 
-NAMES = ("auto", "ddp", "fsdp", "none")
-
-
 def resolve_strategy(strategy: Any, options: Any) -> Strategy:
     """The engine ``Estimator(strategy=..., strategy_options=...)`` asks for (None is ``"none"``)."""
     if options is not None and not isinstance(options, dict):
@@ -271,6 +268,6 @@ def resolve_strategy(strategy: Any, options: Any) -> Strategy:
     if isinstance(strategy, type) and issubclass(strategy, Strategy):
         raise FitforgeTypeError(f"strategy must be an instance: pass strategy={strategy.__name__}(...), not the class")
     raise FitforgeValueError(
-        f"strategy must be one of {', '.join(map(repr, NAMES))}, None or a fitforge.distributed.Strategy instance "
+        "strategy must be one of 'auto', 'ddp', 'fsdp', 'none', None or a fitforge.distributed.Strategy instance "
         f"(e.g. DiLoCoStrategy(sync_every=...)), got {describe(strategy)}"
     )
