@@ -1,8 +1,5 @@
-"""Atomic, versioned save and safe load of training checkpoints.
-
-A save writes a temporary file, fsyncs it, renames it over the target and fsyncs the folder: a crash
-leaves the old file or the new one, never a torn one. A checkpoint is a ``torch.save`` of a dict with a
-``format_version`` and a ``checksum`` of its contents, loaded with ``weights_only=True``: no code runs.
+"""Atomic save and safe load of training checkpoints: a save writes a temporary file, fsyncs it, renames
+it over the target and fsyncs the folder, so a crash leaves the old file or the new one, never a torn one.
 """
 
 from __future__ import annotations

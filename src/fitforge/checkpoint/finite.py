@@ -30,8 +30,7 @@ class GradientCheck:
         self._one = {device: torch.ones((), device=device) for device, _ in groups}
 
     def update(self, found: torch.Tensor) -> None:
-        """Set ``found`` (a float32 0-d tensor on the estimator's device) to 1 if a gradient is not
-        finite (gradients are multiplied by 1 in place: unchanged)."""
+        """Set ``found`` (a float32 0-d tensor on the estimator's device) to 1 if a gradient is not finite."""
         for params in self._groups:
             grads = [_local(p.grad._values() if p.grad.is_sparse else p.grad) for p in params if p.grad is not None]
             if not grads:

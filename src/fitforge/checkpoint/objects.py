@@ -54,8 +54,7 @@ def _commit(fs: Any, key: str, data: bytes) -> None:
 
 
 def read_object(fs: Any, key: str, map_location: Any = "cpu") -> dict:
-    """Load the committed checkpoint ``key``; a CheckpointError when it is not committed, does not
-    match its marker, or does not load."""
+    """Load the committed checkpoint ``key``; a CheckpointError when uncommitted, unmatched or unloadable."""
     url = fs.unstrip_protocol(key)
     try:
         marker = json.loads(fs.cat_file(key + COMMIT_SUFFIX))
@@ -120,8 +119,7 @@ class FsspecCheckpointIO:
         return str(self.root / name)
 
     def names(self) -> list[str]:
-        """The committed checkpoints, the foreign objects under checkpoint names (an earlier run's files,
-        never replaced unasked) and the folders (FSDP's shards)."""
+        """The committed checkpoints, the foreign objects under checkpoint names and the shard folders."""
         present = entries(self.fs, self.key)
         return [
             name

@@ -74,8 +74,7 @@ class CheckpointWriter:
         self.prefix, self.keep, self.save_non_finite = prefix, keep, save_non_finite
         self.saved: list[Location] = []  # rank 0's, which writes and rotates
         self.last_saved: Location | None = None  # the newest regular checkpoint this fit saved, on every rank
-        # (epochs, batches, position) saved or started from: the same state is not written twice.
-        self.last: tuple[int, int, int] | None = None
+        self.last: tuple[int, int, int] | None = None  # (epochs, batches, position) saved or started from
         self._refused = 0  # saves of non-finite states in this fit
         self._shards: Any = None  # every rank's sharded saves in flight (the engine's shard_writer, with async_save)
 

@@ -103,13 +103,6 @@ def shard(
     return net
 
 
-def load_full_weights(net: nn.Module, weights: dict[str, Any]) -> None:
-    """Load an unsharded ``state_dict`` (every rank holds it whole) into the sharded ``net``."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(net, weights, options=StateDictOptions(full_state_dict=True))
-
-
 def _state(estimator: EstimatorLike, grads: bool) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 

@@ -13,8 +13,7 @@ from fitforge.distributed.fsdp import Where, dcp_failure, save_sharded_async, sh
 
 
 class ShardWriter:
-    """This rank's sharded saves, one in flight, over a gloo group of their own (made here, so on every
-    rank at the same point; destroyed by :meth:`close`)."""
+    """This rank's sharded saves, one in flight, over a gloo group of their own (made on every rank at once)."""
 
     def __init__(self) -> None:
         self.group = dist.new_group(backend="gloo")

@@ -32,10 +32,7 @@ class Strategy:
 
     Attributes:
         name: the engine's name, as runs record it (``"none"``, ``"auto"``, ``"ddp"``, ``"fsdp"``...).
-        inference_mode: whether evaluation runs under ``torch.inference_mode`` (False: ``no_grad``).
-        collective_forward: whether every rank must run each forward (evaluation data is then padded).
         places_net: whether the net stays on the estimator's device (checked at each fit).
-        sharded: whether checkpoints hold the weights and optimizer states as every rank's shards.
     """
 
     name = "none"
@@ -233,7 +230,9 @@ class FSDPStrategy(Distributed):
         return {"grads": {}}  # weights, optimizer states and an open group's gradients: in the shards
 
     def load_weights(self, net: nn.Module, weights: dict[str, Any]) -> None:
-        fsdp.load_full_weights(net, weights)  # each rank keeps its shard of the whole weights
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(net, weights, options=StateDictOptions(full_state_dict=True))  # each keeps its shard
 
     def save_shards(self, estimator: EstimatorLike, folder: Where, grads: bool, storage_options: dict) -> None:
         fsdp.save_sharded(estimator, folder, grads, storage_options)
