@@ -42,17 +42,15 @@ def content_digest(value: Any) -> str:
 
 
 def checkpoint_bytes(checkpoint: dict) -> bytes:
-    """``checkpoint`` as the bytes of a checkpoint file, with a ``checksum`` of its contents that
-    :func:`checkpoint_from_bytes` verifies: what a :class:`~fitforge.checkpoint.CheckpointIO` of
-    one's own may store."""
+    """``checkpoint`` as the bytes of a checkpoint file, with the ``checksum`` that
+    :func:`checkpoint_from_bytes` verifies (what a CheckpointIO of one's own may store)."""
     buffer = io.BytesIO()
     torch.save({**checkpoint, "checksum": content_digest(checkpoint)}, buffer)
     return buffer.getvalue()
 
 
 def checkpoint_from_bytes(data: bytes, name: str) -> dict:
-    """The checkpoint in ``data`` (called ``name`` in messages), its format and checksum verified:
-    a :class:`~fitforge.exceptions.CheckpointError` when they are wrong."""
+    """The checkpoint in ``data`` (``name`` in messages), its format and checksum verified."""
     return parse_checkpoint(io.BytesIO(data), name)
 
 
