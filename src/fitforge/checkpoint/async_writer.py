@@ -18,8 +18,9 @@ log = logging.getLogger("fitforge")
 
 def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> Any:
     """``value`` (a checkpoint) with every tensor copied to host memory of its own (pinned for CUDA, one sync
-    at the end) and every container rebuilt. ``buffers`` (by place in ``value``): an earlier copy's tensors,
-    reused where the layout matches (several times faster: no page faults), then updated with this copy's."""
+    at the end) and every container rebuilt; a tensor met twice (tied weights) is copied once. ``buffers`` (by
+    place in ``value``): an earlier copy's tensors, reused where the layout matches (several times faster: no
+    page faults), then updated with this copy's."""
     copies: dict[int, torch.Tensor] = {}
     kept = {} if buffers is None else buffers
     on_cuda = False
@@ -56,8 +57,9 @@ def host_copy(value: Any, buffers: dict[tuple, torch.Tensor] | None = None) -> A
 
 class AsyncCheckpointIO:
     """``io`` (any :class:`~fitforge.checkpoint.storage.CheckpointIO`) written in the background by one
-    caller thread: :meth:`write` returns once the checkpoint is copied to the host. A failed write's error
-    is raised by the next :meth:`wait`, and what was queued after it is dropped."""
+    caller thread: :meth:`write` returns once the checkpoint is copied to the host (a write while the queue is
+    busy makes a new host copy: wait before each save to hold one). A failed write's error is raised by the
+    next :meth:`wait`, and what was queued after it is dropped."""
 
     # Found on the io when it has them (see CheckpointIO): ``getattr`` sees them here only then.
     _OPTIONAL = ("location", "folder_path", "storage_options", "root", "path")
