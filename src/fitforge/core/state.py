@@ -4,7 +4,9 @@ assembled above every layer, so the core names it by what it offers, not by impo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import sys
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -167,7 +169,7 @@ class RunControl:
     stop_every_rank: bool = False
     stop_ending: Ending | None = None
     ranks: Processes = ONE_PROCESS
-    _state: Any = field(default=None, repr=False)  # the TrainState it belongs to, whose history keeps the reason
+    _state: Callable[[], Any] | None = field(default=None, repr=False)  # its TrainState's (weak) reference
 
     def stop(self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None) -> None:
         """Stop after the current batch's handlers: ``epoch_end`` runs for the partial epoch, then
@@ -188,8 +190,9 @@ class RunControl:
 
     def _reason(self, reason: str) -> None:
         self.stop_reason = reason
-        if self._state is not None:
-            self._state.history.stop_reason = reason
+        state = None if self._state is None else self._state()
+        if state is not None:  # its history keeps the reason (also a History put in later)
+            state.history.stop_reason = reason
 
     @property
     def epoch_suspended(self) -> bool:
@@ -200,7 +203,12 @@ class RunControl:
         return self.preempted is not None and not self.epoch_finished
 
 
-@dataclass(slots=True, eq=False)
+# A weak reference from its run back to the state: no cycle, so a finished run's state, outputs and
+# tensors are freed at once, not by the garbage collector (Python 3.10 keeps a strong one).
+_WEAK_SLOT = {"weakref_slot": True} if sys.version_info >= (3, 11) else {}
+
+
+@dataclass(slots=True, eq=False, **_WEAK_SLOT)
 class TrainState:
     """The one object every hook receives. Which field holds what at which event, and how the
     counters count (0-based; ``global_step``: training batches completed before the current one):
@@ -227,7 +235,7 @@ class TrainState:
     _loop: RunMachinery | None = None  # the fit's machinery, for fitforge's own checkpointing; None elsewhere
 
     def __post_init__(self) -> None:
-        self.run._state = self
+        self.run._state = weakref.ref(self) if _WEAK_SLOT else lambda: self
 
     @property
     def restored_epoch(self) -> int | None:
