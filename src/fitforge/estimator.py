@@ -330,7 +330,8 @@ class Estimator:
             >>> for outputs in estimator.predict_batches(loader):        # doctest: +SKIP
             ...     writer.write(outputs.argmax(1).numpy())
         """
-        return plan_predict(self, data, event_handlers, batch_size, stream=True).stream()
+        # A generator: the data is checked at the first next(), as any generator starts there.
+        yield from plan_predict(self, data, event_handlers, batch_size, stream=True).stream()
 
     def lr_find(
         self,

@@ -716,6 +716,15 @@ def test_first_validation_batch_check_skips_one_shot_and_empty_data():
     est.check_first_val_batch([], "val_data")
 
 
+def test_the_first_validation_batch_check_takes_arrays_as_evaluate_does():
+    from fitforge.exceptions import LossInputError
+
+    est = make_estimator()
+    est.check_first_val_batch((torch.rand(8, 1), torch.rand(8, 1)))
+    with pytest.raises(LossInputError, match="floating-point label"):
+        est.check_first_val_batch((torch.rand(8, 1), torch.ones(8, 1, dtype=torch.long)))
+
+
 def test_a_list_of_single_samples_is_recognised():
     samples = [(torch.rand(1), torch.tensor(2.0)) for _ in range(4)]  # (x, y) pairs, not batches
     with pytest.raises(FitforgeValueError, match="looks like a single sample, not a batch"):

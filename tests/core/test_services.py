@@ -109,6 +109,33 @@ def test_a_users_handler_reads_the_optimizer_steps_and_the_ema_weights_through_t
     assert not torch.equal(user.average["weight"], net.weight)  # the average, not the trained weights
 
 
+class AverageAtEachStep(BatchEnd):
+    """A user's handler at the EMA's own stage, given before it: ordered after it by its declared read alone."""
+
+    priority = Stage.METRICS
+    reads = ("optimizer_steps", "services.averages")
+
+    def __init__(self):
+        self.seen = []
+
+    def batch_end(self, state):
+        (average,) = state.services.averages
+        self.seen.append((state.optimizer_steps, average.updates))
+
+
+def test_a_reader_of_the_averages_runs_after_the_ema_update_by_its_declared_access():
+    batches = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(3)]
+    net = nn.Linear(3, 1)
+    est = Estimator(net, nn.MSELoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    reader = AverageAtEachStep()
+    est.fit(batches, epochs=1, event_handlers=[reader, EMAHandler(decay=0.5)], default_handlers=False)
+    assert reader.seen == [(1, 1), (2, 2), (3, 3)]  # this step's average, not the one before
+
+
+def test_services_show_what_was_offered():
+    assert repr(Services(keys_complete=False)).startswith("Services(history_keys=<class 'list'>, keys_complete=False")
+
+
 def test_an_old_role_import_says_what_to_offer_instead():
     import pytest
 

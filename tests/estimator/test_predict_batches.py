@@ -228,3 +228,11 @@ def test_fewer_rows_than_expected_keep_no_unused_storage():
     est = Estimator(Summary(), nn.MSELoss(), optimizer="sgd", device="cpu")
     out = est.predict(DataLoader(TensorDataset(X), batch_size=10))
     assert out.shape == (5, 256) and out.untyped_storage().nbytes() == 5 * 256 * 4
+
+
+def test_predict_batches_checks_its_data_at_the_first_next_as_a_generator_does():
+    from fitforge.exceptions import FitforgeTypeError
+
+    outputs = Estimator(nn.Linear(2, 1), nn.MSELoss(), device="cpu").predict_batches(5)  # nothing checked yet
+    with pytest.raises(FitforgeTypeError):
+        next(outputs)

@@ -42,8 +42,9 @@ def epoch_position(state: TrainState, epochs: int) -> int:
 
 
 def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, Any]:
-    """Everything but weights, optimizers and scaler, after ``epochs`` epochs and ``batches`` batches; on
-    every rank at the same point (it may average an open group's gradients over them)."""
+    """Everything but weights, optimizers and scaler, after ``epochs`` epochs and ``batches`` batches (an open
+    epoch's position counts the batches read, cancelled ones included); on every rank at the same point (it
+    may average an open group's gradients over them)."""
     net, order, config = state.estimator.net, fit_data_order(state), state.estimator.run_config
     if state.accumulated_batches and state.services.steps is not None:  # its open group may differ per rank (DDP)
         state.services.steps.share_open_group(state)

@@ -4,7 +4,8 @@ before the first optimizer step").
 
 :func:`first_batch_check` gives the step the loop calls for a run's first batch (a fit, resumed or
 not, and each evaluate or predict pass until one reads a batch); later batches cost nothing here.
-evaluate and predict change no weight: their first batch only gets an error in the net explained.
+evaluate and predict change no weight: their first batch gets the loss's checks (evaluate) and an error
+in the net explained.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from fitforge.exceptions import BatchFormatError
 def first_batch_check(
     step: Callable[[TrainState, Any], Any], checks: Sequence[Callable[[TrainState], None]], name: str, phase: str
 ) -> Callable[[TrainState, Any], Any]:
-    """The step of a run's first batch of ``name``: ``step`` with the checks of the module docstring
-    (training), or with an error in the net explained (evaluate, predict)."""
+    """The step of a run's first batch of ``name``: ``step`` with the checks before the first optimizer
+    step (training: nan/inf data, the loss's checks, the output, ``checks``), or with an error in the net
+    explained (evaluate, predict)."""
 
     def checked(state: TrainState, batch: Any) -> Any:
         return explained_step(state, step, batch)
@@ -46,7 +48,7 @@ def first_batch_check(
 
 
 def check_output(estimator: EstimatorLike, output: Any, method: str = "fit_batch") -> None:
-    """Step 3: a BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a
+    """A BatchOutput with a batch size (``method`` names the processor's method), no 0-d label, a
     scalar loss."""
     check_batch_output(output, method)
     estimator.losses.train.check_first_batch(output.loss)

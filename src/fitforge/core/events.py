@@ -162,7 +162,7 @@ def offered(handlers: Iterable[object], services: Services) -> Services:
     """``services`` with what each of ``handlers`` offers (:meth:`EventHandler.offer`), in their order; a
     wrapper's handler (``throttle(...)``) offers its own."""
     for handler in handlers:
-        while isinstance(handler, Wrapping):  # unwrapped(), without a call per handler: a fit offers twice
+        while isinstance(handler, Wrapping):  # unwrapped(), inlined: no call per handler at every fit
             handler = handler.handler
         if isinstance(handler, EventHandler):
             handler.offer(services)

@@ -127,11 +127,9 @@ class Services:
         validates_mid_epoch: bool = False,
     ) -> None:
         # Assigned here, not by a dataclass's fields: a run builds several, and factories cost more.
-        self.history_keys, self.keys_complete, self.validates_mid_epoch = (
-            history_keys,
-            keys_complete,
-            validates_mid_epoch,
-        )
+        self.history_keys = history_keys
+        self.keys_complete = keys_complete
+        self.validates_mid_epoch = validates_mid_epoch
         self.epoch_lines: list[Callable[[], bool]] = []
         self.bars: list[Callable[[Any], None]] = []
         self.guards_nonfinite = False
@@ -144,6 +142,9 @@ class Services:
         self.step_skips: list[Callable[[], Any]] = []
         self.running_values: list[Callable[[], dict[str, float]]] = []
         self.logged = PendingValues()
+
+    def __repr__(self) -> str:
+        return f"Services({', '.join(f'{name}={value!r}' for name, value in vars(self).items())})"
 
     def shows_epoch_lines(self) -> bool:
         """Whether a handler of the run prints each epoch's line now."""

@@ -34,7 +34,7 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     # After the step (and DiLoCo's outer one): validation (after it) and checkpoints see the average.
     priority = Stage.METRICS
     reads = ("estimator", "optimizer_steps", "run")
-    writes = ()
+    writes = ("services.averages",)  # its average, updated at each step: readers of it run after
 
     def __init__(
         self, decay: float = 0.999, every: int = 1, buffers: str = "average", evaluate_averaged: bool = True

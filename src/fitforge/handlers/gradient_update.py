@@ -117,9 +117,7 @@ class GradientUpdateHandler(TrainBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd
         # DDP and FSDP average the ranks' gradients: a group's items are then summed over the ranks.
         averaged = state.run.ranks.several and estimator.strategy.averages_gradients(estimator)
         self._items, self._ranks = None, state.run.ranks.size if averaged else 1
-        self._counting, why = (
-            fit_counter(self.items, state.estimator, self.accumulate) if self.accumulate > 1 else (None, "")
-        )
+        self._counting, why = fit_counter(self.items, state.estimator) if self.accumulate > 1 else (None, "")
         self._note = UnweightedNote(why, self.accumulate) if self._counting is None and why else None
         self.count_items, self._fitting = self._counting, True
 

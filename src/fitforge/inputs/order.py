@@ -179,7 +179,8 @@ class DataOrder:
         return self._skip(start)
 
     def _remainder(self, start: int) -> DataLoader:
-        """A loader for the epoch's batches from ``start`` on, every generator drawn as the original draws it."""
+        """A loader for the epoch's batches from ``start`` on, every generator drawn as the original draws it
+        (worker seed, then the sampler's order)."""
         loader: DataLoader = self.data  # type: ignore[assignment]
         assert loader.generator is not None  # given one in _inspect when the user did not
         workers = torch.Generator()

@@ -146,7 +146,7 @@ def _by_name(spec: Any, loss: Mapping, argument: str) -> list[MetricSlot]:
 
 
 def resolve_metrics(spec: Any, loss: Any, argument: str = "train_metrics") -> list[MetricSlot]:
-    """Named metric slots for ``spec`` (see the module docstring); names must be unique."""
+    """Named metric slots for ``spec`` (the forms: docs/getting-started.md §4); names must be unique."""
     first_loss = loss[0] if isinstance(loss, (list, tuple)) and loss else loss
     if isinstance(loss, Mapping):
         slots = _by_name(spec, loss, argument)

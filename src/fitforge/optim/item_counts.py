@@ -29,7 +29,7 @@ class ItemCounter:
     to_model: bool = False
 
 
-def fit_counter(items: Any, estimator: Any, accumulate: int) -> tuple[ItemCounter | None, str]:
+def fit_counter(items: Any, estimator: Any) -> tuple[ItemCounter | None, str]:
     """The counter a fit's default ``fit_batch`` weighs its batches with for ``GradientUpdateHandler(items=items)``:
     ``items`` of the user's, or the loss's own (``"auto"``); else None and why (empty for ``items=None``)."""
     if items is None:

@@ -6,5 +6,5 @@ order), then run it.
 - :mod:`~fitforge.plans.passes`: the one-pass runs, :func:`~fitforge.plans.passes.evaluation_of` and
   :func:`~fitforge.plans.passes.plan_predict`.
 
-The checks themselves are pure functions in :mod:`fitforge.checks`.
+The checks themselves are functions in :mod:`fitforge.checks`.
 """

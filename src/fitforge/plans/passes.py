@@ -73,7 +73,7 @@ def check_first_batch_of(
     evaluation's step and handlers (:func:`fitforge.checks.validation.check_first_val_batch`)."""
     step = bound_step(estimator.batch_processor, estimator, "evaluate_batch")
     checks = offered(evaluate_handlers(event_handlers), Services()).first_batch_checks
-    check_first_val_batch(estimator, val_data, name, checks, step)
+    check_first_val_batch(estimator, eval_loader(val_data, None, name), name, checks, step)  # arrays batched
 
 
 class PredictPlan(NamedTuple):
