@@ -325,10 +325,7 @@ class Estimator:
         grad mode as they were (each batch is computed in eval mode under ``torch.inference_mode``).
         The handlers' ``epoch_end`` runs after the last batch; a loop you leave early ends the pass
         there. Under torch.distributed each rank gets the outputs of its own share of the data.
-
-        Example:
-            >>> for outputs in estimator.predict_batches(loader):        # doctest: +SKIP
-            ...     writer.write(outputs.argmax(1).numpy())
+        Example: docs/getting-started.md, "evaluate and predict".
         """
         # A generator: the data is checked at the first next(), as any generator starts there.
         yield from plan_predict(self, data, event_handlers, batch_size, stream=True).stream()
@@ -356,12 +353,7 @@ class Estimator:
         when an index or one of them is given), and into the ``initial_lr`` a scheduler recorded, so
         a scheduler built afterwards starts from it. A list gives one rate per parameter group of
         one optimizer (a backbone lower than its head). A scheduler of an earlier phase keeps its own
-        base rates: build a new one for the next phase. See docs/fine-tuning.md.
-
-        Example:
-            >>> backbone.requires_grad_(True)  # unfreeze after fitting the head    # doctest: +SKIP
-            >>> estimator.set_lr(1e-4)                                                # doctest: +SKIP
-            >>> estimator.fit(train_loader, epochs=3)  # epochs and history continue # doctest: +SKIP
+        base rates: build a new one for the next phase. See docs/fine-tuning.md (unfreeze, set_lr, fit on).
 
         Raises:
             FitforgeTypeError/FitforgeValueError: ``lr`` not a number (or list of them) that is finite
