@@ -63,13 +63,14 @@ class Evaluation:
             self.step,
             OnePass(self.val_data),
             "val_data",
+            self.check or self.step,
             allow_empty=self.sharded,
-            check=self.check,
             watch=estimator.pass_watch,  # within a fit: a signal abandons the pass (PassAbandoned)
         )
         try:
             with estimator.strategy.evaluating(estimator.val_net, estimator.weight_average):
                 run_pass(state, run)
         finally:
-            self.check = run.check  # cleared once a pass read a batch
+            if state.output is not None:  # a batch went through the check: later passes are not checked
+                self.check = None
         return dict(state.metrics)

@@ -153,12 +153,9 @@ def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable]
     hooks = run.dispatcher.hooks
     for hook in hooks[Event.BATCH_BEGIN]:
         hook(state)
-    check = run.check
-    if check is None:
-        state.output = run.step(state, state.batch)
-    else:  # the run's first batch: checked before its optimizer step (a cancelled one leaves the next)
-        state.output = check(state, state.batch)
-        run.check = None
+    # No output yet: no batch of this run completed its step, so this one is checked before its
+    # optimizer step (a batch cancelled before its step leaves the checks to the next).
+    state.output = (run.step if state.output is not None else run.check)(state, state.batch)
     for hook in after_step:
         hook(state)
     ends = hooks[Event.BATCH_END]

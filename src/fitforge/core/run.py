@@ -40,12 +40,13 @@ class RunContext:
 
     Attributes:
         name: what the data is called in errors (``"train_data"``...).
+        check: the step of the run's first batch, with its checks (:mod:`fitforge.checks.first_batch`),
+            called instead of ``step`` while the state holds no output (no batch completed a step);
+            ``step`` itself where nothing is checked.
         prepare: called once after every ``train_begin`` and before the first epoch (a resume).
         resume_from: the checkpoint the run resumes from, weights loaded, as a checkpoint handler's
             ``train_begin`` picked it (of several, the last); ``prepare`` restores the rest.
         allow_empty: a pass of no batch is no error (a rank's share of evaluation data may be empty).
-        check: the step of the run's first batch, with its checks (:mod:`fitforge.checks.first_batch`),
-            called instead of ``step`` until a batch went through it. None: nothing to check.
         watch: in a pass within a fit (a validation), asked between batches whether a signal abandons it.
     """
 
@@ -53,11 +54,11 @@ class RunContext:
     step: Step
     data: EpochData
     name: str
+    check: Step
     coordinator: Coordinator = field(default_factory=Alone)
     prepare: Sequence[Callable[[TrainState], None]] = ()
     resume_from: dict[str, Any] | None = None
     allow_empty: bool = False
-    check: Step | None = None
     watch: PassWatch | None = None
 
     @property

@@ -67,9 +67,7 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         estimator.weight_average = self.weight_average  # a later fit without one evaluates its own weights
         coordinator = estimator.strategy.coordinator(estimator)
         data = DataOrder(self.train_data)
-        run = RunContext(
-            self.dispatcher, self.step, data, "train_data", coordinator, (resume_picked,), check=self.check
-        )
+        run = RunContext(self.dispatcher, self.step, data, "train_data", self.check, coordinator, (resume_picked,))
         control = RunControl(self.epochs, self.batches, estimator.history.epochs, ranks=coordinator)
         state = TrainState(
             estimator, "train", num_batches=self.num_batches, services=self.services, run=control, _loop=run

@@ -137,7 +137,7 @@ def plan_predict(
     if not stream:  # predict keeps every output: into tensors of the whole size where it is known
         predictions.expect_rows(rows_of(data))
     state = TrainState(estimator, "predict", num_batches=num_batches, run=RunControl(ranks=processes()))
-    run = RunContext(dispatcher, predictions.step, OnePass(data), "data", allow_empty=sharded, check=check)
+    run = RunContext(dispatcher, predictions.step, OnePass(data), "data", check, allow_empty=sharded)
     return PredictPlan(predictions, state, run, len(data.dataset) if sharded else None)
 
 
