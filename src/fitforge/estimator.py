@@ -204,6 +204,7 @@ class Estimator:
         profile: bool = False,
         batch_size: int | None = None,
         validation_split: float | None = None,
+        sample_seeds: bool | None = None,
     ) -> History:
         """Train for ``epochs`` epochs or ``batches`` batches (exactly one) and return the History.
 
@@ -233,6 +234,11 @@ class Estimator:
         that raises ``StateAccessError`` on an undeclared access (:mod:`fitforge.core.dispatch`).
         ``profile=True`` logs the time each handler spent in each event (``history.profile``).
 
+        ``sample_seeds=True`` reads each sample of a map-style ``train_data`` DataLoader with torch's
+        generator and Python's ``random`` seeded from (the fit's seed, the epoch, the sample's index): a
+        random transform in ``__getitem__`` is then the same whatever ``num_workers``, rank or resume
+        point (docs/data-at-scale.md). None (default): on when a handler saves checkpoints.
+
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,
                 shapes or dtypes at the first batch, before any optimizer step.
@@ -252,6 +258,7 @@ class Estimator:
                 profile,
                 batch_size,
                 validation_split,
+                sample_seeds,
             )
             state = plan.run(self, preemption)
         raise_if_preempted(state)

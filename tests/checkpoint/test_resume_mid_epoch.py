@@ -41,8 +41,18 @@ class Batches:
         return iter(self.batches)
 
 
+class Augmented(torch.utils.data.Dataset):
+    """X and Y with a random shift drawn in ``__getitem__``."""
+
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, index):
+        return X[index] + 0.1 * torch.randn(6), Y[index]
+
+
 def loader(kind="shuffled", workers=0):
-    dataset = TensorDataset(X, Y)
+    dataset = Augmented() if kind == "augmented" else TensorDataset(X, Y)
     if kind == "own generator":
         return DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(5))
     batches = [(X[i : i + 8], Y[i : i + 8]) for i in range(0, 48, 8)]
@@ -134,6 +144,11 @@ def test_worker_processes_resume_exactly(tmp_path, tmp_path_factory):
     whole = uninterrupted(tmp_path_factory, workers=2)
     assert whole[1] == uninterrupted(tmp_path_factory)[1]  # workers change nothing in the order
     assert_continues_exactly(tmp_path, whole, 9, workers=2)
+
+
+def test_a_random_transform_in_getitem_resumes_exactly(tmp_path, tmp_path_factory):
+    whole = uninterrupted(tmp_path_factory, kind="augmented")  # a checkpointing fit: per-sample seeds on
+    assert_continues_exactly(tmp_path, whole, 9, kind="augmented")
 
 
 @pytest.mark.parametrize("kind", ["own generator", "list", "batches by index", "batch sampler", "distributed sampler"])

@@ -4,8 +4,14 @@ import random
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler, TensorDataset
 
+from fitforge import Estimator
+from fitforge.events import BatchBegin
+from fitforge.exceptions import FitforgeTypeError
+from fitforge.handlers import CheckpointHandler
+from fitforge.inputs.order import DataOrder
 from fitforge.inputs.seeds import EpochKeys, SeededSamples, sample_seed
 
 
@@ -82,3 +88,57 @@ def test_epoch_keys_carry_the_epoch_set_before_the_pass():
 @pytest.mark.integration
 def test_workers_read_every_sample_as_the_main_process_does():
     assert read(num_workers=3, batch_size=2) == read(num_workers=0)
+
+
+class Tagged(Dataset):
+    """Sample ``index``: its index and a random shift as features, a class label."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, index):
+        return torch.tensor([float(index), torch.rand(()).item() + random.random()]), index % 2
+
+
+class Seen(BatchBegin):
+    def __init__(self):
+        self.shifts = {}
+
+    def batch_begin(self, state):
+        for row in state.batch[0]:
+            self.shifts[(state.epoch, int(row[0]))] = float(row[1])
+
+
+def shifts(batch_size, sample_seeds=None, handlers=()):
+    """Each (epoch, sample)'s shift as two epochs of a fit read it."""
+    torch.manual_seed(0)
+    net = nn.Linear(2, 2)
+    seen = Seen()
+    loader = DataLoader(Tagged(), batch_size=batch_size, shuffle=True)
+    Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd").fit(
+        loader, epochs=2, event_handlers=[seen, *handlers], default_handlers=False, sample_seeds=sample_seeds
+    )
+    return seen.shifts
+
+
+def test_fit_reads_a_sample_alike_whatever_the_batch_size_with_sample_seeds():
+    assert shifts(4, sample_seeds=True) == shifts(6, sample_seeds=True)
+    assert shifts(4, sample_seeds=False) != shifts(6, sample_seeds=False)
+
+
+def test_sample_seeds_are_on_by_default_where_a_handler_saves_checkpoints(tmp_path):
+    saving = [CheckpointHandler(tmp_path / "a", epoch_period=1)], [CheckpointHandler(tmp_path / "b", epoch_period=1)]
+    assert shifts(4, handlers=saving[0]) == shifts(6, handlers=saving[1])
+    assert shifts(4) != shifts(6)  # no checkpoint, no resume: the loader's own draws
+
+
+def test_a_tensor_dataset_is_read_as_it_is():
+    order = DataOrder(DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2), sample_seeds=True)
+    assert order.samples is None
+
+
+def test_sample_seeds_must_be_a_flag():
+    with pytest.raises(FitforgeTypeError, match="fit: sample_seeds must be True or False, got str 'yes'"):
+        Estimator(nn.Linear(2, 2), nn.CrossEntropyLoss()).fit(
+            DataLoader(Tagged(), batch_size=4), epochs=1, sample_seeds="yes"
+        )

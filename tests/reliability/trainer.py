@@ -1,7 +1,7 @@
 """A tiny deterministic training run for the fault-injection tests, run in its own process.
 
     python trainer.py --dir DIR --journal LOG [--out OUT] [--epochs 4] [--workers 0] [--async-save] [--fault SPEC]
-                      [--val SECONDS] [--val-workers N] [--fault-rank R]
+                      [--val SECONDS] [--val-workers N] [--fault-rank R] [--augment]
 
 It always resumes from the newest loadable checkpoint in DIR (a folder, or an object-store URL such
 as ``s3://bucket/run``), as a re-run of a crashed job would.
@@ -12,7 +12,8 @@ SIGKILL loses none: ``start`` (what train_begin found), ``step`` (each completed
 validation that completed: the batches completed before it and its loss). OUT gets the final
 weights (``torch.save(net.state_dict())``). ``--val SECONDS`` adds a validation whose batches take
 SECONDS each (see validating.py). Under torchrun each rank writes LOG.rank<r> (and OUT.rank<r>),
-and ``--fault-rank R`` injects the fault on rank R only.
+and ``--fault-rank R`` injects the fault on rank R only. ``--augment`` reads the samples through a
+map-style dataset that adds random noise (torch's generator and Python's ``random``) in ``__getitem__``.
 
 Faults are scheduled by training progress, never by time. SPEC is one of:
     kill@begin:S  kill@end:S      SIGKILL at batch_begin / batch_end of global step S (0-based)
@@ -51,6 +52,7 @@ import io
 import json
 import logging
 import os
+import random
 import re
 import signal
 import subprocess
@@ -60,7 +62,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 from validating import rank_suffix, validation
 
 from fitforge import Estimator
@@ -73,6 +75,19 @@ BATCH_PERIOD, EPOCH_PERIOD, MAX_CHECKPOINTS = 3, 1, 3  # saves after 3, 6, [8], 
 real_save = torch.save  # the outputs are written with it even when a fault replaces torch.save
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr1": signal.SIGUSR1}
 GROUP = "pg"  # termpg@..., usr1pg@...: the signal goes to the whole process group, from another process
+
+
+class Augmented(Dataset):
+    """The samples with a random shift drawn in ``__getitem__``, in whatever process reads them."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index] + 0.5 * torch.randn(10) + random.random(), self.y[index]
 
 
 class Journal:
@@ -276,6 +291,7 @@ def main() -> None:
     parser.add_argument("--val-workers", type=int, default=0)
     parser.add_argument("--fault-rank", type=int, default=None)
     parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--augment", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)  # fitforge's warnings (skipped checkpoints) reach stderr
     torch.set_num_threads(1)
@@ -283,7 +299,8 @@ def main() -> None:
 
     generator = torch.Generator().manual_seed(1234)
     x, y = torch.randn(SAMPLES, 10, generator=generator), torch.randint(0, 4, (SAMPLES,), generator=generator)
-    data = DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=True, num_workers=args.workers)
+    dataset = Augmented(x, y) if args.augment else TensorDataset(x, y)
+    data = DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, num_workers=args.workers)
     net = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
     estimator = Estimator(
         net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01), device="cpu"

@@ -19,6 +19,7 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
     SubsetRandomSampler,
+    TensorDataset,
     WeightedRandomSampler,
 )
 
@@ -28,6 +29,7 @@ from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 from fitforge.inputs.placement import epoch_permutation, rank_remainder
+from fitforge.inputs.seeds import EpochKeys, SeededSamples
 from fitforge.signals.worker_shield import shielded
 
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
@@ -54,9 +56,12 @@ class DataOrder:
         unplaceable: None when the order is one for every number of ranks and batch size, else why not.
         seed: the seed of the generators given to the loader (None when it needed none).
         offset: ``(samples, position)``: the batches from ``position`` on follow ``samples`` samples.
+        samples: with ``sample_seeds``, the loader's dataset read with per-sample seeds
+            (:mod:`fitforge.inputs.seeds`); None for data whose positions are not exact, or a
+            ``TensorDataset``, which has no transform.
     """
 
-    def __init__(self, data: Iterable) -> None:
+    def __init__(self, data: Iterable, sample_seeds: bool = False) -> None:
         self.data = data
         self.seed: int | None = None
         self._managed: dict[str, tuple[Any, torch.Generator]] = {}  # role -> (owner, generator given to it)
@@ -73,8 +78,25 @@ class DataOrder:
         self.problem = self._inspect(data)
         if self.unplaceable is None:
             self.unplaceable = self.problem
-        if self._managed:  # every rank draws (their generators stay alike); rank 0's seed is everyone's
+        self.samples: SeededSamples | None = None
+        self._keyed: tuple[DataLoader, EpochKeys] | None = None  # each epoch's loader over the samples
+        # Only a loader whose positions are exact; a TensorDataset has no transform to seed.
+        if (
+            sample_seeds
+            and self.problem is None
+            and type(data) is DataLoader
+            and type(data.dataset) is not TensorDataset
+        ):
+            self.samples = SeededSamples(data.dataset, 0)
+            indices = data.batch_sampler or data.sampler
+            self._keyed = _keyed(self.samples, indices, data, loader_options(data, data.generator))
+        if self._managed or self.samples is not None:  # every rank draws; rank 0's seed is everyone's
             self.seed = broadcast_from_main(_draw_seed())
+            self._seed_samples()
+
+    def _seed_samples(self) -> None:
+        if self.samples is not None:
+            self.samples.seed = epoch_seed(self.seed, 0, "samples")  # type: ignore[arg-type]  # drawn with samples
 
     def _adopt(self, role: str, owner: Any) -> None:
         """Give ``owner`` (the loader, its sampler) a generator for ``role``, or record the user's own."""
@@ -156,7 +178,7 @@ class DataOrder:
         workers = torch.Generator()
         workers.set_state(loader.generator.get_state())  # given one in _inspect, as in _remainder
         draw_worker_seed(loader)
-        return DataLoader(loader.dataset, batch_sampler=batched, **loader_options(loader, workers))
+        return self._loader(batched, loader_options(loader, workers), epoch)
 
     def batches_of(self, epoch: int, start: int = 0) -> Iterable:
         """The data of ``epoch``, from batch position ``start``."""
@@ -170,15 +192,18 @@ class DataOrder:
         for sampler in self._epoch_samplers:
             sampler.set_epoch(epoch)
         self._start = [generator.get_state() for generator in self._own]
+        if start == 0 and self._keyed is not None:
+            loader, self._keyed[1].epoch = self._keyed[0], epoch
+            return loader
         if start == 0:
             return self.data
         if isinstance(self.data, (list, tuple)):
             return self.data[start:]
         if self.problem is None:
-            return self._remainder(start)
+            return self._remainder(start, epoch)
         return self._skip(start)
 
-    def _remainder(self, start: int) -> DataLoader:
+    def _remainder(self, start: int, epoch: int) -> DataLoader:
         """A loader for the epoch's batches from ``start`` on, every generator drawn as the original draws it
         (worker seed, then the sampler's order)."""
         loader: DataLoader = self.data  # type: ignore[assignment]
@@ -188,10 +213,18 @@ class DataOrder:
         draw_worker_seed(loader)
         indices = loader.sampler if loader.batch_sampler is None else loader.batch_sampler  # single ones, or batches
         rest = list(itertools.islice(iter(indices), start, None))
-        options = loader_options(loader, workers)
-        if loader.batch_sampler is not None:
-            return DataLoader(loader.dataset, batch_sampler=rest, **options)
-        return DataLoader(loader.dataset, batch_size=None, sampler=rest, **options)
+        return self._loader(rest, loader_options(loader, workers), epoch)
+
+    def _loader(self, indices: Sequence, options: dict[str, Any], epoch: int) -> DataLoader:
+        """A loader of the training data's ``indices`` (batches of them, or single ones as the loader's)."""
+        if self.samples is not None:
+            loader, keys = _keyed(self.samples, indices, self.data, options)  # type: ignore[arg-type]  # a DataLoader
+            keys.epoch = epoch
+            return loader
+        dataset = self.data.dataset  # type: ignore[attr-defined]  # a DataLoader: only they have indices
+        if self.data.batch_sampler is not None:  # type: ignore[attr-defined]
+            return DataLoader(dataset, batch_sampler=indices, **options)
+        return DataLoader(dataset, batch_size=None, sampler=indices, **options)
 
     def _skip(self, start: int) -> Iterable:
         """The data's iterator after reading and discarding ``start`` batches, the generators left alone."""
@@ -230,8 +263,9 @@ class DataOrder:
 
     def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:
         """Restore :meth:`state_dict`: the generators as at the epoch's start (``mid_epoch``), else as saved."""
-        if state.get("seed") is not None and self._managed:
+        if state.get("seed") is not None and (self._managed or self.samples is not None):
             self.seed = int(state["seed"])
+            self._seed_samples()
         # Written before one order for every world size: one process drew its own shuffled order.
         self._legacy_seeding = bool(state) and state.get(
             "legacy_seeding", "placeable" not in state and state.get("world", 1) == 1
@@ -240,6 +274,17 @@ class DataOrder:
         if len(saved) == len(self._own):
             for generator, generator_state in zip(self._own, saved):
                 generator.set_state(generator_state)
+
+
+def _keyed(
+    samples: SeededSamples, indices: Iterable, loader: DataLoader, options: dict[str, Any]
+) -> tuple[DataLoader, EpochKeys]:
+    """A loader reading ``samples`` by the keys of ``indices`` (batches of them, or single ones, as ``loader``'s)."""
+    batched = loader.batch_sampler is not None
+    keys = EpochKeys(indices, batched)
+    if batched:
+        return DataLoader(samples, batch_sampler=keys, **options), keys
+    return DataLoader(samples, batch_size=None, sampler=keys, **options), keys
 
 
 def _why_unplaceable(loader: DataLoader, sampler: Any) -> str | None:

@@ -58,6 +58,7 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
     step: Step
     check: Step
     profile: bool
+    sample_seeds: bool  # each sample read with its own seeds (fitforge.inputs.seeds)
     services: Services
     weight_average: WeightAveraging | None  # the one averaging handler evaluation uses, if any
 
@@ -66,7 +67,7 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         the net in training mode, ``train_end`` however it ends, its epochs added to ``estimator.history``."""
         estimator.weight_average = self.weight_average  # a later fit without one evaluates its own weights
         coordinator = estimator.strategy.coordinator(estimator)
-        data = DataOrder(self.train_data)
+        data = DataOrder(self.train_data, self.sample_seeds)
         run = RunContext(self.dispatcher, self.step, data, "train_data", self.check, coordinator, (resume_picked,))
         control = RunControl(self.epochs, self.batches, estimator.history.epochs, ranks=coordinator)
         state = TrainState(
@@ -108,6 +109,7 @@ def plan_fit(
     profile: Any,
     batch_size: Any,
     validation_split: Any,
+    sample_seeds: Any = None,
 ) -> FitPlan:
     """The checks of a fit, in the order of the module docstring (raising before any step), and its plan."""
     if isinstance(val_data, int):  # fit(data, 5): the 5 landed in val_data; say so before anything else
@@ -139,6 +141,8 @@ def plan_fit(
     step = bound_step(estimator.batch_processor, estimator, "fit_batch")
     check = first_batch_check(step, services.first_batch_checks, "train_data", "train")
     profile = check_flag("fit", "profile", profile)
+    # On where a resume is possible: a checkpoint saved mid-epoch resumes each sample as it was read.
+    seeded = bool(services.checkpoints) if sample_seeds is None else check_flag("fit", "sample_seeds", sample_seeds)
     averaging = services.averages
     if len(averaging) > 1:
         raise FitforgeValueError(
@@ -146,7 +150,9 @@ def plan_fit(
             "and evaluation runs with one average: pass one"
         )
     average = averaging[0] if averaging else None
-    return FitPlan(train_data, num_batches, epochs, batches, dispatcher, step, check, profile, services, average)
+    return FitPlan(
+        train_data, num_batches, epochs, batches, dispatcher, step, check, profile, seeded, services, average
+    )
 
 
 def _set_up_validations(
