@@ -188,7 +188,12 @@ def test_the_state_holds_the_document_waiting_for_the_next_row():
     assert state["read"] == 2 and state["source"] is None
     assert state["pending"]["document"] == 1 and state["pending"]["tokens"].tolist() == [4, 5, 6]
     list(rows)
-    assert packer.state_dict() == {"read": 0, "finished": False, "pending": None, "source": None}  # a new pass's
+    finished = packer.state_dict()
+    assert finished == {"read": 3, "finished": True, "pending": None, "source": None}
+    resumed = PackedDocuments([[1, 2, 3], [4, 5, 6], [7]], 4)
+    resumed.load_state_dict(finished)
+    assert list(resumed) == []  # nothing is left of that pass (a loader resumed after its last batch)
+    assert len(list(resumed)) == 2  # the next pass is a whole one
 
 
 def test_resuming_a_data_loader_over_the_packer_gives_the_next_batches():
@@ -214,6 +219,52 @@ def test_each_worker_packs_its_share_so_every_document_comes_once():
                 seen.append(index)
                 assert tokens[ids == index].tolist() == docs[index]
     assert sorted(seen) == list(range(40))
+
+
+def test_a_hugging_face_iterable_dataset_resumes_from_its_own_state_without_reading_again():
+    datasets = pytest.importorskip("datasets")
+    docs = documents(seed=7, count=60)
+    reads = []
+
+    def stream():  # 4 shards streamed, each document read counted
+        source = datasets.Dataset.from_list([{"input_ids": doc} for doc in docs]).to_iterable_dataset(num_shards=4)
+        return source.map(lambda document: (reads.append(1), document)[1])
+
+    whole = rows_as_lists(PackedDocuments(stream(), 16))
+    for taken in (0, 3, 7, len(whole)):
+        packer = PackedDocuments(stream(), 16)
+        rows = iter(packer)
+        first = [next(rows) for _ in range(taken)]
+        state = saved_and_loaded(packer.state_dict())
+        resumed = PackedDocuments(stream(), 16)
+        resumed.load_state_dict(state)
+        reads.clear()
+        assert rows_as_lists(first) + rows_as_lists(resumed) == whole
+        assert len(reads) == len(docs) - state["read"]  # the stream went on from its state
+
+
+@pytest.mark.integration  # DataLoader workers are processes
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11's own call
+def test_torchdatas_stateful_loader_resumes_the_packers_of_its_workers():
+    stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        return stateful_dataloader.StatefulDataLoader(PackedDocuments(docs, 16), batch_size=2, num_workers=2)
+
+    docs = documents(seed=5, count=60)
+    whole = rows_as_lists(loader())
+    for taken in (1, 6, len(whole)):  # mid-pass, and after the last batch (its end not yet read)
+        interrupted = loader()
+        batches = iter(interrupted)
+        first = [next(batches) for _ in range(taken)]
+        resumed = loader()
+        resumed.load_state_dict(interrupted.state_dict())
+        assert rows_as_lists(first) + rows_as_lists(resumed) == whole, taken
+    finished = loader()
+    list(finished)
+    resumed = loader()
+    resumed.load_state_dict(finished.state_dict())
+    assert rows_as_lists(resumed) == whole  # a state saved at an epoch's end: the next epoch is whole
 
 
 def unpacked_batch(docs):

@@ -47,12 +47,13 @@ class PackedDocuments(IterableDataset):
     the restarting ``position_ids`` it builds the same block-diagonal mask).
 
     Resumable: ``state_dict()`` holds where the pass is (the documents read, the one waiting for the next
-    row, a stateful source's own state) and ``load_state_dict`` makes the next pass go on from there, for
-    fit's checkpoints. ``documents`` is read again each pass: a sequence (a list, a map-style dataset) from
-    its next index, a source with ``state_dict``/``load_state_dict`` (a Hugging Face ``IterableDataset``)
-    from its own state, any other iterable from its start, skipping the documents read (exact when each pass
-    yields the same documents). Under DataLoader workers each worker packs every ``num_workers``-th document
-    (a stateful source splits itself).
+    row, a stateful source's own state; at the pass's end, that it is finished) and ``load_state_dict`` makes
+    the next pass go on from there, for fit's checkpoints. ``documents`` is read again each pass: a sequence
+    (a list, a map-style dataset) from its next index, a source with ``state_dict``/``load_state_dict`` (a
+    Hugging Face ``IterableDataset``) from its own state, any other iterable from its start, skipping the
+    documents read (exact when each pass yields the same documents). Under DataLoader workers each worker
+    packs every ``num_workers``-th document (a stateful source splits itself) and has a state of its own
+    (torchdata's ``StatefulDataLoader`` saves each).
     """
 
     def __init__(
@@ -97,8 +98,9 @@ class PackedDocuments(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         state, self._resume = self._resume, None
+        self._finished = False
         if state is not None and state["finished"]:  # saved after the pass's last row: nothing is left of it
-            self._read, self._pending, self._finished = 0, None, False
+            self._read, self._pending, self._finished = state["read"], None, True
             return
         self._read = 0 if state is None else state["read"]
         pending = None if state is None else _piece_of(state["pending"])
@@ -133,13 +135,14 @@ class PackedDocuments(IterableDataset):
                 self._pending = pending  # what the state holds once the row is out
                 yield self._row(row, pending)
                 row, room = [], self.length
+        # The pass is over (a stateful source may be back at its start): a state saved from here on, loaded, gives
+        # what is left of this pass, nothing; a new pass starts at the next iter() without a load (an epoch's).
+        self._pending, self._finished = None, True
         if row:
-            self._pending, self._finished = None, True  # a stateful source may be back at its start by now
             yield self._row(row, None)
-        self._read, self._pending, self._finished = 0, None, False  # the pass is over: the state is a new pass's
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the pass stands after the last row yielded (a finished pass: a new pass's start)."""
+        """Where the pass stands after the last row yielded (at its end: finished, nothing left to yield)."""
         pending = self._pending
         finished = self._finished
         source = self.documents.state_dict() if self._stateful and self._read and not finished else None  # type: ignore[attr-defined]
