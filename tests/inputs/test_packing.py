@@ -299,3 +299,40 @@ def test_with_accumulate_4_a_packed_step_is_the_step_on_the_unpacked_big_batch()
         torch.testing.assert_close(packed[name], big_batch[name], rtol=1e-8, atol=1e-10)
     alike = weights_after(loader, GradientUpdateHandler(accumulate=4, items=None))  # the flaw counting mends
     assert any(not torch.allclose(alike[name], big_batch[name], rtol=1e-6) for name in big_batch)
+
+
+def hugging_face_weights_after(data, handler):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=13,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+        use_cache=False,  # with a cache transformers skips its packed-sequence mask
+    )
+    net = transformers.LlamaForCausalLM(config)
+    estimator = Estimator(net, None, device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.5))
+    estimator.fit(data, epochs=1, event_handlers=[handler], default_handlers=False)
+    return {name: value.detach().clone() for name, value in net.state_dict().items()}
+
+
+def test_a_hugging_face_llamas_packed_accumulated_step_is_the_step_on_the_unpacked_big_batch():
+    docs = documents(seed=6, count=30)
+    loader = DataLoader(PackedDocuments(docs, 16, labels="tokens", document_ids=False), batch_size=3)
+    assert len(list(loader)) == 4
+    width = max(len(doc) for doc in docs)
+    big_batch = {
+        "input_ids": torch.tensor([doc + [0] * (width - len(doc)) for doc in docs]),
+        "attention_mask": torch.tensor([[1] * len(doc) + [0] * (width - len(doc)) for doc in docs]),
+        "labels": torch.tensor([doc + [X] * (width - len(doc)) for doc in docs]),
+    }
+    packed = hugging_face_weights_after(loader, GradientUpdateHandler(accumulate=4))
+    unpacked = hugging_face_weights_after([big_batch], GradientUpdateHandler())
+    for name in unpacked:  # the model's loss computes in float32
+        torch.testing.assert_close(packed[name], unpacked[name], rtol=1e-5, atol=1e-6)
+    alike = hugging_face_weights_after(loader, GradientUpdateHandler(accumulate=4, items=None))
+    assert any(not torch.allclose(alike[name], unpacked[name], rtol=1e-4, atol=1e-5) for name in unpacked)
