@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -21,6 +21,15 @@ IGNORE_INDEX = -100  # torch's CrossEntropyLoss and Hugging Face's losses skip t
 PADDING_DOCUMENT = -1
 _LABELS = ("next", "tokens")
 _STATE_KEYS = ("read", "finished", "pending", "source")
+
+
+@runtime_checkable
+class _Stateful(Protocol):
+    """A source that saves and restores its own position (torchdata's Stateful: a Hugging Face IterableDataset)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -87,9 +96,7 @@ class PackedDocuments(IterableDataset):
         self.labels, self.key = labels, key
         self.split = check_flag("PackedDocuments", "split", split)
         self.document_ids = check_flag("PackedDocuments", "document_ids", document_ids)
-        self._stateful = callable(getattr(documents, "state_dict", None)) and callable(
-            getattr(documents, "load_state_dict", None)
-        )
+        self._stateful = isinstance(documents, _Stateful)
         self._indexed = indexed and not self._stateful
         self._read = 0  # the live pass's documents read, and the piece waiting for its next row
         self._pending: _Piece | None = None
