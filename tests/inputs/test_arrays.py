@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset
 
 from fitforge import Estimator
 from fitforge.events import BatchBegin
@@ -62,6 +62,25 @@ def test_the_training_loader_shuffles_and_validation_keeps_the_order():
     assert val.dataset.tensors[0].equal(torch.tensor(x[70:], dtype=torch.float32))
 
 
+class Samples(IterableDataset):
+    """A stream of (features, label) samples, as a Hugging Face IterableDataset is one of examples."""
+
+    def __init__(self, x, y):
+        self.x, self.y = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
+
+    def __iter__(self):
+        return zip(self.x, self.y)
+
+
+def test_a_stream_of_samples_given_with_a_batch_size_is_batched_in_this_process():
+    x, y = blobs(70)
+    train, _ = fit_loaders(Samples(x, y), None, 32, None)
+    assert type(train) is DataLoader and train.num_workers == 0 and [len(b[0]) for b in train] == [32, 32, 6]
+    history = classifier().fit(Samples(x, y), epochs=2, batch_size=32)
+    assert len(history["train_loss"]) == 2
+    assert fit_loaders(Samples(x, y), None, None, None)[0].__class__ is Samples  # without one: as it is
+
+
 def test_the_default_batch_size_is_32_and_uint8_labels_become_int64():
     x = np.zeros((70, 3), dtype=np.float64)
     labels = np.arange(70, dtype=np.uint8) % 3
@@ -98,7 +117,8 @@ def test_lists_of_batches_are_not_arrays():
         (
             lambda est, x, y: est.fit([(x, y)], epochs=1, batch_size=8),
             FitforgeValueError,
-            "batch_size is for data given as arrays, fit((X, y), batch_size=32); a DataLoader or a list of batches",
+            "batch_size is for data given as arrays, fit((X, y), batch_size=32), or as an IterableDataset of "
+            "samples, fit(dataset, batch_size=32); a DataLoader or a list of batches",
         ),
         (
             lambda est, x, y: est.fit([(x, y)], epochs=1, validation_split=0.2),

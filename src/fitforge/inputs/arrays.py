@@ -1,5 +1,6 @@
 """Whole arrays as data, as scikit-learn and Keras take them: ``fit((X, y), batch_size=32)`` becomes a
-``DataLoader`` over their rows (the rules: docs/getting-started.md, "Whole arrays")."""
+``DataLoader`` over their rows (the rules: docs/getting-started.md, "Whole arrays"); a stream,
+``fit(iterable_dataset, batch_size=32)``, one over its samples (docs/data-at-scale.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from fitforge.core.batches import is_array
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -213,10 +214,14 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
             "val_data=DataLoader(X_val, batch_size=...)"
         )
     arrays = is_arrays(train_data) or _rows(train_data)
-    if batch_size is not None and not arrays and not (is_arrays(val_data) or _rows(val_data)):
+    # A stream of samples (a Hugging Face datasets.IterableDataset...): batched in this process, which reads
+    # it on demand, so that its own state is its position (fitforge.inputs.stateful).
+    stream = batch_size is not None and isinstance(train_data, IterableDataset)
+    if batch_size is not None and not (arrays or stream) and not (is_arrays(val_data) or _rows(val_data)):
         raise FitforgeValueError(
-            "batch_size is for data given as arrays, fit((X, y), batch_size=32); a DataLoader or a list of "
-            "batches has its batches already: set the batch size in DataLoader(..., batch_size=...)"
+            "batch_size is for data given as arrays, fit((X, y), batch_size=32), or as an IterableDataset of "
+            "samples, fit(dataset, batch_size=32); a DataLoader or a list of batches has its batches already: "
+            "set the batch size in DataLoader(..., batch_size=...)"
         )
     size = check_batch_size(batch_size)
     if validation_split is not None:
@@ -230,6 +235,8 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
         train_data, val_data = split_off(train_data, validation_split)
     if arrays:
         train_data = array_loader(train_data, size, shuffle=True, argument="train_data")
+    if stream:
+        train_data = DataLoader(train_data, batch_size=size)
     if is_arrays(val_data) or _rows(val_data):
         val_data = array_loader(val_data, size, shuffle=False, argument="val_data")
     return train_data, val_data
