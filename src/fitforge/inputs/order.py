@@ -1,12 +1,14 @@
 """The training data of one fit, epoch by epoch, in an order a checkpoint can restore (docs/checkpoints.md,
 "The data order"): a loader or sampler without a generator of its own gets one, reseeded every epoch
 from the epoch and the fit's seed; a user's own generator has its state at each epoch's start recorded.
+Data that keeps its own position (:mod:`fitforge.inputs.stateful`) has its state saved and loaded instead.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,8 +32,10 @@ from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 from fitforge.inputs.placement import epoch_permutation, rank_remainder
 from fitforge.inputs.seeds import EpochKeys, SeededSamples
+from fitforge.inputs.stateful import epoch_setter, position_holder
 from fitforge.signals.worker_shield import shielded
 
+log = logging.getLogger("fitforge")
 _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  # they draw from .generator
 
 
@@ -59,6 +63,7 @@ class DataOrder:
         samples: with ``sample_seeds``, the loader's dataset read with per-sample seeds
             (:mod:`fitforge.inputs.seeds`); None for data whose positions are not exact, or a
             ``TensorDataset``, which has no transform.
+        holder: the object whose state is the position in the epoch (:mod:`fitforge.inputs.stateful`), or None.
     """
 
     def __init__(self, data: Iterable, sample_seeds: bool = False) -> None:
@@ -75,6 +80,9 @@ class DataOrder:
         self.offset = (0, 0)
         self._legacy_seeding = False  # a checkpoint from before one order for every world size
         self.unplaceable: str | None = None
+        self.holder, self._unsaved = position_holder(data)  # _unsaved: why a dataset's state cannot be saved
+        self._loaded: Any = None  # the holder's state a resume loaded, until a batch is read after it
+        self._reading: tuple[TrainState, int] | None = None  # the epoch under way and its first position
         self.problem = self._inspect(data)
         if self.unplaceable is None:
             self.unplaceable = self.problem
@@ -109,12 +117,20 @@ class DataOrder:
     def _inspect(self, data: Iterable) -> str | None:
         if isinstance(data, (list, tuple)):
             return None
+        setter = epoch_setter(data)
+        if setter is not None:  # its order is a function of its seed and set_epoch, as a DistributedSampler's
+            self._epoch_samplers.append(setter)
+        if self.holder is not None:  # its state is its position: the loader's own, or its dataset's
+            if isinstance(data, DataLoader):
+                self._adopt("workers", data)  # its workers' seeds, a function of the epoch as for any loader
+            self.unplaceable = f"its position is the state of its {type(self.holder).__name__}, saved on as many ranks"
+            return None
         if not isinstance(data, DataLoader):
             return f"it is a {type(data).__name__}, not a list or a DataLoader, so it has no batch positions"
         loader = data
         self._adopt("workers", loader)
         if isinstance(loader.dataset, IterableDataset):
-            return "its dataset is an IterableDataset, which has no indices"
+            return self._unsaved or "its dataset is an IterableDataset, which has no indices"
         if type(loader).__iter__ is not DataLoader.__iter__:
             return f"{type(loader).__name__} overrides DataLoader.__iter__"
         if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
@@ -149,6 +165,9 @@ class DataOrder:
         """The data of ``state.epoch`` and the position of its first batch (0 unless resumed)."""
         start, self._resume_position = self._resume_position, 0
         sample, self._resume_sample = self._resume_sample, None
+        if self._reading is not None:  # a later epoch: the loaded state was read past
+            self._loaded = None
+        self._reading = (state, start)
         if not start:
             self.epoch_start_step = state.global_step
         self.offset = (sample, start) if sample is not None else (0, 0)
@@ -195,7 +214,7 @@ class DataOrder:
         if start == 0 and self._keyed is not None:
             loader, self._keyed[1].epoch = self._keyed[0], epoch
             return loader
-        if start == 0:
+        if start == 0 or (self.holder is not None and self._loaded is not None):  # a loaded state: at its position
             return self.data
         if isinstance(self.data, (list, tuple)):
             return self.data[start:]
@@ -259,7 +278,16 @@ class DataOrder:
             "placeable": self.unplaceable is None and not self._legacy_seeding,
             "legacy_seeding": self._legacy_seeding,
             "offset": list(self.offset),
+            **({} if self.holder is None else {"data_state": self._holder_state()}),
         }
+
+    def _holder_state(self) -> Any:
+        """The holder's state: the one loaded while no batch was read after it (a holder may give it only
+        once read from, as a ``datasets.IterableDataset`` does), else the holder's own."""
+        if self._loaded is not None and (self._reading is None or self._reading[0].batch_idx < self._reading[1]):
+            return self._loaded
+        self._loaded = None
+        return self.holder.state_dict()
 
     def load_state_dict(self, state: dict[str, Any], mid_epoch: bool) -> None:
         """Restore :meth:`state_dict`: the generators as at the epoch's start (``mid_epoch``), else as saved."""
@@ -274,6 +302,18 @@ class DataOrder:
         if len(saved) == len(self._own):
             for generator, generator_state in zip(self._own, saved):
                 generator.set_state(generator_state)
+        if self.holder is None:
+            return
+        if "data_state" in state:
+            self.holder.load_state_dict(state["data_state"])
+            self._loaded = state["data_state"]
+        elif mid_epoch:  # written by an older fitforge, or for other data: its batches are read and discarded
+            self.problem = f"the checkpoint holds no state of its {type(self.holder).__name__}"
+            log.warning(
+                "CheckpointHandler: %s, so the batches before its position are read and discarded (exact only if "
+                "train_data yields the same batches in the same order on every pass)",
+                self.problem,
+            )
 
 
 def _keyed(

@@ -1,0 +1,46 @@
+"""Training data that keeps its own position: an object with ``state_dict()`` and ``load_state_dict()``
+(torchdata's ``Stateful`` protocol), whose state a checkpoint saves and a resume loads instead of reading
+and discarding the batches before the checkpoint (docs/data-at-scale.md, "Stateful loaders").
+
+It is ``train_data`` itself (torchdata's ``StatefulDataLoader``, a Hugging Face ``datasets.IterableDataset``,
+a packer), or the ``IterableDataset`` that a plain single-process ``DataLoader`` reads: such a loader reads
+its dataset on demand, one batch at a time, so the dataset's state is the loader's position. In worker
+processes the dataset's state stays in the workers, which a plain ``DataLoader`` does not report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+
+def is_stateful(obj: object) -> bool:
+    """Whether ``obj`` follows torchdata's ``Stateful`` protocol (both methods, callable)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def position_holder(data: object) -> tuple[Any, str | None]:
+    """The object whose state is ``data``'s position in its epoch (None: none), and, when a dataset has a
+    state that the loader keeps in its workers, why it cannot be saved (for the warning of a resume)."""
+    if is_stateful(data):
+        return data, None
+    if not isinstance(data, DataLoader) or not isinstance(data.dataset, IterableDataset):
+        return None, None
+    dataset = data.dataset
+    if not is_stateful(dataset):
+        return None, None
+    if data.num_workers == 0:
+        return dataset, None
+    return None, (
+        f"its {type(dataset).__name__} has a state, but a plain DataLoader reads it in {data.num_workers} worker "
+        "process(es), whose states it does not report: pass torchdata's StatefulDataLoader (pip install "
+        "'fitforge[data]'), which saves them, with the same arguments, or num_workers=0"
+    )
+
+
+def epoch_setter(data: object) -> Any:
+    """The dataset that ``set_epoch`` gives its epoch's order to (a Hugging Face ``IterableDataset``: its
+    shuffle seed is the seed plus the epoch, and a loaded state applies to the epoch it was saved in)."""
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    return dataset if isinstance(dataset, IterableDataset) and callable(getattr(dataset, "set_epoch", None)) else None

@@ -1,0 +1,160 @@
+"""Data that keeps its own position (fitforge.inputs.stateful): its state rides in every checkpoint, and a
+resume loads it instead of reading and discarding the batches before the checkpoint. Each run here crashes
+after a batch past its newest checkpoint and resumes in new objects, as a re-run of the script would; the
+kill -9 runs with worker processes are in test_stateful_kill9.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+from fitforge import Estimator
+from fitforge.checkpoint.files import load_checkpoint
+from fitforge.handlers import CheckpointHandler
+from fitforge.inputs.order import DataOrder
+from fitforge.inputs.stateful import epoch_setter, position_holder
+from helpers import Crash, Losses
+
+torchdata = pytest.importorskip("torchdata", reason="StatefulDataLoader needs torchdata (pip install 'fitforge[data]')")
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+g = torch.Generator().manual_seed(0)
+X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)  # 6 batches of 8
+
+
+class Transformed(Dataset):
+    """The 48 samples, each through a random transform drawn from a generator seeded by its index; counts reads."""
+
+    def __init__(self) -> None:
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(X)
+
+    def __getitem__(self, index: int):
+        self.reads.append(index)
+        noise = torch.randn(6, generator=torch.Generator().manual_seed(index))
+        return X[index] + 0.1 * noise, Y[index]
+
+
+class Stream(IterableDataset):
+    """A stream of one's own that follows the Stateful protocol: its order is drawn from the epoch, its state
+    says how many samples it yielded in which epoch. Counts the samples it reads."""
+
+    def __init__(self) -> None:
+        self.epoch, self.yielded, self.reads = 0, 0, 0
+        self._resume: dict | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume = state
+
+    def __iter__(self):
+        order = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        resume, self._resume = self._resume, None
+        self.yielded = resume["yielded"] if resume is not None and resume["epoch"] == self.epoch else 0
+        for index in order[self.yielded :]:
+            self.reads += 1
+            self.yielded += 1
+            yield X[index], Y[index]
+
+
+def train(folder, make_data, crash=None, resume=False, epochs=3):
+    """(weights, losses by step, the data) of a run from scratch or resumed, crashing after ``crash`` batches."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01))
+    losses, data = Losses(), make_data()
+    saver = CheckpointHandler(folder, batch_period=4, max_checkpoints=2, resume_from_checkpoint=resume)
+    handlers = [losses, saver] + ([Crash(crash)] if crash else [])
+    try:
+        estimator.fit(data, epochs=epochs, event_handlers=handlers)
+    except RuntimeError as error:
+        assert str(error) == "crash"
+    return {k: v.clone() for k, v in net.state_dict().items()}, losses.seen, data
+
+
+def assert_resumes_exactly(tmp_path, make_data, crash):
+    whole, whole_losses, _ = train(tmp_path / "whole", make_data)
+    _, _, crashed = train(tmp_path / "run", make_data, crash=crash)
+    weights, losses, resumed = train(tmp_path / "run", make_data, resume=True)
+    assert all(torch.equal(weights[k], whole[k]) for k in whole), "the resumed run ends elsewhere"
+    assert losses == {step: whole_losses[step] for step in losses} and max(losses) == max(whole_losses)
+    return crashed, resumed
+
+
+def stateful_loader():
+    return StatefulDataLoader(Transformed(), batch_size=8, shuffle=True)
+
+
+def test_a_stateful_dataloader_resumes_mid_epoch_exactly_without_reading_the_samples_before_again(tmp_path):
+    crashed, resumed = assert_resumes_exactly(tmp_path, stateful_loader, crash=10)  # saved after 8: 2 into epoch 2
+    assert len(crashed.dataset.reads) == 10 * 8
+    assert len(resumed.dataset.reads) == 3 * 48 - 8 * 8  # from the checkpoint's sample on, none read twice
+
+
+def test_the_checkpoint_holds_the_loaders_state_at_its_batch(tmp_path):
+    train(tmp_path, stateful_loader, crash=10)
+    checkpoint = load_checkpoint(tmp_path / "model-epoch1batch8.pt")  # 8 batches, 2 into epoch 2
+    state = checkpoint["data_order"]["data_state"]
+    assert state["_num_yielded"] == 2 and state["_sampler_iter_yielded"] == 2
+
+
+def test_a_resume_at_an_epoch_boundary_continues_the_loaders_own_order(tmp_path):
+    assert_resumes_exactly(tmp_path, stateful_loader, crash=13)  # saved after 12: epoch 3's first batch next
+
+
+def test_a_stateful_dataset_of_ones_own_in_a_plain_dataloader_resumes_from_its_state(tmp_path):
+    crashed, resumed = assert_resumes_exactly(tmp_path, lambda: DataLoader(Stream(), batch_size=8), crash=11)
+    assert crashed.dataset.reads == 11 * 8
+    assert resumed.dataset.reads == 3 * 48 - 8 * 8  # 8 batches saved (epoch 2, 2 in): the rest, read once
+
+
+def test_a_resume_from_a_checkpoint_without_the_data_state_reads_and_discards(tmp_path, caplog):
+    train(tmp_path, lambda: DataLoader(Stream(), batch_size=8), crash=10)
+    path = tmp_path / "model-epoch1batch8.pt"
+    checkpoint = load_checkpoint(path)
+    del checkpoint["data_order"]["data_state"]  # as an older fitforge wrote it
+    from fitforge.checkpoint.format import checkpoint_bytes
+
+    path.write_bytes(checkpoint_bytes(checkpoint))
+    whole, _, _ = train(tmp_path / "whole", lambda: DataLoader(Stream(), batch_size=8))
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        weights, _, resumed = train(tmp_path, lambda: DataLoader(Stream(), batch_size=8), resume=True)
+    assert "holds no state of its Stream, so the batches before its position are read and discarded" in caplog.text
+    assert all(torch.equal(weights[k], whole[k]) for k in whole)  # the stream repeats each epoch: still exact
+    assert resumed.dataset.reads == 3 * 48 - 8 * 8 + 2 * 8  # the two batches before the position, read again
+
+
+def test_the_position_holder_is_the_data_or_the_dataset_a_plain_loader_reads_in_this_process():
+    stateful, stream = stateful_loader(), Stream()
+    assert position_holder(stateful) == (stateful, None)
+    assert position_holder(stream) == (stream, None)
+    assert position_holder(DataLoader(stream, batch_size=8)) == (stream, None)
+    assert position_holder(DataLoader(TensorDataset(X, Y), batch_size=8)) == (None, None)  # today's path
+    assert position_holder([(X, Y)]) == (None, None)
+    holder, why = position_holder(DataLoader(stream, batch_size=8, num_workers=2))  # no worker starts here
+    assert holder is None and "reads it in 2 worker process(es)" in why and "StatefulDataLoader" in why
+    assert epoch_setter(stream) is stream and epoch_setter(DataLoader(stream, batch_size=8)) is stream
+    assert epoch_setter(DataLoader(TensorDataset(X, Y))) is None
+
+
+def test_a_plain_loader_reading_a_stateful_dataset_in_workers_says_to_use_a_stateful_dataloader():
+    order = DataOrder(DataLoader(Stream(), batch_size=8, num_workers=2))
+    assert order.holder is None and "pass torchdata's StatefulDataLoader" in order.problem
+    order.close()
+
+
+def test_plain_loaders_keep_their_order_and_save_no_data_state(tmp_path):
+    order = DataOrder(DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True))
+    assert order.holder is None and order.problem is None and "data_state" not in order.state_dict()
+    order.close()
