@@ -32,7 +32,7 @@ from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 from fitforge.inputs.placement import epoch_permutation, rank_remainder
 from fitforge.inputs.seeds import EpochKeys, SeededSamples
-from fitforge.inputs.stateful import epoch_setter, position_holder
+from fitforge.inputs.stateful import epoch_setter, position_holder, resumable_buffers
 from fitforge.signals.worker_shield import shielded
 
 log = logging.getLogger("fitforge")
@@ -83,6 +83,7 @@ class DataOrder:
         self.holder, self._unsaved = position_holder(data)  # _unsaved: why a dataset's state cannot be saved
         self._loaded: Any = None  # the holder's state a resume loaded, until a batch is read after it
         self._reading: tuple[TrainState, int] | None = None  # the epoch under way and its first position
+        self._put_back = resumable_buffers(data) if self.holder is not None else None
         self.problem = self._inspect(data)
         if self.unplaceable is None:
             self.unplaceable = self.problem
@@ -254,10 +255,12 @@ class DataOrder:
         return iterator
 
     def close(self) -> None:
-        """Take back the generators given to the user's loader and sampler."""
+        """Take back the generators given to the user's loader and sampler, and its own shuffle buffers."""
         for role, (owner, _) in self._managed.items():
             if role != "shard":
                 owner.generator = None
+        if self._put_back is not None:
+            self._put_back()
 
     @property
     def batch_size(self) -> int | None:

@@ -10,6 +10,8 @@ processes the dataset's state stays in the workers, which a plain ``DataLoader``
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
@@ -44,3 +46,16 @@ def epoch_setter(data: object) -> Any:
     shuffle seed is the seed plus the epoch, and a loaded state applies to the epoch it was saved in)."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
     return dataset if isinstance(dataset, IterableDataset) and callable(getattr(dataset, "set_epoch", None)) else None
+
+
+def resumable_buffers(data: object) -> Callable[[], None] | None:
+    """Make the shuffle buffers of a Hugging Face ``IterableDataset`` in ``data`` (itself, or a loader's
+    dataset) resumable (:mod:`fitforge.inputs.shuffle_buffer`); returns what puts them back (None: none).
+    ``datasets`` is looked up, not imported: data of it means it is imported already."""
+    library = sys.modules.get("datasets")
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    if library is None or not isinstance(dataset, library.IterableDataset):
+        return None
+    from fitforge.inputs.shuffle_buffer import make_buffers_resumable
+
+    return make_buffers_resumable(dataset)

@@ -1,0 +1,124 @@
+"""A Hugging Face ``datasets.IterableDataset``'s shuffle buffer whose state holds its content.
+
+``ds.shuffle(seed=..., buffer_size=...)`` streams through a buffer: ``datasets`` saves where its source
+is, but not the examples in the buffer, nor its generator ("examples from shuffle buffers are lost when
+resuming", its ``state_dict`` docs say), so a resumed stream differs from the uninterrupted one. During a
+fit, fitforge puts :class:`ResumableShuffleBuffer` in the buffer's place: the same algorithm drawing the
+same numbers (the same order as ``datasets``' own, example by example), whose state also holds the
+buffered examples, those drawn but not yet yielded, and its generator. The data's state in a checkpoint
+then continues the stream exactly, and no example consumed before it is read again (``datasets`` itself
+may read a source's open chunk again, as its own resume does). The examples must be plain values or
+tensors, as a checkpoint loads with ``weights_only=True``. A state is a copy of the buffer: taken at each
+checkpoint, and in a ``StatefulDataLoader``'s workers at each of its snapshots (every batch by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from copy import copy, deepcopy
+from typing import Any
+
+from datasets.builder import Key
+from datasets.iterable_dataset import BufferShuffledExamplesIterable, _BaseExamplesIterable
+
+
+class ResumableShuffleBuffer(BufferShuffledExamplesIterable):
+    """``datasets``' shuffle buffer, example by example, its content in its state."""
+
+    @property
+    def iter_arrow(self) -> None:  # the buffer is one of examples: Arrow tables would not go in its state
+        return None
+
+    def _init_state_dict(self) -> dict:
+        # None, not []: datasets loads a state into this one key by key, and an empty list would stay empty.
+        self._state_dict = {"source": self.ex_iterable._init_state_dict(), "kept": None, "drawn": None, "rng": None}
+        self._state_dict["yielded"] = 0  # of ``drawn``
+        return self._state_dict
+
+    def load_state_dict(self, state_dict: dict) -> dict:
+        return _BaseExamplesIterable.load_state_dict(self, state_dict)  # without the parent's warning: nothing is lost
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._state_dict if self._state_dict is not None else self._init_state_dict()
+        rng = deepcopy(self.generator)
+        if state["rng"] is not None:  # resumed: the generator as it was after the last draw
+            rng.bit_generator.state = state["rng"]
+        kept: list = list(state["kept"] or ())
+        drawn: list = list(state["drawn"] or ())
+        state["kept"], state["drawn"] = kept, drawn
+        for i in range(state["yielded"], len(drawn)):  # the rest of the draw a checkpoint interrupted
+            state["yielded"] = i + 1
+            yield _key(drawn[i][0]), drawn[i][1]
+        half = self.buffer_size // 2
+        for key, example in self.ex_iterable:
+            kept.append((_plain(key), example))
+            if len(kept) >= self.buffer_size:  # as datasets: shuffle the full buffer, yield all but half of it
+                order = rng.permutation(len(kept))
+                drawn = [kept[i] for i in order[: len(kept) - half]]
+                kept = [kept[i] for i in order[len(kept) - half :]]
+                state.update(kept=kept, drawn=drawn, yielded=0, rng=rng.bit_generator.state)
+                for i, (key, example) in enumerate(drawn):
+                    state["yielded"] = i + 1
+                    yield _key(key), example
+        if kept:
+            order = rng.permutation(len(kept))
+            drawn, kept = [kept[i] for i in order], []
+            state.update(kept=kept, drawn=drawn, yielded=0, rng=rng.bit_generator.state)
+            for i, (key, example) in enumerate(drawn):
+                state["yielded"] = i + 1
+                yield _key(key), example
+
+    def shift_rngs(self, value: int) -> ResumableShuffleBuffer:
+        return _resumable(super().shift_rngs(value))
+
+    def shuffle_data_sources(self, generator: Any) -> ResumableShuffleBuffer:
+        return _resumable(super().shuffle_data_sources(generator))
+
+    def shard_data_sources(self, num_shards: int, index: int, contiguous: bool = True) -> ResumableShuffleBuffer:
+        return _resumable(super().shard_data_sources(num_shards, index, contiguous=contiguous))
+
+    def reshard_data_sources(self) -> ResumableShuffleBuffer:
+        return _resumable(super().reshard_data_sources())
+
+
+def _plain(key: Any) -> Any:
+    """An example's key as a checkpoint holds it (loaded with ``weights_only=True``: no class of datasets')."""
+    return {"shard": key.original_shard_id, "item": key.item_or_batch_id} if type(key) is Key else key
+
+
+def _key(plain: Any) -> Any:
+    return Key(plain["shard"], plain["item"]) if type(plain) is dict else plain
+
+
+def _resumable(buffer: BufferShuffledExamplesIterable) -> ResumableShuffleBuffer:
+    return ResumableShuffleBuffer(buffer.ex_iterable, buffer_size=buffer.buffer_size, generator=buffer.generator)
+
+
+def make_buffers_resumable(dataset: Any) -> Callable[[], None] | None:
+    """Put a :class:`ResumableShuffleBuffer` in the place of every shuffle buffer of ``dataset`` (a
+    ``datasets.IterableDataset``); returns what puts its own back (None: it has none). The nodes on the
+    way are copied: datasets derived from one another share them."""
+    original = dataset._ex_iterable
+    replaced = _replace(original)
+    if replaced is original:
+        return None
+    dataset._ex_iterable = replaced
+
+    def put_back() -> None:
+        dataset._ex_iterable = original
+
+    return put_back
+
+
+def _replace(node: Any) -> Any:
+    """``node`` with its shuffle buffers (itself, or below it) made resumable; ``node`` itself when it has none."""
+    if type(node) is BufferShuffledExamplesIterable:
+        return _resumable(node)
+    changed = copy(node)
+    if hasattr(node, "ex_iterable"):
+        changed.ex_iterable = _replace(node.ex_iterable)
+        return changed if changed.ex_iterable is not node.ex_iterable else node
+    if hasattr(node, "ex_iterables"):
+        changed.ex_iterables = [_replace(child) for child in node.ex_iterables]
+        return changed if any(a is not b for a, b in zip(changed.ex_iterables, node.ex_iterables)) else node
+    return node
