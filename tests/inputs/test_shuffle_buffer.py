@@ -147,3 +147,22 @@ def test_a_fit_on_a_shuffled_stream_resumes_mid_epoch_bitwise_reading_each_sampl
     assert seen == whole_seen[epoch + 3 * 8 :]  # after the resume, the transform sees the rest of the epoch only
     assert not set(consumed) & set(read)  # none of them read from the source again
     assert not isinstance(dataset._ex_iterable, ResumableShuffleBuffer)  # the user's own, back after fit
+
+
+def test_a_stateful_loader_with_workers_over_interleaved_shards_falls_back_to_reading_and_discarding(paths):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from fitforge.inputs.order import DataOrder
+
+    interleaved = DataOrder(StatefulDataLoader(stream(paths), batch_size=8, num_workers=2))  # no worker starts here
+    assert interleaved.holder is None and "shuffle with max_buffer_input_shards=1 (or num_workers=0)" in (
+        interleaved.problem
+    )
+    one_at_a_time = datasets.load_dataset("json", data_files=paths, streaming=True, split="train")
+    loader = StatefulDataLoader(one_at_a_time.shuffle(seed=7, max_buffer_input_shards=1), batch_size=8, num_workers=2)
+    order = DataOrder(loader)
+    assert order.holder is loader and order.problem is None
+    assert isinstance(loader.dataset._ex_iterable, ResumableShuffleBuffer)
+    order.close()
+    assert not isinstance(loader.dataset._ex_iterable, ResumableShuffleBuffer)
+    interleaved.close()

@@ -19,7 +19,11 @@ from copy import copy, deepcopy
 from typing import Any
 
 from datasets.builder import Key
-from datasets.iterable_dataset import BufferShuffledExamplesIterable, _BaseExamplesIterable
+from datasets.iterable_dataset import (
+    BufferShuffledExamplesIterable,
+    InterleavedShardsExamplesIterable,
+    _BaseExamplesIterable,
+)
 
 
 class ResumableShuffleBuffer(BufferShuffledExamplesIterable):
@@ -122,3 +126,16 @@ def _replace(node: Any) -> Any:
         changed.ex_iterables = [_replace(child) for child in node.ex_iterables]
         return changed if any(a is not b for a, b in zip(changed.ex_iterables, node.ex_iterables)) else node
     return node
+
+
+def interleaves_shards(dataset: Any) -> bool:
+    """Whether ``dataset``'s shuffle reads several shards at once (``max_buffer_input_shards`` > 1), whose
+    state ``datasets`` (5.2) cannot load in a DataLoader worker: it loads a worker's state into the whole
+    pipeline before splitting it between the workers (an IndexError)."""
+    nodes = [dataset._ex_iterable]
+    while nodes:
+        node = nodes.pop()
+        if type(node) is InterleavedShardsExamplesIterable:
+            return True
+        nodes += [node.ex_iterable] if hasattr(node, "ex_iterable") else list(getattr(node, "ex_iterables", ()))
+    return False

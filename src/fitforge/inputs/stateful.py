@@ -24,8 +24,13 @@ def is_stateful(obj: object) -> bool:
 
 def position_holder(data: object) -> tuple[Any, str | None]:
     """The object whose state is ``data``'s position in its epoch (None: none), and, when a dataset has a
-    state that the loader keeps in its workers, why it cannot be saved (for the warning of a resume)."""
+    state that cannot be saved or loaded where the loader reads it, why (for the warning of a resume)."""
     if is_stateful(data):
+        if isinstance(data, DataLoader) and data.num_workers > 0 and _interleaves_shards(data.dataset):
+            return None, (
+                f"its dataset's shuffle reads several shards at once, whose state datasets cannot load in "
+                f"{type(data).__name__}'s worker processes: shuffle with max_buffer_input_shards=1 (or num_workers=0)"
+            )
         return data, None
     if not isinstance(data, DataLoader) or not isinstance(data.dataset, IterableDataset):
         return None, None
@@ -59,3 +64,12 @@ def resumable_buffers(data: object) -> Callable[[], None] | None:
     from fitforge.inputs.shuffle_buffer import make_buffers_resumable
 
     return make_buffers_resumable(dataset)
+
+
+def _interleaves_shards(dataset: object) -> bool:
+    library = sys.modules.get("datasets")
+    if library is None or not isinstance(dataset, library.IterableDataset):
+        return False
+    from fitforge.inputs.shuffle_buffer import interleaves_shards
+
+    return interleaves_shards(dataset)
