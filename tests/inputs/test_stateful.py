@@ -68,13 +68,15 @@ class Stream(IterableDataset):
             yield X[index], Y[index]
 
 
-def train(folder, make_data, crash=None, resume=False, epochs=3):
+def train(folder, make_data, crash=None, resume=False, epochs=3, async_save=False):
     """(weights, losses by step, the data) of a run from scratch or resumed, crashing after ``crash`` batches."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01))
     losses, data = Losses(), make_data()
-    saver = CheckpointHandler(folder, batch_period=4, max_checkpoints=2, resume_from_checkpoint=resume)
+    saver = CheckpointHandler(
+        folder, batch_period=4, max_checkpoints=2, resume_from_checkpoint=resume, async_save=async_save
+    )
     handlers = [losses, saver] + ([Crash(crash)] if crash else [])
     try:
         estimator.fit(data, epochs=epochs, event_handlers=handlers)
@@ -83,10 +85,10 @@ def train(folder, make_data, crash=None, resume=False, epochs=3):
     return {k: v.clone() for k, v in net.state_dict().items()}, losses.seen, data
 
 
-def assert_resumes_exactly(tmp_path, make_data, crash):
+def assert_resumes_exactly(tmp_path, make_data, crash, async_save=False):
     whole, whole_losses, _ = train(tmp_path / "whole", make_data)
-    _, _, crashed = train(tmp_path / "run", make_data, crash=crash)
-    weights, losses, resumed = train(tmp_path / "run", make_data, resume=True)
+    _, _, crashed = train(tmp_path / "run", make_data, crash=crash, async_save=async_save)
+    weights, losses, resumed = train(tmp_path / "run", make_data, resume=True, async_save=async_save)
     assert all(torch.equal(weights[k], whole[k]) for k in whole), "the resumed run ends elsewhere"
     assert losses == {step: whole_losses[step] for step in losses} and max(losses) == max(whole_losses)
     return crashed, resumed
@@ -96,8 +98,9 @@ def stateful_loader():
     return StatefulDataLoader(Transformed(), batch_size=8, shuffle=True)
 
 
-def test_a_stateful_dataloader_resumes_mid_epoch_exactly_without_reading_the_samples_before_again(tmp_path):
-    crashed, resumed = assert_resumes_exactly(tmp_path, stateful_loader, crash=10)  # saved after 8: 2 into epoch 2
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async saves"])
+def test_a_stateful_dataloader_resumes_mid_epoch_exactly_without_reading_the_samples_before_again(tmp_path, async_save):
+    crashed, resumed = assert_resumes_exactly(tmp_path, stateful_loader, crash=10, async_save=async_save)  # saved: 8
     assert len(crashed.dataset.reads) == 10 * 8
     assert len(resumed.dataset.reads) == 3 * 48 - 8 * 8  # from the checkpoint's sample on, none read twice
 
@@ -158,3 +161,29 @@ def test_plain_loaders_keep_their_order_and_save_no_data_state(tmp_path):
     order = DataOrder(DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True))
     assert order.holder is None and order.problem is None and "data_state" not in order.state_dict()
     order.close()
+
+
+def test_a_stateful_loaders_checkpoint_continues_only_on_as_many_ranks():
+    from fitforge.checkpoint.resume import continuation
+    from fitforge.exceptions import FitforgeValueError
+
+    order = DataOrder(stateful_loader())
+    saved = order.state_dict()
+    assert continuation(order, saved, 2, 1) is None  # the same world: the loader's state is the position
+    with pytest.raises(FitforgeValueError, match="by 2 rank.*its position is the state of its StatefulDataLoader"):
+        continuation(order, {**saved, "world": 2}, 2, 1)
+    order.close()
+
+
+def test_the_warning_of_data_without_positions_names_the_stateful_loaders(tmp_path, caplog):
+    from fitforge.checkpoint.resume import warn_if_inexact
+    from fitforge.core.run import RunContext
+    from fitforge.core.state import TrainState
+
+    torch.manual_seed(0)
+    net = nn.Linear(6, 3)
+    estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    run = RunContext(None, None, DataOrder(DataLoader(Stream(), batch_size=8, num_workers=2)), "train_data")
+    with caplog.at_level(logging.WARNING, logger="fitforge"):
+        warn_if_inexact(TrainState(estimator, _loop=run), saves_mid_epoch=True, resumes=False)
+    assert "reads it in 2 worker process(es)" in caplog.text and "a torchdata StatefulDataLoader" in caplog.text

@@ -178,7 +178,9 @@ def warn_if_inexact(state: TrainState, saves_mid_epoch: bool, resumes: bool) -> 
             "CheckpointHandler: a resume in the middle of an epoch cannot restore the position in "
             "train_data by index: %s. It reads and discards the batches before the checkpoint, and "
             "continues exactly only if train_data yields the same batches in the same order on every "
-            "pass (see docs/checkpoints.md)",
+            "pass (see docs/checkpoints.md). Data that keeps its own position, a torchdata "
+            "StatefulDataLoader or a dataset with state_dict/load_state_dict, resumes from its saved "
+            "state instead (see docs/data-at-scale.md)",
             problem,
         )
     if resumes and state.estimator.device.type == "cuda" and not torch.are_deterministic_algorithms_enabled():

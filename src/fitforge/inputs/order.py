@@ -124,7 +124,9 @@ class DataOrder:
         if self.holder is not None:  # its state is its position: the loader's own, or its dataset's
             if isinstance(data, DataLoader):
                 self._adopt("workers", data)  # its workers' seeds, a function of the epoch as for any loader
-            self.unplaceable = f"its position is the state of its {type(self.holder).__name__}, saved on as many ranks"
+            self.unplaceable = (
+                f"its position is the state of its {type(self.holder).__name__}, for the ranks that saved it"
+            )
             return None
         if not isinstance(data, DataLoader):
             return f"it is a {type(data).__name__}, not a list or a DataLoader, so it has no batch positions"
