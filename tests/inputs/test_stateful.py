@@ -187,3 +187,17 @@ def test_the_warning_of_data_without_positions_names_the_stateful_loaders(tmp_pa
     with caplog.at_level(logging.WARNING, logger="fitforge"):
         warn_if_inexact(TrainState(estimator, _loop=run), saves_mid_epoch=True, resumes=False)
     assert "reads it in 2 worker process(es)" in caplog.text and "a torchdata StatefulDataLoader" in caplog.text
+
+
+def test_a_stateful_loader_adds_no_host_read_per_training_batch():
+    from fitforge.testing import HostReadCounter, linear_data, linear_problem
+
+    def reads_in_one_epoch(batches):
+        estimator, _, val = linear_problem()
+        loader = StatefulDataLoader(linear_data(n=4 * batches, batch_size=4).dataset, batch_size=4, shuffle=True)
+        with HostReadCounter() as reads:
+            estimator.fit(loader, val_data=val, epochs=1)
+        return reads.count
+
+    few, many = reads_in_one_epoch(8), reads_in_one_epoch(64)
+    assert few == many > 0  # > 0: the counter sees the epoch-end reads, so it would see per-batch ones
