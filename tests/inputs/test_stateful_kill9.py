@@ -59,17 +59,21 @@ def same_weights(tmp_path: Path) -> bool:
     return whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
-def test_a_stateful_dataloader_with_2_workers_killed_mid_epoch_resumes_bitwise(tmp_path):
+@pytest.mark.parametrize(
+    "kill_after, newest",
+    [(11, "model-epoch1batch8.pt"), (14, "model-epoch2batch12.pt")],
+    ids=["mid-epoch", "epoch end"],
+)
+def test_a_stateful_dataloader_with_2_workers_killed_resumes_bitwise(tmp_path, kill_after, newest):
     assert run(tmp_path, "whole", "loader", "whole")[0] == 0
-    rc, before, _ = run(tmp_path, "killed", "loader", "run", kill_after=11)  # saved after 8: 2 into epoch 2
-    assert rc == -signal.SIGKILL and sorted(p.name for p in (tmp_path / "run").glob("model-*.pt"))[-1] == (
-        "model-epoch1batch8.pt"
-    )
+    rc, before, _ = run(tmp_path, "killed", "loader", "run", kill_after=kill_after)
+    assert rc == -signal.SIGKILL and max((tmp_path / "run").glob("model-*.pt"), key=os.path.getmtime).name == newest
     rc, after, _ = run(tmp_path, "resumed", "loader", "run")
     assert rc == 0 and same_weights(tmp_path)
-    # After the resume, every sample of the rest of the run is read once: epoch 2 from its 17th sample on,
-    # then epoch 3 (the workers of the killed run read ahead, the resumed ones from the checkpoint on).
-    assert len(after) == 3 * 48 - 8 * 8 and len(before) >= 11 * 8
+    # After the resume, every sample of the rest of the run is read once, from the checkpoint's sample on
+    # (the workers of the killed run read ahead of it).
+    saved = int(newest.split("batch")[1].split(".")[0])
+    assert len(after) == 3 * 48 - saved * 8 and len(before) >= kill_after * 8
 
 
 @pytest.mark.parametrize("kind", ["stream", "stream-workers"])
