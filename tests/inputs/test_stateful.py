@@ -201,3 +201,20 @@ def test_a_stateful_loader_adds_no_host_read_per_training_batch():
 
     few, many = reads_in_one_epoch(8), reads_in_one_epoch(64)
     assert few == many > 0  # > 0: the counter sees the epoch-end reads, so it would see per-batch ones
+
+
+def test_a_save_before_any_batch_after_a_resume_keeps_the_loaded_state():
+    from fitforge.core.state import TrainState
+
+    stream = Stream()  # as a datasets.IterableDataset: its state is stale until it is read from
+    order = DataOrder(DataLoader(stream, batch_size=8))
+    order.load_state_dict({"data_state": {"epoch": 1, "yielded": 16}}, mid_epoch=True)
+    order.resume_at(2, epoch_start_step=6)
+    assert order.state_dict()["data_state"] == {"epoch": 1, "yielded": 16}  # a signal while restoring
+    net = nn.Linear(6, 3)
+    state = TrainState(Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1)))
+    state.epoch = 1
+    batches, first = order.epoch(state)
+    assert first == 2 and order.state_dict(batch_idx=1)["data_state"]["yielded"] == 16  # none read yet
+    next(iter(batches))
+    assert order.state_dict(batch_idx=2)["data_state"] == {"epoch": 1, "yielded": 24}  # one read: its own

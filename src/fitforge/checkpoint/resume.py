@@ -62,7 +62,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
         "history": state.history.state_dict(),
         "rng": rng_states(),
         **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
-        "data_order": {} if order is None else order.state_dict(),
+        "data_order": {} if order is None else order.state_dict(state.batch_idx),
         "handlers": {key: handler.state_dict() for key, handler in stateful_handlers(_handlers(state)).items()},
         **({} if config is None else {"config": config}),  # a run started from a config
     }

@@ -82,7 +82,7 @@ class DataOrder:
         self.unplaceable: str | None = None
         self.holder, self._unsaved = position_holder(data)  # _unsaved: why a dataset's state cannot be saved
         self._loaded: Any = None  # the holder's state a resume loaded, until a batch is read after it
-        self._reading: tuple[TrainState, int] | None = None  # the epoch under way and its first position
+        self._first: int | None = None  # the position of the first batch of the epoch under way
         self._put_back = resumable_buffers(data) if self.holder is not None else None
         self.problem = self._inspect(data)
         if self.unplaceable is None:
@@ -168,9 +168,9 @@ class DataOrder:
         """The data of ``state.epoch`` and the position of its first batch (0 unless resumed)."""
         start, self._resume_position = self._resume_position, 0
         sample, self._resume_sample = self._resume_sample, None
-        if self._reading is not None:  # a later epoch: the loaded state was read past
+        if self._first is not None:  # a later epoch: the loaded state was read past
             self._loaded = None
-        self._reading = (state, start)
+        self._first = start
         if not start:
             self.epoch_start_step = state.global_step
         self.offset = (sample, start) if sample is not None else (0, 0)
@@ -270,8 +270,9 @@ class DataOrder:
         batches = getattr(self.data, "batch_sampler", None)
         return batches.batch_size if type(batches) is BatchSampler else None
 
-    def state_dict(self) -> dict[str, Any]:
-        """The seed, batch size, and the user's generators at the epoch's start and now."""
+    def state_dict(self, batch_idx: int | None = None) -> dict[str, Any]:
+        """The seed, batch size, the user's generators at the epoch's start and now, and the holder's state
+        (``batch_idx``: the index of the epoch's last batch read, None when none was read since a resume)."""
         return {
             "seed": self.seed,
             "world": world_size(),
@@ -283,13 +284,13 @@ class DataOrder:
             "placeable": self.unplaceable is None and not self._legacy_seeding,
             "legacy_seeding": self._legacy_seeding,
             "offset": list(self.offset),
-            **({} if self.holder is None else {"data_state": self._holder_state()}),
+            **({} if self.holder is None else {"data_state": self._holder_state(batch_idx)}),
         }
 
-    def _holder_state(self) -> Any:
+    def _holder_state(self, batch_idx: int | None) -> Any:
         """The holder's state: the one loaded while no batch was read after it (a holder may give it only
         once read from, as a ``datasets.IterableDataset`` does), else the holder's own."""
-        if self._loaded is not None and (self._reading is None or self._reading[0].batch_idx < self._reading[1]):
+        if self._loaded is not None and (batch_idx is None or self._first is None or batch_idx < self._first):
             return self._loaded
         self._loaded = None
         return self.holder.state_dict()
