@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import DataLoader, IterableDataset
 
 
+@runtime_checkable
+class Stateful(Protocol):
+    """torchdata's ``Stateful`` protocol (``torchdata.stateful_dataloader.Stateful``), without importing torchdata."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
 def is_stateful(obj: object) -> bool:
-    """Whether ``obj`` follows torchdata's ``Stateful`` protocol (both methods, callable)."""
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+    """Whether ``obj`` follows torchdata's ``Stateful`` protocol."""
+    return isinstance(obj, Stateful)
 
 
 def position_holder(data: object) -> tuple[Any, str | None]:
