@@ -27,8 +27,15 @@ class Stateful(Protocol):
 
 
 def is_stateful(obj: object) -> bool:
-    """Whether ``obj`` follows torchdata's ``Stateful`` protocol."""
-    return isinstance(obj, Stateful)
+    """Whether ``obj`` follows torchdata's ``Stateful`` protocol (by its class: methods, as torchdata's)."""
+    cls = type(obj)
+    known = _STATEFUL_CLASSES.get(cls)
+    if known is None:  # a protocol's check walks the class's attributes (~10 µs): once per class, not per fit
+        known = _STATEFUL_CLASSES[cls] = issubclass(cls, Stateful)
+    return known
+
+
+_STATEFUL_CLASSES: dict[type, bool] = {}
 
 
 def position_holder(data: object) -> tuple[Any, str | None]:
