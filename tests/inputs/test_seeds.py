@@ -142,3 +142,11 @@ def test_sample_seeds_must_be_a_flag():
         Estimator(nn.Linear(2, 2), nn.CrossEntropyLoss()).fit(
             DataLoader(Tagged(), batch_size=4), epochs=1, sample_seeds="yes"
         )
+
+
+def test_an_iterable_dataset_has_no_index_to_seed():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    assert DataOrder(DataLoader(Stream(), batch_size=2), sample_seeds=True).samples is None

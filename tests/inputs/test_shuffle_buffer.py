@@ -166,3 +166,20 @@ def test_a_stateful_loader_with_workers_over_interleaved_shards_falls_back_to_re
     order.close()
     assert not isinstance(loader.dataset._ex_iterable, ResumableShuffleBuffer)
     interleaved.close()
+
+
+def test_a_datasets_without_the_buffer_classes_keeps_its_own_buffer_with_a_warning(paths, monkeypatch, caplog):
+    import sys
+
+    import fitforge.inputs
+    from fitforge.inputs.order import DataOrder
+
+    monkeypatch.setitem(sys.modules, "fitforge.inputs.shuffle_buffer", None)  # its import fails, as on a moved class
+    monkeypatch.delattr(fitforge.inputs, "shuffle_buffer", raising=False)
+    dataset = stream(paths)
+    own = dataset._ex_iterable
+    with caplog.at_level("WARNING", logger="fitforge"):
+        order = DataOrder(DataLoader(dataset, batch_size=8))
+    assert order.holder is dataset and dataset._ex_iterable is own
+    assert "a resumed stream loses the examples in its shuffle buffer" in caplog.text
+    order.close()

@@ -183,7 +183,7 @@ def test_the_warning_of_data_without_positions_names_the_stateful_loaders(tmp_pa
     torch.manual_seed(0)
     net = nn.Linear(6, 3)
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
-    run = RunContext(None, None, DataOrder(DataLoader(Stream(), batch_size=8, num_workers=2)), "train_data")
+    run = RunContext(None, None, DataOrder(DataLoader(Stream(), batch_size=8, num_workers=2)), "train_data", None)
     with caplog.at_level(logging.WARNING, logger="fitforge"):
         warn_if_inexact(TrainState(estimator, _loop=run), saves_mid_epoch=True, resumes=False)
     assert "reads it in 2 worker process(es)" in caplog.text and "a torchdata StatefulDataLoader" in caplog.text

@@ -89,12 +89,13 @@ class DataOrder:
             self.unplaceable = self.problem
         self.samples: SeededSamples | None = None
         self._keyed: tuple[DataLoader, EpochKeys] | None = None  # each epoch's loader over the samples
-        # Only a loader whose positions are exact; a TensorDataset has no transform to seed.
+        # Only a map-style loader whose positions are exact; a TensorDataset has no transform to seed.
         if (
             sample_seeds
             and self.problem is None
             and type(data) is DataLoader
             and type(data.dataset) is not TensorDataset
+            and not isinstance(data.dataset, IterableDataset)
         ):
             self.samples = SeededSamples(data.dataset, 0)
             indices = data.batch_sampler or data.sampler

@@ -10,11 +10,14 @@ processes the dataset's state stays in the workers, which a plain ``DataLoader``
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import DataLoader, IterableDataset
+
+log = logging.getLogger("fitforge")
 
 
 @runtime_checkable
@@ -77,15 +80,29 @@ def resumable_buffers(data: object) -> Callable[[], None] | None:
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if library is None or not isinstance(dataset, library.IterableDataset):
         return None
-    from fitforge.inputs.shuffle_buffer import make_buffers_resumable
-
-    return make_buffers_resumable(dataset)
+    shuffle_buffer = _shuffle_buffer()
+    return None if shuffle_buffer is None else shuffle_buffer.make_buffers_resumable(dataset)
 
 
 def _interleaves_shards(dataset: object) -> bool:
     library = sys.modules.get("datasets")
     if library is None or not isinstance(dataset, library.IterableDataset):
         return False
-    from fitforge.inputs.shuffle_buffer import interleaves_shards
+    shuffle_buffer = _shuffle_buffer()
+    return shuffle_buffer is not None and shuffle_buffer.interleaves_shards(dataset)
 
-    return interleaves_shards(dataset)
+
+def _shuffle_buffer() -> Any:
+    """:mod:`fitforge.inputs.shuffle_buffer`, which builds on ``datasets``' private classes; None, with a
+    warning, where this ``datasets`` has them no more (its own buffer, which a resume loses, stays)."""
+    try:
+        from fitforge.inputs import shuffle_buffer
+    except ImportError as error:
+        log.warning(
+            "datasets %s moved the shuffle buffer's classes fitforge resumes (%s): a resumed stream loses the "
+            "examples in its shuffle buffer; use datasets 5.x for an exact resume",
+            getattr(sys.modules.get("datasets"), "__version__", "?"),
+            error,
+        )
+        return None
+    return shuffle_buffer
