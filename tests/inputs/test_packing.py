@@ -11,8 +11,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from fitforge import Estimator
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers import GradientUpdateHandler
+from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 from fitforge.inputs.packing import IGNORE_INDEX, PackedDocuments
+from helpers import Crash, Losses
 
 X = IGNORE_INDEX
 
@@ -336,3 +337,29 @@ def test_a_hugging_face_llamas_packed_accumulated_step_is_the_step_on_the_unpack
         torch.testing.assert_close(packed[name], unpacked[name], rtol=1e-5, atol=1e-6)
     alike = hugging_face_weights_after(loader, GradientUpdateHandler(accumulate=4, items=None))
     assert any(not torch.allclose(alike[name], unpacked[name], rtol=1e-4, atol=1e-5) for name in unpacked)
+
+
+def packed_fit(folder, crash=None, resume=False):
+    """(weights, losses by step) of 2 epochs on packed rows, checkpointed every 5 batches; a crash after
+    batch ``crash`` (1-based) is the kill of a run, ``resume`` its re-run."""
+    net = TinyCausalLM(seed=3)
+    torch.manual_seed(0)
+    estimator = Estimator(net, nn.CrossEntropyLoss(), device="cpu", optimizer=torch.optim.Adam(net.parameters(), 0.01))
+    losses = Losses()
+    saver = CheckpointHandler(folder, epoch_period=1, batch_period=5, max_checkpoints=2, resume_from_checkpoint=resume)
+    data = DataLoader(PackedDocuments(documents(count=40), length=12), batch_size=2)  # 11 batches an epoch
+    try:
+        estimator.fit(data, epochs=2, event_handlers=[losses, saver, *([Crash(crash)] if crash else [])])
+    except RuntimeError as error:
+        assert str(error) == "crash"
+    return {name: value.clone() for name, value in net.state_dict().items()}, losses.seen
+
+
+# Resumed from the saves after batch 5 (mid-epoch 1), 11 (epoch 1's end: its packer's pass finished) and 15.
+@pytest.mark.parametrize("crash", [7, 13, 17])
+def test_a_fit_on_packed_rows_killed_anywhere_resumes_bitwise(tmp_path, crash):
+    whole, whole_losses = packed_fit(tmp_path / "whole")
+    _, before = packed_fit(tmp_path / "run", crash=crash)
+    weights, after = packed_fit(tmp_path / "run", resume=True)
+    assert {**before, **after} == whole_losses and len(whole_losses) == 22  # the next epoch is complete too
+    assert all(torch.equal(weights[name], whole[name]) for name in whole)

@@ -183,3 +183,14 @@ def test_a_datasets_without_the_buffer_classes_keeps_its_own_buffer_with_a_warni
     assert order.holder is dataset and dataset._ex_iterable is own
     assert "a resumed stream loses the examples in its shuffle buffer" in caplog.text
     order.close()
+
+
+def test_a_stream_resumed_from_an_epoch_ends_checkpoint_reads_the_next_epoch_whole(tmp_path, paths):
+    def alone(ds):
+        return ds, 8
+
+    whole, whole_losses, _, _ = train(tmp_path / "whole", paths, alone)
+    train(tmp_path / "run", paths, alone, crash=13)  # saved after 12 batches: epoch 1's end
+    weights, losses, _, _ = train(tmp_path / "run", paths, alone, resume=True)
+    assert losses == {step: whole_losses[step] for step in range(12, 24)}
+    assert all(torch.equal(weights[k], whole[k]) for k in whole)

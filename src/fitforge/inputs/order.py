@@ -309,7 +309,9 @@ class DataOrder:
         if len(saved) == len(self._own):
             for generator, generator_state in zip(self._own, saved):
                 generator.set_state(generator_state)
-        if self.holder is None:
+        # At an epoch's end a dataset starts its next pass afresh (loaded, a finished pass's state would
+        # leave it nothing to read); a StatefulDataLoader's state knows its pass ended, and holds its order's.
+        if self.holder is None or not (mid_epoch or isinstance(self.holder, DataLoader)):
             return
         if "data_state" in state:
             self.holder.load_state_dict(state["data_state"])
