@@ -339,7 +339,7 @@ def test_a_hugging_face_llamas_packed_accumulated_step_is_the_step_on_the_unpack
     assert any(not torch.allclose(alike[name], unpacked[name], rtol=1e-4, atol=1e-5) for name in unpacked)
 
 
-def packed_fit(folder, crash=None, resume=False):
+def packed_fit(folder, crash=None, resume=False, source=None):
     """(weights, losses by step) of 2 epochs on packed rows, checkpointed every 5 batches; a crash after
     batch ``crash`` (1-based) is the kill of a run, ``resume`` its re-run."""
     net = TinyCausalLM(seed=3)
@@ -347,7 +347,8 @@ def packed_fit(folder, crash=None, resume=False):
     estimator = Estimator(net, nn.CrossEntropyLoss(), device="cpu", optimizer=torch.optim.Adam(net.parameters(), 0.01))
     losses = Losses()
     saver = CheckpointHandler(folder, epoch_period=1, batch_period=5, max_checkpoints=2, resume_from_checkpoint=resume)
-    data = DataLoader(PackedDocuments(documents(count=40), length=12), batch_size=2)  # 11 batches an epoch
+    docs = documents(count=40) if source is None else source()
+    data = DataLoader(PackedDocuments(docs, length=12), batch_size=2)  # 11 batches an epoch
     try:
         estimator.fit(data, epochs=2, event_handlers=[losses, saver, *([Crash(crash)] if crash else [])])
     except RuntimeError as error:
@@ -362,4 +363,24 @@ def test_a_fit_on_packed_rows_killed_anywhere_resumes_bitwise(tmp_path, crash):
     _, before = packed_fit(tmp_path / "run", crash=crash)
     weights, after = packed_fit(tmp_path / "run", resume=True)
     assert {**before, **after} == whole_losses and len(whole_losses) == 22  # the next epoch is complete too
+    assert all(torch.equal(weights[name], whole[name]) for name in whole)
+
+
+def test_a_fit_on_packed_rows_of_a_hugging_face_stream_resumes_bitwise_in_every_epoch(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    files = []
+    for shard in range(4):  # the 40 documents in 4 json-lines files
+        path = tmp_path / f"docs{shard}.jsonl"
+        path.write_text(
+            "".join(f'{{"input_ids": {doc}}}\n' for doc in documents(count=40)[shard * 10 : shard * 10 + 10])
+        )
+        files.append(str(path))
+
+    def stream():
+        return datasets.load_dataset("json", data_files=files, streaming=True, split="train")
+
+    whole, whole_losses = packed_fit(tmp_path / "whole", source=stream)
+    _, before = packed_fit(tmp_path / "run", crash=7, source=stream)  # resumed from the save after 5
+    weights, after = packed_fit(tmp_path / "run", resume=True, source=stream)  # epoch 2 from its start
+    assert {**before, **after} == whole_losses and len(whole_losses) == 22
     assert all(torch.equal(weights[name], whole[name]) for name in whole)

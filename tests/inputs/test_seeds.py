@@ -16,20 +16,21 @@ from fitforge.inputs.seeds import EpochKeys, SeededSamples, sample_seed
 
 
 class Augmented(Dataset):
-    """A sample is its index plus a random shift drawn from torch and from Python's random."""
+    """A sample is its index plus random shifts drawn from torch, and from Python's random seeded from it."""
 
     def __len__(self):
         return 12
 
     def __getitem__(self, index):
-        return torch.tensor([float(index), torch.rand(()).item(), random.random()])
+        return torch.tensor([float(index), torch.rand(()).item(), random.Random(torch.initial_seed()).random()])
 
 
 def read(seed=7, epoch=0, sampler=None, batch_size=4, num_workers=0):
     """Every sample as it was read, by index."""
     dataset = Augmented()
     batches = BatchSampler(sampler or SequentialSampler(dataset), batch_size, drop_last=False)
-    keys = EpochKeys(batches, batched=True, epoch=epoch)
+    keys = EpochKeys(batches, batched=True, repeats=False)
+    keys.epoch = epoch
     # A generator of its own: the loader's draw of its workers' base seed leaves the global one alone.
     loader = DataLoader(
         SeededSamples(dataset, seed), batch_sampler=keys, num_workers=num_workers, generator=torch.Generator()
@@ -49,12 +50,11 @@ def test_the_epoch_and_the_seed_change_every_sample():
     assert len({tuple(values) for values in first.values()}) == 12  # neighbours unrelated
 
 
-def test_the_main_process_generators_are_put_back_after_each_sample():
+def test_the_main_process_generator_is_put_back_after_each_batch():
     torch.manual_seed(0)
-    random.seed(0)
-    before_torch, before_python = torch.get_rng_state(), random.getstate()
+    before = torch.get_rng_state()
     read()
-    assert torch.equal(torch.get_rng_state(), before_torch) and random.getstate() == before_python
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_the_generators_are_put_back_when_a_sample_fails():
@@ -65,24 +65,43 @@ def test_the_generators_are_put_back_when_a_sample_fails():
 
     before = torch.get_rng_state()
     with pytest.raises(KeyError):
-        SeededSamples(Fails(), 1)[(0, 5)]
+        SeededSamples(Fails(), 1)[(0, 5, 0)]
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_numpy_can_be_seeded_from_torch_initial_seed():
+def test_numpy_and_random_can_be_seeded_from_torch_initial_seed():
     class FromSeed(Dataset):
         def __getitem__(self, index):
             return torch.initial_seed()
 
-    assert SeededSamples(FromSeed(), 9)[(2, 4)] == sample_seed(9, 2, 4)
+    assert SeededSamples(FromSeed(), 9)[(2, 4, 0)] == sample_seed(9, 2, 4)
+    assert sample_seed(9, 2, 4, 1) != sample_seed(9, 2, 4)  # a repeat of the sample in its epoch
 
 
 def test_epoch_keys_carry_the_epoch_set_before_the_pass():
-    keys = EpochKeys(range(3), batched=False)
+    keys = EpochKeys(range(3), batched=False, repeats=False)
     keys.epoch = 4
-    assert list(keys) == [(4, 0), (4, 1), (4, 2)] and len(keys) == 3
-    batches = EpochKeys([[0, 1], [2]], batched=True, epoch=1)
-    assert list(batches) == [[(1, 0), (1, 1)], [(1, 2)]] and len(batches) == 2
+    assert list(keys) == [(4, 0, 0), (4, 1, 0), (4, 2, 0)] and len(keys) == 3
+    batches = EpochKeys([[0, 1], [2]], batched=True, repeats=False)
+    batches.epoch = 1
+    assert list(batches) == [[(1, 0, 0), (1, 1, 0)], [(1, 2, 0)]] and len(batches) == 2
+
+
+def test_a_sample_drawn_again_in_its_epoch_is_keyed_by_its_repeat_counted_from_the_resumed_position():
+    keys = EpochKeys([[0, 1], [0, 0]], batched=True, repeats=True, drawn=[[0, 2]])
+    assert list(keys) == [[(0, 0, 1), (0, 1, 0)], [(0, 0, 2), (0, 0, 3)]]
+    assert list(EpochKeys([3, 3], batched=False, repeats=True)) == [(0, 3, 0), (0, 3, 1)]
+
+
+def test_the_dataset_s_attributes_are_seen_through_the_wrapper_and_it_pickles():
+    import pickle
+
+    dataset = Augmented()
+    dataset.path = "data.h5"  # what a worker_init_fn opens through get_worker_info().dataset
+    samples = pickle.loads(pickle.dumps(SeededSamples(dataset, 3)))
+    assert samples.path == "data.h5" and len(samples) == 12
+    with pytest.raises(AttributeError):
+        samples.missing  # noqa: B018
 
 
 @pytest.mark.integration
@@ -97,31 +116,33 @@ class Tagged(Dataset):
         return 24
 
     def __getitem__(self, index):
-        return torch.tensor([float(index), torch.rand(()).item() + random.random()]), index % 2
+        return torch.tensor([float(index), torch.rand(()).item()]), index % 2
 
 
 class Seen(BatchBegin):
     def __init__(self):
-        self.shifts = {}
+        self.shifts, self.draws = {}, []
 
     def batch_begin(self, state):
         for row in state.batch[0]:
             self.shifts[(state.epoch, int(row[0]))] = float(row[1])
+            self.draws.append(float(row[1]))
 
 
 def shifts(batch_size, sample_seeds=None, handlers=()):
-    """Each (epoch, sample)'s shift as two epochs of a fit read it."""
-    torch.manual_seed(0)
+    """Each (epoch, sample)'s shift as two epochs of a fit read it, in an order of the batch size's."""
+    torch.manual_seed(0)  # the fit's seed
     net = nn.Linear(2, 2)
     seen = Seen()
-    loader = DataLoader(Tagged(), batch_size=batch_size, shuffle=True)
+    order = torch.utils.data.SubsetRandomSampler(range(24), generator=torch.Generator().manual_seed(batch_size))
+    loader = DataLoader(Tagged(), batch_size=batch_size, sampler=order)
     Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd").fit(
         loader, epochs=2, event_handlers=[seen, *handlers], default_handlers=False, sample_seeds=sample_seeds
     )
     return seen.shifts
 
 
-def test_fit_reads_a_sample_alike_whatever_the_batch_size_with_sample_seeds():
+def test_fit_reads_a_sample_alike_whatever_the_order_and_batch_size_with_sample_seeds():
     assert shifts(4, sample_seeds=True) == shifts(6, sample_seeds=True)
     assert shifts(4, sample_seeds=False) != shifts(6, sample_seeds=False)
 
@@ -138,7 +159,7 @@ def test_a_tensor_dataset_is_read_as_it_is():
 
 
 def test_sample_seeds_must_be_a_flag():
-    with pytest.raises(FitforgeTypeError, match="fit: sample_seeds must be True or False, got str 'yes'"):
+    with pytest.raises(FitforgeTypeError, match=r"fit: sample_seeds must be True, False or None \(the default: on wh"):
         Estimator(nn.Linear(2, 2), nn.CrossEntropyLoss()).fit(
             DataLoader(Tagged(), batch_size=4), epochs=1, sample_seeds="yes"
         )
@@ -150,3 +171,28 @@ def test_an_iterable_dataset_has_no_index_to_seed():
             return iter(range(4))
 
     assert DataOrder(DataLoader(Stream(), batch_size=2), sample_seeds=True).samples is None
+
+
+def test_oversampled_samples_are_augmented_anew_at_each_draw():
+    sampler = torch.utils.data.WeightedRandomSampler([1.0] + [0.0] * 23, 16, generator=torch.Generator())
+    seen = Seen()
+    loader = DataLoader(Tagged(), batch_size=4, sampler=sampler)
+    Estimator(nn.Linear(2, 2), nn.CrossEntropyLoss(), optimizer="sgd").fit(
+        loader, epochs=1, event_handlers=[seen], default_handlers=False, sample_seeds=True
+    )
+    assert len(set(seen.draws)) == 16  # sample 0, drawn 16 times, shifted 16 ways
+
+
+def test_a_dataset_fetching_whole_batches_is_read_as_it_is():
+    class Batched(Tagged):
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    assert DataOrder(DataLoader(Batched(), batch_size=2), sample_seeds=True).samples is None
+
+
+def test_sample_seeds_asked_for_data_they_cannot_apply_to_says_why(caplog):
+    with caplog.at_level("WARNING", logger="fitforge"):
+        order = DataOrder(DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2), sample_seeds=True)
+    assert order.samples is None
+    assert "fit(sample_seeds=True): train_data's samples are read as they are: its TensorDataset has no" in caplog.text

@@ -160,7 +160,7 @@ def test_a_stateful_loader_with_workers_over_interleaved_shards_falls_back_to_re
     )
     one_at_a_time = datasets.load_dataset("json", data_files=paths, streaming=True, split="train")
     loader = StatefulDataLoader(one_at_a_time.shuffle(seed=7, max_buffer_input_shards=1), batch_size=8, num_workers=2)
-    order = DataOrder(loader)
+    order = DataOrder(loader, resumable=True)
     assert order.holder is loader and order.problem is None
     assert isinstance(loader.dataset._ex_iterable, ResumableShuffleBuffer)
     order.close()
@@ -179,7 +179,7 @@ def test_a_datasets_without_the_buffer_classes_keeps_its_own_buffer_with_a_warni
     dataset = stream(paths)
     own = dataset._ex_iterable
     with caplog.at_level("WARNING", logger="fitforge"):
-        order = DataOrder(DataLoader(dataset, batch_size=8))
+        order = DataOrder(DataLoader(dataset, batch_size=8), resumable=True)
     assert order.holder is dataset and dataset._ex_iterable is own
     assert "a resumed stream loses the examples in its shuffle buffer" in caplog.text
     order.close()
@@ -194,3 +194,21 @@ def test_a_stream_resumed_from_an_epoch_ends_checkpoint_reads_the_next_epoch_who
     weights, losses, _, _ = train(tmp_path / "run", paths, alone, resume=True)
     assert losses == {step: whole_losses[step] for step in range(12, 24)}
     assert all(torch.equal(weights[k], whole[k]) for k in whole)
+
+
+def test_a_stream_fit_without_checkpoints_keeps_its_own_buffer(paths):
+    from fitforge.inputs.order import DataOrder
+
+    dataset = stream(paths)
+    own = dataset._ex_iterable
+    DataOrder(DataLoader(dataset, batch_size=8))  # no handler saves checkpoints: nothing to resume
+    assert dataset._ex_iterable is own
+
+
+def test_the_users_stream_reads_whole_after_a_resumed_fit(tmp_path, paths):
+    def alone(ds):
+        return ds, 8
+
+    train(tmp_path, paths, alone, crash=18)
+    *_, dataset = train(tmp_path, paths, alone, resume=True)  # loaded the replacement buffer's state
+    assert sorted(ids(dataset.with_format(None))) == list(range(FILES * ROWS))

@@ -13,7 +13,8 @@ validation that completed: the batches completed before it and its loss). OUT ge
 weights (``torch.save(net.state_dict())``). ``--val SECONDS`` adds a validation whose batches take
 SECONDS each (see validating.py). Under torchrun each rank writes LOG.rank<r> (and OUT.rank<r>),
 and ``--fault-rank R`` injects the fault on rank R only. ``--augment`` reads the samples through a
-map-style dataset that adds random noise (torch's generator and Python's ``random``) in ``__getitem__``.
+map-style dataset that adds random noise (torch's generator, and Python's ``random`` seeded from it, as
+docs/data-at-scale.md shows) in ``__getitem__``.
 
 Faults are scheduled by training progress, never by time. SPEC is one of:
     kill@begin:S  kill@end:S      SIGKILL at batch_begin / batch_end of global step S (0-based)
@@ -87,7 +88,7 @@ class Augmented(Dataset):
         return len(self.x)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index] + 0.5 * torch.randn(10) + random.random(), self.y[index]
+        return self.x[index] + 0.5 * torch.randn(10) + random.Random(torch.initial_seed()).random(), self.y[index]
 
 
 class Journal:

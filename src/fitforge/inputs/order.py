@@ -66,7 +66,9 @@ class DataOrder:
         holder: the object whose state is the position in the epoch (:mod:`fitforge.inputs.stateful`), or None.
     """
 
-    def __init__(self, data: Iterable, sample_seeds: bool = False) -> None:
+    def __init__(self, data: Iterable, sample_seeds: bool | None = False, resumable: bool = False) -> None:
+        """``sample_seeds``: read each sample with its own seeds (None: where ``resumable``, a handler saving
+        checkpoints); ``resumable``: a Hugging Face stream's shuffle buffer is made resumable."""
         self.data = data
         self.seed: int | None = None
         self._managed: dict[str, tuple[Any, torch.Generator]] = {}  # role -> (owner, generator given to it)
@@ -83,23 +85,22 @@ class DataOrder:
         self.holder, self._unsaved = position_holder(data)  # _unsaved: why a dataset's state cannot be saved
         self._loaded: Any = None  # the holder's state a resume loaded, until a batch is read after it
         self._first: int | None = None  # the position of the first batch of the epoch under way
-        self._put_back = resumable_buffers(data) if self.holder is not None else None
+        self._put_back = resumable_buffers(data) if self.holder is not None and resumable else None
         self.problem = self._inspect(data)
         if self.unplaceable is None:
             self.unplaceable = self.problem
         self.samples: SeededSamples | None = None
         self._keyed: tuple[DataLoader, EpochKeys] | None = None  # each epoch's loader over the samples
-        # Only a map-style loader whose positions are exact; a TensorDataset has no transform to seed.
-        if (
-            sample_seeds
-            and self.problem is None
-            and type(data) is DataLoader
-            and type(data.dataset) is not TensorDataset
-            and not isinstance(data.dataset, IterableDataset)
-        ):
+        self._repeats = False  # whether the sampler draws with replacement (a sample repeated in an epoch)
+        why_not = unseedable(data, self.problem) if (resumable if sample_seeds is None else sample_seeds) else "off"
+        if why_not is None:
+            assert isinstance(data, DataLoader)  # for the type checker: only a DataLoader is seedable
             self.samples = SeededSamples(data.dataset, 0)
-            indices = data.batch_sampler or data.sampler
-            self._keyed = _keyed(self.samples, indices, data, loader_options(data, data.generator))
+            self._repeats = getattr(sampler_of(data), "replacement", False) is True
+            options = loader_options(data, data.generator)
+            self._keyed = _keyed(self.samples, data.batch_sampler or data.sampler, data, options, self._repeats)
+        elif sample_seeds:  # asked for: say why it does not apply
+            log.warning("fit(sample_seeds=True): train_data's samples are read as they are: %s", why_not)
         if self._managed or self.samples is not None:  # every rank draws; rank 0's seed is everyone's
             self.seed = broadcast_from_main(_draw_seed())
             self._seed_samples()
@@ -235,13 +236,15 @@ class DataOrder:
         workers.set_state(loader.generator.get_state())  # its first draw is the worker seed the original drew
         draw_worker_seed(loader)
         indices = loader.sampler if loader.batch_sampler is None else loader.batch_sampler  # single ones, or batches
-        rest = list(itertools.islice(iter(indices), start, None))
-        return self._loader(rest, loader_options(loader, workers), epoch)
+        drawn = list(iter(indices))
+        return self._loader(drawn[start:], loader_options(loader, workers), epoch, drawn[:start])
 
-    def _loader(self, indices: Sequence, options: dict[str, Any], epoch: int) -> DataLoader:
-        """A loader of the training data's ``indices`` (batches of them, or single ones as the loader's)."""
+    def _loader(self, indices: Sequence, options: dict[str, Any], epoch: int, drawn: Sequence = ()) -> DataLoader:
+        """A loader of the training data's ``indices`` (batches of them, or single ones as the loader's),
+        after the epoch's ``drawn`` ones."""
         if self.samples is not None:
-            loader, keys = _keyed(self.samples, indices, self.data, options)  # type: ignore[arg-type]  # a DataLoader
+            keyed = _keyed(self.samples, indices, self.data, options, self._repeats, drawn)  # type: ignore[arg-type]
+            loader, keys = keyed
             keys.epoch = epoch
             return loader
         dataset = self.data.dataset  # type: ignore[attr-defined]  # a DataLoader: only they have indices
@@ -325,12 +328,33 @@ class DataOrder:
             )
 
 
+def unseedable(data: Iterable, problem: str | None) -> str | None:
+    """Why ``data``'s samples cannot be read with per-sample seeds (None: they can): a plain DataLoader
+    over a map-style dataset whose positions are exact, read sample by sample, with transforms to seed."""
+    if problem is not None:
+        return problem
+    if type(data) is not DataLoader:
+        return f"it is a {type(data).__name__}, not a plain DataLoader"
+    if isinstance(data.dataset, TensorDataset):
+        return "its TensorDataset has no transform to seed"
+    if isinstance(data.dataset, IterableDataset):
+        return "its dataset is an IterableDataset, which has no indices"
+    if callable(getattr(data.dataset, "__getitems__", None)):
+        return f"its {type(data.dataset).__name__} reads whole batches (__getitems__), not sample by sample"
+    return None
+
+
 def _keyed(
-    samples: SeededSamples, indices: Iterable, loader: DataLoader, options: dict[str, Any]
+    samples: SeededSamples,
+    indices: Iterable,
+    loader: DataLoader,
+    options: dict[str, Any],
+    repeats: bool,
+    drawn: Sequence = (),
 ) -> tuple[DataLoader, EpochKeys]:
     """A loader reading ``samples`` by the keys of ``indices`` (batches of them, or single ones, as ``loader``'s)."""
     batched = loader.batch_sampler is not None
-    keys = EpochKeys(indices, batched)
+    keys = EpochKeys(indices, batched, repeats, drawn)
     if batched:
         return DataLoader(samples, batch_sampler=keys, **options), keys
     return DataLoader(samples, batch_size=None, sampler=keys, **options), keys

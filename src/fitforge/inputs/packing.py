@@ -10,26 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, check_positive, describe
+from fitforge.inputs.stateful import is_stateful
 
 IGNORE_INDEX = -100  # torch's CrossEntropyLoss and Hugging Face's losses skip this label
 PADDING_DOCUMENT = -1
 _LABELS = ("next", "tokens")
 _STATE_KEYS = ("read", "finished", "pending", "source")
-
-
-@runtime_checkable
-class _Stateful(Protocol):
-    """A source that saves and restores its own position (torchdata's Stateful: a Hugging Face IterableDataset)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +88,7 @@ class PackedDocuments(IterableDataset):
         self.labels, self.key = labels, key
         self.split = check_flag("PackedDocuments", "split", split)
         self.document_ids = check_flag("PackedDocuments", "document_ids", document_ids)
-        self._stateful = isinstance(documents, _Stateful)
+        self._stateful = is_stateful(documents)
         self._indexed = indexed and not self._stateful
         self._read = 0  # the live pass's documents read, and the piece waiting for its next row
         self._pending: _Piece | None = None
@@ -148,8 +140,18 @@ class PackedDocuments(IterableDataset):
         if row:
             yield self._row(row, None)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Give ``epoch`` to a source that orders its passes by it (a Hugging Face ``IterableDataset``: its
+        shuffle, and a loaded state, which it applies again at each pass of the epoch it was saved in)."""
+        documents: Any = self.documents
+        if callable(getattr(documents, "set_epoch", None)):
+            documents.set_epoch(epoch)
+
     def state_dict(self) -> dict[str, Any]:
-        """Where the pass stands after the last row yielded (at its end: finished, nothing left to yield)."""
+        """Where the pass stands after the last row yielded (at its end: finished, nothing left to yield);
+        loaded and not yet read from, the loaded state."""
+        if self._resume is not None:
+            return dict(self._resume)
         pending = self._pending
         finished = self._finished
         source = self.documents.state_dict() if self._stateful and self._read and not finished else None  # type: ignore[attr-defined]

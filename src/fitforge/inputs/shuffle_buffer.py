@@ -103,14 +103,15 @@ def make_buffers_resumable(dataset: Any) -> Callable[[], None] | None:
     """Put a :class:`ResumableShuffleBuffer` in the place of every shuffle buffer of ``dataset`` (a
     ``datasets.IterableDataset``); returns what puts its own back (None: it has none). The nodes on the
     way are copied: datasets derived from one another share them."""
-    original = dataset._ex_iterable
+    original, starting = dataset._ex_iterable, dataset._starting_state_dict
     replaced = _replace(original)
     if replaced is original:
         return None
     dataset._ex_iterable = replaced
 
     def put_back() -> None:
-        dataset._ex_iterable = original
+        # A state a resume loaded is the replacement's: datasets applies it again at each pass of its epoch.
+        dataset._ex_iterable, dataset._starting_state_dict = original, starting
 
     return put_back
 

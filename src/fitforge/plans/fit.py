@@ -34,7 +34,7 @@ from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike, RunControl, TrainState
 from fitforge.distributed.data_split import shard_train
 from fitforge.distributed.ranks import on_this_rank
-from fitforge.exceptions import FitforgeValueError, check_flag
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.handlers.defaults import fit_handlers, fit_services
 from fitforge.handlers.logging import console_output_for
 from fitforge.handlers.stopping import tighter_limit
@@ -58,7 +58,7 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
     step: Step
     check: Step
     profile: bool
-    sample_seeds: bool  # each sample read with its own seeds (fitforge.inputs.seeds)
+    sample_seeds: bool | None  # each sample read with its own seeds (fitforge.inputs.seeds); None: if resumable
     services: Services
     weight_average: WeightAveraging | None  # the one averaging handler evaluation uses, if any
 
@@ -67,7 +67,7 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         the net in training mode, ``train_end`` however it ends, its epochs added to ``estimator.history``."""
         estimator.weight_average = self.weight_average  # a later fit without one evaluates its own weights
         coordinator = estimator.strategy.coordinator(estimator)
-        data = DataOrder(self.train_data, self.sample_seeds)
+        data = DataOrder(self.train_data, self.sample_seeds, resumable=bool(self.services.checkpoints))
         run = RunContext(self.dispatcher, self.step, data, "train_data", self.check, coordinator, (resume_picked,))
         control = RunControl(self.epochs, self.batches, estimator.history.epochs, ranks=coordinator)
         state = TrainState(
@@ -141,8 +141,11 @@ def plan_fit(
     step = bound_step(estimator.batch_processor, estimator, "fit_batch")
     check = first_batch_check(step, services.first_batch_checks, "train_data", "train")
     profile = check_flag("fit", "profile", profile)
-    # On where a resume is possible: a checkpoint saved mid-epoch resumes each sample as it was read.
-    seeded = bool(services.checkpoints) if sample_seeds is None else check_flag("fit", "sample_seeds", sample_seeds)
+    if sample_seeds is not None and not isinstance(sample_seeds, bool):
+        raise FitforgeTypeError(
+            "fit: sample_seeds must be True, False or None (the default: on where a handler saves checkpoints), "
+            f"got {describe(sample_seeds)}"
+        )
     averaging = services.averages
     if len(averaging) > 1:
         raise FitforgeValueError(
@@ -151,7 +154,7 @@ def plan_fit(
         )
     average = averaging[0] if averaging else None
     return FitPlan(
-        train_data, num_batches, epochs, batches, dispatcher, step, check, profile, seeded, services, average
+        train_data, num_batches, epochs, batches, dispatcher, step, check, profile, sample_seeds, services, average
     )
 
 
