@@ -104,6 +104,35 @@ def test_the_dataset_s_attributes_are_seen_through_the_wrapper_and_it_pickles():
         samples.missing  # noqa: B018
 
 
+def stateful_batches():
+    sampler = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata's samplers")
+    return sampler.BatchSampler(sampler.RandomSampler(range(12), generator=torch.Generator().manual_seed(1)), 4, False)
+
+
+@pytest.mark.parametrize(
+    "make_sampler, batched, own_state",
+    [
+        (stateful_batches, True, True),  # torchdata's: its generator's state at the pass's start, and its count
+        (lambda: BatchSampler(SequentialSampler(range(12)), 4, False), True, False),  # torch's: read past again
+        (lambda: SequentialSampler(range(12)), False, False),
+    ],
+    ids=["torchdata's batch sampler", "torch's batch sampler", "single indices"],
+)
+def test_a_pass_of_epoch_keys_loads_its_position_as_a_stateful_dataloader_saves_it(make_sampler, batched, own_state):
+    keys = EpochKeys(make_sampler(), batched=batched, repeats=False)
+    keys.epoch = 2
+    passing = iter(keys)
+    read = [next(passing), next(passing)]
+    state = passing.state_dict()
+    rest = list(passing)
+    assert ("indices" in state) is own_state and state["given"] == 2 and len(read + rest) == len(keys)
+    resumed = iter(keys)  # a new pass: a shuffled sampler draws another order, which the state puts back
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+    keyed = [key for batch in read + rest for key in (batch if batched else [batch])]
+    assert sorted(index for epoch, index, _ in keyed if epoch == 2) == list(range(12))
+
+
 @pytest.mark.integration
 def test_workers_read_every_sample_as_the_main_process_does():
     assert read(num_workers=3, batch_size=2) == read(num_workers=0)

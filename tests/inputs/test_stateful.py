@@ -6,6 +6,7 @@ kill -9 runs with worker processes are in test_stateful_kill9.py."""
 from __future__ import annotations
 
 import logging
+import random
 
 import pytest
 import torch
@@ -14,8 +15,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from fitforge import Estimator
 from fitforge.checkpoint.files import load_checkpoint
+from fitforge.events import BatchBegin
 from fitforge.handlers import CheckpointHandler
 from fitforge.inputs.order import DataOrder
+from fitforge.inputs.seeds import SeededSamples
 from fitforge.inputs.stateful import epoch_setter, position_holder
 from helpers import Crash, Losses
 
@@ -39,6 +42,22 @@ class Transformed(Dataset):
         self.reads.append(index)
         noise = torch.randn(6, generator=torch.Generator().manual_seed(index))
         return X[index] + 0.1 * noise, Y[index]
+
+
+class Noisy(Dataset):
+    """The 48 samples through a random transform drawn from torch's generator and Python's ``random`` (seeded
+    from torch's, as docs/data-at-scale.md shows), the sample's index its first feature; counts reads."""
+
+    def __init__(self) -> None:
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(X)
+
+    def __getitem__(self, index: int):
+        self.reads.append(index)
+        shift = 0.1 * torch.randn(5) + random.Random(torch.initial_seed()).uniform(-0.1, 0.1)  # seeded from torch
+        return torch.cat([torch.tensor([float(index)]), X[index, 1:] + shift]), Y[index]
 
 
 class Stream(IterableDataset):
@@ -103,6 +122,72 @@ def test_a_stateful_dataloader_resumes_mid_epoch_exactly_without_reading_the_sam
     crashed, resumed = assert_resumes_exactly(tmp_path, stateful_loader, crash=10, async_save=async_save)  # saved: 8
     assert len(crashed.dataset.reads) == 10 * 8
     assert len(resumed.dataset.reads) == 3 * 48 - 8 * 8  # from the checkpoint's sample on, none read twice
+
+
+def test_a_stateful_dataloader_drawing_a_random_transform_resumes_mid_epoch_exactly(tmp_path):
+    def noisy_loader():
+        return StatefulDataLoader(Noisy(), batch_size=8, shuffle=True)
+
+    _, resumed = assert_resumes_exactly(tmp_path, noisy_loader, crash=10)  # saved: 8
+    assert len(resumed.dataset.reads) == 3 * 48 - 8 * 8  # from the checkpoint's sample on, none read twice
+
+
+class Seen(BatchBegin):
+    """Every sample as the fit read it, by (epoch, index)."""
+
+    def __init__(self):
+        self.samples = {}
+
+    def batch_begin(self, state):
+        for row in state.batch[0]:
+            self.samples[(state.epoch, int(row[0]))] = row.tolist()
+
+
+def read(batch_size, num_workers=0, sample_seeds=True):
+    """Every sample as 2 epochs read it, in an order of the batch size's own (the fit's seed the same)."""
+    torch.manual_seed(0)
+    net, seen = nn.Linear(6, 3), Seen()
+    order = torch.utils.data.SubsetRandomSampler(range(48), generator=torch.Generator().manual_seed(batch_size))
+    loader = StatefulDataLoader(Noisy(), batch_size=batch_size, sampler=order, num_workers=num_workers)
+    Estimator(net, nn.CrossEntropyLoss(), optimizer="sgd").fit(
+        loader, epochs=2, event_handlers=[seen], default_handlers=False, sample_seeds=sample_seeds
+    )
+    return seen.samples
+
+
+def test_sample_seeds_read_a_stateful_dataloaders_samples_alike_whatever_the_order_and_batch_size():
+    assert read(4) == read(6) and len(read(4)) == 2 * 48
+    assert read(4, sample_seeds=False) != read(6, sample_seeds=False)
+
+
+@pytest.mark.integration
+def test_sample_seeds_read_a_stateful_dataloaders_samples_alike_in_2_workers_and_in_this_process():
+    assert read(8, num_workers=2) == read(8)
+
+
+def test_a_stateful_dataloaders_position_is_its_keyed_samples_loader():
+    loader = StatefulDataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True)
+    order = DataOrder(loader, sample_seeds=True)  # no worker starts here
+    keyed = order.holder
+    assert type(keyed) is StatefulDataLoader and keyed is not loader and isinstance(keyed.dataset, SeededSamples)
+    assert keyed.dataset.dataset is loader.dataset and keyed.persistent_workers and keyed.num_workers == 2
+    assert keyed.batch_sampler.sampler is loader.batch_sampler  # the loader's own order, read as keys
+    assert DataOrder(loader).holder is loader  # sample_seeds=False: the loader as it is
+
+
+class StatefulMap(Noisy):
+    def state_dict(self) -> dict:
+        return {"reads": len(self.reads)}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_a_stateful_dataloader_over_a_tensor_dataset_or_a_dataset_with_a_state_is_read_as_it_is():
+    for dataset in (TensorDataset(X, Y), StatefulMap()):  # no transform; a state the loader saves in its workers
+        loader = StatefulDataLoader(dataset, batch_size=8, shuffle=True)
+        order = DataOrder(loader, sample_seeds=True)
+        assert order.samples is None and order.holder is loader
 
 
 def test_the_checkpoint_holds_the_loaders_state_at_its_batch(tmp_path):

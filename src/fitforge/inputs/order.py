@@ -32,7 +32,7 @@ from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 from fitforge.inputs.placement import epoch_permutation, rank_remainder
 from fitforge.inputs.seeds import EpochKeys, SeededSamples
-from fitforge.inputs.stateful import epoch_setter, position_holder, resumable_buffers
+from fitforge.inputs.stateful import epoch_setter, is_stateful, is_stateful_loader, position_holder, resumable_buffers
 from fitforge.signals.worker_shield import shielded
 
 log = logging.getLogger("fitforge")
@@ -63,7 +63,8 @@ class DataOrder:
         samples: with ``sample_seeds``, the loader's dataset read with per-sample seeds
             (:mod:`fitforge.inputs.seeds`); None for data whose positions are not exact, or a
             ``TensorDataset``, which has no transform.
-        holder: the object whose state is the position in the epoch (:mod:`fitforge.inputs.stateful`), or None.
+        holder: the object whose state is the position in the epoch (:mod:`fitforge.inputs.stateful`), or None;
+            for a ``StatefulDataLoader`` read with sample seeds, the loader over its samples.
     """
 
     def __init__(self, data: Iterable, sample_seeds: bool | None = False, resumable: bool = False) -> None:
@@ -91,6 +92,7 @@ class DataOrder:
             self.unplaceable = self.problem
         self.samples: SeededSamples | None = None
         self._keyed: tuple[DataLoader, EpochKeys] | None = None  # each epoch's loader over the samples
+        self._reader = data  # what each epoch reads from its start: the data, or the loader over its samples
         self._repeats = False  # whether the sampler draws with replacement (a sample repeated in an epoch)
         why_not = unseedable(data, self.problem) if (resumable if sample_seeds is None else sample_seeds) else "off"
         if why_not is None:
@@ -98,7 +100,16 @@ class DataOrder:
             self.samples = SeededSamples(data.dataset, 0)
             self._repeats = getattr(sampler_of(data), "replacement", False) is True
             options = loader_options(data, data.generator)
-            self._keyed = _keyed(self.samples, data.batch_sampler or data.sampler, data, options, self._repeats)
+            if type(data) is not DataLoader:  # a StatefulDataLoader keeps its persistent workers and snapshots
+                options.update(
+                    persistent_workers=data.persistent_workers,
+                    snapshot_every_n_steps=data.snapshot_every_n_steps,  # type: ignore[attr-defined]
+                )
+            indices = data.batch_sampler or data.sampler
+            self._keyed = _keyed(type(data), self.samples, indices, data, options, self._repeats)
+            self._reader = self._keyed[0]
+            if self.holder is data:  # a StatefulDataLoader: the position is the keyed loader's (its sampler's)
+                self.holder = self._reader
         elif sample_seeds:  # asked for: say why it does not apply
             log.warning("fit(sample_seeds=True): train_data's samples are read as they are: %s", why_not)
         if self._managed or self.samples is not None:  # every rank draws; rank 0's seed is everyone's
@@ -216,11 +227,10 @@ class DataOrder:
         for sampler in self._epoch_samplers:
             sampler.set_epoch(epoch)
         self._start = [generator.get_state() for generator in self._own]
-        if start == 0 and self._keyed is not None:
-            loader, self._keyed[1].epoch = self._keyed[0], epoch
-            return loader
+        if self._keyed is not None:
+            self._keyed[1].epoch = epoch
         if start == 0 or (self.holder is not None and self._loaded is not None):  # a loaded state: at its position
-            return self.data
+            return self._reader
         if isinstance(self.data, (list, tuple)):
             return self.data[start:]
         if self.problem is None:
@@ -243,7 +253,7 @@ class DataOrder:
         """A loader of the training data's ``indices`` (batches of them, or single ones as the loader's),
         after the epoch's ``drawn`` ones."""
         if self.samples is not None:
-            keyed = _keyed(self.samples, indices, self.data, options, self._repeats, drawn)  # type: ignore[arg-type]
+            keyed = _keyed(DataLoader, self.samples, indices, self.data, options, self._repeats, drawn)  # type: ignore[arg-type]
             loader, keys = keyed
             keys.epoch = epoch
             return loader
@@ -255,7 +265,7 @@ class DataOrder:
     def _skip(self, start: int) -> Iterable:
         """The data's iterator after reading and discarding ``start`` batches, the generators left alone."""
         states = rng_states()
-        iterator = iter(shielded(self.data))
+        iterator = iter(shielded(self._reader))
         next(itertools.islice(iterator, start, start), None)  # consumes the first ``start`` batches
         restore_rng_states(states)
         return iterator
@@ -329,12 +339,15 @@ class DataOrder:
 
 
 def unseedable(data: Iterable, problem: str | None) -> str | None:
-    """Why ``data``'s samples cannot be read with per-sample seeds (None: they can): a plain DataLoader
-    over a map-style dataset whose positions are exact, read sample by sample, with transforms to seed."""
+    """Why ``data``'s samples cannot be read with per-sample seeds (None: they can): a DataLoader (or
+    torchdata's StatefulDataLoader over a dataset without a state of its own) over a map-style dataset
+    whose positions are exact, read sample by sample, with transforms to seed."""
     if problem is not None:
         return problem
-    if type(data) is not DataLoader:
-        return f"it is a {type(data).__name__}, not a plain DataLoader"
+    if not isinstance(data, DataLoader) or (type(data) is not DataLoader and not is_stateful_loader(data)):
+        return f"it is a {type(data).__name__}, not a DataLoader or torchdata's StatefulDataLoader"
+    if is_stateful_loader(data) and is_stateful(data.dataset):
+        return f"its {type(data.dataset).__name__} keeps a state of its own, which its loader saves"
     if isinstance(data.dataset, TensorDataset):
         return "its TensorDataset has no transform to seed"
     if isinstance(data.dataset, IterableDataset):
@@ -345,6 +358,7 @@ def unseedable(data: Iterable, problem: str | None) -> str | None:
 
 
 def _keyed(
+    cls: type[DataLoader],
     samples: SeededSamples,
     indices: Iterable,
     loader: DataLoader,
@@ -352,12 +366,13 @@ def _keyed(
     repeats: bool,
     drawn: Sequence = (),
 ) -> tuple[DataLoader, EpochKeys]:
-    """A loader reading ``samples`` by the keys of ``indices`` (batches of them, or single ones, as ``loader``'s)."""
+    """A ``cls`` loader reading ``samples`` by the keys of ``indices`` (batches of them, or single ones, as
+    ``loader``'s), after the epoch's ``drawn`` ones."""
     batched = loader.batch_sampler is not None
     keys = EpochKeys(indices, batched, repeats, drawn)
     if batched:
-        return DataLoader(samples, batch_sampler=keys, **options), keys
-    return DataLoader(samples, batch_size=None, sampler=keys, **options), keys
+        return cls(samples, batch_sampler=keys, **options), keys
+    return cls(samples, batch_size=None, sampler=keys, **options), keys
 
 
 def _why_unplaceable(loader: DataLoader, sampler: Any) -> str | None:

@@ -6,18 +6,22 @@ Other libraries' generators are seeded from ``torch.initial_seed()`` by the data
 
 :class:`SeededSamples` wraps the dataset; :class:`EpochKeys` wraps the loader's batch sampler so that
 each index travels to the workers with its epoch (a persistent worker holds its dataset for every
-epoch, so the epoch cannot be a field of the dataset's copy).
+epoch, so the epoch cannot be a field of the dataset's copy). A torchdata ``StatefulDataLoader`` reading
+the keys saves their position as it saves its sampler's (:class:`_Keys`), so a resume reads on from it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset, get_worker_info
+
+from fitforge.inputs.stateful import is_stateful
 
 Key = tuple[int, int, int]  # (epoch, index, the index's earlier draws in the epoch)
 
@@ -77,24 +81,54 @@ class EpochKeys:
         self.drawn = drawn
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self.epoch
-        if not self.repeats:
-            if self.batched:
-                return ([(epoch, index, 0) for index in batch] for batch in self.sampler)
-            return ((epoch, index, 0) for index in self.sampler)
-        counts: Counter[int] = Counter(index for batch in self.drawn for index in _indices(batch, self.batched))
-        return self._counted(epoch, counts)
-
-    def _counted(self, epoch: int, counts: Counter[int]) -> Iterator[Any]:
-        for batch in self.sampler:
-            keys = []
-            for index in _indices(batch, self.batched):
-                keys.append((epoch, index, counts[index]))
-                counts[index] += 1
-            yield keys if self.batched else keys[0]
+        drawn = (index for batch in self.drawn for index in _indices(batch, self.batched))
+        return _Keys(self.sampler, self.batched, self.epoch, Counter(drawn) if self.repeats else None)
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]  # a sampler without a length has none here either
+
+
+class _Keys:
+    """One pass of :class:`EpochKeys`. Its state is its position, so that a torchdata ``StatefulDataLoader``
+    reading the keys saves it: the sampler iterator's own state where it has one (torchdata's samplers keep
+    their generator's), else the number of indices given, which a load reads past again; and the repeats
+    counted."""
+
+    def __init__(self, sampler: Iterable, batched: bool, epoch: int, counts: Counter[int] | None) -> None:
+        self.sampler, self.batched, self.epoch, self.counts = sampler, batched, epoch, counts
+        self.indices: Any = iter(sampler)  # an iterator: Stateful or not
+        self.given = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        indices, epoch, counts = next(self.indices), self.epoch, self.counts
+        self.given += 1
+        if counts is None:
+            return [(epoch, index, 0) for index in indices] if self.batched else (epoch, indices, 0)
+        keys = []
+        for index in _indices(indices, self.batched):
+            keys.append((epoch, index, counts[index]))
+            counts[index] += 1
+        return keys if self.batched else keys[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"given": self.given}
+        if is_stateful(self.indices):
+            state["indices"] = self.indices.state_dict()
+        if self.counts is not None:
+            state["counts"] = dict(self.counts)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.indices, self.given = iter(self.sampler), state["given"]
+        if self.counts is not None:
+            self.counts = Counter(state.get("counts", {}))
+        if "indices" in state:
+            self.indices.load_state_dict(state["indices"])  # a Stateful's, saved by state_dict
+        else:
+            next(itertools.islice(self.indices, self.given, self.given), None)  # reads past the indices given
 
 
 def _indices(batch: Any, batched: bool) -> Iterable[int]:

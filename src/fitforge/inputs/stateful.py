@@ -65,6 +65,13 @@ def position_holder(data: object) -> tuple[Any, str | None]:
     )
 
 
+def is_stateful_loader(data: object) -> bool:
+    """Whether ``data`` is torchdata's ``StatefulDataLoader`` itself (a subclass may read otherwise); looked
+    up, not imported: such data means torchdata is imported already."""
+    library = sys.modules.get("torchdata.stateful_dataloader")
+    return library is not None and type(data) is library.StatefulDataLoader
+
+
 def epoch_setter(data: object) -> Any:
     """The dataset that ``set_epoch`` gives its epoch's order to (a Hugging Face ``IterableDataset``: its
     shuffle seed is the seed plus the epoch, and a loaded state applies to the epoch it was saved in)."""
