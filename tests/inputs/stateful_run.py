@@ -2,9 +2,11 @@
 from the newest checkpoint in DIR as a re-run of a crashed job would, and SIGKILLs itself at a batch.
 
     python stateful_run.py --dir DIR --kind KIND --reads LOG [--shards FOLDER] [--kill-after N] [--out OUT]
+                           [--no-sample-seeds]
 
 KIND: ``loader`` (a StatefulDataLoader, 2 workers, over a shuffled map-style dataset whose __getitem__
-draws a random transform from a generator seeded by the sample's index), ``stream`` (a Hugging Face json
+draws a random transform from torch's generator and Python's ``random``; ``--no-sample-seeds`` reads it
+with fit(sample_seeds=False), the workers' own generators), ``stream`` (a Hugging Face json
 stream shuffled through a buffer, given to fit with batch_size=) or ``stream-workers`` (that stream, its
 buffer filled from one shard at a time, in a StatefulDataLoader with 2 workers). LOG gets a line per sample
 the transform sees, ``<kind> <id>`` (``read`` before the shuffle, ``seen`` after it), each one os.write,
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -44,7 +47,8 @@ class Log:
 
 
 class Transformed(Dataset):
-    """Samples through a random transform drawn from a generator seeded by the index (the same wherever read)."""
+    """Samples through a random transform drawn from torch's generator and Python's ``random``: the process's
+    own, which fit seeds per sample (a worker's otherwise, which depends on the batches it loaded before)."""
 
     def __init__(self, log: Log) -> None:
         generator = torch.Generator().manual_seed(1)
@@ -59,8 +63,7 @@ class Transformed(Dataset):
 
     def __getitem__(self, index: int):
         self.log("seen", index)
-        noise = torch.randn(6, generator=torch.Generator().manual_seed(index))
-        return self.x[index] + 0.1 * noise, self.y[index]
+        return self.x[index] + 0.1 * torch.randn(6) + random.uniform(-0.1, 0.1), self.y[index]
 
 
 class Logged:
@@ -113,6 +116,7 @@ def main() -> None:
     parser.add_argument("--shards")
     parser.add_argument("--kill-after", type=int, default=0)
     parser.add_argument("--out")
+    parser.add_argument("--no-sample-seeds", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -129,7 +133,8 @@ def main() -> None:
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01))
     saver = CheckpointHandler(args.dir, batch_period=4, max_checkpoints=2, resume_from_checkpoint=True)
     handlers = [saver] + ([Kill(args.kill_after)] if args.kill_after else [])
-    estimator.fit(data, epochs=3, batch_size=batch_size, event_handlers=handlers)
+    seeds = False if args.no_sample_seeds else None  # None: on, as a handler saves checkpoints
+    estimator.fit(data, epochs=3, batch_size=batch_size, event_handlers=handlers, sample_seeds=seeds)
     if args.out:
         torch.save(net.state_dict(), args.out)
 
