@@ -235,10 +235,10 @@ class Estimator:
         ``profile=True`` logs the time each handler spent in each event (``history.profile``).
 
         ``sample_seeds=True`` reads each sample of a map-style ``train_data`` DataLoader (torch's, or
-        torchdata's ``StatefulDataLoader``) with torch's generator and Python's ``random`` seeded from
-        (the fit's seed, the epoch, the sample's index): a random transform in ``__getitem__`` is then the
-        same whatever ``num_workers``, rank or resume point (docs/data-at-scale.md). None (default): on
-        when a handler saves checkpoints.
+        torchdata's ``StatefulDataLoader``) with torch's generator seeded from (the fit's seed, the epoch,
+        the sample's index): a random transform in ``__getitem__`` is then the same whatever
+        ``num_workers``, rank or resume point (docs/data-at-scale.md). None (default): on when a handler
+        saves checkpoints.
 
         Raises:
             TypeError/ValueError: bad arguments or data, before training starts; bad batches,

@@ -63,7 +63,9 @@ class Transformed(Dataset):
 
     def __getitem__(self, index: int):
         self.log("seen", index)
-        return self.x[index] + 0.1 * torch.randn(6) + random.uniform(-0.1, 0.1), self.y[index]
+        return self.x[index] + 0.1 * torch.randn(6) + random.Random(torch.initial_seed()).uniform(-0.1, 0.1), self.y[
+            index
+        ]
 
 
 class Logged:
