@@ -3,9 +3,9 @@
 ``ds.shuffle(seed=..., buffer_size=...)`` streams through a buffer: ``datasets`` saves where its source
 is, but not the examples in the buffer, nor its generator ("examples from shuffle buffers are lost when
 resuming", its ``state_dict`` docs say), so a resumed stream differs from the uninterrupted one. During a
-fit, fitforge puts :class:`ResumableShuffleBuffer` in the buffer's place: the same algorithm drawing the
-same numbers (the same order as ``datasets``' own when it yields examples; with a format such as "torch"
-it fills its buffer with Arrow tables, in another order), whose state also holds the
+fit that saves checkpoints, fitforge puts :class:`ResumableShuffleBuffer` in the buffer's place: the same
+algorithm drawing the same numbers, filled example by example (its order may differ from ``datasets``'
+own, which with a format such as "torch" fills its buffer with Arrow tables), whose state also holds the
 buffered examples, those drawn but not yet yielded, and its generator. The data's state in a checkpoint
 then continues the stream exactly, and no example consumed before it is read again (``datasets`` itself
 may read a source's open chunk again, as its own resume does). The examples must be plain values or

@@ -10,6 +10,7 @@ processes the dataset's state stays in the workers, which a plain ``DataLoader``
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -99,6 +100,7 @@ def _interleaves_shards(dataset: object) -> bool:
     return shuffle_buffer is not None and shuffle_buffer.interleaves_shards(dataset)
 
 
+@functools.cache  # imported, or warned about, once a process
 def _shuffle_buffer() -> Any:
     """:mod:`fitforge.inputs.shuffle_buffer`, which builds on ``datasets``' private classes; None, with a
     warning, where this ``datasets`` has them no more (its own buffer, which a resume loses, stays)."""
