@@ -260,3 +260,18 @@ def test_a_bare_tensor_batch_is_not_called_a_numpy_array():
     with pytest.raises(LossInputError, match=re.escape("but the batches are data alone (a tensor,")) as info:
         classifier().fit([torch.zeros(4, 2)], epochs=1)
     assert "NumPy" not in str(info.value)
+
+
+def test_a_stream_of_samples_is_batched_for_validation_evaluate_and_predict_too():
+    from torch.utils.data import IterableDataset
+
+    class Samples(IterableDataset):
+        def __iter__(self):
+            generator = torch.Generator().manual_seed(0)
+            return iter([(torch.randn(2, generator=generator), i % 2) for i in range(12)])
+
+    estimator = classifier()
+    history = estimator.fit(Samples(), val_data=Samples(), batch_size=4, epochs=1)
+    assert len(history["val_loss"]) == 1
+    assert set(estimator.evaluate(Samples(), batch_size=4)) >= {"val_loss"}
+    assert estimator.predict(Samples(), batch_size=5).shape == (12, 2)

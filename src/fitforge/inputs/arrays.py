@@ -217,7 +217,8 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
     # A stream of samples (a Hugging Face datasets.IterableDataset...): batched in this process, which reads
     # it on demand, so that its own state is its position (fitforge.inputs.stateful).
     stream = batch_size is not None and isinstance(train_data, IterableDataset)
-    if batch_size is not None and not (arrays or stream) and not (is_arrays(val_data) or _rows(val_data)):
+    val_stream = batch_size is not None and isinstance(val_data, IterableDataset)
+    if batch_size is not None and not (arrays or stream or val_stream) and not (is_arrays(val_data) or _rows(val_data)):
         raise FitforgeValueError(
             "batch_size is for data given as arrays, fit((X, y), batch_size=32), or as an IterableDataset of "
             "samples, fit(dataset, batch_size=32); a DataLoader or a list of batches has its batches already: "
@@ -239,18 +240,23 @@ def fit_loaders(train_data: Any, val_data: Any, batch_size: Any, validation_spli
         train_data = DataLoader(train_data, batch_size=size)
     if is_arrays(val_data) or _rows(val_data):
         val_data = array_loader(val_data, size, shuffle=False, argument="val_data")
+    if val_stream:
+        val_data = DataLoader(val_data, batch_size=size)
     return train_data, val_data
 
 
 def eval_loader(data: Any, batch_size: Any, argument: str, bare: bool = False) -> Any:
-    """evaluate's or predict's arrays as an ordered DataLoader; other data is returned as it is."""
+    """evaluate's or predict's arrays, or a stream of samples with ``batch_size``, as an ordered DataLoader;
+    other data is returned as it is."""
     data = from_pandas(data, argument)
     arrays = _rows(data) or (not bare and is_arrays(data))
     if not arrays:
+        if batch_size is not None and isinstance(data, IterableDataset):
+            return DataLoader(data, batch_size=check_batch_size(batch_size))
         if batch_size is not None:
             raise FitforgeValueError(
                 f"batch_size is for data given as arrays; {argument} already has batches: set the batch size "
-                "in DataLoader(..., batch_size=...)"
+                "in DataLoader(..., batch_size=...) (an IterableDataset of samples takes batch_size too)"
             )
         return data
     return array_loader(data, check_batch_size(batch_size), shuffle=False, argument=argument, bare=bare)
