@@ -225,3 +225,10 @@ def test_sample_seeds_asked_for_data_they_cannot_apply_to_says_why(caplog):
         order = DataOrder(DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2), sample_seeds=True)
     assert order.samples is None
     assert "fit(sample_seeds=True): train_data's samples are read as they are: its TensorDataset has no" in caplog.text
+
+
+def test_the_keyed_loader_keeps_persistent_workers():
+    loader = DataLoader(Tagged(), batch_size=4, num_workers=1, persistent_workers=True)
+    order = DataOrder(loader, sample_seeds=True)  # no worker starts here
+    assert order.samples is not None and order._keyed[0].persistent_workers
+    order.close()

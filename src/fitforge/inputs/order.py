@@ -100,11 +100,9 @@ class DataOrder:
             self.samples = SeededSamples(data.dataset, 0)
             self._repeats = getattr(sampler_of(data), "replacement", False) is True
             options = loader_options(data, data.generator)
-            if type(data) is not DataLoader:  # a StatefulDataLoader keeps its persistent workers and snapshots
-                options.update(
-                    persistent_workers=data.persistent_workers,
-                    snapshot_every_n_steps=data.snapshot_every_n_steps,  # type: ignore[attr-defined]
-                )
+            options["persistent_workers"] = data.persistent_workers  # built once: its workers may live on
+            if type(data) is not DataLoader:  # a StatefulDataLoader keeps its snapshots
+                options["snapshot_every_n_steps"] = data.snapshot_every_n_steps  # type: ignore[attr-defined]
             indices = data.batch_sampler or data.sampler
             self._keyed = _keyed(type(data), self.samples, indices, data, options, self._repeats)
             self._reader = self._keyed[0]
