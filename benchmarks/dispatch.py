@@ -39,7 +39,8 @@ def epoch_seconds(handlers: int, batches: int, repeats: int) -> float:
     for _ in range(repeats):
         state = TrainState(estimator, "validate")  # a pass with no history or optimizer bookkeeping
         started = time.perf_counter()
-        run_pass(state, RunContext(dispatcher, lambda state, batch: output, OnePass(data), "data"))
+        step = lambda state, batch: output  # noqa: E731  # the same step, checked or not
+        run_pass(state, RunContext(dispatcher, step, OnePass(data), "data", step))
         best = min(best, time.perf_counter() - started)
     return best
 

@@ -275,3 +275,14 @@ def test_a_stream_of_samples_is_batched_for_validation_evaluate_and_predict_too(
     assert len(history["val_loss"]) == 1
     assert set(estimator.evaluate(Samples(), batch_size=4)) >= {"val_loss"}
     assert estimator.predict(Samples(), batch_size=5).shape == (12, 2)
+
+
+def test_a_stream_of_samples_without_batch_size_is_told_to_pass_it():
+    from torch.utils.data import IterableDataset
+
+    class Samples(IterableDataset):
+        def __iter__(self):
+            return iter([(torch.randn(2), torch.tensor(1)) for _ in range(4)])
+
+    with pytest.raises(FitforgeValueError, match="for a stream of samples .* pass batch_size= to fit, evaluate or"):
+        classifier().fit(Samples(), epochs=1)

@@ -125,6 +125,11 @@ def test_bad_arguments_are_named():
         document_mask(torch.zeros(2, 3))
     with pytest.raises(FitforgeValueError, match=r"document_mask: kind must be one of \('auto', 'flex', 'sdpa'\)"):
         document_mask(torch.zeros(2, 3, dtype=torch.long), kind="dense")
+    with pytest.raises(FitforgeTypeError, match="document_ids must be an integer tensor"):
+        document_mask(torch.zeros(2, 3, dtype=torch.bool))  # a mask, not ids
+    q = torch.zeros(1, 1, 3, 2)
+    with pytest.raises(FitforgeTypeError, match="attend: mask must be what document_mask returns .* got a torch.int64"):
+        attend(q, q, q, torch.zeros(1, 3, dtype=torch.long))
 
 
 def tiny_llama(attention):

@@ -325,7 +325,8 @@ def check_batch_output(output: Any, method: str) -> None:
     if any(isinstance(y, torch.Tensor) and y.dim() == 0 for y in label):
         raise FitforgeValueError(
             "the label of the first batch is a 0-d tensor: this looks like a single sample, not a batch; "
-            "batch your samples with DataLoader(dataset, batch_size=...)"
+            "batch your samples with DataLoader(dataset, batch_size=...), or, for a stream of samples (an "
+            "IterableDataset), pass batch_size= to fit, evaluate or predict"
         )
 
 

@@ -46,6 +46,11 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: An
     """Attention of (N, heads, L, dim) ``query``/``key``/``value`` under a :func:`document_mask`: flex
     attention (compiled once per process, as its fused kernel needs) for a ``BlockMask``, else SDPA."""
     if isinstance(mask, torch.Tensor):
+        if mask.dtype is not torch.bool:  # SDPA would add an integer mask to the scores
+            raise FitforgeTypeError(
+                f"attend: mask must be what document_mask returns (a bool tensor or a BlockMask), got a {mask.dtype} "
+                "tensor: pass document_mask(batch['document_ids']), not the document ids themselves"
+            )
         return functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     if not query.is_cuda:  # torch.compile of flex attention targets GPUs; on the CPU its eager form runs
         from torch.nn.attention.flex_attention import flex_attention
@@ -55,7 +60,12 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: An
 
 
 def _check_document_ids(document_ids: Any) -> None:
-    if not isinstance(document_ids, torch.Tensor) or document_ids.is_floating_point() or document_ids.dim() != 2:
+    if (
+        not isinstance(document_ids, torch.Tensor)
+        or document_ids.is_floating_point()
+        or document_ids.dtype is torch.bool
+        or document_ids.dim() != 2
+    ):
         raise FitforgeTypeError(
             "document_mask: document_ids must be an integer tensor of shape (batch, length), the packed rows' "
             f"'document_ids', got {describe(document_ids)}"
