@@ -1,6 +1,7 @@
 """A tiny causal LM for the packing tests: embedding (tokens and positions), one attention layer under a
 document mask, a linear head; float64, so that packed and unpacked runs compare to 1e-10."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -38,6 +39,25 @@ class TinyCausalLM(nn.Module):
         q, k, _ = self.heads(self.embed(input_ids, position_ids))
         scores = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5)
         return scores.masked_fill(~document_mask(document_ids, "sdpa"), float("-inf")).softmax(-1)
+
+
+def tiny_llama(attention="sdpa", layers=2, double=True):
+    """A Hugging Face Llama of random weights (never downloaded), seeded."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation=attention,
+        use_cache=False,  # with a cache (the default, even in training) transformers skips its packed-sequence mask
+    )
+    net = transformers.LlamaForCausalLM(config)
+    return net.double() if double else net
 
 
 def documents(seed=0, count=12, shortest=1, longest=9):

@@ -4,7 +4,7 @@ Llama given the packed rows' position_ids keeps them apart too."""
 
 import pytest
 import torch
-from packed_lm import VOCAB, TinyCausalLM, alone, documents
+from packed_lm import VOCAB, TinyCausalLM, alone, documents, tiny_llama
 from torch import nn
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
@@ -130,23 +130,6 @@ def test_bad_arguments_are_named():
     q = torch.zeros(1, 1, 3, 2)
     with pytest.raises(FitforgeTypeError, match="attend: mask must be what document_mask returns .* got a torch.int64"):
         attend(q, q, q, torch.zeros(1, 3, dtype=torch.long))
-
-
-def tiny_llama(attention):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        attn_implementation=attention,
-        use_cache=False,  # with a cache (the default, even in training) transformers skips its packed-sequence mask
-    )
-    return transformers.LlamaForCausalLM(config).double()
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

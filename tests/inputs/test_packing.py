@@ -5,7 +5,7 @@ import io
 
 import pytest
 import torch
-from packed_lm import TinyCausalLM, documents
+from packed_lm import TinyCausalLM, documents, tiny_llama
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -303,19 +303,7 @@ def test_with_accumulate_4_a_packed_step_is_the_step_on_the_unpacked_big_batch()
 
 
 def hugging_face_weights_after(data, handler):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=13,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=32,
-        attn_implementation="sdpa",
-        use_cache=False,  # with a cache transformers skips its packed-sequence mask
-    )
-    net = transformers.LlamaForCausalLM(config)
+    net = tiny_llama(layers=1, double=False)
     estimator = Estimator(net, None, device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.5))
     estimator.fit(data, epochs=1, event_handlers=[handler], default_handlers=False)
     return {name: value.detach().clone() for name, value in net.state_dict().items()}

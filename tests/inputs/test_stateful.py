@@ -44,15 +44,9 @@ class Transformed(Dataset):
         return X[index] + 0.1 * noise, Y[index]
 
 
-class Noisy(Dataset):
+class Noisy(Transformed):
     """The 48 samples through a random transform drawn from torch's generator and Python's ``random`` (seeded
     from torch's, as docs/data-at-scale.md shows), the sample's index its first feature; counts reads."""
-
-    def __init__(self) -> None:
-        self.reads: list[int] = []
-
-    def __len__(self) -> int:
-        return len(X)
 
     def __getitem__(self, index: int):
         self.reads.append(index)
