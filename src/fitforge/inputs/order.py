@@ -21,7 +21,6 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
     SubsetRandomSampler,
-    TensorDataset,
     WeightedRandomSampler,
 )
 
@@ -31,8 +30,8 @@ from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 from fitforge.inputs.placement import epoch_permutation, rank_remainder
-from fitforge.inputs.seeds import EpochKeys, SeededSamples
-from fitforge.inputs.stateful import epoch_setter, is_stateful, is_stateful_loader, position_holder, resumable_buffers
+from fitforge.inputs.seeds import EpochKeys, SeededSamples, keyed_loader, unseedable
+from fitforge.inputs.stateful import epoch_setter, position_holder, resumable_buffers
 from fitforge.signals.worker_shield import shielded
 
 log = logging.getLogger("fitforge")
@@ -104,7 +103,7 @@ class DataOrder:
             if type(data) is not DataLoader:  # a StatefulDataLoader keeps its snapshots
                 options["snapshot_every_n_steps"] = data.snapshot_every_n_steps  # type: ignore[attr-defined]
             indices = data.batch_sampler or data.sampler
-            self._keyed = _keyed(type(data), self.samples, indices, data, options, self._repeats)
+            self._keyed = keyed_loader(type(data), self.samples, indices, data, options, self._repeats)
             self._reader = self._keyed[0]
             if self.holder is data:  # a StatefulDataLoader: the position is the keyed loader's (its sampler's)
                 self.holder = self._reader
@@ -251,7 +250,7 @@ class DataOrder:
         """A loader of the training data's ``indices`` (batches of them, or single ones as the loader's),
         after the epoch's ``drawn`` ones."""
         if self.samples is not None:
-            keyed = _keyed(DataLoader, self.samples, indices, self.data, options, self._repeats, drawn)  # type: ignore[arg-type]
+            keyed = keyed_loader(DataLoader, self.samples, indices, self.data, options, self._repeats, drawn)  # type: ignore[arg-type]
             loader, keys = keyed
             keys.epoch = epoch
             return loader
@@ -334,43 +333,6 @@ class DataOrder:
                 "train_data yields the same batches in the same order on every pass)",
                 self.problem,
             )
-
-
-def unseedable(data: Iterable, problem: str | None) -> str | None:
-    """Why ``data``'s samples cannot be read with per-sample seeds (None: they can): a DataLoader (or
-    torchdata's StatefulDataLoader over a dataset without a state of its own) over a map-style dataset
-    whose positions are exact, read sample by sample, with transforms to seed."""
-    if problem is not None:
-        return problem
-    if not isinstance(data, DataLoader) or (type(data) is not DataLoader and not is_stateful_loader(data)):
-        return f"it is a {type(data).__name__}, not a DataLoader or torchdata's StatefulDataLoader"
-    if is_stateful_loader(data) and is_stateful(data.dataset):
-        return f"its {type(data.dataset).__name__} keeps a state of its own, which its loader saves"
-    if isinstance(data.dataset, TensorDataset):
-        return "its TensorDataset has no transform to seed"
-    if isinstance(data.dataset, IterableDataset):
-        return "its dataset is an IterableDataset, which has no indices"
-    if callable(getattr(data.dataset, "__getitems__", None)):
-        return f"its {type(data.dataset).__name__} reads whole batches (__getitems__), not sample by sample"
-    return None
-
-
-def _keyed(
-    cls: type[DataLoader],
-    samples: SeededSamples,
-    indices: Iterable,
-    loader: DataLoader,
-    options: dict[str, Any],
-    repeats: bool,
-    drawn: Sequence = (),
-) -> tuple[DataLoader, EpochKeys]:
-    """A ``cls`` loader reading ``samples`` by the keys of ``indices`` (batches of them, or single ones, as
-    ``loader``'s), after the epoch's ``drawn`` ones."""
-    batched = loader.batch_sampler is not None
-    keys = EpochKeys(indices, batched, repeats, drawn)
-    if batched:
-        return cls(samples, batch_sampler=keys, **options), keys
-    return cls(samples, batch_size=None, sampler=keys, **options), keys
 
 
 def _why_unplaceable(loader: DataLoader, sampler: Any) -> str | None:

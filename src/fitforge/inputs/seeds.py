@@ -19,9 +19,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 
-from fitforge.inputs.stateful import is_stateful
+from fitforge.inputs.stateful import is_stateful, is_stateful_loader
 
 Key = tuple[int, int, int]  # (epoch, index, the index's earlier draws in the epoch)
 
@@ -133,3 +133,40 @@ class _Keys:
 
 def _indices(batch: Any, batched: bool) -> Iterable[int]:
     return batch if batched else (batch,)
+
+
+def unseedable(data: Iterable, problem: str | None) -> str | None:
+    """Why ``data``'s samples cannot be read with per-sample seeds (None: they can): a DataLoader (or
+    torchdata's StatefulDataLoader over a dataset without a state of its own) over a map-style dataset
+    whose positions are exact, read sample by sample, with transforms to seed."""
+    if problem is not None:
+        return problem
+    if not isinstance(data, DataLoader) or (type(data) is not DataLoader and not is_stateful_loader(data)):
+        return f"it is a {type(data).__name__}, not a DataLoader or torchdata's StatefulDataLoader"
+    if is_stateful_loader(data) and is_stateful(data.dataset):
+        return f"its {type(data.dataset).__name__} keeps a state of its own, which its loader saves"
+    if isinstance(data.dataset, TensorDataset):
+        return "its TensorDataset has no transform to seed"
+    if isinstance(data.dataset, IterableDataset):
+        return "its dataset is an IterableDataset, which has no indices"
+    if callable(getattr(data.dataset, "__getitems__", None)):
+        return f"its {type(data.dataset).__name__} reads whole batches (__getitems__), not sample by sample"
+    return None
+
+
+def keyed_loader(
+    cls: type[DataLoader],
+    samples: SeededSamples,
+    indices: Iterable,
+    loader: DataLoader,
+    options: dict[str, Any],
+    repeats: bool,
+    drawn: Sequence = (),
+) -> tuple[DataLoader, EpochKeys]:
+    """A ``cls`` loader reading ``samples`` by the keys of ``indices`` (batches of them, or single ones, as
+    ``loader``'s), after the epoch's ``drawn`` ones."""
+    batched = loader.batch_sampler is not None
+    keys = EpochKeys(indices, batched, repeats, drawn)
+    if batched:
+        return cls(samples, batch_sampler=keys, **options), keys
+    return cls(samples, batch_size=None, sampler=keys, **options), keys
