@@ -177,8 +177,8 @@ def test_a_datasets_without_the_buffer_classes_keeps_its_own_buffer_with_a_warni
 
     monkeypatch.setitem(sys.modules, "fitforge.inputs.shuffle_buffer", None)  # its import fails, as on a moved class
     monkeypatch.delattr(fitforge.inputs, "shuffle_buffer", raising=False)
-    stateful._shuffle_buffer.cache_clear()  # looked up once a process: again, without it
-    request.addfinalizer(stateful._shuffle_buffer.cache_clear)  # and again after, with it
+    stateful.datasets_internals.cache_clear()  # looked up once a process: again, without it
+    request.addfinalizer(stateful.datasets_internals.cache_clear)  # and again after, with it
     dataset = stream(paths)
     own = dataset._ex_iterable
     with caplog.at_level("WARNING", logger="fitforge"):

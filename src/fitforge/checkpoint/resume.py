@@ -72,6 +72,8 @@ def continuation(order: DataOrder, saved: dict[str, Any], position: int, epoch: 
     """How this fit goes on in epoch ``epoch``, left after ``position`` batches by a checkpoint (its data
     order ``saved``): None at that position, else the samples read, after which the rest is batched anew
     (:mod:`fitforge.inputs.placement`). A FitforgeValueError when neither is exact."""
+    if order.stream is not None and "data_state" in saved:  # one state for every number of ranks
+        return None
     old, new = saved.get("batch_size"), order.batch_size
     old_world, (placed_samples, placed_at) = saved.get("world", 1), saved.get("offset", (0, 0))
     same_world = old_world == world_size()

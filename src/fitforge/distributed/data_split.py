@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -57,7 +58,7 @@ def _rebuild(loader: DataLoader, sampler: Sampler | range, drop_last: bool) -> D
 
 def shard_train(data: Iterable) -> Iterable:
     """This rank's share of the training data (``data`` itself outside torch.distributed)."""
-    if world_size() == 1:
+    if world_size() == 1 or unsplit_stream(data):  # a stream: every rank reads it (fitforge.inputs.streams)
         return data
     problem = _why_not(data)
     if problem is not None:
@@ -76,6 +77,14 @@ def shard_train(data: Iterable) -> Iterable:
     )
     sampler.fitforge_seeded = True  # type: ignore[attr-defined]  # DataOrder sets its seed from the fit's
     return _rebuild(loader, sampler, drop_last=getattr(loader.batch_sampler, "drop_last", False))
+
+
+def unsplit_stream(data: object) -> bool:
+    """Whether ``data`` is a plain DataLoader batching a ``datasets.IterableDataset`` the user did not split."""
+    library = sys.modules.get("datasets")  # looked up, not imported: data of it means it is imported already
+    if library is None or type(data) is not DataLoader or data.batch_size is None:
+        return False
+    return isinstance(data.dataset, library.IterableDataset) and data.dataset._distributed is None
 
 
 def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:

@@ -32,6 +32,7 @@ from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
 from fitforge.inputs.placement import epoch_permutation, rank_remainder
 from fitforge.inputs.seeds import EpochKeys, SeededSamples, keyed_loader, unseedable
 from fitforge.inputs.stateful import epoch_setter, position_holder, resumable_buffers
+from fitforge.inputs.streams import shared_stream
 from fitforge.signals.worker_shield import shielded
 
 log = logging.getLogger("fitforge")
@@ -64,6 +65,8 @@ class DataOrder:
             ``TensorDataset``, which has no transform.
         holder: the object whose state is the position in the epoch (:mod:`fitforge.inputs.stateful`), or None;
             for a ``StatefulDataLoader`` read with sample seeds, the loader over its samples.
+        stream: a Hugging Face stream every rank reads whole (:mod:`fitforge.inputs.streams`), or None; its
+            state, the holder's, continues on any number of ranks.
     """
 
     def __init__(self, data: Iterable, sample_seeds: bool | None = False, resumable: bool = False) -> None:
@@ -83,6 +86,9 @@ class DataOrder:
         self._legacy_seeding = False  # a checkpoint from before one order for every world size
         self.unplaceable: str | None = None
         self.holder, self._unsaved = position_holder(data)  # _unsaved: why a dataset's state cannot be saved
+        self.stream = shared_stream(data, resumable)  # a stream every rank reads whole, keeping its share
+        if self.stream is not None:
+            self.holder, self._unsaved = self.stream, None
         self._loaded: Any = None  # the holder's state a resume loaded, until a batch is read after it
         self._first: int | None = None  # the position of the first batch of the epoch under way
         self._put_back = resumable_buffers(data) if self.holder is not None and resumable else None
@@ -91,7 +97,7 @@ class DataOrder:
             self.unplaceable = self.problem
         self.samples: SeededSamples | None = None
         self._keyed: tuple[DataLoader, EpochKeys] | None = None  # each epoch's loader over the samples
-        self._reader = data  # what each epoch reads from its start: the data, or the loader over its samples
+        self._reader: Iterable = self.stream or data  # what each epoch reads from its start (samples: below)
         self._repeats = False  # whether the sampler draws with replacement (a sample repeated in an epoch)
         why_not = unseedable(data, self.problem) if (resumable if sample_seeds is None else sample_seeds) else "off"
         if why_not is None:
@@ -132,8 +138,8 @@ class DataOrder:
         if setter is not None:  # its order is a function of its seed and set_epoch, as a DistributedSampler's
             self._epoch_samplers.append(setter)
         if self.holder is not None:  # its state is its position: the loader's own, or its dataset's
-            if isinstance(data, DataLoader):
-                self._adopt("workers", data)  # its workers' seeds, a function of the epoch as for any loader
+            if isinstance(data, DataLoader):  # its workers' seeds, a function of the epoch as for any loader
+                self._adopt("workers", self.stream or data)
             self.unplaceable = (
                 f"its position is the state of its {type(self.holder).__name__}, for the ranks that saved it"
             )

@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 from copy import copy, deepcopy
 from typing import Any
 
+import fsspec.asyn
 from datasets.builder import Key
+from datasets.formatting import get_formatter
 from datasets.iterable_dataset import (
     BufferShuffledExamplesIterable,
     InterleavedShardsExamplesIterable,
@@ -141,3 +143,19 @@ def interleaves_shards(dataset: Any) -> bool:
             return True
         nodes += [node.ex_iterable] if hasattr(node, "ex_iterable") else list(getattr(node, "ex_iterables", ()))
     return False
+
+
+def whole_stream(dataset: Any, in_worker: bool) -> Iterator[Any]:
+    """Every example of ``dataset`` (a ``datasets.IterableDataset``), as it yields them in the main process,
+    also in a DataLoader worker (``in_worker``), where its own iteration reads only that worker's shards."""
+    if in_worker:  # as datasets does in a worker: fsspec's lock, inherited from the parent, may be held
+        fsspec.asyn.reset_lock()
+    ex_iterable = dataset._prepare_ex_iterable_for_iteration()  # loads a resumed state of this epoch
+    formatting = dataset._formatting
+    if formatting and (ex_iterable.iter_arrow or formatting.is_table):
+        formatter = get_formatter(formatting.format_type, features=dataset.features)
+        for _, table in ex_iterable.iter_arrow():
+            yield formatter.format_row(table)
+        return
+    for _, example in ex_iterable:
+        yield example

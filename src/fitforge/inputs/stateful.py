@@ -88,7 +88,7 @@ def resumable_buffers(data: object) -> Callable[[], None] | None:
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if library is None or not isinstance(dataset, library.IterableDataset):
         return None
-    shuffle_buffer = _shuffle_buffer()
+    shuffle_buffer = datasets_internals()
     return None if shuffle_buffer is None else shuffle_buffer.make_buffers_resumable(dataset)
 
 
@@ -96,20 +96,21 @@ def _interleaves_shards(dataset: object) -> bool:
     library = sys.modules.get("datasets")
     if library is None or not isinstance(dataset, library.IterableDataset):
         return False
-    shuffle_buffer = _shuffle_buffer()
+    shuffle_buffer = datasets_internals()
     return shuffle_buffer is not None and shuffle_buffer.interleaves_shards(dataset)
 
 
 @functools.cache  # imported, or warned about, once a process
-def _shuffle_buffer() -> Any:
+def datasets_internals() -> Any:
     """:mod:`fitforge.inputs.shuffle_buffer`, which builds on ``datasets``' private classes; None, with a
-    warning, where this ``datasets`` has them no more (its own buffer, which a resume loses, stays)."""
+    warning, where this ``datasets`` has them no more (its own buffer, which a resume loses, stays, and a
+    stream is not shared by the ranks, :mod:`fitforge.inputs.streams`)."""
     try:
         from fitforge.inputs import shuffle_buffer
     except ImportError as error:
         log.warning(
             "datasets %s moved the shuffle buffer's classes fitforge resumes (%s): a resumed stream loses the "
-            "examples in its shuffle buffer; use datasets 5.x for an exact resume",
+            "examples in its shuffle buffer, and under torchrun every rank reads all of it; use datasets 5.x",
             getattr(sys.modules.get("datasets"), "__version__", "?"),
             error,
         )

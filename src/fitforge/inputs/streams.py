@@ -1,0 +1,131 @@
+"""A Hugging Face stream that every rank and worker reads whole, each keeping its share, so that its
+position is one state for all of them: a resume on any number of ranks, workers or batch size continues
+the epoch with every example once (docs/data-at-scale.md, "Streams across ranks").
+
+The stream, as the user built it (its shard order and shuffle buffer, seeded by ``set_epoch``), goes in
+steps of ``ranks * batch_size`` examples. Worker ``g % workers`` of every rank reads step ``g`` and each rank
+takes its slice, so every rank has as many batches (DDP's lockstep holds at the epoch's end), a loader's
+in-order round robin over its workers gives the steps in order, and the stream's state after a step is the
+same on every reader: the position of each shard and the content of the shuffle buffer, which a checkpoint
+saves (:mod:`fitforge.inputs.shuffle_buffer`). The cost: every reader parses every example, its map
+functions included.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from fitforge.core.batches import loader_options
+from fitforge.distributed.data_split import unsplit_stream
+from fitforge.distributed.ranks import rank, world_size
+from fitforge.inputs.stateful import datasets_internals
+from fitforge.signals.worker_shield import shielded
+
+log = logging.getLogger("fitforge")
+
+
+def shared_stream(data: object, resumable: bool) -> SharedStream | None:
+    """``data`` read as a :class:`SharedStream` where it is a plain ``DataLoader`` (``fit(dataset, batch_size=)``
+    makes one) batching a Hugging Face ``datasets.IterableDataset`` the user did not split (with
+    ``split_dataset_by_node``), on several ranks or, on one, where a checkpoint may save its position; None
+    otherwise (read as it is)."""
+    if not unsplit_stream(data) or (world_size() == 1 and not resumable) or datasets_internals() is None:
+        return None
+    assert isinstance(data, DataLoader) and data.batch_size is not None  # for the type checker
+    source = data.dataset
+    reader = StreamShare(source, data.batch_size, data.drop_last, data.collate_fn, world_size(), rank())
+    options = loader_options(data, data.generator) | {"collate_fn": _as_read}
+    options["persistent_workers"] = data.persistent_workers
+    return SharedStream(DataLoader(reader, batch_size=None, **options), source)
+
+
+class StreamShare(IterableDataset):
+    """One rank's batches of ``source``'s stream, each with the stream's state after its step
+    (a :class:`Snapshot`); in a loader's worker, the steps of that worker."""
+
+    def __init__(
+        self, source: Any, batch_size: int, drop_last: bool, collate_fn: Callable, ranks: int, rank: int
+    ) -> None:
+        self.source, self.batch_size, self.drop_last, self.collate_fn = source, batch_size, drop_last, collate_fn
+        self.ranks, self.rank = ranks, rank
+
+    def __iter__(self) -> Iterator[tuple[Any, Snapshot]]:
+        from fitforge.inputs.shuffle_buffer import whole_stream  # datasets' internals: imported with datasets
+
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        step = self.batch_size * self.ranks
+        examples = whole_stream(self.source, in_worker=info is not None)
+        batch, index = list(islice(examples, step)), 0
+        while batch:
+            mine = index % workers == worker
+            state = self.source.state_dict() if mine else None  # a copy: the buffer moves on with the next step
+            following = list(islice(examples, step)) if len(batch) == step else []
+            if 0 < len(following) < self.ranks and not self.drop_last:  # too few for a batch on every rank
+                batch, following = batch + following, []
+                state = self.source.state_dict() if mine else None
+            if len(batch) < step and self.drop_last:
+                return
+            if len(batch) < self.ranks:  # only where a resume left fewer examples than ranks in the epoch
+                log.warning(
+                    "the stream's epoch ends with %d example(s) for %d ranks, which cannot all have a batch: "
+                    "they are left out of this epoch",
+                    len(batch),
+                    self.ranks,
+                )
+                return
+            if mine:
+                yield self.collate_fn(self._share(batch)), Snapshot(state)
+            batch, index = following, index + 1
+
+    def _share(self, batch: list) -> list:
+        """This rank's slice of a step: ``batch_size`` examples, or, in a last step, an even part of it."""
+        each, more = divmod(len(batch), self.ranks)
+        start = self.rank * each + min(self.rank, more)
+        return batch[start : start + each + (self.rank < more)]
+
+
+class Snapshot:
+    """The stream's state after a batch's step, carried beside the batch (pinning leaves it alone)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+
+def _as_read(item: Any) -> Any:  # the loader's collate_fn: its reader collates the batches itself
+    return item
+
+
+class SharedStream:
+    """The batches of a loader over a :class:`StreamShare`, and the stream's state after the last one read
+    (the position :class:`~fitforge.inputs.order.DataOrder` saves and loads)."""
+
+    def __init__(self, loader: DataLoader, source: Any) -> None:
+        self.loader, self.source = loader, source
+        self._state: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch, snapshot in shielded(self.loader):
+            self._state = snapshot.state
+            yield batch
+
+    @property
+    def generator(self) -> Any:  # its workers' seeds: given one by DataOrder, as any loader's
+        return self.loader.generator
+
+    @generator.setter
+    def generator(self, generator: Any) -> None:
+        self.loader.generator = generator
+
+    def state_dict(self) -> Any:
+        return self._state
+
+    def load_state_dict(self, state: Any) -> None:
+        self.source.load_state_dict(state)  # applied by the stream in the epoch it was saved in
