@@ -4,7 +4,7 @@ rank's batch), checkpointing into MODEL_DIR, and write OUT/result-rank<r>.json: 
 every batch this rank trained, (epoch, global step, the ids of its samples).
 
 Usage: streams_run.py OUT CONFIG_JSON, where CONFIG_JSON holds shards, model_dir, workers, epochs or
-batches, and optionally resume.
+batches, and optionally resume and unseeded (the shuffle without a seed).
 """
 
 import json
@@ -39,7 +39,8 @@ def main() -> None:
     torch.set_num_threads(1)
     paths = sorted(str(path) for path in Path(config["shards"]).glob("*.jsonl"))
     stream = datasets.load_dataset("json", data_files=paths, streaming=True, split="train")
-    stream = stream.shuffle(seed=7, buffer_size=16).with_format("torch")
+    seed = None if config.get("unseeded") else 7  # None: each rank draws its own
+    stream = stream.shuffle(seed=seed, buffer_size=16).with_format("torch")
     net = Net()
     estimator = Estimator(net, nn.CrossEntropyLoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     record: list = []

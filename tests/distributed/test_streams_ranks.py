@@ -85,3 +85,11 @@ def test_a_stream_resumed_on_as_many_ranks_equals_the_uninterrupted_run(runs):
     for whole, cut, resumed in zip(runs["whole"], runs["cut"], runs["two"]):
         assert cut["record"] + resumed["record"] == whole["record"]
         assert resumed["final"] == whole["final"]
+
+
+def test_a_stream_shuffled_without_a_seed_is_refused_before_training(tmp_path):
+    write_shards(tmp_path / "shards")
+    config = {"shards": str(tmp_path / "shards"), "workers": 0, "epochs": 1, "model_dir": str(tmp_path / "ckpt")}
+    done = launch(tmp_path / "out", {**config, "unseeded": True}, 2)
+    assert done.returncode != 0 and "give its shuffle a seed" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "out" / "result-rank0.json").exists()

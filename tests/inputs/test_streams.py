@@ -138,3 +138,13 @@ def test_data_order_reads_a_shared_stream_and_saves_its_state(paths):
     state = order.state_dict()
     assert state["data_state"] is None  # nothing read yet
     order.close()
+
+
+def test_two_builds_of_a_stream_have_the_same_shuffle_seeds_only_when_seeded(paths):
+    from fitforge.inputs.shuffle_buffer import shuffle_seeds
+
+    def built(seed):
+        return datasets.load_dataset("json", data_files=paths, streaming=True, split="train").shuffle(seed=seed)
+
+    assert shuffle_seeds(built(7)) == shuffle_seeds(built(7)) != shuffle_seeds(built(8))
+    assert shuffle_seeds(built(None)) != shuffle_seeds(built(None))  # each draws its own

@@ -132,6 +132,18 @@ def _replace(node: Any) -> Any:
     return node
 
 
+def shuffle_seeds(dataset: Any) -> str:
+    """The state of every generator of ``dataset``'s shuffles (a ``datasets.IterableDataset``): equal in two
+    processes where each built it alike with the same seeds; a shuffle without a seed draws its own."""
+    states, nodes = [], [dataset._ex_iterable]
+    while nodes:
+        node = nodes.pop()
+        if getattr(node, "generator", None) is not None:
+            states.append(node.generator.bit_generator.state)
+        nodes += [node.ex_iterable] if hasattr(node, "ex_iterable") else list(getattr(node, "ex_iterables", ()))
+    return repr(states)
+
+
 def interleaves_shards(dataset: Any) -> bool:
     """Whether ``dataset``'s shuffle reads several shards at once (``max_buffer_input_shards`` > 1), whose
     state ``datasets`` (5.2) cannot load in a DataLoader worker: it loads a worker's state into the whole

@@ -13,6 +13,7 @@ functions included.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from itertools import islice
@@ -22,7 +23,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fitforge.core.batches import loader_options
 from fitforge.distributed.data_split import unsplit_stream
-from fitforge.distributed.ranks import rank, world_size
+from fitforge.distributed.ranks import rank, reduce_ints, world_size
+from fitforge.exceptions import FitforgeValueError
 from fitforge.inputs.stateful import datasets_internals
 from fitforge.signals.worker_shield import shielded
 
@@ -38,10 +40,26 @@ def shared_stream(data: object, resumable: bool) -> SharedStream | None:
         return None
     assert isinstance(data, DataLoader) and data.batch_size is not None  # for the type checker
     source = data.dataset
+    if world_size() > 1:
+        _check_same_stream(source)
     reader = StreamShare(source, data.batch_size, data.drop_last, data.collate_fn, world_size(), rank())
     options = loader_options(data, data.generator) | {"collate_fn": _as_read}
     options["persistent_workers"] = data.persistent_workers
     return SharedStream(DataLoader(reader, batch_size=None, **options), source)
+
+
+def _check_same_stream(source: Any) -> None:
+    """Every rank's stream must be the same one, each keeping its share of it: a shuffle without a seed
+    draws its own on every rank, and the ranks would train some examples twice and others never."""
+    seeds = datasets_internals().shuffle_seeds(source)
+    digest = int.from_bytes(hashlib.blake2b(seeds.encode(), digest_size=7).digest(), "little")
+    highest, lowest = reduce_ints([digest, -digest], "max")
+    if highest != -lowest:
+        raise FitforgeValueError(
+            "train_data's stream is shuffled differently on the ranks, which each read it whole and keep their "
+            "share of its order: give its shuffle a seed, dataset.shuffle(seed=42, buffer_size=...), the same on "
+            "every rank"
+        )
 
 
 class StreamShare(IterableDataset):
