@@ -4,7 +4,7 @@ rank's batch), checkpointing into MODEL_DIR, and write OUT/result-rank<r>.json: 
 every batch this rank trained, (epoch, global step, the ids of its samples).
 
 Usage: streams_run.py OUT CONFIG_JSON, where CONFIG_JSON holds shards, model_dir, workers, epochs or
-batches, and optionally resume and unseeded (the shuffle without a seed).
+batches, and optionally resume, keep (persistent workers) and unseeded (the shuffle without a seed).
 """
 
 import json
@@ -49,7 +49,9 @@ def main() -> None:
     )
     saver = CheckpointHandler(config["model_dir"], resume_from_checkpoint=config.get("resume", False))
     estimator.fit(
-        DataLoader(stream, batch_size=RANK_BATCH, num_workers=config["workers"]),
+        DataLoader(
+            stream, batch_size=RANK_BATCH, num_workers=config["workers"], persistent_workers=config.get("keep", False)
+        ),
         epochs=config.get("epochs"),
         batches=config.get("batches"),
         event_handlers=[recorder, saver],

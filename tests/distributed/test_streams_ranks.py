@@ -1,8 +1,8 @@
 """Under torchrun (gloo), a Hugging Face json stream of 8 shards, shuffled through a buffer, in a plain
 DataLoader with 2 workers a rank: fitforge splits it across the ranks (fitforge.inputs.streams). Stopped in
-the middle of an epoch on 2 ranks, it goes on on 1 and on 3 (each with 2 workers): the per-sample record
-shows every sample exactly once in that epoch, and the next epoch whole; on 2 ranks again, the run equals
-the uninterrupted one bit for bit.
+the middle of an epoch on 2 ranks, it goes on on 1 and on 3 (each with 2 workers; and on 1 with 3
+persistent workers): the per-sample record shows every sample exactly once in that epoch, and the next
+epoch whole; on 2 ranks again, the run equals the uninterrupted one bit for bit.
 
 streams_run.py records, on every rank, the ids of the samples of every batch it trained."""
 
@@ -51,14 +51,18 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
     with ThreadPoolExecutor(max_workers=2) as pool:
         whole = pool.submit(launch, root / "whole", {**base, "epochs": 2, "model_dir": str(root / "whole_ckpt")}, 2)
         ok(launch(root / "cut", {**base, "batches": CUT, "model_dir": str(root / "cut_ckpt")}, 2))
-        resumes = {"one": 1, "three": 3, "two": 2}
+        resumes = {name: (ranks, {}) for name, ranks in [("one", 1), ("three", 3), ("two", 2)]}
+        resumes["one_kept"] = (1, {"workers": 3, "keep": True})  # 3 persistent workers
         for name in resumes:  # each resume adds checkpoints: each its own copy
             shutil.copytree(root / "cut_ckpt", root / f"{name}_ckpt")
         resumed = {
             name: pool.submit(
-                launch, root / name, {**base, "epochs": 2, "resume": True, "model_dir": str(root / f"{name}_ckpt")}, n
+                launch,
+                root / name,
+                {**base, "epochs": 2, "resume": True, "model_dir": str(root / f"{name}_ckpt"), **extra},
+                ranks,
             )
-            for name, n in resumes.items()
+            for name, (ranks, extra) in resumes.items()
         }
         ok(whole.result())
         for future in resumed.values():
@@ -70,7 +74,7 @@ def samples(ranks: list[dict], epoch: int) -> list[int]:
     return [i for rank in ranks for e, _, ids in rank["record"] if e == epoch for i in ids]
 
 
-@pytest.mark.parametrize("resumed", ["one", "three", "two"])
+@pytest.mark.parametrize("resumed", ["one", "three", "two", "one_kept"])
 def test_a_stream_stopped_on_two_ranks_goes_on_with_every_sample_once(runs, resumed):
     first = samples(runs["cut"], 0)
     assert len(first) == CUT * 8
