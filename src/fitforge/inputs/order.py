@@ -25,7 +25,7 @@ from torch.utils.data import (
 )
 
 from fitforge.core.batches import loader_options, sampler_of
-from fitforge.core.rng import restore_rng_states, rng_states
+from fitforge.core.rng import derived_seed, restore_rng_states, rng_states
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import broadcast_from_main, rank, world_size
 from fitforge.inputs.indexed import draw_worker_seed, indexed_batches
@@ -41,8 +41,7 @@ _SEEDED_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)  
 
 def epoch_seed(seed: int, epoch: int, role: str) -> int:
     """A 63-bit seed for ``role``'s generator in ``epoch``, unrelated to its neighbours'."""
-    digest = hashlib.blake2b(f"{seed}:{epoch}:{role}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return derived_seed(f"{seed}:{epoch}:{role}")
 
 
 def _draw_seed() -> int:

@@ -12,7 +12,6 @@ the keys saves their position as it saves its sampler's (:class:`_Keys`), so a r
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 
+from fitforge.core.rng import derived_seed
 from fitforge.inputs.stateful import is_stateful, is_stateful_loader
 
 Key = tuple[int, int, int]  # (epoch, index, the index's earlier draws in the epoch)
@@ -30,8 +30,7 @@ def sample_seed(seed: int, epoch: int, index: int, drawn: int = 0) -> int:
     """The 63-bit seed of sample ``index``'s reading in ``epoch``, its ``drawn``-th repeat there (a
     sampler drawing with replacement); unrelated to its neighbours'."""
     repeat = f" {drawn}" if drawn else ""
-    digest = hashlib.blake2b(f"{seed}:{epoch}:sample {index}{repeat}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return derived_seed(f"{seed}:{epoch}:sample {index}{repeat}")
 
 
 class SeededSamples(Dataset):

@@ -13,7 +13,6 @@ functions included.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from itertools import islice
@@ -22,6 +21,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fitforge.core.batches import loader_options
+from fitforge.core.rng import derived_seed
 from fitforge.distributed.data_split import unsplit_stream
 from fitforge.distributed.ranks import rank, reduce_ints, world_size
 from fitforge.exceptions import FitforgeValueError
@@ -52,7 +52,7 @@ def _check_same_stream(source: Any) -> None:
     """Every rank's stream must be the same one, each keeping its share of it: a shuffle without a seed
     draws its own on every rank, and the ranks would train some examples twice and others never."""
     seeds = datasets_internals().shuffle_seeds(source)
-    digest = int.from_bytes(hashlib.blake2b(seeds.encode(), digest_size=7).digest(), "little")
+    digest = derived_seed(seeds)
     highest, lowest = reduce_ints([digest, -digest], "max")
     if highest != -lowest:
         raise FitforgeValueError(
