@@ -4,7 +4,8 @@ rank's batch), checkpointing into MODEL_DIR, and write OUT/result-rank<r>.json: 
 every batch this rank trained, (epoch, global step, the ids of its samples).
 
 Usage: streams_run.py OUT CONFIG_JSON, where CONFIG_JSON holds shards, model_dir, workers, epochs or
-batches, and optionally resume, keep (persistent workers) and unseeded (the shuffle without a seed).
+batches, and optionally resume, keep (persistent workers), unseeded (the shuffle without a seed), user_shard
+(each rank's own files) and strategy.
 """
 
 import json
@@ -41,8 +42,16 @@ def main() -> None:
     stream = datasets.load_dataset("json", data_files=paths, streaming=True, split="train")
     seed = None if config.get("unseeded") else 7  # None: each rank draws its own
     stream = stream.shuffle(seed=seed, buffer_size=16).with_format("torch")
+    if config.get("user_shard"):  # the rank's own files: a split of the user's, which fitforge refuses
+        stream = stream.shard(num_shards=int(os.environ["WORLD_SIZE"]), index=int(os.environ["RANK"]))
     net = Net()
-    estimator = Estimator(net, nn.CrossEntropyLoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    strategy = config.get("strategy", "auto")
+    if strategy == "none":  # the script's own group: fitforge neither wraps the net nor splits the data
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    estimator = Estimator(net, nn.CrossEntropyLoss(), device="cpu", optimizer=optimizer, strategy=strategy)
     record: list = []
     recorder = LambdaHandler(
         batch_end=lambda state: record.append([state.epoch, state.global_step, state.batch["i"].tolist()])

@@ -74,13 +74,21 @@ def samples(ranks: list[dict], epoch: int) -> list[int]:
     return [i for rank in ranks for e, _, ids in rank["record"] if e == epoch for i in ids]
 
 
+def stream_order(ranks: list[dict], epoch: int) -> list[int]:
+    """The epoch's examples in the stream's order: each step's slices, rank by rank."""
+    steps = zip(*([ids for e, _, ids in rank["record"] if e == epoch] for rank in ranks))
+    return [i for step in steps for ids in step for i in ids]
+
+
 @pytest.mark.parametrize("resumed", ["one", "three", "two", "one_kept"])
 def test_a_stream_stopped_on_two_ranks_goes_on_with_every_sample_once(runs, resumed):
     first = samples(runs["cut"], 0)
     assert len(first) == CUT * 8
     rest = samples(runs[resumed], 0)
     assert sorted(first + rest) == list(range(FILES * ROWS))  # none skipped, none repeated
-    assert sorted(samples(runs[resumed], 1)) == list(range(FILES * ROWS))  # the next epoch: whole
+    assert stream_order(runs[resumed], 1) == stream_order(runs["whole"], 1)  # the next epoch: whole, in its order
+    assert sorted(stream_order(runs["whole"], 1)) == list(range(FILES * ROWS))
+    assert stream_order(runs["cut"], 0) + stream_order(runs[resumed], 0) == stream_order(runs["whole"], 0)
     steps = [len({step for _, step, _ in rank["record"]}) for rank in runs[resumed]]
     assert len(set(steps)) == 1  # every rank trained as many steps
 
@@ -91,9 +99,18 @@ def test_a_stream_resumed_on_as_many_ranks_equals_the_uninterrupted_run(runs):
         assert resumed["final"] == whole["final"]
 
 
-def test_a_stream_shuffled_without_a_seed_is_refused_before_training(tmp_path):
+@pytest.mark.parametrize("how", ["unseeded", "user_shard"])
+def test_a_stream_that_differs_between_the_ranks_is_refused_before_training(tmp_path, how):
     write_shards(tmp_path / "shards")
     config = {"shards": str(tmp_path / "shards"), "workers": 0, "epochs": 1, "model_dir": str(tmp_path / "ckpt")}
-    done = launch(tmp_path / "out", {**config, "unseeded": True}, 2)
-    assert done.returncode != 0 and "give its shuffle a seed" in done.stderr, done.stderr[-3000:]
+    done = launch(tmp_path / "out", {**config, how: True}, 2)
+    assert done.returncode != 0 and "stream differs between the ranks" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "out" / "result-rank0.json").exists()
+
+
+def test_a_strategy_that_splits_no_data_leaves_the_stream_whole_on_every_rank(tmp_path):
+    write_shards(tmp_path / "shards")
+    config = {"shards": str(tmp_path / "shards"), "workers": 0, "epochs": 1, "model_dir": str(tmp_path / "ckpt")}
+    ok(launch(tmp_path / "out", {**config, "strategy": "none"}, 2))
+    for rank in results(tmp_path / "out"):
+        assert sorted(samples([rank], 0)) == list(range(FILES * ROWS))

@@ -14,9 +14,10 @@ import torch
 from test_shuffle_buffer import FILES, ROWS, stream, write_shards
 from torch.utils.data import DataLoader, default_collate
 
+from fitforge.exceptions import FitforgeValueError
 from fitforge.inputs.order import DataOrder
 from fitforge.inputs.shuffle_buffer import make_buffers_resumable
-from fitforge.inputs.streams import SharedStream, StreamShare, shared_stream
+from fitforge.inputs.streams import LIVE, SharedStream, StreamShare, shared_stream
 
 datasets = pytest.importorskip("datasets", reason="Hugging Face streams need datasets (pip install 'fitforge[data]')")
 
@@ -47,7 +48,8 @@ def epoch_of(paths, ranks, batch_size, state=None, stop_after=None, drop_last=Fa
         mine = []
         for step, (batch, snapshot) in enumerate(share):
             mine.append(batch["i"].tolist())
-            states.append(snapshot.state) if step == stop_after else None
+            if step == stop_after:  # one rank reads no step ahead: its stream's state is the position
+                states.append(share.source.state_dict() if snapshot.state is LIVE else snapshot.state)
         batches.append(mine)
     assert all(s == states[0] for s in states), "every rank's stream has the same state after the same step"
     return batches, (states[0] if states else None)
@@ -110,10 +112,26 @@ def test_the_next_epoch_after_a_resumed_one_is_whole(paths):
 
 def test_fewer_examples_left_than_ranks_are_left_out_with_a_warning(paths, caplog):
     _, state = epoch_of(paths, 1, 94, stop_after=0)  # 2 examples left, for 3 ranks
+    shares = [StreamShare(source(paths), 8, False, default_collate, 3, rank) for rank in range(3)]
+    for share in shares:
+        share.source.load_state_dict(through_a_checkpoint(state))
+        share.resumed = state["epoch"]
     with caplog.at_level(logging.WARNING, logger="fitforge"):
-        batches, _ = epoch_of(paths, 3, 8, state=through_a_checkpoint(state))
-    assert batches == [[], [], []]
+        assert [list(share) for share in shares] == [[], [], []]
     assert "ends with 2 example(s) for 3 ranks" in caplog.text
+
+
+def test_an_epoch_of_fewer_examples_than_ranks_is_refused(paths):
+    tiny = source(paths).take(2)
+    with pytest.raises(FitforgeValueError, match="holds 2 example\\(s\\) in epoch 1, fewer than the 3 ranks"):
+        list(StreamShare(tiny, 8, False, default_collate, 3, 0))
+
+
+def test_one_rank_in_this_process_copies_no_state_per_batch(paths):
+    snapshots = [snapshot.state for _, snapshot in StreamShare(source(paths), 8, False, default_collate, 1, 0)]
+    assert snapshots and all(state is LIVE for state in snapshots)  # asked of the stream when a checkpoint saves
+    several = [snapshot.state for _, snapshot in StreamShare(source(paths), 8, False, default_collate, 2, 0)]
+    assert all(isinstance(state, dict) for state in several)  # read ahead: a copy at each step
 
 
 def test_a_stream_in_a_plain_loader_is_shared_where_a_checkpoint_may_save_it(paths):
@@ -140,11 +158,19 @@ def test_data_order_reads_a_shared_stream_and_saves_its_state(paths):
     order.close()
 
 
-def test_two_builds_of_a_stream_have_the_same_shuffle_seeds_only_when_seeded(paths):
-    from fitforge.inputs.shuffle_buffer import shuffle_seeds
+def test_two_builds_of_a_stream_are_the_same_only_when_seeded_and_whole(paths):
+    from fitforge.inputs.shuffle_buffer import stream_identity
 
     def built(seed):
         return datasets.load_dataset("json", data_files=paths, streaming=True, split="train").shuffle(seed=seed)
 
-    assert shuffle_seeds(built(7)) == shuffle_seeds(built(7)) != shuffle_seeds(built(8))
-    assert shuffle_seeds(built(None)) != shuffle_seeds(built(None))  # each draws its own
+    assert stream_identity(built(7)) == stream_identity(built(7)) != stream_identity(built(8))
+    assert stream_identity(built(None)) != stream_identity(built(None))  # each draws its own
+    assert stream_identity(built(7).shard(2, 0)) != stream_identity(built(7).shard(2, 1))  # a rank's own files
+
+
+def test_a_stream_is_not_split_where_the_strategy_splits_no_data(paths):
+    loader = DataLoader(stream(paths, torch_format=True), batch_size=8, in_order=False)
+    shared = shared_stream(loader, resumable=True, split=False)
+    assert shared is not None and shared.loader.dataset.ranks == 1
+    assert shared.loader.in_order  # the steps in order: the last one's state is the position

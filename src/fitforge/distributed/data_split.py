@@ -56,9 +56,10 @@ def _rebuild(loader: DataLoader, sampler: Sampler | range, drop_last: bool) -> D
     return DataLoader(loader.dataset, batch_size=batches.batch_size, drop_last=drop_last, sampler=sampler, **options)
 
 
-def shard_train(data: Iterable) -> Iterable:
-    """This rank's share of the training data (``data`` itself outside torch.distributed)."""
-    if world_size() == 1 or unsplit_stream(data):  # a stream: every rank reads it (fitforge.inputs.streams)
+def shard_train(data: Iterable, streams: bool = False) -> Iterable:
+    """This rank's share of the training data (``data`` itself outside torch.distributed); ``streams``: a
+    Hugging Face stream is shared by the ranks later (:mod:`fitforge.inputs.streams`), and is returned as it is."""
+    if world_size() == 1 or (streams and unsplit_stream(data)):
         return data
     problem = _why_not(data)
     if problem is not None:
@@ -84,7 +85,7 @@ def unsplit_stream(data: object) -> bool:
     library = sys.modules.get("datasets")  # looked up, not imported: data of it means it is imported already
     if library is None or type(data) is not DataLoader or data.batch_size is None:
         return False
-    return isinstance(data.dataset, library.IterableDataset) and data.dataset._distributed is None
+    return isinstance(data.dataset, library.IterableDataset) and getattr(data.dataset, "_distributed", None) is None
 
 
 def shard_eval(data: Iterable, padded: bool) -> tuple[Iterable, bool]:

@@ -68,9 +68,12 @@ class DataOrder:
             state, the holder's, continues on any number of ranks.
     """
 
-    def __init__(self, data: Iterable, sample_seeds: bool | None = False, resumable: bool = False) -> None:
+    def __init__(
+        self, data: Iterable, sample_seeds: bool | None = False, resumable: bool = False, split: bool = True
+    ) -> None:
         """``sample_seeds``: read each sample with its own seeds (None: where ``resumable``, a handler saving
-        checkpoints); ``resumable``: a Hugging Face stream's shuffle buffer is made resumable."""
+        checkpoints); ``resumable``: a Hugging Face stream's shuffle buffer is made resumable; ``split``: the
+        strategy splits the data across ranks (a Hugging Face stream's too)."""
         self.data = data
         self.seed: int | None = None
         self._managed: dict[str, tuple[Any, torch.Generator]] = {}  # role -> (owner, generator given to it)
@@ -85,7 +88,7 @@ class DataOrder:
         self._legacy_seeding = False  # a checkpoint from before one order for every world size
         self.unplaceable: str | None = None
         self.holder, self._unsaved = position_holder(data)  # _unsaved: why a dataset's state cannot be saved
-        self.stream = shared_stream(data, resumable)  # a stream every rank reads whole, keeping its share
+        self.stream = shared_stream(data, resumable, split)  # a stream every rank reads whole, keeping its share
         if self.stream is not None:
             self.holder, self._unsaved = self.stream, None
         self._loaded: Any = None  # the holder's state a resume loaded, until a batch is read after it

@@ -132,16 +132,21 @@ def _replace(node: Any) -> Any:
     return node
 
 
-def shuffle_seeds(dataset: Any) -> str:
-    """The state of every generator of ``dataset``'s shuffles (a ``datasets.IterableDataset``): equal in two
-    processes where each built it alike with the same seeds; a shuffle without a seed draws its own."""
-    states, nodes = [], [dataset._ex_iterable]
+def stream_identity(dataset: Any) -> str:
+    """What makes ``dataset``'s stream (a ``datasets.IterableDataset``) the one it is: its shard count, the
+    files of its sources and the state of every generator of its shuffles. Equal in two processes that built it
+    alike; a shuffle without a seed draws its own, and ``.shard()`` keeps some of the files."""
+    parts: list = [dataset.num_shards]
+    nodes = [dataset._ex_iterable]
     while nodes:
         node = nodes.pop()
         if getattr(node, "generator", None) is not None:
-            states.append(node.generator.bit_generator.state)
+            parts.append(node.generator.bit_generator.state)
+        for value in getattr(node, "kwargs", {}).values():  # a source's: its files, as paths
+            if isinstance(value, list) and all(isinstance(item, str) for item in value):
+                parts.append(value)
         nodes += [node.ex_iterable] if hasattr(node, "ex_iterable") else list(getattr(node, "ex_iterables", ()))
-    return repr(states)
+    return repr(parts)
 
 
 def interleaves_shards(dataset: Any) -> bool:

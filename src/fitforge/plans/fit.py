@@ -67,7 +67,8 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         the net in training mode, ``train_end`` however it ends, its epochs added to ``estimator.history``."""
         estimator.weight_average = self.weight_average  # a later fit without one evaluates its own weights
         coordinator = estimator.strategy.coordinator(estimator)
-        data = DataOrder(self.train_data, self.sample_seeds, resumable=bool(self.services.checkpoints))
+        resumable, split = bool(self.services.checkpoints), estimator.splits_data
+        data = DataOrder(self.train_data, self.sample_seeds, resumable=resumable, split=split)
         run = RunContext(self.dispatcher, self.step, data, "train_data", self.check, coordinator, (resume_picked,))
         control = RunControl(self.epochs, self.batches, estimator.history.epochs, ranks=coordinator)
         state = TrainState(
@@ -118,7 +119,7 @@ def plan_fit(
     check_duration(epochs, batches)
     passes = 1 if epochs == 1 else None
     if estimator.splits_data:
-        train_data = shard_train(train_data)
+        train_data = shard_train(train_data, streams=True)
     num_batches = check_data(train_data, "train_data", passes)
     checked = {} if val_data is None else {id(val_data): check_data(val_data, "val_data", passes)}
     check_placement(estimator, "net", "val_net")
