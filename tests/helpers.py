@@ -11,6 +11,8 @@ from torch import nn
 from fitforge import Estimator
 from fitforge.events import BatchEnd
 
+TIME_KEYS = ("time_step_s", "time_data_s", "time_handlers_s")  # the seconds by cause every History row holds
+
 
 def regression_batches(n_batches=3, batch_size=4, seed=0):
     """A list of (x, y) batches for y = 2x + 3."""

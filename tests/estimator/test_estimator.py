@@ -22,7 +22,7 @@ from fitforge.exceptions import (
 )
 from fitforge.handlers import MetricHandler, ValidationHandler
 from fitforge.testing import linear_problem
-from helpers import make_estimator, regression_batches
+from helpers import TIME_KEYS, make_estimator, regression_batches
 
 
 def classification_batches(n_batches=4, batch_size=8, classes=3, features=5, seed=0):
@@ -55,6 +55,8 @@ def test_classifier_learns_and_history_has_default_accuracy():
         "val_accuracy",
         "lr",
         "epoch_time",
+        *TIME_KEYS,
+        "time_validation_s",
     }
     assert history["val_accuracy"][-1] > 0.9 and history["train_loss"][-1] < history["train_loss"][0]
 
@@ -461,6 +463,8 @@ def test_history_keys_reflect_losses_metrics_and_optimizers():
         "val_accuracy",
         "lr",
         "epoch_time",
+        *TIME_KEYS,
+        "time_validation_s",
     ]
 
 
@@ -470,12 +474,12 @@ def test_default_handlers_false_adds_only_stopping_and_gradient_update():
     assert "MetricHandler" not in text and "LoggingHandler" not in text and "ValidationHandler" not in text
     assert "batch_end    GradientUpdateHandler(step) -> StoppingHandler(report)" in text
     history = est.fit(regression_batches(), epochs=2, default_handlers=False)
-    assert set(history) == {"epoch_time", "lr"} and est.net.weight.grad is None
+    assert set(history) == {"epoch_time", "lr", *TIME_KEYS} and est.net.weight.grad is None
     # val_data is an explicit request: validation still runs (with evaluate's own metrics)
     text = est.describe_loop(val_data=regression_batches(), default_handlers=False)
     assert "GradientUpdateHandler(step) -> ValidationHandler(metrics) -> StoppingHandler(report)" in text
     history = est.fit(regression_batches(), val_data=regression_batches(), epochs=2, default_handlers=False)
-    assert set(history) == {"epoch_time", "lr", "val_loss", "val_mae"}
+    assert set(history) == {"epoch_time", "lr", "val_loss", "val_mae", *TIME_KEYS, "time_validation_s"}
     with pytest.raises(FitforgeTypeError, match="default_handlers must be True or False, got str 'no'"):
         est.fit(regression_batches(), epochs=1, default_handlers="no")
 

@@ -13,6 +13,7 @@ from fitforge.exceptions import BatchFormatError, FitforgeTypeError, FitforgeVal
 from fitforge.handlers import EarlyStoppingHandler, MetricHandler
 from fitforge.metrics import MeanAbsoluteError
 from fitforge.testing import HostReadCounter
+from helpers import TIME_KEYS
 
 LOSSES = {"cls": nn.CrossEntropyLoss(), "reg": nn.MSELoss()}
 
@@ -63,6 +64,8 @@ def test_two_heads_trained_by_name():
     assert list(history.keys()) == [
         "epoch_time",
         "lr",
+        *TIME_KEYS,
+        "time_validation_s",
         "train_loss",
         "train_cls_loss",
         "train_reg_loss",
@@ -124,6 +127,7 @@ def test_metric_forms_per_output(metrics, keys):
         "train_samples_per_s",
         "lr",
         "epoch_time",
+        *TIME_KEYS,
     ]
     assert set(est.fit(data(2), val_data=data(1), epochs=1)) >= {"val_" + k for k in keys}
 
@@ -387,7 +391,7 @@ def test_positional_metric_names_chosen_by_the_user_keep_no_index():
 
 def test_positional_metric_names_chosen_twice_get_their_index():
     est = positional({0: {"score": "accuracy"}, 1: {"score": "mae", "err": "mse"}})
-    assert est.history_keys()[3:-3] == ["train_score_0", "train_score_1", "train_err"]
+    assert est.history_keys()[3:-6] == ["train_score_0", "train_score_1", "train_err"]
 
 
 def test_a_dict_batch_with_a_dict_label():

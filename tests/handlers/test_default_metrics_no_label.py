@@ -12,7 +12,7 @@ from fitforge import BatchOutput, BatchProcessor, Estimator
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers import CheckpointHandler, MetricHandler
 from fitforge.metrics import SumCountMetric
-from helpers import Crash
+from helpers import TIME_KEYS, Crash
 
 g = torch.Generator().manual_seed(0)
 BINARY = [(torch.randn(8, 2, generator=g), torch.randint(0, 2, (8, 1), generator=g).float()) for _ in range(3)]
@@ -54,7 +54,15 @@ def test_a_default_metric_is_left_out_when_the_step_returns_no_label(caplog, los
     assert [s.name for s in est.train_metrics] == [name] and est.train_metrics[0].inferred
     with caplog.at_level(logging.INFO, logger="fitforge"):
         history = est.fit(data, val_data=data, epochs=2)
-    assert set(history) == {"train_loss", "train_samples_per_s", "val_loss", "lr", "epoch_time"}
+    assert set(history) == {
+        "train_loss",
+        "train_samples_per_s",
+        "val_loss",
+        "lr",
+        "epoch_time",
+        *TIME_KEYS,
+        "time_validation_s",
+    }
     left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert left_out == [  # validation's first batch is checked before training's
         f"the default metric {name!r} ({kind}, inferred from the loss) is left out of {phase}: the step "
@@ -73,7 +81,9 @@ def test_a_default_left_out_gets_no_csv_column(tmp_path):
 
     est = estimator(nn.BCEWithLogitsLoss(), 1, batch_processor=NoLabel())
     est.fit(BINARY, epochs=1, event_handlers=[CSVLoggerHandler(tmp_path / "log.csv")])
-    assert (tmp_path / "log.csv").read_text().splitlines()[0] == "epoch,epoch_time,lr,train_loss,train_samples_per_s"
+    assert (tmp_path / "log.csv").read_text().splitlines()[
+        0
+    ] == "epoch,epoch_time,lr,time_step_s,time_data_s,time_handlers_s,train_loss,train_samples_per_s"
 
 
 def test_a_default_metric_that_cannot_take_the_first_label_is_left_out(caplog):

@@ -209,6 +209,6 @@ def test_after_a_resume_it_says_what_this_fit_trained_and_where_the_run_stands(t
     # the crash came after batch 5 was saved (1 epoch of 3 batches and 2 more): 4 of the 9 batches were left
     assert closing.startswith("Finished: 4 batches in ")
     assert (
-        "s, resumed after 1 epoch, 5 batches; the run stands at 3 epochs, 9 batches (reached epochs=3). Final:"
+        "s, resumed after 1 epoch, 5 batches; the run stands at 3 epochs, 9 batches (reached epochs=3). Goodput "
         in closing
     )

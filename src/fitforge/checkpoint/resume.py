@@ -60,6 +60,7 @@ def training_state(state: TrainState, epochs: int, batches: int) -> dict[str, An
             name: p.grad for name, p in net.named_parameters() if state.accumulated_batches and p.grad is not None
         },
         "history": state.history.state_dict(),
+        "clock": state.run.clock.state_dict(),  # the run's seconds by cause so far, across resumes
         "rng": rng_states(),
         **({} if world_size() == 1 else {"rank_rngs": gather_to_main(rng_states())}),
         "data_order": {} if order is None else order.state_dict(state.batch_idx),
@@ -152,6 +153,7 @@ def resume(state: TrainState, checkpoint: dict[str, Any]) -> None:
         columns = {key: values[: state.epoch] for key, values in history["columns"].items()}
         history = {**history, "epochs": state.epoch, "recorded": [], "columns": columns}
     state.history.load_state_dict({**history, "stop_reason": None})
+    state.run.clock.load_state_dict(checkpoint.get("clock", {}))
     rank_rngs = checkpoint.get("rank_rngs")  # every rank's generators, in a checkpoint of several ranks
     same_ranks = isinstance(rank_rngs, list) and len(rank_rngs) == world_size()
     restore_rng_states(rank_rngs[rank()] if same_ranks else checkpoint.get("rng", {}))  # type: ignore[index]

@@ -32,8 +32,9 @@ from typing import Any
 
 from fitforge.core.coordinator import PassWatch
 from fitforge.core.events import Event
-from fitforge.core.history import numbered_key
+from fitforge.core.history import compiled, numbered_key
 from fitforge.core.rng import torch_rng_snapshot
+from fitforge.core.roles import Accumulating, role_of
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
 from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError, PassAbandoned
@@ -58,13 +59,7 @@ def run_fit(state: TrainState, run: RunContext) -> None:
     """Train until a stop is requested; ``train_end`` runs however training ends."""
     dispatcher = run.dispatcher
     try:
-        cancelled = dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS, _go_on)
-        if cancelled:
-            state.run.stop("cancelled in train_begin")
-        run.coordinator.agree_on_stop(state)
-        # Also after a stop requested in train_begin (a signal): a save then holds the resumed state.
-        for prepare in () if cancelled else run.prepare:
-            prepare(state)
+        _begin_training(state, run)
         while not state.run.stop_requested:
             stalled = run_train_epoch(state, run)
             if stalled and state.run.max_batches is not None and not state.run.stop_requested:
@@ -96,17 +91,36 @@ def run_fit(state: TrainState, run: RunContext) -> None:
         raise failure
 
 
+def _begin_training(state: TrainState, run: RunContext) -> None:
+    """``train_begin``, then the run's preparation (a resume), also after a stop requested in ``train_begin``
+    (a signal: a save then holds the resumed state), not after a cancel there."""
+    started = time.perf_counter()
+    cancelled = run.dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS, _go_on)
+    if cancelled:
+        state.run.stop("cancelled in train_begin")
+    run.coordinator.agree_on_stop(state)
+    for prepare in () if cancelled else run.prepare:
+        prepare(state)
+    if state.run.resumed:  # its picking and loading of the checkpoint (in train_begin) and restoring (prepare)
+        state.run.clock.add("replay", time.perf_counter() - started)
+
+
 def run_train_epoch(state: TrainState, run: RunContext) -> bool:
     """One training epoch (``state.run.epoch_finished`` set for ``epoch_end``). Returns whether it
     stalled: it read batches (or was cancelled) and completed none."""
+    clock = state.run.clock
+    started = time.perf_counter()
     data, first = run.data.epoch(state)
+    if first:  # resumed mid-epoch: data without positions reads and discards the batches before it here
+        clock.add("replay", time.perf_counter() - started)
     state.history.open_epoch(state.epoch)
     state.batch_idx, state.run.epoch_finished = first - 1, False
-    steps_before, started = state.global_step, time.perf_counter()
+    steps_before, began = state.global_step, time.perf_counter()
     ran_out = cancelled = False
     try:
-        run.dispatcher.fire(Event.EPOCH_BEGIN, state, abandoned=_go_on)
-        run.coordinator.agree_on_stop(state)  # a stop requested in epoch_begin on one rank holds for all
+        with clock.hooks():
+            run.dispatcher.fire(Event.EPOCH_BEGIN, state, abandoned=_go_on)
+            run.coordinator.agree_on_stop(state)  # a stop requested in epoch_begin on one rank holds for all
         ran_out = not state.run.stop_requested and _train_batches(state, run, data, first)
     except _ENDS_EPOCH:
         cancelled = True
@@ -119,37 +133,72 @@ def run_train_epoch(state: TrainState, run: RunContext) -> bool:
     state.run.epoch_finished = state.run.preempted is None and (
         cancelled or (ran_out and read > 0) or (state.num_batches is not None and read >= state.num_batches)
     )
-    state.history.record("epoch_time", time.perf_counter() - started)
+    state.history.record("epoch_time", time.perf_counter() - began)
     for i, optimizer in enumerate(state.estimator.optimizers):
         state.history.record(numbered_key("lr", i), float(optimizer.param_groups[0]["lr"]))
-    run.dispatcher.fire(Event.EPOCH_END, state, _ENDS_EPOCH, _suspend_epoch)
+    clock.record_epoch(state.history)
+    with clock.hooks():  # a validation's and a checkpoint's seconds are theirs, the rest the handlers'
+        run.dispatcher.fire(Event.EPOCH_END, state, _ENDS_EPOCH, _suspend_epoch)
     return state.global_step == steps_before and (cancelled or read > first)
 
 
 def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: int) -> bool:
     """The batches of a training epoch from position ``first``; whether the data ran out (False:
-    a stop cut the epoch short)."""
-    coordinator, backward_end = run.coordinator, run.dispatcher.hooks[Event.BACKWARD_END]
-    for batch_idx, batch in enumerate(data, first):
-        state.batch_idx, state.batch = batch_idx, batch
-        cancel = None
-        try:
-            run_batch(state, run, backward_end)
+    a stop cut the epoch short). Each batch is timed on the host's clock, for ``state.run.clock``."""
+    clock, now = state.run.clock, time.perf_counter
+    after_step, ends = run.dispatcher.hooks[Event.BACKWARD_END], _marked_batch_ends(run, clock.step_done)
+    checked = state.output is None  # the run's first step is this epoch's: a compiled net compiles in it
+    first_step, mark = None, clock.open_batches()
+    try:
+        for batch_idx, batch in enumerate(data, first):
+            got = clock.stepped = now()
+            clock.waited += got - mark  # on the clock as they come: a checkpoint's totals hold them
+            state.batch_idx, state.batch = batch_idx, batch
+            stop = run.coordinator.after_batch(state, _train_batch(state, run, after_step, ends))
+            mark = now()
+            clock.stepping += clock.stepped - got
+            clock.hooked += mark - clock.stepped
+            if first_step is None:
+                first_step = clock.stepped - got
+            if stop:  # the coordinator raised a CancelFit the ranks agreed on, or agreed on a stop
+                return False
+        return True
+    finally:
+        clock.close_batches()
+        if checked and first_step is not None:
+            clock.first_step(first_step, state.batch_idx + 1 - first, compiled(state.estimator.net))
+
+
+def _train_batch(
+    state: TrainState, run: RunContext, after_step: Sequence[Callable], ends: Sequence[Callable]
+) -> CancelFit | None:
+    """One training batch; a CancelFit it raised, for the coordinator (None: none)."""
+    try:
+        run_batch(state, run, after_step, ends)
+        state.global_step += 1
+    except CancelBatch:
+        _clear_gradients(state)
+    except CancelFit as error:
+        if run.coordinator.holds_cancels:  # held until the ranks agree: this rank trains on in step with them
             state.global_step += 1
-        except CancelBatch:
-            _clear_gradients(state)
-        except CancelFit as error:
-            cancel = error
-            if coordinator.holds_cancels:  # held until the ranks agree: this rank trains on in step with them
-                state.global_step += 1
-        if coordinator.after_batch(state, cancel):  # raises a CancelFit the ranks agreed on
-            return False
-    return True
+        return error
+    return None
 
 
-def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable] = ()) -> None:
-    """``batch_begin``, the step, ``after_step`` (``backward_end``'s hooks in training), ``batch_end``
-    (a truthy return requests a stop)."""
+def _marked_batch_ends(run: RunContext, mark: Callable[[TrainState], None]) -> list[Callable]:
+    """``batch_end``'s hooks with ``mark`` after the optimizer step's (first, where a batch processor steps):
+    the training step's end, for the run's clock."""
+    owners = run.dispatcher.owners[Event.BATCH_END]
+    steppers = [i for i, owner in enumerate(owners) if role_of(owner, Accumulating) is not None]
+    hooks, at = run.dispatcher.hooks[Event.BATCH_END], steppers[-1] + 1 if steppers else 0
+    return [*hooks[:at], mark, *hooks[at:]]
+
+
+def run_batch(
+    state: TrainState, run: RunContext, after_step: Sequence[Callable] = (), ends: Sequence[Callable] | None = None
+) -> None:
+    """``batch_begin``, the step, ``after_step`` (``backward_end``'s hooks in training), ``batch_end``'s hooks
+    (``ends``: those, marked by the loop; a truthy return requests a stop)."""
     hooks = run.dispatcher.hooks
     for hook in hooks[Event.BATCH_BEGIN]:
         hook(state)
@@ -158,7 +207,8 @@ def run_batch(state: TrainState, run: RunContext, after_step: Sequence[Callable]
     state.output = (run.step if state.output is not None else run.check)(state, state.batch)
     for hook in after_step:
         hook(state)
-    ends = hooks[Event.BATCH_END]
+    if ends is None:
+        ends = hooks[Event.BATCH_END]
     try:
         for hook in ends:
             if hook(state):

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from fitforge.core.history import History
+from fitforge.core.history import History, RunClock
 from fitforge.core.logged import checked_value, dropped
 from fitforge.core.processes import ONE_PROCESS, Processes
 from fitforge.core.services import Services
@@ -153,6 +153,8 @@ class RunControl:
             one process every answer is this process's own. A collective must be reached by every
             rank at the same point: in training every rank is at the same batch; an evaluate or
             predict pass's shares may differ in length, so ask only at its epoch ends there.
+        clock: the fit's seconds by cause (:class:`~fitforge.core.history.RunClock`): a handler times a cause
+            of its own with ``with state.run.clock.timing("validation"): ...``.
     """
 
     max_epochs: int | None = None
@@ -169,6 +171,7 @@ class RunControl:
     stop_every_rank: bool = False
     stop_ending: Ending | None = None
     ranks: Processes = ONE_PROCESS
+    clock: RunClock = field(default_factory=RunClock, repr=False)
     _state: Callable[[], Any] | None = field(default=None, repr=False)  # its TrainState's (weak) reference
 
     def stop(self, reason: str = "stop requested", every_rank: bool = False, ending: Ending | None = None) -> None:

@@ -13,7 +13,8 @@ from fitforge.checkpoint.resume import warn_if_inexact
 from fitforge.checkpoint.saver import CheckpointWriter
 from fitforge.checkpoint.storage import CheckpointIO, resolve_io
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.roles import Monitoring, averaged_weights
+from fitforge.core.history import history_key
+from fitforge.core.roles import KeyRecording, Monitoring, averaged_weights
 from fitforge.core.services import SavedCheckpoints, Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeValueError, check_flag, check_positive
@@ -28,7 +29,7 @@ def _completed_epochs(state: TrainState) -> int:
     return state.epoch + 1 if state.run.epoch_finished else state.epoch
 
 
-class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
+class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, KeyRecording):
     """Save the training state every ``epoch_period`` epochs and/or ``batch_period`` batches, and the
     best one by ``monitor`` when ``save_best``; docs/checkpoints.md has the details.
 
@@ -125,6 +126,9 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
         """The newest regular checkpoint this fit saved (on every rank)."""
         return self._writer.last_saved
 
+    def history_keys(self, estimator: Any, phase: str) -> list[str]:
+        return [history_key("checkpoint")] if phase == "train" else []  # the seconds its saves stall training
+
     def offer(self, services: Services) -> None:
         services.checkpoints.append(self)  # what it saves, for the handlers that report it (Ray's, MLflow's)
 
@@ -145,19 +149,22 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring):
                 return
             if state.batch_idx + 1 == state.num_batches and self._saves_at_epoch_end(state):
                 return  # the epoch ends with this batch and saves the same state under its epoch name
-        self._writer.regular(state, state.epoch, state.global_step + 1)
+        with state.run.clock.timing("checkpoint"):  # the time training stands still for it
+            self._writer.regular(state, state.epoch, state.global_step + 1)
 
     def epoch_end(self, state: TrainState) -> None:
-        if self.save_best:  # first, so the regular checkpoint of this epoch holds this epoch's best
-            self._save_if_best(state)
-        if self._saves_at_epoch_end(state) or state.run.preempted is not None:
-            self._writer.regular(state, _completed_epochs(state), state.global_step)
+        with state.run.clock.timing("checkpoint"):
+            if self.save_best:  # first, so the regular checkpoint of this epoch holds this epoch's best
+                self._save_if_best(state)
+            if self._saves_at_epoch_end(state) or state.run.preempted is not None:
+                self._writer.regular(state, _completed_epochs(state), state.global_step)
 
     def train_end(self, state: TrainState) -> None:
-        # A signal that came after this epoch's save (in a later epoch_end hook) still loses nothing.
-        if state.run.preempted is not None and state.phase == "train":
-            self._writer.regular(state, _completed_epochs(state), state.global_step)
-        self._writer.finish(state)
+        with state.run.clock.timing("checkpoint"):
+            # A signal that came after this epoch's save (in a later epoch_end hook) still loses nothing.
+            if state.run.preempted is not None and state.phase == "train":
+                self._writer.regular(state, _completed_epochs(state), state.global_step)
+            self._writer.finish(state)
 
     def _save_if_best(self, state: TrainState) -> None:
         monitor = self._monitor

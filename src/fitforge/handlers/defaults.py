@@ -7,7 +7,7 @@ from typing import Any
 
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import EventHandler, acts_as, offered
-from fitforge.core.history import numbered_key
+from fitforge.core.history import ALWAYS, CAUSES, compiled, history_key, numbered_key
 from fitforge.core.roles import Accompanied, KeyRecording, Validating, players
 from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike
@@ -70,8 +70,19 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
         if setup is not None and setup.by_estimator:  # with its handlers, or the default MetricHandler
             inner = players(evaluate_handlers(setup.event_handlers), KeyRecording)
             keys += [k for h in inner for k in h.history_keys(estimator, "validate") if k not in keys]
-    # The keys the loop itself records every epoch: learning rates and epoch_time.
-    return keys + [numbered_key("lr", i) for i in range(len(estimator.optimizers))] + ["epoch_time"]
+    # The keys the loop itself records every epoch: learning rates, epoch_time and the seconds by cause.
+    clock = [key for key in map(history_key, timed_causes(handlers, estimator)) if key not in keys]
+    return keys + [numbered_key("lr", i) for i in range(len(estimator.optimizers))] + ["epoch_time", *clock]
+
+
+def timed_causes(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> tuple[str, ...]:
+    """The causes of time a fit with ``handlers`` records in every History row
+    (:class:`~fitforge.core.history.RunClock`): the loop's, validation's where a handler validates,
+    compilation's for a compiled net, and those whose keys a handler records (a checkpoint's, a rollback's)."""
+    recorders = players(handlers, KeyRecording)
+    declared = {key for recorder in recorders for key in recorder.history_keys(estimator, "train")}
+    optional = {"validation": bool(players(handlers, Validating)), "compile": compiled(estimator.net)}
+    return (*ALWAYS, *(c for c in CAUSES if c not in ALWAYS and (optional.get(c) or history_key(c) in declared)))
 
 
 def fit_services(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> Services:

@@ -14,7 +14,7 @@ from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.reporting.closing import ended_line, failed_line, finished_line, plural
+from fitforge.reporting.closing import ended_line, failed_line, finished_line, plural, time_advice
 from fitforge.reporting.formatting import epoch_label, format_values, pass_label
 from fitforge.reporting.summary import model_summary
 
@@ -155,7 +155,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         history = state.history
         row = {key: value for key in history if (value := history.current(key)) is not None}
         seconds = row.pop("epoch_time", math.nan)
-        row = {k: v for k, v in row.items() if not k.startswith("lr")}
+        row = {k: v for k, v in row.items() if not k.startswith(("lr", "time_"))}  # time by cause: the closing line
         if log.isEnabledFor(self.level):  # the line's arguments are built only to be shown
             partial = ""
             if not state.run.epoch_finished:  # cut short by a stop or a signal
@@ -189,5 +189,8 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             if state.run.stop_ending is not None
             else finished_line
         )
+        advice = None if state.run.error is not None else time_advice(state)
+        if advice is not None:  # before the closing line, which stays the fit's last
+            log.log(self.level, "%s", advice)
         log.log(self.level, "%s", line(state, seconds))
         flush_console()  # before fit returns: what the caller prints next comes after these lines

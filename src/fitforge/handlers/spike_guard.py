@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import deque
 from typing import Any
 
 import torch
 
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.history import history_key
 from fitforge.core.roles import KeyRecording
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
@@ -81,7 +83,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         self._batches = 0
 
     def history_keys(self, estimator: Any, phase: str) -> list[str]:
-        return [KEY] if phase == "train" else []
+        return [KEY, history_key("rollback")] if phase == "train" else []  # recoveries, and their seconds
 
     def train_begin(self, state: TrainState) -> None:
         device = state.estimator.device
@@ -147,8 +149,15 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
             "undone": [(undoable, undoable.mark()) for undoable in state.services.undoables],  # an EMA's, the sums
         }
         self._snapshot_step = state.optimizer_steps
+        self._snapshot_at = time.perf_counter()  # the steps after it, a rollback undoes (state.run.clock)
 
     def _recover(self, state: TrainState, first: int) -> None:
+        with state.run.clock.timing("rollback"):
+            self._roll_back(state, first)
+        state.run.clock.undo(time.perf_counter() - self._snapshot_at)
+        self._snapshot_at = time.perf_counter()
+
+    def _roll_back(self, state: TrainState, first: int) -> None:
         where = next(((epoch, batch) for count, epoch, batch in self._recent if count == first), (0, 0))
         self.recoveries.append(where)
         if len(self.recoveries) > self.max_recoveries:

@@ -102,7 +102,8 @@ class ValidationHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, Validating):
 
     def validate(self, state: TrainState) -> dict[str, float]:
         """Evaluate now and merge the result into ``state.metrics`` and the current history row."""
-        result = self._evaluate(self.val_data, event_handlers=self.event_handlers)
+        with state.run.clock.timing("validation"):
+            result = self._evaluate(self.val_data, event_handlers=self.event_handlers)
         if not isinstance(result, dict):
             raise FitforgeTypeError(f"eval_fn must return a dict of floats, got {describe(result)}")
         for key, value in result.items():

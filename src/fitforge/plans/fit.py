@@ -35,7 +35,7 @@ from fitforge.core.state import EstimatorLike, RunControl, TrainState
 from fitforge.distributed.data_split import shard_train
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
-from fitforge.handlers.defaults import fit_handlers, fit_services
+from fitforge.handlers.defaults import fit_handlers, fit_services, timed_causes
 from fitforge.handlers.logging import console_output_for
 from fitforge.handlers.stopping import tighter_limit
 from fitforge.inputs.arrays import fit_loaders
@@ -71,6 +71,7 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         data = DataOrder(self.train_data, self.sample_seeds, resumable=resumable, split=split)
         run = RunContext(self.dispatcher, self.step, data, "train_data", self.check, coordinator, (resume_picked,))
         control = RunControl(self.epochs, self.batches, estimator.history.epochs, ranks=coordinator)
+        control.clock.causes = timed_causes(self.dispatcher.handlers, estimator)
         state = TrainState(
             estimator, "train", num_batches=self.num_batches, services=self.services, run=control, _loop=run
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import signal
 
-from fitforge.core.history import History, is_speed
+from fitforge.core.history import ADVICE, History, goodput, is_speed
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.reporting.formatting import epoch_label, format_values
@@ -16,6 +16,34 @@ _MESSAGE_LENGTH = 200  # an exception's message is cut here (its traceback follo
 def plural(count: int | None, noun: str) -> str:
     """``1 epoch``, ``3 epochs``, ``1 batch``, ``0 batches``."""
     return f"{count} {noun}" if count == 1 else f"{count} {'batches' if noun == 'batch' else noun + 's'}"
+
+
+_LOST_TO = {
+    "data": "waiting for data",
+    "validation": "validation",
+    "checkpoint": "checkpoint saves",
+    "compile": "compilation",
+    "replay": "restoring a resume",
+    "rollback": "spike rollbacks",
+    "handlers": "handlers",
+}
+_ADVISED_SHARE, _ADVISED_SECONDS = 0.25, 1.0  # a cause this large (and long) gets its advice line
+
+
+def goodput_sentence(state: TrainState) -> str:
+    """``Goodput 81% (most lost: waiting for data, 12%).``: the run's share of training steps, across resumes."""
+    share, top, lost = goodput(state.run.clock.totals())
+    most = "" if top is None else f" (most lost: {_LOST_TO[top]}, {lost:.0%})"
+    return f"Goodput {share:.0%}{most}."
+
+
+def time_advice(state: TrainState) -> str | None:
+    """What to try when one cause took a large share of the run (None: none did)."""
+    totals = state.run.clock.totals()
+    _, top, lost = goodput(totals)
+    if top is None or lost < _ADVISED_SHARE or totals[top] < _ADVISED_SECONDS:
+        return None
+    return f"{_LOST_TO[top].capitalize()} took {lost:.0%} of the run's time: {ADVICE[top]}"
 
 
 def finished_line(state: TrainState, seconds: float) -> str:
@@ -37,7 +65,7 @@ def finished_line(state: TrainState, seconds: float) -> str:
             f"{plural(epochs, 'epoch')}, {plural(steps, 'batch')}; the run stands at "
             f"{plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} ({reason})."
         )
-    return _with_values(line, state)
+    return _with_values(f"{line} {goodput_sentence(state)}", state)
 
 
 def ended_line(state: TrainState, seconds: float) -> str:
@@ -45,7 +73,8 @@ def ended_line(state: TrainState, seconds: float) -> str:
     ending = state.run.stop_ending
     word = ending.word if ending is not None else "Stopped"
     counts = f"{plural(state.history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} in {seconds:.1f}s"
-    return _with_values(f"{word} {_position(state)} ({counts}): {state.history.stop_reason}.", state)
+    line = f"{word} {_position(state)} ({counts}): {state.history.stop_reason}. {goodput_sentence(state)}"
+    return _with_values(line, state)
 
 
 def _with_values(line: str, state: TrainState) -> str:
