@@ -21,6 +21,7 @@ from fitforge.handlers.stopping import StoppingHandler
 from fitforge.handlers.tensorboard import TensorBoardHandler
 from fitforge.handlers.throttle import throttle
 from fitforge.handlers.throughput import ThroughputHandler
+from fitforge.handlers.torch_profiler import ProfilerHandler
 from fitforge.handlers.validation import ValidationHandler
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "NaNGuardHandler",
     "NonFiniteLossError",
     "OptunaPruningHandler",
+    "ProfilerHandler",
     "ProgressBarHandler",
     "RayTrainReportHandler",
     "ScheduleHandler",
