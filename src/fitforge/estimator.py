@@ -232,7 +232,8 @@ class Estimator:
 
         ``check_access=True`` (debug) makes handlers that declare ``reads``/``writes`` see a state
         that raises ``StateAccessError`` on an undeclared access (:mod:`fitforge.core.dispatch`).
-        ``profile=True`` logs the time each handler spent in each event (``history.profile``).
+        ``profile=True`` logs the time each handler spent in each event (``history.profile``);
+        for a ``torch.profiler`` trace of chosen steps, pass a ``ProfilerHandler``.
 
         ``sample_seeds=True`` reads each sample of a map-style ``train_data`` DataLoader (torch's, or
         torchdata's ``StatefulDataLoader``) with torch's generator seeded from (the fit's seed, the epoch,

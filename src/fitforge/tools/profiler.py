@@ -1,4 +1,7 @@
-"""``fit(profile=True)``: the host wall-clock time each handler spends in each event."""
+"""``fit(profile=True)``: the host wall-clock time each handler spends in each event.
+
+A ``torch.profiler`` trace of chosen steps (operators, kernels) is another tool: ``ProfilerHandler``.
+"""
 
 from __future__ import annotations
 
