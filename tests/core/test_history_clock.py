@@ -7,12 +7,15 @@ from __future__ import annotations
 import logging
 import time
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from fitforge import Estimator
 from fitforge.core.history import CAUSES, History, RunClock, compiled, goodput, history_key
+from fitforge.events import BatchBegin, BatchEnd, TrainEnd
+from fitforge.exceptions import CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, SpikeGuardHandler
 from fitforge.handlers.defaults import timed_causes
 from helpers import TIME_KEYS
@@ -123,3 +126,63 @@ def test_the_closing_line_gives_the_goodput_and_a_dominant_loss_its_advice_once(
     assert "Goodput " in messages[-1] and "(most lost: waiting for data, " in messages[-1]
     advice = [m for m in messages if m.startswith("Waiting for data took ")]
     assert len(advice) == 1 and "num_workers" in advice[0] and messages[-2] == advice[0]
+
+
+class Sleepy(BatchBegin, BatchEnd):
+    """A slow hook at batch_begin, and a CancelEpoch from batch_end at the epoch's third batch."""
+
+    def __init__(self, cancel: bool = False) -> None:
+        self.cancel = cancel
+
+    def batch_begin(self, state) -> None:
+        time.sleep(SLEEP)
+
+    def batch_end(self, state) -> None:
+        if self.cancel and state.batch_idx == 2:
+            raise CancelEpoch
+
+
+def fast_loader():
+    return loader(4, default_collate)
+
+
+def test_hooks_before_the_step_are_the_handlers_time_not_the_step_s():
+    history = estimator().fit(fast_loader(), epochs=1, event_handlers=[Sleepy()], default_handlers=False)
+    assert history["time_handlers_s"][0] >= 4 * SLEEP > history["time_step_s"][0]
+
+
+def test_a_batch_that_raises_a_cancel_is_timed_too():
+    est = estimator()
+    history = est.fit(fast_loader(), epochs=1, event_handlers=[Sleepy(cancel=True)], default_handlers=False)
+    assert history["time_handlers_s"][0] >= 3 * SLEEP  # the three batches' hooks, the cancelling one's included
+
+
+def test_a_cause_timed_within_a_hook_is_not_the_hooks_and_an_unknown_one_is_refused():
+    clock = RunClock()
+    with clock.hooks(), clock.timing("data"):
+        time.sleep(SLEEP)
+    assert clock.epoch["data"] >= SLEEP and clock.epoch["handlers"] < SLEEP
+    with pytest.raises(FitforgeValueError, match="cause must be one of"), clock.timing("waiting"):
+        pass
+
+
+def test_a_spike_rollback_takes_the_steps_since_its_snapshot_and_nothing_counts_twice():
+    class Spike(nn.Module):  # a loss 1000x at the fifth batch of each epoch
+        def __init__(self):
+            super().__init__()
+            self.linear, self.calls = nn.Linear(3, 1), 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.linear(x) * (1000.0 if self.calls % 8 == 5 else 1.0)
+
+    class Totals(TrainEnd):
+        def train_end(self, state):
+            self.totals = state.run.clock.totals()
+
+    torch.manual_seed(0)
+    est, totals = Estimator(Spike(), nn.MSELoss(), optimizer="sgd", device="cpu"), Totals()
+    guard = SpikeGuardHandler(window=3, snapshot_every=1)
+    est.fit(loader(8), epochs=2, event_handlers=[guard, totals], default_handlers=False)  # 10 ms a batch's data
+    assert guard.recoveries and totals.totals["rollback"] > 0 and totals.totals["step"] > 0
+    assert sum(seconds for cause, seconds in totals.totals.items() if cause != "wall") <= totals.totals["wall"]

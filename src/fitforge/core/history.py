@@ -5,12 +5,12 @@ per-epoch lists of floats. Every list has one entry per epoch begun; an epoch wi
 key (say, validation every second epoch) holds ``nan`` there.
 
 :class:`RunClock` feeds its ``time_<cause>_s`` columns: where a fit's wall-clock time went, by cause
-(docs/performance.md, "Where the time went"). The loop times each training batch with the host's clock
+(docs/handlers.md, "Where the time goes"). The loop times each training batch with the host's clock
 (no device read): the wait for the loader's next batch (``data``), the step (``step``: forward, loss,
 backward, the optimizer's update), and the hooks around it (``handlers``). Handlers whose work is a cause
 of its own report it: a validation, a checkpoint's save (the time training stands still for it), a spike's
-rollback (and the steps it undid); a resume's restoring (``replay``: the checkpoint loaded, and for data
-without positions the batches before it read and discarded); the first step of a compiled net beyond an
+rollback (the steps it undid, and its own); a resume's restoring (``replay``: the checkpoint loaded, and
+for data without positions the batches before it read and discarded); the first step of a compiled net beyond an
 ordinary step (``compile``). The goodput is the step's share of the wall clock, whose rest (the fit's
 set-up in ``train_begin``, the loop's own work) no cause claims.
 
@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from fitforge.exceptions import FitforgeValueError
 
 
 def numbered_key(name: str, index: int) -> str:
@@ -264,10 +266,9 @@ def metric_names(columns: Iterable[str]) -> list[str]:
 
 CAUSES = ("step", "data", "handlers", "validation", "checkpoint", "compile", "replay", "rollback")
 ALWAYS = ("step", "data", "handlers")  # in every History row; the others where the fit has their handlers
-_REPORTED = ("validation", "checkpoint", "rollback")  # times within hooks, taken out of the hooks' time
 ADVICE = {  # what to try when a cause took much of a run's time
-    "data": "give the DataLoader num_workers=..., pin_memory=True and persistent_workers=True, or make its "
-    "__getitem__ cheaper",
+    "data": "give the DataLoader more num_workers (and persistent_workers=True; on a GPU, pin_memory=True), "
+    "or make its __getitem__ cheaper",
     "checkpoint": "save in the background, CheckpointHandler(async_save=True), or less often (a larger "
     "batch_period or epoch_period)",
     "validation": "validate less often (ValidationHandler's epoch_period or batch_period) or on less data",
@@ -295,15 +296,19 @@ class RunClock:
         self.before: dict[str, float] = {}  # the run's before this fit (a resume's checkpoint), "wall" included
         self._done = dict.fromkeys(CAUSES, 0.0)  # this fit's, in its History rows
         self.causes: tuple[str, ...] = ALWAYS  # those the History rows record (a resume's replay: the totals only)
-        self.stepped = 0.0  # when the current batch's step ended (the loop's mark)
+        self.last = 0.0  # the batch's last mark (the loop's, to_step's, to_hooks')
+        self.in_step = False  # whether the time since then is a step's
         self.waited = self.stepping = self.hooked = 0.0  # the open pass's seconds, added by the loop batch by batch
         self._pass_reported = 0.0  # :attr:`reported` when the open pass began
         self.reported = 0.0  # the seconds of the causes reported within hooks, ever (the hooks' own are the rest)
         self._undone = 0.0  # seconds of steps a rollback undid, not yet taken out of the step's
+        self._stepped = 0.0  # this fit's seconds in the steps of its closed passes, undone ones included
 
     @contextmanager
     def timing(self, cause: str) -> Iterator[None]:
-        """Add the block's seconds to ``cause``."""
+        """Add the block's seconds to ``cause`` (one of :data:`CAUSES`); in a hook, they are not the hooks'."""
+        if cause not in CAUSES:
+            raise FitforgeValueError(f"RunClock.timing: cause must be one of {CAUSES}, got {cause!r}")
         started = time.perf_counter()
         try:
             yield
@@ -312,7 +317,7 @@ class RunClock:
 
     def add(self, cause: str, seconds: float) -> None:
         self.epoch[cause] += seconds
-        if cause in _REPORTED:
+        if cause != "handlers":  # a cause timed within hooks: not the hooks' own time
             self.reported += seconds
 
     @contextmanager
@@ -324,8 +329,25 @@ class RunClock:
         finally:
             self.add("handlers", max(0.0, time.perf_counter() - started - (self.reported - reported)))
 
-    def step_done(self, state: Any) -> None:  # the first hook after a training step: its end
-        self.stepped = time.perf_counter()
+    def to_step(self, state: Any) -> None:
+        """A mark in a batch's hooks: the time since the last mark was the hooks', a step's from here."""
+        now = time.perf_counter()
+        self.hooked += now - self.last
+        self.last, self.in_step = now, True
+
+    def to_hooks(self, state: Any) -> None:
+        """A mark in a batch's hooks: the time since the last mark was the step's, the hooks' from here."""
+        now = time.perf_counter()
+        self.stepping += now - self.last
+        self.last, self.in_step = now, False
+
+    def end_batch(self, now: float) -> None:
+        """A batch's end (``now``), also where it raised: the time since its last mark to the step or the hooks."""
+        if self.in_step:  # a step cancelled from within (a guard's CancelBatch at backward_end)
+            self.stepping += now - self.last
+            self.in_step = False
+        else:
+            self.hooked += now - self.last
 
     def open_batches(self) -> float:
         """The start of a pass over batches, whose seconds the loop adds batch by batch; returns the time."""
@@ -337,6 +359,7 @@ class RunClock:
         for cause, seconds in self._open_pass().items():
             self.epoch[cause] += seconds
         self._undone -= min(self._undone, self.stepping)
+        self._stepped += self.stepping
         self.waited = self.stepping = self.hooked = 0.0
 
     def _open_pass(self) -> dict[str, float]:
@@ -348,8 +371,12 @@ class RunClock:
             "handlers": max(0.0, self.hooked - (self.reported - self._pass_reported)),
         }
 
+    def steps_so_far(self) -> float:
+        """This fit's seconds in steps until now (a rollback's measure of the steps it undoes)."""
+        return self._stepped + self.stepping
+
     def undo(self, seconds: float) -> None:
-        """A rollback undid the last ``seconds`` of training: the steps in them count as the rollback's."""
+        """A rollback undid ``seconds`` of steps (and took some itself, within a step's time): the rollback's."""
         self._undone += seconds
         self.add("rollback", seconds)
         self.reported -= seconds  # no time of the hooks: the batches' own

@@ -94,14 +94,14 @@ def run_fit(state: TrainState, run: RunContext) -> None:
 def _begin_training(state: TrainState, run: RunContext) -> None:
     """``train_begin``, then the run's preparation (a resume), also after a stop requested in ``train_begin``
     (a signal: a save then holds the resumed state), not after a cancel there."""
-    started = time.perf_counter()
     cancelled = run.dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS, _go_on)
     if cancelled:
         state.run.stop("cancelled in train_begin")
     run.coordinator.agree_on_stop(state)
+    started = time.perf_counter()
     for prepare in () if cancelled else run.prepare:
         prepare(state)
-    if state.run.resumed:  # its picking and loading of the checkpoint (in train_begin) and restoring (prepare)
+    if state.run.resumed:  # restoring a checkpoint (its loading, in a handler's train_begin, is timed there)
         state.run.clock.add("replay", time.perf_counter() - started)
 
 
@@ -145,21 +145,23 @@ def run_train_epoch(state: TrainState, run: RunContext) -> bool:
 def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: int) -> bool:
     """The batches of a training epoch from position ``first``; whether the data ran out (False:
     a stop cut the epoch short). Each batch is timed on the host's clock, for ``state.run.clock``."""
-    clock, now = state.run.clock, time.perf_counter
-    after_step, ends = run.dispatcher.hooks[Event.BACKWARD_END], _marked_batch_ends(run, clock.step_done)
+    clock, now, hooks = state.run.clock, time.perf_counter, run.dispatcher.hooks
+    # The clock's marks between the hooks and the step (the processor's, backward_end's, the update's).
+    marked = ([*hooks[Event.BATCH_BEGIN], clock.to_step], hooks[Event.BACKWARD_END], _marked_ends(run, clock))
     checked = state.output is None  # the run's first step is this epoch's: a compiled net compiles in it
     first_step, mark = None, clock.open_batches()
     try:
         for batch_idx, batch in enumerate(data, first):
-            got = clock.stepped = now()
+            got = clock.last = now()
             clock.waited += got - mark  # on the clock as they come: a checkpoint's totals hold them
             state.batch_idx, state.batch = batch_idx, batch
-            stop = run.coordinator.after_batch(state, _train_batch(state, run, after_step, ends))
-            mark = now()
-            clock.stepping += clock.stepped - got
-            clock.hooked += mark - clock.stepped
+            try:
+                stop = run.coordinator.after_batch(state, _train_batch(state, run, marked))
+            finally:  # a batch that raised (a CancelEpoch) is timed too
+                mark = now()
+                clock.end_batch(mark)
             if first_step is None:
-                first_step = clock.stepped - got
+                first_step = clock.stepping  # the pass's steps so far: its first
             if stop:  # the coordinator raised a CancelFit the ranks agreed on, or agreed on a stop
                 return False
         return True
@@ -169,12 +171,11 @@ def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: in
             clock.first_step(first_step, state.batch_idx + 1 - first, compiled(state.estimator.net))
 
 
-def _train_batch(
-    state: TrainState, run: RunContext, after_step: Sequence[Callable], ends: Sequence[Callable]
-) -> CancelFit | None:
-    """One training batch; a CancelFit it raised, for the coordinator (None: none)."""
+def _train_batch(state: TrainState, run: RunContext, marked: tuple[Sequence[Callable], ...]) -> CancelFit | None:
+    """One training batch (``marked``: its hook lists, as :func:`run_batch` takes them); a CancelFit it raised,
+    for the coordinator (None: none)."""
     try:
-        run_batch(state, run, after_step, ends)
+        run_batch(state, run, marked[1], marked[2], marked[0])
         state.global_step += 1
     except CancelBatch:
         _clear_gradients(state)
@@ -185,22 +186,29 @@ def _train_batch(
     return None
 
 
-def _marked_batch_ends(run: RunContext, mark: Callable[[TrainState], None]) -> list[Callable]:
-    """``batch_end``'s hooks with ``mark`` after the optimizer step's (first, where a batch processor steps):
-    the training step's end, for the run's clock."""
+def _marked_ends(run: RunContext, clock: Any) -> list[Callable]:
+    """``batch_end``'s hooks with the clock's marks around the optimizer's update (GradientUpdateHandler's
+    hook; where a batch processor updates in its step, a mark first): the step ends with the update."""
     owners = run.dispatcher.owners[Event.BATCH_END]
     steppers = [i for i, owner in enumerate(owners) if role_of(owner, Accumulating) is not None]
-    hooks, at = run.dispatcher.hooks[Event.BATCH_END], steppers[-1] + 1 if steppers else 0
-    return [*hooks[:at], mark, *hooks[at:]]
+    hooks = run.dispatcher.hooks[Event.BATCH_END]
+    if not steppers:
+        return [clock.to_hooks, *hooks]
+    at = steppers[-1]  # the hooks before the update are the handlers'
+    return [clock.to_hooks, *hooks[:at], clock.to_step, hooks[at], clock.to_hooks, *hooks[at + 1 :]]
 
 
 def run_batch(
-    state: TrainState, run: RunContext, after_step: Sequence[Callable] = (), ends: Sequence[Callable] | None = None
+    state: TrainState,
+    run: RunContext,
+    after_step: Sequence[Callable] = (),
+    ends: Sequence[Callable] | None = None,
+    begins: Sequence[Callable] | None = None,
 ) -> None:
-    """``batch_begin``, the step, ``after_step`` (``backward_end``'s hooks in training), ``batch_end``'s hooks
-    (``ends``: those, marked by the loop; a truthy return requests a stop)."""
+    """``batch_begin``'s hooks (``begins``: those, marked by the loop), the step, ``after_step`` (``backward_end``'s
+    hooks in training), ``batch_end``'s hooks (``ends``: likewise; a truthy return requests a stop)."""
     hooks = run.dispatcher.hooks
-    for hook in hooks[Event.BATCH_BEGIN]:
+    for hook in hooks[Event.BATCH_BEGIN] if begins is None else begins:
         hook(state)
     # No output yet: no batch of this run completed its step, so this one is checked before its
     # optimizer step (a batch cancelled before its step leaves the checks to the next).

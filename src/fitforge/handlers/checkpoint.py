@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,10 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
             self._monitor.resolve(state.estimator)
         self.best, self.best_path = None, None
         warn_if_inexact(state, bool(self.batch_period), self.resume_from_checkpoint)
+        started = time.perf_counter()
         self.resumed_from = self._writer.start(state, self.resume_from_checkpoint, self.overwrite)
+        if self.resumed_from is not None:  # a resume's picking and loading of its checkpoint
+            state.run.clock.add("replay", time.perf_counter() - started)
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period

@@ -149,13 +149,14 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
             "undone": [(undoable, undoable.mark()) for undoable in state.services.undoables],  # an EMA's, the sums
         }
         self._snapshot_step = state.optimizer_steps
-        self._snapshot_at = time.perf_counter()  # the steps after it, a rollback undoes (state.run.clock)
+        self._snapshot_steps = state.run.clock.steps_so_far()  # the steps after it, a rollback undoes
 
     def _recover(self, state: TrainState, first: int) -> None:
-        with state.run.clock.timing("rollback"):
-            self._roll_back(state, first)
-        state.run.clock.undo(time.perf_counter() - self._snapshot_at)
-        self._snapshot_at = time.perf_counter()
+        started = time.perf_counter()  # in backward_end: within the step's time, as the steps it undoes
+        self._roll_back(state, first)
+        clock = state.run.clock
+        clock.undo(clock.steps_so_far() - self._snapshot_steps + time.perf_counter() - started)
+        self._snapshot_steps = clock.steps_so_far()
 
     def _roll_back(self, state: TrainState, first: int) -> None:
         where = next(((epoch, batch) for count, epoch, batch in self._recent if count == first), (0, 0))

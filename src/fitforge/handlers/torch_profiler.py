@@ -140,7 +140,11 @@ class ProfilerHandler(TrainBegin, EpochBegin, BatchEnd, TrainEnd):
 
     def train_end(self, state: TrainState) -> None:
         if self._profiler is not None:
-            log.info("ProfilerHandler: the fit ended inside a profiling cycle; the steps it recorded are written")
+            log.info(
+                "ProfilerHandler: the fit ended inside a profiling cycle; the steps it recorded are written, the "
+                "last label after them (ProfilerStep#%d) holding the fit's end, not a batch",
+                state.global_step,
+            )
         self._close()
         self._next = _NEVER
 
