@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fitforge.checkpoint.format import with_checksum
 from fitforge.checkpoint.storage import write_checked
 
 log = logging.getLogger("fitforge")
@@ -59,13 +60,15 @@ class AsyncCheckpointIO:
     """``io`` (any :class:`~fitforge.checkpoint.storage.CheckpointIO`) written in the background by one
     caller thread: :meth:`write` returns once the checkpoint is copied to the host (a write while the queue is
     busy makes a new host copy: wait before each save to hold one). A failed write's error is raised by the
-    next :meth:`wait`, and what was queued after it is dropped."""
+    next :meth:`wait`, and what was queued after it is dropped. ``checksums``: where each checkpoint's
+    checksum goes once written (by name), summed in the background."""
 
     # Found on the io when it has them (see CheckpointIO): ``getattr`` sees them here only then.
     _OPTIONAL = ("location", "folder_path", "storage_options", "root", "path")
 
-    def __init__(self, io: Any, label: str | None = None) -> None:
+    def __init__(self, io: Any, label: str | None = None, checksums: dict[str, str] | None = None) -> None:
         self.io, self.label = io, repr(io) if label is None else label
+        self.checksums = {} if checksums is None else checksums
         self._queue: deque[tuple[Callable[[], None], str]] = deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -88,7 +91,12 @@ class AsyncCheckpointIO:
         if self._error is not None:  # an earlier task failed: its error first
             self.wait()
         copied = host_copy(checkpoint, None if self.busy else self._buffers)
-        self.after(lambda: write_checked(self.io, name, copied, self.label), name)
+        self.after(lambda: self._write(name, copied), name)
+
+    def _write(self, name: str, checkpoint: dict) -> None:
+        summed = with_checksum(checkpoint)
+        write_checked(self.io, name, summed, self.label)
+        self.checksums[name] = summed["checksum"]  # one key set by one thread: atomic under the GIL
 
     def delete(self, name: str) -> None:
         self.after(lambda: self.io.delete(name), name)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fitforge.checkpoint.format import FORMAT_VERSION as FORMAT_VERSION  # where callers have imported it from
-from fitforge.checkpoint.format import content_digest, parse_checkpoint
+from fitforge.checkpoint.format import parse_checkpoint, with_checksum
 from fitforge.checkpoint.locations import TEMP_SUFFIX, ObjectPath, is_url, local_path
 from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import CheckpointError
@@ -23,6 +23,17 @@ from fitforge.exceptions import CheckpointError
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (see the module docstring); returns the path."""
+    return replace_atomically(path, lambda file: torch.save(obj, file))
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically, as :func:`save_atomic` does; returns the path."""
+    return replace_atomically(path, lambda file: file.write(text.encode()))
+
+
+def replace_atomically(path: str | os.PathLike, write: Callable[[Any], object]) -> Path:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it over ``path`` and fsync
+    the folder; a failure leaves ``path`` as it was."""
     path = Path(path)
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
@@ -30,7 +41,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         raise _cannot_write(path, f"{err.strerror or err}; make the folder writable or save elsewhere") from err
     try:
         with os.fdopen(fd, "wb") as file:
-            torch.save(obj, file)
+            write(file)
             file.flush()
             umask = os.umask(0)  # the only portable way to read it is to set it
             os.umask(umask)
@@ -75,7 +86,7 @@ def _disk_full(error: BaseException) -> OSError | None:
 def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
     """``save_atomic`` a checkpoint with the ``checksum`` :func:`load_checkpoint` verifies (torch.load would
     not notice bytes flipped inside tensor data)."""
-    return save_atomic({**checkpoint, "checksum": content_digest(checkpoint)}, path)
+    return save_atomic(with_checksum(checkpoint), path)
 
 
 def load_checkpoint(path: str | os.PathLike | ObjectPath, map_location: Any = "cpu") -> dict:

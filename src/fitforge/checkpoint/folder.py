@@ -13,6 +13,7 @@ from functools import partial
 from fitforge.checkpoint.async_writer import AsyncCheckpointIO
 from fitforge.checkpoint.files import check_fits, restore_weights
 from fitforge.checkpoint.finite import non_finite_checkpoint
+from fitforge.checkpoint.format import with_checksum
 from fitforge.checkpoint.locations import EXTENSION, SINGLES, Location, ObjectPath
 from fitforge.checkpoint.storage import CheckpointIO, LocalCheckpointIO, write_checked
 from fitforge.core.state import EstimatorLike
@@ -49,7 +50,8 @@ class CheckpointFolder:
         self.local = local is not None
         # With ``background``, writes (and what follows them: rotation) go through an
         # AsyncCheckpointIO; ``store`` is the io itself, which the background tasks use.
-        self.background = AsyncCheckpointIO(io, self.label) if background else None
+        self.checksums: dict[str, str] = {}  # name -> the checksum of each checkpoint written (the run's manifest)
+        self.background = AsyncCheckpointIO(io, self.label, self.checksums) if background else None
         self.files: CheckpointIO = io if self.background is None else self.background
         self._holds_shard_folders = False  # whether a rotation may have shard folders to delete
 
@@ -189,8 +191,13 @@ class CheckpointFolder:
 
     def commit(self, checkpoint: dict, path: Location, stale: str = "") -> None:
         """Write the checkpoint (after its shards: a crash before it leaves the previous one in force), then
-        delete the shard folders matching ``stale`` that it no longer names."""
+        delete the shard folders matching ``stale`` that it no longer names; its checksum is recorded in
+        ``checksums`` once written (in the background, by the background writer)."""
+        if self.background is None:  # summed here, where save_checkpoint would sum it: the same cost
+            checkpoint = with_checksum(checkpoint)
         write_checked(self.files, path.name, checkpoint, self.label)
+        if self.background is None:
+            self.checksums[path.name] = checkpoint["checksum"]
         if "sharded" in checkpoint:
             self._holds_shard_folders = True
             self.then(partial(self._delete_matching, stale, keep=checkpoint["sharded"]))

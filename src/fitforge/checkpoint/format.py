@@ -41,11 +41,17 @@ def content_digest(value: Any) -> str:
     return digest.hexdigest()
 
 
+def with_checksum(checkpoint: dict) -> dict:
+    """``checkpoint`` with the ``checksum`` of its contents: the one it carries already (computed by a
+    caller that records it, :class:`~fitforge.checkpoint.folder.CheckpointFolder`), else computed now."""
+    return checkpoint if "checksum" in checkpoint else {**checkpoint, "checksum": content_digest(checkpoint)}
+
+
 def checkpoint_bytes(checkpoint: dict) -> bytes:
     """``checkpoint`` as the bytes of a checkpoint file, with the ``checksum`` that
     :func:`checkpoint_from_bytes` verifies (what a CheckpointIO of one's own may store)."""
     buffer = io.BytesIO()
-    torch.save({**checkpoint, "checksum": content_digest(checkpoint)}, buffer)
+    torch.save(with_checksum(checkpoint), buffer)
     return buffer.getvalue()
 
 

@@ -147,6 +147,14 @@ class FsspecCheckpointIO:
             )
         return read_object(self.fs, f"{self.key}/{name}")
 
+    def write_text(self, name: str, text: str) -> None:
+        """Put a text object (the run's manifest): an object store replaces an object whole or not at all."""
+        upload(self.fs, f"{self.key}/{name}", text.encode())
+
+    def read_text(self, name: str) -> str:
+        """A text object's contents (FileNotFoundError when there is none)."""
+        return bytes(self.fs.cat_file(f"{self.key}/{name}")).decode()
+
     def delete(self, name: str) -> None:
         key = f"{self.key}/{name}"
         if self.fs.isdir(key):  # the shards of a sharded checkpoint

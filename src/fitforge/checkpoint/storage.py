@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from fitforge.checkpoint.files import load_checkpoint, save_checkpoint
+from fitforge.checkpoint.files import load_checkpoint, save_checkpoint, write_text_atomic
 from fitforge.checkpoint.locations import SINGLES, TEMP_SUFFIX, is_url, local_path
 from fitforge.checkpoint.objects import FsspecCheckpointIO  # fsspec itself is imported for a URL only
 from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValueError, describe
@@ -16,7 +16,8 @@ from fitforge.exceptions import CheckpointError, FitforgeTypeError, FitforgeValu
 @runtime_checkable
 class CheckpointIO(Protocol):
     """Checkpoints stored by file name: what a ``CheckpointHandler(io=...)`` saves through. The optional
-    ``prepare(prefix)``, ``location(name)`` and ``folder_path(name)`` are used when present (docs/extending.md)."""
+    ``prepare(prefix)``, ``location(name)``, ``folder_path(name)`` and ``write_text(name, text)`` /
+    ``read_text(name)`` (the run's ``manifest.json``) are used when present (docs/extending.md)."""
 
     def write(self, name: str, checkpoint: dict) -> None:
         """Store ``checkpoint`` under ``name``, whole or not at all, serialized (or copied) before returning:
@@ -54,6 +55,15 @@ class LocalCheckpointIO:
 
     def read(self, name: str) -> dict:
         return load_checkpoint(self.path / name)
+
+    def write_text(self, name: str, text: str) -> None:
+        """Write a text file (the run's manifest) atomically, creating the folder."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(text, self.path / name)
+
+    def read_text(self, name: str) -> str:
+        """A text file's contents (FileNotFoundError when there is none)."""
+        return (self.path / name).read_text()
 
     def delete(self, name: str) -> None:
         target = self.path / name
