@@ -24,6 +24,11 @@ def regression_batches(n_batches=3, batch_size=4, seed=0):
     return batches
 
 
+def checkpoint_files(folder):
+    """The names of the files in ``folder``, sorted, the run's ``manifest.json`` (written beside them) aside."""
+    return sorted(path.name for path in Path(folder).iterdir() if path.name != "manifest.json")
+
+
 def make_estimator(**kwargs):
     net = kwargs.pop("net", None) or nn.Linear(1, 1)
     kwargs.setdefault("optimizer", torch.optim.SGD(net.parameters(), lr=0.1))

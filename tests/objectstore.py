@@ -41,9 +41,10 @@ def assert_same(weights: dict, expected: dict) -> None:
 
 
 def listing(fs, folder: str) -> list[str]:
-    """The object names in ``folder``, sorted, listed afresh."""
+    """The object names in ``folder``, sorted, listed afresh; the run's ``manifest.json`` aside."""
     fs.invalidate_cache()
-    return sorted(entry.rsplit("/", 1)[-1] for entry in fs.ls(folder, detail=False))
+    names = (entry.rsplit("/", 1)[-1] for entry in fs.ls(folder, detail=False))
+    return sorted(name for name in names if name != "manifest.json")
 
 
 def s3_environment(endpoint: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from fitforge.checkpoint.async_writer import host_copy
 from fitforge.checkpoint.files import CheckpointError, load_checkpoint
 from fitforge.exceptions import FitforgeTypeError
 from fitforge.handlers import CheckpointHandler, LambdaHandler
+from helpers import checkpoint_files
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)
@@ -63,8 +64,8 @@ def assert_equal(got, want, where="checkpoint"):
 def test_async_saves_write_the_same_checkpoints_and_resume_bitwise(tmp_path):
     uninterrupted = run(tmp_path / "sync", epochs=3, async_save=False)
     run(tmp_path / "async", epochs=3, async_save=True)
-    names = sorted(p.name for p in (tmp_path / "sync").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "async").iterdir())
+    names = checkpoint_files(tmp_path / "sync")
+    assert names == checkpoint_files(tmp_path / "async")
     assert len(names) == 6  # 3 epoch ends, and every 4 batches (12 is an epoch's end)
     for name in names:
         assert_equal(load_checkpoint(tmp_path / "async" / name), load_checkpoint(tmp_path / "sync" / name), name)
@@ -131,7 +132,7 @@ def test_one_write_in_flight_the_next_save_waits_and_train_end_waits(tmp_path, m
     assert writer.events == [(kind, step) for step in saved for kind in ("start", "end")]
     assert writer.most_in_flight == 1
     assert writer.moved_on == [True] * 4  # training went on while each write was held (not a synchronous save)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert checkpoint_files(tmp_path) == [
         "model-epoch0batch4.pt",
         "model-epoch1batch6.pt",
         "model-epoch1batch8.pt",
@@ -153,7 +154,7 @@ def test_a_failed_background_write_is_raised_at_the_next_save_or_train_end(
     failed = ["model-epoch0batch4.pt", "model-epoch1batch6.pt", "model-epoch1batch8.pt", "model-epoch2batch12.pt"]
     assert f"the background save of {failed[fail_at - 1]} failed: cannot write" in caplog.text
     kept = [name for name in failed[: len(writer.moved_on)] if name != failed[fail_at - 1]]
-    assert sorted(p.name for p in tmp_path.iterdir()) == kept  # no temporary file, the others intact
+    assert checkpoint_files(tmp_path) == kept  # no temporary file, the others intact
 
 
 def test_a_preemption_save_waits_for_the_write_in_flight_and_is_written_before_fit_stops(tmp_path, monkeypatch):
@@ -166,7 +167,7 @@ def test_a_preemption_save_waits_for_the_write_in_flight_and_is_written_before_f
     assert stopped.value.code == 143
     # The save after 4 batches ended before the preemption save began, which training did not outrun.
     assert writer.events == [("start", 4), ("end", 4), ("start", 5), ("end", 5)] and writer.moved_on[-1] is False
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-epoch0batch4.pt", "model-epoch0batch5.pt"]
+    assert checkpoint_files(tmp_path) == ["model-epoch0batch4.pt", "model-epoch0batch5.pt"]
 
 
 def test_a_full_disk_under_async_save_leaves_no_temporary_and_older_files_intact(tmp_path, monkeypatch):
@@ -185,7 +186,7 @@ def test_a_full_disk_under_async_save_leaves_no_temporary_and_older_files_intact
     with pytest.raises(CheckpointError, match=r"cannot write .*model-epoch1batch8.pt: No space left on device"):
         run(tmp_path, epochs=2, async_save=True, resume=True)
     monkeypatch.undo()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-epoch0batch4.pt", "model-epoch1batch6.pt"]
+    assert checkpoint_files(tmp_path) == ["model-epoch0batch4.pt", "model-epoch1batch6.pt"]
     load_checkpoint(tmp_path / "model-epoch1batch6.pt")
 
 

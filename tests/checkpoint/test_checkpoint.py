@@ -12,11 +12,11 @@ from fitforge.checkpoint.files import CheckpointError, load_checkpoint, restore_
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, LambdaHandler
 from fitforge.testing import RecordingHandler, linear_problem
-from helpers import make_estimator
+from helpers import checkpoint_files, make_estimator
 
 
 def names(folder):
-    return sorted(p.name for p in folder.iterdir())
+    return checkpoint_files(folder)
 
 
 def test_epoch_and_batch_checkpoints_are_named_by_completed_epochs_and_batches(tmp_path):
@@ -293,7 +293,7 @@ def test_files_get_the_usual_permissions_and_other_prefixes_temporaries_survive(
 
 
 def contents(folder):
-    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+    return {name: (folder / name).read_bytes() for name in checkpoint_files(folder)}
 
 
 def test_a_fresh_run_beside_an_earlier_runs_files_is_refused_and_leaves_them_byte_identical(tmp_path):

@@ -15,6 +15,7 @@ from fitforge.checkpoint.finite import non_finite_checkpoint, non_finite_state
 from fitforge.events import BatchEnd
 from fitforge.handlers import CheckpointHandler
 from fitforge.testing import linear_problem
+from helpers import checkpoint_files
 
 
 class Poison(BatchEnd):
@@ -37,7 +38,7 @@ class Poison(BatchEnd):
 
 
 def names(folder):
-    return sorted(p.name for p in folder.iterdir())
+    return checkpoint_files(folder)
 
 
 def poisoned_files(folder):

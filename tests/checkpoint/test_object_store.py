@@ -15,6 +15,7 @@ from fitforge.checkpoint.files import CheckpointError, load_checkpoint
 from fitforge.exceptions import FitforgeValueError
 from fitforge.handlers import CheckpointHandler
 from fitforge.testing import linear_problem
+from helpers import checkpoint_files
 from objectstore import assert_same, listing, train
 
 memory = fsspec.filesystem("memory")
@@ -173,7 +174,7 @@ def test_file_urls_are_local_folders(tmp_path):
     estimator, train_data, _ = linear_problem()
     saver = CheckpointHandler(f"file://{tmp_path}", epoch_period=1)
     estimator.fit(train_data, epochs=1, event_handlers=[saver])
-    assert saver.model_dir == tmp_path and sorted(p.name for p in tmp_path.iterdir()) == ["model-epoch1batch8.pt"]
+    assert saver.model_dir == tmp_path and checkpoint_files(tmp_path) == ["model-epoch1batch8.pt"]
     assert load_checkpoint(f"file://{tmp_path}/model-epoch1batch8.pt")["global_step"] == 8
 
 

@@ -13,6 +13,7 @@ from fitforge import Estimator
 from fitforge.checkpoint.files import CheckpointError
 from fitforge.exceptions import FitforgeTypeError
 from fitforge.handlers import CheckpointHandler
+from helpers import checkpoint_files
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)
@@ -44,7 +45,7 @@ def test_resume_continues_exactly_to_the_same_target(tmp_path, uninterrupted):
     weights, history = run(tmp_path, epochs=4, seed=123, resume=True)  # another init: all of it is restored
     assert_same(weights, uninterrupted[0])
     assert history["train_loss"] == uninterrupted[1]["train_loss"] and len(history["train_loss"]) == 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"model-epoch{e}batch{6 * e}.pt" for e in (1, 2, 3, 4)]
+    assert checkpoint_files(tmp_path) == [f"model-epoch{e}batch{6 * e}.pt" for e in (1, 2, 3, 4)]
 
 
 def test_a_run_that_reached_its_target_trains_no_more(tmp_path):
@@ -190,7 +191,7 @@ def test_a_full_disk_is_a_clear_error_leaving_no_debris_and_older_checkpoints_in
     ):
         run(tmp_path, epochs=2, resume=True)
     monkeypatch.undo()
-    assert [p.name for p in tmp_path.iterdir()] == ["model-epoch1batch6.pt"]  # no temporary file left behind
+    assert checkpoint_files(tmp_path) == ["model-epoch1batch6.pt"]  # no temporary file left behind
     checkpoint_io.load_checkpoint(tmp_path / "model-epoch1batch6.pt")
 
 

@@ -25,7 +25,7 @@ from fitforge.events import BatchEnd
 from fitforge.exceptions import CancelBatch, CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, GradientUpdateHandler
 from fitforge.inputs.order import DataOrder
-from helpers import Crash, Losses
+from helpers import Crash, Losses, checkpoint_files
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)  # 6 batches of 8
@@ -322,13 +322,13 @@ def test_a_stop_before_the_first_batch_of_a_resumed_epoch_writes_nothing(tmp_pat
 
     estimator, train, _ = linear_problem()
     estimator.fit(train, batches=5, event_handlers=[CheckpointHandler(tmp_path, batch_period=5, max_checkpoints=1)])
-    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    before = {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)}
     assert list(before) == ["model-epoch0batch5.pt"]
     estimator, train, _ = linear_problem()
     resumer = CheckpointHandler(tmp_path, batch_period=5, max_checkpoints=1, resume_from_checkpoint=True)
     history = estimator.fit(train, epochs=2, event_handlers=[resumer, StopAtEpochBegin()])
     assert history.stop_reason == "stopped before the first batch"
-    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+    assert {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)} == before
 
 
 def test_a_resume_at_the_end_of_an_epoch_of_unknown_length_trains_on(tmp_path):
@@ -448,13 +448,14 @@ def test_a_resume_with_a_batch_size_that_cannot_end_at_the_checkpoint_is_refused
     net = nn.Linear(6, 3)
     estimator = Estimator(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     estimator.fit(DataLoader(TensorDataset(X, Y), batch_size=8), epochs=1, default_handlers=False)  # a notebook cell
-    weights, files = net.weight.detach().clone(), {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    weights = net.weight.detach().clone()
+    files = {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)}
     resumer = CheckpointHandler(tmp_path, batch_period=1, resume_from_checkpoint=True)
     own = DataLoader(TensorDataset(X, Y), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7))
     with pytest.raises(FitforgeValueError, match=message):
         estimator.fit(own, epochs=2, event_handlers=[resumer])
     assert net.weight.equal(weights) and estimator.history.epochs == 1  # nothing loaded, nothing lost
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+    assert {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)} == files
 
 
 def test_a_resumed_fit_numbers_epochs_as_its_checkpoint_and_restarts_the_estimator_history(tmp_path):

@@ -152,7 +152,7 @@ def test_the_run_params_are_in_a_json_file_beside_the_log(tmp_path):
     assert read_csv(tmp_path / "log.csv")[0][0] == "epoch"  # the CSV holds rows only
     fit([CSVLoggerHandler(tmp_path / "log.csv", append=True)], epochs=1)  # each fit writes its own
     assert json.loads(logger.params_path.read_text())["epochs"] == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv", "log.params.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv", "log.params.json", "manifest.json"]
     assert CSVLoggerHandler(tmp_path / "runs" / "log").params_path == tmp_path / "runs" / "log.params.json"
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from fitforge import Estimator
 from fitforge.exceptions import FitforgeValueError
+from helpers import checkpoint_files
 
 pytest.importorskip("ray.train", reason="RayTrainReportHandler needs Ray Train (pip install 'fitforge[ray]')")
 from ray.train import RunConfig, ScalingConfig
@@ -60,7 +61,7 @@ def test_a_folder_of_yours_keeps_its_files(tmp_path):
     TorchTrainer(
         train, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path))
     ).fit()
-    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["model-epoch1batch4.pt"]
+    assert checkpoint_files(tmp_path / "mine") == ["model-epoch1batch4.pt"]
 
 
 def test_options_it_sets_itself_are_refused():
@@ -115,7 +116,7 @@ def test_beside_a_checkpoint_handler_of_yours_it_reports_its_saves_and_adds_none
         train, scaling_config=ScalingConfig(num_workers=0), run_config=RunConfig(storage_path=str(tmp_path / "ray"))
     ).fit()
     assert result.error is None and result.checkpoint is not None and seen["saved"] == seen["reported"]
-    assert sorted(p.name for p in (tmp_path / "mine").iterdir())[-1] == "model-epoch2batch8.pt"
+    assert checkpoint_files(tmp_path / "mine")[-1] == "model-epoch2batch8.pt"
 
 
 def test_options_beside_a_checkpoint_handler_of_yours_and_shared_prefixes_are_refused(tmp_path):

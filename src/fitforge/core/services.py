@@ -8,7 +8,7 @@ handler (:meth:`~fitforge.core.events.EventHandler.offer`), and the hooks read `
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -76,7 +76,8 @@ class SavedCheckpoints:
     that reports them elsewhere (Ray Train's). ``io``: its ``fitforge.checkpoint.CheckpointIO``;
     ``prefix``: the names' prefix; ``resumes``: it resumes from its newest at fit start;
     ``in_background``: it writes after returning; ``last``: the newest regular checkpoint this fit
-    saved, on every rank (``saved``: rank 0's rotation list); ``best``, ``best_value``: the best one."""
+    saved, on every rank (``saved``: rank 0's rotation list); ``best``, ``best_value``: the best one;
+    ``checksums``: the checksum of each checkpoint this fit wrote, by name (rank 0's)."""
 
     io: Any
     root: Any
@@ -88,6 +89,7 @@ class SavedCheckpoints:
     best: Any
     best_value: float | None
     resumed_from: Any
+    checksums: dict[str, str] = field(default_factory=dict)
 
 
 class CheckpointSaver(Protocol):
@@ -118,6 +120,12 @@ class Services:
         running_values: the epoch-so-far values' sources (MetricHandler's), which
             ``state.running_metrics()`` reads.
         logged: the named values ``state.log`` keeps until a MetricHandler takes them.
+        run_folders: where the run's ``manifest.json`` goes: the folders (paths) or stores (a
+            ``CheckpointIO`` with ``write_text``) of the handlers that keep the run's files.
+        manifest_sections: called each time the manifest is written; each returns sections to put
+            in it (``{"fingerprints": ...}``), as plain JSON values.
+        after_save: called on every rank after a checkpoint saved mid-epoch (epoch ends and
+            ``train_end`` are events of their own), with the state.
     """
 
     def __init__(
@@ -142,6 +150,9 @@ class Services:
         self.step_skips: list[Callable[[], Any]] = []
         self.running_values: list[Callable[[], dict[str, float]]] = []
         self.logged = PendingValues()
+        self.run_folders: list[Any] = []
+        self.manifest_sections: list[Callable[[], dict[str, Any]]] = []
+        self.after_save: list[Callable[[Any], None]] = []
 
     def __repr__(self) -> str:
         return f"Services({', '.join(f'{name}={value!r}' for name, value in vars(self).items())})"

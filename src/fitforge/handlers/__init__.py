@@ -4,11 +4,13 @@ from fitforge.handlers.checkpoint import CheckpointHandler
 from fitforge.handlers.csv_logger import CSVLoggerHandler
 from fitforge.handlers.early_stopping import EarlyStoppingHandler
 from fitforge.handlers.ema import EMAHandler
+from fitforge.handlers.fingerprint import FingerprintHandler
 from fitforge.handlers.gradient_update import GradientUpdateHandler
 from fitforge.handlers.lambda_handler import LambdaHandler
 from fitforge.handlers.live_plot import LivePlotHandler
 from fitforge.handlers.logging import LoggingHandler
 from fitforge.handlers.lr_scheduler import LRSchedulerHandler
+from fitforge.handlers.manifest import ManifestHandler
 from fitforge.handlers.metric import MetricHandler
 from fitforge.handlers.mlflow import MLflowHandler
 from fitforge.handlers.nan_guard import NaNGuardHandler, NonFiniteLossError
@@ -29,6 +31,7 @@ __all__ = [
     "CheckpointHandler",
     "EMAHandler",
     "EarlyStoppingHandler",
+    "FingerprintHandler",
     "GradientUpdateHandler",
     "LRSchedulerHandler",
     "LambdaHandler",
@@ -36,6 +39,7 @@ __all__ = [
     "LoggingHandler",
     "LossSpikeError",
     "MLflowHandler",
+    "ManifestHandler",
     "MetricHandler",
     "NaNGuardHandler",
     "NonFiniteLossError",

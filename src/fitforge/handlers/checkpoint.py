@@ -132,6 +132,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
 
     def offer(self, services: Services) -> None:
         services.checkpoints.append(self)  # what it saves, for the handlers that report it (Ray's, MLflow's)
+        local = isinstance(self.model_dir, Path) and self._folder.local
+        services.run_folders.append(self.model_dir if local else self.io)  # the run's manifest, beside its checkpoints
 
     def train_begin(self, state: TrainState) -> None:
         if self._monitor is not None:
@@ -155,6 +157,8 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
                 return  # the epoch ends with this batch and saves the same state under its epoch name
         with state.run.clock.timing("checkpoint"):  # the time training stands still for it
             self._writer.regular(state, state.epoch, state.global_step + 1)
+            for saved in state.services.after_save:  # the run's manifest records it
+                saved(state)
 
     def epoch_end(self, state: TrainState) -> None:
         with state.run.clock.timing("checkpoint"):
@@ -202,6 +206,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
             self.best_path,
             self.best,
             self.resumed_from,
+            self._folder.checksums,
         )
 
     def best_weights(self) -> str | None:

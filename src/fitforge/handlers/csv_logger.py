@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fitforge.core.events import EpochEnd, Stage, TrainBegin
 from fitforge.core.history import History
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.reporting.hparams import run_params
@@ -42,6 +43,9 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self.params_path = self.path.with_name(f"{self.path.stem}.params.json")  # not with_suffix: "log" has none
         self.append = check_flag("CSVLoggerHandler", "append", append)
         self._header: list[str] = []  # empty until the run's first write
+
+    def offer(self, services: Services) -> None:
+        services.run_folders.append(self.path.parent)  # the run's manifest goes beside the log
 
     def train_begin(self, state: TrainState) -> None:
         self._header = []  # decided at the first write, once a resume (after train_begin) is known

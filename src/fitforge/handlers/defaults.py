@@ -14,6 +14,7 @@ from fitforge.core.state import EstimatorLike
 from fitforge.exceptions import FitforgeTypeError, describe
 from fitforge.handlers.gradient_update import GradientUpdateHandler
 from fitforge.handlers.logging import LoggingHandler
+from fitforge.handlers.manifest import ManifestHandler
 from fitforge.handlers.metric import MetricHandler
 from fitforge.handlers.progress_bar import ProgressBarHandler, interactive
 from fitforge.handlers.stopping import StoppingHandler
@@ -41,7 +42,8 @@ def with_defaults(given: list[EventHandler], defaults: Iterable[EventHandler]) -
 
 def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = True) -> list[EventHandler]:
     """The handlers of a fit. With ``default_handlers=False`` only the two a loop cannot run without are added,
-    plus a ValidationHandler when ``val_data`` is given (an explicit request)."""
+    plus a ValidationHandler when ``val_data`` is given (an explicit request), and the ManifestHandler (it
+    writes only beside the files of handlers the user gave: checkpoints, logs)."""
     if not isinstance(default_handlers, bool):
         raise FitforgeTypeError(f"default_handlers must be True or False, got {describe(default_handlers)}")
     given = user_handlers(event_handlers)
@@ -54,6 +56,7 @@ def fit_handlers(event_handlers: Any, val_data: Any, default_handlers: bool = Tr
     if default_handlers:  # the bar first: an epoch's bar closes before its log line (one priority, as given)
         defaults += [ProgressBarHandler()] if interactive() else []
         defaults.append(LoggingHandler())
+    defaults.append(ManifestHandler())
     defaults.append(StoppingHandler())  # last of the defaults at REPORT: the reports of a batch before its stop
     return with_defaults(given, defaults)
 

@@ -200,6 +200,30 @@ class DataOrder:
             data = self.batches_of(state.epoch, sample // ((self.batch_size or 1) * self.split))
         return indexed_batches(data), start
 
+    def epoch_digest(self, epoch: int) -> str | None:
+        """A digest of the order of ``epoch``'s samples, for the run's manifest (read at its end): of the order
+        itself where fitforge draws it (a list, a plain loader sequential or shuffled by its seed), else of
+        what draws it (the seed, the user's generators at the epoch's start); None where neither is known (a
+        sampler of one's own, data keeping its own position)."""
+        digest = hashlib.blake2b(f"{epoch}".encode(), digest_size=8)
+        data = self.data
+        if isinstance(data, (list, tuple)):
+            digest.update(f"list{len(data)}".encode())
+        elif self.problem is not None or self.holder is not None:
+            return None
+        elif self.unplaceable is None and not self._legacy_seeding and isinstance(data, DataLoader):
+            size = len(data.dataset)  # type: ignore[arg-type]  # placeable: a map-style dataset
+            if self.shuffled:  # the order itself: the seeded RandomSampler's or DistributedSampler's
+                generator = torch.Generator().manual_seed(self.order_seed + epoch)
+                digest.update(torch.randperm(size, generator=generator).numpy().tobytes())
+            else:
+                digest.update(f"range{size}".encode())
+        else:  # a generator fitforge seeds by the epoch, or the user's own
+            digest.update(f"seed{self.seed}".encode())
+            for start in self._start:
+                digest.update(start.numpy().tobytes())
+        return digest.hexdigest()
+
     def resume_at(self, position: int, epoch_start_step: int, sample: int | None = None) -> None:
         """Make the next epoch continue after ``position`` batches (``sample``: that many samples, placed anew)."""
         self._resume_position, self.epoch_start_step = position, epoch_start_step
