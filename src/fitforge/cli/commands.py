@@ -23,6 +23,7 @@ from fitforge.cli.parser import RUN_SECTIONS, command_parser, data_arguments, re
 from fitforge.cli.suggest import config_error, parameters
 from fitforge.exceptions import CheckpointError, ConfigError, FitforgeTypeError, FitforgeValueError
 from fitforge.inputs.arrays import from_pandas, is_arrays
+from fitforge.reporting.run_diff import RunDiff, diff_runs
 
 log = logging.getLogger("fitforge")
 _RESUME = "resume_from_checkpoint"
@@ -31,11 +32,14 @@ _RESUME = "resume_from_checkpoint"
 def run(args: list[str] | None = None) -> Any:
     """Run a command as the console would (``run(["fit", "--config", "cfg.yaml"])``) and return its
     result: ``fit`` the History, ``evaluate`` the metrics dict, ``predict`` the predictions,
-    ``--print_config`` the resolved config (a dict), having built nothing."""
+    ``--print_config`` the resolved config (a dict), having built nothing; ``diff`` the
+    :class:`~fitforge.reporting.run_diff.RunDiff` it printed."""
     argv = _with_recorded_config(sys.argv[1:] if args is None else list(args))
     commands, parsed = _parsed(argv)
     command = parsed.command
     config: Namespace = parsed[command]
+    if command == "diff":
+        return _diff(config)
     subparser = commands[command]
     data_parser = _check_data_arguments(config, command)
     if config.print_config:  # the config with the command's own options, as --config would take it back
@@ -90,19 +94,20 @@ def _with_recorded_config(argv: list[str]) -> list[str]:
 
 
 def main(args: list[str] | None = None) -> int:
-    """The console script ``fitforge``: a config error is printed, exit status 2; fitforge's own errors
-    once the run is built are printed too (their messages name the fix), exit status 1; else 0."""
+    """The console script ``fitforge``: a config error (or a run ``diff`` finds no manifest of) is printed, exit
+    status 2; fitforge's own errors once the run is built are printed too (their messages name the fix), exit
+    status 1, as two runs ``diff`` finds different; else 0."""
     if not getattr(sys.flags, "safe_path", False) and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # last: a file here never shadows an installed package
     try:
-        run(args)
+        result = run(args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (FitforgeValueError, FitforgeTypeError) as error:
         print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if isinstance(result, RunDiff) and not result.identical else 0
 
 
 def recordable(parser: ArgumentParser, config: Namespace) -> dict[str, Any]:
@@ -152,6 +157,15 @@ def _check_data_arguments(config: Namespace, command: str) -> ArgumentParser:
         if name in given or not (isinstance(value, str) and value.startswith(_UNSERIALIZABLE))
     }
     return data_parser
+
+
+def _diff(config: Namespace) -> RunDiff:
+    try:
+        compared = diff_runs(config.run_a, config.run_b)
+    except FitforgeValueError as error:  # no manifest there: trouble, not a difference (diff's exit status 2)
+        raise ConfigError(str(error)) from None
+    print(compared.text(config.run_a, config.run_b))  # the command's result, on stdout
+    return compared
 
 
 def _fit(parser: ArgumentParser, data_parser: ArgumentParser, config: Namespace) -> Any:

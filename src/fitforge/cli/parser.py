@@ -48,7 +48,7 @@ def _typed_here(torchmetrics: bool) -> dict[str, Any]:
 
 
 def command_parser(torchmetrics: bool = False) -> tuple[ArgumentParser, dict[str, ArgumentParser]]:
-    """``fitforge`` with its three commands, and each command's parser (of a whole run's config)."""
+    """``fitforge`` with its commands, and each command's parser (of a whole run's config; ``diff``: of two runs)."""
     top = _new_parser(prog="fitforge", description="Train, evaluate and predict from a config (docs/cli.md).")
     commands = top.add_subcommands(dest="command", required=True)
     parsers = {name: _command_parser(name, torchmetrics) for name in ("fit", "evaluate", "predict")}
@@ -59,7 +59,22 @@ def command_parser(torchmetrics: bool = False) -> tuple[ArgumentParser, dict[str
     }
     for name, parser in parsers.items():
         commands.add_subcommand(name, parser, help=helps[name])
+    parsers["diff"] = _diff_parser()
+    commands.add_subcommand("diff", parsers["diff"], help="what differs between two runs, and where they diverge")
     return top, parsers
+
+
+def _diff_parser() -> ArgumentParser:
+    parser = _new_parser(
+        description="Compare two runs' manifest.json: their config, arguments, versions, seeds, hardware, commit and "
+        "data order, and the first recorded step where they diverge (docs/reproducibility.md). Exit status: 0 when "
+        "identical, 1 when they differ, 2 when a run has no manifest."
+    )
+    parser.add_argument(
+        "run_a", type=str, help="a run's folder (where its checkpoints or logs are), its manifest.json, or a URL"
+    )
+    parser.add_argument("run_b", type=str, help="the other run")
+    return parser
 
 
 def _new_parser(**kwargs: Any) -> ArgumentParser:
