@@ -370,3 +370,28 @@ def test_an_error_found_once_the_run_is_built_is_printed_without_a_traceback(tmp
     err = capsys.readouterr().err
     assert "error: FitforgeValueError: CheckpointHandler:" in err and "already holds" in err
     assert "Traceback" not in err
+
+
+def test_diff_names_a_changed_config_key_and_exits_with_its_status(tmp_path, marker, monkeypatch, capsys):
+    checkpoints = {"class_path": "fitforge.handlers.CheckpointHandler", "init_args": {"model_dir": "ckpt"}}
+    fingerprints = {"class_path": "fitforge.handlers.FingerprintHandler", "init_args": {"every": 2}}
+    for name, lr in (("a", 0.1), ("b", 0.1), ("c", 0.2)):
+        folder = tmp_path / name
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        optimizer = {"class_path": "torch.optim.SGD", "init_args": {"lr": lr}}
+        write_config(
+            folder, estimator={**BASE["estimator"], "optimizer": optimizer}, handlers=[checkpoints, fingerprints]
+        )
+        run(["fit", "--config", "cfg.yaml", "--fit.epochs", "1"])
+    monkeypatch.chdir(tmp_path)
+    manifest = json.loads((tmp_path / "a" / "ckpt" / "manifest.json").read_text())
+    assert manifest["config"] == recorded_config(tmp_path / "a" / "ckpt" / "model-epoch1batch4.pt")
+    capsys.readouterr()
+    assert main(["diff", "a/ckpt", "b/ckpt"]) == 0
+    assert "bitwise identical: the 2 fingerprints both runs recorded match" in capsys.readouterr().out
+    assert main(["diff", "a/ckpt", "c/ckpt/manifest.json"]) == 1
+    shown = capsys.readouterr().out
+    assert "config.estimator.optimizer.init_args.lr: 0.1 -> 0.2" in shown and "diverge at step 0" in shown
+    assert main(["diff", "a/ckpt", "nowhere"]) == 2
+    assert "error: fitforge diff: no manifest.json in nowhere" in capsys.readouterr().err

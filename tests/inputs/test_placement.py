@@ -63,3 +63,41 @@ def test_a_placed_resume_counts_from_its_sample_before_its_epoch_starts():
     order.resume_at(3, 6, sample=10)  # a save now (a signal while restoring) must hold the sample, not 3 batches of 4
     assert order.state_dict()["offset"] == [10, 3]
     order.close()
+
+
+def test_an_epochs_order_digest_is_of_the_order_the_loader_draws():
+    import hashlib
+
+    from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+    from fitforge.inputs.order import DataOrder
+
+    def order(**loader):
+        return DataOrder(DataLoader(TensorDataset(torch.arange(24.0)), batch_size=4, **loader))
+
+    shuffled = order(shuffle=True)
+    shuffled.batches_of(3)  # the epoch's generators, seeded
+    drawn = torch.tensor(list(shuffled.data.sampler)).numpy().tobytes()
+    assert shuffled.epoch_digest(3) == hashlib.blake2b(b"3" + drawn, digest_size=8).hexdigest()
+    assert shuffled.epoch_digest(3) != shuffled.epoch_digest(4)
+    other = order(shuffle=True)
+    other.seed = shuffled.seed
+    assert other.epoch_digest(3) == shuffled.epoch_digest(3)
+    assert order().epoch_digest(0) == order().epoch_digest(0) != order().epoch_digest(1)  # in sequence
+    assert DataOrder([1, 2]).epoch_digest(0) is not None
+
+    def own(seed):  # the user's generator: its state at the epoch's start
+        mine = order(shuffle=True, generator=torch.Generator().manual_seed(seed))
+        mine.batches_of(0)
+        return mine.epoch_digest(0)
+
+    assert own(1) == own(1) != own(2)
+
+    class Mine(Sampler):
+        def __iter__(self):
+            return iter(range(24))
+
+        def __len__(self):
+            return 24
+
+    assert order(sampler=Mine()).epoch_digest(0) is None  # fitforge knows nothing of its order

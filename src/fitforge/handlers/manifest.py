@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -99,14 +100,20 @@ class ManifestHandler(TrainBegin, EpochEnd, TrainEnd):
         return None
 
     def _settle_resume(self, state: TrainState) -> None:
-        """Once the run resumed: where, and the epochs it does again left out."""
+        """Once the run resumed: where, the data's seed (the checkpoint's), and its epochs: those it does again
+        left out, those a kill kept from the manifest (written after the checkpoint) taken from its history."""
         resumes, at = self._manifest["resumes"], state.run.resumed_at
-        if at is not None and resumes and "at" not in resumes[-1]:
-            resumes[-1]["at"] = list(at)
-            order = fit_data_order(state)
-            if order is not None and order.seed is not None:  # the run's, loaded from the checkpoint
-                self._manifest.setdefault("seeds", {})["data"] = order.seed
-            self._epochs = {number: entry for number, entry in self._epochs.items() if number <= at[0]}
+        if at is None or not resumes or "at" in resumes[-1]:
+            return
+        resumes[-1]["at"] = list(at)
+        order = fit_data_order(state)
+        if order is not None and order.seed is not None:
+            self._manifest.setdefault("seeds", {})["data"] = order.seed
+        self._epochs = {number: entry for number, entry in self._epochs.items() if number <= at[0]}
+        for number, row in enumerate(state.history.rows()[: at[0]], start=1):
+            if number not in self._epochs:  # its step and order are not known any more
+                metrics = {key: value for key, value in row.items() if math.isfinite(value)}
+                self._epochs[number] = {"epoch": number, "step": None, "order": None, "metrics": metrics}
 
     def _write(self, state: TrainState) -> None:
         self._settle_resume(state)

@@ -157,7 +157,7 @@ def outcome(state: TrainState) -> str:
         return f"error: {type(error).__name__}: {str(error)[:200]}"
     if state.run.preempted is not None:
         return f"preempted by signal {state.run.preempted}"
-    return f"stopped: {reason}" if reason else "finished"
+    return f"finished ({reason})" if reason else "finished"
 
 
 def plain(value: Any) -> Any:

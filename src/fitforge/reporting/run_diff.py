@@ -90,7 +90,8 @@ _ABSENT = _Absent()
 
 
 def _flat(value: Any, key: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, dict) and value:
+    """``(key, value)`` of each leaf of nested dicts, keys joined by dots (an empty dict has none)."""
+    if isinstance(value, dict):
         for name, item in value.items():
             yield from _flat(item, f"{key}.{name}")
     else:
