@@ -16,6 +16,7 @@ import torch
 from configs import write_config
 
 from fitforge.checkpoint.files import load_checkpoint
+from helpers import checkpoint_files
 
 pytestmark = pytest.mark.integration  # each process imports torch and jsonargparse: seconds
 
@@ -75,7 +76,7 @@ def test_a_killed_run_resumed_from_its_checkpoints_config_alone_ends_as_an_unint
         write_config(folder, handlers=handlers, fit={"epochs": 4})
     first = fitforge(killed, "fit", "--config", "cfg.yaml", FITFORGE_TEST_CRASH="1")
     assert first.returncode == 3, first.stderr  # CrashAfter ended the process after epoch 2's checkpoint
-    assert sorted(path.name for path in (killed / "ckpt").iterdir()) == [
+    assert checkpoint_files(killed / "ckpt") == [
         "model-epoch1batch4.pt",
         "model-epoch2batch8.pt",
     ]

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from figures import FIGURES
 from fitforge.distributed import fsdp
+from helpers import checkpoint_files
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "train_run.py")
@@ -287,7 +288,7 @@ def test_only_rank_0_writes_files(runs):
     rank0, rank1 = runs["two"] / "rank0", runs["two"] / "rank1"
     assert not rank1.exists()  # no CSV log, no checkpoint folder
     assert (rank0 / "log.csv").is_file()
-    assert sorted(p.name for p in (rank0 / "checkpoints").iterdir()) == [
+    assert checkpoint_files(rank0 / "checkpoints") == [
         "model-epoch1batch5.pt",
         "model-epoch2batch10.pt",
         "model-epoch3batch15.pt",
@@ -300,7 +301,7 @@ def test_sigterm_on_one_rank_makes_every_rank_save_at_the_same_batch(runs):
     # batches, written by rank 0 while rank 1 waited for it.
     rank1 = json.loads((runs["preempted"] / "result-rank1.json").read_text())
     assert rank1["exit"] == 143 and rank1["steps"] == 9 and "SIGTERM" in rank1["reason"]
-    assert {p.name for p in runs["saved"].iterdir()} == {"model-epoch1batch5.pt", "model-epoch1batch9.pt"}
+    assert set(checkpoint_files(runs["saved"])) == {"model-epoch1batch5.pt", "model-epoch1batch9.pt"}
 
 
 def test_a_stop_requested_on_one_rank_stops_every_rank_at_the_same_batch(runs):
@@ -384,7 +385,7 @@ def test_a_finished_job_exits_with_0_on_every_rank(runs):
 def test_fsdp_on_two_cpu_ranks_trains_like_one_process_and_its_checkpoint_round_trips(runs):
     # Sharded weights and optimizer states, saved by both ranks through torch.distributed.checkpoint
     # in the middle of epoch 2, resumed on 2 ranks (FSDP) and on 1 process (no process group).
-    assert {p.name for p in runs["fsdp_saved"].iterdir()} == {
+    assert set(checkpoint_files(runs["fsdp_saved"])) == {
         "model-epoch1batch5.pt",
         "model-epoch1batch5pos0.dcp",
         "model-epoch1batch7.pt",

@@ -147,7 +147,7 @@ def test_every_batch_syncs_when_asked_or_with_several_optimizers(one_rank_group)
 def test_the_default_path_adds_no_call_per_batch():
     estimator = Estimator(nn.Linear(1, 1), nn.MSELoss(), optimizer="sgd", device="cpu")
     loop = estimator.describe_loop()
-    assert "batch_begin  (none)" in loop and "train_end    LoggingHandler(report)\n" in loop
+    assert "batch_begin  (none)" in loop and "train_end    LoggingHandler(report) -> ManifestHandler(report)\n" in loop
     assert Event.BATCH_BEGIN not in GradientUpdateHandler().handled_events
     assert GradientUpdateHandler(accumulate=2).handled_events is None
 

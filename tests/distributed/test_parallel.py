@@ -54,7 +54,7 @@ from fitforge.handlers import (
 from fitforge.metrics.base import merge_metric_state
 from fitforge.metrics.builtin import Accuracy
 from fitforge.signals.preemption import Preemption, preemptible
-from helpers import make_estimator, regression_batches
+from helpers import checkpoint_files, make_estimator, regression_batches
 
 GLOO = dist.is_available() and dist.is_gloo_available()
 
@@ -407,8 +407,8 @@ def test_async_saves_of_sharded_state_write_what_synchronous_saves_write(one_ran
         fsdp_estimator(strategy_options={"shard": (nn.Linear,)}).fit(
             regression_batches(4), epochs=2, event_handlers=[saver]
         )
-    names = sorted(p.name for p in folders["sync"].iterdir())
-    assert names == sorted(p.name for p in folders["async"].iterdir()) and "model-epoch2batch8pos0.dcp" in names
+    names = checkpoint_files(folders["sync"])
+    assert names == checkpoint_files(folders["async"]) and "model-epoch2batch8pos0.dcp" in names
     assert len(backgrounds) >= 4 and all(future.done() and future.exception() is None for future in backgrounds)
     for name in (n for n in names if n.endswith(".pt")):
         loaded = []
@@ -451,6 +451,7 @@ def test_sharded_checkpoints_go_to_an_fsspec_url_and_resume_from_it(one_rank_gro
         memory.rm(url, recursive=True)
         fit(2)
         names = sorted(entry.rsplit("/", 1)[-1] for entry in memory.ls(url, detail=False))
+        names.remove("manifest.json")
         assert names == [
             "model-epoch1batch6.pt",
             "model-epoch1batch6.pt.commit",
@@ -480,7 +481,7 @@ def test_shards_that_cannot_be_written_are_a_checkpoint_error_naming_them(one_ra
     io.folder_path = lambda name: blocked / name  # under a file: no folder can be made there
     with pytest.raises(CheckpointError, match=r"cannot write the shards model-epoch1batch4pos0.dcp: .*intact"):
         fsdp_estimator().fit(regression_batches(4), epochs=1, event_handlers=[CheckpointHandler(io=io)])
-    assert io.names() == []  # no checkpoint names shards that are not there
+    assert io.names() == ["manifest.json"]  # no checkpoint names shards that are not there
 
 
 @needs_fsdp
@@ -494,7 +495,7 @@ def test_a_preemption_save_of_sharded_state_waits_for_the_async_one_in_flight(on
     with pytest.raises(SystemExit) as exit_:
         fsdp_estimator().fit(regression_batches(4), epochs=3, event_handlers=[saver, Term()])
     assert exit_.value.code == 143
-    assert sorted(p.name for p in tmp_path.iterdir())[-2:] == ["model-epoch1batch5.pt", "model-epoch1batch5pos1.dcp"]
+    assert checkpoint_files(tmp_path)[-2:] == ["model-epoch1batch5.pt", "model-epoch1batch5pos1.dcp"]
     resumed = fsdp_estimator()
     saver = CheckpointHandler(tmp_path, resume_from_checkpoint=True, async_save=True)
     resumed.fit(regression_batches(4), epochs=3, event_handlers=[saver])
@@ -529,7 +530,7 @@ def test_fsdp_checkpoints_round_trip_through_dcp_folders(one_rank_group, tmp_pat
     estimator = fsdp_estimator(strategy_options={"shard": (nn.Linear,)})
     saver = CheckpointHandler(tmp_path, monitor="train_loss", save_best=True, max_checkpoints=1)
     estimator.fit(regression_batches(4), epochs=2, event_handlers=[saver])
-    names = {p.name for p in tmp_path.iterdir()}
+    names = set(checkpoint_files(tmp_path))
     assert names == {
         "model-epoch2batch8.pt",
         "model-epoch2batch8pos0.dcp",
@@ -612,7 +613,7 @@ def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_with_a_users_sampler_
     data = TensorDataset(torch.arange(24.0).unsqueeze(1), torch.rand(24, 1))
     fit_rows(tmp_path, DataLoader(data, batch_size=4, sampler=OwnOrder(24)), batches=8)
     as_if_two_ranks_wrote(tmp_path / "model-epoch1batch8.pt")
-    files = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    files = {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)}
     message = (
         r"written 16 sample\(s\) into epoch 2 by 2 rank\(s\), and this fit runs on 1, where the rest of that epoch "
         r"cannot be found: train_data's order is not one for every number of ranks: its sampler OwnOrder is your "
@@ -620,7 +621,7 @@ def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_with_a_users_sampler_
     )
     with pytest.raises(FitforgeValueError, match=message):
         fit_rows(tmp_path, DataLoader(data, batch_size=4, sampler=OwnOrder(24)), resume=True, epochs=2)
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files  # nothing written over
+    assert {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)} == files  # nothing over
 
 
 def test_a_mid_epoch_checkpoint_of_another_number_of_ranks_over_single_samples_is_refused(tmp_path):
@@ -664,7 +665,7 @@ def test_shard_folders_no_checkpoint_names_are_removed_at_fit_start(one_rank_gro
     for name in ("model-epoch1batch4pos0.dcp", "model-best-epoch1batch4pos0.dcp"):
         (tmp_path / name).mkdir()
     fsdp_estimator().fit(regression_batches(4), epochs=1, event_handlers=[CheckpointHandler(tmp_path)])
-    assert {p.name for p in tmp_path.iterdir()} == {"model-epoch1batch4.pt", "model-epoch1batch4pos0.dcp"}
+    assert set(checkpoint_files(tmp_path)) == {"model-epoch1batch4.pt", "model-epoch1batch4pos0.dcp"}
     assert (tmp_path / "model-epoch1batch4pos0.dcp" / ".metadata").is_file()  # the new one, not the stale
 
 

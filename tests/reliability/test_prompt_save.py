@@ -33,6 +33,8 @@ from harness import (
     weights,
 )
 
+from helpers import checkpoint_files
+
 pytestmark = pytest.mark.integration  # signals trainer processes (harness.py)
 
 SLOW = 0.125  # seconds per validation batch once the fault is armed: 80 batches, 10 s
@@ -135,14 +137,17 @@ def test_a_signal_in_the_check_before_training_leaves_the_resumed_state_as_it_is
     injected(spec)
     checkpoints = tmp_path / "checkpoints"
     run_trainer(checkpoints, tmp_path / "first.jsonl", fault="term@val:10", expect_rc=143, args=["--val", "0"])
-    before = {path.name: path.read_bytes() for path in checkpoints.iterdir()}
+    before = {name: (checkpoints / name).read_bytes() for name in checkpoint_files(checkpoints)}
     rc, _, stderr = run_trainer(
         checkpoints, tmp_path / "check.jsonl", fault=spec, expect_rc=None, args=["--val", str(SLOW)]
     )
     entries = journal(tmp_path / "check.jsonl")
     assert rc == 143 and event(entries, "fault")["completed"] == 0 and "received SIGTERM" in stderr
     assert "(preempted by SIGTERM)" in stderr  # the closing line
-    assert not losses(entries) and {path.name: path.read_bytes() for path in checkpoints.iterdir()} == before
+    assert (
+        not losses(entries)
+        and {name: (checkpoints / name).read_bytes() for name in checkpoint_files(checkpoints)} == before
+    )
     run_trainer(checkpoints, tmp_path / "final.jsonl", out=tmp_path / "out.pt", args=["--val", "0"])
     ref_entries, ref_weights = single["reference"]
     final = journal(tmp_path / "final.jsonl")

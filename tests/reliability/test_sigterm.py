@@ -24,6 +24,8 @@ from harness import (
     weights,
 )
 
+from helpers import checkpoint_files
+
 pytestmark = pytest.mark.integration  # signals trainer processes (harness.py)
 
 POINTS = {
@@ -96,7 +98,11 @@ def restore_runs(tmp_path_factory) -> dict:
             run_trainer(checkpoints, folder / "first.jsonl", fault="term@begin:10", expect_rc=143)
 
         def files():
-            return {path.name: path.read_bytes() for path in checkpoints.iterdir()} if checkpoints.exists() else {}
+            return (
+                {name: (checkpoints / name).read_bytes() for name in checkpoint_files(checkpoints)}
+                if checkpoints.exists()
+                else {}
+            )
 
         before = files()
         rc, _, stderr = run_trainer(checkpoints, folder / "restore.jsonl", fault="term@train_begin", expect_rc=None)

@@ -101,15 +101,20 @@ class Journal:
         os.write(self.fd, (json.dumps(entry) + "\n").encode())
 
 
+MANIFEST = "manifest.json"  # the run's, beside its checkpoints
+
+
 def checkpoint_names(folder: str) -> list[str]:
-    """The names in a folder, or in an object-store folder (listed afresh: fsspec caches listings)."""
+    """The names in a folder, or in an object-store folder (listed afresh: fsspec caches listings), the run's
+    manifest aside."""
     if "://" not in folder:
-        return sorted(path.name for path in Path(folder).iterdir()) if Path(folder).exists() else []
+        return sorted(p.name for p in Path(folder).iterdir() if p.name != MANIFEST) if Path(folder).exists() else []
     from fsspec.core import url_to_fs
 
     fs, key = url_to_fs(folder)
     fs.invalidate_cache()
-    return sorted(entry.rsplit("/", 1)[-1] for entry in fs.ls(key, detail=False)) if fs.exists(key) else []
+    names = [entry.rsplit("/", 1)[-1] for entry in fs.ls(key, detail=False)] if fs.exists(key) else []
+    return sorted(name for name in names if name != MANIFEST)
 
 
 class Recorder(TrainBegin, BatchBegin, BatchEnd, EpochEnd):

@@ -18,6 +18,7 @@ from fitforge import Estimator
 from fitforge.core.events import Stage
 from fitforge.events import BatchBegin, EpochEnd
 from fitforge.handlers import CheckpointHandler, ValidationHandler
+from helpers import checkpoint_files
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)  # 6 batches of 8
@@ -183,12 +184,12 @@ def test_a_signal_during_the_checks_before_training_stops_before_the_first_batch
         val = ValSet()
         with pytest.raises(SystemExit):
             train(tmp_path, extra=[Arm(val, signal.SIGTERM, at=7)], val=val)
-    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    before = {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)}
     val = ValSet()
     val.signum, val.reads = signal.SIGTERM, 2  # the check before training reads the first samples
     with pytest.raises(SystemExit) as exit_:
         train(tmp_path, resume=True, val=val)
     assert exit_.value.code == 143 and val.sent
     # Nothing to save: the resumed state is on disk already (a fresh run has none).
-    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+    assert {name: (tmp_path / name).read_bytes() for name in checkpoint_files(tmp_path)} == before
     assert_resumes_exactly(tmp_path, whole, seed=123 if resumed else 0)

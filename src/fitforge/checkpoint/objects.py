@@ -149,7 +149,7 @@ class FsspecCheckpointIO:
 
     def write_text(self, name: str, text: str) -> None:
         """Put a text object (the run's manifest): an object store replaces an object whole or not at all."""
-        upload(self.fs, f"{self.key}/{name}", text.encode())
+        self.fs.pipe_file(f"{self.key}/{name}", text.encode())
 
     def read_text(self, name: str) -> str:
         """A text object's contents (FileNotFoundError when there is none)."""
