@@ -144,10 +144,11 @@ def with_epochs(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> dict
 def epoch_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """The :func:`epoch_entry` s of a manifest (what :func:`with_epochs` put in it)."""
     columns = manifest.get("metrics") or {}
-    return [
-        {**epoch, "metrics": {key: values[i] for key, values in columns.items() if values[i] is not None}}
-        for i, epoch in enumerate(manifest.get("epochs") or [])
-    ]
+
+    def row(i: int) -> dict[str, Any]:
+        return {key: values[i] for key, values in columns.items() if i < len(values) and values[i] is not None}
+
+    return [{**epoch, "metrics": row(i)} for i, epoch in enumerate(manifest.get("epochs") or [])]
 
 
 def outcome(state: TrainState) -> str:

@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-_MOST_FILES = 50_000  # a larger repository's dirty flag is left unknown: its stat calls would slow each fit
+_MOST_FILES = 20_000  # a larger repository's dirty flag is left unknown: its stat calls would slow each fit
 _GITLINK = 0o160000  # a submodule's entry: its own repository
 
 
