@@ -37,6 +37,7 @@ def test_a_checkpointed_fit_records_every_field(tmp_path):
     manifest = manifest_of(tmp_path)
     assert manifest["format"] == 1 and manifest["started"] <= manifest["ended"]
     assert manifest["outcome"] == "finished (reached epochs=3)"
+    assert manifest["time"]["wall"] >= manifest["time"]["step"] > 0 and manifest["time"]["validation"] > 0
     assert isinstance(manifest["command"], list) and manifest["cwd"] and "repository" in manifest
     environment = manifest["environment"]
     assert environment["python"] == platform.python_version() and environment["torch"] == torch.__version__

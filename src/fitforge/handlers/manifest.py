@@ -119,6 +119,7 @@ class ManifestHandler(TrainBegin, EpochEnd, TrainEnd):
         self._settle_resume(state)
         manifest = self._manifest = with_epochs(self._manifest, [self._epochs[n] for n in sorted(self._epochs)])
         manifest["checkpoints"] = _checksums(state, manifest.get("checkpoints", {}))
+        manifest["time"] = {cause: round(seconds, 3) for cause, seconds in state.run.clock.totals().items()}
         for section in state.services.manifest_sections:
             manifest.update(section())
         text = to_json(manifest)
