@@ -1,4 +1,4 @@
-"""Where the time went, across a kill -9 and a resume (the run's clock, fitforge.core.history.RunClock):
+"""Where the time went, across a kill -9 and a resume (the run's clock, fitforge.core.clock.RunClock):
 a loader that sleeps 20 ms a batch and checkpoint writes that sleep 300 ms each are reported within 5
 points of their true shares of the run, the totals survive the resume, and the advice on waiting for data
 is printed once."""

@@ -185,6 +185,6 @@ def compile_net(net: nn.Module, options: Any) -> nn.Module:
             del net.forward  # the class's own forward again, for every later call
             return eager(*args, **kw)
 
-    forward.fitforge_compiled = True  # type: ignore[attr-defined]  # its first steps compile (core.history.RunClock)
+    forward.fitforge_compiled = True  # type: ignore[attr-defined]  # its first steps compile (core.clock.RunClock)
     net.forward = forward
     return net

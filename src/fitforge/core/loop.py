@@ -30,9 +30,10 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
+from fitforge.core.clock import compiled
 from fitforge.core.coordinator import PassWatch
 from fitforge.core.events import Event
-from fitforge.core.history import compiled, numbered_key
+from fitforge.core.history import numbered_key
 from fitforge.core.rng import torch_rng_snapshot
 from fitforge.core.roles import Accumulating, role_of
 from fitforge.core.run import RunContext

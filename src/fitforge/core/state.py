@@ -12,10 +12,10 @@ from typing import Any, Protocol
 
 import torch
 
-from fitforge.core.history import History, RunClock
-from fitforge.core.logged import checked_value, dropped
+from fitforge.core.clock import RunClock
+from fitforge.core.history import History
 from fitforge.core.processes import ONE_PROCESS, Processes
-from fitforge.core.services import Services
+from fitforge.core.services import Services, checked_value, dropped
 
 
 class StepProcessor(Protocol):
@@ -153,7 +153,7 @@ class RunControl:
             one process every answer is this process's own. A collective must be reached by every
             rank at the same point: in training every rank is at the same batch; an evaluate or
             predict pass's shares may differ in length, so ask only at its epoch ends there.
-        clock: the fit's seconds by cause (:class:`~fitforge.core.history.RunClock`): a handler times a cause
+        clock: the fit's seconds by cause (:class:`~fitforge.core.clock.RunClock`): a handler times a cause
             of its own with ``with state.run.clock.timing("validation"): ...``.
     """
 

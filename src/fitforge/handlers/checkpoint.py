@@ -13,8 +13,8 @@ from fitforge.checkpoint.locations import Location
 from fitforge.checkpoint.resume import warn_if_inexact
 from fitforge.checkpoint.saver import CheckpointWriter
 from fitforge.checkpoint.storage import CheckpointIO, resolve_io
+from fitforge.core.clock import history_key
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.history import history_key
 from fitforge.core.roles import KeyRecording, Monitoring, averaged_weights
 from fitforge.core.services import SavedCheckpoints, Services
 from fitforge.core.state import TrainState

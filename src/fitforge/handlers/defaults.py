@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from fitforge.core.clock import ALWAYS, CAUSES, compiled, history_key
 from fitforge.core.dispatch import check_handler
 from fitforge.core.events import EventHandler, acts_as, offered
-from fitforge.core.history import ALWAYS, CAUSES, compiled, history_key, numbered_key
+from fitforge.core.history import numbered_key
 from fitforge.core.roles import Accompanied, KeyRecording, Validating, players
 from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike
@@ -80,7 +81,7 @@ def run_keys(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> list
 
 def timed_causes(handlers: Sequence[EventHandler], estimator: EstimatorLike) -> tuple[str, ...]:
     """The causes of time a fit with ``handlers`` records in every History row
-    (:class:`~fitforge.core.history.RunClock`): the loop's, validation's where a handler validates,
+    (:class:`~fitforge.core.clock.RunClock`): the loop's, validation's where a handler validates,
     compilation's for a compiled net, and those whose keys a handler records (a checkpoint's, a rollback's)."""
     recorders = players(handlers, KeyRecording)
     declared = {key for recorder in recorders for key in recorder.history_keys(estimator, "train")}

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from fitforge.core.clock import history_key
 from fitforge.core.events import BackwardEnd, EpochEnd, Stage, TrainBegin, TrainEnd
-from fitforge.core.history import history_key
 from fitforge.core.roles import KeyRecording
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import signal
 
-from fitforge.core.history import ADVICE, History, goodput, is_speed
+from fitforge.core.clock import ADVICE, goodput
+from fitforge.core.history import History, is_speed
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.reporting.formatting import epoch_label, format_values

@@ -1,4 +1,4 @@
-"""The run's clock (fitforge.core.history.RunClock): a fit's seconds by cause in every History row and
+"""The run's clock (fitforge.core.clock.RunClock): a fit's seconds by cause in every History row and
 across resumes, the closing line's goodput and its advice. Durations are bounded by sleeps (a sleep lasts
 at least as long as asked), never by how fast anything runs."""
 
@@ -13,7 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from fitforge import Estimator
-from fitforge.core.history import CAUSES, History, RunClock, compiled, goodput, history_key
+from fitforge.core.clock import CAUSES, RunClock, compiled, goodput, history_key
+from fitforge.core.history import History
 from fitforge.events import BatchBegin, BatchEnd, TrainEnd
 from fitforge.exceptions import CancelEpoch, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, SpikeGuardHandler
