@@ -1,0 +1,133 @@
+"""What the trackers share: the BackgroundWriter (records written in order on a thread of their own,
+gathered for an interval, all of them at close, a failing write a warning), the flush_secs check, and
+how a fit ended. The trackers themselves are tested in tests/handlers."""
+
+import contextlib
+import math
+import threading
+
+import pytest
+
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
+from fitforge.handlers import LambdaHandler
+from fitforge.reporting.tracking import BackgroundWriter, check_flush_secs, outcome
+from fitforge.testing import linear_problem
+
+WAIT = 60  # seconds to wait for the writer's thread before the test fails (it takes milliseconds)
+
+
+class Sink:
+    """Records what the writer writes, and on which thread."""
+
+    def __init__(self, fail_on=None):
+        self.writes, self.threads, self.fail_on = [], set(), fail_on
+        self.called, self.wrote = threading.Event(), threading.Event()
+
+    def __call__(self, records):
+        self.threads.add(threading.get_ident())
+        self.called.set()
+        if self.fail_on in records:
+            raise ConnectionError("store out of reach")
+        self.writes.append(list(records))
+        self.wrote.set()
+
+
+def test_records_are_gathered_and_all_written_in_order_at_close():
+    sink = Sink()
+    writer = BackgroundWriter("Tracker", sink, flush_secs=1000)  # an interval no test waits for
+    for record in range(5):
+        writer.put(record)
+    writer.close()
+    assert sink.writes == [[0, 1, 2, 3, 4]]  # one write: close ends the interval early
+    assert sink.threads and threading.get_ident() not in sink.threads
+    writer.close()  # a second close does nothing
+    with pytest.raises(RuntimeError, match="Tracker: a record was put after its writer closed"):
+        writer.put(5)
+
+
+def test_records_are_written_each_interval_without_close():
+    sink = Sink()
+    writer = BackgroundWriter("Tracker", sink, flush_secs=0.01)
+    writer.put("epoch 1")
+    assert sink.wrote.wait(WAIT), "the writer did not write within its interval"
+    assert sink.writes == [["epoch 1"]]
+    sink.wrote.clear()
+    writer.put("epoch 2")
+    assert sink.wrote.wait(WAIT)
+    writer.close()
+    assert sink.writes == [["epoch 1"], ["epoch 2"]]
+
+
+def test_a_failing_write_is_a_warning_and_the_next_records_are_written(caplog):
+    sink = Sink(fail_on="bad")
+    writer = BackgroundWriter("Tracker", sink, flush_secs=0.01)
+    with caplog.at_level("WARNING", logger="fitforge"):
+        writer.put("bad")
+        writer.put("bad")
+        assert sink.called.wait(WAIT)
+        writer.put("good")  # written at the next interval, or at close
+        writer.close()
+    assert "Tracker: 2 record(s) not written (store out of reach); training goes on" in caplog.text
+    assert sink.writes == [["good"]]
+
+
+def test_close_writes_what_came_while_the_thread_was_writing():
+    started, release = threading.Event(), threading.Event()
+    writes = []
+
+    def slow(records):
+        writes.append(list(records))
+        started.set()
+        assert release.wait(WAIT)
+
+    writer = BackgroundWriter("Tracker", slow, flush_secs=0.01)
+    writer.put(1)
+    assert started.wait(WAIT)  # the thread is inside its first write
+    writer.put(2)
+    writer.put(3)
+    release.set()
+    writer.close()
+    assert writes == [[1], [2, 3]]
+
+
+@pytest.mark.parametrize(
+    "value, error, message",
+    [
+        ("5", FitforgeTypeError, r"Tracker: flush_secs must be a positive number of seconds, got str '5'"),
+        (True, FitforgeTypeError, r"flush_secs must be a positive number of seconds, got bool True"),
+        (0, FitforgeValueError, r"flush_secs must be a positive number of seconds, got 0"),
+        (math.nan, FitforgeValueError, r"flush_secs must be a positive number of seconds, got nan"),
+    ],
+)
+def test_flush_secs_errors(value, error, message):
+    with pytest.raises(error, match=message):
+        check_flush_secs("Tracker", value)
+
+
+def test_flush_secs_as_a_float():
+    assert check_flush_secs("Tracker", 2) == 2.0 and isinstance(check_flush_secs("Tracker", 2), float)
+
+
+def ended(hook=None):
+    """How a fit of one epoch ended, as a tracker sees it at train_end; ``hook`` runs at each batch end."""
+    seen = []
+    estimator, train, _ = linear_problem()
+    handlers = [LambdaHandler(train_end=lambda state: seen.append(outcome(state)))]
+    if hook is not None:
+        handlers.append(LambdaHandler(batch_end=hook))
+    with pytest.raises(BaseException) if hook else contextlib.nullcontext():
+        estimator.fit(train, epochs=1, event_handlers=handlers)
+    return seen[0]
+
+
+def raising(error):
+    def hook(state):
+        raise error
+
+    return hook
+
+
+def test_how_a_fit_ended():  # a SIGTERM's "killed": tests/handlers/test_mlflow.py
+    assert ended() == "finished"
+    assert ended(raising(RuntimeError("boom"))) == "failed"
+    assert ended(raising(KeyboardInterrupt())) == "killed"
