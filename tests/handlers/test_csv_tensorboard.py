@@ -4,6 +4,7 @@ add columns) and TensorBoardHandler (history scalars per epoch; optional histogr
 import csv
 import json
 import sys
+import threading
 
 import pytest
 import torch
@@ -193,6 +194,8 @@ def test_tensorboard_argument_errors(tmp_path):
         TensorBoardHandler(tmp_path, histograms=1)
     with pytest.raises(FitforgeValueError, match=r"log_every_n_batches must be a positive int or None, got 0"):
         TensorBoardHandler(tmp_path, log_every_n_batches=0)
+    with pytest.raises(FitforgeValueError, match=r"TensorBoardHandler: flush_secs must be a positive number"):
+        TensorBoardHandler(tmp_path, flush_secs=-1)
 
 
 def events(log_dir):
@@ -239,6 +242,45 @@ def test_a_second_fit_of_the_estimator_continues_the_epoch_steps(tmp_path):
     estimator.fit(train, epochs=2, event_handlers=[board])
     estimator.fit(train, epochs=2, event_handlers=[board])
     assert [e.step for e in events(tmp_path / "tb").Scalars("train_loss")] == [1, 2, 3, 4]  # as the log: 3/4, 4/4
+
+
+def test_a_resumed_fit_continues_the_folder_and_hides_what_the_cut_run_wrote_after_its_checkpoint(tmp_path):
+    def run(epochs, **kwargs):  # the same script each time, resuming from the newest checkpoint
+        saver = CheckpointHandler(tmp_path / "ckpt", resume_from_checkpoint=True)
+        return fit([saver, tensorboard_handler(tmp_path / "tb", **kwargs)], epochs=epochs, validate=False)
+
+    run(3)
+    (tmp_path / "ckpt" / "model-epoch3batch24.pt").unlink()  # as if killed after epoch 3's values, before its save
+    history = run(4)  # continues after epoch 2
+    written = events(tmp_path / "tb").Scalars("train_loss")
+    assert [e.step for e in written] == [1, 2, 3, 4]  # epoch 3 once: the cut run's (purge_step) is hidden
+    assert [e.value for e in written] == pytest.approx(history["train_loss"], rel=1e-6)
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2  # one folder, a file per fit
+    (tmp_path / "ckpt" / "model-epoch4batch32.pt").unlink()
+    run(5, log_every_n_batches=4)  # with batch values (another step count) nothing is hidden
+    assert [e.step for e in events(tmp_path / "tb").Scalars("train_loss")] == [1, 2, 3, 4, 4, 5]
+
+
+def test_the_writes_are_off_the_training_thread(tmp_path, monkeypatch):
+    board = tensorboard_handler(tmp_path, histograms=True, flush_secs=1000)  # written at train_end's close
+    threads = set()
+    original = type(board)._write
+
+    def spy(self, records):
+        threads.add(threading.get_ident())
+        original(self, records)
+
+    monkeypatch.setattr(type(board), "_write", spy)
+    history = fit([board], epochs=2, validate=False)
+    assert threads and threading.get_ident() not in threads
+    written = events(tmp_path)
+    assert [e.step for e in written.Scalars("train_loss")] == [1, 2]
+    assert [e.value for e in written.Scalars("train_loss")] == pytest.approx(history["train_loss"], rel=1e-6)
+    # the histograms are copies taken at each epoch end, not the weights as they were at the write
+    assert (
+        written.Histograms("weights/bias")[0].histogram_value.sum
+        != written.Histograms("weights/bias")[1].histogram_value.sum
+    )
 
 
 def test_histograms_and_batch_values_when_asked(tmp_path):

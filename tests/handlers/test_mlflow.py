@@ -1,11 +1,13 @@
 """MLflowHandler against a real local MLflow store (SQLite), read back with MlflowClient: params,
-a metric point per epoch, the run's status (FINISHED, FAILED, KILLED), the best checkpoint as an
-artifact, joining an active run, and nothing on a rank other than 0."""
+a metric point per epoch, written from a background thread while training goes on, the run's status
+(FINISHED, FAILED, KILLED), the best checkpoint as an artifact, joining an active run, a resumed fit
+continuing its run, and nothing on a rank other than 0. A SIGKILL: tests/reliability/test_tracker_kill9.py."""
 
 import logging
 import os
 import signal
 import sys
+import threading
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, LambdaHandler, MLflowHandler, ValidationHandler, throttle
 from fitforge.reporting.hparams import run_params
-from fitforge.testing import linear_data, linear_problem
+from fitforge.testing import HostReadCounter, linear_data, linear_problem
 
 mlflow = pytest.importorskip("mlflow", reason="MLflowHandler needs mlflow (pip install 'fitforge[mlflow]')")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow")  # its own use of sqlalchemy
@@ -233,6 +235,66 @@ def test_nothing_is_logged_on_a_rank_other_than_0(uri, monkeypatch):
     assert tracker.run_id is None and runs_of(uri, "rank 1") == []
 
 
+def test_the_values_reach_the_store_while_training_goes_on(uri):
+    tracker = MLflowHandler(uri, experiment_name="background", flush_secs=0.01)
+    seen = []
+
+    def wait_for_epoch_1(state):  # at epoch 2's end, after the tracker's epoch_end: the run is still open
+        if state.epoch == 1:
+            for _ in range(6000):  # the thread writes within its interval; a minute before the test fails
+                written = steps(uri, tracker.run_id, "train_loss")
+                if written:
+                    break
+                threading.Event().wait(0.01)
+            seen.append((written, client(uri).get_run(tracker.run_id).info.status))
+
+    history = fit([tracker, LambdaHandler(epoch_end=wait_for_epoch_1, priority=2000)], epochs=2, validate=False)
+    assert seen == [([(1, pytest.approx(history["train_loss"][0]))], "RUNNING")]
+    assert [step for step, _ in steps(uri, tracker.run_id, "train_loss")] == [1, 2]
+
+
+def resumed_fit(uri, tmp_path, epochs, experiment="resumed"):
+    """The same script each time: resumes from the newest checkpoint, tracks in ``experiment``."""
+    saver = CheckpointHandler(tmp_path / "ckpt", resume_from_checkpoint=True)
+    tracker = MLflowHandler(uri, experiment_name=experiment)
+    return tracker, fit([saver, tracker], epochs=epochs, validate=False)
+
+
+def test_a_resumed_fit_continues_the_run(uri, tmp_path, caplog):
+    first, _ = resumed_fit(uri, tmp_path, 2)
+    second, history = resumed_fit(uri, tmp_path, 4)
+    assert second.run_id == first.run_id and [r.info.run_id for r in runs_of(uri, "resumed")] == [first.run_id]
+    assert steps(uri, first.run_id, "train_loss") == [
+        (step, pytest.approx(history["train_loss"][step - 1])) for step in (1, 2, 3, 4)
+    ]
+    run = client(uri).get_run(first.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["epochs"] == "2"  # MLflow keeps a param's first value
+    assert "the resumed run already has other values for epochs; kept them" in caplog.text
+
+
+def test_a_checkpoints_run_missing_from_the_store_starts_a_new_run(uri, tmp_path, caplog):
+    first, _ = resumed_fit(uri, tmp_path, 1, experiment="deleted")
+    client(uri).delete_run(first.run_id)
+    second, _ = resumed_fit(uri, tmp_path, 2, experiment="deleted")
+    assert second.run_id != first.run_id and f"cannot continue the checkpoint's run {first.run_id}" in caplog.text
+    assert [step for step, _ in steps(uri, second.run_id, "train_loss")] == [2]
+    assert client(uri).get_run(second.run_id).info.status == "FINISHED"
+
+
+def test_no_host_read_per_batch_with_mlflow_and_tensorboard(uri, tmp_path):
+    pytest.importorskip("tensorboard", reason="TensorBoardHandler needs tensorboard")
+    from fitforge.handlers import TensorBoardHandler
+
+    def reads(batches):
+        estimator, _, val = linear_problem()
+        trackers = [MLflowHandler(uri, experiment_name="reads"), TensorBoardHandler(tmp_path / str(batches))]
+        with HostReadCounter() as counter:
+            estimator.fit(linear_data(n=4 * batches, batch_size=4), val_data=val, epochs=1, event_handlers=trackers)
+        return counter.count
+
+    assert reads(8) == reads(64)
+
+
 def test_a_missing_mlflow_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(ImportError, match=r"pip install 'fitforge\[mlflow\]'"):
@@ -248,6 +310,7 @@ def test_a_missing_mlflow_is_a_clear_import_error(monkeypatch):
         ({"params": {"a": [1]}}, FitforgeTypeError, r"params must map str keys to str, int, float or bool"),
         ({"tags": {"a": 1}}, FitforgeTypeError, r"tags must be a dict of str to str, got dict"),
         ({"log_best_checkpoint": "yes"}, FitforgeTypeError, r"log_best_checkpoint must be True or False"),
+        ({"flush_secs": 0}, FitforgeValueError, r"MLflowHandler: flush_secs must be a positive number of seconds"),
     ],
 )
 def test_argument_errors(kwargs, error, message):

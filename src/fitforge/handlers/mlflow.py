@@ -1,4 +1,5 @@
-"""MLflowHandler: a run's parameters, its epochs' history and its best checkpoint in MLflow tracking."""
+"""MLflowHandler: a run's parameters, its epochs' history and its best checkpoint in MLflow tracking, written
+from a background thread."""
 
 from __future__ import annotations
 
@@ -9,20 +10,23 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fitforge.core.events import EpochEnd, Stage, TrainBegin, TrainEnd
+from fitforge.core.events import EpochBegin, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.services import CheckpointSaver
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.reporting.hparams import ParamValue, check_params, run_params
+from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, check_flush_secs, outcome, resumes
 
 log = logging.getLogger("fitforge")
 _BATCH = 100  # params per log_batch call (MLflow's limit)
 
 
-class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
+class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
     """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status (and optionally
-    the best checkpoint) at the end. It starts a run, or joins the active one, whose end it then leaves to its owner.
-    Needs ``pip install 'fitforge[mlflow]'``; docs/handlers.md (Experiment tracking) has the details.
+    the best checkpoint) at the end. It starts a run, or joins the active one, whose end it then leaves to its owner;
+    a fit resumed from a checkpoint continues the run of the fit that saved it. The epochs' values are written from a
+    background thread, so no step waits for the tracking store. Needs ``pip install 'fitforge[mlflow]'``;
+    docs/handlers.md (Experiment tracking) has the details.
 
     Args:
         tracking_uri: where runs are stored (``"sqlite:///mlflow.db"``, ``"http://host:5000"``); None: MLflow's default.
@@ -32,6 +36,8 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         tags: tags of a new run (str to str).
         log_best_checkpoint: at ``train_end``, upload the best checkpoint of the fit's
             ``CheckpointHandler(save_best=True)`` as an artifact.
+        flush_secs: the longest an epoch's values wait before they are written (a process killed loses at most
+            these seconds of values).
     """
 
     priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete
@@ -47,6 +53,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         params: Mapping[str, ParamValue] | None = None,
         tags: Mapping[str, str] | None = None,
         log_best_checkpoint: bool = False,
+        flush_secs: float = FLUSH_SECS,
     ) -> None:
         for name, value in zip(
             ("tracking_uri", "experiment_name", "run_name"), (tracking_uri, experiment_name, run_name)
@@ -61,6 +68,7 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
             raise FitforgeTypeError(f"MLflowHandler: tags must be a dict of str to str, got {describe(tags)}")
         self.params = check_params("MLflowHandler", params)
         self.log_best_checkpoint = check_flag("MLflowHandler", "log_best_checkpoint", log_best_checkpoint)
+        self.flush_secs = check_flush_secs("MLflowHandler", flush_secs)
         try:  # imported here, not at module import: mlflow is an optional extra
             import mlflow
             from mlflow.entities import Metric, Param
@@ -72,36 +80,78 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         self.tags = dict(tags or {})
         self.run_id: str | None = None  # the run of the latest fit
         self._client: Any = None  # set while a run is open
-        self._owned = False  # whether this handler started the run (and so ends it)
+        self._owned = False  # whether this handler started (or continued) the run, and so ends it
+        self._writer: BackgroundWriter | None = None
+        self._run_params: dict[str, str] = {}
+        self._resumed_run: str | None = None  # the run of the checkpoint a fit resumes from
+        self._fitting = False  # between train_begin and train_end
 
     def train_begin(self, state: TrainState) -> None:
-        self._client, self.run_id = None, None
+        self._client, self.run_id, self._resumed_run = None, None, None
         if self.log_best_checkpoint and self._best_saver(state) is None:
             raise FitforgeValueError(
                 "MLflowHandler: log_best_checkpoint=True needs a CheckpointHandler(save_best=True, monitor=...) "
                 "among the fit's event_handlers"
             )
+        self._run_params = {key: str(value) for key, value in {**run_params(state), **self.params}.items()}
+        self._fitting = True
+        if not resumes(state):  # else the run is the checkpoint's, known at load_state_dict
+            self._open()
+
+    def state_dict(self) -> dict:
+        """The run's id, which a fit resumed from the checkpoint continues."""
+        return {} if self.run_id is None else {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resumed_run = state.get("run_id")
+        if self._fitting and self._client is None:
+            self._open()
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if self._client is None:  # a fit resumed from a checkpoint that holds no run of this handler's
+            self._open()
+
+    def _open(self) -> None:
         mlflow = self._mlflow
         active = mlflow.active_run()
+        joined = None  # "active" or "resumed": a run that may have parameters already
         if active is not None and self.tracking_uri in (None, mlflow.get_tracking_uri()):
-            self._client, self._owned = mlflow.MlflowClient(mlflow.get_tracking_uri()), False
-            self.run_id = active.info.run_id
+            client, self._owned = mlflow.MlflowClient(mlflow.get_tracking_uri()), False
+            run_id, joined = active.info.run_id, "active"
         else:
-            client = mlflow.MlflowClient(self.tracking_uri)
-            run = client.create_run(self._experiment_id(client), tags=self.tags, run_name=self.run_name)
-            self._client, self._owned, self.run_id = client, True, run.info.run_id
-        params = {key: str(value) for key, value in {**run_params(state), **self.params}.items()}
-        if not self._owned:  # a joined run may have them already: MLflow never changes a logged param
-            existing = self._client.get_run(self.run_id).data.params
+            client, self._owned = mlflow.MlflowClient(self.tracking_uri), True
+            run_id = self._continued(client)
+            if run_id is None:
+                run = client.create_run(self._experiment_id(client), tags=self.tags, run_name=self.run_name)
+                run_id = run.info.run_id
+            else:
+                joined = "resumed"
+        self._client, self.run_id = client, run_id
+        self._writer = BackgroundWriter("MLflowHandler", self._write, self.flush_secs)
+        params = self._run_params
+        if joined:  # the run may have them already: MLflow never changes a logged param
+            existing = client.get_run(run_id).data.params
             clashes = sorted(key for key, value in params.items() if existing.get(key, value) != value)
             if clashes:
                 log.warning(
-                    "MLflowHandler: the active run already has other values for %s; kept them", ", ".join(clashes)
+                    "MLflowHandler: the %s run already has other values for %s; kept them", joined, ", ".join(clashes)
                 )
             params = {key: value for key, value in params.items() if key not in existing}
         entities = [self._param(key, value) for key, value in params.items()]
         for start in range(0, len(entities), _BATCH):
-            self._client.log_batch(self.run_id, params=entities[start : start + _BATCH])
+            client.log_batch(run_id, params=entities[start : start + _BATCH])
+
+    def _continued(self, client: Any) -> str | None:
+        """The run of the checkpoint this fit resumed from, running again; None if there is none to continue."""
+        run_id = self._resumed_run
+        if run_id is None:
+            return None
+        try:
+            client.update_run(run_id, status="RUNNING")
+        except Exception as err:  # e.g. another tracking store than the one of the saving fit
+            log.warning("MLflowHandler: cannot continue the checkpoint's run %s (%s); starting a new run", run_id, err)
+            return None
+        return run_id
 
     def _experiment_id(self, client: Any) -> str:
         name = self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
@@ -111,26 +161,30 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
         return experiment.experiment_id if experiment is not None else client.create_experiment(name)
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or state.run.epoch_suspended or self._client is None:
+        if state.phase != "train" or state.run.epoch_suspended or self._writer is None:
             return
-        history, timestamp = state.history, int(time.time() * 1000)
-        metrics = []
-        for key in history:
-            if (value := history.current(key)) is not None and math.isfinite(value):
-                metrics.append(self._metric(key, value, timestamp, history.epochs))
-        if not metrics:
-            return
-        try:
-            self._client.log_batch(self.run_id, metrics=metrics)
-        except Exception as err:  # a tracking server out of reach must not end (and lose) the training
-            log.warning("MLflowHandler: epoch %d's metrics were not logged (%s); training goes on", history.epochs, err)
+        history = state.history
+        row = {key: value for key in history if (value := history.current(key)) is not None and math.isfinite(value)}
+        if row:
+            self._writer.put((history.epochs, int(time.time() * 1000), row))
+
+    def _write(self, records: list[tuple[int, int, dict[str, float]]]) -> None:
+        """On the writer's thread: a batch of metrics per epoch (each committed by the store as it is logged)."""
+        for epoch, timestamp, row in records:
+            metrics = [self._metric(key, value, timestamp, epoch) for key, value in row.items()]
+            try:
+                self._client.log_batch(self.run_id, metrics=metrics)
+            except Exception as err:  # a tracking server out of reach must not end (and lose) the training
+                log.warning("MLflowHandler: epoch %d's metrics were not logged (%s); training goes on", epoch, err)
 
     def train_end(self, state: TrainState) -> None:
-        client = self._client
+        client, writer = self._client, self._writer
+        self._fitting = False
         if client is None:
             return  # no run was started (an earlier handler's train_begin failed)
-        self._client = None
         try:
+            if writer is not None:
+                writer.close()  # the epochs' values before the run's end
             saver = self._best_saver(state) if self.log_best_checkpoint else None
             path = None if saver is None else saver.best_checkpoint()
             if path is not None and path.is_file():
@@ -138,12 +192,9 @@ class MLflowHandler(TrainBegin, EpochEnd, TrainEnd):
             elif self.log_best_checkpoint:
                 log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
         finally:
+            self._client = self._writer = None
             if self._owned:
-                error = state.run.error
-                preempted = error is None and state.run.preempted is not None
-                killed = preempted or isinstance(error, (KeyboardInterrupt, SystemExit))
-                status = "KILLED" if killed else "FAILED" if error is not None else "FINISHED"
-                client.set_terminated(self.run_id, status=status)
+                client.set_terminated(self.run_id, status=outcome(state).upper())
 
     @staticmethod
     def _best_saver(state: TrainState) -> CheckpointSaver | None:

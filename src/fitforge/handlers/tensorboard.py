@@ -1,4 +1,5 @@
-"""TensorBoardHandler: history values as TensorBoard scalars, and the run's hyperparameters for the HParams tab."""
+"""TensorBoardHandler: history values as TensorBoard scalars, written from a background thread, and the run's
+hyperparameters for the HParams tab."""
 
 from __future__ import annotations
 
@@ -6,15 +7,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fitforge.core.events import BatchEnd, EpochEnd, Event, Stage, TrainBegin, TrainEnd
+import torch
+
+from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, check_flag, check_positive, describe
 from fitforge.reporting.hparams import ParamValue, last_values, run_params
+from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, check_flush_secs
 
 
-class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
+class TensorBoardHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """Write every history value of each training epoch as a TensorBoard scalar (step: the epoch from 1, over the
-    estimator's fits), and at ``train_end`` the run's hyperparameters to the HParams tab. Needs
+    estimator's fits), and at ``train_end`` the run's hyperparameters to the HParams tab. A background thread writes
+    the event file, so no step waits for it. A fit resumed from a checkpoint continues in the same folder and hides
+    what the interrupted run wrote after the checkpoint (TensorBoard's ``purge_step``). Needs
     ``pip install 'fitforge[tensorboard]'``.
 
     Args:
@@ -22,6 +28,8 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         histograms: also write a histogram of every parameter of the net at each epoch end (``weights/<name>``).
         log_every_n_batches: also write the running values every n training batches (``batch/<key>``, a host read
             each time); None: never.
+        flush_secs: the longest a value waits before it is in the event file (a process killed loses at most these
+            seconds of values).
 
     Example:
         >>> from fitforge.handlers.tensorboard import TensorBoardHandler
@@ -35,12 +43,17 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     writes = ()
 
     def __init__(
-        self, log_dir: str | os.PathLike, histograms: bool = False, log_every_n_batches: int | None = None
+        self,
+        log_dir: str | os.PathLike,
+        histograms: bool = False,
+        log_every_n_batches: int | None = None,
+        flush_secs: float = FLUSH_SECS,
     ) -> None:
         if not isinstance(log_dir, (str, os.PathLike)):
             raise FitforgeTypeError(f"TensorBoardHandler: log_dir must be a folder path, got {describe(log_dir)}")
         self.histograms = check_flag("TensorBoardHandler", "histograms", histograms)
         check_positive("TensorBoardHandler", "log_every_n_batches", log_every_n_batches, allow_none=True)
+        self.flush_secs = check_flush_secs("TensorBoardHandler", flush_secs)
         try:  # imported here, not at module import: tensorboard is an optional extra
             from torch.utils.tensorboard import SummaryWriter
             from torch.utils.tensorboard.summary import hparams
@@ -51,42 +64,63 @@ class TensorBoardHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         self._writer_class, self._hparams = SummaryWriter, hparams
         self.log_dir, self.log_every_n_batches = Path(log_dir), log_every_n_batches
         if log_every_n_batches is None:  # called per batch only when asked
-            self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_END, Event.TRAIN_END)
+            self.handled_events = (Event.TRAIN_BEGIN, Event.EPOCH_BEGIN, Event.EPOCH_END, Event.TRAIN_END)
         self._every = log_every_n_batches or 0
-        self.writer: Any = None
+        self.writer: Any = None  # the SummaryWriter, while a fit runs
+        self._queue: BackgroundWriter | None = None
         self._params: dict[str, ParamValue] = {}
 
     def train_begin(self, state: TrainState) -> None:
         self._close()
         self._params = run_params(state)
-        self.writer = self._writer_class(log_dir=str(self.log_dir))
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if self.writer is None:  # the fit's first epoch: where a resumed fit continues is known by now
+            resumed = state.run.resumed_at
+            # Batch values count other steps than the epochs': with them, nothing is hidden.
+            purge = None if resumed is None or self._every else resumed[0] + 1
+            self.writer = self._writer_class(log_dir=str(self.log_dir), purge_step=purge)
+            self._queue = BackgroundWriter("TensorBoardHandler", self._write, self.flush_secs)
 
     def batch_end(self, state: TrainState) -> None:  # inherited as a hook only with log_every_n_batches
         step = state.global_step + 1
-        if state.phase == "train" and step % self._every == 0:
-            for key, value in state.running_metrics().items():  # a host read, at the asked interval
-                self.writer.add_scalar(f"batch/{key}", value, step)
+        if state.phase == "train" and step % self._every == 0 and self._queue is not None:
+            values = state.running_metrics()  # a host read, at the asked interval
+            self._queue.put((step, {f"batch/{key}": value for key, value in values.items()}))
 
     def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or state.run.epoch_suspended:
+        if state.phase != "train" or state.run.epoch_suspended or self._queue is None:
             return
         history, step = state.history, state.run.epochs_before + state.history.epochs  # over the estimator's fits
-        for key in history:
-            if (value := history.current(key)) is not None:
-                self.writer.add_scalar(key, value, step)
-        if self.histograms:
-            for name, parameter in state.estimator.net.named_parameters():
-                self.writer.add_histogram(f"weights/{name}", parameter.detach().float().cpu(), step)
+        self._queue.put((step, {key: value for key in history if (value := history.current(key)) is not None}))
+        if self.histograms:  # copies: the thread writes them while training changes the weights
+            weights = state.estimator.net.named_parameters()
+            copies = {f"weights/{name}": p.detach().to("cpu", torch.float32, copy=True) for name, p in weights}
+            self._queue.put((step, copies))
+
+    def _write(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        """On the writer's thread: the scalars and histograms, then flushed to the event file."""
+        for step, values in records:
+            for tag, value in values.items():
+                if isinstance(value, torch.Tensor):
+                    self.writer.add_histogram(tag, value, step)
+                else:
+                    self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
     def train_end(self, state: TrainState) -> None:
-        if self.writer is not None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
             # Not add_hparams (it writes the metrics again in another folder): the HParams tab reads this run's scalars.
             for summary in self._hparams(self._params, last_values(state.history)):
                 self.writer.file_writer.add_summary(summary)
         self._close()
 
     def _close(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None
