@@ -25,6 +25,7 @@ from fitforge.handlers.throttle import throttle
 from fitforge.handlers.throughput import ThroughputHandler
 from fitforge.handlers.torch_profiler import ProfilerHandler
 from fitforge.handlers.validation import ValidationHandler
+from fitforge.handlers.wandb import WandbHandler
 
 __all__ = [
     "CSVLoggerHandler",
@@ -53,5 +54,6 @@ __all__ = [
     "TensorBoardHandler",
     "ThroughputHandler",
     "ValidationHandler",
+    "WandbHandler",
     "throttle",
 ]

@@ -109,16 +109,19 @@ def _batch_size(state: TrainState) -> int | None:
     return size if isinstance(size, int) else None
 
 
-def check_params(owner: str, params: Any) -> dict[str, ParamValue]:
-    """User parameters: None, or a mapping of str keys to str, int, float or bool values."""
+def check_params(owner: str, params: Any, argument: str = "params") -> dict[str, ParamValue]:
+    """User parameters (the argument ``argument``): None, or a mapping of str keys to str, int, float or bool
+    values."""
     if params is None:
         return {}
     if not isinstance(params, Mapping):
-        raise FitforgeTypeError(f"{owner}: params must be a dict of str to str/int/float/bool, got {describe(params)}")
+        raise FitforgeTypeError(
+            f"{owner}: {argument} must be a dict of str to str/int/float/bool, got {describe(params)}"
+        )
     for key, value in params.items():
         if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
             raise FitforgeTypeError(
-                f"{owner}: params must map str keys to str, int, float or bool values, got "
+                f"{owner}: {argument} must map str keys to str, int, float or bool values, got "
                 f"{describe(key)}: {describe(value)}"
             )
     return dict(params)
