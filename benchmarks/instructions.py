@@ -12,7 +12,14 @@ uncounted warm-up run, through callgrind's client requests from a tiny C helper 
     python benchmarks/instructions.py --workload Z     # the fixed cost of a fit: 20 fits of one step counted
     python benchmarks/instructions.py --pieces         # where a fit of Z goes: each piece, per call
     python benchmarks/instructions.py --workload Z --sample-reads  # fit reads batches as the hand loop
+    python benchmarks/instructions.py --trackers       # and fit default with MLflow, TensorBoard and W&B on
     python benchmarks/instructions.py --json
+
+``--trackers`` adds two variants: fit default with MLflowHandler (a SQLite store), TensorBoardHandler
+and WandbHandler (offline) on, whose runs they start and end ("fit + trackers"), and the same with
+the MLflow and W&B runs started before and ended after the counted fit, as a user who starts them
+does ("fit + open trackers": what the handlers add, without the trackers' own start-up); both are
+compared with fit default (needs the [mlflow], [tensorboard] and [wandb] extras).
 
 It prints instructions per training step for each variant, the ratios fit/hand of the same pairs
 as overhead.py and the extra instructions per step. Instructions are a proxy for time, not time:
@@ -47,6 +54,15 @@ void count_off(void) { CALLGRIND_TOGGLE_COLLECT; CALLGRIND_DUMP_STATS; CALLGRIND
 
 
 COUNTED_RUNS = {"Z": 20}  # counted runs per process (one for A and B, whose runs are long)
+TRACKED, OPEN_TRACKED = "fit + trackers", "fit + open trackers"
+TRACKER_PAIRS = ((TRACKED, "fit default"), (OPEN_TRACKED, "fit default"))
+TRACKER_ENV = {  # offline, quiet, every file in the run's folder; W&B's start-up slowed by valgrind is no timeout
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_CONSOLE": "off",
+    "WANDB_INIT_TIMEOUT": "600",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}
 
 
 def load_overhead():
@@ -72,6 +88,27 @@ def build_helper(folder: Path) -> Path:
     return library
 
 
+def tracked(overhead, variant: str, w, train, val, folder: Path, after: list[Callable[[], object]]) -> Callable:
+    """A fresh run of fit default with the three trackers; for ``OPEN_TRACKED`` the MLflow and W&B runs
+    start here and end in ``after``, outside the count. Their files go to ``folder``."""
+    import mlflow
+    import wandb
+
+    from fitforge import Estimator
+    from fitforge.handlers import MLflowHandler, TensorBoardHandler, WandbHandler
+
+    net, opt, criterion = overhead.fresh_model(w)
+    est = Estimator(net, criterion, train_metrics="accuracy", optimizer=opt)
+    uri = f"sqlite:///{folder}/mlflow.db"
+    trackers = [MLflowHandler(uri), TensorBoardHandler(folder / "tb"), WandbHandler(dir=str(folder))]
+    if variant == OPEN_TRACKED:
+        mlflow.set_tracking_uri(uri)
+        mlflow.start_run()
+        wandb.init(dir=str(folder))
+        after.extend([wandb.finish, mlflow.end_run])
+    return lambda: est.fit(train, val_data=val, epochs=w.epochs, event_handlers=trackers)["train_loss"][-1]
+
+
 def child(variant: str, workload: str, fraction: float, library: str, sample_reads: bool) -> None:
     """Inside valgrind: a warm-up run, then one counted run of ``variant``."""
     import torch
@@ -84,16 +121,33 @@ def child(variant: str, workload: str, fraction: float, library: str, sample_rea
     switch = ctypes.CDLL(library)
     w = overhead.WORKLOADS[workload]
     train, val = overhead.make_loaders(w, fraction, sample_reads=sample_reads)
+    after: list[Callable[[], object]] = []  # what ends a run's trackers, uncounted
+    if variant in (TRACKED, OPEN_TRACKED):
+        folder = Path(library).with_name(variant.replace(" ", "_").replace("+", "plus"))
+        folder.mkdir()
+        shutil.copy(Path(library).with_name("mlflow.db"), folder / "mlflow.db")
+
+        def prepare(*args):
+            return tracked(overhead, variant, *args, folder, after)
+    else:
+        prepare = overhead.prepare
+
+    def end_trackers() -> None:
+        while after:
+            after.pop(0)()
+
     with mock.patch.object(fitforge.handlers.defaults, "interactive", lambda: False):
-        overhead.prepare(variant, w, train, val)()  # lazy initialisations (kernels, pools) are not counted
+        prepare(w, train, val)()  # lazy initialisations (kernels, pools) are not counted
+        end_trackers()
         # A fit of Z is short: several are counted so that one garbage collection, wherever it falls,
         # moves the mean little (collected before counting, too).
-        runs = [overhead.prepare(variant, w, train, val) for _ in range(COUNTED_RUNS.get(workload, 1))]
+        runs = [prepare(w, train, val) for _ in range(COUNTED_RUNS.get(workload, 1))]
         gc.collect()
         switch.count_on()
         for run in runs:
             run()
         switch.count_off()
+        end_trackers()
     print(json.dumps({"steps": len(runs) * w.epochs * len(train)}))
 
 
@@ -222,7 +276,7 @@ def under_valgrind(out: Path, what: str, *arguments: str) -> str:
         __file__,
         *arguments,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", **TRACKER_ENV}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0 or not Path(f"{out}.1").exists():
         raise RuntimeError(f"{what}: valgrind run failed:\n{done.stderr[-2000:]}")
@@ -252,20 +306,29 @@ def count(variant: str, workload: str, fraction: float, library: Path, folder: P
     return {"instructions": counted(Path(f"{out}.1")), "steps": steps}
 
 
-def measure(workload: str, fraction: float, jobs: int, sample_reads: bool = False) -> dict:
+def mlflow_store(path: Path) -> None:
+    """Create MLflow's SQLite store at ``path`` outside valgrind: its schema migrations take minutes there."""
+    import mlflow
+
+    with mock.patch.dict(os.environ, TRACKER_ENV):
+        mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
+
+
+def measure(workload: str, fraction: float, jobs: int, sample_reads: bool = False, trackers: bool = False) -> dict:
     overhead = load_overhead()
+    variants = overhead.VARIANTS + ((TRACKED, OPEN_TRACKED) if trackers else ())
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         library = build_helper(folder)
+        if trackers:
+            mlflow_store(folder / "mlflow.db")
         with ThreadPoolExecutor(jobs) as pool:  # counts do not depend on load: run variants side by side
-            futures = {
-                v: pool.submit(count, v, workload, fraction, library, folder, sample_reads) for v in overhead.VARIANTS
-            }
+            futures = {v: pool.submit(count, v, workload, fraction, library, folder, sample_reads) for v in variants}
             runs = {v: f.result() for v, f in futures.items()}
     per_step = {v: r["instructions"] / r["steps"] for v, r in runs.items()}
     pairs = {
         f"{fit} / {hand}": {"ratio": per_step[fit] / per_step[hand], "extra_per_step": per_step[fit] - per_step[hand]}
-        for fit, hand in overhead.PAIRS
+        for fit, hand in overhead.PAIRS + (TRACKER_PAIRS if trackers else ())
     }
     return {
         "workload": workload,
@@ -290,12 +353,19 @@ def main() -> None:
     parser.add_argument(
         "--pieces", action="store_true", help="instructions per call of each piece of a fit of workload Z"
     )
+    parser.add_argument(
+        "--trackers",
+        action="store_true",
+        help="also fit default with MLflow, TensorBoard and W&B (offline) on, compared with fit default (A or B)",
+    )
     parser.add_argument("--pieces-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the variant a valgrind process runs
     parser.add_argument("--library", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not 0 < args.fraction <= 1:
         parser.error("--fraction must be in (0, 1]")
+    if args.trackers and args.workload == "Z":
+        parser.error("--trackers counts one fit of A or B (Z counts 20 fits, each a tracker run)")
     if args.child:
         child(args.child, args.workload, args.fraction, args.library, args.sample_reads)
         return
@@ -312,7 +382,7 @@ def main() -> None:
         for name, n in counts.items():
             print(f"  {name:<52} {n:12,.0f}")
         return
-    result = measure(args.workload, args.fraction, args.jobs, args.sample_reads)
+    result = measure(args.workload, args.fraction, args.jobs, args.sample_reads, args.trackers)
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -322,9 +392,9 @@ def main() -> None:
         + (", fit reading batches sample by sample:" if result["sample_reads"] else ":")
     )
     for variant, n in result["instructions_per_step"].items():
-        print(f"  {variant:<12} {n:12,.0f}")
+        print(f"  {variant:<19} {n:12,.0f}")
     for pair, c in result["pairs"].items():
-        print(f"  {pair:<24} {c['ratio']:.4f}x  ({c['extra_per_step']:+,.0f} instructions per step)")
+        print(f"  {pair:<33} {c['ratio']:.4f}x  ({c['extra_per_step']:+,.0f} instructions per step)")
 
 
 if __name__ == "__main__":

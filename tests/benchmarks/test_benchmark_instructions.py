@@ -32,3 +32,30 @@ def test_every_piece_it_counts_runs():
     assert "validation check before training" in calls
     for call in calls.values():
         call()  # what the valgrind process counts, uncounted here
+
+
+def test_the_tracker_variants_run(tmp_path, monkeypatch):
+    for extra in ("mlflow", "wandb", "tensorboard"):
+        pytest.importorskip(extra, reason="--trackers needs the [mlflow], [wandb] and [tensorboard] extras")
+    module = load()
+    for name, value in {**module.TRACKER_ENV, "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    overhead = module.load_overhead()
+    module.mlflow_store(tmp_path / "mlflow.db")
+    w = overhead.WORKLOADS["Z"]
+    train, val = overhead.make_loaders(w, 1.0)
+    for variant in (module.TRACKED, module.OPEN_TRACKED):
+        after = []
+        module.tracked(overhead, variant, w, train, val, tmp_path, after)()  # what the valgrind process counts
+        assert len(after) == (2 if variant == module.OPEN_TRACKED else 0)
+        for end in after:
+            end()
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
+
+
+def test_trackers_count_a_or_b_only(monkeypatch, capsys):
+    module = load()
+    monkeypatch.setattr(module.sys, "argv", ["instructions.py", "--trackers", "--workload", "Z"])
+    with pytest.raises(SystemExit):
+        module.main()
+    assert "--trackers counts one fit of A or B" in capsys.readouterr().err
