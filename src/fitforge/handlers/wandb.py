@@ -64,7 +64,7 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
             raise FitforgeTypeError(f"WandbHandler: tags must be a list of str, got {describe(tags)}")
         if init_kwargs is not None and not isinstance(init_kwargs, Mapping):
             raise FitforgeTypeError(f"WandbHandler: init_kwargs must be a dict, got {describe(init_kwargs)}")
-        self.config = check_params("WandbHandler", config, "config")
+        self.extra_config = check_params("WandbHandler", config, "config")
         self.flush_secs = check_flush_secs("WandbHandler", flush_secs)
         try:  # imported here, not at module import: wandb is an optional extra
             import wandb
@@ -85,7 +85,7 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
 
     def train_begin(self, state: TrainState) -> None:
         self._run, self.run_id, self._resumed_run = None, None, None
-        self._run_config = {**run_params(state), **self.config}
+        self._run_config = {**run_params(state), **self.extra_config}
         self._fitting = True
         if not resumes(state):  # else the run is the checkpoint's, known at load_state_dict
             self._open()
