@@ -130,7 +130,9 @@ def child(variant: str, workload: str, fraction: float, library: str, sample_rea
         def prepare(*args):
             return tracked(overhead, variant, *args, folder, after)
     else:
-        prepare = overhead.prepare
+
+        def prepare(*args):
+            return overhead.prepare(variant, *args)
 
     def end_trackers() -> None:
         while after:
