@@ -330,6 +330,13 @@ def test_an_epoch_cut_short_is_written_once_a_resumed_run_completes_it(tmp_path)
     assert float(lines[2][lines[0].index("train_loss")]) == history["train_loss"][1]  # the whole epoch's value
 
 
+def test_an_evaluation_writes_no_event_file(tmp_path):
+    board = tensorboard_handler(tmp_path / "tb")
+    estimator, _, val = linear_problem()
+    estimator.evaluate(val, event_handlers=[board])
+    assert board.writer is None and not (tmp_path / "tb").exists()
+
+
 def test_the_run_params_and_last_values_go_to_the_hparams_tab(tmp_path):
     seen = []
     board = tensorboard_handler(tmp_path / "tb")

@@ -239,8 +239,8 @@ def test_the_values_reach_the_store_while_training_goes_on(uri):
     tracker = MLflowHandler(uri, experiment_name="background", flush_secs=0.01)
     seen = []
 
-    def wait_for_epoch_1(state):  # at epoch 2's end, after the tracker's epoch_end: the run is still open
-        if state.epoch == 1:
+    def wait_for_epoch_1(state):  # at epoch 1's end, after the tracker's epoch_end: the fit goes on after it
+        if state.epoch == 0:
             for _ in range(6000):  # the thread writes within its interval; a minute before the test fails
                 written = steps(uri, tracker.run_id, "train_loss")
                 if written:
@@ -293,6 +293,13 @@ def test_no_host_read_per_batch_with_mlflow_and_tensorboard(uri, tmp_path):
         return counter.count
 
     assert reads(8) == reads(64)
+
+
+def test_an_evaluation_starts_no_run(uri):
+    tracker = MLflowHandler(uri, experiment_name="evaluated")
+    estimator, _, val = linear_problem()
+    estimator.evaluate(val, event_handlers=[tracker])
+    assert tracker.run_id is None and runs_of(uri, "evaluated") == []
 
 
 def test_a_missing_mlflow_is_a_clear_import_error(monkeypatch):

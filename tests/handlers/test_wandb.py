@@ -166,6 +166,13 @@ def test_nothing_is_logged_on_a_rank_other_than_0(tmp_path, monkeypatch):
     assert tracker.run_id is None and offline_runs(tmp_path) == []
 
 
+def test_an_evaluation_starts_no_run(tmp_path):
+    tracker = WandbHandler()
+    estimator, _, val = linear_problem()
+    estimator.evaluate(val, event_handlers=[tracker])
+    assert tracker.run_id is None and offline_runs(tmp_path) == []
+
+
 def test_a_missing_wandb_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ImportError, match=r"pip install 'fitforge\[wandb\]'"):

@@ -108,7 +108,7 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
             self._open()
 
     def epoch_begin(self, state: TrainState) -> None:
-        if self._client is None:  # a fit resumed from a checkpoint that holds no run of this handler's
+        if self._client is None and self._fitting:  # resumed from a checkpoint that holds no run of this handler's
             self._open()
 
     def _open(self) -> None:

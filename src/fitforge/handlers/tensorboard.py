@@ -75,7 +75,7 @@ class TensorBoardHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self._params = run_params(state)
 
     def epoch_begin(self, state: TrainState) -> None:
-        if self.writer is None:  # the fit's first epoch: where a resumed fit continues is known by now
+        if self.writer is None and state.phase == "train":  # the fit's first epoch: a resume is known by now
             resumed = state.run.resumed_at
             # Batch values count other steps than the epochs': with them, nothing is hidden.
             purge = None if resumed is None or self._every else resumed[0] + 1

@@ -100,7 +100,7 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
             self._open()
 
     def epoch_begin(self, state: TrainState) -> None:
-        if self._run is None:  # a fit resumed from a checkpoint that holds no run of this handler's
+        if self._run is None and self._fitting:  # resumed from a checkpoint that holds no run of this handler's
             self._open()
 
     def _open(self) -> None:
