@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,7 +11,6 @@ from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.reporting.hparams import ParamValue, check_params, run_params
 from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, check_flush_secs, outcome, resumes
 
-log = logging.getLogger("fitforge")
 _MODES = ("online", "offline", "disabled")
 _FLUSH_SETTING = "x_transaction_log_flush_interval"  # how often W&B's service writes the run's files (seconds)
 
