@@ -18,7 +18,7 @@ from fitforge.reporting.hparams import ParamValue, check_params, run_params
 from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, check_flush_secs, outcome, resumes
 
 log = logging.getLogger("fitforge")
-_BATCH = 100  # params per log_batch call (MLflow's limit)
+_PARAMS, _METRICS = 100, 1000  # per log_batch call (MLflow's limits)
 
 
 class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
@@ -72,10 +72,11 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         try:  # imported here, not at module import: mlflow is an optional extra
             import mlflow
             from mlflow.entities import Metric, Param
+            from mlflow.exceptions import MlflowException
         except ImportError as err:
             raise ImportError("MLflowHandler needs the mlflow package: pip install 'fitforge[mlflow]'") from err
         self._mlflow: Any = mlflow
-        self._metric, self._param = Metric, Param
+        self._metric, self._param, self._refused = Metric, Param, MlflowException
         self.tracking_uri, self.experiment_name, self.run_name = tracking_uri, experiment_name, run_name
         self.tags = dict(tags or {})
         self.run_id: str | None = None  # the run of the latest fit
@@ -129,17 +130,22 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         self._client, self.run_id = client, run_id
         self._writer = BackgroundWriter("MLflowHandler", self._write, self.flush_secs)
         params = self._run_params
-        if joined:  # the run may have them already: MLflow never changes a logged param
-            existing = client.get_run(run_id).data.params
+        try:
+            self._log_params(params)
+        except self._refused:  # a joined run may have some with other values: MLflow never changes a logged param
+            existing = client.get_run(run_id).data.params if joined else {}
             clashes = sorted(key for key, value in params.items() if existing.get(key, value) != value)
-            if clashes:
-                log.warning(
-                    "MLflowHandler: the %s run already has other values for %s; kept them", joined, ", ".join(clashes)
-                )
-            params = {key: value for key, value in params.items() if key not in existing}
+            if not clashes:
+                raise
+            log.warning(
+                "MLflowHandler: the %s run already has other values for %s; kept them", joined, ", ".join(clashes)
+            )
+            self._log_params({key: value for key, value in params.items() if key not in existing})
+
+    def _log_params(self, params: dict[str, str]) -> None:
         entities = [self._param(key, value) for key, value in params.items()]
-        for start in range(0, len(entities), _BATCH):
-            client.log_batch(run_id, params=entities[start : start + _BATCH])
+        for start in range(0, len(entities), _PARAMS):
+            self._client.log_batch(self.run_id, params=entities[start : start + _PARAMS])
 
     def _continued(self, client: Any) -> str | None:
         """The run of the checkpoint this fit resumed from, running again; None if there is none to continue."""
@@ -169,13 +175,14 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
             self._writer.put((history.epochs, int(time.time() * 1000), row))
 
     def _write(self, records: list[tuple[int, int, dict[str, float]]]) -> None:
-        """On the writer's thread: a batch of metrics per epoch (each committed by the store as it is logged)."""
-        for epoch, timestamp, row in records:
-            metrics = [self._metric(key, value, timestamp, epoch) for key, value in row.items()]
-            try:
-                self._client.log_batch(self.run_id, metrics=metrics)
-            except Exception as err:  # a tracking server out of reach must not end (and lose) the training
-                log.warning("MLflowHandler: epoch %d's metrics were not logged (%s); training goes on", epoch, err)
+        """On the writer's thread: the metrics of the epochs gathered, in as few batches as MLflow takes."""
+        metrics = [self._metric(key, value, at, epoch) for epoch, at, row in records for key, value in row.items()]
+        try:
+            for start in range(0, len(metrics), _METRICS):
+                self._client.log_batch(self.run_id, metrics=metrics[start : start + _METRICS])
+        except Exception as err:  # a tracking server out of reach must not end (and lose) the training
+            epochs = ", ".join(str(epoch) for epoch, _, _ in records)
+            log.warning("MLflowHandler: the metrics of epoch(s) %s were not logged (%s); training goes on", epochs, err)
 
     def train_end(self, state: TrainState) -> None:
         client, writer = self._client, self._writer
