@@ -22,9 +22,13 @@ import torch
 from fitforge.handlers import CheckpointHandler, LambdaHandler, MLflowHandler, TensorBoardHandler, WandbHandler
 from fitforge.testing import linear_problem
 
+_SAYING = threading.Lock()  # lines come from the training thread and the trackers' threads
+
 
 def say(**values) -> None:
-    print(json.dumps(values), flush=True)
+    with _SAYING:
+        sys.stdout.write(json.dumps(values) + "\n")
+        sys.stdout.flush()
 
 
 class Writes(logging.Handler):
