@@ -308,6 +308,7 @@ def test_tensorboard_reads_nothing_per_batch_unless_asked(tmp_path):
 
     assert reads(8) == reads(64)
     assert reads(64, log_every_n_batches=8) > reads(8, log_every_n_batches=8)  # a read every 8 batches
+    assert (tmp_path / "8" / "manifest.json").is_file()  # the run's manifest, beside its event files
 
 
 def test_a_throttled_logger_and_a_rerun_over_an_old_file_are_fresh_runs(tmp_path):

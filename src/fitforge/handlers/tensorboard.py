@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from fitforge.core.events import BatchEnd, EpochBegin, EpochEnd, Event, Stage, TrainBegin, TrainEnd
+from fitforge.core.services import Services
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, check_flag, check_positive, describe
 from fitforge.reporting.hparams import ParamValue, last_values, run_params
@@ -69,6 +70,9 @@ class TensorBoardHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self.writer: Any = None  # the SummaryWriter, while a fit runs
         self._queue: BackgroundWriter | None = None
         self._params: dict[str, ParamValue] = {}
+
+    def offer(self, services: Services) -> None:
+        services.run_folders.append(self.log_dir)  # the run's manifest goes beside its event files
 
     def train_begin(self, state: TrainState) -> None:
         self._close()
