@@ -13,6 +13,7 @@ from torch import nn
 from fitforge import Estimator
 from fitforge.checkpoint.files import load_checkpoint
 from fitforge.distributed import fsdp
+from helpers import checkpoint_files
 
 pytestmark = pytest.mark.integration  # torchrun ranks
 
@@ -41,8 +42,8 @@ def test_two_ranks_save_in_the_background_what_a_synchronous_run_saves(runs):
     root = runs["root"]
     sync, background = results(root / "sync", 2), results(root / "async", 2)
     assert background[0]["params"] == background[1]["params"] == sync[0]["params"]
-    names = sorted(p.name for p in (root / "async_checkpoints").iterdir())
-    assert names == sorted(p.name for p in (root / "sync_checkpoints").iterdir()) and names
+    names = checkpoint_files(root / "async_checkpoints")  # the run's manifest.json aside
+    assert names == checkpoint_files(root / "sync_checkpoints") and names
     for name in names:
         got = load_checkpoint(root / "async_checkpoints" / name)
         want = load_checkpoint(root / "sync_checkpoints" / name)
@@ -66,8 +67,8 @@ def test_two_fsdp_ranks_save_their_shards_in_the_background_as_a_synchronous_run
     sync, background = results(root / "fsdp_sync", 2), results(root / "fsdp_async", 2)
     assert background[0]["params"] == background[1]["params"] == sync[0]["params"]
     folders = {mode: root / f"fsdp_{mode}_checkpoints" for mode in ("sync", "async")}
-    names = sorted(p.name for p in folders["async"].iterdir())
-    assert names == sorted(p.name for p in folders["sync"].iterdir()) and any(n.endswith(".dcp") for n in names)
+    names = checkpoint_files(folders["async"])
+    assert names == checkpoint_files(folders["sync"]) and any(n.endswith(".dcp") for n in names)
     for name in (n for n in names if n.endswith(".pt")):
         loaded = []
         for folder in folders.values():  # one process reads the 2 ranks' shards
