@@ -194,3 +194,10 @@ def test_every_fit_has_one_and_its_declared_access_holds(tmp_path):
     estimator.fit(train, epochs=2, event_handlers=handlers, check_access=True)
     assert len(manifest_of(tmp_path)["fingerprints"]["steps"]) == 8
     assert load_checkpoint(tmp_path / "model-epoch2batch16.pt")["handlers"]["FingerprintHandler"]["every"] == 2
+
+
+def test_the_command_line_keeps_no_secret():
+    from fitforge.reporting.manifest import redacted
+
+    argv = ["train.py", "--api-key=SECRET", "--token", "abc", "--lr", "0.1", "s3://user:pw@bucket/run"]
+    assert redacted(argv) == ["train.py", "--api-key=***", "--token", "***", "--lr", "0.1", "s3://user:***@bucket/run"]

@@ -228,6 +228,17 @@ def finish_figure(fig: Any, path: str | Path | None) -> Any:
     return fig
 
 
+def is_timing(name: str) -> bool:
+    """Whether a key measures time or speed (``epoch_time``, ``time_data_s``, a speed): values that differ
+    between two runs of the same training."""
+    return (
+        name == "epoch_time"
+        or name.endswith("_time")
+        or (name.startswith("time_") and name.endswith("_s"))
+        or is_speed(name)
+    )
+
+
 def is_speed(name: str) -> bool:
     """Whether a key or metric name is a speed (``train_samples_per_s``, ``mfu``), which summaries
     and plots leave out unless asked."""

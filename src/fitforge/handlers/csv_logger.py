@@ -45,7 +45,8 @@ class CSVLoggerHandler(TrainBegin, EpochEnd):
         self._header: list[str] = []  # empty until the run's first write
 
     def offer(self, services: Services) -> None:
-        services.run_folders.append(self.path.parent)  # the run's manifest goes beside the log
+        if self.path.parent.resolve() != Path.cwd().resolve():  # a folder of the run's, not the working one
+            services.run_folders.append(self.path.parent)  # the run's manifest goes beside the log
 
     def train_begin(self, state: TrainState) -> None:
         self._header = []  # decided at the first write, once a resume (after train_begin) is known

@@ -113,13 +113,16 @@ class TensorBoardHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         self.writer.flush()
 
     def train_end(self, state: TrainState) -> None:
-        if self._queue is not None:
-            self._queue.close()
-            self._queue = None
-            # Not add_hparams (it writes the metrics again in another folder): the HParams tab reads this run's scalars.
-            for summary in self._hparams(self._params, last_values(state.history)):
-                self.writer.file_writer.add_summary(summary)
-        self._close()
+        try:
+            if self._queue is not None:
+                self._queue.close()
+                self._queue = None
+                # Not add_hparams (it writes the metrics again in another folder): the HParams tab reads this
+                # run's scalars.
+                for summary in self._hparams(self._params, last_values(state.history)):
+                    self.writer.file_writer.add_summary(summary)
+        finally:  # the writer's own thread ends whatever failed
+            self._close()
 
     def _close(self) -> None:
         if self._queue is not None:

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 from datetime import datetime, timezone
 from importlib import metadata
@@ -90,7 +91,24 @@ def process() -> dict[str, Any]:
     there is no script file: a notebook, ``python -c``)."""
     script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
     where = script if script is not None and script.is_file() else Path.cwd()
-    return {"command": list(sys.argv), "cwd": os.getcwd(), "repository": repository_of(where)}
+    return {"command": redacted(sys.argv), "cwd": os.getcwd(), "repository": repository_of(where)}
+
+
+_SECRET = re.compile(r"token|secret|passw|api.?key|credential", re.IGNORECASE)
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """``argv`` as a manifest keeps it: the value of an option named like a secret (``--api-key=...``,
+    ``--token ...``) and a URL's password replaced by ``***`` (manifests sit beside checkpoints, often shared)."""
+    kept: list[str] = []
+    for i, arg in enumerate(argv):
+        name, equals, _ = arg.partition("=")
+        if equals and name.startswith("-") and _SECRET.search(name):
+            arg = f"{name}=***"
+        elif i and argv[i - 1].startswith("-") and "=" not in argv[i - 1] and _SECRET.search(argv[i - 1]):
+            arg = "***"
+        kept.append(re.sub(r"(://[^/:@\s]+:)[^@/\s]+@", r"\1***@", arg))
+    return kept
 
 
 def attempt(state: TrainState) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from typing import Any, NamedTuple
 
 from fitforge.checkpoint.locations import is_url, local_path
 from fitforge.checkpoint.objects import FsspecCheckpointIO
+from fitforge.core.history import is_timing
 from fitforge.exceptions import FitforgeValueError
 from fitforge.reporting.manifest import NAME, epoch_entries
 
 COMPARED = ("config", "arguments", "environment", "seeds", "hardware", "repository")  # the sections, in this order
 _NOT_COMPARED = {"repository.root"}  # where a checkout is says nothing of what ran
-_TIMING = ("_time", "_per_s", "_mfu")  # the ends of keys measuring time or speed: they differ between identical runs
 
 
 class RunDiff(NamedTuple):
@@ -158,4 +158,4 @@ def _epochs_diverge(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, bool]:
 
 
 def _values(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in metrics.items() if not key.endswith(_TIMING)}
+    return {key: value for key, value in metrics.items() if not is_timing(key)}  # they differ between identical runs
