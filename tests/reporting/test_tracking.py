@@ -131,3 +131,15 @@ def test_how_a_fit_ended():  # a SIGTERM's "killed": tests/handlers/test_mlflow.
     assert ended() == "finished"
     assert ended(raising(RuntimeError("boom"))) == "failed"
     assert ended(raising(KeyboardInterrupt())) == "killed"
+
+
+def test_a_tracker_out_of_reach_holds_the_end_of_training_only_so_long(caplog):
+    import threading
+
+    release = threading.Event()
+    writer = BackgroundWriter("Tracker", lambda records: release.wait(10), flush_secs=0.01)
+    writer.put("value")
+    with caplog.at_level("WARNING", logger="fitforge"):
+        writer.close(timeout=0.05)  # its write hangs (a server retrying): close gives up on it
+    release.set()
+    assert "last records were not written within 0 s" in caplog.text

@@ -92,7 +92,7 @@ class ManifestHandler(TrainBegin, EpochEnd, TrainEnd):
                 manifest = json.loads(store.read_text(NAME))
             except FileNotFoundError:
                 continue
-            except (OSError, ValueError) as err:
+            except Exception as err:  # a store's own error (botocore's...) too: a manifest never ends a run
                 log.warning("ManifestHandler: %s in %r cannot be read (%s): starting a new one", NAME, store, err)
                 continue
             if isinstance(manifest, dict) and isinstance(manifest.get("resumes"), list):

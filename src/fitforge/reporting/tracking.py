@@ -25,6 +25,9 @@ def check_flush_secs(owner: str, flush_secs: Any) -> float:
     return float(flush_secs)
 
 
+CLOSE_SECS = 120.0  # the longest train_end waits for a tracker's last write
+
+
 class BackgroundWriter:
     """Writes a tracker's records in order on a daemon thread.
 
@@ -61,12 +64,15 @@ class BackgroundWriter:
             if len(self._records) == 1:  # the thread sleeps until the first record of an interval
                 self._wake.notify()
 
-    def close(self) -> None:
-        """Write what is queued, then end the thread (waiting for it); later calls do nothing."""
+    def close(self, timeout: float = CLOSE_SECS) -> None:
+        """Write what is queued, then end the thread, waiting for it up to ``timeout`` seconds (a tracker out
+        of reach, retrying, must not hold the end of training forever); later calls do nothing."""
         with self._wake:
             self._closing = True
             self._wake.notify()
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s: its last records were not written within %.0f s; leaving them", self.owner, timeout)
 
     def _run(self) -> None:
         while True:
