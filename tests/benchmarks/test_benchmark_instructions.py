@@ -37,6 +37,11 @@ def test_every_piece_it_counts_runs():
 def test_the_tracker_variants_run(tmp_path, monkeypatch):
     for extra in ("mlflow", "wandb", "tensorboard"):
         pytest.importorskip(extra, reason="--trackers needs the [mlflow], [wandb] and [tensorboard] extras")
+    import wandb
+
+    # The variant that opens the runs first sets MLflow's tracking URI for the process: put it back after,
+    # as W&B's own set-up, so that later tests find neither.
+    monkeypatch.setattr("mlflow.tracking._tracking_service.utils._tracking_uri", None)
     module = load()
     for name, value in {**module.TRACKER_ENV, "WANDB_DIR": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)}.items():
         monkeypatch.setenv(name, value)
@@ -51,6 +56,7 @@ def test_the_tracker_variants_run(tmp_path, monkeypatch):
         for end in after:
             end()
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
+    wandb.teardown()
 
 
 def test_trackers_count_a_or_b_only(monkeypatch, capsys):
