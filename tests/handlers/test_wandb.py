@@ -34,6 +34,9 @@ def _offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_CONSOLE", "off")
     for name in ("WANDB_PROJECT", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_ENTITY"):
         monkeypatch.delenv(name, raising=False)
+    # W&B reads its environment once, when its process-wide set-up is made: one left by an earlier test
+    # (a docs page's offline fit) would hold that test's environment, not this one's.
+    wandb.teardown()
 
 
 @pytest.fixture(scope="module", autouse=True)
