@@ -187,6 +187,7 @@ def test_a_missing_wandb_is_a_clear_import_error(monkeypatch):
     [
         ({"project": 3}, FitforgeTypeError, r"WandbHandler: project must be a str or None, got int 3"),
         ({"dir": ["a"]}, FitforgeTypeError, r"dir must be a str or None, got list"),
+        ({"project": ""}, FitforgeValueError, r"project must not be empty; pass None for the tracker's default"),
         ({"mode": "local"}, FitforgeValueError, r"mode must be one of \('online', 'offline', 'disabled'\) or None"),
         ({"tags": "a"}, FitforgeTypeError, r"tags must be a list of str, got str 'a'"),
         ({"tags": [1]}, FitforgeTypeError, r"tags must be a list of str, got list"),

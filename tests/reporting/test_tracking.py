@@ -10,7 +10,7 @@ import pytest
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import LambdaHandler
-from fitforge.reporting.tracking import BackgroundWriter, check_flush_secs, outcome
+from fitforge.reporting.tracking import BackgroundWriter, check_flush_secs, check_names, outcome
 from fitforge.testing import linear_problem
 
 WAIT = 60  # seconds to wait for the writer's thread before the test fails (it takes milliseconds)
@@ -102,6 +102,14 @@ def test_close_writes_what_came_while_the_thread_was_writing():
 def test_flush_secs_errors(value, error, message):
     with pytest.raises(error, match=message):
         check_flush_secs("Tracker", value)
+
+
+def test_names_are_non_empty_str_or_none():
+    check_names("Tracker", project=None, run="a")
+    with pytest.raises(FitforgeTypeError, match=r"Tracker: project must be a str or None, got int 3"):
+        check_names("Tracker", run=None, project=3)
+    with pytest.raises(FitforgeValueError, match=r"Tracker: run must not be empty; pass None"):
+        check_names("Tracker", run="")
 
 
 def test_flush_secs_as_a_float():

@@ -6,22 +6,20 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from fitforge.core.events import EpochBegin, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.services import CheckpointSaver
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.reporting.hparams import ParamValue, check_params, run_params
-from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, check_flush_secs, outcome, resumes
+from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, RunTracker, check_names
 
 log = logging.getLogger("fitforge")
 _PARAMS, _METRICS = 100, 1000  # per log_batch call (MLflow's limits)
 
 
-class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
+class MLflowHandler(RunTracker):
     """Track a fit as an MLflow run: parameters at the start, the history per epoch, and the status (and optionally
     the best checkpoint) at the end. It starts a run, or joins the active one, whose end it then leaves to its owner;
     a fit resumed from a checkpoint continues the run of the fit that saved it. The epochs' values are written from a
@@ -40,11 +38,6 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
             these seconds of values).
     """
 
-    priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete
-    main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "estimator", "history", "services", "run")
-    writes = ()
-
     def __init__(
         self,
         tracking_uri: str | None = None,
@@ -55,20 +48,14 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         log_best_checkpoint: bool = False,
         flush_secs: float = FLUSH_SECS,
     ) -> None:
-        for name, value in zip(
-            ("tracking_uri", "experiment_name", "run_name"), (tracking_uri, experiment_name, run_name)
-        ):
-            if value is not None and not isinstance(value, str):
-                raise FitforgeTypeError(f"MLflowHandler: {name} must be a str or None, got {describe(value)}")
-            if value == "":
-                raise FitforgeValueError(f"MLflowHandler: {name} must not be empty; pass None for MLflow's default")
+        super().__init__(flush_secs)
+        check_names("MLflowHandler", tracking_uri=tracking_uri, experiment_name=experiment_name, run_name=run_name)
         if tags is not None and (
             not isinstance(tags, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items())
         ):
             raise FitforgeTypeError(f"MLflowHandler: tags must be a dict of str to str, got {describe(tags)}")
         self.params = check_params("MLflowHandler", params)
         self.log_best_checkpoint = check_flag("MLflowHandler", "log_best_checkpoint", log_best_checkpoint)
-        self.flush_secs = check_flush_secs("MLflowHandler", flush_secs)
         try:  # imported here, not at module import: mlflow is an optional extra
             import mlflow
             from mlflow.entities import Metric, Param
@@ -79,38 +66,18 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         self._metric, self._param, self._refused = Metric, Param, MlflowException
         self.tracking_uri, self.experiment_name, self.run_name = tracking_uri, experiment_name, run_name
         self.tags = dict(tags or {})
-        self.run_id: str | None = None  # the run of the latest fit
         self._client: Any = None  # set while a run is open
-        self._owned = False  # whether this handler started (or continued) the run, and so ends it
-        self._writer: BackgroundWriter | None = None
         self._run_params: dict[str, str] = {}
-        self._resumed_run: str | None = None  # the run of the checkpoint a fit resumes from
-        self._fitting = False  # between train_begin and train_end
 
     def train_begin(self, state: TrainState) -> None:
-        self._client, self.run_id, self._resumed_run = None, None, None
+        self._client = None
         if self.log_best_checkpoint and self._best_saver(state) is None:
             raise FitforgeValueError(
                 "MLflowHandler: log_best_checkpoint=True needs a CheckpointHandler(save_best=True, monitor=...) "
                 "among the fit's event_handlers"
             )
         self._run_params = {key: str(value) for key, value in {**run_params(state), **self.params}.items()}
-        self._fitting = True
-        if not resumes(state):  # else the run is the checkpoint's, known at load_state_dict
-            self._open()
-
-    def state_dict(self) -> dict:
-        """The run's id, which a fit resumed from the checkpoint continues."""
-        return {} if self.run_id is None else {"run_id": self.run_id}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._resumed_run = state.get("run_id")
-        if self._fitting and self._client is None:
-            self._open()
-
-    def epoch_begin(self, state: TrainState) -> None:
-        if self._client is None and self._fitting:  # resumed from a checkpoint that holds no run of this handler's
-            self._open()
+        super().train_begin(state)
 
     def _open(self) -> None:
         mlflow = self._mlflow
@@ -166,17 +133,14 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         experiment = client.get_experiment_by_name(name)
         return experiment.experiment_id if experiment is not None else client.create_experiment(name)
 
-    def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or state.run.epoch_suspended or self._writer is None:
-            return
-        history = state.history
-        row = {key: value for key in history if (value := history.current(key)) is not None and math.isfinite(value)}
-        if row:
-            self._writer.put((history.epochs, int(time.time() * 1000), row))
-
     def _write(self, records: list[tuple[int, int, dict[str, float]]]) -> None:
-        """On the writer's thread: the metrics of the epochs gathered, in as few batches as MLflow takes."""
-        metrics = [self._metric(key, value, at, epoch) for epoch, at, row in records for key, value in row.items()]
+        """On the writer's thread: the finite metrics of the epochs gathered, in as few batches as MLflow takes."""
+        metrics = [
+            self._metric(key, value, at, epoch)
+            for epoch, at, row in records
+            for key, value in row.items()
+            if math.isfinite(value)
+        ]
         try:
             for start in range(0, len(metrics), _METRICS):
                 self._client.log_batch(self.run_id, metrics=metrics[start : start + _METRICS])
@@ -184,24 +148,18 @@ class MLflowHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
             epochs = ", ".join(str(epoch) for epoch, _, _ in records)
             log.warning("MLflowHandler: the metrics of epoch(s) %s were not logged (%s); training goes on", epochs, err)
 
-    def train_end(self, state: TrainState) -> None:
-        client, writer = self._client, self._writer
-        self._fitting = False
-        if client is None:
-            return  # no run was started (an earlier handler's train_begin failed)
-        try:
-            if writer is not None:
-                writer.close()  # the epochs' values before the run's end
-            saver = self._best_saver(state) if self.log_best_checkpoint else None
-            path = None if saver is None else saver.best_checkpoint()
-            if path is not None and path.is_file():
-                client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
-            elif self.log_best_checkpoint:
-                log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
-        finally:
-            self._client = self._writer = None
-            if self._owned:
-                client.set_terminated(self.run_id, status=outcome(state).upper())
+    def _before_end(self, state: TrainState) -> None:
+        saver = self._best_saver(state) if self.log_best_checkpoint else None
+        path = None if saver is None else saver.best_checkpoint()
+        if path is not None and path.is_file():
+            self._client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
+        elif self.log_best_checkpoint:
+            log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
+
+    def _end(self, outcome: str) -> None:
+        client, self._client = self._client, None
+        if self._owned:
+            client.set_terminated(self.run_id, status=outcome.upper())
 
     @staticmethod
     def _best_saver(state: TrainState) -> CheckpointSaver | None:

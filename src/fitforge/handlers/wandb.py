@@ -5,17 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fitforge.core.events import EpochBegin, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 from fitforge.reporting.hparams import ParamValue, check_params, run_params
-from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, check_flush_secs, outcome, resumes
+from fitforge.reporting.tracking import FLUSH_SECS, BackgroundWriter, RunTracker, check_names
 
 _MODES = ("online", "offline", "disabled")
 _FLUSH_SETTING = "x_transaction_log_flush_interval"  # how often W&B's service writes the run's files (seconds)
 
 
-class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
+class WandbHandler(RunTracker):
     """Track a fit as a Weights & Biases run: the run's parameters as its config, every history value of each
     training epoch (plotted over ``epoch``, from 1), and how the fit ended. It starts a run, or joins the active
     one (``wandb.run``), whose end it then leaves to its owner; a fit resumed from a checkpoint continues the run of
@@ -37,11 +36,6 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         init_kwargs: more arguments of ``wandb.init`` (``entity``, ``group``, ``id``...).
     """
 
-    priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete
-    main_rank_only = True  # under torch.distributed, rank 0 reports for all
-    reads = ("phase", "estimator", "history", "services", "run")
-    writes = ()
-
     def __init__(
         self,
         project: str | None = None,
@@ -53,9 +47,8 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         flush_secs: float = FLUSH_SECS,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        for name, value in (("project", project), ("run_name", run_name), ("dir", dir)):
-            if value is not None and not isinstance(value, str):
-                raise FitforgeTypeError(f"WandbHandler: {name} must be a str or None, got {describe(value)}")
+        super().__init__(flush_secs)
+        check_names("WandbHandler", project=project, run_name=run_name, dir=dir)
         if mode is not None and mode not in _MODES:
             raise FitforgeValueError(f"WandbHandler: mode must be one of {_MODES} or None, got {describe(mode)}")
         if tags is not None and (isinstance(tags, str) or not all(isinstance(tag, str) for tag in tags)):
@@ -63,7 +56,6 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         if init_kwargs is not None and not isinstance(init_kwargs, Mapping):
             raise FitforgeTypeError(f"WandbHandler: init_kwargs must be a dict, got {describe(init_kwargs)}")
         self.extra_config = check_params("WandbHandler", config, "config")
-        self.flush_secs = check_flush_secs("WandbHandler", flush_secs)
         try:  # imported here, not at module import: wandb is an optional extra
             import wandb
         except ImportError as err:
@@ -72,34 +64,14 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         self.project, self.run_name, self.dir, self.mode = project, run_name, dir, mode
         self.tags = None if tags is None else list(tags)
         self.init_kwargs = dict(init_kwargs or {})
-        self.run_id: str | None = None  # the run of the latest fit
         self._run: Any = None  # set while a run is open
-        self._owned = False  # whether this handler started the run, and so finishes it
-        self._writer: BackgroundWriter | None = None
         self._run_config: dict[str, ParamValue] = {}
-        self._resumed_run: str | None = None  # the run of the checkpoint a fit resumes from
-        self._fitting = False  # between train_begin and train_end
         self._plotted: set[str] = set()  # the keys plotted over the epoch
 
     def train_begin(self, state: TrainState) -> None:
-        self._run, self.run_id, self._resumed_run = None, None, None
+        self._run = None
         self._run_config = {**run_params(state), **self.extra_config}
-        self._fitting = True
-        if not resumes(state):  # else the run is the checkpoint's, known at load_state_dict
-            self._open()
-
-    def state_dict(self) -> dict:
-        """The run's id, which a fit resumed from the checkpoint continues."""
-        return {} if self.run_id is None else {"run_id": self.run_id}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._resumed_run = state.get("run_id")
-        if self._fitting and self._run is None:
-            self._open()
-
-    def epoch_begin(self, state: TrainState) -> None:
-        if self._run is None and self._fitting:  # resumed from a checkpoint that holds no run of this handler's
-            self._open()
+        super().train_begin(state)
 
     def _open(self) -> None:
         wandb = self._wandb
@@ -120,38 +92,22 @@ class WandbHandler(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         # Handed over at once: W&B's service keeps them until its own flush, every flush_secs.
         self._writer = BackgroundWriter("WandbHandler", self._write, flush_secs=0.0)
 
-    def epoch_end(self, state: TrainState) -> None:
-        if state.phase != "train" or state.run.epoch_suspended or self._writer is None:
-            return
-        history = state.history
-        row = {key: value for key in history if (value := history.current(key)) is not None}
-        self._writer.put((history.epochs, row))
-
-    def _write(self, records: list[tuple[int, dict[str, float]]]) -> None:
+    def _write(self, records: list[tuple[int, int, dict[str, float]]]) -> None:
         """On the writer's thread: a W&B row per epoch, each key plotted over ``epoch`` (not W&B's own step, which
         a resumed run cannot set back)."""
         run = self._run
-        for epoch, row in records:
+        for epoch, _, row in records:
             for key in row.keys() - self._plotted:
                 run.define_metric(key, step_metric="epoch")
                 self._plotted.add(key)
             run.log({**row, "epoch": epoch})
 
-    def train_end(self, state: TrainState) -> None:
-        run, writer = self._run, self._writer
-        self._fitting = False
-        if run is None:
-            return  # no run was started (an earlier handler's train_begin failed)
-        try:
-            if writer is not None:
-                writer.close()  # the epochs' values before the run's end
-        finally:
-            self._run = self._writer = None
-            if self._owned:
-                ended = outcome(state)
-                if ended == "killed":  # W&B marks it preempted: a resumed fit continues it
-                    run.mark_preempting()
-                run.finish(exit_code=0 if ended == "finished" else 1)
+    def _end(self, outcome: str) -> None:
+        run, self._run = self._run, None
+        if self._owned:
+            if outcome == "killed":  # W&B marks it preempted: a resumed fit continues it
+                run.mark_preempting()
+            run.finish(exit_code=0 if outcome == "finished" else 1)
 
     def __repr__(self) -> str:
         return f"WandbHandler(project={self.project!r}, mode={self.mode!r})"

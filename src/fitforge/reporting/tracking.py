@@ -1,13 +1,15 @@
 """What the trackers (MLflowHandler, TensorBoardHandler, WandbHandler) share: a writer on a thread of its own, so
-that no step waits for a file, a database or a server; whether a fit resumes; how it ended."""
+that no step waits for a file, a database or a server; a run that a resumed fit continues; how a fit ended."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from fitforge.core.events import EpochBegin, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -23,6 +25,15 @@ def check_flush_secs(owner: str, flush_secs: Any) -> float:
     if not flush_secs > 0:  # nan included
         raise FitforgeValueError(f"{owner}: flush_secs must be a positive number of seconds, got {flush_secs!r}")
     return float(flush_secs)
+
+
+def check_names(owner: str, **names: Any) -> None:
+    """Each of ``names`` must be a non-empty str or None (None: the tracker's own default)."""
+    for name, value in names.items():
+        if value is not None and not isinstance(value, str):
+            raise FitforgeTypeError(f"{owner}: {name} must be a str or None, got {describe(value)}")
+        if value == "":
+            raise FitforgeValueError(f"{owner}: {name} must not be empty; pass None for the tracker's default")
 
 
 CLOSE_SECS = 120.0  # the longest train_end waits for a tracker's last write
@@ -93,16 +104,6 @@ class BackgroundWriter:
                 return
 
 
-def resumes(state: TrainState) -> bool:
-    """At a tracker's ``train_begin`` (after the checkpoint handlers', ``Stage.PERSIST``), whether the fit resumes
-    from a checkpoint: the handlers' states (a tracker's run) are loaded next, before the first epoch."""
-    for saver in state.services.checkpoints:
-        saved = saver.saved_checkpoints()
-        if saved is not None and saved.resumed_from is not None:
-            return True
-    return False
-
-
 def outcome(state: TrainState) -> str:
     """At ``train_end``, how the fit ended, for a tracker's run: ``"killed"`` by a signal (SIGTERM, SIGINT,
     Ctrl-C: a resumed fit may continue the run), ``"failed"`` by an exception, else ``"finished"``."""
@@ -110,3 +111,83 @@ def outcome(state: TrainState) -> str:
     if isinstance(error, (KeyboardInterrupt, SystemExit)) or (error is None and state.run.preempted is not None):
         return "killed"
     return "failed" if error is not None else "finished"
+
+
+class RunTracker(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
+    """A handler that tracks each fit as a run of an experiment tracker (MLflowHandler, WandbHandler).
+
+    A fit opens a run (:meth:`_open`: a new one, the tracker's active one, or the one of the checkpoint the fit
+    resumes from, whose id the checkpoint holds); each training epoch's history row goes to a
+    :class:`BackgroundWriter` as ``(epoch, unix time in ms, row)``; at ``train_end`` the writer's last records
+    are written, then :meth:`_end` ends the run with how the fit ended. A run is open while its writer is.
+    """
+
+    priority = Stage.REPORT  # after validation, metrics and the checkpoint: the row is complete
+    main_rank_only = True  # under torch.distributed, rank 0 reports for all
+    reads = ("phase", "estimator", "history", "services", "run")
+    writes = ()
+
+    def __init__(self, flush_secs: float) -> None:
+        self.flush_secs = check_flush_secs(type(self).__name__, flush_secs)
+        self.run_id: str | None = None  # the run of the latest fit
+        self._owned = False  # whether this handler started (or continued) the run, and so ends it
+        self._writer: BackgroundWriter | None = None  # set while a run is open
+        self._resumed_run: str | None = None  # the run of the checkpoint a fit resumes from
+        self._fitting = False  # between train_begin and train_end
+
+    def _open(self) -> None:
+        """Open the fit's run (continuing ``_resumed_run`` when set), set ``run_id``, ``_owned`` and ``_writer``."""
+        raise NotImplementedError
+
+    def _end(self, outcome: str) -> None:
+        """After the writer's last records: end the run if ``_owned`` (``outcome`` as :func:`outcome` says)."""
+        raise NotImplementedError
+
+    def train_begin(self, state: TrainState) -> None:
+        self.run_id, self._resumed_run, self._fitting = None, None, True
+        if not _resumes(state):  # else the run is the checkpoint's, known at load_state_dict
+            self._open()
+
+    def state_dict(self) -> dict:
+        """The run's id, which a fit resumed from the checkpoint continues."""
+        return {} if self.run_id is None else {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resumed_run = state.get("run_id")
+        if self._fitting and self._writer is None:
+            self._open()
+
+    def epoch_begin(self, state: TrainState) -> None:
+        if self._fitting and self._writer is None:  # resumed from a checkpoint holding no run of this handler's
+            self._open()
+
+    def epoch_end(self, state: TrainState) -> None:
+        if state.phase != "train" or state.run.epoch_suspended or self._writer is None:
+            return
+        history = state.history
+        row = {key: value for key in history if (value := history.current(key)) is not None}
+        self._writer.put((history.epochs, int(time.time() * 1000), row))
+
+    def train_end(self, state: TrainState) -> None:
+        writer, self._fitting = self._writer, False
+        if writer is None:
+            return  # no run was opened (an earlier handler's train_begin failed)
+        try:
+            writer.close()  # the epochs' values before the run's end
+            self._before_end(state)
+        finally:
+            self._writer = None
+            self._end(outcome(state))
+
+    def _before_end(self, state: TrainState) -> None:
+        """At ``train_end``, once the epochs' values are written and before the run ends: nothing by default."""
+
+
+def _resumes(state: TrainState) -> bool:
+    """At a tracker's ``train_begin`` (after the checkpoint handlers', ``Stage.PERSIST``), whether the fit resumes
+    from a checkpoint: the handlers' states (a tracker's run) are loaded next, before the first epoch."""
+    for saver in state.services.checkpoints:
+        saved = saver.saved_checkpoints()
+        if saved is not None and saved.resumed_from is not None:
+            return True
+    return False
