@@ -13,6 +13,7 @@ uncounted warm-up run, through callgrind's client requests from a tiny C helper 
     python benchmarks/instructions.py --pieces         # where a fit of Z goes: each piece, per call
     python benchmarks/instructions.py --workload Z --sample-reads  # fit reads batches as the hand loop
     python benchmarks/instructions.py --trackers       # and fit default with MLflow, TensorBoard and W&B on
+    python benchmarks/instructions.py --profiler       # and fit default with a ProfilerHandler between cycles
     python benchmarks/instructions.py --json
 
 ``--trackers`` adds two variants: fit default with MLflowHandler (a SQLite store), TensorBoardHandler
@@ -20,6 +21,9 @@ and WandbHandler (offline) on, whose runs they start and end ("fit + trackers"),
 the MLflow and W&B runs started before and ended after the counted fit, as a user who starts them
 does ("fit + open trackers": what the handlers add, without the trackers' own start-up); both are
 compared with fit default (needs the [mlflow], [tensorboard] and [wandb] extras).
+
+``--profiler`` adds fit default with a ProfilerHandler whose first cycle would begin after the run's last
+step ("fit + idle profiler"): what the handler costs outside its cycles, every step of a long run but a few.
 
 It prints instructions per training step for each variant, the ratios fit/hand of the same pairs
 as overhead.py and the extra instructions per step. Instructions are a proxy for time, not time:
@@ -56,6 +60,8 @@ void count_off(void) { CALLGRIND_TOGGLE_COLLECT; CALLGRIND_DUMP_STATS; CALLGRIND
 COUNTED_RUNS = {"Z": 20}  # counted runs per process (one for A and B, whose runs are long)
 TRACKED, OPEN_TRACKED = "fit + trackers", "fit + open trackers"
 TRACKER_PAIRS = ((TRACKED, "fit default"), (OPEN_TRACKED, "fit default"))
+IDLE_PROFILED = "fit + idle profiler"
+PROFILER_PAIRS = ((IDLE_PROFILED, "fit default"),)
 TRACKER_ENV = {  # offline, quiet, every file in the run's folder; W&B's start-up slowed by valgrind is no timeout
     "WANDB_MODE": "offline",
     "WANDB_SILENT": "true",
@@ -109,6 +115,17 @@ def tracked(overhead, variant: str, w, train, val, folder: Path, after: list[Cal
     return lambda: est.fit(train, val_data=val, epochs=w.epochs, event_handlers=trackers)["train_loss"][-1]
 
 
+def idle_profiled(overhead, w, train, val, folder: Path) -> Callable:
+    """A fresh run of fit default with a ProfilerHandler that waits past the run's last step."""
+    from fitforge import Estimator
+    from fitforge.handlers import ProfilerHandler
+
+    net, opt, criterion = overhead.fresh_model(w)
+    est = Estimator(net, criterion, train_metrics="accuracy", optimizer=opt)
+    tracer = ProfilerHandler(wait=w.epochs * len(train), log_dir=folder / "profile")
+    return lambda: est.fit(train, val_data=val, epochs=w.epochs, event_handlers=[tracer])["train_loss"][-1]
+
+
 def child(variant: str, workload: str, fraction: float, library: str, sample_reads: bool) -> None:
     """Inside valgrind: a warm-up run, then one counted run of ``variant``."""
     import torch
@@ -129,6 +146,10 @@ def child(variant: str, workload: str, fraction: float, library: str, sample_rea
 
         def prepare(*args):
             return tracked(overhead, variant, *args, folder, after)
+    elif variant == IDLE_PROFILED:
+
+        def prepare(*args):
+            return idle_profiled(overhead, *args, Path(library).parent)
     else:
 
         def prepare(*args):
@@ -316,9 +337,17 @@ def mlflow_store(path: Path) -> None:
         mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
 
 
-def measure(workload: str, fraction: float, jobs: int, sample_reads: bool = False, trackers: bool = False) -> dict:
+def measure(
+    workload: str,
+    fraction: float,
+    jobs: int,
+    sample_reads: bool = False,
+    trackers: bool = False,
+    profiler: bool = False,
+) -> dict:
     overhead = load_overhead()
-    variants = overhead.VARIANTS + ((TRACKED, OPEN_TRACKED) if trackers else ())
+    extra_pairs = (TRACKER_PAIRS if trackers else ()) + (PROFILER_PAIRS if profiler else ())
+    variants = overhead.VARIANTS + tuple(fit for fit, _ in extra_pairs)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         library = build_helper(folder)
@@ -330,7 +359,7 @@ def measure(workload: str, fraction: float, jobs: int, sample_reads: bool = Fals
     per_step = {v: r["instructions"] / r["steps"] for v, r in runs.items()}
     pairs = {
         f"{fit} / {hand}": {"ratio": per_step[fit] / per_step[hand], "extra_per_step": per_step[fit] - per_step[hand]}
-        for fit, hand in overhead.PAIRS + (TRACKER_PAIRS if trackers else ())
+        for fit, hand in overhead.PAIRS + extra_pairs
     }
     return {
         "workload": workload,
@@ -360,6 +389,11 @@ def main() -> None:
         action="store_true",
         help="also fit default with MLflow, TensorBoard and W&B (offline) on, compared with fit default (A or B)",
     )
+    parser.add_argument(
+        "--profiler",
+        action="store_true",
+        help="also fit default with a ProfilerHandler between its cycles, compared with fit default",
+    )
     parser.add_argument("--pieces-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the variant a valgrind process runs
     parser.add_argument("--library", help=argparse.SUPPRESS)
@@ -384,7 +418,7 @@ def main() -> None:
         for name, n in counts.items():
             print(f"  {name:<52} {n:12,.0f}")
         return
-    result = measure(args.workload, args.fraction, args.jobs, args.sample_reads, args.trackers)
+    result = measure(args.workload, args.fraction, args.jobs, args.sample_reads, args.trackers, args.profiler)
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -59,6 +59,15 @@ def test_the_tracker_variants_run(tmp_path, monkeypatch):
     wandb.teardown()
 
 
+def test_the_idle_profiler_variant_traces_nothing(tmp_path):
+    module = load()
+    overhead = module.load_overhead()
+    w = overhead.WORKLOADS["Z"]
+    train, val = overhead.make_loaders(w, 1.0)
+    module.idle_profiled(overhead, w, train, val, tmp_path)()  # what the valgrind process counts
+    assert not (tmp_path / "profile").exists()  # its cycle would begin after the run's last step
+
+
 def test_trackers_count_a_or_b_only(monkeypatch, capsys):
     module = load()
     monkeypatch.setattr(module.sys, "argv", ["instructions.py", "--trackers", "--workload", "Z"])
