@@ -8,7 +8,7 @@ import torch
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CSVLoggerHandler, FingerprintHandler, LambdaHandler
-from fitforge.handlers.fingerprint import fingerprint
+from fitforge.handlers.fingerprint import fingerprint, loss_of
 from fitforge.testing import linear_problem
 
 
@@ -36,7 +36,7 @@ def test_every_nth_step_is_recorded_and_read_only_at_the_epochs_end(tmp_path):
 
     def look(state):
         read_during_epochs.append(len(handler.recorded))
-        losses.append(float(state.output.loss))
+        losses.append(float(state.output.loss.detach()))
 
     watch = LambdaHandler(batch_end=look, priority=1)
     estimator, train, _ = linear_problem()  # 8 batches an epoch
@@ -53,7 +53,29 @@ def test_the_fingerprints_go_back_to_a_checkpoints_state():
     handler.recorded = [[0, 1.5, "00ff"]]
     restored = FingerprintHandler(every=1)
     restored.load_state_dict(handler.state_dict())
-    assert restored.recorded == [[0, 1.5, "00ff"]] and repr(restored) == "FingerprintHandler(every=1)"
+    assert restored.recorded == [[0, 1.5, "00ff"]] and repr(restored) == "FingerprintHandler(every=1, keep=250)"
+
+
+def test_past_keep_the_interval_doubles_and_the_odd_steps_go():
+    handler = FingerprintHandler(every=1, keep=5)
+    estimator, train, _ = linear_problem()  # 8 batches an epoch
+    estimator.fit(train, epochs=2, event_handlers=[handler])
+    # 8 steps at the first epoch's end: kept 0, 2, 4, 6; then every 2nd step of the second: 0, 4, 8, 12
+    assert [entry[0] for entry in handler.recorded] == [0, 4, 8, 12] and handler.interval == 4
+    assert handler.state_dict()["every"] == 4
+    resumed = FingerprintHandler(every=1, keep=5)
+    resumed.load_state_dict(handler.state_dict())
+    assert resumed.interval == 4  # a resumed fit goes on at the saved interval
+    other = FingerprintHandler(every=3)
+    other.load_state_dict(handler.state_dict())
+    assert other.interval == 3  # not a doubling of its own every: its own
+
+
+def test_on_a_device_without_float64_the_loss_is_a_float32s_bits(monkeypatch):
+    monkeypatch.setattr("fitforge.handlers.fingerprint._LOSS_FLOATS", {"cpu": torch.float32})  # as MPS
+    loss = torch.tensor(0.1, dtype=torch.float64)
+    bits = int(fingerprint(loss, [torch.ones(2)])[0])
+    assert loss_of(bits, torch.device("cpu")) == float(torch.tensor(0.1, dtype=torch.float32))
 
 
 @pytest.mark.parametrize(
@@ -62,3 +84,10 @@ def test_the_fingerprints_go_back_to_a_checkpoints_state():
 def test_every_must_be_a_positive_int(every, error):
     with pytest.raises(error, match="FingerprintHandler.*every"):
         FingerprintHandler(every=every)
+
+
+def test_keep_must_be_at_least_2():
+    with pytest.raises(FitforgeValueError, match=r"FingerprintHandler: keep must be at least 2"):
+        FingerprintHandler(keep=1)
+    with pytest.raises(FitforgeTypeError, match=r"FingerprintHandler: keep"):
+        FingerprintHandler(keep="3")

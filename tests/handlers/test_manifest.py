@@ -141,11 +141,14 @@ def test_a_resume_is_appended_and_its_epochs_and_fingerprints_continue_the_run(t
 
 def test_a_hundred_epochs_stay_under_50_kB(tmp_path):
     estimator, _, _ = linear_problem(train_metrics=["mae", "mse"])
-    train, val = linear_data(n=16, batch_size=16), linear_data(n=16, batch_size=16, seed=1)
-    handlers = [CheckpointHandler(tmp_path, epoch_period=10), CSVLoggerHandler(tmp_path / "log.csv")]
+    train, val = linear_data(n=160, batch_size=16), linear_data(n=16, batch_size=16, seed=1)
+    fingerprints = FingerprintHandler(every=1)  # 1,000 steps, of which it keeps at most 250
+    handlers = [CheckpointHandler(tmp_path, epoch_period=10), CSVLoggerHandler(tmp_path / "log.csv"), fingerprints]
     estimator.fit(train, val_data=val, epochs=100, event_handlers=handlers)
     manifest = manifest_of(tmp_path)
     assert len(manifest["epochs"]) == 100 and len(manifest["metrics"]) >= 8
+    assert 125 <= len(manifest["fingerprints"]["steps"]) <= 250 and manifest["fingerprints"]["every"] == 4
+    assert manifest["metrics"]["epoch_time"][0] == float(f"{manifest['metrics']['epoch_time'][0]:.4g}")
     assert (tmp_path / "manifest.json").stat().st_size < 50_000
 
 

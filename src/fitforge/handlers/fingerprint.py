@@ -11,13 +11,15 @@ import torch
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
-from fitforge.exceptions import check_positive
+from fitforge.exceptions import FitforgeValueError, check_positive
 
 _INTEGERS = {1: torch.int8, 2: torch.int16, 4: torch.int32}  # a float's bits, by its size (8 and more: int64)
+_LOSS_FLOATS = {"mps": torch.float32}  # the loss's bits are a float64's, where the device has float64
 
 
 def fingerprint(loss: torch.Tensor | None, parameters: Iterable[torch.Tensor]) -> torch.Tensor:
-    """``[bits of the loss as a float64, sum of every parameter's bits]``: two int64 on the device, computed there.
+    """``[bits of the loss as a float64 (float32 on MPS), sum of every parameter's bits]``: two int64 on the
+    device, computed there (:func:`loss_of` reads the loss back).
 
     Each parameter's bits (its values viewed as integers) are summed in int64, then weighted by its place
     (1, 3, 5...): exact, whatever order a device reduces in, and changed by any bit of any value."""
@@ -39,8 +41,16 @@ def fingerprint(loss: torch.Tensor | None, parameters: Iterable[torch.Tensor]) -
     if loss is None:
         loss_bits = torch.zeros((), dtype=torch.int64, device=device)
     else:
-        loss_bits = loss.detach().reshape(()).to(device, torch.float64).view(torch.int64)
-    return torch.stack([loss_bits, mixed])
+        wide = _LOSS_FLOATS.get(device.type, torch.float64)
+        loss_bits = loss.detach().reshape(()).to(device, wide).view(_INTEGERS.get(wide.itemsize, torch.int64))
+    return torch.stack([loss_bits.to(torch.int64), mixed])
+
+
+def loss_of(bits: int, device: torch.device) -> float:
+    """The loss a :func:`fingerprint` computed on ``device`` holds as ``bits``."""
+    if _LOSS_FLOATS.get(device.type, torch.float64) == torch.float32:
+        return struct.unpack("<f", struct.pack("<i", bits))[0]
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
 class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
@@ -51,7 +61,13 @@ class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     Args:
         every: fingerprint the steps whose ``global_step`` (0-based) is a multiple of it. Each recorded step costs
-            a pass over the parameters on the device and about 40 bytes of the manifest.
+            a pass over the parameters on the device and about 45 bytes of the manifest.
+        keep: the most fingerprints kept (at least 2). When a long run would record more, the interval doubles
+            and the steps that are not multiples of the new one are dropped, so that the manifest stays small
+            (250: about 12 kB) and two runs still share the steps of the longer interval.
+
+    Attributes:
+        interval: the steps between two fingerprints now: ``every``, doubled each time ``keep`` was reached.
     """
 
     priority = Stage.METRICS  # after the optimizer step (Stage.STEP): the parameters it left
@@ -59,9 +75,14 @@ class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     reads = ("estimator", "phase", "output", "global_step", "run")
     writes = ()
 
-    def __init__(self, every: int = 10) -> None:
+    def __init__(self, every: int = 10, keep: int = 250) -> None:
         check_positive("FingerprintHandler", "every", every)
-        self.every = every
+        check_positive("FingerprintHandler", "keep", keep)
+        if keep < 2:
+            raise FitforgeValueError(
+                f"FingerprintHandler: keep must be at least 2 (the first step and one more), got {keep}"
+            )
+        self.every, self.keep, self.interval = every, keep, every
         self.recorded: list[list[Any]] = []  # [step, loss, parameters' fingerprint in hex], read
         self._steps: list[int] = []  # the steps of the fingerprints still on the device
         self._pending: list[torch.Tensor] = []
@@ -70,10 +91,10 @@ class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         services.manifest_sections.append(self._section)
 
     def train_begin(self, state: TrainState) -> None:
-        self.recorded, self._steps, self._pending = [], [], []
+        self.recorded, self._steps, self._pending, self.interval = [], [], [], self.every
 
     def batch_end(self, state: TrainState) -> None:
-        if state.global_step % self.every or state.output is None:
+        if state.global_step % self.interval or state.output is None:
             return
         self._pending.append(fingerprint(state.output.loss, state.estimator.net.parameters()))
         self._steps.append(state.global_step)
@@ -90,22 +111,27 @@ class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
         """Read the fingerprints on the device: one host read for all of them."""
         if not self._pending:
             return
-        values = torch.stack([value.to(self._pending[0].device) for value in self._pending]).tolist()
+        device = self._pending[0].device
+        values = torch.stack([value.to(device) for value in self._pending]).tolist()
         for step, (loss_bits, parameters) in zip(self._steps, values):
-            loss = struct.unpack("<d", struct.pack("<q", loss_bits))[0]
-            self.recorded.append([step, loss, f"{parameters & 0xFFFF_FFFF_FFFF_FFFF:016x}"])
+            self.recorded.append([step, loss_of(loss_bits, device), f"{parameters & 0xFFFF_FFFF_FFFF_FFFF:016x}"])
         self._steps, self._pending = [], []
+        while len(self.recorded) > self.keep:
+            self.interval *= 2
+            self.recorded = [entry for entry in self.recorded if entry[0] % self.interval == 0]
 
     def _section(self) -> dict[str, Any]:
-        return {"fingerprints": {"every": self.every, "steps": self.recorded}}
+        return {"fingerprints": {"every": self.interval, "steps": self.recorded}}
 
     def state_dict(self) -> dict:
         """The fingerprints so far (read now: the checkpoint being saved reads the state anyway)."""
         self._read()
-        return {"every": self.every, "recorded": [list(entry) for entry in self.recorded]}
+        return {"every": self.interval, "recorded": [list(entry) for entry in self.recorded]}
 
     def load_state_dict(self, state: dict) -> None:
         self.recorded = [list(entry) for entry in state.get("recorded", [])]
+        saved = state.get("every", self.every)  # doubled from every, unless the checkpoint's handler had another
+        self.interval = saved if saved % self.every == 0 else self.every
 
     def __repr__(self) -> str:
-        return f"FingerprintHandler(every={self.every})"
+        return f"FingerprintHandler(every={self.every}, keep={self.keep})"

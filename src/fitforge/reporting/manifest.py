@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fitforge.checkpoint.resume import fit_data_order
+from fitforge.core.history import is_timing
 from fitforge.core.state import TrainState
 from fitforge.distributed.ranks import world_size
 from fitforge.reporting.hparams import run_params
@@ -152,9 +153,12 @@ def epoch_entry(state: TrainState) -> dict[str, Any]:
 
 def with_epochs(manifest: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
     """``manifest`` with the :func:`epoch_entry` s given, in order: each epoch's number, step and data order in
-    ``epochs``, and their values in ``metrics`` as columns aligned to it (a key's name written once)."""
+    ``epochs``, and their values in ``metrics`` as columns aligned to it (a key's name written once). Times and
+    speeds keep 4 significant digits: they differ between two runs anyway, and whole they would fill half of it."""
     keys = list(dict.fromkeys(key for entry in entries for key in entry["metrics"]))
     metrics = {key: [entry["metrics"].get(key) for entry in entries] for key in keys}
+    for key in filter(is_timing, keys):
+        metrics[key] = [None if value is None else float(f"{value:.4g}") for value in metrics[key]]
     epochs = [{key: value for key, value in entry.items() if key != "metrics"} for entry in entries]
     return {**manifest, "epochs": epochs, "metrics": metrics}
 
