@@ -4,15 +4,21 @@ written as git writes it (version 2), so that the fast tier starts no git."""
 
 import hashlib
 import os
+import shutil
 import struct
+import subprocess
+import time
+
+import pytest
 
 from fitforge.reporting.source import repository_of
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def write_index(git, root, names, version=2, stage=0):
-    """git's index of the files ``names`` under ``root`` as they are now (their stat and blob ids)."""
+def write_index(git, root, names, version=2, stage=0, skipped=(), assumed=()):
+    """git's index of the files ``names`` under ``root`` as they are now (their stat and blob ids); those
+    ``skipped`` outside a sparse checkout (version 3), those ``assumed`` unchanged."""
     entries = b""
     for name in sorted(names):
         path = root / name
@@ -21,7 +27,9 @@ def write_index(git, root, names, version=2, stage=0):
         blob = hashlib.sha1(b"blob %d\0" % len(content) + content).digest()
         mode = 0o100755 if info.st_mode & 0o100 else 0o100644
         fields = (int(info.st_ctime), 0, int(info.st_mtime), info.st_mtime_ns % 10**9, 0, 0, mode, 0, 0, info.st_size)
-        entry = struct.pack(">10L20sH", *fields, blob, len(name) | stage << 12) + name.encode()
+        flags = len(name) | stage << 12 | (0x8000 if name in assumed else 0) | (0x4000 if name in skipped else 0)
+        entry = struct.pack(">10L20sH", *fields, blob, flags) + (b"\x40\x00" if name in skipped else b"")
+        entry += name.encode()
         entries += entry + b"\0" * (8 - len(entry) % 8)
     index = git / "index"
     index.write_bytes(struct.pack(">4sLL", b"DIRC", version, len(names)) + entries + b"\0" * 20)
@@ -60,6 +68,42 @@ def test_a_changed_a_deleted_or_an_unmerged_file_makes_it_dirty(tmp_path):
     assert repository_of(root)["dirty"] is True
     write_index(root / ".git", root, ["README"], version=4)
     assert repository_of(root)["dirty"] is None  # an index this reader does not know: not told
+
+
+def test_files_outside_a_sparse_checkout_or_assumed_unchanged_do_not_count(tmp_path):
+    root = repository(tmp_path)
+    write_index(
+        root / ".git", root, ["README", "src/train.py"], version=3, skipped=["README"], assumed=["src/train.py"]
+    )
+    (root / "README").unlink()  # outside the sparse checkout: absent on purpose
+    (root / "src" / "train.py").write_text("print('TRAIN')\n")  # git update-index --assume-unchanged: not looked at
+    assert repository_of(root)["dirty"] is False
+    (root / "src" / "train.py").write_text("print('train')\n")
+    write_index(root / ".git", root, ["src/train.py"], version=3)
+    assert repository_of(root)["dirty"] is False  # a version 3 index without extended entries
+    (root / "src" / "train.py").write_text("print('TRAIN')\n")
+    assert repository_of(root)["dirty"] is True
+
+
+@pytest.mark.integration  # runs git
+def test_a_sparse_checkout_made_by_git_is_clean_until_a_file_in_it_changes(tmp_path):
+    def git(*arguments):
+        subprocess.run(["git", "-C", str(tmp_path), *arguments], check=True, capture_output=True)
+
+    if shutil.which("git") is None:
+        pytest.skip("no git on PATH")
+    for folder in ("src", "data"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.txt").write_text(folder + "\n")
+    git("init", "-q", "-b", "main")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "two folders")
+    git("sparse-checkout", "set", "src")
+    assert not (tmp_path / "data").exists()
+    assert repository_of(tmp_path / "src" / "a.txt")["dirty"] is False
+    time.sleep(1.1)  # a second after git's index: the change is seen by its stat, not only its contents
+    (tmp_path / "src" / "a.txt").write_text("changed\n")
+    assert repository_of(tmp_path)["dirty"] is True
 
 
 def test_untracked_files_do_not_count(tmp_path):

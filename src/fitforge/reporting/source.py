@@ -13,6 +13,8 @@ from typing import Any
 
 _MOST_FILES = 20_000  # a larger repository's dirty flag is left unknown: its stat calls would slow each fit
 _GITLINK = 0o160000  # a submodule's entry: its own repository
+_ASSUME_VALID, _EXTENDED, _UNMERGED = 0x8000, 0x4000, 0x3000  # an entry's flags
+_SKIP_WORKTREE = 0x4000  # an extended entry's own flags: outside a sparse checkout, absent on purpose
 
 
 def repository_of(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -65,13 +67,17 @@ def _dirty(root: Path, index: Path) -> bool | None:
             # ctime, ctime_ns, mtime, mtime_ns, dev, ino, mode, uid, gid, size; the blob's id; the flags
             fields = struct.unpack(">10L20sH", data[position : position + 62])
             flags = fields[11]
-            header = 64 if version == 3 and flags & 0x4000 else 62  # an extended entry: two bytes of flags more
+            extended = version == 3 and flags & _EXTENDED  # two bytes of flags more
+            header = 64 if extended else 62
+            skipped = extended and struct.unpack(">H", data[position + 62 : position + 64])[0] & _SKIP_WORKTREE
             end = data.index(b"\0", position + header)
             file = root / data[position + header : end].decode(errors="surrogateescape")
             position += (end - position + 8) & ~7  # the entry is padded with 1 to 8 NULs to a multiple of 8
-            if flags & 0x3000:  # an unmerged entry: a merge in progress
+            if flags & _UNMERGED:  # an unmerged entry: a merge in progress
                 return True
-            if fields[6] != _GITLINK and _changed(file, fields[2:4], fields[6], fields[9], fields[10], index_mtime):
+            if skipped or flags & _ASSUME_VALID or fields[6] == _GITLINK:  # git does not look at these either
+                continue
+            if _changed(file, fields[2:4], fields[6], fields[9], fields[10], index_mtime):
                 return True
     except (struct.error, ValueError):  # another object format (SHA-256): not read here
         return None
