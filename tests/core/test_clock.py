@@ -113,6 +113,8 @@ def test_totals_go_on_from_a_resume_s_and_goodput_names_the_largest_loss():
     assert totals["data"] == 6.0 and totals["wall"] >= 10.0
     assert goodput({"step": 2.0, "data": 6.0, "handlers": 1.0, "wall": 10.0}) == (0.2, "data", 0.6)
     assert goodput({"step": 1.0, "wall": 1.0}) == (1.0, None, 0.0) and goodput({}) == (1.0, None, 0.0)
+    # what no cause claims (the fit's checks and set-up, the loop's own work) is named when it lost the most
+    assert goodput({"step": 1.0, "data": 2.0, "wall": 10.0}) == (0.1, "other", 0.7)
     assert history_key("data") == "time_data_s"
 
 

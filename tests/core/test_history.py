@@ -172,6 +172,18 @@ def test_rows():
     assert rows[2]["lr"] == 0.01 and math.isnan(rows[2]["train_accuracy"])
 
 
+def test_current_row_holds_what_this_row_recorded():
+    h = History()
+    h.new_epoch()
+    h.record("train_loss", 0.5)
+    h.record("val_loss", math.nan)
+    h.new_epoch()
+    h.record("val_loss", math.inf)
+    h.record("lr", 0.1)
+    assert list(h.current_row()) == ["val_loss", "lr"] and h.current_row()["val_loss"] == math.inf
+    assert h.current_row(finite=True) == {"lr": 0.1}
+
+
 def test_to_csv(tmp_path):
     h = make_history()
     path = h.to_csv(tmp_path / "history.csv")

@@ -66,9 +66,10 @@ def test_past_keep_the_interval_doubles_and_the_odd_steps_go():
     resumed = FingerprintHandler(every=1, keep=5)
     resumed.load_state_dict(handler.state_dict())
     assert resumed.interval == 4  # a resumed fit goes on at the saved interval
-    other = FingerprintHandler(every=3)
-    other.load_state_dict(handler.state_dict())
-    assert other.interval == 3  # not a doubling of its own every: its own
+    for every, kept in ((3, 3), (2, 4), (1, 1)):  # 4 is not a doubling of 3; of 2 it is; 12 is not of 1
+        other = FingerprintHandler(every=every)
+        other.load_state_dict({**handler.state_dict(), "every": 12 if every == 1 else 4})
+        assert other.interval == kept
 
 
 def test_on_a_device_without_float64_the_loss_is_a_float32s_bits(monkeypatch):
@@ -87,7 +88,8 @@ def test_every_must_be_a_positive_int(every, error):
 
 
 def test_keep_must_be_at_least_2():
-    with pytest.raises(FitforgeValueError, match=r"FingerprintHandler: keep must be at least 2"):
-        FingerprintHandler(keep=1)
-    with pytest.raises(FitforgeTypeError, match=r"FingerprintHandler: keep"):
+    for keep in (1, 0):
+        with pytest.raises(FitforgeValueError, match=r"FingerprintHandler: keep must be an int of at least 2"):
+            FingerprintHandler(keep=keep)
+    with pytest.raises(FitforgeTypeError, match=r"FingerprintHandler: keep must be an int of at least 2 .*, got '3'"):
         FingerprintHandler(keep="3")

@@ -122,9 +122,16 @@ def test_versions_seeds_and_data_orders_that_differ_are_named():
 def test_fingerprints_of_other_steps_are_not_compared():
     a = manifest(fingerprints={"every": 2, "steps": [[0, 1.0, "00"], [2, 0.5, "01"]]})
     b = manifest(fingerprints={"every": 3, "steps": [[1, 1.0, "00"], [3, 0.5, "01"]]})
-    assert compare(a, b).divergence.startswith("no step was fingerprinted in both runs")
+    assert compare(a, b).divergence == (
+        "no step was fingerprinted in both runs (recorded every 2 and every 3 steps): not compared"
+    )
     b["fingerprints"]["steps"] = [[0, 1.0, "00"], [2, 0.75, "01"], [4, 0.1, "02"]]
     assert compare(a, b).divergence == "diverge at step 2 (the first recorded step that differs): loss 0.5 -> 0.75"
+    b["fingerprints"] = {"every": 4, "steps": [[0, 1.0, "00"], [4, 0.1, "02"]]}  # thinned: past its keep
+    assert compare(a, b).divergence == (
+        "bitwise identical: the fingerprint both runs recorded matches, step 0 (one run recorded more steps) "
+        "(recorded every 2 and every 4 steps)"
+    )
 
 
 def test_a_run_is_a_folder_a_manifest_file_or_a_url(tmp_path):

@@ -16,9 +16,9 @@ from fitforge.reporting.source import repository_of
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def write_index(git, root, names, version=2, stage=0, skipped=(), assumed=()):
+def write_index(git, root, names, version=2, stage=0, skipped=(), assumed=(), extensions=b""):
     """git's index of the files ``names`` under ``root`` as they are now (their stat and blob ids); those
-    ``skipped`` outside a sparse checkout (version 3), those ``assumed`` unchanged."""
+    ``skipped`` outside a sparse checkout (version 3), those ``assumed`` unchanged; ``extensions`` after them."""
     entries = b""
     for name in sorted(names):
         path = root / name
@@ -32,7 +32,7 @@ def write_index(git, root, names, version=2, stage=0, skipped=(), assumed=()):
         entry += name.encode()
         entries += entry + b"\0" * (8 - len(entry) % 8)
     index = git / "index"
-    index.write_bytes(struct.pack(">4sLL", b"DIRC", version, len(names)) + entries + b"\0" * 20)
+    index.write_bytes(struct.pack(">4sLL", b"DIRC", version, len(names)) + entries + extensions + b"\0" * 20)
     later = index.stat().st_mtime + 5  # written seconds after the files: their stat is trusted
     os.utime(index, (later, later))
 
@@ -104,6 +104,18 @@ def test_a_sparse_checkout_made_by_git_is_clean_until_a_file_in_it_changes(tmp_p
     time.sleep(1.1)  # a second after git's index: the change is seen by its stat, not only its contents
     (tmp_path / "src" / "a.txt").write_text("changed\n")
     assert repository_of(tmp_path)["dirty"] is True
+    git("update-index", "--split-index")
+    assert repository_of(tmp_path)["dirty"] is None  # its entries partly in a shared index: not told
+
+
+def test_a_split_index_is_not_told_other_extensions_are_passed_over(tmp_path):
+    root = repository(tmp_path)
+    tree = b"TREE" + struct.pack(">L", 6) + b"\0-1 0\n"  # the cache-tree extension: nothing to do with files
+    write_index(root / ".git", root, ["README"], extensions=tree)
+    assert repository_of(root)["dirty"] is False
+    link = b"link" + struct.pack(">L", 20) + b"\1" * 20  # the shared index's id: most entries are there
+    write_index(root / ".git", root, ["README"], extensions=tree + link)
+    assert repository_of(root)["dirty"] is None
 
 
 def test_untracked_files_do_not_count(tmp_path):

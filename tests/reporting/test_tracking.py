@@ -5,12 +5,13 @@ how a fit ended. The trackers themselves are tested in tests/handlers."""
 import contextlib
 import math
 import threading
+import time
 
 import pytest
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers import LambdaHandler
-from fitforge.reporting.tracking import BackgroundWriter, check_flush_secs, check_names, outcome
+from fitforge.handlers import CheckpointHandler, LambdaHandler
+from fitforge.reporting.tracking import BackgroundWriter, RunTracker, check_flush_secs, check_names, outcome
 from fitforge.testing import linear_problem
 
 WAIT = 60  # seconds to wait for the writer's thread before the test fails (it takes milliseconds)
@@ -114,6 +115,49 @@ def test_names_are_non_empty_str_or_none():
 
 def test_flush_secs_as_a_float():
     assert check_flush_secs("Tracker", 2) == 2.0 and isinstance(check_flush_secs("Tracker", 2), float)
+
+
+class SlowTracker(RunTracker):
+    """A RunTracker whose run takes ``opening`` seconds to open; it notes what it is asked, in order."""
+
+    def __init__(self, opening=0.0, failing_end=False):
+        super().__init__(flush_secs=0.01)
+        self.opening, self.failing_end, self.calls, self.rows = opening, failing_end, [], []
+
+    def _open(self):
+        time.sleep(self.opening)
+        self.calls.append(("open", self._resumed_run))
+        self.run_id, self._owned = self._resumed_run or f"run{len(self.calls)}", True
+        self._writer = BackgroundWriter("SlowTracker", lambda records: self.rows.extend(records), flush_secs=0.01)
+
+    def _before_end(self, state):
+        self.calls.append(("before_end", len(self.rows)))
+        if self.failing_end:
+            raise RuntimeError("upload failed")
+
+    def _end(self, ended):
+        self.calls.append(("end", ended))
+
+
+def test_a_run_opens_at_the_start_or_at_a_resume_s_first_epoch_and_ends_after_its_rows(tmp_path):
+    tracker = SlowTracker()
+    estimator, train, _ = linear_problem()
+    estimator.fit(train, epochs=2, event_handlers=[tracker, CheckpointHandler(tmp_path)])
+    assert tracker.calls == [("open", None), ("before_end", 2), ("end", "finished")]
+    assert [epoch for epoch, _, _ in tracker.rows] == [1, 2] and "train_loss" in tracker.rows[0][2]
+    resumed = SlowTracker(opening=0.5)  # its run opens in the first epoch's hooks, not while restoring
+    estimator, train, _ = linear_problem()
+    saver = CheckpointHandler(tmp_path, resume_from_checkpoint=True)
+    totals = []
+    clock = LambdaHandler(train_end=lambda state: totals.append(state.run.clock.totals()))
+    estimator.fit(train, epochs=3, event_handlers=[resumed, saver, clock])
+    assert resumed.calls[0] == ("open", "run1") and resumed.run_id == "run1"
+    assert totals[0]["replay"] < 0.5 <= totals[0]["handlers"]
+    failing = SlowTracker(failing_end=True)
+    estimator, train, _ = linear_problem()
+    with pytest.raises(RuntimeError, match="upload failed"):
+        estimator.fit(train, epochs=1, event_handlers=[failing])
+    assert failing.calls[-1] == ("end", "finished")  # the run is ended even when what comes before fails
 
 
 def ended(hook=None):

@@ -7,8 +7,8 @@ around it (``handlers``). Handlers whose work is a cause of its own report it: a
 checkpoint's save (the time training stands still for it), a spike's rollback (the steps it undid, and
 its own); a resume's restoring (``replay``: the checkpoint loaded, and for data without positions the
 batches before it read and discarded); the first step of a compiled net beyond an ordinary step
-(``compile``). The goodput is the step's share of the wall clock, whose rest (the fit's set-up in
-``train_begin``, the loop's own work) no cause claims.
+(``compile``). ``train_begin``'s hooks are the handlers' too. The goodput is the step's share of the wall
+clock, whose rest (the fit's checks and set-up before ``train_begin``, the loop's own work) no cause claims.
 
 Each epoch's row gets the seconds since the row before, recorded before ``epoch_end``: the time of an
 epoch's end (its validation, its checkpoint) counts in the next row. The run's totals, across resumes,
@@ -35,8 +35,8 @@ ADVICE = {  # what to try when a cause took much of a run's time
     "validation": "validate less often (ValidationHandler's epoch_period or batch_period) or on less data",
     "handlers": "fit(profile=True) times each handler in each event",
     "compile": "a longer run repays it, or Estimator(compile=False) saves it",
-    "replay": "data with batch positions (a map-style DataLoader) or a state resumes without reading the "
-    "batches before the checkpoint again",
+    "replay": "a resume loads its checkpoint (a local or smaller one loads faster) and, for data without "
+    "batch positions, reads the batches before it again (a map-style DataLoader, or data with a state, skips that)",
     "rollback": "lower the learning rate, or raise SpikeGuardHandler's factor",
 }
 
@@ -175,11 +175,13 @@ class RunClock:
 
 
 def goodput(totals: dict[str, float]) -> tuple[float, str | None, float]:
-    """``(the step's share of the wall clock, the cause that lost the most, its share)``."""
+    """``(the step's share of the wall clock, the cause that lost the most, its share)``; ``"other"`` is the time
+    no cause claims (the fit's checks and set-up before ``train_begin``, the loop's own work)."""
     wall = totals.get("wall", 0.0)
     if wall <= 0:
         return 1.0, None, 0.0
     losses = {cause: totals.get(cause, 0.0) for cause in CAUSES if cause != "step"}
+    losses["other"] = max(0.0, wall - sum(totals.get(cause, 0.0) for cause in CAUSES))
     top = max(losses, key=losses.__getitem__)
     return totals.get("step", 0.0) / wall, (top if losses[top] > 0 else None), losses[top] / wall
 

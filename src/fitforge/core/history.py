@@ -94,6 +94,11 @@ class History(Mapping):
         """The value recorded for ``key`` in the current row (a recorded nan included), else None."""
         return self._columns[key][-1] if key in self._recorded else None
 
+    def current_row(self, finite: bool = False) -> dict[str, float]:
+        """The values recorded in the current row, by key (only the finite ones when ``finite``)."""
+        row = {key: self._columns[key][-1] for key in self._columns if key in self._recorded}
+        return {key: value for key, value in row.items() if math.isfinite(value)} if finite else row
+
     def times_recorded(self, key: str) -> int:
         """How many times ``key`` was recorded into this History (loading a state does not count):
         a handler acting on each new value compares counts, as one row may get several equal ones."""

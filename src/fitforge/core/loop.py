@@ -95,7 +95,8 @@ def run_fit(state: TrainState, run: RunContext) -> None:
 def _begin_training(state: TrainState, run: RunContext) -> None:
     """``train_begin``, then the run's preparation (a resume), also after a stop requested in ``train_begin``
     (a signal: a save then holds the resumed state), not after a cancel there."""
-    cancelled = run.dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS, _go_on)
+    with state.run.clock.hooks():  # the handlers' set-up (a tracker's run opened): theirs, a checkpoint's load not
+        cancelled = run.dispatcher.fire(Event.TRAIN_BEGIN, state, _CANCELS, _go_on)
     if cancelled:
         state.run.stop("cancelled in train_begin")
     run.coordinator.agree_on_stop(state)

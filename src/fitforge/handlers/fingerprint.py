@@ -11,7 +11,7 @@ import torch
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.services import Services
 from fitforge.core.state import TrainState
-from fitforge.exceptions import FitforgeValueError, check_positive
+from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_positive
 
 _INTEGERS = {1: torch.int8, 2: torch.int16, 4: torch.int32}  # a float's bits, by its size (8 and more: int64)
 _LOSS_FLOATS = {"mps": torch.float32}  # the loss's bits are a float64's, where the device has float64
@@ -61,7 +61,7 @@ class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     Args:
         every: fingerprint the steps whose ``global_step`` (0-based) is a multiple of it. Each recorded step costs
-            a pass over the parameters on the device and about 45 bytes of the manifest.
+            a pass over the parameters on the device and about 50 bytes of the manifest.
         keep: the most fingerprints kept (at least 2). When a long run would record more, the interval doubles
             and the steps that are not multiples of the new one are dropped, so that the manifest stays small
             (250: about 12 kB) and two runs still share the steps of the longer interval.
@@ -77,10 +77,10 @@ class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def __init__(self, every: int = 10, keep: int = 250) -> None:
         check_positive("FingerprintHandler", "every", every)
-        check_positive("FingerprintHandler", "keep", keep)
-        if keep < 2:
-            raise FitforgeValueError(
-                f"FingerprintHandler: keep must be at least 2 (the first step and one more), got {keep}"
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+            error = FitforgeValueError if isinstance(keep, int) and not isinstance(keep, bool) else FitforgeTypeError
+            raise error(
+                f"FingerprintHandler: keep must be an int of at least 2 (the first step and one more), got {keep!r}"
             )
         self.every, self.keep, self.interval = every, keep, every
         self.recorded: list[list[Any]] = []  # [step, loss, parameters' fingerprint in hex], read
@@ -131,7 +131,8 @@ class FingerprintHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
     def load_state_dict(self, state: dict) -> None:
         self.recorded = [list(entry) for entry in state.get("recorded", [])]
         saved = state.get("every", self.every)  # doubled from every, unless the checkpoint's handler had another
-        self.interval = saved if saved % self.every == 0 else self.every
+        doublings = saved // self.every
+        self.interval = saved if saved % self.every == 0 and doublings & (doublings - 1) == 0 else self.every
 
     def __repr__(self) -> str:
         return f"FingerprintHandler(every={self.every}, keep={self.keep})"

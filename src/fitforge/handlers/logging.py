@@ -153,7 +153,7 @@ class LoggingHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd):
             return
         # This epoch's values: a key without one (no validation) is left out, a recorded nan (diverged) is shown.
         history = state.history
-        row = {key: value for key in history if (value := history.current(key)) is not None}
+        row = history.current_row()
         seconds = row.pop("epoch_time", math.nan)
         row = {k: v for k, v in row.items() if not k.startswith(("lr", "time_"))}  # time by cause: the closing line
         if log.isEnabledFor(self.level):  # the line's arguments are built only to be shown

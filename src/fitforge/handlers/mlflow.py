@@ -156,10 +156,10 @@ class MLflowHandler(RunTracker):
         elif self.log_best_checkpoint:
             log.warning("MLflowHandler: no best checkpoint was saved in this fit; none uploaded")
 
-    def _end(self, outcome: str) -> None:
+    def _end(self, ended: str) -> None:
         client, self._client = self._client, None
         if self._owned:
-            client.set_terminated(self.run_id, status=outcome.upper())
+            client.set_terminated(self.run_id, status=ended.upper())
 
     @staticmethod
     def _best_saver(state: TrainState) -> CheckpointSaver | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -153,7 +152,7 @@ class RayTrainReportHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd
         metrics: dict[str, Any] = {}
         if not state.run.epoch_suspended:  # an epoch cut by a signal: its values are the resumed run's
             history = state.history
-            metrics = {key: value for key in history if _finite(value := history.current(key))}
+            metrics = history.current_row(finite=True)
         self._report(state, {**metrics, "epoch": state.history.epochs, "global_step": state.global_step})
 
     def train_end(self, state: TrainState) -> None:
@@ -221,7 +220,3 @@ def _told(source: CheckpointSaver) -> SavedCheckpoints:
     told = source.saved_checkpoints()
     assert told is not None  # the sources are those that tell
     return told
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

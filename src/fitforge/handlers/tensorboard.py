@@ -96,7 +96,7 @@ class TensorBoardHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         if state.phase != "train" or state.run.epoch_suspended or self._queue is None:
             return
         history, step = state.history, state.run.epochs_before + state.history.epochs  # over the estimator's fits
-        self._queue.put((step, {key: value for key in history if (value := history.current(key)) is not None}))
+        self._queue.put((step, history.current_row()))
         if self.histograms:  # copies: the thread writes them while training changes the weights
             weights = state.estimator.net.named_parameters()
             copies = {f"weights/{name}": p.detach().to("cpu", torch.float32, copy=True) for name, p in weights}

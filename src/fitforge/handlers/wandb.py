@@ -102,12 +102,12 @@ class WandbHandler(RunTracker):
                 self._plotted.add(key)
             run.log({**row, "epoch": epoch})
 
-    def _end(self, outcome: str) -> None:
+    def _end(self, ended: str) -> None:
         run, self._run = self._run, None
         if self._owned:
-            if outcome == "killed":  # W&B marks it preempted: a resumed fit continues it
+            if ended == "killed":  # W&B marks it preempted: a resumed fit continues it
                 run.mark_preempting()
-            run.finish(exit_code=0 if outcome == "finished" else 1)
+            run.finish(exit_code=0 if ended == "finished" else 1)
 
     def __repr__(self) -> str:
         return f"WandbHandler(project={self.project!r}, mode={self.mode!r})"

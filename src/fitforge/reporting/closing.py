@@ -27,6 +27,7 @@ _LOST_TO = {
     "replay": "restoring a resume",
     "rollback": "spike rollbacks",
     "handlers": "handlers",
+    "other": "set-up and the loop's own work",
 }
 _ADVISED_SHARE, _ADVISED_SECONDS = 0.25, 1.0  # a cause this large (and long) gets its advice line
 
@@ -42,7 +43,7 @@ def time_advice(state: TrainState) -> str | None:
     """What to try when one cause took a large share of the run (None: none did)."""
     totals = state.run.clock.totals()
     _, top, lost = goodput(totals)
-    if top is None or lost < _ADVISED_SHARE or totals[top] < _ADVISED_SECONDS:
+    if top is None or top not in ADVICE or lost < _ADVISED_SHARE or lost * totals["wall"] < _ADVISED_SECONDS:
         return None
     return f"{_LOST_TO[top].capitalize()} took {lost:.0%} of the run's time: {ADVICE[top]}"
 

@@ -141,12 +141,11 @@ def epoch_entry(state: TrainState) -> dict[str, Any]:
     and its history row (keys without a value left out); ``partial`` when a stop cut it short."""
     order = fit_data_order(state)
     history = state.history
-    metrics = {key: value for key in history if (value := history.current(key)) is not None and math.isfinite(value)}
     entry = {
         "epoch": state.epoch + 1,
         "step": state.global_step,
         "order": None if order is None else order.epoch_digest(state.epoch),
-        "metrics": metrics,
+        "metrics": history.current_row(finite=True),
     }
     return entry if state.run.epoch_finished else {**entry, "partial": True}
 

@@ -125,8 +125,10 @@ def _divergence(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, bool]:
     prints_b = {entry[0]: entry[1:] for entry in (b.get("fingerprints") or {}).get("steps", [])}
     if prints_a and prints_b:
         common = sorted(set(prints_a) & set(prints_b))
+        every = (a["fingerprints"].get("every"), b["fingerprints"].get("every"))
+        intervals = f" (recorded every {every[0]} and every {every[1]} steps)" if every[0] != every[1] else ""
         if not common:
-            return "no step was fingerprinted in both runs (FingerprintHandler's every differs): not compared", False
+            return f"no step was fingerprinted in both runs{intervals}: not compared", False
         for step in common:
             (loss_a, params_a), (loss_b, params_b) = prints_a[step], prints_b[step]
             if (loss_a, params_a) != (loss_b, params_b):
@@ -134,8 +136,13 @@ def _divergence(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, bool]:
                 what += ["the parameters differ"] if params_a != params_b else []
                 return f"diverge at step {step} (the first recorded step that differs): {', '.join(what)}", False
         more = "" if len(common) == max(len(prints_a), len(prints_b)) else " (one run recorded more steps)"
-        span = f"steps {common[0]} to {common[-1]}{more}"
-        return f"bitwise identical: the {len(common)} fingerprints both runs recorded match, {span}", True
+        span = f"step {common[0]}" if len(common) == 1 else f"steps {common[0]} to {common[-1]}"
+        shared = (
+            "the fingerprint both runs recorded matches"
+            if len(common) == 1
+            else (f"the {len(common)} fingerprints both runs recorded match")
+        )
+        return f"bitwise identical: {shared}, {span}{more}{intervals}", True
     return _epochs_diverge(a, b)
 
 

@@ -52,7 +52,8 @@ def _resolve(ref: str, git: Path, common: Path) -> str | None:
 
 
 def _dirty(root: Path, index: Path) -> bool | None:
-    """Whether a tracked file differs from git's index (version 2 or 3, SHA-1); None where it cannot be told."""
+    """Whether a tracked file differs from git's index (version 2 or 3, SHA-1, whole); None where it cannot be
+    told (another version or object format, a split index whose entries are in another file)."""
     try:
         data = index.read_bytes()
         index_mtime = int(index.stat().st_mtime)
@@ -61,7 +62,7 @@ def _dirty(root: Path, index: Path) -> bool | None:
         return None
     if signature != b"DIRC" or version not in (2, 3) or count > _MOST_FILES:
         return None
-    position = 12
+    entries, position = [], 12
     try:
         for _ in range(count):
             # ctime, ctime_ns, mtime, mtime_ns, dev, ino, mode, uid, gid, size; the blob's id; the flags
@@ -71,16 +72,26 @@ def _dirty(root: Path, index: Path) -> bool | None:
             header = 64 if extended else 62
             skipped = extended and struct.unpack(">H", data[position + 62 : position + 64])[0] & _SKIP_WORKTREE
             end = data.index(b"\0", position + header)
-            file = root / data[position + header : end].decode(errors="surrogateescape")
+            name = data[position + header : end].decode(errors="surrogateescape")
             position += (end - position + 8) & ~7  # the entry is padded with 1 to 8 NULs to a multiple of 8
             if flags & _UNMERGED:  # an unmerged entry: a merge in progress
                 return True
-            if skipped or flags & _ASSUME_VALID or fields[6] == _GITLINK:  # git does not look at these either
-                continue
-            if _changed(file, fields[2:4], fields[6], fields[9], fields[10], index_mtime):
-                return True
+            if not (skipped or flags & _ASSUME_VALID or fields[6] == _GITLINK):  # git does not look at these either
+                entries.append((root / name, fields))
+        if _split(data, position):
+            return None
     except (struct.error, ValueError):  # another object format (SHA-256): not read here
         return None
+    return any(_changed(file, fields[2:4], fields[6], fields[9], fields[10], index_mtime) for file, fields in entries)
+
+
+def _split(data: bytes, position: int) -> bool:
+    """Whether the index's extensions (from ``position`` to its 20-byte checksum) hold ``link``: a split index."""
+    while position + 8 <= len(data) - 20:
+        signature, size = struct.unpack(">4sL", data[position : position + 8])
+        if signature == b"link":
+            return True
+        position += 8 + size
     return False
 
 

@@ -139,8 +139,8 @@ class RunTracker(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         """Open the fit's run (continuing ``_resumed_run`` when set), set ``run_id``, ``_owned`` and ``_writer``."""
         raise NotImplementedError
 
-    def _end(self, outcome: str) -> None:
-        """After the writer's last records: end the run if ``_owned`` (``outcome`` as :func:`outcome` says)."""
+    def _end(self, ended: str) -> None:
+        """After the writer's last records: end the run if ``_owned`` (``ended`` as :func:`outcome` says)."""
         raise NotImplementedError
 
     def train_begin(self, state: TrainState) -> None:
@@ -153,20 +153,16 @@ class RunTracker(TrainBegin, EpochBegin, EpochEnd, TrainEnd):
         return {} if self.run_id is None else {"run_id": self.run_id}
 
     def load_state_dict(self, state: dict) -> None:
-        self._resumed_run = state.get("run_id")
-        if self._fitting and self._writer is None:
-            self._open()
+        self._resumed_run = state.get("run_id")  # opened at the first epoch_begin: a resume's restoring is not timed
 
     def epoch_begin(self, state: TrainState) -> None:
-        if self._fitting and self._writer is None:  # resumed from a checkpoint holding no run of this handler's
+        if self._fitting and self._writer is None:  # a resumed fit's run: the checkpoint's, or a new one
             self._open()
 
     def epoch_end(self, state: TrainState) -> None:
         if state.phase != "train" or state.run.epoch_suspended or self._writer is None:
             return
-        history = state.history
-        row = {key: value for key in history if (value := history.current(key)) is not None}
-        self._writer.put((history.epochs, int(time.time() * 1000), row))
+        self._writer.put((state.history.epochs, int(time.time() * 1000), state.history.current_row()))
 
     def train_end(self, state: TrainState) -> None:
         writer, self._fitting = self._writer, False
