@@ -62,7 +62,8 @@ class Estimator:
             (``{"cls": ["accuracy"], "reg": "mae"}``, keys ``train_cls_accuracy``...). None infers
             one from the loss (from each output's loss, by name).
         val_metrics: as ``train_metrics``; None copies the training metrics.
-        optimizer: an optimizer, a list of them, a name (``"adam"``, ``"sgd"``) or None (Adam, lr 1e-3,
+        optimizer: an optimizer, a list of them, a name (``"adam"``, ``"sgd"``, ``"muon"``: Muon with AdamW,
+            :func:`fitforge.optim.muon`) or None (Adam, lr 1e-3,
             with a warning at the first fit; none at all for evaluate and predict).
         device: None (CUDA if available, else CPU), ``"cpu"``, ``"cuda:0"``, a torch.device...
         val_net / val_loss: used by evaluate and predict instead of ``net``/``loss`` when given.

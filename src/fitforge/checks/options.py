@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.optim.muon import muon
 
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
     "adam": (torch.optim.Adam, 1e-3),
@@ -17,6 +18,7 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
     "rmsprop": (torch.optim.RMSprop, 1e-2),
     "adagrad": (torch.optim.Adagrad, 1e-2),
 }
+OPTIMIZER_NAMES = (*OPTIMIZERS, "muon")  # muon: Muon and AdamW together (fitforge.optim.muon)
 
 
 def resolve_device(device: Any) -> torch.device:
@@ -70,9 +72,12 @@ def resolve_optimizers(optimizer: Any, net: nn.Module) -> list[torch.optim.Optim
         params = list(net.parameters())
         return [torch.optim.Adam(params, lr=1e-3)] if any(p.requires_grad for p in params) else []
     if isinstance(optimizer, str):
+        if optimizer.lower() == "muon":  # two optimizers: Muon for the hidden matrices, AdamW for the rest
+            _optimized_parameters(net)  # raises: nothing to train
+            return muon(net)
         if optimizer.lower() not in OPTIMIZERS:
             raise FitforgeValueError(
-                f"optimizer {optimizer!r} is not a known name; known: {', '.join(OPTIMIZERS)}, "
+                f"optimizer {optimizer!r} is not a known name; known: {', '.join(OPTIMIZER_NAMES)}, "
                 "or pass a torch.optim.Optimizer instance"
             )
         cls, lr = OPTIMIZERS[optimizer.lower()]

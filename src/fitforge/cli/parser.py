@@ -13,7 +13,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace  # an optio
 from torch import nn
 
 from fitforge.checkpoint.files import load_checkpoint
-from fitforge.checks.options import OPTIMIZERS
+from fitforge.checks.options import OPTIMIZER_NAMES
 from fitforge.core.events import EventHandler
 from fitforge.estimator import Estimator
 from fitforge.exceptions import ConfigError
@@ -29,7 +29,7 @@ SPLITS = Literal["train", "val", "test", "predict"]
 # the run is built), and serialize any value (a list of metrics as the text of a list).
 _LOSS: Any = nn.Module | Callable
 LOSSES: Any = _LOSS | list[_LOSS] | dict[str, _LOSS] | None
-_OPTIMIZER_NAME: Any = Literal[tuple(OPTIMIZERS)]
+_OPTIMIZER_NAME: Any = Literal[OPTIMIZER_NAMES]
 OPTIMIZER: Any = _OPTIMIZER_NAME | Callable[[Iterable], torch.optim.Optimizer] | None
 # top<k>_accuracy for k up to 10 by name; TopKAccuracy by class_path for any k
 _METRIC_NAME: Any = Literal[tuple(NAMES) + tuple(f"top{k}_accuracy" for k in range(1, 11))]
