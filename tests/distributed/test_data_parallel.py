@@ -1,6 +1,6 @@
 """fitforge under torchrun with no change to the script (train_run.py): 2 CPU ranks on gloo train
-like 1 process with the same global batch, reduce their metrics, gather predictions on rank 0,
-write files from rank 0 only, save together when one rank gets SIGTERM, and resume on 2 ranks and
+like 1 process with the same global batch (also with optimizer="muon"), reduce their metrics, gather
+predictions on rank 0, write files from rank 0 only, save together when one rank gets SIGTERM, and resume on 2 ranks and
 on 1 process; a two-"node" launch on loopback agrees too, and so does a torchrun elastic restart after
 one rank was killed. A layer unfrozen between two fits trains alike on both ranks.
 
@@ -144,6 +144,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "elastic",
             "finetune_one",
             "finetune_two",
+            "muon_one",
+            "muon_two",
         )
     }
     folders = {
@@ -169,6 +171,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "user_ddp": pool.submit(launch, paths["user_ddp"], {**BASE, "user_ddp": True, "per_rank_dirs": True}, 2),
             "finetune_one": pool.submit(launch, paths["finetune_one"], {**BASE, "finetune": True}, 0),
             "finetune_two": pool.submit(launch, paths["finetune_two"], {**BASE, "finetune": True}, 2),
+            "muon_one": pool.submit(launch, paths["muon_one"], {**BASE, "epochs": 4, "muon": True}, 0),
+            "muon_two": pool.submit(launch, paths["muon_two"], {**BASE, "epochs": 4, "muon": True}, 2),
         }
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
             first["fsdp_stopped"] = pool.submit(
@@ -254,6 +258,13 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch(runs):
     # Throughput is the job's: every rank's samples (the whole data each epoch), the same on every rank.
     assert ranks[0]["samples"] == ranks[1]["samples"] == single["samples"] > 0
     assert ranks[0]["samples_per_s"] == ranks[1]["samples_per_s"] and min(ranks[0]["samples_per_s"]) > 0
+
+
+def test_muon_and_adamw_on_two_ranks_train_like_one_process_after_20_steps(runs):
+    (single,) = results(runs["muon_one"], 1)
+    ranks = results(runs["muon_two"], 2)  # optimizer="muon": the hidden layer's weight Muon's, the rest AdamW's
+    assert ranks[0]["params"] == ranks[1]["params"]
+    assert max_difference(ranks[0]["params"], single["params"]) <= 1e-6
 
 
 def test_evaluate_returns_the_same_reduced_dict_on_every_rank(runs):

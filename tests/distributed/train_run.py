@@ -15,7 +15,8 @@ ranks agree on stops every that many batches, after the first; without it, as of
 finetune (the first layer frozen for a first fit of one epoch, then unfrozen for the fit measured),
 async_save (CheckpointHandler(async_save=True)), batch_seconds (each batch sleeps that long),
 fail_write (rank 0's n-th checkpoint write fails with a CheckpointError, as a full disk would; the
-error lands in each rank's result as "error").
+error lands in each rank's result as "error"), muon (optimizer="muon": Muon for the hidden layer's weight,
+AdamW for the rest).
 """
 
 import json
@@ -55,7 +56,7 @@ class Bypass(BatchProcessor):
 train_set, val_set = TensorDataset(x, y), TensorDataset(x[:50], y[:50])  # val: 25 per rank of 2, uneven batches
 if config.get("finetune"):
     net[0].requires_grad_(False)
-optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+optimizer = "muon" if config.get("muon") else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 model = net
 train_options: dict = {"shuffle": config.get("shuffle", False)}
 val_options: dict = {}
