@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +37,7 @@ from fitforge.handlers.defaults import fit_handlers, run_keys
 from fitforge.losses.loss import loss_sets
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
 from fitforge.optim.learning_rate import set_learning_rate
+from fitforge.optim.schedule_free import schedule_free_weights
 from fitforge.plans.fit import plan_fit
 from fitforge.plans.passes import check_first_batch_of, evaluation_of, plan_predict
 from fitforge.signals.preemption import Preemption, preemptible, raise_if_preempted
@@ -150,8 +151,9 @@ class Estimator:
         self._default_optimizer = optimizer is None  # warned of at the first fit or lr_find, not here
         self.train_net = self.strategy.wrap(self.net, self.optimizers, self.device)
         self.history = History()  # every epoch of every fit (each fit returns its own History)
-        # The last fit's EMAHandler (a WeightAveraging role): evaluate and predict use its weights.
-        self.weight_average: WeightAveraging | None = None
+        # The last fit's EMAHandler (a WeightAveraging role), else a schedule-free optimizer's evaluated weights:
+        # evaluate and predict use its weights.
+        self.weight_average: WeightAveraging | None = schedule_free_weights(self.net, self.optimizers)
         self.run_config: dict[str, Any] | None = None
         self.pass_watch: PassWatch | None = None  # during fit: what its validations ask between batches
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
@@ -385,7 +387,7 @@ class Estimator:
         """
         checkpoint = restore_weights(self, path, optimizers)
         average = self.weight_average
-        if average is not None:  # evaluation runs with the average: the checkpoint's, not the last fit's
+        if isinstance(average, EventHandler):  # evaluation runs with the average: the checkpoint's, not the last fit's
             saved = checkpoint.get("handlers", {}).get(handler_name(average))
             if saved is None:
                 log.info(
@@ -394,7 +396,7 @@ class Estimator:
                 )
                 self.weight_average = None
             else:
-                cast(EventHandler, average).load_state_dict(saved)
+                average.load_state_dict(saved)
         return checkpoint
 
     def describe_loop(

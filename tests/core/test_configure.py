@@ -134,7 +134,7 @@ class TestResolveOptimizers:
 
     def test_unknown_name(self):
         msg = (
-            "optimizer 'adamax' is not a known name; known: adam, adamw, sgd, rmsprop, adagrad, "
+            "optimizer 'adamax' is not a known name; known: adam, adamw, sgd, rmsprop, adagrad, muon, "
             "or pass a torch.optim.Optimizer instance"
         )
         with pytest.raises(FitforgeValueError, match=re.escape(msg)):

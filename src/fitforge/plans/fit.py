@@ -41,6 +41,7 @@ from fitforge.handlers.stopping import tighter_limit
 from fitforge.inputs.arrays import fit_loaders
 from fitforge.inputs.order import DataOrder
 from fitforge.inputs.sources import check_data
+from fitforge.optim.schedule_free import schedule_free_weights, to_train_mode
 from fitforge.plans.passes import evaluation_of
 from fitforge.signals.preemption import Preemption
 from fitforge.tools.access_guard import guard
@@ -66,6 +67,7 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         """Train as planned: the fit's state and run (its data order, its ranks' agreement on stops),
         the net in training mode, ``train_end`` however it ends, its epochs added to ``estimator.history``."""
         estimator.weight_average = self.weight_average  # a later fit without one evaluates its own weights
+        to_train_mode(estimator.optimizers)  # a schedule-free optimizer left evaluating (by evaluate, a best epoch)
         coordinator = estimator.strategy.coordinator(estimator)
         resumable, split = bool(self.services.checkpoints), estimator.splits_data
         data = DataOrder(self.train_data, self.sample_seeds, resumable=resumable, split=split)
@@ -154,7 +156,7 @@ def plan_fit(
             f"fit: {len(averaging)} handlers average the weights ({', '.join(map(handler_name, averaging))}), "
             "and evaluation runs with one average: pass one"
         )
-    average = averaging[0] if averaging else None
+    average = averaging[0] if averaging else schedule_free_weights(estimator.net, estimator.optimizers)
     return FitPlan(
         train_data, num_batches, epochs, batches, dispatcher, step, check, profile, sample_seeds, services, average
     )
