@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fitforge.checkpoint.export import export_weights
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checks.options import (
     check_net,
@@ -372,6 +373,19 @@ class Estimator:
                 and not negative, one per parameter group; ``optimizer`` not an index or one of them.
         """
         set_learning_rate(self.optimizers, lr, optimizer)
+
+    def export(self, path: str | os.PathLike, format: str = "safetensors") -> Path:
+        """Write the net's weights for inference: ``"safetensors"``, one file that
+        ``safetensors.torch.load_file`` reads (``net.load_state_dict(load_file(path))``); ``"hf"``, a Hugging
+        Face model's ``save_pretrained`` folder that ``from_pretrained`` loads. The weights evaluation uses (an
+        ``EMAHandler``'s average, a schedule-free optimizer's), whole under any engine; under torch.distributed
+        call it on every rank: rank 0 writes. Returns ``path``.
+
+        Raises:
+            FitforgeValueError: an unknown ``format``; ``"hf"`` for a net without ``save_pretrained``; a folder
+                given for one file.
+        """
+        return export_weights(self, path, format)
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
         """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file

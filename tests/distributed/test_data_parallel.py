@@ -172,7 +172,7 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "finetune_one": pool.submit(launch, paths["finetune_one"], {**BASE, "finetune": True}, 0),
             "finetune_two": pool.submit(launch, paths["finetune_two"], {**BASE, "finetune": True}, 2),
             "muon_one": pool.submit(launch, paths["muon_one"], {**BASE, "epochs": 4, "muon": True}, 0),
-            "muon_two": pool.submit(launch, paths["muon_two"], {**BASE, "epochs": 4, "muon": True}, 2),
+            "muon_two": pool.submit(launch, paths["muon_two"], {**BASE, "epochs": 4, "muon": True, "export": True}, 2),
         }
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
             first["fsdp_stopped"] = pool.submit(
@@ -212,7 +212,7 @@ def runs(tmp_path_factory) -> dict[str, Any]:
         if FSDP:
             ok(first.pop("fsdp_stopped").result())
             resumes += [
-                ("fsdp_resumed_two", {**fsdp, "model_dir": str(folders["fsdp"])}, 2),
+                ("fsdp_resumed_two", {**fsdp, "model_dir": str(folders["fsdp"]), "export": True}, 2),
                 ("fsdp_resumed_one", {**BASE, "model_dir": str(folders["fsdp_for_one"])}, 0),
             ]
             copies += [("fsdp", "fsdp_saved"), ("fsdp", "fsdp_for_one")]
@@ -265,6 +265,16 @@ def test_muon_and_adamw_on_two_ranks_train_like_one_process_after_20_steps(runs)
     ranks = results(runs["muon_two"], 2)  # optimizer="muon": the hidden layer's weight Muon's, the rest AdamW's
     assert ranks[0]["params"] == ranks[1]["params"]
     assert max_difference(ranks[0]["params"], single["params"]) <= 1e-6
+
+
+def test_an_export_on_two_ranks_holds_the_whole_net_ddp_and_fsdp(runs):
+    from safetensors.torch import load_file
+
+    for name in ("muon_two", *(("fsdp_resumed_two",) if FSDP else ())):  # FSDP: consolidated from the shards
+        first, _ = results(runs[name], 2)
+        exported = load_file(runs[name] / "model.safetensors")
+        assert set(exported) == set(first["params"])
+        assert all(torch.equal(exported[key], torch.tensor(value)) for key, value in first["params"].items()), name
 
 
 def test_evaluate_returns_the_same_reduced_dict_on_every_rank(runs):

@@ -16,7 +16,7 @@ finetune (the first layer frozen for a first fit of one epoch, then unfrozen for
 async_save (CheckpointHandler(async_save=True)), batch_seconds (each batch sleeps that long),
 fail_write (rank 0's n-th checkpoint write fails with a CheckpointError, as a full disk would; the
 error lands in each rank's result as "error"), muon (optimizer="muon": Muon for the hidden layer's weight,
-AdamW for the rest).
+AdamW for the rest), export (after the fit, estimator.export(OUT/model.safetensors) on every rank).
 """
 
 import json
@@ -194,4 +194,6 @@ finally:
 
         weights = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
     result["params"] = {name: value.tolist() for name, value in weights.items()}
+    if config.get("export") and "error" not in result:  # every rank calls it; rank 0 writes
+        estimator.export(out / "model.safetensors")
     (out / f"result-rank{me}.json").write_text(json.dumps(result))

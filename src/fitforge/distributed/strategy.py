@@ -20,7 +20,7 @@ from fitforge.distributed.ddp import adopt_wrapper, follow_trainable, wrap_ddp
 from fitforge.distributed.fsdp import Where
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
 from fitforge.distributed.process_group import init_process_group, quiet_other_ranks, release_at_exit, several_processes
-from fitforge.distributed.ranks import initialized, launched, local_rank, world_size
+from fitforge.distributed.ranks import initialized, launched, local_rank, rank, world_size
 from fitforge.distributed.shard_writer import ShardWriter
 from fitforge.distributed.stop_agreement import StopAgreement
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -110,6 +110,10 @@ class Strategy:
     def load_weights(self, net: nn.Module, weights: dict[str, Any]) -> None:
         """Load a whole ``state_dict`` into ``net``."""
         net.load_state_dict(weights)
+
+    def full_weights(self, net: nn.Module) -> dict[str, Any] | None:
+        """``net``'s whole ``state_dict`` on rank 0, called on every rank (a sharded engine gathers it)."""
+        return net.state_dict()
 
     def save_shards(self, estimator: EstimatorLike, folder: Where, grads: bool, storage_options: dict) -> None:
         """Every rank writes its shards into ``folder`` (a local path, or an fsspec URL): sharded engines."""
@@ -228,6 +232,13 @@ class FSDPStrategy(Distributed):
 
     def model_state(self, estimator: EstimatorLike) -> dict[str, Any]:
         return {"grads": {}}  # weights, optimizer states and an open group's gradients: in the shards
+
+    def full_weights(self, net: nn.Module) -> dict[str, Any] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # Gathered one parameter at a time into rank 0's host memory (the others get nothing).
+        whole = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return whole if rank() == 0 else None
 
     def load_weights(self, net: nn.Module, weights: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
