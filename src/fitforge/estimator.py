@@ -13,6 +13,7 @@ from torch import nn
 
 from fitforge.checkpoint.export import export_weights
 from fitforge.checkpoint.files import restore_weights
+from fitforge.checks.activation_checkpointing import checkpoint_activations
 from fitforge.checks.options import (
     check_net,
     compile_net,
@@ -77,6 +78,9 @@ class Estimator:
         compile: True (or a dict of ``torch.compile`` arguments) compiles the net's forward,
             falling back to eager with a warning where it cannot compile; ``state_dict`` keys
             are unchanged. ``val_net``, when it is the same module, runs compiled too.
+        activation_checkpointing: a module class (a transformer block's) or a tuple of them: each such module
+            of the net keeps no activation for the backward, which runs its forward again (less memory, about a
+            third more compute); the loss and gradients are the same. ``state_dict`` keys are unchanged.
         channels_last: keep the net's 4-D weights and the 4-D inputs of every batch in
             channels-last memory order (N, H, W, C strides): faster convolutions for CNNs on CUDA,
             notably under mixed precision. Shapes, results and ``state_dict`` keys are unchanged.
@@ -123,6 +127,7 @@ class Estimator:
         precision: str | None = None,
         compile: bool | dict = False,
         channels_last: bool = False,
+        activation_checkpointing: type[nn.Module] | tuple[type[nn.Module], ...] | None = None,
         strategy: str | Strategy | None = "auto",
         strategy_options: dict | None = None,
     ) -> None:
@@ -135,7 +140,7 @@ class Estimator:
         self.precision = precision
         self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
         self.channels_last = check_flag("Estimator", "channels_last", channels_last)
-        self.net = compile_net(self._place(net), compile)
+        self.net = compile_net(checkpoint_activations(self._place(net), activation_checkpointing), compile)
         self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
         self.losses = loss_sets(loss, val_loss, loss_weights, self.device)

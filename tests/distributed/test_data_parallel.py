@@ -146,6 +146,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "finetune_two",
             "muon_one",
             "muon_two",
+            "checkpointing_ddp",
+            "checkpointing_fsdp",
         )
     }
     folders = {
@@ -173,7 +175,12 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "finetune_two": pool.submit(launch, paths["finetune_two"], {**BASE, "finetune": True}, 2),
             "muon_one": pool.submit(launch, paths["muon_one"], {**BASE, "epochs": 4, "muon": True}, 0),
             "muon_two": pool.submit(launch, paths["muon_two"], {**BASE, "epochs": 4, "muon": True, "export": True}, 2),
+            "checkpointing_ddp": pool.submit(launch, paths["checkpointing_ddp"], {**BASE, "checkpointing": True}, 2),
         }
+        if FSDP:
+            first["checkpointing_fsdp"] = pool.submit(
+                launch, paths["checkpointing_fsdp"], {**fsdp, "checkpointing": True}, 2
+            )
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
             first["fsdp_stopped"] = pool.submit(
                 launch,
@@ -275,6 +282,14 @@ def test_an_export_on_two_ranks_holds_the_whole_net_ddp_and_fsdp(runs):
         exported = load_file(runs[name] / "model.safetensors")
         assert set(exported) == set(first["params"])
         assert all(torch.equal(exported[key], torch.tensor(value)) for key, value in first["params"].items()), name
+
+
+def test_activation_checkpointing_under_ddp_and_fsdp_trains_like_one_process(runs):
+    (single,) = results(runs["one"], 1)
+    for name in ("checkpointing_ddp", *(("checkpointing_fsdp",) if FSDP else ())):
+        ranks = results(runs[name], 2)
+        assert max_difference(ranks[0]["params"], single["params"]) <= 1e-6, name
+        assert close(ranks[0]["history"], single["history"]), name
 
 
 def test_evaluate_returns_the_same_reduced_dict_on_every_rank(runs):

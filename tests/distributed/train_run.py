@@ -16,7 +16,8 @@ finetune (the first layer frozen for a first fit of one epoch, then unfrozen for
 async_save (CheckpointHandler(async_save=True)), batch_seconds (each batch sleeps that long),
 fail_write (rank 0's n-th checkpoint write fails with a CheckpointError, as a full disk would; the
 error lands in each rank's result as "error"), muon (optimizer="muon": Muon for the hidden layer's weight,
-AdamW for the rest), export (after the fit, estimator.export(OUT/model.safetensors) on every rank).
+AdamW for the rest), export (after the fit, estimator.export(OUT/model.safetensors) on every rank), checkpointing
+(activation_checkpointing=nn.Linear).
 """
 
 import json
@@ -72,6 +73,7 @@ estimator = Estimator(
     device=config.get("device", "cpu"),
     optimizer=optimizer,
     strategy=config.get("strategy", "auto"),
+    activation_checkpointing=nn.Linear if config.get("checkpointing") else None,
     batch_processor=Bypass() if config.get("bypass_ddp") else None,
 )
 me = rank()
