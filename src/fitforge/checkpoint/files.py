@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fitforge.checkpoint.adapters import check_base
 from fitforge.checkpoint.format import FORMAT_VERSION as FORMAT_VERSION  # where callers have imported it from
 from fitforge.checkpoint.format import parse_checkpoint, with_checksum
 from fitforge.checkpoint.locations import TEMP_SUFFIX, ObjectPath, is_url, local_path
@@ -169,7 +170,10 @@ def restore_weights(
 
 
 def _load_state(estimator: EstimatorLike, checkpoint: dict, optimizers: bool, source: str) -> None:
-    estimator.strategy.load_weights(estimator.net, checkpoint["model"])
+    if "frozen_base" in checkpoint:  # an adapter's weights only (check_fits compared its base)
+        estimator.net.load_state_dict(checkpoint["model"], strict=False)
+    else:
+        estimator.strategy.load_weights(estimator.net, checkpoint["model"])
     if not optimizers:
         return
     for optimizer, state in zip(estimator.optimizers, checkpoint.get("optimizers", [])):
@@ -211,6 +215,9 @@ def check_fits(
             )
         return
     own, weights = estimator.net.state_dict(), checkpoint["model"]
+    adapter = check_base(estimator.net, checkpoint, source)  # an adapter's keys: its base is the net's own
+    if adapter is not None:
+        own = {key: value for key, value in own.items() if key in adapter}
     shapes = [
         f"{k}: checkpoint {tuple(weights[k].shape)} vs net {tuple(own[k].shape)}"
         for k in own

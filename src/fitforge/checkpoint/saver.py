@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from fitforge.checkpoint.adapters import adapter_state
 from fitforge.checkpoint.earlier_run import EarlierRunError
 from fitforge.checkpoint.finite import non_finite_state
 from fitforge.checkpoint.folder import SHARDS, CheckpointFolder, describe_tensors
@@ -232,4 +233,7 @@ class CheckpointWriter:
     def checkpoint(state: TrainState, epochs: int, batches: int) -> dict:
         """The dict written: the engine's ``model_state`` and the :func:`~fitforge.checkpoint.resume.training_state`."""
         training = training_state(state, epochs, batches)
-        return {"format_version": FORMAT_VERSION, **training, **state.estimator.strategy.model_state(state.estimator)}
+        model = state.estimator.strategy.model_state(state.estimator)
+        if "model" in model:  # an adapter's net: its weights and its base's fingerprint, not the base
+            model.update(adapter_state(state.estimator.net, model["model"]))
+        return {"format_version": FORMAT_VERSION, **training, **model}
