@@ -1,6 +1,12 @@
 """LoRA (``peft``) on a tiny GPT-2 built from a config (no download): checkpoints hold the adapter and its
-optimizer state, not the frozen base (within 1.2x of those two); a resume is bitwise; the exported adapter loads
+optimizer state, not the frozen base (within 1.2x of those two); a resume is bitwise, after a kill -9 too
+(adapter_trainer.py); the exported adapter loads
 with ``PeftModel.from_pretrained`` and gives the same logits; a resume onto another base is refused by name."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +91,22 @@ def test_the_fingerprint_changes_with_one_bit():
     flipped.view(torch.int32)[0, 0] ^= 1
     assert weights_fingerprint(weights) != weights_fingerprint([flipped, weights[1]])
     assert weights_fingerprint(weights) != weights_fingerprint(weights[::-1])
+
+
+@pytest.mark.integration  # its own processes
+def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path):
+    trainer = Path(__file__).with_name("adapter_trainer.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+
+    def run(folder, out, *kill_at):
+        command = [sys.executable, str(trainer), str(folder), str(out), *map(str, kill_at)]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+    whole = run(tmp_path / "whole", tmp_path / "whole.pt")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = run(tmp_path / "run", tmp_path / "killed.pt", 16)  # in epoch 2, a batch after a save
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = run(tmp_path / "run", tmp_path / "resumed.pt")
+    assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
+    want, got = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
