@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_checks.sh overhead      # overhead.py --device cuda: workloads A, B and Z
 #   bash benchmarks/gpu_checks.sh throughput    # fit vs a hand-written loop, ResNet-18/AlexNet, batch 128 and 256
 #   bash benchmarks/gpu_checks.sh eager         # the same, eager configurations only (no compile time)
+#   bash benchmarks/gpu_checks.sh gpt           # GPT-2 small pre-training: fit vs nanoGPT's loop, + AC, + Muon
 #   bash benchmarks/gpu_checks.sh all           # every part, in this order
 # Needs torch with CUDA, tqdm, pytest and scikit-learn (the project's .venv, or a machine's python3 with
 # them: fitforge is then imported from src/). A failing part is reported and the next one still runs.
@@ -33,6 +34,11 @@ throughput() {  # $1: the configurations; one pair of runs moves by up to 25% on
         --configs eager-fp32 eager-bf16 --hand --pairs 5 --table | tee "$OUT/throughput-256.md"
 }
 
+gpt() {  # bf16 autocast, torch.compile, fused AdamW; the 4 variants compile once each (about a minute each)
+    $PY benchmarks/gpt_pretrain.py --device cuda --size small --batch-size 16 --steps 20 --warmup 5 --pairs 1 \
+        --precision bf16-mixed --compile | tee "$OUT/gpt.md"
+}
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__)" | tee -a "$OUT/gpu.txt" \
     || exit 1
@@ -41,11 +47,12 @@ case "${1:-all}" in
     overhead) overhead || status=1 ;;
     throughput) throughput "eager-fp32 eager-bf16 compiled-fp32 compiled-bf16" || status=1 ;;
     eager) throughput "eager-fp32 eager-bf16" || status=1 ;;
+    gpt) gpt || status=1 ;;
     all)
         tests || status=1
         overhead || status=1
         throughput "eager-fp32 eager-bf16 compiled-fp32 compiled-bf16" || status=1
         ;;
-    *) echo "unknown part ${1}: tests, overhead, throughput, eager or all" >&2; exit 2 ;;
+    *) echo "unknown part ${1}: tests, overhead, throughput, eager, gpt or all" >&2; exit 2 ;;
 esac
 exit $status
