@@ -134,6 +134,18 @@ def test_fingerprints_of_other_steps_are_not_compared():
     )
 
 
+def test_a_config_value_naming_the_run_s_own_folder_is_no_difference(tmp_path):
+    for run in ("a", "b"):
+        (tmp_path / "runs" / run).mkdir(parents=True)
+    config = {"trainer": {"model_dir": "runs/a", "log": "runs/a/log.csv", "lr": 0.1, "data": "data/a"}}
+    a = manifest(cwd=str(tmp_path), config=config)
+    b = manifest(cwd=str(tmp_path), config={"trainer": {"model_dir": "runs/b", "log": "runs/b/log.csv", "lr": 0.1,
+                                                        "data": "data/b"}})  # fmt: skip
+    folders = (tmp_path / "runs" / "a", tmp_path / "runs" / "b")
+    assert compare(a, b, folders).differences == ['config.trainer.data: "data/a" -> "data/b"']
+    assert len(compare(a, b).differences) == 3  # where the manifests were read is not known: every path differs
+
+
 def test_a_run_is_a_folder_a_manifest_file_or_a_url(tmp_path):
     seeded_run(tmp_path / "a", every=0, epochs=1)
     assert read_manifest(tmp_path / "a") == read_manifest(tmp_path / "a" / "manifest.json")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from fitforge.checkpoint.locations import is_url, local_path
@@ -65,17 +66,22 @@ def read_manifest(run: str | os.PathLike) -> dict[str, Any]:
 
 def diff_runs(run_a: str | os.PathLike, run_b: str | os.PathLike) -> RunDiff:
     """Compare the manifests of two runs (folders, manifest files or URLs)."""
-    return compare(read_manifest(run_a), read_manifest(run_b))
+    return compare(read_manifest(run_a), read_manifest(run_b), (_folder_of(run_a), _folder_of(run_b)))
 
 
-def compare(a: dict[str, Any], b: dict[str, Any]) -> RunDiff:
-    """Compare two manifests (see :class:`RunDiff`)."""
+def compare(a: dict[str, Any], b: dict[str, Any], folders: tuple[Path | None, Path | None] = (None, None)) -> RunDiff:
+    """Compare two manifests (see :class:`RunDiff`); ``folders``: where each was read, so that a config value
+    naming the run's own folder (a CLI run's ``model_dir``) is not a difference."""
     differences = []
     for section in COMPARED:
         flat_a, flat_b = dict(_flat(a.get(section), section)), dict(_flat(b.get(section), section))
         for key in dict.fromkeys([*flat_a, *flat_b]):
-            if key not in _NOT_COMPARED and flat_a.get(key, _ABSENT) != flat_b.get(key, _ABSENT):
-                differences.append(f"{key}: {_shown(flat_a.get(key, _ABSENT))} -> {_shown(flat_b.get(key, _ABSENT))}")
+            value_a, value_b = flat_a.get(key, _ABSENT), flat_b.get(key, _ABSENT)
+            if key in _NOT_COMPARED or value_a == value_b:
+                continue
+            if section == "config" and _own_place(value_a, a, folders[0]) and _own_place(value_b, b, folders[1]):
+                continue
+            differences.append(f"{key}: {_shown(value_a)} -> {_shown(value_b)}")
     order, orders_differ = _orders(a, b)
     divergence, same_steps = _divergence(a, b)
     return RunDiff(differences, order, divergence, not differences and not orders_differ and same_steps)
@@ -87,6 +93,22 @@ class _Absent:
 
 
 _ABSENT = _Absent()
+
+
+def _folder_of(run: str | os.PathLike) -> Path | None:
+    """The local folder a run's manifest was read from (None for a URL)."""
+    if is_url(str(run)):
+        return None
+    path = local_path(run).resolve()
+    return path if path.is_dir() else path.parent
+
+
+def _own_place(value: Any, manifest: dict[str, Any], folder: Path | None) -> bool:
+    """Whether ``value`` is a path to the run's own folder ``folder`` or into it (relative to the run's cwd)."""
+    if folder is None or not isinstance(value, str) or not value or is_url(value):
+        return False
+    path = (Path(manifest.get("cwd") or ".") / value).resolve()
+    return path == folder or folder in path.parents
 
 
 def _flat(value: Any, key: str) -> Iterator[tuple[str, Any]]:
