@@ -9,15 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from fitforge.checkpoint.async_writer import AsyncCheckpointIO
+from fitforge.checkpoint.compile_cache import load_compile_cache, save_compile_cache
 from fitforge.checkpoint.locations import Location
 from fitforge.checkpoint.resume import warn_if_inexact
 from fitforge.checkpoint.saver import CheckpointWriter
 from fitforge.checkpoint.storage import CheckpointIO, resolve_io
-from fitforge.core.clock import history_key
+from fitforge.core.clock import compiled, history_key
 from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.roles import KeyRecording, Monitoring, averaged_weights
 from fitforge.core.services import SavedCheckpoints, Services
 from fitforge.core.state import TrainState
+from fitforge.distributed.ranks import world_size
 from fitforge.exceptions import FitforgeValueError, check_flag, check_positive
 from fitforge.metrics.monitor import Monitor
 
@@ -116,6 +118,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
         self.best: float | None = None
         self.best_path: Location | None = None
         self.resumed_from: Location | None = None
+        self._compile_kept = True  # whether a compiled fit's caches are beside the checkpoints (or none to keep)
 
     @property
     def saved(self) -> list[Location]:
@@ -144,6 +147,21 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
         self.resumed_from = self._writer.start(state, self.resume_from_checkpoint, self.overwrite)
         if self.resumed_from is not None:  # a resume's picking and loading of its checkpoint
             state.run.clock.add("replay", time.perf_counter() - started)
+        self._compile_kept = not self._keeps_compiled(state)  # nothing to keep, or kept after the first save
+        if not self._compile_kept:
+            with state.run.clock.timing("compile"):
+                load_compile_cache(self.model_dir)  # type: ignore[arg-type]  # a local folder: _keeps_compiled
+
+    def _keeps_compiled(self, state: TrainState) -> bool:
+        """Whether the fit's compiled net's caches are kept beside the checkpoints (a local folder, one process)."""
+        local = isinstance(self.model_dir, Path) and self._folder.local
+        return local and compiled(state.estimator.net) and world_size() == 1
+
+    def _keep_compiled(self, state: TrainState) -> None:
+        """After the first save of a compiled fit (its first steps compiled), its caches beside the checkpoints."""
+        if not self._compile_kept:
+            self._compile_kept = True
+            save_compile_cache(self.model_dir)  # type: ignore[arg-type]  # a local folder: _keeps_compiled
 
     def _saves_at_epoch_end(self, state: TrainState) -> bool:
         period = self.epoch_period
@@ -159,6 +177,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
             self._writer.regular(state, state.epoch, state.global_step + 1)
             for saved in state.services.after_save:  # the run's manifest records it
                 saved(state)
+            self._keep_compiled(state)
 
     def epoch_end(self, state: TrainState) -> None:
         with state.run.clock.timing("checkpoint"):
@@ -166,6 +185,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
                 self._save_if_best(state)
             if self._saves_at_epoch_end(state) or state.run.preempted is not None:
                 self._writer.regular(state, _completed_epochs(state), state.global_step)
+                self._keep_compiled(state)
 
     def train_end(self, state: TrainState) -> None:
         with state.run.clock.timing("checkpoint"):
