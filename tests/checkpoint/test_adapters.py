@@ -13,7 +13,7 @@ import torch
 
 from fitforge import Estimator
 from fitforge.checkpoint.adapters import base_of, weights_fingerprint
-from fitforge.exceptions import CheckpointError
+from fitforge.exceptions import CheckpointError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler
 from helpers import checkpoint_files
 
@@ -110,3 +110,23 @@ def test_a_run_killed_with_sigkill_resumes_bitwise(tmp_path):
     assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
     want, got = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_load_refused_for_its_base_succeeds_once_the_right_base_is_loaded(tmp_path):
+    fit(tmp_path, 6)
+    (name,) = checkpoint_files(tmp_path)
+    other = lora_gpt2(base_seed=5)
+    estimator = Estimator(other, None, optimizer="adamw", device="cpu")
+    with pytest.raises(CheckpointError, match="another base model"):
+        estimator.load_checkpoint(tmp_path / name, optimizers=False)
+    right = lora_gpt2(base_seed=0).state_dict()
+    other.load_state_dict({k: v for k, v in right.items() if "lora_" not in k}, strict=False)
+    estimator.load_checkpoint(tmp_path / name, optimizers=False)  # the fingerprint is computed again at each load
+
+
+def test_a_transposed_matrix_changes_the_fingerprint_and_a_peft_model_exports_only_as_hf(tmp_path):
+    square = torch.randn(4, 4)
+    assert weights_fingerprint([square]) != weights_fingerprint([square.t().contiguous()])
+    estimator = Estimator(lora_gpt2(), None, optimizer="adamw", device="cpu")
+    with pytest.raises(FitforgeValueError, match=r"the net is a peft model: format='hf' writes its adapter"):
+        estimator.export(tmp_path / "m.safetensors")

@@ -73,7 +73,7 @@ def test_a_hugging_face_model_exports_a_folder_from_pretrained_loads(tmp_path):
         ({"format": "onnx"}, FitforgeValueError, r"format must be one of \('safetensors', 'hf'\), got str 'onnx'"),
         ({"format": "hf"}, FitforgeValueError, r"the net is Linear, which has no save_pretrained: use format="),
         ({"path": 3}, FitforgeTypeError, r"path must be a file or folder path, got int 3"),
-        ({"path": "."}, FitforgeValueError, r"is a folder; format='safetensors' writes one file"),
+        ({"path": "."}, FitforgeValueError, r"is a folder; format='safetensors' writes one file: give its path, e.g. "),
     ],
 )
 def test_errors_name_the_argument_and_the_fix(tmp_path, arguments, error, message):

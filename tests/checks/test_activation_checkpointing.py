@@ -84,3 +84,20 @@ def test_a_tuple_of_classes_and_a_second_estimator_on_the_same_net():
 def test_errors_name_what_the_net_holds(blocks, error, message):
     with pytest.raises(error, match=message):
         Estimator(toy(blocks=1), nn.CrossEntropyLoss(), optimizer="adam", activation_checkpointing=blocks)
+
+
+def test_a_copy_runs_its_own_weights_and_the_net_pickles(tmp_path):
+    import copy
+
+    net = toy(blocks=2)
+    Estimator(net, nn.CrossEntropyLoss(), optimizer="adam", activation_checkpointing=Block)
+    twin = copy.deepcopy(net)
+    with torch.no_grad():
+        for parameter in twin.parameters():
+            parameter.zero_()
+    x = torch.randn(4, 8)
+    assert torch.equal(twin(x), torch.zeros(4, 3)) and not torch.equal(net(x), twin(x))
+    torch.save(net, tmp_path / "net.pt")
+    loaded = torch.load(tmp_path / "net.pt", weights_only=False)
+    net.eval(), loaded.eval()  # no dropout
+    assert torch.equal(loaded(x), net(x))

@@ -67,7 +67,7 @@ def test_muon_builds_both_optimizers_over_every_parameter_once():
     [
         (lambda: muon(TinyLM(), adamw=["decoder"]), FitforgeValueError, r"adamw names \['decoder'\], which match no"),
         (lambda: muon(TinyLM(), adamw=[3]), FitforgeTypeError, r"adamw must be parameter names or prefixes"),
-        (lambda: muon(nn.Linear(3, 2)), FitforgeValueError, r"no hidden 2-D weight for Muon .* optimizer='adamw'"),
+        (lambda: muon(nn.Linear(3, 2)), FitforgeValueError, r"no hidden linear layer for Muon .* optimizer='adamw'"),
         (lambda: muon("net"), FitforgeTypeError, r"net must be a torch.nn.Module, got str"),
         (
             lambda: Estimator(TinyLM(), nn.CrossEntropyLoss(), optimizer="muonx"),
@@ -110,3 +110,30 @@ def test_a_resume_at_step_10_is_bitwise_the_uninterrupted_run(tmp_path):
         assert torch.equal(a, b), name
     for a, b in zip(whole.optimizers, resumed.optimizers):
         assert str(a.state_dict()) == str(b.state_dict())
+
+
+def test_only_linear_layers_weights_go_to_muon_and_norms_and_biases_are_not_decayed():
+    class WithPositions(TinyLM):
+        def __init__(self):
+            super().__init__()
+            self.positions = nn.Parameter(torch.zeros(5, 8))  # a 2-D parameter, not a linear layer's
+
+    hidden, rest = muon_routing(WithPositions())
+    assert "positions" in rest and "positions" not in hidden
+    _, adamw = muon(TinyLM())
+    decayed, plain = adamw.param_groups
+    assert decayed["weight_decay"] == 0.1 and all(p.ndim >= 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0 and all(p.ndim < 2 for p in plain["params"])
+
+
+def test_gpt2s_conv1d_projections_go_to_muon():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=20, n_positions=8)
+    hidden, rest = muon_routing(transformers.GPT2LMHeadModel(config))
+    assert hidden == [
+        "transformer.h.0.attn.c_attn.weight",
+        "transformer.h.0.attn.c_proj.weight",
+        "transformer.h.0.mlp.c_fc.weight",
+        "transformer.h.0.mlp.c_proj.weight",
+    ]
+    assert "transformer.wte.weight" in rest and "transformer.wpe.weight" in rest  # the head is tied to wte

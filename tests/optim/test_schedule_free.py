@@ -72,3 +72,25 @@ def test_a_resume_is_bitwise_and_the_best_checkpoint_holds_the_evaluated_weights
     evaluated = whole.weight_average.averaged_state_dict()
     whole.optimizer.eval()
     assert all(torch.equal(evaluated[k], v) for k, v in whole.net.state_dict().items())
+
+
+def test_lr_find_on_a_fresh_estimator_switches_to_train_mode_and_puts_everything_back():
+    est = estimator()  # schedulefree builds its optimizers evaluating
+    assert not est.optimizer.param_groups[0]["train_mode"]
+    before = weights(est)
+    est.lr_find(linear_data(n=64, batch_size=8), num_steps=5)
+    assert all(torch.equal(a, b) for a, b in zip(before, weights(est)))
+    assert not est.optimizer.param_groups[0]["train_mode"]  # as it was
+
+
+def test_nested_swaps_put_the_training_weights_back_once():
+    est = estimator()
+    est.fit(linear_data(n=64, batch_size=8), epochs=2)
+    trained = weights(est)
+    average = est.weight_average
+    average.swap_in()
+    average.swap_in()  # an evaluate run from a handler during a validation
+    average.swap_out()
+    assert not any(torch.equal(a, b) for a, b in zip(trained, weights(est)))  # still the evaluated ones
+    average.swap_out()
+    assert all(torch.equal(a, b) for a, b in zip(trained, weights(est))) and est.optimizer.param_groups[0]["train_mode"]

@@ -22,16 +22,18 @@ _BASES: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary() 
 
 
 def weights_fingerprint(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The sum of every tensor's bits (its values viewed as integers) in int64, each weighted by its place (1,
-    3, 5...): exact whatever order a device reduces in, changed by any bit of any value; on the device."""
+    """The bits of every tensor (its values viewed as integers) summed row by row in int64, each row weighted by
+    its place, each tensor by its own: exact whatever order a device reduces in, changed by any bit of any value
+    and by a transposed matrix; on the device."""
     sums, device = [], None
     for tensor in tensors:
         values = tensor.detach()
         values = values.to_local() if hasattr(values, "to_local") else values  # a DTensor: this rank's shard
         device = device or values.device
-        flat = values.reshape(-1)
-        bits = flat.view(_INTEGERS.get(flat.element_size(), torch.int64))
-        sums.append(bits.sum(dtype=torch.int64).to(device, non_blocking=True))
+        rows = values.reshape(values.shape[0] if values.dim() else 1, -1)
+        bits = rows.view(_INTEGERS.get(rows.element_size(), torch.int64)).sum(dim=1, dtype=torch.int64)
+        places = torch.arange(1, 2 * len(bits), 2, dtype=torch.int64, device=bits.device)
+        sums.append((bits * places).sum().to(device, non_blocking=True))
     if not sums:
         return torch.zeros((), dtype=torch.int64)
     weights = torch.arange(1, 2 * len(sums), 2, dtype=torch.int64, device=device)
@@ -48,18 +50,23 @@ def adapter_state(net: nn.Module, model: dict[str, Any]) -> dict[str, Any]:
     weights, and ``frozen_base``: the base's fingerprint; else ``{"model": model}``."""
     if not is_adapted(net):
         return {"model": model}
-    trained = {name for name, parameter in net.named_parameters() if parameter.requires_grad}
+    trained = _trained(net)
     return {"model": {key: value for key, value in model.items() if key in trained}, "frozen_base": base_of(net)}
 
 
-def base_of(net: nn.Module) -> str:
-    """The fingerprint of ``net``'s frozen weights and buffers (computed once per net), in hex."""
-    known = _BASES.get(net)
+def base_of(net: nn.Module, fresh: bool = False) -> str:
+    """The fingerprint of ``net``'s frozen weights and buffers, in hex: computed once per net (again if
+    ``fresh``: a load, after which other base weights may have been loaded into the same net)."""
+    known = None if fresh else _BASES.get(net)
     if known is None:
-        trained = {name for name, parameter in net.named_parameters() if parameter.requires_grad}
+        trained = _trained(net)
         frozen = [value for key, value in net.state_dict().items() if key not in trained]
         known = _BASES[net] = f"{int(weights_fingerprint(frozen)) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
     return known
+
+
+def _trained(net: nn.Module) -> set[str]:
+    return {name for name, parameter in net.named_parameters() if parameter.requires_grad}
 
 
 def check_base(net: nn.Module, checkpoint: dict, source: str) -> set[str] | None:
@@ -73,10 +80,11 @@ def check_base(net: nn.Module, checkpoint: dict, source: str) -> set[str] | None
             f"{source} holds an adapter's weights (a peft model's), and this net is {type(net).__name__}: load it "
             "into the same peft model (get_peft_model(base, config)) built on the base it was trained on"
         )
-    if saved != base_of(net):
+    here = base_of(net, fresh=True)
+    if saved != here:
         raise CheckpointError(
             f"{source} holds an adapter trained on another base model: the frozen weights it was trained on have "
-            f"the fingerprint {saved}, this net's {base_of(net)}; build the peft model on the same pretrained "
-            "base (the same model and weights) to resume or load it"
+            f"the fingerprint {saved}, this net's {here}; build the peft model on the same pretrained base (the "
+            "same model and weights, in the same dtype) to resume or load it"
         )
-    return {name for name, parameter in net.named_parameters() if parameter.requires_grad}
+    return _trained(net)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fitforge.checkpoint.adapters import is_adapted
 from fitforge.core.roles import averaged_weights
 from fitforge.distributed.ranks import run_on_main_and_share
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
@@ -33,9 +34,15 @@ def export_weights(estimator: Any, path: str | os.PathLike, format: str = "safet
             f"export(format='hf') writes a Hugging Face model's save_pretrained folder, and the net is "
             f"{type(net).__name__}, which has no save_pretrained: use format='safetensors'"
         )
+    if format == "safetensors" and is_adapted(net):
+        raise FitforgeValueError(
+            "export: the net is a peft model: format='hf' writes its adapter as PeftModel.from_pretrained loads it; "
+            "for one file of merged weights, export net.merge_and_unload() (an Estimator of it) instead"
+        )
     if format == "safetensors" and target.is_dir():
         raise FitforgeValueError(
-            f"export: {target} is a folder; format='safetensors' writes one file (model.safetensors)"
+            f"export: {target} is a folder; format='safetensors' writes one file: give its path, e.g. "
+            f"{target / 'model.safetensors'}"
         )
 
     def write() -> None:

@@ -9,7 +9,7 @@ a block's parameters before its backward, which is when the forward runs again).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,16 +38,20 @@ def checkpoint_activations(net: nn.Module, blocks: Any) -> nn.Module:
             f"its module classes: {', '.join(present)}"
         )
     for module in found:
-        if not getattr(module.forward, "fitforge_checkpointed", False):
-            module.forward = _recomputed(module.forward)
+        if not isinstance(vars(module).get("forward"), Recomputed):
+            module.forward = Recomputed(module)
     return net
 
 
-def _recomputed(forward: Callable[..., Any]) -> Callable[..., Any]:
-    def run(*args: Any, **kwargs: Any) -> Any:
+class Recomputed:
+    """A module's ``forward`` that keeps no activation for the backward. An object holding the module, not a
+    closure: a ``deepcopy`` of the net (an average, a teacher) gets one that runs the copy, and the net pickles."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward = partial(type(self.module).forward, self.module)
         if not torch.is_grad_enabled():  # evaluation: nothing is kept for a backward anyway
             return forward(*args, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    run.fitforge_checkpointed = True  # type: ignore[attr-defined]
-    return run

@@ -19,7 +19,6 @@ from fitforge.core.events import BatchEnd, EpochEnd, Stage, TrainBegin, TrainEnd
 from fitforge.core.roles import KeyRecording, Monitoring, averaged_weights
 from fitforge.core.services import SavedCheckpoints, Services
 from fitforge.core.state import TrainState
-from fitforge.distributed.ranks import world_size
 from fitforge.exceptions import FitforgeValueError, check_flag, check_positive
 from fitforge.metrics.monitor import Monitor
 
@@ -155,7 +154,7 @@ class CheckpointHandler(TrainBegin, BatchEnd, EpochEnd, TrainEnd, Monitoring, Ke
     def _keeps_compiled(self, state: TrainState) -> bool:
         """Whether the fit's compiled net's caches are kept beside the checkpoints (a local folder, one process)."""
         local = isinstance(self.model_dir, Path) and self._folder.local
-        return local and compiled(state.estimator.net) and world_size() == 1
+        return local and compiled(state.estimator.net) and not state.run.ranks.several
 
     def _keep_compiled(self, state: TrainState) -> None:
         """After the first save of a compiled fit (its first steps compiled), its caches beside the checkpoints."""

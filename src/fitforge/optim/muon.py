@@ -7,38 +7,41 @@ authors' advice, and ``torch.optim.Muon`` takes only 2-D parameters).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
+log = logging.getLogger("fitforge")
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 
 
 def muon_routing(net: nn.Module, adamw: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     """``(names for Muon, names for AdamW)``: the parameters of ``net`` by name, each once (a tied weight under
-    its first name). Muon gets the 2-D weights but those of an embedding, of the output head (the last
-    ``nn.Linear`` the net registers) and of the modules or parameters named in ``adamw`` (a name or its
-    prefix: ``"lm_head"``, ``"blocks.0.attn"``)."""
+    its first name). Muon gets the weights of the linear layers (``nn.Linear``, and ``transformers``' GPT-2
+    ``Conv1D``) but the output head's (the last linear layer the net registers) and those of the modules or
+    parameters named in ``adamw`` (a name or its prefix: ``"lm_head"``, ``"blocks.0.attn"``); AdamW the rest:
+    embeddings, other 2-D parameters (a position table), norms, biases, kernels."""
     kept = _checked_names(adamw)
     modules = dict(net.named_modules())
-    linears = [name for name, module in modules.items() if isinstance(module, nn.Linear)]
-    head = linears[-1:]  # the last Linear registered: a classifier's or a language model's head
-    outside = {
-        id(parameter)
+    linears = [name for name, module in modules.items() if _linear(module)]
+    head = linears[-1:]  # the last linear layer registered: a classifier's or a language model's head
+    embedded = {id(p) for m in modules.values() if isinstance(m, _EMBEDDINGS) for p in m.parameters(recurse=False)}
+    matrices = {
+        id(module.weight)
         for name, module in modules.items()
-        if isinstance(module, _EMBEDDINGS) or name in head
-        for parameter in module.parameters(recurse=False)
+        if name in linears and name not in head and id(module.weight) not in embedded  # a weight tied to one
     }
     hidden: list[str] = []
     rest: list[str] = []
     for name, parameter in net.named_parameters():  # each parameter once, under its first name
-        named = any(name == prefix or name.startswith(prefix + ".") for prefix in kept)
-        matrix = parameter.ndim == 2 and id(parameter) not in outside and not named
+        matrix = parameter.ndim == 2 and id(parameter) in matrices and not _named(name, kept)
         (hidden if matrix else rest).append(name)
-    unmatched = [prefix for prefix in kept if not any(n == prefix or n.startswith(prefix + ".") for n in hidden + rest)]
+    unmatched = [prefix for prefix in kept if not any(_named(n, [prefix]) for n in hidden + rest)]
     if unmatched:
         raise FitforgeValueError(
             f"muon: adamw names {unmatched}, which match no parameter of the net; give names or prefixes of "
@@ -78,10 +81,17 @@ def muon(
     hidden, rest = muon_routing(net, adamw)
     if not hidden:
         raise FitforgeValueError(
-            "muon: the net has no hidden 2-D weight for Muon (only embeddings, its head, norms, biases or "
+            "muon: the net has no hidden linear layer for Muon (only embeddings, its head, norms, biases or "
             "kernels): use optimizer='adamw'"
         )
     parameters = dict(net.named_parameters())
+    log.info(
+        "muon: Muon for %d matrices (%s), AdamW for %d other parameters (%s)",
+        len(hidden),
+        _listed(hidden),
+        len(rest),
+        _listed(rest),
+    )
     optimizers: list[torch.optim.Optimizer] = [
         torch.optim.Muon(
             [parameters[name] for name in hidden],
@@ -91,11 +101,28 @@ def muon(
             adjust_lr_fn="match_rms_adamw",
         )
     ]
-    if rest:
+    if rest:  # norms' and biases' (fewer than 2 dimensions) without weight decay, as nanoGPT and HF's Trainer do
+        decayed = [parameters[name] for name in rest if parameters[name].ndim >= 2]
+        kept_whole = [parameters[name] for name in rest if parameters[name].ndim < 2]
+        groups: list[dict[str, Any]] = [{"params": decayed}, {"params": kept_whole, "weight_decay": 0.0}]
         optimizers.append(
-            torch.optim.AdamW([parameters[name] for name in rest], lr=lr, betas=betas, weight_decay=weight_decay)
+            torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, weight_decay=weight_decay)
         )
     return optimizers
+
+
+def _linear(module: nn.Module) -> bool:
+    """A linear layer: ``nn.Linear``, or ``transformers``' ``Conv1D`` (GPT-2's, a Linear with its weight
+    transposed)."""
+    return isinstance(module, nn.Linear) or (type(module).__name__ == "Conv1D" and hasattr(module, "nf"))
+
+
+def _named(name: str, prefixes: Iterable[str]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    return ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
 
 
 def _checked_names(adamw: Iterable[str]) -> list[str]:

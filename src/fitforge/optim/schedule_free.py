@@ -39,10 +39,14 @@ class ScheduleFreeWeights(WeightAveraging):
     def __init__(self, net: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.net, self.optimizers = net, list(optimizers)
         self._kept: list[tuple[torch.optim.Optimizer, list[torch.Tensor]]] = []
+        self._swapped = 0  # nested swaps (an evaluate run from a handler during a validation): the outer one acts
 
     @torch.no_grad()
     def swap_in(self) -> None:
         """The evaluated weights into the net (those of optimizers in train mode), the training ones copied aside."""
+        self._swapped += 1
+        if self._swapped > 1:
+            return
         training = [o for o in self.optimizers if all(g["train_mode"] for g in o.param_groups)]
         self._kept = [(o, [p.detach().clone() for p in _parameters(o)]) for o in training]
         for optimizer in training:
@@ -51,6 +55,9 @@ class ScheduleFreeWeights(WeightAveraging):
     @torch.no_grad()
     def swap_out(self) -> None:
         """The training weights back, bitwise, and the optimizers in train mode."""
+        self._swapped = max(0, self._swapped - 1)
+        if self._swapped:
+            return
         kept, self._kept = self._kept, []
         for optimizer, copies in kept:
             for parameter, copy in zip(_parameters(optimizer), copies):

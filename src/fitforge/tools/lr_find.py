@@ -27,6 +27,7 @@ from fitforge.inputs.arrays import fit_loaders
 from fitforge.inputs.sources import check_data
 from fitforge.optim.learning_rate import write_rate
 from fitforge.optim.optimizer_choice import OptimizerChoice
+from fitforge.optim.schedule_free import to_train_mode
 
 log = logging.getLogger("fitforge")
 
@@ -123,6 +124,7 @@ def lr_find(
         train_data = shard_train(train_data)
     check_data(train_data, "train_data", None)
     saved = _snapshot(estimator)
+    to_train_mode(estimator.optimizers)  # a schedule-free optimizer is built evaluating; put back after
     batches = _cycle(train_data)
     try:
         result = _sweep(estimator, batches, start_lr, end_lr, num_steps, smoothing, diverge_factor)
