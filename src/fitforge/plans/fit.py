@@ -43,6 +43,7 @@ from fitforge.inputs.order import DataOrder
 from fitforge.inputs.sources import check_data
 from fitforge.optim.schedule_free import schedule_free_weights, to_train_mode
 from fitforge.plans.passes import evaluation_of
+from fitforge.reporting.compiling import CompileWatch
 from fitforge.signals.preemption import Preemption
 from fitforge.tools.access_guard import guard
 from fitforge.tools.profiler import profiled
@@ -81,12 +82,14 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         preemption.attach(state, coordinator)
         outer = estimator.pass_watch  # None, unless a handler runs a fit within a fit
         estimator.pass_watch = PassWatch(coordinator, state)  # its validations stop at a signal
+        compiling = CompileWatch(estimator.net)
         try:
             with profiled(self.dispatcher, state.history, self.profile):
                 run_fit(state, run)
         finally:
             estimator.pass_watch = outer
             _add_to_history(estimator, state)
+            compiling.report()
         return state
 
 
