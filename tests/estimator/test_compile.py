@@ -47,3 +47,19 @@ def test_compile_argument_errors():
         FitforgeTypeError, match="compile must be True, False or a dict of torch.compile arguments, got str 'yes'"
     ):
         make_estimator(compile="yes")
+
+
+def test_a_copy_of_a_compiled_net_runs_its_own_weights_and_the_net_pickles(tmp_path):
+    import copy
+
+    net = nn.Linear(3, 2)
+    make_estimator(net=net, compile={"backend": "eager"})
+    x = torch.randn(4, 3)
+    net(x)  # compiled
+    twin = copy.deepcopy(net)
+    with torch.no_grad():
+        twin.weight.zero_()
+        twin.bias.zero_()
+    assert torch.equal(twin(x), torch.zeros(4, 2)) and not torch.equal(net(x), twin(x))
+    torch.save(net, tmp_path / "net.pt")
+    assert torch.equal(torch.load(tmp_path / "net.pt", weights_only=False)(x), net(x))

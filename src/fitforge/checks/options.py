@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import Any
 
 import torch
@@ -165,31 +166,44 @@ def resolve_precision(precision: Any, device: torch.device) -> tuple[torch.dtype
 
 def compile_net(net: nn.Module, options: Any) -> nn.Module:
     """Compile ``net.forward`` with ``torch.compile(**options)`` (``options`` True or a dict), falling
-    back to eager with a warning. Only the instance's ``forward`` is replaced, so the module and its
-    ``state_dict`` keys (and so checkpoints) stay those of the eager net."""
+    back to eager with a warning. Only the instance's ``forward`` is replaced (by a :class:`CompiledForward`),
+    so the module and its ``state_dict`` keys (and so checkpoints) stay those of the eager net."""
     if options is False or options is None:
         return net
     if options is not True and not isinstance(options, dict):
         raise FitforgeTypeError(
             f"compile must be True, False or a dict of torch.compile arguments, got {describe(options)}"
         )
-    kwargs = {} if options is True else dict(options)
-    eager = net.forward
-    compiled = torch.compile(eager, **kwargs)
+    net.forward = CompiledForward(net, {} if options is True else dict(options))
+    return net
 
-    def forward(*args: Any, **kw: Any) -> Any:
+
+class CompiledForward:
+    """A module's ``forward`` through ``torch.compile``, compiled at its first call. An object holding the
+    module, not a closure: a ``deepcopy`` of the net (an average, a teacher) compiles and runs its own copy,
+    and the net pickles (without what was compiled)."""
+
+    fitforge_compiled = True  # its first steps compile (core.clock.RunClock)
+
+    def __init__(self, module: nn.Module, options: dict[str, Any]) -> None:
+        self.module, self.options = module, options
+        self._compiled: Any = None
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        eager = partial(type(self.module).forward, self.module)
+        if self._compiled is None:
+            self._compiled = torch.compile(eager, **self.options)
         try:
-            return compiled(*args, **kw)
+            return self._compiled(*args, **kw)
         except torch._dynamo.exc.TorchDynamoException as err:  # compiling failed, not the model
             warnings.warn(
-                f"torch.compile could not compile {type(net).__name__} ({type(err).__name__}: "
+                f"torch.compile could not compile {type(self.module).__name__} ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}); running it eagerly",
                 UserWarning,
                 stacklevel=2,
             )
-            del net.forward  # the class's own forward again, for every later call
+            del self.module.forward  # the class's own forward again, for every later call
             return eager(*args, **kw)
 
-    forward.fitforge_compiled = True  # type: ignore[attr-defined]  # its first steps compile (core.clock.RunClock)
-    net.forward = forward
-    return net
+    def __getstate__(self) -> dict[str, Any]:
+        return {"module": self.module, "options": self.options, "_compiled": None}  # a copy compiles its own
