@@ -2,6 +2,8 @@
 
 import importlib.util
 import math
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -69,6 +71,19 @@ class Losses(BatchEnd):
 
     def batch_end(self, state):
         self.seen[state.global_step] = state.output.loss.item()
+
+
+class KillAt(BatchEnd):
+    """SIGKILL this process at the end of global step ``step`` (after that batch's checkpoint, if any)."""
+
+    priority = 5000  # after the CheckpointHandler's batch_end
+
+    def __init__(self, step):
+        self.step = step
+
+    def batch_end(self, state):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Crash(BatchEnd):

@@ -5,27 +5,14 @@
 It resumes from FOLDER's newest checkpoint (saved every 3 batches), SIGKILLs itself at the end of global step
 KILL_AT (after that batch's save, if any), and writes the adapter's weights to OUT."""
 
-import os
-import signal
 import sys
 
 import torch
 from test_adapters import batches, lora_gpt2
 
 from fitforge import Estimator
-from fitforge.events import BatchEnd
 from fitforge.handlers import CheckpointHandler
-
-
-class KillAt(BatchEnd):
-    priority = 5000  # after the CheckpointHandler's batch_end
-
-    def __init__(self, step):
-        self.step = step
-
-    def batch_end(self, state):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+from helpers import KillAt
 
 
 def main(folder, out, kill_at=None):

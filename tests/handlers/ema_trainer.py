@@ -6,8 +6,6 @@ It resumes from FOLDER's newest checkpoint (saved every 4 batches), SIGKILLs its
 global step KILL_AT (after that batch's save, if any), and writes the averaged and the raw weights
 to OUT."""
 
-import os
-import signal
 import sys
 
 import torch
@@ -15,19 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fitforge import Estimator
-from fitforge.events import BatchEnd
 from fitforge.handlers import CheckpointHandler, EMAHandler
-
-
-class KillAt(BatchEnd):
-    priority = 5000  # after the CheckpointHandler's batch_end
-
-    def __init__(self, step):
-        self.step = step
-
-    def batch_end(self, state):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+from helpers import KillAt
 
 
 def main(folder, out, kill_at=None):
