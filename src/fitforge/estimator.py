@@ -13,6 +13,7 @@ from torch import nn
 
 from fitforge.checkpoint.export import export_weights
 from fitforge.checkpoint.files import restore_weights
+from fitforge.checkpoint.load_weights import load_weights
 from fitforge.checks.activation_checkpointing import checkpoint_activations
 from fitforge.checks.options import (
     check_net,
@@ -26,6 +27,7 @@ from fitforge.core.coordinator import PassWatch
 from fitforge.core.dispatch import Dispatcher
 from fitforge.core.events import EventHandler, handler_name
 from fitforge.core.history import History
+from fitforge.core.modules import tensors_of
 from fitforge.core.processor import (
     BatchProcessor,
     check_batch_processor,
@@ -165,6 +167,8 @@ class Estimator:
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
     def _place(self, net: nn.Module) -> nn.Module:
+        if any(tensor.is_meta for tensor in tensors_of(net)):
+            return net  # built without memory: load_weights gives it (under FSDP, each rank its shards only)
         net = net.to(self.device)
         if self.channels_last:  # torch accepts memory_format at run time; its type stubs lack it
             net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -391,6 +395,16 @@ class Estimator:
                 given for one file.
         """
         return export_weights(self, path, format)
+
+    def load_weights(self, path: str | os.PathLike, strict: bool = True) -> None:
+        """Load weights from safetensors: one file, or a folder (a Hugging Face model's, its weights whole or
+        sharded). Under FSDP each rank reads only its own shards, so a net built on the meta device (``with
+        torch.device("meta"): net = Net()``) is never whole on one rank. Call it on every rank.
+
+        Raises:
+            FitforgeValueError: shapes differ, or (``strict``) a name is missing from the file or the net.
+        """
+        load_weights(self, path, strict)
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
         """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file

@@ -17,6 +17,7 @@ from fitforge.exceptions import DeviceMismatchError
 
 log = logging.getLogger("fitforge")
 _NOTED: set[str] = set()  # the notes given in this process (each once)
+META = "; a net built on the meta device needs its weights first: estimator.load_weights(path) (safetensors)"
 
 
 def cpu_has_bf16() -> bool:
@@ -45,7 +46,9 @@ def note_slow_precision(estimator: EstimatorLike) -> None:
 def check_placement(estimator: EstimatorLike, *nets: str) -> None:
     """The named nets (``"net"``, ``"val_net"``) must still be on the device the Estimator placed
     them on. Not under an engine that places them itself (FSDP, which may offload the shards)."""
-    if not estimator.strategy.places_net:
+    if not estimator.strategy.places_net:  # it may offload the shards, but gives none to the meta device
+        if any(tensor.is_meta for tensor in tensors_of(estimator.net)):
+            refuse_meta(estimator.net, "net")
         return
     checked: list[nn.Module] = []
     for name in nets:
@@ -77,5 +80,15 @@ def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
                     f"{kind} {name!r} of {argument} is on {tensor.device}, but the estimator's device is {device}: "
                     f"the net was moved after the Estimator placed it (net.to(...), .cuda(), .cpu()); give the "
                     f"device to the Estimator instead (Estimator(..., device=...)), or move the net back: "
-                    f"estimator.{argument}.to({str(device)!r})"
+                    f"estimator.{argument}.to({str(device)!r})" + (META if tensor.is_meta else "")
+                )
+
+
+def refuse_meta(net: nn.Module, argument: str) -> None:
+    """No parameter or buffer of ``net`` may be on the meta device (built without memory)."""
+    for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
+        for name, tensor in named:
+            if tensor.is_meta:
+                raise DeviceMismatchError(
+                    f"{kind} {name!r} of {argument} is on the meta device, which holds no values" + META
                 )

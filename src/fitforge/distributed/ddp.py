@@ -32,6 +32,11 @@ def wrap_ddp(net: nn.Module, device: torch.device, options: dict) -> nn.Module:
 
 
 def _ddp(net: nn.Module, device: torch.device, options: dict) -> DistributedDataParallel:
+    if any(parameter.is_meta for parameter in net.parameters()):
+        raise FitforgeValueError(
+            "strategy='ddp' copies rank 0's weights to every rank as it starts, and the net is on the meta device: "
+            "build it on a real device, or use strategy='fsdp' and estimator.load_weights(path) to load it sharded"
+        )
     device_ids = [device.index] if device.type == "cuda" else None
     try:
         wrapper = DistributedDataParallel(net, device_ids=device_ids, **options)
