@@ -1,14 +1,15 @@
 """One rank of tests/distributed/test_load_weights_ranks.py: a GPT-2 built on the meta device, sharded by
 strategy="fsdp", loads a Hugging Face safetensors folder with Estimator.load_weights. The rank's resident memory
 is read after every tensor DCP copies in (anonymous memory: what the rank holds; file pages: what it mapped of
-the file), then compared with the same rank loading the whole file with safetensors' load_file. Writes
-result-rank<R>.json.
+the file), then compared with the same rank loading the whole file with safetensors' load_file; and every
+millisecond while it exports the net again (Estimator.export). Writes result-rank<R>.json.
 
     torchrun --nproc_per_node=2 load_weights_run.py <hf folder> <out folder> <config json>
 """
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -67,10 +68,21 @@ def main() -> None:
         tensor.add_(0)  # touched, as a copy into a net would
     whole.sample()
 
-    full = estimator.strategy.full_weights(estimator.net)  # rank 0 gathers, after the measure
+    exported = Peak()  # an export: each rank writes its shards and rank 0 joins them, sampled every millisecond
+    sampling = threading.Event()
+    sampler = threading.Thread(target=lambda: [exported.sample() for _ in iter(lambda: sampling.wait(0.001), True)])
+    sampler.start()
+    estimator.export(out / "export.safetensors")
+    sampling.set()
+    sampler.join()
+
+    full = estimator.strategy.full_weights(estimator.net)  # rank 0 gathers, after the measures
     equal = None
     if rank == 0:
-        equal = all(torch.equal(full[name], weights[name]) for name in weights)
+        written = load_file(out / "export.safetensors")
+        equal = all(
+            torch.equal(full[name], weights[name]) and torch.equal(written[name], weights[name]) for name in weights
+        )
     tokens = torch.randint(0, config["vocab_size"], (8, 16), generator=torch.Generator().manual_seed(0))
     history = estimator.fit(
         [{"input_ids": tokens[i : i + 2], "labels": tokens[i : i + 2]} for i in range(0, 8, 2)], epochs=1
@@ -79,6 +91,7 @@ def main() -> None:
         "rank": rank,
         "sharded": sharded,
         "whole": whole.grown(),
+        "export": exported.grown(),
         "held": held,
         "model": sum(tensor.numel() * tensor.element_size() for tensor in weights.values()),
         "equal": equal,

@@ -3,8 +3,9 @@ loads a Hugging Face safetensors folder with Estimator.load_weights, and no rank
 
 The measure (load_weights_run.py): each rank's resident anonymous memory, read after every tensor DCP copies in.
 It grows by the rank's shard only (about half the model), where the same rank loading the file whole with
-safetensors' load_file grows by the whole model. The loaded weights, gathered after the measure, equal the file's,
-and the net trains."""
+safetensors' load_file grows by the whole model. An export of the sharded net (each rank writes its shards, rank 0
+joins them) grows no rank's by the whole model either. The loaded and the exported weights equal the file's, and
+the net trains."""
 
 import json
 import sys
@@ -21,7 +22,7 @@ SCRIPT = str(Path(__file__).resolve().parent / "load_weights_run.py")
 CONFIG = {"n_embd": 512, "n_layer": 8, "n_head": 8, "vocab_size": 8192, "n_positions": 128}  # 29.5M parameters
 
 
-def test_two_fsdp_ranks_load_a_hugging_face_folder_each_holding_only_its_shard(tmp_path):
+def test_two_fsdp_ranks_load_and_export_safetensors_each_holding_only_its_shard(tmp_path):
     config = {**CONFIG, "bos_token_id": 0, "eos_token_id": 0}
     transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).save_pretrained(tmp_path / "hf")
     ok(
@@ -47,5 +48,6 @@ def test_two_fsdp_ranks_load_a_hugging_face_folder_each_holding_only_its_shard(t
         assert abs(result["held"] - model / 2) < 0.01 * model  # each rank's parameters: half the model
         assert 0.4 * model < result["sharded"]["RssAnon"] < 0.6 * model  # the load held its shard, no more
         assert result["whole"]["RssAnon"] > 0.95 * model  # the measure sees a whole model where one is held
+        assert result["export"]["RssAnon"] < 0.8 * model  # a rank serializes its shards; none gathers the model
         assert not result["meta"] and result["loss"] == results[0]["loss"]
     assert results[0]["equal"] is True

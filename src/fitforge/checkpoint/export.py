@@ -2,8 +2,9 @@
 Hugging Face model's ``save_pretrained`` folder.
 
 The weights are those evaluation uses (an ``EMAHandler``'s average, a schedule-free optimizer's evaluated
-weights), consolidated whatever the engine (the engine's ``full_weights``: under FSDP gathered to rank 0's
-host memory). Rank 0 writes; every rank returns once it is written, or raises its error.
+weights), consolidated whatever the engine: under FSDP each rank writes its shards and rank 0 joins them into the
+file, with no rank gathering the model (``"hf"`` goes through ``save_pretrained``, so its weights are gathered
+to rank 0's host memory first). Rank 0 writes; every rank returns once it is written, or raises its error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from fitforge.checkpoint.adapters import is_adapted
 from fitforge.core.roles import averaged_weights
+from fitforge.distributed.hf_weights import write_consolidated
 from fitforge.distributed.ranks import run_on_main_and_share
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
 
@@ -53,6 +55,9 @@ def export_weights(estimator: Any, path: str | os.PathLike, format: str = "safet
             _save_safetensors(weights, target)
 
     with averaged_weights(estimator):  # written within: the state_dict's tensors are the net's own
+        if format == "safetensors" and estimator.strategy.sharded:
+            write_consolidated(net, target)  # each rank writes its shards, rank 0 joins them: none gathers
+            return target
         weights = estimator.strategy.full_weights(net)  # every rank takes part (FSDP gathers)
         run_on_main_and_share(write, FitforgeValueError)
     return target

@@ -3,13 +3,16 @@ tensors it holds (its shards under FSDP2) straight from the files (:mod:`fitforg
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from fitforge.distributed.ranks import initialized
+from fitforge.distributed.ranks import initialized, run_on_main_and_share
+from fitforge.exceptions import FitforgeValueError
 
 
 def _reader(folder: Path) -> Any:
@@ -38,3 +41,43 @@ def load_names(net: nn.Module, folder: Path, names: set[str]) -> None:
     with warnings.catch_warnings():  # in one process, DCP warns that it loads in one process
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, storage_reader=_reader(folder), no_dist=not initialized())  # in place
+
+
+def write_consolidated(net: nn.Module, target: Path) -> None:
+    """Write ``net``'s whole weights to the one safetensors file ``target``, called on every rank of a sharded
+    net: each rank writes its shards beside ``target``, then rank 0 joins them into ``target`` tensor by tensor
+    through memory-mapped files (DCP's consolidation), so no rank gathers the model. The ranks must share
+    ``target``'s folder, as they share their checkpoints' shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    parts = target.with_name(target.name + ".parts")
+
+    def clear() -> None:
+        shutil.rmtree(parts, ignore_errors=True)  # a failed export's
+        target.parent.mkdir(parents=True, exist_ok=True)
+
+    def move() -> None:
+        (whole,) = parts.glob("*.safetensors")  # DCP's consolidated file, beside the ranks' in parts/sharded
+        os.replace(whole, target)
+        shutil.rmtree(parts)
+
+    run_on_main_and_share(clear, FitforgeValueError)
+    writer = HuggingFaceStorageWriter(str(parts), save_distributed=True, enable_consolidation=True)
+    dcp.save(_untied(get_model_state_dict(net)), storage_writer=writer)
+    run_on_main_and_share(move, FitforgeValueError)  # every rank returns once the file is whole
+
+
+def _untied(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with a copy of this rank's shard for each name of a tied weight after the first: safetensors
+    refuses tensors that share memory, and the file holds the weight under each name."""
+    seen: set[int] = set()
+    untied = {}
+    for name, value in state.items():
+        local = value.to_local() if hasattr(value, "to_local") else value
+        where = local.untyped_storage().data_ptr() if local.numel() else None
+        untied[name] = value.clone() if where in seen else value
+        if where is not None:
+            seen.add(where)
+    return untied
