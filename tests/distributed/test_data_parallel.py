@@ -134,6 +134,9 @@ def runs(tmp_path_factory) -> dict[str, Any]:
             "resumed_two",
             "resumed_one",
             "fsdp_stopped",
+            "muon_fsdp",
+            "muon_fsdp_stopped",
+            "muon_fsdp_resumed",
             "fsdp_resumed_two",
             "fsdp_resumed_one",
             "one_stops",
@@ -152,7 +155,16 @@ def runs(tmp_path_factory) -> dict[str, Any]:
     }
     folders = {
         name: root / name
-        for name in ("checkpoints", "saved", "for_one", "fsdp", "fsdp_saved", "fsdp_for_one", "elastic_checkpoints")
+        for name in (
+            "checkpoints",
+            "saved",
+            "for_one",
+            "fsdp",
+            "fsdp_saved",
+            "fsdp_for_one",
+            "elastic_checkpoints",
+            "muon_fsdp",
+        )
     }
     fsdp = {**BASE, "strategy": "fsdp"}
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -180,6 +192,15 @@ def runs(tmp_path_factory) -> dict[str, Any]:
         if FSDP:
             first["checkpointing_fsdp"] = pool.submit(
                 launch, paths["checkpointing_fsdp"], {**fsdp, "checkpointing": True}, 2
+            )
+        muon_fsdp = {**fsdp, "epochs": 4, "muon": True}
+        if FSDP:  # Muon over sharded weights; and stopped in epoch 2, then resumed
+            first["muon_fsdp"] = pool.submit(launch, paths["muon_fsdp"], muon_fsdp, 2)
+            first["muon_fsdp_stopped"] = pool.submit(
+                launch,
+                paths["muon_fsdp_stopped"],
+                {**muon_fsdp, "epochs": None, "batches": 6, "model_dir": str(folders["muon_fsdp"])},
+                2,
             )
         if FSDP:  # stopped by batches=7, in the middle of epoch 2: its epoch end saves a mid-epoch checkpoint
             first["fsdp_stopped"] = pool.submit(
@@ -218,7 +239,9 @@ def runs(tmp_path_factory) -> dict[str, Any]:
         copies = [("checkpoints", "saved"), ("checkpoints", "for_one")]
         if FSDP:
             ok(first.pop("fsdp_stopped").result())
+            ok(first.pop("muon_fsdp_stopped").result())
             resumes += [
+                ("muon_fsdp_resumed", {**muon_fsdp, "model_dir": str(folders["muon_fsdp"])}, 2),
                 ("fsdp_resumed_two", {**fsdp, "model_dir": str(folders["fsdp"]), "export": True}, 2),
                 ("fsdp_resumed_one", {**BASE, "model_dir": str(folders["fsdp_for_one"])}, 0),
             ]
@@ -272,6 +295,17 @@ def test_muon_and_adamw_on_two_ranks_train_like_one_process_after_20_steps(runs)
     ranks = results(runs["muon_two"], 2)  # optimizer="muon": the hidden layer's weight Muon's, the rest AdamW's
     assert ranks[0]["params"] == ranks[1]["params"]
     assert max_difference(ranks[0]["params"], single["params"]) <= 1e-6
+
+
+@pytest.mark.skipif(not FSDP, reason="needs FSDP2")
+def test_muon_over_fsdp_shards_trains_like_one_process_and_resumes_exactly(runs):
+    (single,) = results(runs["muon_one"], 1)
+    whole = results(runs["muon_fsdp"], 2)
+    resumed = results(runs["muon_fsdp_resumed"], 2)  # stopped after 6 steps, in epoch 2
+    assert whole[0]["params"] == whole[1]["params"]
+    # Muon's Newton-Schulz runs in bfloat16 on the sharded matrices (DTensor gathers them): not bit for bit.
+    assert max_difference(whole[0]["params"], single["params"]) <= 1e-4
+    assert resumed[0]["params"] == whole[0]["params"] and resumed[0]["history"] == whole[0]["history"]
 
 
 def test_an_export_on_two_ranks_holds_the_whole_net_ddp_and_fsdp(runs):
