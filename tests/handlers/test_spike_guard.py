@@ -1,6 +1,7 @@
 """SpikeGuardHandler: injected bad batches spike the loss; the guard goes back to the last good
 weights each time, never checkpoints a spiked state, ends near a clean run, and gives up past
-max_recoveries, naming the batches; its decision is read every few batches, not every batch."""
+max_recoveries, naming the batches; its decision is read every few batches, not every batch. After a
+rollback the snapshot's own losses judge the next batches."""
 
 import logging
 
@@ -11,7 +12,7 @@ from torch import nn
 from fitforge import Estimator
 from fitforge.checkpoint.files import load_checkpoint
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
-from fitforge.handlers import CheckpointHandler, LossSpikeError, SpikeGuardHandler
+from fitforge.handlers import CheckpointHandler, LambdaHandler, LossSpikeError, SpikeGuardHandler
 from fitforge.testing import HostReadCounter
 
 SPIKED = (150, 260, 380)  # the bad batches' positions
@@ -164,3 +165,61 @@ def test_the_undone_batches_count_in_no_training_value():
         assert abs(guarded["train_loss"][epoch] - clean["train_loss"][epoch]) <= 0.05 * clean["train_loss"][epoch]
     unguarded = estimator().fit(SpikedOnce(batches), epochs=1)
     assert unguarded["train_loss"][0] > 2 * clean["train_loss"][0]  # what the guard leaves out
+
+
+def regression(spike=True, batches=40, noise=1.0):
+    """The issue's run: y = x @ w + 0.5 + noise in batches of 16, the loss falling fast in the first
+    epoch; batch 30's inputs x1e3 (epoch n batch 31, from 1) when ``spike``."""
+    generator = torch.Generator().manual_seed(0)
+    x, w = torch.randn(batches * 16, 4, generator=generator), torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    y = x @ w + 0.5 + noise * torch.randn(batches * 16, 1, generator=generator)
+    data = [(x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16]) for i in range(batches)]
+    if spike:
+        data[30] = (data[30][0] * 1e3, data[30][1])
+    return data
+
+
+def regressor(lr=0.05, loss=None):
+    torch.manual_seed(0)
+    net = nn.Linear(4, 1)
+    return Estimator(net, loss or nn.MSELoss(), device="cpu", optimizer=torch.optim.SGD(net.parameters(), lr=lr))
+
+
+def training_loss(est, **data):
+    return est.evaluate(regression(spike=False, **data))["val_loss"]  # the final weights, on the clean batches
+
+
+def test_the_give_up_error_counts_distinct_spikes():
+    with pytest.raises(
+        LossSpikeError, match=r"spiked 2 times, more than max_recoveries=1, at epoch 1 batch 31, epoch 2 batch 31:"
+    ):
+        regressor().fit(
+            regression(), epochs=2, event_handlers=[SpikeGuardHandler(max_recoveries=1)], default_handlers=False
+        )
+
+
+class OffsetAt:
+    """MSE, plus 1e3 at its ``at``-th call: a spike of the loss alone, the weights' course unchanged."""
+
+    def __init__(self, at):
+        self.at, self.calls = at, 0
+
+    def __call__(self, pred, label):
+        self.calls += 1
+        return nn.functional.mse_loss(pred, label) + (1e3 if self.calls == self.at else 0.0)
+
+
+def test_a_spike_right_after_a_snapshot_ten_times_below_the_last_is_recovered_from_once():
+    # A snapshot at batch 16's check, the loss 10x below batch 8's; the spike at batch 17 leaves the
+    # weights on course, so by the check at batch 24 the window holds losses far below the snapshot's:
+    # the rollback is judged by the snapshot's own.
+    losses = []
+    record = LambdaHandler(backward_end=lambda state: losses.append(float(state.output.loss.detach())), priority=-3001)
+    guard, est = SpikeGuardHandler(window=8, snapshot_every=8, check_every=8), regressor(lr=0.1, loss=OffsetAt(17))
+    data = {"batches": 64, "noise": 0.01}
+    est.fit(regression(spike=False, **data), epochs=1, event_handlers=[guard, record], default_handlers=False)
+    assert losses[7] > 10 * losses[15]  # the losses judged at the two snapshots' checks
+    assert guard.recoveries == [(1, 17)]
+    clean = regressor(lr=0.1)
+    clean.fit(regression(spike=False, **data), epochs=1, default_handlers=False)
+    assert abs(training_loss(est, **data) - training_loss(clean, **data)) <= 0.02 * training_loss(clean, **data)

@@ -101,7 +101,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
             self._take_snapshot(state)
         loss = state.output.loss.detach().float()
         spiked = ~torch.isfinite(loss)
-        if self._judges():  # a median at or below 0 (a loss that can be negative) judges nothing
+        if self._judges(self._known):  # a median at or below 0 (a loss that can be negative) judges nothing
             median = self._losses[: min(self._known, self.window)].median()
             spiked = spiked | ((median > 0) & (loss > self.factor * median))
         position = self._known % self.window
@@ -115,8 +115,8 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         if self._batches % self.check_every == 0 and self._check(state):
             raise CancelBatch  # the spiked state was put back: this batch takes no step either
 
-    def _judges(self) -> bool:  # enough losses are known to judge one against their median
-        return self._known >= max(1, self.window // 2)
+    def _judges(self, known: int) -> bool:  # enough losses are known to judge one against their median
+        return known >= max(1, self.window // 2)
 
     def offer(self, services: Services) -> None:
         services.before_save.append(self.confirm_state)
@@ -133,7 +133,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         if first == _NONE:
             # Only a state the median could judge is a good one (the first batch's aside).
             due = state.optimizer_steps - self._snapshot_step >= self.snapshot_every
-            if self._snapshot is None or (due and self._judges()):
+            if self._snapshot is None or (due and self._judges(self._known)):
                 self._take_snapshot(state)
             return False
         self._recover(state, first)
@@ -147,6 +147,10 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
             "optimizers": [copy.deepcopy(optimizer.state_dict()) for optimizer in estimator.optimizers],
             "scaler": None if estimator.scaler is None else copy.deepcopy(estimator.scaler.state_dict()),
             "undone": [(undoable, undoable.mark()) for undoable in state.services.undoables],  # an EMA's, the sums
+            # The losses that led to these weights: after a rollback the next losses are judged against them, not
+            # against the lower ones of the undone steps (a falling loss would make every clean batch a spike).
+            "losses": self._losses.clone(),
+            "known": self._known,
         }
         self._snapshot_step = state.optimizer_steps
         self._snapshot_steps = state.run.clock.steps_so_far()  # the steps after it, a rollback undoes
@@ -176,6 +180,8 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
             optimizer.load_state_dict(copy.deepcopy(saved))  # the snapshot stays as it was for the next time
             for group, now in zip(optimizer.param_groups, rates):  # the rates go on as the schedule set them
                 group.update(now)
+        self._losses.copy_(self._snapshot["losses"])  # judged as the snapshot was: no clean batch looks a spike
+        self._known = self._snapshot["known"]
         for undoable, mark in self._snapshot["undone"]:  # an EMA's average; the sums, to count no undone batch
             undoable.rewind(mark)
         if estimator.scaler is not None and self._snapshot["scaler"] is not None:
