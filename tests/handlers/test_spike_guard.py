@@ -189,6 +189,18 @@ def training_loss(est, **data):
     return est.evaluate(regression(spike=False, **data))["val_loss"]  # the final weights, on the clean batches
 
 
+def test_one_spike_an_epoch_while_the_loss_falls_fast_is_recovered_from_once_each():
+    # A rollback restores weights whose loss is above the losses of the steps it undoes: the losses saved
+    # with them judge the batches after it, so those are no spikes (before, each check undid them again).
+    # Epoch 1's spike goes back to batch 16's snapshot, the first the median judged (not to the start).
+    clean = regressor()
+    clean.fit(regression(spike=False), epochs=2)
+    guard, guarded = SpikeGuardHandler(), regressor()
+    history = guarded.fit(regression(), epochs=2, event_handlers=[guard])
+    assert guard.recoveries == [(1, 31), (2, 31)] and history["spike_recoveries"] == [1.0, 1.0]
+    assert abs(training_loss(guarded) - training_loss(clean)) <= 0.02 * training_loss(clean)
+
+
 def test_the_give_up_error_counts_distinct_spikes():
     with pytest.raises(
         LossSpikeError, match=r"spiked 2 times, more than max_recoveries=1, at epoch 1 batch 31, epoch 2 batch 31:"
@@ -210,9 +222,9 @@ class OffsetAt:
 
 
 def test_a_spike_right_after_a_snapshot_ten_times_below_the_last_is_recovered_from_once():
-    # A snapshot at batch 16's check, the loss 10x below batch 8's; the spike at batch 17 leaves the
-    # weights on course, so by the check at batch 24 the window holds losses far below the snapshot's:
-    # the rollback is judged by the snapshot's own.
+    # Snapshots at batches 8 and 16 (every check once the window judges), the loss 10x lower at the
+    # second; the spike at batch 17 leaves the weights on course, so by the check at batch 24 the window
+    # holds losses far below the second snapshot's: the rollback is judged by the snapshot's own.
     losses = []
     record = LambdaHandler(backward_end=lambda state: losses.append(float(state.output.loss.detach())), priority=-3001)
     guard, est = SpikeGuardHandler(window=8, snapshot_every=8, check_every=8), regressor(lr=0.1, loss=OffsetAt(17))

@@ -131,9 +131,12 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         first = state.run.ranks.min_int(int(self._first))
         self._first.fill_(_NONE)
         if first == _NONE:
-            # Only a state the median could judge is a good one (the first batch's aside).
+            # Only a state the median could judge is a good one (the first batch's aside). The first such state
+            # replaces the start's without waiting snapshot_every: an early spike (the loss falls fastest then)
+            # would otherwise undo all the training so far.
+            assert self._snapshot is not None  # taken at the first batch
             due = state.optimizer_steps - self._snapshot_step >= self.snapshot_every
-            if self._snapshot is None or (due and self._judges(self._known)):
+            if (due or not self._judges(self._snapshot["known"])) and self._judges(self._known):
                 self._take_snapshot(state)
             return False
         self._recover(state, first)
