@@ -1,7 +1,7 @@
 """SpikeGuardHandler: injected bad batches spike the loss; the guard goes back to the last good
 weights each time, never checkpoints a spiked state, ends near a clean run, and gives up past
 max_recoveries, naming the batches; its decision is read every few batches, not every batch. After a
-rollback the snapshot's own losses judge the next batches."""
+rollback the snapshot's own losses judge the next batches, and a resume goes on with the same snapshot."""
 
 import logging
 
@@ -14,6 +14,7 @@ from fitforge.checkpoint.files import load_checkpoint
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.handlers import CheckpointHandler, LambdaHandler, LossSpikeError, SpikeGuardHandler
 from fitforge.testing import HostReadCounter
+from helpers import Crash
 
 SPIKED = (150, 260, 380)  # the bad batches' positions
 BATCHES, BATCH = 480, 64
@@ -235,3 +236,24 @@ def test_a_spike_right_after_a_snapshot_ten_times_below_the_last_is_recovered_fr
     clean = regressor(lr=0.1)
     clean.fit(regression(spike=False, **data), epochs=1, default_handlers=False)
     assert abs(training_loss(est, **data) - training_loss(clean, **data)) <= 0.02 * training_loss(clean, **data)
+
+
+@pytest.mark.parametrize("crash", [60, 78])  # saves before epoch 2's spike and after its recovery
+def test_a_resume_goes_on_with_the_same_snapshot_and_losses(tmp_path, crash):
+    # A save makes the state it saves the snapshot, with the losses it saves: a resume from it starts from
+    # both, and checks at the same batches (saves every 6, checks every 8), so it is the run not cut.
+    def run(folder, crash=None):
+        guard, est = SpikeGuardHandler(), regressor()
+        handlers = [guard, CheckpointHandler(folder, batch_period=6, resume_from_checkpoint=True)]
+        try:
+            est.fit(regression(), epochs=2, event_handlers=handlers + ([Crash(crash)] if crash else []))
+        except RuntimeError:  # the crash
+            return None
+        return guard.recoveries, est.history["spike_recoveries"], est.history["train_loss"], est.net.state_dict()
+
+    whole = run(tmp_path / "whole")
+    assert run(tmp_path / "cut", crash) is None
+    resumed = run(tmp_path / "cut")
+    assert resumed[:3] == whole[:3] and whole[0] == [(1, 31), (2, 31)]
+    for name, value in whole[3].items():
+        assert torch.equal(resumed[3][name], value), name

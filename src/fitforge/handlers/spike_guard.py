@@ -122,21 +122,22 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         services.before_save.append(self.confirm_state)
 
     def confirm_state(self, state: TrainState) -> None:
-        """Before a checkpoint: check now, so that a spiked state is never saved."""
+        """Before a checkpoint: check now, so that a spiked state is never saved; a good one becomes the snapshot,
+        as a resume from this checkpoint takes it (with the same losses, the saved ones): a resume is exact."""
         if state.phase == "train" and self._snapshot is not None:
-            self._check(state)
+            self._check(state, saving=True)
 
-    def _check(self, state: TrainState) -> bool:
+    def _check(self, state: TrainState, saving: bool = False) -> bool:
         """Read the decision (every rank agrees on the earliest spike): recover (True) or snapshot a good state."""
         first = state.run.ranks.min_int(int(self._first))
         self._first.fill_(_NONE)
         if first == _NONE:
-            # Only a state the median could judge is a good one (the first batch's aside). The first such state
-            # replaces the start's without waiting snapshot_every: an early spike (the loss falls fastest then)
-            # would otherwise undo all the training so far.
+            # Only a state the median could judge is a good one (the first batch's and a save's aside: a resume
+            # starts from those). The first such state replaces the start's without waiting snapshot_every: an
+            # early spike (the loss falls fastest then) would otherwise undo all the training so far.
             assert self._snapshot is not None  # taken at the first batch
             due = state.optimizer_steps - self._snapshot_step >= self.snapshot_every
-            if (due or not self._judges(self._snapshot["known"])) and self._judges(self._known):
+            if saving or ((due or not self._judges(self._snapshot["known"])) and self._judges(self._known)):
                 self._take_snapshot(state)
             return False
         self._recover(state, first)
@@ -220,9 +221,17 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         self._snapshot = None  # the device memory of the copies
 
     def state_dict(self) -> dict:
-        """The recent losses (the median's window), how many are known, and the recoveries so far."""
-        return {"losses": self._losses.tolist(), "known": self._known, "recoveries": list(self.recoveries)}
+        """The recent losses (the median's window; in training, the snapshot's too: a save takes one), how many
+        are known, the recoveries so far and this epoch's, and the batches (a resume checks at the same ones)."""
+        return {
+            "losses": self._losses.tolist(),
+            "known": self._known,
+            "recoveries": list(self.recoveries),
+            "epoch_recoveries": self._epoch_recoveries,
+            "batches": self._batches,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._losses.copy_(torch.tensor(state["losses"], dtype=self._losses.dtype))
         self._known, self.recoveries = state["known"], [(int(e), int(b)) for e, b in state["recoveries"]]
+        self._epoch_recoveries, self._batches = state.get("epoch_recoveries", 0), state.get("batches", 0)
