@@ -32,7 +32,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest --cov=fitforge --cov-report=term-missing tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest --cov=fitforge --cov-report=term-missing --durations=30 tests
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not integration" -p no:cacheprovider tests
