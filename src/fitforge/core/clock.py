@@ -119,7 +119,7 @@ class RunClock:
         """The end of a pass over batches: its seconds go to the epoch's."""
         for cause, seconds in self._open_pass().items():
             self.epoch[cause] += seconds
-        self._undone -= min(self._undone, self.stepping)
+        self._undone = 0.0  # never more than the pass's steps
         self._stepped += self.stepping
         self.waited = self.stepping = self.hooked = 0.0
 
@@ -137,10 +137,14 @@ class RunClock:
         return self._stepped + self.stepping
 
     def undo(self, seconds: float) -> None:
-        """A rollback undid ``seconds`` of steps (and took some itself, within a step's time): the rollback's."""
-        self._undone += seconds
-        self.add("rollback", seconds)
-        self.reported -= seconds  # no time of the hooks: the batches' own
+        """A rollback undid ``seconds`` of steps (and took some itself, within a step's time): the rollback's, taken
+        from the open pass's steps, then from the open row's; steps of rows already written stay steps."""
+        from_pass = min(seconds, self.stepping - self._undone)
+        from_row = min(seconds - from_pass, self.epoch["step"])
+        self._undone += from_pass
+        self.epoch["step"] -= from_row
+        self.add("rollback", from_pass + from_row)
+        self.reported -= from_pass + from_row  # no time of the hooks: the batches' own
 
     def record_epoch(self, history: Any) -> None:
         """Put the seconds since the last row in ``history``'s open row, before ``epoch_end`` (which loggers
