@@ -115,9 +115,20 @@ class WeightAveraging:
     def swap_out(self) -> None:
         """Put the trained weights back."""
 
+    def averaged_net(self) -> Any:
+        """The net whose weights it averages; None before it has one."""
+        return None
+
     def averaged_state_dict(self) -> dict[str, Any]:
-        """The net's ``state_dict`` with the averaged weights (copies)."""
-        return {}
+        """The net's ``state_dict`` with the averaged weights (copies), to save or load elsewhere."""
+        net = self.averaged_net()
+        if net is None:
+            raise FitforgeValueError(f"{type(self).__name__}: no average yet: fit with this handler first")
+        self.swap_in()
+        try:
+            return {key: value.detach().clone() for key, value in net.state_dict().items()}
+        finally:
+            self.swap_out()
 
     def sharded_averages(self) -> dict[str, Any]:
         """Under FSDP, the averages by parameter name, sharded as the parameters (DTensors), saved

@@ -144,15 +144,8 @@ class EMAHandler(TrainBegin, EpochBegin, BatchEnd, EpochEnd, WeightAveraging):
     def sharded_averages(self) -> dict[str, Any]:
         return dict(zip(self._names, self._averages)) if self._sharded else {}
 
-    def averaged_state_dict(self) -> dict[str, Any]:
-        """The net's ``state_dict`` with the averaged weights (copies), to save or load elsewhere."""
-        if self._net is None:
-            raise FitforgeValueError("EMAHandler: no average yet: fit with this handler first")
-        self.swap_in()
-        try:
-            return {key: value.detach().clone() for key, value in self._net.state_dict().items()}
-        finally:
-            self.swap_out()
+    def averaged_net(self) -> nn.Module | None:
+        return self._net
 
     def load_averaged(self, weights: dict[str, Any]) -> None:
         """Copy ``weights`` (a ``state_dict`` of the net, e.g. the best epoch's averaged weights) into the average."""

@@ -65,12 +65,8 @@ class ScheduleFreeWeights(WeightAveraging):
             for group in optimizer.param_groups:
                 group["train_mode"] = True
 
-    def averaged_state_dict(self) -> dict[str, Any]:
-        self.swap_in()
-        try:
-            return {key: value.detach().clone() for key, value in self.net.state_dict().items()}
-        finally:
-            self.swap_out()
+    def averaged_net(self) -> nn.Module:
+        return self.net
 
     def load_averaged(self, weights: dict[str, Any]) -> None:
         """``weights`` (evaluated ones: the best epoch's) into the net, the optimizers left in eval mode: they
