@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from fitforge.checkpoint.export import export_weights
-from fitforge.checkpoint.files import restore_weights
-from fitforge.checkpoint.load_weights import load_weights
+from fitforge.checkpoint.weights_io import WeightsInOut
 from fitforge.checks.activation_checkpointing import checkpoint_activations
 from fitforge.checks.options import (
     check_net,
@@ -25,7 +21,7 @@ from fitforge.checks.options import (
 )
 from fitforge.core.coordinator import PassWatch
 from fitforge.core.dispatch import Dispatcher
-from fitforge.core.events import EventHandler, handler_name
+from fitforge.core.events import EventHandler
 from fitforge.core.history import History
 from fitforge.core.modules import tensors_of
 from fitforge.core.processor import (
@@ -50,7 +46,7 @@ from fitforge.tools.lr_find import LRFindResult, lr_find
 log = logging.getLogger("fitforge")
 
 
-class Estimator:
+class Estimator(WeightsInOut):
     """Train, evaluate and predict with a PyTorch model without writing the loop.
 
     Args:
@@ -382,55 +378,6 @@ class Estimator:
                 and not negative, one per parameter group; ``optimizer`` not an index or one of them.
         """
         set_learning_rate(self.optimizers, lr, optimizer)
-
-    def export(self, path: str | os.PathLike, format: str = "safetensors") -> Path:
-        """Write the net's weights for inference: ``"safetensors"``, one file that
-        ``safetensors.torch.load_file`` reads (``net.load_state_dict(load_file(path))``); ``"hf"``, a Hugging
-        Face model's ``save_pretrained`` folder that ``from_pretrained`` loads. The weights evaluation uses (an
-        ``EMAHandler``'s average, a schedule-free optimizer's), whole under any engine; under torch.distributed
-        call it on every rank: rank 0 writes. Returns ``path``.
-
-        Raises:
-            FitforgeValueError: an unknown ``format``; ``"hf"`` for a net without ``save_pretrained``; a folder
-                given for one file.
-        """
-        return export_weights(self, path, format)
-
-    def load_weights(self, path: str | os.PathLike, strict: bool = True) -> None:
-        """Load weights from safetensors: one file, or a folder (a Hugging Face model's, its weights whole or
-        sharded). Under FSDP each rank reads only its own shards, so a net built on the meta device (``with
-        torch.device("meta"): net = Net()``) is never whole on one rank. Call it on every rank.
-
-        Raises:
-            FitforgeValueError: shapes differ, or (``strict``) a name is missing from the file or the net.
-        """
-        load_weights(self, path, strict)
-
-    def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
-        """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file
-        written by :class:`~fitforge.handlers.CheckpointHandler` (a path, or the fsspec URL of a
-        committed checkpoint in an object store, e.g. ``s3://bucket/run/model-best.pt``, with the
-        environment's credentials); return the checkpoint's dict
-        (``epochs_completed``, ``global_step``, ``history``...). Loads with ``weights_only=True``.
-
-        Raises:
-            FileNotFoundError: no file at ``path``.
-            fitforge.checkpoint.files.CheckpointError: an unreadable file, or one of another architecture
-                (the message lists the missing and unexpected keys) or optimizer setup.
-        """
-        checkpoint = restore_weights(self, path, optimizers)
-        average = self.weight_average
-        if isinstance(average, EventHandler):  # evaluation runs with the average: the checkpoint's, not the last fit's
-            saved = checkpoint.get("handlers", {}).get(handler_name(average))
-            if saved is None:
-                log.info(
-                    "load_checkpoint: %s holds no average of the weights: evaluate and predict use its weights",
-                    Path(str(path)).name,
-                )
-                self.weight_average = None
-            else:
-                average.load_state_dict(saved)
-        return checkpoint
 
     def describe_loop(
         self,
