@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
+from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
@@ -76,10 +77,23 @@ def main() -> None:
     sampling.set()
     sampler.join()
 
+    counted = Estimator(  # a BatchNorm's counter is an integer, which DCP's consolidation cannot write: gathered
+        nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)),
+        nn.MSELoss(),
+        optimizer="sgd",
+        strategy="fsdp",
+    )
+    counted.fit([(torch.randn(8, 4), torch.randn(8, 2))] * 2, epochs=1)
+    counted.export(out / "counted.safetensors")
+    counted_full = counted.strategy.full_weights(counted.net)
+
     full = estimator.strategy.full_weights(estimator.net)  # rank 0 gathers, after the measures
     equal = None
     if rank == 0:
         written = load_file(out / "export.safetensors")
+        counted_written = load_file(out / "counted.safetensors")
+        assert counted_written["1.num_batches_tracked"].dtype == torch.int64
+        assert all(torch.equal(counted_written[name], counted_full[name]) for name in counted_full)
         equal = all(
             torch.equal(full[name], weights[name]) and torch.equal(written[name], weights[name]) for name in weights
         )

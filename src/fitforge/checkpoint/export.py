@@ -55,8 +55,8 @@ def export_weights(estimator: Any, path: str | os.PathLike, format: str = "safet
             _save_safetensors(weights, target)
 
     with averaged_weights(estimator):  # written within: the state_dict's tensors are the net's own
-        if format == "safetensors" and estimator.strategy.sharded:
-            write_consolidated(net, target)  # each rank writes its shards, rank 0 joins them: none gathers
+        # Sharded: each rank writes its shards and rank 0 joins them, none gathering the model (where torch can).
+        if format == "safetensors" and estimator.strategy.sharded and write_consolidated(net, target):
             return target
         weights = estimator.strategy.full_weights(net)  # every rank takes part (FSDP gathers)
         run_on_main_and_share(write, FitforgeValueError)

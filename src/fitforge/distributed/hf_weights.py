@@ -9,8 +9,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
+from fitforge.distributed.fsdp import dcp_failure
 from fitforge.distributed.ranks import initialized, run_on_main_and_share
 from fitforge.exceptions import FitforgeValueError
 
@@ -40,22 +42,26 @@ def load_names(net: nn.Module, folder: Path, names: set[str]) -> None:
     state = {name: value for name, value in get_model_state_dict(net).items() if name in names}
     with warnings.catch_warnings():  # in one process, DCP warns that it loads in one process
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, storage_reader=_reader(folder), no_dist=not initialized())  # in place
+        dcp.load(state, storage_reader=_reader(folder), no_dist=not initialized())  # into the net's own tensors
 
 
-def write_consolidated(net: nn.Module, target: Path) -> None:
+def write_consolidated(net: nn.Module, target: Path) -> bool:
     """Write ``net``'s whole weights to the one safetensors file ``target``, called on every rank of a sharded
     net: each rank writes its shards beside ``target``, then rank 0 joins them into ``target`` tensor by tensor
     through memory-mapped files (DCP's consolidation), so no rank gathers the model. The ranks must share
-    ``target``'s folder, as they share their checkpoints' shards."""
+    ``target``'s folder, as they share their checkpoints' shards. False, with nothing written, for a net holding
+    tensors that are not floating point (a BatchNorm's counter): torch 2.13's consolidation cannot size them."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    state = get_model_state_dict(net)
+    if not all(isinstance(value, torch.Tensor) and value.is_floating_point() for value in state.values()):
+        return False
     parts = target.with_name(target.name + ".parts")
 
     def clear() -> None:
-        shutil.rmtree(parts, ignore_errors=True)  # a failed export's
+        shutil.rmtree(parts, ignore_errors=True)  # a failed export's leftovers would be consolidated too
         target.parent.mkdir(parents=True, exist_ok=True)
 
     def move() -> None:
@@ -65,8 +71,13 @@ def write_consolidated(net: nn.Module, target: Path) -> None:
 
     run_on_main_and_share(clear, FitforgeValueError)
     writer = HuggingFaceStorageWriter(str(parts), save_distributed=True, enable_consolidation=True)
-    dcp.save(_untied(get_model_state_dict(net)), storage_writer=writer)
+    try:
+        dcp.save(_untied(state), storage_writer=writer)
+    except (Exception, dcp_failure()) as err:  # DCP raises on every rank, so every rank clears
+        run_on_main_and_share(lambda: shutil.rmtree(parts, ignore_errors=True), FitforgeValueError)
+        raise FitforgeValueError(f"export: cannot write {target}: {type(err).__name__}: {err}") from err
     run_on_main_and_share(move, FitforgeValueError)  # every rank returns once the file is whole
+    return True
 
 
 def _untied(state: dict[str, Any]) -> dict[str, Any]:
