@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fitforge.checkpoint.load_weights import place_built
 from fitforge.checkpoint.weights_io import WeightsInOut
 from fitforge.checks.activation_checkpointing import checkpoint_activations
 from fitforge.checks.options import (
@@ -32,7 +33,7 @@ from fitforge.core.roles import WeightAveraging
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.distributed.strategy import Strategy, resolve_strategy
 from fitforge.evaluation import Evaluation
-from fitforge.exceptions import check_flag
+from fitforge.exceptions import FitforgeValueError, check_flag
 from fitforge.handlers.defaults import fit_handlers, run_keys
 from fitforge.losses.loss import loss_sets
 from fitforge.metrics.resolve import check_independent, check_output_indices, copy_slots, resolve_metrics
@@ -139,7 +140,7 @@ class Estimator(WeightsInOut):
         self.autocast_dtype, self.scaler = resolve_precision(precision, self.device)
         self.channels_last = check_flag("Estimator", "channels_last", channels_last)
         self.net = compile_net(checkpoint_activations(self._place(net), activation_checkpointing), compile)
-        self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"))
+        self.val_net = self.net if val_net is None else self._place(check_net(val_net, "val_net"), "val_net")
         self.loss, self.val_loss = loss, loss if val_loss is None else val_loss
         self.losses = loss_sets(loss, val_loss, loss_weights, self.device)
         self.train_metrics = resolve_metrics(train_metrics, loss, "train_metrics")
@@ -162,9 +163,14 @@ class Estimator(WeightsInOut):
         self.pass_watch: PassWatch | None = None  # during fit: what its validations ask between batches
         self.batch_processor = check_batch_processor(BatchProcessor() if batch_processor is None else batch_processor)
 
-    def _place(self, net: nn.Module) -> nn.Module:
-        if any(tensor.is_meta for tensor in tensors_of(net)):
-            return net  # built without memory: load_weights gives it (under FSDP, each rank its shards only)
+    def _place(self, net: nn.Module, argument: str = "net") -> nn.Module:
+        if any(tensor.is_meta for tensor in tensors_of(net)):  # built without memory: load_weights gives it
+            if argument != "net":
+                raise FitforgeValueError(
+                    f"{argument} is on the meta device, and load_weights loads net only: build {argument} on a "
+                    "real device, or leave it out to evaluate with net"
+                )
+            return place_built(net, self.device)  # under FSDP each rank gets its shards only
         net = net.to(self.device)
         if self.channels_last:  # torch accepts memory_format at run time; its type stubs lack it
             net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

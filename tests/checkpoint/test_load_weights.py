@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fitforge import Estimator
-from fitforge.checks.model import refuse_meta
+from fitforge.checkpoint.load_weights import refuse_meta
 from fitforge.exceptions import DeviceMismatchError, FitforgeTypeError, FitforgeValueError
 
 transformers = pytest.importorskip("transformers")
@@ -100,9 +100,15 @@ def test_a_meta_net_must_get_every_value_and_cannot_train_before(tmp_path):
     with torch.device("meta"):
         net = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
     estimator = Estimator(net, nn.MSELoss(), device="cpu")
-    with pytest.raises(DeviceMismatchError, match=r"parameter .0\.weight. of net is on meta.*load_weights\(path\)"):
-        estimator.fit([(torch.ones(2, 3), torch.ones(2, 1))], epochs=1)
-    with pytest.raises(DeviceMismatchError, match=r"parameter '0\.weight' of net is on the meta device"):
+    meta_refused = r"parameter '0\.weight' of net is on the meta device.*load_weights\(path\)"
+    for call in (
+        lambda: estimator.fit([(torch.ones(2, 3), torch.ones(2, 1))], epochs=1),
+        lambda: estimator.export(tmp_path / "out.safetensors"),
+        lambda: estimator.load_checkpoint(tmp_path / "model.pt"),
+    ):
+        with pytest.raises(DeviceMismatchError, match=meta_refused):
+            call()
+    with pytest.raises(DeviceMismatchError, match=meta_refused):
         refuse_meta(net, "net")  # what fit checks under FSDP, which places the shards itself
     path = tmp_path / "half.safetensors"
     safetensors_torch.save_file({"0.weight": torch.ones(4, 3), "0.bias": torch.ones(4)}, path)
@@ -142,3 +148,44 @@ def test_ddp_refuses_a_net_on_the_meta_device():
         net = nn.Linear(2, 1)
     with pytest.raises(FitforgeValueError, match=r"strategy='ddp' copies rank 0's weights.*strategy='fsdp'"):
         wrap_ddp(net, torch.device("cpu"), {})
+
+
+def test_a_folder_reads_the_files_its_index_names_and_refuses_a_name_in_two_files(pretrained, tmp_path):
+    folder, model = pretrained
+    stray = {name: value + 1 for name, value in model.state_dict().items() if name != "lm_head.weight"}
+    for name in ("sharded", "whole"):
+        copy = tmp_path / name
+        copy.mkdir()
+        for file in (folder / name).iterdir():
+            (copy / file.name).write_bytes(file.read_bytes())
+        safetensors_torch.save_file(stray, copy / "old-model.safetensors")
+    estimator = Estimator(gpt2(meta=True), None, optimizer="adamw", device="cpu")
+    estimator.load_weights(tmp_path / "sharded")  # its index names its shards, not old-model.safetensors
+    assert torch.equal(logits(estimator.net), logits(model))
+    estimator.load_weights(tmp_path / "sharded" / "model.safetensors.index.json")
+    with pytest.raises(FitforgeValueError, match=r"are in two files of the folder"):
+        estimator.load_weights(tmp_path / "whole")
+
+
+def test_a_meta_net_gets_the_estimator_placement_and_the_last_fit_average_is_dropped(tmp_path, caplog):
+    from fitforge.handlers import EMAHandler
+
+    source = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 1))
+    path = tmp_path / "conv.safetensors"
+    safetensors_torch.save_file(source.state_dict(), path)
+    with torch.device("meta"):
+        net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 1))
+    estimator = Estimator(net, nn.MSELoss(), optimizer="sgd", device="cpu", channels_last=True)
+    estimator.load_weights(path)
+    assert estimator.net[0].weight.is_contiguous(memory_format=torch.channels_last)
+    batches = [(torch.randn(4, 1, 4, 4), torch.randn(4, 1))]
+    estimator.fit(batches, epochs=2, event_handlers=[EMAHandler(decay=0.5)])
+    with caplog.at_level(logging.INFO, logger="fitforge"):
+        estimator.load_weights(path)
+    assert estimator.weight_average is None and "not the last fit's average" in caplog.text
+    assert torch.equal(estimator.predict(batches[0][0]), source(batches[0][0]))
+
+    with torch.device("meta"):
+        other = nn.Linear(2, 1)
+    with pytest.raises(FitforgeValueError, match="val_net is on the meta device, and load_weights loads net only"):
+        Estimator(nn.Linear(2, 1), nn.MSELoss(), val_net=other, device="cpu")

@@ -182,12 +182,12 @@ def test_a_net_moved_off_the_estimator_device_is_an_error_at_fit_start(move, wha
     est = classifier()
     move(est.net)
     before = snapshot(est.net, buffers=True)
-    message = f"{what} of net is on meta, but the estimator's device is cpu"
+    message = f"{what} of net is on the meta device, which holds no values: load the net's weights first"
     with pytest.raises(DeviceMismatchError, match=re.escape(message)):
         est.fit(class_batches(), epochs=1)
     assert_untouched(est, before)
     for call in (lambda: est.evaluate(class_batches()), lambda: est.predict(class_batches())):
-        with pytest.raises(DeviceMismatchError, match=re.escape(f"{what} of val_net is on meta")):
+        with pytest.raises(DeviceMismatchError, match=re.escape(f"{what} of val_net is on the meta device")):
             call()
 
 

@@ -243,7 +243,7 @@ CASES = [
     Case(
         "net moved off the estimator's device",
         DeviceMismatchError,
-        r"parameter '2\.weight' of net is on meta, but the estimator's device is cpu",
+        r"parameter '2\.weight' of net is on the meta device, which holds no values: load the net's weights first",
         moved_net,
     ),
     Case(

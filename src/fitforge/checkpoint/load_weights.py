@@ -10,6 +10,7 @@ holds, then the file's values.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -21,10 +22,11 @@ import torch
 from torch import nn
 
 from fitforge.distributed.hf_weights import load_names, saved_shapes
-from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, describe
+from fitforge.exceptions import DeviceMismatchError, FitforgeTypeError, FitforgeValueError, describe
 
 log = logging.getLogger("fitforge")
 SUFFIX = ".safetensors"
+INDEX = ".safetensors.index.json"
 
 
 def load_weights(estimator: Any, path: str | os.PathLike, strict: bool = True) -> None:
@@ -34,30 +36,52 @@ def load_weights(estimator: Any, path: str | os.PathLike, strict: bool = True) -
     net = estimator.net
     with _folder(Path(path)) as folder:
         names = _check_names(net, saved_shapes(folder), strict, path)
-        materialize(net, estimator.device)
+        if materialize(net, estimator.device) and estimator.channels_last:  # as the Estimator places a built net
+            net.to(memory_format=torch.channels_last)
         load_names(net, folder, names)
 
 
 @contextlib.contextmanager
 def _folder(path: Path) -> Iterator[Path]:
-    """The folder DCP's reader reads every ``*.safetensors`` file of: ``path`` itself, or, for one file, a
-    temporary folder holding a link to it (its own folder may hold other files)."""
+    """A temporary folder of links to the files to read (DCP's reader reads every ``*.safetensors`` file of its
+    folder): the one file given; a folder's files its index names (``*.safetensors.index.json``, as Hugging Face
+    writes beside sharded weights), else all its ``.safetensors`` files."""
+    if path.is_file() and path.name.endswith(INDEX):
+        path = path.parent
     if path.is_dir():
-        if not any(entry.suffix == SUFFIX for entry in path.iterdir()):
+        files = _indexed(path) or sorted(entry for entry in path.iterdir() if entry.suffix == SUFFIX)
+        if not files:
             raise FileNotFoundError(f"load_weights: no {SUFFIX} file in the folder {path}")
-        yield path
-        return
-    if not path.is_file():
+    elif not path.is_file():
         raise FileNotFoundError(f"load_weights: no safetensors file or folder at {path}")
-    if path.suffix != SUFFIX:
+    elif path.suffix != SUFFIX:
         raise FitforgeValueError(
-            f"load_weights reads safetensors files ({SUFFIX}), got {path.name}: for a fitforge checkpoint "
-            "use estimator.load_checkpoint(path)"
+            f"load_weights reads safetensors files ({SUFFIX}) or a folder of them, got {path.name}: for a fitforge "
+            "checkpoint use estimator.load_checkpoint(path)"
         )
+    else:
+        files = [path]
     with tempfile.TemporaryDirectory(prefix="fitforge-weights-") as temporary:
-        link = Path(temporary) / f"model{SUFFIX}"
-        link.symlink_to(path.resolve())
+        for file in files:
+            (Path(temporary) / file.name).symlink_to(file.resolve())
         yield Path(temporary)
+
+
+def _indexed(folder: Path) -> list[Path]:
+    """The files the folder's index names (none without an index): other files there are not the model's."""
+    indexes = sorted(folder.glob(f"*{INDEX}"))
+    if not indexes:
+        return []
+    if len(indexes) > 1:
+        raise FitforgeValueError(
+            f"load_weights: {folder} holds several indexes ({', '.join(index.name for index in indexes)}): "
+            "give the path of the one to load"
+        )
+    files = sorted({folder / name for name in json.loads(indexes[0].read_text())["weight_map"].values()})
+    missing = [file.name for file in files if not file.is_file()]
+    if missing:
+        raise FileNotFoundError(f"load_weights: {indexes[0].name} names {_few(missing)}, not in {folder}")
+    return files
 
 
 def _check_names(net: nn.Module, saved: dict[str, tuple[int, ...]], strict: bool, path: Any) -> set[str]:
@@ -94,12 +118,17 @@ def _check_names(net: nn.Module, saved: dict[str, tuple[int, ...]], strict: bool
     return set(held) & set(saved)
 
 
-def materialize(net: nn.Module, device: torch.device) -> None:
+def place_built(net: nn.Module, device: torch.device) -> nn.Module:
+    """Move ``net``'s tensors that are not on the meta device to ``device`` (those wait for :func:`materialize`)."""
+    return net._apply(lambda tensor: tensor if tensor.is_meta else tensor.to(device))
+
+
+def materialize(net: nn.Module, device: torch.device) -> bool:
     """Give the tensors of ``net`` that are on the meta device memory on ``device`` (values unset; a sharded
-    parameter only its shard): what ``to_empty`` does, to those alone."""
+    parameter only its shard): what ``to_empty`` does, to those alone. Whether there were any."""
     tensors = [*net.parameters(), *net.buffers()]
     if not any(tensor.is_meta for tensor in tensors):
-        return
+        return False
     lost = [
         f"{prefix}.{name}".lstrip(".")
         for prefix, module in net.named_modules()
@@ -120,6 +149,18 @@ def materialize(net: nn.Module, device: torch.device) -> None:
         net._apply(lambda tensor: torch.empty_like(tensor, device=device) if tensor.is_meta else tensor)
     finally:
         torch.__future__.set_swap_module_params_on_conversion(swapping)
+    return True
+
+
+def refuse_meta(net: nn.Module, argument: str) -> None:
+    """No parameter or buffer of ``net`` may be on the meta device (built without memory)."""
+    for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
+        for name, tensor in named:
+            if tensor.is_meta:
+                raise DeviceMismatchError(
+                    f"{kind} {name!r} of {argument} is on the meta device, which holds no values: load the net's "
+                    "weights first, estimator.load_weights(path) (safetensors), or build the net on a real device"
+                )
 
 
 def _few(names: list[str]) -> str:

@@ -12,7 +12,7 @@ from torch import nn
 
 from fitforge.checkpoint.export import export_weights
 from fitforge.checkpoint.files import restore_weights
-from fitforge.checkpoint.load_weights import load_weights
+from fitforge.checkpoint.load_weights import load_weights, refuse_meta
 from fitforge.core.events import EventHandler, handler_name
 from fitforge.core.state import EstimatorLike
 
@@ -37,6 +37,7 @@ class WeightsInOut:
             FitforgeValueError: an unknown ``format``; ``"hf"`` for a net without ``save_pretrained``; a folder
                 given for one file.
         """
+        refuse_meta(self.net, "net")
         return export_weights(self, path, format)
 
     def load_weights(self, path: str | os.PathLike, strict: bool = True) -> None:
@@ -48,6 +49,9 @@ class WeightsInOut:
             FitforgeValueError: shapes differ, or (``strict``) a name is missing from the file or the net.
         """
         load_weights(self, path, strict)
+        if isinstance(self.weight_average, EventHandler):  # evaluation would run with the last fit's average
+            log.info("load_weights: evaluate, predict and export use the loaded weights, not the last fit's average")
+            self.weight_average = None
 
     def load_checkpoint(self, path: str | os.PathLike, optimizers: bool = True) -> dict:
         """Load the net's weights, and the optimizers' states unless ``optimizers=False``, from a file
@@ -61,6 +65,7 @@ class WeightsInOut:
             fitforge.checkpoint.files.CheckpointError: an unreadable file, or one of another architecture
                 (the message lists the missing and unexpected keys) or optimizer setup.
         """
+        refuse_meta(self.net, "net")
         checkpoint = restore_weights(cast(EstimatorLike, self), path, optimizers)  # self is an Estimator
         average = self.weight_average
         if isinstance(average, EventHandler):  # evaluation runs with the average: the checkpoint's, not the last fit's

@@ -9,6 +9,7 @@ import platform
 import torch
 from torch import nn
 
+from fitforge.checkpoint.load_weights import refuse_meta
 from fitforge.checks.forward_errors import same_device
 from fitforge.checks.untrained import warn_untrained
 from fitforge.core.modules import tensors_of
@@ -17,7 +18,6 @@ from fitforge.exceptions import DeviceMismatchError
 
 log = logging.getLogger("fitforge")
 _NOTED: set[str] = set()  # the notes given in this process (each once)
-META = "; a net built on the meta device needs its weights first: estimator.load_weights(path) (safetensors)"
 
 
 def cpu_has_bf16() -> bool:
@@ -73,6 +73,7 @@ def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
     ``net.to(...)`` the forward fails, or trains a copy the optimizer never sees)."""
     if all(same_device(found, device) for found in {t.device for t in tensors_of(net)}):
         return  # every fit checks: the names (a slower walk of the modules) only for the error
+    refuse_meta(net, argument)  # a net moved to the meta device has lost its values: moving it back cannot help
     for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
         for name, tensor in named:
             if not same_device(tensor.device, device):
@@ -80,15 +81,5 @@ def check_devices(net: nn.Module, device: torch.device, argument: str) -> None:
                     f"{kind} {name!r} of {argument} is on {tensor.device}, but the estimator's device is {device}: "
                     f"the net was moved after the Estimator placed it (net.to(...), .cuda(), .cpu()); give the "
                     f"device to the Estimator instead (Estimator(..., device=...)), or move the net back: "
-                    f"estimator.{argument}.to({str(device)!r})" + (META if tensor.is_meta else "")
-                )
-
-
-def refuse_meta(net: nn.Module, argument: str) -> None:
-    """No parameter or buffer of ``net`` may be on the meta device (built without memory)."""
-    for kind, named in (("parameter", net.named_parameters()), ("buffer", net.named_buffers())):
-        for name, tensor in named:
-            if tensor.is_meta:
-                raise DeviceMismatchError(
-                    f"{kind} {name!r} of {argument} is on the meta device, which holds no values" + META
+                    f"estimator.{argument}.to({str(device)!r})"
                 )

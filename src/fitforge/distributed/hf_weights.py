@@ -31,6 +31,12 @@ def _reader(folder: Path) -> Any:
 def saved_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """The whole shape of each tensor the ``*.safetensors`` files of ``folder`` hold, by name."""
     saved = _reader(folder).read_metadata().state_dict_metadata  # safetensors holds tensors only
+    twice = [name for name, meta in saved.items() if len({tuple(c.offsets) for c in meta.chunks}) < len(meta.chunks)]
+    if twice:  # whole in two files (a DCP writer's shards have other offsets): which to load is not known
+        raise FitforgeValueError(
+            f"load_weights: {', '.join(sorted(twice)[:8])} are in two files of the folder: remove the files that "
+            "are not the model's, or keep the index (*.safetensors.index.json) that names its files"
+        )
     return {name: tuple(getattr(meta, "size", ())) for name, meta in saved.items()}
 
 
