@@ -257,3 +257,13 @@ def test_a_resume_goes_on_with_the_same_snapshot_and_losses(tmp_path, crash):
     assert resumed[:3] == whole[:3] and whole[0] == [(1, 31), (2, 31)]
     for name, value in whole[3].items():
         assert torch.equal(resumed[3][name], value), name
+
+
+def test_two_saves_of_one_state_take_one_snapshot(tmp_path, monkeypatch):
+    taken = []
+    take = SpikeGuardHandler._take_snapshot
+    monkeypatch.setattr(SpikeGuardHandler, "_take_snapshot", lambda self, state: taken.append(1) or take(self, state))
+    saver = CheckpointHandler(tmp_path, monitor="train_loss", save_best=True, epoch_period=1)  # both at epoch ends
+    regressor().fit(regression(spike=False), epochs=2, event_handlers=[SpikeGuardHandler(snapshot_every=1000), saver])
+    assert len(list(tmp_path.glob("*.pt"))) >= 3  # the best and the periodic ones
+    assert len(taken) == 1 + 1 + 2  # the start, the first judged state, one per epoch end's state

@@ -93,6 +93,7 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
         self._recent: deque[tuple[int, int, int]] = deque(maxlen=2 * self.check_every)  # batch -> (epoch, batch)
         self.recoveries, self._epoch_recoveries, self._batches = [], 0, 0
         self._snapshot, self._snapshot_step = None, 0
+        self._saved_at: tuple[int, int, int] | None = None  # the batch whose state a save made the snapshot
 
     def backward_end(self, state: TrainState) -> None:
         if state.phase != "train" or state.output is None or state.output.loss is None:
@@ -124,8 +125,10 @@ class SpikeGuardHandler(TrainBegin, BackwardEnd, EpochEnd, TrainEnd, KeyRecordin
     def confirm_state(self, state: TrainState) -> None:
         """Before a checkpoint: check now, so that a spiked state is never saved; a good one becomes the snapshot,
         as a resume from this checkpoint takes it (with the same losses, the saved ones): a resume is exact."""
-        if state.phase == "train" and self._snapshot is not None:
-            self._check(state, saving=True)
+        where = (state.epoch, state.batch_idx, state.optimizer_steps)
+        fresh = state.phase == "train" and self._snapshot is not None and where != self._saved_at  # once a state
+        if fresh and not self._check(state, saving=True):
+            self._saved_at = where
 
     def _check(self, state: TrainState, saving: bool = False) -> bool:
         """Read the decision (every rank agrees on the earliest spike): recover (True) or snapshot a good state."""
