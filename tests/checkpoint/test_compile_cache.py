@@ -25,7 +25,8 @@ def run(tmp_path, folder, out, cache, *kill_at):
 def test_a_resumed_compiled_fit_compiles_nothing_again_and_ends_bitwise(tmp_path):
     whole = run(tmp_path, "whole", "whole.pt", "cache-whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    killed = run(tmp_path, "run", "killed.pt", "cache-killed", 3)  # after the save of step 2
+    # Killed after the save of step 2; compiled from the first run's Inductor folder (quick), whose kernels it keeps.
+    killed = run(tmp_path, "run", "killed.pt", "cache-whole", 3)
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "run" / "compile-cache").iterdir()) == ["artifacts.bin", "inductor.tar"]
     resumed = run(tmp_path, "run", "resumed.pt", "cache-resumed")
