@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fitforge.checkpoint.folder import describe_tensors
 from fitforge.distributed.hf_weights import load_names, saved_shapes
 from fitforge.exceptions import DeviceMismatchError, FitforgeTypeError, FitforgeValueError, describe
 
@@ -164,5 +165,4 @@ def refuse_meta(net: nn.Module, argument: str) -> None:
 
 
 def _few(names: list[str]) -> str:
-    shown = ", ".join(names[:8])
-    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return describe_tensors(names, shown=8)

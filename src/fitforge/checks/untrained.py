@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from fitforge.checkpoint.folder import describe_tensors
 from fitforge.core.modules import walk
 
 log = logging.getLogger("fitforge")
@@ -44,7 +45,7 @@ def warn_untrained(net: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) 
     lazy = any(is_lazy(parameters[name]) for name in names)
     values = sum(parameters[name].numel() for name in names if not is_lazy(parameters[name]))
     size = "" if lazy and not values else f" ({values:,} value{'' if values == 1 else 's'})"
-    shown = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    shown = describe_tensors(names, SHOWN)
     one = len(names) == 1
     counted = f"1 trainable parameter of net{size} is" if one else f"{len(names)} trainable parameters of net{size} are"
     it = "it" if one else "them"
