@@ -102,3 +102,10 @@ def _activity(task: Path) -> tuple[str, list[int]] | None:
     except (OSError, IndexError):
         return None
     return state, [int(line.split()[1]) for line in status if "ctxt_switches:" in line]
+
+
+def local_store() -> tuple[dist.TCPStore, int]:
+    """A TCPStore this process serves alone on 127.0.0.1, and its port (any free one): the store torchft's
+    ``Manager`` of a one-process replica group connects to."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return store, store.port

@@ -5,6 +5,7 @@ one or several processes, so the rest of fitforge asks it and never tests which 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -14,8 +15,9 @@ from torch.nn.parallel import DistributedDataParallel
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.events import EventHandler
 from fitforge.core.run import inference
-from fitforge.core.state import EstimatorLike
+from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.distributed import fsdp
+from fitforge.distributed.data_split import shard_train
 from fitforge.distributed.ddp import adopt_wrapper, follow_trainable, wrap_ddp
 from fitforge.distributed.fsdp import Where
 from fitforge.distributed.gradient_sync import GradientSync, deferrable
@@ -64,6 +66,14 @@ class Strategy:
         return False
 
     # -- each fit -------------------------------------------------------------------------------------
+    def train_data(self, data: Iterable) -> Iterable:
+        """What a fit reads: this rank's share of ``data`` where :attr:`splits_data` (a Hugging Face stream
+        is shared later, by the data order), else ``data`` itself."""
+        return shard_train(data, streams=True) if self.splits_data else data
+
+    def join(self, state: TrainState) -> None:
+        """Once per fit, after every ``train_begin`` and a checkpoint's resume, before the first epoch."""
+
     def prepare_fit(self, estimator: EstimatorLike) -> None:
         """Before a fit's checks compare the net's parameters with the optimizers': :meth:`hold_shards`."""
         self.hold_shards(estimator.net)

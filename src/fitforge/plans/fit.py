@@ -32,7 +32,6 @@ from fitforge.core.roles import Stopping, Validating, WeightAveraging, players
 from fitforge.core.run import RunContext, Step
 from fitforge.core.services import Services
 from fitforge.core.state import EstimatorLike, RunControl, TrainState
-from fitforge.distributed.data_split import shard_train
 from fitforge.distributed.ranks import on_this_rank
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError, check_flag, describe
 from fitforge.handlers.defaults import fit_handlers, fit_services, timed_causes
@@ -72,7 +71,8 @@ class FitPlan(NamedTuple):  # immutable, and cheaper to build than a frozen data
         coordinator = estimator.strategy.coordinator(estimator)
         resumable, split = bool(self.services.checkpoints), estimator.splits_data
         data = DataOrder(self.train_data, self.sample_seeds, resumable=resumable, split=split)
-        run = RunContext(self.dispatcher, self.step, data, "train_data", self.check, coordinator, (resume_picked,))
+        prepare = (resume_picked, estimator.strategy.join)
+        run = RunContext(self.dispatcher, self.step, data, "train_data", self.check, coordinator, prepare)
         control = RunControl(self.epochs, self.batches, estimator.history.epochs, ranks=coordinator)
         control.clock.causes = timed_causes(self.dispatcher.handlers, estimator)
         state = TrainState(
@@ -124,8 +124,7 @@ def plan_fit(
     train_data, val_data = fit_loaders(train_data, val_data, batch_size, validation_split)
     check_duration(epochs, batches)
     passes = 1 if epochs == 1 else None
-    if estimator.splits_data:
-        train_data = shard_train(train_data, streams=True)
+    train_data = estimator.strategy.train_data(train_data)
     num_batches = check_data(train_data, "train_data", passes)
     checked = {} if val_data is None else {id(val_data): check_data(val_data, "val_data", passes)}
     check_placement(estimator, "net", "val_net")

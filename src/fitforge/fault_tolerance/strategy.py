@@ -1,0 +1,356 @@
+"""Data parallelism that survives a lost replica group without a restart, on torchft
+(docs/distributed.md#fault-tolerance).
+
+Each replica group (one process: a ``torchrun --nproc_per_node=1`` job, or a plain one) joins a quorum
+kept by torchft's lighthouse before every step. The step's global batch is split over the groups in the
+quorum (:mod:`fitforge.fault_tolerance.batches`); each scales its gradients by its share, one
+all-reduce sums them with every group's veto, and the optimizers step only when every group commits. A
+group that fails (a SIGKILL, a lost link) leaves the quorum at the next step, whose batch the others
+share; a group that starts (again) receives the live state (weights, optimizer states, counters,
+handler states: what a checkpoint holds) from a peer, not from a file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from torch import nn
+
+from fitforge.checkpoint.files import restore_weights
+from fitforge.checkpoint.resume import resume, stateful_handlers, training_state
+from fitforge.core.coordinator import Alone, Coordinator
+from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage
+from fitforge.core.roles import KeyRecording
+from fitforge.core.state import EstimatorLike, TrainState
+from fitforge.distributed.process_group import local_store
+from fitforge.distributed.ranks import world_size
+from fitforge.distributed.strategy import Strategy
+from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError, describe
+from fitforge.fault_tolerance.batches import QuorumBatches, Share
+
+log = logging.getLogger("fitforge")
+KEYS = ("ft_groups", "ft_lost", "ft_joined", "ft_failed_steps")  # the History's columns, per epoch
+
+
+def _torchft() -> Any:
+    try:
+        import torchft
+        import torchft.checkpointing.pg_transport
+        import torchft.coordination
+    except ImportError as err:
+        raise ImportError('FaultTolerantStrategy needs torchft: pip install "fitforge[ft]"') from err
+    return torchft
+
+
+@contextmanager
+def lighthouse(
+    min_replicas: int = 2, port: int = 0, join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000
+) -> Iterator[str]:
+    """A torchft lighthouse on 127.0.0.1 for a run on one machine; yields its address (``http://127.0.0.1:P``)
+    for ``FaultTolerantStrategy(lighthouse=...)`` or ``TORCHFT_LIGHTHOUSE``, and stops it on exit.
+
+    Args:
+        min_replicas: the fewest replica groups a step trains with (2 or more: one alone would train apart).
+        port: its port (0: any free one).
+        join_timeout_ms: how long a quorum waits for a live group that has not asked yet (a group starting).
+        heartbeat_timeout_ms: how long after its last heartbeat a group counts as lost.
+    """
+    server = _torchft().coordination.LighthouseServer(
+        bind=f"127.0.0.1:{port}",
+        min_replicas=min_replicas,
+        join_timeout_ms=join_timeout_ms,
+        heartbeat_timeout_ms=heartbeat_timeout_ms,
+    )
+    try:
+        yield f"http://127.0.0.1:{urlparse(server.address()).port}"  # address() names the host, not 127.0.0.1
+    finally:
+        server.shutdown()
+
+
+class StepVetoed(RuntimeError):
+    """A group vetoed the step's commit (:meth:`FaultTolerantStrategy.veto_step`): no group steps."""
+
+
+class FaultTolerantStrategy(Strategy):
+    """Data parallelism over torchft's replica groups, which go on when one is lost (module docstring).
+
+    Every group runs the same script, with its own ``replica_id``; the lighthouse (``torchft_lighthouse
+    --min_replicas 2``, or :func:`lighthouse` on one machine) must run first.
+
+    Args:
+        lighthouse: the lighthouse's address (default: the ``TORCHFT_LIGHTHOUSE`` environment variable).
+        replica_id: this group's name, distinct per group (default: ``REPLICA_GROUP_ID`` from the environment;
+            an int ``i`` becomes ``"fitforge_000i"``, which sorts as the ints do).
+        min_replicas: the fewest groups a step commits with.
+        timeout: seconds a collective, a recovery or a commit may take.
+        quorum_timeout: seconds to wait for a quorum (groups starting included).
+        max_retries: failed commits in a row before the fit fails.
+        seed: the seed of every epoch's order (default: drawn from torch's generator; the first quorum
+            gives every group the primary group's).
+    """
+
+    name = "ft"
+
+    def __init__(
+        self,
+        lighthouse: str | None = None,
+        replica_id: str | int | None = None,
+        min_replicas: int = 2,
+        timeout: float = 30.0,
+        quorum_timeout: float = 60.0,
+        max_retries: int = 10,
+        seed: int | None = None,
+    ) -> None:
+        self.lighthouse = lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
+        if not self.lighthouse:
+            raise FitforgeValueError(
+                "FaultTolerantStrategy needs the lighthouse's address: pass lighthouse='http://host:29510' or set "
+                "TORCHFT_LIGHTHOUSE (start one with: torchft_lighthouse --min_replicas 2; see docs/distributed.md)"
+            )
+        replica_id = os.environ.get("REPLICA_GROUP_ID") if replica_id is None else replica_id
+        if replica_id is None or isinstance(replica_id, bool) or not isinstance(replica_id, (str, int)):
+            raise FitforgeValueError(
+                "FaultTolerantStrategy needs this replica group's id, distinct per group: pass replica_id=0, 1... "
+                f"or set REPLICA_GROUP_ID, got {describe(replica_id)}"
+            )
+        self.replica_id = f"fitforge_{int(replica_id):04d}" if str(replica_id).isdigit() else str(replica_id)
+        for arg, value, least in (("min_replicas", min_replicas, 1), ("max_retries", max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise FitforgeTypeError(f"{arg} must be an int >= {least}, got {describe(value)}")
+        for arg, seconds in (("timeout", timeout), ("quorum_timeout", quorum_timeout)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise FitforgeValueError(f"{arg} must be a positive number of seconds, got {describe(seconds)}")
+        self.min_replicas, self.max_retries = min_replicas, max_retries
+        self.timeout, self.quorum_timeout = timedelta(seconds=timeout), timedelta(seconds=quorum_timeout)
+        self.seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed
+        self.manager: Any = None  # torchft's Manager, made when the Estimator wraps the net
+        self.state: TrainState | None = None  # the fit under way (what a peer that heals receives)
+        self.batches: QuorumBatches | None = None
+        self.fresh = False  # a quorum was started for the next step already (by join)
+        self._received: dict[str, Any] | None = None  # the state a peer sent at the last quorum
+        self._veto: str | None = None
+        self._store: Any = None
+
+    # -- set-up -----------------------------------------------------------------------------------------
+    def wrap(self, net: nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device) -> nn.Module:
+        if self._wrapper is not None:
+            raise FitforgeValueError(
+                "FaultTolerantStrategy averages the gradients over the replica groups itself: give the Estimator "
+                "the module, not a DistributedDataParallel"
+            )
+        if world_size() > 1:
+            raise FitforgeValueError(
+                f"FaultTolerantStrategy runs replica groups of one process each, and this group has {world_size()}: "
+                "start each group with torchrun --nproc_per_node=1 (or plain python), one per replica_id"
+            )
+        if self.manager is None:
+            self.manager = self._manager(device)
+        return net
+
+    def _manager(self, device: torch.device) -> Any:
+        torchft = _torchft()
+        self._store, port = local_store()
+        pg = torchft.ProcessGroupGloo(timeout=self.timeout)
+        manager = torchft.Manager(
+            pg=pg,
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=self.min_replicas,
+            use_async_quorum=False,  # a group that heals takes part in the step it healed at
+            timeout=self.timeout,
+            quorum_timeout=self.quorum_timeout,
+            connect_timeout=self.quorum_timeout,
+            rank=0,
+            world_size=1,
+            store_addr="127.0.0.1",
+            store_port=port,
+            lighthouse_addr=self.lighthouse,
+            replica_id=self.replica_id,
+            hostname="127.0.0.1",  # what peers reach this group's manager at (not the host's name)
+            checkpoint_transport=torchft.checkpointing.pg_transport.PGTransport(pg, self.timeout, device),
+            max_retries=self.max_retries,
+        )
+        manager.register_state_dict_fn("fitforge", self._receive, self._live_state)
+        atexit.register(manager.shutdown, wait=False)
+        return manager
+
+    # -- the engine's answers ---------------------------------------------------------------------------
+    def train_data(self, data: Iterable) -> Iterable:
+        if getattr(data, "num_workers", 0):
+            log.info("FaultTolerantStrategy: train_data's samples are read in this process, not in its workers")
+        self.batches = QuorumBatches(data, self)  # type: ignore[arg-type]
+        return self.batches
+
+    def coordinator(self, estimator: EstimatorLike) -> Coordinator:
+        return Alone()  # every group stops at the same committed step, with no collective a lost group would hang
+
+    def gradient_sync(self, estimator: EstimatorLike) -> None:
+        return None
+
+    def averages_gradients(self, estimator: EstimatorLike) -> bool:
+        return False  # the handler sums them, weighted by each group's share
+
+    def fit_handlers(self) -> list[EventHandler]:
+        return [QuorumStepHandler(self)]
+
+    # -- the quorum -------------------------------------------------------------------------------------
+    def committed_steps(self) -> int:
+        """Steps committed by the quorum so far (the run's ``global_step``)."""
+        return int(self.manager.current_step())
+
+    def next_quorum(self) -> tuple[int, int]:
+        """Join the next step's quorum (healing from a peer if this group is behind); ``(groups, rank)``."""
+        if self.fresh:
+            self.fresh = False
+        else:
+            self.manager.start_quorum()
+            if self._received is not None:
+                self._heal(in_loop=True)
+        return int(self.manager.num_participants()), int(self.manager.participating_rank())
+
+    def join(self, state: TrainState) -> None:
+        """Before the first epoch: the first quorum, at this fit's step; a group behind its peers (a new one)
+        continues from the state the quorum's primary sent, as from a checkpoint."""
+        steps = state.services.steps
+        if steps is not None and steps.accumulate > 1:
+            raise FitforgeValueError(
+                "FaultTolerantStrategy commits every batch as one step: GradientUpdateHandler(accumulate>1) is not "
+                "supported with it; raise the DataLoader's batch_size instead (it is the global batch)"
+            )
+        self.state = state
+        self.manager.load_state_dict({"step": state.global_step, "batches_committed": state.global_step})
+        self.manager.start_quorum()
+        self.fresh = True
+        if self._received is not None:
+            self._heal(in_loop=False)
+
+    def _live_state(self) -> dict[str, Any]:
+        """What a group that heals receives (on torchft's thread, while this group waits in its quorum)."""
+        state = self.state
+        assert state is not None, "a quorum runs only within a fit"
+        return {**self.model_state(state.estimator), **training_state(state, state.epoch, state.global_step)}
+
+    def _receive(self, received: dict[str, Any]) -> None:
+        self._received = received
+
+    def _heal(self, in_loop: bool) -> None:
+        received, self._received = self._received, None
+        state = self.state
+        assert state is not None and received is not None
+        if in_loop and received["epochs_completed"] != state.epoch:
+            raise FitforgeValueError(
+                f"this replica group fell behind its peers into another epoch (it is in epoch {state.epoch + 1}, "
+                f"they in {received['epochs_completed'] + 1}): restart it, and it joins them at their step"
+            )
+        restore_weights(state.estimator, received)
+        if in_loop:  # the loop goes on in this epoch: the counters and handlers follow the peers
+            state.global_step, state.optimizer_steps = received["global_step"], received["optimizer_steps"]
+            handlers = received.get("handlers", {})
+            for key, handler in _stateful(state).items():
+                if key in handlers:
+                    handler.load_state_dict(handlers[key])
+        else:
+            resume(state, received)
+        log.info("FaultTolerantStrategy: %s joined its peers at step %d", self.replica_id, received["global_step"])
+
+    def veto_step(self, reason: str) -> None:
+        """Make this step fail its commit on every group (none steps; the step is read again after a new
+        quorum), e.g. from a handler that finds this group's gradients unusable."""
+        self._veto = reason
+
+    def __repr__(self) -> str:
+        return (
+            f"FaultTolerantStrategy(lighthouse={self.lighthouse!r}, replica_id={self.replica_id!r}, "
+            f"min_replicas={self.min_replicas})"
+        )
+
+
+def _stateful(state: TrainState) -> dict[str, EventHandler]:
+    return stateful_handlers(state._loop.handlers if state._loop else ())
+
+
+class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
+    """Sums the groups' weighted gradients with their vetoes and commits the step, or cancels it on every
+    group; records the quorum's changes (the History's ``ft_*`` columns, and :attr:`changes`)."""
+
+    priority = Stage.STEP - 1  # after the backward and a guard's judgement, before the optimizer step
+    reads = ("estimator", "global_step", "history")
+    writes = ("history",)
+
+    def __init__(self, strategy: FaultTolerantStrategy) -> None:
+        self.strategy = strategy
+        self.changes: list[tuple[int, int]] = []  # (step, groups) at the first step and each change since
+        self.failed = 0  # failed commits in this epoch
+        self._epoch_changes: list[int] = []  # the groups at each change in this epoch
+        self._before: int | None = None  # the groups at the end of the epoch before
+
+    def history_keys(self, estimator: Any, phase: str) -> list[str]:
+        return list(KEYS) if phase == "train" else []
+
+    def batch_end(self, state: TrainState) -> None:
+        strategy = self.strategy
+        share: Share = strategy.batches.share  # type: ignore[union-attr,assignment]
+        manager = strategy.manager
+        params = [p for p in state.estimator.net.parameters() if p.requires_grad]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        # torchft's all-reduce averages over the groups: scaled by share * groups, it sums the weighted
+        # gradients (the big batch's mean loss's gradient), and the last element sums the vetoes.
+        scale = share.weight * share.groups
+        dtype = functools.reduce(torch.promote_types, [g.dtype for g in grads], torch.float32)  # bfloat16 sums in fp32
+        veto = torch.tensor([float(strategy._veto is not None) * share.groups], dtype=dtype, device=grads[0].device)
+        flat = torch.cat([*(g.detach().reshape(-1).to(dtype) * scale for g in grads), veto])
+        manager.allreduce(flat).wait()
+        vetoed = strategy._veto
+        strategy._veto = None
+        if float(flat[-1]) > 0.5:  # one host read a step: the commit is a round trip to the lighthouse anyway
+            manager.report_error(StepVetoed(vetoed or "another replica group vetoed the step"))
+        if not manager.should_commit():
+            self.failed += 1
+            log.warning(
+                "FaultTolerantStrategy: step %d did not commit on %d group(s)%s; it is read again after a new quorum",
+                share.step,
+                share.groups,
+                f" ({vetoed})" if vetoed else "",
+            )
+            raise CancelBatch("the replica groups did not commit this step")
+        offset = 0
+        for p, g in zip(params, grads):
+            p.grad = flat[offset : offset + g.numel()].view_as(p).to(p.dtype)
+            offset += g.numel()
+        if not self.changes or self.changes[-1][1] != share.groups:
+            self.changes.append((share.step, share.groups))
+            self._epoch_changes.append(share.groups)
+
+    def epoch_end(self, state: TrainState) -> None:
+        lost = joined = 0
+        before = self._before
+        for groups in self._epoch_changes:
+            if before is not None:
+                lost, joined = lost + max(before - groups, 0), joined + max(groups - before, 0)
+            before = groups
+        for key, value in zip(KEYS, (before or 0, lost, joined, self.failed)):
+            state.history.record(key, value)
+        self.failed, self._epoch_changes, self._before = 0, [], before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "changes": list(self.changes),
+            "epoch_changes": list(self._epoch_changes),
+            "before": self._before,
+            "failed": self.failed,
+            "seed": self.strategy.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.changes = [tuple(change) for change in state["changes"]]
+        self._epoch_changes, self._before = list(state["epoch_changes"]), state["before"]
+        self.failed, self.strategy.seed = state["failed"], state["seed"]

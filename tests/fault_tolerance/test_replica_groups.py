@@ -1,0 +1,144 @@
+"""FaultTolerantStrategy on torchft, end to end: three replica groups of one process (replica_group.py) and
+a lighthouse on 127.0.0.1. Group 1 vetoes step 30, group 2 is SIGKILLed at step 50 and restarted at step 80;
+groups 0 and 1 go on without a restart. Every committed step trains its global batch once, over the
+groups in the quorum, so the final weights equal one process training the same global batches."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import replica_group as script
+import torch
+
+from fitforge.inputs.placement import epoch_permutation
+
+pytestmark = pytest.mark.integration
+torchft = pytest.importorskip("torchft")
+HERE = Path(__file__).parent
+STEPS = script.EPOCHS * script.SIZE // script.BATCH
+
+
+def reference() -> dict[str, torch.Tensor]:
+    """One process, plain torch: step t trains the mean loss of the t-th global batch of the seeded order."""
+    x, y = script.data().tensors
+    net = script.model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    per_epoch = script.SIZE // script.BATCH
+    for step in range(STEPS):
+        epoch, k = divmod(step, per_epoch)
+        order = epoch_permutation(script.SIZE, True, script.SEED, epoch)
+        batch = order[k * script.BATCH : (k + 1) * script.BATCH]
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(x[batch]), y[batch]).backward()
+        optimizer.step()
+    return net.state_dict()
+
+
+def records(out: Path, group: int) -> list[dict]:
+    lines = []
+    for path in sorted(out.glob(f"record-{group}-*.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return lines
+
+
+def start_lighthouse(out: Path) -> tuple[subprocess.Popen, str]:
+    """torchft's own lighthouse command, on a free port of 127.0.0.1 (it prints its address)."""
+    log = out / "lighthouse.log"
+    command = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", "127.0.0.1:0", "--min_replicas", "2"]
+    command += ["--join_timeout_ms", "30000", "--heartbeat_timeout_ms", "1000"]
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if "listening on: http://" in text:
+            port = text.split("listening on: http://", 1)[1].split()[0].rsplit(":", 1)[1]
+            return process, f"http://127.0.0.1:{port}"
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"the lighthouse did not start: {log.read_text()}")
+
+
+def group(out: Path, index: int, address: str, plan: dict, life: int = 1) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "TORCHFT_LIGHTHOUSE": address,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "FT_PLAN": json.dumps(plan),
+        "FT_LIFE": str(life),
+        "FT_GROUPS": "3",
+    }
+    log = (out / f"group-{index}-{life}.log").open("w")
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "replica_group.py"), str(out), str(index)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_path):
+    lighthouse, address = start_lighthouse(tmp_path)
+    plans = [{"pause_at": 79, "pause_for": 2}, {"veto_at": 30}, {"kill_at": 50}]
+    try:
+        groups = [group(tmp_path, i, address, plan) for i, plan in enumerate(plans)]
+        assert groups[2].wait(timeout=300) == -9  # SIGKILLed at step 50
+        (tmp_path / "up-2").unlink()
+        deadline = time.monotonic() + 300
+        while not any(line.get("step") == 79 for line in records(tmp_path, 0)):
+            assert time.monotonic() < deadline and groups[0].poll() is None, (tmp_path / "group-0-1.log").read_text()
+            time.sleep(0.05)
+        groups[2] = group(tmp_path, 2, address, plans[2], life=2)
+        codes = [process.wait(timeout=300) for process in groups]
+    finally:
+        lighthouse.kill()
+        lighthouse.wait()
+    logs = {path.name: path.read_text() for path in tmp_path.glob("group-*.log")}
+    assert codes == [0, 0, 0], logs
+
+    # Groups 0 and 1 ran once, without a restart; every group ends on the same weights, those of one process.
+    finals = [torch.load(tmp_path / f"final-{i}.pt") for i in range(3)]
+    expected = reference()
+    for final in finals:
+        assert final.keys() == expected.keys()
+        for name in expected:
+            assert torch.equal(final[name], finals[0][name])
+            assert (final[name] - expected[name]).abs().max() < 1e-5, name
+
+    # The quorum: 3 groups until step 50, 2 from step 50 to 79, 3 again from step 80.
+    committed = {i: [line for line in records(tmp_path, i) if "step" in line] for i in range(3)}
+    assert [line["step"] for line in committed[0]] == list(range(STEPS))
+    assert [line["step"] for line in committed[2]] == [*range(50), *range(80, STEPS)]
+    sizes = {line["step"]: line["groups"] for line in committed[0]}
+    assert {sizes[s] for s in range(50)} == {3} and {sizes[s] for s in range(50, 80)} == {2}
+    assert {sizes[s] for s in range(80, STEPS)} == {3}
+
+    # Every sample of every epoch trained exactly once, over the groups that committed each step.
+    per_epoch = script.SIZE // script.BATCH
+    for epoch in range(script.EPOCHS):
+        seen = sorted(
+            i
+            for lines in committed.values()
+            for line in lines
+            if line["step"] // per_epoch == epoch
+            for i in line["indices"]
+        )
+        assert seen == list(range(script.SIZE)), epoch
+
+    # The vetoed step 30 and the step 50 the kill broke were retried from unchanged weights, on every group.
+    for i in range(3):
+        attempts = [line for line in records(tmp_path, i) if "attempt" in line]
+        for step in (30, 50) if i < 2 else (30,):
+            tries = [line["digest"] for line in attempts if line["attempt"] == step]
+            assert len(tries) == 2 and tries[0] == tries[1], (i, step, tries)
+
+    # Group 2, restarted, received the live weights at step 80: the others' at that step's start.
+    restarted = [line for line in records(tmp_path, 2) if line.get("attempt") == 80]
+    live = [line for line in records(tmp_path, 0) if line.get("attempt") == 80]
+    assert restarted[0]["digest"] == live[-1]["digest"]
+    assert "fitforge_0002 joined its peers at step 80" in logs["group-2-2.log"]
+    assert "ft_lost=1" in logs["group-0-1.log"] and "ft_joined=1" in logs["group-0-1.log"]

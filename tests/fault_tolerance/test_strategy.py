@@ -1,0 +1,88 @@
+"""FaultTolerantStrategy's arguments and its step handler's arithmetic (the groups' weighted gradients and
+vetoes in one all-reduce, a commit or a cancel); tests/fault_tolerance/test_replica_groups.py runs it for real."""
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError
+from fitforge.fault_tolerance import FaultTolerantStrategy, QuorumStepHandler, Share, StepVetoed
+
+
+def test_the_lighthouse_and_the_replica_id_come_from_the_arguments_or_the_environment(monkeypatch):
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://lighthouse:29510")
+    monkeypatch.setenv("REPLICA_GROUP_ID", "7")
+    strategy = FaultTolerantStrategy()
+    assert (strategy.lighthouse, strategy.replica_id) == ("http://lighthouse:29510", "fitforge_0007")
+    assert FaultTolerantStrategy(lighthouse="http://a:1", replica_id="east").replica_id == "east"
+    assert FaultTolerantStrategy(replica_id=12).replica_id == "fitforge_0012"  # ids sort as the ints do
+    assert "replica_id='fitforge_0012'" in repr(FaultTolerantStrategy(replica_id=12))
+
+
+def test_a_missing_lighthouse_or_replica_id_and_bad_numbers_are_refused(monkeypatch):
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    monkeypatch.delenv("REPLICA_GROUP_ID", raising=False)
+    with pytest.raises(FitforgeValueError, match="torchft_lighthouse --min_replicas 2"):
+        FaultTolerantStrategy(replica_id=0)
+    with pytest.raises(FitforgeValueError, match="REPLICA_GROUP_ID"):
+        FaultTolerantStrategy(lighthouse="http://a:1")
+    with pytest.raises(FitforgeTypeError, match="min_replicas must be an int >= 1"):
+        FaultTolerantStrategy(lighthouse="http://a:1", replica_id=0, min_replicas=0)
+    with pytest.raises(FitforgeValueError, match="timeout must be a positive number of seconds"):
+        FaultTolerantStrategy(lighthouse="http://a:1", replica_id=0, timeout=0)
+
+
+class Manager:
+    """torchft's Manager as the handler uses it; the other groups' parts of the sum are ``others``."""
+
+    def __init__(self, groups: int, others: torch.Tensor, commits: bool = True) -> None:
+        self.groups, self.others, self.commits, self.errors = groups, others, commits, []
+
+    def allreduce(self, tensor):  # an average over the groups, as torchft's default
+        tensor.add_(self.others).div_(self.groups)
+        return types.SimpleNamespace(wait=lambda: None)
+
+    def report_error(self, error):
+        self.errors.append(error)
+
+    def should_commit(self):
+        return self.commits and not self.errors
+
+
+def step(manager: Manager, share: Share, grad: torch.Tensor, veto: str | None = None):
+    strategy = FaultTolerantStrategy(lighthouse="http://a:1", replica_id=0)
+    strategy.manager, strategy.batches = manager, types.SimpleNamespace(share=share)
+    net = nn.Linear(2, 1, bias=False).double()
+    net.weight.grad = grad.clone()
+    if veto:
+        strategy.veto_step(veto)
+    handler = QuorumStepHandler(strategy)
+    handler.batch_end(types.SimpleNamespace(estimator=types.SimpleNamespace(net=net)))
+    return net.weight.grad, handler
+
+
+def test_the_gradient_is_the_sum_of_the_groups_gradients_weighted_by_their_shares():
+    share = Share(step=4, indices=[0, 1, 2], weight=0.75, groups=2, rank=0)  # 3 of the step's 4 samples
+    others = torch.tensor([0.25 * 2 * 8.0, 0.25 * 2 * 4.0, 0.0], dtype=torch.float64)  # the other group's 1 sample
+    grad, handler = step(Manager(2, others), share, torch.tensor([[4.0, 0.0]], dtype=torch.float64))
+    assert grad.tolist() == [[0.75 * 4.0 + 0.25 * 8.0, 0.25 * 4.0]]
+    assert handler.changes == [(4, 2)]
+
+
+def test_a_veto_of_any_group_cancels_the_step_on_every_group():
+    share = Share(step=4, indices=[0], weight=0.5, groups=2, rank=0)
+    vetoed_elsewhere = torch.tensor([0.0, 0.0, 2.0], dtype=torch.float64)  # the other group's veto, scaled by 2
+    manager = Manager(2, vetoed_elsewhere)
+    with pytest.raises(CancelBatch):
+        step(manager, share, torch.ones(1, 2, dtype=torch.float64))
+    assert isinstance(manager.errors[0], StepVetoed)
+    manager = Manager(2, torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(CancelBatch):
+        step(manager, share, torch.ones(1, 2, dtype=torch.float64), veto="bad gradients")
+    assert "bad gradients" in str(manager.errors[0])
+    with pytest.raises(CancelBatch):  # a commit the quorum refused (a lost group)
+        step(
+            Manager(2, torch.zeros(3, dtype=torch.float64), commits=False), share, torch.ones(1, 2, dtype=torch.float64)
+        )
