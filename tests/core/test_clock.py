@@ -189,3 +189,13 @@ def test_a_spike_rollback_takes_the_steps_since_its_snapshot_and_nothing_counts_
     est.fit(loader(8), epochs=2, event_handlers=[guard, totals], default_handlers=False)  # 10 ms a batch's data
     assert guard.recoveries and totals.totals["rollback"] > 0 and totals.totals["step"] > 0
     assert sum(seconds for cause, seconds in totals.totals.items() if cause != "wall") <= totals.totals["wall"]
+
+
+def test_a_quorum_formed_as_the_next_batch_is_read_is_no_wait_for_data():
+    clock = RunClock()
+    clock.open_batches()
+    clock.waited = 0.5  # the loop's measure of the wait for a batch, a quorum of 0.2 s within it
+    clock.within_data("quorum", 0.2)
+    clock.close_batches()
+    assert clock.epoch["data"] == pytest.approx(0.3) and clock.epoch["quorum"] == pytest.approx(0.2)
+    assert clock.reported == 0.0  # no hook's time: the handlers' seconds keep theirs

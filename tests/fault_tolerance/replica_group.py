@@ -3,8 +3,12 @@ with the lighthouse in TORCHFT_LIGHTHOUSE and the plan in FT_PLAN (a JSON object
 
 - ``kill_at``: this group SIGKILLs itself at the start of that step (one life only: FT_LIFE=1);
 - ``veto_at``: this group vetoes that step's first attempt;
-- ``pause_at``: after committing that step, wait until the file ``OUT/up-<group>`` of ``pause_for`` exists
+- ``checkpoints``: a CheckpointHandler every 7 batches in ``OUT/checkpoints-<group>`` (resumed from);
+- ``seed``: the strategy's seed (None: drawn after ``torch.manual_seed(group)``, so the groups draw apart);
+- ``pause_at``: after committing that step, wait until the file ``OUT/asked-<group>`` of ``pause_for`` exists
   (a restarted group writes it at train_begin, just before it asks for its first quorum), then a second.
+
+The groups of one start (FT_GROUPS of them) wait for each other's ``OUT/up-<group>`` before their fit.
 
 Each attempt is recorded in ``OUT/record-<group>-<life>.jsonl``: the step, the weights' digest at its start,
 and, once committed, the samples it trained; the final weights go to ``OUT/final-<group>.pt``.
@@ -24,6 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fitforge import Estimator
 from fitforge.core.events import BatchBegin, BatchEnd, Stage, TrainBegin
 from fitforge.fault_tolerance import FaultTolerantStrategy
+from fitforge.handlers import CheckpointHandler
 
 SIZE, BATCH, EPOCHS, SEED = 360, 12, 4, 1234
 
@@ -56,7 +61,7 @@ class Plan(TrainBegin, BatchBegin, BatchEnd):
 
     def train_begin(self, state) -> None:
         if self.life > 1:
-            (self.out / f"up-{self.group}").touch()
+            (self.out / f"asked-{self.group}").touch()
 
     def batch_begin(self, state) -> None:
         step = state.global_step
@@ -85,7 +90,7 @@ class Committed(BatchEnd):
             json.dumps({"step": share.step, "indices": share.indices, "groups": share.groups}) + "\n"
         )
         if self.plan.plan.get("pause_at") == share.step:
-            up = self.plan.out / f"up-{self.plan.plan['pause_for']}"
+            up = self.plan.out / f"asked-{self.plan.plan['pause_for']}"
             while not up.exists():
                 os.sched_yield()
             time.sleep(1)  # its quorum request is then waiting at the lighthouse: the next quorum takes it in
@@ -95,19 +100,25 @@ def main() -> None:
     out, group = Path(sys.argv[1]), int(sys.argv[2])
     life, plan = int(os.environ.get("FT_LIFE", "1")), json.loads(os.environ.get("FT_PLAN", "{}"))
     torch.set_num_threads(1)
-    strategy = FaultTolerantStrategy(replica_id=group, timeout=10.0, quorum_timeout=60.0, seed=SEED)
+    torch.manual_seed(group)
+    strategy = FaultTolerantStrategy(replica_id=group, timeout=10.0, quorum_timeout=60.0, seed=plan.get("seed", SEED))
     net = model()
     estimator = Estimator(
         net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), strategy=strategy
     )
-    if life == 1:
-        (out / f"up-{group}").touch()
-    while life == 1 and len(list(out.glob("up-*"))) < int(os.environ.get("FT_GROUPS", "1")):  # all start at once
+    (out / f"up-{group}").touch()
+    while len(list(out.glob("up-*"))) < int(os.environ.get("FT_GROUPS", "1")):  # the groups start at once
         os.sched_yield()
     recorder = Plan(out, group, life, plan, strategy)
     loader = DataLoader(data(), batch_size=BATCH, shuffle=True)
-    estimator.fit(loader, epochs=EPOCHS, event_handlers=[recorder, Committed(recorder)])
-    torch.save({name: p.detach() for name, p in net.state_dict().items()}, out / f"final-{group}.pt")
+    handlers = [recorder, Committed(recorder)]
+    if plan.get("checkpoints"):
+        handlers.append(
+            CheckpointHandler(str(out / f"checkpoints-{group}"), batch_period=7, resume_from_checkpoint=True)
+        )
+    estimator.fit(loader, epochs=EPOCHS, event_handlers=handlers)
+    final = {name: p.detach() for name, p in net.state_dict().items()}
+    torch.save({"weights": final, "seed": strategy.seed}, out / f"final-{group}.pt")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 STEPS = script.EPOCHS * script.SIZE // script.BATCH
 
 
-def reference() -> dict[str, torch.Tensor]:
+def reference(seed: int = script.SEED) -> dict[str, torch.Tensor]:
     """One process, plain torch: step t trains the mean loss of the t-th global batch of the seeded order."""
     x, y = script.data().tensors
     net = script.model()
@@ -30,7 +30,7 @@ def reference() -> dict[str, torch.Tensor]:
     per_epoch = script.SIZE // script.BATCH
     for step in range(STEPS):
         epoch, k = divmod(step, per_epoch)
-        order = epoch_permutation(script.SIZE, True, script.SEED, epoch)
+        order = epoch_permutation(script.SIZE, True, seed, epoch)
         batch = order[k * script.BATCH : (k + 1) * script.BATCH]
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(net(x[batch]), y[batch]).backward()
@@ -62,7 +62,7 @@ def start_lighthouse(out: Path) -> tuple[subprocess.Popen, str]:
     raise AssertionError(f"the lighthouse did not start: {log.read_text()}")
 
 
-def group(out: Path, index: int, address: str, plan: dict, life: int = 1) -> subprocess.Popen:
+def group(out: Path, index: int, address: str, plan: dict, life: int = 1, together: int = 3) -> subprocess.Popen:
     env = {
         **os.environ,
         "TORCHFT_LIGHTHOUSE": address,
@@ -70,7 +70,7 @@ def group(out: Path, index: int, address: str, plan: dict, life: int = 1) -> sub
         "OMP_NUM_THREADS": "1",
         "FT_PLAN": json.dumps(plan),
         "FT_LIFE": str(life),
-        "FT_GROUPS": "3",
+        "FT_GROUPS": str(together),
     }
     log = (out / f"group-{index}-{life}.log").open("w")
     return subprocess.Popen(
@@ -87,12 +87,11 @@ def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_
     try:
         groups = [group(tmp_path, i, address, plan) for i, plan in enumerate(plans)]
         assert groups[2].wait(timeout=300) == -9  # SIGKILLed at step 50
-        (tmp_path / "up-2").unlink()
         deadline = time.monotonic() + 300
         while not any(line.get("step") == 79 for line in records(tmp_path, 0)):
             assert time.monotonic() < deadline and groups[0].poll() is None, (tmp_path / "group-0-1.log").read_text()
             time.sleep(0.05)
-        groups[2] = group(tmp_path, 2, address, plans[2], life=2)
+        groups[2] = group(tmp_path, 2, address, plans[2], life=2, together=1)
         codes = [process.wait(timeout=300) for process in groups]
     finally:
         lighthouse.kill()
@@ -101,7 +100,7 @@ def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_
     assert codes == [0, 0, 0], logs
 
     # Groups 0 and 1 ran once, without a restart; every group ends on the same weights, those of one process.
-    finals = [torch.load(tmp_path / f"final-{i}.pt") for i in range(3)]
+    finals = [torch.load(tmp_path / f"final-{i}.pt")["weights"] for i in range(3)]
     expected = reference()
     for final in finals:
         assert final.keys() == expected.keys()
@@ -142,3 +141,33 @@ def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_
     assert restarted[0]["digest"] == live[-1]["digest"]
     assert "fitforge_0002 joined its peers at step 80" in logs["group-2-2.log"]
     assert "ft_lost=1" in logs["group-0-1.log"] and "ft_joined=1" in logs["group-0-1.log"]
+
+
+def test_a_whole_job_killed_resumes_from_each_groups_checkpoint(tmp_path):
+    """Every group SIGKILLed at step 65 and started again: each resumes from its checkpoint of step 63
+    and the run ends as if never stopped. The seed was drawn apart in each group: group 0's holds."""
+    lighthouse, address = start_lighthouse(tmp_path)
+    plan = {"kill_at": 65, "checkpoints": True, "seed": None}
+    try:
+        first = [group(tmp_path, i, address, plan) for i in range(3)]
+        assert [process.wait(timeout=300) for process in first] == [-9, -9, -9]
+        for up in tmp_path.glob("up-*"):
+            up.unlink()
+        second = [group(tmp_path, i, address, plan, life=2) for i in range(3)]
+        codes = [process.wait(timeout=300) for process in second]
+    finally:
+        lighthouse.kill()
+        lighthouse.wait()
+    logs = {path.name: path.read_text() for path in tmp_path.glob("group-*.log")}
+    assert codes == [0, 0, 0], logs
+    finals = [torch.load(tmp_path / f"final-{i}.pt") for i in range(3)]
+    assert len({final["seed"] for final in finals}) == 1  # the primary's, given to the others at step 0
+    expected = reference(finals[0]["seed"])
+    for final in finals:
+        for name in expected:
+            assert torch.equal(final["weights"][name], finals[0]["weights"][name])
+            assert (final["weights"][name] - expected[name]).abs().max() < 1e-5, name
+    for i in range(3):
+        assert "resuming from model-epoch2batch63.pt" in logs[f"group-{i}-2.log"], logs[f"group-{i}-2.log"]
+        resumed = [line["step"] for line in records(tmp_path, i) if "step" in line][65:]
+        assert resumed == list(range(63, STEPS))  # the steps after the checkpoint, trained again once

@@ -10,6 +10,7 @@ from torch import nn
 
 from fitforge import History
 from fitforge.handlers import CheckpointHandler, EarlyStoppingHandler, LambdaHandler, ValidationHandler
+from fitforge.reporting import closing
 from fitforge.reporting.closing import raised
 from helpers import make_estimator, regression_batches
 
@@ -212,3 +213,18 @@ def test_after_a_resume_it_says_what_this_fit_trained_and_where_the_run_stands(t
         "s, resumed after 1 epoch, 5 batches; the run stands at 3 epochs, 9 batches (reached epochs=3). Goodput "
         in closing
     )
+
+
+def test_a_fault_tolerant_run_counts_its_replica_groups_changes():
+    history = History()
+    for epoch, row in enumerate(
+        (
+            {"ft_groups": 3, "ft_lost": 1, "ft_joined": 0, "ft_failed_steps": 2},
+            {"ft_groups": 3, "ft_lost": 0, "ft_joined": 1, "ft_failed_steps": 0},
+        )
+    ):
+        history.open_epoch(epoch)
+        for key, value in row.items():
+            history.record(key, value)
+    assert closing._replica_groups(history) == " Replica groups: 3 at the end; 1 lost, 1 joined, 2 failed steps."
+    assert closing._replica_groups(History()) == ""

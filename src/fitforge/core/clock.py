@@ -25,7 +25,7 @@ from typing import Any
 
 from fitforge.exceptions import FitforgeValueError
 
-CAUSES = ("step", "data", "handlers", "validation", "checkpoint", "compile", "replay", "rollback")
+CAUSES = ("step", "data", "handlers", "validation", "checkpoint", "compile", "replay", "rollback", "quorum")
 ALWAYS = ("step", "data", "handlers")  # in every History row; the others where the fit has their handlers
 ADVICE = {  # what to try when a cause took much of a run's time
     "data": "give the DataLoader more num_workers (and persistent_workers=True; on a GPU, pin_memory=True), "
@@ -38,6 +38,8 @@ ADVICE = {  # what to try when a cause took much of a run's time
     "replay": "a resume loads its checkpoint (a local or smaller one loads faster) and, for data without "
     "batch positions, reads the batches before it again (a map-style DataLoader, or data with a state, skips that)",
     "rollback": "lower the learning rate, or raise SpikeGuardHandler's factor",
+    "quorum": "the replica groups wait for the slowest of them at every step: give them equal machines, or see "
+    "docs/distributed.md#fault-tolerance for a step's cost",
 }
 
 
@@ -101,6 +103,11 @@ class RunClock:
         now = time.perf_counter()
         self.stepping += now - self.last
         self.last, self.in_step = now, False
+
+    def within_data(self, cause: str, seconds: float) -> None:
+        """``seconds`` of the wait for the next batch were ``cause``'s (a quorum formed as the batch is read)."""
+        self.epoch[cause] += seconds
+        self.waited -= seconds
 
     def end_batch(self, now: float) -> None:
         """A batch's end (``now``), also where it raised: the time since its last mark to the step or the hooks."""

@@ -16,6 +16,9 @@ import atexit
 import functools
 import logging
 import os
+import re
+import time
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -27,6 +30,7 @@ from torch import nn
 
 from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.resume import resume, stateful_handlers, training_state
+from fitforge.core.clock import history_key
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.events import BatchEnd, EpochEnd, EventHandler, Stage
 from fitforge.core.roles import KeyRecording
@@ -42,13 +46,21 @@ KEYS = ("ft_groups", "ft_lost", "ft_joined", "ft_failed_steps")  # the History's
 
 
 def _torchft() -> Any:
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO otherwise
     try:
         import torchft
         import torchft.checkpointing.pg_transport
         import torchft.coordination
     except ImportError as err:
         raise ImportError('FaultTolerantStrategy needs torchft: pip install "fitforge[ft]"') from err
+    if not torch.cuda.is_available():  # said at every new quorum, of NCCL's recorder, which gloo has not
+        logging.getLogger("torchft.manager").addFilter(_not_of_nccl)  # once: the same filter is added once
+    warnings.filterwarnings("ignore", re.escape("`isinstance(treespec, LeafSpec)`"), FutureWarning, "torchft")
     return torchft
+
+
+def _not_of_nccl(record: logging.LogRecord) -> bool:
+    return "flight recorder" not in record.getMessage()
 
 
 @contextmanager
@@ -212,9 +224,12 @@ class FaultTolerantStrategy(Strategy):
         if self.fresh:
             self.fresh = False
         else:
+            started = time.perf_counter()
             self.manager.start_quorum()
             if self._received is not None:
                 self._heal(in_loop=True)
+            if self.state is not None:  # the wait for the next batch was the quorum's, not the data's
+                self.state.run.clock.within_data("quorum", time.perf_counter() - started)
         return int(self.manager.num_participants()), int(self.manager.participating_rank())
 
     def join(self, state: TrainState) -> None:
@@ -252,7 +267,7 @@ class FaultTolerantStrategy(Strategy):
                 f"they in {received['epochs_completed'] + 1}): restart it, and it joins them at their step"
             )
         restore_weights(state.estimator, received)
-        if in_loop:  # the loop goes on in this epoch: the counters and handlers follow the peers
+        if in_loop or received["global_step"] == state.global_step:  # the loop goes on (at step 0: the primary's start)
             state.global_step, state.optimizer_steps = received["global_step"], received["optimizer_steps"]
             handlers = received.get("handlers", {})
             for key, handler in _stateful(state).items():
@@ -294,11 +309,15 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
         self._before: int | None = None  # the groups at the end of the epoch before
 
     def history_keys(self, estimator: Any, phase: str) -> list[str]:
-        return list(KEYS) if phase == "train" else []
+        return [*KEYS, history_key("quorum")] if phase == "train" else []  # and the seconds waiting for the groups
 
     def batch_end(self, state: TrainState) -> None:
         strategy = self.strategy
         share: Share = strategy.batches.share  # type: ignore[union-attr,assignment]
+        with state.run.clock.timing("quorum"):
+            self._commit(state, strategy, share)
+
+    def _commit(self, state: TrainState, strategy: FaultTolerantStrategy, share: Share) -> None:
         manager = strategy.manager
         params = [p for p in state.estimator.net.parameters() if p.requires_grad]
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
@@ -309,17 +328,16 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
         veto = torch.tensor([float(strategy._veto is not None) * share.groups], dtype=dtype, device=grads[0].device)
         flat = torch.cat([*(g.detach().reshape(-1).to(dtype) * scale for g in grads), veto])
         manager.allreduce(flat).wait()
-        vetoed = strategy._veto
-        strategy._veto = None
+        vetoed, strategy._veto = strategy._veto, None
         if float(flat[-1]) > 0.5:  # one host read a step: the commit is a round trip to the lighthouse anyway
-            manager.report_error(StepVetoed(vetoed or "another replica group vetoed the step"))
+            vetoed = vetoed or "another replica group vetoed it"
+            manager.report_error(StepVetoed(vetoed))
         if not manager.should_commit():
             self.failed += 1
             log.warning(
-                "FaultTolerantStrategy: step %d did not commit on %d group(s)%s; it is read again after a new quorum",
+                "FaultTolerantStrategy: step %d did not commit (%s); it is read again after a new quorum",
                 share.step,
-                share.groups,
-                f" ({vetoed})" if vetoed else "",
+                vetoed or "the quorum did not agree: a replica group was lost, or its collective failed",
             )
             raise CancelBatch("the replica groups did not commit this step")
         offset = 0

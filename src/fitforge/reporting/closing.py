@@ -11,6 +11,7 @@ from fitforge.core.state import TrainState
 from fitforge.exceptions import FitforgeTypeError, FitforgeValueError
 from fitforge.reporting.formatting import epoch_label, format_values
 
+FT_COUNTS = ("ft_lost", "ft_joined", "ft_failed_steps")  # fitforge.fault_tolerance's History columns
 _MESSAGE_LENGTH = 200  # an exception's message is cut here (its traceback follows in full)
 
 
@@ -26,6 +27,7 @@ _LOST_TO = {
     "compile": "compilation",
     "replay": "restoring a resume",
     "rollback": "spike rollbacks",
+    "quorum": "waiting for the replica groups",
     "handlers": "handlers",
     "other": "set-up and the loop's own work",
 }
@@ -67,7 +69,16 @@ def finished_line(state: TrainState, seconds: float) -> str:
             f"{plural(epochs, 'epoch')}, {plural(steps, 'batch')}; the run stands at "
             f"{plural(history.epochs, 'epoch')}, {plural(state.global_step, 'batch')} ({reason})."
         )
-    return _with_values(f"{line} {goodput_sentence(state)}", state)
+    return _with_values(f"{line} {goodput_sentence(state)}{_replica_groups(history)}", state)
+
+
+def _replica_groups(history: History) -> str:
+    """`` Replica groups: 3 at the end; 1 lost, 1 joined, 2 failed steps.`` for a fault-tolerant run."""
+    if "ft_groups" not in history:
+        return ""
+    lost, joined, failed = (int(sum(v for v in history[key] if not math.isnan(v))) for key in FT_COUNTS)
+    counts = f"{lost} lost, {joined} joined, {plural(failed, 'failed step')}"
+    return f" Replica groups: {history.last('ft_groups')} at the end; {counts}."
 
 
 def ended_line(state: TrainState, seconds: float) -> str:

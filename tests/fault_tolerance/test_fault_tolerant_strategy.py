@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from fitforge.core.clock import RunClock
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError
 from fitforge.fault_tolerance import FaultTolerantStrategy, QuorumStepHandler, Share, StepVetoed
 
@@ -59,7 +60,8 @@ def step(manager: Manager, share: Share, grad: torch.Tensor, veto: str | None = 
     if veto:
         strategy.veto_step(veto)
     handler = QuorumStepHandler(strategy)
-    handler.batch_end(types.SimpleNamespace(estimator=types.SimpleNamespace(net=net)))
+    state = types.SimpleNamespace(estimator=types.SimpleNamespace(net=net), run=types.SimpleNamespace(clock=RunClock()))
+    handler.batch_end(state)
     return net.weight.grad, handler
 
 
