@@ -171,7 +171,9 @@ class FaultTolerantStrategy(Strategy):
     def _manager(self, device: torch.device) -> Any:
         torchft = _torchft()
         self._store, port = local_store()
-        pg = torchft.ProcessGroupGloo(timeout=self.timeout)
+        # The groups' collectives: NCCL between GPUs (untested here: no GPU in CI), gloo between CPUs.
+        kind = torchft.ProcessGroupNCCL if device.type == "cuda" else torchft.ProcessGroupGloo
+        pg = kind(timeout=self.timeout)
         manager = torchft.Manager(
             pg=pg,
             load_state_dict=None,
