@@ -56,6 +56,7 @@ def _torchft() -> Any:
     if not torch.cuda.is_available():  # said at every new quorum, of NCCL's recorder, which gloo has not
         logging.getLogger("torchft.manager").addFilter(_not_of_nccl)  # once: the same filter is added once
     warnings.filterwarnings("ignore", re.escape("`isinstance(treespec, LeafSpec)`"), FutureWarning, "torchft")
+    warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning, "torchft")  # its transport's
     return torchft
 
 
