@@ -14,6 +14,8 @@ import pytest
 import replica_group as script
 import torch
 
+from fitforge import Estimator
+from fitforge.fault_tolerance import FaultTolerantStrategy, NoQuorum, lighthouse
 from fitforge.inputs.placement import epoch_permutation
 
 pytestmark = pytest.mark.integration
@@ -175,3 +177,13 @@ def test_a_whole_job_killed_resumes_from_each_groups_checkpoint(tmp_path):
         assert "resuming from model-epoch2batch63.pt" in logs[f"group-{i}-2.log"], logs[f"group-{i}-2.log"]
         resumed = [line["step"] for line in records(tmp_path, i) if "step" in line][65:]
         assert resumed == list(range(63, STEPS))  # the steps after the checkpoint, trained again once
+
+
+def test_a_group_alone_is_told_to_start_the_others():
+    with lighthouse(min_replicas=2, heartbeat_timeout_ms=1000) as address:
+        strategy = FaultTolerantStrategy(lighthouse=address, replica_id=0, quorum_timeout=1.0)
+        estimator = Estimator(script.model(), torch.nn.MSELoss(), optimizer="sgd", strategy=strategy)
+        loader = torch.utils.data.DataLoader(script.data(), batch_size=script.BATCH)
+        with pytest.raises(NoQuorum, match="min_replicas=2 replica groups formed within quorum_timeout=1 s at step 0"):
+            estimator.fit(loader, epochs=1)
+        strategy.manager.shutdown(wait=False)

@@ -2,6 +2,20 @@
 restarted one back from a live peer (docs/distributed.md#fault-tolerance). Needs ``fitforge[ft]``."""
 
 from fitforge.fault_tolerance.batches import QuorumBatches, Share
-from fitforge.fault_tolerance.strategy import FaultTolerantStrategy, QuorumStepHandler, StepVetoed, lighthouse
+from fitforge.fault_tolerance.strategy import (
+    FaultTolerantStrategy,
+    NoQuorum,
+    QuorumStepHandler,
+    StepVetoed,
+    lighthouse,
+)
 
-__all__ = ["FaultTolerantStrategy", "QuorumBatches", "QuorumStepHandler", "Share", "StepVetoed", "lighthouse"]
+__all__ = [
+    "FaultTolerantStrategy",
+    "NoQuorum",
+    "QuorumBatches",
+    "QuorumStepHandler",
+    "Share",
+    "StepVetoed",
+    "lighthouse",
+]

@@ -89,6 +89,10 @@ def lighthouse(
         server.shutdown()
 
 
+class NoQuorum(TimeoutError):
+    """Not enough replica groups met at the lighthouse within ``quorum_timeout``."""
+
+
 class StepVetoed(RuntimeError):
     """A group vetoed the step's commit (:meth:`FaultTolerantStrategy.veto_step`): no group steps."""
 
@@ -228,7 +232,7 @@ class FaultTolerantStrategy(Strategy):
             self.fresh = False
         else:
             started = time.perf_counter()
-            self.manager.start_quorum()
+            self._start_quorum()
             if self._received is not None:
                 self._heal(in_loop=True)
             if self.state is not None:  # the wait for the next batch was the quorum's, not the data's
@@ -246,10 +250,21 @@ class FaultTolerantStrategy(Strategy):
             )
         self.state = state
         self.manager.load_state_dict({"step": state.global_step, "batches_committed": state.global_step})
-        self.manager.start_quorum()
+        self._start_quorum()
         self.fresh = True
         if self._received is not None:
             self._heal(in_loop=False)
+
+    def _start_quorum(self) -> None:
+        try:
+            self.manager.start_quorum()
+        except TimeoutError as err:
+            raise NoQuorum(
+                f"FaultTolerantStrategy: no quorum of min_replicas={self.min_replicas} replica groups formed within "
+                f"quorum_timeout={self.quorum_timeout.total_seconds():g} s at step {self.committed_steps()}: "
+                f"start the other groups, each with its own replica_id, and check that they reach the "
+                f"lighthouse at {self.lighthouse} and that it runs with --min_replicas {self.min_replicas}"
+            ) from err
 
     def _live_state(self) -> dict[str, Any]:
         """What a group that heals receives (on torchft's thread, while this group waits in its quorum)."""
