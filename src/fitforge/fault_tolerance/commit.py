@@ -1,0 +1,109 @@
+"""The step of a fault-tolerant fit: the groups' gradients, weighted by their shares of the step's batch,
+summed with their vetoes in one all-reduce, and the optimizers stepping only where every group commits
+(docs/distributed.md#fault-tolerance)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fitforge.core.clock import history_key
+from fitforge.core.events import BatchEnd, EpochEnd, Stage
+from fitforge.core.roles import KeyRecording
+from fitforge.core.state import TrainState
+from fitforge.exceptions import CancelBatch
+from fitforge.fault_tolerance.batches import Share
+
+if TYPE_CHECKING:
+    from fitforge.fault_tolerance.strategy import FaultTolerantStrategy
+
+log = logging.getLogger("fitforge")
+KEYS = ("ft_groups", "ft_lost", "ft_joined", "ft_failed_steps")  # the History's columns, per epoch
+
+
+class StepVetoed(RuntimeError):
+    """A group vetoed the step's commit (:meth:`FaultTolerantStrategy.veto_step`): no group steps."""
+
+
+class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
+    """Sums the groups' weighted gradients with their vetoes and commits the step, or cancels it on every
+    group; records the quorum's changes (the History's ``ft_*`` columns, and :attr:`changes`)."""
+
+    priority = Stage.STEP - 1  # after the backward and a guard's judgement, before the optimizer step
+    reads = ("estimator", "global_step", "history")
+    writes = ("history",)
+
+    def __init__(self, strategy: FaultTolerantStrategy) -> None:
+        self.strategy = strategy
+        self.changes: list[tuple[int, int]] = []  # (step, groups) at the first step and each change since
+        self.failed = 0  # failed commits in this epoch
+        self._epoch_changes: list[int] = []  # the groups at each change in this epoch
+        self._before: int | None = None  # the groups at the end of the epoch before
+
+    def history_keys(self, estimator: Any, phase: str) -> list[str]:
+        return [*KEYS, history_key("quorum")] if phase == "train" else []  # and the seconds waiting for the groups
+
+    def batch_end(self, state: TrainState) -> None:
+        strategy = self.strategy
+        share: Share = strategy.batches.share  # type: ignore[union-attr,assignment]
+        with state.run.clock.timing("quorum"):
+            self._commit(state, strategy, share)
+
+    def _commit(self, state: TrainState, strategy: FaultTolerantStrategy, share: Share) -> None:
+        manager = strategy.manager
+        params = [p for p in state.estimator.net.parameters() if p.requires_grad]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        # torchft's all-reduce averages over the groups: scaled by share * groups, it sums the weighted
+        # gradients (the big batch's mean loss's gradient), and the last element sums the vetoes.
+        scale = share.weight * share.groups
+        dtype = functools.reduce(torch.promote_types, [g.dtype for g in grads], torch.float32)  # bfloat16 sums in fp32
+        veto = torch.tensor([float(strategy._veto is not None) * share.groups], dtype=dtype, device=grads[0].device)
+        flat = torch.cat([*(g.detach().reshape(-1).to(dtype) * scale for g in grads), veto])
+        manager.allreduce(flat).wait()
+        vetoed, strategy._veto = strategy._veto, None
+        if float(flat[-1]) > 0.5:  # one host read a step: the commit is a round trip to the lighthouse anyway
+            vetoed = vetoed or "another replica group vetoed it"
+            manager.report_error(StepVetoed(vetoed))
+        if not manager.should_commit():
+            self.failed += 1
+            log.warning(
+                "FaultTolerantStrategy: step %d did not commit (%s); it is read again after a new quorum",
+                share.step,
+                vetoed or "the quorum did not agree: a replica group was lost, or its collective failed",
+            )
+            raise CancelBatch("the replica groups did not commit this step")
+        offset = 0
+        for p, g in zip(params, grads):
+            p.grad = flat[offset : offset + g.numel()].view_as(p).to(p.dtype)
+            offset += g.numel()
+        if not self.changes or self.changes[-1][1] != share.groups:
+            self.changes.append((share.step, share.groups))
+            self._epoch_changes.append(share.groups)
+
+    def epoch_end(self, state: TrainState) -> None:
+        lost = joined = 0
+        before = self._before
+        for groups in self._epoch_changes:
+            if before is not None:
+                lost, joined = lost + max(before - groups, 0), joined + max(groups - before, 0)
+            before = groups
+        for key, value in zip(KEYS, (before or 0, lost, joined, self.failed)):
+            state.history.record(key, value)
+        self.failed, self._epoch_changes, self._before = 0, [], before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "changes": list(self.changes),
+            "epoch_changes": list(self._epoch_changes),
+            "before": self._before,
+            "failed": self.failed,
+            "seed": self.strategy.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.changes = [tuple(change) for change in state["changes"]]
+        self._epoch_changes, self._before = list(state["epoch_changes"]), state["before"]
+        self.failed, self.strategy.seed = state["failed"], state["seed"]
