@@ -3,6 +3,9 @@ with the lighthouse in TORCHFT_LIGHTHOUSE and the plan in FT_PLAN (a JSON object
 
 - ``kill_at``: this group SIGKILLs itself at the start of that step (one life only: FT_LIFE=1);
 - ``veto_at``: this group vetoes that step's first attempt;
+- ``stall_at``: after committing that step, sleep ``stall_for`` seconds (the others go on without it);
+- ``slow``: sleep that many seconds after every committed step;
+- ``batch``, ``epochs``: other than BATCH and EPOCHS;
 - ``checkpoints``: a CheckpointHandler every 7 batches in ``OUT/checkpoints-<group>`` (resumed from);
 - ``seed``: the strategy's seed (None: drawn after ``torch.manual_seed(group)``, so the groups draw apart);
 - ``pause_at``: after committing that step, wait until the file ``OUT/asked-<group>`` of ``pause_for`` exists
@@ -87,13 +90,17 @@ class Committed(BatchEnd):
     def batch_end(self, state) -> None:
         share = self.plan.strategy.batches.share
         self.plan.record.write(
-            json.dumps({"step": share.step, "indices": share.indices, "groups": share.groups}) + "\n"
+            json.dumps({"step": share.step, "indices": share.indices, "groups": share.groups, "weight": share.weight})
+            + "\n"
         )
         if self.plan.plan.get("pause_at") == share.step:
             up = self.plan.out / f"asked-{self.plan.plan['pause_for']}"
             while not up.exists():
                 os.sched_yield()
             time.sleep(1)  # its quorum request is then waiting at the lighthouse: the next quorum takes it in
+        if self.plan.plan.get("stall_at") == share.step and self.plan.life == 1:
+            time.sleep(self.plan.plan["stall_for"])
+        time.sleep(self.plan.plan.get("slow", 0))
 
 
 def main() -> None:
@@ -110,13 +117,13 @@ def main() -> None:
     while len(list(out.glob("up-*"))) < int(os.environ.get("FT_GROUPS", "1")):  # the groups start at once
         os.sched_yield()
     recorder = Plan(out, group, life, plan, strategy)
-    loader = DataLoader(data(), batch_size=BATCH, shuffle=True)
+    loader = DataLoader(data(), batch_size=plan.get("batch", BATCH), shuffle=True)
     handlers = [recorder, Committed(recorder)]
     if plan.get("checkpoints"):
         handlers.append(
             CheckpointHandler(str(out / f"checkpoints-{group}"), batch_period=7, resume_from_checkpoint=True)
         )
-    estimator.fit(loader, epochs=EPOCHS, event_handlers=handlers)
+    estimator.fit(loader, epochs=plan.get("epochs", EPOCHS), event_handlers=handlers)
     final = {name: p.detach() for name, p in net.state_dict().items()}
     torch.save({"weights": final, "seed": strategy.seed}, out / f"final-{group}.pt")
 

@@ -24,16 +24,18 @@ HERE = Path(__file__).parent
 STEPS = script.EPOCHS * script.SIZE // script.BATCH
 
 
-def reference(seed: int = script.SEED) -> dict[str, torch.Tensor]:
+def reference(
+    seed: int = script.SEED, size: int = script.BATCH, epochs: int = script.EPOCHS
+) -> dict[str, torch.Tensor]:
     """One process, plain torch: step t trains the mean loss of the t-th global batch of the seeded order."""
     x, y = script.data().tensors
     net = script.model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    per_epoch = script.SIZE // script.BATCH
-    for step in range(STEPS):
+    per_epoch = script.SIZE // size
+    for step in range(epochs * per_epoch):
         epoch, k = divmod(step, per_epoch)
         order = epoch_permutation(script.SIZE, True, seed, epoch)
-        batch = order[k * script.BATCH : (k + 1) * script.BATCH]
+        batch = order[k * size : (k + 1) * size]
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(net(x[batch]), y[batch]).backward()
         optimizer.step()
@@ -47,11 +49,11 @@ def records(out: Path, group: int) -> list[dict]:
     return lines
 
 
-def start_lighthouse(out: Path) -> tuple[subprocess.Popen, str]:
+def start_lighthouse(out: Path, join_timeout_ms: int = 30_000) -> tuple[subprocess.Popen, str]:
     """torchft's own lighthouse command, on a free port of 127.0.0.1 (it prints its address)."""
     log = out / "lighthouse.log"
     command = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", "127.0.0.1:0", "--min_replicas", "2"]
-    command += ["--join_timeout_ms", "30000", "--heartbeat_timeout_ms", "1000"]
+    command += ["--join_timeout_ms", str(join_timeout_ms), "--heartbeat_timeout_ms", "1000"]
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -128,7 +130,7 @@ def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_
             i
             for lines in committed.values()
             for line in lines
-            if line["step"] // per_epoch == epoch
+            if line["step"] // per_epoch == epoch and line["weight"]
             for i in line["indices"]
         )
         assert seen == list(range(script.SIZE)), epoch
@@ -177,6 +179,35 @@ def test_a_whole_job_killed_resumes_from_each_groups_checkpoint(tmp_path):
         assert "resuming from model-epoch2batch63.pt" in logs[f"group-{i}-2.log"], logs[f"group-{i}-2.log"]
         resumed = [line["step"] for line in records(tmp_path, i) if "step" in line][65:]
         assert resumed == list(range(63, STEPS))  # the steps after the checkpoint, trained again once
+
+
+def test_a_group_the_others_went_on_without_catches_up_in_the_epoch(tmp_path):
+    """Group 2 stalls for 2 s after step 15, longer than the lighthouse waits for a late group: groups 0
+    and 1 go on alone, and at its next quorum group 2 receives their state and trains on with them, in
+    the same epoch, without a restart."""
+    lighthouse, address = start_lighthouse(tmp_path, join_timeout_ms=300)
+    plans = [{"batch": 6, "epochs": 1, "slow": 0.05}] * 2 + [{"batch": 6, "epochs": 1, "stall_at": 15, "stall_for": 2}]
+    try:
+        groups = [group(tmp_path, i, address, plan) for i, plan in enumerate(plans)]
+        codes = [process.wait(timeout=300) for process in groups]
+    finally:
+        lighthouse.kill()
+        lighthouse.wait()
+    logs = {path.name: path.read_text() for path in tmp_path.glob("group-*.log")}
+    assert codes == [0, 0, 0], logs
+    steps = script.SIZE // 6
+    caught_up = [line["step"] for line in records(tmp_path, 2) if "step" in line]
+    assert caught_up[:16] == list(range(16)) and 16 < caught_up[16] < steps - 1, caught_up
+    assert caught_up[16:] == list(range(caught_up[16], steps))
+    assert f"fitforge_0002 joined its peers at step {caught_up[16]}" in logs["group-2-1.log"]
+    committed = [line for i in range(3) for line in records(tmp_path, i) if "step" in line and line["weight"]]
+    assert sorted(i for line in committed for i in line["indices"]) == list(range(script.SIZE))
+    finals = [torch.load(tmp_path / f"final-{i}.pt")["weights"] for i in range(3)]
+    expected = reference(size=6, epochs=1)
+    for final in finals:
+        for name in expected:
+            assert torch.equal(final[name], finals[0][name])
+            assert (final[name] - expected[name]).abs().max() < 1e-5, name
 
 
 def test_a_group_alone_is_told_to_start_the_others():
