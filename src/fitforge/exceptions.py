@@ -18,6 +18,11 @@ class CancelBatch(Exception):
     does not count towards ``batches=N``. Gradients it produced are cleared."""
 
 
+class RetryBatch(CancelBatch):
+    """Cancel the batch as :class:`CancelBatch` does, for data that yields the same position again (a
+    fault-tolerant step that failed its commit): the epoch's position does not move past it."""
+
+
 class CancelEpoch(Exception):
     """End the current epoch now; its ``epoch_end`` handlers still run."""
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from fitforge import BatchProcessor
 from fitforge.events import BatchBegin, BatchEnd, Ending, EpochBegin, TrainBegin
-from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError
+from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError, RetryBatch
 from fitforge.handlers import ValidationHandler
 from fitforge.testing import RecordingHandler
 from helpers import make_estimator, regression_batches
@@ -202,6 +202,40 @@ def test_cancel_batch_skips_rest_of_batch_without_step_and_does_not_count():
         ("epoch_end", "train", 0, 2, 2),
     ]
     assert rec.calls[-1] == ("train_end", "train", 1, 0, 3) and history.epochs == 2
+
+
+def test_a_retried_batch_leaves_the_epoch_s_position_where_it_was():
+    class Again:
+        """Data that yields its second batch again after a retry (as a fault-tolerant step's)."""
+
+        def __init__(self, batches):
+            self.batches, self.retried = batches, False
+
+        def __iter__(self):
+            position = 0
+            while position < len(self.batches):
+                read, self.retried = position, False
+                yield self.batches[read]
+                position = read if self.retried else read + 1
+
+    class RetryOnce(BatchEnd):
+        priority = -3000  # before the step
+        done = False
+
+        def batch_end(self, state):
+            if state.batch_idx == 1 and not self.done:
+                self.done = data.retried = True
+                raise RetryBatch
+
+    rec = RecordingHandler()
+    data = Again(regression_batches(3))
+    est = make_estimator()
+    before = [p.detach().clone() for p in est.net.parameters()]
+    est.fit(data, epochs=1, event_handlers=[RetryOnce(), rec])
+    begins = [(batch, step) for event, _, _, batch, step in rec.calls if event == "batch_begin"]
+    assert begins == [(0, 0), (1, 1), (1, 1), (2, 2)]  # the retry reads position 1 again
+    assert rec.calls[-2] == ("epoch_end", "train", 0, 2, 3)
+    assert not all(p.equal(b) for p, b in zip(est.net.parameters(), before))
 
 
 def test_cancel_batch_before_step_leaves_weights_unchanged():

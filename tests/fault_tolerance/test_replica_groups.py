@@ -5,6 +5,7 @@ groups in the quorum, so the final weights equal one process training the same g
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -80,12 +81,18 @@ def group(
         "FT_GROUPS": str(together),
     }
     log = (out / f"group-{index}-{life}.log").open("w")
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "replica_group.py"), str(out), str(index)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    launcher = [sys.executable]
+    if torchrun:
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr", "127.0.0.1"]
+        launcher += ["--master_port", str(free_port())]
+    command = [*launcher, str(HERE / "replica_group.py"), str(out), str(index)]
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_path):
@@ -159,6 +166,8 @@ def test_a_whole_job_killed_resumes_from_each_groups_checkpoint(tmp_path):
     try:
         first = [group(tmp_path, i, address, plan, torchrun=True) for i in range(3)]
         assert all(process.wait(timeout=300) != 0 for process in first)  # torchrun: its worker was SIGKILLed
+        for i in range(3):
+            assert "Signal 9 (SIGKILL)" in (tmp_path / f"group-{i}-1.log").read_text()
         for up in tmp_path.glob("up-*"):
             up.unlink()
         second = [group(tmp_path, i, address, plan, life=2, torchrun=True) for i in range(3)]

@@ -38,7 +38,7 @@ from fitforge.core.rng import torch_rng_snapshot
 from fitforge.core.roles import Accumulating, role_of
 from fitforge.core.run import RunContext
 from fitforge.core.state import TrainState
-from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError, PassAbandoned
+from fitforge.exceptions import CancelBatch, CancelEpoch, CancelFit, FitforgeValueError, PassAbandoned, RetryBatch
 
 log = logging.getLogger("fitforge")
 _CANCELS = (CancelBatch, CancelEpoch, CancelFit)
@@ -153,10 +153,11 @@ def _train_batches(state: TrainState, run: RunContext, data: Iterable, first: in
     checked = state.output is None  # the run's first step is this epoch's: a compiled net compiles in it
     first_step, mark = None, clock.open_batches()
     try:
-        for batch_idx, batch in enumerate(data, first):
+        for batch in data:  # state.batch_idx starts at first - 1; a retried batch does not move it
             got = clock.last = now()
             clock.waited += got - mark  # on the clock as they come: a checkpoint's totals hold them
-            state.batch_idx, state.batch = batch_idx, batch
+            state.batch_idx += 1
+            state.batch = batch
             try:
                 stop = run.coordinator.after_batch(state, _train_batch(state, run, marked))
             finally:  # a batch that raised (a CancelEpoch) is timed too
@@ -179,8 +180,10 @@ def _train_batch(state: TrainState, run: RunContext, marked: tuple[Sequence[Call
     try:
         run_batch(state, run, marked[1], marked[2], marked[0])
         state.global_step += 1
-    except CancelBatch:
+    except CancelBatch as cancel:
         _clear_gradients(state)
+        if isinstance(cancel, RetryBatch):  # the data yields its position again: it was not read
+            state.batch_idx -= 1
     except CancelFit as error:
         if run.coordinator.holds_cancels:  # held until the ranks agree: this rank trains on in step with them
             state.global_step += 1

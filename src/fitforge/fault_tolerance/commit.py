@@ -14,7 +14,7 @@ from fitforge.core.clock import history_key
 from fitforge.core.events import BatchEnd, EpochEnd, Stage
 from fitforge.core.roles import KeyRecording
 from fitforge.core.state import TrainState
-from fitforge.exceptions import CancelBatch
+from fitforge.exceptions import RetryBatch
 from fitforge.fault_tolerance.batches import Share
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
                 share.step,
                 vetoed or "the quorum did not agree: a replica group was lost, or its collective failed",
             )
-            raise CancelBatch("the replica groups did not commit this step")
+            raise RetryBatch("the replica groups did not commit this step")
         offset = 0
         for p, g in zip(params, grads):
             p.grad = flat[offset : offset + g.numel()].view_as(p).to(p.dtype)

@@ -280,6 +280,7 @@ class FaultTolerantStrategy(Strategy):
         restore_weights(state.estimator, received)
         if in_loop or received["global_step"] == state.global_step:  # the loop goes on (at step 0: the primary's start)
             state.global_step, state.optimizer_steps = received["global_step"], received["optimizer_steps"]
+            state.batch_idx = received["position"] - 1  # the epoch's position: the peers' committed steps in it
             handlers = received.get("handlers", {})
             for key, handler in _stateful(state).items():
                 if key in handlers:
