@@ -10,6 +10,7 @@ from torch import nn
 from fitforge.core.clock import RunClock
 from fitforge.exceptions import CancelBatch, FitforgeTypeError, FitforgeValueError
 from fitforge.fault_tolerance import FaultTolerantStrategy, QuorumStepHandler, Share, StepVetoed
+from fitforge.handlers import LRSchedulerHandler
 
 
 def test_the_lighthouse_and_the_replica_id_come_from_the_arguments_or_the_environment(monkeypatch):
@@ -88,3 +89,43 @@ def test_a_veto_of_any_group_cancels_the_step_on_every_group():
         step(
             Manager(2, torch.zeros(3, dtype=torch.float64), commits=False), share, torch.ones(1, 2, dtype=torch.float64)
         )
+
+
+def test_a_non_finite_sum_is_vetoed_on_every_group_and_a_late_veto_is_refused():
+    share = Share(step=4, indices=[0], weight=0.5, groups=2, rank=0)
+    manager = Manager(2, torch.tensor([float("nan"), 0.0, 0.0], dtype=torch.float64))  # another group's NaN
+    with pytest.raises(CancelBatch):
+        step(manager, share, torch.ones(1, 2, dtype=torch.float64))
+    assert "not finite" in str(manager.errors[0])
+    strategy = FaultTolerantStrategy(lighthouse="http://a:1", replica_id=0)
+    strategy.decided = True  # the step's commit is decided: a veto now would land on the next step
+    with pytest.raises(FitforgeValueError, match="below Stage.STEP - 1"):
+        strategy.veto_step("too late")
+
+
+def test_failed_commits_past_max_retries_say_why_the_last_one_failed(caplog):
+    class Refusing(Manager):
+        def should_commit(self):
+            raise RuntimeError("should_commit failed 11 times consecutively, exceeding max_retries=10")
+
+    share = Share(step=9, indices=[0], weight=1.0, groups=1, rank=0)  # a lighthouse with --min_replicas 1
+    with pytest.raises(StepVetoed, match="max_retries=10 times in a row, the last time because the quorum holds 1"):
+        step(Refusing(1, torch.zeros(3, dtype=torch.float64)), share, torch.ones(1, 2, dtype=torch.float64))
+
+
+def test_a_handler_monitoring_a_training_value_is_refused_before_the_first_quorum(monkeypatch):
+    net = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    plateau = LRSchedulerHandler(torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer), monitor="train_loss")
+    strategy = FaultTolerantStrategy(lighthouse="http://a:1", replica_id=0)
+    state = types.SimpleNamespace(
+        services=types.SimpleNamespace(steps=None), _loop=types.SimpleNamespace(handlers=[plateau])
+    )
+    with pytest.raises(FitforgeValueError, match="monitors 'train_loss'.*monitor a validation value"):
+        strategy.join(state)
+
+
+def test_an_empty_replica_id_is_refused(monkeypatch):
+    monkeypatch.setenv("REPLICA_GROUP_ID", "")
+    with pytest.raises(FitforgeValueError, match="REPLICA_GROUP_ID"):
+        FaultTolerantStrategy(lighthouse="http://a:1")

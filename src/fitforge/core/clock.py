@@ -38,8 +38,8 @@ ADVICE = {  # what to try when a cause took much of a run's time
     "replay": "a resume loads its checkpoint (a local or smaller one loads faster) and, for data without "
     "batch positions, reads the batches before it again (a map-style DataLoader, or data with a state, skips that)",
     "rollback": "lower the learning rate, or raise SpikeGuardHandler's factor",
-    "quorum": "the replica groups wait for the slowest of them at every step: give them equal machines, or see "
-    "docs/distributed.md#fault-tolerance for a step's cost",
+    "quorum": "every step waits for the slowest replica group and for round trips to the lighthouse: give the "
+    "groups equal machines and larger steps (a larger batch_size), see docs/distributed.md#fault-tolerance",
 }
 
 

@@ -64,16 +64,29 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
         flat = torch.cat([*(g.detach().reshape(-1).to(dtype) * scale for g in grads), veto])
         manager.allreduce(flat).wait()
         vetoed, strategy._veto = strategy._veto, None
-        if float(flat[-1]) > 0.5:  # one host read a step: the commit is a round trip to the lighthouse anyway
-            vetoed = vetoed or "another replica group vetoed it"
+        # One host read a step (the commit is a round trip to the lighthouse anyway): the vetoes, and whether
+        # the sum is finite, which every group sees alike: no group steps on a non-finite gradient.
+        vetoes, infinite = torch.stack([flat[-1], (~torch.isfinite(flat[:-1]).all()).to(dtype)]).tolist()
+        if vetoes > 0.5 or infinite:
+            vetoed = "the summed gradients are not finite" if infinite else vetoed or "another replica group vetoed it"
             manager.report_error(StepVetoed(vetoed))
-        if not manager.should_commit():
-            self.failed += 1
-            log.warning(
-                "FaultTolerantStrategy: step %d did not commit (%s); it is read again after a new quorum",
-                share.step,
-                vetoed or "the quorum did not agree: a replica group was lost, or its collective failed",
+        if share.groups < strategy.min_replicas:
+            vetoed = (
+                f"the quorum holds {share.groups} group(s), fewer than min_replicas={strategy.min_replicas}: start "
+                f"the lighthouse with --min_replicas {strategy.min_replicas}"
             )
+        reason = vetoed or "the quorum did not agree: a replica group was lost, or its collective failed"
+        try:
+            committed = manager.should_commit()
+        except RuntimeError as err:  # torchft's max_retries: failed commits in a row
+            raise StepVetoed(
+                f"FaultTolerantStrategy: step {share.step} failed its commit more than max_retries="
+                f"{strategy.max_retries} times in a row, the last time because {reason}"
+            ) from err
+        strategy.decided = True
+        if not committed:
+            self.failed += 1
+            log.warning("FaultTolerantStrategy: step %d did not commit (%s); it is read again", share.step, reason)
             raise RetryBatch("the replica groups did not commit this step")
         offset = 0
         for p, g in zip(params, grads):

@@ -18,7 +18,7 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -31,6 +31,7 @@ from fitforge.checkpoint.files import restore_weights
 from fitforge.checkpoint.resume import resume, stateful_handlers, training_state
 from fitforge.core.coordinator import Alone, Coordinator
 from fitforge.core.events import EventHandler
+from fitforge.core.roles import Monitoring, players
 from fitforge.core.state import EstimatorLike, TrainState
 from fitforge.distributed.process_group import local_store
 from fitforge.distributed.ranks import world_size
@@ -127,7 +128,7 @@ class FaultTolerantStrategy(Strategy):
                 "TORCHFT_LIGHTHOUSE (start one with: torchft_lighthouse --min_replicas 2; see docs/distributed.md)"
             )
         replica_id = os.environ.get("REPLICA_GROUP_ID") if replica_id is None else replica_id
-        if replica_id is None or isinstance(replica_id, bool) or not isinstance(replica_id, (str, int)):
+        if replica_id in (None, "") or isinstance(replica_id, bool) or not isinstance(replica_id, (str, int)):
             raise FitforgeValueError(
                 "FaultTolerantStrategy needs this replica group's id, distinct per group: pass replica_id=0, 1... "
                 f"or set REPLICA_GROUP_ID, got {describe(replica_id)}"
@@ -148,6 +149,7 @@ class FaultTolerantStrategy(Strategy):
         self.fresh = False  # a quorum was started for the next step already (by join)
         self._received: dict[str, Any] | None = None  # the state a peer sent at the last quorum
         self._veto: str | None = None
+        self.decided = False  # whether this step's commit was decided (a veto then comes too late)
         self._store: Any = None
 
     # -- set-up -----------------------------------------------------------------------------------------
@@ -221,6 +223,7 @@ class FaultTolerantStrategy(Strategy):
 
     def next_quorum(self) -> tuple[int, int]:
         """Join the next step's quorum (healing from a peer if this group is behind); ``(groups, rank)``."""
+        self.decided = False
         if self.fresh:
             self.fresh = False
         else:
@@ -241,8 +244,16 @@ class FaultTolerantStrategy(Strategy):
                 "FaultTolerantStrategy commits every batch as one step: GradientUpdateHandler(accumulate>1) is not "
                 "supported with it; raise the DataLoader's batch_size instead (it is the global batch)"
             )
+        followed = [m.monitor for m in players(_handlers(state), Monitoring) if (m.monitor or "").startswith("train_")]
+        if followed:
+            raise FitforgeValueError(
+                f"FaultTolerantStrategy: a handler monitors {followed[0]!r}, which each replica group measures on "
+                "its own share of the batches, so the groups would act apart (a learning rate cut on one group "
+                "only): monitor a validation value (val_*), the same on every group"
+            )
         self.state = state
         self.manager.load_state_dict({"step": state.global_step, "batches_committed": state.global_step})
+        log.info("FaultTolerantStrategy: %s asks %s for a quorum of replica groups", self.replica_id, self.lighthouse)
         self._start_quorum()
         self.fresh = True
         if self._received is not None:
@@ -291,7 +302,14 @@ class FaultTolerantStrategy(Strategy):
 
     def veto_step(self, reason: str) -> None:
         """Make this step fail its commit on every group (none steps; the step is read again after a new
-        quorum), e.g. from a handler that finds this group's gradients unusable."""
+        quorum), e.g. from a handler that finds this group's gradients unusable: at ``backward_end``, or at
+        ``batch_end`` with a priority below ``Stage.STEP - 1``, where the step's commit is decided."""
+        if self.decided:
+            raise FitforgeValueError(
+                f"veto_step({reason!r}): this step's commit was decided already (at batch_end, priority "
+                "Stage.STEP - 1): veto at backward_end, or at batch_end with a priority below Stage.STEP - 1 "
+                "(e.g. Stage.GUARD)"
+            )
         self._veto = reason
 
     def __repr__(self) -> str:
@@ -301,5 +319,9 @@ class FaultTolerantStrategy(Strategy):
         )
 
 
+def _handlers(state: TrainState) -> Sequence[object]:
+    return state._loop.handlers if state._loop else ()
+
+
 def _stateful(state: TrainState) -> dict[str, EventHandler]:
-    return stateful_handlers(state._loop.handlers if state._loop else ())
+    return stateful_handlers(_handlers(state))
