@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -16,9 +16,6 @@ from fitforge.core.roles import KeyRecording
 from fitforge.core.state import TrainState
 from fitforge.exceptions import RetryBatch
 from fitforge.fault_tolerance.batches import Share
-
-if TYPE_CHECKING:
-    from fitforge.fault_tolerance.strategy import FaultTolerantStrategy
 
 log = logging.getLogger("fitforge")
 KEYS = ("ft_groups", "ft_lost", "ft_joined", "ft_failed_steps")  # the History's columns, per epoch
@@ -36,7 +33,7 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
     reads = ("estimator", "global_step", "history")
     writes = ("history",)
 
-    def __init__(self, strategy: FaultTolerantStrategy) -> None:
+    def __init__(self, strategy: Any) -> None:  # a FaultTolerantStrategy (whose module imports this one)
         self.strategy = strategy
         self.changes: list[tuple[int, int]] = []  # (step, groups) at the first step and each change since
         self.failed = 0  # failed commits in this epoch
@@ -48,11 +45,11 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
 
     def batch_end(self, state: TrainState) -> None:
         strategy = self.strategy
-        share: Share = strategy.batches.share  # type: ignore[union-attr,assignment]
+        share: Share = strategy.batches.share
         with state.run.clock.timing("quorum"):
             self._commit(state, strategy, share)
 
-    def _commit(self, state: TrainState, strategy: FaultTolerantStrategy, share: Share) -> None:
+    def _commit(self, state: TrainState, strategy: Any, share: Share) -> None:
         manager = strategy.manager
         params = [p for p in state.estimator.net.parameters() if p.requires_grad]
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
