@@ -181,30 +181,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_lighthouse(folder: Path, processes: int) -> tuple[subprocess.Popen, str]:
-    """torchft's lighthouse on a free port of 127.0.0.1; its address, read from its log line."""
-    log = folder / "lighthouse.log"
-    command = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", "127.0.0.1:0"]
-    command += [
-        "--min_replicas",
-        str(min(2, processes)),
-        "--join_timeout_ms",
-        "30000",
-        "--heartbeat_timeout_ms",
-        "1000",
-    ]
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = log.read_text()
-        if "listening on: http://" in text:
-            port = text.split("listening on: http://", 1)[1].split()[0].rsplit(":", 1)[1]
-            return process, f"http://127.0.0.1:{port}"
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"the lighthouse did not start: {log.read_text()}")
-
-
 def finish(processes: list[subprocess.Popen], logs: list[Path]) -> None:
     """Wait for every process; past TIMEOUT, or when one fails, stop them all and raise with the logs."""
     deadline = time.monotonic() + TIMEOUT
@@ -241,8 +217,11 @@ def launch(engine: str, args: argparse.Namespace, folder: Path) -> dict[str, Any
             process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=_env({}))
         finish([process], [log])
     else:
-        lighthouse, address = start_lighthouse(folder, args.processes)
-        try:
+        from fitforge.fault_tolerance import lighthouse
+
+        with lighthouse(
+            min_replicas=min(2, args.processes), join_timeout_ms=30_000, heartbeat_timeout_ms=1_000
+        ) as address:
             logs = [folder / f"group-{i}.log" for i in range(args.processes)]
             groups = []
             for i, log in enumerate(logs):
@@ -251,10 +230,7 @@ def launch(engine: str, args: argparse.Namespace, folder: Path) -> dict[str, Any
                     groups.append(
                         subprocess.Popen([sys.executable, *script], stdout=sink, stderr=subprocess.STDOUT, env=env)
                     )
-            finish(groups, [*logs, folder / "lighthouse.log"])
-        finally:
-            lighthouse.kill()
-            lighthouse.wait()
+            finish(groups, logs)
     result = json.loads(out.read_text())
     result["launch_s"] = time.perf_counter() - started
     return result

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,16 @@ def reference(
     return net.state_dict()
 
 
+def assert_like_one_process(out: Path, expected: dict[str, torch.Tensor]) -> None:
+    """Every group's final weights are the same and within 1e-5 of ``expected``."""
+    finals = [torch.load(out / f"final-{i}.pt") for i in range(3)]
+    for final in finals:
+        assert final["weights"].keys() == expected.keys()
+        for name in expected:
+            assert torch.equal(final["weights"][name], finals[0]["weights"][name])
+            assert (final["weights"][name] - expected[name]).abs().max() < 1e-5, name
+
+
 def records(out: Path, group: int) -> list[dict]:
     lines = []
     for path in sorted(out.glob(f"record-{group}-*.jsonl")):
@@ -50,21 +62,31 @@ def records(out: Path, group: int) -> list[dict]:
     return lines
 
 
-def start_lighthouse(out: Path, join_timeout_ms: int = 30_000) -> tuple[subprocess.Popen, str]:
-    """torchft's own lighthouse command, on a free port of 127.0.0.1 (it prints its address)."""
+@contextmanager
+def running_lighthouse(out: Path, join_timeout_ms: int = 30_000) -> Iterator[str]:
+    """torchft's own lighthouse command, on a free port of 127.0.0.1 (read from its log); its address."""
     log = out / "lighthouse.log"
     command = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", "127.0.0.1:0", "--min_replicas", "2"]
     command += ["--join_timeout_ms", str(join_timeout_ms), "--heartbeat_timeout_ms", "1000"]
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = log.read_text()
-        if "listening on: http://" in text:
-            port = text.split("listening on: http://", 1)[1].split()[0].rsplit(":", 1)[1]
-            return process, f"http://127.0.0.1:{port}"
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError(f"the lighthouse did not start: {log.read_text()}")
+    try:
+        deadline = time.monotonic() + 30
+        while "listening on: http://" not in log.read_text():
+            assert time.monotonic() < deadline, f"the lighthouse did not start: {log.read_text()}"
+            time.sleep(0.05)
+        port = log.read_text().split("listening on: http://", 1)[1].split()[0].rsplit(":", 1)[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def ended(out: Path, processes: list[subprocess.Popen]) -> dict[str, str]:
+    """Wait for the groups, which must all exit with 0; their logs by file name."""
+    codes = [process.wait(timeout=300) for process in processes]
+    logs = {path.name: path.read_text() for path in out.glob("group-*.log")}
+    assert codes == [0] * len(processes), logs
+    return logs
 
 
 def group(
@@ -96,9 +118,8 @@ def free_port() -> int:
 
 
 def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_path):
-    lighthouse, address = start_lighthouse(tmp_path)
     plans = [{"pause_at": 79, "pause_for": 2}, {"veto_at": 30}, {"kill_at": 50}]
-    try:
+    with running_lighthouse(tmp_path) as address:
         groups = [group(tmp_path, i, address, plan) for i, plan in enumerate(plans)]
         assert groups[2].wait(timeout=300) == -9  # SIGKILLed at step 50
         deadline = time.monotonic() + 300
@@ -106,21 +127,10 @@ def test_three_groups_survive_a_kill_a_veto_and_take_a_restarted_group_back(tmp_
             assert time.monotonic() < deadline and groups[0].poll() is None, (tmp_path / "group-0-1.log").read_text()
             time.sleep(0.05)
         groups[2] = group(tmp_path, 2, address, plans[2], life=2, together=1)
-        codes = [process.wait(timeout=300) for process in groups]
-    finally:
-        lighthouse.kill()
-        lighthouse.wait()
-    logs = {path.name: path.read_text() for path in tmp_path.glob("group-*.log")}
-    assert codes == [0, 0, 0], logs
+        logs = ended(tmp_path, groups)
 
     # Groups 0 and 1 ran once, without a restart; every group ends on the same weights, those of one process.
-    finals = [torch.load(tmp_path / f"final-{i}.pt")["weights"] for i in range(3)]
-    expected = reference()
-    for final in finals:
-        assert final.keys() == expected.keys()
-        for name in expected:
-            assert torch.equal(final[name], finals[0][name])
-            assert (final[name] - expected[name]).abs().max() < 1e-5, name
+    assert_like_one_process(tmp_path, reference())
 
     # The quorum: 3 groups until step 50, 2 from step 50 to 79, 3 again from step 80.
     committed = {i: [line for line in records(tmp_path, i) if "step" in line] for i in range(3)}
@@ -161,29 +171,18 @@ def test_a_whole_job_killed_resumes_from_each_groups_checkpoint(tmp_path):
     """Every group (a torchrun job of one process) SIGKILLed at step 65 and started again: each resumes
     from its checkpoint of step 63 and the run ends as if never stopped. The seed was drawn apart in
     each group: group 0's holds."""
-    lighthouse, address = start_lighthouse(tmp_path)
     plan = {"kill_at": 65, "checkpoints": True, "seed": None}
-    try:
+    with running_lighthouse(tmp_path) as address:
         first = [group(tmp_path, i, address, plan, torchrun=True) for i in range(3)]
         assert all(process.wait(timeout=300) != 0 for process in first)  # torchrun: its worker was SIGKILLed
         for i in range(3):
             assert "Signal 9 (SIGKILL)" in (tmp_path / f"group-{i}-1.log").read_text()
         for up in tmp_path.glob("up-*"):
             up.unlink()
-        second = [group(tmp_path, i, address, plan, life=2, torchrun=True) for i in range(3)]
-        codes = [process.wait(timeout=300) for process in second]
-    finally:
-        lighthouse.kill()
-        lighthouse.wait()
-    logs = {path.name: path.read_text() for path in tmp_path.glob("group-*.log")}
-    assert codes == [0, 0, 0], logs
-    finals = [torch.load(tmp_path / f"final-{i}.pt") for i in range(3)]
-    assert len({final["seed"] for final in finals}) == 1  # the primary's, given to the others at step 0
-    expected = reference(finals[0]["seed"])
-    for final in finals:
-        for name in expected:
-            assert torch.equal(final["weights"][name], finals[0]["weights"][name])
-            assert (final["weights"][name] - expected[name]).abs().max() < 1e-5, name
+        logs = ended(tmp_path, [group(tmp_path, i, address, plan, life=2, torchrun=True) for i in range(3)])
+    seeds = {torch.load(tmp_path / f"final-{i}.pt")["seed"] for i in range(3)}
+    assert len(seeds) == 1  # the primary's, given to the others at step 0
+    assert_like_one_process(tmp_path, reference(seeds.pop()))
     for i in range(3):
         assert "resuming from model-epoch2batch63.pt" in logs[f"group-{i}-2.log"], logs[f"group-{i}-2.log"]
         resumed = [line["step"] for line in records(tmp_path, i) if "step" in line][65:]
@@ -194,16 +193,9 @@ def test_a_group_the_others_went_on_without_catches_up_in_the_epoch(tmp_path):
     """Group 2 stalls for 2 s after step 15, longer than the lighthouse waits for a late group: groups 0
     and 1 go on alone, and at its next quorum group 2 receives their state and trains on with them, in
     the same epoch, without a restart."""
-    lighthouse, address = start_lighthouse(tmp_path, join_timeout_ms=300)
     plans = [{"batch": 6, "epochs": 1, "slow": 0.05}] * 2 + [{"batch": 6, "epochs": 1, "stall_at": 15, "stall_for": 2}]
-    try:
-        groups = [group(tmp_path, i, address, plan) for i, plan in enumerate(plans)]
-        codes = [process.wait(timeout=300) for process in groups]
-    finally:
-        lighthouse.kill()
-        lighthouse.wait()
-    logs = {path.name: path.read_text() for path in tmp_path.glob("group-*.log")}
-    assert codes == [0, 0, 0], logs
+    with running_lighthouse(tmp_path, join_timeout_ms=300) as address:
+        logs = ended(tmp_path, [group(tmp_path, i, address, plan) for i, plan in enumerate(plans)])
     steps = script.SIZE // 6
     caught_up = [line["step"] for line in records(tmp_path, 2) if "step" in line]
     assert caught_up[:16] == list(range(16)) and 16 < caught_up[16] < steps - 1, caught_up
@@ -211,12 +203,7 @@ def test_a_group_the_others_went_on_without_catches_up_in_the_epoch(tmp_path):
     assert f"fitforge_0002 joined its peers at step {caught_up[16]}" in logs["group-2-1.log"]
     committed = [line for i in range(3) for line in records(tmp_path, i) if "step" in line and line["weight"]]
     assert sorted(i for line in committed for i in line["indices"]) == list(range(script.SIZE))
-    finals = [torch.load(tmp_path / f"final-{i}.pt")["weights"] for i in range(3)]
-    expected = reference(size=6, epochs=1)
-    for final in finals:
-        for name in expected:
-            assert torch.equal(final[name], finals[0][name])
-            assert (final[name] - expected[name]).abs().max() < 1e-5, name
+    assert_like_one_process(tmp_path, reference(size=6, epochs=1))
 
 
 def test_a_group_alone_is_told_to_start_the_others():
