@@ -1,6 +1,7 @@
 """FaultTolerantStrategy's arguments and its step handler's arithmetic (the groups' weighted gradients and
 vetoes in one all-reduce, a commit or a cancel); tests/fault_tolerance/test_replica_groups.py runs it for real."""
 
+import socket
 import types
 
 import pytest
@@ -21,6 +22,12 @@ def test_the_lighthouse_and_the_replica_id_come_from_the_arguments_or_the_enviro
     assert FaultTolerantStrategy(lighthouse="http://a:1", replica_id="east").replica_id == "east"
     assert FaultTolerantStrategy(replica_id=12).replica_id == "fitforge_0012"  # ids sort as the ints do
     assert "replica_id='fitforge_0012'" in repr(FaultTolerantStrategy(replica_id=12))
+
+
+def test_the_address_the_others_reach_a_group_at_follows_the_lighthouse_s():
+    assert FaultTolerantStrategy(lighthouse="http://127.0.0.1:29510", replica_id=0).host == "127.0.0.1"
+    assert FaultTolerantStrategy(lighthouse="http://head-node:29510", replica_id=0).host == socket.gethostname()
+    assert FaultTolerantStrategy(lighthouse="http://head-node:29510", replica_id=0, host="10.0.0.7").host == "10.0.0.7"
 
 
 def test_a_missing_lighthouse_or_replica_id_and_bad_numbers_are_refused(monkeypatch):

@@ -16,6 +16,7 @@ import atexit
 import logging
 import os
 import re
+import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -107,6 +108,8 @@ class FaultTolerantStrategy(Strategy):
         max_retries: failed commits in a row before the fit fails.
         seed: the seed of every epoch's order (default: drawn from torch's generator; the first quorum
             gives every group the primary group's).
+        host: the address the other groups reach this one at (default: ``127.0.0.1`` for a lighthouse on
+            this machine's loopback, else this machine's host name; a pod's IP on Kubernetes).
     """
 
     name = "ft"
@@ -120,6 +123,7 @@ class FaultTolerantStrategy(Strategy):
         quorum_timeout: float = 60.0,
         max_retries: int = 10,
         seed: int | None = None,
+        host: str | None = None,
     ) -> None:
         self.lighthouse = lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
         if not self.lighthouse:
@@ -143,6 +147,8 @@ class FaultTolerantStrategy(Strategy):
         self.min_replicas, self.max_retries = min_replicas, max_retries
         self.timeout, self.quorum_timeout = timedelta(seconds=timeout), timedelta(seconds=quorum_timeout)
         self.seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed
+        local = urlparse(self.lighthouse).hostname in ("127.0.0.1", "localhost", "::1")
+        self.host = host or ("127.0.0.1" if local else socket.gethostname())
         self.manager: Any = None  # torchft's Manager, made when the Estimator wraps the net
         self.state: TrainState | None = None  # the fit under way (what a peer that heals receives)
         self.batches: QuorumBatches | None = None
@@ -185,11 +191,11 @@ class FaultTolerantStrategy(Strategy):
             connect_timeout=self.quorum_timeout,
             rank=0,
             world_size=1,
-            store_addr="127.0.0.1",
+            store_addr=self.host,  # the store listens on every interface; the others are told this address
             store_port=port,
             lighthouse_addr=self.lighthouse,
             replica_id=self.replica_id,
-            hostname="127.0.0.1",  # what peers reach this group's manager at (not the host's name)
+            hostname=self.host,  # what the others reach this group's manager at
             checkpoint_transport=torchft.checkpointing.pg_transport.PGTransport(pg, self.timeout, device),
             max_retries=self.max_retries,
         )
@@ -315,7 +321,7 @@ class FaultTolerantStrategy(Strategy):
     def __repr__(self) -> str:
         return (
             f"FaultTolerantStrategy(lighthouse={self.lighthouse!r}, replica_id={self.replica_id!r}, "
-            f"min_replicas={self.min_replicas})"
+            f"min_replicas={self.min_replicas}, host={self.host!r})"
         )
 
 
