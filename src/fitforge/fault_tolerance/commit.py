@@ -37,9 +37,7 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
     def __init__(self, strategy: Any) -> None:  # a FaultTolerantStrategy (whose module imports this one)
         self.strategy = strategy
         self.changes: list[tuple[int, int]] = []  # (step, groups) at the first step and each change since
-        self.failed = 0  # failed commits in this epoch
-        self._epoch_changes: list[int] = []  # the groups at each change in this epoch
-        self._before: int | None = None  # the groups at the end of the epoch before
+        self.lost = self.joined = self.failed = 0  # this epoch's: groups fewer, groups more, failed commits
 
     def history_keys(self, estimator: Any, phase: str) -> list[str]:
         return [*KEYS, history_key("quorum")] if phase == "train" else []  # and the seconds waiting for the groups
@@ -92,31 +90,22 @@ class QuorumStepHandler(BatchEnd, EpochEnd, KeyRecording):
         for p, g in zip(params, grads):
             p.grad = flat[offset : offset + g.numel()].view_as(p).to(p.dtype)
             offset += g.numel()
-        if not self.changes or self.changes[-1][1] != share.groups:
+        last = self.changes[-1][1] if self.changes else share.groups
+        if not self.changes or last != share.groups:
             self.changes.append((share.step, share.groups))
-            self._epoch_changes.append(share.groups)
+            self.lost, self.joined = self.lost + max(last - share.groups, 0), self.joined + max(share.groups - last, 0)
 
     def epoch_end(self, state: TrainState) -> None:
-        lost = joined = 0
-        before = self._before
-        for groups in self._epoch_changes:
-            if before is not None:
-                lost, joined = lost + max(before - groups, 0), joined + max(groups - before, 0)
-            before = groups
-        for key, value in zip(KEYS, (before or 0, lost, joined, self.failed)):
+        groups = self.changes[-1][1] if self.changes else 0
+        for key, value in zip(KEYS, (groups, self.lost, self.joined, self.failed)):
             state.history.record(key, value)
-        self.failed, self._epoch_changes, self._before = 0, [], before
+        self.lost = self.joined = self.failed = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "changes": list(self.changes),
-            "epoch_changes": list(self._epoch_changes),
-            "before": self._before,
-            "failed": self.failed,
-            "seed": self.strategy.seed,
-        }
+        counts = {"lost": self.lost, "joined": self.joined, "failed": self.failed}
+        return {"changes": list(self.changes), **counts, "seed": self.strategy.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.changes = [tuple(change) for change in state["changes"]]
-        self._epoch_changes, self._before = list(state["epoch_changes"]), state["before"]
-        self.failed, self.strategy.seed = state["failed"], state["seed"]
+        self.lost, self.joined, self.failed = state["lost"], state["joined"], state["failed"]
+        self.strategy.seed = state["seed"]
