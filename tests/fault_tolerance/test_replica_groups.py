@@ -68,7 +68,8 @@ def running_lighthouse(out: Path, join_timeout_ms: int = 30_000) -> Iterator[str
     log = out / "lighthouse.log"
     command = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", "127.0.0.1:0", "--min_replicas", "2"]
     command += ["--join_timeout_ms", str(join_timeout_ms), "--heartbeat_timeout_ms", "1000"]
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    env = {**os.environ, "RUST_LOG": "info"}  # it says where it listens at INFO
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 30
         while "listening on: http://" not in log.read_text():

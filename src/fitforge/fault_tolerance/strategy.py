@@ -45,13 +45,20 @@ log = logging.getLogger("fitforge")
 
 
 def _torchft() -> Any:
-    os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO otherwise
+    # torchft's Rust side logs every quorum at INFO unless RUST_LOG says otherwise when it loads: set for
+    # its import only, so that the processes this one starts keep the environment they had.
+    unset = "RUST_LOG" not in os.environ
+    if unset:
+        os.environ["RUST_LOG"] = "warn"
     try:
         import torchft
         import torchft.checkpointing.pg_transport
         import torchft.coordination
     except ImportError as err:
         raise ImportError('FaultTolerantStrategy needs torchft: pip install "fitforge[ft]"') from err
+    finally:
+        if unset:
+            del os.environ["RUST_LOG"]
     if not torch.cuda.is_available():  # said at every new quorum, of NCCL's recorder, which gloo has not
         logging.getLogger("torchft.manager").addFilter(_not_of_nccl)  # once: the same filter is added once
     warnings.filterwarnings("ignore", re.escape("`isinstance(treespec, LeafSpec)`"), FutureWarning, "torchft")
